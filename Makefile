@@ -1,0 +1,198 @@
+# tensord: plain, non-recursive make. Everything lands under $(B)/.
+#
+#   make            build daemon, library, tensorctl, Python extension
+#   make run        install what is missing, build, start the daemon, show a round trip
+#   make test       install what is missing, build, run every test (also under ASan/UBSan)
+#   make bench      attach/release latency figures
+#   make fuzz       libFuzzer run over the frame and message decoder (clang)
+#   make install PREFIX=/usr/local
+#
+# Knobs: SANITIZE=1 (ASan+UBSan build, use with B=build-asan), V=1 (echo commands),
+#        CUDA_HOME=/usr/local/cuda (toolkit headers; optional).
+
+B       ?= build
+PREFIX  ?= /usr/local
+PYTHON  ?= python3
+PKGS    := libuv libprotobuf-c
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+CPPFLAGS += -Iinclude -Iproto -I$(B)/proto -D_GNU_SOURCE
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -fvisibility=hidden -fPIC \
+            $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -ldl -lpthread
+
+ifeq ($(SANITIZE),1)
+CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+# The CUDA toolkit's headers are used when present; the code builds without them.
+CUDA_HOME ?= $(firstword $(wildcard /usr/local/cuda /usr/local/cuda-*))
+ifneq ($(wildcard $(CUDA_HOME)/include/cuda.h),)
+CPPFLAGS += -DTENSORD_HAVE_CUDA_H -isystem $(CUDA_HOME)/include
+endif
+ifneq ($(wildcard /usr/include/hip/hip_runtime_api.h),)
+CPPFLAGS += -DTENSORD_HAVE_HIP_H -D__HIP_PLATFORM_AMD__
+endif
+
+# The wire layer, shared by the daemon and the library.
+PROTO_SRC := proto/frame.c proto/desc.c proto/paths.c proto/cuda_api.c proto/hip_api.c
+PROTO_OBJ := $(B)/proto/tensord.pb-c.o $(PROTO_SRC:%.c=$(B)/%.o)
+
+DMN_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+DMN_OBJ := $(DMN_SRC:%.c=$(B)/%.o)
+
+LIB_SRC := $(filter-out client/tensorctl.c client/npy.c,$(wildcard client/*.c))
+LIB_OBJ := $(LIB_SRC:%.c=$(B)/%.o) $(PROTO_OBJ)
+
+CTL_OBJ := $(B)/client/tensorctl.o $(B)/client/npy.o
+
+PY_SUFFIX := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+PY_INC    := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
+PY_DIR    := $(B)/python/tensord
+PY_EXT    := $(PY_DIR)/_tensord$(PY_SUFFIX)
+PY_FILES  := $(patsubst client/python/tensord/%,$(PY_DIR)/%,$(wildcard client/python/tensord/*.py client/python/tensord/*.pyi client/python/tensord/py.typed))
+
+UNIT_SRC  := $(wildcard tests/unit/test_*.c)
+UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(B)/tests/unit/%)
+HELP_SRC  := $(wildcard tests/integration/*.c)
+HELP_BIN  := $(HELP_SRC:tests/integration/%.c=$(B)/tests/helpers/%)
+BENCH_SRC := $(wildcard bench/*.c)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
+
+.PHONY: all setup run test test-unit test-integration test-python test-asan bench fuzz install clean format
+
+all: $(B)/tensord $(B)/tensorctl $(B)/libtensord.so $(B)/libtensord.a $(B)/tensord.pc \
+     $(if $(wildcard client/python/module.c),$(PY_EXT) $(PY_FILES)) $(HELP_BIN) $(BENCH_BIN)
+
+setup:
+	$(Q)bash deploy/setup.sh
+
+# --- generated protobuf-c code ---------------------------------------------
+$(B)/proto/tensord.pb-c.c $(B)/proto/tensord.pb-c.h: proto/tensord.proto
+	@mkdir -p $(@D)
+	$(Q)protoc-c --proto_path=proto --c_out=$(B)/proto $<
+
+$(B)/proto/tensord.pb-c.o: $(B)/proto/tensord.pb-c.c
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-shadow -c $< -o $@
+
+$(B)/%.o: %.c $(B)/proto/tensord.pb-c.h $(B)/.flags
+	@mkdir -p $(@D)
+	@echo "  CC  $<"
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+# Rebuild everything when the flags change (Redis does the same).
+$(B)/.flags: FORCE
+	@mkdir -p $(B)
+	@echo '$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS)' | cmp -s - $@ || echo '$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS)' > $@
+FORCE:
+
+# --- binaries and libraries -------------------------------------------------
+$(B)/tensord: $(B)/daemon/main.o $(DMN_OBJ) $(PROTO_OBJ)
+	@echo "  LD  $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/libtensord.a: $(LIB_OBJ)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(B)/libtensord.so: $(LIB_OBJ)
+	@echo "  LD  $@"
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libtensord.so.0 -o $@ $^ $(LDLIBS)
+
+$(B)/tensorctl: $(CTL_OBJ) $(B)/libtensord.a
+	@echo "  LD  $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/tensord.pc: deploy/tensord.pc.in
+	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
+
+# The Python extension links the static library; it never links libpython.
+$(PY_EXT): $(wildcard client/python/*.c client/python/*.h) $(B)/libtensord.a
+	@mkdir -p $(@D)
+	@echo "  PY  $@"
+	$(Q)$(CC) $(CPPFLAGS) -I$(PY_INC) $(CFLAGS) -Wno-cast-function-type -shared -o $@ \
+		$(wildcard client/python/*.c) $(B)/libtensord.a $(LDFLAGS) $(LDLIBS)
+
+$(PY_DIR)/%: client/python/tensord/%
+	@mkdir -p $(@D)
+	$(Q)cp $< $@
+
+# --- tests --------------------------------------------------------------------
+$(B)/tests/unit/%: tests/unit/%.c $(DMN_OBJ) $(LIB_OBJ)
+	@mkdir -p $(@D)
+	@echo "  LD  $@"
+	$(Q)$(CC) $(CPPFLAGS) -Idaemon -Iclient $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+
+$(B)/tests/helpers/%: tests/integration/%.c $(B)/libtensord.a
+	@mkdir -p $(@D)
+	@echo "  LD  $@"
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/bench/%: bench/%.c $(B)/libtensord.a
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+test: setup
+	$(Q)$(MAKE) --no-print-directory all
+	$(Q)$(MAKE) --no-print-directory test-unit test-integration test-python
+	$(Q)$(MAKE) --no-print-directory test-asan
+
+test-unit: $(UNIT_BIN)
+	$(Q)set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
+
+test-integration: all
+	$(Q)TENSORD_BUILD=$(abspath $(B)) $(PYTHON) -m pytest -q tests/integration
+
+test-python: all
+	$(Q)if [ -f client/python/module.c ]; then \
+		TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python \
+		$(PYTHON) -m pytest -q tests/python; fi
+
+# The C suites again with AddressSanitizer and UBSan, in their own build tree.
+test-asan:
+	$(Q)$(MAKE) --no-print-directory B=build-asan SANITIZE=1 \
+		build-asan/tensord build-asan/tensorctl $(subst $(B)/,build-asan/,$(UNIT_BIN) $(HELP_BIN))
+	$(Q)set -e; for t in $(subst $(B)/,build-asan/,$(UNIT_BIN)); do echo "== $$t"; $$t; done
+	$(Q)ASAN_OPTIONS=detect_leaks=1 TENSORD_BUILD=$(abspath build-asan) TENSORD_SANITIZED=1 \
+		$(PYTHON) -m pytest -q tests/integration
+
+run: setup
+	$(Q)$(MAKE) --no-print-directory all
+	$(Q)bash deploy/demo.sh $(B)
+
+bench: all
+	$(Q)set -e; for b in $(BENCH_BIN); do $$b; done
+
+# libFuzzer over the frame parser and the Request decoder (needs clang).
+fuzz: setup
+	$(Q)$(MAKE) --no-print-directory B=build-fuzz CC=clang \
+		CFLAGS="-O1 -g -fsanitize=fuzzer-no-link,address,undefined" build-fuzz/proto/tensord.pb-c.o \
+		build-fuzz/proto/frame.o build-fuzz/proto/desc.o
+	$(Q)clang -O1 -g -fsanitize=fuzzer,address,undefined $(CPPFLAGS:$(B)/%=build-fuzz/%) \
+		tests/fuzz/fuzz_frame.c build-fuzz/proto/*.o -o build-fuzz/fuzz_frame \
+		$(shell pkg-config --libs libprotobuf-c)
+	$(Q)mkdir -p fuzz-out && build-fuzz/fuzz_frame -max_total_time=$${FUZZ_SECONDS:-60} \
+		-max_len=4096 fuzz-out tests/fuzz/corpus
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/tensord
+	install -m 755 $(B)/tensord $(B)/tensorctl $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(B)/libtensord.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(B)/libtensord.so $(DESTDIR)$(PREFIX)/lib/libtensord.so.0
+	ln -sf libtensord.so.0 $(DESTDIR)$(PREFIX)/lib/libtensord.so
+	install -m 644 include/tensord/tensord.h include/tensord/dlpack.h $(DESTDIR)$(PREFIX)/include/tensord/
+	install -m 644 $(B)/tensord.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+
+format:
+	clang-format -i $(wildcard daemon/*.[ch] client/*.[ch] client/python/*.c proto/*.[ch] include/tensord/*.h tests/unit/*.c tests/integration/*.c bench/*.c)
+
+clean:
+	rm -rf $(B) build-asan build-fuzz
+
+-include $(wildcard $(B)/*/*.d $(B)/*/*/*.d)

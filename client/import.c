@@ -1,0 +1,102 @@
+/*
+ * The importer table, and the host (memfd) importer.
+ *
+ * Writable leases (the creator's, and attaches of mutable tensors by those
+ * allowed to write) map the memfd MAP_SHARED. Everyone else maps it
+ * MAP_PRIVATE with PROT_WRITE: a consumer that ignores the read-only flag
+ * and writes gets its own copy-on-write pages, neither a crash nor a change
+ * that others see. Mapping never touches the pages, so an attach costs the
+ * same for 4 KiB and for 1 GiB.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "import.h"
+
+const struct td_importer *const td_importers[] = {
+	&td_importer_memfd,
+	&td_importer_cuda,
+	&td_importer_hip,
+	NULL,
+};
+
+/* The descriptor a writable mapping keeps for make_private(), stored in priv. */
+static int priv_fd(const struct td_mapping *m)
+{
+	return (int)(intptr_t)m->priv - 1;
+}
+
+static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *d)
+{
+	void *p;
+
+	if (fd < 0)
+		return td_set_error(-EPROTO, "tensord sent no descriptor for host memory");
+	if (d->map_size == 0 || d->map_size > SIZE_MAX) {
+		close(fd);
+		return td_set_error(-EPROTO, "tensord sent a bad mapping size");
+	}
+	p = mmap(NULL, (size_t)d->map_size, PROT_READ | PROT_WRITE,
+		 d->writable ? MAP_SHARED : MAP_PRIVATE, fd, 0);
+	if (p == MAP_FAILED) {
+		int e = errno;
+
+		close(fd);
+		return td_set_error(-e, "mmap of %llu bytes failed: %s",
+				    (unsigned long long)d->map_size, strerror(e));
+	}
+	m->base = m->data = p;
+	m->size = d->map_size;
+	m->device = (DLDevice){ kDLCPU, 0 };
+	if (d->writable) {
+		m->priv = (void *)(intptr_t)(fd + 1);
+	} else {
+		m->priv = NULL;
+		close(fd);
+	}
+	return 0;
+}
+
+static void memfd_unmap(struct td_mapping *m)
+{
+	munmap(m->base, (size_t)m->size);
+	if (m->priv)
+		close(priv_fd(m));
+	m->priv = NULL;
+}
+
+/* Same address, same bytes, but private from now on. */
+static int memfd_remap(struct td_mapping *m, int flags)
+{
+	void *p;
+
+	if (!m->priv)
+		return td_set_error(-EINVAL, "mapping of '%s' is not writable", m->name);
+	p = mmap(m->base, (size_t)m->size, PROT_READ | PROT_WRITE, flags | MAP_FIXED, priv_fd(m),
+		 0);
+	if (p == MAP_FAILED)
+		return td_set_error(-errno, "tensor '%s': remapping failed: %s", m->name,
+				    strerror(errno));
+	return 0;
+}
+
+static int memfd_make_private(struct td_mapping *m)
+{
+	return memfd_remap(m, MAP_PRIVATE);
+}
+
+static int memfd_make_shared(struct td_mapping *m)
+{
+	return memfd_remap(m, MAP_SHARED);
+}
+
+const struct td_importer td_importer_memfd = {
+	.handle_kind = 1, /* TENSORD_HANDLE_MEMFD */
+	.map = memfd_map,
+	.unmap = memfd_unmap,
+	.make_private = memfd_make_private,
+	.make_shared = memfd_make_shared,
+};

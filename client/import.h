@@ -1,0 +1,81 @@
+/*
+ * Importers turn what the daemon hands over for a lease (a descriptor or IPC
+ * handle bytes) into memory this process can address. One per handle kind;
+ * the client library picks the importer by Lease.handle and caches the
+ * resulting mapping by tensor id while any lease in this process uses it.
+ */
+#ifndef TENSORD_CLIENT_IMPORT_H
+#define TENSORD_CLIENT_IMPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tensord/tensord.h>
+
+/* What the daemon said about the memory of one lease. Borrowed for the call. */
+struct td_import_desc {
+	int handle_kind;          /* TENSORD_HANDLE_* (daemon/backend.h values) */
+	uint64_t map_size;        /* bytes of the whole allocation */
+	bool writable;            /* map it shared and writable */
+	DLDevice device;          /* as the daemon numbers it */
+	const uint8_t *uuid;      /* GPU UUID, uuid_len 16; NULL for cpu */
+	size_t uuid_len;
+	const uint8_t *ipc_handle;
+	size_t ipc_handle_len;
+	uint64_t ipc_offset;
+};
+
+/* One mapped allocation in this process. */
+struct td_mapping {
+	uint64_t id;              /* the tensor's id: the cache key */
+	int handle_kind;
+	void *base;               /* start of the allocation here (device pointer for GPUs) */
+	void *data;               /* base + ipc_offset: where the tensor starts */
+	uint64_t size;
+	bool writable;
+	DLDevice device;          /* as this process numbers it */
+	unsigned refs;            /* leases using it; guarded by the client's lock */
+	void *priv;               /* the importer's own state */
+	/* Set by the client library, not by importers: */
+	char name[TENSORD_NAME_MAX + 1]; /* the tensor's name when mapped */
+	bool created_here;        /* this process created it (it may publish) */
+	uint32_t flags;           /* the tensor's TENSORD_MUTABLE | ... */
+	bool reusable;            /* a repeat attach of name may reuse it */
+	struct td_mapping *next;
+};
+
+struct td_importer {
+	int handle_kind;
+	/*
+	 * Maps what d describes into m (base, data, size, device, priv).
+	 * Takes ownership of fd (-1 when none): it is closed on every path.
+	 * 0 or -errno; on failure td_set_error() has said why.
+	 */
+	int (*map)(struct td_mapping *m, int fd, const struct td_import_desc *d);
+	/* Undoes map(). Never fails; may run on any thread. */
+	void (*unmap)(struct td_mapping *m);
+	/*
+	 * Called once at publish by the creator of an immutable tensor, before
+	 * the daemon freezes it: m must stop being a writable shared mapping
+	 * while its address stays valid. NULL when nothing needs doing.
+	 */
+	int (*make_private)(struct td_mapping *m);
+	/*
+	 * Undoes make_private() when the publish it prepared failed, so the
+	 * creator's view is shared again. NULL when make_private is NULL.
+	 */
+	int (*make_shared)(struct td_mapping *m);
+};
+
+/* NULL-terminated; looked up by handle_kind. */
+extern const struct td_importer *const td_importers[];
+
+extern const struct td_importer td_importer_memfd;
+extern const struct td_importer td_importer_cuda;
+extern const struct td_importer td_importer_hip;
+
+/* Sets the calling thread's tensord_last_error() text; returns err. */
+int td_set_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif /* TENSORD_CLIENT_IMPORT_H */

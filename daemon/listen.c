@@ -1,0 +1,147 @@
+/*
+ * The listening socket. We bind and accept ourselves (a uv_poll_t on the
+ * listening fd) rather than through uv_pipe_t: we need the socket's mode
+ * set before any client can connect, SO_PEERCRED on each accepted fd, and
+ * the accepted fds served by our own recvmsg/sendmsg.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "server.h"
+
+/* Is a daemon answering at path? A stale file from a dead one refuses. */
+static bool socket_is_live(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	bool live;
+
+	if (fd < 0)
+		return false;
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	live = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+	close(fd);
+	return live;
+}
+
+static void on_listen(uv_poll_t *h, int status, int events)
+{
+	struct server *srv = h->data;
+
+	for (int i = 0; i < 64; i++) {
+		int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+		if (fd >= 0) {
+			conn_accept(srv, fd);
+			continue;
+		}
+		if (errno == EINTR || errno == ECONNABORTED)
+			continue;
+		if (errno == EMFILE || errno == ENFILE) {
+			/* Out of descriptors: shed the client instead of spinning
+			 * on a listen socket that stays readable. */
+			log_warn("accept: %s, shedding one client", strerror(errno));
+			if (srv->reserve_fd >= 0) {
+				close(srv->reserve_fd);
+				fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+				if (fd >= 0)
+					close(fd);
+				srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+			}
+		}
+		return;
+	}
+}
+
+int server_listen(struct server *srv)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	const char *path = srv->cfg.socket_path;
+	mode_t old;
+	int fd, r;
+
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		log_error("socket path %s: longer than %zu bytes", path, sizeof(sa.sun_path) - 1);
+		return -ENAMETOOLONG;
+	}
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+
+	if (access(path, F_OK) == 0) {
+		struct stat st;
+
+		if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+			log_error("socket path %s: exists and is not a socket; not touching it", path);
+			close(fd);
+			return -EEXIST;
+		}
+		if (socket_is_live(path)) {
+			log_error("socket path %s: another tensord is serving it", path);
+			close(fd);
+			return -EADDRINUSE;
+		}
+		log_info("socket path %s: replacing a stale socket", path);
+		unlink(path);
+	}
+	/* Create it 0600, so nobody can connect before the mode is final. */
+	old = umask(0177);
+	r = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+	umask(old);
+	if (r < 0) {
+		r = -errno;
+		log_error("socket path %s: bind: %s", path, strerror(-r));
+		close(fd);
+		return r;
+	}
+	if ((srv->cfg.socket_gid != (gid_t)-1 && chown(path, (uid_t)-1, srv->cfg.socket_gid) < 0) ||
+	    chmod(path, srv->cfg.socket_mode) < 0) {
+		r = -errno;
+		log_error("socket path %s: setting mode/group: %s", path, strerror(-r));
+		close(fd);
+		unlink(path);
+		return r;
+	}
+	if (listen(fd, 512) < 0) {
+		r = -errno;
+		close(fd);
+		unlink(path);
+		return r;
+	}
+	srv->listen_fd = fd;
+	srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	uv_poll_init(srv->loop, &srv->listen_poll, fd);
+	srv->listen_poll.data = srv;
+	uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
+	log_info("listening on %s (mode %03o)", path, (unsigned)srv->cfg.socket_mode);
+	return 0;
+}
+
+/* Stop accepting, close every client, free everything; the loop then ends. */
+void server_stop(struct server *srv)
+{
+	if (srv->stopping)
+		return;
+	srv->stopping = true;
+	log_info("stopping: %u clients, %llu tensors", srv->n_conns,
+		 (unsigned long long)srv->reg.n_tensors);
+	uv_poll_stop(&srv->listen_poll);
+	uv_close((uv_handle_t *)&srv->listen_poll, NULL);
+	close(srv->listen_fd);
+	unlink(srv->cfg.socket_path);
+	if (srv->reserve_fd >= 0)
+		close(srv->reserve_fd);
+	waiters_drop_all(srv);
+	while (srv->conns)
+		conn_close(srv->conns);
+	uv_close((uv_handle_t *)&srv->sigterm, NULL);
+	uv_close((uv_handle_t *)&srv->sigint, NULL);
+}

@@ -1,0 +1,234 @@
+/*
+ * tensord: the daemon. Parses arguments, sets up the registry and the
+ * listening socket, runs the libuv loop until SIGTERM or SIGINT.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "server.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: tensord [--socket PATH] [--capacity SIZE] [--log-level LEVEL]\n"
+		"               [--mode MODE] [--group GROUP] [--max-clients N] [--ready-fd FD]\n"
+		"\n"
+		"  --socket PATH      where to listen (default: $TENSORD_SOCKET,\n"
+		"                     $XDG_RUNTIME_DIR/tensord.sock, /run/tensord/tensord.sock\n"
+		"                     for root, else /tmp/tensord-$UID.sock)\n"
+		"  --capacity SIZE    bytes of host memory to hand out; suffixes K M G Ki Mi Gi\n"
+		"                     (default: half of physical memory)\n"
+		"  --log-level LEVEL  error, warn, info (default) or debug\n"
+		"  --mode MODE        socket permissions, octal (default 0600)\n"
+		"  --group GROUP      socket group\n"
+		"  --max-clients N    connections served at once (default 4096)\n"
+		"  --ready-fd FD      write 'R' to FD and close it once listening\n");
+}
+
+/* "512M", "1Gi", "4096": 0 or -EINVAL. K/M/G are decimal, Ki/Mi/Gi binary. */
+static int parse_size(const char *s, uint64_t *ret)
+{
+	char *end;
+	unsigned long long v;
+	uint64_t mul = 1;
+
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s || *s == '-')
+		return -EINVAL;
+	if (*end) {
+		static const struct {
+			const char *suf;
+			uint64_t mul;
+		} sufs[] = {
+			{ "K", 1000ull },      { "M", 1000000ull },   { "G", 1000000000ull },
+			{ "Ki", 1ull << 10 },  { "Mi", 1ull << 20 },  { "Gi", 1ull << 30 },
+			{ "KB", 1000ull },     { "MB", 1000000ull },  { "GB", 1000000000ull },
+			{ "T", 1000000000000ull }, { "Ti", 1ull << 40 },
+		};
+		size_t i;
+
+		for (i = 0; i < sizeof(sufs) / sizeof(sufs[0]); i++)
+			if (strcmp(end, sufs[i].suf) == 0)
+				break;
+		if (i == sizeof(sufs) / sizeof(sufs[0]))
+			return -EINVAL;
+		mul = sufs[i].mul;
+	}
+	if (v && mul > UINT64_MAX / v)
+		return -EINVAL;
+	*ret = v * mul;
+	return 0;
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+	struct server *srv = h->data;
+
+	log_info("received %s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+	server_stop(srv);
+}
+
+/* Clients each hold a descriptor; use every one the hard limit allows. */
+static void raise_fd_limit(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "socket", required_argument, NULL, 's' },
+		{ "capacity", required_argument, NULL, 'c' },
+		{ "log-level", required_argument, NULL, 'l' },
+		{ "mode", required_argument, NULL, 'm' },
+		{ "group", required_argument, NULL, 'g' },
+		{ "max-clients", required_argument, NULL, 'n' },
+		{ "ready-fd", required_argument, NULL, 'r' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	static struct server srv;
+	int ready_fd = -1, opt, r;
+	char *end;
+
+	srv.cfg.socket_mode = 0600;
+	srv.cfg.socket_gid = (gid_t)-1;
+	srv.cfg.max_clients = 4096;
+	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 's':
+			if (strlen(optarg) >= sizeof(srv.cfg.socket_path)) {
+				fprintf(stderr, "tensord: --socket %s: longer than %zu bytes\n", optarg,
+					sizeof(srv.cfg.socket_path) - 1);
+				return 2;
+			}
+			snprintf(srv.cfg.socket_path, sizeof(srv.cfg.socket_path), "%s", optarg);
+			break;
+		case 'c':
+			if (parse_size(optarg, &srv.cfg.host_capacity) < 0 || !srv.cfg.host_capacity) {
+				fprintf(stderr, "tensord: --capacity %s: not a size (try 512Mi, 4G)\n",
+					optarg);
+				return 2;
+			}
+			break;
+		case 'l':
+			if (tensord_log_parse(optarg, &tensord_log_level) < 0) {
+				fprintf(stderr, "tensord: --log-level %s: use error, warn, info or debug\n",
+					optarg);
+				return 2;
+			}
+			break;
+		case 'm': {
+			unsigned long m = strtoul(optarg, &end, 8);
+
+			if (*end || m > 0777) {
+				fprintf(stderr, "tensord: --mode %s: not an octal mode\n", optarg);
+				return 2;
+			}
+			srv.cfg.socket_mode = (mode_t)m;
+			break;
+		}
+		case 'g': {
+			struct group *g = getgrnam(optarg);
+			unsigned long gid = strtoul(optarg, &end, 10);
+
+			if (g)
+				srv.cfg.socket_gid = g->gr_gid;
+			else if (!*end)
+				srv.cfg.socket_gid = (gid_t)gid;
+			else {
+				fprintf(stderr, "tensord: --group %s: no such group\n", optarg);
+				return 2;
+			}
+			break;
+		}
+		case 'n':
+			srv.cfg.max_clients = (unsigned)strtoul(optarg, &end, 10);
+			if (*end || !srv.cfg.max_clients) {
+				fprintf(stderr, "tensord: --max-clients %s: not a positive number\n",
+					optarg);
+				return 2;
+			}
+			break;
+		case 'r':
+			ready_fd = (int)strtol(optarg, &end, 10);
+			if (*end || ready_fd < 0) {
+				fprintf(stderr, "tensord: --ready-fd %s: not a descriptor\n", optarg);
+				return 2;
+			}
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "tensord: unexpected argument '%s'\n", argv[optind]);
+		usage(stderr);
+		return 2;
+	}
+	if (!srv.cfg.socket_path[0]) {
+		if (tensord_default_socket_path(srv.cfg.socket_path, sizeof(srv.cfg.socket_path)) < 0) {
+			fprintf(stderr, "tensord: default socket path too long; use --socket\n");
+			return 2;
+		}
+		if (geteuid() == 0 && strcmp(srv.cfg.socket_path, "/run/tensord/tensord.sock") == 0)
+			mkdir("/run/tensord", 0755);
+	}
+
+	signal(SIGPIPE, SIG_IGN);
+	raise_fd_limit();
+	srv.loop = uv_default_loop();
+	srv.start_ns = now_ns();
+	srv.listen_fd = -1;
+	srv.reserve_fd = -1;
+	r = registry_init(&srv.reg, srv.cfg.host_capacity);
+	if (r < 0) {
+		log_error("registry: %s", strerror(-r));
+		return 1;
+	}
+	srv.reg.on_publish = dispatch_on_publish;
+	srv.reg.on_publish_ctx = &srv;
+	r = server_listen(&srv);
+	if (r < 0) {
+		fprintf(stderr, "tensord: cannot listen on %s: %s\n", srv.cfg.socket_path,
+			r == -EADDRINUSE ? "another tensord is running there" : strerror(-r));
+		registry_fini(&srv.reg);
+		return 1;
+	}
+	uv_signal_init(srv.loop, &srv.sigterm);
+	uv_signal_init(srv.loop, &srv.sigint);
+	srv.sigterm.data = srv.sigint.data = &srv;
+	uv_signal_start(&srv.sigterm, on_signal, SIGTERM);
+	uv_signal_start(&srv.sigint, on_signal, SIGINT);
+	if (ready_fd >= 0) {
+		if (write(ready_fd, "R", 1) != 1)
+			log_warn("--ready-fd %d: %s, ignoring", ready_fd, strerror(errno));
+		close(ready_fd);
+	}
+
+	uv_run(srv.loop, UV_RUN_DEFAULT);
+
+	registry_fini(&srv.reg);
+	uv_loop_close(srv.loop);
+	log_info("stopped");
+	return 0;
+}

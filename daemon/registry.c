@@ -1,0 +1,547 @@
+#include "registry.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "desc.h"
+#include "log.h"
+
+#define PERM_READ 4u
+#define PERM_WRITE 2u
+
+static uint64_t hash_name(const char *s, size_t len)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+
+	for (size_t i = 0; i < len; i++) {
+		h ^= (unsigned char)s[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
+static struct tensor **bucket_of(struct registry *reg, const char *name, size_t len)
+{
+	return &reg->buckets[hash_name(name, len) & (reg->n_buckets - 1)];
+}
+
+static struct tensor *find_named(struct registry *reg, const char *name, size_t len)
+{
+	for (struct tensor *t = *bucket_of(reg, name, len); t; t = t->hnext)
+		if (t->name_len == len && memcmp(t->name, name, len) == 0)
+			return t;
+	return NULL;
+}
+
+static int grow_buckets(struct registry *reg)
+{
+	size_t n = reg->n_buckets * 2;
+	struct tensor **nb = calloc(n, sizeof(*nb));
+
+	if (!nb)
+		return -ENOMEM;
+	for (size_t i = 0; i < reg->n_buckets; i++) {
+		struct tensor *t = reg->buckets[i], *next;
+
+		for (; t; t = next) {
+			next = t->hnext;
+			struct tensor **b = &nb[hash_name(t->name, t->name_len) & (n - 1)];
+			t->hnext = *b;
+			*b = t;
+		}
+	}
+	free(reg->buckets);
+	reg->buckets = nb;
+	reg->n_buckets = n;
+	return 0;
+}
+
+static void unhash(struct registry *reg, struct tensor *t)
+{
+	for (struct tensor **p = bucket_of(reg, t->name, t->name_len); *p; p = &(*p)->hnext) {
+		if (*p == t) {
+			*p = t->hnext;
+			t->hnext = NULL;
+			reg->n_named--;
+			return;
+		}
+	}
+}
+
+struct reg_device *registry_device(struct registry *reg, DLDevice dev)
+{
+	for (int i = 0; i < reg->n_devices; i++) {
+		struct reg_device *d = &reg->devices[i];
+
+		if (d->device.device_type == dev.device_type && d->device.device_id == dev.device_id)
+			return d;
+	}
+	return NULL;
+}
+
+int registry_init(struct registry *reg, uint64_t host_capacity)
+{
+	memset(reg, 0, sizeof(*reg));
+	reg->n_buckets = 64;
+	reg->buckets = calloc(reg->n_buckets, sizeof(*reg->buckets));
+	if (!reg->buckets)
+		return -ENOMEM;
+	reg->next_id = 1;
+
+	for (int b = 0; tensord_backends[b]; b++) {
+		const struct tensord_backend_ops *ops = tensord_backends[b];
+		char why[160] = "";
+		int rc = ops->init(why, sizeof(why));
+		int n = rc == 0 ? ops->device_count() : 0;
+
+		if (rc < 0)
+			log_info("backend %s: unavailable: %s", ops->name, why);
+		/* A backend with no device still gets a slot for device 0, so that a
+		 * request for it is answered with its reason. */
+		for (int i = 0; i < (n > 0 ? n : 1) && reg->n_devices < REGISTRY_DEVICES_MAX; i++) {
+			struct reg_device *d = &reg->devices[reg->n_devices++];
+
+			d->ops = ops;
+			d->device = (DLDevice){ (DLDeviceType)ops->device_type, i };
+			d->init_rc = rc < 0 ? rc : n > 0 ? 0 : -ENODEV;
+			snprintf(d->why, sizeof(d->why), "%s",
+				 rc < 0 ? why : n > 0 ? "" : "no such device");
+			if (d->init_rc == 0) {
+				d->capacity = ops->default_capacity(i);
+				if (ops->device_type == kDLCPU && host_capacity)
+					d->capacity = host_capacity;
+				log_info("backend %s: device %d ready, capacity %llu bytes, %s", ops->name,
+					 i, (unsigned long long)d->capacity, ops->path(i));
+			}
+		}
+	}
+	return 0;
+}
+
+static void tensor_free(struct registry *reg, struct tensor *t)
+{
+	if (t->prev)
+		t->prev->next = t->next;
+	else
+		reg->all = t->next;
+	if (t->next)
+		t->next->prev = t->prev;
+	if (t->dev) {
+		t->dev->used -= t->alloc.size;
+		t->dev->tensors--;
+	}
+	if (t->alloc.ops)
+		t->alloc.ops->release(&t->alloc);
+	reg->n_tensors--;
+	log_debug("tensor '%s' (id %llu): freed", t->name, (unsigned long long)t->id);
+	free(t);
+}
+
+void registry_fini(struct registry *reg)
+{
+	while (reg->all)
+		tensor_free(reg, reg->all);
+	free(reg->buckets);
+	reg->buckets = NULL;
+}
+
+/* Removes the name; frees the tensor if no lease holds it. */
+static void tensor_unlink(struct registry *reg, struct tensor *t)
+{
+	if (t->state != TENSORD_STATE_UNLINKED) {
+		unhash(reg, t);
+		t->state = TENSORD_STATE_UNLINKED;
+	}
+	if (t->refcount == 0)
+		tensor_free(reg, t);
+}
+
+void registry_client_init(struct reg_client *rc, uint64_t id, uint32_t uid, uint32_t gid,
+			  uint32_t pid)
+{
+	memset(rc, 0, sizeof(*rc));
+	rc->id = id;
+	rc->uid = uid;
+	rc->gid = gid;
+	rc->pid = pid;
+}
+
+static int lease_add(struct registry *reg, struct reg_client *rc, struct tensor *t,
+		     uint64_t *ret_lease)
+{
+	uint32_t slot;
+
+	if (rc->free_head) {
+		slot = rc->free_head - 1;
+		rc->free_head = rc->leases[slot].next_free;
+	} else {
+		if (rc->n_slots >= REGISTRY_LEASES_MAX)
+			return -EAGAIN;
+		if (rc->n_slots == rc->cap_slots) {
+			uint32_t cap = rc->cap_slots ? rc->cap_slots * 2 : 16;
+			struct reg_lease *nl = realloc(rc->leases, cap * sizeof(*nl));
+
+			if (!nl)
+				return -ENOMEM;
+			rc->leases = nl;
+			rc->cap_slots = cap;
+		}
+		slot = rc->n_slots++;
+		rc->leases[slot].gen = 0;
+	}
+	rc->leases[slot].t = t;
+	rc->leases[slot].gen++;
+	rc->leases[slot].next_free = 0;
+	rc->n_leases++;
+	reg->n_leases++;
+	t->refcount++;
+	*ret_lease = (uint64_t)rc->leases[slot].gen << 32 | (slot + 1);
+	return 0;
+}
+
+static void lease_drop_slot(struct registry *reg, struct reg_client *rc, uint32_t slot)
+{
+	struct tensor *t = rc->leases[slot].t;
+
+	rc->leases[slot].t = NULL;
+	rc->leases[slot].next_free = rc->free_head;
+	rc->free_head = slot + 1;
+	rc->n_leases--;
+	reg->n_leases--;
+	if (--t->refcount == 0 && t->state == TENSORD_STATE_UNLINKED)
+		tensor_free(reg, t);
+}
+
+int registry_release(struct registry *reg, struct reg_client *rc, uint64_t lease)
+{
+	uint32_t slot = (uint32_t)lease - 1, gen = (uint32_t)(lease >> 32);
+
+	if ((uint32_t)lease == 0 || slot >= rc->n_slots || !rc->leases[slot].t ||
+	    rc->leases[slot].gen != gen)
+		return -ESRCH;
+	lease_drop_slot(reg, rc, slot);
+	return 0;
+}
+
+void registry_client_gone(struct registry *reg, struct reg_client *rc)
+{
+	struct tensor *t, *next;
+
+	/* Names first: a tensor it created but never published, or created
+	 * with connection lifetime, goes with it. Leases second, so the last
+	 * one frees the memory. */
+	for (t = reg->all; t; t = next) {
+		next = t->next;
+		if (t->creator != rc)
+			continue;
+		t->creator = NULL;
+		if (t->state == TENSORD_STATE_CREATED || (t->flags & TENSORD_LIFETIME_CONNECTION)) {
+			log_debug("tensor '%s': unlinked with its creator's connection", t->name);
+			/* Leases of this client still hold it; they are dropped below. */
+			if (t->state != TENSORD_STATE_UNLINKED) {
+				unhash(reg, t);
+				t->state = TENSORD_STATE_UNLINKED;
+			}
+		}
+	}
+	for (uint32_t s = 0; s < rc->n_slots; s++)
+		if (rc->leases[s].t)
+			lease_drop_slot(reg, rc, s);
+	free(rc->leases);
+	rc->leases = NULL;
+	rc->n_slots = rc->cap_slots = rc->free_head = 0;
+	/* Unlinked tensors nobody leases were freed by their last lease; one
+	 * that was never leased (cannot happen: create holds one) would be
+	 * caught here. */
+	for (t = reg->all; t; t = next) {
+		next = t->next;
+		if (t->state == TENSORD_STATE_UNLINKED && t->refcount == 0)
+			tensor_free(reg, t);
+	}
+}
+
+static bool mode_allows(const struct tensor *t, const struct reg_client *rc, uint32_t perm)
+{
+	if (rc->uid == 0)
+		return true;
+	if (rc->uid == t->owner_uid)
+		return t->mode & (perm << 6);
+	if (rc->gid == t->owner_gid)
+		return t->mode & (perm << 3);
+	return t->mode & perm;
+}
+
+static bool visible_to(const struct tensor *t, const struct reg_client *rc)
+{
+	return t->state == TENSORD_STATE_PUBLISHED || t->creator == rc;
+}
+
+struct tensor *registry_lookup(struct registry *reg, struct reg_client *rc, const char *name,
+			       size_t len)
+{
+	struct tensor *t = find_named(reg, name, len);
+
+	return t && visible_to(t, rc) ? t : NULL;
+}
+
+bool registry_published(struct registry *reg, const char *name, size_t len)
+{
+	struct tensor *t = find_named(reg, name, len);
+
+	return t && t->state == TENSORD_STATE_PUBLISHED;
+}
+
+int registry_create(struct registry *reg, struct reg_client *rc, const struct create_args *a,
+		    struct tensor **ret_t, uint64_t *ret_lease, char *why, size_t why_len)
+{
+	char reason[200];
+	struct reg_device *dev;
+	struct tensor *t;
+	struct timespec ts;
+	uint64_t nbytes;
+	int r;
+
+	r = tensord_name_check(a->name, a->name_len, why, why_len);
+	if (r < 0)
+		return r;
+	if (find_named(reg, a->name, a->name_len)) {
+		snprintf(why, why_len, "tensor '%.*s': already exists", (int)a->name_len, a->name);
+		return -EEXIST;
+	}
+	if (a->mode & ~0777u) {
+		snprintf(why, why_len, "tensor '%.*s': mode %o has bits outside 0777",
+			 (int)a->name_len, a->name, a->mode);
+		return -EINVAL;
+	}
+	if (a->flags & ~(uint32_t)(TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION)) {
+		snprintf(why, why_len, "tensor '%.*s': unknown flags 0x%x", (int)a->name_len,
+			 a->name, a->flags);
+		return -EINVAL;
+	}
+
+	t = calloc(1, sizeof(*t));
+	if (!t) {
+		snprintf(why, why_len, "tensor '%.*s': out of memory", (int)a->name_len, a->name);
+		return -ENOMEM;
+	}
+	t->alloc.fd = -1;
+	r = tensord_layout(a->dtype, a->ndim, a->shape, a->strides, t->strides, &nbytes, reason,
+			   sizeof(reason));
+	if (r < 0) {
+		snprintf(why, why_len, "tensor '%.*s': %s", (int)a->name_len, a->name, reason);
+		free(t);
+		return r;
+	}
+	dev = registry_device(reg, a->device);
+	if (!dev || dev->init_rc < 0) {
+		char dn[32];
+
+		tensord_device_name(a->device, dn, sizeof(dn));
+		snprintf(why, why_len, "tensor '%.*s': no backend for device %s: %s",
+			 (int)a->name_len, a->name, dn,
+			 dev ? dev->why : "the daemon serves no such device");
+		free(t);
+		return -ENODEV;
+	}
+	if (nbytes > dev->capacity - dev->used) {
+		snprintf(why, why_len,
+			 "tensor '%.*s': needs %llu bytes, only %llu of %llu are free on %s",
+			 (int)a->name_len, a->name, (unsigned long long)nbytes,
+			 (unsigned long long)(dev->capacity - dev->used),
+			 (unsigned long long)dev->capacity, dev->ops->name);
+		free(t);
+		return -ENOSPC;
+	}
+
+	memcpy(t->name, a->name, a->name_len);
+	t->name[a->name_len] = '\0';
+	t->name_len = a->name_len;
+	t->dtype = a->dtype;
+	t->ndim = a->ndim;
+	if (a->ndim)
+		memcpy(t->shape, a->shape, (size_t)a->ndim * sizeof(int64_t));
+	t->device = a->device;
+	t->nbytes = nbytes;
+	t->state = TENSORD_STATE_CREATED;
+	t->flags = a->flags;
+	t->mode = a->mode ? a->mode : 0600;
+	t->owner_uid = rc->uid;
+	t->owner_gid = rc->gid;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	t->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	t->creator = rc;
+
+	r = dev->ops->alloc(&t->alloc, nbytes, dev->device.device_id, t->name);
+	t->alloc.ops = dev->ops;
+	if (r < 0) {
+		snprintf(why, why_len, "tensor '%s': allocating %llu bytes on %s failed: %s", t->name,
+			 (unsigned long long)nbytes, dev->ops->name, tensord_strerror(r));
+		dev->ops->release(&t->alloc);
+		free(t);
+		return r;
+	}
+	if (t->alloc.size > dev->capacity - dev->used) {
+		/* Rounding to the backend's granularity pushed it over. */
+		snprintf(why, why_len, "tensor '%s': needs %llu bytes after rounding, only %llu free",
+			 t->name, (unsigned long long)t->alloc.size,
+			 (unsigned long long)(dev->capacity - dev->used));
+		dev->ops->release(&t->alloc);
+		free(t);
+		return -ENOSPC;
+	}
+	if (reg->n_named + 1 > reg->n_buckets && grow_buckets(reg) < 0) {
+		snprintf(why, why_len, "tensor '%s': out of memory", t->name);
+		dev->ops->release(&t->alloc);
+		free(t);
+		return -ENOMEM;
+	}
+
+	t->id = reg->next_id++;
+	t->dev = dev;
+	dev->used += t->alloc.size;
+	dev->tensors++;
+	struct tensor **b = bucket_of(reg, t->name, t->name_len);
+	t->hnext = *b;
+	*b = t;
+	reg->n_named++;
+	t->next = reg->all;
+	if (reg->all)
+		reg->all->prev = t;
+	reg->all = t;
+	reg->n_tensors++;
+
+	r = lease_add(reg, rc, t, ret_lease);
+	if (r < 0) {
+		snprintf(why, why_len, "tensor '%s': client holds too many leases (%u)", t->name,
+			 rc->n_leases);
+		tensor_unlink(reg, t);
+		return r;
+	}
+	*ret_t = t;
+	return 0;
+}
+
+int registry_publish(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
+		     char *why, size_t why_len)
+{
+	struct tensor *t;
+	int r;
+
+	r = tensord_name_check(name, len, why, why_len);
+	if (r < 0)
+		return r;
+	t = find_named(reg, name, len);
+	if (!t || !visible_to(t, rc)) {
+		snprintf(why, why_len, "tensor '%.*s': no such tensor", (int)len, name);
+		return -ENOENT;
+	}
+	if (t->state == TENSORD_STATE_PUBLISHED) {
+		snprintf(why, why_len, "tensor '%s': already published", t->name);
+		return t->creator == rc ? -EINVAL : -EPERM;
+	}
+	if (t->creator != rc) {
+		snprintf(why, why_len, "tensor '%s': only its creator may publish it", t->name);
+		return -EPERM;
+	}
+	if (!(t->flags & TENSORD_MUTABLE)) {
+		r = t->alloc.ops->freeze(&t->alloc);
+		if (r < 0) {
+			snprintf(why, why_len,
+				 "tensor '%s': cannot make it immutable: %s (a writable shared "
+				 "mapping of it still exists, e.g. in a forked child)",
+				 t->name, tensord_strerror(r));
+			return r;
+		}
+	}
+	t->state = TENSORD_STATE_PUBLISHED;
+	log_debug("tensor '%s': published by pid %u", t->name, rc->pid);
+	if (reg->on_publish)
+		reg->on_publish(reg->on_publish_ctx, t);
+	return 0;
+}
+
+int registry_attach(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
+		    struct tensor **ret_t, uint64_t *ret_lease, bool *ret_writable, char *why,
+		    size_t why_len)
+{
+	struct tensor *t;
+	int r;
+
+	r = tensord_name_check(name, len, why, why_len);
+	if (r < 0)
+		return r;
+	t = find_named(reg, name, len);
+	if (!t || t->state != TENSORD_STATE_PUBLISHED) {
+		snprintf(why, why_len, "tensor '%.*s': no such tensor%s", (int)len, name,
+			 t && t->creator == rc ? " (created but not yet published)" : "");
+		return -ENOENT;
+	}
+	if (!mode_allows(t, rc, PERM_READ)) {
+		snprintf(why, why_len, "tensor '%s': mode %03o refuses uid %u", t->name, t->mode,
+			 rc->uid);
+		return -EACCES;
+	}
+	r = lease_add(reg, rc, t, ret_lease);
+	if (r < 0) {
+		snprintf(why, why_len, "tensor '%s': client holds too many leases (%u)", t->name,
+			 rc->n_leases);
+		return r;
+	}
+	*ret_writable = (t->flags & TENSORD_MUTABLE) && mode_allows(t, rc, PERM_WRITE);
+	*ret_t = t;
+	return 0;
+}
+
+int registry_unlink(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
+		    char *why, size_t why_len)
+{
+	struct tensor *t;
+	int r;
+
+	r = tensord_name_check(name, len, why, why_len);
+	if (r < 0)
+		return r;
+	t = find_named(reg, name, len);
+	if (!t || !visible_to(t, rc)) {
+		snprintf(why, why_len, "tensor '%.*s': no such tensor", (int)len, name);
+		return -ENOENT;
+	}
+	if (rc->uid != 0 && rc->uid != t->owner_uid && !mode_allows(t, rc, PERM_WRITE)) {
+		snprintf(why, why_len, "tensor '%s': owned by uid %u, mode %03o refuses uid %u",
+			 t->name, t->owner_uid, t->mode, rc->uid);
+		return -EPERM;
+	}
+	log_debug("tensor '%s': unlinked by pid %u, %u leases live", t->name, rc->pid,
+		  t->refcount);
+	tensor_unlink(reg, t);
+	return 0;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+	const struct tensor *x = *(struct tensor *const *)a, *y = *(struct tensor *const *)b;
+
+	return strcmp(x->name, y->name);
+}
+
+int registry_list(struct registry *reg, struct reg_client *rc, const char *prefix, size_t len,
+		  struct tensor ***ret, size_t *ret_n)
+{
+	struct tensor **v = malloc((reg->n_named ? reg->n_named : 1) * sizeof(*v));
+	size_t n = 0;
+
+	if (!v)
+		return -ENOMEM;
+	for (size_t i = 0; i < reg->n_buckets; i++)
+		for (struct tensor *t = reg->buckets[i]; t; t = t->hnext)
+			if (visible_to(t, rc) && t->name_len >= len &&
+			    memcmp(t->name, prefix, len) == 0)
+				v[n++] = t;
+	qsort(v, n, sizeof(*v), cmp_name);
+	*ret = v;
+	*ret_n = n;
+	return 0;
+}

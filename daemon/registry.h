@@ -1,0 +1,167 @@
+/*
+ * The registry: names -> tensors, their states and lifetimes, the lease
+ * ledger of each client, and capacity per device. It knows nothing of
+ * sockets or the event loop, so it is unit-tested on its own.
+ *
+ * Ownership: the registry owns every tensor. A tensor lives while it is
+ * named or while any lease on it lives; the last of those to go frees it,
+ * through its backend's release().
+ */
+#ifndef TENSORD_REGISTRY_H
+#define TENSORD_REGISTRY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tensord/tensord.h>
+
+#include "backend.h"
+
+#define REGISTRY_DEVICES_MAX TENSORD_STATS_DEVICES_MAX
+/* Leases one client may hold at once; past it, create and attach fail. */
+#define REGISTRY_LEASES_MAX (1u << 18)
+
+struct reg_client;
+
+struct tensor {
+	uint64_t id;                 /* unique, never reused */
+	char name[TENSORD_NAME_MAX + 1];
+	size_t name_len;
+	DLDataType dtype;
+	int32_t ndim;
+	int64_t shape[TENSORD_NDIM_MAX];
+	int64_t strides[TENSORD_NDIM_MAX];
+	DLDevice device;
+	uint64_t nbytes;
+	tensord_state state;
+	uint32_t flags;              /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION */
+	uint32_t mode;
+	uint32_t owner_uid, owner_gid;
+	uint64_t created_ns;
+	uint32_t refcount;           /* live leases */
+	struct reg_client *creator;  /* borrowed; NULL once the creator is gone */
+	struct reg_device *dev;      /* borrowed: the device slot it is charged to */
+	struct tensord_alloc alloc;  /* owned */
+	struct tensor *hnext;        /* hash chain of named tensors */
+	struct tensor *prev, *next;  /* every live tensor */
+};
+
+/* One device the daemon can allocate on. */
+struct reg_device {
+	const struct tensord_backend_ops *ops;
+	DLDevice device;
+	int init_rc;                 /* 0, or -errno from ops->init() */
+	char why[160];               /* the reason when init_rc < 0 */
+	uint64_t capacity;
+	uint64_t used;
+	uint32_t tensors;
+};
+
+/* A client's view: who it is and the leases it holds. Embedded in a conn. */
+struct reg_client {
+	uint64_t id;
+	uint32_t uid, gid, pid;
+	struct reg_lease *leases;    /* slot array; slot i is lease id i+1 (+ generation) */
+	uint32_t n_slots, cap_slots;
+	uint32_t free_head;          /* 1-based index of the first free slot; 0: none */
+	uint32_t n_leases;
+};
+
+struct reg_lease {
+	struct tensor *t;            /* NULL when the slot is free */
+	uint32_t gen;
+	uint32_t next_free;
+};
+
+struct registry {
+	struct tensor **buckets;
+	size_t n_buckets;            /* power of two */
+	size_t n_named;
+	struct tensor *all;          /* every live tensor, named or not */
+	uint64_t n_tensors;
+	uint64_t n_leases;
+	uint64_t next_id;
+	struct reg_device devices[REGISTRY_DEVICES_MAX];
+	int n_devices;
+	/* Called when a tensor becomes published, so waiters can be woken. */
+	void (*on_publish)(void *ctx, struct tensor *t);
+	void *on_publish_ctx;
+};
+
+struct create_args {
+	const char *name;
+	size_t name_len;
+	DLDataType dtype;
+	int32_t ndim;
+	const int64_t *shape;
+	const int64_t *strides;      /* NULL: compact */
+	DLDevice device;
+	uint32_t flags;
+	uint32_t mode;               /* 0: 0600 */
+};
+
+/*
+ * Sets up the registry and initialises every backend. host_capacity 0:
+ * the host backend's default (half of physical memory). Never fails for
+ * lack of a GPU: such backends answer -ENODEV later.
+ */
+int registry_init(struct registry *reg, uint64_t host_capacity);
+
+/* Frees every tensor, whatever its leases. */
+void registry_fini(struct registry *reg);
+
+void registry_client_init(struct reg_client *rc, uint64_t id, uint32_t uid, uint32_t gid,
+			  uint32_t pid);
+
+/*
+ * The client is gone: ends all its leases, unlinks its connection-lifetime
+ * tensors and discards tensors it created but never published.
+ */
+void registry_client_gone(struct registry *reg, struct reg_client *rc);
+
+/*
+ * All of the following return 0 or -errno and, on failure, write a one-line
+ * reason naming the tensor into why.
+ */
+
+/* Allocates, returns the tensor and a new lease for its creator. */
+int registry_create(struct registry *reg, struct reg_client *rc, const struct create_args *a,
+		    struct tensor **ret_t, uint64_t *ret_lease, char *why, size_t why_len);
+
+int registry_publish(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
+		     char *why, size_t why_len);
+
+/*
+ * A new lease on a published tensor. -ENOENT when the name is not visible
+ * to rc (the caller may wait), -EACCES when its mode refuses rc.
+ * *ret_writable says whether rc may write it.
+ */
+int registry_attach(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
+		    struct tensor **ret_t, uint64_t *ret_lease, bool *ret_writable, char *why,
+		    size_t why_len);
+
+/* Ends one lease. -ESRCH when rc holds no such lease. */
+int registry_release(struct registry *reg, struct reg_client *rc, uint64_t lease);
+
+int registry_unlink(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
+		    char *why, size_t why_len);
+
+/* The named tensor as rc may see it, or NULL. */
+struct tensor *registry_lookup(struct registry *reg, struct reg_client *rc, const char *name,
+			       size_t len);
+
+/* Whether a tensor of that name is published (whatever its mode). */
+bool registry_published(struct registry *reg, const char *name, size_t len);
+
+/*
+ * The tensors rc may see whose names start with prefix, sorted by name.
+ * *ret is malloc'ed (free it); -ENOMEM.
+ */
+int registry_list(struct registry *reg, struct reg_client *rc, const char *prefix, size_t len,
+		  struct tensor ***ret, size_t *ret_n);
+
+/* The device slot for dev, or NULL. */
+struct reg_device *registry_device(struct registry *reg, DLDevice dev);
+
+#endif

@@ -1,0 +1,226 @@
+/*
+ * tensord client library: share tensors between processes by name, zero copy.
+ *
+ * Conventions, for every function below:
+ *  - 0 (or a count) on success, a negative errno value on failure
+ *    (-ENOENT, -EEXIST, ...). tensord_strerror() names it, and
+ *    tensord_last_error() gives the daemon's one-line message for the last
+ *    failed call on the calling thread ("tensor 'x': no such tensor").
+ *  - ret_* outputs are written only on success.
+ *  - Names are 1 to 255 bytes of [A-Za-z0-9._:/-].
+ *
+ * Threads: a tensord_client may be used from several threads at once. Calls
+ * are serialised on the socket but not on each other: a thread blocked in
+ * tensord_attach() waiting for a publish does not hold up other threads'
+ * calls on the same client. Deleters may run on any thread, any number of
+ * them at once, and also after tensord_close().
+ */
+#ifndef TENSORD_TENSORD_H
+#define TENSORD_TENSORD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tensord/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define TENSORD_API __attribute__((visibility("default")))
+#else
+#define TENSORD_API
+#endif
+
+#define TENSORD_PROTOCOL_VERSION 1
+#define TENSORD_NAME_MAX 255
+#define TENSORD_NDIM_MAX 32
+
+typedef struct tensord_client tensord_client;
+
+/* Bits of tensord_spec.flags and tensord_info.flags. */
+enum {
+	/* Stays writable by everyone allowed to attach it after publish. */
+	TENSORD_MUTABLE = 1u << 0,
+	/* Unlinked automatically when its creator's connection closes. */
+	TENSORD_LIFETIME_CONNECTION = 1u << 1,
+};
+
+typedef enum tensord_state {
+	TENSORD_STATE_CREATED = 1,   /* only its creator sees it */
+	TENSORD_STATE_PUBLISHED = 2, /* visible to every attach */
+	TENSORD_STATE_UNLINKED = 3,  /* name gone; lives until the last lease ends */
+} tensord_state;
+
+/* What to create. shape and strides are borrowed for the call only. */
+typedef struct tensord_spec {
+	DLDataType dtype;
+	int32_t ndim;              /* 0 .. TENSORD_NDIM_MAX */
+	const int64_t *shape;      /* ndim entries, each >= 0; NULL when ndim == 0 */
+	const int64_t *strides;    /* in elements; NULL: row-major compact */
+	DLDevice device;           /* {kDLCPU, 0}, {kDLCUDA, n}, {kDLROCM, n} */
+	uint32_t flags;            /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION */
+	uint32_t mode;             /* permission bits as for files; 0: 0600 */
+} tensord_spec;
+
+/* One tensor as the daemon describes it. */
+typedef struct tensord_info {
+	char name[TENSORD_NAME_MAX + 1];
+	DLDataType dtype;
+	int32_t ndim;
+	int64_t shape[TENSORD_NDIM_MAX];
+	int64_t strides[TENSORD_NDIM_MAX]; /* always filled, in elements */
+	DLDevice device;
+	uint64_t nbytes;      /* bytes the daemon allocated for it */
+	uint64_t byte_offset; /* always 0 today */
+	tensord_state state;
+	uint32_t refcount;    /* live leases */
+	uint32_t owner_uid;
+	uint32_t owner_gid;
+	uint32_t mode;
+	uint32_t flags;       /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION */
+	uint64_t created_ns;  /* CLOCK_REALTIME, nanoseconds */
+	uint64_t id;          /* unique for the daemon's life; never reused */
+} tensord_info;
+
+#define TENSORD_STATS_DEVICES_MAX 16
+
+typedef struct tensord_device_stats {
+	DLDevice device;
+	char backend[16];   /* "host", "cuda", "hip" */
+	char path[16];      /* how memory is shared: "memfd", "cuda-vmm", "cuda-ipc", "hip-ipc" */
+	uint64_t bytes_used;
+	uint64_t bytes_capacity;
+	uint32_t tensors;
+} tensord_device_stats;
+
+typedef struct tensord_daemon_stats {
+	uint64_t tensors;   /* named tensors plus unlinked ones still leased */
+	uint64_t clients;
+	uint64_t leases;
+	uint64_t uptime_ns;
+	uint32_t daemon_pid;
+	uint32_t n_devices;
+	tensord_device_stats devices[TENSORD_STATS_DEVICES_MAX];
+} tensord_daemon_stats;
+
+/*
+ * Connects to the daemon at socket_path, or, when it is NULL, at the default
+ * path: $TENSORD_SOCKET, else $XDG_RUNTIME_DIR/tensord.sock, else
+ * /run/tensord/tensord.sock for root, else /tmp/tensord-$UID.sock.
+ * -ECONNREFUSED or -ENOENT: no daemon there. -EPROTO: protocol mismatch.
+ * On success *ret_client is owned by the caller; free it with tensord_close().
+ */
+TENSORD_API int tensord_connect(const char *socket_path, tensord_client **ret_client);
+
+/*
+ * Closes the connection; the daemon ends every lease this client still holds
+ * and unlinks its connection-lifetime tensors. Mappings stay valid until each
+ * tensor's deleter runs. NULL-safe; always returns NULL.
+ */
+TENSORD_API tensord_client *tensord_close(tensord_client *client);
+
+/* Writes the default socket path (see tensord_connect) into buf. */
+TENSORD_API int tensord_default_socket_path(char *buf, size_t len);
+
+/*
+ * Creates a tensor in the created state and returns it, writable, to the
+ * caller. Nobody else sees it until tensord_publish(). On success
+ * *ret_tensor holds one lease; its deleter ends it.
+ * -EEXIST, -EINVAL (name, dtype, shape or strides), -ENOSPC, -ENODEV.
+ */
+TENSORD_API int tensord_create(tensord_client *client, const char *name, const tensord_spec *spec,
+			       DLManagedTensorVersioned **ret_tensor);
+
+/*
+ * Makes a created tensor visible. Unless it was created TENSORD_MUTABLE it
+ * becomes immutable: the creator's own earlier views keep working, but a
+ * write through them afterwards lands in a private copy that nobody else
+ * sees. -ENOENT, -EPERM (not the creator), -EBUSY (writable mappings of it
+ * exist outside this library, e.g. in a forked child).
+ */
+TENSORD_API int tensord_publish(tensord_client *client, const char *name);
+
+/*
+ * Attaches a published tensor, zero copy. timeout_ms: 0 fails at once with
+ * -ENOENT when the name is not published; -1 waits forever; otherwise waits
+ * up to that long and fails with -ETIMEDOUT. The result has
+ * DLPACK_FLAG_BITMASK_READ_ONLY set unless the tensor is mutable and the
+ * caller may write it. -EACCES when its mode refuses the caller.
+ */
+TENSORD_API int tensord_attach(tensord_client *client, const char *name, int timeout_ms,
+			       DLManagedTensorVersioned **ret_tensor);
+
+/* The same, as a pre-1.0 DLManagedTensor for consumers that want one. */
+TENSORD_API int tensord_attach_legacy(tensord_client *client, const char *name, int timeout_ms,
+				      DLManagedTensor **ret_tensor);
+
+/*
+ * create + copy + publish in one call. src must be host memory (kDLCPU);
+ * any strides are accepted and the copy is stored row-major compact.
+ */
+TENSORD_API int tensord_put(tensord_client *client, const char *name, const DLTensor *src,
+			    uint32_t flags, uint32_t mode);
+
+/* Removes the name; memory lives until the last lease ends. -ENOENT, -EPERM. */
+TENSORD_API int tensord_unlink(tensord_client *client, const char *name);
+
+/* Describes one tensor. -ENOENT. */
+TENSORD_API int tensord_stat(tensord_client *client, const char *name, tensord_info *ret_info);
+
+/*
+ * Describes every tensor whose name starts with prefix (NULL or "": all), in
+ * name order. On success *ret_infos is a malloc'ed array of *ret_count
+ * entries that the caller frees with free().
+ */
+TENSORD_API int tensord_list(tensord_client *client, const char *prefix, tensord_info **ret_infos,
+			     size_t *ret_count);
+
+/* Daemon totals. */
+TENSORD_API int tensord_stats(tensord_client *client, tensord_daemon_stats *ret_stats);
+
+/*
+ * Returns a second DLManagedTensorVersioned for the same lease as t (which
+ * must come from this library). The lease ends when the deleters of t and
+ * of every share have all run. Used by the Python module to hand one lease
+ * to several consumers.
+ */
+TENSORD_API int tensord_share(DLManagedTensorVersioned *t, DLManagedTensorVersioned **ret_tensor);
+
+/*
+ * Describes the tensor behind t (which must come from this library) as it
+ * was when attached or created, without a round trip. -EINVAL if t is not
+ * ours.
+ */
+TENSORD_API int tensord_tensor_info(const DLManagedTensorVersioned *t, tensord_info *ret_info);
+
+/* "no such tensor", "tensor exists", ... for -ENOENT or ENOENT alike. */
+TENSORD_API const char *tensord_strerror(int err);
+
+/* "ENOENT", "EEXIST", ... for -ENOENT or ENOENT alike; "EUNKNOWN" otherwise. */
+TENSORD_API const char *tensord_err_name(int err);
+
+/* The message of the last failed call on this thread; "" when none. */
+TENSORD_API const char *tensord_last_error(void);
+
+/* Parses "float32", "bfloat16", "int8", ... into *ret. -EINVAL if unknown. */
+TENSORD_API int tensord_dtype_parse(const char *s, DLDataType *ret);
+
+/*
+ * Writes the name of dt ("float32") or, for types with no name,
+ * "dtype(code,bits,lanes)" into buf. Returns buf.
+ */
+TENSORD_API const char *tensord_dtype_name(DLDataType dt, char *buf, size_t len);
+
+/* Parses "cpu", "cuda:N", "rocm:N" into *ret. -EINVAL otherwise. */
+TENSORD_API int tensord_device_parse(const char *s, DLDevice *ret);
+
+/* Writes "cpu", "cuda:0", ... into buf. Returns buf. */
+TENSORD_API const char *tensord_device_name(DLDevice dev, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TENSORD_TENSORD_H */

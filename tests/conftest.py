@@ -1,0 +1,116 @@
+"""Shared pytest fixtures: a real tensord daemon per test.
+
+The daemon is started with --ready-fd so a test waits for the ready byte
+instead of retrying connect(). TENSORD_TEST_DAEMON=/path/to.sock makes the
+fixture use an already running daemon instead (for gdb sessions).
+"""
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+BUILD = os.environ.get("TENSORD_BUILD") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build")
+
+
+def build_path(*parts):
+    return os.path.join(BUILD, *parts)
+
+
+class Daemon:
+    def __init__(self, tmp_path, args=(), env=None):
+        self.socket = str(tmp_path / "tensord.sock")
+        self.log_path = str(tmp_path / "tensord.log")
+        self.args = list(args)
+        self.env = env
+        self.proc = None
+
+    def start(self):
+        r, w = os.pipe()
+        self.log = open(self.log_path, "wb")
+        env = dict(os.environ)
+        env.pop("TENSORD_SOCKET", None)
+        if self.env:
+            env.update(self.env)
+        self.proc = subprocess.Popen(
+            [build_path("tensord"), "--socket", self.socket, "--ready-fd", str(w),
+             "--log-level", "debug"] + self.args,
+            pass_fds=(w,), stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        os.close(w)
+        with os.fdopen(r, "rb") as rf:
+            byte = rf.read(1)
+        if byte != b"R":
+            self.proc.wait(timeout=10)
+            raise RuntimeError("tensord did not start: " + self.read_log())
+        return self
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def fd_count(self):
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def read_log(self):
+        self.log.flush()
+        with open(self.log_path, "r", errors="replace") as f:
+            return f.read()
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self):
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+def wait_until(pred, timeout=10.0, interval=0.01):
+    """Polls pred until it is true; returns its last value."""
+    end = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() > end:
+            return v
+        time.sleep(interval)
+
+
+@pytest.fixture
+def daemon_factory(tmp_path):
+    started = []
+
+    def make(*args, env=None, sub="d%d"):
+        d = Daemon(tmp_path / (sub % len(started)) if "%d" in sub else tmp_path / sub,
+                   args, env)
+        os.makedirs(os.path.dirname(d.socket), exist_ok=True)
+        started.append(d)
+        return d.start()
+
+    yield make
+    for d in started:
+        rc = d.stop()
+        log = d.read_log() if os.path.exists(d.log_path) else ""
+        assert "ERROR: AddressSanitizer" not in log, log
+        assert "runtime error:" not in log, log
+        assert rc == 0, f"tensord exited {rc}:\n{log[-4000:]}"
+
+
+@pytest.fixture
+def daemon(daemon_factory):
+    ext = os.environ.get("TENSORD_TEST_DAEMON")
+    if ext:
+        class External:
+            socket = ext
+        yield External()
+        return
+    yield daemon_factory()
