@@ -7,8 +7,12 @@
  *   the create with ENOSPC instead of a SIGBUS at first touch later.
  * - Publishing an immutable tensor adds F_SEAL_WRITE, which the kernel
  *   refuses (EBUSY) while any writable shared mapping exists: immutability
- *   is enforced by the kernel, not by trusting clients. Readers get an
- *   O_RDONLY descriptor and map it privately.
+ *   is enforced by the kernel, not by trusting clients. After that every
+ *   descriptor is harmless (no write(), no shared writable mmap, no hole
+ *   punching), so readers get a plain dup. Readers of a mutable tensor who
+ *   may not write get a fresh O_RDONLY descriptor instead.
+ * - No descriptor is cached beyond the memfd itself: the daemon's fd count
+ *   is one per live host tensor.
  * The daemon itself never maps the memory.
  */
 #include <errno.h>
@@ -22,9 +26,6 @@
 #include "backend.h"
 #include "log.h"
 
-struct host_priv {
-	int ro_fd; /* O_RDONLY reopening of the memfd, made on first need; -1 */
-};
 
 static int host_init(char *why, size_t why_len)
 {
@@ -58,7 +59,6 @@ static const char *host_path(int device_id)
 static int host_alloc(struct tensord_alloc *a, uint64_t size, int device_id, const char *name)
 {
 	char label[64];
-	struct host_priv *p;
 	int fd, r;
 
 	a->fd = -1;
@@ -67,11 +67,6 @@ static int host_alloc(struct tensord_alloc *a, uint64_t size, int device_id, con
 		a->handle_kind = TENSORD_HANDLE_NONE;
 		return 0;
 	}
-	p = malloc(sizeof(*p));
-	if (!p)
-		return -ENOMEM;
-	p->ro_fd = -1;
-	a->priv = p;
 	a->handle_kind = TENSORD_HANDLE_MEMFD;
 
 	/* The label shows in /proc/PID/maps of every client: handy in gdb. */
@@ -95,24 +90,26 @@ static int host_alloc(struct tensord_alloc *a, uint64_t size, int device_id, con
 
 static int host_export_fd(struct tensord_alloc *a, bool writable, int *ret_fd)
 {
-	struct host_priv *p = a->priv;
-	int fd;
+	int fd, seals;
 
 	if (a->handle_kind == TENSORD_HANDLE_NONE) {
 		*ret_fd = -1;
 		return 0;
 	}
-	if (!writable && p->ro_fd < 0) {
+	seals = fcntl(a->fd, F_GET_SEALS);
+	if (seals < 0)
+		return -errno;
+	if (writable || (seals & F_SEAL_WRITE)) {
+		fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 3);
+	} else {
 		char path[64];
 
 		/* A new open file description with read-only access: mmap of it
-		 * with PROT_WRITE and MAP_SHARED fails, and so does write(). */
+		 * with PROT_WRITE and MAP_SHARED fails, and so do write() and
+		 * fallocate(). */
 		snprintf(path, sizeof(path), "/proc/self/fd/%d", a->fd);
-		p->ro_fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (p->ro_fd < 0)
-			return -errno;
+		fd = open(path, O_RDONLY | O_CLOEXEC);
 	}
-	fd = fcntl(writable ? a->fd : p->ro_fd, F_DUPFD_CLOEXEC, 3);
 	if (fd < 0)
 		return -errno;
 	*ret_fd = fd;
@@ -130,14 +127,6 @@ static int host_freeze(struct tensord_alloc *a)
 
 static void host_release(struct tensord_alloc *a)
 {
-	struct host_priv *p = a->priv;
-
-	if (p) {
-		if (p->ro_fd >= 0)
-			close(p->ro_fd);
-		free(p);
-		a->priv = NULL;
-	}
 	if (a->fd >= 0)
 		close(a->fd);
 	a->fd = -1;
