@@ -1,0 +1,181 @@
+/* Names, dtypes, devices, shapes and strides, overflow included. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "desc.h"
+
+static char why[512];
+
+static int name_check(const char *s)
+{
+	return tensord_name_check(s, strlen(s), why, sizeof(why));
+}
+
+static void test_names(void **state)
+{
+	char longest[256], too_long[257];
+
+	assert_int_equal(name_check("model/inputs/0"), 0);
+	assert_int_equal(name_check("a.b_c:d-e/F9"), 0);
+	assert_int_equal(name_check(""), -EINVAL);
+	assert_non_null(strstr(why, "[A-Za-z0-9._:/-]"));
+	assert_int_equal(name_check("has space"), -EINVAL);
+	assert_non_null(strstr(why, "offset 3"));
+	assert_int_equal(name_check("caf\xc3\xa9"), -EINVAL);
+	assert_int_equal(tensord_name_check("a\0b", 3, why, sizeof(why)), -EINVAL);
+	memset(longest, 'x', 255);
+	longest[255] = '\0';
+	assert_int_equal(name_check(longest), 0);
+	memset(too_long, 'x', 256);
+	too_long[256] = '\0';
+	assert_int_equal(name_check(too_long), -EINVAL);
+	assert_non_null(strstr(why, "256 bytes"));
+}
+
+static void test_dtype_names(void **state)
+{
+	static const char *names[] = { "bool",    "int8",     "int16",   "int32",     "int64",
+				       "uint8",   "uint16",   "uint32",  "uint64",    "float16",
+				       "bfloat16", "float32", "float64", "complex64", "complex128" };
+	char buf[32];
+	DLDataType dt;
+
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		assert_int_equal(tensord_dtype_parse(names[i], &dt), 0);
+		assert_string_equal(tensord_dtype_name(dt, buf, sizeof(buf)), names[i]);
+	}
+	assert_int_equal(tensord_dtype_parse("bfloat16", &dt), 0);
+	assert_int_equal(dt.code, kDLBfloat);
+	assert_int_equal(tensord_dtype_parse("float128", &dt), -EINVAL);
+	assert_string_equal(tensord_dtype_name((DLDataType){ kDLFloat8_e4m3fn, 8, 1 }, buf, sizeof(buf)),
+			    "dtype(10,8,1)");
+}
+
+static void test_devices(void **state)
+{
+	DLDevice d;
+	char buf[32];
+
+	assert_int_equal(tensord_device_parse("cpu", &d), 0);
+	assert_int_equal(d.device_type, kDLCPU);
+	assert_int_equal(tensord_device_parse("cuda:3", &d), 0);
+	assert_int_equal(d.device_type, kDLCUDA);
+	assert_int_equal(d.device_id, 3);
+	assert_string_equal(tensord_device_name(d, buf, sizeof(buf)), "cuda:3");
+	assert_int_equal(tensord_device_parse("rocm:0", &d), 0);
+	assert_int_equal(d.device_type, kDLROCM);
+	assert_int_equal(tensord_device_parse("cuda:", &d), -EINVAL);
+	assert_int_equal(tensord_device_parse("cuda:-1", &d), -EINVAL);
+	assert_int_equal(tensord_device_parse("tpu:0", &d), -EINVAL);
+}
+
+static void test_layout_compact(void **state)
+{
+	int64_t shape[3] = { 2, 3, 4 }, strides[3];
+	uint64_t nbytes;
+	DLDataType f32 = { kDLFloat, 32, 1 };
+
+	assert_int_equal(tensord_layout(f32, 3, shape, NULL, strides, &nbytes, why, sizeof(why)), 0);
+	assert_int_equal(nbytes, 96);
+	assert_int_equal(strides[0], 12);
+	assert_int_equal(strides[1], 4);
+	assert_int_equal(strides[2], 1);
+	/* 0-d: one element. */
+	assert_int_equal(tensord_layout(f32, 0, NULL, NULL, strides, &nbytes, why, sizeof(why)), 0);
+	assert_int_equal(nbytes, 4);
+	/* Zero-size. */
+	shape[1] = 0;
+	assert_int_equal(tensord_layout(f32, 3, shape, NULL, strides, &nbytes, why, sizeof(why)), 0);
+	assert_int_equal(nbytes, 0);
+	/* Packed sub-byte: 5 four-bit values need 3 bytes. */
+	int64_t five = 5;
+	assert_int_equal(tensord_layout((DLDataType){ kDLFloat4_e2m1fn, 4, 1 }, 1, &five, NULL,
+					strides, &nbytes, why, sizeof(why)),
+			 0);
+	assert_int_equal(nbytes, 3);
+}
+
+static void test_layout_strided(void **state)
+{
+	int64_t shape[2] = { 4, 3 }, given[2] = { 1, 4 }, strides[2];
+	uint64_t nbytes;
+	DLDataType f64 = { kDLFloat, 64, 1 };
+
+	/* Column-major 4x3: last element at 3*1 + 2*4 = 11 -> 12 elements. */
+	assert_int_equal(tensord_layout(f64, 2, shape, given, strides, &nbytes, why, sizeof(why)), 0);
+	assert_int_equal(nbytes, 96);
+	assert_int_equal(strides[1], 4);
+	/* Broadcast (stride 0) is fine and small. */
+	given[0] = 0;
+	given[1] = 0;
+	assert_int_equal(tensord_layout(f64, 2, shape, given, strides, &nbytes, why, sizeof(why)), 0);
+	assert_int_equal(nbytes, 8);
+	given[0] = -1;
+	assert_int_equal(tensord_layout(f64, 2, shape, given, strides, &nbytes, why, sizeof(why)),
+			 -EINVAL);
+	assert_non_null(strstr(why, "negative"));
+}
+
+static void test_layout_refusals(void **state)
+{
+	int64_t shape[33] = { 0 }, strides[33];
+	uint64_t nbytes;
+	DLDataType u8 = { kDLUInt, 8, 1 };
+
+	assert_int_equal(tensord_layout(u8, 33, shape, NULL, strides, &nbytes, why, sizeof(why)),
+			 -EINVAL);
+	shape[0] = -1;
+	assert_int_equal(tensord_layout(u8, 1, shape, NULL, strides, &nbytes, why, sizeof(why)),
+			 -EINVAL);
+	assert_non_null(strstr(why, "shape[0]"));
+	/* Element count overflows 64 bits. */
+	shape[0] = INT64_MAX;
+	shape[1] = 4;
+	assert_int_equal(tensord_layout(u8, 2, shape, NULL, strides, &nbytes, why, sizeof(why)),
+			 -EINVAL);
+	assert_non_null(strstr(why, "overflow"));
+	/* Byte count overflows: 2^62 elements of 8 bytes. */
+	shape[0] = INT64_C(1) << 62;
+	assert_int_equal(tensord_layout((DLDataType){ kDLFloat, 64, 1 }, 1, shape, NULL, strides,
+					&nbytes, why, sizeof(why)),
+			 -EFBIG);
+	/* Strides that would reach past 2^64. */
+	int64_t sh2[2] = { 3, 3 }, st2[2] = { INT64_MAX, 1 };
+	assert_int_equal(tensord_layout(u8, 2, sh2, st2, strides, &nbytes, why, sizeof(why)),
+			 -EINVAL);
+	/* dtype checks. */
+	assert_int_equal(tensord_layout((DLDataType){ 99, 8, 1 }, 0, NULL, NULL, strides, &nbytes,
+					why, sizeof(why)),
+			 -EINVAL);
+	assert_int_equal(tensord_layout((DLDataType){ kDLFloat, 0, 1 }, 0, NULL, NULL, strides,
+					&nbytes, why, sizeof(why)),
+			 -EINVAL);
+	assert_int_equal(tensord_layout((DLDataType){ kDLBool, 1, 1 }, 0, NULL, NULL, strides,
+					&nbytes, why, sizeof(why)),
+			 -EINVAL);
+}
+
+static void test_strerror(void **state)
+{
+	assert_string_equal(tensord_err_name(-ENOENT), "ENOENT");
+	assert_string_equal(tensord_err_name(EEXIST), "EEXIST");
+	assert_string_equal(tensord_strerror(-ENOSPC), "over capacity");
+	assert_string_equal(tensord_err_name(-12345), "EUNKNOWN");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_names),          cmocka_unit_test(test_dtype_names),
+		cmocka_unit_test(test_devices),        cmocka_unit_test(test_layout_compact),
+		cmocka_unit_test(test_layout_strided), cmocka_unit_test(test_layout_refusals),
+		cmocka_unit_test(test_strerror),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,289 @@
+/*
+ * The registry's state machine, refcounts, leases, lifetimes, permissions
+ * and capacity, over the real host backend (memfds).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "log.h"
+#include "registry.h"
+
+static char why[512];
+static int published;
+
+static void on_pub(void *ctx, struct tensor *t)
+{
+	published++;
+}
+
+static int setup(void **state)
+{
+	static struct registry reg;
+
+	assert_int_equal(registry_init(&reg, 1 << 20), 0);
+	reg.on_publish = on_pub;
+	published = 0;
+	*state = &reg;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	registry_fini(*state);
+	return 0;
+}
+
+static int create(struct registry *reg, struct reg_client *rc, const char *name, int64_t n,
+		  uint32_t flags, uint32_t mode, struct tensor **t, uint64_t *lease)
+{
+	struct create_args a = {
+		.name = name, .name_len = strlen(name), .dtype = { kDLUInt, 8, 1 }, .ndim = 1,
+		.shape = &n, .device = { kDLCPU, 0 }, .flags = flags, .mode = mode,
+	};
+
+	return registry_create(reg, rc, &a, t, lease, why, sizeof(why));
+}
+
+static void test_state_machine(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a, b;
+	struct tensor *t, *t2;
+	uint64_t la, lb;
+	bool w;
+
+	registry_client_init(&a, 1, 1000, 1000, 1);
+	registry_client_init(&b, 2, 1000, 1000, 2);
+	assert_int_equal(create(reg, &a, "x", 4096, 0, 0, &t, &la), 0);
+	assert_int_equal(t->state, TENSORD_STATE_CREATED);
+	assert_int_equal(t->refcount, 1);
+	assert_int_equal(t->mode, 0600);
+	/* Invisible to others while created. */
+	assert_null(registry_lookup(reg, &b, "x", 1));
+	assert_non_null(registry_lookup(reg, &a, "x", 1));
+	assert_int_equal(registry_attach(reg, &b, "x", 1, &t2, &lb, &w, why, sizeof(why)), -ENOENT);
+	assert_int_equal(registry_publish(reg, &b, "x", 1, why, sizeof(why)), -ENOENT);
+	assert_int_equal(registry_publish(reg, &a, "x", 1, why, sizeof(why)), 0);
+	assert_int_equal(published, 1);
+	assert_int_equal(t->state, TENSORD_STATE_PUBLISHED);
+	/* Immutable: the memfd is sealed against writes now. */
+	assert_true(fcntl(t->alloc.fd, F_GET_SEALS) & F_SEAL_WRITE);
+	assert_int_equal(registry_publish(reg, &b, "x", 1, why, sizeof(why)), -EPERM);
+	assert_int_equal(registry_attach(reg, &b, "x", 1, &t2, &lb, &w, why, sizeof(why)), 0);
+	assert_ptr_equal(t, t2);
+	assert_false(w);
+	assert_int_equal(t->refcount, 2);
+	/* Unlink: the name goes, the tensor lives while leased. */
+	assert_int_equal(registry_unlink(reg, &b, "x", 1, why, sizeof(why)), 0);
+	assert_int_equal(t->state, TENSORD_STATE_UNLINKED);
+	assert_null(registry_lookup(reg, &a, "x", 1));
+	assert_int_equal(reg->n_tensors, 1);
+	assert_int_equal(registry_release(reg, &a, la), 0);
+	assert_int_equal(registry_release(reg, &a, la), -ESRCH); /* twice */
+	assert_int_equal(reg->n_tensors, 1);
+	assert_int_equal(reg->devices[0].used, 4096);
+	assert_int_equal(registry_release(reg, &b, lb), 0);
+	assert_int_equal(reg->n_tensors, 0);
+	assert_int_equal(reg->devices[0].used, 0);
+	assert_int_equal(reg->n_leases, 0);
+	registry_client_gone(reg, &a);
+	registry_client_gone(reg, &b);
+}
+
+static void test_lease_ids_are_not_reused_blindly(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a;
+	struct tensor *t;
+	uint64_t l1, l2, l3;
+	bool w;
+
+	registry_client_init(&a, 1, 0, 0, 1);
+	assert_int_equal(create(reg, &a, "y", 16, 0, 0, &t, &l1), 0);
+	assert_int_equal(registry_publish(reg, &a, "y", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_attach(reg, &a, "y", 1, &t, &l2, &w, why, sizeof(why)), 0);
+	assert_int_equal(registry_release(reg, &a, l2), 0);
+	assert_int_equal(registry_attach(reg, &a, "y", 1, &t, &l3, &w, why, sizeof(why)), 0);
+	/* Same slot, new generation: the stale id no longer releases. */
+	assert_int_not_equal(l2, l3);
+	assert_int_equal(registry_release(reg, &a, l2), -ESRCH);
+	assert_int_equal(registry_release(reg, &a, 0), -ESRCH);
+	assert_int_equal(registry_release(reg, &a, 999), -ESRCH);
+	assert_int_equal(t->refcount, 2);
+	registry_client_gone(reg, &a);
+	assert_int_equal(t->refcount, 0);
+	assert_int_equal(reg->n_leases, 0);
+}
+
+static void test_client_gone(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a, b;
+	struct tensor *t;
+	uint64_t l;
+	bool w;
+
+	registry_client_init(&a, 1, 0, 0, 1);
+	registry_client_init(&b, 2, 0, 0, 2);
+	assert_int_equal(create(reg, &a, "persist", 16, 0, 0, &t, &l), 0);
+	assert_int_equal(registry_publish(reg, &a, "persist", 7, why, sizeof(why)), 0);
+	assert_int_equal(create(reg, &a, "conn", 16, TENSORD_LIFETIME_CONNECTION, 0, &t, &l), 0);
+	assert_int_equal(registry_publish(reg, &a, "conn", 4, why, sizeof(why)), 0);
+	assert_int_equal(registry_attach(reg, &b, "conn", 4, &t, &l, &w, why, sizeof(why)), 0);
+	assert_int_equal(create(reg, &a, "draft", 16, 0, 0, &t, &l), 0);
+	registry_client_gone(reg, &a);
+	assert_non_null(registry_lookup(reg, &b, "persist", 7));
+	assert_null(registry_lookup(reg, &b, "conn", 4));
+	assert_null(registry_lookup(reg, &b, "draft", 5));
+	/* conn lives on through b's lease. */
+	assert_int_equal(reg->n_tensors, 2);
+	registry_client_gone(reg, &b);
+	assert_int_equal(reg->n_tensors, 1);
+	assert_int_equal(reg->n_leases, 0);
+}
+
+static void test_capacity(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a;
+	struct tensor *t;
+	uint64_t l1, l2;
+
+	registry_client_init(&a, 1, 0, 0, 1);
+	assert_int_equal(create(reg, &a, "big", 700 * 1024, 0, 0, &t, &l1), 0);
+	assert_int_equal(create(reg, &a, "big2", 400 * 1024, 0, 0, &t, &l2), -ENOSPC);
+	assert_non_null(strstr(why, "'big2'"));
+	assert_int_equal(create(reg, &a, "fits", 300 * 1024, 0, 0, &t, &l2), 0);
+	assert_int_equal(reg->devices[0].used, 1000 * 1024);
+	registry_client_gone(reg, &a); /* unpublished: both discarded */
+	assert_int_equal(reg->devices[0].used, 0);
+}
+
+static void test_errors(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a;
+	struct tensor *t;
+	uint64_t l;
+	int64_t n = 4;
+	struct create_args bad = { .name = "g", .name_len = 1, .dtype = { kDLFloat, 32, 1 },
+				   .ndim = 1, .shape = &n, .device = { kDLCUDA, 0 } };
+
+	registry_client_init(&a, 1, 0, 0, 1);
+	assert_int_equal(create(reg, &a, "dup", 1, 0, 0, &t, &l), 0);
+	assert_int_equal(create(reg, &a, "dup", 1, 0, 0, &t, &l), -EEXIST);
+	assert_non_null(strstr(why, "'dup'"));
+	assert_int_equal(create(reg, &a, "bad name", 1, 0, 0, &t, &l), -EINVAL);
+	assert_int_equal(create(reg, &a, "m", 1, 0, 01777, &t, &l), -EINVAL);
+	assert_int_equal(create(reg, &a, "f", 1, 0x80, 0, &t, &l), -EINVAL);
+	/* No GPU driver here: ENODEV with the backend's reason. */
+	assert_int_equal(registry_create(reg, &a, &bad, &t, &l, why, sizeof(why)), -ENODEV);
+	assert_non_null(strstr(why, "cuda:0"));
+	assert_int_equal(registry_unlink(reg, &a, "nope", 4, why, sizeof(why)), -ENOENT);
+	assert_non_null(strstr(why, "'nope'"));
+	registry_client_gone(reg, &a);
+}
+
+static void test_permissions(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client owner, group, other, root;
+	struct tensor *t;
+	uint64_t l;
+	bool w;
+
+	registry_client_init(&owner, 1, 1000, 100, 1);
+	registry_client_init(&group, 2, 1001, 100, 2);
+	registry_client_init(&other, 3, 1002, 200, 3);
+	registry_client_init(&root, 4, 0, 0, 4);
+	assert_int_equal(create(reg, &owner, "p", 8, TENSORD_MUTABLE, 0640, &t, &l), 0);
+	assert_int_equal(registry_publish(reg, &owner, "p", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_attach(reg, &group, "p", 1, &t, &l, &w, why, sizeof(why)), 0);
+	assert_false(w); /* group may read, not write */
+	assert_int_equal(registry_attach(reg, &other, "p", 1, &t, &l, &w, why, sizeof(why)), -EACCES);
+	assert_non_null(strstr(why, "'p'"));
+	assert_int_equal(registry_attach(reg, &owner, "p", 1, &t, &l, &w, why, sizeof(why)), 0);
+	assert_true(w);
+	assert_int_equal(registry_attach(reg, &root, "p", 1, &t, &l, &w, why, sizeof(why)), 0);
+	assert_int_equal(registry_unlink(reg, &other, "p", 1, why, sizeof(why)), -EPERM);
+	assert_int_equal(registry_unlink(reg, &group, "p", 1, why, sizeof(why)), -EPERM);
+	assert_int_equal(registry_unlink(reg, &owner, "p", 1, why, sizeof(why)), 0);
+	registry_client_gone(reg, &owner);
+	registry_client_gone(reg, &group);
+	registry_client_gone(reg, &other);
+	registry_client_gone(reg, &root);
+	assert_int_equal(reg->n_tensors, 0);
+}
+
+static void test_list_sorted_by_prefix(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a;
+	struct tensor *t, **v;
+	uint64_t l;
+	size_t n;
+	const char *names[] = { "m/b", "m/a", "x", "m/c/d" };
+
+	registry_client_init(&a, 1, 0, 0, 1);
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(create(reg, &a, names[i], 1, 0, 0, &t, &l), 0);
+		assert_int_equal(registry_publish(reg, &a, names[i], strlen(names[i]), why,
+						  sizeof(why)),
+				 0);
+	}
+	assert_int_equal(registry_list(reg, &a, "m/", 2, &v, &n), 0);
+	assert_int_equal(n, 3);
+	assert_string_equal(v[0]->name, "m/a");
+	assert_string_equal(v[1]->name, "m/b");
+	assert_string_equal(v[2]->name, "m/c/d");
+	free(v);
+	registry_client_gone(reg, &a);
+}
+
+static void test_many_names_grow_the_table(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a;
+	struct tensor *t;
+	uint64_t l;
+	char name[32];
+
+	registry_client_init(&a, 1, 0, 0, 1);
+	for (int i = 0; i < 1000; i++) {
+		snprintf(name, sizeof(name), "t/%d", i);
+		assert_int_equal(create(reg, &a, name, 0, 0, 0, &t, &l), 0);
+	}
+	assert_true(reg->n_buckets >= 1000);
+	for (int i = 0; i < 1000; i += 97) {
+		snprintf(name, sizeof(name), "t/%d", i);
+		assert_non_null(registry_lookup(reg, &a, name, strlen(name)));
+	}
+	registry_client_gone(reg, &a);
+	assert_int_equal(reg->n_tensors, 0);
+	assert_int_equal(reg->n_named, 0);
+}
+
+int main(void)
+{
+	tensord_log_level = TENSORD_LOG_ERROR;
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_state_machine, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_lease_ids_are_not_reused_blindly, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_client_gone, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_capacity, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_permissions, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_list_sorted_by_prefix, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_many_names_grow_the_table, setup, teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
