@@ -225,8 +225,13 @@ int tensord_layout(DLDataType dt, int32_t ndim, const int64_t *shape, const int6
 
 		for (int i = ndim - 1; i >= 0; i--) {
 			ret_strides[i] = acc;
-			/* numel did not overflow, so neither does this partial product. */
-			acc *= shape[i] ? shape[i] : 1;
+			/* numel fits in 64 unsigned bits, but a stride is signed, and a
+			 * zero extent hides any product of the others from numel. */
+			if (i > 0 && __builtin_mul_overflow(acc, shape[i] ? shape[i] : 1, &acc)) {
+				snprintf(why, why_len, "strides overflow 64 bits at dimension %d",
+					 i - 1);
+				return -EINVAL;
+			}
 		}
 		if (elsize)
 			nbytes = (unsigned __int128)numel * elsize;
