@@ -19,6 +19,7 @@
 const struct td_importer *const td_importers[] = {
 	&td_importer_memfd,
 	&td_importer_cuda,
+	&td_importer_cuda_ipc,
 	&td_importer_hip,
 	NULL,
 };

@@ -73,6 +73,7 @@ extern const struct td_importer *const td_importers[];
 
 extern const struct td_importer td_importer_memfd;
 extern const struct td_importer td_importer_cuda;
+extern const struct td_importer td_importer_cuda_ipc;
 extern const struct td_importer td_importer_hip;
 
 /* Sets the calling thread's tensord_last_error() text; returns err. */

@@ -81,13 +81,15 @@ static void lease_unref(struct td_lease *l)
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Release rel = TENSORD__RELEASE__INIT;
 
+	/* Unmap before the daemon may free: with legacy GPU IPC handles the
+	 * exporter freeing memory an importer still has open is undefined. */
+	if (l->map)
+		mapping_unref(l->c, l->map);
 	rel.lease = l->lease_id;
 	req.body_case = TENSORD__REQUEST__BODY_RELEASE;
 	req.release = &rel;
 	/* A failure means the connection is gone, and with it the lease. */
 	td_send_oneway(l->c, &req);
-	if (l->map)
-		mapping_unref(l->c, l->map);
 	td_client_unref(l->c);
 	l->magic = 0;
 	free(l);

@@ -1,0 +1,423 @@
+/*
+ * CUDA device memory, devices "cuda:N".
+ *
+ * Two ways to share, chosen per device at init:
+ *  - "cuda-vmm" (preferred): cuMemCreate with a POSIX file descriptor as
+ *    its shareable handle. Each client gets its own exported fd over
+ *    SCM_RIGHTS; the driver refcounts the physical memory across
+ *    processes, so a client's mapping stays valid even if the daemon dies,
+ *    and no pid is involved, so it works across pid namespaces.
+ *  - "cuda-ipc" (fallback, where the device lacks VMM or POSIX-fd export,
+ *    attributes 102 / 103): cuMemAlloc + cuIpcGetMemHandle. The 64 handle
+ *    bytes travel in the reply. The daemon is then the exporter: freeing
+ *    while a client still has the handle open is undefined behaviour, so
+ *    release() must only run after every lease (and so every client
+ *    mapping) is gone, and a daemon crash takes clients' mappings with it.
+ * TENSORD_CUDA_PATH=ipc forces the fallback (for tests on VMM hardware).
+ *
+ * One driver allocation per tensor, never a pool carved between tenants:
+ * cuMemMap can only map an allocation from offset 0, and legacy IPC shares
+ * the whole underlying block. Every allocation is zeroed before it is
+ * handed out, so nobody reads what an earlier tenant left in recycled
+ * device memory.
+ *
+ * Immutability: GPU memory cannot be write-protected from the daemon, so
+ * freeze() does nothing. Readers are protected by the client library,
+ * which maps immutable VMM tensors with cuMemSetAccess(PROT_READ), and by
+ * the DLPack read-only flag; a client that bypasses the library can write.
+ *
+ * Contexts: the daemon retains each device's primary context on the first
+ * allocation on that device (not at start-up, so an idle daemon costs no
+ * GPU memory on GPUs nobody uses) and makes it current before every driver
+ * call; all calls run on the loop thread. The daemon must never fork()
+ * after init, as CUDA does not survive it.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <tensord/dlpack.h>
+
+#include "backend.h"
+#include "cuda_api.h"
+#include "gpu_util.h"
+#include "log.h"
+
+/* Legacy allocations are rounded to 2 MiB, as NVIDIA advises for IPC. */
+#define CUDA_IPC_GRANULARITY (2ull << 20)
+
+struct cuda_dev {
+	CUdevice dev;
+	uint8_t uuid[TD_GPU_UUID_LEN];
+	bool vmm;             /* share through VMM + POSIX fd */
+	uint64_t total;       /* bytes of device memory */
+	uint64_t gran;        /* allocation granularity; 0 until the context exists */
+	CUcontext ctx;        /* retained primary context; NULL until first use */
+};
+
+/* What one allocation holds; a->priv. */
+struct cuda_mem {
+	int ordinal;
+	bool vmm;
+	CUmemGenericAllocationHandle handle;  /* vmm */
+	CUdeviceptr dptr;                     /* legacy */
+};
+
+static const struct td_cuda_api *cuda_api;
+static struct cuda_dev *cuda_devs;
+static int cuda_ndevs;
+
+static int cuda_backend_fail(char *why, size_t why_len, CUresult r, const char *what)
+{
+	char err[128];
+
+	snprintf(why, why_len, "%s: %s: %s", TD_CUDA_LIBNAME, what,
+		 td_cuda_strerror(cuda_api, r, err, sizeof(err)));
+	return -ENODEV;
+}
+
+static int cuda_backend_init(char *why, size_t why_len)
+{
+	const char *path = getenv("TENSORD_CUDA_PATH");
+	bool force_ipc = path && strcmp(path, "ipc") == 0;
+	const char *reason = NULL;
+	int rc, n = 0;
+	CUresult r;
+
+	rc = td_cuda_api_get(&cuda_api, &reason);
+	if (rc < 0) {
+		snprintf(why, why_len, "%s", reason);
+		return rc;
+	}
+	r = cuda_api->DeviceGetCount(&n);
+	if (r != CUDA_SUCCESS)
+		return cuda_backend_fail(why, why_len, r, "cuDeviceGetCount");
+	if (n <= 0) {
+		snprintf(why, why_len, "%s: no CUDA device", TD_CUDA_LIBNAME);
+		return -ENODEV;
+	}
+	if (n > TD_GPU_MAX_DEVICES)
+		n = TD_GPU_MAX_DEVICES;
+	cuda_devs = calloc((size_t)n, sizeof(*cuda_devs));
+	if (!cuda_devs) {
+		snprintf(why, why_len, "out of memory");
+		return -ENOMEM;
+	}
+	for (int i = 0; i < n; i++) {
+		struct cuda_dev *d = &cuda_devs[i];
+		int has_vmm = 0, has_fd = 0;
+		size_t total = 0;
+		CUuuid u;
+
+		r = cuda_api->DeviceGet(&d->dev, i);
+		if (r == CUDA_SUCCESS)
+			r = cuda_api->DeviceGetUuid(&u, d->dev);
+		if (r == CUDA_SUCCESS)
+			r = cuda_api->DeviceTotalMem(&total, d->dev);
+		if (r != CUDA_SUCCESS) {
+			free(cuda_devs);
+			cuda_devs = NULL;
+			return cuda_backend_fail(why, why_len, r, "device query");
+		}
+		memcpy(d->uuid, u.bytes, sizeof(d->uuid));
+		d->total = total;
+		/* A failed attribute query reads as "unsupported": fall back, don't fail. */
+		if (cuda_api->DeviceGetAttribute(&has_vmm,
+			CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, d->dev) != CUDA_SUCCESS)
+			has_vmm = 0;
+		if (cuda_api->DeviceGetAttribute(&has_fd,
+			CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, d->dev) != CUDA_SUCCESS)
+			has_fd = 0;
+		d->vmm = !force_ipc && has_vmm && has_fd && td_cuda_api_has_vmm(cuda_api);
+		{
+			char ustr[48];
+
+			log_debug("cuda: device %d is %s, %llu bytes, vmm %d, posix fd %d%s", i,
+				  td_gpu_uuid_format(d->uuid, sizeof(d->uuid), ustr, sizeof(ustr)),
+				  (unsigned long long)d->total, has_vmm, has_fd,
+				  force_ipc ? ", legacy IPC forced by TENSORD_CUDA_PATH" : "");
+		}
+	}
+	cuda_ndevs = n;
+	return 0;
+}
+
+static int cuda_backend_device_count(void)
+{
+	return cuda_ndevs;
+}
+
+static int cuda_backend_device_uuid(int device_id, uint8_t uuid[16])
+{
+	if (device_id < 0 || device_id >= cuda_ndevs)
+		return -ENODEV;
+	memcpy(uuid, cuda_devs[device_id].uuid, TD_GPU_UUID_LEN);
+	return 0;
+}
+
+/*
+ * Half of the device's memory, as for host memory: the GPU is shared with
+ * the processes that compute on it, and the daemon's tensors should not
+ * starve them unless --capacity says so.
+ */
+static uint64_t cuda_backend_default_capacity(int device_id)
+{
+	if (device_id < 0 || device_id >= cuda_ndevs)
+		return 0;
+	return cuda_devs[device_id].total / 2;
+}
+
+static const char *cuda_backend_path(int device_id)
+{
+	if (device_id < 0 || device_id >= cuda_ndevs)
+		return "none";
+	return cuda_devs[device_id].vmm ? "cuda-vmm" : "cuda-ipc";
+}
+
+static void cuda_vmm_prop(int ordinal, CUmemAllocationProp *prop)
+{
+	memset(prop, 0, sizeof(*prop));
+	prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop->location.id = cuda_devs[ordinal].dev;
+}
+
+/* Makes device ordinal's primary context current, retaining it the first time. */
+static int cuda_dev_enter(int ordinal)
+{
+	struct cuda_dev *d = &cuda_devs[ordinal];
+	CUresult r;
+
+	if (!d->ctx) {
+		CUcontext ctx;
+		size_t gran = 0;
+
+		r = cuda_api->DevicePrimaryCtxRetain(&ctx, d->dev);
+		if (r != CUDA_SUCCESS)
+			return td_cuda_errno(r);
+		r = cuda_api->CtxSetCurrent(ctx);
+		if (r != CUDA_SUCCESS) {
+			cuda_api->DevicePrimaryCtxRelease(d->dev);
+			return td_cuda_errno(r);
+		}
+		if (d->vmm) {
+			CUmemAllocationProp prop;
+
+			cuda_vmm_prop(ordinal, &prop);
+			r = cuda_api->MemGetAllocationGranularity(&gran, &prop,
+								  CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+			/* No granularity means no VMM on this device after all. */
+			if (r != CUDA_SUCCESS || gran == 0)
+				d->vmm = false;
+		}
+		d->gran = d->vmm ? gran : CUDA_IPC_GRANULARITY;
+		d->ctx = ctx;
+		return 0;
+	}
+	return td_cuda_errno(cuda_api->CtxSetCurrent(d->ctx));
+}
+
+/* Out of device memory is "no space" to the user, not a host malloc failure. */
+static int cuda_alloc_errno(CUresult r)
+{
+	int err = td_cuda_errno(r);
+
+	return err == -ENOMEM ? -ENOSPC : err;
+}
+
+/*
+ * Zeroes a VMM allocation: it has no address in the daemon, so map it for
+ * the duration. cuMemsetD8 is asynchronous; the synchronize makes sure the
+ * zeroes land before any client can see the memory.
+ */
+static int cuda_vmm_scrub(int ordinal, CUmemGenericAllocationHandle h, uint64_t size)
+{
+	const struct cuda_dev *d = &cuda_devs[ordinal];
+	CUmemAccessDesc acc;
+	CUdeviceptr va = 0;
+	CUresult r;
+	int err = 0;
+
+	r = cuda_api->MemAddressReserve(&va, size, d->gran, 0, 0);
+	if (r != CUDA_SUCCESS)
+		return cuda_alloc_errno(r);
+	r = cuda_api->MemMap(va, size, 0, h, 0);
+	if (r != CUDA_SUCCESS) {
+		err = cuda_alloc_errno(r);
+		goto out_free;
+	}
+	memset(&acc, 0, sizeof(acc));
+	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	acc.location.id = d->dev;
+	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	r = cuda_api->MemSetAccess(va, size, &acc, 1);
+	if (r == CUDA_SUCCESS)
+		r = cuda_api->MemsetD8(va, 0, size);
+	if (r == CUDA_SUCCESS)
+		r = cuda_api->CtxSynchronize();
+	if (r != CUDA_SUCCESS)
+		err = cuda_alloc_errno(r);
+	cuda_api->MemUnmap(va, size);
+out_free:
+	cuda_api->MemAddressFree(va, size);
+	return err;
+}
+
+static int cuda_alloc_vmm(struct tensord_alloc *a, struct cuda_mem *m, uint64_t size)
+{
+	CUmemAllocationProp prop;
+	CUresult r;
+	int err;
+
+	cuda_vmm_prop(m->ordinal, &prop);
+	r = cuda_api->MemCreate(&m->handle, size, &prop, 0);
+	if (r != CUDA_SUCCESS)
+		return cuda_alloc_errno(r);
+	m->vmm = true;
+	err = cuda_vmm_scrub(m->ordinal, m->handle, size);
+	if (err < 0)
+		return err;
+	a->handle_kind = TENSORD_HANDLE_CUDA_VMM_FD;
+	return 0;
+}
+
+static int cuda_alloc_ipc(struct tensord_alloc *a, struct cuda_mem *m, uint64_t size)
+{
+	CUipcMemHandle h;
+	CUresult r;
+
+	r = cuda_api->MemAlloc(&m->dptr, size);
+	if (r != CUDA_SUCCESS) {
+		m->dptr = 0;
+		return cuda_alloc_errno(r);
+	}
+	r = cuda_api->MemsetD8(m->dptr, 0, size);
+	if (r == CUDA_SUCCESS)
+		r = cuda_api->CtxSynchronize();
+	/* The handle names the base of the allocation, which is ours: offset 0. */
+	if (r == CUDA_SUCCESS)
+		r = cuda_api->IpcGetMemHandle(&h, m->dptr);
+	if (r != CUDA_SUCCESS)
+		return cuda_alloc_errno(r);
+	_Static_assert(sizeof(h) <= TENSORD_IPC_HANDLE_MAX, "IPC handle size");
+	memcpy(a->ipc_handle, &h, sizeof(h));
+	a->ipc_handle_len = sizeof(h);
+	a->ipc_offset = 0;
+	a->handle_kind = TENSORD_HANDLE_CUDA_IPC;
+	return 0;
+}
+
+static int cuda_backend_alloc(struct tensord_alloc *a, uint64_t size, int device_id,
+			      const char *name)
+{
+	struct cuda_mem *m;
+	uint64_t rounded;
+	int err;
+
+	a->fd = -1;
+	a->priv = NULL;
+	a->handle_kind = TENSORD_HANDLE_NONE;
+	a->ipc_handle_len = 0;
+	a->ipc_offset = 0;
+	a->size = 0;
+	if (device_id < 0 || device_id >= cuda_ndevs)
+		return -ENODEV;
+	a->device_id = device_id;
+	/* A zero-size tensor has nothing to map (HANDLE_NONE). */
+	if (size == 0)
+		return 0;
+	err = cuda_dev_enter(device_id);
+	if (err < 0)
+		return err;
+	if (td_gpu_round_up(size, cuda_devs[device_id].gran, &rounded) < 0)
+		return -ENOSPC;
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->ordinal = device_id;
+	a->priv = m;
+	a->size = rounded;
+	if (cuda_devs[device_id].vmm)
+		return cuda_alloc_vmm(a, m, rounded);
+	return cuda_alloc_ipc(a, m, rounded);
+}
+
+/*
+ * VMM: a fresh fd per client, exported on demand (as NCCL does) rather
+ * than one fd kept per tensor, so the daemon holds no descriptor per GPU
+ * tensor and each client's copy is closed by the connection code once
+ * sent. The fd cannot carry "read-only": writable is enforced by the
+ * client library's cuMemSetAccess. Legacy IPC travels as bytes: -1.
+ */
+static int cuda_backend_export_fd(struct tensord_alloc *a, bool writable, int *ret_fd)
+{
+	struct cuda_mem *m = a->priv;
+	int fd = -1, err;
+	CUresult r;
+
+	if (!m || !m->vmm) {
+		*ret_fd = -1;
+		return 0;
+	}
+	err = cuda_dev_enter(m->ordinal);
+	if (err < 0)
+		return err;
+	r = cuda_api->MemExportToShareableHandle(&fd, m->handle,
+						 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	if (r != CUDA_SUCCESS)
+		return td_cuda_errno(r);
+	/* The driver does not promise O_CLOEXEC; the daemon never execs, but be tidy. */
+	(void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+	*ret_fd = fd;
+	return 0;
+}
+
+static int cuda_backend_freeze(struct tensord_alloc *a)
+{
+	/* Not enforceable from here; see the comment at the top of the file. */
+	return 0;
+}
+
+/*
+ * VMM: drops the daemon's reference; the memory lives on while any
+ * client still maps it (the driver refcounts it). Legacy: frees at once,
+ * which is why the registry calls this only after the last lease ended.
+ */
+static void cuda_backend_release(struct tensord_alloc *a)
+{
+	struct cuda_mem *m = a->priv;
+
+	if (a->fd >= 0) {
+		close(a->fd);
+		a->fd = -1;
+	}
+	if (!m)
+		return;
+	if (cuda_dev_enter(m->ordinal) == 0) {
+		if (m->vmm)
+			cuda_api->MemRelease(m->handle);
+		else if (m->dptr)
+			cuda_api->MemFree(m->dptr);
+	}
+	free(m);
+	a->priv = NULL;
+}
+
+const struct tensord_backend_ops tensord_backend_cuda = {
+	.name = "cuda",
+	.device_type = kDLCUDA,
+	.init = cuda_backend_init,
+	.device_count = cuda_backend_device_count,
+	.device_uuid = cuda_backend_device_uuid,
+	.default_capacity = cuda_backend_default_capacity,
+	.path = cuda_backend_path,
+	.alloc = cuda_backend_alloc,
+	.export_fd = cuda_backend_export_fd,
+	.freeze = cuda_backend_freeze,
+	.release = cuda_backend_release,
+};

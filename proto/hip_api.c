@@ -1,0 +1,179 @@
+/*
+ * Run-time loading of the HIP runtime. See hip_api.h.
+ *
+ * HIP symbols carry ELF versions (hipIpcGetMemHandle@@hip_4.2); plain
+ * dlsym resolves the default version, which is the ABI our prototypes
+ * describe.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hip_api.h"
+
+#ifdef TENSORD_HAVE_HIP_H
+_Static_assert(sizeof(hipUUID) == 16, "hipUUID");
+_Static_assert(sizeof(hipIpcMemHandle_t) == 64, "hipIpcMemHandle_t");
+_Static_assert(sizeof(hipError_t) == sizeof(int), "hipError_t");
+_Static_assert(sizeof(hipDevice_t) == sizeof(int), "hipDevice_t");
+_Static_assert(hipErrorInvalidValue == 1 && hipErrorOutOfMemory == 2, "errors");
+_Static_assert(hipErrorNotInitialized == 3 && hipErrorInsufficientDriver == 35, "errors");
+_Static_assert(hipErrorNoDevice == 100 && hipErrorInvalidDevice == 101, "errors");
+_Static_assert(hipErrorInvalidContext == 201 && hipErrorNotSupported == 801, "errors");
+#endif
+
+/* Newest first: a machine with several ROCm versions gets the newest. */
+static const char *const td_hip_libnames[] = {
+	"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so", NULL,
+};
+
+static const struct td_hip_sym {
+	const char *name;
+	size_t offset;
+	int optional;
+} td_hip_syms[] = {
+#define SYM(field, opt) { "hip" #field, offsetof(struct td_hip_api, field), opt }
+	SYM(RuntimeGetVersion, 0),
+	SYM(GetErrorName, 0),
+	SYM(GetErrorString, 0),
+	SYM(GetDeviceCount, 0),
+	SYM(DeviceGet, 0),
+	SYM(DeviceGetUuid, 1),
+	SYM(DeviceTotalMem, 0),
+	SYM(SetDevice, 0),
+	SYM(GetDevice, 0),
+	SYM(Malloc, 0),
+	SYM(Free, 0),
+	SYM(Memset, 0),
+	SYM(DeviceSynchronize, 0),
+	SYM(IpcGetMemHandle, 0),
+	SYM(IpcOpenMemHandle, 0),
+	SYM(IpcCloseMemHandle, 0),
+#undef SYM
+};
+
+int td_hip_api_open(struct td_hip_api *api, const char *const *sonames, char *why,
+		    size_t why_len)
+{
+	memset(api, 0, sizeof(*api));
+	for (int i = 0; sonames[i] && !api->lib; i++) {
+		api->lib = dlopen(sonames[i], RTLD_NOW | RTLD_LOCAL);
+		if (api->lib) {
+			api->libname = sonames[i];
+		} else {
+			/* Keep the last reason; dlerror() names the library. */
+			const char *e = dlerror();
+
+			snprintf(why, why_len, "%s", e ? e : sonames[i]);
+		}
+	}
+	if (!api->lib)
+		return -ENODEV;
+	for (size_t i = 0; i < sizeof(td_hip_syms) / sizeof(td_hip_syms[0]); i++) {
+		void *fn = dlsym(api->lib, td_hip_syms[i].name);
+
+		if (!fn && !td_hip_syms[i].optional) {
+			snprintf(why, why_len, "%s: no symbol %s", api->libname, td_hip_syms[i].name);
+			td_hip_api_close(api);
+			return -ENODEV;
+		}
+		/* POSIX guarantees function pointers survive a trip through void *. */
+		memcpy((char *)api + td_hip_syms[i].offset, &fn, sizeof(fn));
+	}
+	return 0;
+}
+
+void td_hip_api_close(struct td_hip_api *api)
+{
+	if (api->lib)
+		dlclose(api->lib);
+	memset(api, 0, sizeof(*api));
+}
+
+int td_hip_ipc_flag(int runtime_version)
+{
+	return runtime_version / 10000000 >= 6 ? 1 : 0;
+}
+
+int td_hip_errno(hipError_t e)
+{
+	switch ((int)e) {
+	case hipSuccess:
+		return 0;
+	case hipErrorOutOfMemory:
+		return -ENOMEM;
+	case hipErrorInvalidValue:
+		return -EINVAL;
+	case hipErrorNotInitialized:
+	case hipErrorInsufficientDriver:
+	case hipErrorNoDevice:
+	case hipErrorInvalidDevice:
+		return -ENODEV;
+	case hipErrorNotSupported:
+		return -EOPNOTSUPP;
+	default:
+		return -EIO;
+	}
+}
+
+const char *td_hip_strerror(const struct td_hip_api *api, hipError_t e, char *buf, size_t len)
+{
+	const char *name = api && api->GetErrorName ? api->GetErrorName(e) : NULL;
+	const char *desc = api && api->GetErrorString ? api->GetErrorString(e) : NULL;
+
+	if (name && desc)
+		snprintf(buf, len, "%s (%s)", name, desc);
+	else
+		snprintf(buf, len, "hipError_t %d", (int)e);
+	return buf;
+}
+
+static pthread_once_t td_hip_once = PTHREAD_ONCE_INIT;
+static struct td_hip_api td_hip_global;
+static int td_hip_status;
+static char td_hip_why[256];
+
+static void td_hip_load(void)
+{
+	struct td_hip_api *api = &td_hip_global;
+
+	if (access(TD_HIP_KFD, F_OK) != 0) {
+		snprintf(td_hip_why, sizeof(td_hip_why),
+			 "%s: %s (no amdgpu driver), libamdhip64 not loaded", TD_HIP_KFD,
+			 strerror(errno));
+		td_hip_status = -ENODEV;
+		return;
+	}
+	td_hip_status = td_hip_api_open(api, td_hip_libnames, td_hip_why, sizeof(td_hip_why));
+	if (td_hip_status < 0)
+		return;
+	if (api->RuntimeGetVersion(&api->runtime_version) != hipSuccess)
+		api->runtime_version = 0;
+	/*
+	 * HIP 5.2 answers 0 here on a machine without a device (seen on Debian
+	 * 12); the soname's major is the ROCm major, which is all
+	 * td_hip_ipc_flag() needs.
+	 */
+	if (api->runtime_version <= 0) {
+		const char *dot = strrchr(api->libname, '.');
+		int major = dot ? atoi(dot + 1) : 0;
+
+		api->runtime_version = major > 0 ? major * 10000000 : 0;
+	}
+}
+
+int td_hip_api_get(const struct td_hip_api **ret_api, const char **ret_why)
+{
+	pthread_once(&td_hip_once, td_hip_load);
+	if (td_hip_status < 0) {
+		if (ret_why)
+			*ret_why = td_hip_why;
+		return td_hip_status;
+	}
+	*ret_api = &td_hip_global;
+	return 0;
+}

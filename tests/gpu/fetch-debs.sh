@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Prepares, on a Debian 12 machine with its package archive, what
+# tests/gpu/run.sh needs on a GPU machine that has no package registry:
+#
+#   tests/gpu/debs/*.deb      libuv, protobuf-c (library, headers, compiler
+#                             and the compiler's C++ libraries), cmocka
+#   tests/gpu/debs/root/      the same, unpacked with dpkg -x
+#   tests/gpu/debs/pregen/    tensord.pb-c.[ch] made here, for when the
+#                             packaged protoc-c cannot run there (another
+#                             glibc or libstdc++)
+#   tests/gpu/debs/wheels/    pytest and its pure-Python dependencies
+#
+# tests/gpu/debs/ is git-ignored; carry it to the GPU machine with the tree.
+# Re-running replaces what was there.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/../.." && pwd)
+out=$here/debs
+pkgs=(libuv1 libuv1-dev libprotobuf-c1 libprotobuf-c-dev protobuf-c-compiler
+      libprotoc32 libprotobuf32 libcmocka0 libcmocka-dev)
+
+rm -rf "$out"
+mkdir -p "$out/root" "$out/pregen" "$out/wheels"
+cd "$out"
+# apt-get download fetches exactly these packages, no dependency resolution:
+# the list above is the closure beyond libc, libstdc++ and zlib.
+apt-get download "${pkgs[@]}"
+for d in ./*.deb; do
+	dpkg -x "$d" root
+done
+
+protoc-c --proto_path="$top/proto" --c_out=pregen "$top/proto/tensord.proto"
+
+# The GPU machine runs Python 3.12; these wheels are pure Python.
+if python3 -m pip --version >/dev/null 2>&1; then
+	python3 -m pip download -q --only-binary=:all: --python-version 3.12 -d wheels pytest
+else
+	echo "fetch-debs: no pip here; run.sh will need pytest installed on the GPU machine" >&2
+fi
+
+du -sh "$out"
+ls "$out"/*.deb "$out"/wheels
