@@ -1,0 +1,306 @@
+"""tensorctl against a real daemon: every command, its table and JSON output,
+exit codes 0/1/2, .npy round trips compared with numpy, and the .npy variants
+that are refused with a message naming the file."""
+import json
+import os
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from numpy.lib import format as npformat
+
+from conftest import build_path
+
+CTL = build_path("tensorctl")
+
+
+def ctl(daemon, *args, env=None, timeout=30, socket=True):
+    """Runs tensorctl; returns (exit status, stdout, stderr)."""
+    argv = [CTL] + (["--socket", daemon.socket] if socket else []) + list(args)
+    e = dict(os.environ)
+    e.pop("TENSORD_SOCKET", None)
+    if env:
+        e.update(env)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=e)
+    return r.returncode, r.stdout, r.stderr
+
+
+def ok(daemon, *args, **kw):
+    rc, out, err = ctl(daemon, *args, **kw)
+    assert rc == 0, f"tensorctl {args}: exit {rc}: {err}"
+    return out
+
+
+def save(path, arr, version=None):
+    with open(path, "wb") as f:
+        npformat.write_array(f, arr, version=version, allow_pickle=True)
+    return str(path)
+
+
+DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
+          np.int64, np.uint64, np.float16, np.float32, np.float64, np.complex64,
+          np.complex128]
+
+
+def sample(dtype, shape):
+    rng = np.random.default_rng(42)
+    n = int(np.prod(shape))
+    if dtype == np.bool_:
+        a = rng.integers(0, 2, n).astype(np.bool_)
+    elif np.issubdtype(dtype, np.complexfloating):
+        a = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(dtype)
+    elif np.issubdtype(dtype, np.floating):
+        a = rng.standard_normal(n).astype(dtype)
+    else:
+        info = np.iinfo(dtype)
+        a = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+    return a.reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_put_get_round_trip(daemon, tmp_path, dtype):
+    a = sample(dtype, (3, 5, 7))
+    ok(daemon, "put", "rt/x", save(tmp_path / "in.npy", a))
+    ok(daemon, "get", "rt/x", str(tmp_path / "out.npy"))
+    b = np.load(tmp_path / "out.npy")
+    assert b.dtype == a.dtype and b.shape == a.shape
+    assert b.tobytes() == a.tobytes()
+    # The file is exactly what numpy itself would write.
+    assert (tmp_path / "out.npy").read_bytes() == (tmp_path / "in.npy").read_bytes()
+    info = json.loads(ok(daemon, "stat", "rt/x", "--json"))
+    assert info["dtype"] == np.dtype(dtype).name
+    assert info["shape"] == [3, 5, 7] and info["strides"] == [35, 7, 1]
+    assert info["nbytes"] == a.nbytes
+
+
+@pytest.mark.parametrize("version", [(1, 0), (2, 0), (3, 0)])
+def test_format_versions(daemon, tmp_path, version):
+    a = np.arange(24, dtype=np.int32).reshape(4, 6)
+    ok(daemon, "put", "v", save(tmp_path / "in.npy", a, version))
+    ok(daemon, "get", "v", str(tmp_path / "out.npy"))
+    assert np.array_equal(np.load(tmp_path / "out.npy"), a)
+
+
+def test_fortran_order(daemon, tmp_path):
+    a = np.asfortranarray(np.arange(60, dtype=np.float64).reshape(3, 4, 5))
+    ok(daemon, "put", "f", save(tmp_path / "f.npy", a))
+    info = json.loads(ok(daemon, "stat", "f", "--json"))
+    assert info["shape"] == [3, 4, 5]
+    assert info["strides"] == [1, 3, 12]  # column-major, as the file was
+    ok(daemon, "get", "f", str(tmp_path / "out.npy"))
+    with open(tmp_path / "out.npy", "rb") as fh:
+        assert npformat.read_magic(fh) == (1, 0)
+        shape, fortran, dtype = npformat.read_array_header_1_0(fh)
+    assert not fortran and shape == (3, 4, 5)  # written back in C order
+    b = np.load(tmp_path / "out.npy")
+    assert np.array_equal(a, b) and b.flags.c_contiguous
+
+
+def test_zero_d_and_zero_size(daemon, tmp_path):
+    ok(daemon, "put", "scalar", save(tmp_path / "s.npy", np.array(2.5, np.float32)))
+    ok(daemon, "put", "empty", save(tmp_path / "e.npy", np.zeros((0, 3), np.int64)))
+    ok(daemon, "put", "emptyf",
+       save(tmp_path / "ef.npy", np.asfortranarray(np.zeros((2, 0, 3), np.float32))))
+    for name, want in [("scalar", np.array(2.5, np.float32)),
+                       ("empty", np.zeros((0, 3), np.int64)),
+                       ("emptyf", np.zeros((2, 0, 3), np.float32))]:
+        ok(daemon, "get", name, str(tmp_path / "out.npy"))
+        b = np.load(tmp_path / "out.npy")
+        assert b.shape == want.shape and b.dtype == want.dtype
+        assert np.array_equal(b, want)
+    info = json.loads(ok(daemon, "stat", "scalar", "--json"))
+    assert info["shape"] == [] and info["strides"] == []
+    stat = ok(daemon, "stat", "scalar")
+    assert "shape:    ()" in stat
+
+
+def test_get_to_stdout(daemon, tmp_path):
+    a = np.arange(10, dtype=np.uint16)
+    ok(daemon, "put", "s", save(tmp_path / "a.npy", a))
+    r = subprocess.run([CTL, "--socket", daemon.socket, "get", "s", "-"],
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0
+    assert r.stdout == (tmp_path / "a.npy").read_bytes()
+
+
+def test_large_round_trip(daemon, tmp_path):
+    a = np.random.default_rng(1).standard_normal((1024, 2048)).astype(np.float32)
+    ok(daemon, "put", "big", save(tmp_path / "big.npy", np.asfortranarray(a)))
+    ok(daemon, "get", "big", str(tmp_path / "out.npy"))
+    assert np.array_equal(np.load(tmp_path / "out.npy"), a)
+
+
+def test_ls_table_and_json(daemon, tmp_path):
+    f = save(tmp_path / "a.npy", np.ones((4, 8), np.float32))
+    for name in ["model/inputs/0", "model/inputs/1", "other.x:y-z_w"]:
+        ok(daemon, "put", name, f)
+    out = ok(daemon, "ls")
+    lines = out.splitlines()
+    assert lines[0].split() == ["NAME", "DTYPE", "SHAPE", "DEVICE", "BYTES", "STATE",
+                                "REFS", "OWNER"]
+    assert len(lines) == 4
+    row = lines[1].split()
+    assert row[:4] == ["model/inputs/0", "float32", "(4,8)", "cpu"]
+    assert row[4:6] == ["128", "B"] and row[6] == "published"
+    # Columns line up: every row starts its DTYPE cell at the same offset.
+    col = lines[0].index("DTYPE")
+    assert all(line[col - 2:col] == "  " and line[col] != " " for line in lines)
+
+    listed = json.loads(ok(daemon, "ls", "model/", "--json"))
+    assert [t["name"] for t in listed] == ["model/inputs/0", "model/inputs/1"]
+    t = listed[0]
+    for key in ["dtype", "shape", "strides", "device", "nbytes", "state", "refcount",
+                "owner_uid", "mode", "mutable", "lifetime", "created_ns", "id"]:
+        assert key in t
+    assert t["owner_uid"] == os.getuid() and t["state"] == "published"
+    # Options may come first, too.
+    assert json.loads(ok(daemon, "--json", "ls", "other"))[0]["name"] == "other.x:y-z_w"
+    assert json.loads(ok(daemon, "ls", "nothing/", "--json")) == []
+    assert ok(daemon, "ls", "nothing/").splitlines()[0].startswith("NAME")
+
+
+def test_stats(daemon, tmp_path):
+    ok(daemon, "put", "a", save(tmp_path / "a.npy", np.ones(1000, np.float64)))
+    st = json.loads(ok(daemon, "stats", "--json"))
+    for key in ["tensors", "clients", "leases", "uptime_ns", "daemon_pid", "devices"]:
+        assert key in st
+    assert st["tensors"] >= 1 and st["daemon_pid"] == daemon.pid
+    cpu = [d for d in st["devices"] if d["device"] == "cpu"]
+    assert cpu and cpu[0]["bytes_used"] >= 8000
+    out = ok(daemon, "stats")
+    assert "tensors:" in out and "uptime:" in out
+    assert any(line.split()[:1] == ["cpu"] for line in out.splitlines())
+
+
+def test_put_options(daemon, tmp_path):
+    f = save(tmp_path / "a.npy", np.ones(3, np.int8))
+    ok(daemon, "put", "m", f, "--mutable", "--mode", "0640")
+    info = json.loads(ok(daemon, "stat", "m", "--json"))
+    assert info["mutable"] is True and info["mode"] == "0640"
+    assert info["lifetime"] == "persistent"
+    ok(daemon, "put", "--lifetime=connection", "c", f)
+    # The connection was tensorctl's own, so the tensor went with it.
+    rc, _, err = ctl(daemon, "stat", "c")
+    assert rc == 1 and "'c'" in err
+
+
+def test_exit_codes_and_usage(daemon, tmp_path):
+    f = save(tmp_path / "a.npy", np.ones(3, np.int8))
+    assert ctl(daemon, "--help")[0] == 0 and "usage" in ctl(daemon, "--help")[1]
+    assert ctl(daemon, "-h")[0] == 0
+    assert ctl(daemon, "put", "--help")[0] == 0
+    rc, out, _ = ctl(daemon, "--version")
+    assert rc == 0 and out.startswith("tensorctl ")
+    for args in [(), ("bogus",), ("stat",), ("get", "x"), ("rm",), ("rm", "a", "b"),
+                 ("put", "x", f, "--json"), ("ls", "--frobnicate"), ("stats", "x"),
+                 ("wait", "x", "--timeout", "soon"), ("wait", "x", "--timeout", "-1"),
+                 ("wait", "x", "--timeout"), ("put", "x", f, "--mode", "999"),
+                 ("put", "x", f, "--lifetime", "forever"), ("get", "a", "b", "--mutable")]:
+        rc, out, err = ctl(daemon, *args)
+        assert rc == 2, f"{args}: exit {rc}, {err}"
+        assert err.startswith("tensorctl: ") and "usage: tensorctl" in err
+    # Operation errors exit 1 with the reason on stderr.
+    ok(daemon, "put", "dup", f)
+    rc, _, err = ctl(daemon, "put", "dup", f)
+    assert rc == 1 and "dup" in err
+    rc, _, err = ctl(daemon, "put", "bad name!", f)
+    assert rc == 1 and err.startswith("tensorctl: ")
+    rc, _, err = ctl(daemon, "get", "missing", str(tmp_path / "o.npy"))
+    assert rc == 1 and "missing" in err and not (tmp_path / "o.npy").exists()
+    rc, _, err = ctl(daemon, "get", "dup", str(tmp_path / "no/such/dir/o.npy"))
+    assert rc == 1 and "no/such/dir/o.npy" in err
+
+
+def test_rm_then_stat(daemon, tmp_path):
+    ok(daemon, "put", "gone", save(tmp_path / "a.npy", np.ones(3)))
+    ok(daemon, "rm", "gone")
+    rc, out, err = ctl(daemon, "stat", "gone")
+    assert rc == 1 and out == ""
+    assert "gone" in err and ("no such tensor" in err or "ENOENT" in err)
+    rc, _, err = ctl(daemon, "rm", "gone")
+    assert rc == 1 and "gone" in err
+
+
+def test_wait_times_out(daemon):
+    t0 = time.monotonic()
+    rc, out, err = ctl(daemon, "wait", "never/there", "--timeout", "0.5")
+    elapsed = time.monotonic() - t0
+    assert rc == 1 and out == ""
+    assert "never/there" in err and err.startswith("tensorctl: ")
+    assert 0.4 <= elapsed < 10
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_wait_returns_on_publish(daemon, tmp_path, json_out):
+    argv = [CTL, "--socket", daemon.socket, "wait", "late", "--timeout", "30"]
+    if json_out:
+        argv.append("--json")
+    w = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.3)
+        assert w.poll() is None, "wait returned before the tensor existed"
+        ok(daemon, "put", "late", save(tmp_path / "a.npy", np.arange(4, dtype=np.int32)))
+        out, err = w.communicate(timeout=15)
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+    assert w.returncode == 0, err
+    if json_out:
+        info = json.loads(out)
+        assert info["name"] == "late" and info["shape"] == [4]
+    else:
+        assert out == ""
+
+
+def test_wait_for_existing(daemon, tmp_path):
+    ok(daemon, "put", "here", save(tmp_path / "a.npy", np.ones(2)))
+    t0 = time.monotonic()
+    ok(daemon, "wait", "here")
+    assert time.monotonic() - t0 < 5
+
+
+def refused_files(tmp_path):
+    files = {
+        "big-endian": save(tmp_path / "be.npy", np.arange(3, dtype=">f4")),
+        "pickled": save(tmp_path / "obj.npy", np.array([{"a": 1}, None], dtype=object)),
+        "string": save(tmp_path / "str.npy", np.array([b"abc", b"de"])),
+        "unicode": save(tmp_path / "uni.npy", np.array(["abc"])),
+        "structured": save(tmp_path / "rec.npy", np.zeros(2, dtype=[("a", "<f4"), ("b", "<i4")])),
+    }
+    good = (tmp_path / "be.npy").read_bytes()
+    ok_bytes = open(save(tmp_path / "ok.npy", np.arange(100, dtype=np.float32)), "rb").read()
+    (tmp_path / "trunc.npy").write_bytes(ok_bytes[:-10])
+    files["truncated"] = str(tmp_path / "trunc.npy")
+    (tmp_path / "magic.npy").write_bytes(b"PK\x03\x04 not a numpy file at all")
+    files["bad magic"] = str(tmp_path / "magic.npy")
+    (tmp_path / "long.npy").write_bytes(b"\x93NUMPY\x02\x00" + (1 << 20).to_bytes(4, "little")
+                                        + good[12:])
+    files["too long"] = str(tmp_path / "long.npy")
+    files["missing"] = str(tmp_path / "does-not-exist.npy")
+    return files
+
+
+def test_refused_npy_variants(daemon, tmp_path):
+    for what, path in refused_files(tmp_path).items():
+        rc, out, err = ctl(daemon, "put", "r", path)
+        assert rc == 1, f"{what}: exit {rc}"
+        assert path in err, f"{what}: {err}"
+        assert err.count("\n") == 1, f"{what}: not one line: {err!r}"
+    # Nothing was created by any of them.
+    assert json.loads(ok(daemon, "ls", "--json")) == []
+
+
+def test_socket_from_environment(daemon, tmp_path):
+    f = save(tmp_path / "a.npy", np.ones(2))
+    ok(daemon, "put", "envname", f, socket=False, env={"TENSORD_SOCKET": daemon.socket})
+    ok(daemon, "stat", "envname")
+
+
+def test_no_daemon(tmp_path):
+    class Nobody:
+        socket = str(tmp_path / "nobody.sock")
+
+    rc, _, err = ctl(Nobody, "ls")
+    assert rc == 1 and "nobody.sock" in err
