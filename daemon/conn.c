@@ -298,6 +298,13 @@ static void conn_process(struct conn *c)
 
 static void conn_read(struct conn *c)
 {
+	/* Frames parked while the output queue was high go first: a reply sent
+	 * from elsewhere (a publish waking a waiter) can lower the queue and
+	 * re-arm reading before on_poll() got to them. */
+	if (c->in_len)
+		conn_process(c);
+	if (c->dead || c->closing || c->out_bytes >= CONN_OUT_HIGH)
+		return;
 	for (int rounds = 0; rounds < 16 && !c->dead && !c->closing; rounds++) {
 		union {
 			char buf[CMSG_SPACE(sizeof(int) * 8)];
@@ -315,7 +322,8 @@ static void conn_read(struct conn *c)
 			if (cap > TENSORD_FRAME_MAX_REQUEST + TENSORD_FRAME_HEADER + IN_CHUNK)
 				cap = TENSORD_FRAME_MAX_REQUEST + TENSORD_FRAME_HEADER + IN_CHUNK;
 			if (cap <= c->in_cap) {
-				/* Cannot happen: a full buffer always holds a whole frame. */
+				/* A full buffer always holds a whole frame, and parked
+				 * frames were processed above; this cannot happen. */
 				conn_protocol_error(c, -EMSGSIZE, "input buffer full");
 				return;
 			}

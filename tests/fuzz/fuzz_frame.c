@@ -1,0 +1,147 @@
+/*
+ * libFuzzer target for the wire layer: the frame parser, the Request and
+ * Reply decoders, and the descriptor checks the daemon runs on a Create.
+ *
+ * The input is treated as a byte stream the way conn_process() sees it:
+ * frames are cut from the front one after another until the parser wants
+ * more bytes or reports an error. Each payload goes through both message
+ * decoders, since the daemon decodes requests and the library replies.
+ *
+ * Build and run: make fuzz (FUZZ_SECONDS=60 by default).
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tensord/tensord.h>
+
+#include "desc.h"
+#include "frame.h"
+#include "tensord.pb-c.h"
+
+/* Invariants the code promises; a broken one is a crash libFuzzer reports. */
+#define CHECK(cond)              \
+	do {                     \
+		if (!(cond))     \
+			abort(); \
+	} while (0)
+
+static void check_create(const Tensord__Create *m)
+{
+	int64_t strides[TENSORD_NDIM_MAX];
+	uint64_t nbytes = 0;
+	char why[400];
+	DLDataType dt;
+	int r;
+
+	/* protobuf-c hands back "" for an absent string, never NULL. */
+	if (m->name)
+		tensord_name_check(m->name, strlen(m->name), why, sizeof(why));
+	if (!m->dtype)
+		return;
+	/* The daemon range-checks these before narrowing them (dispatch.c). */
+	if (m->dtype->code > 255 || m->dtype->bits > 255 || m->dtype->lanes > 65535)
+		return;
+	dt = (DLDataType){ (uint8_t)m->dtype->code, (uint8_t)m->dtype->bits,
+			   (uint16_t)m->dtype->lanes };
+	tensord_dtype_check(dt, why, sizeof(why));
+	tensord_dtype_size(dt);
+	if (m->n_shape > TENSORD_NDIM_MAX)
+		return;
+	if (m->n_strides && m->n_strides != m->n_shape)
+		return;
+	r = tensord_layout(dt, (int32_t)m->n_shape, m->shape, m->n_strides ? m->strides : NULL,
+			   strides, &nbytes, why, sizeof(why));
+	CHECK(r == 0 || r == -EINVAL || r == -EFBIG);
+	CHECK(r < 0 || nbytes <= TENSORD_BYTES_MAX);
+}
+
+static void check_name(const char *s)
+{
+	char why[400], q[64];
+
+	if (!s)
+		return;
+	tensord_name_check(s, strlen(s), why, sizeof(why));
+	tensord_name_quote(s, strlen(s), q, sizeof(q));
+}
+
+static void decode(const uint8_t *p, size_t len)
+{
+	Tensord__Request *req;
+	Tensord__Reply *rep;
+
+	req = tensord__request__unpack(NULL, len, p);
+	if (req) {
+		switch (req->body_case) {
+		case TENSORD__REQUEST__BODY_CREATE:
+			check_create(req->create);
+			break;
+		case TENSORD__REQUEST__BODY_ATTACH:
+			check_name(req->attach->name);
+			break;
+		case TENSORD__REQUEST__BODY_STAT:
+			check_name(req->stat->name);
+			break;
+		case TENSORD__REQUEST__BODY_PUBLISH:
+			check_name(req->publish->name);
+			break;
+		case TENSORD__REQUEST__BODY_UNLINK:
+			check_name(req->unlink->name);
+			break;
+		default:
+			break;
+		}
+		/* What the daemon packs must round-trip. */
+		size_t n = tensord__request__get_packed_size(req);
+		uint8_t *buf = malloc(n ? n : 1);
+
+		if (buf) {
+			CHECK(tensord__request__pack(req, buf) == n);
+			free(buf);
+		}
+		tensord__request__free_unpacked(req, NULL);
+	}
+	rep = tensord__reply__unpack(NULL, len, p);
+	if (rep) {
+		if (rep->body_case == TENSORD__REPLY__BODY_LEASE && rep->lease->info)
+			check_name(rep->lease->info->name);
+		tensord__reply__free_unpacked(rep, NULL);
+	}
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	size_t off = 0;
+
+	/* Request-sized frames, the daemon's view. */
+	while (off < size) {
+		struct tensord_frame f;
+		long n = tensord_frame_parse(data + off, size - off, TENSORD_FRAME_MAX_REQUEST, &f);
+
+		if (n <= 0)
+			break;
+		CHECK((size_t)n <= size - off && (size_t)n == TENSORD_FRAME_HEADER + f.len);
+		CHECK(f.len <= TENSORD_FRAME_MAX_REQUEST && f.version == TENSORD_PROTOCOL_VERSION);
+		CHECK(f.payload == data + off + TENSORD_FRAME_HEADER);
+		decode(f.payload, f.len);
+		off += (size_t)n;
+	}
+	/* The client's limit differs; the header it writes parses back. */
+	tensord_frame_parse(data, size, TENSORD_FRAME_MAX_REPLY, NULL);
+	if (size >= 4) {
+		uint8_t hdr[TENSORD_FRAME_HEADER];
+		uint32_t plen;
+		struct tensord_frame f;
+
+		memcpy(&plen, data, sizeof(plen));
+		plen %= TENSORD_FRAME_MAX_REQUEST + 1;
+		tensord_frame_header(hdr, plen, 0);
+		CHECK(tensord_frame_parse(hdr, sizeof(hdr), TENSORD_FRAME_MAX_REQUEST, &f) ==
+		      (plen ? 0 : (long)TENSORD_FRAME_HEADER));
+	}
+	/* The whole input as one payload too, framing aside. */
+	decode(data, size);
+	return 0;
+}
