@@ -151,12 +151,12 @@ test-unit: $(UNIT_BIN)
 PYTEST = sh -c '$(PYTHON) -m pytest "$$@"; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc' pytest
 
 test-integration: all
-	$(Q)TENSORD_BUILD=$(abspath $(B)) $(PYTEST) -q tests/integration
+	$(Q)TENSORD_BUILD=$(abspath $(B)) $(PYTEST) -q -rs tests/integration
 
 test-python: all
 	$(Q)if [ -f client/python/module.c ]; then \
 		TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python \
-		$(PYTEST) -q tests/python; fi
+		$(PYTEST) -q -rs tests/python; fi
 
 # The C suites again with AddressSanitizer and UBSan, in their own build tree.
 test-asan:
@@ -164,7 +164,7 @@ test-asan:
 		build-asan/tensord build-asan/tensorctl $(subst $(B)/,build-asan/,$(UNIT_BIN) $(HELP_BIN))
 	$(Q)set -e; for t in $(subst $(B)/,build-asan/,$(UNIT_BIN)); do echo "== $$t"; $$t; done
 	$(Q)ASAN_OPTIONS=detect_leaks=1 TENSORD_BUILD=$(abspath build-asan) TENSORD_SANITIZED=1 \
-		$(PYTEST) -q tests/integration
+		$(PYTEST) -q -rs tests/integration
 
 run: setup
 	$(Q)$(MAKE) --no-print-directory all

@@ -1,0 +1,107 @@
+"""attach -> numpy.from_dlpack -> release cycles per second, from Python.
+
+Measures one client, then four client processes at once. Uses the daemon
+at --socket (or $TENSORD_SOCKET); with neither, starts its own from
+$TENSORD_BUILD (default: build/) on a temporary socket.
+
+    PYTHONPATH=build/python python3 bench/py_attach.py [--seconds 3] [--size 4096]
+"""
+import argparse
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import tensord
+
+NAME = "bench/py_attach"
+
+
+def cycles(socket, seconds, start=None):
+    """Runs cycles for about `seconds`; returns (count, elapsed)."""
+    with tensord.connect(socket) as c:
+        if start is not None:
+            start.wait()
+        n = 0
+        t0 = time.perf_counter()
+        end = t0 + seconds
+        while True:
+            for _ in range(256):
+                t = c.attach(NAME)
+                np.from_dlpack(t)
+                t.release()
+            n += 256
+            now = time.perf_counter()
+            if now >= end:
+                return n, now - t0
+
+
+def worker(socket, seconds, start, out):
+    out.put(cycles(socket, seconds, start))
+
+
+def start_daemon(tmp):
+    build = os.environ.get("TENSORD_BUILD") or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build")
+    sock = os.path.join(tmp, "tensord.sock")
+    r, w = os.pipe()
+    proc = subprocess.Popen([os.path.join(build, "tensord"), "--socket", sock,
+                             "--ready-fd", str(w), "--log-level", "warning"],
+                            pass_fds=(w,), stderr=subprocess.DEVNULL)
+    os.close(w)
+    with os.fdopen(r, "rb") as rf:
+        if rf.read(1) != b"R":
+            sys.exit("tensord did not start")
+    return proc, sock
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--socket", default=os.environ.get("TENSORD_SOCKET"))
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--size", type=int, default=4096, help="tensor bytes")
+    ap.add_argument("--procs", type=int, default=4)
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = None
+        sock = args.socket
+        if not sock:
+            proc, sock = start_daemon(tmp)
+        try:
+            with tensord.connect(sock) as c:
+                try:
+                    c.unlink(NAME)
+                except FileNotFoundError:
+                    pass
+                c.put(NAME, np.zeros(args.size, np.uint8), lifetime="connection")
+                cycles(sock, 0.3)  # warm up
+                n, dt = cycles(sock, args.seconds)
+                print(f"py_attach: 1 client:   {n / dt:10,.0f} attach+from_dlpack+release/s "
+                      f"({dt / n * 1e6:.1f} us each, {args.size} B tensor)")
+
+                ctx = mp.get_context("spawn")
+                start, out = ctx.Barrier(args.procs), ctx.Queue()
+                ps = [ctx.Process(target=worker, args=(sock, args.seconds, start, out))
+                      for _ in range(args.procs)]
+                for p in ps:
+                    p.start()
+                results = [out.get() for _ in ps]
+                for p in ps:
+                    p.join()
+                total = sum(n / dt for n, dt in results)
+                print(f"py_attach: {args.procs} clients:  {total:10,.0f} "
+                      f"attach+from_dlpack+release/s in total "
+                      f"({total / args.procs:,.0f} per client)")
+        finally:
+            if proc:
+                proc.terminate()
+                proc.wait()
+
+
+if __name__ == "__main__":
+    main()

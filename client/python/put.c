@@ -1,0 +1,275 @@
+/*
+ * Client.put(): one copy of a foreign array into a new daemon tensor.
+ *
+ * The source is read through DLPack when the object has __dlpack__ (numpy,
+ * torch, jax, a tensord.Tensor) or is a raw DLPack capsule, else through
+ * the buffer protocol. The copy itself (tensord_put) runs with the GIL
+ * released; the source stays alive because we hold its capsule or buffer.
+ */
+#include "tdpy.h"
+
+#include <string.h>
+
+/* What keeps the source memory alive until the copy is done. */
+struct source {
+	DLManagedTensorVersioned *versioned; /* consumed capsule contents, or NULL */
+	DLManagedTensor *legacy;             /* likewise */
+	Py_buffer view;
+	bool have_view;
+	DLTensor dl;                         /* what tensord_put reads */
+	int64_t shape[TENSORD_NDIM_MAX];     /* for buffers, whose shape is Py_ssize_t */
+	int64_t strides[TENSORD_NDIM_MAX];
+};
+
+/*
+ * Called with the GIL held: a producer's deleter may need it (numpy's
+ * does). An exception already set is kept.
+ */
+static void source_release(struct source *s)
+{
+	td_exc_state saved = td_exc_save();
+
+	if (s->versioned && s->versioned->deleter)
+		s->versioned->deleter(s->versioned);
+	if (s->legacy && s->legacy->deleter)
+		s->legacy->deleter(s->legacy);
+	if (s->have_view)
+		PyBuffer_Release(&s->view);
+	td_exc_restore(saved);
+}
+
+static bool host_accessible(DLDeviceType t)
+{
+	return t == kDLCPU || t == kDLCUDAHost || t == kDLROCMHost || t == kDLCUDAManaged;
+}
+
+/* Checks dl and points s->dl at host memory with strides filled. */
+static int source_set(struct source *s, const DLTensor *dl)
+{
+	int64_t step = 1;
+
+	if (!host_accessible(dl->device.device_type)) {
+		PyErr_Format(PyExc_BufferError,
+			     "put() copies host memory only, and this array is on device type %d; "
+			     "use create(..., device=...) and copy into it, then publish()",
+			     (int)dl->device.device_type);
+		return -1;
+	}
+	if (dl->ndim < 0 || dl->ndim > TENSORD_NDIM_MAX) {
+		PyErr_Format(PyExc_BufferError, "array has %d dimensions; at most %d are allowed",
+			     dl->ndim, TENSORD_NDIM_MAX);
+		return -1;
+	}
+	s->dl = *dl;
+	s->dl.device = (DLDevice){kDLCPU, 0};
+	s->dl.data = dl->data ? (char *)dl->data + dl->byte_offset : NULL;
+	s->dl.byte_offset = 0;
+	for (int i = dl->ndim - 1; i >= 0; i--) {
+		s->strides[i] = dl->strides ? dl->strides[i] : step;
+		step *= dl->shape[i] > 1 ? dl->shape[i] : 1;
+	}
+	s->dl.strides = dl->ndim ? s->strides : NULL;
+	return 0;
+}
+
+/* Takes the tensor out of a DLPack capsule: renames it, so it is ours to delete. */
+static int source_from_capsule(struct source *s, PyObject *cap)
+{
+	if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+		s->versioned = PyCapsule_GetPointer(cap, "dltensor_versioned");
+		if (PyCapsule_SetName(cap, "used_dltensor_versioned") < 0) {
+			s->versioned = NULL;
+			return -1;
+		}
+		if (s->versioned->version.major != DLPACK_MAJOR_VERSION) {
+			PyErr_Format(PyExc_BufferError, "DLPack major version %u is not supported",
+				     s->versioned->version.major);
+			return -1;
+		}
+		return source_set(s, &s->versioned->dl_tensor);
+	}
+	if (PyCapsule_IsValid(cap, "dltensor")) {
+		s->legacy = PyCapsule_GetPointer(cap, "dltensor");
+		if (PyCapsule_SetName(cap, "used_dltensor") < 0) {
+			s->legacy = NULL;
+			return -1;
+		}
+		return source_set(s, &s->legacy->dl_tensor);
+	}
+	PyErr_Format(PyExc_BufferError, "expected an unused DLPack capsule, got %R", cap);
+	return -1;
+}
+
+/*
+ * Asks obj for a capsule: max_version first, then, for producers that do
+ * not know that keyword, no arguments (TypeError is how they say so).
+ * Devices that are not host memory are refused before asking, so that a
+ * GPU producer is never asked to synchronise for nothing.
+ */
+static int source_from_dlpack(struct source *s, PyObject *obj)
+{
+	PyObject *meth, *cap, *kw, *dev;
+	int rc;
+
+	dev = PyObject_HasAttrString(obj, "__dlpack_device__")
+		      ? PyObject_CallMethod(obj, "__dlpack_device__", NULL)
+		      : NULL;
+	if (dev) {
+		long type = PyTuple_Check(dev) && PyTuple_GET_SIZE(dev) == 2
+				    ? PyLong_AsLong(PyTuple_GET_ITEM(dev, 0))
+				    : kDLCPU;
+
+		Py_DECREF(dev);
+		if (type == -1 && PyErr_Occurred())
+			return -1;
+		if (!host_accessible((DLDeviceType)type)) {
+			DLTensor probe = {.device = {(DLDeviceType)type, 0}};
+
+			return source_set(s, &probe);
+		}
+	} else if (PyErr_Occurred()) {
+		return -1;
+	}
+
+	if (!(meth = PyObject_GetAttrString(obj, "__dlpack__")))
+		return -1;
+	kw = Py_BuildValue("{s:(ii)}", "max_version", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
+	cap = kw ? PyObject_VectorcallDict(meth, NULL, 0, kw) : NULL;
+	Py_XDECREF(kw);
+	if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
+		PyErr_Clear();
+		cap = PyObject_CallNoArgs(meth);
+	}
+	Py_DECREF(meth);
+	if (!cap)
+		return -1;
+	rc = source_from_capsule(s, cap);
+	Py_DECREF(cap);
+	return rc;
+}
+
+/* Maps a struct-module format string to a DLPack dtype. */
+static int format_dtype(const char *fmt, Py_ssize_t itemsize, DLDataType *dt)
+{
+	const char *f = fmt ? fmt : "B";
+	bool native = true;
+
+	switch (*f) {
+	case '@':
+	case '=':
+		f++;
+		break;
+	case '<':
+		native = PY_LITTLE_ENDIAN;
+		f++;
+		break;
+	case '>':
+	case '!':
+		native = !PY_LITTLE_ENDIAN;
+		f++;
+		break;
+	}
+	if (!native) {
+		PyErr_Format(PyExc_BufferError, "buffer format '%s' is not in native byte order", fmt);
+		return -1;
+	}
+	if (f[0] == 'Z' && f[1] && strchr("efd", f[1]) && !f[2])
+		dt->code = kDLComplex;
+	else if (!f[0] || f[1])
+		goto unsupported;
+	else if (f[0] == '?')
+		dt->code = kDLBool;
+	else if (strchr("bhilqn", f[0]))
+		dt->code = kDLInt;
+	else if (strchr("BHILQNc", f[0]))
+		dt->code = kDLUInt;
+	else if (strchr("efd", f[0]))
+		dt->code = kDLFloat;
+	else
+		goto unsupported;
+	if (itemsize <= 0 || itemsize > 16 || (itemsize & (itemsize - 1)))
+		goto unsupported;
+	dt->bits = (uint8_t)(itemsize * 8);
+	dt->lanes = 1;
+	return 0;
+
+unsupported:
+	PyErr_Format(PyExc_BufferError, "buffer format '%s' has no tensord dtype", fmt);
+	return -1;
+}
+
+static int source_from_buffer(struct source *s, PyObject *obj)
+{
+	Py_buffer *v = &s->view;
+	DLTensor dl = {0};
+	int64_t strides[TENSORD_NDIM_MAX];
+
+	if (PyObject_GetBuffer(obj, v, PyBUF_RECORDS_RO) < 0)
+		return -1;
+	s->have_view = true;
+	if (format_dtype(v->format, v->itemsize, &dl.dtype) < 0)
+		return -1;
+	if (v->ndim > TENSORD_NDIM_MAX) {
+		PyErr_Format(PyExc_BufferError, "buffer has %d dimensions; at most %d are allowed",
+			     v->ndim, TENSORD_NDIM_MAX);
+		return -1;
+	}
+	for (int i = 0; i < v->ndim; i++) {
+		if (v->strides[i] % v->itemsize) {
+			PyErr_SetString(PyExc_BufferError,
+					"buffer strides are not a multiple of its item size");
+			return -1;
+		}
+		s->shape[i] = v->shape[i];
+		strides[i] = v->strides[i] / v->itemsize;
+	}
+	dl.data = v->buf;
+	dl.device = (DLDevice){kDLCPU, 0};
+	dl.ndim = v->ndim;
+	dl.shape = v->ndim ? s->shape : NULL;
+	dl.strides = v->ndim ? strides : NULL;
+	return source_set(s, &dl);
+}
+
+PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = {"name", "obj", "mutable", "lifetime", "mode", NULL};
+	PyObject *obj, *mutable_o = NULL, *lifetime_o = NULL, *mode_o = NULL;
+	struct source s = {0};
+	tensord_client *c;
+	const char *name;
+	uint32_t flags, mode;
+	int rc;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|OOO:put", kwlist, &name, &obj, &mutable_o,
+					 &lifetime_o, &mode_o) ||
+	    td_parse_flags(mutable_o, lifetime_o, mode_o, &flags, &mode) < 0)
+		return NULL;
+
+	if (PyCapsule_CheckExact(obj))
+		rc = source_from_capsule(&s, obj);
+	else if (PyObject_HasAttrString(obj, "__dlpack__"))
+		rc = source_from_dlpack(&s, obj);
+	else if (PyObject_CheckBuffer(obj))
+		rc = source_from_buffer(&s, obj);
+	else {
+		PyErr_Format(PyExc_TypeError,
+			     "put() needs a DLPack producer or a buffer, not %.100s",
+			     Py_TYPE(obj)->tp_name);
+		rc = -1;
+	}
+	if (rc < 0 || !(c = td_client_enter(self))) {
+		source_release(&s);
+		return NULL;
+	}
+	Py_BEGIN_ALLOW_THREADS
+	rc = tensord_put(c, name, &s.dl, flags, mode);
+	Py_END_ALLOW_THREADS
+	if (rc < 0)
+		td_raise(rc);
+	td_client_leave(self);
+	source_release(&s);
+	if (rc < 0)
+		return NULL;
+	Py_RETURN_NONE;
+}

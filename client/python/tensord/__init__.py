@@ -1,0 +1,48 @@
+"""Share tensors between processes by name, zero copy.
+
+tensord is a local daemon that owns tensor memory; this module is its
+Python client::
+
+    import numpy as np, tensord
+    with tensord.connect() as c:
+        c.put("model/inputs/0", np.ones((4, 8), np.float32))
+        with c.attach("model/inputs/0") as t:
+            a = np.from_dlpack(t)          # a zero-copy, read-only view
+
+Tensors are DLPack producers, so numpy.from_dlpack, torch.from_dlpack and
+jax.dlpack.from_dlpack accept them. Errors are tensord.Error subclasses
+that also inherit the matching built-in (FileNotFoundError, FileExistsError,
+TimeoutError, PermissionError, ConnectionRefusedError).
+"""
+from ._tensord import (  # noqa: F401
+    DLPACK_MAJOR_VERSION,
+    DLPACK_MINOR_VERSION,
+    PROTOCOL_VERSION,
+    AccessDeniedError,
+    Client,
+    Error,
+    ExistsError,
+    NoDaemonError,
+    NotFoundError,
+    Tensor,
+    TensorInfo,
+    TimedOutError,
+    connect,
+    default_socket_path,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AccessDeniedError",
+    "Client",
+    "Error",
+    "ExistsError",
+    "NoDaemonError",
+    "NotFoundError",
+    "Tensor",
+    "TensorInfo",
+    "TimedOutError",
+    "connect",
+    "default_socket_path",
+]

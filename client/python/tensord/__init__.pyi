@@ -1,0 +1,206 @@
+"""Type stubs for tensord, the Python client of the tensord daemon."""
+import os
+from types import TracebackType
+from typing import Any, ClassVar, Final, Literal, Sequence, SupportsIndex, TypedDict, final
+
+__all__ = [
+    "AccessDeniedError",
+    "Client",
+    "Error",
+    "ExistsError",
+    "NoDaemonError",
+    "NotFoundError",
+    "Tensor",
+    "TensorInfo",
+    "TimedOutError",
+    "connect",
+    "default_socket_path",
+]
+
+__version__: str
+DLPACK_MAJOR_VERSION: int
+DLPACK_MINOR_VERSION: int
+PROTOCOL_VERSION: int
+
+_DType = str | Any  # a name such as "float32"; numpy and torch dtypes also work
+_Lifetime = Literal["persistent", "connection"]
+_State = Literal["created", "published", "unlinked"]
+
+class Error(OSError):
+    """Base of every tensord error; .errno is the daemon's code."""
+
+class NotFoundError(Error, FileNotFoundError):
+    """No such tensor (ENOENT)."""
+
+class ExistsError(Error, FileExistsError):
+    """The name is taken (EEXIST)."""
+
+class TimedOutError(Error, TimeoutError):
+    """attach() waited its timeout out (ETIMEDOUT)."""
+
+class AccessDeniedError(Error, PermissionError):
+    """Refused by the tensor's owner or mode (EPERM, EACCES)."""
+
+class NoDaemonError(Error, ConnectionRefusedError):
+    """No daemon listens on the socket (ECONNREFUSED, ENOENT)."""
+
+@final
+class TensorInfo(tuple[Any, ...]):
+    """One tensor as the daemon describes it."""
+
+    n_fields: ClassVar[int]
+    n_sequence_fields: ClassVar[int]
+    n_unnamed_fields: ClassVar[int]
+    __match_args__: Final = ("name", "dtype", "shape", "strides", "device", "nbytes", "state",
+                             "refcount", "owner_uid", "owner_gid", "mode", "mutable",
+                             "lifetime", "created", "id")
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def strides(self) -> tuple[int, ...]: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def state(self) -> _State: ...
+    @property
+    def refcount(self) -> int: ...
+    @property
+    def owner_uid(self) -> int: ...
+    @property
+    def owner_gid(self) -> int: ...
+    @property
+    def mode(self) -> int: ...
+    @property
+    def mutable(self) -> bool: ...
+    @property
+    def lifetime(self) -> _Lifetime: ...
+    @property
+    def created(self) -> float: ...
+    @property
+    def id(self) -> int: ...
+
+class _DeviceStats(TypedDict):
+    device: str
+    backend: str
+    path: str
+    bytes_used: int
+    bytes_capacity: int
+    tensors: int
+
+class _DaemonStats(TypedDict):
+    tensors: int
+    clients: int
+    leases: int
+    uptime: float
+    daemon_pid: int
+    devices: list[_DeviceStats]
+
+@final
+class Tensor:
+    """A lease on one daemon tensor; a DLPack producer and a context manager."""
+
+    __dlpack_c_exchange_api__: Any  # PyCapsule "dlpack_exchange_api"
+    __c_dlpack_exchange_api__: int
+
+    @property
+    def name(self) -> str | None: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def strides(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def readonly(self) -> bool: ...
+    @property
+    def mutable(self) -> bool: ...
+    @property
+    def released(self) -> bool: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """Exports the tensor as a DLPack capsule (versioned when max_version >= (1, 0))."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(device type, device id) as DLPack numbers them."""
+    def publish(self) -> None:
+        """Makes a created tensor visible; immutable unless created mutable."""
+    def release(self) -> None:
+        """Ends this object's lease; arrays made from it stay valid."""
+    def __enter__(self) -> Tensor: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+@final
+class Client:
+    """A connection to a tensord daemon; thread-safe; a context manager."""
+
+    def __new__(cls, path: str | os.PathLike[str] | None = None) -> Client: ...
+    @property
+    def path(self) -> str | os.PathLike[str] | None: ...
+    @property
+    def closed(self) -> bool: ...
+    def put(
+        self,
+        name: str,
+        obj: Any,
+        mutable: bool = False,
+        lifetime: _Lifetime = "persistent",
+        mode: int | None = None,
+    ) -> None:
+        """Copies a DLPack producer or buffer into a new tensor and publishes it."""
+    def attach(self, name: str, timeout: float | None = None) -> Tensor:
+        """Attaches a published tensor, zero copy; waits up to timeout seconds."""
+    def create(
+        self,
+        name: str,
+        shape: SupportsIndex | Sequence[SupportsIndex],
+        dtype: _DType,
+        device: str = "cpu",
+        mutable: bool = False,
+        lifetime: _Lifetime = "persistent",
+        mode: int | None = None,
+        strides: Sequence[SupportsIndex] | None = None,
+    ) -> Tensor:
+        """Allocates a tensor, writable by the caller until publish()."""
+    def stat(self, name: str) -> TensorInfo:
+        """Describes one tensor."""
+    def list(self, prefix: str = "") -> list[TensorInfo]:
+        """Describes every tensor whose name starts with prefix."""
+    def stats(self) -> _DaemonStats:
+        """Daemon totals."""
+    def unlink(self, name: str) -> None:
+        """Removes the name; memory lives until the last lease ends."""
+    def close(self) -> None:
+        """Closes the connection."""
+    def __enter__(self) -> Client: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+def connect(path: str | os.PathLike[str] | None = None) -> Client:
+    """Connects to the daemon at path, or at the default socket path."""
+
+def default_socket_path() -> str:
+    """The socket path connect() uses when given None."""

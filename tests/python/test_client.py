@@ -1,0 +1,331 @@
+"""The Client API: operations, records, errors, threads."""
+import array
+import errno
+import math
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tensord
+from tdutil import wait_refcount
+
+
+def test_connect_default_path_uses_env(daemon, monkeypatch):
+    monkeypatch.setenv("TENSORD_SOCKET", daemon.socket)
+    assert tensord.default_socket_path() == daemon.socket
+    with tensord.connect() as c:
+        assert c.path is None
+        assert isinstance(c.stats(), dict)
+    assert c.closed
+
+
+def test_connect_without_daemon(tmp_path):
+    with pytest.raises(tensord.NoDaemonError) as ei:
+        tensord.connect(str(tmp_path / "nothing.sock"))
+    assert isinstance(ei.value, ConnectionRefusedError)
+    assert isinstance(ei.value, tensord.Error)
+    assert ei.value.errno in (errno.ENOENT, errno.ECONNREFUSED)
+
+
+def test_connect_accepts_pathlike(daemon):
+    import pathlib
+    with tensord.connect(pathlib.Path(daemon.socket)) as c:
+        c.stats()
+
+
+def test_put_attach_roundtrip(client):
+    src = np.arange(32, dtype=np.float32).reshape(4, 8)
+    client.put("model/inputs/0", src)
+    with client.attach("model/inputs/0") as t:
+        assert t.name == "model/inputs/0"
+        assert t.shape == (4, 8)
+        assert t.strides == (8, 1)
+        assert t.dtype == "float32"
+        assert t.device == "cpu"
+        assert t.nbytes >= 4 * 8 * 4
+        assert t.readonly
+        assert not t.mutable
+        assert t.__dlpack_device__() == (1, 0)
+        a = np.from_dlpack(t)
+        np.testing.assert_array_equal(a, src)
+        assert "model/inputs/0" in repr(t)
+    assert t.released
+    # The array outlives the with block: its own share keeps the memory mapped.
+    np.testing.assert_array_equal(a, src)
+
+
+def test_create_publish_and_stat(client):
+    w = client.create("out", (4, 8), "float32", device="cpu", mutable=False,
+                      lifetime="persistent")
+    assert not w.readonly
+    assert client.stat("out").state == "created"
+    np.from_dlpack(w)[:] = 2.0
+    w.publish()
+    assert w.readonly, "an immutable tensor is read-only for its creator after publish"
+    info = client.stat("out")
+    assert isinstance(info, tensord.TensorInfo)
+    assert (info.name, info.dtype, info.shape, info.strides, info.device) == \
+        ("out", "float32", (4, 8), (8, 1), "cpu")
+    assert info.nbytes >= 128
+    assert info.state == "published"
+    assert info.refcount == 1  # w's lease
+    assert info.owner_uid == os.getuid()
+    assert info.mutable is False and info.lifetime == "persistent"
+    assert abs(info.created - time.time()) < 60
+    assert info.id > 0
+    assert info.mode == 0o600
+    with client.attach("out") as t:
+        assert np.from_dlpack(t).sum() == 64.0
+        assert client.stat("out").refcount == 2
+    w.release()
+    assert client.stat("out").refcount == 0
+
+
+def test_create_accepts_numpy_and_torch_dtypes(client):
+    torch = pytest.importorskip("torch")
+    with client.create("d1", 3, np.dtype("int16")) as t:
+        assert t.dtype == "int16" and t.shape == (3,)
+    with client.create("d2", [2, 2], torch.bfloat16) as t:
+        assert t.dtype == "bfloat16"
+    with pytest.raises(ValueError, match="unknown dtype"):
+        client.create("d3", (1,), "float31")
+    with pytest.raises(ValueError, match="unknown device"):
+        client.create("d4", (1,), "float32", device="tpu")
+    with pytest.raises(ValueError, match="lifetime"):
+        client.create("d5", (1,), "float32", lifetime="forever")
+
+
+def test_create_with_strides(client):
+    # Column-major 3x4: element (i, j) at i + 3j.
+    with client.create("fortran", (3, 4), "int32", strides=(1, 3)) as w:
+        assert w.strides == (1, 3)
+        a = np.from_dlpack(w)
+        assert a.strides == (4, 12)
+        a[...] = np.arange(12, dtype=np.int32).reshape(3, 4)
+        w.publish()
+    with client.attach("fortran") as t:
+        np.testing.assert_array_equal(np.from_dlpack(t),
+                                      np.arange(12, dtype=np.int32).reshape(3, 4))
+    with pytest.raises(ValueError, match="strides has 1 entries"):
+        client.create("bad", (3, 4), "int32", strides=(1,))
+
+
+def test_list_and_stats(client):
+    for n in ("a/1", "a/2", "b/1"):
+        client.put(n, np.zeros(4, np.uint8))
+    assert [i.name for i in client.list("a/")] == ["a/1", "a/2"]
+    assert [i.name for i in client.list()] == ["a/1", "a/2", "b/1"]
+    assert client.list("zzz") == []
+    s = client.stats()
+    assert s["tensors"] == 3
+    assert s["clients"] >= 1
+    assert s["uptime"] > 0
+    assert s["daemon_pid"] > 0
+    cpu = [d for d in s["devices"] if d["device"] == "cpu"]
+    assert cpu and cpu[0]["bytes_used"] >= 12 and cpu[0]["bytes_capacity"] > 0
+
+
+def test_unlink_keeps_attached_memory(client):
+    client.put("gone", np.full(8, 7, np.int64))
+    t = client.attach("gone")
+    client.unlink("gone")
+    with pytest.raises(FileNotFoundError):
+        client.attach("gone")
+    np.testing.assert_array_equal(np.from_dlpack(t), np.full(8, 7))
+    t.release()
+
+
+def test_errors_map_to_builtins(client):
+    with pytest.raises(tensord.NotFoundError) as ei:
+        client.stat("no/such")
+    e = ei.value
+    assert isinstance(e, FileNotFoundError) and isinstance(e, tensord.Error)
+    assert e.errno == errno.ENOENT
+    assert "no/such" in str(e)
+
+    client.put("dup", b"abc")
+    with pytest.raises(FileExistsError) as ei:
+        client.put("dup", b"abc")
+    assert isinstance(ei.value, tensord.ExistsError) and ei.value.errno == errno.EEXIST
+    assert "dup" in str(ei.value)
+
+    with pytest.raises(tensord.Error) as ei:
+        client.put("bad name!", b"x")
+    assert ei.value.errno == errno.EINVAL
+    assert type(ei.value) is tensord.Error
+
+    with pytest.raises(FileNotFoundError):
+        client.unlink("no/such")
+
+
+def test_attach_timeout(client):
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError) as ei:
+        client.attach("late", timeout=0.2)
+    assert isinstance(ei.value, tensord.TimedOutError)
+    assert ei.value.errno == errno.ETIMEDOUT
+    assert time.monotonic() - t0 >= 0.15
+    with pytest.raises(FileNotFoundError):
+        client.attach("late")  # timeout=None: no wait
+    with pytest.raises(ValueError):
+        client.attach("late", timeout=-1)
+
+
+def test_attach_waits_for_publish_from_another_thread(client, daemon):
+    def publish_later():
+        time.sleep(0.2)
+        with tensord.connect(daemon.socket) as c2:
+            c2.put("late", np.ones(3, np.float64))
+
+    th = threading.Thread(target=publish_later)
+    th.start()
+    with client.attach("late", timeout=math.inf) as t:
+        assert np.from_dlpack(t).sum() == 3.0
+    th.join()
+
+
+def test_connection_lifetime(client, daemon):
+    with tensord.connect(daemon.socket) as c2:
+        c2.put("tmp/x", np.zeros(2), lifetime="connection")
+        assert client.stat("tmp/x").lifetime == "connection"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not client.list("tmp/"):
+            break
+        time.sleep(0.01)
+    assert client.list("tmp/") == []
+
+
+def test_mutable_and_mode(client):
+    client.put("m", np.zeros(4, np.float32), mutable=True, mode=0o640)
+    info = client.stat("m")
+    assert info.mutable and info.mode == 0o640
+    with client.attach("m") as t:
+        assert not t.readonly and t.mutable
+        np.from_dlpack(t)[:] = 5
+    with client.attach("m") as t:
+        assert np.from_dlpack(t).tolist() == [5, 5, 5, 5]
+    with pytest.raises(ValueError, match="mode"):
+        client.put("m2", b"x", mode=0o70000)
+
+
+def test_put_buffer_protocol(client):
+    client.put("bytes", b"hello")
+    client.put("darr", array.array("d", [1.5, 2.5]))
+    base = np.arange(20, dtype=np.int32).reshape(4, 5)
+    client.put("mv", memoryview(base[::2, 1::2]))  # a strided buffer
+    with client.attach("bytes") as t:
+        assert t.dtype == "uint8" and bytes(np.from_dlpack(t)) == b"hello"
+    with client.attach("darr") as t:
+        assert t.dtype == "float64" and np.from_dlpack(t).tolist() == [1.5, 2.5]
+    with client.attach("mv") as t:
+        assert t.strides == (2, 1), "put stores row-major compact"
+        np.testing.assert_array_equal(np.from_dlpack(t), base[::2, 1::2])
+    with pytest.raises(BufferError):
+        client.put("be", memoryview(np.arange(3, dtype=">i4")))
+    with pytest.raises(TypeError):
+        client.put("no", object())
+
+
+def test_put_dlpack_producers(client):
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    client.put("torch/t", base.t())  # non-contiguous
+    client.put("torch/bf16", base.to(torch.bfloat16))
+    client.put("jax/a", jnp.arange(5, dtype=jnp.int32))
+    client.put("np/nc", np.arange(10.0)[::-2])  # negative strides
+    with client.attach("torch/t") as t:
+        assert t.shape == (6, 4)
+        assert torch.equal(torch.from_dlpack(t), base.t())
+    with client.attach("torch/bf16") as t:
+        assert t.dtype == "bfloat16"
+        assert torch.equal(torch.from_dlpack(t), base.to(torch.bfloat16))
+    with client.attach("jax/a") as t:
+        assert np.from_dlpack(t).tolist() == [0, 1, 2, 3, 4]
+    with client.attach("np/nc") as t:
+        assert np.from_dlpack(t).tolist() == [9.0, 7.0, 5.0, 3.0, 1.0]
+    # A Tensor is a producer too; the source's lease is untouched.
+    with client.attach("np/nc") as src:
+        client.put("copy/of/nc", src)
+        assert client.stat("np/nc").refcount == 1
+    assert client.stat("np/nc").refcount == 0
+    with pytest.raises(BufferError, match="gradient"):
+        client.put("grad", torch.ones(2, requires_grad=True))  # torch's own refusal
+
+
+def test_put_raw_capsule_is_consumed(client):
+    a = np.arange(4, dtype=np.int8)
+    cap = a.__dlpack__(max_version=(1, 0))
+    client.put("cap", cap)
+    assert "used_dltensor_versioned" in repr(cap)
+    with pytest.raises(BufferError):
+        client.put("cap2", cap)
+
+
+def test_closed_client(client, daemon):
+    c = tensord.connect(daemon.socket)
+    c.put("x", b"1")
+    t = c.attach("x")
+    c.close()
+    c.close()
+    with pytest.raises(ValueError, match="closed"):
+        c.stat("x")
+    # Arrays and tensors stay readable after close; the daemon ended the lease.
+    assert bytes(np.from_dlpack(t)) == b"1"
+    assert wait_refcount(client, "x", 0) == 0
+    t.release()
+
+
+def test_close_while_another_thread_waits(daemon):
+    c = tensord.connect(daemon.socket)
+    errors = []
+
+    def waiter():
+        try:
+            c.attach("never", timeout=1.0)
+        except Exception as e:  # noqa: BLE001 - any tensord error is fine here
+            errors.append(e)
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.1)
+    c.close()
+    th.join(10)
+    assert not th.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], tensord.Error)
+    assert c.closed
+
+
+def test_threads_share_one_client(client):
+    client.put("shared", np.arange(1000, dtype=np.float64))
+    errors = []
+
+    def work():
+        try:
+            for _ in range(300):
+                with client.attach("shared") as t:
+                    assert np.from_dlpack(t)[999] == 999.0
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert client.stat("shared").refcount == 0
+
+
+def test_docstrings():
+    for obj in (tensord.connect, tensord.Client, tensord.Tensor, tensord.TensorInfo):
+        assert obj.__doc__
+    for name in ("put", "attach", "create", "stat", "list", "stats", "unlink", "close"):
+        assert getattr(tensord.Client, name).__doc__, name
+    for name in ("__dlpack__", "__dlpack_device__", "publish", "release", "name", "shape",
+                 "dtype", "device", "strides", "nbytes", "readonly"):
+        assert getattr(tensord.Tensor, name).__doc__, name
