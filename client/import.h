@@ -66,6 +66,18 @@ struct td_importer {
 	 * creator's view is shared again. NULL when make_private is NULL.
 	 */
 	int (*make_shared)(struct td_mapping *m);
+	/*
+	 * Called at publish by the creator, before anything else: waits until
+	 * every write this process queued to m's device is complete, so that
+	 * readers never see a half-written tensor. NULL for host memory.
+	 */
+	int (*sync)(struct td_mapping *m);
+	/*
+	 * put() from device memory: copies n bytes from src (an address valid
+	 * in this process on the same kind of device, e.g. a torch CUDA
+	 * tensor) to m->data and waits for the copy. NULL: host memory only.
+	 */
+	int (*copy_in)(struct td_mapping *m, const void *src, uint64_t n);
 };
 
 /* NULL-terminated; looked up by handle_kind. */

@@ -365,12 +365,58 @@ static void td_cuda_unmap(struct td_mapping *m)
 	m->base = m->data = NULL;
 }
 
+/*
+ * Publish by the creator: the runtime and frameworks write through the
+ * device's primary context, so synchronizing it waits for every stream's
+ * queued work on this tensor (and, conservatively, any other).
+ */
+static int td_cuda_sync(struct td_mapping *m)
+{
+	struct td_cuda_map *p = m->priv;
+	CUresult r;
+	int err;
+
+	if (!p)
+		return 0;
+	err = td_cuda_enter(p->cu, p->dev);
+	if (err < 0)
+		return err;
+	r = p->cu->CtxSynchronize();
+	td_cuda_leave(p->cu, p->dev, false);
+	if (r != CUDA_SUCCESS)
+		return td_cuda_fail(p->cu, r, "synchronizing the device before publish");
+	return 0;
+}
+
+/* Unified addressing lets cuMemcpy find both sides: device to device. */
+static int td_cuda_copy_in(struct td_mapping *m, const void *src, uint64_t n)
+{
+	struct td_cuda_map *p = m->priv;
+	CUresult r;
+	int err;
+
+	if (!p)
+		return td_set_error(-EINVAL, "tensor '%s' is not mapped", m->name);
+	err = td_cuda_enter(p->cu, p->dev);
+	if (err < 0)
+		return err;
+	r = p->cu->Memcpy((CUdeviceptr)(uintptr_t)m->data, (CUdeviceptr)(uintptr_t)src, (size_t)n);
+	if (r == CUDA_SUCCESS)
+		r = p->cu->CtxSynchronize();
+	td_cuda_leave(p->cu, p->dev, false);
+	if (r != CUDA_SUCCESS)
+		return td_cuda_fail(p->cu, r, "copying device memory into the tensor");
+	return 0;
+}
+
 const struct td_importer td_importer_cuda = {
 	.handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD,
 	.map = td_cuda_map_vmm,
 	.unmap = td_cuda_unmap,
 	/* GPU memory cannot become a private copy; see docs/gpu.md. */
 	.make_private = NULL,
+	.sync = td_cuda_sync,
+	.copy_in = td_cuda_copy_in,
 };
 
 const struct td_importer td_importer_cuda_ipc = {
@@ -378,4 +424,6 @@ const struct td_importer td_importer_cuda_ipc = {
 	.map = td_cuda_map_ipc,
 	.unmap = td_cuda_unmap,
 	.make_private = NULL,
+	.sync = td_cuda_sync,
+	.copy_in = td_cuda_copy_in,
 };

@@ -135,7 +135,8 @@ static DLManagedTensorVersioned *handle_new(struct td_lease *l)
 	h->mt.version.minor = DLPACK_MINOR_VERSION;
 	h->mt.manager_ctx = l;
 	h->mt.deleter = handle_deleter;
-	h->mt.flags = l->readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
+	h->mt.flags = l->readonly || (l->map && !l->map->writable) ? DLPACK_FLAG_BITMASK_READ_ONLY
+								  : 0;
 	fill_dltensor(&h->mt.dl_tensor, l);
 	h->l = l;
 	atomic_fetch_add_explicit(&l->refs, 1, memory_order_relaxed);
@@ -162,7 +163,7 @@ int tensord_share(DLManagedTensorVersioned *t, DLManagedTensorVersioned **ret_te
 	s = handle_new(l);
 	if (!s)
 		return td_set_error(-ENOMEM, "out of memory");
-	s->flags = t->flags;
+	s->flags |= t->flags;
 	*ret_tensor = s;
 	return 0;
 }
@@ -484,6 +485,14 @@ int tensord_publish(tensord_client *c, const char *name)
 	pthread_mutex_unlock(&c->lock);
 	if (mine) {
 		imp = importer_for(mine->handle_kind);
+		/* GPU writes still queued on a stream must land first. */
+		if (imp && imp->sync) {
+			r = imp->sync(mine);
+			if (r < 0) {
+				mapping_unref(c, mine);
+				return r;
+			}
+		}
 		if (!(mine->flags & TENSORD_MUTABLE) && imp && imp->make_private) {
 			r = imp->make_private(mine);
 			if (r < 0) {
@@ -499,11 +508,13 @@ int tensord_publish(tensord_client *c, const char *name)
 	req.publish = &pub;
 	r = simple_rpc(c, &req);
 	if (mine) {
-		if (r < 0 && imp && imp->make_shared)
+		if (r < 0 && imp && imp->make_shared) {
 			imp->make_shared(mine);
-		else if (r == 0 && imp) {
+		} else if (r == 0 && !(mine->flags & TENSORD_MUTABLE)) {
+			/* New handles on the creator's lease say read-only now. */
 			pthread_mutex_lock(&c->lock);
-			mine->reusable = false; /* holds the creator's private view */
+			if (imp)
+				mine->reusable = false; /* holds the creator's private view */
 			mine->writable = false;
 			pthread_mutex_unlock(&c->lock);
 		}
@@ -667,6 +678,49 @@ static void copy_strided(uint8_t *dst, const uint8_t *src, int ndim, const int64
 	}
 }
 
+/* put() of device memory: contiguous sources only, one device-side copy. */
+static int put_device(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
+		      uint32_t mode, size_t elsize)
+{
+	tensord_spec spec = { .dtype = src->dtype, .ndim = src->ndim, .shape = src->shape,
+			      .device = src->device, .flags = flags, .mode = mode };
+	const struct td_importer *imp;
+	DLManagedTensorVersioned *t;
+	struct td_lease *l;
+	uint64_t n = elsize;
+	int64_t expect = 1;
+	int r;
+
+	for (int i = src->ndim - 1; i >= 0; i--) {
+		if (src->strides && src->shape[i] > 1 && src->strides[i] != expect)
+			return td_set_error(-EINVAL,
+					    "tensor '%s': put copies contiguous device arrays only; "
+					    "make it contiguous first", name);
+		expect *= src->shape[i];
+		n *= (uint64_t)src->shape[i];
+	}
+	r = tensord_create(c, name, &spec, &t);
+	if (r < 0)
+		return r;
+	l = lease_of(t);
+	imp = l->map ? importer_for(l->map->handle_kind) : NULL;
+	if (n && (!imp || !imp->copy_in))
+		r = td_set_error(-ENOTSUP, "tensor '%s': cannot copy into this device's memory", name);
+	else if (n)
+		r = imp->copy_in(l->map, (const uint8_t *)src->data + src->byte_offset, n);
+	if (r == 0)
+		r = tensord_publish(c, name);
+	if (r < 0) {
+		char saved[512];
+
+		snprintf(saved, sizeof(saved), "%s", tensord_last_error());
+		tensord_unlink(c, name);
+		td_set_error(r, "%s", saved);
+	}
+	t->deleter(t);
+	return r;
+}
+
 int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
 		uint32_t mode)
 {
@@ -676,14 +730,19 @@ int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32
 	size_t elsize;
 	int r;
 
-	if (!src || src->device.device_type != kDLCPU)
-		return td_set_error(-EINVAL, "tensor '%s': put copies from host memory only",
-				    name ? name : "");
+	if (!src)
+		return td_set_error(-EINVAL, "tensor '%s': no source", name ? name : "");
 	if (src->ndim < 0 || src->ndim > TENSORD_NDIM_MAX)
 		return td_set_error(-EINVAL, "tensor '%s': %d dimensions", name, src->ndim);
 	elsize = tensord_dtype_size(src->dtype);
 	if (!elsize)
 		return td_set_error(-EINVAL, "tensor '%s': put needs a dtype of whole bytes", name);
+	if (src->device.device_type == kDLCUDA || src->device.device_type == kDLROCM)
+		return put_device(c, name, src, flags, mode, elsize);
+	if (src->device.device_type != kDLCPU && src->device.device_type != kDLCUDAHost &&
+	    src->device.device_type != kDLCUDAManaged && src->device.device_type != kDLROCMHost)
+		return td_set_error(-EINVAL, "tensor '%s': put cannot read device type %d", name,
+				    (int)src->device.device_type);
 	spec.dtype = src->dtype;
 	spec.ndim = src->ndim;
 	spec.shape = src->shape;

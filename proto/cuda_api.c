@@ -79,6 +79,7 @@ static const struct td_cuda_sym {
 	SYM(MemAlloc, "cuMemAlloc_v2", NULL, SYM_REQUIRED),
 	SYM(MemFree, "cuMemFree_v2", NULL, SYM_REQUIRED),
 	SYM(MemsetD8, "cuMemsetD8_v2", NULL, SYM_REQUIRED),
+	SYM(Memcpy, "cuMemcpy", NULL, SYM_REQUIRED),
 	SYM(MemGetAddressRange, "cuMemGetAddressRange_v2", NULL, SYM_REQUIRED),
 	SYM(IpcGetMemHandle, "cuIpcGetMemHandle", NULL, SYM_REQUIRED),
 	/*

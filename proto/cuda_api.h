@@ -120,6 +120,7 @@ struct td_cuda_api {
 	CUresult (*MemAlloc)(CUdeviceptr *dptr, size_t bytes);
 	CUresult (*MemFree)(CUdeviceptr dptr);
 	CUresult (*MemsetD8)(CUdeviceptr dptr, unsigned char value, size_t n);
+	CUresult (*Memcpy)(CUdeviceptr dst, CUdeviceptr src, size_t n);
 	CUresult (*MemGetAddressRange)(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);
 	CUresult (*IpcGetMemHandle)(CUipcMemHandle *handle, CUdeviceptr dptr);
 	CUresult (*IpcOpenMemHandle)(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags);

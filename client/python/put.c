@@ -48,9 +48,11 @@ static int source_set(struct source *s, const DLTensor *dl)
 {
 	int64_t step = 1;
 
-	if (!host_accessible(dl->device.device_type)) {
+	bool on_gpu = dl->device.device_type == kDLCUDA || dl->device.device_type == kDLROCM;
+
+	if (!host_accessible(dl->device.device_type) && !on_gpu) {
 		PyErr_Format(PyExc_BufferError,
-			     "put() copies host memory only, and this array is on device type %d; "
+			     "put() copies host or GPU memory, and this array is on device type %d; "
 			     "use create(..., device=...) and copy into it, then publish()",
 			     (int)dl->device.device_type);
 		return -1;
@@ -61,7 +63,8 @@ static int source_set(struct source *s, const DLTensor *dl)
 		return -1;
 	}
 	s->dl = *dl;
-	s->dl.device = (DLDevice){kDLCPU, 0};
+	/* GPU sources keep their device: libtensord copies device to device. */
+	s->dl.device = on_gpu ? dl->device : (DLDevice){kDLCPU, 0};
 	s->dl.data = dl->data ? (char *)dl->data + dl->byte_offset : NULL;
 	s->dl.byte_offset = 0;
 	for (int i = dl->ndim - 1; i >= 0; i--) {
@@ -103,8 +106,11 @@ static int source_from_capsule(struct source *s, PyObject *cap)
 /*
  * Asks obj for a capsule: max_version first, then, for producers that do
  * not know that keyword, no arguments (TypeError is how they say so).
- * Devices that are not host memory are refused before asking, so that a
- * GPU producer is never asked to synchronise for nothing.
+ * Devices that are neither host memory nor a GPU libtensord can copy on
+ * are refused before asking, so that a producer is never asked to
+ * synchronise for nothing. GPU producers are asked with stream=None: they
+ * order their work before the legacy default stream, where the
+ * device-to-device copy runs.
  */
 static int source_from_dlpack(struct source *s, PyObject *obj)
 {
@@ -122,7 +128,7 @@ static int source_from_dlpack(struct source *s, PyObject *obj)
 		Py_DECREF(dev);
 		if (type == -1 && PyErr_Occurred())
 			return -1;
-		if (!host_accessible((DLDeviceType)type)) {
+		if (!host_accessible((DLDeviceType)type) && type != kDLCUDA && type != kDLROCM) {
 			DLTensor probe = {.device = {(DLDeviceType)type, 0}};
 
 			return source_set(s, &probe);
