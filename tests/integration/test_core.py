@@ -226,6 +226,11 @@ def test_connection_lifetime_and_unpublished_tensors_go_with_their_creator(daemo
     b.err("stat conn/draft", "ENOENT")
     # Persistent: stays.
     assert b.kv("stat conn/p")["state"] == "2"
+    # Deleters after tensord_close(): the mapping is still valid, the
+    # release is a no-op, and the daemon already ended the lease.
+    b.ok("close")
+    assert b.ok("read conn/t 0") == "0"
+    b.ok("release conn/t")
 
 
 def test_capacity_enospc(daemon_factory, tmp_path):
