@@ -56,6 +56,12 @@ int td_send_oneway(tensord_client *c, Tensord__Request *req);
 void td_client_ref(tensord_client *c);
 void td_client_unref(tensord_client *c);
 
+/* The importer for a handle kind, or NULL. */
+const struct td_importer *td_importer_for(int kind);
+
+/* The mapping behind a handle made by this library, or NULL. */
+struct td_mapping *td_tensor_mapping(const DLManagedTensorVersioned *t);
+
 /* Fills a tensord_info from the wire form. */
 void td_info_from_wire(tensord_info *info, const Tensord__TensorInfo *w);
 
