@@ -83,7 +83,8 @@ static PyStructSequence_Desc info_desc = {
 
 PyTypeObject td_InfoType;
 
-static PyObject *dims_tuple(const int64_t *v, int n)
+/* A tuple of Python ints from v[0..n); NULL with an exception set. */
+PyObject *td_dims_tuple(const int64_t *v, int n)
 {
 	PyObject *t = PyTuple_New(n);
 
@@ -110,8 +111,8 @@ PyObject *td_info_new(const tensord_info *in)
 		return NULL;
 	v[0] = PyUnicode_FromString(in->name);
 	v[1] = PyUnicode_FromString(tensord_dtype_name(in->dtype, dtype, sizeof(dtype)));
-	v[2] = dims_tuple(in->shape, in->ndim);
-	v[3] = dims_tuple(in->strides, in->ndim);
+	v[2] = td_dims_tuple(in->shape, in->ndim);
+	v[3] = td_dims_tuple(in->strides, in->ndim);
 	v[4] = PyUnicode_FromString(tensord_device_name(in->device, device, sizeof(device)));
 	v[5] = PyLong_FromUnsignedLongLong(in->nbytes);
 	v[6] = PyUnicode_FromString(states[(unsigned)in->state <= 3 ? in->state : 0]);

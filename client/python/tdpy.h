@@ -145,4 +145,6 @@ DLManagedTensor *td_legacy_wrap(DLManagedTensorVersioned *t);
 /* Bytes of one element; 0 for types with no whole-byte size. */
 size_t td_itemsize(DLDataType dt);
 
+PyObject *td_dims_tuple(const int64_t *v, int n);
+
 #endif /* TENSORD_PY_TDPY_H */

@@ -312,26 +312,10 @@ static PyObject *Tensor_exit(TensorObject *self, PyObject *args)
 	return Tensor_release(self, NULL);
 }
 
-static PyObject *tuple_of(const int64_t *v, int n)
-{
-	PyObject *t = PyTuple_New(n);
-
-	for (int i = 0; t && i < n; i++) {
-		PyObject *x = PyLong_FromLongLong(v[i]);
-
-		if (!x) {
-			Py_CLEAR(t);
-			break;
-		}
-		PyTuple_SET_ITEM(t, i, x);
-	}
-	return t;
-}
-
 static PyObject *Tensor_repr(TensorObject *self)
 {
 	char dtype[64], device[32];
-	PyObject *shape = tuple_of(self->info.shape, self->info.ndim), *r;
+	PyObject *shape = td_dims_tuple(self->info.shape, self->info.ndim), *r;
 
 	if (!shape)
 		return NULL;
@@ -353,12 +337,12 @@ static PyObject *Tensor_get_name(TensorObject *self, void *unused)
 
 static PyObject *Tensor_get_shape(TensorObject *self, void *unused)
 {
-	return tuple_of(self->info.shape, self->info.ndim);
+	return td_dims_tuple(self->info.shape, self->info.ndim);
 }
 
 static PyObject *Tensor_get_strides(TensorObject *self, void *unused)
 {
-	return tuple_of(self->info.strides, self->info.ndim);
+	return td_dims_tuple(self->info.strides, self->info.ndim);
 }
 
 static PyObject *Tensor_get_dtype(TensorObject *self, void *unused)
