@@ -9,6 +9,13 @@
 #
 # Knobs: SANITIZE=1 (ASan+UBSan build, use with B=build-asan), V=1 (echo commands),
 #        CUDA_HOME=/usr/local/cuda (toolkit headers; optional).
+#
+# Where things are (docs/design.md has the longer map):
+#   proto/            wire schema and frame codec
+#   common/           descriptors, names, errors, socket path; common/gpu/ driver shims
+#   daemon/           tensord
+#   client/lib/       libtensord          client/tensorctl/  tensorctl
+#   client/python/    the Python package  tests/unit/        one binary per module
 
 B       ?= build
 PREFIX  ?= /usr/local
@@ -21,7 +28,9 @@ else
 Q := @
 endif
 
-CPPFLAGS += -Iinclude -Iproto -I$(B)/proto -D_GNU_SOURCE
+# Sources include each other by path from the root ("common/desc.h"); the
+# generated protobuf-c header is found as "proto/tensord.pb-c.h" under $(B).
+CPPFLAGS += -Iinclude -I. -I$(B) -D_GNU_SOURCE
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -fvisibility=hidden -fPIC \
             $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -41,17 +50,19 @@ ifneq ($(wildcard /usr/include/hip/hip_runtime_api.h),)
 CPPFLAGS += -DTENSORD_HAVE_HIP_H -D__HIP_PLATFORM_AMD__
 endif
 
-# The wire layer, shared by the daemon and the library.
-PROTO_SRC := proto/frame.c proto/desc.c proto/paths.c proto/cuda_api.c proto/hip_api.c
-PROTO_OBJ := $(B)/proto/tensord.pb-c.o $(PROTO_SRC:%.c=$(B)/%.o)
+PB_OBJ  := $(B)/proto/tensord.pb-c.o
+obj      = $(patsubst %.c,$(B)/%.o,$(1))
 
-DMN_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
-DMN_OBJ := $(DMN_SRC:%.c=$(B)/%.o)
+# libtensord: one list, shared with client/python/setup.py.
+LIB_SRC := $(filter %.c,$(shell cat client/lib/sources.txt))
+LIB_OBJ := $(call obj,$(LIB_SRC)) $(PB_OBJ)
 
-LIB_SRC := $(filter-out client/tensorctl.c client/npy.c,$(wildcard client/*.c))
-LIB_OBJ := $(LIB_SRC:%.c=$(B)/%.o) $(PROTO_OBJ)
+# What both sides share, and the daemon.
+COMMON_OBJ := $(call obj,common/desc.c common/names.c common/errors.c common/paths.c proto/frame.c)
+GPU_OBJ    := $(call obj,common/gpu/cuda_api.c common/gpu/hip_api.c)
+DMN_OBJ    := $(call obj,$(wildcard daemon/*.c)) $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ)
 
-CTL_OBJ := $(B)/client/tensorctl.o $(B)/client/npy.o
+CTL_OBJ := $(call obj,client/tensorctl/tensorctl.c client/tensorctl/npy.c)
 
 PY_SUFFIX := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
 PY_INC    := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
@@ -69,7 +80,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 .PHONY: all setup run test test-unit test-integration test-python test-asan bench fuzz install clean format
 
 all: $(B)/tensord $(B)/tensorctl $(B)/libtensord.so $(B)/libtensord.a $(B)/tensord.pc \
-     $(if $(wildcard client/python/module.c),$(PY_EXT) $(PY_FILES)) $(HELP_BIN) $(BENCH_BIN)
+     $(PY_EXT) $(PY_FILES) $(HELP_BIN) $(BENCH_BIN)
 
 setup:
 	$(Q)bash deploy/setup.sh
@@ -79,7 +90,7 @@ $(B)/proto/tensord.pb-c.c $(B)/proto/tensord.pb-c.h: proto/tensord.proto
 	@mkdir -p $(@D)
 	$(Q)protoc-c --proto_path=proto --c_out=$(B)/proto $<
 
-$(B)/proto/tensord.pb-c.o: $(B)/proto/tensord.pb-c.c
+$(PB_OBJ): $(B)/proto/tensord.pb-c.c
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-shadow -c $< -o $@
 
 $(B)/%.o: %.c $(B)/proto/tensord.pb-c.h $(B)/.flags
@@ -94,7 +105,7 @@ $(B)/.flags: FORCE
 FORCE:
 
 # --- binaries and libraries -------------------------------------------------
-$(B)/tensord: $(B)/daemon/main.o $(DMN_OBJ) $(PROTO_OBJ)
+$(B)/tensord: $(DMN_OBJ)
 	@echo "  LD  $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -124,10 +135,24 @@ $(PY_DIR)/%: client/python/tensord/%
 	$(Q)cp $< $@
 
 # --- tests --------------------------------------------------------------------
-$(B)/tests/unit/%: tests/unit/%.c $(DMN_OBJ) $(LIB_OBJ)
+# Each unit test links its module and what that module needs, nothing more:
+# the list below is the module's dependency graph, checked by the linker.
+UNIT_DEPS_test_frame       := proto/frame.c
+UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c
+UNIT_DEPS_test_registry    := daemon/registry.c daemon/backend_host.c daemon/log.c common/desc.c \
+                              common/names.c common/errors.c
+UNIT_DEPS_test_npy         := client/tensorctl/npy.c common/names.c
+UNIT_DEPS_test_gpu_util    := common/gpu/cuda_api.c common/gpu/hip_api.c
+UNIT_DEPS_test_backend_gpu := daemon/backend_cuda.c daemon/backend_hip.c daemon/log.c \
+                              common/gpu/cuda_api.c common/gpu/hip_api.c
+UNIT_DEPS_test_import_gpu  := client/lib/import_cuda.c client/lib/import_hip.c client/lib/error.c \
+                              common/gpu/cuda_api.c common/gpu/hip_api.c
+
+.SECONDEXPANSION:
+$(B)/tests/unit/%: tests/unit/%.c $$(call obj,$$(UNIT_DEPS_$$*))
 	@mkdir -p $(@D)
 	@echo "  LD  $@"
-	$(Q)$(CC) $(CPPFLAGS) -Idaemon -Iclient $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
 
 $(B)/tests/helpers/%: tests/integration/%.c $(B)/libtensord.a
 	@mkdir -p $(@D)
@@ -154,9 +179,8 @@ test-integration: all
 	$(Q)TENSORD_BUILD=$(abspath $(B)) $(PYTEST) -q -rs tests/integration
 
 test-python: all
-	$(Q)if [ -f client/python/module.c ]; then \
-		TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python \
-		$(PYTEST) -q -rs tests/python; fi
+	$(Q)TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python \
+		$(PYTEST) -q -rs tests/python
 
 # The C suites again with AddressSanitizer and UBSan, in their own build tree.
 test-asan:
@@ -176,11 +200,11 @@ bench: all
 # libFuzzer over the frame parser, the Request/Reply decoders and the
 # descriptor checks (needs clang). UBSan findings abort, so they count as crashes.
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
-FUZZ_OBJ := build-fuzz/proto/tensord.pb-c.o build-fuzz/proto/frame.o build-fuzz/proto/desc.o
+FUZZ_OBJ := build-fuzz/proto/tensord.pb-c.o build-fuzz/proto/frame.o build-fuzz/common/desc.o
 fuzz: setup
 	$(Q)$(MAKE) --no-print-directory B=build-fuzz CC=clang \
 		CFLAGS="-O1 -g -fsanitize=fuzzer-no-link $(FUZZ_SAN)" $(FUZZ_OBJ)
-	$(Q)clang -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) $(subst -I$(B)/,-Ibuild-fuzz/,$(CPPFLAGS)) \
+	$(Q)clang -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) $(subst -I$(B),-Ibuild-fuzz,$(CPPFLAGS)) \
 		tests/fuzz/fuzz_frame.c $(FUZZ_OBJ) -o build-fuzz/fuzz_frame \
 		$(shell pkg-config --libs libprotobuf-c)
 	$(Q)mkdir -p fuzz-out/corpus && build-fuzz/fuzz_frame -max_total_time=$${FUZZ_SECONDS:-60} \
@@ -196,9 +220,10 @@ install: all
 	install -m 644 $(B)/tensord.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
 
 format:
-	clang-format -i $(wildcard daemon/*.[ch] client/*.[ch] client/python/*.c proto/*.[ch] include/tensord/*.h tests/unit/*.c tests/integration/*.c bench/*.c)
+	clang-format -i $(wildcard daemon/*.[ch] client/*/*.[ch] common/*.[ch] common/gpu/*.[ch] \
+		proto/*.[ch] include/tensord/*.h tests/unit/*.c tests/integration/*.c bench/*.c)
 
 clean:
 	rm -rf $(B) build-asan build-fuzz
 
--include $(wildcard $(B)/*/*.d $(B)/*/*/*.d)
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -1,8 +1,8 @@
 /*
  * Memory backends. Each device family (host, CUDA, HIP) is one
- * struct tensord_backend_ops; the registry and the protocol only ever talk
+ * struct backend_ops; the registry and the protocol only ever talk
  * to this table, so adding a device touches neither. Which backends exist is
- * decided at link time (tensord_backends[] in backend.c), never by #ifdef
+ * decided at link time (backends[] in backend.c), never by #ifdef
  * elsewhere.
  *
  * All functions run on the daemon's loop thread.
@@ -14,31 +14,26 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Values of tensord_alloc.handle_kind; equal to the wire's HandleKind. */
-enum {
-	TENSORD_HANDLE_NONE = 0,
-	TENSORD_HANDLE_MEMFD = 1,
-	TENSORD_HANDLE_CUDA_VMM_FD = 2,
-	TENSORD_HANDLE_CUDA_IPC = 3,
-	TENSORD_HANDLE_HIP_IPC = 4,
-};
+#include <tensord/dlpack.h>
 
-#define TENSORD_IPC_HANDLE_MAX 64
+#include "proto/tensord.pb-c.h" /* Tensord__HandleKind: how a handle travels */
+
+#define BACKEND_IPC_HANDLE_MAX 64
 
 /* One allocation. Filled by ops->alloc(); owned by the tensor that holds it. */
-struct tensord_alloc {
-	const struct tensord_backend_ops *ops;
+struct backend_alloc {
+	const struct backend_ops *ops;
 	int device_id;     /* the daemon's ordinal */
 	uint64_t size;     /* bytes actually allocated (>= what was asked) */
-	int handle_kind;   /* TENSORD_HANDLE_* */
+	Tensord__HandleKind handle_kind;
 	int fd;            /* owned; -1 when none; closed by ops->release() */
-	uint8_t ipc_handle[TENSORD_IPC_HANDLE_MAX]; /* legacy IPC handle bytes */
+	uint8_t ipc_handle[BACKEND_IPC_HANDLE_MAX]; /* legacy IPC handle bytes */
 	size_t ipc_handle_len;
 	uint64_t ipc_offset;
 	void *priv;        /* the backend's own state; NULL when none */
 };
 
-struct tensord_backend_ops {
+struct backend_ops {
 	const char *name;  /* "host", "cuda", "hip" */
 	int device_type;   /* DLDeviceType: kDLCPU, kDLCUDA, kDLROCM */
 
@@ -68,14 +63,14 @@ struct tensord_backend_ops {
 	 * -ENODEV. May leave *a half-built on failure; release() copes.
 	 * name is for the allocation's label only.
 	 */
-	int (*alloc)(struct tensord_alloc *a, uint64_t size, int device_id, const char *name);
+	int (*alloc)(struct backend_alloc *a, uint64_t size, int device_id, const char *name);
 
 	/*
 	 * A new descriptor for one client, owned by the caller, or -1 in
 	 * *ret_fd for handle kinds that travel as bytes. writable false: the
 	 * client must not be able to change the shared bytes through it.
 	 */
-	int (*export_fd)(struct tensord_alloc *a, bool writable, int *ret_fd);
+	int (*export_fd)(struct backend_alloc *a, bool writable, int *ret_fd);
 
 	/*
 	 * Makes the bytes immutable (publish of a non-mutable tensor). 0, or
@@ -83,17 +78,17 @@ struct tensord_backend_ops {
 	 * backend that cannot enforce it returns 0 and relies on clients
 	 * honouring the read-only flag (documented per backend).
 	 */
-	int (*freeze)(struct tensord_alloc *a);
+	int (*freeze)(struct backend_alloc *a);
 
 	/* Frees everything behind a. Never fails, never blocks; NULL-safe on a->priv. */
-	void (*release)(struct tensord_alloc *a);
+	void (*release)(struct backend_alloc *a);
 };
 
 /* NULL-terminated; the first entry is the host backend. */
-extern const struct tensord_backend_ops *const tensord_backends[];
+extern const struct backend_ops *const backends[];
 
-extern const struct tensord_backend_ops tensord_backend_host;
-extern const struct tensord_backend_ops tensord_backend_cuda;
-extern const struct tensord_backend_ops tensord_backend_hip;
+extern const struct backend_ops backend_host;
+extern const struct backend_ops backend_cuda;
+extern const struct backend_ops backend_hip;
 
 #endif /* TENSORD_BACKEND_H */

@@ -43,8 +43,8 @@
 #include <tensord/dlpack.h>
 
 #include "backend.h"
-#include "cuda_api.h"
-#include "gpu_util.h"
+#include "common/gpu/cuda_api.h"
+#include "common/gpu/gpu_util.h"
 #include "log.h"
 
 /* Legacy allocations are rounded to 2 MiB, as NVIDIA advises for IPC. */
@@ -268,7 +268,7 @@ out_free:
 	return err;
 }
 
-static int cuda_alloc_vmm(struct tensord_alloc *a, struct cuda_mem *m, uint64_t size)
+static int cuda_alloc_vmm(struct backend_alloc *a, struct cuda_mem *m, uint64_t size)
 {
 	CUmemAllocationProp prop;
 	CUresult r;
@@ -282,11 +282,11 @@ static int cuda_alloc_vmm(struct tensord_alloc *a, struct cuda_mem *m, uint64_t 
 	err = cuda_vmm_scrub(m->ordinal, m->handle, size);
 	if (err < 0)
 		return err;
-	a->handle_kind = TENSORD_HANDLE_CUDA_VMM_FD;
+	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD;
 	return 0;
 }
 
-static int cuda_alloc_ipc(struct tensord_alloc *a, struct cuda_mem *m, uint64_t size)
+static int cuda_alloc_ipc(struct backend_alloc *a, struct cuda_mem *m, uint64_t size)
 {
 	CUipcMemHandle h;
 	CUresult r;
@@ -304,15 +304,15 @@ static int cuda_alloc_ipc(struct tensord_alloc *a, struct cuda_mem *m, uint64_t 
 		r = cuda_api->IpcGetMemHandle(&h, m->dptr);
 	if (r != CUDA_SUCCESS)
 		return cuda_alloc_errno(r);
-	_Static_assert(sizeof(h) <= TENSORD_IPC_HANDLE_MAX, "IPC handle size");
+	_Static_assert(sizeof(h) <= BACKEND_IPC_HANDLE_MAX, "IPC handle size");
 	memcpy(a->ipc_handle, &h, sizeof(h));
 	a->ipc_handle_len = sizeof(h);
 	a->ipc_offset = 0;
-	a->handle_kind = TENSORD_HANDLE_CUDA_IPC;
+	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC;
 	return 0;
 }
 
-static int cuda_backend_alloc(struct tensord_alloc *a, uint64_t size, int device_id,
+static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device_id,
 			      const char *name)
 {
 	struct cuda_mem *m;
@@ -321,7 +321,7 @@ static int cuda_backend_alloc(struct tensord_alloc *a, uint64_t size, int device
 
 	a->fd = -1;
 	a->priv = NULL;
-	a->handle_kind = TENSORD_HANDLE_NONE;
+	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_NONE;
 	a->ipc_handle_len = 0;
 	a->ipc_offset = 0;
 	a->size = 0;
@@ -354,7 +354,7 @@ static int cuda_backend_alloc(struct tensord_alloc *a, uint64_t size, int device
  * sent. The fd cannot carry "read-only": writable is enforced by the
  * client library's cuMemSetAccess. Legacy IPC travels as bytes: -1.
  */
-static int cuda_backend_export_fd(struct tensord_alloc *a, bool writable, int *ret_fd)
+static int cuda_backend_export_fd(struct backend_alloc *a, bool writable, int *ret_fd)
 {
 	struct cuda_mem *m = a->priv;
 	int fd = -1, err;
@@ -377,7 +377,7 @@ static int cuda_backend_export_fd(struct tensord_alloc *a, bool writable, int *r
 	return 0;
 }
 
-static int cuda_backend_freeze(struct tensord_alloc *a)
+static int cuda_backend_freeze(struct backend_alloc *a)
 {
 	/* Not enforceable from here; see the comment at the top of the file. */
 	return 0;
@@ -388,7 +388,7 @@ static int cuda_backend_freeze(struct tensord_alloc *a)
  * client still maps it (the driver refcounts it). Legacy: frees at once,
  * which is why the registry calls this only after the last lease ended.
  */
-static void cuda_backend_release(struct tensord_alloc *a)
+static void cuda_backend_release(struct backend_alloc *a)
 {
 	struct cuda_mem *m = a->priv;
 
@@ -408,7 +408,7 @@ static void cuda_backend_release(struct tensord_alloc *a)
 	a->priv = NULL;
 }
 
-const struct tensord_backend_ops tensord_backend_cuda = {
+const struct backend_ops backend_cuda = {
 	.name = "cuda",
 	.device_type = kDLCUDA,
 	.init = cuda_backend_init,

@@ -27,8 +27,8 @@
 #include <tensord/dlpack.h>
 
 #include "backend.h"
-#include "gpu_util.h"
-#include "hip_api.h"
+#include "common/gpu/gpu_util.h"
+#include "common/gpu/hip_api.h"
 #include "log.h"
 
 #define HIP_GRANULARITY (2ull << 20)
@@ -147,7 +147,7 @@ static int hip_alloc_errno(hipError_t e)
 	return err == -ENOMEM ? -ENOSPC : err;
 }
 
-static int hip_backend_alloc(struct tensord_alloc *a, uint64_t size, int device_id,
+static int hip_backend_alloc(struct backend_alloc *a, uint64_t size, int device_id,
 			     const char *name)
 {
 	hipIpcMemHandle_t h;
@@ -157,7 +157,7 @@ static int hip_backend_alloc(struct tensord_alloc *a, uint64_t size, int device_
 
 	a->fd = -1;
 	a->priv = NULL;
-	a->handle_kind = TENSORD_HANDLE_NONE;
+	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_NONE;
 	a->ipc_handle_len = 0;
 	a->ipc_offset = 0;
 	a->size = 0;
@@ -191,27 +191,27 @@ static int hip_backend_alloc(struct tensord_alloc *a, uint64_t size, int device_
 		e = hip_api->IpcGetMemHandle(&h, m->ptr);
 	if (e != hipSuccess)
 		return hip_alloc_errno(e);
-	_Static_assert(sizeof(h) <= TENSORD_IPC_HANDLE_MAX, "IPC handle size");
+	_Static_assert(sizeof(h) <= BACKEND_IPC_HANDLE_MAX, "IPC handle size");
 	memcpy(a->ipc_handle, &h, sizeof(h));
 	a->ipc_handle_len = sizeof(h);
-	a->handle_kind = TENSORD_HANDLE_HIP_IPC;
+	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_HIP_IPC;
 	return 0;
 }
 
 /* HIP IPC handles travel as bytes: no descriptor. */
-static int hip_backend_export_fd(struct tensord_alloc *a, bool writable, int *ret_fd)
+static int hip_backend_export_fd(struct backend_alloc *a, bool writable, int *ret_fd)
 {
 	*ret_fd = -1;
 	return 0;
 }
 
-static int hip_backend_freeze(struct tensord_alloc *a)
+static int hip_backend_freeze(struct backend_alloc *a)
 {
 	/* Not enforceable from here; see the comment at the top of the file. */
 	return 0;
 }
 
-static void hip_backend_release(struct tensord_alloc *a)
+static void hip_backend_release(struct backend_alloc *a)
 {
 	struct hip_mem *m = a->priv;
 
@@ -227,7 +227,7 @@ static void hip_backend_release(struct tensord_alloc *a)
 	a->priv = NULL;
 }
 
-const struct tensord_backend_ops tensord_backend_hip = {
+const struct backend_ops backend_hip = {
 	.name = "hip",
 	.device_type = kDLROCM,
 	.init = hip_backend_init,

@@ -56,7 +56,7 @@ static const char *host_path(int device_id)
 	return "memfd";
 }
 
-static int host_alloc(struct tensord_alloc *a, uint64_t size, int device_id, const char *name)
+static int host_alloc(struct backend_alloc *a, uint64_t size, int device_id, const char *name)
 {
 	char label[64];
 	int fd, r;
@@ -64,10 +64,10 @@ static int host_alloc(struct tensord_alloc *a, uint64_t size, int device_id, con
 	a->fd = -1;
 	a->size = size;
 	if (size == 0) {
-		a->handle_kind = TENSORD_HANDLE_NONE;
+		a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_NONE;
 		return 0;
 	}
-	a->handle_kind = TENSORD_HANDLE_MEMFD;
+	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_MEMFD;
 
 	/* The label shows in /proc/PID/maps of every client: handy in gdb. */
 	snprintf(label, sizeof(label), "tensord:%s", name);
@@ -88,11 +88,11 @@ static int host_alloc(struct tensord_alloc *a, uint64_t size, int device_id, con
 	return 0;
 }
 
-static int host_export_fd(struct tensord_alloc *a, bool writable, int *ret_fd)
+static int host_export_fd(struct backend_alloc *a, bool writable, int *ret_fd)
 {
 	int fd, seals;
 
-	if (a->handle_kind == TENSORD_HANDLE_NONE) {
+	if (a->handle_kind == TENSORD__HANDLE_KIND__HANDLE_NONE) {
 		*ret_fd = -1;
 		return 0;
 	}
@@ -116,25 +116,25 @@ static int host_export_fd(struct tensord_alloc *a, bool writable, int *ret_fd)
 	return 0;
 }
 
-static int host_freeze(struct tensord_alloc *a)
+static int host_freeze(struct backend_alloc *a)
 {
-	if (a->handle_kind == TENSORD_HANDLE_NONE)
+	if (a->handle_kind == TENSORD__HANDLE_KIND__HANDLE_NONE)
 		return 0;
 	if (fcntl(a->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) < 0)
 		return -errno;
 	return 0;
 }
 
-static void host_release(struct tensord_alloc *a)
+static void host_release(struct backend_alloc *a)
 {
 	if (a->fd >= 0)
 		close(a->fd);
 	a->fd = -1;
 }
 
-const struct tensord_backend_ops tensord_backend_host = {
+const struct backend_ops backend_host = {
 	.name = "host",
-	.device_type = 1, /* kDLCPU */
+	.device_type = kDLCPU,
 	.init = host_init,
 	.device_count = host_device_count,
 	.device_uuid = host_device_uuid,

@@ -4,7 +4,7 @@
  * and we hand out memfds.
  *
  * Input: bytes accumulate in c->in until a whole frame is there; the frame
- * length is checked against TENSORD_FRAME_MAX_REQUEST from the header alone,
+ * length is checked against TD_FRAME_MAX_REQUEST from the header alone,
  * before anything is allocated for the payload. Clients never send file
  * descriptors: any that arrive are closed and the connection is dropped.
  *
@@ -19,7 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "frame.h"
+#include "proto/frame.h"
 #include "log.h"
 #include "server.h"
 
@@ -198,7 +198,7 @@ int conn_reply(struct conn *c, const Tensord__Reply *reply, int fd)
 			close(fd);
 		return -ENOTCONN;
 	}
-	o = malloc(sizeof(*o) + TENSORD_FRAME_HEADER + plen);
+	o = malloc(sizeof(*o) + TD_FRAME_HEADER + plen);
 	if (!o) {
 		if (fd >= 0)
 			close(fd);
@@ -206,9 +206,9 @@ int conn_reply(struct conn *c, const Tensord__Reply *reply, int fd)
 		conn_close(c);
 		return -ENOMEM;
 	}
-	tensord_frame_header(o->data, (uint32_t)plen, fd >= 0 ? 1 : 0);
-	tensord__reply__pack(reply, o->data + TENSORD_FRAME_HEADER);
-	o->len = TENSORD_FRAME_HEADER + plen;
+	td_frame_header(o->data, (uint32_t)plen, fd >= 0 ? TD_FRAME_FLAG_FD : 0);
+	tensord__reply__pack(reply, o->data + TD_FRAME_HEADER);
+	o->len = TD_FRAME_HEADER + plen;
 	o->off = 0;
 	o->fd = fd;
 	o->next = NULL;
@@ -271,8 +271,8 @@ static void conn_process(struct conn *c)
 	size_t off = 0;
 
 	while (!c->dead && !c->closing && c->out_bytes < CONN_OUT_HIGH) {
-		struct tensord_frame f;
-		long n = tensord_frame_parse(c->in + off, c->in_len - off, TENSORD_FRAME_MAX_REQUEST,
+		struct td_frame f;
+		long n = td_frame_parse(c->in + off, c->in_len - off, TD_FRAME_MAX_REQUEST,
 					     &f);
 
 		if (n == 0)
@@ -319,8 +319,8 @@ static void conn_read(struct conn *c)
 			size_t cap = c->in_cap ? c->in_cap * 2 : IN_CHUNK * 2;
 			uint8_t *nb;
 
-			if (cap > TENSORD_FRAME_MAX_REQUEST + TENSORD_FRAME_HEADER + IN_CHUNK)
-				cap = TENSORD_FRAME_MAX_REQUEST + TENSORD_FRAME_HEADER + IN_CHUNK;
+			if (cap > TD_FRAME_MAX_REQUEST + TD_FRAME_HEADER + IN_CHUNK)
+				cap = TD_FRAME_MAX_REQUEST + TD_FRAME_HEADER + IN_CHUNK;
 			if (cap <= c->in_cap) {
 				/* A full buffer always holds a whole frame, and parked
 				 * frames were processed above; this cannot happen. */

@@ -10,8 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "desc.h"
-#include "frame.h"
+#include "common/desc.h"
+#include "proto/frame.h"
 #include "log.h"
 #include "server.h"
 
@@ -136,7 +136,7 @@ static void reply_lease(struct conn *c, uint64_t req_id, struct tensor *t, uint6
 
 static int check_name_field(const char *name, char *why, size_t why_len)
 {
-	return tensord_name_check(name, strlen(name), why, why_len);
+	return td_name_check(name, strlen(name), why, why_len);
 }
 
 static void do_create(struct conn *c, uint64_t id, const Tensord__Create *m)
@@ -447,7 +447,7 @@ static void do_hello(struct conn *c, uint64_t id, const Tensord__Hello *m)
 	c->hello_done = true;
 	hr.version = TENSORD_PROTOCOL_VERSION;
 	hr.daemon_pid = (uint32_t)getpid();
-	hr.max_frame = TENSORD_FRAME_MAX_REQUEST;
+	hr.max_frame = TD_FRAME_MAX_REQUEST;
 	rep.id = id;
 	rep.body_case = TENSORD__REPLY__BODY_HELLO;
 	rep.hello = &hr;

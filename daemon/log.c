@@ -6,16 +6,16 @@
 #include <string.h>
 #include <time.h>
 
-int tensord_log_level = TENSORD_LOG_INFO;
+int log_level = TD_LOG_INFO;
 
 static const char *const level_names[8] = {
-	[TENSORD_LOG_ERROR] = "error",
-	[TENSORD_LOG_WARN] = "warn",
-	[TENSORD_LOG_INFO] = "info",
-	[TENSORD_LOG_DEBUG] = "debug",
+	[TD_LOG_ERROR] = "error",
+	[TD_LOG_WARN] = "warn",
+	[TD_LOG_INFO] = "info",
+	[TD_LOG_DEBUG] = "debug",
 };
 
-int tensord_log_parse(const char *s, int *ret_level)
+int log_level_parse(const char *s, int *ret_level)
 {
 	for (int i = 0; i < 8; i++) {
 		if (level_names[i] && strcmp(s, level_names[i]) == 0) {
@@ -24,13 +24,13 @@ int tensord_log_parse(const char *s, int *ret_level)
 		}
 	}
 	if (strcmp(s, "warning") == 0) {
-		*ret_level = TENSORD_LOG_WARN;
+		*ret_level = TD_LOG_WARN;
 		return 0;
 	}
 	return -EINVAL;
 }
 
-void tensord_log_write(int level, const char *fmt, ...)
+void log_write(int level, const char *fmt, ...)
 {
 	char line[1024];
 	struct timespec ts;

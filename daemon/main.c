@@ -127,7 +127,7 @@ int main(int argc, char **argv)
 			}
 			break;
 		case 'l':
-			if (tensord_log_parse(optarg, &tensord_log_level) < 0) {
+			if (log_level_parse(optarg, &log_level) < 0) {
 				fprintf(stderr, "tensord: --log-level %s: use error, warn, info or debug\n",
 					optarg);
 				return 2;

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "desc.h"
+#include "common/desc.h"
 #include "log.h"
 
 #define PERM_READ 4u
@@ -91,8 +91,8 @@ int registry_init(struct registry *reg, uint64_t host_capacity)
 		return -ENOMEM;
 	reg->next_id = 1;
 
-	for (int b = 0; tensord_backends[b]; b++) {
-		const struct tensord_backend_ops *ops = tensord_backends[b];
+	for (int b = 0; backends[b]; b++) {
+		const struct backend_ops *ops = backends[b];
 		char why[160] = "";
 		int rc = ops->init(why, sizeof(why));
 		int n = rc == 0 ? ops->device_count() : 0;
@@ -304,7 +304,7 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 	uint64_t nbytes;
 	int r;
 
-	r = tensord_name_check(a->name, a->name_len, why, why_len);
+	r = td_name_check(a->name, a->name_len, why, why_len);
 	if (r < 0)
 		return r;
 	if (find_named(reg, a->name, a->name_len)) {
@@ -328,7 +328,7 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 		return -ENOMEM;
 	}
 	t->alloc.fd = -1;
-	r = tensord_layout(a->dtype, a->ndim, a->shape, a->strides, t->strides, &nbytes, reason,
+	r = td_layout(a->dtype, a->ndim, a->shape, a->strides, t->strides, &nbytes, reason,
 			   sizeof(reason));
 	if (r < 0) {
 		snprintf(why, why_len, "tensor '%.*s': %s", (int)a->name_len, a->name, reason);
@@ -430,7 +430,7 @@ int registry_publish(struct registry *reg, struct reg_client *rc, const char *na
 	struct tensor *t;
 	int r;
 
-	r = tensord_name_check(name, len, why, why_len);
+	r = td_name_check(name, len, why, why_len);
 	if (r < 0)
 		return r;
 	t = find_named(reg, name, len);
@@ -470,7 +470,7 @@ int registry_attach(struct registry *reg, struct reg_client *rc, const char *nam
 	struct tensor *t;
 	int r;
 
-	r = tensord_name_check(name, len, why, why_len);
+	r = td_name_check(name, len, why, why_len);
 	if (r < 0)
 		return r;
 	t = find_named(reg, name, len);
@@ -501,7 +501,7 @@ int registry_unlink(struct registry *reg, struct reg_client *rc, const char *nam
 	struct tensor *t;
 	int r;
 
-	r = tensord_name_check(name, len, why, why_len);
+	r = td_name_check(name, len, why, why_len);
 	if (r < 0)
 		return r;
 	t = find_named(reg, name, len);

@@ -42,14 +42,14 @@ struct tensor {
 	uint32_t refcount;           /* live leases */
 	struct reg_client *creator;  /* borrowed; NULL once the creator is gone */
 	struct reg_device *dev;      /* borrowed: the device slot it is charged to */
-	struct tensord_alloc alloc;  /* owned */
+	struct backend_alloc alloc;  /* owned */
 	struct tensor *hnext;        /* hash chain of named tensors */
 	struct tensor *prev, *next;  /* every live tensor */
 };
 
 /* One device the daemon can allocate on. */
 struct reg_device {
-	const struct tensord_backend_ops *ops;
+	const struct backend_ops *ops;
 	DLDevice device;
 	int init_rc;                 /* 0, or -errno from ops->init() */
 	char why[160];               /* the reason when init_rc < 0 */

@@ -14,7 +14,7 @@
 #include <uv.h>
 
 #include "registry.h"
-#include "tensord.pb-c.h"
+#include "proto/tensord.pb-c.h"
 
 /* Replies queued for one client before we stop reading its requests. */
 #define CONN_OUT_HIGH (4u << 20)

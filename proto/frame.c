@@ -14,13 +14,13 @@ static uint16_t get_le16(const uint8_t *p)
 	return (uint16_t)(p[0] | p[1] << 8);
 }
 
-long tensord_frame_parse(const uint8_t *buf, size_t len, uint32_t max_len,
-			 struct tensord_frame *ret_frame)
+long td_frame_parse(const uint8_t *buf, size_t len, uint32_t max_len,
+			 struct td_frame *ret_frame)
 {
 	uint32_t plen;
 	uint16_t version;
 
-	if (len < TENSORD_FRAME_HEADER)
+	if (len < TD_FRAME_HEADER)
 		return 0;
 	plen = get_le32(buf);
 	version = get_le16(buf + 4);
@@ -30,18 +30,18 @@ long tensord_frame_parse(const uint8_t *buf, size_t len, uint32_t max_len,
 		return -EPROTO;
 	if (plen > max_len)
 		return -EMSGSIZE;
-	if (len - TENSORD_FRAME_HEADER < plen)
+	if (len - TD_FRAME_HEADER < plen)
 		return 0;
 	if (ret_frame) {
 		ret_frame->len = plen;
 		ret_frame->version = version;
 		ret_frame->flags = get_le16(buf + 6);
-		ret_frame->payload = buf + TENSORD_FRAME_HEADER;
+		ret_frame->payload = buf + TD_FRAME_HEADER;
 	}
-	return (long)(TENSORD_FRAME_HEADER + plen);
+	return (long)(TD_FRAME_HEADER + plen);
 }
 
-void tensord_frame_header(uint8_t out[TENSORD_FRAME_HEADER], uint32_t payload_len, uint16_t flags)
+void td_frame_header(uint8_t out[TD_FRAME_HEADER], uint32_t payload_len, uint16_t flags)
 {
 	out[0] = (uint8_t)payload_len;
 	out[1] = (uint8_t)(payload_len >> 8);

@@ -8,13 +8,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TENSORD_FRAME_HEADER 8u
+#define TD_FRAME_HEADER 8u
+/* Flag bit: one file descriptor rides with the first byte of this frame. */
+#define TD_FRAME_FLAG_FD (1u << 0)
 /* Largest request the daemon accepts: names and shapes are small. */
-#define TENSORD_FRAME_MAX_REQUEST (64u * 1024u)
+#define TD_FRAME_MAX_REQUEST (64u * 1024u)
 /* Largest reply a client accepts: list() of many tensors can be large. */
-#define TENSORD_FRAME_MAX_REPLY (256u * 1024u * 1024u)
+#define TD_FRAME_MAX_REPLY (256u * 1024u * 1024u)
 
-struct tensord_frame {
+struct td_frame {
 	uint32_t len;      /* payload bytes */
 	uint16_t version;
 	uint16_t flags;
@@ -28,10 +30,10 @@ struct tensord_frame {
  * before anything is allocated), -EPROTO when its version is not
  * TENSORD_PROTOCOL_VERSION.
  */
-long tensord_frame_parse(const uint8_t *buf, size_t len, uint32_t max_len,
-			 struct tensord_frame *ret_frame);
+long td_frame_parse(const uint8_t *buf, size_t len, uint32_t max_len,
+			 struct td_frame *ret_frame);
 
 /* Writes a header for a payload of payload_len bytes into out[8]. */
-void tensord_frame_header(uint8_t out[TENSORD_FRAME_HEADER], uint32_t payload_len, uint16_t flags);
+void td_frame_header(uint8_t out[TD_FRAME_HEADER], uint32_t payload_len, uint16_t flags);
 
 #endif

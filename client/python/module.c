@@ -506,7 +506,7 @@ static PyObject *Client_stats(ClientObject *self, PyObject *unused)
 	if (!(c = td_client_enter(self)))
 		return NULL;
 	Py_BEGIN_ALLOW_THREADS
-	rc = tensord_stats(c, &st);
+	rc = tensord_stats(c, &st, sizeof(st));
 	Py_END_ALLOW_THREADS
 	if (rc < 0)
 		td_raise(rc);

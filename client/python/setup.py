@@ -1,5 +1,5 @@
 """Builds tensord._tensord from this directory's C files together with the
-C client library (client/*.c, proto/*.c) and the protobuf-c code generated
+C client library (the files client/lib/sources.txt lists) and the protobuf-c code generated
 from proto/tensord.proto, so the wheel needs no libtensord installed.
 
 The library sources live two directories up, so this builds from a checkout
@@ -21,12 +21,12 @@ ROOT = os.path.abspath(os.environ.get("TENSORD_SOURCE_DIR") or os.path.join(HERE
 
 
 def sources():
-    skip = {"tensorctl.c", "npy.c"}
-    client = [p for p in sorted(glob.glob(os.path.join(ROOT, "client", "*.c")))
-              if os.path.basename(p) not in skip]
+    """This directory's C files plus libtensord's, as client/lib/sources.txt lists them."""
+    with open(os.path.join(ROOT, "client", "lib", "sources.txt")) as f:
+        lib = [os.path.join(ROOT, line.strip()) for line in f
+               if line.strip() and not line.startswith("#")]
     own = sorted(glob.glob(os.path.join(HERE, "*.c")))
-    return [os.path.relpath(p, HERE) for p in
-            own + client + sorted(glob.glob(os.path.join(ROOT, "proto", "*.c")))]
+    return [os.path.relpath(p, HERE) for p in own + lib]
 
 
 def pkg_config(*args):
@@ -61,15 +61,14 @@ class BuildExt(build_ext):
         for ext in self.extensions:
             ext.sources = [os.path.join(HERE, p) for p in ext.sources]
             ext.sources.append(os.path.join(gen, "tensord.pb-c.c"))
-            ext.include_dirs.append(gen)
+            ext.include_dirs.append(os.path.dirname(gen))
         super().run()
 
 
 ext = Extension(
     "tensord._tensord",
     sources=sources(),
-    include_dirs=[os.path.join(ROOT, "include"), os.path.join(ROOT, "proto"),
-                  os.path.join(ROOT, "client")],
+    include_dirs=[os.path.join(ROOT, "include"), ROOT],
     define_macros=[("_GNU_SOURCE", None)],
     extra_compile_args=["-std=c11", "-fvisibility=hidden", "-Wno-cast-function-type",
                         "-Wno-unused-parameter"] + pkg_config("--cflags") + gpu_flags(),

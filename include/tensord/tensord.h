@@ -95,15 +95,27 @@ typedef struct tensord_device_stats {
 	uint32_t tensors;
 } tensord_device_stats;
 
+/*
+ * Daemon totals, versioned by size so that counters can be added without
+ * breaking the ABI: fields are only ever appended (after devices[]; a new
+ * per-device counter gets a new array at the end), callers pass
+ * sizeof(tensord_daemon_stats) as they compiled it, and the library fills
+ * what fits and sets .size to the bytes it wrote.
+ */
 typedef struct tensord_daemon_stats {
+	uint32_t size;      /* bytes filled by tensord_stats() */
+	uint32_t daemon_pid;
 	uint64_t tensors;   /* named tensors plus unlinked ones still leased */
 	uint64_t clients;
 	uint64_t leases;
 	uint64_t uptime_ns;
-	uint32_t daemon_pid;
 	uint32_t n_devices;
 	tensord_device_stats devices[TENSORD_STATS_DEVICES_MAX];
 } tensord_daemon_stats;
+
+/* The size of the first tensord_daemon_stats; tensord_stats() wants at least this. */
+#define TENSORD_STATS_SIZE_V1 (offsetof(tensord_daemon_stats, devices) + \
+			       TENSORD_STATS_DEVICES_MAX * sizeof(tensord_device_stats))
 
 /*
  * Connects to the daemon at socket_path, or, when it is NULL, at the default
@@ -177,8 +189,13 @@ TENSORD_API int tensord_stat(tensord_client *client, const char *name, tensord_i
 TENSORD_API int tensord_list(tensord_client *client, const char *prefix, tensord_info **ret_infos,
 			     size_t *ret_count);
 
-/* Daemon totals. */
-TENSORD_API int tensord_stats(tensord_client *client, tensord_daemon_stats *ret_stats);
+/*
+ * Daemon totals. size: sizeof(*ret_stats) as the caller compiled it; the
+ * library writes at most that many bytes (see tensord_daemon_stats).
+ * -EINVAL when size is below TENSORD_STATS_SIZE_V1.
+ */
+TENSORD_API int tensord_stats(tensord_client *client, tensord_daemon_stats *ret_stats,
+			      size_t size);
 
 /*
  * Returns a second DLManagedTensorVersioned for the same lease as t (which

@@ -16,9 +16,9 @@
 
 #include <tensord/tensord.h>
 
-#include "desc.h"
-#include "frame.h"
-#include "tensord.pb-c.h"
+#include "common/desc.h"
+#include "proto/frame.h"
+#include "proto/tensord.pb-c.h"
 
 /* Invariants the code promises; a broken one is a crash libFuzzer reports. */
 #define CHECK(cond)              \
@@ -37,7 +37,7 @@ static void check_create(const Tensord__Create *m)
 
 	/* protobuf-c hands back "" for an absent string, never NULL. */
 	if (m->name)
-		tensord_name_check(m->name, strlen(m->name), why, sizeof(why));
+		td_name_check(m->name, strlen(m->name), why, sizeof(why));
 	if (!m->dtype)
 		return;
 	/* The daemon range-checks these before narrowing them (dispatch.c). */
@@ -45,16 +45,16 @@ static void check_create(const Tensord__Create *m)
 		return;
 	dt = (DLDataType){ (uint8_t)m->dtype->code, (uint8_t)m->dtype->bits,
 			   (uint16_t)m->dtype->lanes };
-	tensord_dtype_check(dt, why, sizeof(why));
-	tensord_dtype_size(dt);
+	td_dtype_check(dt, why, sizeof(why));
+	td_dtype_size(dt);
 	if (m->n_shape > TENSORD_NDIM_MAX)
 		return;
 	if (m->n_strides && m->n_strides != m->n_shape)
 		return;
-	r = tensord_layout(dt, (int32_t)m->n_shape, m->shape, m->n_strides ? m->strides : NULL,
+	r = td_layout(dt, (int32_t)m->n_shape, m->shape, m->n_strides ? m->strides : NULL,
 			   strides, &nbytes, why, sizeof(why));
 	CHECK(r == 0 || r == -EINVAL || r == -EFBIG);
-	CHECK(r < 0 || nbytes <= TENSORD_BYTES_MAX);
+	CHECK(r < 0 || nbytes <= TD_BYTES_MAX);
 }
 
 static void check_name(const char *s)
@@ -63,8 +63,8 @@ static void check_name(const char *s)
 
 	if (!s)
 		return;
-	tensord_name_check(s, strlen(s), why, sizeof(why));
-	tensord_name_quote(s, strlen(s), q, sizeof(q));
+	td_name_check(s, strlen(s), why, sizeof(why));
+	td_name_quote(s, strlen(s), q, sizeof(q));
 }
 
 static void decode(const uint8_t *p, size_t len)
@@ -117,29 +117,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	/* Request-sized frames, the daemon's view. */
 	while (off < size) {
-		struct tensord_frame f;
-		long n = tensord_frame_parse(data + off, size - off, TENSORD_FRAME_MAX_REQUEST, &f);
+		struct td_frame f;
+		long n = td_frame_parse(data + off, size - off, TD_FRAME_MAX_REQUEST, &f);
 
 		if (n <= 0)
 			break;
-		CHECK((size_t)n <= size - off && (size_t)n == TENSORD_FRAME_HEADER + f.len);
-		CHECK(f.len <= TENSORD_FRAME_MAX_REQUEST && f.version == TENSORD_PROTOCOL_VERSION);
-		CHECK(f.payload == data + off + TENSORD_FRAME_HEADER);
+		CHECK((size_t)n <= size - off && (size_t)n == TD_FRAME_HEADER + f.len);
+		CHECK(f.len <= TD_FRAME_MAX_REQUEST && f.version == TENSORD_PROTOCOL_VERSION);
+		CHECK(f.payload == data + off + TD_FRAME_HEADER);
 		decode(f.payload, f.len);
 		off += (size_t)n;
 	}
 	/* The client's limit differs; the header it writes parses back. */
-	tensord_frame_parse(data, size, TENSORD_FRAME_MAX_REPLY, NULL);
+	td_frame_parse(data, size, TD_FRAME_MAX_REPLY, NULL);
 	if (size >= 4) {
-		uint8_t hdr[TENSORD_FRAME_HEADER];
+		uint8_t hdr[TD_FRAME_HEADER];
 		uint32_t plen;
-		struct tensord_frame f;
+		struct td_frame f;
 
 		memcpy(&plen, data, sizeof(plen));
-		plen %= TENSORD_FRAME_MAX_REQUEST + 1;
-		tensord_frame_header(hdr, plen, 0);
-		CHECK(tensord_frame_parse(hdr, sizeof(hdr), TENSORD_FRAME_MAX_REQUEST, &f) ==
-		      (plen ? 0 : (long)TENSORD_FRAME_HEADER));
+		plen %= TD_FRAME_MAX_REQUEST + 1;
+		td_frame_header(hdr, plen, 0);
+		CHECK(td_frame_parse(hdr, sizeof(hdr), TD_FRAME_MAX_REQUEST, &f) ==
+		      (plen ? 0 : (long)TD_FRAME_HEADER));
 	}
 	/* The whole input as one payload too, framing aside. */
 	decode(data, size);

@@ -321,7 +321,7 @@ static uint64_t leases(tensord_client *c)
 {
 	tensord_daemon_stats s;
 
-	if (tensord_stats(c, &s) < 0)
+	if (tensord_stats(c, &s, sizeof(s)) < 0)
 		return UINT64_MAX;
 	return s.leases;
 }
@@ -355,7 +355,7 @@ static void test_stats_path(tensord_client *c)
 	tensord_daemon_stats s;
 	int i;
 
-	CHECK(tensord_stats(c, &s) == 0, "%s", tensord_last_error());
+	CHECK(tensord_stats(c, &s, sizeof(s)) == 0, "%s", tensord_last_error());
 	for (i = 0; i < (int)s.n_devices; i++)
 		if (s.devices[i].device.device_type == kDLCUDA && s.devices[i].device.device_id == 0)
 			break;

@@ -208,7 +208,7 @@ static void cmd(char *line)
 	} else if (!strcmp(c, "stats")) {
 		tensord_daemon_stats st;
 
-		r = tensord_stats(client, &st);
+		r = tensord_stats(client, &st, sizeof(st));
 		if (r < 0) {
 			fail(r);
 			return;

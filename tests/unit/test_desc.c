@@ -8,13 +8,13 @@
 
 #include <cmocka.h>
 
-#include "desc.h"
+#include "common/desc.h"
 
 static char why[512];
 
 static int name_check(const char *s)
 {
-	return tensord_name_check(s, strlen(s), why, sizeof(why));
+	return td_name_check(s, strlen(s), why, sizeof(why));
 }
 
 static void test_names(void **state)
@@ -28,7 +28,7 @@ static void test_names(void **state)
 	assert_int_equal(name_check("has space"), -EINVAL);
 	assert_non_null(strstr(why, "offset 3"));
 	assert_int_equal(name_check("caf\xc3\xa9"), -EINVAL);
-	assert_int_equal(tensord_name_check("a\0b", 3, why, sizeof(why)), -EINVAL);
+	assert_int_equal(td_name_check("a\0b", 3, why, sizeof(why)), -EINVAL);
 	memset(longest, 'x', 255);
 	longest[255] = '\0';
 	assert_int_equal(name_check(longest), 0);
@@ -81,21 +81,21 @@ static void test_layout_compact(void **state)
 	uint64_t nbytes;
 	DLDataType f32 = { kDLFloat, 32, 1 };
 
-	assert_int_equal(tensord_layout(f32, 3, shape, NULL, strides, &nbytes, why, sizeof(why)), 0);
+	assert_int_equal(td_layout(f32, 3, shape, NULL, strides, &nbytes, why, sizeof(why)), 0);
 	assert_int_equal(nbytes, 96);
 	assert_int_equal(strides[0], 12);
 	assert_int_equal(strides[1], 4);
 	assert_int_equal(strides[2], 1);
 	/* 0-d: one element. */
-	assert_int_equal(tensord_layout(f32, 0, NULL, NULL, strides, &nbytes, why, sizeof(why)), 0);
+	assert_int_equal(td_layout(f32, 0, NULL, NULL, strides, &nbytes, why, sizeof(why)), 0);
 	assert_int_equal(nbytes, 4);
 	/* Zero-size. */
 	shape[1] = 0;
-	assert_int_equal(tensord_layout(f32, 3, shape, NULL, strides, &nbytes, why, sizeof(why)), 0);
+	assert_int_equal(td_layout(f32, 3, shape, NULL, strides, &nbytes, why, sizeof(why)), 0);
 	assert_int_equal(nbytes, 0);
 	/* Packed sub-byte: 5 four-bit values need 3 bytes. */
 	int64_t five = 5;
-	assert_int_equal(tensord_layout((DLDataType){ kDLFloat4_e2m1fn, 4, 1 }, 1, &five, NULL,
+	assert_int_equal(td_layout((DLDataType){ kDLFloat4_e2m1fn, 4, 1 }, 1, &five, NULL,
 					strides, &nbytes, why, sizeof(why)),
 			 0);
 	assert_int_equal(nbytes, 3);
@@ -108,16 +108,16 @@ static void test_layout_strided(void **state)
 	DLDataType f64 = { kDLFloat, 64, 1 };
 
 	/* Column-major 4x3: last element at 3*1 + 2*4 = 11 -> 12 elements. */
-	assert_int_equal(tensord_layout(f64, 2, shape, given, strides, &nbytes, why, sizeof(why)), 0);
+	assert_int_equal(td_layout(f64, 2, shape, given, strides, &nbytes, why, sizeof(why)), 0);
 	assert_int_equal(nbytes, 96);
 	assert_int_equal(strides[1], 4);
 	/* Broadcast (stride 0) is fine and small. */
 	given[0] = 0;
 	given[1] = 0;
-	assert_int_equal(tensord_layout(f64, 2, shape, given, strides, &nbytes, why, sizeof(why)), 0);
+	assert_int_equal(td_layout(f64, 2, shape, given, strides, &nbytes, why, sizeof(why)), 0);
 	assert_int_equal(nbytes, 8);
 	given[0] = -1;
-	assert_int_equal(tensord_layout(f64, 2, shape, given, strides, &nbytes, why, sizeof(why)),
+	assert_int_equal(td_layout(f64, 2, shape, given, strides, &nbytes, why, sizeof(why)),
 			 -EINVAL);
 	assert_non_null(strstr(why, "negative"));
 }
@@ -128,35 +128,35 @@ static void test_layout_refusals(void **state)
 	uint64_t nbytes;
 	DLDataType u8 = { kDLUInt, 8, 1 };
 
-	assert_int_equal(tensord_layout(u8, 33, shape, NULL, strides, &nbytes, why, sizeof(why)),
+	assert_int_equal(td_layout(u8, 33, shape, NULL, strides, &nbytes, why, sizeof(why)),
 			 -EINVAL);
 	shape[0] = -1;
-	assert_int_equal(tensord_layout(u8, 1, shape, NULL, strides, &nbytes, why, sizeof(why)),
+	assert_int_equal(td_layout(u8, 1, shape, NULL, strides, &nbytes, why, sizeof(why)),
 			 -EINVAL);
 	assert_non_null(strstr(why, "shape[0]"));
 	/* Element count overflows 64 bits. */
 	shape[0] = INT64_MAX;
 	shape[1] = 4;
-	assert_int_equal(tensord_layout(u8, 2, shape, NULL, strides, &nbytes, why, sizeof(why)),
+	assert_int_equal(td_layout(u8, 2, shape, NULL, strides, &nbytes, why, sizeof(why)),
 			 -EINVAL);
 	assert_non_null(strstr(why, "overflow"));
 	/* Byte count overflows: 2^62 elements of 8 bytes. */
 	shape[0] = INT64_C(1) << 62;
-	assert_int_equal(tensord_layout((DLDataType){ kDLFloat, 64, 1 }, 1, shape, NULL, strides,
+	assert_int_equal(td_layout((DLDataType){ kDLFloat, 64, 1 }, 1, shape, NULL, strides,
 					&nbytes, why, sizeof(why)),
 			 -EFBIG);
 	/* Strides that would reach past 2^64. */
 	int64_t sh2[2] = { 3, 3 }, st2[2] = { INT64_MAX, 1 };
-	assert_int_equal(tensord_layout(u8, 2, sh2, st2, strides, &nbytes, why, sizeof(why)),
+	assert_int_equal(td_layout(u8, 2, sh2, st2, strides, &nbytes, why, sizeof(why)),
 			 -EINVAL);
 	/* dtype checks. */
-	assert_int_equal(tensord_layout((DLDataType){ 99, 8, 1 }, 0, NULL, NULL, strides, &nbytes,
+	assert_int_equal(td_layout((DLDataType){ 99, 8, 1 }, 0, NULL, NULL, strides, &nbytes,
 					why, sizeof(why)),
 			 -EINVAL);
-	assert_int_equal(tensord_layout((DLDataType){ kDLFloat, 0, 1 }, 0, NULL, NULL, strides,
+	assert_int_equal(td_layout((DLDataType){ kDLFloat, 0, 1 }, 0, NULL, NULL, strides,
 					&nbytes, why, sizeof(why)),
 			 -EINVAL);
-	assert_int_equal(tensord_layout((DLDataType){ kDLBool, 1, 1 }, 0, NULL, NULL, strides,
+	assert_int_equal(td_layout((DLDataType){ kDLBool, 1, 1 }, 0, NULL, NULL, strides,
 					&nbytes, why, sizeof(why)),
 			 -EINVAL);
 }

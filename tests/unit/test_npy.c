@@ -1,5 +1,5 @@
 /*
- * Unit tests for client/npy.c: header parsing of every format version and
+ * Unit tests for client/tensorctl/npy.c: header parsing of every format version and
  * dtype, Fortran order, 0-d and zero-size arrays, each refused variant and
  * its message, and write -> read round trips with strided tensors. Files
  * are made here, in memory or in tmpfile()s; nothing binary is committed.
@@ -18,7 +18,7 @@
 
 #include <cmocka.h>
 
-#include "../../client/npy.c"
+#include "client/tensorctl/npy.h"
 
 /* Builds preamble + text (padded to 64 bytes) for a given version into buf. */
 static size_t mk(uint8_t major, const char *text, uint8_t *buf, size_t len)

@@ -24,8 +24,8 @@
 #include <unistd.h>
 
 #include "client.h"
-#include "cuda_api.h"
-#include "gpu_util.h"
+#include "common/gpu/cuda_api.h"
+#include "common/gpu/gpu_util.h"
 
 /* The importer's state for one mapping; m->priv. */
 struct td_cuda_map {

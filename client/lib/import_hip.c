@@ -20,8 +20,8 @@
 #include <unistd.h>
 
 #include "client.h"
-#include "gpu_util.h"
-#include "hip_api.h"
+#include "common/gpu/gpu_util.h"
+#include "common/gpu/hip_api.h"
 
 struct td_hip_map {
 	const struct td_hip_api *hip;

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "client.h"
-#include "desc.h"
+#include "common/desc.h"
 
 /* Copies an n-d strided host array into a compact one, innermost run at a time. */
 static void copy_strided(uint8_t *dst, const uint8_t *src, int ndim, const int64_t *shape,
@@ -120,7 +120,7 @@ int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32
 		return td_set_error(-EINVAL, "tensor '%s': no source", name ? name : "");
 	if (src->ndim < 0 || src->ndim > TENSORD_NDIM_MAX)
 		return td_set_error(-EINVAL, "tensor '%s': %d dimensions", name, src->ndim);
-	elsize = tensord_dtype_size(src->dtype);
+	elsize = td_dtype_size(src->dtype);
 	if (!elsize)
 		return td_set_error(-EINVAL, "tensor '%s': put needs a dtype of whole bytes", name);
 	if (src->device.device_type == kDLCUDA || src->device.device_type == kDLROCM)

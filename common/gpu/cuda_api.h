@@ -8,7 +8,7 @@
  * compile time that our declarations match the toolkit's.
  *
  * Shared by the daemon (daemon/backend_cuda.c) and the client library
- * (client/import_cuda.c); compiled into both through proto/.
+ * (client/lib/import_cuda.c); compiled into both from common/gpu/.
  */
 #ifndef TENSORD_CUDA_API_H
 #define TENSORD_CUDA_API_H

@@ -24,6 +24,14 @@ const struct td_importer *const td_importers[] = {
 	NULL,
 };
 
+const struct td_importer *td_importer_for(Tensord__HandleKind kind)
+{
+	for (int i = 0; td_importers[i]; i++)
+		if (td_importers[i]->handle_kind == kind)
+			return td_importers[i];
+	return NULL;
+}
+
 /* The descriptor a writable mapping keeps for make_private(), stored in priv. */
 static int priv_fd(const struct td_mapping *m)
 {
@@ -95,7 +103,7 @@ static int memfd_make_shared(struct td_mapping *m)
 }
 
 const struct td_importer td_importer_memfd = {
-	.handle_kind = 1, /* TENSORD_HANDLE_MEMFD */
+	.handle_kind = TENSORD__HANDLE_KIND__HANDLE_MEMFD,
 	.map = memfd_map,
 	.unmap = memfd_unmap,
 	.make_private = memfd_make_private,

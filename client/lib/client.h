@@ -10,7 +10,7 @@
 #include <tensord/tensord.h>
 
 #include "import.h"
-#include "tensord.pb-c.h"
+#include "proto/tensord.pb-c.h"
 
 #define TD_FDQ 8
 
@@ -55,9 +55,6 @@ int td_send_oneway(tensord_client *c, Tensord__Request *req);
 
 void td_client_ref(tensord_client *c);
 void td_client_unref(tensord_client *c);
-
-/* The importer for a handle kind, or NULL. */
-const struct td_importer *td_importer_for(int kind);
 
 /* The mapping behind a handle made by this library, or NULL. */
 struct td_mapping *td_tensor_mapping(const DLManagedTensorVersioned *t);

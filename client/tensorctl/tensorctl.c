@@ -343,7 +343,7 @@ static int cmd_stats(tensord_client *c, const struct args *a)
 	uint32_t i;
 	int rc;
 
-	rc = tensord_stats(c, &st);
+	rc = tensord_stats(c, &st, sizeof(st));
 	if (rc < 0)
 		return op_error(rc, NULL);
 	if (st.n_devices > TENSORD_STATS_DEVICES_MAX)

@@ -15,25 +15,8 @@
 #include <unistd.h>
 
 #include "client.h"
-#include "desc.h"
-#include "frame.h"
-
-static __thread char last_error[512];
-
-const char *tensord_last_error(void)
-{
-	return last_error;
-}
-
-int td_set_error(int err, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(last_error, sizeof(last_error), fmt, ap);
-	va_end(ap);
-	return err;
-}
+#include "common/desc.h"
+#include "proto/frame.h"
 
 void td_client_ref(tensord_client *c)
 {
@@ -72,16 +55,16 @@ static int send_frame(tensord_client *c, Tensord__Request *req)
 	size_t plen = tensord__request__get_packed_size(req), len, off = 0;
 	int r = 0;
 
-	if (plen > TENSORD_FRAME_MAX_REQUEST)
+	if (plen > TD_FRAME_MAX_REQUEST)
 		return td_set_error(-EMSGSIZE, "request of %zu bytes is too large", plen);
-	len = TENSORD_FRAME_HEADER + plen;
+	len = TD_FRAME_HEADER + plen;
 	if (len > sizeof(stack)) {
 		buf = malloc(len);
 		if (!buf)
 			return td_set_error(-ENOMEM, "out of memory");
 	}
-	tensord_frame_header(buf, (uint32_t)plen, 0);
-	tensord__request__pack(req, buf + TENSORD_FRAME_HEADER);
+	td_frame_header(buf, (uint32_t)plen, 0);
+	tensord__request__pack(req, buf + TD_FRAME_HEADER);
 	pthread_mutex_lock(&c->send_lock);
 	while (off < len) {
 		ssize_t n = send(c->fd, buf + off, len - off, MSG_NOSIGNAL);
@@ -125,8 +108,8 @@ static int deliver_frames(tensord_client *c)
 	size_t off = 0;
 
 	for (;;) {
-		struct tensord_frame f;
-		long n = tensord_frame_parse(c->rbuf + off, c->rlen - off, TENSORD_FRAME_MAX_REPLY, &f);
+		struct td_frame f;
+		long n = td_frame_parse(c->rbuf + off, c->rlen - off, TD_FRAME_MAX_REPLY, &f);
 		Tensord__Reply *rep;
 		int fd = -1;
 
@@ -134,7 +117,7 @@ static int deliver_frames(tensord_client *c)
 			break;
 		if (n < 0)
 			return td_set_error((int)n, "tensord sent a bad frame: %s", tensord_strerror((int)n));
-		if (f.flags & 1) {
+		if (f.flags & TD_FRAME_FLAG_FD) {
 			fd = take_fd(c, c->rpos + off);
 			if (fd < 0)
 				return td_set_error(-EPROTO, "tensord sent a frame without its descriptor");
@@ -193,7 +176,7 @@ static int read_some(tensord_client *c, int *ret_fd, size_t *ret_n)
 		size_t cap = c->rcap ? c->rcap * 2 : 16384;
 		uint8_t *nb;
 
-		if (cap > TENSORD_FRAME_MAX_REPLY + 2 * TENSORD_FRAME_HEADER + 16384)
+		if (cap > TD_FRAME_MAX_REPLY + 2 * TD_FRAME_HEADER + 16384)
 			return td_set_error(-EMSGSIZE, "tensord sent an oversized reply");
 		nb = realloc(c->rbuf, cap);
 		if (!nb)
@@ -355,7 +338,7 @@ int tensord_connect(const char *socket_path, tensord_client **ret_client)
 	tensord_client *c;
 	int r;
 
-	last_error[0] = '\0';
+	td_clear_error();
 	if (socket_path) {
 		if (strlen(socket_path) >= sizeof(path))
 			return td_set_error(-ENAMETOOLONG, "socket path %s is too long", socket_path);

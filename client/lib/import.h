@@ -13,9 +13,11 @@
 
 #include <tensord/tensord.h>
 
+#include "proto/tensord.pb-c.h" /* Tensord__HandleKind */
+
 /* What the daemon said about the memory of one lease. Borrowed for the call. */
 struct td_import_desc {
-	int handle_kind;          /* TENSORD_HANDLE_* (daemon/backend.h values) */
+	Tensord__HandleKind handle_kind;
 	uint64_t map_size;        /* bytes of the whole allocation */
 	bool writable;            /* map it shared and writable */
 	DLDevice device;          /* as the daemon numbers it */
@@ -29,7 +31,7 @@ struct td_import_desc {
 /* One mapped allocation in this process. */
 struct td_mapping {
 	uint64_t id;              /* the tensor's id: the cache key */
-	int handle_kind;
+	Tensord__HandleKind handle_kind;
 	void *base;               /* start of the allocation here (device pointer for GPUs) */
 	void *data;               /* base + ipc_offset: where the tensor starts */
 	uint64_t size;
@@ -46,7 +48,7 @@ struct td_mapping {
 };
 
 struct td_importer {
-	int handle_kind;
+	Tensord__HandleKind handle_kind;
 	/*
 	 * Maps what d describes into m (base, data, size, device, priv).
 	 * Takes ownership of fd (-1 when none): it is closed on every path.
@@ -80,6 +82,9 @@ struct td_importer {
 	int (*copy_in)(struct td_mapping *m, const void *src, uint64_t n);
 };
 
+/* The importer for a handle kind, or NULL when this library has none. */
+const struct td_importer *td_importer_for(Tensord__HandleKind kind);
+
 /* NULL-terminated; looked up by handle_kind. */
 extern const struct td_importer *const td_importers[];
 
@@ -90,5 +95,8 @@ extern const struct td_importer td_importer_hip;
 
 /* Sets the calling thread's tensord_last_error() text; returns err. */
 int td_set_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Empties the calling thread's tensord_last_error() text. */
+void td_clear_error(void);
 
 #endif /* TENSORD_CLIENT_IMPORT_H */

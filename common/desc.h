@@ -13,31 +13,31 @@
 #include <tensord/tensord.h>
 
 /* The most bytes one tensor may have: keeps every size sum far from overflow. */
-#define TENSORD_BYTES_MAX (UINT64_C(1) << 56)
+#define TD_BYTES_MAX (UINT64_C(1) << 56)
 
 /*
  * 0 if name (len bytes, not necessarily NUL-terminated) is a valid tensor
  * name, else -EINVAL with the reason in why.
  */
-int tensord_name_check(const char *name, size_t len, char *why, size_t why_len);
+int td_name_check(const char *name, size_t len, char *why, size_t why_len);
 
 /* 0 if dt is a DLPack type we can size, else -EINVAL with the reason. */
-int tensord_dtype_check(DLDataType dt, char *why, size_t why_len);
+int td_dtype_check(DLDataType dt, char *why, size_t why_len);
 
 /*
  * Checks a shape and optional strides (in elements) and computes the bytes
  * an allocation needs so that every element is inside it. ret_strides gets
  * the strides to use (the given ones, or row-major compact). -EINVAL with
  * the reason on a bad rank, negative extent, negative stride, or overflow;
- * -EFBIG when the tensor is larger than TENSORD_BYTES_MAX.
+ * -EFBIG when the tensor is larger than TD_BYTES_MAX.
  */
-int tensord_layout(DLDataType dt, int32_t ndim, const int64_t *shape, const int64_t *strides,
+int td_layout(DLDataType dt, int32_t ndim, const int64_t *shape, const int64_t *strides,
 		   int64_t *ret_strides, uint64_t *ret_nbytes, char *why, size_t why_len);
 
 /* Bytes of one element, rounded up; 0 for sub-byte types. */
-uint64_t tensord_dtype_size(DLDataType dt);
+uint64_t td_dtype_size(DLDataType dt);
 
 /* Writes a printable, quoted form of an untrusted name (escapes odd bytes). */
-const char *tensord_name_quote(const char *name, size_t len, char *buf, size_t buf_len);
+const char *td_name_quote(const char *name, size_t len, char *buf, size_t buf_len);
 
 #endif

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "client.h"
-#include "desc.h"
+#include "common/desc.h"
 
 #define LEASE_MAGIC 0x7e45d1ea
 
@@ -43,14 +43,6 @@ struct td_handle_legacy {
 
 /* Zero-size tensors point here: a valid, aligned, never-dereferenced address. */
 static _Alignas(256) const uint8_t empty_data[256];
-
-const struct td_importer *td_importer_for(int kind)
-{
-	for (int i = 0; td_importers[i]; i++)
-		if (td_importers[i]->handle_kind == kind)
-			return td_importers[i];
-	return NULL;
-}
 
 static void mapping_unref(tensord_client *c, struct td_mapping *m)
 {
@@ -223,9 +215,9 @@ static int lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
 		m = pinned;
 		pinned = NULL;
 	} else if (w->handle != TENSORD__HANDLE_KIND__HANDLE_NONE) {
-		const struct td_importer *imp = td_importer_for((int)w->handle);
+		const struct td_importer *imp = td_importer_for(w->handle);
 		struct td_import_desc d = {
-			.handle_kind = (int)w->handle,
+			.handle_kind = w->handle,
 			.map_size = w->map_size,
 			.writable = w->writable,
 			.device = l->info.device,
@@ -247,7 +239,7 @@ static int lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
 			goto fail;
 		}
 		m->id = l->info.id;
-		m->handle_kind = (int)w->handle;
+		m->handle_kind = w->handle;
 		r = imp->map(m, fd, &d);
 		fd = -1;
 		if (r < 0) {
@@ -324,7 +316,7 @@ static int check_name(const char *name)
 
 	if (!name)
 		return td_set_error(-EINVAL, "name is NULL");
-	if (tensord_name_check(name, strlen(name), why, sizeof(why)) < 0)
+	if (td_name_check(name, strlen(name), why, sizeof(why)) < 0)
 		return td_set_error(-EINVAL, "%s", why);
 	return 0;
 }
@@ -601,13 +593,19 @@ int tensord_list(tensord_client *c, const char *prefix, tensord_info **ret_infos
 	return 0;
 }
 
-int tensord_stats(tensord_client *c, tensord_daemon_stats *ret)
+int tensord_stats(tensord_client *c, tensord_daemon_stats *ret_stats, size_t size)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Stats st = TENSORD__STATS__INIT;
 	Tensord__Reply *rep;
 	Tensord__StatsReply *s;
+	tensord_daemon_stats all, *ret = &all;
 	int r;
+
+	if (!ret_stats || size < TENSORD_STATS_SIZE_V1)
+		return td_set_error(-EINVAL, "stats: a buffer of %zu bytes is smaller than "
+				    "tensord_daemon_stats ever was (%zu)", size,
+				    (size_t)TENSORD_STATS_SIZE_V1);
 
 	req.body_case = TENSORD__REQUEST__BODY_STATS;
 	req.stats = &st;
@@ -620,6 +618,7 @@ int tensord_stats(tensord_client *c, tensord_daemon_stats *ret)
 	}
 	s = rep->stats;
 	memset(ret, 0, sizeof(*ret));
+	ret->size = (uint32_t)(size < sizeof(*ret) ? size : sizeof(*ret));
 	ret->tensors = s->tensors;
 	ret->clients = s->clients;
 	ret->leases = s->leases;
@@ -638,5 +637,6 @@ int tensord_stats(tensord_client *c, tensord_daemon_stats *ret)
 		d->tensors = w->tensors;
 	}
 	tensord__reply__free_unpacked(rep, NULL);
+	memcpy(ret_stats, ret, ret->size);
 	return 0;
 }

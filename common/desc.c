@@ -1,0 +1,174 @@
+#include "desc.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool name_char_ok(unsigned char ch)
+{
+	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+	       ch == '.' || ch == '_' || ch == ':' || ch == '/' || ch == '-';
+}
+
+int td_name_check(const char *name, size_t len, char *why, size_t why_len)
+{
+	if (len == 0) {
+		snprintf(why, why_len, "empty name; names are 1 to 255 bytes of [A-Za-z0-9._:/-]");
+		return -EINVAL;
+	}
+	if (len > TENSORD_NAME_MAX) {
+		snprintf(why, why_len, "name is %zu bytes; names are 1 to 255 bytes of [A-Za-z0-9._:/-]",
+			 len);
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < len; i++) {
+		if (!name_char_ok((unsigned char)name[i])) {
+			char q[64];
+
+			td_name_quote(name, len, q, sizeof(q));
+			snprintf(why, why_len,
+				 "name %s has byte 0x%02x at offset %zu; names are 1 to 255 bytes of "
+				 "[A-Za-z0-9._:/-]",
+				 q, (unsigned char)name[i], i);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+const char *td_name_quote(const char *name, size_t len, char *buf, size_t buf_len)
+{
+	size_t o = 0;
+
+	if (buf_len < 8) {
+		if (buf_len)
+			buf[0] = '\0';
+		return buf;
+	}
+	buf[o++] = '\'';
+	for (size_t i = 0; i < len && o + 6 < buf_len; i++) {
+		unsigned char ch = (unsigned char)name[i];
+
+		if (ch >= 0x20 && ch < 0x7f && ch != '\'' && ch != '\\')
+			buf[o++] = (char)ch;
+		else
+			o += (size_t)snprintf(buf + o, buf_len - o, "\\x%02x", ch);
+	}
+	if (o + 5 < buf_len && len > 0 && o < len + 1 && o + 6 >= buf_len)
+		buf[o++] = '.';
+	buf[o++] = '\'';
+	buf[o] = '\0';
+	return buf;
+}
+
+
+int td_dtype_check(DLDataType dt, char *why, size_t why_len)
+{
+	if (dt.code > kDLFloat4_e2m1fn) {
+		snprintf(why, why_len, "unknown dtype code %u (DLPack knows 0 to %u)", dt.code,
+			 (unsigned)kDLFloat4_e2m1fn);
+		return -EINVAL;
+	}
+	if (dt.bits == 0 || dt.lanes == 0) {
+		snprintf(why, why_len, "dtype(%u,%u,%u) has no size; bits and lanes must be >= 1",
+			 dt.code, dt.bits, dt.lanes);
+		return -EINVAL;
+	}
+	if (dt.code == kDLBool && dt.bits != 8) {
+		snprintf(why, why_len, "bool must be 8 bits, not %u", dt.bits);
+		return -EINVAL;
+	}
+	if (dt.code == kDLComplex && dt.bits % 2) {
+		snprintf(why, why_len, "complex dtypes need an even bit count, not %u", dt.bits);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+uint64_t td_dtype_size(DLDataType dt)
+{
+	uint64_t bits = (uint64_t)dt.bits * dt.lanes;
+
+	return bits % 8 ? 0 : bits / 8;
+}
+
+int td_layout(DLDataType dt, int32_t ndim, const int64_t *shape, const int64_t *strides,
+		   int64_t *ret_strides, uint64_t *ret_nbytes, char *why, size_t why_len)
+{
+	uint64_t elsize, numel = 1, span = 1;
+	unsigned __int128 nbytes;
+	int r;
+
+	r = td_dtype_check(dt, why, why_len);
+	if (r < 0)
+		return r;
+	if (ndim < 0 || ndim > TENSORD_NDIM_MAX) {
+		snprintf(why, why_len, "%d dimensions; tensors have 0 to %d", ndim, TENSORD_NDIM_MAX);
+		return -EINVAL;
+	}
+	for (int i = 0; i < ndim; i++) {
+		if (shape[i] < 0) {
+			snprintf(why, why_len, "shape[%d] is %lld; extents must be >= 0", i,
+				 (long long)shape[i]);
+			return -EINVAL;
+		}
+		if (__builtin_mul_overflow(numel, (uint64_t)shape[i], &numel)) {
+			snprintf(why, why_len, "shape overflows 64 bits at dimension %d", i);
+			return -EINVAL;
+		}
+	}
+	elsize = td_dtype_size(dt);
+	if (!strides) {
+		int64_t acc = 1;
+
+		for (int i = ndim - 1; i >= 0; i--) {
+			ret_strides[i] = acc;
+			/* numel fits in 64 unsigned bits, but a stride is signed, and a
+			 * zero extent hides any product of the others from numel. */
+			if (i > 0 && __builtin_mul_overflow(acc, shape[i] ? shape[i] : 1, &acc)) {
+				snprintf(why, why_len, "strides overflow 64 bits at dimension %d",
+					 i - 1);
+				return -EINVAL;
+			}
+		}
+		if (elsize)
+			nbytes = (unsigned __int128)numel * elsize;
+		else /* packed sub-byte types */
+			nbytes = ((unsigned __int128)numel * dt.bits * dt.lanes + 7) / 8;
+	} else {
+		if (!elsize && numel) {
+			snprintf(why, why_len, "explicit strides need a dtype of whole bytes");
+			return -EINVAL;
+		}
+		/* The last element sits at sum((shape[i]-1)*strides[i]); the
+		 * allocation must hold it, so strides can never reach outside. */
+		for (int i = 0; i < ndim; i++) {
+			uint64_t step;
+
+			if (strides[i] < 0) {
+				snprintf(why, why_len,
+					 "strides[%d] is %lld; negative strides are not supported", i,
+					 (long long)strides[i]);
+				return -EINVAL;
+			}
+			ret_strides[i] = strides[i];
+			if (shape[i] == 0)
+				continue;
+			if (__builtin_mul_overflow((uint64_t)(shape[i] - 1), (uint64_t)strides[i],
+						   &step) ||
+			    __builtin_add_overflow(span, step, &span)) {
+				snprintf(why, why_len, "strides overflow 64 bits at dimension %d", i);
+				return -EINVAL;
+			}
+		}
+		nbytes = numel ? (unsigned __int128)span * elsize : 0;
+	}
+	if (nbytes > TD_BYTES_MAX) {
+		snprintf(why, why_len, "tensor needs %s bytes; at most 2^56 are allowed",
+			 nbytes > UINT64_MAX ? "more than 2^64" : "more than 2^56");
+		return -EFBIG;
+	}
+	*ret_nbytes = (uint64_t)nbytes;
+	return 0;
+}

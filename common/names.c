@@ -1,0 +1,113 @@
+/*
+ * The names users type for dtypes and devices ("float32", "cuda:1"): the
+ * public tensord_dtype_*() and tensord_device_*() functions, shared by the
+ * client library, tensorctl and the Python module.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tensord/tensord.h>
+
+/* Names typed by users; the order is the one tensord_dtype_name() prefers. */
+static const struct {
+	const char *name;
+	DLDataType dt;
+} dtype_names[] = {
+	{ "bool", { kDLBool, 8, 1 } },         { "int8", { kDLInt, 8, 1 } },
+	{ "int16", { kDLInt, 16, 1 } },        { "int32", { kDLInt, 32, 1 } },
+	{ "int64", { kDLInt, 64, 1 } },        { "uint8", { kDLUInt, 8, 1 } },
+	{ "uint16", { kDLUInt, 16, 1 } },      { "uint32", { kDLUInt, 32, 1 } },
+	{ "uint64", { kDLUInt, 64, 1 } },      { "float16", { kDLFloat, 16, 1 } },
+	{ "bfloat16", { kDLBfloat, 16, 1 } },  { "float32", { kDLFloat, 32, 1 } },
+	{ "float64", { kDLFloat, 64, 1 } },    { "complex64", { kDLComplex, 64, 1 } },
+	{ "complex128", { kDLComplex, 128, 1 } },
+};
+
+int tensord_dtype_parse(const char *s, DLDataType *ret)
+{
+	if (!s)
+		return -EINVAL;
+	for (size_t i = 0; i < sizeof(dtype_names) / sizeof(dtype_names[0]); i++) {
+		if (strcmp(s, dtype_names[i].name) == 0) {
+			*ret = dtype_names[i].dt;
+			return 0;
+		}
+	}
+	/* Spellings numpy and torch users type. */
+	if (strcmp(s, "half") == 0 || strcmp(s, "float") == 0 || strcmp(s, "double") == 0) {
+		*ret = (DLDataType){ kDLFloat, s[0] == 'h' ? 16 : s[0] == 'f' ? 32 : 64, 1 };
+		return 0;
+	}
+	return -EINVAL;
+}
+
+const char *tensord_dtype_name(DLDataType dt, char *buf, size_t len)
+{
+	for (size_t i = 0; i < sizeof(dtype_names) / sizeof(dtype_names[0]); i++) {
+		const DLDataType *d = &dtype_names[i].dt;
+
+		if (d->code == dt.code && d->bits == dt.bits && d->lanes == dt.lanes) {
+			snprintf(buf, len, "%s", dtype_names[i].name);
+			return buf;
+		}
+	}
+	snprintf(buf, len, "dtype(%u,%u,%u)", dt.code, dt.bits, dt.lanes);
+	return buf;
+}
+
+int tensord_device_parse(const char *s, DLDevice *ret)
+{
+	const char *num;
+	char *end;
+	long id;
+	DLDeviceType type;
+
+	if (!s)
+		return -EINVAL;
+	if (strcmp(s, "cpu") == 0) {
+		*ret = (DLDevice){ kDLCPU, 0 };
+		return 0;
+	}
+	if (strncmp(s, "cuda", 4) == 0) {
+		type = kDLCUDA;
+		num = s + 4;
+	} else if (strncmp(s, "rocm", 4) == 0) {
+		type = kDLROCM;
+		num = s + 4;
+	} else {
+		return -EINVAL;
+	}
+	if (*num == '\0') {
+		*ret = (DLDevice){ type, 0 };
+		return 0;
+	}
+	if (*num != ':' || num[1] < '0' || num[1] > '9')
+		return -EINVAL;
+	errno = 0;
+	id = strtol(num + 1, &end, 10);
+	if (errno || *end || id < 0 || id > 1023)
+		return -EINVAL;
+	*ret = (DLDevice){ type, (int32_t)id };
+	return 0;
+}
+
+const char *tensord_device_name(DLDevice dev, char *buf, size_t len)
+{
+	switch (dev.device_type) {
+	case kDLCPU:
+		snprintf(buf, len, "cpu");
+		break;
+	case kDLCUDA:
+		snprintf(buf, len, "cuda:%d", dev.device_id);
+		break;
+	case kDLROCM:
+		snprintf(buf, len, "rocm:%d", dev.device_id);
+		break;
+	default:
+		snprintf(buf, len, "device(%d,%d)", (int)dev.device_type, dev.device_id);
+		break;
+	}
+	return buf;
+}
