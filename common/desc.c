@@ -172,3 +172,14 @@ int td_layout(DLDataType dt, int32_t ndim, const int64_t *shape, const int64_t *
 	*ret_nbytes = (uint64_t)nbytes;
 	return 0;
 }
+
+bool td_device_host_accessible(DLDeviceType type)
+{
+	return type == kDLCPU || type == kDLCUDAHost || type == kDLROCMHost ||
+	       type == kDLCUDAManaged;
+}
+
+bool td_device_is_gpu(DLDeviceType type)
+{
+	return type == kDLCUDA || type == kDLROCM;
+}

@@ -37,6 +37,16 @@ int td_layout(DLDataType dt, int32_t ndim, const int64_t *shape, const int64_t *
 /* Bytes of one element, rounded up; 0 for sub-byte types. */
 uint64_t td_dtype_size(DLDataType dt);
 
+/*
+ * Whether the CPU can read memory of this device type through its plain
+ * address: host memory, pinned host memory and managed memory. The one
+ * answer to that question for put(), the Python module and tensorctl.
+ */
+bool td_device_host_accessible(DLDeviceType type);
+
+/* Whether tensord allocates on this device type itself (cuda:N, rocm:N). */
+bool td_device_is_gpu(DLDeviceType type);
+
 /* Writes a printable, quoted form of an untrusted name (escapes odd bytes). */
 const char *td_name_quote(const char *name, size_t len, char *buf, size_t buf_len);
 

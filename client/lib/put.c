@@ -123,10 +123,9 @@ int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32
 	elsize = td_dtype_size(src->dtype);
 	if (!elsize)
 		return td_set_error(-EINVAL, "tensor '%s': put needs a dtype of whole bytes", name);
-	if (src->device.device_type == kDLCUDA || src->device.device_type == kDLROCM)
+	if (td_device_is_gpu(src->device.device_type))
 		return put_device(c, name, src, flags, mode, elsize);
-	if (src->device.device_type != kDLCPU && src->device.device_type != kDLCUDAHost &&
-	    src->device.device_type != kDLCUDAManaged && src->device.device_type != kDLROCMHost)
+	if (!td_device_host_accessible(src->device.device_type))
 		return td_set_error(-EINVAL, "tensor '%s': put cannot read device type %d", name,
 				    (int)src->device.device_type);
 	spec.dtype = src->dtype;

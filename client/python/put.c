@@ -6,6 +6,7 @@
  * the buffer protocol. The copy itself (tensord_put) runs with the GIL
  * released; the source stays alive because we hold its capsule or buffer.
  */
+#include "common/desc.h"
 #include "tdpy.h"
 
 #include <string.h>
@@ -38,19 +39,13 @@ static void source_release(struct source *s)
 	td_exc_restore(saved);
 }
 
-static bool host_accessible(DLDeviceType t)
-{
-	return t == kDLCPU || t == kDLCUDAHost || t == kDLROCMHost || t == kDLCUDAManaged;
-}
-
 /* Checks dl and points s->dl at host memory with strides filled. */
 static int source_set(struct source *s, const DLTensor *dl)
 {
+	bool on_gpu = td_device_is_gpu(dl->device.device_type);
 	int64_t step = 1;
 
-	bool on_gpu = dl->device.device_type == kDLCUDA || dl->device.device_type == kDLROCM;
-
-	if (!host_accessible(dl->device.device_type) && !on_gpu) {
+	if (!td_device_host_accessible(dl->device.device_type) && !on_gpu) {
 		PyErr_Format(PyExc_BufferError,
 			     "put() copies host or GPU memory, and this array is on device type %d; "
 			     "use create(..., device=...) and copy into it, then publish()",
@@ -128,7 +123,7 @@ static int source_from_dlpack(struct source *s, PyObject *obj)
 		Py_DECREF(dev);
 		if (type == -1 && PyErr_Occurred())
 			return -1;
-		if (!host_accessible((DLDeviceType)type) && type != kDLCUDA && type != kDLROCM) {
+		if (!td_device_host_accessible((DLDeviceType)type) && !td_device_is_gpu((DLDeviceType)type)) {
 			DLTensor probe = {.device = {(DLDeviceType)type, 0}};
 
 			return source_set(s, &probe);

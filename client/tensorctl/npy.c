@@ -8,6 +8,7 @@
  * spaces and a newline, then the raw elements. 3.0 only differs from 2.0 in
  * allowing UTF-8 in the header, which only structured dtypes use.
  */
+#include "common/desc.h"
 #include "npy.h"
 
 #include <errno.h>
@@ -607,8 +608,7 @@ int npy_write(FILE *f, const DLTensor *t, char *err, size_t errlen)
 	int32_t d, k;
 	int n, rc;
 
-	if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost &&
-	    t->device.device_type != kDLROCMHost)
+	if (!td_device_host_accessible(t->device.device_type))
 		return npy_fail(-ENOTSUP, err, errlen,
 				"tensor is in device memory (type %d); "
 				"only host memory can be written",
