@@ -139,7 +139,8 @@ $(PY_DIR)/%: client/python/tensord/%
 # the list below is the module's dependency graph, checked by the linker.
 UNIT_DEPS_test_frame       := proto/frame.c
 UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c
-UNIT_DEPS_test_registry    := daemon/registry.c daemon/backend_host.c daemon/log.c common/desc.c \
+UNIT_DEPS_test_pool        := daemon/pool.c daemon/log.c
+UNIT_DEPS_test_registry    := daemon/registry.c daemon/backend_host.c daemon/pool.c daemon/log.c common/desc.c \
                               common/names.c common/errors.c
 UNIT_DEPS_test_npy         := client/tensorctl/npy.c common/names.c common/desc.c
 UNIT_DEPS_test_gpu_util    := common/gpu/cuda_api.c common/gpu/hip_api.c

@@ -45,6 +45,9 @@ struct backend_ops {
 	 */
 	int (*init)(char *why, size_t why_len);
 
+	/* Undoes init() at exit, after every allocation was released. May be NULL. */
+	void (*fini)(void);
+
 	/* Devices this backend serves (after a successful init). */
 	int (*device_count)(void);
 
@@ -90,5 +93,15 @@ extern const struct backend_ops *const backends[];
 extern const struct backend_ops backend_host;
 extern const struct backend_ops backend_cuda;
 extern const struct backend_ops backend_hip;
+
+/*
+ * The host backend's memory pool (pool.h): its budget in bytes, set before
+ * the registry initialises the backends; without a call, a sixteenth of
+ * physical memory, at most 2 GiB. 0 keeps no memory ready.
+ */
+void backend_host_set_pool(uint64_t budget);
+
+/* Borrowed: the host backend's pool, NULL before init and after fini. */
+struct pool *backend_host_pool(void);
 
 #endif /* TENSORD_BACKEND_H */

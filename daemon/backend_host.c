@@ -11,8 +11,11 @@
  *   descriptor is harmless (no write(), no shared writable mmap, no hole
  *   punching), so readers get a plain dup. Readers of a mutable tensor who
  *   may not write get a fresh O_RDONLY descriptor instead.
- * - No descriptor is cached beyond the memfd itself: the daemon's fd count
- *   is one per live host tensor.
+ * - Tensors of POOL_MIN_SIZE and up take a memfd that the pool's worker
+ *   allocated ahead of time (pool.h), so the loop thread neither allocates
+ *   their pages nor frees them: every host memfd is closed on the worker.
+ * - Besides the pool's ready memfds, the daemon holds one descriptor per
+ *   live host tensor.
  * The daemon itself never maps the memory.
  */
 #include <errno.h>
@@ -25,11 +28,53 @@
 
 #include "backend.h"
 #include "log.h"
+#include "pool.h"
 
+/* Set by backend_host_set_pool() before init; UINT64_MAX: the default. */
+static uint64_t pool_budget = UINT64_MAX;
+static struct pool *pool;
+
+void backend_host_set_pool(uint64_t budget)
+{
+	pool_budget = budget;
+}
+
+struct pool *backend_host_pool(void)
+{
+	return pool;
+}
+
+/* A sixteenth of physical memory, at most 2 GiB: room for one ready memfd of
+ * a 1 GiB tensor on a machine with 24 GiB. */
+static uint64_t default_pool_budget(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+	uint64_t b;
+
+	if (pages <= 0 || psize <= 0)
+		return 0;
+	b = (uint64_t)pages * (uint64_t)psize / 16;
+	return b < (2ull << 30) ? b : 2ull << 30;
+}
 
 static int host_init(char *why, size_t why_len)
 {
+	uint64_t budget = pool_budget == UINT64_MAX ? default_pool_budget() : pool_budget;
+	int r = pool_new(budget, &pool);
+
+	if (r < 0) {
+		snprintf(why, why_len, "cannot start the memory pool's worker: %s", strerror(-r));
+		return r;
+	}
+	log_info("backend host: memory pool of up to %llu bytes",
+		 (unsigned long long)budget);
 	return 0;
+}
+
+static void host_fini(void)
+{
+	pool_free(pool);
+	pool = NULL;
 }
 
 static int host_device_count(void)
@@ -69,6 +114,14 @@ static int host_alloc(struct backend_alloc *a, uint64_t size, int device_id, con
 	}
 	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_MEMFD;
 
+	/* Large tensors come from the pool: allocated, zeroed, off the loop. */
+	if (pool && size >= POOL_MIN_SIZE) {
+		fd = pool_take(pool, size);
+		if (fd >= 0) {
+			a->fd = fd;
+			goto seal;
+		}
+	}
 	/* The label shows in /proc/PID/maps of every client: handy in gdb. */
 	snprintf(label, sizeof(label), "tensord:%s", name);
 	fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -77,12 +130,21 @@ static int host_alloc(struct backend_alloc *a, uint64_t size, int device_id, con
 	a->fd = fd;
 	if (ftruncate(fd, (off_t)size) < 0)
 		return errno == EFBIG || errno == EINVAL ? -ENOSPC : -errno;
-	/* Allocate every page now; tmpfs answers ENOSPC when it is full. */
-	do
-		r = fallocate(fd, 0, 0, (off_t)size);
-	while (r < 0 && errno == EINTR);
-	if (r < 0)
-		return errno == ENOSPC || errno == ENOMEM ? -ENOSPC : -errno;
+	/* Allocate every page now; tmpfs answers ENOSPC when it is full. The
+	 * pool's ready memory goes first, before a create fails. */
+	for (int tries = 0;; tries++) {
+		do
+			r = fallocate(fd, 0, 0, (off_t)size);
+		while (r < 0 && errno == EINTR);
+		if (r == 0)
+			break;
+		if ((errno != ENOSPC && errno != ENOMEM) || !pool || tries > 0 || !pool_trim(pool))
+			return errno == ENOSPC || errno == ENOMEM ? -ENOSPC : -errno;
+		log_info("host: trimmed the memory pool to allocate %llu bytes",
+			 (unsigned long long)size);
+		pool_settle(pool);
+	}
+seal:
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
 		return -errno;
 	return 0;
@@ -127,7 +189,10 @@ static int host_freeze(struct backend_alloc *a)
 
 static void host_release(struct backend_alloc *a)
 {
-	if (a->fd >= 0)
+	/* Closing the last descriptor frees the pages: on the worker. */
+	if (a->fd >= 0 && pool)
+		pool_discard(pool, a->fd);
+	else if (a->fd >= 0)
 		close(a->fd);
 	a->fd = -1;
 }
@@ -136,6 +201,7 @@ const struct backend_ops backend_host = {
 	.name = "host",
 	.device_type = kDLCPU,
 	.init = host_init,
+	.fini = host_fini,
 	.device_count = host_device_count,
 	.device_uuid = host_device_uuid,
 	.default_capacity = host_default_capacity,

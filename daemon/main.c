@@ -19,7 +19,7 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: tensord [--socket PATH] [--capacity SIZE] [--log-level LEVEL]\n"
+		"usage: tensord [--socket PATH] [--capacity SIZE] [--pool SIZE] [--log-level LEVEL]\n"
 		"               [--mode MODE] [--group GROUP] [--max-clients N] [--ready-fd FD]\n"
 		"\n"
 		"  --socket PATH      where to listen (default: $TENSORD_SOCKET,\n"
@@ -27,6 +27,9 @@ static void usage(FILE *f)
 		"                     for root, else /tmp/tensord-$UID.sock)\n"
 		"  --capacity SIZE    bytes of host memory to hand out; suffixes K M G Ki Mi Gi\n"
 		"                     (default: half of physical memory)\n"
+		"  --pool SIZE        host memory kept allocated ahead of time for large\n"
+		"                     tensors; 0 keeps none (default: 1/16 of physical\n"
+		"                     memory, at most 2Gi)\n"
 		"  --log-level LEVEL  error, warn, info (default) or debug\n"
 		"  --mode MODE        socket permissions, octal (default 0600)\n"
 		"  --group GROUP      socket group\n"
@@ -94,6 +97,7 @@ int main(int argc, char **argv)
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, 's' },
 		{ "capacity", required_argument, NULL, 'c' },
+		{ "pool", required_argument, NULL, 'p' },
 		{ "log-level", required_argument, NULL, 'l' },
 		{ "mode", required_argument, NULL, 'm' },
 		{ "group", required_argument, NULL, 'g' },
@@ -126,6 +130,17 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'p': {
+			uint64_t pool;
+
+			if (parse_size(optarg, &pool) < 0) {
+				fprintf(stderr, "tensord: --pool %s: not a size (try 0, 512Mi, 2G)\n",
+					optarg);
+				return 2;
+			}
+			backend_host_set_pool(pool);
+			break;
+		}
 		case 'l':
 			if (log_level_parse(optarg, &log_level) < 0) {
 				fprintf(stderr, "tensord: --log-level %s: use error, warn, info or debug\n",

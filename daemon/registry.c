@@ -146,6 +146,9 @@ void registry_fini(struct registry *reg)
 		tensor_free(reg, reg->all);
 	free(reg->buckets);
 	reg->buckets = NULL;
+	for (int b = 0; backends[b]; b++)
+		if (backends[b]->fini)
+			backends[b]->fini();
 }
 
 /* Removes the name; frees the tensor if no lease holds it. */

@@ -48,8 +48,11 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 		close(fd);
 		return td_set_error(-EPROTO, "tensord sent a bad mapping size");
 	}
+	/* A creator's mapping is about to be filled: populating it in one call
+	 * costs a fraction of one page fault per 4 KiB during the copy. An
+	 * attach is left to fault, so attaching stays O(1) in size. */
 	p = mmap(NULL, (size_t)d->map_size, PROT_READ | PROT_WRITE,
-		 d->writable ? MAP_SHARED : MAP_PRIVATE, fd, 0);
+		 (d->writable ? MAP_SHARED : MAP_PRIVATE) | (d->populate ? MAP_POPULATE : 0), fd, 0);
 	if (p == MAP_FAILED) {
 		int e = errno;
 

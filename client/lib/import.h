@@ -20,6 +20,7 @@ struct td_import_desc {
 	Tensord__HandleKind handle_kind;
 	uint64_t map_size;        /* bytes of the whole allocation */
 	bool writable;            /* map it shared and writable */
+	bool populate;            /* about to be filled: map every page now */
 	DLDevice device;          /* as the daemon numbers it */
 	const uint8_t *uuid;      /* GPU UUID, uuid_len 16; NULL for cpu */
 	size_t uuid_len;

@@ -1,0 +1,146 @@
+"""Python put() throughput next to its peers, measured in one interleaved run.
+
+For each size, one round runs every variant once, in turn (A B C A B C ...),
+and the medians of all rounds are printed with their ratio to np.copyto into
+warm memory (memcpy speed, the ceiling):
+
+  memcpy      np.copyto into an array that is already allocated and touched
+  shm         multiprocessing.shared_memory: create + copy + close + unlink
+  tensord     c.put(name, array) then c.unlink(name): create, copy, publish
+  ray         ray.put(array) (when ray imports; skipped with the reason if not)
+
+Uses the daemon at --socket (or $TENSORD_SOCKET); with neither, starts its
+own from $TENSORD_BUILD (default: build/) on a temporary socket.
+
+    PYTHONPATH=build/python python3 bench/py_put.py [--sizes 4K,64M,1G] [--rounds 7]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing import shared_memory
+
+import numpy as np
+
+import tensord
+
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(s):
+    s = s.strip().upper().rstrip("IB")
+    return int(s[:-1]) * UNITS[s[-1]] if s[-1] in UNITS else int(s)
+
+
+def human(n):
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return "%d %s" % (n // k, unit)
+    return "%d B" % n
+
+
+def start_daemon(tmp, extra):
+    build = os.environ.get("TENSORD_BUILD") or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build")
+    sock = os.path.join(tmp, "tensord.sock")
+    r, w = os.pipe()
+    proc = subprocess.Popen([os.path.join(build, "tensord"), "--socket", sock,
+                             "--ready-fd", str(w), "--log-level", "warn"] + extra,
+                            pass_fds=(w,), stderr=subprocess.DEVNULL)
+    os.close(w)
+    with os.fdopen(r, "rb") as rf:
+        if rf.read(1) != b"R":
+            sys.exit("tensord did not start")
+    return proc, sock
+
+
+def variants(client, src, use_ray):
+    warm = np.empty_like(src)
+    warm.fill(1)
+    seq = iter(range(1 << 62))
+
+    def memcpy():
+        np.copyto(warm, src)
+
+    def shm():
+        m = shared_memory.SharedMemory(create=True, size=src.nbytes)
+        np.copyto(np.ndarray(src.shape, src.dtype, buffer=m.buf), src)
+        m.close()
+        m.unlink()
+
+    def put():
+        name = "bench/put/%d" % next(seq)
+        client.put(name, src)
+        client.unlink(name)
+
+    out = [("memcpy", memcpy), ("shm", shm), ("tensord", put)]
+    if use_ray:
+        import ray
+
+        def rayput():
+            ray.put(src)
+
+        out.append(("ray", rayput))
+    return out
+
+
+def timed(fn, reps):
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def bench_size(client, size, rounds, use_ray):
+    src = np.ones(size // 4, np.float32)
+    vs = variants(client, src, use_ray)
+    reps = max(1, min(2000, (64 << 20) // size))
+    for _, fn in vs:  # warm-up: first-touch costs of the source and the pool
+        timed(fn, 1)
+    times = {name: [] for name, _ in vs}
+    for _ in range(rounds):
+        for name, fn in vs:
+            times[name].append(timed(fn, reps))
+    base = statistics.median(times["memcpy"])
+    print("put %s (%d rounds x %d, medians)" % (human(size), rounds, reps))
+    for name, _ in vs:
+        t = statistics.median(times[name])
+        print("  %-8s %10.1f us  %8.2f GB/s  %5.2fx memcpy" %
+              (name, t * 1e6, size / t / 1e9, base / t))
+    return times
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--socket", default=os.environ.get("TENSORD_SOCKET"))
+    ap.add_argument("--sizes", default="4K,64M,1G")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--daemon-args", default="", help="extra tensord arguments")
+    args = ap.parse_args()
+    try:
+        import ray
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        use_ray = True
+    except Exception as e:  # noqa: BLE001 - any failure means: no ray here
+        print("ray: skipped (%s: %s)" % (type(e).__name__, e))
+        use_ray = False
+    proc = None
+    with tempfile.TemporaryDirectory() as tmp:
+        sock = args.socket
+        if not sock:
+            proc, sock = start_daemon(tmp, args.daemon_args.split())
+        try:
+            with tensord.connect(sock) as c:
+                for s in args.sizes.split(","):
+                    bench_size(c, parse_size(s), args.rounds, use_ray)
+        finally:
+            if proc:
+                proc.terminate()
+                proc.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,391 @@
+/*
+ * The host memory pool (pool.h says what it promises). One worker thread
+ * does all the slow work: memfd_create + ftruncate + fallocate for memfds
+ * that are wanted, and close() of discarded ones, which is where the kernel
+ * frees their pages. The loop thread only ever takes the lock for a few
+ * list operations.
+ *
+ * The worker refills while every condition holds: a wanted class has fewer
+ * than POOL_READY_PER_CLASS ready memfds, the budget has room, the system
+ * keeps a sixteenth of its memory available afterwards, and the last
+ * allocation did not fail. A ready memfd whose class is no longer wanted is
+ * closed. So the pool follows the sizes clients actually create and gives
+ * its memory back when they change or when memory runs short.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "pool.h"
+
+struct ready {
+	int fd;       /* owned by the pool */
+	uint64_t size; /* a class size */
+};
+
+struct pool {
+	pthread_mutex_t lock;
+	pthread_cond_t wake;     /* the worker has something to do */
+	pthread_cond_t idle;     /* the worker has nothing to do */
+	pthread_t thread;
+	bool stop;
+	bool working;            /* the worker is outside the lock on a job */
+	bool starved;            /* the last allocation failed; wait for the next take */
+	uint64_t budget;
+	uint64_t ready_bytes;
+	struct ready *ready;
+	size_t n_ready, cap_ready;
+	int *closing;            /* owned descriptors the worker will close */
+	size_t n_closing, cap_closing;
+	uint64_t wanted[POOL_CLASSES]; /* class sizes, most recently wanted first; 0: none */
+	struct pool_stats st;
+};
+
+static uint64_t now_mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t pool_class_size(uint64_t size)
+{
+	uint64_t top, step, r;
+
+	if (size <= POOL_MIN_SIZE)
+		return POOL_MIN_SIZE;
+	/* Eight steps between consecutive powers of two. */
+	top = 1ull << (63 - __builtin_clzll(size));
+	step = top / 8;
+	if (__builtin_add_overflow(size, step - 1, &r))
+		return 0;
+	return r / step * step;
+}
+
+/* Bytes the system can still give without swapping, or UINT64_MAX if unknown. */
+static uint64_t mem_available(uint64_t *ret_total)
+{
+	char line[128];
+	uint64_t avail = UINT64_MAX, total = 0;
+	FILE *f = fopen("/proc/meminfo", "re");
+
+	if (!f) {
+		*ret_total = 0;
+		return UINT64_MAX;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long kb;
+
+		if (sscanf(line, "MemTotal: %llu kB", &kb) == 1)
+			total = kb * 1024;
+		else if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+			avail = kb * 1024;
+	}
+	fclose(f);
+	*ret_total = total;
+	return avail;
+}
+
+/* A new memfd of size bytes with every page allocated (zeroed by the kernel). */
+static int make_memfd(uint64_t size)
+{
+	int fd = memfd_create("tensord:pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	int r;
+
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)size) < 0) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
+	do
+		r = fallocate(fd, 0, 0, (off_t)size);
+	while (r < 0 && errno == EINTR);
+	if (r < 0) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+static bool is_wanted(const struct pool *p, uint64_t size)
+{
+	for (int i = 0; i < POOL_CLASSES; i++)
+		if (p->wanted[i] == size)
+			return true;
+	return false;
+}
+
+static size_t count_ready(const struct pool *p, uint64_t size)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < p->n_ready; i++)
+		n += p->ready[i].size == size;
+	return n;
+}
+
+/* Lock held. Takes ownership of fd. False only when out of memory (fd is then closed). */
+static bool push_closing(struct pool *p, int fd)
+{
+	if (p->n_closing == p->cap_closing) {
+		size_t cap = p->cap_closing ? p->cap_closing * 2 : 64;
+		int *v = realloc(p->closing, cap * sizeof(*v));
+
+		if (!v) {
+			close(fd); /* on the caller's thread, but nothing leaks */
+			return false;
+		}
+		p->closing = v;
+		p->cap_closing = cap;
+	}
+	p->closing[p->n_closing++] = fd;
+	return true;
+}
+
+/* Lock held. Moves ready memfd i to the closing list. */
+static void drop_ready(struct pool *p, size_t i)
+{
+	p->ready_bytes -= p->ready[i].size;
+	push_closing(p, p->ready[i].fd);
+	p->ready[i] = p->ready[--p->n_ready];
+}
+
+/* Lock held. The wanted class that most needs a memfd and fits, or 0. */
+static uint64_t next_refill(struct pool *p)
+{
+	if (p->starved || p->stop)
+		return 0;
+	for (int i = 0; i < POOL_CLASSES && p->wanted[i]; i++) {
+		uint64_t c = p->wanted[i];
+
+		if (count_ready(p, c) < POOL_READY_PER_CLASS && c <= p->budget - p->ready_bytes)
+			return c;
+	}
+	return 0;
+}
+
+/* Unlocked: allocates one memfd of class c and adds it, or gives up until the next take. */
+static void refill_one(struct pool *p, uint64_t c)
+{
+	uint64_t total, avail = mem_available(&total);
+	uint64_t t0 = now_mono_ns();
+	int fd = -ENOMEM;
+
+	if (avail == UINT64_MAX || (avail > c && avail - c > total / 16))
+		fd = make_memfd(c);
+	pthread_mutex_lock(&p->lock);
+	p->st.refill_ns += now_mono_ns() - t0;
+	if (fd < 0) {
+		log_debug("pool: no memfd of %llu bytes: %s; waiting for the next take",
+			  (unsigned long long)c, strerror(-fd));
+		p->starved = true;
+		return;
+	}
+	if (!is_wanted(p, c) || c > p->budget - p->ready_bytes || p->stop) {
+		push_closing(p, fd);
+		return;
+	}
+	if (p->n_ready == p->cap_ready) {
+		size_t cap = p->cap_ready ? p->cap_ready * 2 : 16;
+		struct ready *v = realloc(p->ready, cap * sizeof(*v));
+
+		if (!v) {
+			push_closing(p, fd);
+			return;
+		}
+		p->ready = v;
+		p->cap_ready = cap;
+	}
+	p->ready[p->n_ready++] = (struct ready){ fd, c };
+	p->ready_bytes += c;
+}
+
+/* Lock held on entry and exit; drops it while closing. */
+static void close_pending(struct pool *p)
+{
+	while (p->n_closing) {
+		int fds[64];
+		size_t n = p->n_closing < 64 ? p->n_closing : 64;
+
+		p->n_closing -= n;
+		memcpy(fds, p->closing + p->n_closing, n * sizeof(int));
+		p->working = true;
+		pthread_mutex_unlock(&p->lock);
+		for (size_t i = 0; i < n; i++)
+			close(fds[i]);
+		pthread_mutex_lock(&p->lock);
+		p->working = false;
+	}
+}
+
+static void *worker(void *arg)
+{
+	struct pool *p = arg;
+
+	pthread_mutex_lock(&p->lock);
+	for (;;) {
+		uint64_t c;
+
+		/* Ready memfds of classes nobody wants any more go first. */
+		for (size_t i = p->n_ready; i-- > 0;)
+			if (!is_wanted(p, p->ready[i].size) || p->stop)
+				drop_ready(p, i);
+		close_pending(p);
+		if (p->stop)
+			break;
+		c = next_refill(p);
+		if (c) {
+			p->working = true;
+			pthread_mutex_unlock(&p->lock);
+			refill_one(p, c); /* returns with the lock held */
+			p->working = false;
+			continue;
+		}
+		pthread_cond_broadcast(&p->idle);
+		pthread_cond_wait(&p->wake, &p->lock);
+	}
+	pthread_cond_broadcast(&p->idle);
+	pthread_mutex_unlock(&p->lock);
+	return NULL;
+}
+
+int pool_new(uint64_t budget, struct pool **ret_pool)
+{
+	struct pool *p = calloc(1, sizeof(*p));
+	int r;
+
+	if (!p)
+		return -ENOMEM;
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->wake, NULL);
+	pthread_cond_init(&p->idle, NULL);
+	p->budget = budget;
+	r = pthread_create(&p->thread, NULL, worker, p);
+	if (r) {
+		pthread_mutex_destroy(&p->lock);
+		pthread_cond_destroy(&p->wake);
+		pthread_cond_destroy(&p->idle);
+		free(p);
+		return -r;
+	}
+	*ret_pool = p;
+	return 0;
+}
+
+void pool_free(struct pool *p)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->lock);
+	p->stop = true;
+	pthread_cond_signal(&p->wake);
+	pthread_mutex_unlock(&p->lock);
+	pthread_join(p->thread, NULL);
+	/* The worker closed everything on its way out. */
+	free(p->ready);
+	free(p->closing);
+	pthread_mutex_destroy(&p->lock);
+	pthread_cond_destroy(&p->wake);
+	pthread_cond_destroy(&p->idle);
+	free(p);
+}
+
+/* Lock held. Moves class c to the front of the wanted list. */
+static void want(struct pool *p, uint64_t c)
+{
+	int i;
+
+	for (i = 0; i < POOL_CLASSES - 1 && p->wanted[i] != c; i++)
+		;
+	memmove(p->wanted + 1, p->wanted, (size_t)i * sizeof(p->wanted[0]));
+	p->wanted[0] = c;
+}
+
+int pool_take(struct pool *p, uint64_t size)
+{
+	uint64_t c = pool_class_size(size);
+	int fd = -ENOENT;
+
+	if (!c || size < POOL_MIN_SIZE)
+		return -ENOENT;
+	pthread_mutex_lock(&p->lock);
+	want(p, c);
+	p->starved = false;
+	for (size_t i = 0; i < p->n_ready; i++) {
+		if (p->ready[i].size == c) {
+			fd = p->ready[i].fd;
+			p->ready_bytes -= c;
+			p->ready[i] = p->ready[--p->n_ready];
+			break;
+		}
+	}
+	if (fd >= 0)
+		p->st.hits++;
+	else
+		p->st.misses++;
+	pthread_cond_signal(&p->wake);
+	pthread_mutex_unlock(&p->lock);
+	/* Trim the excess; the kernel frees those pages, at most 1/8 of them. */
+	if (fd >= 0 && size < c && ftruncate(fd, (off_t)size) < 0) {
+		int r = -errno;
+
+		pool_discard(p, fd);
+		return r;
+	}
+	return fd;
+}
+
+void pool_discard(struct pool *p, int fd)
+{
+	if (fd < 0)
+		return;
+	pthread_mutex_lock(&p->lock);
+	push_closing(p, fd);
+	pthread_cond_signal(&p->wake);
+	pthread_mutex_unlock(&p->lock);
+}
+
+uint64_t pool_trim(struct pool *p)
+{
+	uint64_t freed;
+
+	pthread_mutex_lock(&p->lock);
+	freed = p->ready_bytes;
+	p->st.trims += p->n_ready;
+	while (p->n_ready)
+		drop_ready(p, p->n_ready - 1);
+	p->starved = true;
+	pthread_cond_signal(&p->wake);
+	pthread_mutex_unlock(&p->lock);
+	return freed;
+}
+
+void pool_get_stats(struct pool *p, struct pool_stats *ret)
+{
+	pthread_mutex_lock(&p->lock);
+	*ret = p->st;
+	ret->budget = p->budget;
+	ret->ready_bytes = p->ready_bytes;
+	ret->ready_fds = (uint32_t)p->n_ready;
+	ret->closing_fds = (uint32_t)p->n_closing;
+	pthread_mutex_unlock(&p->lock);
+}
+
+void pool_settle(struct pool *p)
+{
+	pthread_mutex_lock(&p->lock);
+	while (!p->stop && (p->working || p->n_closing || next_refill(p)))
+		pthread_cond_wait(&p->idle, &p->lock);
+	pthread_mutex_unlock(&p->lock);
+}

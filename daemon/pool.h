@@ -1,0 +1,81 @@
+/*
+ * The host memory pool: memfds that a worker thread allocated and zeroed
+ * ahead of time, so that creating a large host tensor on the loop thread
+ * costs a trim and a seal instead of allocating every page, and so that
+ * freeing one costs the loop nothing.
+ *
+ * Who owns what:
+ *  - a ready memfd belongs to the pool until pool_take() hands it to a
+ *    caller; it was never handed to anyone before, so its bytes are the
+ *    zeroes the kernel allocated (a memfd that left the pool never comes
+ *    back: some process may still hold a descriptor of it);
+ *  - pool_discard() takes ownership of a descriptor and closes it on the
+ *    worker, where the kernel frees the pages.
+ *
+ * Which sizes are kept: each take, hit or miss, marks its size class as
+ * wanted; the worker keeps POOL_READY_PER_CLASS memfds of each of the
+ * POOL_CLASSES most recently wanted classes, within the byte budget. Size
+ * classes are eight steps per power of two, so a memfd is at most 1/8
+ * larger than the tensor that takes it; the excess is trimmed off.
+ *
+ * Thread safety: every function may be called from any thread; none of
+ * them blocks on memory allocation (the worker does that).
+ */
+#ifndef TENSORD_POOL_H
+#define TENSORD_POOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Tensors from this size up come from the pool; smaller ones are cheap to make. */
+#define POOL_MIN_SIZE (1u << 20)
+/* Classes kept warm, and memfds ready per class. */
+#define POOL_CLASSES 8
+#define POOL_READY_PER_CLASS 2
+
+struct pool;
+
+struct pool_stats {
+	uint64_t budget;        /* most bytes the pool holds ready */
+	uint64_t ready_bytes;   /* bytes allocated in ready memfds */
+	uint32_t ready_fds;     /* ready memfds (descriptors the pool holds) */
+	uint32_t closing_fds;   /* descriptors waiting for the worker to close them */
+	uint64_t hits;          /* takes served from a ready memfd */
+	uint64_t misses;        /* takes that found none ready (the caller allocates) */
+	uint64_t trims;         /* ready memfds dropped under memory pressure */
+	uint64_t refill_ns;     /* time the worker spent allocating */
+};
+
+/*
+ * Starts the pool and its worker. budget: the most bytes held ready; 0
+ * makes a pool that never holds anything but still frees off the loop.
+ * 0 or -errno (pthread_create failing).
+ */
+int pool_new(uint64_t budget, struct pool **ret_pool);
+
+/* Stops the worker, closes every descriptor the pool holds. NULL-safe. */
+void pool_free(struct pool *p);
+
+/*
+ * A ready memfd of exactly size bytes (size >= POOL_MIN_SIZE), allocated
+ * and zeroed, sealable (MFD_ALLOW_SEALING), never handed out before.
+ * Returns the descriptor, owned by the caller, or -ENOENT when none is
+ * ready (the class is then wanted, so a later take may hit).
+ */
+int pool_take(struct pool *p, uint64_t size);
+
+/* Takes ownership of fd: the worker closes it. */
+void pool_discard(struct pool *p, int fd);
+
+/* Drops every ready memfd now (memory pressure). Returns the bytes freed. */
+uint64_t pool_trim(struct pool *p);
+
+void pool_get_stats(struct pool *p, struct pool_stats *ret);
+
+/* The size class of size: the smallest class size >= size. 0 on overflow. */
+uint64_t pool_class_size(uint64_t size);
+
+/* Waits until the worker has nothing left to do (tests and benchmarks). */
+void pool_settle(struct pool *p);
+
+#endif /* TENSORD_POOL_H */

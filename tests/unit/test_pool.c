@@ -1,0 +1,178 @@
+/*
+ * The host memory pool (daemon/pool.c) on real memfds and its real worker
+ * thread: size classes, refill of wanted classes within the budget, what a
+ * taken memfd is (exact size, zeroed, allocated, sealable, never seen
+ * before), trimming, closing discarded descriptors off the caller's thread,
+ * and forgetting classes nobody wants any more.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "daemon/pool.h"
+
+#define MiB (1ull << 20)
+
+static void test_class_sizes(void **state)
+{
+	assert_int_equal(pool_class_size(1), MiB);
+	assert_int_equal(pool_class_size(MiB), MiB);
+	/* Eight steps per power of two: at most 1/8 is trimmed off. */
+	assert_int_equal(pool_class_size(MiB + 1), MiB + MiB / 8);
+	assert_int_equal(pool_class_size(3 * MiB), 3 * MiB);
+	assert_int_equal(pool_class_size(3 * MiB + 1), 3 * MiB + MiB / 4);
+	assert_int_equal(pool_class_size(1ull << 30), 1ull << 30);
+	assert_int_equal(pool_class_size((1ull << 30) + 4096), (1ull << 30) + (1ull << 27));
+	for (uint64_t s = MiB; s < 64 * MiB; s = s * 9 / 7 + 4093) {
+		uint64_t c = pool_class_size(s);
+
+		assert_true(c >= s);
+		assert_true(c - s <= c / 8);
+	}
+	assert_int_equal(pool_class_size(UINT64_MAX), 0);
+}
+
+static void check_fresh(int fd, uint64_t size)
+{
+	struct stat st;
+	uint8_t buf[4096], zero[4096] = { 0 };
+
+	assert_int_equal(fstat(fd, &st), 0);
+	assert_int_equal((uint64_t)st.st_size, size);
+	/* Allocated up front: the pages exist before anyone touches them. */
+	assert_true((uint64_t)st.st_blocks * 512 >= size);
+	for (uint64_t off = 0; off < size; off += size / 7 + 1) {
+		assert_int_equal(pread(fd, buf, sizeof(buf), (off_t)off), (ssize_t)sizeof(buf));
+		assert_memory_equal(buf, zero, sizeof(buf));
+	}
+	/* The caller seals it, as for any host tensor. */
+	assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+}
+
+static void test_take_refill_hit(void **state)
+{
+	struct pool *p;
+	struct pool_stats st;
+	uint64_t size = 5 * MiB + 123;
+	int fd;
+
+	assert_int_equal(pool_new(64 * MiB, &p), 0);
+	/* Nothing is ready before a size was ever wanted. */
+	assert_int_equal(pool_take(p, size), -ENOENT);
+	assert_int_equal(pool_take(p, MiB - 1), -ENOENT);
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.misses, 1);
+	assert_int_equal(st.ready_fds, POOL_READY_PER_CLASS);
+	assert_int_equal(st.ready_bytes, POOL_READY_PER_CLASS * pool_class_size(size));
+
+	fd = pool_take(p, size);
+	assert_true(fd >= 0);
+	check_fresh(fd, size);
+	/* Writing it must not show in the next one: memfds are never recycled. */
+	assert_int_equal(pwrite(fd, "dirty", 5, 0), 5);
+	close(fd);
+	fd = pool_take(p, size - 23); /* the same class */
+	assert_true(fd >= 0);
+	check_fresh(fd, size - 23);
+	close(fd);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.hits, 2);
+	pool_free(p);
+}
+
+static void test_budget_bounds_refill(void **state)
+{
+	struct pool *p;
+	struct pool_stats st;
+
+	/* Room for one 4 MiB memfd, not two; none of 8 MiB. */
+	assert_int_equal(pool_new(6 * MiB, &p), 0);
+	assert_int_equal(pool_take(p, 4 * MiB), -ENOENT);
+	assert_int_equal(pool_take(p, 8 * MiB), -ENOENT);
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.ready_fds, 1);
+	assert_int_equal(st.ready_bytes, 4 * MiB);
+	assert_true(st.ready_bytes <= st.budget);
+	pool_free(p);
+
+	/* A zero budget keeps nothing. */
+	assert_int_equal(pool_new(0, &p), 0);
+	assert_int_equal(pool_take(p, 2 * MiB), -ENOENT);
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.ready_fds, 0);
+	pool_free(p);
+}
+
+static void test_trim_and_discard(void **state)
+{
+	struct pool *p;
+	struct pool_stats st;
+	int fd = memfd_create("t", MFD_CLOEXEC);
+
+	assert_int_equal(pool_new(64 * MiB, &p), 0);
+	assert_int_equal(pool_take(p, 2 * MiB), -ENOENT);
+	pool_settle(p);
+	assert_int_equal(pool_trim(p), POOL_READY_PER_CLASS * 2 * MiB);
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.ready_fds, 0);
+	assert_int_equal(st.ready_bytes, 0);
+	assert_int_equal(st.trims, POOL_READY_PER_CLASS);
+	/* After a trim it waits for the next take before it refills. */
+	assert_int_equal(pool_take(p, 2 * MiB), -ENOENT);
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.ready_fds, POOL_READY_PER_CLASS);
+
+	/* A discarded descriptor is closed by the worker. */
+	assert_true(fd >= 0);
+	pool_discard(p, fd);
+	pool_settle(p);
+	assert_int_equal(fcntl(fd, F_GETFD), -1);
+	assert_int_equal(errno, EBADF);
+	pool_free(p);
+}
+
+static void test_forgets_unwanted_classes(void **state)
+{
+	struct pool *p;
+	struct pool_stats st;
+
+	assert_int_equal(pool_new(1ull << 30, &p), 0);
+	assert_int_equal(pool_take(p, MiB), -ENOENT);
+	pool_settle(p);
+	/* POOL_CLASSES other sizes push the first out of the wanted list. */
+	for (int i = 0; i < POOL_CLASSES; i++)
+		pool_take(p, (uint64_t)(2 + i) * MiB);
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.ready_fds, POOL_CLASSES * POOL_READY_PER_CLASS);
+	assert_int_equal(pool_take(p, MiB), -ENOENT);
+	pool_free(p);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_class_sizes),
+		cmocka_unit_test(test_take_refill_hit),
+		cmocka_unit_test(test_budget_bounds_refill),
+		cmocka_unit_test(test_trim_and_discard),
+		cmocka_unit_test(test_forgets_unwanted_classes),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
