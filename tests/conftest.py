@@ -4,6 +4,7 @@ The daemon is started with --ready-fd so a test waits for the ready byte
 instead of retrying connect(). TENSORD_TEST_DAEMON=/path/to.sock makes the
 fixture use an already running daemon instead (for gdb sessions).
 """
+import json
 import os
 import signal
 import subprocess
@@ -51,7 +52,18 @@ class Daemon:
         return self.proc.pid
 
     def fd_count(self):
-        return len(os.listdir(f"/proc/{self.pid}/fd"))
+        """Descriptors the daemon holds, less the memfds its host memory pool
+        keeps ready: those come and go as the pool refills, and stats counts
+        them. Every other descriptor is a client, a tensor or a leak."""
+        n = len(os.listdir(f"/proc/{self.pid}/fd"))
+        return n - self.stats().get("host_pool_fds", 0)
+
+    def stats(self):
+        """The daemon's stats as `tensorctl stats --json` prints them; {} when
+        it is not answering (a test may be holding every client slot)."""
+        r = subprocess.run([build_path("tensorctl"), "--socket", self.socket, "stats", "--json"],
+                           capture_output=True, text=True, timeout=30)
+        return json.loads(r.stdout) if r.returncode == 0 else {}
 
     def read_log(self):
         if not self.log.closed:

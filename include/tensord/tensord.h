@@ -111,6 +111,13 @@ typedef struct tensord_daemon_stats {
 	uint64_t uptime_ns;
 	uint32_t n_devices;
 	tensord_device_stats devices[TENSORD_STATS_DEVICES_MAX];
+	/* Appended in version 2 (size > TENSORD_STATS_SIZE_V1): */
+	uint32_t daemon_fds;       /* descriptors the daemon holds open */
+	uint32_t host_pool_fds;    /* of those, memfds the host pool keeps ready */
+	uint64_t host_pool_bytes;  /* bytes allocated in them */
+	uint64_t host_pool_budget; /* the most the pool keeps ready (--pool) */
+	uint64_t host_pool_hits;   /* host creates served from the pool */
+	uint64_t host_pool_misses; /* host creates of >= 1 MiB that found none ready */
 } tensord_daemon_stats;
 
 /* The size of the first tensord_daemon_stats; tensord_stats() wants at least this. */
