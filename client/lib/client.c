@@ -23,33 +23,41 @@ void td_client_ref(tensord_client *c)
 	atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
 }
 
+/* Frees what conn owns; it may be half-built (fd -1, nothing received). */
+static void conn_free(struct td_conn *conn)
+{
+	for (int i = 0; i < conn->fdq.n; i++)
+		close(conn->fdq.q[i].fd);
+	if (conn->fd >= 0)
+		close(conn->fd);
+	free(conn->rx.buf);
+	pthread_mutex_destroy(&conn->send_lock);
+	pthread_cond_destroy(&conn->cond);
+}
+
 void td_client_unref(tensord_client *c)
 {
 	if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
 		return;
-	/* Last reference: no thread is inside a call, no lease is alive. */
-	for (int i = 0; i < c->n_fdq; i++)
-		close(c->fdq[i].fd);
-	if (c->fd >= 0)
-		close(c->fd);
-	free(c->rbuf);
+	/* Last reference: no thread is inside a call, no lease is alive, so
+	 * the mapping cache is empty. */
+	conn_free(&c->conn);
 	pthread_mutex_destroy(&c->lock);
-	pthread_mutex_destroy(&c->send_lock);
-	pthread_cond_destroy(&c->cond);
 	free(c);
 }
 
 /* Marks the connection dead and wakes every waiter. Lock held. */
-static void conn_lost(tensord_client *c, int err)
+static void conn_lost(struct td_conn *conn, int err)
 {
-	if (!c->closed) {
-		c->closed = true;
-		c->err = err;
+	if (!conn->closed) {
+		conn->closed = true;
+		conn->err = err;
 	}
-	pthread_cond_broadcast(&c->cond);
+	pthread_cond_broadcast(&conn->cond);
 }
 
-static int send_frame(tensord_client *c, Tensord__Request *req)
+/* Sends one frame holding req, borrowed for the call. */
+static int send_frame(struct td_conn *conn, Tensord__Request *req)
 {
 	uint8_t stack[1024], *buf = stack;
 	size_t plen = tensord__request__get_packed_size(req), len, off = 0;
@@ -65,9 +73,9 @@ static int send_frame(tensord_client *c, Tensord__Request *req)
 	}
 	td_frame_header(buf, (uint32_t)plen, 0);
 	tensord__request__pack(req, buf + TD_FRAME_HEADER);
-	pthread_mutex_lock(&c->send_lock);
+	pthread_mutex_lock(&conn->send_lock);
 	while (off < len) {
-		ssize_t n = send(c->fd, buf + off, len - off, MSG_NOSIGNAL);
+		ssize_t n = send(conn->fd, buf + off, len - off, MSG_NOSIGNAL);
 
 		if (n < 0) {
 			if (errno == EINTR)
@@ -78,47 +86,98 @@ static int send_frame(tensord_client *c, Tensord__Request *req)
 		}
 		off += (size_t)n;
 	}
-	pthread_mutex_unlock(&c->send_lock);
+	pthread_mutex_unlock(&conn->send_lock);
 	if (buf != stack)
 		free(buf);
 	return r;
 }
 
-/* Takes the descriptor that came with the frame starting at stream offset pos. */
-static int take_fd(tensord_client *c, uint64_t pos)
+/*
+ * Queues fd, which came with the stream bytes [start, end).
+ * Takes ownership of fd: it is queued, or closed when the queue is full.
+ */
+static int fdq_push(struct td_fdq *q, int fd, uint64_t start, uint64_t end)
+{
+	if (q->n == TD_FDQ) {
+		close(fd);
+		return td_set_error(-EPROTO, "tensord sent too many descriptors");
+	}
+	q->q[q->n].start = start;
+	q->q[q->n].end = end;
+	q->q[q->n].fd = fd;
+	q->n++;
+	return 0;
+}
+
+/*
+ * Takes the descriptor that came with the frame starting at stream offset
+ * pos, and closes strays before it. Returns it owned by the caller, or -1.
+ */
+static int fdq_take(struct td_fdq *q, uint64_t pos)
 {
 	int fd = -1, j = 0;
 
-	for (int i = 0; i < c->n_fdq; i++) {
-		if (fd < 0 && c->fdq[i].start <= pos && pos < c->fdq[i].end) {
-			fd = c->fdq[i].fd;
-		} else if (c->fdq[i].end <= pos) {
-			close(c->fdq[i].fd); /* stray: no frame claimed it */
+	for (int i = 0; i < q->n; i++) {
+		if (fd < 0 && q->q[i].start <= pos && pos < q->q[i].end) {
+			fd = q->q[i].fd;
+		} else if (q->q[i].end <= pos) {
+			close(q->q[i].fd); /* stray: no frame claimed it */
 		} else {
-			c->fdq[j++] = c->fdq[i];
+			q->q[j++] = q->q[i];
 		}
 	}
-	c->n_fdq = j;
+	q->n = j;
 	return fd;
 }
 
-/* Delivers every complete frame in rbuf. Lock held. */
-static int deliver_frames(tensord_client *c)
+/*
+ * Hands rep to the thread waiting for its id, or drops it. Takes ownership
+ * of rep and of fd (-1 when none): moved to the waiter, or freed and
+ * closed. Returns the status of an id 0 error, else 0. Lock held.
+ */
+static int hand_over(struct td_conn *conn, Tensord__Reply *rep, int fd)
 {
+	struct td_pending *p;
+	int st = 0;
+
+	for (p = conn->pending; p; p = p->next)
+		if (p->id == rep->id && !p->done)
+			break;
+	if (p) {
+		p->done = true;
+		p->reply = rep;
+		p->fd = fd;
+		return 0;
+	}
+	/* An id 0 error is the daemon closing us for a protocol error. */
+	if (rep->id == 0 && rep->status < 0) {
+		td_set_error(rep->status, "%s", rep->message);
+		st = rep->status;
+	}
+	tensord__reply__free_unpacked(rep, NULL);
+	if (fd >= 0)
+		close(fd);
+	return st;
+}
+
+/* Delivers every complete frame in the receive buffer. Lock held. */
+static int deliver_frames(struct td_conn *conn)
+{
+	struct td_rbuf *rx = &conn->rx;
 	size_t off = 0;
 
 	for (;;) {
 		struct td_frame f;
-		long n = td_frame_parse(c->rbuf + off, c->rlen - off, TD_FRAME_MAX_REPLY, &f);
+		long n = td_frame_parse(rx->buf + off, rx->len - off, TD_FRAME_MAX_REPLY, &f);
 		Tensord__Reply *rep;
-		int fd = -1;
+		int fd = -1, st;
 
 		if (n == 0)
 			break;
 		if (n < 0)
 			return td_set_error((int)n, "tensord sent a bad frame: %s", tensord_strerror((int)n));
 		if (f.flags & TD_FRAME_FLAG_FD) {
-			fd = take_fd(c, c->rpos + off);
+			fd = fdq_take(&conn->fdq, rx->pos + off);
 			if (fd < 0)
 				return td_set_error(-EPROTO, "tensord sent a frame without its descriptor");
 		}
@@ -129,68 +188,53 @@ static int deliver_frames(tensord_client *c)
 				close(fd);
 			return td_set_error(-EBADMSG, "tensord sent a malformed reply");
 		}
-		struct td_pending *p;
-		for (p = c->pending; p; p = p->next)
-			if (p->id == rep->id && !p->done)
-				break;
-		if (!p) {
-			/* An id 0 error is the daemon closing us for a protocol error. */
-			if (rep->id == 0 && rep->status < 0) {
-				td_set_error(rep->status, "%s", rep->message);
-				int st = rep->status;
-
-				tensord__reply__free_unpacked(rep, NULL);
-				if (fd >= 0)
-					close(fd);
-				return st;
-			}
-			tensord__reply__free_unpacked(rep, NULL);
-			if (fd >= 0)
-				close(fd);
-			continue;
-		}
-		p->done = true;
-		p->reply = rep;
-		p->fd = fd;
+		st = hand_over(conn, rep, fd);
+		if (st < 0)
+			return st;
 	}
 	if (off) {
-		memmove(c->rbuf, c->rbuf + off, c->rlen - off);
-		c->rlen -= off;
-		c->rpos += off;
+		memmove(rx->buf, rx->buf + off, rx->len - off);
+		rx->len -= off;
+		rx->pos += off;
 	}
 	return 0;
 }
 
-/* One recvmsg into rbuf, without the lock (we are the reader). */
-static int read_some(tensord_client *c, int *ret_fd, size_t *ret_n)
+/*
+ * One recvmsg into the receive buffer, without the lock (we are the
+ * reader). On success *ret_n bytes came, and *ret_fd is the first
+ * descriptor with them, owned by the caller, or -1.
+ */
+static int read_some(struct td_conn *conn, int *ret_fd, size_t *ret_n)
 {
 	union {
 		char buf[CMSG_SPACE(sizeof(int) * 4)];
 		struct cmsghdr align;
 	} u;
+	struct td_rbuf *rx = &conn->rx;
 	struct iovec iov;
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
 	ssize_t n;
 
-	if (c->rcap - c->rlen < 4096) {
-		size_t cap = c->rcap ? c->rcap * 2 : 16384;
+	if (rx->cap - rx->len < 4096) {
+		size_t cap = rx->cap ? rx->cap * 2 : 16384;
 		uint8_t *nb;
 
 		if (cap > TD_FRAME_MAX_REPLY + 2 * TD_FRAME_HEADER + 16384)
 			return td_set_error(-EMSGSIZE, "tensord sent an oversized reply");
-		nb = realloc(c->rbuf, cap);
+		nb = realloc(rx->buf, cap);
 		if (!nb)
 			return td_set_error(-ENOMEM, "out of memory");
-		c->rbuf = nb;
-		c->rcap = cap;
+		rx->buf = nb;
+		rx->cap = cap;
 	}
-	iov.iov_base = c->rbuf + c->rlen;
-	iov.iov_len = c->rcap - c->rlen;
+	iov.iov_base = rx->buf + rx->len;
+	iov.iov_len = rx->cap - rx->len;
 	m.msg_control = u.buf;
 	m.msg_controllen = sizeof(u.buf);
 	*ret_fd = -1;
 	do
-		n = recvmsg(c->fd, &m, MSG_CMSG_CLOEXEC);
+		n = recvmsg(conn->fd, &m, MSG_CMSG_CLOEXEC);
 	while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return td_set_error(-ECONNRESET, "connection to tensord lost: %s", strerror(errno));
@@ -218,43 +262,36 @@ static int read_some(tensord_client *c, int *ret_fd, size_t *ret_n)
 /* Waits for p to be answered, reading for everyone when nobody else is. Lock held. */
 static int wait_reply(tensord_client *c, struct td_pending *p)
 {
-	while (!p->done && !c->closed) {
-		if (c->reading) {
-			pthread_cond_wait(&c->cond, &c->lock);
+	struct td_conn *conn = &c->conn;
+
+	while (!p->done && !conn->closed) {
+		if (conn->reading) {
+			pthread_cond_wait(&conn->cond, &c->lock);
 			continue;
 		}
-		c->reading = true;
+		conn->reading = true;
 		pthread_mutex_unlock(&c->lock);
 		int fd = -1, r;
 		size_t n = 0;
 
-		r = read_some(c, &fd, &n);
+		r = read_some(conn, &fd, &n);
 		pthread_mutex_lock(&c->lock);
-		c->reading = false;
+		conn->reading = false;
 		if (r == 0) {
-			uint64_t start = c->rpos + c->rlen;
+			uint64_t start = conn->rx.pos + conn->rx.len;
 
-			if (fd >= 0) {
-				if (c->n_fdq == TD_FDQ) {
-					close(fd);
-					r = td_set_error(-EPROTO, "tensord sent too many descriptors");
-				} else {
-					c->fdq[c->n_fdq].start = start;
-					c->fdq[c->n_fdq].end = start + n;
-					c->fdq[c->n_fdq].fd = fd;
-					c->n_fdq++;
-				}
-			}
-			c->rlen += n;
+			if (fd >= 0)
+				r = fdq_push(&conn->fdq, fd, start, start + n);
+			conn->rx.len += n;
 			if (r == 0)
-				r = deliver_frames(c);
+				r = deliver_frames(conn);
 		}
 		if (r < 0)
-			conn_lost(c, r);
-		pthread_cond_broadcast(&c->cond);
+			conn_lost(conn, r);
+		pthread_cond_broadcast(&conn->cond);
 	}
 	if (!p->done)
-		return c->err ? c->err : -ENOTCONN;
+		return conn->err ? conn->err : -ENOTCONN;
 	return 0;
 }
 
@@ -264,25 +301,25 @@ int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply,
 	int r;
 
 	pthread_mutex_lock(&c->lock);
-	if (c->closed) {
-		r = c->err ? c->err : -ENOTCONN;
+	if (c->conn.closed) {
+		r = c->conn.err ? c->conn.err : -ENOTCONN;
 		pthread_mutex_unlock(&c->lock);
 		return td_set_error(r, "client is closed: %s", tensord_strerror(r));
 	}
-	p.id = ++c->next_id;
-	p.next = c->pending;
-	c->pending = &p;
+	p.id = ++c->conn.next_id;
+	p.next = c->conn.pending;
+	c->conn.pending = &p;
 	pthread_mutex_unlock(&c->lock);
 
 	req->id = p.id;
-	r = send_frame(c, req);
+	r = send_frame(&c->conn, req);
 
 	pthread_mutex_lock(&c->lock);
 	if (r < 0)
-		conn_lost(c, r);
+		conn_lost(&c->conn, r);
 	else
 		r = wait_reply(c, &p);
-	for (struct td_pending **pp = &c->pending; *pp; pp = &(*pp)->next) {
+	for (struct td_pending **pp = &c->conn.pending; *pp; pp = &(*pp)->next) {
 		if (*pp == &p) {
 			*pp = p.next;
 			break;
@@ -319,22 +356,58 @@ int td_send_oneway(tensord_client *c, Tensord__Request *req)
 	bool closed;
 
 	pthread_mutex_lock(&c->lock);
-	closed = c->closed;
+	closed = c->conn.closed;
 	pthread_mutex_unlock(&c->lock);
 	/* After a close the daemon has ended every lease already. */
 	if (closed)
 		return 0;
 	req->id = 0;
-	return send_frame(c, req);
+	return send_frame(&c->conn, req);
+}
+
+/* Opens conn's socket and connects it to path. conn->fd owns it, or is -1. */
+static int conn_open(struct td_conn *conn, const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+
+	conn->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (conn->fd < 0)
+		return td_set_error(-errno, "socket: %s", strerror(errno));
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	if (connect(conn->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+
+		return td_set_error(e == ENOENT ? -ECONNREFUSED : -e, "no tensord at %s: %s", path,
+				    strerror(e));
+	}
+	return 0;
+}
+
+/* The Hello round trip: both sides speak the same protocol version. */
+static int hello(tensord_client *c, const char *path)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__Hello hello = TENSORD__HELLO__INIT;
+	Tensord__Reply *rep;
+	int r;
+
+	hello.version = TENSORD_PROTOCOL_VERSION;
+	hello.client = "libtensord";
+	req.body_case = TENSORD__REQUEST__BODY_HELLO;
+	req.hello = &hello;
+	r = td_rpc(c, &req, &rep, NULL);
+	if (r < 0)
+		return r;
+	if (rep->body_case != TENSORD__REPLY__BODY_HELLO ||
+	    rep->hello->version != TENSORD_PROTOCOL_VERSION)
+		r = td_set_error(-EPROTO, "tensord at %s speaks another protocol version", path);
+	tensord__reply__free_unpacked(rep, NULL);
+	return r;
 }
 
 int tensord_connect(const char *socket_path, tensord_client **ret_client)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	char path[sizeof(sa.sun_path)];
-	Tensord__Request req = TENSORD__REQUEST__INIT;
-	Tensord__Hello hello = TENSORD__HELLO__INIT;
-	Tensord__Reply *rep;
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	tensord_client *c;
 	int r;
 
@@ -351,39 +424,16 @@ int tensord_connect(const char *socket_path, tensord_client **ret_client)
 		return td_set_error(-ENOMEM, "out of memory");
 	atomic_init(&c->refs, 1);
 	pthread_mutex_init(&c->lock, NULL);
-	pthread_mutex_init(&c->send_lock, NULL);
-	pthread_cond_init(&c->cond, NULL);
-	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (c->fd < 0) {
-		r = td_set_error(-errno, "socket: %s", strerror(errno));
-		td_client_unref(c);
-		return r;
-	}
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		int e = errno;
-
-		r = td_set_error(e == ENOENT ? -ECONNREFUSED : -e, "no tensord at %s: %s", path,
-				 strerror(e));
-		td_client_unref(c);
-		return r;
-	}
-	hello.version = TENSORD_PROTOCOL_VERSION;
-	hello.client = "libtensord";
-	req.body_case = TENSORD__REQUEST__BODY_HELLO;
-	req.hello = &hello;
-	r = td_rpc(c, &req, &rep, NULL);
+	pthread_mutex_init(&c->conn.send_lock, NULL);
+	pthread_cond_init(&c->conn.cond, NULL);
+	td_mapcache_init(&c->maps, &c->lock);
+	r = conn_open(&c->conn, path);
+	if (r == 0)
+		r = hello(c, path);
 	if (r < 0) {
 		td_client_unref(c);
 		return r;
 	}
-	if (rep->body_case != TENSORD__REPLY__BODY_HELLO ||
-	    rep->hello->version != TENSORD_PROTOCOL_VERSION) {
-		tensord__reply__free_unpacked(rep, NULL);
-		td_client_unref(c);
-		return td_set_error(-EPROTO, "tensord at %s speaks another protocol version", path);
-	}
-	tensord__reply__free_unpacked(rep, NULL);
 	*ret_client = c;
 	return 0;
 }
@@ -393,37 +443,11 @@ tensord_client *tensord_close(tensord_client *c)
 	if (!c)
 		return NULL;
 	pthread_mutex_lock(&c->lock);
-	conn_lost(c, -ENOTCONN);
+	conn_lost(&c->conn, -ENOTCONN);
 	/* Wakes a reader blocked in recvmsg; the daemon sees EOF and ends
 	 * every lease of this connection. */
-	shutdown(c->fd, SHUT_RDWR);
+	shutdown(c->conn.fd, SHUT_RDWR);
 	pthread_mutex_unlock(&c->lock);
 	td_client_unref(c);
 	return NULL;
-}
-
-void td_info_from_wire(tensord_info *info, const Tensord__TensorInfo *w)
-{
-	memset(info, 0, sizeof(*info));
-	snprintf(info->name, sizeof(info->name), "%s", w->name);
-	if (w->dtype)
-		info->dtype = (DLDataType){ (uint8_t)w->dtype->code, (uint8_t)w->dtype->bits,
-					    (uint16_t)w->dtype->lanes };
-	info->ndim = (int32_t)(w->n_shape <= TENSORD_NDIM_MAX ? w->n_shape : TENSORD_NDIM_MAX);
-	for (int i = 0; i < info->ndim; i++) {
-		info->shape[i] = w->shape[i];
-		info->strides[i] = (size_t)i < w->n_strides ? w->strides[i] : 0;
-	}
-	if (w->device)
-		info->device = (DLDevice){ (DLDeviceType)w->device->type, w->device->id };
-	info->nbytes = w->nbytes;
-	info->byte_offset = w->byte_offset;
-	info->state = (tensord_state)w->state;
-	info->refcount = w->refcount;
-	info->owner_uid = w->owner_uid;
-	info->owner_gid = w->owner_gid;
-	info->mode = w->mode;
-	info->flags = w->flags;
-	info->created_ns = w->created_ns;
-	info->id = w->id;
 }

@@ -1,4 +1,9 @@
-/* Internals of libtensord shared by its files. */
+/*
+ * Internals of libtensord shared by its files. A tensord_client is a
+ * connection (struct td_conn, client.c) and the cache of mappings its
+ * leases use (struct td_mapcache, mapcache.c), under one lock. Leases and
+ * their DLPack handles are in lease.c, the requests in requests.c.
+ */
 #ifndef TENSORD_CLIENT_H
 #define TENSORD_CLIENT_H
 
@@ -10,10 +15,13 @@
 #include <tensord/tensord.h>
 
 #include "import.h"
+#include "lease.h"
+#include "mapcache.h"
 #include "proto/tensord.pb-c.h"
 
 #define TD_FDQ 8
 
+/* A request waiting for its reply; lives on the stack of td_rpc(). */
 struct td_pending {
 	uint64_t id;
 	bool done;
@@ -22,44 +30,64 @@ struct td_pending {
 	struct td_pending *next;
 };
 
-struct tensord_client {
-	atomic_uint refs;          /* the user's handle plus one per live lease */
-	int fd;                    /* closed when the last reference goes */
-	pthread_mutex_t send_lock; /* one frame at a time on the socket */
-	pthread_mutex_t lock;      /* guards everything below */
-	pthread_cond_t cond;
-	bool reading;              /* some thread is receiving for everyone */
-	bool closed;               /* tensord_close() ran, or the connection died */
-	int err;                   /* why it died: -ECONNRESET, -EPROTO, ... */
-	uint64_t next_id;
-	struct td_pending *pending;
-	struct td_mapping *maps;   /* every mapping some lease uses */
-	uint8_t *rbuf;             /* received bytes not yet parsed */
-	size_t rlen, rcap;
-	uint64_t rpos;             /* stream offset of rbuf[0] */
-	struct {
-		uint64_t start, end;   /* stream bytes of the read that brought it */
-		int fd;
-	} fdq[TD_FDQ];             /* descriptors not yet matched to a frame */
-	int n_fdq;
+/*
+ * Received bytes not yet parsed. Only the reader touches it: the thread
+ * that set td_conn.reading, or one that holds the lock while none has.
+ */
+struct td_rbuf {
+	uint8_t *buf; /* owned */
+	size_t len, cap;
+	uint64_t pos; /* stream offset of buf[0] */
 };
 
-/* Round trip: sends req (its id is set here) and waits for its reply.
- * 0 with *ret_reply owned by the caller (free with tensord__reply__free_unpacked),
- * and *ret_fd (-1 when none), or -errno with the error message set. A reply
- * with a negative status is returned as that status, message set. */
+/* Descriptors that came with received bytes, not yet matched to a frame. */
+struct td_fdq {
+	struct {
+		uint64_t start, end; /* stream bytes of the read that brought it */
+		int fd;              /* owned */
+	} q[TD_FDQ];
+	int n;
+};
+
+/* The socket to the daemon and the exchange of frames on it. */
+struct td_conn {
+	int fd;                     /* owned; closed when the client's last reference goes */
+	pthread_mutex_t send_lock;  /* one frame at a time on the socket */
+	/* The rest is guarded by the client's lock. */
+	pthread_cond_t cond;        /* a reply came, the reader stepped down, or the end */
+	bool reading;               /* some thread is receiving for everyone */
+	bool closed;                /* tensord_close() ran, or the connection died */
+	int err;                    /* why it died: -ECONNRESET, -EPROTO, ... */
+	uint64_t next_id;
+	struct td_pending *pending; /* borrowed: each lives on its td_rpc() caller's stack */
+	struct td_rbuf rx;
+	struct td_fdq fdq;
+};
+
+struct tensord_client {
+	atomic_uint refs;     /* the user's handle plus one per live lease */
+	pthread_mutex_t lock; /* guards conn (but its fd and send_lock) and maps */
+	struct td_conn conn;
+	struct td_mapcache maps;
+};
+
+/*
+ * Round trip: sends req (its id is set here; otherwise borrowed for the
+ * call) and waits for its reply. On success *ret_reply is owned by the
+ * caller (free it with tensord__reply__free_unpacked()), and so is *ret_fd
+ * (-1 when none; when ret_fd is NULL a descriptor is closed here). On
+ * failure -errno with the error message set. A reply with a negative
+ * status is returned as that status, message set.
+ */
 int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply, int *ret_fd);
 
-/* Sends a request that gets no reply (Release). */
+/* Sends a request that gets no reply (Release). req is borrowed for the call. */
 int td_send_oneway(tensord_client *c, Tensord__Request *req);
 
+/* Takes a reference on c; each live lease holds one. */
 void td_client_ref(tensord_client *c);
+
+/* Drops one reference on c; the last one closes the socket and frees c. */
 void td_client_unref(tensord_client *c);
 
-/* The mapping behind a handle made by this library, or NULL. */
-struct td_mapping *td_tensor_mapping(const DLManagedTensorVersioned *t);
-
-/* Fills a tensord_info from the wire form. */
-void td_info_from_wire(tensord_info *info, const Tensord__TensorInfo *w);
-
-#endif
+#endif /* TENSORD_CLIENT_H */

@@ -145,8 +145,10 @@ TENSORD_API int tensord_default_socket_path(char *buf, size_t len);
 
 /*
  * Creates a tensor in the created state and returns it, writable, to the
- * caller. Nobody else sees it until tensord_publish(). On success
- * *ret_tensor holds one lease; its deleter ends it.
+ * caller. Nobody else sees it until tensord_publish(). spec is borrowed
+ * for the call. On success *ret_tensor is owned by the caller and holds
+ * one lease; its deleter ends it and must run exactly once, from any
+ * thread, also after tensord_close().
  * -EEXIST, -EINVAL (name, dtype, shape or strides), -ENOSPC, -ENODEV.
  */
 TENSORD_API int tensord_create(tensord_client *client, const char *name, const tensord_spec *spec,
@@ -167,17 +169,26 @@ TENSORD_API int tensord_publish(tensord_client *client, const char *name);
  * up to that long and fails with -ETIMEDOUT. The result has
  * DLPACK_FLAG_BITMASK_READ_ONLY set unless the tensor is mutable and the
  * caller may write it. -EACCES when its mode refuses the caller.
+ * On success *ret_tensor is owned by the caller and holds one lease; its
+ * deleter ends it and must run exactly once, from any thread, also after
+ * tensord_close().
  */
 TENSORD_API int tensord_attach(tensord_client *client, const char *name, int timeout_ms,
 			       DLManagedTensorVersioned **ret_tensor);
 
-/* The same, as a pre-1.0 DLManagedTensor for consumers that want one. */
+/*
+ * The same, as a pre-1.0 DLManagedTensor for consumers that want one.
+ * On success *ret_tensor is owned by the caller and holds one lease; its
+ * deleter ends it and must run exactly once, from any thread, also after
+ * tensord_close().
+ */
 TENSORD_API int tensord_attach_legacy(tensord_client *client, const char *name, int timeout_ms,
 				      DLManagedTensor **ret_tensor);
 
 /*
  * create + copy + publish in one call. src must be host memory (kDLCPU);
- * any strides are accepted and the copy is stored row-major compact.
+ * any strides are accepted and the copy is stored row-major compact. src
+ * is borrowed for the call; no lease outlives it.
  */
 TENSORD_API int tensord_put(tensord_client *client, const char *name, const DLTensor *src,
 			    uint32_t flags, uint32_t mode);
@@ -191,7 +202,8 @@ TENSORD_API int tensord_stat(tensord_client *client, const char *name, tensord_i
 /*
  * Describes every tensor whose name starts with prefix (NULL or "": all), in
  * name order. On success *ret_infos is a malloc'ed array of *ret_count
- * entries that the caller frees with free().
+ * entries, owned by the caller, who frees it with free() (also when
+ * *ret_count is 0).
  */
 TENSORD_API int tensord_list(tensord_client *client, const char *prefix, tensord_info **ret_infos,
 			     size_t *ret_count);
@@ -206,16 +218,17 @@ TENSORD_API int tensord_stats(tensord_client *client, tensord_daemon_stats *ret_
 
 /*
  * Returns a second DLManagedTensorVersioned for the same lease as t (which
- * must come from this library). The lease ends when the deleters of t and
- * of every share have all run. Used by the Python module to hand one lease
- * to several consumers.
+ * must come from this library; borrowed for the call). On success
+ * *ret_tensor is owned by the caller. Each handle's deleter must run, once:
+ * the lease ends when the deleters of t and of every share have all run.
+ * Used by the Python module to hand one lease to several consumers.
  */
 TENSORD_API int tensord_share(DLManagedTensorVersioned *t, DLManagedTensorVersioned **ret_tensor);
 
 /*
- * Describes the tensor behind t (which must come from this library) as it
- * was when attached or created, without a round trip. -EINVAL if t is not
- * ours.
+ * Describes the tensor behind t (which must come from this library;
+ * borrowed for the call) as it was when attached or created, without a
+ * round trip. -EINVAL if t is not ours.
  */
 TENSORD_API int tensord_tensor_info(const DLManagedTensorVersioned *t, tensord_info *ret_info);
 

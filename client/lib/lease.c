@@ -1,0 +1,372 @@
+/*
+ * libtensord: leases and DLPack. Every create or attach yields one struct
+ * td_lease; each DLManagedTensor(Versioned) handed out for it holds one
+ * reference, and the last deleter ends the lease (a one-way Release to the
+ * daemon), drops the mapping and the client reference. Deleters never take
+ * the GIL or wait for the daemon, so they are safe on any thread, during
+ * interpreter shutdown, and after tensord_close().
+ *
+ * Mappings are cached per client (mapcache.c) while any lease uses them, so
+ * attaching a tensor this process already maps costs one round trip and no
+ * mmap (the daemon then sends no descriptor).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client.h"
+
+#define LEASE_MAGIC 0x7e45d1ea
+
+struct td_lease {
+	uint32_t magic;
+	atomic_uint refs;       /* handles alive */
+	tensord_client *c;      /* holds a client reference */
+	uint64_t lease_id;
+	struct td_mapping *map; /* holds a mapping reference; NULL for zero-size */
+	bool readonly;
+	tensord_info info;      /* shape and strides the handles point into */
+};
+
+struct td_handle {
+	DLManagedTensorVersioned mt;
+	struct td_lease *l; /* holds one reference */
+};
+
+struct td_handle_legacy {
+	DLManagedTensor mt;
+	struct td_lease *l; /* holds one reference */
+};
+
+/* Zero-size tensors point here: a valid, aligned, never-dereferenced address. */
+static _Alignas(256) const uint8_t empty_data[256];
+
+/* Tells the daemon a lease is over; no reply. A failure means the
+ * connection is gone, and with it the lease. */
+static void send_release(tensord_client *c, uint64_t lease_id)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__Release rel = TENSORD__RELEASE__INIT;
+
+	rel.lease = lease_id;
+	req.body_case = TENSORD__REQUEST__BODY_RELEASE;
+	req.release = &rel;
+	td_send_oneway(c, &req);
+}
+
+/*
+ * Ends a lease the daemon granted (0: none) for a reply we could not use,
+ * or it would live until close; keeps the calling thread's error message.
+ * Returns err.
+ */
+static int end_granted(tensord_client *c, uint64_t lease_id, int err)
+{
+	char saved[512];
+
+	if (!lease_id)
+		return err;
+	snprintf(saved, sizeof(saved), "%s", tensord_last_error());
+	send_release(c, lease_id);
+	td_set_error(err, "%s", saved);
+	return err;
+}
+
+/* Takes ownership of one reference on l; the last one ends the lease. */
+static void lease_unref(struct td_lease *l)
+{
+	if (atomic_fetch_sub_explicit(&l->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	/* Unmap before the daemon may free: with legacy GPU IPC handles the
+	 * exporter freeing memory an importer still has open is undefined. */
+	if (l->map)
+		td_mapcache_unref(&l->c->maps, l->map);
+	send_release(l->c, l->lease_id);
+	td_client_unref(l->c);
+	l->magic = 0;
+	free(l);
+}
+
+/* The handles' deleters: free the handle and drop its reference on the lease. */
+static void handle_deleter(DLManagedTensorVersioned *self)
+{
+	struct td_handle *h = (struct td_handle *)self;
+	struct td_lease *l = h->l;
+
+	free(h);
+	lease_unref(l);
+}
+
+static void legacy_deleter(DLManagedTensor *self)
+{
+	struct td_handle_legacy *h = (struct td_handle_legacy *)self;
+	struct td_lease *l = h->l;
+
+	free(h);
+	lease_unref(l);
+}
+
+/* Points t into l's mapping and info: borrowed, valid while l lives. */
+static void fill_dltensor(DLTensor *t, struct td_lease *l)
+{
+	t->data = l->map ? l->map->data : (void *)empty_data;
+	t->device = l->map ? l->map->device : l->info.device;
+	t->ndim = l->info.ndim;
+	t->dtype = l->info.dtype;
+	t->shape = l->info.ndim ? l->info.shape : NULL;
+	t->strides = l->info.ndim ? l->info.strides : NULL;
+	t->byte_offset = 0;
+}
+
+/* A new handle on l, which takes a reference on l; its deleter drops it. NULL: no memory. */
+static DLManagedTensorVersioned *handle_new(struct td_lease *l)
+{
+	struct td_handle *h = malloc(sizeof(*h));
+
+	if (!h)
+		return NULL;
+	h->mt.version.major = DLPACK_MAJOR_VERSION;
+	h->mt.version.minor = DLPACK_MINOR_VERSION;
+	h->mt.manager_ctx = l;
+	h->mt.deleter = handle_deleter;
+	h->mt.flags = l->readonly || (l->map && !l->map->writable) ? DLPACK_FLAG_BITMASK_READ_ONLY
+								  : 0;
+	fill_dltensor(&h->mt.dl_tensor, l);
+	h->l = l;
+	atomic_fetch_add_explicit(&l->refs, 1, memory_order_relaxed);
+	return &h->mt;
+}
+
+/* The lease behind t, or NULL if t is not ours. Borrowed: valid while t lives. */
+static struct td_lease *lease_of(const DLManagedTensorVersioned *t)
+{
+	struct td_lease *l;
+
+	if (!t || t->deleter != handle_deleter)
+		return NULL;
+	l = t->manager_ctx;
+	return l && l->magic == LEASE_MAGIC ? l : NULL;
+}
+
+int tensord_share(DLManagedTensorVersioned *t, DLManagedTensorVersioned **ret_tensor)
+{
+	struct td_lease *l = lease_of(t);
+	DLManagedTensorVersioned *s;
+
+	if (!l)
+		return td_set_error(-EINVAL, "not a tensor made by libtensord");
+	s = handle_new(l);
+	if (!s)
+		return td_set_error(-ENOMEM, "out of memory");
+	s->flags |= t->flags;
+	*ret_tensor = s;
+	return 0;
+}
+
+struct td_mapping *td_tensor_mapping(const DLManagedTensorVersioned *t)
+{
+	struct td_lease *l = lease_of(t);
+
+	return l ? l->map : NULL;
+}
+
+int tensord_tensor_info(const DLManagedTensorVersioned *t, tensord_info *ret_info)
+{
+	struct td_lease *l = lease_of(t);
+
+	if (!l)
+		return td_set_error(-EINVAL, "not a tensor made by libtensord");
+	*ret_info = l->info;
+	return 0;
+}
+
+/*
+ * Takes ownership of fd and of the reference on pinned (either may be
+ * absent): closes the one and drops the other.
+ */
+static void drop(struct td_mapcache *mc, int fd, struct td_mapping *pinned)
+{
+	if (fd >= 0)
+		close(fd);
+	if (pinned)
+		td_mapcache_unref(mc, pinned);
+}
+
+/*
+ * Maps the memory a Lease reply hands over and adds it to mc. info is the
+ * reply's tensor, borrowed for the call.
+ * Takes ownership of fd (-1 when none): it is closed on every path.
+ * On success *ret_map is a new reference; release with td_mapcache_unref().
+ */
+static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w,
+			  const tensord_info *info, int fd, bool created,
+			  struct td_mapping **ret_map)
+{
+	const struct td_importer *imp = td_importer_for(w->handle);
+	struct td_import_desc d = {
+		.handle_kind = w->handle,
+		.map_size = w->map_size,
+		.writable = w->writable,
+		.device = info->device,
+		.uuid = w->info->device ? w->info->device->uuid.data : NULL,
+		.uuid_len = w->info->device ? w->info->device->uuid.len : 0,
+		.ipc_handle = w->ipc_handle.data,
+		.ipc_handle_len = w->ipc_handle.len,
+		.ipc_offset = w->ipc_offset,
+	};
+	struct td_mapping *m;
+	int r;
+
+	if (!imp) {
+		r = td_set_error(-ENOTSUP, "tensor '%s': this libtensord cannot map handle kind %d",
+				 info->name, (int)w->handle);
+		drop(mc, fd, NULL);
+		return r;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m) {
+		drop(mc, fd, NULL);
+		return td_set_error(-ENOMEM, "out of memory");
+	}
+	m->id = info->id;
+	m->handle_kind = w->handle;
+	r = imp->map(m, fd, &d);
+	if (r < 0) {
+		free(m);
+		return r;
+	}
+	m->writable = w->writable;
+	m->created_here = created;
+	m->flags = info->flags;
+	m->reusable = true;
+	snprintf(m->name, sizeof(m->name), "%s", info->name);
+	td_mapcache_insert(mc, m);
+	*ret_map = m;
+	return 0;
+}
+
+/*
+ * The mapping a Lease reply's lease uses: pinned when the daemon says we
+ * may reuse it, a new one when it sent a handle, NULL for zero-size
+ * tensors. info is the reply's tensor, borrowed for the call.
+ * Takes ownership of fd (-1 when none): it is closed on every path.
+ * Takes ownership of the reference on pinned (NULL when none): moved to
+ * *ret_map or dropped. On success *ret_map is a new reference or NULL;
+ * release with td_mapcache_unref().
+ */
+static int lease_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const tensord_info *info,
+			 int fd, struct td_mapping *pinned, bool created,
+			 struct td_mapping **ret_map)
+{
+	struct td_mapping *m = NULL;
+	int r = 0;
+
+	if (w->reused) {
+		if (!pinned || pinned->id != w->info->id) {
+			r = td_set_error(-EPROTO, "tensor '%s': tensord reused a mapping we do not hold",
+					 info->name);
+		} else {
+			m = pinned;
+			pinned = NULL;
+		}
+	} else if (w->handle != TENSORD__HANDLE_KIND__HANDLE_NONE) {
+		r = import_mapping(mc, w, info, fd, created, &m);
+		fd = -1;
+	}
+	drop(mc, fd, pinned);
+	if (r < 0)
+		return r;
+	*ret_map = m;
+	return 0;
+}
+
+int td_lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
+			struct td_mapping *pinned, bool created, struct td_lease **ret_lease)
+{
+	struct td_lease *l = calloc(1, sizeof(*l));
+	struct td_mapping *m = NULL;
+	int r;
+
+	if (!l || !w->info) {
+		r = td_set_error(l ? -EPROTO : -ENOMEM, l ? "tensord sent a lease without a tensor"
+							   : "out of memory");
+		drop(&c->maps, fd, pinned);
+		goto fail;
+	}
+	td_info_from_wire(&l->info, w->info);
+	r = lease_mapping(&c->maps, w, &l->info, fd, pinned, created, &m);
+	if (r < 0)
+		goto fail;
+	l->magic = LEASE_MAGIC;
+	atomic_init(&l->refs, 0);
+	l->c = c;
+	td_client_ref(c);
+	l->lease_id = w->lease;
+	l->map = m;
+	l->readonly = !w->writable;
+	*ret_lease = l;
+	return 0;
+fail:
+	end_granted(c, w->lease, r);
+	free(l);
+	return r;
+}
+
+int td_lease_handle(struct td_lease *l, DLManagedTensorVersioned **ret_tensor)
+{
+	DLManagedTensorVersioned *h;
+
+	atomic_store(&l->refs, 1);
+	h = handle_new(l);
+	if (!h) {
+		lease_unref(l);
+		return td_set_error(-ENOMEM, "out of memory");
+	}
+	atomic_fetch_sub(&l->refs, 1);
+	*ret_tensor = h;
+	return 0;
+}
+
+int td_lease_handle_legacy(struct td_lease *l, DLManagedTensor **ret_tensor)
+{
+	struct td_handle_legacy *h = malloc(sizeof(*h));
+
+	atomic_store(&l->refs, 1);
+	if (!h) {
+		lease_unref(l);
+		return td_set_error(-ENOMEM, "out of memory");
+	}
+	fill_dltensor(&h->mt.dl_tensor, l);
+	h->mt.manager_ctx = l;
+	h->mt.deleter = legacy_deleter;
+	h->l = l;
+	*ret_tensor = &h->mt;
+	return 0;
+}
+
+void td_info_from_wire(tensord_info *info, const Tensord__TensorInfo *w)
+{
+	memset(info, 0, sizeof(*info));
+	snprintf(info->name, sizeof(info->name), "%s", w->name);
+	if (w->dtype)
+		info->dtype = (DLDataType){ (uint8_t)w->dtype->code, (uint8_t)w->dtype->bits,
+					    (uint16_t)w->dtype->lanes };
+	info->ndim = (int32_t)(w->n_shape <= TENSORD_NDIM_MAX ? w->n_shape : TENSORD_NDIM_MAX);
+	for (int i = 0; i < info->ndim; i++) {
+		info->shape[i] = w->shape[i];
+		info->strides[i] = (size_t)i < w->n_strides ? w->strides[i] : 0;
+	}
+	if (w->device)
+		info->device = (DLDevice){ (DLDeviceType)w->device->type, w->device->id };
+	info->nbytes = w->nbytes;
+	info->byte_offset = w->byte_offset;
+	info->state = (tensord_state)w->state;
+	info->refcount = w->refcount;
+	info->owner_uid = w->owner_uid;
+	info->owner_gid = w->owner_gid;
+	info->mode = w->mode;
+	info->flags = w->flags;
+	info->created_ns = w->created_ns;
+	info->id = w->id;
+}

@@ -1,0 +1,47 @@
+/*
+ * Leases in this process (lease.c): one struct td_lease per create or
+ * attach, held by the DLPack handles made for it; the last deleter ends it.
+ */
+#ifndef TENSORD_CLIENT_LEASE_H
+#define TENSORD_CLIENT_LEASE_H
+
+#include <stdbool.h>
+
+#include <tensord/tensord.h>
+
+#include "import.h"
+#include "proto/tensord.pb-c.h"
+
+struct td_lease;
+
+/*
+ * Turns the Lease in a create or attach reply into a lease with no handle
+ * yet; pass it to td_lease_handle() or td_lease_handle_legacy(). w is
+ * borrowed for the call; created: this process created the tensor.
+ * Takes ownership of fd (-1 when none): it is closed on every path.
+ * Takes ownership of the reference on pinned (NULL when none), the cached
+ * mapping the attach offered to reuse: kept by the lease or dropped.
+ * On failure the lease the daemon granted is ended again.
+ */
+int td_lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
+			struct td_mapping *pinned, bool created, struct td_lease **ret_lease);
+
+/*
+ * Takes ownership of l. On success *ret_tensor holds it, and its deleter
+ * ends it; on failure l is ended here.
+ */
+int td_lease_handle(struct td_lease *l, DLManagedTensorVersioned **ret_tensor);
+
+/* The same, as a pre-1.0 DLManagedTensor. Takes ownership of l likewise. */
+int td_lease_handle_legacy(struct td_lease *l, DLManagedTensor **ret_tensor);
+
+/*
+ * The mapping behind a handle made by this library, or NULL.
+ * Borrowed: valid until t's deleter runs.
+ */
+struct td_mapping *td_tensor_mapping(const DLManagedTensorVersioned *t);
+
+/* Fills a tensord_info from the wire form. w is borrowed for the call. */
+void td_info_from_wire(tensord_info *info, const Tensord__TensorInfo *w);
+
+#endif /* TENSORD_CLIENT_LEASE_H */

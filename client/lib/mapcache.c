@@ -1,0 +1,85 @@
+/*
+ * libtensord: the per-client mapping cache. Mappings are keyed by tensor id
+ * and found by name while any lease uses them; the importer that made one
+ * unmaps it when its last lease ends. Unmapping happens outside the lock.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mapcache.h"
+
+void td_mapcache_init(struct td_mapcache *mc, pthread_mutex_t *lock)
+{
+	mc->lock = lock;
+	mc->maps = NULL;
+}
+
+void td_mapcache_insert(struct td_mapcache *mc, struct td_mapping *m)
+{
+	pthread_mutex_lock(mc->lock);
+	m->refs = 1;
+	m->next = mc->maps;
+	mc->maps = m;
+	pthread_mutex_unlock(mc->lock);
+}
+
+struct td_mapping *td_mapcache_find_reusable(struct td_mapcache *mc, const char *name)
+{
+	struct td_mapping *m;
+
+	pthread_mutex_lock(mc->lock);
+	for (m = mc->maps; m; m = m->next) {
+		if (m->reusable && strcmp(m->name, name) == 0) {
+			m->refs++;
+			break;
+		}
+	}
+	pthread_mutex_unlock(mc->lock);
+	return m;
+}
+
+struct td_mapping *td_mapcache_find_created(struct td_mapcache *mc, const char *name)
+{
+	struct td_mapping *m;
+
+	pthread_mutex_lock(mc->lock);
+	for (m = mc->maps; m; m = m->next) {
+		if (m->created_here && m->writable && strcmp(m->name, name) == 0) {
+			m->refs++;
+			break;
+		}
+	}
+	pthread_mutex_unlock(mc->lock);
+	return m;
+}
+
+void td_mapcache_mark_published(struct td_mapcache *mc, struct td_mapping *m, bool private_view)
+{
+	pthread_mutex_lock(mc->lock);
+	if (private_view)
+		m->reusable = false;
+	m->writable = false;
+	pthread_mutex_unlock(mc->lock);
+}
+
+void td_mapcache_unref(struct td_mapcache *mc, struct td_mapping *m)
+{
+	const struct td_importer *imp;
+
+	pthread_mutex_lock(mc->lock);
+	if (--m->refs) {
+		pthread_mutex_unlock(mc->lock);
+		return;
+	}
+	for (struct td_mapping **pm = &mc->maps; *pm; pm = &(*pm)->next) {
+		if (*pm == m) {
+			*pm = m->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(mc->lock);
+	imp = td_importer_for(m->handle_kind);
+	if (imp)
+		imp->unmap(m);
+	free(m);
+}

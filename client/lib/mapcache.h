@@ -1,0 +1,55 @@
+/*
+ * The per-client mapping cache: every mapping that some lease of one client
+ * uses, refcounted by those leases. A repeat attach of a name this process
+ * already maps reuses the mapping (one round trip, no mmap), and the
+ * creator's publish finds its own view here. Knows nothing of the socket.
+ */
+#ifndef TENSORD_CLIENT_MAPCACHE_H
+#define TENSORD_CLIENT_MAPCACHE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "import.h"
+
+struct td_mapcache {
+	pthread_mutex_t *lock;   /* borrowed: the client's; guards maps and every m->refs */
+	struct td_mapping *maps; /* each mapping whose refs is above 0; no reference of its own */
+};
+
+/* Starts an empty cache. Borrowed: lock, valid until the cache is empty and unused. */
+void td_mapcache_init(struct td_mapcache *mc, pthread_mutex_t *lock);
+
+/*
+ * Adds m, just filled in by its importer, with one reference, which the
+ * caller keeps: it now belongs to the cache; release with td_mapcache_unref().
+ */
+void td_mapcache_insert(struct td_mapcache *mc, struct td_mapping *m);
+
+/*
+ * A mapping that a repeat attach of name may reuse, or NULL.
+ * Returns a new reference; release with td_mapcache_unref().
+ */
+struct td_mapping *td_mapcache_find_reusable(struct td_mapcache *mc, const char *name);
+
+/*
+ * The writable mapping this process made when it created name, for its
+ * publish, or NULL. Returns a new reference; release with td_mapcache_unref().
+ */
+struct td_mapping *td_mapcache_find_created(struct td_mapcache *mc, const char *name);
+
+/*
+ * Records that the creator published m immutable: new handles on it say
+ * read-only, and when private_view is set m now holds the creator's private
+ * view, which no attach may reuse. Borrowed: m, on which the caller holds a
+ * reference.
+ */
+void td_mapcache_mark_published(struct td_mapcache *mc, struct td_mapping *m, bool private_view);
+
+/*
+ * Takes ownership of one reference on m; the last one unmaps m and frees
+ * it. Never fails, never waits for the daemon; any thread.
+ */
+void td_mapcache_unref(struct td_mapcache *mc, struct td_mapping *m);
+
+#endif /* TENSORD_CLIENT_MAPCACHE_H */

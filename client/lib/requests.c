@@ -1,0 +1,348 @@
+/*
+ * libtensord: the requests. Each public call checks its arguments, builds
+ * one Request, makes one round trip (td_rpc) and turns the reply into
+ * public records, or into a lease (lease.c) for create and attach.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client.h"
+#include "common/desc.h"
+
+static int check_name(const char *name)
+{
+	char why[300];
+
+	if (!name)
+		return td_set_error(-EINVAL, "name is NULL");
+	if (td_name_check(name, strlen(name), why, sizeof(why)) < 0)
+		return td_set_error(-EINVAL, "%s", why);
+	return 0;
+}
+
+/*
+ * The lease in the reply to a create or attach (op) of name.
+ * Takes ownership of rep and fd (-1 when none): freed and closed on every
+ * path. Takes ownership of the reference on pinned (NULL when none), as
+ * td_lease_from_reply() does. On success *ret_lease is the caller's; hand
+ * it to td_lease_handle() or td_lease_handle_legacy().
+ */
+static int lease_reply(tensord_client *c, const char *name, const char *op, Tensord__Reply *rep,
+		       int fd, struct td_mapping *pinned, bool created, struct td_lease **ret_lease)
+{
+	int r;
+
+	if (rep->body_case != TENSORD__REPLY__BODY_LEASE) {
+		tensord__reply__free_unpacked(rep, NULL);
+		if (fd >= 0)
+			close(fd);
+		if (pinned)
+			td_mapcache_unref(&c->maps, pinned);
+		return td_set_error(-EPROTO, "tensor '%s': tensord answered %s without a lease",
+				    name, op);
+	}
+	r = td_lease_from_reply(c, rep->lease, fd, pinned, created, ret_lease);
+	tensord__reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec,
+		   DLManagedTensorVersioned **ret_tensor)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__Create cr = TENSORD__CREATE__INIT;
+	Tensord__DType dt = TENSORD__DTYPE__INIT;
+	Tensord__Device dev = TENSORD__DEVICE__INIT;
+	Tensord__Reply *rep;
+	struct td_lease *l;
+	int fd, r;
+
+	r = check_name(name);
+	if (r < 0)
+		return r;
+	if (!spec || spec->ndim < 0 || spec->ndim > TENSORD_NDIM_MAX || (spec->ndim && !spec->shape))
+		return td_set_error(-EINVAL, "tensor '%s': bad spec (ndim %d)", name,
+				    spec ? spec->ndim : -1);
+	dt.code = spec->dtype.code;
+	dt.bits = spec->dtype.bits;
+	dt.lanes = spec->dtype.lanes;
+	dev.type = (uint32_t)spec->device.device_type;
+	dev.id = spec->device.device_id;
+	cr.name = (char *)name;
+	cr.dtype = &dt;
+	cr.n_shape = (size_t)spec->ndim;
+	cr.shape = (int64_t *)spec->shape;
+	cr.n_strides = spec->strides ? (size_t)spec->ndim : 0;
+	cr.strides = (int64_t *)spec->strides;
+	cr.device = &dev;
+	cr.flags = spec->flags;
+	cr.mode = spec->mode;
+	req.body_case = TENSORD__REQUEST__BODY_CREATE;
+	req.create = &cr;
+	r = td_rpc(c, &req, &rep, &fd);
+	if (r < 0)
+		return r;
+	r = lease_reply(c, name, "create", rep, fd, NULL, true, &l);
+	if (r < 0)
+		return r;
+	return td_lease_handle(l, ret_tensor);
+}
+
+/* An attach round trip. On success *ret_lease is the caller's, as from lease_reply(). */
+static int attach_lease(tensord_client *c, const char *name, int timeout_ms,
+			struct td_lease **ret_lease)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__Attach at = TENSORD__ATTACH__INIT;
+	struct td_mapping *pinned;
+	Tensord__Reply *rep;
+	int fd, r;
+
+	r = check_name(name);
+	if (r < 0)
+		return r;
+	/* Held across the round trip so that the daemon's "reused" stays true. */
+	pinned = td_mapcache_find_reusable(&c->maps, name);
+	at.name = (char *)name;
+	at.timeout_ms = timeout_ms;
+	at.have_id = pinned ? pinned->id : 0;
+	req.body_case = TENSORD__REQUEST__BODY_ATTACH;
+	req.attach = &at;
+	r = td_rpc(c, &req, &rep, &fd);
+	if (r < 0) {
+		if (pinned)
+			td_mapcache_unref(&c->maps, pinned);
+		return r;
+	}
+	return lease_reply(c, name, "attach", rep, fd, pinned, false, ret_lease);
+}
+
+int tensord_attach(tensord_client *c, const char *name, int timeout_ms,
+		   DLManagedTensorVersioned **ret_tensor)
+{
+	struct td_lease *l;
+	int r = attach_lease(c, name, timeout_ms, &l);
+
+	if (r < 0)
+		return r;
+	return td_lease_handle(l, ret_tensor);
+}
+
+int tensord_attach_legacy(tensord_client *c, const char *name, int timeout_ms,
+			  DLManagedTensor **ret_tensor)
+{
+	struct td_lease *l;
+	int r = attach_lease(c, name, timeout_ms, &l);
+
+	if (r < 0)
+		return r;
+	return td_lease_handle_legacy(l, ret_tensor);
+}
+
+/* A round trip whose reply carries nothing but its status. req is borrowed. */
+static int simple_rpc(tensord_client *c, Tensord__Request *req)
+{
+	Tensord__Reply *rep;
+	int r = td_rpc(c, req, &rep, NULL);
+
+	if (r == 0)
+		tensord__reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+/*
+ * Readies the creator's own view of name for its publish (see
+ * tensord_publish): waits for queued GPU writes, then, for an immutable
+ * tensor, makes the view private. On success *ret_mine is a new reference
+ * or NULL (no view of ours); release with td_mapcache_unref(). *ret_imp is
+ * the importer whose make_private ran, or NULL.
+ */
+static int prepare_own_view(tensord_client *c, const char *name, struct td_mapping **ret_mine,
+			    const struct td_importer **ret_imp)
+{
+	struct td_mapping *mine = td_mapcache_find_created(&c->maps, name);
+	const struct td_importer *imp;
+	int r;
+
+	*ret_mine = NULL;
+	*ret_imp = NULL;
+	if (!mine)
+		return 0;
+	imp = td_importer_for(mine->handle_kind);
+	/* GPU writes still queued on a stream must land first. */
+	if (imp && imp->sync) {
+		r = imp->sync(mine);
+		if (r < 0) {
+			td_mapcache_unref(&c->maps, mine);
+			return r;
+		}
+	}
+	if (!(mine->flags & TENSORD_MUTABLE) && imp && imp->make_private) {
+		r = imp->make_private(mine);
+		if (r < 0) {
+			td_mapcache_unref(&c->maps, mine);
+			return r;
+		}
+		*ret_imp = imp;
+	}
+	*ret_mine = mine;
+	return 0;
+}
+
+int tensord_publish(tensord_client *c, const char *name)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__Publish pub = TENSORD__PUBLISH__INIT;
+	const struct td_importer *imp;
+	struct td_mapping *mine;
+	int r;
+
+	r = check_name(name);
+	if (r < 0)
+		return r;
+	/*
+	 * An immutable tensor's bytes must never change once published, not
+	 * even through views its creator made before: our own shared writable
+	 * mapping becomes a private one at the same address (so those views
+	 * stay valid and later writes stay private), and then the daemon seals
+	 * the memory, which the kernel refuses if any shared writer remains.
+	 */
+	r = prepare_own_view(c, name, &mine, &imp);
+	if (r < 0)
+		return r;
+	pub.name = (char *)name;
+	req.body_case = TENSORD__REQUEST__BODY_PUBLISH;
+	req.publish = &pub;
+	r = simple_rpc(c, &req);
+	if (mine) {
+		if (r < 0 && imp && imp->make_shared)
+			imp->make_shared(mine);
+		else if (r == 0 && !(mine->flags & TENSORD_MUTABLE))
+			/* New handles on the creator's lease say read-only now. */
+			td_mapcache_mark_published(&c->maps, mine, imp != NULL);
+		td_mapcache_unref(&c->maps, mine);
+	}
+	return r;
+}
+
+int tensord_unlink(tensord_client *c, const char *name)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__Unlink ul = TENSORD__UNLINK__INIT;
+	int r = check_name(name);
+
+	if (r < 0)
+		return r;
+	ul.name = (char *)name;
+	req.body_case = TENSORD__REQUEST__BODY_UNLINK;
+	req.unlink = &ul;
+	return simple_rpc(c, &req);
+}
+
+int tensord_stat(tensord_client *c, const char *name, tensord_info *ret_info)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__Stat st = TENSORD__STAT__INIT;
+	Tensord__Reply *rep;
+	int r = check_name(name);
+
+	if (r < 0)
+		return r;
+	st.name = (char *)name;
+	req.body_case = TENSORD__REQUEST__BODY_STAT;
+	req.stat = &st;
+	r = td_rpc(c, &req, &rep, NULL);
+	if (r < 0)
+		return r;
+	if (rep->body_case != TENSORD__REPLY__BODY_INFO)
+		r = td_set_error(-EPROTO, "tensor '%s': tensord answered stat without a tensor", name);
+	else
+		td_info_from_wire(ret_info, rep->info);
+	tensord__reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+int tensord_list(tensord_client *c, const char *prefix, tensord_info **ret_infos,
+		 size_t *ret_count)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__List ls = TENSORD__LIST__INIT;
+	Tensord__Reply *rep;
+	tensord_info *v;
+	size_t n;
+	int r;
+
+	ls.prefix = (char *)(prefix ? prefix : "");
+	req.body_case = TENSORD__REQUEST__BODY_LIST;
+	req.list = &ls;
+	r = td_rpc(c, &req, &rep, NULL);
+	if (r < 0)
+		return r;
+	if (rep->body_case != TENSORD__REPLY__BODY_LIST) {
+		tensord__reply__free_unpacked(rep, NULL);
+		return td_set_error(-EPROTO, "tensord answered list without a list");
+	}
+	n = rep->list->n_tensors;
+	v = malloc((n ? n : 1) * sizeof(*v));
+	if (!v) {
+		tensord__reply__free_unpacked(rep, NULL);
+		return td_set_error(-ENOMEM, "out of memory for %zu tensors", n);
+	}
+	for (size_t i = 0; i < n; i++)
+		td_info_from_wire(&v[i], rep->list->tensors[i]);
+	tensord__reply__free_unpacked(rep, NULL);
+	*ret_infos = v;
+	*ret_count = n;
+	return 0;
+}
+
+int tensord_stats(tensord_client *c, tensord_daemon_stats *ret_stats, size_t size)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__Stats st = TENSORD__STATS__INIT;
+	Tensord__Reply *rep;
+	Tensord__StatsReply *s;
+	tensord_daemon_stats all, *ret = &all;
+	int r;
+
+	if (!ret_stats || size < TENSORD_STATS_SIZE_V1)
+		return td_set_error(-EINVAL, "stats: a buffer of %zu bytes is smaller than "
+				    "tensord_daemon_stats ever was (%zu)", size,
+				    (size_t)TENSORD_STATS_SIZE_V1);
+
+	req.body_case = TENSORD__REQUEST__BODY_STATS;
+	req.stats = &st;
+	r = td_rpc(c, &req, &rep, NULL);
+	if (r < 0)
+		return r;
+	if (rep->body_case != TENSORD__REPLY__BODY_STATS) {
+		tensord__reply__free_unpacked(rep, NULL);
+		return td_set_error(-EPROTO, "tensord answered stats without stats");
+	}
+	s = rep->stats;
+	memset(ret, 0, sizeof(*ret));
+	ret->size = (uint32_t)(size < sizeof(*ret) ? size : sizeof(*ret));
+	ret->tensors = s->tensors;
+	ret->clients = s->clients;
+	ret->leases = s->leases;
+	ret->uptime_ns = s->uptime_ns;
+	ret->daemon_pid = s->daemon_pid;
+	for (size_t i = 0; i < s->n_devices && i < TENSORD_STATS_DEVICES_MAX; i++) {
+		tensord_device_stats *d = &ret->devices[ret->n_devices++];
+		const Tensord__DeviceStats *w = s->devices[i];
+
+		if (w->device)
+			d->device = (DLDevice){ (DLDeviceType)w->device->type, w->device->id };
+		snprintf(d->backend, sizeof(d->backend), "%s", w->backend);
+		snprintf(d->path, sizeof(d->path), "%s", w->path);
+		d->bytes_used = w->bytes_used;
+		d->bytes_capacity = w->bytes_capacity;
+		d->tensors = w->tensors;
+	}
+	tensord__reply__free_unpacked(rep, NULL);
+	memcpy(ret_stats, ret, ret->size);
+	return 0;
+}
