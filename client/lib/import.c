@@ -5,8 +5,11 @@
  * allowed to write) map the memfd MAP_SHARED. Everyone else maps it
  * MAP_PRIVATE with PROT_WRITE: a consumer that ignores the read-only flag
  * and writes gets its own copy-on-write pages, neither a crash nor a change
- * that others see. Mapping never touches the pages, so an attach costs the
- * same for 4 KiB and for 1 GiB.
+ * that others see. Each further lease of the same tensor in this process
+ * gets a private view of its own (view()), from the descriptor the mapping
+ * keeps, so such a write shows in no other lease either, and a repeat
+ * attach needs no descriptor from the daemon. Mapping never touches the
+ * pages, so an attach costs the same for 4 KiB and for 1 GiB.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -32,7 +35,7 @@ const struct td_importer *td_importer_for(Tensord__HandleKind kind)
 	return NULL;
 }
 
-/* The descriptor a writable mapping keeps for make_private(), stored in priv. */
+/* The descriptor a mapping keeps for make_private() and view(), stored in priv. */
 static int priv_fd(const struct td_mapping *m)
 {
 	return (int)(intptr_t)m->priv - 1;
@@ -63,12 +66,7 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 	m->base = m->data = p;
 	m->size = d->map_size;
 	m->device = (DLDevice){ kDLCPU, 0 };
-	if (d->writable) {
-		m->priv = (void *)(intptr_t)(fd + 1);
-	} else {
-		m->priv = NULL;
-		close(fd);
-	}
+	m->priv = (void *)(intptr_t)(fd + 1);
 	return 0;
 }
 
@@ -85,7 +83,7 @@ static int memfd_remap(struct td_mapping *m, int flags)
 {
 	void *p;
 
-	if (!m->priv)
+	if (!m->writable)
 		return td_set_error(-EINVAL, "mapping of '%s' is not writable", m->name);
 	p = mmap(m->base, (size_t)m->size, PROT_READ | PROT_WRITE, flags | MAP_FIXED, priv_fd(m),
 		 0);
@@ -105,10 +103,29 @@ static int memfd_make_shared(struct td_mapping *m)
 	return memfd_remap(m, MAP_SHARED);
 }
 
+/* A private mapping of its own: a stray write through it stays there. */
+static int memfd_view(struct td_mapping *m, void **ret_base)
+{
+	void *p = mmap(NULL, (size_t)m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, priv_fd(m), 0);
+
+	if (p == MAP_FAILED)
+		return td_set_error(-errno, "tensor '%s': mmap of %llu bytes failed: %s", m->name,
+				    (unsigned long long)m->size, strerror(errno));
+	*ret_base = p;
+	return 0;
+}
+
+static void memfd_unview(struct td_mapping *m, void *base)
+{
+	munmap(base, (size_t)m->size);
+}
+
 const struct td_importer td_importer_memfd = {
 	.handle_kind = TENSORD__HANDLE_KIND__HANDLE_MEMFD,
 	.map = memfd_map,
 	.unmap = memfd_unmap,
 	.make_private = memfd_make_private,
 	.make_shared = memfd_make_shared,
+	.view = memfd_view,
+	.unview = memfd_unview,
 };

@@ -76,6 +76,18 @@ struct td_importer {
 	 */
 	int (*sync)(struct td_mapping *m);
 	/*
+	 * A new view of m for one more lease of the same tensor, so that a
+	 * consumer that writes through one lease anyway (a copy-on-write
+	 * private mapping) never changes what another lease, or a later
+	 * attach, sees. *ret_base is the view's start; the tensor starts at
+	 * the same offset in it as m->data in m->base. 0 or -errno with the
+	 * error set. NULL when leases share m as it is (shared writable
+	 * mappings, GPU memory).
+	 */
+	int (*view)(struct td_mapping *m, void **ret_base);
+	/* Undoes view(). Never fails; may run on any thread. */
+	void (*unview)(struct td_mapping *m, void *base);
+	/*
 	 * put() from device memory: copies n bytes from src (an address valid
 	 * in this process on the same kind of device, e.g. a torch CUDA
 	 * tensor) to m->data and waits for the copy. NULL: host memory only.

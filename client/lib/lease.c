@@ -26,6 +26,8 @@ struct td_lease {
 	tensord_client *c;      /* holds a client reference */
 	uint64_t lease_id;
 	struct td_mapping *map; /* holds a mapping reference; NULL for zero-size */
+	void *view;             /* owned: this lease's own view of map (importer's view()),
+				   NULL when it uses map itself */
 	bool readonly;
 	tensord_info info;      /* shape and strides the handles point into */
 };
@@ -80,6 +82,8 @@ static void lease_unref(struct td_lease *l)
 		return;
 	/* Unmap before the daemon may free: with legacy GPU IPC handles the
 	 * exporter freeing memory an importer still has open is undefined. */
+	if (l->view)
+		td_importer_for(l->map->handle_kind)->unview(l->map, l->view);
 	if (l->map)
 		td_mapcache_unref(&l->c->maps, l->map);
 	send_release(l->c, l->lease_id);
@@ -110,7 +114,10 @@ static void legacy_deleter(DLManagedTensor *self)
 /* Points t into l's mapping and info: borrowed, valid while l lives. */
 static void fill_dltensor(DLTensor *t, struct td_lease *l)
 {
-	t->data = l->map ? l->map->data : (void *)empty_data;
+	if (l->view)
+		t->data = (uint8_t *)l->view + ((uint8_t *)l->map->data - (uint8_t *)l->map->base);
+	else
+		t->data = l->map ? l->map->data : (void *)empty_data;
 	t->device = l->map ? l->map->device : l->info.device;
 	t->ndim = l->info.ndim;
 	t->dtype = l->info.dtype;
@@ -208,6 +215,7 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w,
 		.handle_kind = w->handle,
 		.map_size = w->map_size,
 		.writable = w->writable,
+		.populate = created, /* the creator is about to fill it */
 		.device = info->device,
 		.uuid = w->info->device ? w->info->device->uuid.data : NULL,
 		.uuid_len = w->info->device ? w->info->device->uuid.len : 0,
@@ -281,6 +289,29 @@ static int lease_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const 
 	return 0;
 }
 
+/*
+ * A reused private mapping gets a view of its own for this lease (see
+ * td_importer.view), so no lease ever sees another's stray writes. On
+ * failure drops the reference on m. On success *ret_view is owned by the
+ * lease (NULL: it uses m itself).
+ */
+static int lease_view(struct td_mapcache *mc, struct td_mapping *m, bool reused, void **ret_view)
+{
+	const struct td_importer *imp;
+	int r;
+
+	*ret_view = NULL;
+	if (!m || !reused || m->writable)
+		return 0;
+	imp = td_importer_for(m->handle_kind);
+	if (!imp || !imp->view)
+		return 0;
+	r = imp->view(m, ret_view);
+	if (r < 0)
+		td_mapcache_unref(mc, m);
+	return r;
+}
+
 int td_lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
 			struct td_mapping *pinned, bool created, struct td_lease **ret_lease)
 {
@@ -296,6 +327,9 @@ int td_lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
 	}
 	td_info_from_wire(&l->info, w->info);
 	r = lease_mapping(&c->maps, w, &l->info, fd, pinned, created, &m);
+	if (r < 0)
+		goto fail;
+	r = lease_view(&c->maps, m, w->reused, &l->view);
 	if (r < 0)
 		goto fail;
 	l->magic = LEASE_MAGIC;

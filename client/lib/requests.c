@@ -342,6 +342,12 @@ int tensord_stats(tensord_client *c, tensord_daemon_stats *ret_stats, size_t siz
 		d->bytes_capacity = w->bytes_capacity;
 		d->tensors = w->tensors;
 	}
+	ret->daemon_fds = s->daemon_fds;
+	ret->host_pool_fds = s->host_pool_fds;
+	ret->host_pool_bytes = s->host_pool_bytes;
+	ret->host_pool_budget = s->host_pool_budget;
+	ret->host_pool_hits = s->host_pool_hits;
+	ret->host_pool_misses = s->host_pool_misses;
 	tensord__reply__free_unpacked(rep, NULL);
 	memcpy(ret_stats, ret, ret->size);
 	return 0;
