@@ -62,7 +62,7 @@ COMMON_OBJ := $(call obj,common/desc.c common/names.c common/errors.c common/pat
 GPU_OBJ    := $(call obj,common/gpu/cuda_api.c common/gpu/hip_api.c)
 DMN_OBJ    := $(call obj,$(wildcard daemon/*.c)) $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ)
 
-CTL_OBJ := $(call obj,client/tensorctl/tensorctl.c client/tensorctl/npy.c)
+CTL_OBJ := $(call obj,$(wildcard client/tensorctl/*.c))
 
 PY_SUFFIX := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
 PY_INC    := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
@@ -142,7 +142,8 @@ UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c
 UNIT_DEPS_test_pool        := daemon/pool.c daemon/log.c
 UNIT_DEPS_test_registry    := daemon/registry.c daemon/backend_host.c daemon/pool.c daemon/log.c common/desc.c \
                               common/names.c common/errors.c
-UNIT_DEPS_test_npy         := client/tensorctl/npy.c common/names.c common/desc.c
+UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c \
+                              client/tensorctl/npy_write.c common/names.c common/desc.c
 UNIT_DEPS_test_gpu_util    := common/gpu/cuda_api.c common/gpu/hip_api.c
 UNIT_DEPS_test_backend_gpu := daemon/backend_cuda.c daemon/backend_hip.c daemon/log.c \
                               common/gpu/cuda_api.c common/gpu/hip_api.c

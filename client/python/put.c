@@ -13,18 +13,19 @@
 
 /* What keeps the source memory alive until the copy is done. */
 struct source {
-	DLManagedTensorVersioned *versioned; /* consumed capsule contents, or NULL */
+	DLManagedTensorVersioned *versioned; /* owned: consumed capsule contents, or NULL */
 	DLManagedTensor *legacy;             /* likewise */
-	Py_buffer view;
+	Py_buffer view;                      /* owned when have_view */
 	bool have_view;
-	DLTensor dl;                         /* what tensord_put reads */
+	DLTensor dl;                         /* what tensord_put reads; points into the above */
 	int64_t shape[TENSORD_NDIM_MAX];     /* for buffers, whose shape is Py_ssize_t */
 	int64_t strides[TENSORD_NDIM_MAX];
 };
 
 /*
- * Called with the GIL held: a producer's deleter may need it (numpy's
- * does). An exception already set is kept.
+ * Ends what s holds: the consumed tensor and the buffer view. Called with
+ * the GIL held: a producer's deleter may need it (numpy's does). An
+ * exception already set is kept.
  */
 static void source_release(struct source *s)
 {
@@ -39,7 +40,10 @@ static void source_release(struct source *s)
 	td_exc_restore(saved);
 }
 
-/* Checks dl and points s->dl at host memory with strides filled. */
+/*
+ * Checks dl and points s->dl at its memory with strides filled. Borrowed:
+ * dl, only for the call; the memory stays alive through what s holds.
+ */
 static int source_set(struct source *s, const DLTensor *dl)
 {
 	bool on_gpu = td_device_is_gpu(dl->device.device_type);
@@ -70,7 +74,11 @@ static int source_set(struct source *s, const DLTensor *dl)
 	return 0;
 }
 
-/* Takes the tensor out of a DLPack capsule: renames it, so it is ours to delete. */
+/*
+ * Takes the tensor out of a DLPack capsule: renames it, so it is ours to
+ * delete. Once renamed, s owns the tensor even if a later check fails;
+ * source_release() ends it.
+ */
 static int source_from_capsule(struct source *s, PyObject *cap)
 {
 	if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
@@ -123,7 +131,8 @@ static int source_from_dlpack(struct source *s, PyObject *obj)
 		Py_DECREF(dev);
 		if (type == -1 && PyErr_Occurred())
 			return -1;
-		if (!td_device_host_accessible((DLDeviceType)type) && !td_device_is_gpu((DLDeviceType)type)) {
+		if (!td_device_host_accessible((DLDeviceType)type) &&
+		    !td_device_is_gpu((DLDeviceType)type)) {
 			DLTensor probe = {.device = {(DLDeviceType)type, 0}};
 
 			return source_set(s, &probe);
@@ -199,6 +208,7 @@ unsupported:
 	return -1;
 }
 
+/* The buffer view is held in s, even on failure, until source_release(). */
 static int source_from_buffer(struct source *s, PyObject *obj)
 {
 	Py_buffer *v = &s->view;
@@ -266,9 +276,7 @@ PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds)
 	Py_BEGIN_ALLOW_THREADS
 	rc = tensord_put(c, name, &s.dl, flags, mode);
 	Py_END_ALLOW_THREADS
-	if (rc < 0)
-		td_raise(rc);
-	td_client_leave(self);
+	rc = td_client_leave(self, rc);
 	source_release(&s);
 	if (rc < 0)
 		return NULL;

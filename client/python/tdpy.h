@@ -1,9 +1,14 @@
 /*
- * The tensord._tensord extension: shared declarations. module.c holds the
- * module, the errors, the records and the Client type; tensor.c the Tensor
- * type, its DLPack producer and the DLPack C exchange table; dlpack.c the
- * lease plumbing that needs no Python (shares, legacy wrappers, private
- * copies); put.c turns foreign arrays into daemon tensors.
+ * The tensord._tensord extension: shared declarations. One concern per file:
+ *   module.c    the module, its functions and the tensord.Error classes
+ *   client.c    the Client type; td_client_enter()/td_client_leave()
+ *   args.c      Python arguments to dtypes, devices, dims, timeouts, flags
+ *   records.c   TensorInfo records, the stats() dict, shape tuples
+ *   tensor.c    the Tensor type and its __dlpack__ producer
+ *   exchange.c  the DLPack C exchange table published on the Tensor type
+ *   put.c       Client.put(): foreign arrays into daemon tensors
+ *   dlpack.c    lease plumbing that needs no Python (shares, legacy
+ *               wrappers, private copies)
  */
 #ifndef TENSORD_PY_TDPY_H
 #define TENSORD_PY_TDPY_H
@@ -76,12 +81,7 @@ typedef struct {
 	PyObject *weakreflist;
 } TensorObject;
 
-extern PyTypeObject td_ClientType;
-extern PyTypeObject td_TensorType;
-extern PyTypeObject td_InfoType;
-
-/* The C exchange table published on td_TensorType. */
-extern const DLPackExchangeAPI td_exchange_api;
+/* --- module.c ------------------------------------------------------------- */
 
 /*
  * Raises the tensord.Error subclass that matches rc (a -errno value from
@@ -91,34 +91,114 @@ extern const DLPackExchangeAPI td_exchange_api;
  */
 PyObject *td_raise(int rc);
 
+/* td_raise() for tensord_connect(): there -ENOENT (no socket) means no daemon. */
+PyObject *td_raise_connect(int rc);
+
+/* --- client.c ------------------------------------------------------------- */
+
+extern PyTypeObject td_ClientType;
+
 /*
- * Brackets a libtensord call made with the GIL released: returns the handle
- * (or NULL with ValueError set when the client is closed) and keeps it alive
- * until td_client_leave(), even if another thread calls close() meanwhile.
+ * Brackets a libtensord call made with the GIL released:
+ *
+ *	if (!(c = td_client_enter(self)))
+ *		return NULL;
+ *	Py_BEGIN_ALLOW_THREADS
+ *	rc = tensord_xxx(c, ...);
+ *	Py_END_ALLOW_THREADS
+ *	if (td_client_leave(self, rc) < 0)
+ *		return NULL;
+ *
+ * td_client_enter() returns the handle, or NULL with ValueError set when
+ * the client is closed. Borrowed: the handle is valid until
+ * td_client_leave(), even if another thread calls close() meanwhile.
+ * td_client_leave() raises for rc < 0 (before the close a pending close()
+ * may do, which would reset tensord_last_error()) and returns rc.
  */
 tensord_client *td_client_enter(ClientObject *self);
-void td_client_leave(ClientObject *self);
+int td_client_leave(ClientObject *self, int rc);
 
-/* A new Tensor that steals mt (its deleter runs on every failure path). */
-PyObject *td_tensor_new(DLManagedTensorVersioned *mt, ClientObject *client);
+/* --- args.c: 0 (or a count) on success, -1 with an exception set. --------- */
 
-/* Record type for stat()/list(). Returns a new reference. */
-PyObject *td_info_new(const tensord_info *info);
-
-/* Client.put(); in put.c. */
-PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds);
-
-/* Parsers shared by create() and put(). 0 or -1 with an exception set. */
+/* The mutable, lifetime and mode keywords of create() and put(); NULL: not given. */
 int td_parse_flags(PyObject *mutable_, PyObject *lifetime, PyObject *mode, uint32_t *flags,
 		   uint32_t *mode_out);
+
+/*
+ * dtype: a string ("float32"), or anything whose .name or str() is one, so
+ * numpy dtypes and torch dtypes ("torch.float32") work too.
+ */
+int td_parse_dtype(PyObject *o, DLDataType *ret);
+
+/* "cpu", "cuda:N", "rocm:N", or anything whose str() is one. */
+int td_parse_device(PyObject *o, DLDevice *ret);
+
+/* An int or a sequence of at most TENSORD_NDIM_MAX ints into out; returns ndim. */
+int td_parse_dims(PyObject *o, const char *what, int64_t *out);
+
+/* None: do not wait (0); seconds: wait that long; math.inf: wait forever (-1). */
+int td_parse_timeout(PyObject *o, int *ms);
+
+/* A (type, id) pair such as __dlpack_device__() returns. */
+int td_parse_device_pair(PyObject *o, const char *what, DLDevice *ret);
+
+/* --- records.c: each returns a new reference, or NULL with an exception set. */
+
+extern PyTypeObject td_InfoType;
+
+/* Initialises td_InfoType once; 0 or -1. */
+int td_info_type_ready(void);
+
+/* A TensorInfo record for stat(). */
+PyObject *td_info_new(const tensord_info *info);
+
+/* A list of TensorInfo records for list(). Borrowed: infos, only for the call. */
+PyObject *td_info_list(const tensord_info *infos, size_t n);
+
+/* The dict stats() returns. */
+PyObject *td_stats_new(const tensord_daemon_stats *st);
+
+/* A tuple of Python ints from v[0..n). */
+PyObject *td_dims_tuple(const int64_t *v, int n);
+
+/* --- tensor.c --------------------------------------------------------------- */
+
+extern PyTypeObject td_TensorType;
+
+/*
+ * A new Tensor over mt. Takes ownership of mt: its deleter runs on every
+ * failure path. Holds a strong reference to client (NULL: none). Returns a
+ * new reference.
+ */
+PyObject *td_tensor_new(DLManagedTensorVersioned *mt, ClientObject *client);
+
+/*
+ * A share of self's lease for one consumer, READ_ONLY when self is. On
+ * success *ret is owned by the caller, who ends it with its deleter.
+ * 0, or -1 with BufferError (released) or a td_raise() error set.
+ */
+int td_tensor_share(TensorObject *self, DLManagedTensorVersioned **ret);
+
+/* The name for messages. Borrowed: valid while self lives. */
+const char *td_tensor_label(TensorObject *self);
+
+/* --- exchange.c ------------------------------------------------------------- */
+
+/* Sets the exchange table on td_TensorType (after PyType_Ready); 0 or -1. */
+int td_exchange_api_publish(void);
+
+/* --- put.c ------------------------------------------------------------------ */
+
+/* Client.put(). Returns a new reference (None), or NULL with an exception set. */
+PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds);
 
 /* --- dlpack.c: no Python in here, so all of it is safe on any thread. --- */
 
 /*
  * Wraps orig, a DLManagedTensorVersioned from any producer, so that it can
  * be shared like a libtensord tensor: returns the first share, whose
- * deleter, with those of all later shares, ends orig. Steals orig. -ENOMEM
- * (orig's deleter has then run).
+ * deleter, with those of all later shares, ends orig. Takes ownership of
+ * orig: on -ENOMEM its deleter has run. *ret is owned by the caller.
  */
 int td_foreign_wrap(DLManagedTensorVersioned *orig, DLManagedTensorVersioned **ret);
 
@@ -128,23 +208,27 @@ bool td_is_foreign(const DLManagedTensorVersioned *t);
 /*
  * Another DLManagedTensorVersioned over the same memory as t (from
  * libtensord or td_foreign_wrap), ending nothing until its own deleter
- * runs. 0 or -errno.
+ * runs. Borrowed: t, only for the call. *ret is owned by the caller.
+ * 0 or -errno.
  */
 int td_share(DLManagedTensorVersioned *t, DLManagedTensorVersioned **ret);
 
 /*
  * A private, malloc-backed host tensor with the dtype and shape of like,
  * row-major compact, 256-byte aligned. Its bytes are copied from like
- * (host memory, any strides) when copy is true. 0, -ENOMEM, -EINVAL.
+ * (host memory, any strides) when copy is true. Borrowed: like, only for
+ * the call. *ret, written only on success, is owned by the caller and
+ * ended by its deleter. 0, -ENOMEM, -EINVAL.
  */
 int td_host_tensor(const DLTensor *like, bool copy, uint64_t flags, DLManagedTensorVersioned **ret);
 
-/* A legacy DLManagedTensor over t; steals t. NULL on ENOMEM (t is then ended). */
+/*
+ * A legacy DLManagedTensor over t, owned by the caller and ended by its
+ * deleter. Takes ownership of t: on NULL (ENOMEM) t has been ended.
+ */
 DLManagedTensor *td_legacy_wrap(DLManagedTensorVersioned *t);
 
 /* Bytes of one element; 0 for types with no whole-byte size. */
 size_t td_itemsize(DLDataType dt);
-
-PyObject *td_dims_tuple(const int64_t *v, int n);
 
 #endif /* TENSORD_PY_TDPY_H */

@@ -1,12 +1,14 @@
 /*
  * The Tensor type: one lease on a daemon tensor, exported through DLPack
- * (__dlpack__, __dlpack_device__) and through the DLPack C exchange table.
+ * (__dlpack__, __dlpack_device__); exchange.c publishes the same tensors
+ * through the DLPack C exchange table.
  *
  * Ownership: the Tensor holds one DLManagedTensorVersioned; every capsule,
  * and every consumer of the exchange table, gets a share of it
- * (tensord_share), so arrays made from a Tensor outlive release() and the
+ * (td_tensor_share), so arrays made from a Tensor outlive release() and the
  * Tensor itself. The daemon's lease ends when the last deleter has run.
  */
+#include "common/desc.h"
 #include "tdpy.h"
 
 #include <errno.h>
@@ -68,18 +70,17 @@ static void Tensor_dealloc(TensorObject *self)
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static const char *tensor_label(TensorObject *self)
+const char *td_tensor_label(TensorObject *self)
 {
 	return self->named ? self->info.name : "(unnamed)";
 }
 
-/* A share of self's lease for one consumer, READ_ONLY when self is. */
-static int tensor_share(TensorObject *self, DLManagedTensorVersioned **ret)
+int td_tensor_share(TensorObject *self, DLManagedTensorVersioned **ret)
 {
 	int rc;
 
 	if (!self->mt) {
-		PyErr_Format(PyExc_BufferError, "tensor '%s' was released", tensor_label(self));
+		PyErr_Format(PyExc_BufferError, "tensor '%s' was released", td_tensor_label(self));
 		return -1;
 	}
 	rc = td_share(self->mt, ret);
@@ -91,6 +92,8 @@ static int tensor_share(TensorObject *self, DLManagedTensorVersioned **ret)
 		(*ret)->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
 	return 0;
 }
+
+/* --- __dlpack__ --------------------------------------------------------------- */
 
 /*
  * Capsule destructors. They only act while the capsule still has its unused
@@ -121,29 +124,13 @@ static void capsule_dtor_legacy(PyObject *cap)
 	}
 }
 
-/* Parses a (type, id) pair such as __dlpack_device__() returns. */
-static int parse_device_pair(PyObject *o, const char *what, DLDevice *ret)
-{
-	long type, id;
-
-	if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2) {
-		PyErr_Format(PyExc_TypeError, "%s must be a 2-tuple of ints, not %R", what, o);
-		return -1;
-	}
-	type = PyLong_AsLong(PyTuple_GET_ITEM(o, 0));
-	id = (type == -1 && PyErr_Occurred()) ? -1 : PyLong_AsLong(PyTuple_GET_ITEM(o, 1));
-	if (PyErr_Occurred())
-		return -1;
-	ret->device_type = (DLDeviceType)type;
-	ret->device_id = (int32_t)id;
-	return 0;
-}
-
 /*
  * The stream rules of the array API standard. Host memory takes only None
  * (or -1, "do not synchronise"). For GPU tensors nothing needs ordering:
  * the creator's writes were complete when it published, so any legal value
- * is accepted and none is waited on.
+ * is accepted and none is waited on. The legal values differ between CUDA
+ * and ROCm, so this names the two device types rather than asking
+ * td_device_is_gpu().
  */
 static int check_stream(PyObject *stream, DLDevice dev)
 {
@@ -173,75 +160,101 @@ static int check_stream(PyObject *stream, DLDevice dev)
 	return -1;
 }
 
-static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwds)
+/*
+ * Parses and checks __dlpack__'s keywords against self: *versioned for a
+ * max_version of 1.0 or later, *copy for copy=True. 0, or -1 with the
+ * exception set.
+ */
+static int parse_export(TensorObject *self, PyObject *args, PyObject *kwds, bool *versioned,
+			int *copy)
 {
 	static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
 	PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy_o = Py_None;
 	DLDevice own = self->info.device;
-	DLManagedTensorVersioned *out, *src;
-	bool versioned = false;
-	int copy = 0, rc;
-	PyObject *cap;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OOOO:__dlpack__", kwlist, &stream,
 					 &max_version, &dl_device, &copy_o))
-		return NULL;
+		return -1;
+	*versioned = false;
 	if (max_version != Py_None) {
 		long major;
 
-		if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) != 2)
-			return PyErr_Format(PyExc_TypeError,
-					    "max_version must be None or a (major, minor) tuple, not %R",
-					    max_version);
+		if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) != 2) {
+			PyErr_Format(PyExc_TypeError,
+				     "max_version must be None or a (major, minor) tuple, not %R",
+				     max_version);
+			return -1;
+		}
 		major = PyLong_AsLong(PyTuple_GET_ITEM(max_version, 0));
 		if (major == -1 && PyErr_Occurred())
-			return NULL;
-		versioned = major >= 1;
+			return -1;
+		*versioned = major >= 1;
 	}
-	if (copy_o != Py_None && (copy = PyObject_IsTrue(copy_o)) < 0)
-		return NULL;
+	*copy = 0;
+	if (copy_o != Py_None && (*copy = PyObject_IsTrue(copy_o)) < 0)
+		return -1;
 	if (dl_device != Py_None) {
 		DLDevice want;
 
-		if (parse_device_pair(dl_device, "dl_device", &want) < 0)
-			return NULL;
-		if (want.device_type != own.device_type || want.device_id != own.device_id)
-			return PyErr_Format(PyExc_BufferError,
-					    "tensor '%s' lives on device (%d, %d) and cannot be "
-					    "exported to %R",
-					    tensor_label(self), (int)own.device_type, own.device_id,
-					    dl_device);
-	}
-	if (check_stream(stream, own) < 0)
-		return NULL;
-
-	if (tensor_share(self, &out) < 0)
-		return NULL;
-	if (copy) {
-		if (own.device_type != kDLCPU) {
-			out->deleter(out);
-			return PyErr_Format(PyExc_BufferError,
-					    "copy=True is only supported for cpu tensors; "
-					    "tensor '%s' is not one",
-					    tensor_label(self));
+		if (td_parse_device_pair(dl_device, "dl_device", &want) < 0)
+			return -1;
+		if (want.device_type != own.device_type || want.device_id != own.device_id) {
+			PyErr_Format(PyExc_BufferError,
+				     "tensor '%s' lives on device (%d, %d) and cannot be "
+				     "exported to %R",
+				     td_tensor_label(self), (int)own.device_type, own.device_id,
+				     dl_device);
+			return -1;
 		}
-		/* Copy from a share with the GIL released: release() in another thread cannot unmap it. */
-		src = out;
-		Py_BEGIN_ALLOW_THREADS
-		rc = td_host_tensor(&src->dl_tensor, true, DLPACK_FLAG_BITMASK_IS_COPIED, &out);
-		src->deleter(src);
-		Py_END_ALLOW_THREADS
-		if (rc < 0)
-			return rc == -ENOMEM ? PyErr_NoMemory()
-					     : PyErr_Format(PyExc_BufferError,
-							    "tensor '%s' cannot be copied",
-							    tensor_label(self));
 	}
+	return check_stream(stream, own);
+}
+
+/*
+ * Takes ownership of *mt, a share of self, and replaces it with a private
+ * host copy flagged IS_COPIED; on failure *mt has been ended. 0, or -1 with
+ * the exception set.
+ */
+static int export_copy(TensorObject *self, DLManagedTensorVersioned **mt)
+{
+	DLManagedTensorVersioned *src = *mt;
+	int rc;
+
+	if (!td_device_host_accessible(self->info.device.device_type)) {
+		src->deleter(src);
+		PyErr_Format(PyExc_BufferError,
+			     "copy=True is only supported for tensors in host memory; "
+			     "tensor '%s' is not in host memory",
+			     td_tensor_label(self));
+		return -1;
+	}
+	/* Copy from a share with the GIL released: release() in another thread cannot unmap it. */
+	Py_BEGIN_ALLOW_THREADS
+	rc = td_host_tensor(&src->dl_tensor, true, DLPACK_FLAG_BITMASK_IS_COPIED, mt);
+	src->deleter(src);
+	Py_END_ALLOW_THREADS
+	if (rc == -ENOMEM) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	if (rc < 0) {
+		PyErr_Format(PyExc_BufferError, "tensor '%s' cannot be copied",
+			     td_tensor_label(self));
+		return -1;
+	}
+	return 0;
+}
+
+/* Takes ownership of mt. Returns a new reference to a capsule holding it, or NULL. */
+static PyObject *export_capsule(DLManagedTensorVersioned *mt, bool versioned)
+{
+	DLManagedTensor *lt;
+	PyObject *cap;
 
 	if (versioned) {
-		cap = PyCapsule_New(out, CAPSULE_VERSIONED, capsule_dtor_versioned);
+		cap = PyCapsule_New(mt, CAPSULE_VERSIONED, capsule_dtor_versioned);
 		if (!cap)
-			out->deleter(out);
+			mt->deleter(mt);
 		return cap;
 	}
 	/*
@@ -250,15 +263,29 @@ static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwd
 	 * reach other processes, because immutable tensors are mapped
 	 * copy-on-write.
 	 */
-	DLManagedTensor *lt = td_legacy_wrap(out);
-
-	if (!lt)
+	if (!(lt = td_legacy_wrap(mt)))
 		return PyErr_NoMemory();
 	cap = PyCapsule_New(lt, CAPSULE_LEGACY, capsule_dtor_legacy);
 	if (!cap)
 		lt->deleter(lt);
 	return cap;
 }
+
+static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwds)
+{
+	DLManagedTensorVersioned *mt;
+	bool versioned;
+	int copy;
+
+	if (parse_export(self, args, kwds, &versioned, &copy) < 0 ||
+	    td_tensor_share(self, &mt) < 0)
+		return NULL;
+	if (copy && export_copy(self, &mt) < 0)
+		return NULL;
+	return export_capsule(mt, versioned);
+}
+
+/* --- the rest of the Tensor type ------------------------------------------------ */
 
 static PyObject *Tensor_dlpack_device(TensorObject *self, PyObject *unused)
 {
@@ -291,10 +318,7 @@ static PyObject *Tensor_publish(TensorObject *self, PyObject *unused)
 	Py_BEGIN_ALLOW_THREADS
 	rc = tensord_publish(c, self->info.name);
 	Py_END_ALLOW_THREADS
-	if (rc < 0)
-		td_raise(rc);
-	td_client_leave(self->client);
-	if (rc < 0)
+	if (td_client_leave(self->client, rc) < 0)
 		return NULL;
 	self->info.state = TENSORD_STATE_PUBLISHED;
 	if (!(self->info.flags & TENSORD_MUTABLE))
@@ -320,7 +344,7 @@ static PyObject *Tensor_repr(TensorObject *self)
 	if (!shape)
 		return NULL;
 	r = PyUnicode_FromFormat("<tensord.Tensor %s%s%s %s %R %s%s%s>", self->named ? "'" : "",
-				 tensor_label(self), self->named ? "'" : "",
+				 td_tensor_label(self), self->named ? "'" : "",
 				 tensord_dtype_name(self->info.dtype, dtype, sizeof(dtype)), shape,
 				 tensord_device_name(self->info.device, device, sizeof(device)),
 				 self->readonly ? " readonly" : "", self->mt ? "" : " released");
@@ -434,100 +458,4 @@ PyTypeObject td_TensorType = {
 	.tp_weaklistoffset = offsetof(TensorObject, weakreflist),
 	.tp_methods = Tensor_methods,
 	.tp_getset = Tensor_getset,
-};
-
-/* --- the DLPack C exchange table --------------------------------------------- */
-
-static int x_allocator(DLTensor *prototype, DLManagedTensorVersioned **out, void *error_ctx,
-		       void (*SetError)(void *error_ctx, const char *kind, const char *message))
-{
-	int rc;
-
-	if (prototype->device.device_type != kDLCPU) {
-		SetError(error_ctx, "BufferError", "tensord allocates private tensors on the cpu only");
-		return -1;
-	}
-	rc = td_host_tensor(prototype, false, 0, out);
-	if (rc == -ENOMEM) {
-		SetError(error_ctx, "MemoryError", "out of memory");
-		return -1;
-	}
-	if (rc < 0) {
-		SetError(error_ctx, "ValueError", "unsupported dtype or shape");
-		return -1;
-	}
-	return 0;
-}
-
-static TensorObject *as_tensor(void *py_object)
-{
-	PyObject *o = py_object;
-
-	if (!PyObject_TypeCheck(o, &td_TensorType)) {
-		PyErr_Format(PyExc_TypeError, "expected a tensord.Tensor, not %.100s",
-			     Py_TYPE(o)->tp_name);
-		return NULL;
-	}
-	return (TensorObject *)o;
-}
-
-static int x_from_py(void *py_object, DLManagedTensorVersioned **out)
-{
-	TensorObject *t = as_tensor(py_object);
-
-	return t ? tensor_share(t, out) : -1;
-}
-
-static int x_to_py(DLManagedTensorVersioned *tensor, void **out_py_object)
-{
-	tensord_info info;
-	PyObject *o;
-
-	if (tensor->version.major != DLPACK_MAJOR_VERSION) {
-		PyErr_Format(PyExc_BufferError, "DLPack major version %u is not supported",
-			     tensor->version.major);
-		if (tensor->deleter)
-			tensor->deleter(tensor);
-		return -1;
-	}
-	if (!td_is_foreign(tensor) && tensord_tensor_info(tensor, &info) < 0 &&
-	    td_foreign_wrap(tensor, &tensor) < 0) {
-		PyErr_NoMemory();
-		return -1;
-	}
-	o = td_tensor_new(tensor, NULL);
-	if (!o)
-		return -1;
-	*out_py_object = o;
-	return 0;
-}
-
-static int x_dltensor(void *py_object, DLTensor *out)
-{
-	TensorObject *t = as_tensor(py_object);
-
-	if (!t)
-		return -1;
-	if (!t->mt) {
-		PyErr_Format(PyExc_BufferError, "tensor '%s' was released", tensor_label(t));
-		return -1;
-	}
-	*out = t->mt->dl_tensor;
-	return 0;
-}
-
-static int x_current_work_stream(DLDeviceType device_type, int32_t device_id, void **out)
-{
-	/* NULL is the default stream; the daemon's tensors need no other ordering. */
-	*out = NULL;
-	return 0;
-}
-
-const DLPackExchangeAPI td_exchange_api = {
-	.header = {.version = {DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION}, .prev_api = NULL},
-	.managed_tensor_allocator = x_allocator,
-	.managed_tensor_from_py_object_no_sync = x_from_py,
-	.managed_tensor_to_py_object_no_sync = x_to_py,
-	.dltensor_from_py_object_no_sync = x_dltensor,
-	.current_work_stream = x_current_work_stream,
 };

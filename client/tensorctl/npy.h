@@ -95,8 +95,9 @@ int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *
 
 /*
  * Reads and parses the header from f, leaving f at the first data byte.
- * Allocates a temporary buffer of at most NPY_HEADER_MAX bytes and frees it
- * before returning; nothing for the caller to free.
+ * Borrowed: f, only for the call. Allocates a temporary buffer of at most
+ * NPY_HEADER_MAX bytes and frees it before returning; nothing for the
+ * caller to free.
  */
 int npy_read_header(FILE *f, struct npy_header *ret, char *err, size_t errlen);
 
@@ -115,14 +116,14 @@ struct npy_map {
 };
 
 /*
- * Maps the .npy file open on fd (which stays the caller's: it may be closed
- * as soon as this returns) and checks that it holds all the data its header
- * promises. On success release *m with npy_unmap(); on failure there is
- * nothing to release.
+ * Maps the .npy file open on fd and checks that it holds all the data its
+ * header promises. Borrowed: fd stays the caller's, who may close it as
+ * soon as this returns. On success *m owns the mapping: release it with
+ * npy_unmap(); on failure there is nothing to release.
  */
 int npy_map_fd(int fd, struct npy_map *m, char *err, size_t errlen);
 
-/* Unmaps; safe on a zeroed or already released npy_map. */
+/* Ends the mapping m owns; safe on a zeroed or already released npy_map. */
 void npy_unmap(struct npy_map *m);
 
 /*
@@ -135,11 +136,19 @@ int npy_format_header(DLDataType dt, int32_t ndim, const int64_t *shape, bool fo
 		      char *buf, size_t len, char *err, size_t errlen);
 
 /*
- * Writes t, which must be in host memory, to f as a C-order .npy file:
- * header, then the elements in row-major order whatever t's strides (NULL
- * strides: row-major compact; negative and zero strides are fine). Does not
- * fflush or close f. -EIO with errno's reason in err when a write fails.
+ * Writes t, which must be in host-accessible memory (td_device_host_accessible),
+ * to f as a C-order .npy file: header, then the elements in row-major order
+ * whatever t's strides (NULL strides: row-major compact; negative and zero
+ * strides are fine). Borrowed: f and t, only for the call; f is neither
+ * flushed nor closed. -EIO with errno's reason in err when a write fails.
  */
 int npy_write(FILE *f, const DLTensor *t, char *err, size_t errlen);
+
+/*
+ * For npy*.c: writes the reason (printf-style) into err when err is not
+ * NULL, and returns rc.
+ */
+int npy_fail(int rc, char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
 
 #endif /* TENSORD_CLIENT_NPY_H */

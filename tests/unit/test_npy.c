@@ -1,10 +1,10 @@
 /*
- * Unit tests for client/tensorctl/npy.c: header parsing of every format version and
+ * Unit tests for client/tensorctl/npy*.c: header parsing of every format version and
  * dtype, Fortran order, 0-d and zero-size arrays, each refused variant and
  * its message, and write -> read round trips with strided tensors. Files
  * are made here, in memory or in tmpfile()s; nothing binary is committed.
  *
- * npy.c is not part of libtensord (it belongs to tensorctl), so it is
+ * npy*.c are not part of libtensord (they belong to tensorctl), so they are
  * compiled into this test directly, as h2o's unit tests do.
  */
 #include <errno.h>

@@ -1,0 +1,165 @@
+/*
+ * Python arguments to libtensord values: dtypes, devices, shapes and
+ * strides, timeouts, and the mutable/lifetime/mode trio that create() and
+ * put() share. Each parser returns 0 (or a count) on success and -1 with an
+ * exception set; none of them calls libtensord beyond its pure name parsers.
+ */
+#include "tdpy.h"
+
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+int td_parse_flags(PyObject *mutable_, PyObject *lifetime, PyObject *mode, uint32_t *flags,
+		   uint32_t *mode_out)
+{
+	int m = mutable_ ? PyObject_IsTrue(mutable_) : 0;
+
+	if (m < 0)
+		return -1;
+	*flags = m ? TENSORD_MUTABLE : 0;
+	if (lifetime && lifetime != Py_None) {
+		if (!PyUnicode_Check(lifetime))
+			goto bad_lifetime;
+		if (PyUnicode_CompareWithASCIIString(lifetime, "connection") == 0)
+			*flags |= TENSORD_LIFETIME_CONNECTION;
+		else if (PyUnicode_CompareWithASCIIString(lifetime, "persistent") != 0)
+			goto bad_lifetime;
+	}
+	*mode_out = 0;
+	if (mode && mode != Py_None) {
+		long v = PyLong_AsLong(mode);
+
+		if (v == -1 && PyErr_Occurred())
+			return -1;
+		if (v < 0 || v > 07777) {
+			PyErr_Format(PyExc_ValueError, "mode must be permission bits 0..0o7777, not %ld",
+				     v);
+			return -1;
+		}
+		*mode_out = (uint32_t)v;
+	}
+	return 0;
+
+bad_lifetime:
+	PyErr_Format(PyExc_ValueError, "lifetime must be 'persistent' or 'connection', not %R",
+		     lifetime);
+	return -1;
+}
+
+int td_parse_dtype(PyObject *o, DLDataType *ret)
+{
+	PyObject *s = NULL;
+	const char *txt;
+	int rc;
+
+	if (PyUnicode_Check(o)) {
+		s = Py_NewRef(o);
+	} else {
+		PyObject *name = PyObject_GetAttrString(o, "name");
+
+		if (name && PyUnicode_Check(name)) {
+			s = name;
+		} else {
+			Py_XDECREF(name);
+			PyErr_Clear();
+			s = PyObject_Str(o);
+		}
+	}
+	if (!s || !(txt = PyUnicode_AsUTF8(s))) {
+		Py_XDECREF(s);
+		return -1;
+	}
+	if (strncmp(txt, "torch.", 6) == 0)
+		txt += 6;
+	rc = tensord_dtype_parse(txt, ret);
+	if (rc < 0)
+		PyErr_Format(PyExc_ValueError,
+			     "unknown dtype %R: use bool, int8..int64, uint8..uint64, float16, "
+			     "bfloat16, float32, float64, complex64 or complex128",
+			     o);
+	Py_DECREF(s);
+	return rc < 0 ? -1 : 0;
+}
+
+int td_parse_device(PyObject *o, DLDevice *ret)
+{
+	PyObject *s = PyUnicode_Check(o) ? Py_NewRef(o) : PyObject_Str(o);
+	const char *txt = s ? PyUnicode_AsUTF8(s) : NULL;
+	int rc = txt ? tensord_device_parse(txt, ret) : -1;
+
+	if (txt && rc < 0)
+		PyErr_Format(PyExc_ValueError, "unknown device %R: use 'cpu', 'cuda:N' or 'rocm:N'",
+			     o);
+	Py_XDECREF(s);
+	return rc < 0 ? -1 : 0;
+}
+
+int td_parse_dims(PyObject *o, const char *what, int64_t *out)
+{
+	PyObject *seq;
+	Py_ssize_t n;
+
+	if (PyLong_Check(o)) {
+		out[0] = PyLong_AsLongLong(o);
+		return out[0] == -1 && PyErr_Occurred() ? -1 : 1;
+	}
+	seq = PySequence_Fast(o, "");
+	if (!seq) {
+		PyErr_Format(PyExc_TypeError, "%s must be a sequence of ints, not %.100s", what,
+			     Py_TYPE(o)->tp_name);
+		return -1;
+	}
+	n = PySequence_Fast_GET_SIZE(seq);
+	if (n > TENSORD_NDIM_MAX) {
+		PyErr_Format(PyExc_ValueError, "%s has %zd dimensions; at most %d are allowed", what,
+			     n, TENSORD_NDIM_MAX);
+		Py_DECREF(seq);
+		return -1;
+	}
+	for (Py_ssize_t i = 0; i < n; i++) {
+		out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+		if (out[i] == -1 && PyErr_Occurred()) {
+			Py_DECREF(seq);
+			return -1;
+		}
+	}
+	Py_DECREF(seq);
+	return (int)n;
+}
+
+int td_parse_timeout(PyObject *o, int *ms)
+{
+	double s;
+
+	if (o == Py_None) {
+		*ms = 0;
+		return 0;
+	}
+	s = PyFloat_AsDouble(o);
+	if (s == -1.0 && PyErr_Occurred())
+		return -1;
+	if (isnan(s) || s < 0) {
+		PyErr_SetString(PyExc_ValueError, "timeout must be None or a number of seconds >= 0");
+		return -1;
+	}
+	*ms = s * 1000.0 >= (double)INT_MAX ? -1 : (int)ceil(s * 1000.0);
+	return 0;
+}
+
+int td_parse_device_pair(PyObject *o, const char *what, DLDevice *ret)
+{
+	long type, id;
+
+	if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2) {
+		PyErr_Format(PyExc_TypeError, "%s must be a 2-tuple of ints, not %R", what, o);
+		return -1;
+	}
+	type = PyLong_AsLong(PyTuple_GET_ITEM(o, 0));
+	id = (type == -1 && PyErr_Occurred()) ? -1 : PyLong_AsLong(PyTuple_GET_ITEM(o, 1));
+	if (PyErr_Occurred())
+		return -1;
+	ret->device_type = (DLDeviceType)type;
+	ret->device_id = (int32_t)id;
+	return 0;
+}

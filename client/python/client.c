@@ -1,0 +1,321 @@
+/*
+ * The tensord.Client type: one libtensord connection shared by any number
+ * of Python threads. Each method parses its arguments with the GIL held,
+ * then brackets the libtensord call with td_client_enter() and
+ * td_client_leave(), releasing the GIL in between; close() from another
+ * thread meanwhile only marks the client, and the last call to leave
+ * closes it.
+ */
+#include "tdpy.h"
+
+#include <stdlib.h>
+
+tensord_client *td_client_enter(ClientObject *self)
+{
+	if (!self->c || self->closing) {
+		PyErr_SetString(PyExc_ValueError, "operation on a closed tensord client");
+		return NULL;
+	}
+	self->busy++;
+	return self->c;
+}
+
+static void client_close_now(ClientObject *self)
+{
+	tensord_client *c = self->c;
+
+	self->c = NULL;
+	Py_BEGIN_ALLOW_THREADS
+	tensord_close(c);
+	Py_END_ALLOW_THREADS
+}
+
+int td_client_leave(ClientObject *self, int rc)
+{
+	/* Raise first: a close below may reset tensord_last_error(). */
+	if (rc < 0)
+		td_raise(rc);
+	if (--self->busy == 0 && self->closing && self->c)
+		client_close_now(self);
+	return rc;
+}
+
+static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = {"path", NULL};
+	PyObject *path = Py_None, *bytes = NULL;
+	tensord_client *c = NULL;
+	const char *p = NULL;
+	ClientObject *self;
+	int rc;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:connect", kwlist, &path))
+		return NULL;
+	if (path != Py_None) {
+		if (!PyUnicode_FSConverter(path, &bytes))
+			return NULL;
+		p = PyBytes_AS_STRING(bytes);
+	}
+	Py_BEGIN_ALLOW_THREADS
+	rc = tensord_connect(p, &c);
+	Py_END_ALLOW_THREADS
+	Py_XDECREF(bytes);
+	if (rc < 0)
+		return td_raise_connect(rc);
+	self = (ClientObject *)type->tp_alloc(type, 0);
+	if (!self) {
+		tensord_close(c);
+		return NULL;
+	}
+	self->c = c;
+	self->path = Py_NewRef(path);
+	return (PyObject *)self;
+}
+
+static void Client_dealloc(ClientObject *self)
+{
+	/* busy is 0 here: every call in flight holds a reference to self. */
+	tensord_close(self->c);
+	Py_XDECREF(self->path);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Client_repr(ClientObject *self)
+{
+	return PyUnicode_FromFormat("<tensord.Client path=%R%s>", self->path,
+				    self->c && !self->closing ? "" : " closed");
+}
+
+static PyObject *Client_close(ClientObject *self, PyObject *unused)
+{
+	self->closing = true;
+	if (self->busy == 0 && self->c)
+		client_close_now(self);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Client_enter(ClientObject *self, PyObject *unused)
+{
+	if (!self->c || self->closing) {
+		PyErr_SetString(PyExc_ValueError, "operation on a closed tensord client");
+		return NULL;
+	}
+	return Py_NewRef(self);
+}
+
+static PyObject *Client_exit(ClientObject *self, PyObject *args)
+{
+	return Client_close(self, NULL);
+}
+
+static PyObject *Client_attach(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = {"name", "timeout", NULL};
+	PyObject *timeout = Py_None;
+	DLManagedTensorVersioned *mt = NULL;
+	tensord_client *c;
+	const char *name;
+	int ms, rc;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|O:attach", kwlist, &name, &timeout) ||
+	    td_parse_timeout(timeout, &ms) < 0 || !(c = td_client_enter(self)))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = tensord_attach(c, name, ms, &mt);
+	Py_END_ALLOW_THREADS
+	if (td_client_leave(self, rc) < 0)
+		return NULL;
+	return td_tensor_new(mt, self);
+}
+
+static PyObject *Client_create(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = {"name", "shape", "dtype", "device", "mutable", "lifetime",
+				 "mode", "strides", NULL};
+	PyObject *shape_o, *dtype_o, *device_o = NULL, *mutable_o = NULL, *lifetime_o = NULL,
+		*mode_o = NULL, *strides_o = Py_None;
+	int64_t shape[TENSORD_NDIM_MAX], strides[TENSORD_NDIM_MAX];
+	tensord_spec spec = {.device = {kDLCPU, 0}};
+	DLManagedTensorVersioned *mt = NULL;
+	tensord_client *c;
+	const char *name;
+	int rc;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sOO|OOOOO:create", kwlist, &name, &shape_o,
+					 &dtype_o, &device_o, &mutable_o, &lifetime_o, &mode_o,
+					 &strides_o))
+		return NULL;
+	if ((spec.ndim = td_parse_dims(shape_o, "shape", shape)) < 0 ||
+	    td_parse_dtype(dtype_o, &spec.dtype) < 0 ||
+	    (device_o && td_parse_device(device_o, &spec.device) < 0) ||
+	    td_parse_flags(mutable_o, lifetime_o, mode_o, &spec.flags, &spec.mode) < 0)
+		return NULL;
+	spec.shape = spec.ndim ? shape : NULL;
+	if (strides_o != Py_None) {
+		int n = td_parse_dims(strides_o, "strides", strides);
+
+		if (n < 0)
+			return NULL;
+		if (n != spec.ndim)
+			return PyErr_Format(PyExc_ValueError,
+					    "strides has %d entries but shape has %d", n,
+					    spec.ndim);
+		spec.strides = spec.ndim ? strides : NULL;
+	}
+	if (!(c = td_client_enter(self)))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = tensord_create(c, name, &spec, &mt);
+	Py_END_ALLOW_THREADS
+	if (td_client_leave(self, rc) < 0)
+		return NULL;
+	return td_tensor_new(mt, self);
+}
+
+static PyObject *Client_stat(ClientObject *self, PyObject *args)
+{
+	tensord_info info;
+	tensord_client *c;
+	const char *name;
+	int rc;
+
+	if (!PyArg_ParseTuple(args, "s:stat", &name) || !(c = td_client_enter(self)))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = tensord_stat(c, name, &info);
+	Py_END_ALLOW_THREADS
+	if (td_client_leave(self, rc) < 0)
+		return NULL;
+	return td_info_new(&info);
+}
+
+static PyObject *Client_list(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = {"prefix", NULL};
+	const char *prefix = "";
+	tensord_info *infos = NULL;
+	size_t n = 0;
+	tensord_client *c;
+	PyObject *list;
+	int rc;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|s:list", kwlist, &prefix) ||
+	    !(c = td_client_enter(self)))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = tensord_list(c, prefix, &infos, &n);
+	Py_END_ALLOW_THREADS
+	if (td_client_leave(self, rc) < 0)
+		return NULL;
+	list = td_info_list(infos, n);
+	free(infos);
+	return list;
+}
+
+static PyObject *Client_stats(ClientObject *self, PyObject *unused)
+{
+	tensord_daemon_stats st;
+	tensord_client *c;
+	int rc;
+
+	if (!(c = td_client_enter(self)))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = tensord_stats(c, &st, sizeof(st));
+	Py_END_ALLOW_THREADS
+	if (td_client_leave(self, rc) < 0)
+		return NULL;
+	return td_stats_new(&st);
+}
+
+static PyObject *Client_unlink(ClientObject *self, PyObject *args)
+{
+	tensord_client *c;
+	const char *name;
+	int rc;
+
+	if (!PyArg_ParseTuple(args, "s:unlink", &name) || !(c = td_client_enter(self)))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = tensord_unlink(c, name);
+	Py_END_ALLOW_THREADS
+	if (td_client_leave(self, rc) < 0)
+		return NULL;
+	Py_RETURN_NONE;
+}
+
+static PyObject *Client_get_closed(ClientObject *self, void *unused)
+{
+	return PyBool_FromLong(!self->c || self->closing);
+}
+
+static PyObject *Client_get_path(ClientObject *self, void *unused)
+{
+	return Py_NewRef(self->path);
+}
+
+static PyMethodDef Client_methods[] = {
+	{"attach", (PyCFunction)(void (*)(void))Client_attach, METH_VARARGS | METH_KEYWORDS,
+	 "attach(name, timeout=None) -> Tensor\n\n"
+	 "Attaches the published tensor `name`, zero copy. With timeout=None it fails at once\n"
+	 "(FileNotFoundError) when the name is not published; with a number of seconds it waits\n"
+	 "that long for a publish (TimeoutError after), and math.inf waits forever. The Tensor\n"
+	 "is read-only unless the tensor was created mutable and the caller may write it."},
+	{"create", (PyCFunction)(void (*)(void))Client_create, METH_VARARGS | METH_KEYWORDS,
+	 "create(name, shape, dtype, device='cpu', mutable=False, lifetime='persistent',\n"
+	 "       mode=None, strides=None) -> Tensor\n\n"
+	 "Allocates a tensor in the daemon and returns it writable to the caller; nobody else\n"
+	 "sees it until Tensor.publish(). dtype is a name such as 'float32' (numpy and torch\n"
+	 "dtypes are accepted too); strides are in elements (default row-major compact);\n"
+	 "lifetime='connection' unlinks it when this client's connection closes; mode is\n"
+	 "permission bits as for files (default 0o600)."},
+	{"put", (PyCFunction)(void (*)(void))td_client_put, METH_VARARGS | METH_KEYWORDS,
+	 "put(name, obj, mutable=False, lifetime='persistent', mode=None) -> None\n\n"
+	 "Copies obj once into a new daemon tensor and publishes it. obj is any DLPack producer\n"
+	 "in host memory (numpy, torch, jax arrays, a Tensor) or any object with the buffer\n"
+	 "protocol (bytes, array.array, memoryview). Any strides are accepted; the copy is\n"
+	 "stored row-major compact."},
+	{"stat", (PyCFunction)Client_stat, METH_VARARGS,
+	 "stat(name) -> TensorInfo\n\nDescribes one tensor (FileNotFoundError if there is none)."},
+	{"list", (PyCFunction)(void (*)(void))Client_list, METH_VARARGS | METH_KEYWORDS,
+	 "list(prefix='') -> list[TensorInfo]\n\n"
+	 "Describes every tensor whose name starts with prefix, in name order."},
+	{"stats", (PyCFunction)Client_stats, METH_NOARGS,
+	 "stats() -> dict\n\n"
+	 "Daemon totals: tensors, clients, leases, uptime (seconds), daemon_pid, and devices,\n"
+	 "a list of dicts with device, backend, path, bytes_used, bytes_capacity, tensors."},
+	{"unlink", (PyCFunction)Client_unlink, METH_VARARGS,
+	 "unlink(name) -> None\n\n"
+	 "Removes the name; the memory lives until the last lease on it ends."},
+	{"close", (PyCFunction)Client_close, METH_NOARGS,
+	 "close() -> None\n\n"
+	 "Closes the connection; the daemon ends this client's leases and unlinks its\n"
+	 "connection-lifetime tensors. Arrays made from its tensors stay valid until they\n"
+	 "die. Calls still running in other threads finish first. Idempotent."},
+	{"__enter__", (PyCFunction)Client_enter, METH_NOARGS, "Returns self."},
+	{"__exit__", (PyCFunction)Client_exit, METH_VARARGS, "Calls close()."},
+	{NULL},
+};
+
+static PyGetSetDef Client_getset[] = {
+	{"closed", (getter)Client_get_closed, NULL, "True once close() was called.", NULL},
+	{"path", (getter)Client_get_path, NULL,
+	 "The socket path given to connect(), or None for the default.", NULL},
+	{NULL},
+};
+
+PyTypeObject td_ClientType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tensord.Client",
+	.tp_basicsize = sizeof(ClientObject),
+	.tp_dealloc = (destructor)Client_dealloc,
+	.tp_repr = (reprfunc)Client_repr,
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "Client(path=None)\n\n"
+		  "A connection to a tensord daemon; tensord.connect() makes one. path=None finds\n"
+		  "the daemon as tensord does: $TENSORD_SOCKET, $XDG_RUNTIME_DIR/tensord.sock, then\n"
+		  "/tmp/tensord-$UID.sock. Safe to share between threads. A context manager that\n"
+		  "closes the connection on exit.",
+	.tp_methods = Client_methods,
+	.tp_getset = Client_getset,
+	.tp_new = Client_new,
+};

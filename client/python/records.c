@@ -1,0 +1,141 @@
+/*
+ * What the Client hands back as plain data: the tensord.TensorInfo record
+ * (stat(), list()), the stats() dict, and the shape/strides tuples the
+ * Tensor type shares. Pure conversions of libtensord structs; no calls to
+ * the daemon.
+ */
+#include "tdpy.h"
+
+static PyStructSequence_Field info_fields[] = {
+	{"name", "the tensor's name"},
+	{"dtype", "element type, e.g. 'float32'"},
+	{"shape", "tuple of dimensions"},
+	{"strides", "tuple of strides, in elements"},
+	{"device", "'cpu', 'cuda:0', ..."},
+	{"nbytes", "bytes the daemon allocated for it"},
+	{"state", "'created', 'published' or 'unlinked'"},
+	{"refcount", "live leases"},
+	{"owner_uid", "uid of the creator"},
+	{"owner_gid", "gid of the creator"},
+	{"mode", "permission bits, as for files"},
+	{"mutable", "stays writable after publish"},
+	{"lifetime", "'persistent' or 'connection'"},
+	{"created", "creation time, seconds since the epoch"},
+	{"id", "unique for the daemon's life"},
+	{NULL, NULL},
+};
+
+static PyStructSequence_Desc info_desc = {
+	"tensord.TensorInfo",
+	"TensorInfo(name, dtype, shape, strides, device, nbytes, state, refcount, owner_uid, "
+	"owner_gid, mode, mutable, lifetime, created, id)\n\n"
+	"One tensor as the daemon describes it; returned by Client.stat() and Client.list().",
+	info_fields,
+	15,
+};
+
+PyTypeObject td_InfoType;
+
+int td_info_type_ready(void)
+{
+	if (td_InfoType.tp_name == NULL && PyStructSequence_InitType2(&td_InfoType, &info_desc) < 0)
+		return -1;
+	return 0;
+}
+
+PyObject *td_dims_tuple(const int64_t *v, int n)
+{
+	PyObject *t = PyTuple_New(n);
+
+	for (int i = 0; t && i < n; i++) {
+		PyObject *x = PyLong_FromLongLong(v[i]);
+
+		if (!x) {
+			Py_CLEAR(t);
+			break;
+		}
+		PyTuple_SET_ITEM(t, i, x);
+	}
+	return t;
+}
+
+PyObject *td_info_new(const tensord_info *in)
+{
+	static const char *const states[] = {"?", "created", "published", "unlinked"};
+	char dtype[64], device[32];
+	PyObject *r = PyStructSequence_New(&td_InfoType);
+	PyObject *v[15];
+
+	if (!r)
+		return NULL;
+	v[0] = PyUnicode_FromString(in->name);
+	v[1] = PyUnicode_FromString(tensord_dtype_name(in->dtype, dtype, sizeof(dtype)));
+	v[2] = td_dims_tuple(in->shape, in->ndim);
+	v[3] = td_dims_tuple(in->strides, in->ndim);
+	v[4] = PyUnicode_FromString(tensord_device_name(in->device, device, sizeof(device)));
+	v[5] = PyLong_FromUnsignedLongLong(in->nbytes);
+	v[6] = PyUnicode_FromString(states[(unsigned)in->state <= 3 ? in->state : 0]);
+	v[7] = PyLong_FromUnsignedLong(in->refcount);
+	v[8] = PyLong_FromUnsignedLong(in->owner_uid);
+	v[9] = PyLong_FromUnsignedLong(in->owner_gid);
+	v[10] = PyLong_FromUnsignedLong(in->mode);
+	v[11] = PyBool_FromLong(in->flags & TENSORD_MUTABLE);
+	v[12] = PyUnicode_FromString(in->flags & TENSORD_LIFETIME_CONNECTION ? "connection"
+										: "persistent");
+	v[13] = PyFloat_FromDouble((double)in->created_ns / 1e9);
+	v[14] = PyLong_FromUnsignedLongLong(in->id);
+	for (int i = 0; i < 15; i++) {
+		if (!v[i]) {
+			for (int j = i + 1; j < 15; j++)
+				Py_XDECREF(v[j]);
+			Py_DECREF(r);
+			return NULL;
+		}
+		PyStructSequence_SetItem(r, i, v[i]);
+	}
+	return r;
+}
+
+PyObject *td_info_list(const tensord_info *infos, size_t n)
+{
+	PyObject *list = PyList_New((Py_ssize_t)n);
+
+	for (size_t i = 0; list && i < n; i++) {
+		PyObject *r = td_info_new(&infos[i]);
+
+		if (!r)
+			Py_CLEAR(list);
+		else
+			PyList_SET_ITEM(list, (Py_ssize_t)i, r);
+	}
+	return list;
+}
+
+PyObject *td_stats_new(const tensord_daemon_stats *st)
+{
+	PyObject *devs, *d;
+
+	if (!(devs = PyList_New(0)))
+		return NULL;
+	for (uint32_t i = 0; i < st->n_devices && i < TENSORD_STATS_DEVICES_MAX; i++) {
+		const tensord_device_stats *ds = &st->devices[i];
+		char dev[32];
+
+		d = Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:I}", "device",
+				  tensord_device_name(ds->device, dev, sizeof(dev)), "backend",
+				  ds->backend, "path", ds->path, "bytes_used",
+				  (unsigned long long)ds->bytes_used, "bytes_capacity",
+				  (unsigned long long)ds->bytes_capacity, "tensors", ds->tensors);
+		if (!d || PyList_Append(devs, d) < 0) {
+			Py_XDECREF(d);
+			Py_DECREF(devs);
+			return NULL;
+		}
+		Py_DECREF(d);
+	}
+	return Py_BuildValue("{s:K,s:K,s:K,s:d,s:I,s:N}", "tensors",
+			     (unsigned long long)st->tensors, "clients",
+			     (unsigned long long)st->clients, "leases",
+			     (unsigned long long)st->leases, "uptime", (double)st->uptime_ns / 1e9,
+			     "daemon_pid", st->daemon_pid, "devices", devs);
+}

@@ -1,0 +1,213 @@
+/*
+ * tensorctl's commands: one libtensord call (or two) each, with what they
+ * print left to output.c and the .npy format to npy*.c. Each returns the
+ * exit status and reports its own failure.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "npy.h"
+#include "tensorctl.h"
+
+int cmd_ls(tensord_client *c, const struct args *a)
+{
+	tensord_info *infos = NULL;
+	size_t i, n = 0;
+	int rc;
+
+	rc = tensord_list(c, a->npos ? a->pos[0] : NULL, &infos, &n);
+	if (rc < 0)
+		return op_error(rc, NULL);
+	if (a->seen & OPT_JSON) {
+		putchar('[');
+		for (i = 0; i < n; i++)
+			json_info(&infos[i], i + 1 < n ? ",\n " : "");
+		puts("]");
+	} else {
+		print_ls_table(infos, n);
+	}
+	free(infos);
+	return finish_output();
+}
+
+int cmd_stat(tensord_client *c, const struct args *a)
+{
+	tensord_info info;
+	int rc;
+
+	rc = tensord_stat(c, a->pos[0], &info);
+	if (rc < 0)
+		return op_error(rc, a->pos[0]);
+	if (a->seen & OPT_JSON)
+		json_info(&info, "\n");
+	else
+		print_info(&info);
+	return finish_output();
+}
+
+int cmd_stats(tensord_client *c, const struct args *a)
+{
+	tensord_daemon_stats st;
+	int rc;
+
+	rc = tensord_stats(c, &st, sizeof(st));
+	if (rc < 0)
+		return op_error(rc, NULL);
+	if (st.n_devices > TENSORD_STATS_DEVICES_MAX)
+		st.n_devices = TENSORD_STATS_DEVICES_MAX;
+	if (a->seen & OPT_JSON)
+		print_stats_json(&st);
+	else
+		print_stats_text(&st);
+	return finish_output();
+}
+
+/*
+ * Maps path into *m; on success release it with npy_unmap(). The fd is
+ * closed before returning: the mapping does not need it.
+ */
+static int map_npy_file(const char *path, struct npy_map *m)
+{
+	char err[256];
+	int fd, rc;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		snprintf(err, sizeof(err), "%s", strerror(errno));
+	rc = fd < 0 ? -1 : npy_map_fd(fd, m, err, sizeof(err));
+	if (fd >= 0)
+		close(fd);
+	if (rc < 0) {
+		fprintf(stderr, "tensorctl: %s: %s\n", path, err);
+		return EXIT_OP;
+	}
+	return 0;
+}
+
+int cmd_put(tensord_client *c, const struct args *a)
+{
+	const char *name = a->pos[0];
+	int64_t strides[TENSORD_NDIM_MAX];
+	DLManagedTensorVersioned *t;
+	char saved[512];
+	struct npy_map m;
+	tensord_spec spec;
+	int rc;
+
+	if (map_npy_file(a->pos[1], &m) != 0)
+		return EXIT_OP;
+	spec = (tensord_spec){ .dtype = m.hdr.dtype, .ndim = m.hdr.ndim,
+			       .shape = m.hdr.ndim ? m.hdr.shape : NULL, .device = { kDLCPU, 0 },
+			       .flags = a->flags, .mode = a->mode };
+	/* A Fortran-order file keeps its layout, as column-major strides: still one copy. */
+	if (m.hdr.fortran_order && m.hdr.ndim > 1 && m.hdr.count > 0) {
+		npy_header_strides(&m.hdr, strides);
+		spec.strides = strides;
+	}
+
+	rc = tensord_create(c, name, &spec, &t);
+	if (rc < 0) {
+		npy_unmap(&m);
+		return op_error(rc, name);
+	}
+	if (m.hdr.data_bytes)
+		memcpy((char *)t->dl_tensor.data + t->dl_tensor.byte_offset, m.data,
+		       (size_t)m.hdr.data_bytes);
+	npy_unmap(&m);
+	rc = tensord_publish(c, name);
+	t->deleter(t);
+	if (rc < 0) {
+		/* Keep the reason, then drop the half-made tensor so a retry can reuse the name. */
+		snprintf(saved, sizeof(saved), "%s", errmsg(rc));
+		tensord_unlink(c, name);
+		return report(saved, name);
+	}
+	return 0;
+}
+
+/*
+ * Writes t to path ("-": stdout) via a temporary file renamed into place:
+ * no half files. Borrowed: t, only for the call.
+ */
+static int write_npy_file(const DLTensor *t, const char *name, const char *path)
+{
+	char err[256] = "", tmp[PATH_MAX];
+	mode_t mask = umask(0);
+	FILE *f = NULL;
+	int fd = -1, rc;
+
+	umask(mask);
+	if (strcmp(path, "-") == 0)
+		f = stdout;
+	else if (snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path) >= (int)sizeof(tmp))
+		errno = ENAMETOOLONG;
+	else if ((fd = mkostemp(tmp, O_CLOEXEC)) >= 0 && !(f = fdopen(fd, "wb")))
+		close(fd);
+	if (!f) {
+		fprintf(stderr, "tensorctl: %s: %s\n", path, strerror(errno));
+		if (fd >= 0)
+			unlink(tmp);
+		return EXIT_OP;
+	}
+	/* mkstemp makes 0600; give the file the mode numpy's open() would. */
+	if (fd >= 0)
+		fchmod(fd, 0666 & ~mask);
+	rc = npy_write(f, t, err, sizeof(err));
+	if ((f == stdout ? fflush(f) : fclose(f)) != 0 && rc == 0)
+		rc = -errno;
+	if (rc == 0 && fd >= 0 && rename(tmp, path) < 0)
+		rc = -errno;
+	if (rc < 0 && fd >= 0)
+		unlink(tmp);
+	/* A dtype or device refusal is about the tensor; anything else is about the file. */
+	if (rc == -ENOTSUP)
+		fprintf(stderr, "tensorctl: tensor '%s': %s\n", name, err);
+	else if (rc < 0)
+		fprintf(stderr, "tensorctl: %s: %s\n", path, *err ? err : strerror(-rc));
+	return rc < 0 ? EXIT_OP : 0;
+}
+
+int cmd_get(tensord_client *c, const struct args *a)
+{
+	DLManagedTensorVersioned *t;
+	int rc;
+
+	rc = tensord_attach(c, a->pos[0], 0, &t);
+	if (rc < 0)
+		return op_error(rc, a->pos[0]);
+	rc = write_npy_file(&t->dl_tensor, a->pos[0], a->pos[1]);
+	t->deleter(t);
+	return rc;
+}
+
+int cmd_rm(tensord_client *c, const struct args *a)
+{
+	int rc = tensord_unlink(c, a->pos[0]);
+
+	return rc < 0 ? op_error(rc, a->pos[0]) : 0;
+}
+
+int cmd_wait(tensord_client *c, const struct args *a)
+{
+	DLManagedTensorVersioned *t;
+	tensord_info info;
+	int rc;
+
+	rc = tensord_attach(c, a->pos[0], a->timeout_ms, &t);
+	if (rc < 0)
+		return op_error(rc, a->pos[0]);
+	rc = (a->seen & OPT_JSON) ? tensord_tensor_info(t, &info) : 0;
+	t->deleter(t);
+	if (rc < 0)
+		return op_error(rc, a->pos[0]);
+	if (!(a->seen & OPT_JSON))
+		return 0;
+	json_info(&info, "\n");
+	return finish_output();
+}

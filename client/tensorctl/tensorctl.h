@@ -1,0 +1,80 @@
+/*
+ * tensorctl's shared declarations. tensorctl.c parses the command line and
+ * runs one command; commands.c holds the commands, which call libtensord;
+ * output.c everything printed: tables and JSON on stdout, failure reports
+ * on stderr; npy*.c read and write .npy files (npy.h).
+ */
+#ifndef TENSORD_TENSORCTL_H
+#define TENSORD_TENSORCTL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tensord/tensord.h>
+
+#define EXIT_OP 1
+#define EXIT_USAGE 2
+
+/* Options, as bits, so each command can say which it takes. */
+enum { OPT_JSON = 1, OPT_MUTABLE = 2, OPT_MODE = 4, OPT_LIFETIME = 8, OPT_TIMEOUT = 16 };
+
+struct args {
+	const char *socket;     /* borrowed from argv; NULL: the library's default */
+	const char *pos[3];     /* positionals after the command, borrowed from argv */
+	int npos;
+	unsigned seen;          /* OPT_* given */
+	uint32_t flags;         /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION */
+	uint32_t mode;
+	int timeout_ms;         /* -1: forever */
+};
+
+/*
+ * --- commands.c ---
+ * Each returns the exit status: 0, EXIT_OP after reporting the failure on
+ * stderr. Borrowed: c and a, only for the call.
+ */
+int cmd_ls(tensord_client *c, const struct args *a);
+int cmd_stat(tensord_client *c, const struct args *a);
+int cmd_stats(tensord_client *c, const struct args *a);
+int cmd_put(tensord_client *c, const struct args *a);
+int cmd_get(tensord_client *c, const struct args *a);
+int cmd_rm(tensord_client *c, const struct args *a);
+int cmd_wait(tensord_client *c, const struct args *a);
+
+/* --- output.c: failure reports --- */
+
+/*
+ * The daemon's or library's message for the failed call, else strerror.
+ * Borrowed: valid until the next libtensord call on this thread.
+ */
+const char *errmsg(int rc);
+
+/*
+ * Reports a failed call on stderr, made to name the tensor when there is
+ * one (name may be NULL). Returns EXIT_OP.
+ */
+int report(const char *msg, const char *name);
+
+/* report(errmsg(rc), name). */
+int op_error(int rc, const char *name);
+
+/* Flushes stdout; a failed write (a full disk, a closed pipe) is an operation error. */
+int finish_output(void);
+
+/* --- output.c: what the read commands print on stdout --- */
+
+/* One tensor as a JSON object, followed by end. */
+void json_info(const tensord_info *in, const char *end);
+
+/* One tensor as "key: value" lines, for stat. */
+void print_info(const tensord_info *in);
+
+/* The ls table: a header line, then one aligned row per tensor. */
+void print_ls_table(const tensord_info *infos, size_t n);
+
+/* The stats totals and devices, as one JSON object or as text and a table. */
+void print_stats_json(const tensord_daemon_stats *st);
+void print_stats_text(const tensord_daemon_stats *st);
+
+#endif /* TENSORD_TENSORCTL_H */
