@@ -94,6 +94,27 @@ def test_torch_write_into_immutable_stays_private(client, child):
     scribbler.finish()
 
 
+def test_torch_stray_write_never_shows_in_a_later_attach_in_the_same_process(client):
+    """The dirty copy-on-write case: torch writes into an immutable tensor
+    anyway; neither a second lease taken while the first lives (which reuses
+    the process's descriptor) nor an attach after the last release sees it."""
+    ref = np.arange(1024, dtype=np.float32)
+    client.put("cow", ref)
+    first = client.attach("cow")
+    x = torch.from_dlpack(first)
+    x.fill_(-7.0)
+    assert x.sum().item() == -7.0 * 1024, "the writer sees its own private copy"
+    with client.attach("cow") as again:
+        np.testing.assert_array_equal(np.from_dlpack(again), ref)
+        y = torch.from_dlpack(again)
+        y[:8] = 5.0
+    assert x.sum().item() == -7.0 * 1024, "one lease's write shows in no other"
+    del x, y
+    first.release()
+    with client.attach("cow") as later:
+        np.testing.assert_array_equal(np.from_dlpack(later), ref)
+
+
 def values(dtype, n=12):
     """Deterministic test values for dtype, as a torch tensor (covers bfloat16)."""
     base = torch.arange(n, dtype=torch.float64) - 3
