@@ -133,9 +133,14 @@ PyObject *td_stats_new(const tensord_daemon_stats *st)
 		}
 		Py_DECREF(d);
 	}
-	return Py_BuildValue("{s:K,s:K,s:K,s:d,s:I,s:N}", "tensors",
+	return Py_BuildValue("{s:K,s:K,s:K,s:d,s:I,s:N,s:I,s:{s:I,s:K,s:K,s:K,s:K}}", "tensors",
 			     (unsigned long long)st->tensors, "clients",
 			     (unsigned long long)st->clients, "leases",
 			     (unsigned long long)st->leases, "uptime", (double)st->uptime_ns / 1e9,
-			     "daemon_pid", st->daemon_pid, "devices", devs);
+			     "daemon_pid", st->daemon_pid, "devices", devs, "fds", st->daemon_fds,
+			     "host_pool", "fds", st->host_pool_fds, "bytes",
+			     (unsigned long long)st->host_pool_bytes, "budget",
+			     (unsigned long long)st->host_pool_budget, "hits",
+			     (unsigned long long)st->host_pool_hits, "misses",
+			     (unsigned long long)st->host_pool_misses);
 }

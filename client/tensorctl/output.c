@@ -183,7 +183,11 @@ void print_stats_json(const tensord_daemon_stats *st)
 		       ", \"tensors\": %" PRIu32 "}",
 		       d->bytes_used, d->bytes_capacity, d->tensors);
 	}
-	puts("]}");
+	printf("], \"daemon_fds\": %" PRIu32 ", \"host_pool_fds\": %" PRIu32
+	       ", \"host_pool_bytes\": %" PRIu64 ", \"host_pool_budget\": %" PRIu64
+	       ", \"host_pool_hits\": %" PRIu64 ", \"host_pool_misses\": %" PRIu64 "}\n",
+	       st->daemon_fds, st->host_pool_fds, st->host_pool_bytes, st->host_pool_budget,
+	       st->host_pool_hits, st->host_pool_misses);
 }
 
 /* --- text -------------------------------------------------------------------------- */
@@ -277,6 +281,11 @@ void print_stats_text(const tensord_daemon_stats *st)
 	       "s\npid:      %" PRIu32 "\n",
 	       st->tensors, st->clients, st->leases, up / 86400, up / 3600 % 24, up / 60 % 60,
 	       up % 60, st->daemon_pid);
+	printf("fds:      %" PRIu32 "\npool:     %s ready in %" PRIu32 " memfds of %s; %" PRIu64
+	       " hits, %" PRIu64 " misses\n",
+	       st->daemon_fds, human(st->host_pool_bytes, used, sizeof(used)), st->host_pool_fds,
+	       human(st->host_pool_budget, cap, sizeof(cap)), st->host_pool_hits,
+	       st->host_pool_misses);
 	printf("\n%-8s  %-7s  %-8s  %7s  %10s  %10s  %6s\n", "DEVICE", "BACKEND", "PATH", "TENSORS",
 	       "USED", "CAPACITY", "USE");
 	for (i = 0; i < st->n_devices; i++) {

@@ -93,6 +93,13 @@ class _DeviceStats(TypedDict):
     bytes_capacity: int
     tensors: int
 
+class _PoolStats(TypedDict):
+    fds: int
+    bytes: int
+    budget: int
+    hits: int
+    misses: int
+
 class _DaemonStats(TypedDict):
     tensors: int
     clients: int
@@ -100,6 +107,8 @@ class _DaemonStats(TypedDict):
     uptime: float
     daemon_pid: int
     devices: list[_DeviceStats]
+    fds: int
+    host_pool: _PoolStats
 
 @final
 class Tensor:
