@@ -141,6 +141,7 @@ UNIT_DEPS_test_frame       := proto/frame.c
 UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c
 UNIT_DEPS_test_registry    := daemon/registry.c daemon/backend_host.c daemon/log.c common/desc.c \
                               common/names.c common/errors.c
+UNIT_DEPS_test_waiters     := daemon/waiters.c
 UNIT_DEPS_test_npy         := client/tensorctl/npy.c common/names.c common/desc.c
 UNIT_DEPS_test_gpu_util    := common/gpu/cuda_api.c common/gpu/hip_api.c
 UNIT_DEPS_test_backend_gpu := daemon/backend_cuda.c daemon/backend_hip.c daemon/log.c \
