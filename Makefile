@@ -142,6 +142,7 @@ UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c
 UNIT_DEPS_test_pool        := daemon/pool.c daemon/log.c
 UNIT_DEPS_test_registry    := daemon/registry.c daemon/backend_host.c daemon/pool.c daemon/log.c common/desc.c \
                               common/names.c common/errors.c
+UNIT_DEPS_test_waiters     := daemon/waiters.c
 UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c \
                               client/tensorctl/npy_write.c common/names.c common/desc.c
 UNIT_DEPS_test_gpu_util    := common/gpu/cuda_api.c common/gpu/hip_api.c

@@ -69,8 +69,9 @@ struct backend_ops {
 	int (*alloc)(struct backend_alloc *a, uint64_t size, int device_id, const char *name);
 
 	/*
-	 * A new descriptor for one client, owned by the caller, or -1 in
-	 * *ret_fd for handle kinds that travel as bytes. writable false: the
+	 * A new descriptor for one client in *ret_fd, or -1 for handle kinds
+	 * that travel as bytes. On success the caller owns *ret_fd (close it,
+	 * or hand it to something that takes ownership). writable false: the
 	 * client must not be able to change the shared bytes through it.
 	 */
 	int (*export_fd)(struct backend_alloc *a, bool writable, int *ret_fd);

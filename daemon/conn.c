@@ -12,6 +12,9 @@
  * not take is queued, and while more than CONN_OUT_HIGH bytes are queued we
  * stop reading that client's requests, so a client that never reads its
  * replies costs us at most that much memory.
+ *
+ * What a frame means is not decided here: frames, framing errors and the
+ * close go up through set->handlers (see conn.h).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -19,9 +22,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "proto/frame.h"
+#include "conn.h"
 #include "log.h"
-#include "server.h"
+#include "proto/frame.h"
 
 #define IN_CHUNK 4096u
 
@@ -46,7 +49,18 @@ static void conn_update_poll(struct conn *c)
 		uv_poll_stop(&c->poll);
 }
 
-void conn_accept(struct server *srv, int fd)
+void conn_set_init(struct conn_set *set, uv_loop_t *loop, const struct conn_handlers *handlers,
+		   void *ctx, size_t data_size, unsigned max)
+{
+	memset(set, 0, sizeof(*set));
+	set->loop = loop;
+	set->handlers = handlers;
+	set->ctx = ctx;
+	set->data_size = data_size;
+	set->max = max;
+}
+
+void conn_accept(struct conn_set *set, int fd)
 {
 	struct ucred cred;
 	socklen_t len = sizeof(cred);
@@ -58,31 +72,34 @@ void conn_accept(struct server *srv, int fd)
 		close(fd);
 		return;
 	}
-	if (srv->n_conns >= srv->cfg.max_clients) {
+	if (set->n >= set->max) {
 		log_warn("accept: pid %d uid %u refused: %u clients is the limit", cred.pid,
-			 cred.uid, srv->cfg.max_clients);
+			 cred.uid, set->max);
 		close(fd);
 		return;
 	}
-	c = calloc(1, sizeof(*c));
-	if (!c || uv_poll_init(srv->loop, &c->poll, fd) < 0) {
+	c = calloc(1, sizeof(*c) + set->data_size);
+	if (!c || uv_poll_init(set->loop, &c->poll, fd) < 0) {
 		log_warn("accept: pid %d: out of memory, closing", cred.pid);
 		free(c);
 		close(fd);
 		return;
 	}
-	c->srv = srv;
+	c->set = set;
 	c->fd = fd;
-	c->id = ++srv->next_conn_id;
+	c->id = ++set->next_id;
+	c->pid = (uint32_t)cred.pid;
+	c->uid = cred.uid;
+	c->gid = cred.gid;
 	c->poll.data = c;
-	registry_client_init(&c->rc, c->id, cred.uid, cred.gid, (uint32_t)cred.pid);
-	c->next = srv->conns;
-	if (srv->conns)
-		srv->conns->prev = c;
-	srv->conns = c;
-	srv->n_conns++;
+	c->next = set->head;
+	if (set->head)
+		set->head->prev = c;
+	set->head = c;
+	set->n++;
 	log_debug("conn %llu: pid %d uid %u gid %u connected", (unsigned long long)c->id,
 		  cred.pid, cred.uid, cred.gid);
+	set->handlers->on_open(c, set->ctx);
 	conn_update_poll(c);
 }
 
@@ -96,16 +113,14 @@ static void on_closed(uv_handle_t *h)
 
 void conn_close(struct conn *c)
 {
-	struct server *srv = c->srv;
+	struct conn_set *set = c->set;
 	struct outbuf *o, *next;
 
 	if (c->dead)
 		return;
 	c->dead = true;
-	log_debug("conn %llu: pid %u closed, dropping %u leases", (unsigned long long)c->id,
-		  c->rc.pid, c->rc.n_leases);
 	/* Queued replies may carry descriptors: close them before the leases
-	 * that keep their tensors alive go. */
+	 * that keep their tensors alive go (in on_close). */
 	for (o = c->out_head; o; o = next) {
 		next = o->next;
 		if (o->fd >= 0)
@@ -113,19 +128,24 @@ void conn_close(struct conn *c)
 		free(o);
 	}
 	c->out_head = c->out_tail = NULL;
-	waiters_drop_conn(srv, c);
-	registry_client_gone(&srv->reg, &c->rc);
+	set->handlers->on_close(c, set->ctx);
 	free(c->in);
 	c->in = NULL;
 	if (c->prev)
 		c->prev->next = c->next;
 	else
-		srv->conns = c->next;
+		set->head = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
-	srv->n_conns--;
+	set->n--;
 	uv_poll_stop(&c->poll);
 	uv_close((uv_handle_t *)&c->poll, on_closed);
+}
+
+void conn_close_all(struct conn_set *set)
+{
+	while (set->head)
+		conn_close(set->head);
 }
 
 void conn_shutdown(struct conn *c)
@@ -187,9 +207,9 @@ static int conn_flush(struct conn *c)
 	return 0;
 }
 
-int conn_reply(struct conn *c, const Tensord__Reply *reply, int fd)
+int conn_send(struct conn *c, const ProtobufCMessage *msg, int fd)
 {
-	size_t plen = tensord__reply__get_packed_size(reply);
+	size_t plen = protobuf_c_message_get_packed_size(msg);
 	struct outbuf *o;
 	int r;
 
@@ -207,7 +227,7 @@ int conn_reply(struct conn *c, const Tensord__Reply *reply, int fd)
 		return -ENOMEM;
 	}
 	td_frame_header(o->data, (uint32_t)plen, fd >= 0 ? TD_FRAME_FLAG_FD : 0);
-	tensord__reply__pack(reply, o->data + TD_FRAME_HEADER);
+	protobuf_c_message_pack(msg, o->data + TD_FRAME_HEADER);
 	o->len = TD_FRAME_HEADER + plen;
 	o->off = 0;
 	o->fd = fd;
@@ -230,20 +250,11 @@ int conn_reply(struct conn *c, const Tensord__Reply *reply, int fd)
 	return 0;
 }
 
-void conn_reply_error(struct conn *c, uint64_t req_id, int status, const char *msg)
-{
-	Tensord__Reply rep = TENSORD__REPLY__INIT;
-
-	rep.id = req_id;
-	rep.status = status;
-	rep.message = (char *)msg;
-	conn_reply(c, &rep, -1);
-}
-
+/* Lets the layer above answer a framing error, then closes once that is sent. */
 static void conn_protocol_error(struct conn *c, int status, const char *msg)
 {
-	log_warn("conn %llu: pid %u: %s, closing", (unsigned long long)c->id, c->rc.pid, msg);
-	conn_reply_error(c, 0, status, msg);
+	log_warn("conn %llu: pid %u: %s, closing", (unsigned long long)c->id, c->pid, msg);
+	c->set->handlers->on_protocol_error(c, status, msg, c->set->ctx);
 	if (!c->dead)
 		conn_shutdown(c);
 }
@@ -265,7 +276,7 @@ static void close_cmsg_fds(struct msghdr *m)
 	}
 }
 
-/* Parses and dispatches every complete frame in c->in. */
+/* Parses every complete frame in c->in and hands each one up. */
 static void conn_process(struct conn *c)
 {
 	size_t off = 0;
@@ -285,7 +296,7 @@ static void conn_process(struct conn *c)
 			conn_protocol_error(c, -EPROTO, "frame with an unknown protocol version");
 			return;
 		}
-		dispatch_frame(c, f.payload, f.len);
+		c->set->handlers->on_frame(c, f.payload, f.len, c->set->ctx);
 		off += (size_t)n;
 	}
 	if (c->dead)
@@ -299,8 +310,8 @@ static void conn_process(struct conn *c)
 static void conn_read(struct conn *c)
 {
 	/* Frames parked while the output queue was high go first: a reply sent
-	 * from elsewhere (a publish waking a waiter) can lower the queue and
-	 * re-arm reading before on_poll() got to them. */
+	 * outside on_frame (to a waiter woken by a publish) can lower the queue
+	 * and re-arm reading before on_poll() got to them. */
 	if (c->in_len)
 		conn_process(c);
 	if (c->dead || c->closing || c->out_bytes >= CONN_OUT_HIGH)

@@ -39,7 +39,7 @@ static void on_listen(uv_poll_t *h, int status, int events)
 		int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
 		if (fd >= 0) {
-			conn_accept(srv, fd);
+			conn_accept(&srv->conns, fd);
 			continue;
 		}
 		if (errno == EINTR || errno == ECONNABORTED)
@@ -125,23 +125,12 @@ int server_listen(struct server *srv)
 	return 0;
 }
 
-/* Stop accepting, close every client, free everything; the loop then ends. */
-void server_stop(struct server *srv)
+void server_unlisten(struct server *srv)
 {
-	if (srv->stopping)
-		return;
-	srv->stopping = true;
-	log_info("stopping: %u clients, %llu tensors", srv->n_conns,
-		 (unsigned long long)srv->reg.n_tensors);
 	uv_poll_stop(&srv->listen_poll);
 	uv_close((uv_handle_t *)&srv->listen_poll, NULL);
 	close(srv->listen_fd);
 	unlink(srv->cfg.socket_path);
 	if (srv->reserve_fd >= 0)
 		close(srv->reserve_fd);
-	waiters_drop_all(srv);
-	while (srv->conns)
-		conn_close(srv->conns);
-	uv_close((uv_handle_t *)&srv->sigterm, NULL);
-	uv_close((uv_handle_t *)&srv->sigint, NULL);
 }

@@ -1,6 +1,7 @@
 /*
  * tensord: the daemon. Parses arguments, sets up the registry and the
- * listening socket, runs the libuv loop until SIGTERM or SIGINT.
+ * listening socket, wires the layers together (see server.h), runs the
+ * libuv loop until SIGTERM or SIGINT.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -13,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dispatch.h"
 #include "log.h"
 #include "server.h"
 
@@ -73,6 +75,21 @@ static int parse_size(const char *s, uint64_t *ret)
 	return 0;
 }
 
+/* Stops accepting, closes every client, frees everything; the loop then ends. */
+static void server_stop(struct server *srv)
+{
+	if (srv->stopping)
+		return;
+	srv->stopping = true;
+	log_info("stopping: %u clients, %llu tensors", srv->conns.n,
+		 (unsigned long long)srv->reg.n_tensors);
+	server_unlisten(srv);
+	waiters_drop_all(&srv->waiters);
+	conn_close_all(&srv->conns);
+	uv_close((uv_handle_t *)&srv->sigterm, NULL);
+	uv_close((uv_handle_t *)&srv->sigint, NULL);
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
 	struct server *srv = h->data;
@@ -92,7 +109,90 @@ static void raise_fd_limit(void)
 	}
 }
 
-int main(int argc, char **argv)
+/* One option into cfg. 0, or 2 (the exit status) with the complaint printed. */
+static int parse_option(int opt, const char *arg, struct server_config *cfg, int *ready_fd)
+{
+	char *end;
+
+	switch (opt) {
+	case 's':
+		if (strlen(arg) >= sizeof(cfg->socket_path)) {
+			fprintf(stderr, "tensord: --socket %s: longer than %zu bytes\n", arg,
+				sizeof(cfg->socket_path) - 1);
+			return 2;
+		}
+		snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s", arg);
+		return 0;
+	case 'c':
+		if (parse_size(arg, &cfg->host_capacity) < 0 || !cfg->host_capacity) {
+			fprintf(stderr, "tensord: --capacity %s: not a size (try 512Mi, 4G)\n",
+				arg);
+			return 2;
+		}
+		return 0;
+	case 'p': {
+		uint64_t pool;
+
+		if (parse_size(arg, &pool) < 0) {
+			fprintf(stderr, "tensord: --pool %s: not a size (try 0, 512Mi, 2G)\n", arg);
+			return 2;
+		}
+		backend_host_set_pool(pool);
+		return 0;
+	}
+	case 'l':
+		if (log_level_parse(arg, &log_level) < 0) {
+			fprintf(stderr, "tensord: --log-level %s: use error, warn, info or debug\n",
+				arg);
+			return 2;
+		}
+		return 0;
+	case 'm': {
+		unsigned long m = strtoul(arg, &end, 8);
+
+		if (*end || m > 0777) {
+			fprintf(stderr, "tensord: --mode %s: not an octal mode\n", arg);
+			return 2;
+		}
+		cfg->socket_mode = (mode_t)m;
+		return 0;
+	}
+	case 'g': {
+		struct group *g = getgrnam(arg);
+		unsigned long gid = strtoul(arg, &end, 10);
+
+		if (g)
+			cfg->socket_gid = g->gr_gid;
+		else if (!*end)
+			cfg->socket_gid = (gid_t)gid;
+		else {
+			fprintf(stderr, "tensord: --group %s: no such group\n", arg);
+			return 2;
+		}
+		return 0;
+	}
+	case 'n':
+		cfg->max_clients = (unsigned)strtoul(arg, &end, 10);
+		if (*end || !cfg->max_clients) {
+			fprintf(stderr, "tensord: --max-clients %s: not a positive number\n", arg);
+			return 2;
+		}
+		return 0;
+	case 'r':
+		*ready_fd = (int)strtol(arg, &end, 10);
+		if (*end || *ready_fd < 0) {
+			fprintf(stderr, "tensord: --ready-fd %s: not a descriptor\n", arg);
+			return 2;
+		}
+		return 0;
+	default:
+		usage(stderr);
+		return 2;
+	}
+}
+
+/* argv into cfg. -1 to go on, else the status to exit with. */
+static int parse_args(int argc, char **argv, struct server_config *cfg, int *ready_fd)
 {
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, 's' },
@@ -106,122 +206,84 @@ int main(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	static struct server srv;
-	int ready_fd = -1, opt, r;
-	char *end;
+	int opt;
 
-	srv.cfg.socket_mode = 0600;
-	srv.cfg.socket_gid = (gid_t)-1;
-	srv.cfg.max_clients = 4096;
+	cfg->socket_mode = 0600;
+	cfg->socket_gid = (gid_t)-1;
+	cfg->max_clients = 4096;
 	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		switch (opt) {
-		case 's':
-			if (strlen(optarg) >= sizeof(srv.cfg.socket_path)) {
-				fprintf(stderr, "tensord: --socket %s: longer than %zu bytes\n", optarg,
-					sizeof(srv.cfg.socket_path) - 1);
-				return 2;
-			}
-			snprintf(srv.cfg.socket_path, sizeof(srv.cfg.socket_path), "%s", optarg);
-			break;
-		case 'c':
-			if (parse_size(optarg, &srv.cfg.host_capacity) < 0 || !srv.cfg.host_capacity) {
-				fprintf(stderr, "tensord: --capacity %s: not a size (try 512Mi, 4G)\n",
-					optarg);
-				return 2;
-			}
-			break;
-		case 'p': {
-			uint64_t pool;
-
-			if (parse_size(optarg, &pool) < 0) {
-				fprintf(stderr, "tensord: --pool %s: not a size (try 0, 512Mi, 2G)\n",
-					optarg);
-				return 2;
-			}
-			backend_host_set_pool(pool);
-			break;
-		}
-		case 'l':
-			if (log_level_parse(optarg, &log_level) < 0) {
-				fprintf(stderr, "tensord: --log-level %s: use error, warn, info or debug\n",
-					optarg);
-				return 2;
-			}
-			break;
-		case 'm': {
-			unsigned long m = strtoul(optarg, &end, 8);
-
-			if (*end || m > 0777) {
-				fprintf(stderr, "tensord: --mode %s: not an octal mode\n", optarg);
-				return 2;
-			}
-			srv.cfg.socket_mode = (mode_t)m;
-			break;
-		}
-		case 'g': {
-			struct group *g = getgrnam(optarg);
-			unsigned long gid = strtoul(optarg, &end, 10);
-
-			if (g)
-				srv.cfg.socket_gid = g->gr_gid;
-			else if (!*end)
-				srv.cfg.socket_gid = (gid_t)gid;
-			else {
-				fprintf(stderr, "tensord: --group %s: no such group\n", optarg);
-				return 2;
-			}
-			break;
-		}
-		case 'n':
-			srv.cfg.max_clients = (unsigned)strtoul(optarg, &end, 10);
-			if (*end || !srv.cfg.max_clients) {
-				fprintf(stderr, "tensord: --max-clients %s: not a positive number\n",
-					optarg);
-				return 2;
-			}
-			break;
-		case 'r':
-			ready_fd = (int)strtol(optarg, &end, 10);
-			if (*end || ready_fd < 0) {
-				fprintf(stderr, "tensord: --ready-fd %s: not a descriptor\n", optarg);
-				return 2;
-			}
-			break;
-		case 'h':
+		if (opt == 'h') {
 			usage(stdout);
 			return 0;
-		default:
-			usage(stderr);
-			return 2;
 		}
+		if (parse_option(opt, optarg, cfg, ready_fd))
+			return 2;
 	}
 	if (optind < argc) {
 		fprintf(stderr, "tensord: unexpected argument '%s'\n", argv[optind]);
 		usage(stderr);
 		return 2;
 	}
-	if (!srv.cfg.socket_path[0]) {
-		if (tensord_default_socket_path(srv.cfg.socket_path, sizeof(srv.cfg.socket_path)) < 0) {
+	if (!cfg->socket_path[0]) {
+		if (tensord_default_socket_path(cfg->socket_path, sizeof(cfg->socket_path)) < 0) {
 			fprintf(stderr, "tensord: default socket path too long; use --socket\n");
 			return 2;
 		}
-		if (geteuid() == 0 && strcmp(srv.cfg.socket_path, "/run/tensord/tensord.sock") == 0)
+		if (geteuid() == 0 && strcmp(cfg->socket_path, "/run/tensord/tensord.sock") == 0)
 			mkdir("/run/tensord", 0755);
 	}
+	return -1;
+}
 
+/* The registry tells the waiters when a name is published. */
+static void on_publish(void *ctx, struct tensor *t)
+{
+	waiters_wake(ctx, t->name, t->name_len);
+}
+
+/* How each layer reaches the one above it. */
+static const struct conn_handlers conn_handlers = {
+	.on_open = dispatch_open,
+	.on_frame = dispatch_frame,
+	.on_protocol_error = dispatch_protocol_error,
+	.on_close = dispatch_close,
+};
+
+/* Everything but the listening socket. 0 or -errno. */
+static int server_init(struct server *srv)
+{
+	int r;
+
+	srv->loop = uv_default_loop();
+	srv->start_ns = now_ns();
+	srv->listen_fd = -1;
+	srv->reserve_fd = -1;
+	r = registry_init(&srv->reg, srv->cfg.host_capacity);
+	if (r < 0)
+		return r;
+	conn_set_init(&srv->conns, srv->loop, &conn_handlers, srv, sizeof(struct client),
+		      srv->cfg.max_clients);
+	waiters_init(&srv->waiters, srv->loop, dispatch_waiter_done, srv);
+	srv->reg.on_publish = on_publish;
+	srv->reg.on_publish_ctx = &srv->waiters;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static struct server srv;
+	int ready_fd = -1, r;
+
+	r = parse_args(argc, argv, &srv.cfg, &ready_fd);
+	if (r >= 0)
+		return r;
 	signal(SIGPIPE, SIG_IGN);
 	raise_fd_limit();
-	srv.loop = uv_default_loop();
-	srv.start_ns = now_ns();
-	srv.listen_fd = -1;
-	srv.reserve_fd = -1;
-	r = registry_init(&srv.reg, srv.cfg.host_capacity);
+	r = server_init(&srv);
 	if (r < 0) {
 		log_error("registry: %s", strerror(-r));
 		return 1;
 	}
-	srv.reg.on_publish = dispatch_on_publish;
-	srv.reg.on_publish_ctx = &srv;
 	r = server_listen(&srv);
 	if (r < 0) {
 		fprintf(stderr, "tensord: cannot listen on %s: %s\n", srv.cfg.socket_path,

@@ -1,5 +1,6 @@
 #include "registry.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -297,17 +298,15 @@ bool registry_published(struct registry *reg, const char *name, size_t len)
 	return t && t->state == TENSORD_STATE_PUBLISHED;
 }
 
-int registry_create(struct registry *reg, struct reg_client *rc, const struct create_args *a,
-		    struct tensor **ret_t, uint64_t *ret_lease, char *why, size_t why_len)
+/* What create can refuse before it allocates anything. */
+static int create_check(struct registry *reg, const struct create_args *a, char *why,
+			size_t why_len)
 {
-	char reason[200];
-	struct reg_device *dev;
-	struct tensor *t;
-	struct timespec ts;
-	uint64_t nbytes;
-	int r;
+	/* The registry's one name check, where a name enters the table: dispatch
+	 * has checked every name from a peer already, but the table's invariant
+	 * (every name in it is valid) does not rest on that. */
+	int r = td_name_check(a->name, a->name_len, why, why_len);
 
-	r = td_name_check(a->name, a->name_len, why, why_len);
 	if (r < 0)
 		return r;
 	if (find_named(reg, a->name, a->name_len)) {
@@ -324,21 +323,15 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 			 a->name, a->flags);
 		return -EINVAL;
 	}
+	return 0;
+}
 
-	t = calloc(1, sizeof(*t));
-	if (!t) {
-		snprintf(why, why_len, "tensor '%.*s': out of memory", (int)a->name_len, a->name);
-		return -ENOMEM;
-	}
-	t->alloc.fd = -1;
-	r = td_layout(a->dtype, a->ndim, a->shape, a->strides, t->strides, &nbytes, reason,
-			   sizeof(reason));
-	if (r < 0) {
-		snprintf(why, why_len, "tensor '%.*s': %s", (int)a->name_len, a->name, reason);
-		free(t);
-		return r;
-	}
-	dev = registry_device(reg, a->device);
+/* The device slot a's tensor of nbytes goes to, if it serves it and has room. */
+static int create_device(struct registry *reg, const struct create_args *a, uint64_t nbytes,
+			 struct reg_device **ret_dev, char *why, size_t why_len)
+{
+	struct reg_device *dev = registry_device(reg, a->device);
+
 	if (!dev || dev->init_rc < 0) {
 		char dn[32];
 
@@ -346,7 +339,6 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 		snprintf(why, why_len, "tensor '%.*s': no backend for device %s: %s",
 			 (int)a->name_len, a->name, dn,
 			 dev ? dev->why : "the daemon serves no such device");
-		free(t);
 		return -ENODEV;
 	}
 	if (nbytes > dev->capacity - dev->used) {
@@ -355,9 +347,16 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 			 (int)a->name_len, a->name, (unsigned long long)nbytes,
 			 (unsigned long long)(dev->capacity - dev->used),
 			 (unsigned long long)dev->capacity, dev->ops->name);
-		free(t);
 		return -ENOSPC;
 	}
+	*ret_dev = dev;
+	return 0;
+}
+
+static void tensor_fill(struct tensor *t, const struct create_args *a, struct reg_client *rc,
+			uint64_t nbytes)
+{
+	struct timespec ts;
 
 	memcpy(t->name, a->name, a->name_len);
 	t->name[a->name_len] = '\0';
@@ -376,14 +375,22 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 	clock_gettime(CLOCK_REALTIME, &ts);
 	t->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 	t->creator = rc;
+}
 
-	r = dev->ops->alloc(&t->alloc, nbytes, dev->device.device_id, t->name);
+/*
+ * Gets t its memory on dev, and room for its name in the table. On failure
+ * releases what it got; the caller frees t.
+ */
+static int tensor_alloc(struct registry *reg, struct reg_device *dev, struct tensor *t,
+			char *why, size_t why_len)
+{
+	int r = dev->ops->alloc(&t->alloc, t->nbytes, dev->device.device_id, t->name);
+
 	t->alloc.ops = dev->ops;
 	if (r < 0) {
 		snprintf(why, why_len, "tensor '%s': allocating %llu bytes on %s failed: %s", t->name,
-			 (unsigned long long)nbytes, dev->ops->name, tensord_strerror(r));
+			 (unsigned long long)t->nbytes, dev->ops->name, tensord_strerror(r));
 		dev->ops->release(&t->alloc);
-		free(t);
 		return r;
 	}
 	if (t->alloc.size > dev->capacity - dev->used) {
@@ -392,21 +399,25 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 			 t->name, (unsigned long long)t->alloc.size,
 			 (unsigned long long)(dev->capacity - dev->used));
 		dev->ops->release(&t->alloc);
-		free(t);
 		return -ENOSPC;
 	}
 	if (reg->n_named + 1 > reg->n_buckets && grow_buckets(reg) < 0) {
 		snprintf(why, why_len, "tensor '%s': out of memory", t->name);
 		dev->ops->release(&t->alloc);
-		free(t);
 		return -ENOMEM;
 	}
+	return 0;
+}
+
+/* Names t, charges it to dev and puts it on the list of live tensors. */
+static void tensor_insert(struct registry *reg, struct reg_device *dev, struct tensor *t)
+{
+	struct tensor **b = bucket_of(reg, t->name, t->name_len);
 
 	t->id = reg->next_id++;
 	t->dev = dev;
 	dev->used += t->alloc.size;
 	dev->tensors++;
-	struct tensor **b = bucket_of(reg, t->name, t->name_len);
 	t->hnext = *b;
 	*b = t;
 	reg->n_named++;
@@ -415,7 +426,43 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 		reg->all->prev = t;
 	reg->all = t;
 	reg->n_tensors++;
+}
 
+int registry_create(struct registry *reg, struct reg_client *rc, const struct create_args *a,
+		    struct tensor **ret_t, uint64_t *ret_lease, char *why, size_t why_len)
+{
+	char reason[200];
+	struct reg_device *dev;
+	struct tensor *t;
+	uint64_t nbytes;
+	int r;
+
+	r = create_check(reg, a, why, why_len);
+	if (r < 0)
+		return r;
+	t = calloc(1, sizeof(*t));
+	if (!t) {
+		snprintf(why, why_len, "tensor '%.*s': out of memory", (int)a->name_len, a->name);
+		return -ENOMEM;
+	}
+	t->alloc.fd = -1;
+	r = td_layout(a->dtype, a->ndim, a->shape, a->strides, t->strides, &nbytes, reason,
+		      sizeof(reason));
+	if (r < 0)
+		snprintf(why, why_len, "tensor '%.*s': %s", (int)a->name_len, a->name, reason);
+	else
+		r = create_device(reg, a, nbytes, &dev, why, why_len);
+	if (r < 0) {
+		free(t);
+		return r;
+	}
+	tensor_fill(t, a, rc, nbytes);
+	r = tensor_alloc(reg, dev, t, why, why_len);
+	if (r < 0) {
+		free(t);
+		return r;
+	}
+	tensor_insert(reg, dev, t);
 	r = lease_add(reg, rc, t, ret_lease);
 	if (r < 0) {
 		snprintf(why, why_len, "tensor '%s': client holds too many leases (%u)", t->name,
@@ -433,9 +480,7 @@ int registry_publish(struct registry *reg, struct reg_client *rc, const char *na
 	struct tensor *t;
 	int r;
 
-	r = td_name_check(name, len, why, why_len);
-	if (r < 0)
-		return r;
+	assert(len > 0 && len <= TENSORD_NAME_MAX);
 	t = find_named(reg, name, len);
 	if (!t || !visible_to(t, rc)) {
 		snprintf(why, why_len, "tensor '%.*s': no such tensor", (int)len, name);
@@ -473,9 +518,7 @@ int registry_attach(struct registry *reg, struct reg_client *rc, const char *nam
 	struct tensor *t;
 	int r;
 
-	r = td_name_check(name, len, why, why_len);
-	if (r < 0)
-		return r;
+	assert(len > 0 && len <= TENSORD_NAME_MAX);
 	t = find_named(reg, name, len);
 	if (!t || t->state != TENSORD_STATE_PUBLISHED) {
 		snprintf(why, why_len, "tensor '%.*s': no such tensor%s", (int)len, name,
@@ -502,11 +545,8 @@ int registry_unlink(struct registry *reg, struct reg_client *rc, const char *nam
 		    char *why, size_t why_len)
 {
 	struct tensor *t;
-	int r;
 
-	r = td_name_check(name, len, why, why_len);
-	if (r < 0)
-		return r;
+	assert(len > 0 && len <= TENSORD_NAME_MAX);
 	t = find_named(reg, name, len);
 	if (!t || !visible_to(t, rc)) {
 		snprintf(why, why_len, "tensor '%.*s': no such tensor", (int)len, name);

@@ -84,7 +84,10 @@ struct registry {
 	uint64_t next_id;
 	struct reg_device devices[REGISTRY_DEVICES_MAX];
 	int n_devices;
-	/* Called when a tensor becomes published, so waiters can be woken. */
+	/*
+	 * Called when a tensor becomes published, so waiters can be woken; set
+	 * by main.c. t is borrowed: valid during the call. NULL: nobody cares.
+	 */
 	void (*on_publish)(void *ctx, struct tensor *t);
 	void *on_publish_ctx;
 };
@@ -116,38 +119,58 @@ void registry_client_init(struct reg_client *rc, uint64_t id, uint32_t uid, uint
 
 /*
  * The client is gone: ends all its leases, unlinks its connection-lifetime
- * tensors and discards tensors it created but never published.
+ * tensors and discards tensors it created but never published. Tensors
+ * borrowed through rc's leases may be freed.
  */
 void registry_client_gone(struct registry *reg, struct reg_client *rc);
 
 /*
- * All of the following return 0 or -errno and, on failure, write a one-line
- * reason naming the tensor into why.
+ * The calls below that take why return 0 or -errno and, on failure, write a
+ * one-line reason naming the tensor into it.
+ *
+ * publish, attach and unlink take a valid name (td_name_check()) of len
+ * bytes: dispatch checks every name a peer sends before it gets here.
+ * create checks its name itself, the one place where a name enters the
+ * table; the lookups take any bytes and simply find nothing.
+ *
+ * A tensor returned with a lease is borrowed: valid while that lease lives
+ * (until registry_release() of it, or registry_client_gone() of rc).
  */
 
-/* Allocates, returns the tensor and a new lease for its creator. */
+/*
+ * Allocates the tensor, named and in state CREATED, and gives rc a new
+ * lease on it (*ret_lease, held in rc's ledger). *ret_t is borrowed: valid
+ * while that lease lives. -EINVAL for an invalid name, with the reason.
+ */
 int registry_create(struct registry *reg, struct reg_client *rc, const struct create_args *a,
 		    struct tensor **ret_t, uint64_t *ret_lease, char *why, size_t why_len);
 
+/* Publishes a tensor rc created (sealing it unless mutable), then calls on_publish. */
 int registry_publish(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
 		     char *why, size_t why_len);
 
 /*
- * A new lease on a published tensor. -ENOENT when the name is not visible
- * to rc (the caller may wait), -EACCES when its mode refuses rc.
+ * A new lease on a published tensor, held in rc's ledger; *ret_t is
+ * borrowed: valid while that lease lives. -ENOENT when the name is not
+ * visible to rc (the caller may wait), -EACCES when its mode refuses rc.
  * *ret_writable says whether rc may write it.
  */
 int registry_attach(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
 		    struct tensor **ret_t, uint64_t *ret_lease, bool *ret_writable, char *why,
 		    size_t why_len);
 
-/* Ends one lease. -ESRCH when rc holds no such lease. */
+/* Ends one lease; it may free its tensor. -ESRCH when rc holds no such lease. */
 int registry_release(struct registry *reg, struct reg_client *rc, uint64_t lease);
 
+/* Removes the name; the tensor lives on while leases hold it, else it is freed. */
 int registry_unlink(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
 		    char *why, size_t why_len);
 
-/* The named tensor as rc may see it, or NULL. */
+/*
+ * The named tensor as rc may see it, or NULL. Borrowed, and no lease holds
+ * it: valid until the next registry call that can free a tensor (release,
+ * unlink, client_gone).
+ */
 struct tensor *registry_lookup(struct registry *reg, struct reg_client *rc, const char *name,
 			       size_t len);
 
@@ -155,8 +178,9 @@ struct tensor *registry_lookup(struct registry *reg, struct reg_client *rc, cons
 bool registry_published(struct registry *reg, const char *name, size_t len);
 
 /*
- * The tensors rc may see whose names start with prefix, sorted by name.
- * *ret is malloc'ed (free it); -ENOMEM.
+ * The tensors rc may see whose names start with prefix (any bytes), sorted
+ * by name. On success the caller owns the array *ret (free() it); the
+ * tensors in it are borrowed, as from registry_lookup(). 0 or -ENOMEM.
  */
 int registry_list(struct registry *reg, struct reg_client *rc, const char *prefix, size_t len,
 		  struct tensor ***ret, size_t *ret_n);

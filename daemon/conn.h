@@ -1,0 +1,119 @@
+/*
+ * One client connection: its socket, the framing, the queue of replies and
+ * the descriptors they carry, and back-pressure. This is the transport: it
+ * knows frames, not what is in them. Whole request frames, framing errors
+ * and the close go up through struct conn_handlers, which main.c sets;
+ * nothing here calls a layer above by name. Everything runs on the one libuv
+ * loop thread.
+ */
+#ifndef TENSORD_CONN_H
+#define TENSORD_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+#include <uv.h>
+
+/* Replies queued for one client before we stop reading its requests. */
+#define CONN_OUT_HIGH (4u << 20)
+
+struct conn;
+
+/*
+ * How a connection reaches the layer above. ctx is conn_set.ctx. c is
+ * borrowed in every callback. Once on_close(c) has run, only c->dead may be
+ * read, and only until the callback that was running returns: the memory
+ * goes when libuv lets go of the poll handle.
+ */
+struct conn_handlers {
+	/* A client connected: set up conn_data(c), which is zeroed. */
+	void (*on_open)(struct conn *c, void *ctx);
+	/*
+	 * One whole request frame. payload is borrowed: valid until on_frame
+	 * returns. The callee may send on, shut down or close c.
+	 */
+	void (*on_frame)(struct conn *c, const uint8_t *payload, size_t len, void *ctx);
+	/*
+	 * The peer broke the framing: status is -EMSGSIZE, -EPROTO or -ENOMEM
+	 * and msg says how. The place to answer it; c then flushes what is
+	 * queued and closes.
+	 */
+	void (*on_protocol_error)(struct conn *c, int status, const char *msg, void *ctx);
+	/*
+	 * c is closing, for whatever reason: drop everything that refers to it.
+	 * The last callback for c; conn_send() refuses from here on.
+	 */
+	void (*on_close)(struct conn *c, void *ctx);
+};
+
+/* Every client connection. Embedded in struct server. */
+struct conn_set {
+	uv_loop_t *loop;
+	const struct conn_handlers *handlers; /* borrowed; outlives the set */
+	void *ctx;                  /* handed to every handler */
+	size_t data_size;           /* bytes of conn_data() per connection */
+	unsigned max;               /* connections served at once */
+	unsigned n;
+	uint64_t next_id;
+	struct conn *head;
+};
+
+struct outbuf {
+	struct outbuf *next;
+	size_t len, off;
+	int fd;                     /* owned; -1 when none; sent with the first byte */
+	uint8_t data[];
+};
+
+struct conn {
+	struct conn_set *set;       /* borrowed */
+	uint64_t id;
+	uint32_t pid, uid, gid;     /* the peer, from SO_PEERCRED, never from a message */
+	int fd;                     /* owned; closed once poll is closed */
+	uv_poll_t poll;
+	int poll_events;
+	uint8_t *in;                /* received, not yet parsed */
+	size_t in_len, in_cap;
+	struct outbuf *out_head, *out_tail;
+	size_t out_bytes;
+	bool closing;               /* flush what is queued, then close */
+	bool dead;                  /* closed; waiting for libuv to let go */
+	struct conn *prev, *next;
+	max_align_t data[];         /* set->data_size bytes, the layer above's */
+};
+
+void conn_set_init(struct conn_set *set, uv_loop_t *loop, const struct conn_handlers *handlers,
+		   void *ctx, size_t data_size, unsigned max);
+
+/* Serves an accepted socket. Takes ownership of fd: it is closed on every path. */
+void conn_accept(struct conn_set *set, int fd);
+
+/* The layer above's state: set->data_size bytes, zeroed at accept. Borrowed: lives as long as c. */
+static inline void *conn_data(struct conn *c)
+{
+	return c->data;
+}
+
+/*
+ * Packs msg into one frame and queues it, sending at once what the socket
+ * takes. Takes ownership of fd (-1 when none): it is closed on every path,
+ * success or not. 0; -ENOTCONN when c is closed; -ENOMEM or a send error,
+ * and c is closed.
+ */
+int conn_send(struct conn *c, const ProtobufCMessage *msg, int fd);
+
+/* Flushes what is queued, then closes. */
+void conn_shutdown(struct conn *c);
+
+/*
+ * Closes at once: closes the descriptors of queued replies, then calls
+ * on_close. The memory goes once libuv lets go of the poll handle.
+ */
+void conn_close(struct conn *c);
+
+/* Closes every connection in the set. */
+void conn_close_all(struct conn_set *set);
+
+#endif

@@ -1,0 +1,43 @@
+/*
+ * The protocol layer: request frames in, registry and waiter calls, replies
+ * out. It calls conn.c, reply.c, waiters.c and the registry by name; those
+ * reach it only through the callbacks below, which main.c wires into
+ * struct conn_handlers and struct waiters.
+ */
+#ifndef TENSORD_DISPATCH_H
+#define TENSORD_DISPATCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conn.h"
+#include "registry.h"
+#include "waiters.h"
+
+/* Attaches one client may have waiting at once. */
+#define CONN_WAITERS_MAX 256
+
+/* One client as the protocol sees it: the conn_data() of its connection. */
+struct client {
+	struct server *srv;         /* borrowed */
+	struct conn *conn;          /* borrowed: the connection this lives in */
+	struct reg_client rc;       /* who it is, and its leases */
+	struct waiter_owner waits;  /* its parked attaches */
+	bool hello_done;
+};
+
+/* conn_handlers: ctx is the struct server. */
+void dispatch_open(struct conn *c, void *ctx);
+/* Handles one request frame. payload is borrowed: valid during the call. */
+void dispatch_frame(struct conn *c, const uint8_t *payload, size_t len, void *ctx);
+/* Answers a framing error; conn.c closes after. */
+void dispatch_protocol_error(struct conn *c, int status, const char *msg, void *ctx);
+/* Drops the client's waiters, then its leases and the tensors that go with it. */
+void dispatch_close(struct conn *c, void *ctx);
+
+/* waiter_done_fn: answers a parked attach, with a lease or -ETIMEDOUT. */
+void dispatch_waiter_done(struct waiter_owner *o, const struct waiter_req *req, int status,
+			  void *ctx);
+
+#endif

@@ -1,0 +1,215 @@
+/*
+ * Reply building. Messages point into the daemon's own structures (and a
+ * little stack storage) while they are packed, so nothing is copied
+ * twice: conn_send() packs straight into the outgoing frame.
+ */
+#include "reply.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "proto/frame.h"
+#include "proto/tensord.pb-c.h"
+#include "pool.h"
+
+/* Storage that a TensorInfo points into while it is packed. */
+struct info_store {
+	Tensord__TensorInfo info;
+	Tensord__DType dtype;
+	Tensord__Device device;
+};
+
+static void fill_info(struct info_store *s, const struct tensor *t)
+{
+	tensord__tensor_info__init(&s->info);
+	tensord__dtype__init(&s->dtype);
+	tensord__device__init(&s->device);
+	s->info.name = (char *)t->name;
+	s->dtype.code = t->dtype.code;
+	s->dtype.bits = t->dtype.bits;
+	s->dtype.lanes = t->dtype.lanes;
+	s->info.dtype = &s->dtype;
+	s->info.n_shape = (size_t)t->ndim;
+	s->info.shape = (int64_t *)t->shape;
+	s->info.n_strides = (size_t)t->ndim;
+	s->info.strides = (int64_t *)t->strides;
+	s->device.type = (uint32_t)t->device.device_type;
+	s->device.id = t->device.device_id;
+	s->info.device = &s->device;
+	s->info.nbytes = t->nbytes;
+	s->info.byte_offset = 0;
+	s->info.state = (Tensord__State)t->state;
+	s->info.refcount = t->refcount;
+	s->info.owner_uid = t->owner_uid;
+	s->info.owner_gid = t->owner_gid;
+	s->info.mode = t->mode;
+	s->info.flags = t->flags;
+	s->info.created_ns = t->created_ns;
+	s->info.id = t->id;
+}
+
+/* Takes ownership of fd (-1 when none). */
+static void reply_send(struct conn *c, const Tensord__Reply *rep, int fd)
+{
+	conn_send(c, &rep->base, fd);
+}
+
+void reply_status(struct conn *c, uint64_t req_id, int status, const char *msg)
+{
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+
+	rep.id = req_id;
+	rep.status = status;
+	rep.message = (char *)msg;
+	reply_send(c, &rep, -1);
+}
+
+void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64_t lease,
+		 bool writable, bool reused, int fd)
+{
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	Tensord__Lease l = TENSORD__LEASE__INIT;
+	struct info_store s;
+	uint8_t uuid[16];
+
+	fill_info(&s, t);
+	l.lease = lease;
+	l.info = &s.info;
+	l.handle = (Tensord__HandleKind)t->alloc.handle_kind;
+	l.map_size = t->alloc.size;
+	l.writable = writable;
+	l.reused = reused;
+	if (t->alloc.ipc_handle_len) {
+		l.ipc_handle.data = (uint8_t *)t->alloc.ipc_handle;
+		l.ipc_handle.len = t->alloc.ipc_handle_len;
+	}
+	l.ipc_offset = t->alloc.ipc_offset;
+	if (t->alloc.ops->device_uuid(t->alloc.device_id, uuid) == 0) {
+		s.device.uuid.data = uuid;
+		s.device.uuid.len = sizeof(uuid);
+	}
+	rep.id = req_id;
+	rep.body_case = TENSORD__REPLY__BODY_LEASE;
+	rep.lease = &l;
+	reply_send(c, &rep, fd);
+}
+
+void reply_info(struct conn *c, uint64_t req_id, const struct tensor *t)
+{
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	struct info_store s;
+
+	fill_info(&s, t);
+	rep.id = req_id;
+	rep.body_case = TENSORD__REPLY__BODY_INFO;
+	rep.info = &s.info;
+	reply_send(c, &rep, -1);
+}
+
+void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t n)
+{
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	Tensord__ListReply lr = TENSORD__LIST_REPLY__INIT;
+	struct info_store *s = malloc((n ? n : 1) * sizeof(*s));
+	Tensord__TensorInfo **pi = malloc((n ? n : 1) * sizeof(*pi));
+
+	if (!s || !pi) {
+		free(pi);
+		free(s);
+		reply_status(c, req_id, -ENOMEM, "out of memory listing tensors");
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		fill_info(&s[i], v[i]);
+		pi[i] = &s[i].info;
+	}
+	lr.n_tensors = n;
+	lr.tensors = pi;
+	rep.id = req_id;
+	rep.body_case = TENSORD__REPLY__BODY_LIST;
+	rep.list = &lr;
+	reply_send(c, &rep, -1);
+	free(pi);
+	free(s);
+}
+
+/* Descriptors this process holds, counted in /proc/self/fd; 0 if unknown. */
+static uint32_t open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	uint32_t n = 0;
+
+	if (!d)
+		return 0;
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n ? n - 1 : 0; /* less the one opendir() holds */
+}
+
+void reply_stats(struct conn *c, uint64_t req_id, const struct registry *reg, unsigned clients,
+		 uint64_t uptime_ns)
+{
+	struct pool *pool = backend_host_pool();
+	struct pool_stats ps = { 0 };
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	Tensord__StatsReply sr = TENSORD__STATS_REPLY__INIT;
+	Tensord__DeviceStats ds[REGISTRY_DEVICES_MAX], *pds[REGISTRY_DEVICES_MAX];
+	Tensord__Device dev[REGISTRY_DEVICES_MAX];
+	size_t n = 0;
+
+	for (int i = 0; i < reg->n_devices; i++) {
+		const struct reg_device *d = &reg->devices[i];
+
+		if (d->init_rc < 0)
+			continue;
+		tensord__device_stats__init(&ds[n]);
+		tensord__device__init(&dev[n]);
+		dev[n].type = (uint32_t)d->device.device_type;
+		dev[n].id = d->device.device_id;
+		ds[n].device = &dev[n];
+		ds[n].backend = (char *)d->ops->name;
+		ds[n].path = (char *)d->ops->path(d->device.device_id);
+		ds[n].bytes_used = d->used;
+		ds[n].bytes_capacity = d->capacity;
+		ds[n].tensors = d->tensors;
+		pds[n] = &ds[n];
+		n++;
+	}
+	sr.tensors = reg->n_tensors;
+	sr.clients = clients;
+	sr.leases = reg->n_leases;
+	sr.uptime_ns = uptime_ns;
+	sr.daemon_pid = (uint32_t)getpid();
+	sr.n_devices = n;
+	sr.devices = pds;
+	if (pool)
+		pool_get_stats(pool, &ps);
+	sr.daemon_fds = open_fds();
+	sr.host_pool_fds = ps.ready_fds;
+	sr.host_pool_bytes = ps.ready_bytes;
+	sr.host_pool_budget = ps.budget;
+	sr.host_pool_hits = ps.hits;
+	sr.host_pool_misses = ps.misses;
+	rep.id = req_id;
+	rep.body_case = TENSORD__REPLY__BODY_STATS;
+	rep.stats = &sr;
+	reply_send(c, &rep, -1);
+}
+
+void reply_hello(struct conn *c, uint64_t req_id)
+{
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	Tensord__HelloReply hr = TENSORD__HELLO_REPLY__INIT;
+
+	hr.version = TENSORD_PROTOCOL_VERSION;
+	hr.daemon_pid = (uint32_t)getpid();
+	hr.max_frame = TD_FRAME_MAX_REQUEST;
+	rep.id = req_id;
+	rep.body_case = TENSORD__REPLY__BODY_HELLO;
+	rep.hello = &hr;
+	reply_send(c, &rep, -1);
+}
