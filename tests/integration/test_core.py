@@ -160,16 +160,25 @@ def test_attach_times_out_with_etimedout(daemon, clients):
     assert time.monotonic() - t0 >= 0.19
 
 
-def test_repeat_attach_reuses_the_mapping(daemon, clients):
+def test_repeat_attach_reuses_the_descriptor_with_a_view_of_its_own(daemon, clients):
+    """A second lease in the same process costs no descriptor (the daemon sends
+    none; the process keeps the one it has), but gets its own private view, so
+    a stray write through one lease never shows through the other."""
     w, r = clients(), clients()
     w.ok("create rep uint8 4096")
+    w.ok("fill rep 3")
     w.ok("publish rep")
     r.ok("attach rep 0")
+    fds_before = len(os.listdir(f"/proc/{r.p.pid}/fd"))
     maps_before = open(f"/proc/{r.p.pid}/maps").read().count("tensord:rep")
     r.ok("legacy rep 0 rep2")  # a second lease in the same process
+    assert len(os.listdir(f"/proc/{r.p.pid}/fd")) == fds_before
     maps_after = open(f"/proc/{r.p.pid}/maps").read().count("tensord:rep")
-    assert maps_before == maps_after == 1
+    assert (maps_before, maps_after) == (1, 2)
     assert w.kv("stat rep")["refcount"] == "3"
+    r.ok("write rep 10 99")
+    assert r.ok("read rep 10") == "99"
+    assert r.ok("read rep2 10") == "3"
 
 
 def test_kill9_returns_leases_memory_and_fds(daemon, clients):
