@@ -81,6 +81,15 @@ struct tensord_client {
  */
 int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply, int *ret_fd);
 
+/*
+ * The Create round trip of tensord_create(), without mapping anything: on
+ * success *ret_reply is a Lease reply (with its tensor), owned by the
+ * caller (tensord__reply__free_unpacked), and so is *ret_fd (-1 when
+ * none). The lease it grants is the caller's to end (td_lease_end).
+ */
+int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
+		  Tensord__Reply **ret_reply, int *ret_fd);
+
 /* Sends a request that gets no reply (Release). req is borrowed for the call. */
 int td_send_oneway(tensord_client *c, Tensord__Request *req);
 

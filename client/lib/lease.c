@@ -58,6 +58,11 @@ static void send_release(tensord_client *c, uint64_t lease_id)
 	td_send_oneway(c, &req);
 }
 
+void td_lease_end(tensord_client *c, uint64_t lease_id)
+{
+	send_release(c, lease_id);
+}
+
 /*
  * Ends a lease the daemon granted (0: none) for a reply we could not use,
  * or it would live until close; keeps the calling thread's error message.

@@ -41,6 +41,9 @@ int td_lease_handle_legacy(struct td_lease *l, DLManagedTensor **ret_tensor);
  */
 struct td_mapping *td_tensor_mapping(const DLManagedTensorVersioned *t);
 
+/* Ends a lease that no td_lease holds (one-way Release; no reply). */
+void td_lease_end(tensord_client *c, uint64_t lease_id);
+
 /* Fills a tensord_info from the wire form. w is borrowed for the call. */
 void td_info_from_wire(tensord_info *info, const Tensord__TensorInfo *w);
 

@@ -1,30 +1,36 @@
 /*
  * libtensord: put(), create + one copy + publish. Host sources may have any
- * strides and are stored row-major compact; GPU sources must be contiguous
- * and are copied device to device by their importer.
+ * strides and are stored row-major compact, written through the memfd's
+ * descriptor (never mapped here); GPU sources must be contiguous and are
+ * copied device to device by their importer.
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client.h"
 #include "common/desc.h"
 
-/* Copies an n-d strided host array into a compact one, innermost run at a time. */
-static void copy_strided(uint8_t *dst, const uint8_t *src, int ndim, const int64_t *shape,
-			 const int64_t *sstrides, size_t elsize)
+/*
+ * Calls emit(ctx, p, n) for each contiguous run of an n-d strided host
+ * array, in row-major order, so that the runs laid end to end are its
+ * compact copy. Stops at the first negative return and returns it.
+ */
+static int for_each_run(const uint8_t *src, int ndim, const int64_t *shape,
+			const int64_t *sstrides, size_t elsize,
+			int (*emit)(void *ctx, const uint8_t *p, size_t n), void *ctx)
 {
 	int64_t idx[TENSORD_NDIM_MAX] = { 0 };
 	size_t inner;
-	int d;
+	int d, r;
 
-	if (ndim == 0) {
-		memcpy(dst, src, elsize);
-		return;
-	}
+	if (ndim == 0)
+		return emit(ctx, src, elsize);
 	for (d = 0; d < ndim; d++)
 		if (shape[d] == 0)
-			return;
+			return 0;
 	/* Merge trailing dimensions that are already contiguous in src. */
 	inner = elsize;
 	d = ndim - 1;
@@ -32,26 +38,80 @@ static void copy_strided(uint8_t *dst, const uint8_t *src, int ndim, const int64
 		inner *= (size_t)shape[d];
 		d--;
 	}
-	if (d < 0) {
-		memcpy(dst, src, inner);
-		return;
-	}
+	if (d < 0)
+		return emit(ctx, src, inner);
 	for (;;) {
 		const uint8_t *p = src;
+		int k;
 
-		for (int k = 0; k <= d; k++)
+		for (k = 0; k <= d; k++)
 			p += idx[k] * sstrides[k] * (int64_t)elsize;
-		memcpy(dst, p, inner);
-		dst += inner;
-		int k = d;
-		for (; k >= 0; k--) {
+		r = emit(ctx, p, inner);
+		if (r < 0)
+			return r;
+		for (k = d; k >= 0; k--) {
 			if (++idx[k] < shape[k])
 				break;
 			idx[k] = 0;
 		}
 		if (k < 0)
-			return;
+			return 0;
 	}
+}
+
+/*
+ * Writes runs into a memfd at increasing offsets with pwrite(): large runs
+ * straight from the source, small ones gathered in a buffer first.
+ */
+struct fd_writer {
+	int fd;            /* borrowed */
+	uint64_t off;      /* where the next byte goes */
+	uint8_t *buf;      /* owned; NULL when no run was small yet */
+	size_t len;        /* bytes gathered in buf */
+};
+
+#define GATHER_MAX (1u << 20)
+
+static int write_all(struct fd_writer *w, const uint8_t *p, size_t n)
+{
+	while (n) {
+		ssize_t k = pwrite(w->fd, p, n < (1u << 30) ? n : (1u << 30), (off_t)w->off);
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return -(k < 0 ? errno : EIO);
+		p += k;
+		n -= (size_t)k;
+		w->off += (uint64_t)k;
+	}
+	return 0;
+}
+
+static int flush_gathered(struct fd_writer *w)
+{
+	int r = w->len ? write_all(w, w->buf, w->len) : 0;
+
+	w->len = 0;
+	return r;
+}
+
+static int write_run(void *ctx, const uint8_t *p, size_t n)
+{
+	struct fd_writer *w = ctx;
+	int r;
+
+	if (n >= GATHER_MAX / 16) {
+		r = flush_gathered(w);
+		return r < 0 ? r : write_all(w, p, n);
+	}
+	if (!w->buf && !(w->buf = malloc(GATHER_MAX)))
+		return -ENOMEM;
+	if (w->len + n > GATHER_MAX && (r = flush_gathered(w)) < 0)
+		return r;
+	memcpy(w->buf + w->len, p, n);
+	w->len += n;
+	return 0;
 }
 
 /*
@@ -107,14 +167,68 @@ static int put_device(tensord_client *c, const char *name, const DLTensor *src, 
 	return publish_or_discard(c, name, t, r);
 }
 
+/*
+ * put() of host memory: create, write the bytes through the descriptor,
+ * publish. Nothing is mapped here: pwrite() costs the kernel a page-cache
+ * lookup per 4 KiB, while a mapping costs a page-table entry per 4 KiB to
+ * set up and, at publish, to tear down again (the creator's view must stop
+ * being shared before the daemon seals the memfd), which on a VM is several
+ * times the copy itself.
+ */
+static int put_host(tensord_client *c, const char *name, const DLTensor *src,
+		    const tensord_spec *spec, size_t elsize)
+{
+	int64_t cstrides[TENSORD_NDIM_MAX];
+	struct fd_writer w = { .fd = -1 };
+	Tensord__Reply *rep;
+	uint64_t lease;
+	char saved[512];
+	int r;
+
+	r = td_create_rpc(c, name, spec, &rep, &w.fd);
+	if (r < 0)
+		return r;
+	lease = rep->lease->lease;
+	if (rep->lease->handle != TENSORD__HANDLE_KIND__HANDLE_NONE && w.fd < 0)
+		r = td_set_error(-EPROTO, "tensor '%s': tensord sent no descriptor to write", name);
+	tensord__reply__free_unpacked(rep, NULL);
+	if (r == 0 && w.fd >= 0) {
+		if (!src->strides) {
+			int64_t acc = 1;
+
+			for (int i = src->ndim - 1; i >= 0; i--) {
+				cstrides[i] = acc;
+				acc *= src->shape[i];
+			}
+		}
+		r = for_each_run((const uint8_t *)src->data + src->byte_offset, src->ndim,
+				 src->shape, src->strides ? src->strides : cstrides, elsize,
+				 write_run, &w);
+		if (r == 0)
+			r = flush_gathered(&w);
+		if (r < 0)
+			td_set_error(r, "tensor '%s': writing its bytes failed: %s", name,
+				     strerror(-r));
+	}
+	free(w.buf);
+	if (w.fd >= 0)
+		close(w.fd);
+	if (r == 0)
+		r = tensord_publish(c, name);
+	if (r < 0) {
+		snprintf(saved, sizeof(saved), "%s", tensord_last_error());
+		tensord_unlink(c, name);
+		td_set_error(r, "%s", saved);
+	}
+	td_lease_end(c, lease);
+	return r;
+}
+
 int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
 		uint32_t mode)
 {
 	tensord_spec spec = { 0 };
-	DLManagedTensorVersioned *t;
-	int64_t cstrides[TENSORD_NDIM_MAX];
 	size_t elsize;
-	int r;
 
 	if (!src)
 		return td_set_error(-EINVAL, "tensor '%s': no source", name ? name : "");
@@ -134,18 +248,5 @@ int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32
 	spec.device = (DLDevice){ kDLCPU, 0 };
 	spec.flags = flags;
 	spec.mode = mode;
-	r = tensord_create(c, name, &spec, &t);
-	if (r < 0)
-		return r;
-	if (!src->strides) {
-		int64_t acc = 1;
-
-		for (int i = src->ndim - 1; i >= 0; i--) {
-			cstrides[i] = acc;
-			acc *= src->shape[i];
-		}
-	}
-	copy_strided(t->dl_tensor.data, (const uint8_t *)src->data + src->byte_offset, src->ndim,
-		     src->shape, src->strides ? src->strides : cstrides, elsize);
-	return publish_or_discard(c, name, t, 0);
+	return put_host(c, name, src, &spec, elsize);
 }

@@ -49,15 +49,14 @@ static int lease_reply(tensord_client *c, const char *name, const char *op, Tens
 	return r;
 }
 
-int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec,
-		   DLManagedTensorVersioned **ret_tensor)
+int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
+		  Tensord__Reply **ret_reply, int *ret_fd)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Create cr = TENSORD__CREATE__INIT;
 	Tensord__DType dt = TENSORD__DTYPE__INIT;
 	Tensord__Device dev = TENSORD__DEVICE__INIT;
 	Tensord__Reply *rep;
-	struct td_lease *l;
 	int fd, r;
 
 	r = check_name(name);
@@ -83,6 +82,28 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 	req.body_case = TENSORD__REQUEST__BODY_CREATE;
 	req.create = &cr;
 	r = td_rpc(c, &req, &rep, &fd);
+	if (r < 0)
+		return r;
+	if (rep->body_case != TENSORD__REPLY__BODY_LEASE || !rep->lease->info) {
+		tensord__reply__free_unpacked(rep, NULL);
+		if (fd >= 0)
+			close(fd);
+		return td_set_error(-EPROTO, "tensor '%s': tensord answered create without a lease",
+				    name);
+	}
+	*ret_reply = rep;
+	*ret_fd = fd;
+	return 0;
+}
+
+int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec,
+		   DLManagedTensorVersioned **ret_tensor)
+{
+	Tensord__Reply *rep;
+	struct td_lease *l;
+	int fd, r;
+
+	r = td_create_rpc(c, name, spec, &rep, &fd);
 	if (r < 0)
 		return r;
 	r = lease_reply(c, name, "create", rep, fd, NULL, true, &l);
