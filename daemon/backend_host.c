@@ -178,6 +178,26 @@ static int host_export_fd(struct backend_alloc *a, bool writable, int *ret_fd)
 	return 0;
 }
 
+static int host_write(struct backend_alloc *a, uint64_t off, const void *data, size_t n)
+{
+	const uint8_t *p = data;
+
+	if (off > a->size || n > a->size - off)
+		return -EINVAL;
+	while (n) {
+		ssize_t k = pwrite(a->fd, p, n, (off_t)off);
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return k < 0 ? -errno : -EIO;
+		p += k;
+		off += (uint64_t)k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
 static int host_freeze(struct backend_alloc *a)
 {
 	if (a->handle_kind == TENSORD__HANDLE_KIND__HANDLE_NONE)
@@ -208,6 +228,7 @@ const struct backend_ops backend_host = {
 	.path = host_path,
 	.alloc = host_alloc,
 	.export_fd = host_export_fd,
+	.write = host_write,
 	.freeze = host_freeze,
 	.release = host_release,
 };

@@ -90,6 +90,15 @@ int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply,
 int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
 		  Tensord__Reply **ret_reply, int *ret_fd);
 
+/*
+ * Create + write + publish in one round trip, the bytes inline (len bytes,
+ * row-major compact, borrowed for the call). -EMSGSIZE when they do not fit
+ * in one request, -EBADMSG from a daemon that knows no Put; in both cases
+ * nothing was created.
+ */
+int td_put_rpc(tensord_client *c, const char *name, const tensord_spec *spec, const void *data,
+	       size_t len);
+
 /* Sends a request that gets no reply (Release). req is borrowed for the call. */
 int td_send_oneway(tensord_client *c, Tensord__Request *req);
 

@@ -71,6 +71,8 @@ struct fd_writer {
 };
 
 #define GATHER_MAX (1u << 20)
+/* Host tensors up to this size travel inside the Put request (frames are 64 KiB). */
+#define PUT_INLINE_MAX (60u * 1024u)
 
 static int write_all(struct fd_writer *w, const uint8_t *p, size_t n)
 {
@@ -167,6 +169,41 @@ static int put_device(tensord_client *c, const char *name, const DLTensor *src, 
 	return publish_or_discard(c, name, t, r);
 }
 
+/* Appends runs to a buffer that has room for all of them. */
+static int gather_run(void *ctx, const uint8_t *p, size_t n)
+{
+	uint8_t **dst = ctx;
+
+	memcpy(*dst, p, n);
+	*dst += n;
+	return 0;
+}
+
+/*
+ * Small host tensors travel inside the request: one round trip, no
+ * descriptor. Returns 1 when the daemon cannot take them so (too large for
+ * one request, or a daemon that knows no Put), 0 or -errno otherwise.
+ */
+static int put_inline(tensord_client *c, const char *name, const DLTensor *src,
+		      const tensord_spec *spec, const int64_t *sstrides, size_t elsize,
+		      uint64_t nbytes)
+{
+	uint8_t stack[4096], *buf = stack, *end;
+	int r;
+
+	if (nbytes > PUT_INLINE_MAX)
+		return 1;
+	if (nbytes > sizeof(stack) && !(buf = malloc(nbytes)))
+		return td_set_error(-ENOMEM, "out of memory");
+	end = buf;
+	for_each_run((const uint8_t *)src->data + src->byte_offset, src->ndim, src->shape,
+		     sstrides, elsize, gather_run, &end);
+	r = td_put_rpc(c, name, spec, buf, nbytes);
+	if (buf != stack)
+		free(buf);
+	return r == -EMSGSIZE || r == -EBADMSG ? 1 : r;
+}
+
 /*
  * put() of host memory: create, write the bytes through the descriptor,
  * publish. Nothing is mapped here: pwrite() costs the kernel a page-cache
@@ -179,12 +216,23 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 		    const tensord_spec *spec, size_t elsize)
 {
 	int64_t cstrides[TENSORD_NDIM_MAX];
+	const int64_t *sstrides = src->strides ? src->strides : cstrides;
 	struct fd_writer w = { .fd = -1 };
+	uint64_t lease, nbytes = elsize;
 	Tensord__Reply *rep;
-	uint64_t lease;
 	char saved[512];
 	int r;
 
+	for (int i = src->ndim - 1; i >= 0; i--) {
+		cstrides[i] = (int64_t)(nbytes / elsize);
+		/* An overflow goes to the daemon, which refuses the shape. */
+		if (src->shape[i] < 0 ||
+		    __builtin_mul_overflow(nbytes, (uint64_t)src->shape[i], &nbytes))
+			nbytes = UINT64_MAX;
+	}
+	r = put_inline(c, name, src, spec, sstrides, elsize, nbytes);
+	if (r <= 0)
+		return r;
 	r = td_create_rpc(c, name, spec, &rep, &w.fd);
 	if (r < 0)
 		return r;
@@ -193,17 +241,8 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 		r = td_set_error(-EPROTO, "tensor '%s': tensord sent no descriptor to write", name);
 	tensord__reply__free_unpacked(rep, NULL);
 	if (r == 0 && w.fd >= 0) {
-		if (!src->strides) {
-			int64_t acc = 1;
-
-			for (int i = src->ndim - 1; i >= 0; i--) {
-				cstrides[i] = acc;
-				acc *= src->shape[i];
-			}
-		}
 		r = for_each_run((const uint8_t *)src->data + src->byte_offset, src->ndim,
-				 src->shape, src->strides ? src->strides : cstrides, elsize,
-				 write_run, &w);
+				 src->shape, sstrides, elsize, write_run, &w);
 		if (r == 0)
 			r = flush_gathered(&w);
 		if (r < 0)

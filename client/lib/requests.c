@@ -11,6 +11,7 @@
 
 #include "client.h"
 #include "common/desc.h"
+#include "proto/frame.h"
 
 static int check_name(const char *name)
 {
@@ -49,38 +50,56 @@ static int lease_reply(tensord_client *c, const char *name, const char *op, Tens
 	return r;
 }
 
-int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
-		  Tensord__Reply **ret_reply, int *ret_fd)
-{
-	Tensord__Request req = TENSORD__REQUEST__INIT;
-	Tensord__Create cr = TENSORD__CREATE__INIT;
-	Tensord__DType dt = TENSORD__DTYPE__INIT;
-	Tensord__Device dev = TENSORD__DEVICE__INIT;
-	Tensord__Reply *rep;
-	int fd, r;
+/* The parts of a Create request, all pointing into the caller's arguments. */
+struct create_msg {
+	Tensord__Create cr;
+	Tensord__DType dt;
+	Tensord__Device dev;
+};
 
-	r = check_name(name);
+/* Checks name and spec and fills m from them (borrowed: valid while they are). */
+static int create_msg_fill(struct create_msg *m, const char *name, const tensord_spec *spec)
+{
+	int r = check_name(name);
+
 	if (r < 0)
 		return r;
 	if (!spec || spec->ndim < 0 || spec->ndim > TENSORD_NDIM_MAX || (spec->ndim && !spec->shape))
 		return td_set_error(-EINVAL, "tensor '%s': bad spec (ndim %d)", name,
 				    spec ? spec->ndim : -1);
-	dt.code = spec->dtype.code;
-	dt.bits = spec->dtype.bits;
-	dt.lanes = spec->dtype.lanes;
-	dev.type = (uint32_t)spec->device.device_type;
-	dev.id = spec->device.device_id;
-	cr.name = (char *)name;
-	cr.dtype = &dt;
-	cr.n_shape = (size_t)spec->ndim;
-	cr.shape = (int64_t *)spec->shape;
-	cr.n_strides = spec->strides ? (size_t)spec->ndim : 0;
-	cr.strides = (int64_t *)spec->strides;
-	cr.device = &dev;
-	cr.flags = spec->flags;
-	cr.mode = spec->mode;
+	tensord__create__init(&m->cr);
+	tensord__dtype__init(&m->dt);
+	tensord__device__init(&m->dev);
+	m->dt.code = spec->dtype.code;
+	m->dt.bits = spec->dtype.bits;
+	m->dt.lanes = spec->dtype.lanes;
+	m->dev.type = (uint32_t)spec->device.device_type;
+	m->dev.id = spec->device.device_id;
+	m->cr.name = (char *)name;
+	m->cr.dtype = &m->dt;
+	m->cr.n_shape = (size_t)spec->ndim;
+	m->cr.shape = (int64_t *)spec->shape;
+	m->cr.n_strides = spec->strides ? (size_t)spec->ndim : 0;
+	m->cr.strides = (int64_t *)spec->strides;
+	m->cr.device = &m->dev;
+	m->cr.flags = spec->flags;
+	m->cr.mode = spec->mode;
+	return 0;
+}
+
+int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
+		  Tensord__Reply **ret_reply, int *ret_fd)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	struct create_msg m;
+	Tensord__Reply *rep;
+	int fd, r;
+
+	r = create_msg_fill(&m, name, spec);
+	if (r < 0)
+		return r;
 	req.body_case = TENSORD__REQUEST__BODY_CREATE;
-	req.create = &cr;
+	req.create = &m.cr;
 	r = td_rpc(c, &req, &rep, &fd);
 	if (r < 0)
 		return r;
@@ -94,6 +113,32 @@ int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
 	*ret_reply = rep;
 	*ret_fd = fd;
 	return 0;
+}
+
+int td_put_rpc(tensord_client *c, const char *name, const tensord_spec *spec, const void *data,
+	       size_t len)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__Put put = TENSORD__PUT__INIT;
+	struct create_msg m;
+	Tensord__Reply *rep;
+	int r;
+
+	r = create_msg_fill(&m, name, spec);
+	if (r < 0)
+		return r;
+	put.create = &m.cr;
+	put.data.data = (uint8_t *)data;
+	put.data.len = len;
+	req.body_case = TENSORD__REQUEST__BODY_PUT;
+	req.put = &put;
+	if (tensord__request__get_packed_size(&req) > TD_FRAME_MAX_REQUEST)
+		return td_set_error(-EMSGSIZE, "tensor '%s': %zu bytes do not fit in one request",
+				    name, len);
+	r = td_rpc(c, &req, &rep, NULL);
+	if (r == 0)
+		tensord__reply__free_unpacked(rep, NULL);
+	return r;
 }
 
 int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec,
