@@ -197,8 +197,14 @@ run: setup
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)bash deploy/demo.sh $(B)
 
+# C attach latency, then Python put and attach next to their peers, each run
+# both pinned to one CPU (no cross-CPU wake-ups) and unpinned.
 bench: all
 	$(Q)set -e; for b in $(BENCH_BIN); do $$b; done
+	$(Q)set -e; export TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python; \
+	echo "== pinned to CPU 0"; taskset -c 0 $(PYTHON) bench/py_put.py --sizes 4K,64K; \
+	echo "== unpinned"; $(PYTHON) bench/py_put.py; \
+	$(PYTHON) bench/py_attach.py
 
 # libFuzzer over the frame parser, the Request/Reply decoders and the
 # descriptor checks (needs clang). UBSan findings abort, so they count as crashes.

@@ -1,6 +1,8 @@
 """attach -> numpy.from_dlpack -> release cycles per second, from Python.
 
-Measures one client, then four client processes at once. Uses the daemon
+Measures one client, then next to multiprocessing.shared_memory (attach by
+name + a numpy view + close, interleaved rounds), then four client processes
+at once. Uses the daemon
 at --socket (or $TENSORD_SOCKET); with neither, starts its own from
 $TENSORD_BUILD (default: build/) on a temporary socket.
 
@@ -9,10 +11,12 @@ $TENSORD_BUILD (default: build/) on a temporary socket.
 import argparse
 import multiprocessing as mp
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from multiprocessing import shared_memory
 
 import numpy as np
 
@@ -38,6 +42,42 @@ def cycles(socket, seconds, start=None):
             now = time.perf_counter()
             if now >= end:
                 return n, now - t0
+
+
+def shm_cycles(name, size, seconds):
+    """SharedMemory(name) + a numpy view + close, the peer of one attach cycle."""
+    n = 0
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    while True:
+        for _ in range(256):
+            m = shared_memory.SharedMemory(name)
+            a = np.ndarray((size,), np.uint8, buffer=m.buf)
+            del a
+            m.close()
+        n += 256
+        now = time.perf_counter()
+        if now >= end:
+            return n, now - t0
+
+
+def versus_shm(sock, size, seconds, rounds=5):
+    """Interleaved rounds (tensord, shm, tensord, shm ...), medians and the ratio."""
+    m = shared_memory.SharedMemory(create=True, size=size)
+    try:
+        td, sh = [], []
+        for _ in range(rounds):
+            n, dt = cycles(sock, seconds / rounds)
+            td.append(dt / n)
+            n, dt = shm_cycles(m.name, size, seconds / rounds)
+            sh.append(dt / n)
+        a, b = statistics.median(td), statistics.median(sh)
+        print(f"py_attach: tensord {a * 1e6:.1f} us, SharedMemory(name)+view+close "
+              f"{b * 1e6:.1f} us per cycle ({rounds} interleaved rounds, medians): "
+              f"{b / a:.2f}x shm")
+    finally:
+        m.close()
+        m.unlink()
 
 
 def worker(socket, seconds, start, out):
@@ -83,6 +123,7 @@ def main():
                 n, dt = cycles(sock, args.seconds)
                 print(f"py_attach: 1 client:   {n / dt:10,.0f} attach+from_dlpack+release/s "
                       f"({dt / n * 1e6:.1f} us each, {args.size} B tensor)")
+                versus_shm(sock, args.size, args.seconds)
 
                 ctx = mp.get_context("spawn")
                 start, out = ctx.Barrier(args.procs), ctx.Queue()
