@@ -146,3 +146,59 @@ def test_one_gib_attaches_as_fast_as_four_kib(client):
         a = np.from_dlpack(t)
         assert a.nbytes == 1 << 30 and a[-1] == 0
     client.unlink("big")
+
+
+def test_kill9_during_put_create_and_attach_leaks_nothing(client, daemon):
+    """Clients killed at random points of put (inline and through the pool),
+    create and attach: the daemon's tensors, leases, bytes and descriptors
+    (less the pool's ready memfds) come back to where they were."""
+    import random
+    import signal
+    import subprocess
+    import sys
+
+    client.put("shared/k", np.arange(1 << 18, dtype=np.float32))  # 1 MiB, from the pool
+    loop = r"""
+import os, numpy as np, tensord
+c = tensord.connect()
+small, big = np.ones(2048, np.float32), np.ones(3 << 18, np.float32)
+i = 0
+while True:
+    i += 1
+    c.put("victim/%d/s/%d" % (os.getpid(), i), small, lifetime="connection")
+    c.put("victim/%d/b/%d" % (os.getpid(), i), big, lifetime="connection")
+    w = c.create("victim/%d/c/%d" % (os.getpid(), i), (1 << 18,), "float32",
+                 lifetime="connection")
+    np.from_dlpack(w)[:] = 1
+    t = c.attach("shared/k")
+    np.from_dlpack(t).sum()
+    if i % 3:
+        t.release()
+        w.publish()
+"""
+    time.sleep(0.3)
+    base = client.stats()
+    base_fds = daemon.fd_count()
+    rng = random.Random(7)
+    env = dict(os.environ, TENSORD_SOCKET=daemon.socket)
+    for _ in range(12):
+        p = subprocess.Popen([sys.executable, "-c", loop], env=env)
+        time.sleep(0.25 + rng.random() * 0.5)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+
+    def settled():
+        s = client.stats()
+        return (s["tensors"], s["leases"], s["devices"][0]["bytes_used"]) == (
+            base["tensors"], base["leases"], base["devices"][0]["bytes_used"])
+
+    deadline = time.monotonic() + 20
+    while not settled() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert settled(), (client.stats(), base)
+    assert refcount(client, "shared/k") == 0
+    deadline = time.monotonic() + 20
+    while daemon.fd_count() != base_fds and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert daemon.fd_count() == base_fds
+    assert client.stats()["host_pool"]["hits"] > 0, "the pool served some of the puts"
