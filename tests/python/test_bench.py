@@ -1,18 +1,34 @@
-"""bench/py_attach.py runs and prints its two figures."""
+"""bench/py_attach.py and bench/py_put.py run and print their figures."""
 import os
 import re
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCH = os.path.join(HERE, "..", "..", "bench", "py_attach.py")
+BENCH = os.path.join(HERE, "..", "..", "bench")
 
 
 def test_py_attach_bench_runs(daemon):
-    r = subprocess.run([sys.executable, BENCH, "--socket", daemon.socket, "--seconds", "0.2",
-                        "--procs", "2"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "py_attach.py"), "--socket",
+                        daemon.socket, "--seconds", "0.2", "--procs", "2"],
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 2
+    assert len(lines) == 3
     assert re.match(r"py_attach: 1 client: +[\d,]+ attach\+from_dlpack\+release/s", lines[0])
-    assert re.match(r"py_attach: 2 clients: +[\d,]+ attach\+from_dlpack\+release/s", lines[1])
+    assert re.match(r"py_attach: tensord [\d.]+ us, SharedMemory\(name\)\+view\+close [\d.]+ us "
+                    r".*: [\d.]+x shm$", lines[1])
+    assert re.match(r"py_attach: 2 clients: +[\d,]+ attach\+from_dlpack\+release/s", lines[2])
+
+
+def test_py_put_bench_runs(daemon):
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "py_put.py"), "--socket",
+                        daemon.socket, "--sizes", "4K,2M", "--rounds", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for size in ("4 KiB", "2 MiB"):
+        block = out[out.index("put %s" % size):]
+        for name in ("memcpy", "shm", "tensord"):
+            assert re.search(r"^  %-8s +[\d.]+ us +[\d.]+ GB/s +[\d.]+x memcpy$" % name, block,
+                             re.M), out
