@@ -12,8 +12,6 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from multiprocessing import shared_memory
@@ -21,6 +19,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 import tensord
+from benchutil import start_daemon
 
 NAME = "bench/py_attach"
 
@@ -83,20 +82,6 @@ def versus_shm(sock, size, seconds, rounds=5):
 def worker(socket, seconds, start, out):
     out.put(cycles(socket, seconds, start))
 
-
-def start_daemon(tmp):
-    build = os.environ.get("TENSORD_BUILD") or os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build")
-    sock = os.path.join(tmp, "tensord.sock")
-    r, w = os.pipe()
-    proc = subprocess.Popen([os.path.join(build, "tensord"), "--socket", sock,
-                             "--ready-fd", str(w), "--log-level", "warning"],
-                            pass_fds=(w,), stderr=subprocess.DEVNULL)
-    os.close(w)
-    with os.fdopen(r, "rb") as rf:
-        if rf.read(1) != b"R":
-            sys.exit("tensord did not start")
-    return proc, sock
 
 
 def main():

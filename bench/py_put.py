@@ -20,8 +20,6 @@ own from $TENSORD_BUILD (default: build/) on a temporary socket.
 import argparse
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from multiprocessing import shared_memory
@@ -29,6 +27,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 import tensord
+from benchutil import start_daemon
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -44,20 +43,6 @@ def human(n):
             return "%d %s" % (n // k, unit)
     return "%d B" % n
 
-
-def start_daemon(tmp, extra):
-    build = os.environ.get("TENSORD_BUILD") or os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build")
-    sock = os.path.join(tmp, "tensord.sock")
-    r, w = os.pipe()
-    proc = subprocess.Popen([os.path.join(build, "tensord"), "--socket", sock,
-                             "--ready-fd", str(w), "--log-level", "warn"] + extra,
-                            pass_fds=(w,), stderr=subprocess.DEVNULL)
-    os.close(w)
-    with os.fdopen(r, "rb") as rf:
-        if rf.read(1) != b"R":
-            sys.exit("tensord did not start")
-    return proc, sock
 
 
 def variants(client, src, use_ray):
