@@ -10,7 +10,8 @@
  *   is enforced by the kernel, not by trusting clients. After that every
  *   descriptor is harmless (no write(), no shared writable mmap, no hole
  *   punching), so readers get a plain dup. Readers of a mutable tensor who
- *   may not write get a fresh O_RDONLY descriptor instead.
+ *   may not write get a fresh O_RDONLY descriptor instead, which they cannot
+ *   reopen for writing through /proc: the memfd is mode 0600, the daemon's.
  * - Tensors of POOL_MIN_SIZE and up take a memfd that the pool's worker
  *   allocated ahead of time (pool.h), so the loop thread neither allocates
  *   their pages nor frees them: every host memfd is closed on the worker.
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -146,6 +148,12 @@ static int host_alloc(struct backend_alloc *a, uint64_t size, int device_id, con
 	}
 seal:
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
+		return -errno;
+	/* A memfd is born mode 0777, and anyone holding a descriptor can
+	 * reopen it through /proc/PID/fd with those bits: a reader of a
+	 * mutable tensor would turn its O_RDONLY descriptor into a writable
+	 * one. Only the daemon's own user may reopen it now. */
+	if (fchmod(fd, 0600) < 0)
 		return -errno;
 	return 0;
 }
