@@ -140,6 +140,7 @@ $(PY_DIR)/%: client/python/tensord/%
 UNIT_DEPS_test_frame       := proto/frame.c
 UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c
 UNIT_DEPS_test_pool        := daemon/pool.c daemon/log.c
+UNIT_DEPS_test_slab        := daemon/slab.c
 UNIT_DEPS_test_registry    := daemon/registry.c daemon/backend_host.c daemon/pool.c daemon/log.c common/desc.c \
                               common/names.c common/errors.c
 UNIT_DEPS_test_waiters     := daemon/waiters.c
