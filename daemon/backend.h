@@ -30,6 +30,7 @@ struct backend_alloc {
 	uint8_t ipc_handle[BACKEND_IPC_HANDLE_MAX]; /* legacy IPC handle bytes */
 	size_t ipc_handle_len;
 	uint64_t ipc_offset;
+	uint64_t share_id; /* nonzero: lives at ipc_offset in memory shared under this id */
 	void *priv;        /* the backend's own state; NULL when none */
 };
 
@@ -67,6 +68,16 @@ struct backend_ops {
 	 * name is for the allocation's label only.
 	 */
 	int (*alloc)(struct backend_alloc *a, uint64_t size, int device_id, const char *name);
+
+	/*
+	 * Like alloc(), but in memory shared with other immutable tensors of
+	 * the same owner and mode (a slab): sets share_id and ipc_offset, and
+	 * the bytes are written with write() only. For sizes 1 .. shared_max.
+	 * NULL when the backend has no such memory.
+	 */
+	int (*alloc_shared)(struct backend_alloc *a, uint64_t size, uint32_t uid, uint32_t gid,
+			    uint32_t mode);
+	uint64_t shared_max;
 
 	/*
 	 * A new descriptor for one client in *ret_fd, or -1 for handle kinds
@@ -111,5 +122,8 @@ void backend_host_set_pool(uint64_t budget);
 
 /* Borrowed: the host backend's pool, NULL before init and after fini. */
 struct pool *backend_host_pool(void);
+
+/* The host backend's slabs (slab.h): how many, and the bytes in their live slots. */
+void backend_host_slab_stats(uint32_t *ret_slabs, uint64_t *ret_bytes);
 
 #endif /* TENSORD_BACKEND_H */

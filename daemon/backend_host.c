@@ -31,10 +31,12 @@
 #include "backend.h"
 #include "log.h"
 #include "pool.h"
+#include "slab.h"
 
 /* Set by backend_host_set_pool() before init; UINT64_MAX: the default. */
 static uint64_t pool_budget = UINT64_MAX;
 static struct pool *pool;
+static struct slabs slabs; /* small immutable tensors; a->priv is the slab */
 
 void backend_host_set_pool(uint64_t budget)
 {
@@ -68,6 +70,7 @@ static int host_init(char *why, size_t why_len)
 		snprintf(why, why_len, "cannot start the memory pool's worker: %s", strerror(-r));
 		return r;
 	}
+	slabs_init(&slabs);
 	log_info("backend host: memory pool of up to %llu bytes",
 		 (unsigned long long)budget);
 	return 0;
@@ -77,6 +80,13 @@ static void host_fini(void)
 {
 	pool_free(pool);
 	pool = NULL;
+	slabs_fini(&slabs);
+}
+
+void backend_host_slab_stats(uint32_t *ret_slabs, uint64_t *ret_bytes)
+{
+	*ret_slabs = slabs.n_slabs;
+	*ret_bytes = slabs.used;
 }
 
 static int host_device_count(void)
@@ -158,12 +168,43 @@ seal:
 	return 0;
 }
 
+/* Small immutable tensors share a slab with others of their owner and mode. */
+static int host_alloc_shared(struct backend_alloc *a, uint64_t size, uint32_t uid, uint32_t gid,
+			     uint32_t mode)
+{
+	struct slab_class cls = { uid, gid, mode };
+	struct slab *sl;
+	uint64_t off;
+	int r;
+
+	a->fd = -1;
+	a->size = size;
+	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_MEMFD;
+	r = slab_alloc(&slabs, &cls, size, &sl, &off);
+	if (r < 0)
+		return r == -ENOSPC || r == -ENOMEM ? -ENOSPC : r;
+	a->priv = sl;
+	a->ipc_offset = off;
+	a->share_id = slab_id(sl);
+	return 0;
+}
+
 static int host_export_fd(struct backend_alloc *a, bool writable, int *ret_fd)
 {
 	int fd, seals;
 
 	if (a->handle_kind == TENSORD__HANDLE_KIND__HANDLE_NONE) {
 		*ret_fd = -1;
+		return 0;
+	}
+	if (a->priv) {
+		/* A slab is never writable by clients. */
+		if (writable)
+			return -EPERM;
+		fd = slab_export(a->priv);
+		if (fd < 0)
+			return fd;
+		*ret_fd = fd;
 		return 0;
 	}
 	seals = fcntl(a->fd, F_GET_SEALS);
@@ -192,6 +233,8 @@ static int host_write(struct backend_alloc *a, uint64_t off, const void *data, s
 
 	if (off > a->size || n > a->size - off)
 		return -EINVAL;
+	if (a->priv)
+		return slab_write(a->priv, a->ipc_offset + off, data, n);
 	while (n) {
 		ssize_t k = pwrite(a->fd, p, n, (off_t)off);
 
@@ -208,7 +251,8 @@ static int host_write(struct backend_alloc *a, uint64_t off, const void *data, s
 
 static int host_freeze(struct backend_alloc *a)
 {
-	if (a->handle_kind == TENSORD__HANDLE_KIND__HANDLE_NONE)
+	/* A slab's bytes can only be written by the daemon already. */
+	if (a->handle_kind == TENSORD__HANDLE_KIND__HANDLE_NONE || a->priv)
 		return 0;
 	if (fcntl(a->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) < 0)
 		return -errno;
@@ -217,6 +261,11 @@ static int host_freeze(struct backend_alloc *a)
 
 static void host_release(struct backend_alloc *a)
 {
+	if (a->priv) {
+		slab_free(&slabs, a->priv, a->ipc_offset, a->size);
+		a->priv = NULL;
+		return;
+	}
 	/* Closing the last descriptor frees the pages: on the worker. */
 	if (a->fd >= 0 && pool)
 		pool_discard(pool, a->fd);
@@ -235,6 +284,8 @@ const struct backend_ops backend_host = {
 	.default_capacity = host_default_capacity,
 	.path = host_path,
 	.alloc = host_alloc,
+	.alloc_shared = host_alloc_shared,
+	.shared_max = SLAB_MAX_ALLOC,
 	.export_fd = host_export_fd,
 	.write = host_write,
 	.freeze = host_freeze,

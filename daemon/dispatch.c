@@ -53,14 +53,25 @@ static int check_name(const char *name, char *why, size_t why_len)
 }
 
 /* Replies with a lease on t; on failure ends the lease and replies with the error. */
-static void send_lease(struct client *cl, uint64_t req_id, struct tensor *t, uint64_t lease,
-		       bool writable, uint64_t have_id)
+/* Whether the client said it holds the descriptor of share id (a slab). */
+static bool holds_share(uint64_t id, const uint64_t *have, size_t n)
 {
-	/* The client already maps this very tensor: send no descriptor. */
+	for (size_t i = 0; id && i < n; i++)
+		if (have[i] == id)
+			return true;
+	return false;
+}
+
+static void send_lease(struct client *cl, uint64_t req_id, struct tensor *t, uint64_t lease,
+		       bool writable, uint64_t have_id, const uint64_t *have_shares,
+		       size_t n_have_shares)
+{
+	/* The client already maps this very tensor, or holds the slab it is
+	 * in: send no descriptor. */
 	bool reused = have_id && have_id == t->id;
 	int fd = -1, r;
 
-	if (!reused) {
+	if (!reused && !holds_share(t->alloc.share_id, have_shares, n_have_shares)) {
 		/* On success we own fd; reply_lease() takes it. */
 		r = t->alloc.ops->export_fd(&t->alloc, writable, &fd);
 		if (r < 0) {
@@ -151,7 +162,7 @@ static void do_create(struct client *cl, uint64_t id, const Tensord__Create *m)
 	}
 	log_debug("tensor '%s': created by pid %u, %llu bytes", t->name, cl->rc.pid,
 		  (unsigned long long)t->nbytes);
-	send_lease(cl, id, t, lease, true, 0);
+	send_lease(cl, id, t, lease, true, 0, NULL, 0);
 }
 
 /*
@@ -173,6 +184,7 @@ static void do_put(struct client *cl, uint64_t id, const Tensord__Put *m)
 		return;
 	}
 	r = create_args_from(m->create, &a, why, sizeof(why));
+	a.shared = !(a.flags & TENSORD_MUTABLE);
 	if (r == 0 && (a.strides || a.device.device_type != kDLCPU)) {
 		snprintf(why, sizeof(why), "tensor '%s': put with inline bytes makes compact host "
 			 "tensors only", a.name);
@@ -218,7 +230,7 @@ static void do_publish(struct client *cl, uint64_t id, const Tensord__Publish *m
 
 /* name: already checked. */
 static void attach_now(struct client *cl, uint64_t id, const char *name, size_t len,
-		       uint64_t have_id)
+		       uint64_t have_id, const uint64_t *have_shares, size_t n_have_shares)
 {
 	char why[400];
 	struct tensor *t;
@@ -232,7 +244,7 @@ static void attach_now(struct client *cl, uint64_t id, const char *name, size_t 
 		reply_status(cl->conn, id, r, why);
 		return;
 	}
-	send_lease(cl, id, t, lease, writable, have_id);
+	send_lease(cl, id, t, lease, writable, have_id, have_shares, n_have_shares);
 }
 
 static void do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m)
@@ -249,7 +261,8 @@ static void do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m)
 	}
 	req.name_len = strlen(m->name);
 	if (m->timeout_ms == 0 || registry_published(&srv->reg, m->name, req.name_len)) {
-		attach_now(cl, id, m->name, req.name_len, m->have_id);
+		attach_now(cl, id, m->name, req.name_len, m->have_id, m->have_shares,
+			   m->n_have_shares);
 		return;
 	}
 	if (cl->waits.n_waiters >= CONN_WAITERS_MAX) {
@@ -274,7 +287,8 @@ void dispatch_waiter_done(struct waiter_owner *o, const struct waiter_req *req, 
 	char why[400];
 
 	if (status == 0) {
-		attach_now(cl, req->req_id, req->name, req->name_len, req->have_id);
+		/* A waiter keeps no share list: the slab's descriptor comes again. */
+		attach_now(cl, req->req_id, req->name, req->name_len, req->have_id, NULL, 0);
 		return;
 	}
 	snprintf(why, sizeof(why), "tensor '%s': not published within the timeout", req->name);

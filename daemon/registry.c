@@ -382,9 +382,15 @@ static void tensor_fill(struct tensor *t, const struct create_args *a, struct re
  * releases what it got; the caller frees t.
  */
 static int tensor_alloc(struct registry *reg, struct reg_device *dev, struct tensor *t,
-			char *why, size_t why_len)
+			bool shared, char *why, size_t why_len)
 {
-	int r = dev->ops->alloc(&t->alloc, t->nbytes, dev->device.device_id, t->name);
+	const struct backend_ops *ops = dev->ops;
+	int r;
+
+	if (shared && ops->alloc_shared && t->nbytes && t->nbytes <= ops->shared_max)
+		r = ops->alloc_shared(&t->alloc, t->nbytes, t->owner_uid, t->owner_gid, t->mode);
+	else
+		r = ops->alloc(&t->alloc, t->nbytes, dev->device.device_id, t->name);
 
 	t->alloc.ops = dev->ops;
 	if (r < 0) {
@@ -457,7 +463,7 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 		return r;
 	}
 	tensor_fill(t, a, rc, nbytes);
-	r = tensor_alloc(reg, dev, t, why, why_len);
+	r = tensor_alloc(reg, dev, t, a->shared, why, why_len);
 	if (r < 0) {
 		free(t);
 		return r;

@@ -102,6 +102,7 @@ struct create_args {
 	DLDevice device;
 	uint32_t flags;
 	uint32_t mode;               /* 0: 0600 */
+	bool shared;                 /* immutable and written by the daemon: may share a slab */
 };
 
 /*

@@ -88,6 +88,7 @@ void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64
 		l.ipc_handle.len = t->alloc.ipc_handle_len;
 	}
 	l.ipc_offset = t->alloc.ipc_offset;
+	l.share_id = t->alloc.share_id;
 	if (t->alloc.ops->device_uuid(t->alloc.device_id, uuid) == 0) {
 		s.device.uuid.data = uuid;
 		s.device.uuid.len = sizeof(uuid);
@@ -207,6 +208,7 @@ void reply_stats(struct conn *c, uint64_t req_id, const struct registry *reg, un
 	sr.host_pool_budget = ps.budget;
 	sr.host_pool_hits = ps.hits;
 	sr.host_pool_misses = ps.misses;
+	backend_host_slab_stats(&sr.host_slabs, &sr.host_slab_bytes);
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_STATS;
 	rep.stats = &sr;

@@ -42,6 +42,7 @@ void td_client_unref(tensord_client *c)
 	/* Last reference: no thread is inside a call, no lease is alive, so
 	 * the mapping cache is empty. */
 	conn_free(&c->conn);
+	td_mapcache_fini(&c->maps);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
 }

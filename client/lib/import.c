@@ -43,30 +43,43 @@ static int priv_fd(const struct td_mapping *m)
 
 static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *d)
 {
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t lead = d->ipc_offset % page, len = d->map_size + lead;
 	void *p;
 
 	if (fd < 0)
 		return td_set_error(-EPROTO, "tensord sent no descriptor for host memory");
-	if (d->map_size == 0 || d->map_size > SIZE_MAX) {
+	if (d->map_size == 0 || len < d->map_size || len > SIZE_MAX) {
 		close(fd);
 		return td_set_error(-EPROTO, "tensord sent a bad mapping size");
 	}
 	/* A creator's mapping is about to be filled: populating it in one call
 	 * costs a fraction of one page fault per 4 KiB during the copy. An
-	 * attach is left to fault, so attaching stays O(1) in size. */
-	p = mmap(NULL, (size_t)d->map_size, PROT_READ | PROT_WRITE,
-		 (d->writable ? MAP_SHARED : MAP_PRIVATE) | (d->populate ? MAP_POPULATE : 0), fd, 0);
+	 * attach is left to fault, so attaching stays O(1) in size. A tensor
+	 * in a slab gets the pages under it only. */
+	p = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE,
+		 (d->writable ? MAP_SHARED : MAP_PRIVATE) | (d->populate ? MAP_POPULATE : 0), fd,
+		 (off_t)(d->ipc_offset - lead));
 	if (p == MAP_FAILED) {
 		int e = errno;
 
 		close(fd);
-		return td_set_error(-e, "mmap of %llu bytes failed: %s",
-				    (unsigned long long)d->map_size, strerror(e));
+		return td_set_error(-e, "mmap of %llu bytes failed: %s", (unsigned long long)len,
+				    strerror(e));
 	}
-	m->base = m->data = p;
-	m->size = d->map_size;
+	m->base = p;
+	m->data = (uint8_t *)p + lead;
+	m->size = len;
+	m->file_off = d->ipc_offset - lead;
 	m->device = (DLDevice){ kDLCPU, 0 };
-	m->priv = (void *)(intptr_t)(fd + 1);
+	if (d->shared) {
+		/* Never reused, so no view will need it; the client keeps the
+		 * slab's descriptor once for all its tensors. */
+		close(fd);
+		m->priv = NULL;
+	} else {
+		m->priv = (void *)(intptr_t)(fd + 1);
+	}
 	return 0;
 }
 
@@ -83,10 +96,10 @@ static int memfd_remap(struct td_mapping *m, int flags)
 {
 	void *p;
 
-	if (!m->writable)
+	if (!m->writable || !m->priv)
 		return td_set_error(-EINVAL, "mapping of '%s' is not writable", m->name);
 	p = mmap(m->base, (size_t)m->size, PROT_READ | PROT_WRITE, flags | MAP_FIXED, priv_fd(m),
-		 0);
+		 (off_t)m->file_off);
 	if (p == MAP_FAILED)
 		return td_set_error(-errno, "tensor '%s': remapping failed: %s", m->name,
 				    strerror(errno));
@@ -106,7 +119,12 @@ static int memfd_make_shared(struct td_mapping *m)
 /* A private mapping of its own: a stray write through it stays there. */
 static int memfd_view(struct td_mapping *m, void **ret_base)
 {
-	void *p = mmap(NULL, (size_t)m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, priv_fd(m), 0);
+	void *p;
+
+	if (!m->priv)
+		return td_set_error(-EINVAL, "mapping of '%s' keeps no descriptor", m->name);
+	p = mmap(NULL, (size_t)m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, priv_fd(m),
+		       (off_t)m->file_off);
 
 	if (p == MAP_FAILED)
 		return td_set_error(-errno, "tensor '%s': mmap of %llu bytes failed: %s", m->name,

@@ -21,6 +21,8 @@ struct td_import_desc {
 	uint64_t map_size;        /* bytes of the whole allocation */
 	bool writable;            /* map it shared and writable */
 	bool populate;            /* about to be filled: map every page now */
+	bool shared;              /* the memory holds other tensors too (a slab): map only
+				     [ipc_offset, ipc_offset + map_size), and keep no fd */
 	DLDevice device;          /* as the daemon numbers it */
 	const uint8_t *uuid;      /* GPU UUID, uuid_len 16; NULL for cpu */
 	size_t uuid_len;
@@ -35,7 +37,8 @@ struct td_mapping {
 	Tensord__HandleKind handle_kind;
 	void *base;               /* start of the allocation here (device pointer for GPUs) */
 	void *data;               /* base + ipc_offset: where the tensor starts */
-	uint64_t size;
+	uint64_t size;            /* bytes mapped at base */
+	uint64_t file_off;        /* where base is in the file (host memory) */
 	bool writable;
 	DLDevice device;          /* as this process numbers it */
 	unsigned refs;            /* leases using it; guarded by the client's lock */

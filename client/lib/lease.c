@@ -11,6 +11,7 @@
  * mmap (the daemon then sends no descriptor).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,6 +222,7 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w,
 		.map_size = w->map_size,
 		.writable = w->writable,
 		.populate = created, /* the creator is about to fill it */
+		.shared = w->share_id != 0,
 		.device = info->device,
 		.uuid = w->info->device ? w->info->device->uuid.data : NULL,
 		.uuid_len = w->info->device ? w->info->device->uuid.len : 0,
@@ -252,11 +254,29 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w,
 	m->writable = w->writable;
 	m->created_here = created;
 	m->flags = info->flags;
-	m->reusable = true;
+	m->reusable = !w->share_id; /* a tensor in a slab: a window per lease */
 	snprintf(m->name, sizeof(m->name), "%s", info->name);
 	td_mapcache_insert(mc, m);
 	*ret_map = m;
 	return 0;
+}
+
+/*
+ * The descriptor to map a tensor in shared memory (a slab) from: fd when
+ * the daemon sent one, which the cache also keeps a duplicate of for the
+ * next tensors there, else a duplicate of the one the cache keeps (-1 when
+ * none). Takes ownership of fd; the result is owned by the caller.
+ */
+static int share_fd(struct td_mapcache *mc, uint64_t id, int fd)
+{
+	int keep;
+
+	if (fd < 0)
+		return td_mapcache_share_fd(mc, id);
+	keep = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	if (keep >= 0)
+		td_mapcache_share_add(mc, id, keep);
+	return fd;
 }
 
 /*
@@ -284,7 +304,14 @@ static int lease_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const 
 			pinned = NULL;
 		}
 	} else if (w->handle != TENSORD__HANDLE_KIND__HANDLE_NONE) {
-		r = import_mapping(mc, w, info, fd, created, &m);
+		if (w->share_id)
+			fd = share_fd(mc, w->share_id, fd);
+		if (w->share_id && fd < 0)
+			r = td_set_error(-EPROTO, "tensor '%s': tensord sent no descriptor for "
+					 "shared memory %llu, which we do not hold", info->name,
+					 (unsigned long long)w->share_id);
+		else
+			r = import_mapping(mc, w, info, fd, created, &m);
 		fd = -1;
 	}
 	drop(mc, fd, pinned);

@@ -3,8 +3,10 @@
  * and found by name while any lease uses them; the importer that made one
  * unmaps it when its last lease ends. Unmapping happens outside the lock.
  */
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mapcache.h"
 
@@ -12,6 +14,61 @@ void td_mapcache_init(struct td_mapcache *mc, pthread_mutex_t *lock)
 {
 	mc->lock = lock;
 	mc->maps = NULL;
+	mc->n_shares = 0;
+}
+
+void td_mapcache_fini(struct td_mapcache *mc)
+{
+	for (int i = 0; i < mc->n_shares; i++)
+		close(mc->shares[i].fd);
+	mc->n_shares = 0;
+}
+
+void td_mapcache_share_add(struct td_mapcache *mc, uint64_t id, int fd)
+{
+	pthread_mutex_lock(mc->lock);
+	for (int i = 0; i < mc->n_shares; i++) {
+		if (mc->shares[i].id == id) {
+			pthread_mutex_unlock(mc->lock);
+			close(fd);
+			return;
+		}
+	}
+	if (mc->n_shares == TD_SHARES_MAX) {
+		pthread_mutex_unlock(mc->lock);
+		close(fd);
+		return;
+	}
+	mc->shares[mc->n_shares].id = id;
+	mc->shares[mc->n_shares].fd = fd;
+	mc->n_shares++;
+	pthread_mutex_unlock(mc->lock);
+}
+
+int td_mapcache_share_fd(struct td_mapcache *mc, uint64_t id)
+{
+	int fd = -1;
+
+	pthread_mutex_lock(mc->lock);
+	for (int i = 0; i < mc->n_shares; i++) {
+		if (mc->shares[i].id == id) {
+			fd = fcntl(mc->shares[i].fd, F_DUPFD_CLOEXEC, 3);
+			break;
+		}
+	}
+	pthread_mutex_unlock(mc->lock);
+	return fd;
+}
+
+size_t td_mapcache_share_ids(struct td_mapcache *mc, uint64_t *ids, size_t max)
+{
+	size_t n = 0;
+
+	pthread_mutex_lock(mc->lock);
+	for (int i = 0; i < mc->n_shares && n < max; i++)
+		ids[n++] = mc->shares[i].id;
+	pthread_mutex_unlock(mc->lock);
+	return n;
 }
 
 void td_mapcache_insert(struct td_mapcache *mc, struct td_mapping *m)

@@ -12,13 +12,37 @@
 
 #include "import.h"
 
+/* Shared memory (slabs) whose descriptor this client keeps, at most this many. */
+#define TD_SHARES_MAX 64
+
 struct td_mapcache {
 	pthread_mutex_t *lock;   /* borrowed: the client's; guards maps and every m->refs */
 	struct td_mapping *maps; /* each mapping whose refs is above 0; no reference of its own */
+	struct {
+		uint64_t id;         /* the daemon's share id */
+		int fd;              /* owned, read-only; closed by td_mapcache_fini() */
+	} shares[TD_SHARES_MAX];
+	int n_shares;
 };
 
 /* Starts an empty cache. Borrowed: lock, valid until the cache is empty and unused. */
 void td_mapcache_init(struct td_mapcache *mc, pthread_mutex_t *lock);
+
+/* Closes the descriptors of shared memory the cache keeps. */
+void td_mapcache_fini(struct td_mapcache *mc);
+
+/*
+ * Keeps fd as the descriptor of share id, for the next tensors in that
+ * memory. Takes ownership of fd: kept, or closed when the cache is full or
+ * already holds one for id.
+ */
+void td_mapcache_share_add(struct td_mapcache *mc, uint64_t id, int fd);
+
+/* A new descriptor (a duplicate, owned by the caller) for share id, or -1. */
+int td_mapcache_share_fd(struct td_mapcache *mc, uint64_t id);
+
+/* Writes up to max share ids the cache holds into ids; returns how many. */
+size_t td_mapcache_share_ids(struct td_mapcache *mc, uint64_t *ids, size_t max);
 
 /*
  * Adds m, just filled in by its importer, with one reference, which the

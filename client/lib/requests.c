@@ -163,6 +163,7 @@ static int attach_lease(tensord_client *c, const char *name, int timeout_ms,
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Attach at = TENSORD__ATTACH__INIT;
+	uint64_t have_shares[TD_SHARES_MAX];
 	struct td_mapping *pinned;
 	Tensord__Reply *rep;
 	int fd, r;
@@ -175,6 +176,8 @@ static int attach_lease(tensord_client *c, const char *name, int timeout_ms,
 	at.name = (char *)name;
 	at.timeout_ms = timeout_ms;
 	at.have_id = pinned ? pinned->id : 0;
+	at.n_have_shares = td_mapcache_share_ids(&c->maps, have_shares, TD_SHARES_MAX);
+	at.have_shares = have_shares;
 	req.body_case = TENSORD__REQUEST__BODY_ATTACH;
 	req.attach = &at;
 	r = td_rpc(c, &req, &rep, &fd);
@@ -414,6 +417,8 @@ int tensord_stats(tensord_client *c, tensord_daemon_stats *ret_stats, size_t siz
 	ret->host_pool_budget = s->host_pool_budget;
 	ret->host_pool_hits = s->host_pool_hits;
 	ret->host_pool_misses = s->host_pool_misses;
+	ret->host_slabs = s->host_slabs;
+	ret->host_slab_bytes = s->host_slab_bytes;
 	tensord__reply__free_unpacked(rep, NULL);
 	memcpy(ret_stats, ret, ret->size);
 	return 0;

@@ -133,7 +133,8 @@ PyObject *td_stats_new(const tensord_daemon_stats *st)
 		}
 		Py_DECREF(d);
 	}
-	return Py_BuildValue("{s:K,s:K,s:K,s:d,s:I,s:N,s:I,s:{s:I,s:K,s:K,s:K,s:K}}", "tensors",
+	return Py_BuildValue("{s:K,s:K,s:K,s:d,s:I,s:N,s:I,s:{s:I,s:K,s:K,s:K,s:K},s:{s:I,s:K}}",
+			     "tensors",
 			     (unsigned long long)st->tensors, "clients",
 			     (unsigned long long)st->clients, "leases",
 			     (unsigned long long)st->leases, "uptime", (double)st->uptime_ns / 1e9,
@@ -142,5 +143,6 @@ PyObject *td_stats_new(const tensord_daemon_stats *st)
 			     (unsigned long long)st->host_pool_bytes, "budget",
 			     (unsigned long long)st->host_pool_budget, "hits",
 			     (unsigned long long)st->host_pool_hits, "misses",
-			     (unsigned long long)st->host_pool_misses);
+			     (unsigned long long)st->host_pool_misses, "host_slabs", "slabs",
+			     st->host_slabs, "bytes", (unsigned long long)st->host_slab_bytes);
 }

@@ -185,9 +185,10 @@ void print_stats_json(const tensord_daemon_stats *st)
 	}
 	printf("], \"daemon_fds\": %" PRIu32 ", \"host_pool_fds\": %" PRIu32
 	       ", \"host_pool_bytes\": %" PRIu64 ", \"host_pool_budget\": %" PRIu64
-	       ", \"host_pool_hits\": %" PRIu64 ", \"host_pool_misses\": %" PRIu64 "}\n",
+	       ", \"host_pool_hits\": %" PRIu64 ", \"host_pool_misses\": %" PRIu64
+	       ", \"host_slabs\": %" PRIu32 ", \"host_slab_bytes\": %" PRIu64 "}\n",
 	       st->daemon_fds, st->host_pool_fds, st->host_pool_bytes, st->host_pool_budget,
-	       st->host_pool_hits, st->host_pool_misses);
+	       st->host_pool_hits, st->host_pool_misses, st->host_slabs, st->host_slab_bytes);
 }
 
 /* --- text -------------------------------------------------------------------------- */
@@ -286,6 +287,8 @@ void print_stats_text(const tensord_daemon_stats *st)
 	       st->daemon_fds, human(st->host_pool_bytes, used, sizeof(used)), st->host_pool_fds,
 	       human(st->host_pool_budget, cap, sizeof(cap)), st->host_pool_hits,
 	       st->host_pool_misses);
+	printf("slabs:    %" PRIu32 " holding %s\n", st->host_slabs,
+	       human(st->host_slab_bytes, used, sizeof(used)));
 	printf("\n%-8s  %-7s  %-8s  %7s  %10s  %10s  %6s\n", "DEVICE", "BACKEND", "PATH", "TENSORS",
 	       "USED", "CAPACITY", "USE");
 	for (i = 0; i < st->n_devices; i++) {

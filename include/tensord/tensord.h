@@ -118,6 +118,9 @@ typedef struct tensord_daemon_stats {
 	uint64_t host_pool_budget; /* the most the pool keeps ready (--pool) */
 	uint64_t host_pool_hits;   /* host creates served from the pool */
 	uint64_t host_pool_misses; /* host creates of >= 1 MiB that found none ready */
+	uint32_t host_slabs;       /* slab memfds shared by small immutable tensors */
+	uint32_t reserved0;
+	uint64_t host_slab_bytes;  /* bytes in their live slots */
 } tensord_daemon_stats;
 
 /* The size of the first tensord_daemon_stats; tensord_stats() wants at least this. */

@@ -100,6 +100,10 @@ class _PoolStats(TypedDict):
     hits: int
     misses: int
 
+class _SlabStats(TypedDict):
+    slabs: int
+    bytes: int
+
 class _DaemonStats(TypedDict):
     tensors: int
     clients: int
@@ -109,6 +113,7 @@ class _DaemonStats(TypedDict):
     devices: list[_DeviceStats]
     fds: int
     host_pool: _PoolStats
+    host_slabs: _SlabStats
 
 @final
 class Tensor:
