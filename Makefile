@@ -206,7 +206,8 @@ bench: all
 	$(Q)set -e; export TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python; \
 	echo "== pinned to CPU 0"; taskset -c 0 $(PYTHON) bench/py_put.py --sizes 4K,64K; \
 	echo "== unpinned"; $(PYTHON) bench/py_put.py; \
-	$(PYTHON) bench/py_attach.py
+	$(PYTHON) bench/py_attach.py; \
+	$(PYTHON) bench/py_names.py
 
 # libFuzzer over the frame parser, the Request/Reply decoders and the
 # descriptor checks (needs clang). UBSan findings abort, so they count as crashes.

@@ -32,3 +32,16 @@ def test_py_put_bench_runs(daemon):
         for name in ("memcpy", "shm", "tensord"):
             assert re.search(r"^  %-8s +[\d.]+ us +[\d.]+ GB/s +[\d.]+x memcpy$" % name, block,
                              re.M), out
+
+
+def test_py_names_bench_runs():
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "py_names.py"), "--names", "2000",
+                        "--samples", "400", "--rounds", "2"],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3, r.stdout
+    assert re.match(r"py_names: 10 names: +attach p50 +[\d.]+ us +p99 +[\d.]+ us$", lines[0])
+    assert re.match(r"py_names: p99 ratio [\d.]+ \(any of 2000 names / 10 names\).*"
+                    r"daemon: \d+ descriptors, \d+ slabs, RSS \d+ MiB$", lines[2])
