@@ -446,11 +446,19 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 	r = create_check(reg, a, why, why_len);
 	if (r < 0)
 		return r;
-	t = calloc(1, sizeof(*t));
+	if (a->ndim < 0 || a->ndim > TENSORD_NDIM_MAX) {
+		snprintf(why, why_len, "tensor '%.*s': %d dimensions; tensors have 0 to %d",
+			 (int)a->name_len, a->name, (int)a->ndim, TENSORD_NDIM_MAX);
+		return -EINVAL;
+	}
+	t = calloc(1, sizeof(*t) + 2 * (size_t)a->ndim * sizeof(int64_t) + a->name_len + 1);
 	if (!t) {
 		snprintf(why, why_len, "tensor '%.*s': out of memory", (int)a->name_len, a->name);
 		return -ENOMEM;
 	}
+	t->shape = t->dims;
+	t->strides = t->dims + a->ndim;
+	t->name = (char *)(t->dims + 2 * a->ndim);
 	t->alloc.fd = -1;
 	r = td_layout(a->dtype, a->ndim, a->shape, a->strides, t->strides, &nbytes, reason,
 		      sizeof(reason));

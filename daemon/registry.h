@@ -24,14 +24,19 @@
 
 struct reg_client;
 
+/*
+ * One tensor. Its shape, strides and name live in the same allocation,
+ * sized to them (a million small tensors cost what they use, not 32
+ * dimensions and 255 bytes of name each).
+ */
 struct tensor {
 	uint64_t id;                 /* unique, never reused */
-	char name[TENSORD_NAME_MAX + 1];
+	char *name;                  /* name_len bytes and a NUL, in dims[] */
 	size_t name_len;
 	DLDataType dtype;
 	int32_t ndim;
-	int64_t shape[TENSORD_NDIM_MAX];
-	int64_t strides[TENSORD_NDIM_MAX];
+	int64_t *shape;              /* ndim entries, in dims[] */
+	int64_t *strides;            /* ndim entries, in elements, in dims[] */
 	DLDevice device;
 	uint64_t nbytes;
 	tensord_state state;
@@ -45,6 +50,7 @@ struct tensor {
 	struct backend_alloc alloc;  /* owned */
 	struct tensor *hnext;        /* hash chain of named tensors */
 	struct tensor *prev, *next;  /* every live tensor */
+	int64_t dims[];              /* shape, strides, then the name's bytes */
 };
 
 /* One device the daemon can allocate on. */
