@@ -6,12 +6,14 @@
  * not block other threads' calls.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client.h"
@@ -206,6 +208,64 @@ static int deliver_frames(struct td_conn *conn)
  * reader). On success *ret_n bytes came, and *ret_fd is the first
  * descriptor with them, owned by the caller, or -1.
  */
+/*
+ * How long the reader polls for a reply before it sleeps in recvmsg(), in
+ * microseconds. A reply to most requests comes within a few tens of
+ * microseconds, while waking a sleeping thread on another CPU costs about
+ * as much again on a VM; polling that long saves the wake-up. A process
+ * confined to one CPU never polls (the daemon could not run meanwhile).
+ * $TENSORD_SPIN_US sets it; 0 turns polling off.
+ */
+#define SPIN_US_DEFAULT 50
+static int spin_us = -1;
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int spin_budget_us(void)
+{
+	int us = __atomic_load_n(&spin_us, __ATOMIC_RELAXED);
+
+	if (us < 0) {
+		const char *e = getenv("TENSORD_SPIN_US");
+		cpu_set_t set;
+
+		if (e && *e)
+			us = atoi(e) > 0 ? atoi(e) : 0;
+		else if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 1)
+			us = SPIN_US_DEFAULT;
+		else
+			us = 0;
+		__atomic_store_n(&spin_us, us, __ATOMIC_RELAXED);
+	}
+	return us;
+}
+
+/* recvmsg() without sleeping for up to the spin budget; -1 with EAGAIN when nothing came. */
+static ssize_t spin_recv(int fd, struct msghdr *m)
+{
+	int us = spin_budget_us();
+	uint64_t end;
+	ssize_t n;
+
+	if (us == 0) {
+		errno = EAGAIN;
+		return -1;
+	}
+	end = mono_ns() + (uint64_t)us * 1000;
+	do {
+		n = recvmsg(fd, m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+		if (n >= 0 || (errno != EAGAIN && errno != EINTR))
+			return n;
+	} while (mono_ns() < end);
+	return n;
+}
+
 static int read_some(struct td_conn *conn, int *ret_fd, size_t *ret_n)
 {
 	union {
@@ -234,9 +294,9 @@ static int read_some(struct td_conn *conn, int *ret_fd, size_t *ret_n)
 	m.msg_control = u.buf;
 	m.msg_controllen = sizeof(u.buf);
 	*ret_fd = -1;
-	do
+	n = spin_recv(conn->fd, &m);
+	while (n < 0 && (errno == EINTR || errno == EAGAIN))
 		n = recvmsg(conn->fd, &m, MSG_CMSG_CLOEXEC);
-	while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return td_set_error(-ECONNRESET, "connection to tensord lost: %s", strerror(errno));
 	if (n == 0)
