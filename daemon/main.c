@@ -88,6 +88,39 @@ static void server_stop(struct server *srv)
 	conn_close_all(&srv->conns);
 	uv_close((uv_handle_t *)&srv->sigterm, NULL);
 	uv_close((uv_handle_t *)&srv->sigint, NULL);
+	uv_close((uv_handle_t *)&srv->sighup, NULL);
+	uv_close((uv_handle_t *)&srv->sigusr1, NULL);
+	uv_close((uv_handle_t *)&srv->sigusr2, NULL);
+}
+
+/*
+ * Signals that would kill the daemon by default, and its named tensors
+ * with it: SIGUSR1 logs a summary of the state, the others only a line.
+ * (The log is stderr, so SIGHUP has nothing to reopen.)
+ */
+static void on_other_signal(uv_signal_t *h, int signum)
+{
+	struct server *srv = h->data;
+	uint32_t slabs;
+	uint64_t slab_bytes;
+
+	if (signum != SIGUSR1) {
+		log_info("received %s, ignoring", signum == SIGHUP ? "SIGHUP" : "SIGUSR2");
+		return;
+	}
+	backend_host_slab_stats(&slabs, &slab_bytes);
+	log_info("state: %u clients, %llu tensors (%zu named), %llu leases, %u slabs holding "
+		 "%llu bytes", srv->conns.n, (unsigned long long)srv->reg.n_tensors,
+		 srv->reg.n_named, (unsigned long long)srv->reg.n_leases, slabs,
+		 (unsigned long long)slab_bytes);
+	for (int i = 0; i < srv->reg.n_devices; i++) {
+		const struct reg_device *d = &srv->reg.devices[i];
+
+		if (d->init_rc == 0)
+			log_info("state: %s:%d: %u tensors, %llu of %llu bytes", d->ops->name,
+				 d->device.device_id, d->tensors, (unsigned long long)d->used,
+				 (unsigned long long)d->capacity);
+	}
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -296,6 +329,13 @@ int main(int argc, char **argv)
 	srv.sigterm.data = srv.sigint.data = &srv;
 	uv_signal_start(&srv.sigterm, on_signal, SIGTERM);
 	uv_signal_start(&srv.sigint, on_signal, SIGINT);
+	uv_signal_init(srv.loop, &srv.sighup);
+	uv_signal_init(srv.loop, &srv.sigusr1);
+	uv_signal_init(srv.loop, &srv.sigusr2);
+	srv.sighup.data = srv.sigusr1.data = srv.sigusr2.data = &srv;
+	uv_signal_start(&srv.sighup, on_other_signal, SIGHUP);
+	uv_signal_start(&srv.sigusr1, on_other_signal, SIGUSR1);
+	uv_signal_start(&srv.sigusr2, on_other_signal, SIGUSR2);
 	if (ready_fd >= 0) {
 		if (write(ready_fd, "R", 1) != 1)
 			log_warn("--ready-fd %d: %s, ignoring", ready_fd, strerror(errno));

@@ -43,6 +43,7 @@ struct server {
 	int reserve_fd;             /* spare descriptor for shedding clients at EMFILE */
 	uv_poll_t listen_poll;
 	uv_signal_t sigterm, sigint;
+	uv_signal_t sighup, sigusr1, sigusr2; /* logged, never fatal */
 	uint64_t start_ns;
 	bool stopping;
 };

@@ -312,6 +312,22 @@ def test_sigterm_frees_everything_and_exits_0(daemon_factory):
     c.close()
 
 
+def test_hup_usr1_usr2_are_logged_not_fatal(daemon_factory):
+    d = daemon_factory()
+    c = Client(d.socket)
+    c.ok("create y uint8 4096")
+    c.ok("publish y")
+    for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE):
+        d.proc.send_signal(sig)
+    assert wait_until(lambda: "SIGUSR2, ignoring" in d.read_log())
+    assert d.alive()
+    log = d.read_log()
+    assert "received SIGHUP, ignoring" in log
+    assert "state: 1 clients, 1 tensors (1 named), 1 leases" in log
+    assert c.kv("stat y")["refcount"] == "1", "the tensor and its lease are still there"
+    c.close()
+
+
 def test_permissions_other_uid(daemon_factory, tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another uid (setpriv)")
