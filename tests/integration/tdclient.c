@@ -71,171 +71,250 @@ static uint64_t bytes_of(const DLTensor *t)
 	return n;
 }
 
-static void cmd(char *line)
+/* The result of a call that prints nothing else. */
+static void done(int r)
 {
-	char *argv[8] = { 0 };
-	int argc = 0, r, s;
+	r < 0 ? fail(r) : (void)printf("ok\n");
+}
 
-	for (char *tok = strtok(line, " \t\n"); tok && argc < 8; tok = strtok(NULL, " \t\n"))
-		argv[argc++] = tok;
-	if (!argc)
+/* The held slot of name, or -1 after printing why not. */
+static int held_slot(const char *name)
+{
+	int s = slot_of(name, false);
+
+	if (s < 0)
+		printf("err ENOENT not held\n");
+	return s;
+}
+
+/* The held slot of name with byte index arg in range, or -1 after printing why not. */
+static int held_byte(const char *name, const char *arg, uint64_t *ret_i)
+{
+	int s = slot_of(name, false);
+
+	*ret_i = strtoull(arg, NULL, 10);
+	if (s < 0 || *ret_i >= held[s].nbytes) {
+		printf("err EINVAL not held or out of range\n");
+		return -1;
+	}
+	return s;
+}
+
+static void do_connect(int argc, char **argv)
+{
+	done(tensord_connect(argc > 1 ? argv[1] : NULL, &client));
+}
+
+static void do_create(int argc, char **argv)
+{
+	tensord_spec sp = { .ndim = 1, .device = { kDLCPU, 0 } };
+	int64_t n = atoll(argv[3]);
+	int r, s;
+
+	sp.shape = &n;
+	if (tensord_dtype_parse(argv[2], &sp.dtype) < 0) {
+		printf("err EINVAL bad dtype\n");
 		return;
-	const char *c = argv[0], *name = argc > 1 ? argv[1] : "";
+	}
+	for (int i = 4; i < argc; i++) {
+		if (!strcmp(argv[i], "mutable"))
+			sp.flags |= TENSORD_MUTABLE;
+		else if (!strcmp(argv[i], "connection"))
+			sp.flags |= TENSORD_LIFETIME_CONNECTION;
+		else if (!strncmp(argv[i], "mode=", 5))
+			sp.mode = (uint32_t)strtoul(argv[i] + 5, NULL, 8);
+	}
+	s = slot_of(argv[1], true);
+	r = tensord_create(client, argv[1], &sp, &held[s].t);
+	if (r < 0) {
+		fail(r);
+		return;
+	}
+	held[s].nbytes = bytes_of(&held[s].t->dl_tensor);
+	printf("ok readonly=%d\n", (int)(held[s].t->flags & DLPACK_FLAG_BITMASK_READ_ONLY));
+}
 
-	if (!strcmp(c, "connect")) {
-		r = tensord_connect(argc > 1 ? argv[1] : NULL, &client);
-		r < 0 ? fail(r) : (void)printf("ok\n");
-	} else if (!strcmp(c, "create") && argc >= 4) {
-		tensord_spec sp = { .ndim = 1, .device = { kDLCPU, 0 } };
-		int64_t n = atoll(argv[3]);
+static void do_publish(int argc, char **argv)
+{
+	done(tensord_publish(client, argc > 1 ? argv[1] : ""));
+}
 
-		sp.shape = &n;
-		if (tensord_dtype_parse(argv[2], &sp.dtype) < 0) {
-			printf("err EINVAL bad dtype\n");
-			return;
-		}
-		for (int i = 4; i < argc; i++) {
-			if (!strcmp(argv[i], "mutable"))
-				sp.flags |= TENSORD_MUTABLE;
-			else if (!strcmp(argv[i], "connection"))
-				sp.flags |= TENSORD_LIFETIME_CONNECTION;
-			else if (!strncmp(argv[i], "mode=", 5))
-				sp.mode = (uint32_t)strtoul(argv[i] + 5, NULL, 8);
-		}
-		s = slot_of(name, true);
-		r = tensord_create(client, name, &sp, &held[s].t);
+/* attach NAME TIMEOUT [ALIAS] and legacy NAME TIMEOUT [ALIAS]. */
+static void do_attach(int argc, char **argv)
+{
+	const char *name = argv[1], *key = argc > 3 ? argv[3] : name;
+	int timeout = atoi(argv[2]), r, s;
+
+	if (slot_of(key, false) >= 0) {
+		printf("err EEXIST already held here\n");
+		return;
+	}
+	s = slot_of(key, true);
+	if (argv[0][0] == 'a') {
+		r = tensord_attach(client, name, timeout, &held[s].t);
 		if (r < 0) {
 			fail(r);
 			return;
 		}
 		held[s].nbytes = bytes_of(&held[s].t->dl_tensor);
 		printf("ok readonly=%d\n", (int)(held[s].t->flags & DLPACK_FLAG_BITMASK_READ_ONLY));
-	} else if (!strcmp(c, "publish")) {
-		r = tensord_publish(client, name);
-		r < 0 ? fail(r) : (void)printf("ok\n");
-	} else if ((!strcmp(c, "attach") || !strcmp(c, "legacy")) && argc >= 3) {
-		int timeout = atoi(argv[2]);
-		const char *key = argc > 3 ? argv[3] : name;
-
-		s = slot_of(key, false);
-		if (s >= 0) {
-			printf("err EEXIST already held here\n");
-			return;
-		}
-		s = slot_of(key, true);
-		if (c[0] == 'a') {
-			r = tensord_attach(client, name, timeout, &held[s].t);
-			if (r < 0) {
-				fail(r);
-				return;
-			}
-			held[s].nbytes = bytes_of(&held[s].t->dl_tensor);
-			printf("ok readonly=%d\n",
-			       (int)(held[s].t->flags & DLPACK_FLAG_BITMASK_READ_ONLY));
-		} else {
-			r = tensord_attach_legacy(client, name, timeout, &held[s].legacy);
-			if (r < 0) {
-				fail(r);
-				return;
-			}
-			held[s].nbytes = bytes_of(&held[s].legacy->dl_tensor);
-			printf("ok\n");
-		}
-	} else if (!strcmp(c, "fill") && argc >= 3) {
-		s = slot_of(name, false);
-		if (s < 0) {
-			printf("err ENOENT not held\n");
-			return;
-		}
-		memset(data_of(s), atoi(argv[2]), held[s].nbytes);
-		printf("ok\n");
-	} else if (!strcmp(c, "read") && argc >= 3) {
-		s = slot_of(name, false);
-		uint64_t i = strtoull(argv[2], NULL, 10);
-
-		if (s < 0 || i >= held[s].nbytes) {
-			printf("err EINVAL not held or out of range\n");
-			return;
-		}
-		printf("ok %u\n", data_of(s)[i]);
-	} else if (!strcmp(c, "write") && argc >= 4) {
-		s = slot_of(name, false);
-		uint64_t i = strtoull(argv[2], NULL, 10);
-
-		if (s < 0 || i >= held[s].nbytes) {
-			printf("err EINVAL not held or out of range\n");
-			return;
-		}
-		data_of(s)[i] = (uint8_t)atoi(argv[3]);
-		printf("ok\n");
-	} else if (!strcmp(c, "sum")) {
-		uint64_t sum = 0;
-
-		s = slot_of(name, false);
-		if (s < 0) {
-			printf("err ENOENT not held\n");
-			return;
-		}
-		for (uint64_t i = 0; i < held[s].nbytes; i++)
-			sum += data_of(s)[i];
-		printf("ok %llu\n", (unsigned long long)sum);
-	} else if (!strcmp(c, "release")) {
-		s = slot_of(name, false);
-		if (s < 0) {
-			printf("err ENOENT not held\n");
-			return;
-		}
-		if (held[s].t)
-			held[s].t->deleter(held[s].t);
-		else
-			held[s].legacy->deleter(held[s].legacy);
-		held[s].t = NULL;
-		held[s].legacy = NULL;
-		printf("ok\n");
-	} else if (!strcmp(c, "unlink")) {
-		r = tensord_unlink(client, name);
-		r < 0 ? fail(r) : (void)printf("ok\n");
-	} else if (!strcmp(c, "stat")) {
-		tensord_info in;
-
-		r = tensord_stat(client, name, &in);
-		if (r < 0) {
-			fail(r);
-			return;
-		}
-		printf("ok refcount=%u state=%d nbytes=%llu mode=%o owner=%u flags=%u\n", in.refcount,
-		       in.state, (unsigned long long)in.nbytes, in.mode, in.owner_uid, in.flags);
-	} else if (!strcmp(c, "stats")) {
-		tensord_daemon_stats st;
-
-		r = tensord_stats(client, &st, sizeof(st));
-		if (r < 0) {
-			fail(r);
-			return;
-		}
-		printf("ok tensors=%llu clients=%llu leases=%llu used=%llu capacity=%llu\n",
-		       (unsigned long long)st.tensors, (unsigned long long)st.clients,
-		       (unsigned long long)st.leases, (unsigned long long)st.devices[0].bytes_used,
-		       (unsigned long long)st.devices[0].bytes_capacity);
-	} else if (!strcmp(c, "fork-hold")) {
-		pid_t pid = fork();
-
-		if (pid == 0) {
-			/* The child inherits every mapping; it only sleeps. */
-			sleep(30);
-			_exit(0);
-		}
-		printf("ok %d\n", (int)pid);
-	} else if (!strcmp(c, "close")) {
-		client = tensord_close(client);
-		printf("ok\n");
-	} else if (!strcmp(c, "exit")) {
-		printf("ok\n");
-		fflush(stdout);
-		exit(0);
-	} else {
-		printf("err EINVAL unknown command %s\n", c);
+		return;
 	}
+	r = tensord_attach_legacy(client, name, timeout, &held[s].legacy);
+	if (r < 0) {
+		fail(r);
+		return;
+	}
+	held[s].nbytes = bytes_of(&held[s].legacy->dl_tensor);
+	printf("ok\n");
+}
+
+static void do_fill(int argc, char **argv)
+{
+	int s = held_slot(argv[1]);
+
+	if (s < 0)
+		return;
+	memset(data_of(s), atoi(argv[2]), held[s].nbytes);
+	printf("ok\n");
+}
+
+static void do_read(int argc, char **argv)
+{
+	uint64_t i;
+	int s = held_byte(argv[1], argv[2], &i);
+
+	if (s >= 0)
+		printf("ok %u\n", data_of(s)[i]);
+}
+
+static void do_write(int argc, char **argv)
+{
+	uint64_t i;
+	int s = held_byte(argv[1], argv[2], &i);
+
+	if (s < 0)
+		return;
+	data_of(s)[i] = (uint8_t)atoi(argv[3]);
+	printf("ok\n");
+}
+
+static void do_sum(int argc, char **argv)
+{
+	uint64_t sum = 0;
+	int s = held_slot(argc > 1 ? argv[1] : "");
+
+	if (s < 0)
+		return;
+	for (uint64_t i = 0; i < held[s].nbytes; i++)
+		sum += data_of(s)[i];
+	printf("ok %llu\n", (unsigned long long)sum);
+}
+
+static void do_release(int argc, char **argv)
+{
+	int s = held_slot(argc > 1 ? argv[1] : "");
+
+	if (s < 0)
+		return;
+	if (held[s].t)
+		held[s].t->deleter(held[s].t);
+	else
+		held[s].legacy->deleter(held[s].legacy);
+	held[s].t = NULL;
+	held[s].legacy = NULL;
+	printf("ok\n");
+}
+
+static void do_unlink(int argc, char **argv)
+{
+	done(tensord_unlink(client, argc > 1 ? argv[1] : ""));
+}
+
+static void do_stat(int argc, char **argv)
+{
+	tensord_info in;
+	int r = tensord_stat(client, argc > 1 ? argv[1] : "", &in);
+
+	if (r < 0) {
+		fail(r);
+		return;
+	}
+	printf("ok refcount=%u state=%d nbytes=%llu mode=%o owner=%u flags=%u\n", in.refcount,
+	       in.state, (unsigned long long)in.nbytes, in.mode, in.owner_uid, in.flags);
+}
+
+static void do_stats(int argc, char **argv)
+{
+	tensord_daemon_stats st;
+	int r = tensord_stats(client, &st, sizeof(st));
+
+	if (r < 0) {
+		fail(r);
+		return;
+	}
+	printf("ok tensors=%llu clients=%llu leases=%llu used=%llu capacity=%llu\n",
+	       (unsigned long long)st.tensors, (unsigned long long)st.clients,
+	       (unsigned long long)st.leases, (unsigned long long)st.devices[0].bytes_used,
+	       (unsigned long long)st.devices[0].bytes_capacity);
+}
+
+static void do_fork_hold(int argc, char **argv)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		/* The child inherits every mapping; it only sleeps. */
+		sleep(30);
+		_exit(0);
+	}
+	printf("ok %d\n", (int)pid);
+}
+
+static void do_close(int argc, char **argv)
+{
+	client = tensord_close(client);
+	printf("ok\n");
+}
+
+static void do_exit(int argc, char **argv)
+{
+	printf("ok\n");
+	fflush(stdout);
+	exit(0);
+}
+
+static const struct {
+	const char *name;
+	int min_argc;  /* the command word included */
+	void (*run)(int argc, char **argv);
+} commands[] = {
+	{ "connect", 1, do_connect }, { "create", 4, do_create },
+	{ "publish", 1, do_publish }, { "attach", 3, do_attach },
+	{ "legacy", 3, do_attach },   { "fill", 3, do_fill },
+	{ "read", 3, do_read },       { "write", 4, do_write },
+	{ "sum", 1, do_sum },         { "release", 1, do_release },
+	{ "unlink", 1, do_unlink },   { "stat", 1, do_stat },
+	{ "stats", 1, do_stats },     { "fork-hold", 1, do_fork_hold },
+	{ "close", 1, do_close },     { "exit", 1, do_exit },
+};
+
+static void cmd(char *line)
+{
+	char *argv[8] = { 0 };
+	int argc = 0;
+
+	for (char *tok = strtok(line, " \t\n"); tok && argc < 8; tok = strtok(NULL, " \t\n"))
+		argv[argc++] = tok;
+	if (!argc)
+		return;
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+		if (!strcmp(argv[0], commands[i].name) && argc >= commands[i].min_argc) {
+			commands[i].run(argc, argv);
+			return;
+		}
+	}
+	printf("err EINVAL unknown command %s\n", argv[0]);
 }
 
 int main(void)
