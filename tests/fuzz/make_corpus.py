@@ -82,6 +82,9 @@ SEEDS = {
     "stat": frame(req(11, 8, fb(1, "model/w"))),
     "list": frame(req(12, 9, fb(1, "model/"))),
     "stats": frame(req(13, 10, b"")),
+    "put": HELLO + frame(req(15, 11, fb(1, create("small/w", [2, 3])) + fb(2, b"\0" * 24))),
+    "put_short": frame(req(16, 11, fb(1, create("small/x", [4])) + fb(2, b"ab"))),
+    "attach_shares": frame(req(17, 5, fb(1, "small/w") + fv(2, 0) + packed(4, [1, 2, 3]))),
     "pipelined": HELLO + b"".join(frame(req(20 + i, 10, b"")) for i in range(4)),
     # Edge cases for the parser and the decoders.
     "empty_frame": frame(b""),
@@ -96,6 +99,8 @@ SEEDS = {
     "rep_error": frame(fv(1, 2) + fv(2, zigzag(-71)) + fb(3, "the first request must be hello")),
     "rep_lease": frame(fv(1, 2) + fb(5, fv(1, 99) + fb(2, info) + fv(3, 1) + fv(4, 4096) + fv(7, 1)),
                        flags=1),
+    "rep_lease_slab": frame(fv(1, 3) + fb(5, fv(1, 98) + fb(2, info) + fv(3, 1) + fv(4, 24)
+                                          + fv(6, 4096 + 256) + fv(9, 2))),
 }
 
 

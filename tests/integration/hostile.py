@@ -25,7 +25,8 @@ VERSION = 1
 MAX_REQUEST = 65536
 
 # Request body field numbers (proto/tensord.proto).
-F_HELLO, F_CREATE, F_ATTACH, F_RELEASE, F_STAT, F_LIST, F_STATS = 2, 3, 5, 6, 8, 9, 10
+F_HELLO, F_CREATE, F_ATTACH, F_RELEASE, F_UNLINK, F_STAT, F_LIST, F_STATS, F_PUT = \
+    2, 3, 5, 6, 7, 8, 9, 10, 11
 # Reply body field numbers.
 R_HELLO, R_STATS = 4, 8
 
@@ -254,13 +255,28 @@ def hd(daemon_factory):
     return d
 
 
-def create_req(req_id, name, shape, strides=(), code=2, bits=32, lanes=1):
+def create_body(name, shape, strides=(), code=2, bits=32, lanes=1, device=None, flags=0):
+    """A Create message: the body of a create request, and the description in a put."""
     packed = lambda vals: b"".join(varint(v) for v in vals)
     body = f_bytes(1, name) + f_bytes(2, f_varint(1, code) + f_varint(2, bits) + f_varint(3, lanes))
     body += f_bytes(3, packed(shape))
     if strides:
         body += f_bytes(4, packed(strides))
-    return request(req_id, F_CREATE, body)
+    if device:
+        body += f_bytes(5, f_varint(1, device[0]) + f_varint(2, device[1]))
+    if flags:
+        body += f_varint(6, flags)
+    return body
+
+
+def create_req(req_id, name, shape, strides=(), code=2, bits=32, lanes=1):
+    return request(req_id, F_CREATE, create_body(name, shape, strides, code, bits, lanes))
+
+
+def put_req(req_id, create, data):
+    """A Put: the Create message (or None) and the tensor's bytes inline."""
+    return request(req_id, F_PUT, (f_bytes(1, create) if create is not None else b"")
+                   + f_bytes(2, data))
 
 
 def reply_with_fds(c):

@@ -13,8 +13,8 @@ import pytest
 
 from hostile import hd  # noqa: F401 (the fixture)
 from hostile import (
-    f_varint, f_bytes, request, hello_req, stats_req, frame, Raw, rss_kib,
-    settle_fds, healthy, create_req, MAX_REQUEST, F_ATTACH, F_STAT, F_LIST,
+    f_varint, f_bytes, F_UNLINK, request, hello_req, stats_req, frame, Raw, rss_kib,
+    settle_fds, healthy, create_req, create_body, put_req, MAX_REQUEST, F_ATTACH, F_STAT, F_LIST,
 )
 
 
@@ -280,6 +280,33 @@ def test_hostile_create_layout(hd, shape, strides, dtype):
     if dtype != (2, 255, 65535):
         assert r.status in (-errno.EINVAL, -errno.EFBIG), r
     c.stats()
+    c.close()
+    assert hd.alive(), hd.read_log()[-3000:]
+    healthy(hd, hd.baseline)
+
+
+@pytest.mark.parametrize("create,data,status", [
+    (create_body("put/short", [16], code=1, bits=8), b"x" * 15, -errno.EINVAL),
+    (create_body("put/long", [16], code=1, bits=8), b"x" * 17, -errno.EINVAL),
+    (None, b"x" * 16, -errno.EINVAL),
+    (create_body("put/strided", [4, 4], [8, 1], code=1, bits=8), b"x" * 16, -errno.EINVAL),
+    (create_body("put/cuda", [16], code=1, bits=8, device=(2, 0)), b"x" * 16, -errno.EINVAL),
+    (create_body("put/bad name", [16], code=1, bits=8), b"x" * 16, -errno.EINVAL),
+    (create_body("put/huge", [1 << 40], code=1, bits=8), b"x" * 16, -errno.ENOSPC),
+    (create_body("put/ok", [16], code=1, bits=8), b"x" * 16, 0),
+    (create_body("put/mutable", [16], code=1, bits=8, flags=1), b"x" * 16, 0),
+], ids=["short", "long", "no-create", "strided", "cuda", "bad-name", "huge", "ok", "mutable"])
+def test_hostile_put(hd, create, data, status):
+    """Put with inline bytes: every malformed one is refused with a status and
+    leaves nothing behind; a good one is stored and can be removed again."""
+    c = Raw(hd.socket)
+    c.hello()
+    r = c.call(put_req(31, create, data))
+    assert r.id == 31 and r.status == status, r
+    if status == 0:
+        name = "put/ok" if b"put/ok" in create else "put/mutable"
+        assert c.call(request(32, F_UNLINK, f_bytes(1, name))).status == 0
+    assert c.stats().get(1, [0])[0] == 0, "no tensor was left behind"
     c.close()
     assert hd.alive(), hd.read_log()[-3000:]
     healthy(hd, hd.baseline)
