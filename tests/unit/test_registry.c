@@ -172,6 +172,41 @@ static void test_capacity(void **state)
 	assert_int_equal(reg->devices[0].used, 0);
 }
 
+/* Shared (slab) allocations: routed by access class, charged like any other. */
+static void test_shared_routing_and_capacity(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a;
+	struct tensor *t1, *t2, *t3, *t4;
+	uint64_t l1, l2, l3, l4;
+	int64_t n = 4096, big = 128 * 1024;
+	struct create_args sa = { .name = "s1", .name_len = 2, .dtype = { kDLUInt, 8, 1 },
+				  .ndim = 1, .shape = &n, .device = { kDLCPU, 0 }, .shared = true };
+
+	registry_client_init(&a, 1, 1000, 1000, 1);
+	assert_int_equal(registry_create(reg, &a, &sa, &t1, &l1, why, sizeof(why)), 0);
+	sa.name = "s2";
+	assert_int_equal(registry_create(reg, &a, &sa, &t2, &l2, why, sizeof(why)), 0);
+	assert_true(t1->alloc.share_id != 0);
+	assert_int_equal(t1->alloc.share_id, t2->alloc.share_id); /* one slab */
+	assert_true(t1->alloc.ipc_offset != t2->alloc.ipc_offset);
+	assert_int_equal(t1->alloc.fd, -1);                      /* no descriptor of its own */
+	/* Another mode is another access class: another slab. */
+	sa.name = "s3";
+	sa.mode = 0644;
+	assert_int_equal(registry_create(reg, &a, &sa, &t3, &l3, why, sizeof(why)), 0);
+	assert_true(t3->alloc.share_id != t1->alloc.share_id);
+	/* Too large for a slab: a memfd of its own. */
+	sa.name = "s4";
+	sa.shape = &big;
+	assert_int_equal(registry_create(reg, &a, &sa, &t4, &l4, why, sizeof(why)), 0);
+	assert_int_equal(t4->alloc.share_id, 0);
+	assert_true(t4->alloc.fd >= 0);
+	assert_int_equal(reg->devices[0].used, 3 * 4096 + 128 * 1024);
+	registry_client_gone(reg, &a); /* unpublished: all discarded, slots freed */
+	assert_int_equal(reg->devices[0].used, 0);
+}
+
 static void test_errors(void **state)
 {
 	struct registry *reg = *state;
@@ -284,6 +319,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_lease_ids_are_not_reused_blindly, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_client_gone, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_capacity, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_shared_routing_and_capacity, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_permissions, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_list_sorted_by_prefix, setup, teardown),
