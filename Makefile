@@ -141,7 +141,9 @@ UNIT_DEPS_test_frame       := proto/frame.c
 UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c
 UNIT_DEPS_test_pool        := daemon/pool.c daemon/log.c
 UNIT_DEPS_test_slab        := daemon/slab.c
+UNIT_DEPS_test_memlimit    := daemon/memlimit.c
 UNIT_DEPS_test_registry    := daemon/registry.c daemon/backend_host.c daemon/pool.c daemon/slab.c \
+                              daemon/memlimit.c \
                               daemon/log.c common/desc.c \
                               common/names.c common/errors.c
 UNIT_DEPS_test_waiters     := daemon/waiters.c

@@ -30,6 +30,7 @@
 
 #include "backend.h"
 #include "log.h"
+#include "memlimit.h"
 #include "pool.h"
 #include "slab.h"
 
@@ -48,16 +49,12 @@ struct pool *backend_host_pool(void)
 	return pool;
 }
 
-/* A sixteenth of physical memory, at most 2 GiB: room for one ready memfd of
- * a 1 GiB tensor on a machine with 24 GiB. */
+/* A sixteenth of the memory we may use (memlimit.c), at most 2 GiB: room for
+ * one ready memfd of a 1 GiB tensor on a machine with 24 GiB. */
 static uint64_t default_pool_budget(void)
 {
-	long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
-	uint64_t b;
+	uint64_t b = memlimit_bytes() / 16;
 
-	if (pages <= 0 || psize <= 0)
-		return 0;
-	b = (uint64_t)pages * (uint64_t)psize / 16;
 	return b < (2ull << 30) ? b : 2ull << 30;
 }
 
@@ -99,13 +96,10 @@ static int host_device_uuid(int device_id, uint8_t uuid[16])
 	return -ENOENT;
 }
 
+/* Half of the memory we may use: physical memory, or a smaller cgroup limit. */
 static uint64_t host_default_capacity(int device_id)
 {
-	long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
-
-	if (pages <= 0 || psize <= 0)
-		return 1ull << 30;
-	return (uint64_t)pages * (uint64_t)psize / 2;
+	return memlimit_bytes() / 2;
 }
 
 static const char *host_path(int device_id)
