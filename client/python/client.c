@@ -8,7 +8,9 @@
  */
 #include "tdpy.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <time.h>
 
 tensord_client *td_client_enter(ClientObject *self)
 {
@@ -108,6 +110,48 @@ static PyObject *Client_exit(ClientObject *self, PyObject *args)
 	return Client_close(self, NULL);
 }
 
+/* How long one wait of attach lasts before Python's signal handlers get a turn. */
+#define ATTACH_SLICE_MS 100
+
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/*
+ * tensord_attach() waiting in slices of ATTACH_SLICE_MS, so that Ctrl-C
+ * (or any signal whose Python handler raises) interrupts a long wait at
+ * once: -EINTR with the handler's exception set. ms: as tensord_attach().
+ * Called and returns with the GIL held; waits without it.
+ */
+static int attach_interruptibly(tensord_client *c, const char *name, int ms,
+				DLManagedTensorVersioned **ret)
+{
+	double deadline = now_ms() + ms;
+	int rc;
+
+	for (;;) {
+		int slice = ms;
+
+		if (ms < 0 || ms > ATTACH_SLICE_MS) {
+			double left = deadline - now_ms();
+
+			slice = ms < 0 || left > ATTACH_SLICE_MS ? ATTACH_SLICE_MS
+								  : (left > 1 ? (int)left : 1);
+		}
+		Py_BEGIN_ALLOW_THREADS
+		rc = tensord_attach(c, name, slice, ret);
+		Py_END_ALLOW_THREADS
+		if (rc != -ETIMEDOUT || slice == ms || (ms >= 0 && now_ms() >= deadline))
+			return rc;
+		if (PyErr_CheckSignals() < 0)
+			return -EINTR;
+	}
+}
+
 static PyObject *Client_attach(ClientObject *self, PyObject *args, PyObject *kwds)
 {
 	static char *kwlist[] = {"name", "timeout", NULL};
@@ -120,9 +164,11 @@ static PyObject *Client_attach(ClientObject *self, PyObject *args, PyObject *kwd
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|O:attach", kwlist, &name, &timeout) ||
 	    td_parse_timeout(timeout, &ms) < 0 || !(c = td_client_enter(self)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = tensord_attach(c, name, ms, &mt);
-	Py_END_ALLOW_THREADS
+	rc = attach_interruptibly(c, name, ms, &mt);
+	if (rc == -EINTR) {
+		td_client_leave(self, 0);
+		return NULL; /* the signal handler's exception (KeyboardInterrupt) */
+	}
 	if (td_client_leave(self, rc) < 0)
 		return NULL;
 	return td_tensor_new(mt, self);

@@ -348,3 +348,33 @@ def test_docstrings():
     for name in ("__dlpack__", "__dlpack_device__", "publish", "release", "name", "shape",
                  "dtype", "device", "strides", "nbytes", "readonly"):
         assert getattr(tensord.Tensor, name).__doc__, name
+
+
+@pytest.mark.parametrize("timeout", ["math.inf", "30"])
+def test_ctrl_c_interrupts_a_waiting_attach(daemon, timeout):
+    """SIGINT while attach() waits for a publish raises KeyboardInterrupt at
+    once, whatever the timeout, instead of after it (or never)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    code = """
+import math, sys, tensord
+c = tensord.connect()
+print("waiting", flush=True)
+try:
+    c.attach("never/published", timeout=%s)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(3)
+""" % timeout
+    env = dict(os.environ, TENSORD_SOCKET=daemon.socket)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                         env=env)
+    assert p.stdout.readline().strip() == "waiting"
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=10)
+    assert time.monotonic() - t0 < 1.0
+    assert p.returncode == 3 and "interrupted" in out
