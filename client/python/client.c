@@ -358,8 +358,9 @@ PyTypeObject td_ClientType = {
 	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "Client(path=None)\n\n"
 		  "A connection to a tensord daemon; tensord.connect() makes one. path=None finds\n"
-		  "the daemon as tensord does: $TENSORD_SOCKET, $XDG_RUNTIME_DIR/tensord.sock, then\n"
-		  "/tmp/tensord-$UID.sock. Safe to share between threads. A context manager that\n"
+		  "the daemon as tensord does: $TENSORD_SOCKET, $XDG_RUNTIME_DIR/tensord.sock,\n"
+		  "/run/tensord/tensord.sock for root, then /tmp/tensord-$UID.sock. Safe to share\n"
+		  "between threads. A context manager that\n"
 		  "closes the connection on exit.",
 	.tp_methods = Client_methods,
 	.tp_getset = Client_getset,

@@ -189,9 +189,11 @@ TENSORD_API int tensord_attach_legacy(tensord_client *client, const char *name, 
 				      DLManagedTensor **ret_tensor);
 
 /*
- * create + copy + publish in one call. src must be host memory (kDLCPU);
- * any strides are accepted and the copy is stored row-major compact. src
- * is borrowed for the call; no lease outlives it.
+ * create + copy + publish in one call. src may be host memory (kDLCPU,
+ * pinned or managed), with any strides, stored row-major compact; or GPU
+ * memory on the device the tensor is created on, contiguous, copied device
+ * to device. Small host tensors travel inside the request (one round trip).
+ * src is borrowed for the call; no lease outlives it.
  */
 TENSORD_API int tensord_put(tensord_client *client, const char *name, const DLTensor *src,
 			    uint32_t flags, uint32_t mode);
