@@ -47,6 +47,53 @@ bad_lifetime:
 	return -1;
 }
 
+/*
+ * numpy's reading of o (np.float32, np.dtype("f4"), "<f4", "float", ...) as
+ * one of our names, when numpy is importable. 1 with *ret set, 0 when numpy
+ * does not know o either (no exception left), -1 with an exception.
+ */
+static int dtype_from_numpy(PyObject *o, DLDataType *ret)
+{
+	PyObject *np = PyImport_ImportModule("numpy"), *dt = NULL, *name = NULL, *order = NULL;
+	const char *txt, *bo;
+	int rc = 0;
+
+	if (!np) {
+		PyErr_Clear();
+		return 0;
+	}
+	dt = PyObject_CallMethod(np, "dtype", "O", o);
+	if (!dt) {
+		PyErr_Clear();
+		goto out;
+	}
+	name = PyObject_GetAttrString(dt, "name");
+	order = PyObject_GetAttrString(dt, "byteorder");
+	if (!name || !order || !(txt = PyUnicode_AsUTF8(name)) || !(bo = PyUnicode_AsUTF8(order))) {
+		rc = -1;
+		goto out;
+	}
+	if (bo[0] == '>') {
+		PyErr_Format(PyExc_ValueError, "dtype %R is big-endian; tensors are little-endian "
+			     "(convert with .astype('%s'))", o, txt);
+		rc = -1;
+		goto out;
+	}
+	if (tensord_dtype_parse(txt, ret) == 0)
+		rc = 1;
+out:
+	Py_XDECREF(order);
+	Py_XDECREF(name);
+	Py_XDECREF(dt);
+	Py_DECREF(np);
+	return rc;
+}
+
+/*
+ * A dtype as users write it: our names ("float32", "bfloat16"), torch
+ * dtypes (torch.float16), and anything numpy.dtype() accepts (np.float32,
+ * "f4", "<f4", "float" meaning float64 as in numpy).
+ */
 int td_parse_dtype(PyObject *o, DLDataType *ret)
 {
 	PyObject *s = NULL;
@@ -72,11 +119,25 @@ int td_parse_dtype(PyObject *o, DLDataType *ret)
 	}
 	if (strncmp(txt, "torch.", 6) == 0)
 		txt += 6;
-	rc = tensord_dtype_parse(txt, ret);
+	/* The C library's C spellings ("half", "float", "double") yield to
+	 * numpy's meaning in Python: "float" is float64 there. */
+	rc = strcmp(txt, "half") && strcmp(txt, "float") && strcmp(txt, "double")
+		     ? tensord_dtype_parse(txt, ret)
+		     : -1;
+	if (rc < 0) {
+		int n = dtype_from_numpy(o, ret);
+
+		if (n < 0) {
+			Py_DECREF(s);
+			return -1;
+		}
+		rc = n ? 0 : tensord_dtype_parse(txt, ret);
+	}
 	if (rc < 0)
 		PyErr_Format(PyExc_ValueError,
 			     "unknown dtype %R: use bool, int8..int64, uint8..uint64, float16, "
-			     "bfloat16, float32, float64, complex64 or complex128",
+			     "bfloat16, float32, float64, complex64 or complex128, or a numpy or "
+			     "torch dtype",
 			     o);
 	Py_DECREF(s);
 	return rc < 0 ? -1 : 0;

@@ -378,3 +378,20 @@ except KeyboardInterrupt:
     out, _ = p.communicate(timeout=10)
     assert time.monotonic() - t0 < 1.0
     assert p.returncode == 3 and "interrupted" in out
+
+
+def test_dtypes_as_numpy_and_torch_users_write_them(client):
+    """Anything numpy.dtype() accepts ("float" is float64, as in numpy), torch
+    dtypes, and the CONTRACT names; big-endian is refused with the fix."""
+    torch = pytest.importorskip("torch")
+    cases = [(np.float32, "float32"), (np.dtype("f4"), "float32"), ("<f4", "float32"),
+             ("f8", "float64"), ("float", "float64"), ("double", "float64"), ("half", "float16"),
+             ("bfloat16", "bfloat16"), (torch.bfloat16, "bfloat16"), (torch.int16, "int16"),
+             (np.uint8, "uint8"), (bool, "bool"), ("complex128", "complex128")]
+    for i, (given, name) in enumerate(cases):
+        with client.create("dt/%d" % i, (2,), given) as t:
+            assert t.dtype == name, (given, t.dtype)
+    with pytest.raises(ValueError, match="big-endian"):
+        client.create("dt/be", (2,), ">f4")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        client.create("dt/bad", (2,), "float128x")
