@@ -231,7 +231,7 @@ install: all
 	install -m 755 $(B)/libtensord.so $(DESTDIR)$(PREFIX)/lib/libtensord.so.0
 	ln -sf libtensord.so.0 $(DESTDIR)$(PREFIX)/lib/libtensord.so
 	install -m 644 include/tensord/tensord.h include/tensord/dlpack.h $(DESTDIR)$(PREFIX)/include/tensord/
-	install -m 644 $(B)/tensord.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' deploy/tensord.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/tensord.pc
 
 format:
 	clang-format -i $(wildcard daemon/*.[ch] client/*/*.[ch] common/*.[ch] common/gpu/*.[ch] \
