@@ -43,6 +43,7 @@ void td_client_unref(tensord_client *c)
 		return;
 	/* Last reference: no thread is inside a call, no lease is alive, so
 	 * the mapping cache is empty. */
+	td_relq_stop(&c->conn);
 	conn_free(&c->conn);
 	td_mapcache_fini(&c->maps);
 	pthread_mutex_destroy(&c->lock);
@@ -60,35 +61,50 @@ static void conn_lost(struct td_conn *conn, int err)
 }
 
 /* Sends one frame holding req, borrowed for the call. */
-static int send_frame(struct td_conn *conn, Tensord__Request *req)
+int td_conn_send_locked(struct td_conn *conn, const uint8_t *buf, size_t len)
 {
-	uint8_t stack[1024], *buf = stack;
-	size_t plen = tensord__request__get_packed_size(req), len, off = 0;
-	int r = 0;
+	size_t off = 0;
 
-	if (plen > TD_FRAME_MAX_REQUEST)
-		return td_set_error(-EMSGSIZE, "request of %zu bytes is too large", plen);
-	len = TD_FRAME_HEADER + plen;
-	if (len > sizeof(stack)) {
-		buf = malloc(len);
-		if (!buf)
-			return td_set_error(-ENOMEM, "out of memory");
-	}
-	td_frame_header(buf, (uint32_t)plen, 0);
-	tensord__request__pack(req, buf + TD_FRAME_HEADER);
-	pthread_mutex_lock(&conn->send_lock);
 	while (off < len) {
 		ssize_t n = send(conn->fd, buf + off, len - off, MSG_NOSIGNAL);
 
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
-			r = td_set_error(-errno == -EPIPE ? -ECONNRESET : -errno,
-					 "connection to tensord lost: %s", strerror(errno));
-			break;
+			return td_set_error(-errno == -EPIPE ? -ECONNRESET : -errno,
+					    "connection to tensord lost: %s", strerror(errno));
 		}
 		off += (size_t)n;
 	}
+	return 0;
+}
+
+/* Room in front of a request for the releases queued before it. */
+#define REL_ROOM (TD_RELQ_MAX * TD_RELEASE_FRAME_MAX)
+
+/*
+ * Sends req, with the releases deleters queued meanwhile in front of it in
+ * the same send(): one wake-up of the daemon for both.
+ */
+static int send_frame(struct td_conn *conn, Tensord__Request *req)
+{
+	uint8_t stack[REL_ROOM + 1024], *buf = stack;
+	size_t plen = tensord__request__get_packed_size(req), len, rel;
+	int r;
+
+	if (plen > TD_FRAME_MAX_REQUEST)
+		return td_set_error(-EMSGSIZE, "request of %zu bytes is too large", plen);
+	len = TD_FRAME_HEADER + plen;
+	if (REL_ROOM + len > sizeof(stack)) {
+		buf = malloc(REL_ROOM + len);
+		if (!buf)
+			return td_set_error(-ENOMEM, "out of memory");
+	}
+	td_frame_header(buf + REL_ROOM, (uint32_t)plen, 0);
+	tensord__request__pack(req, buf + REL_ROOM + TD_FRAME_HEADER);
+	pthread_mutex_lock(&conn->send_lock);
+	rel = td_relq_drain(&conn->relq, buf + REL_ROOM);
+	r = td_conn_send_locked(conn, buf + REL_ROOM - rel, rel + len);
 	pthread_mutex_unlock(&conn->send_lock);
 	if (buf != stack)
 		free(buf);
@@ -495,6 +511,7 @@ int tensord_connect(const char *socket_path, tensord_client **ret_client)
 		td_client_unref(c);
 		return r;
 	}
+	td_relq_start(&c->conn);
 	*ret_client = c;
 	return 0;
 }

@@ -49,6 +49,27 @@ struct td_fdq {
 	int n;
 };
 
+/* Releases deferred by deleters, at most this many (release.c). */
+#define TD_RELQ_MAX 64
+/* The most bytes one Release frame takes. */
+#define TD_RELEASE_FRAME_MAX 32
+
+/*
+ * Releases that deleters queued instead of sending (release.c): they go out
+ * in front of the next request, in the same send(), or after at most
+ * TD_RELQ_DELAY_NS when no request comes. Guarded by td_conn.send_lock.
+ */
+struct td_relq {
+	uint64_t ids[TD_RELQ_MAX];
+	int n;
+	uint64_t since_ns;   /* CLOCK_MONOTONIC when the oldest was queued */
+	bool running;        /* the flusher thread runs; else deleters send at once */
+	bool armed;          /* the flusher is timing the queue: no need to wake it */
+	bool stop;
+	pthread_t thread;
+	pthread_cond_t cond; /* with send_lock: something was queued, or stop */
+};
+
 /* The socket to the daemon and the exchange of frames on it. */
 struct td_conn {
 	int fd;                     /* owned; closed when the client's last reference goes */
@@ -62,6 +83,7 @@ struct td_conn {
 	struct td_pending *pending; /* borrowed: each lives on its td_rpc() caller's stack */
 	struct td_rbuf rx;
 	struct td_fdq fdq;
+	struct td_relq relq;        /* guarded by send_lock, not by the client's lock */
 };
 
 struct tensord_client {
@@ -98,6 +120,29 @@ int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
  */
 int td_put_rpc(tensord_client *c, const char *name, const tensord_spec *spec, const void *data,
 	       size_t len);
+
+/*
+ * Ends a lease: queues its Release for the flusher or the next request
+ * (release.c), or sends it at once when no flusher runs. Never waits for
+ * the daemon; any thread; a no-op in effect once the connection is gone.
+ */
+void td_release(tensord_client *c, uint64_t lease_id);
+
+/* Starts the flusher of conn's deferred releases; without one they go at once. */
+void td_relq_start(struct td_conn *conn);
+
+/* Stops and joins the flusher; queued releases are dropped (the connection ends them). */
+void td_relq_stop(struct td_conn *conn);
+
+/*
+ * Encodes the queued releases as frames ending exactly at end (the room
+ * before end holds TD_RELQ_MAX * TD_RELEASE_FRAME_MAX bytes) and empties
+ * the queue. send_lock held. Returns the bytes written before end.
+ */
+size_t td_relq_drain(struct td_relq *q, uint8_t *end);
+
+/* Sends len bytes on conn's socket. send_lock held. 0 or -errno, error set. */
+int td_conn_send_locked(struct td_conn *conn, const uint8_t *buf, size_t len);
 
 /* Sends a request that gets no reply (Release). req is borrowed for the call. */
 int td_send_oneway(tensord_client *c, Tensord__Request *req);

@@ -46,17 +46,11 @@ struct td_handle_legacy {
 /* Zero-size tensors point here: a valid, aligned, never-dereferenced address. */
 static _Alignas(256) const uint8_t empty_data[256];
 
-/* Tells the daemon a lease is over; no reply. A failure means the
- * connection is gone, and with it the lease. */
+/* Tells the daemon a lease is over (release.c decides when); no reply. A
+ * failure means the connection is gone, and with it the lease. */
 static void send_release(tensord_client *c, uint64_t lease_id)
 {
-	Tensord__Request req = TENSORD__REQUEST__INIT;
-	Tensord__Release rel = TENSORD__RELEASE__INIT;
-
-	rel.lease = lease_id;
-	req.body_case = TENSORD__REQUEST__BODY_RELEASE;
-	req.release = &rel;
-	td_send_oneway(c, &req);
+	td_release(c, lease_id);
 }
 
 void td_lease_end(tensord_client *c, uint64_t lease_id)

@@ -1,0 +1,165 @@
+/*
+ * libtensord: deferred releases. A deleter does not send its Release at
+ * once: it queues the lease id, and the queue goes out in front of the
+ * next request, in the same send(), or after at most TD_RELQ_DELAY_NS when
+ * no request comes (a flusher thread per client), or at once when
+ * TD_RELQ_MAX are waiting. In the common attach, use, release, attach
+ * loop the daemon then wakes once per cycle instead of twice; waking a
+ * process costs more than the rest of an attach on a VM.
+ *
+ * What others see: another connection sees a lease end up to
+ * TD_RELQ_DELAY_NS later (Release was never acknowledged, so nobody could
+ * rely on it being immediate); this connection's own requests always
+ * reach the daemon after the releases queued before them. A lease whose
+ * connection is gone was ended by the daemon already, so a queued Release
+ * that cannot be sent is simply dropped.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "client.h"
+#include "proto/frame.h"
+
+#define TD_RELQ_DELAY_NS 1000000ull /* 1 ms */
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+size_t td_relq_drain(struct td_relq *q, uint8_t *end)
+{
+	uint8_t tmp[TD_RELQ_MAX * TD_RELEASE_FRAME_MAX];
+	size_t n = 0;
+
+	for (int i = 0; i < q->n; i++) {
+		Tensord__Request req = TENSORD__REQUEST__INIT;
+		Tensord__Release rel = TENSORD__RELEASE__INIT;
+		size_t plen;
+
+		rel.lease = q->ids[i];
+		req.body_case = TENSORD__REQUEST__BODY_RELEASE;
+		req.release = &rel;
+		plen = tensord__request__get_packed_size(&req);
+		/* At most 13 bytes: a varint in a message in a message. */
+		td_frame_header(tmp + n, (uint32_t)plen, 0);
+		tensord__request__pack(&req, tmp + n + TD_FRAME_HEADER);
+		n += TD_FRAME_HEADER + plen;
+	}
+	q->n = 0;
+	memcpy(end - n, tmp, n);
+	return n;
+}
+
+/* Sends what is queued. send_lock held. */
+static void flush_locked(struct td_conn *conn)
+{
+	uint8_t buf[TD_RELQ_MAX * TD_RELEASE_FRAME_MAX];
+	size_t n = td_relq_drain(&conn->relq, buf + sizeof(buf));
+	char saved[512];
+
+	/* A failure means the connection is gone, and the daemon has ended
+	 * these leases already; keep the caller's error message. */
+	snprintf(saved, sizeof(saved), "%s", tensord_last_error());
+	td_conn_send_locked(conn, buf + sizeof(buf) - n, n);
+	td_set_error(0, "%s", saved);
+}
+
+static void *flusher(void *arg)
+{
+	struct td_conn *conn = arg;
+	struct td_relq *q = &conn->relq;
+
+	pthread_mutex_lock(&conn->send_lock);
+	while (!q->stop) {
+		uint64_t now, due;
+		struct timespec ts;
+
+		if (q->n == 0) {
+			/* Idle: the next deleter wakes us. */
+			q->armed = false;
+			pthread_cond_wait(&q->cond, &conn->send_lock);
+			continue;
+		}
+		/* Timing the queue: deleters need not wake us meanwhile, so a
+		 * busy client costs this thread about one wake-up a delay. */
+		q->armed = true;
+		now = mono_ns();
+		due = q->since_ns + TD_RELQ_DELAY_NS;
+		if (now < due) {
+			ts.tv_sec = (time_t)(due / 1000000000ull);
+			ts.tv_nsec = (long)(due % 1000000000ull);
+			pthread_cond_timedwait(&q->cond, &conn->send_lock, &ts);
+			continue;
+		}
+		flush_locked(conn);
+	}
+	pthread_mutex_unlock(&conn->send_lock);
+	return NULL;
+}
+
+void td_relq_start(struct td_conn *conn)
+{
+	struct td_relq *q = &conn->relq;
+	pthread_condattr_t attr;
+
+	pthread_condattr_init(&attr);
+	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+	pthread_cond_init(&q->cond, &attr);
+	pthread_condattr_destroy(&attr);
+	q->n = 0;
+	q->stop = false;
+	q->armed = false;
+	/* Without a flusher, deleters send at once: slower, never wrong. */
+	q->running = pthread_create(&q->thread, NULL, flusher, conn) == 0;
+	if (!q->running)
+		pthread_cond_destroy(&q->cond);
+}
+
+void td_relq_stop(struct td_conn *conn)
+{
+	struct td_relq *q = &conn->relq;
+
+	if (!q->running)
+		return;
+	pthread_mutex_lock(&conn->send_lock);
+	q->stop = true;
+	pthread_cond_signal(&q->cond);
+	pthread_mutex_unlock(&conn->send_lock);
+	pthread_join(q->thread, NULL);
+	pthread_cond_destroy(&q->cond);
+	q->running = false;
+}
+
+void td_release(tensord_client *c, uint64_t lease_id)
+{
+	struct td_conn *conn = &c->conn;
+	struct td_relq *q = &conn->relq;
+
+	pthread_mutex_lock(&conn->send_lock);
+	if (!q->running) {
+		pthread_mutex_unlock(&conn->send_lock);
+		Tensord__Request req = TENSORD__REQUEST__INIT;
+		Tensord__Release rel = TENSORD__RELEASE__INIT;
+
+		rel.lease = lease_id;
+		req.body_case = TENSORD__REQUEST__BODY_RELEASE;
+		req.release = &rel;
+		td_send_oneway(c, &req);
+		return;
+	}
+	if (q->n == TD_RELQ_MAX)
+		flush_locked(conn);
+	if (q->n == 0) {
+		q->since_ns = mono_ns();
+		if (!q->armed)
+			pthread_cond_signal(&q->cond);
+	}
+	q->ids[q->n++] = lease_id;
+	pthread_mutex_unlock(&conn->send_lock);
+}
