@@ -46,6 +46,10 @@ struct server {
 	uv_signal_t sighup, sigusr1, sigusr2; /* logged, never fatal */
 	uint64_t start_ns;
 	bool stopping;
+	/* After a request, the loop polls instead of sleeping for spin_ns
+	 * (0: never), so the next request of a busy client needs no wake-up. */
+	uv_idle_t spin;
+	uint64_t spin_ns, spin_until;
 };
 
 /* listen.c: binds, sets the mode and starts accepting into srv->conns. 0 or -errno. */
