@@ -81,6 +81,13 @@ typedef struct {
 	PyObject *weakreflist;
 } TensorObject;
 
+/* --- buffer.c: the buffer protocol and __array__ of Tensor. ---------------- */
+
+extern PyBufferProcs td_tensor_buffer;
+
+/* Tensor.__array__(dtype=None, copy=None): numpy.from_dlpack(self), then a copy if asked. */
+PyObject *td_tensor_array(TensorObject *self, PyObject *args, PyObject *kwds);
+
 /* --- module.c ------------------------------------------------------------- */
 
 /*

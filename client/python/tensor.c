@@ -424,6 +424,9 @@ static PyMethodDef Tensor_methods[] = {
 	 "Ends this object's lease. Arrays made from it keep their own and stay valid until\n"
 	 "they die. Idempotent; also done at the end of a with block and by the garbage\n"
 	 "collector."},
+	{"__array__", (PyCFunction)(void (*)(void))td_tensor_array, METH_VARARGS | METH_KEYWORDS,
+	 "__array__(dtype=None, copy=None) -> numpy.ndarray\n\n"
+	 "numpy.from_dlpack(self): a zero-copy view unless dtype or copy=True ask for a copy."},
 	{"__enter__", (PyCFunction)Tensor_enter, METH_NOARGS, "Returns self."},
 	{"__exit__", (PyCFunction)Tensor_exit, METH_VARARGS, "Calls release()."},
 	{NULL},
@@ -458,4 +461,5 @@ PyTypeObject td_TensorType = {
 	.tp_weaklistoffset = offsetof(TensorObject, weakreflist),
 	.tp_methods = Tensor_methods,
 	.tp_getset = Tensor_getset,
+	.tp_as_buffer = &td_tensor_buffer,
 };

@@ -395,3 +395,36 @@ def test_dtypes_as_numpy_and_torch_users_write_them(client):
         client.create("dt/be", (2,), ">f4")
     with pytest.raises(ValueError, match="unknown dtype"):
         client.create("dt/bad", (2,), "float128x")
+
+
+def test_buffer_protocol_and_array(client):
+    """memoryview(t), bytes(t) and numpy.asarray(t) see a host tensor zero copy;
+    read-only stays read-only; an export outlives release(); what has no
+    buffer format is refused by name."""
+    ref = np.arange(6, dtype=np.float32).reshape(2, 3)
+    client.put("buf/x", ref)
+    t = client.attach("buf/x")
+    m = memoryview(t)
+    assert (m.format, m.shape, m.strides, m.readonly) == ("f", (2, 3), (12, 4), True)
+    assert m.tolist() == ref.tolist()
+    assert bytes(t) == ref.tobytes()
+    a = np.asarray(t)
+    assert a.ctypes.data == np.from_dlpack(t).ctypes.data and not a.flags.writeable
+    assert np.asarray(t, dtype=np.float64).dtype == np.float64
+    t.release()
+    assert m.tolist() == ref.tolist(), "the export holds its own share of the lease"
+    assert client.stat("buf/x").refcount >= 1
+    del m, a
+    assert wait_refcount(client, "buf/x", 0) == 0
+    with client.create("buf/w", (4,), "int16", mutable=True) as w:
+        mv = memoryview(w)
+        mv[1] = 7
+        assert np.from_dlpack(w).tolist() == [0, 7, 0, 0]
+        del mv
+        w.publish()
+    client.put("buf/bf", np.zeros(2, np.uint16))
+    torch = pytest.importorskip("torch")
+    client.put("buf/b16", torch.zeros(2, dtype=torch.bfloat16))
+    with client.attach("buf/b16") as t:
+        with pytest.raises(BufferError, match="bfloat16"):
+            memoryview(t)
