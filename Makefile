@@ -58,7 +58,8 @@ LIB_SRC := $(filter %.c,$(shell cat client/lib/sources.txt))
 LIB_OBJ := $(call obj,$(LIB_SRC)) $(PB_OBJ)
 
 # What both sides share, and the daemon.
-COMMON_OBJ := $(call obj,common/desc.c common/names.c common/errors.c common/paths.c proto/frame.c)
+COMMON_OBJ := $(call obj,common/desc.c common/names.c common/errors.c common/paths.c common/sys.c \
+                          proto/frame.c)
 GPU_OBJ    := $(call obj,common/gpu/cuda_api.c common/gpu/hip_api.c)
 DMN_OBJ    := $(call obj,$(wildcard daemon/*.c)) $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ)
 
@@ -140,10 +141,10 @@ $(PY_DIR)/%: client/python/tensord/%
 UNIT_DEPS_test_frame       := proto/frame.c
 UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c
 UNIT_DEPS_test_pool        := daemon/pool.c daemon/log.c
-UNIT_DEPS_test_slab        := daemon/slab.c
+UNIT_DEPS_test_slab        := daemon/slab.c common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memlimit.c
 UNIT_DEPS_test_registry    := daemon/registry.c daemon/backend_host.c daemon/pool.c daemon/slab.c \
-                              daemon/memlimit.c \
+                              daemon/memlimit.c common/sys.c \
                               daemon/log.c common/desc.c \
                               common/names.c common/errors.c
 UNIT_DEPS_test_waiters     := daemon/waiters.c

@@ -1,7 +1,9 @@
 """What the Python benchmarks share: a private daemon to measure against."""
+import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 
 
 def start_daemon(tmp, extra=()):
@@ -19,3 +21,19 @@ def start_daemon(tmp, extra=()):
         if rf.read(1) != b"R":
             sys.exit("tensord did not start")
     return proc, sock
+
+
+@contextlib.contextmanager
+def daemon_socket(socket=None, extra=()):
+    """The socket to measure against: socket when given, else that of a
+    private daemon started for the block and stopped after it."""
+    if socket:
+        yield socket
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, sock = start_daemon(tmp, extra)
+        try:
+            yield sock
+        finally:
+            proc.terminate()
+            proc.wait()

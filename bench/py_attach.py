@@ -12,14 +12,13 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
-import tempfile
 import time
 from multiprocessing import shared_memory
 
 import numpy as np
 
 import tensord
-from benchutil import start_daemon
+from benchutil import daemon_socket
 
 NAME = "bench/py_attach"
 
@@ -92,41 +91,32 @@ def main():
     ap.add_argument("--procs", type=int, default=4)
     args = ap.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = None
-        sock = args.socket
-        if not sock:
-            proc, sock = start_daemon(tmp)
-        try:
-            with tensord.connect(sock) as c:
-                try:
-                    c.unlink(NAME)
-                except FileNotFoundError:
-                    pass
-                c.put(NAME, np.zeros(args.size, np.uint8), lifetime="connection")
-                cycles(sock, 0.3)  # warm up
-                n, dt = cycles(sock, args.seconds)
-                print(f"py_attach: 1 client:   {n / dt:10,.0f} attach+from_dlpack+release/s "
-                      f"({dt / n * 1e6:.1f} us each, {args.size} B tensor)")
-                versus_shm(sock, args.size, args.seconds)
+    with daemon_socket(args.socket) as sock:
+        with tensord.connect(sock) as c:
+            try:
+                c.unlink(NAME)
+            except FileNotFoundError:
+                pass
+            c.put(NAME, np.zeros(args.size, np.uint8), lifetime="connection")
+            cycles(sock, 0.3)  # warm up
+            n, dt = cycles(sock, args.seconds)
+            print(f"py_attach: 1 client:   {n / dt:10,.0f} attach+from_dlpack+release/s "
+                  f"({dt / n * 1e6:.1f} us each, {args.size} B tensor)")
+            versus_shm(sock, args.size, args.seconds)
 
-                ctx = mp.get_context("spawn")
-                start, out = ctx.Barrier(args.procs), ctx.Queue()
-                ps = [ctx.Process(target=worker, args=(sock, args.seconds, start, out))
-                      for _ in range(args.procs)]
-                for p in ps:
-                    p.start()
-                results = [out.get() for _ in ps]
-                for p in ps:
-                    p.join()
-                total = sum(n / dt for n, dt in results)
-                print(f"py_attach: {args.procs} clients:  {total:10,.0f} "
-                      f"attach+from_dlpack+release/s in total "
-                      f"({total / args.procs:,.0f} per client)")
-        finally:
-            if proc:
-                proc.terminate()
-                proc.wait()
+            ctx = mp.get_context("spawn")
+            start, out = ctx.Barrier(args.procs), ctx.Queue()
+            ps = [ctx.Process(target=worker, args=(sock, args.seconds, start, out))
+                  for _ in range(args.procs)]
+            for p in ps:
+                p.start()
+            results = [out.get() for _ in ps]
+            for p in ps:
+                p.join()
+            total = sum(n / dt for n, dt in results)
+            print(f"py_attach: {args.procs} clients:  {total:10,.0f} "
+                  f"attach+from_dlpack+release/s in total "
+                  f"({total / args.procs:,.0f} per client)")
 
 
 if __name__ == "__main__":

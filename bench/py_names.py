@@ -10,13 +10,12 @@ descriptors and resident memory at that many names.
 """
 import argparse
 import random
-import tempfile
 import time
 
 import numpy as np
 
 import tensord
-from benchutil import start_daemon
+from benchutil import daemon_socket
 
 
 def lat(c, names, n, rng):
@@ -52,39 +51,34 @@ def main():
     args = ap.parse_args()
     rng = random.Random(1)
     a = np.ones(1024, np.float32)
-    with tempfile.TemporaryDirectory() as tmp:
-        proc, sock = start_daemon(tmp)
-        try:
-            c = tensord.connect(sock)
-            few = ["few/%d" % i for i in range(10)]
-            for n in few:
-                c.put(n, a)
-            lat(c, few, 2000, rng)  # warm up
-            before = lat(c, few, args.samples, rng)
-            t0 = time.perf_counter()
-            for i in range(args.names - len(few)):
-                c.put("many/%07d" % i, a)
-            fill = time.perf_counter() - t0
-            all_names = few + ["many/%07d" % i for i in range(args.names - len(few))]
-            hot, spread = [], []
-            for _ in range(args.rounds):  # alternate: same 10 names, then any name
-                hot += lat(c, few, args.samples // args.rounds, rng)
-                spread += lat(c, all_names, args.samples // args.rounds, rng)
-            s = c.stats()
-            print("py_names: 10 names:        attach p50 %7.1f us  p99 %7.1f us" %
-                  (pct(before, 0.5), pct(before, 0.99)))
-            print("py_names: %d names: same 10 p50 %7.1f us  p99 %7.1f us; any name p50 %7.1f "
-                  "us  p99 %7.1f us" % (args.names, pct(hot, 0.5), pct(hot, 0.99),
-                                        pct(spread, 0.5), pct(spread, 0.99)))
-            print("py_names: p99 ratio %.2f (any of %d names / 10 names); filled in %.1f s "
-                  "(%.0f puts/s); daemon: %d descriptors, %d slabs, RSS %.0f MiB" %
-                  (pct(spread, 0.99) / pct(before, 0.99), args.names, fill,
-                   (args.names - 10) / fill, s["fds"], s["host_slabs"]["slabs"],
-                   rss_kib(s["daemon_pid"]) / 1024))
-            c.close()
-        finally:
-            proc.terminate()
-            proc.wait()
+    with daemon_socket() as sock:
+        c = tensord.connect(sock)
+        few = ["few/%d" % i for i in range(10)]
+        for n in few:
+            c.put(n, a)
+        lat(c, few, 2000, rng)  # warm up
+        before = lat(c, few, args.samples, rng)
+        t0 = time.perf_counter()
+        for i in range(args.names - len(few)):
+            c.put("many/%07d" % i, a)
+        fill = time.perf_counter() - t0
+        all_names = few + ["many/%07d" % i for i in range(args.names - len(few))]
+        hot, spread = [], []
+        for _ in range(args.rounds):  # alternate: same 10 names, then any name
+            hot += lat(c, few, args.samples // args.rounds, rng)
+            spread += lat(c, all_names, args.samples // args.rounds, rng)
+        s = c.stats()
+        print("py_names: 10 names:        attach p50 %7.1f us  p99 %7.1f us" %
+              (pct(before, 0.5), pct(before, 0.99)))
+        print("py_names: %d names: same 10 p50 %7.1f us  p99 %7.1f us; any name p50 %7.1f "
+              "us  p99 %7.1f us" % (args.names, pct(hot, 0.5), pct(hot, 0.99),
+                                    pct(spread, 0.5), pct(spread, 0.99)))
+        print("py_names: p99 ratio %.2f (any of %d names / 10 names); filled in %.1f s "
+              "(%.0f puts/s); daemon: %d descriptors, %d slabs, RSS %.0f MiB" %
+              (pct(spread, 0.99) / pct(before, 0.99), args.names, fill,
+               (args.names - 10) / fill, s["fds"], s["host_slabs"]["slabs"],
+               rss_kib(s["daemon_pid"]) / 1024))
+        c.close()
 
 
 if __name__ == "__main__":

@@ -20,14 +20,13 @@ own from $TENSORD_BUILD (default: build/) on a temporary socket.
 import argparse
 import os
 import statistics
-import tempfile
 import time
 from multiprocessing import shared_memory
 
 import numpy as np
 
 import tensord
-from benchutil import start_daemon
+from benchutil import daemon_socket
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -132,19 +131,10 @@ def main():
     except Exception as e:  # noqa: BLE001 - any failure means: no ray here
         print("ray: skipped (%s: %s)" % (type(e).__name__, e))
         use_ray = False
-    proc = None
-    with tempfile.TemporaryDirectory() as tmp:
-        sock = args.socket
-        if not sock:
-            proc, sock = start_daemon(tmp, args.daemon_args.split())
-        try:
-            with tensord.connect(sock) as c:
-                for s in args.sizes.split(","):
-                    bench_size(c, parse_size(s), args.rounds, use_ray)
-        finally:
-            if proc:
-                proc.terminate()
-                proc.wait()
+    with daemon_socket(args.socket, args.daemon_args.split()) as sock:
+        with tensord.connect(sock) as c:
+            for s in args.sizes.split(","):
+                bench_size(c, parse_size(s), args.rounds, use_ray)
 
 
 if __name__ == "__main__":

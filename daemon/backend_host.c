@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "common/sys.h"
 #include "log.h"
 #include "memlimit.h"
 #include "pool.h"
@@ -223,24 +224,11 @@ static int host_export_fd(struct backend_alloc *a, bool writable, int *ret_fd)
 
 static int host_write(struct backend_alloc *a, uint64_t off, const void *data, size_t n)
 {
-	const uint8_t *p = data;
-
 	if (off > a->size || n > a->size - off)
 		return -EINVAL;
 	if (a->priv)
 		return slab_write(a->priv, a->ipc_offset + off, data, n);
-	while (n) {
-		ssize_t k = pwrite(a->fd, p, n, (off_t)off);
-
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			return k < 0 ? -errno : -EIO;
-		p += k;
-		off += (uint64_t)k;
-		n -= (size_t)k;
-	}
-	return 0;
+	return td_pwrite_all(a->fd, data, n, off);
 }
 
 static int host_freeze(struct backend_alloc *a)

@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <grp.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/sys.h"
 #include "dispatch.h"
 #include "log.h"
 #include "server.h"
@@ -280,12 +280,9 @@ static void on_publish(void *ctx, struct tensor *t)
 /*
  * Polling after a request. Waking a sleeping process on another CPU costs
  * tens of microseconds on a VM, more than serving an attach; a client that
- * sends its next request within SPIN_US of the last reply finds the loop
- * awake. A daemon confined to one CPU never polls: it would only keep its
- * clients from running. $TENSORD_SPIN_US in the daemon's environment sets
- * it; 0 turns it off.
+ * sends its next request within td_spin_budget_us() of the last reply
+ * finds the loop awake (common/sys.c says when it is 0).
  */
-#define SPIN_US 50
 
 static void on_spin(uv_idle_t *h)
 {
@@ -305,18 +302,6 @@ static void on_frame(struct conn *c, const uint8_t *payload, size_t len, void *c
 		if (!uv_is_active((uv_handle_t *)&srv->spin))
 			uv_idle_start(&srv->spin, on_spin);
 	}
-}
-
-static uint64_t spin_budget_ns(void)
-{
-	const char *e = getenv("TENSORD_SPIN_US");
-	cpu_set_t set;
-
-	if (e && *e)
-		return atoi(e) > 0 ? (uint64_t)atoi(e) * 1000 : 0;
-	if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 1)
-		return SPIN_US * 1000ull;
-	return 0;
 }
 
 /* How each layer reaches the one above it. */
@@ -346,7 +331,7 @@ static int server_init(struct server *srv)
 	srv->reg.on_publish_ctx = &srv->waiters;
 	uv_idle_init(srv->loop, &srv->spin);
 	srv->spin.data = srv;
-	srv->spin_ns = spin_budget_ns();
+	srv->spin_ns = (uint64_t)td_spin_budget_us() * 1000;
 	return 0;
 }
 

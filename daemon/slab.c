@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/sys.h"
 #include "slab.h"
 
 #define PAGE 4096u
@@ -235,20 +236,7 @@ void slab_free(struct slabs *s, struct slab *sl, uint64_t off, uint64_t size)
 
 int slab_write(struct slab *sl, uint64_t off, const void *data, size_t n)
 {
-	const uint8_t *p = data;
-
-	while (n) {
-		ssize_t k = pwrite(sl->fd, p, n, (off_t)off);
-
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			return k < 0 ? -errno : -EIO;
-		p += k;
-		off += (uint64_t)k;
-		n -= (size_t)k;
-	}
-	return 0;
+	return td_pwrite_all(sl->fd, data, n, off);
 }
 
 int slab_export(struct slab *sl)

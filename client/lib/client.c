@@ -6,7 +6,6 @@
  * not block other threads' calls.
  */
 #include <errno.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +16,7 @@
 #include <unistd.h>
 
 #include "client.h"
+#include "common/sys.h"
 #include "common/desc.h"
 #include "proto/frame.h"
 
@@ -225,16 +225,11 @@ static int deliver_frames(struct td_conn *conn)
  * descriptor with them, owned by the caller, or -1.
  */
 /*
- * How long the reader polls for a reply before it sleeps in recvmsg(), in
- * microseconds. A reply to most requests comes within a few tens of
- * microseconds, while waking a sleeping thread on another CPU costs about
- * as much again on a VM; polling that long saves the wake-up. A process
- * confined to one CPU never polls (the daemon could not run meanwhile).
- * $TENSORD_SPIN_US sets it; 0 turns polling off.
+ * The reader polls the socket for a reply before it sleeps in recvmsg(): a
+ * reply to most requests comes within a few tens of microseconds, while
+ * waking a sleeping thread on another CPU costs about as much again on a
+ * VM. How long: td_spin_budget_us() (common/sys.c).
  */
-#define SPIN_US_DEFAULT 50
-static int spin_us = -1;
-
 static uint64_t mono_ns(void)
 {
 	struct timespec ts;
@@ -243,29 +238,10 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static int spin_budget_us(void)
-{
-	int us = __atomic_load_n(&spin_us, __ATOMIC_RELAXED);
-
-	if (us < 0) {
-		const char *e = getenv("TENSORD_SPIN_US");
-		cpu_set_t set;
-
-		if (e && *e)
-			us = atoi(e) > 0 ? atoi(e) : 0;
-		else if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 1)
-			us = SPIN_US_DEFAULT;
-		else
-			us = 0;
-		__atomic_store_n(&spin_us, us, __ATOMIC_RELAXED);
-	}
-	return us;
-}
-
 /* recvmsg() without sleeping for up to the spin budget; -1 with EAGAIN when nothing came. */
 static ssize_t spin_recv(int fd, struct msghdr *m)
 {
-	int us = spin_budget_us();
+	unsigned us = td_spin_budget_us();
 	uint64_t end;
 	ssize_t n;
 

@@ -12,6 +12,7 @@
 
 #include "client.h"
 #include "common/desc.h"
+#include "common/sys.h"
 
 /*
  * Calls emit(ctx, p, n) for each contiguous run of an n-d strided host
@@ -76,18 +77,11 @@ struct fd_writer {
 
 static int write_all(struct fd_writer *w, const uint8_t *p, size_t n)
 {
-	while (n) {
-		ssize_t k = pwrite(w->fd, p, n < (1u << 30) ? n : (1u << 30), (off_t)w->off);
+	int r = td_pwrite_all(w->fd, p, n, w->off);
 
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			return -(k < 0 ? errno : EIO);
-		p += k;
-		n -= (size_t)k;
-		w->off += (uint64_t)k;
-	}
-	return 0;
+	if (r == 0)
+		w->off += n;
+	return r;
 }
 
 static int flush_gathered(struct fd_writer *w)
