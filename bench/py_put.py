@@ -117,6 +117,18 @@ def bench_size(client, size, rounds, use_ray):
     return times
 
 
+SHMEM_ENABLED = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+
+
+def shmem_policy():
+    """The kernel's huge-page policy for shared memory: the word in brackets."""
+    try:
+        text = open(SHMEM_ENABLED).read()
+        return text[text.index("[") + 1:text.index("]")]
+    except (OSError, ValueError):
+        return "unknown"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--socket", default=os.environ.get("TENSORD_SOCKET"))
@@ -131,6 +143,9 @@ def main():
     except Exception as e:  # noqa: BLE001 - any failure means: no ray here
         print("ray: skipped (%s: %s)" % (type(e).__name__, e))
         use_ray = False
+    # The pool uses huge pages when this allows them ("advise" and up): a large
+    # put then costs a lookup per 2 MiB instead of per 4 KiB (docs/design.md).
+    print("shmem_enabled: %s" % shmem_policy())
     with daemon_socket(args.socket, args.daemon_args.split()) as sock:
         with tensord.connect(sock) as c:
             for s in args.sizes.split(","):

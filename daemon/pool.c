@@ -1,6 +1,7 @@
 /*
  * The host memory pool (pool.h says what it promises). One worker thread
- * does all the slow work: memfd_create + ftruncate + fallocate for memfds
+ * does all the slow work: memfd_create + ftruncate + allocating every page
+ * (fallocate, or MADV_POPULATE_WRITE to get huge pages) for memfds
  * that are wanted, and close() of discarded ones, which is where the kernel
  * frees their pages. The loop thread only ever takes the lock for a few
  * list operations.
@@ -39,6 +40,7 @@ struct pool {
 	bool working;            /* the worker is outside the lock on a job */
 	bool starved;            /* the last allocation failed; wait for the next take */
 	uint64_t budget;
+	enum pool_pages pages;
 	uint64_t ready_bytes;
 	struct ready *ready;
 	size_t n_ready, cap_ready;
@@ -94,11 +96,80 @@ static uint64_t mem_available(uint64_t *ret_total)
 	return avail;
 }
 
+enum pool_pages pool_pages_parse(const char *text)
+{
+	static const struct {
+		const char *word;
+		enum pool_pages pages;
+	} words[] = {
+		{ "[advise]", POOL_PAGES_ADVISE },	{ "[always]", POOL_PAGES_HUGE },
+		{ "[within_size]", POOL_PAGES_HUGE }, { "[force]", POOL_PAGES_HUGE },
+	};
+
+	for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
+		if (strstr(text, words[i].word))
+			return words[i].pages;
+	return POOL_PAGES_SMALL;
+}
+
+enum pool_pages pool_pages_default(void)
+{
+	char text[128] = "";
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
+
+	if (f) {
+		if (!fgets(text, sizeof(text), f))
+			text[0] = 0;
+		fclose(f);
+	}
+	return pool_pages_parse(text);
+}
+
+const char *pool_pages_name(enum pool_pages pages)
+{
+	switch (pages) {
+	case POOL_PAGES_ADVISE:
+		return "huge pages (madvise)";
+	case POOL_PAGES_HUGE:
+		return "huge pages";
+	default:
+		return "4 KiB pages";
+	}
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+/*
+ * Allocates every page of fd through a mapping that asks for huge pages:
+ * with shmem_enabled "advise" only a mapping's MADV_HUGEPAGE gets them
+ * (fallocate() has no mapping to ask with). 0, or -errno; -EINVAL means
+ * the kernel lacks MADV_POPULATE_WRITE.
+ */
+static int populate_huge(int fd, uint64_t size)
+{
+	void *m = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	int r = 0;
+
+	if (m == MAP_FAILED)
+		return -errno;
+	(void)madvise(m, (size_t)size, MADV_HUGEPAGE);
+	while (madvise(m, (size_t)size, MADV_POPULATE_WRITE) < 0) {
+		if (errno != EINTR) {
+			r = errno == EFAULT ? -ENOSPC : -errno; /* EFAULT: it would SIGBUS */
+			break;
+		}
+	}
+	munmap(m, (size_t)size);
+	return r;
+}
+
 /* A new memfd of size bytes with every page allocated (zeroed by the kernel). */
-static int make_memfd(uint64_t size)
+static int make_memfd(uint64_t size, enum pool_pages pages)
 {
 	int fd = memfd_create("tensord:pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	int r;
+	int r = -EINVAL;
 
 	if (fd < 0)
 		return -errno;
@@ -107,11 +178,16 @@ static int make_memfd(uint64_t size)
 		close(fd);
 		return r;
 	}
-	do
-		r = fallocate(fd, 0, 0, (off_t)size);
-	while (r < 0 && errno == EINTR);
+	if (pages == POOL_PAGES_ADVISE)
+		r = populate_huge(fd, size);
+	if (r == -EINVAL) {
+		do
+			r = fallocate(fd, 0, 0, (off_t)size);
+		while (r < 0 && errno == EINTR);
+		if (r < 0)
+			r = -errno;
+	}
 	if (r < 0) {
-		r = -errno;
 		close(fd);
 		return r;
 	}
@@ -183,7 +259,7 @@ static void refill_one(struct pool *p, uint64_t c)
 	int fd = -ENOMEM;
 
 	if (avail == UINT64_MAX || (avail > c && avail - c > total / 16))
-		fd = make_memfd(c);
+		fd = make_memfd(c, p->pages);
 	pthread_mutex_lock(&p->lock);
 	p->st.refill_ns += now_mono_ns() - t0;
 	if (fd < 0) {
@@ -260,7 +336,7 @@ static void *worker(void *arg)
 	return NULL;
 }
 
-int pool_new(uint64_t budget, struct pool **ret_pool)
+int pool_new(uint64_t budget, enum pool_pages pages, struct pool **ret_pool)
 {
 	struct pool *p = calloc(1, sizeof(*p));
 	int r;
@@ -271,6 +347,7 @@ int pool_new(uint64_t budget, struct pool **ret_pool)
 	pthread_cond_init(&p->wake, NULL);
 	pthread_cond_init(&p->idle, NULL);
 	p->budget = budget;
+	p->pages = pages;
 	r = pthread_create(&p->thread, NULL, worker, p);
 	if (r) {
 		pthread_mutex_destroy(&p->lock);
@@ -376,6 +453,7 @@ void pool_get_stats(struct pool *p, struct pool_stats *ret)
 	pthread_mutex_lock(&p->lock);
 	*ret = p->st;
 	ret->budget = p->budget;
+	ret->pages = p->pages;
 	ret->ready_bytes = p->ready_bytes;
 	ret->ready_fds = (uint32_t)p->n_ready;
 	ret->closing_fds = (uint32_t)p->n_closing;

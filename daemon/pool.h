@@ -35,6 +35,26 @@
 
 struct pool;
 
+/*
+ * How the worker allocates a memfd's pages. What pays off depends on the
+ * kernel's policy for huge pages in shared memory
+ * (/sys/kernel/mm/transparent_hugepage/shmem_enabled): with 2 MiB pages a
+ * later pwrite() or mapping of the tensor costs one lookup per 2 MiB
+ * instead of per 4 KiB, which is what brings a large put near memcpy speed.
+ */
+enum pool_pages {
+	POOL_PAGES_SMALL,  /* fallocate(): 4 KiB pages ("never", "deny") */
+	POOL_PAGES_ADVISE, /* map, MADV_HUGEPAGE, MADV_POPULATE_WRITE ("advise") */
+	POOL_PAGES_HUGE,   /* fallocate(); the kernel picks huge pages itself
+			    * ("always", "within_size", "force") */
+};
+
+/* The policy named by the bracketed word of a shmem_enabled text; SMALL if none. */
+enum pool_pages pool_pages_parse(const char *shmem_enabled);
+/* This kernel's policy, read from sysfs; SMALL when it cannot be read. */
+enum pool_pages pool_pages_default(void);
+const char *pool_pages_name(enum pool_pages pages);
+
 struct pool_stats {
 	uint64_t budget;        /* most bytes the pool holds ready */
 	uint64_t ready_bytes;   /* bytes allocated in ready memfds */
@@ -44,14 +64,16 @@ struct pool_stats {
 	uint64_t misses;        /* takes that found none ready (the caller allocates) */
 	uint64_t trims;         /* ready memfds dropped under memory pressure */
 	uint64_t refill_ns;     /* time the worker spent allocating */
+	enum pool_pages pages;  /* how the worker allocates pages */
 };
 
 /*
  * Starts the pool and its worker. budget: the most bytes held ready; 0
  * makes a pool that never holds anything but still frees off the loop.
+ * pages: how to allocate (pool_pages_default() for this kernel's policy).
  * 0 or -errno (pthread_create failing).
  */
-int pool_new(uint64_t budget, struct pool **ret_pool);
+int pool_new(uint64_t budget, enum pool_pages pages, struct pool **ret_pool);
 
 /* Stops the worker, closes every descriptor the pool holds. NULL-safe. */
 void pool_free(struct pool *p);

@@ -42,6 +42,25 @@ static void test_class_sizes(void **state)
 	assert_int_equal(pool_class_size(UINT64_MAX), 0);
 }
 
+/* The bracketed word of shmem_enabled picks how the worker allocates. */
+static void test_pages_policy(void **state)
+{
+	assert_int_equal(pool_pages_parse("always within_size advise [never] deny force\n"),
+			 POOL_PAGES_SMALL);
+	assert_int_equal(pool_pages_parse("always within_size [advise] never deny force\n"),
+			 POOL_PAGES_ADVISE);
+	assert_int_equal(pool_pages_parse("[always] within_size advise never deny force"),
+			 POOL_PAGES_HUGE);
+	assert_int_equal(pool_pages_parse("always [within_size] advise never"), POOL_PAGES_HUGE);
+	assert_int_equal(pool_pages_parse("always within_size advise never deny [force]"),
+			 POOL_PAGES_HUGE);
+	assert_int_equal(pool_pages_parse("always within_size advise never [deny] force"),
+			 POOL_PAGES_SMALL);
+	assert_int_equal(pool_pages_parse(""), POOL_PAGES_SMALL);
+	assert_int_equal(pool_pages_parse("advise"), POOL_PAGES_SMALL); /* no choice marked */
+	assert_string_equal(pool_pages_name(POOL_PAGES_ADVISE), "huge pages (madvise)");
+}
+
 static void check_fresh(int fd, uint64_t size)
 {
 	struct stat st;
@@ -66,7 +85,7 @@ static void test_take_refill_hit(void **state)
 	uint64_t size = 5 * MiB + 123;
 	int fd;
 
-	assert_int_equal(pool_new(64 * MiB, &p), 0);
+	assert_int_equal(pool_new(64 * MiB, *(enum pool_pages *)*state, &p), 0);
 	/* Nothing is ready before a size was ever wanted. */
 	assert_int_equal(pool_take(p, size), -ENOENT);
 	assert_int_equal(pool_take(p, MiB - 1), -ENOENT);
@@ -97,7 +116,7 @@ static void test_budget_bounds_refill(void **state)
 	struct pool_stats st;
 
 	/* Room for one 4 MiB memfd, not two; none of 8 MiB. */
-	assert_int_equal(pool_new(6 * MiB, &p), 0);
+	assert_int_equal(pool_new(6 * MiB, POOL_PAGES_SMALL, &p), 0);
 	assert_int_equal(pool_take(p, 4 * MiB), -ENOENT);
 	assert_int_equal(pool_take(p, 8 * MiB), -ENOENT);
 	pool_settle(p);
@@ -108,7 +127,7 @@ static void test_budget_bounds_refill(void **state)
 	pool_free(p);
 
 	/* A zero budget keeps nothing. */
-	assert_int_equal(pool_new(0, &p), 0);
+	assert_int_equal(pool_new(0, POOL_PAGES_SMALL, &p), 0);
 	assert_int_equal(pool_take(p, 2 * MiB), -ENOENT);
 	pool_settle(p);
 	pool_get_stats(p, &st);
@@ -122,7 +141,7 @@ static void test_trim_and_discard(void **state)
 	struct pool_stats st;
 	int fd = memfd_create("t", MFD_CLOEXEC);
 
-	assert_int_equal(pool_new(64 * MiB, &p), 0);
+	assert_int_equal(pool_new(64 * MiB, POOL_PAGES_SMALL, &p), 0);
 	assert_int_equal(pool_take(p, 2 * MiB), -ENOENT);
 	pool_settle(p);
 	assert_int_equal(pool_trim(p), POOL_READY_PER_CLASS * 2 * MiB);
@@ -151,7 +170,7 @@ static void test_forgets_unwanted_classes(void **state)
 	struct pool *p;
 	struct pool_stats st;
 
-	assert_int_equal(pool_new(1ull << 30, &p), 0);
+	assert_int_equal(pool_new(1ull << 30, POOL_PAGES_SMALL, &p), 0);
 	assert_int_equal(pool_take(p, MiB), -ENOENT);
 	pool_settle(p);
 	/* POOL_CLASSES other sizes push the first out of the wanted list. */
@@ -164,11 +183,18 @@ static void test_forgets_unwanted_classes(void **state)
 	pool_free(p);
 }
 
+static enum pool_pages pages_small = POOL_PAGES_SMALL, pages_advise = POOL_PAGES_ADVISE,
+		      pages_huge = POOL_PAGES_HUGE;
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_class_sizes),
-		cmocka_unit_test(test_take_refill_hit),
+		cmocka_unit_test(test_pages_policy),
+		/* Each way of allocating gives the same memfds, whatever the kernel's policy. */
+		cmocka_unit_test_prestate(test_take_refill_hit, &pages_small),
+		cmocka_unit_test_prestate(test_take_refill_hit, &pages_advise),
+		cmocka_unit_test_prestate(test_take_refill_hit, &pages_huge),
 		cmocka_unit_test(test_budget_bounds_refill),
 		cmocka_unit_test(test_trim_and_discard),
 		cmocka_unit_test(test_forgets_unwanted_classes),
