@@ -42,7 +42,7 @@ void td_client_unref(tensord_client *c)
 	if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
 		return;
 	/* Last reference: no thread is inside a call, no lease is alive, so
-	 * the mapping cache is empty. */
+	 * the mapping cache holds only parked mappings. */
 	td_relq_stop(&c->conn);
 	conn_free(&c->conn);
 	td_mapcache_fini(&c->maps);
@@ -487,7 +487,7 @@ int tensord_connect(const char *socket_path, tensord_client **ret_client)
 		td_client_unref(c);
 		return r;
 	}
-	td_relq_start(&c->conn);
+	td_relq_start(&c->conn, &c->maps);
 	*ret_client = c;
 	return 0;
 }

@@ -68,6 +68,10 @@ struct td_relq {
 	bool stop;
 	pthread_t thread;
 	pthread_cond_t cond; /* with send_lock: something was queued, or stop */
+	/* The flusher also expires parked mappings (mapcache.h) of maps. */
+	struct td_mapcache *maps;
+	bool sweep_kicked;   /* a mapping was parked while none was */
+	uint64_t sweep_due;  /* when the oldest parked mapping expires; 0: none */
 };
 
 /* The socket to the daemon and the exchange of frames on it. */
@@ -129,7 +133,7 @@ int td_put_rpc(tensord_client *c, const char *name, const tensord_spec *spec, co
 void td_release(tensord_client *c, uint64_t lease_id);
 
 /* Starts the flusher of conn's deferred releases; without one they go at once. */
-void td_relq_start(struct td_conn *conn);
+void td_relq_start(struct td_conn *conn, struct td_mapcache *maps);
 
 /* Stops and joins the flusher; queued releases are dropped (the connection ends them). */
 void td_relq_stop(struct td_conn *conn);

@@ -85,7 +85,8 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 
 static void memfd_unmap(struct td_mapping *m)
 {
-	munmap(m->base, (size_t)m->size);
+	if (m->base) /* NULL once parked */
+		munmap(m->base, (size_t)m->size);
 	if (m->priv)
 		close(priv_fd(m));
 	m->priv = NULL;
@@ -138,6 +139,18 @@ static void memfd_unview(struct td_mapping *m, void *base)
 	munmap(base, (size_t)m->size);
 }
 
+/* Keeps the descriptor, lets the first lease's mapping go (it may hold stray writes). */
+static void *memfd_park(struct td_mapping *m)
+{
+	void *base = m->base;
+
+	if (!base || !m->priv)
+		return NULL;
+	m->data = (void *)((uintptr_t)m->data - (uintptr_t)base);
+	m->base = NULL;
+	return base;
+}
+
 const struct td_importer td_importer_memfd = {
 	.handle_kind = TENSORD__HANDLE_KIND__HANDLE_MEMFD,
 	.map = memfd_map,
@@ -146,4 +159,5 @@ const struct td_importer td_importer_memfd = {
 	.make_shared = memfd_make_shared,
 	.view = memfd_view,
 	.unview = memfd_unview,
+	.park = memfd_park,
 };

@@ -49,6 +49,9 @@ struct td_mapping {
 	uint32_t flags;           /* the tensor's TENSORD_MUTABLE | ... */
 	bool reusable;            /* a repeat attach of name may reuse it */
 	struct td_mapping *next;
+	/* Kept after its last lease (mapcache.h): when, and its place in the parked list. */
+	uint64_t parked_ns;       /* 0: some lease uses it */
+	struct td_mapping *park_prev, *park_next;
 };
 
 struct td_importer {
@@ -90,6 +93,13 @@ struct td_importer {
 	int (*view)(struct td_mapping *m, void **ret_base);
 	/* Undoes view(). Never fails; may run on any thread. */
 	void (*unview)(struct td_mapping *m, void *base);
+	/*
+	 * m's last lease ended and the cache keeps m only for view(): detaches
+	 * the mapping at m->base, which the caller then gives to unview(), and
+	 * leaves m->data - m->base as it was. Runs under the cache's lock, so
+	 * it only moves pointers. NULL: m cannot be kept without leases.
+	 */
+	void *(*park)(struct td_mapping *m);
 	/*
 	 * put() from device memory: copies n bytes from src (an address valid
 	 * in this process on the same kind of device, e.g. a torch CUDA

@@ -6,22 +6,108 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mapcache.h"
 
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 void td_mapcache_init(struct td_mapcache *mc, pthread_mutex_t *lock)
 {
+	memset(mc, 0, sizeof(*mc));
 	mc->lock = lock;
-	mc->maps = NULL;
-	mc->n_shares = 0;
+}
+
+/* Lock held. Takes m off the maps list. */
+static void unlist(struct td_mapcache *mc, struct td_mapping *m)
+{
+	for (struct td_mapping **pm = &mc->maps; *pm; pm = &(*pm)->next) {
+		if (*pm == m) {
+			*pm = m->next;
+			break;
+		}
+	}
+}
+
+/* Lock held. Takes m off the parked list; it is in use again, or going. */
+static void unpark(struct td_mapcache *mc, struct td_mapping *m)
+{
+	*(m->park_prev ? &m->park_prev->park_next : &mc->park_head) = m->park_next;
+	*(m->park_next ? &m->park_next->park_prev : &mc->park_tail) = m->park_prev;
+	m->park_prev = m->park_next = NULL;
+	m->parked_ns = 0;
+	mc->n_parked--;
+	mc->parked_bytes -= m->size;
+}
+
+static void unmap_free(struct td_mapping *m)
+{
+	const struct td_importer *imp = td_importer_for(m->handle_kind);
+
+	if (imp)
+		imp->unmap(m);
+	free(m);
+}
+
+/*
+ * Lock held. Moves the parked mappings that are older than TD_PARK_NS at
+ * now, or that do not fit the bounds once extra more bytes are parked, to
+ * *gone (linked by next), for unmap_free() outside the lock.
+ */
+static void expire(struct td_mapcache *mc, uint64_t now, uint64_t extra, struct td_mapping **gone)
+{
+	struct td_mapping *m;
+
+	while ((m = mc->park_head) &&
+	       (now - m->parked_ns >= TD_PARK_NS || mc->n_parked + (extra > 0) > TD_PARK_MAX ||
+		mc->parked_bytes + extra > TD_PARK_BYTES)) {
+		unpark(mc, m);
+		unlist(mc, m);
+		m->next = *gone;
+		*gone = m;
+	}
+}
+
+static void free_list(struct td_mapping *m)
+{
+	while (m) {
+		struct td_mapping *next = m->next;
+
+		unmap_free(m);
+		m = next;
+	}
+}
+
+uint64_t td_mapcache_sweep(struct td_mapcache *mc)
+{
+	struct td_mapping *gone = NULL;
+	uint64_t due;
+
+	pthread_mutex_lock(mc->lock);
+	expire(mc, mono_ns(), 0, &gone);
+	due = mc->park_head ? mc->park_head->parked_ns + TD_PARK_NS : 0;
+	pthread_mutex_unlock(mc->lock);
+	free_list(gone);
+	return due;
 }
 
 void td_mapcache_fini(struct td_mapcache *mc)
 {
+	struct td_mapping *gone = NULL;
+
 	for (int i = 0; i < mc->n_shares; i++)
 		close(mc->shares[i].fd);
 	mc->n_shares = 0;
+	/* No lease is left, so only parked mappings are. */
+	expire(mc, UINT64_MAX / 2 + mono_ns(), 0, &gone);
+	free_list(gone);
 }
 
 void td_mapcache_share_add(struct td_mapcache *mc, uint64_t id, int fd)
@@ -87,6 +173,8 @@ struct td_mapping *td_mapcache_find_reusable(struct td_mapcache *mc, const char 
 	pthread_mutex_lock(mc->lock);
 	for (m = mc->maps; m; m = m->next) {
 		if (m->reusable && strcmp(m->name, name) == 0) {
+			if (m->parked_ns)
+				unpark(mc, m);
 			m->refs++;
 			break;
 		}
@@ -119,24 +207,47 @@ void td_mapcache_mark_published(struct td_mapcache *mc, struct td_mapping *m, bo
 	pthread_mutex_unlock(mc->lock);
 }
 
+/* Lock held. Whether m, whose last lease just ended, may be parked. */
+static bool parkable(const struct td_mapcache *mc, const struct td_mapping *m, const struct td_importer *imp)
+{
+	return mc->on_park && imp && imp->park && m->reusable && !m->writable &&
+	       m->size <= TD_PARK_BYTES;
+}
+
 void td_mapcache_unref(struct td_mapcache *mc, struct td_mapping *m)
 {
-	const struct td_importer *imp;
+	const struct td_importer *imp = td_importer_for(m->handle_kind);
+	struct td_mapping *gone = NULL, parked;
+	void *base = NULL;
+	bool first = false;
 
 	pthread_mutex_lock(mc->lock);
 	if (--m->refs) {
 		pthread_mutex_unlock(mc->lock);
 		return;
 	}
-	for (struct td_mapping **pm = &mc->maps; *pm; pm = &(*pm)->next) {
-		if (*pm == m) {
-			*pm = m->next;
-			break;
-		}
+	if (parkable(mc, m, imp)) {
+		uint64_t now = mono_ns();
+
+		expire(mc, now, m->size, &gone);
+		base = imp->park(m);
+		parked = *m; /* for unview() after the unlock, when m may be gone */
+		m->parked_ns = now;
+		m->park_prev = mc->park_tail;
+		*(mc->park_tail ? &mc->park_tail->park_next : &mc->park_head) = m;
+		mc->park_tail = m;
+		first = mc->n_parked++ == 0;
+		mc->parked_bytes += m->size;
+		m = NULL;
+	} else {
+		unlist(mc, m);
 	}
 	pthread_mutex_unlock(mc->lock);
-	imp = td_importer_for(m->handle_kind);
-	if (imp)
-		imp->unmap(m);
-	free(m);
+	if (base)
+		imp->unview(&parked, base);
+	free_list(gone);
+	if (m)
+		unmap_free(m);
+	if (first && mc->on_park)
+		mc->on_park(mc->on_park_arg);
 }

@@ -15,6 +15,19 @@
 /* Shared memory (slabs) whose descriptor this client keeps, at most this many. */
 #define TD_SHARES_MAX 64
 
+/*
+ * Parked mappings: a read-only mapping of a whole host tensor whose last
+ * lease ended keeps its descriptor (not its pages mapped) so that the next
+ * attach of that name in this process is one round trip with no
+ * descriptor passed. The daemon cannot tell us when such a tensor is
+ * freed, and the descriptor keeps its memory alive, so parking is bounded:
+ * at most TD_PARK_MAX mappings and TD_PARK_BYTES bytes, each for at most
+ * TD_PARK_NS after its last lease (the flusher thread sweeps).
+ */
+#define TD_PARK_MAX 64
+#define TD_PARK_BYTES (64ull << 20)
+#define TD_PARK_NS 1000000000ull
+
 struct td_mapcache {
 	pthread_mutex_t *lock;   /* borrowed: the client's; guards maps and every m->refs */
 	struct td_mapping *maps; /* each mapping whose refs is above 0; no reference of its own */
@@ -23,13 +36,27 @@ struct td_mapcache {
 		int fd;              /* owned, read-only; closed by td_mapcache_fini() */
 	} shares[TD_SHARES_MAX];
 	int n_shares;
+	/* Parked mappings, oldest first; each is also on maps, with refs 0. */
+	struct td_mapping *park_head, *park_tail;
+	int n_parked;
+	uint64_t parked_bytes;
+	/* Called, without the lock, when a mapping is parked and none was: the
+	 * owner then runs td_mapcache_sweep() when it falls due. */
+	void (*on_park)(void *arg);
+	void *on_park_arg;
 };
 
 /* Starts an empty cache. Borrowed: lock, valid until the cache is empty and unused. */
 void td_mapcache_init(struct td_mapcache *mc, pthread_mutex_t *lock);
 
-/* Closes the descriptors of shared memory the cache keeps. */
+/* Closes the descriptors of shared memory the cache keeps and drops parked mappings. */
 void td_mapcache_fini(struct td_mapcache *mc);
+
+/*
+ * Drops parked mappings older than TD_PARK_NS. Returns when the next one
+ * falls due (CLOCK_MONOTONIC ns), or 0 when none is parked.
+ */
+uint64_t td_mapcache_sweep(struct td_mapcache *mc);
 
 /*
  * Keeps fd as the descriptor of share id, for the next tensors in that
@@ -51,8 +78,8 @@ size_t td_mapcache_share_ids(struct td_mapcache *mc, uint64_t *ids, size_t max);
 void td_mapcache_insert(struct td_mapcache *mc, struct td_mapping *m);
 
 /*
- * A mapping that a repeat attach of name may reuse, or NULL.
- * Returns a new reference; release with td_mapcache_unref().
+ * A mapping that a repeat attach of name may reuse (in use, or parked), or
+ * NULL. Returns a new reference; release with td_mapcache_unref().
  */
 struct td_mapping *td_mapcache_find_reusable(struct td_mapcache *mc, const char *name);
 
@@ -71,8 +98,9 @@ struct td_mapping *td_mapcache_find_created(struct td_mapcache *mc, const char *
 void td_mapcache_mark_published(struct td_mapcache *mc, struct td_mapping *m, bool private_view);
 
 /*
- * Takes ownership of one reference on m; the last one unmaps m and frees
- * it. Never fails, never waits for the daemon; any thread.
+ * Takes ownership of one reference on m; the last one parks m (see above)
+ * or unmaps and frees it. Never fails, never waits for the daemon; any
+ * thread.
  */
 void td_mapcache_unref(struct td_mapcache *mc, struct td_mapping *m);
 

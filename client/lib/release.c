@@ -13,6 +13,9 @@
  * reach the daemon after the releases queued before them. A lease whose
  * connection is gone was ended by the daemon already, so a queued Release
  * that cannot be sent is simply dropped.
+ *
+ * The same thread expires the mappings the cache parked (mapcache.h) when
+ * they fall due, so that an idle process lets them go too.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -70,6 +73,35 @@ static void flush_locked(struct td_conn *conn)
 	td_set_error(0, "%s", saved);
 }
 
+/* send_lock held. Sweeps parked mappings if due; true if it dropped the lock to do so. */
+static bool sweep_if_due(struct td_conn *conn, uint64_t now)
+{
+	struct td_relq *q = &conn->relq;
+	uint64_t due;
+
+	if (q->sweep_kicked) {
+		q->sweep_kicked = false;
+		if (!q->sweep_due)
+			q->sweep_due = now + TD_PARK_NS;
+	}
+	if (!q->sweep_due || now < q->sweep_due)
+		return false;
+	/* The cache's lock is never taken inside send_lock. */
+	pthread_mutex_unlock(&conn->send_lock);
+	due = td_mapcache_sweep(q->maps);
+	pthread_mutex_lock(&conn->send_lock);
+	q->sweep_due = due;
+	return true;
+}
+
+static void wait_until(struct td_conn *conn, uint64_t due)
+{
+	struct timespec ts = { .tv_sec = (time_t)(due / 1000000000ull),
+			       .tv_nsec = (long)(due % 1000000000ull) };
+
+	pthread_cond_timedwait(&conn->relq.cond, &conn->send_lock, &ts);
+}
+
 static void *flusher(void *arg)
 {
 	struct td_conn *conn = arg;
@@ -77,24 +109,25 @@ static void *flusher(void *arg)
 
 	pthread_mutex_lock(&conn->send_lock);
 	while (!q->stop) {
-		uint64_t now, due;
-		struct timespec ts;
+		uint64_t now = mono_ns(), due;
 
+		if (sweep_if_due(conn, now))
+			continue;
 		if (q->n == 0) {
-			/* Idle: the next deleter wakes us. */
+			/* Idle: the next deleter wakes us, or the next expiry. */
 			q->armed = false;
-			pthread_cond_wait(&q->cond, &conn->send_lock);
+			if (q->sweep_due)
+				wait_until(conn, q->sweep_due);
+			else
+				pthread_cond_wait(&q->cond, &conn->send_lock);
 			continue;
 		}
 		/* Timing the queue: deleters need not wake us meanwhile, so a
 		 * busy client costs this thread about one wake-up a delay. */
 		q->armed = true;
-		now = mono_ns();
 		due = q->since_ns + TD_RELQ_DELAY_NS;
 		if (now < due) {
-			ts.tv_sec = (time_t)(due / 1000000000ull);
-			ts.tv_nsec = (long)(due % 1000000000ull);
-			pthread_cond_timedwait(&q->cond, &conn->send_lock, &ts);
+			wait_until(conn, due);
 			continue;
 		}
 		flush_locked(conn);
@@ -103,7 +136,21 @@ static void *flusher(void *arg)
 	return NULL;
 }
 
-void td_relq_start(struct td_conn *conn)
+/* The cache parked a mapping while none was: the flusher times its expiry. */
+static void on_park(void *arg)
+{
+	struct td_conn *conn = arg;
+
+	pthread_mutex_lock(&conn->send_lock);
+	/* Already timing an expiry: that sweep will see this one too. */
+	if (!conn->relq.sweep_due && !conn->relq.sweep_kicked) {
+		conn->relq.sweep_kicked = true;
+		pthread_cond_signal(&conn->relq.cond);
+	}
+	pthread_mutex_unlock(&conn->send_lock);
+}
+
+void td_relq_start(struct td_conn *conn, struct td_mapcache *maps)
 {
 	struct td_relq *q = &conn->relq;
 	pthread_condattr_t attr;
@@ -115,10 +162,20 @@ void td_relq_start(struct td_conn *conn)
 	q->n = 0;
 	q->stop = false;
 	q->armed = false;
-	/* Without a flusher, deleters send at once: slower, never wrong. */
+	q->maps = maps;
+	q->sweep_kicked = false;
+	q->sweep_due = 0;
+	/* Without a flusher, deleters send at once: slower, never wrong; and
+	 * nothing would expire parked mappings, so none are parked. */
 	q->running = pthread_create(&q->thread, NULL, flusher, conn) == 0;
-	if (!q->running)
+	if (!q->running) {
 		pthread_cond_destroy(&q->cond);
+		return;
+	}
+	pthread_mutex_lock(maps->lock);
+	maps->on_park = on_park;
+	maps->on_park_arg = conn;
+	pthread_mutex_unlock(maps->lock);
 }
 
 void td_relq_stop(struct td_conn *conn)
