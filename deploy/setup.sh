@@ -11,7 +11,7 @@ have_deb() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok install
 # real API (about 80 MB installed with its 7 dependencies; the runtime is
 # only dlopen'ed, and only where /dev/kfd exists).
 for p in libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev \
-         pkg-config clang libclang-rt-14-dev util-linux libamdhip64-dev; do
+         pkg-config clang clang-format libclang-rt-14-dev util-linux libamdhip64-dev; do
 	have_deb "$p" || need_deb+=("$p")
 done
 
