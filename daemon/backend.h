@@ -80,6 +80,14 @@ struct backend_ops {
 	uint64_t shared_max;
 
 	/*
+	 * Moves a frozen allocation of 1 .. shared_max bytes into shared
+	 * memory of that owner and mode, as alloc_shared() would have placed
+	 * it: copies its bytes there and frees its own memory. 0, or -errno
+	 * with *a unchanged. NULL when the backend has no shared memory.
+	 */
+	int (*share)(struct backend_alloc *a, uint32_t uid, uint32_t gid, uint32_t mode);
+
+	/*
 	 * A new descriptor for one client in *ret_fd, or -1 for handle kinds
 	 * that travel as bytes. On success the caller owns *ret_fd (close it,
 	 * or hand it to something that takes ownership). writable false: the

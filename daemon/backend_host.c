@@ -168,6 +168,8 @@ seal:
 	return 0;
 }
 
+static void host_release(struct backend_alloc *a);
+
 /* Small immutable tensors share a slab with others of their owner and mode. */
 static int host_alloc_shared(struct backend_alloc *a, uint64_t size, uint32_t uid, uint32_t gid,
 			     uint32_t mode)
@@ -186,6 +188,35 @@ static int host_alloc_shared(struct backend_alloc *a, uint64_t size, uint32_t ui
 	a->priv = sl;
 	a->ipc_offset = off;
 	a->share_id = slab_id(sl);
+	return 0;
+}
+
+/* The bytes of a small sealed memfd, copied into its owner's slab; the memfd goes. */
+static int host_share(struct backend_alloc *a, uint32_t uid, uint32_t gid, uint32_t mode)
+{
+	static uint8_t buf[SLAB_MAX_ALLOC]; /* the loop thread's only */
+	struct backend_alloc s = *a;
+	ssize_t n;
+	int r;
+
+	if (a->priv || a->fd < 0 || !a->size || a->size > sizeof(buf))
+		return -EINVAL;
+	do
+		n = pread(a->fd, buf, (size_t)a->size, 0);
+	while (n < 0 && errno == EINTR);
+	if (n != (ssize_t)a->size)
+		return n < 0 ? -errno : -EIO;
+	r = host_alloc_shared(&s, a->size, uid, gid, mode);
+	if (r < 0)
+		return r;
+	r = slab_write(s.priv, s.ipc_offset, buf, (size_t)a->size);
+	if (r < 0) {
+		host_release(&s);
+		return r;
+	}
+	s.fd = -1;
+	host_release(a);
+	*a = s;
 	return 0;
 }
 
@@ -273,6 +304,7 @@ const struct backend_ops backend_host = {
 	.alloc = host_alloc,
 	.alloc_shared = host_alloc_shared,
 	.shared_max = SLAB_MAX_ALLOC,
+	.share = host_share,
 	.export_fd = host_export_fd,
 	.write = host_write,
 	.freeze = host_freeze,

@@ -488,6 +488,25 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 	return 0;
 }
 
+/*
+ * A small immutable tensor made with create moves into its owner's slab at
+ * publish, so that from now on it holds no descriptor of its own in the
+ * daemon (docs/design.md, "Slabs"). Best effort: without room there it
+ * keeps its sealed memfd, which serves just as well.
+ */
+static void move_to_slab(struct tensor *t)
+{
+	const struct backend_ops *ops = t->alloc.ops;
+	int r;
+
+	if (!ops->share || t->alloc.share_id || !t->nbytes || t->nbytes > ops->shared_max ||
+	    (t->flags & TENSORD_MUTABLE))
+		return;
+	r = ops->share(&t->alloc, t->owner_uid, t->owner_gid, t->mode);
+	if (r < 0)
+		log_debug("tensor '%s': keeps its own memfd: %s", t->name, tensord_strerror(r));
+}
+
 int registry_publish(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
 		     char *why, size_t why_len)
 {
@@ -517,6 +536,7 @@ int registry_publish(struct registry *reg, struct reg_client *rc, const char *na
 				 t->name, tensord_strerror(r));
 			return r;
 		}
+		move_to_slab(t);
 	}
 	t->state = TENSORD_STATE_PUBLISHED;
 	log_debug("tensor '%s': published by pid %u", t->name, rc->pid);

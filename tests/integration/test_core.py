@@ -163,9 +163,10 @@ def test_attach_times_out_with_etimedout(daemon, clients):
 def test_repeat_attach_reuses_the_descriptor_with_a_view_of_its_own(daemon, clients):
     """A second lease in the same process costs no descriptor (the daemon sends
     none; the process keeps the one it has), but gets its own private view, so
-    a stray write through one lease never shows through the other."""
+    a stray write through one lease never shows through the other. (128 KiB:
+    larger than a slab slot, so the tensor keeps a memfd of its own.)"""
     w, r = clients(), clients()
-    w.ok("create rep uint8 4096")
+    w.ok("create rep uint8 131072")
     w.ok("fill rep 3")
     w.ok("publish rep")
     r.ok("attach rep 0")

@@ -115,3 +115,33 @@ def test_other_uid_cannot_read_a_neighbour_or_write_the_slab(daemon_factory):
         assert r.stdout.strip() == "done", r.stdout
         with c.attach("pub") as t:
             assert np.from_dlpack(t).tolist() == [0x22] * 64
+
+
+def test_created_small_tensors_move_into_slabs(client, child):
+    """Small immutable tensors made with create + publish (not put) also leave
+    the daemon holding no descriptor of their own: publish copies them into
+    their owner's slab. Another process reads every byte the creator wrote."""
+    n = 5000
+    before = client.stats()["fds"]
+    for i in range(n):
+        w = client.create("made/%04d" % i, (1024,), "float32")
+        np.from_dlpack(w)[:] = np.arange(1024, dtype=np.float32) + i
+        w.publish()
+        w.release()
+    s = client.stats()
+    assert s["fds"] < before + 64, (before, s["fds"])
+    assert s["host_slabs"]["bytes"] >= n * 4096
+    p = child("""
+        import numpy as np, tensord
+        c = tensord.connect()
+        bad = [i for i in range(%d)
+               if not np.array_equal(np.from_dlpack(c.attach("made/%%04d" %% i)),
+                                     np.arange(1024, dtype=np.float32) + i)]
+        print("bad", bad[:5], flush=True)
+    """ % n)
+    p.expect("bad []")
+    # A mutable one stays in a memfd of its own, writable by its creator.
+    fds = client.stats()["fds"]
+    with client.create("made/mutable", (1024,), "float32", mutable=True) as w:
+        w.publish()
+    assert client.stats()["fds"] == fds + 1

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -207,6 +208,47 @@ static void test_shared_routing_and_capacity(void **state)
 	assert_int_equal(reg->devices[0].used, 0);
 }
 
+/* A small immutable tensor made with create moves into its slab at publish. */
+static void test_publish_moves_small_tensors_into_a_slab(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a;
+	struct tensor *t, *m, *big;
+	uint64_t l, lm, lb;
+	uint8_t bytes[4096], back[4096];
+	int fd;
+
+	registry_client_init(&a, 1, 1000, 1000, 1);
+	assert_int_equal(create(reg, &a, "small", 4096, 0, 0600, &t, &l), 0);
+	assert_int_equal(create(reg, &a, "mut", 4096, TENSORD_MUTABLE, 0600, &m, &lm), 0);
+	assert_int_equal(create(reg, &a, "big", 128 * 1024, 0, 0600, &big, &lb), 0);
+	assert_true(t->alloc.fd >= 0 && t->alloc.share_id == 0); /* the creator writes it */
+	for (size_t i = 0; i < sizeof(bytes); i++)
+		bytes[i] = (uint8_t)(i * 7 + 3);
+	assert_int_equal(pwrite(t->alloc.fd, bytes, sizeof(bytes), 0), (ssize_t)sizeof(bytes));
+
+	assert_int_equal(registry_publish(reg, &a, "small", 5, why, sizeof(why)), 0);
+	assert_true(t->alloc.share_id != 0);
+	assert_int_equal(t->alloc.fd, -1); /* no descriptor of its own any more */
+	assert_int_equal(t->alloc.ops->export_fd(&t->alloc, false, &fd), 0);
+	assert_int_equal(pread(fd, back, sizeof(back), (off_t)t->alloc.ipc_offset),
+			 (ssize_t)sizeof(back));
+	assert_memory_equal(back, bytes, sizeof(bytes));
+	close(fd);
+	assert_int_equal(reg->devices[0].used, 2 * 4096 + 128 * 1024);
+
+	/* Mutable, or too large for a slab: it keeps its memfd. */
+	assert_int_equal(registry_publish(reg, &a, "mut", 3, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &a, "big", 3, why, sizeof(why)), 0);
+	assert_true(m->alloc.fd >= 0 && m->alloc.share_id == 0);
+	assert_true(big->alloc.fd >= 0 && big->alloc.share_id == 0);
+	assert_int_equal(registry_unlink(reg, &a, "small", 5, why, sizeof(why)), 0);
+	assert_int_equal(registry_unlink(reg, &a, "mut", 3, why, sizeof(why)), 0);
+	assert_int_equal(registry_unlink(reg, &a, "big", 3, why, sizeof(why)), 0);
+	registry_client_gone(reg, &a); /* ends the creator's leases: all freed */
+	assert_int_equal(reg->devices[0].used, 0);
+}
+
 static void test_errors(void **state)
 {
 	struct registry *reg = *state;
@@ -320,6 +362,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_client_gone, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_capacity, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_shared_routing_and_capacity, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_publish_moves_small_tensors_into_a_slab, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_permissions, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_list_sorted_by_prefix, setup, teardown),
