@@ -10,7 +10,8 @@
  * than POOL_READY_PER_CLASS ready memfds, the budget has room, the system
  * keeps a sixteenth of its memory available afterwards, and the last
  * allocation did not fail. A ready memfd whose class is no longer wanted is
- * closed. So the pool follows the sizes clients actually create and gives
+ * closed; a class stops being wanted when POOL_CLASSES others were taken
+ * since, or when nobody took it for POOL_IDLE_NS. So the pool follows the sizes clients actually create and gives
  * its memory back when they change or when memory runs short.
  */
 #include <errno.h>
@@ -47,6 +48,8 @@ struct pool {
 	int *closing;            /* owned descriptors the worker will close */
 	size_t n_closing, cap_closing;
 	uint64_t wanted[POOL_CLASSES]; /* class sizes, most recently wanted first; 0: none */
+	uint64_t wanted_ns[POOL_CLASSES]; /* when each was last taken (CLOCK_MONOTONIC) */
+	uint64_t idle_ns;        /* a class not taken for this long is forgotten */
 	struct pool_stats st;
 };
 
@@ -305,13 +308,45 @@ static void close_pending(struct pool *p)
 	}
 }
 
+/* Lock held. Forgets classes idle for idle_ns; returns when the next one would be (0: none). */
+static uint64_t forget_idle(struct pool *p, uint64_t now)
+{
+	uint64_t due = 0;
+	int n = 0;
+
+	for (int i = 0; i < POOL_CLASSES && p->wanted[i]; i++) {
+		if (now - p->wanted_ns[i] >= p->idle_ns) {
+			p->st.expired += count_ready(p, p->wanted[i]);
+			continue;
+		}
+		if (!due || p->wanted_ns[i] + p->idle_ns < due)
+			due = p->wanted_ns[i] + p->idle_ns;
+		p->wanted[n] = p->wanted[i];
+		p->wanted_ns[n++] = p->wanted_ns[i];
+	}
+	for (int i = n; i < POOL_CLASSES; i++)
+		p->wanted[i] = 0;
+	return due;
+}
+
+static void wait_for_work(struct pool *p, uint64_t due)
+{
+	struct timespec ts = { .tv_sec = (time_t)(due / 1000000000ull),
+			       .tv_nsec = (long)(due % 1000000000ull) };
+
+	if (due)
+		pthread_cond_timedwait(&p->wake, &p->lock, &ts);
+	else
+		pthread_cond_wait(&p->wake, &p->lock);
+}
+
 static void *worker(void *arg)
 {
 	struct pool *p = arg;
 
 	pthread_mutex_lock(&p->lock);
 	for (;;) {
-		uint64_t c;
+		uint64_t c, due = forget_idle(p, now_mono_ns());
 
 		/* Ready memfds of classes nobody wants any more go first. */
 		for (size_t i = p->n_ready; i-- > 0;)
@@ -329,7 +364,7 @@ static void *worker(void *arg)
 			continue;
 		}
 		pthread_cond_broadcast(&p->idle);
-		pthread_cond_wait(&p->wake, &p->lock);
+		wait_for_work(p, due);
 	}
 	pthread_cond_broadcast(&p->idle);
 	pthread_mutex_unlock(&p->lock);
@@ -339,15 +374,21 @@ static void *worker(void *arg)
 int pool_new(uint64_t budget, enum pool_pages pages, struct pool **ret_pool)
 {
 	struct pool *p = calloc(1, sizeof(*p));
+	pthread_condattr_t attr;
 	int r;
 
 	if (!p)
 		return -ENOMEM;
 	pthread_mutex_init(&p->lock, NULL);
-	pthread_cond_init(&p->wake, NULL);
+	/* The worker times idle classes on the monotonic clock. */
+	pthread_condattr_init(&attr);
+	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+	pthread_cond_init(&p->wake, &attr);
+	pthread_condattr_destroy(&attr);
 	pthread_cond_init(&p->idle, NULL);
 	p->budget = budget;
 	p->pages = pages;
+	p->idle_ns = POOL_IDLE_NS;
 	r = pthread_create(&p->thread, NULL, worker, p);
 	if (r) {
 		pthread_mutex_destroy(&p->lock);
@@ -386,7 +427,9 @@ static void want(struct pool *p, uint64_t c)
 	for (i = 0; i < POOL_CLASSES - 1 && p->wanted[i] != c; i++)
 		;
 	memmove(p->wanted + 1, p->wanted, (size_t)i * sizeof(p->wanted[0]));
+	memmove(p->wanted_ns + 1, p->wanted_ns, (size_t)i * sizeof(p->wanted_ns[0]));
 	p->wanted[0] = c;
+	p->wanted_ns[0] = now_mono_ns();
 }
 
 int pool_take(struct pool *p, uint64_t size)
@@ -457,6 +500,14 @@ void pool_get_stats(struct pool *p, struct pool_stats *ret)
 	ret->ready_bytes = p->ready_bytes;
 	ret->ready_fds = (uint32_t)p->n_ready;
 	ret->closing_fds = (uint32_t)p->n_closing;
+	pthread_mutex_unlock(&p->lock);
+}
+
+void pool_set_idle(struct pool *p, uint64_t idle_ns)
+{
+	pthread_mutex_lock(&p->lock);
+	p->idle_ns = idle_ns;
+	pthread_cond_signal(&p->wake);
 	pthread_mutex_unlock(&p->lock);
 }
 

@@ -14,7 +14,8 @@
  *
  * Which sizes are kept: each take, hit or miss, marks its size class as
  * wanted; the worker keeps POOL_READY_PER_CLASS memfds of each of the
- * POOL_CLASSES most recently wanted classes, within the byte budget. Size
+ * POOL_CLASSES most recently wanted classes, within the byte budget, and
+ * frees those of a class nobody took for POOL_IDLE_NS. Size
  * classes are eight steps per power of two, so a memfd is at most 1/8
  * larger than the tensor that takes it; the excess is trimmed off.
  *
@@ -32,6 +33,8 @@
 /* Classes kept warm, and memfds ready per class. */
 #define POOL_CLASSES 8
 #define POOL_READY_PER_CLASS 2
+/* A class nobody took for this long is forgotten, and its ready memory freed. */
+#define POOL_IDLE_NS (60ull * 1000000000ull)
 
 struct pool;
 
@@ -63,6 +66,7 @@ struct pool_stats {
 	uint64_t hits;          /* takes served from a ready memfd */
 	uint64_t misses;        /* takes that found none ready (the caller allocates) */
 	uint64_t trims;         /* ready memfds dropped under memory pressure */
+	uint64_t expired;       /* ready memfds dropped because their class went idle */
 	uint64_t refill_ns;     /* time the worker spent allocating */
 	enum pool_pages pages;  /* how the worker allocates pages */
 };
@@ -96,6 +100,9 @@ void pool_get_stats(struct pool *p, struct pool_stats *ret);
 
 /* The size class of size: the smallest class size >= size. 0 on overflow. */
 uint64_t pool_class_size(uint64_t size);
+
+/* How long a class may go untaken before it is forgotten (tests; default POOL_IDLE_NS). */
+void pool_set_idle(struct pool *p, uint64_t idle_ns);
 
 /* Waits until the worker has nothing left to do (tests and benchmarks). */
 void pool_settle(struct pool *p);

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -183,6 +184,43 @@ static void test_forgets_unwanted_classes(void **state)
 	pool_free(p);
 }
 
+/* Memory ready for a size nobody takes any more is given back after a while. */
+static void test_idle_classes_are_forgotten(void **state)
+{
+	struct pool *p;
+	struct pool_stats st;
+	struct timespec ms50 = { 0, 50 * 1000000 };
+
+	assert_int_equal(pool_new(64 * MiB, POOL_PAGES_SMALL, &p), 0);
+	pool_set_idle(p, 300ull * 1000000); /* 0.3 s */
+	assert_int_equal(pool_take(p, 2 * MiB), -ENOENT);
+	assert_int_equal(pool_take(p, 3 * MiB), -ENOENT);
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.ready_fds, 2 * POOL_READY_PER_CLASS);
+	/* Keep taking 3 MiB: that class stays, the 2 MiB one goes. */
+	for (int i = 0; i < 20; i++) {
+		int fd = pool_take(p, 3 * MiB);
+
+		if (fd >= 0)
+			close(fd);
+		nanosleep(&ms50, NULL);
+	}
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.expired, POOL_READY_PER_CLASS);
+	assert_int_equal(st.ready_fds, POOL_READY_PER_CLASS);
+	assert_int_equal(st.ready_bytes, POOL_READY_PER_CLASS * 3 * MiB);
+	/* Then nothing is taken at all: everything goes, without a call. */
+	for (int i = 0; i < 100 && st.ready_fds; i++) {
+		nanosleep(&ms50, NULL);
+		pool_get_stats(p, &st);
+	}
+	assert_int_equal(st.ready_fds, 0);
+	assert_int_equal(st.ready_bytes, 0);
+	pool_free(p);
+}
+
 static enum pool_pages pages_small = POOL_PAGES_SMALL, pages_advise = POOL_PAGES_ADVISE,
 		      pages_huge = POOL_PAGES_HUGE;
 
@@ -198,6 +236,7 @@ int main(void)
 		cmocka_unit_test(test_budget_bounds_refill),
 		cmocka_unit_test(test_trim_and_discard),
 		cmocka_unit_test(test_forgets_unwanted_classes),
+		cmocka_unit_test(test_idle_classes_are_forgotten),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
