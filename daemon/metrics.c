@@ -25,13 +25,13 @@
 #include "server.h"
 
 const uint64_t metrics_attach_bounds_ns[METRICS_ATTACH_BUCKETS] = {
-	5000,    10000,    25000,    50000,    100000,    250000,
-	500000,  1000000,  2500000,  10000000, 100000000, 1000000000,
+	5000,	10000,	 25000,	  50000,    100000,    250000,
+	500000, 1000000, 2500000, 10000000, 100000000, 1000000000,
 };
 
 static struct {
-	unsigned cur_kind;         /* the request being served */
-	uint64_t cur_start_ns;     /* when it was decoded (or woken) */
+	unsigned cur_kind;     /* the request being served */
+	uint64_t cur_start_ns; /* when it was decoded (or woken) */
 	uint64_t requests[METRICS_KINDS];
 	uint64_t errors[METRICS_KINDS][METRICS_ERRNOS];
 	uint64_t connections;
@@ -129,7 +129,8 @@ static void render_requests(FILE *f)
 	char code[16];
 
 	family(f, "tensord_requests_total", "counter",
-	       "Requests decoded, by kind (invalid: malformed or unknown requests and broken framing).");
+	       "Requests decoded, by kind (invalid: malformed or unknown requests and broken "
+	       "framing).");
 	for (unsigned k = 0; k < METRICS_KINDS; k++)
 		if (k == 0 || strcmp(kind_name(k), "invalid") != 0)
 			fprintf(f, "tensord_requests_total{request=\"%s\"} %llu\n", kind_name(k),
@@ -139,7 +140,8 @@ static void render_requests(FILE *f)
 	for (unsigned k = 0; k < METRICS_KINDS; k++)
 		for (unsigned e = 1; e < METRICS_ERRNOS; e++)
 			if (m.errors[k][e])
-				fprintf(f, "tensord_errors_total{request=\"%s\",code=\"%s\"} %llu\n",
+				fprintf(f,
+					"tensord_errors_total{request=\"%s\",code=\"%s\"} %llu\n",
 					kind_name(k), code_name(e, code, sizeof(code)),
 					(unsigned long long)m.errors[k][e]);
 }
@@ -187,12 +189,15 @@ static void render_devices(FILE *f, const struct registry *reg)
 		if (reg->devices[i].init_rc == 0)
 			fprintf(f, "tensord_device_used_bytes{device=\"%s\",backend=\"%s\"} %llu\n",
 				tensord_device_name(reg->devices[i].device, dev, sizeof(dev)),
-				reg->devices[i].ops->name, (unsigned long long)reg->devices[i].used);
+				reg->devices[i].ops->name,
+				(unsigned long long)reg->devices[i].used);
 	family(f, "tensord_device_capacity_bytes", "gauge",
 	       "Bytes the daemon may allocate, by device.");
 	for (int i = 0; i < reg->n_devices; i++)
 		if (reg->devices[i].init_rc == 0)
-			fprintf(f, "tensord_device_capacity_bytes{device=\"%s\",backend=\"%s\"} %llu\n",
+			fprintf(f,
+				"tensord_device_capacity_bytes{device=\"%s\",backend=\"%s\"} "
+				"%llu\n",
 				tensord_device_name(reg->devices[i].device, dev, sizeof(dev)),
 				reg->devices[i].ops->name,
 				(unsigned long long)reg->devices[i].capacity);
@@ -251,8 +256,7 @@ static void render_clients(FILE *f, const struct server *srv)
 	single(f, "tensord_clients", "gauge", "Client connections open.", srv->conns.n);
 	single(f, "tensord_connections_total", "counter", "Client connections accepted.",
 	       m.connections);
-	single(f, "tensord_leases", "gauge", "Leases held by all clients.",
-	       srv->reg.n_leases);
+	single(f, "tensord_leases", "gauge", "Leases held by all clients.", srv->reg.n_leases);
 	single(f, "tensord_waiters", "gauge", "Attaches waiting for a publish.", waiters);
 }
 
@@ -280,8 +284,7 @@ static void render_host(FILE *f)
 	       "Host creates of 1 MiB or more that found no ready memfd.", ps.misses);
 	single(f, "tensord_host_slabs", "gauge", "Slab memfds shared by small immutable tensors.",
 	       slabs);
-	single(f, "tensord_host_slab_bytes", "gauge", "Bytes in live slab slots.",
-	       slab_bytes);
+	single(f, "tensord_host_slab_bytes", "gauge", "Bytes in live slab slots.", slab_bytes);
 }
 
 int metrics_render(const struct server *srv, char **ret, size_t *ret_len)

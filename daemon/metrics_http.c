@@ -36,9 +36,9 @@ struct http_conn {
 	uv_timer_t timer;
 	uv_write_t wr;
 	uv_shutdown_t sd;
-	int open_handles;           /* s and timer; freed when both are closed */
+	int open_handles; /* s and timer; freed when both are closed */
 	bool closing, answered;
-	char *body;                 /* owned; what is being sent */
+	char *body; /* owned; what is being sent */
 	char head[256];
 	size_t in_len;
 	struct http_conn *prev, *next;
@@ -309,7 +309,8 @@ static int listen_tcp(const char *addr, char *why, size_t why_len)
 		 ntohs(((struct sockaddr_in *)&ss)->sin_port));
 	if (!is_loopback(&ss))
 		log_warn("metrics: %s is not a loopback address: anyone who can reach this host "
-			 "can read the metrics", addr);
+			 "can read the metrics",
+			 addr);
 	return 0;
 }
 
@@ -338,7 +339,8 @@ static int listen_unix(const char *path, mode_t mode, gid_t gid, char *why, size
 	old = umask(0177);
 	r = uv_pipe_bind(&ep.lsn.pipe, path);
 	umask(old);
-	if (r == 0 && ((gid != (gid_t)-1 && chown(path, (uid_t)-1, gid) < 0) || chmod(path, mode) < 0))
+	if (r == 0 &&
+	    ((gid != (gid_t)-1 && chown(path, (uid_t)-1, gid) < 0) || chmod(path, mode) < 0))
 		r = -errno;
 	if (r == 0)
 		r = uv_listen(&ep.lsn.stream, 64, on_connection);

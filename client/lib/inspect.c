@@ -83,7 +83,8 @@ int tensord_leases(tensord_client *c, const char *name, tensord_lease_holder **r
 	while (more) {
 		r = page(c, &req, TENSORD__REPLY__BODY_LEASE_LIST, "leases", &rep);
 		if (r == 0)
-			r = reserve((void **)&v, &cap, n, rep->lease_list->n_holders + 1, sizeof(*v));
+			r = reserve((void **)&v, &cap, n, rep->lease_list->n_holders + 1,
+				    sizeof(*v));
 		if (r < 0) {
 			free(v);
 			return r;
@@ -135,7 +136,8 @@ int tensord_clients(tensord_client *c, tensord_client_info **ret_clients, size_t
 	while (more) {
 		r = page(c, &req, TENSORD__REPLY__BODY_CLIENT_LIST, "clients", &rep);
 		if (r == 0)
-			r = reserve((void **)&v, &cap, n, rep->client_list->n_clients + 1, sizeof(*v));
+			r = reserve((void **)&v, &cap, n, rep->client_list->n_clients + 1,
+				    sizeof(*v));
 		if (r < 0) {
 			free(v);
 			return r;

@@ -8,18 +8,18 @@
 #include <stdlib.h>
 
 static PyStructSequence_Field holder_fields[] = {
-	{"name", "the tensor's name"},
-	{"tensor_id", "the tensor's id (unique for the daemon's life)"},
-	{"state", "'created', 'published' or 'unlinked' (still leased)"},
-	{"pid", "the holder's process id"},
-	{"uid", "the holder's uid"},
-	{"gid", "the holder's gid"},
-	{"comm", "the holder's command name when it connected; '' if unknown"},
-	{"count", "leases this connection holds on the tensor"},
-	{"since", "when the oldest of them began, seconds since the epoch"},
-	{"held", "how long ago that is, in seconds"},
-	{"conn_id", "the connection, as clients() lists it"},
-	{NULL, NULL},
+	{ "name", "the tensor's name" },
+	{ "tensor_id", "the tensor's id (unique for the daemon's life)" },
+	{ "state", "'created', 'published' or 'unlinked' (still leased)" },
+	{ "pid", "the holder's process id" },
+	{ "uid", "the holder's uid" },
+	{ "gid", "the holder's gid" },
+	{ "comm", "the holder's command name when it connected; '' if unknown" },
+	{ "count", "leases this connection holds on the tensor" },
+	{ "since", "when the oldest of them began, seconds since the epoch" },
+	{ "held", "how long ago that is, in seconds" },
+	{ "conn_id", "the connection, as clients() lists it" },
+	{ NULL, NULL },
 };
 
 static PyStructSequence_Desc holder_desc = {
@@ -31,19 +31,19 @@ static PyStructSequence_Desc holder_desc = {
 };
 
 static PyStructSequence_Field client_fields[] = {
-	{"conn_id", "the connection's id"},
-	{"pid", "the client's process id"},
-	{"uid", "the client's uid"},
-	{"gid", "the client's gid"},
-	{"comm", "its command name when it connected; '' if unknown"},
-	{"client", "what its library said when connecting"},
-	{"connected", "when it connected, seconds since the epoch"},
-	{"leases", "leases it holds"},
-	{"tensors_created", "tensors it created"},
-	{"waiters", "attaches it has waiting for a publish"},
-	{"bytes_queued", "reply bytes its socket has not taken yet"},
-	{"requests", "requests it sent"},
-	{NULL, NULL},
+	{ "conn_id", "the connection's id" },
+	{ "pid", "the client's process id" },
+	{ "uid", "the client's uid" },
+	{ "gid", "the client's gid" },
+	{ "comm", "its command name when it connected; '' if unknown" },
+	{ "client", "what its library said when connecting" },
+	{ "connected", "when it connected, seconds since the epoch" },
+	{ "leases", "leases it holds" },
+	{ "tensors_created", "tensors it created" },
+	{ "waiters", "attaches it has waiting for a publish" },
+	{ "bytes_queued", "reply bytes its socket has not taken yet" },
+	{ "requests", "requests it sent" },
+	{ NULL, NULL },
 };
 
 static PyStructSequence_Desc client_desc = {
@@ -70,7 +70,7 @@ int td_inspect_types_ready(void)
 
 static PyObject *holder_new(const tensord_lease_holder *h)
 {
-	static const char *const states[] = {"?", "created", "published", "unlinked"};
+	static const char *const states[] = { "?", "created", "published", "unlinked" };
 	PyObject *v[11];
 
 	v[0] = PyUnicode_FromString(h->name);
@@ -134,7 +134,7 @@ static PyObject *client_make(const void *p)
 
 PyObject *td_client_leases(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = {"name", NULL};
+	static char *kwlist[] = { "name", NULL };
 	tensord_lease_holder *v = NULL;
 	const char *name = NULL;
 	tensord_client *c;
@@ -145,11 +145,8 @@ PyObject *td_client_leases(ClientObject *self, PyObject *args, PyObject *kwds)
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|z:leases", kwlist, &name) ||
 	    !(c = td_client_enter(self)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = tensord_leases(c, name, &v, &n);
-	Py_END_ALLOW_THREADS
-	if (td_client_leave(self, rc) < 0)
-		return NULL;
+	Py_BEGIN_ALLOW_THREADS rc = tensord_leases(c, name, &v, &n);
+	Py_END_ALLOW_THREADS if (td_client_leave(self, rc) < 0) return NULL;
 	list = record_list(v, n, sizeof(*v), holder_make);
 	free(v);
 	return list;
@@ -165,11 +162,8 @@ PyObject *td_client_clients(ClientObject *self, PyObject *unused)
 
 	if (!(c = td_client_enter(self)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = tensord_clients(c, &v, &n);
-	Py_END_ALLOW_THREADS
-	if (td_client_leave(self, rc) < 0)
-		return NULL;
+	Py_BEGIN_ALLOW_THREADS rc = tensord_clients(c, &v, &n);
+	Py_END_ALLOW_THREADS if (td_client_leave(self, rc) < 0) return NULL;
 	list = record_list(v, n, sizeof(*v), client_make);
 	free(v);
 	return list;
@@ -184,11 +178,8 @@ PyObject *td_client_metrics(ClientObject *self, PyObject *unused)
 
 	if (!(c = td_client_enter(self)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = tensord_metrics(c, &text);
-	Py_END_ALLOW_THREADS
-	if (td_client_leave(self, rc) < 0)
-		return NULL;
+	Py_BEGIN_ALLOW_THREADS rc = tensord_metrics(c, &text);
+	Py_END_ALLOW_THREADS if (td_client_leave(self, rc) < 0) return NULL;
 	s = PyUnicode_FromString(text);
 	free(text);
 	return s;

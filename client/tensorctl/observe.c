@@ -134,12 +134,24 @@ int cmd_leases(tensord_client *c, const struct args *a)
 
 /* --- clients ------------------------------------------------------------------- */
 
-enum { CC_CONN, CC_PID, CC_USER, CC_COMM, CC_CLIENT, CC_LEASES, CC_CREATED, CC_WAITING,
-       CC_QUEUED, CC_REQUESTS, CC_CONNECTED, CC_N };
+enum {
+	CC_CONN,
+	CC_PID,
+	CC_USER,
+	CC_COMM,
+	CC_CLIENT,
+	CC_LEASES,
+	CC_CREATED,
+	CC_WAITING,
+	CC_QUEUED,
+	CC_REQUESTS,
+	CC_CONNECTED,
+	CC_N
+};
 
-static const char *const client_titles[CC_N] = { "CONN",     "PID",      "USER",    "COMM",
-						 "CLIENT",   "LEASES",   "CREATED", "WAITING",
-						 "QUEUED",   "REQUESTS", "CONNECTED" };
+static const char *const client_titles[CC_N] = { "CONN",   "PID",      "USER",	   "COMM",
+						 "CLIENT", "LEASES",   "CREATED",  "WAITING",
+						 "QUEUED", "REQUESTS", "CONNECTED" };
 
 static const char *client_cell(const void *rows, size_t i, int col, char *buf, size_t len)
 {
