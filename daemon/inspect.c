@@ -88,6 +88,20 @@ void inspect_client_hello(struct client *cl, const char *text)
 	make_printable(cl->hello);
 }
 
+/*
+ * n reply entries of sz bytes each behind an array of n pointers to them,
+ * in one allocation: free() the array. NULL when out of memory.
+ */
+static void *entry_array(size_t n, size_t sz)
+{
+	void **p = malloc(n * (sizeof(void *) + sz) + 1);
+	char *e = (char *)(p + n);
+
+	for (size_t i = 0; p && i < n; i++)
+		p[i] = e + i * sz;
+	return p;
+}
+
 static uint32_t page_limit(uint32_t asked)
 {
 	return asked && asked < INSPECT_PAGE_MAX ? asked : INSPECT_PAGE_MAX;
@@ -204,20 +218,15 @@ static void send_holders(struct conn *c, uint64_t req_id, const struct holding *
 {
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
 	Tensord__LeaseListReply lr = TENSORD__LEASE_LIST_REPLY__INIT;
-	Tensord__LeaseHolder *h = malloc((n ? n : 1) * sizeof(*h));
-	Tensord__LeaseHolder **ph = malloc((n ? n : 1) * sizeof(*ph));
+	Tensord__LeaseHolder **ph = entry_array(n, sizeof(**ph));
 	struct clocks k = clocks_now();
 
-	if (!h || !ph) {
-		free(h);
-		free(ph);
+	if (!ph) {
 		reply_status(c, req_id, -ENOMEM, "out of memory listing lease holders");
 		return;
 	}
-	for (size_t i = 0; i < n; i++) {
-		fill_holder(&h[i], &v[i], &k);
-		ph[i] = &h[i];
-	}
+	for (size_t i = 0; i < n; i++)
+		fill_holder(ph[i], &v[i], &k);
 	lr.n_holders = n;
 	lr.holders = ph;
 	lr.more = more;
@@ -226,7 +235,6 @@ static void send_holders(struct conn *c, uint64_t req_id, const struct holding *
 	rep.lease_list = &lr;
 	conn_send(c, &rep.base, -1);
 	free(ph);
-	free(h);
 }
 
 void inspect_leases(struct client *cl, uint64_t req_id, const Tensord__LeaseList *m)
@@ -282,20 +290,15 @@ static void send_clients(struct conn *c, uint64_t req_id, struct client *const *
 {
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
 	Tensord__ClientListReply cr = TENSORD__CLIENT_LIST_REPLY__INIT;
-	Tensord__ClientInfo *ci = malloc((n ? n : 1) * sizeof(*ci));
-	Tensord__ClientInfo **pci = malloc((n ? n : 1) * sizeof(*pci));
+	Tensord__ClientInfo **pci = entry_array(n, sizeof(**pci));
 	struct clocks k = clocks_now();
 
-	if (!ci || !pci) {
-		free(ci);
-		free(pci);
+	if (!pci) {
 		reply_status(c, req_id, -ENOMEM, "out of memory listing clients");
 		return;
 	}
-	for (size_t i = 0; i < n; i++) {
-		fill_client(&ci[i], v[i], &k);
-		pci[i] = &ci[i];
-	}
+	for (size_t i = 0; i < n; i++)
+		fill_client(pci[i], v[i], &k);
 	cr.n_clients = n;
 	cr.clients = pci;
 	cr.more = more;
@@ -304,7 +307,6 @@ static void send_clients(struct conn *c, uint64_t req_id, struct client *const *
 	rep.client_list = &cr;
 	conn_send(c, &rep.base, -1);
 	free(pci);
-	free(ci);
 }
 
 void inspect_clients(struct client *cl, uint64_t req_id, const Tensord__ClientList *m)

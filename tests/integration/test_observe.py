@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from conftest import build_path, wait_until
-from test_core import Client, open_dir
+from test_core import Client, clients, open_dir  # noqa: F401 (clients: a fixture)
 
 prom_parser = pytest.importorskip(
     "prometheus_client.parser", reason="prometheus_client is not installed (deploy/setup.sh)")
@@ -39,20 +39,6 @@ def as_nobody():
     os.setgroups([])
     os.setgid(65534)
     os.setuid(65534)
-
-
-@pytest.fixture
-def clients(daemon):
-    made = []
-
-    def make(**kw):
-        c = Client(daemon.socket, **kw)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.close()
 
 
 def publish(c, name, *extra):
