@@ -15,6 +15,7 @@ import urllib.request
 import pytest
 
 from conftest import build_path, wait_until
+from hostile import Raw, decode, f_bytes, f_varint, request
 from test_core import Client, clients, open_dir  # noqa: F401 (clients: a fixture)
 
 prom_parser = pytest.importorskip(
@@ -343,3 +344,45 @@ def test_metrics_port_in_use_is_refused(daemon_factory, tmp_path):
                            capture_output=True, text=True, timeout=30)
     assert r.returncode == 1
     assert str(port) in r.stderr and "address already in use" in r.stderr.lower()
+
+
+# --- the wire, by hand ----------------------------------------------------------------
+
+F_LEASE_LIST, F_CLIENT_LIST, F_METRICS = 20, 21, 22
+
+
+def lease_page(raw, req_id, name=b"", after_tensor=0, after_conn=0, limit=0):
+    body = (f_bytes(1, name) if name else b"") + f_varint(2, after_tensor) + \
+        f_varint(3, after_conn) + f_varint(4, limit)
+    r = raw.call(request(req_id, F_LEASE_LIST, body))
+    if r.status:
+        return r, None, None
+    b = r.body(F_LEASE_LIST) or {}
+    holders = [decode(h) for h in b.get(1, [])]
+    return r, [(h[2][0], h[4][0]) for h in holders], bool(b.get(2, [0])[0])
+
+
+def test_lease_list_pages_by_after_and_survives_odd_values(daemon, clients):
+    a, b = clients(), clients()
+    publish(a, "w/1")
+    publish(a, "w/2")
+    b.ok("attach w/1 0")
+    raw = Raw(daemon.socket)
+    raw.hello()
+    # One entry a page: (tensor, connection) in order, then no more.
+    seen, after, more = [], (0, 0), True
+    while more:
+        r, page, more = lease_page(raw, 5, after_tensor=after[0], after_conn=after[1], limit=1)
+        assert r.status == 0 and len(page) == 1, r
+        seen += page
+        after = page[-1]
+    assert seen == sorted(seen) and len(seen) == 3 and len(set(seen)) == 3
+    # Odd values are answered, not fatal.
+    r, page, more = lease_page(raw, 6, after_tensor=2**64 - 1, after_conn=2**64 - 1,
+                               limit=2**32 - 1)
+    assert r.status == 0 and page == [] and not more
+    r, _, _ = lease_page(raw, 7, name=b"x" * 300)
+    assert r.status == -22 and "255" in r.message
+    r, _, _ = lease_page(raw, 8, name=b"\xff\x00bad")
+    assert r.status == -22
+    assert raw.stats()
