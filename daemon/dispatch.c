@@ -12,7 +12,9 @@
 #include <string.h>
 
 #include "common/desc.h"
+#include "inspect.h"
 #include "log.h"
+#include "metrics.h"
 #include "proto/tensord.pb-c.h"
 #include "reply.h"
 #include "server.h"
@@ -104,6 +106,7 @@ static void do_hello(struct client *cl, uint64_t id, const Tensord__Hello *m)
 		return;
 	}
 	cl->hello_done = true;
+	inspect_client_hello(cl, m->client);
 	reply_hello(c, id);
 }
 
@@ -245,6 +248,7 @@ static void attach_now(struct client *cl, uint64_t id, const char *name, size_t 
 		return;
 	}
 	send_lease(cl, id, t, lease, writable, have_id, have_shares, n_have_shares);
+	metrics_attach_served();
 }
 
 static void do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m)
@@ -276,6 +280,7 @@ static void do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m)
 		reply_status(cl->conn, id, -ENOMEM, "out of memory for a waiter");
 		return;
 	}
+	metrics_attach_parked();
 	log_debug("conn %llu: waiting for '%s' (%lld ms)", (unsigned long long)cl->conn->id,
 		  req.name, (long long)m->timeout_ms);
 }
@@ -286,6 +291,7 @@ void dispatch_waiter_done(struct waiter_owner *o, const struct waiter_req *req, 
 	struct client *cl = o->data;
 	char why[400];
 
+	metrics_attach_woken();
 	if (status == 0) {
 		/* A waiter keeps no share list: the slab's descriptor comes again. */
 		attach_now(cl, req->req_id, req->name, req->name_len, req->have_id, NULL, 0);
@@ -408,6 +414,15 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 	case TENSORD__REQUEST__BODY_PUT:
 		do_put(cl, req->id, req->put);
 		break;
+	case TENSORD__REQUEST__BODY_LEASE_LIST:
+		inspect_leases(cl, req->id, req->lease_list);
+		break;
+	case TENSORD__REQUEST__BODY_CLIENT_LIST:
+		inspect_clients(cl, req->id, req->client_list);
+		break;
+	case TENSORD__REQUEST__BODY_METRICS:
+		metrics_reply(c, req->id, cl->srv);
+		break;
 	default:
 		reply_status(c, req->id, -EBADMSG, "unknown request type");
 		break;
@@ -421,6 +436,8 @@ void dispatch_frame(struct conn *c, const uint8_t *payload, size_t len, void *ct
 
 	arena.used = 0;
 	req = tensord__request__unpack(&arena_allocator, len, payload);
+	cl->requests++;
+	metrics_request(req ? (unsigned)req->body_case : 0);
 	if (!req) {
 		log_debug("conn %llu: pid %u sent a malformed request (%zu bytes)",
 			  (unsigned long long)c->id, cl->rc.pid, len);
@@ -440,10 +457,13 @@ void dispatch_open(struct conn *c, void *ctx)
 	cl->conn = c;
 	cl->waits.data = cl;
 	registry_client_init(&cl->rc, c->id, c->uid, c->gid, c->pid);
+	inspect_client_opened(cl);
+	metrics_connection();
 }
 
 void dispatch_protocol_error(struct conn *c, int status, const char *msg, void *ctx)
 {
+	metrics_request(0);
 	reply_status(c, 0, status, msg);
 }
 

@@ -25,6 +25,11 @@ struct client {
 	struct reg_client rc;       /* who it is, and its leases */
 	struct waiter_owner waits;  /* its parked attaches */
 	bool hello_done;
+	/* For inspection (inspect.c): */
+	uint64_t connected_ns;      /* CLOCK_MONOTONIC at accept */
+	uint64_t requests;          /* requests decoded */
+	char comm[16];              /* /proc/PID/comm at accept; "" if unknown */
+	char hello[32];             /* what it said in Hello, printable ASCII */
 };
 
 /* conn_handlers: ctx is the struct server. */

@@ -17,7 +17,7 @@
 #include "server.h"
 
 /* Is a daemon answering at path? A stale file from a dead one refuses. */
-static bool socket_is_live(const char *path)
+bool server_socket_is_live(const char *path)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -84,7 +84,7 @@ int server_listen(struct server *srv)
 			close(fd);
 			return -EEXIST;
 		}
-		if (socket_is_live(path)) {
+		if (server_socket_is_live(path)) {
 			log_error("socket path %s: another tensord is serving it", path);
 			close(fd);
 			return -EADDRINUSE;

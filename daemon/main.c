@@ -17,6 +17,8 @@
 #include "common/sys.h"
 #include "dispatch.h"
 #include "log.h"
+#include "metrics.h"
+#include "metrics_http.h"
 #include "server.h"
 
 static void usage(FILE *f)
@@ -24,6 +26,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: tensord [--socket PATH] [--capacity SIZE] [--pool SIZE] [--log-level LEVEL]\n"
 		"               [--mode MODE] [--group GROUP] [--max-clients N] [--ready-fd FD]\n"
+		"               [--metrics HOST:PORT|unix:PATH]\n"
 		"\n"
 		"  --socket PATH      where to listen (default: $TENSORD_SOCKET,\n"
 		"                     $XDG_RUNTIME_DIR/tensord.sock, /run/tensord/tensord.sock\n"
@@ -38,7 +41,9 @@ static void usage(FILE *f)
 		"  --mode MODE        socket permissions, octal (default 0600)\n"
 		"  --group GROUP      socket group\n"
 		"  --max-clients N    connections served at once (default 4096)\n"
-		"  --ready-fd FD      write 'R' to FD and close it once listening\n");
+		"  --ready-fd FD      write 'R' to FD and close it once listening\n"
+		"  --metrics ADDR     serve Prometheus metrics at http://ADDR/metrics; ADDR is\n"
+		"                     HOST:PORT (e.g. 127.0.0.1:9464) or unix:PATH (default: off)\n");
 }
 
 /* "512M", "1Gi", "4096": 0 or -EINVAL. K/M/G are decimal, Ki/Mi/Gi binary. */
@@ -86,6 +91,7 @@ static void server_stop(struct server *srv)
 	log_info("stopping: %u clients, %llu tensors", srv->conns.n,
 		 (unsigned long long)srv->reg.n_tensors);
 	server_unlisten(srv);
+	metrics_http_stop();
 	waiters_drop_all(&srv->waiters);
 	conn_close_all(&srv->conns);
 	uv_close((uv_handle_t *)&srv->sigterm, NULL);
@@ -214,6 +220,9 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 			return 2;
 		}
 		return 0;
+	case 'M':
+		cfg->metrics_addr = arg;
+		return 0;
 	case 'r':
 		*ready_fd = (int)strtol(arg, &end, 10);
 		if (*end || *ready_fd < 0) {
@@ -239,6 +248,7 @@ static int parse_args(int argc, char **argv, struct server_config *cfg, int *rea
 		{ "group", required_argument, NULL, 'g' },
 		{ "max-clients", required_argument, NULL, 'n' },
 		{ "ready-fd", required_argument, NULL, 'r' },
+		{ "metrics", required_argument, NULL, 'M' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -304,6 +314,12 @@ static void on_frame(struct conn *c, const uint8_t *payload, size_t len, void *c
 	}
 }
 
+/* The metrics endpoint's text: the daemon's state and counters. */
+static int render_metrics(void *ctx, char **ret, size_t *ret_len)
+{
+	return metrics_render(ctx, ret, ret_len);
+}
+
 /* How each layer reaches the one above it. */
 static const struct conn_handlers conn_handlers = {
 	.on_open = dispatch_open,
@@ -356,6 +372,18 @@ int main(int argc, char **argv)
 			r == -EADDRINUSE ? "another tensord is running there" : strerror(-r));
 		registry_fini(&srv.reg);
 		return 1;
+	}
+	if (srv.cfg.metrics_addr) {
+		char why[300];
+
+		r = metrics_http_start(srv.loop, srv.cfg.metrics_addr, srv.cfg.socket_mode,
+				       srv.cfg.socket_gid, render_metrics, &srv, why, sizeof(why));
+		if (r < 0) {
+			fprintf(stderr, "tensord: --metrics %s\n", why);
+			server_unlisten(&srv);
+			registry_fini(&srv.reg);
+			return 1;
+		}
 	}
 	uv_signal_init(srv.loop, &srv.sigterm);
 	uv_signal_init(srv.loop, &srv.sigint);

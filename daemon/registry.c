@@ -13,6 +13,14 @@
 #define PERM_READ 4u
 #define PERM_WRITE 2u
 
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static uint64_t hash_name(const char *s, size_t len)
 {
 	uint64_t h = 1469598103934665603ull; /* FNV-1a */
@@ -199,6 +207,7 @@ static int lease_add(struct registry *reg, struct reg_client *rc, struct tensor 
 	rc->leases[slot].t = t;
 	rc->leases[slot].gen++;
 	rc->leases[slot].next_free = 0;
+	rc->leases[slot].since_ns = mono_ns();
 	rc->n_leases++;
 	reg->n_leases++;
 	t->refcount++;
@@ -281,6 +290,13 @@ static bool mode_allows(const struct tensor *t, const struct reg_client *rc, uin
 static bool visible_to(const struct tensor *t, const struct reg_client *rc)
 {
 	return t->state == TENSORD_STATE_PUBLISHED || t->creator == rc;
+}
+
+bool registry_may_inspect(const struct tensor *t, const struct reg_client *rc)
+{
+	if (rc->uid == 0 || rc->uid == t->owner_uid)
+		return true;
+	return t->state != TENSORD_STATE_CREATED && mode_allows(t, rc, PERM_READ);
 }
 
 struct tensor *registry_lookup(struct registry *reg, struct reg_client *rc, const char *name,
@@ -477,6 +493,7 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 		return r;
 	}
 	tensor_insert(reg, dev, t);
+	rc->n_created++;
 	r = lease_add(reg, rc, t, ret_lease);
 	if (r < 0) {
 		snprintf(why, why_len, "tensor '%s': client holds too many leases (%u)", t->name,

@@ -72,12 +72,14 @@ struct reg_client {
 	uint32_t n_slots, cap_slots;
 	uint32_t free_head;          /* 1-based index of the first free slot; 0: none */
 	uint32_t n_leases;
+	uint64_t n_created;          /* tensors it created (create and put), for inspection */
 };
 
 struct reg_lease {
 	struct tensor *t;            /* NULL when the slot is free */
 	uint32_t gen;
 	uint32_t next_free;
+	uint64_t since_ns;           /* CLOCK_MONOTONIC when the lease began */
 };
 
 struct registry {
@@ -180,6 +182,12 @@ int registry_unlink(struct registry *reg, struct reg_client *rc, const char *nam
  */
 struct tensor *registry_lookup(struct registry *reg, struct reg_client *rc, const char *name,
 			       size_t len);
+
+/*
+ * Whether rc may see who holds leases on t: its owner and root always, others
+ * when t is published (or unlinked) and its mode lets them read it.
+ */
+bool registry_may_inspect(const struct tensor *t, const struct reg_client *rc);
 
 /* Whether a tensor of that name is published (whatever its mode). */
 bool registry_published(struct registry *reg, const char *name, size_t len);

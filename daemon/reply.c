@@ -12,6 +12,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "metrics.h"
 #include "proto/frame.h"
 #include "proto/tensord.pb-c.h"
 #include "pool.h"
@@ -65,6 +66,7 @@ void reply_status(struct conn *c, uint64_t req_id, int status, const char *msg)
 	rep.id = req_id;
 	rep.status = status;
 	rep.message = (char *)msg;
+	metrics_reply_status(status);
 	reply_send(c, &rep, -1);
 }
 
@@ -143,7 +145,7 @@ void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t
  * into a stack buffer: stats must not allocate, since a client may ask for
  * them in a flood. 0 if unknown.
  */
-static uint32_t open_fds(void)
+uint32_t daemon_open_fds(void)
 {
 	_Alignas(8) char buf[4096];
 	uint32_t n = 0;
@@ -202,7 +204,7 @@ void reply_stats(struct conn *c, uint64_t req_id, const struct registry *reg, un
 	sr.devices = pds;
 	if (pool)
 		pool_get_stats(pool, &ps);
-	sr.daemon_fds = open_fds();
+	sr.daemon_fds = daemon_open_fds();
 	sr.host_pool_fds = ps.ready_fds;
 	sr.host_pool_bytes = ps.ready_bytes;
 	sr.host_pool_budget = ps.budget;

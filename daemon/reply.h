@@ -37,6 +37,9 @@ void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t
 void reply_stats(struct conn *c, uint64_t req_id, const struct registry *reg, unsigned clients,
 		 uint64_t uptime_ns);
 
+/* Descriptors the daemon holds open, counted without allocating; 0 if unknown. */
+uint32_t daemon_open_fds(void);
+
 /* The answer to a hello of the right version. */
 void reply_hello(struct conn *c, uint64_t req_id);
 

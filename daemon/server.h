@@ -29,6 +29,7 @@ struct server_config {
 	char socket_path[108];
 	uint64_t host_capacity;     /* 0: default */
 	mode_t socket_mode;         /* default 0600 */
+	const char *metrics_addr;   /* --metrics HOST:PORT or unix:PATH; NULL: off */
 	gid_t socket_gid;           /* (gid_t)-1: leave as is */
 	unsigned max_clients;
 };
@@ -56,6 +57,8 @@ struct server {
 int server_listen(struct server *srv);
 /* Stops accepting and removes the socket file. */
 void server_unlisten(struct server *srv);
+/* Whether a daemon answers at the unix socket path (a stale file refuses). */
+bool server_socket_is_live(const char *path);
 
 static inline uint64_t now_ns(void)
 {

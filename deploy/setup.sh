@@ -28,6 +28,8 @@ PY=${PYTHON:-python3}
 py_need=()
 $PY -c 'import numpy' 2>/dev/null || py_need+=("numpy>=2")
 $PY -c 'import pytest' 2>/dev/null || py_need+=(pytest)
+# prometheus_client: its parser reads the daemon's metrics in the tests.
+$PY -c 'import prometheus_client' 2>/dev/null || py_need+=(prometheus_client)
 if [ "${TENSORD_SKIP_FRAMEWORKS:-0}" != 1 ]; then
 	$PY -c 'import torch' 2>/dev/null || py_need+=("torch==2.13.0")
 	$PY -c 'import jax' 2>/dev/null || py_need+=(jax jaxlib)

@@ -42,6 +42,9 @@ class Daemon:
         os.close(w)
         with os.fdopen(r, "rb") as rf:
             byte = rf.read(1)
+            # The daemon closes its end right after the byte; wait for that, so
+            # a test that counts the daemon's descriptors never counts it.
+            rf.read()
         if byte != b"R":
             self.proc.wait(timeout=10)
             raise RuntimeError("tensord did not start: " + self.read_log())

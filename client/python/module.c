@@ -148,7 +148,8 @@ PyMODINIT_FUNC PyInit__tensord(void)
 {
 	PyObject *mod;
 
-	if (td_info_type_ready() < 0 || PyType_Ready(&td_ClientType) < 0 ||
+	if (td_info_type_ready() < 0 || td_inspect_types_ready() < 0 ||
+	    PyType_Ready(&td_ClientType) < 0 ||
 	    PyType_Ready(&td_TensorType) < 0 || td_exchange_api_publish() < 0)
 		return NULL;
 
@@ -157,6 +158,8 @@ PyMODINIT_FUNC PyInit__tensord(void)
 	if (PyModule_AddObjectRef(mod, "Client", (PyObject *)&td_ClientType) < 0 ||
 	    PyModule_AddObjectRef(mod, "Tensor", (PyObject *)&td_TensorType) < 0 ||
 	    PyModule_AddObjectRef(mod, "TensorInfo", (PyObject *)&td_InfoType) < 0 ||
+	    PyModule_AddObjectRef(mod, "LeaseHolder", (PyObject *)&td_LeaseHolderType) < 0 ||
+	    PyModule_AddObjectRef(mod, "ClientInfo", (PyObject *)&td_ClientInfoType) < 0 ||
 	    PyModule_AddIntConstant(mod, "DLPACK_MAJOR_VERSION", DLPACK_MAJOR_VERSION) < 0 ||
 	    PyModule_AddIntConstant(mod, "DLPACK_MINOR_VERSION", DLPACK_MINOR_VERSION) < 0 ||
 	    PyModule_AddIntConstant(mod, "PROTOCOL_VERSION", TENSORD_PROTOCOL_VERSION) < 0 ||

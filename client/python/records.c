@@ -59,15 +59,29 @@ PyObject *td_dims_tuple(const int64_t *v, int n)
 	return t;
 }
 
+PyObject *td_record_new(PyTypeObject *type, PyObject **v, int n)
+{
+	PyObject *r = PyStructSequence_New(type);
+
+	for (int i = 0; i < n; i++) {
+		if (!r || !v[i]) {
+			for (int j = 0; j < n; j++)
+				Py_XDECREF(v[j]);
+			Py_XDECREF(r);
+			return NULL;
+		}
+	}
+	for (int i = 0; i < n; i++)
+		PyStructSequence_SetItem(r, i, v[i]);
+	return r;
+}
+
 PyObject *td_info_new(const tensord_info *in)
 {
 	static const char *const states[] = {"?", "created", "published", "unlinked"};
 	char dtype[64], device[32];
-	PyObject *r = PyStructSequence_New(&td_InfoType);
 	PyObject *v[15];
 
-	if (!r)
-		return NULL;
 	v[0] = PyUnicode_FromString(in->name);
 	v[1] = PyUnicode_FromString(tensord_dtype_name(in->dtype, dtype, sizeof(dtype)));
 	v[2] = td_dims_tuple(in->shape, in->ndim);
@@ -84,16 +98,7 @@ PyObject *td_info_new(const tensord_info *in)
 										: "persistent");
 	v[13] = PyFloat_FromDouble((double)in->created_ns / 1e9);
 	v[14] = PyLong_FromUnsignedLongLong(in->id);
-	for (int i = 0; i < 15; i++) {
-		if (!v[i]) {
-			for (int j = i + 1; j < 15; j++)
-				Py_XDECREF(v[j]);
-			Py_DECREF(r);
-			return NULL;
-		}
-		PyStructSequence_SetItem(r, i, v[i]);
-	}
-	return r;
+	return td_record_new(&td_InfoType, v, 15);
 }
 
 PyObject *td_info_list(const tensord_info *infos, size_t n)

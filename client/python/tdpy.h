@@ -165,6 +165,24 @@ PyObject *td_info_list(const tensord_info *infos, size_t n);
 /* The dict stats() returns. */
 PyObject *td_stats_new(const tensord_daemon_stats *st);
 
+/*
+ * A struct sequence of type from n new references in v, which it steals;
+ * when any is NULL (a failed conversion) all are released and NULL is
+ * returned with that exception set.
+ */
+PyObject *td_record_new(PyTypeObject *type, PyObject **v, int n);
+
+/* --- inspect.c: Client.leases(), clients(), metrics() and their records. */
+
+extern PyTypeObject td_LeaseHolderType, td_ClientInfoType;
+
+/* Initialises both record types once; 0 or -1. */
+int td_inspect_types_ready(void);
+
+PyObject *td_client_leases(ClientObject *self, PyObject *args, PyObject *kwds);
+PyObject *td_client_clients(ClientObject *self, PyObject *unused);
+PyObject *td_client_metrics(ClientObject *self, PyObject *unused);
+
 /* A tuple of Python ints from v[0..n). */
 PyObject *td_dims_tuple(const int64_t *v, int n);
 

@@ -56,6 +56,12 @@ int cmd_stats(tensord_client *c, const struct args *a)
 	tensord_daemon_stats st;
 	int rc;
 
+	if ((a->seen & OPT_PROMETHEUS) && (a->seen & OPT_JSON)) {
+		fprintf(stderr, "tensorctl: stats: --json and --prometheus exclude each other\n");
+		return EXIT_USAGE;
+	}
+	if (a->seen & OPT_PROMETHEUS)
+		return print_prometheus(c);
 	rc = tensord_stats(c, &st, sizeof(st));
 	if (rc < 0)
 		return op_error(rc, NULL);

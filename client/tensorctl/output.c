@@ -85,14 +85,14 @@ static const char *ints(const int64_t *v, int32_t n, bool json, char *buf, size_
 	return buf;
 }
 
-static const char *state_name(tensord_state s)
+const char *state_name(tensord_state s)
 {
 	static const char *const names[] = { "unknown", "created", "published", "unlinked" };
 
 	return names[(unsigned)s < 4 ? s : 0];
 }
 
-static const char *owner_name(uint32_t uid, char *buf, size_t len)
+const char *owner_name(uint32_t uid, char *buf, size_t len)
 {
 	struct passwd *pw = getpwuid(uid);
 
@@ -104,7 +104,7 @@ static const char *owner_name(uint32_t uid, char *buf, size_t len)
 }
 
 /* created_ns as "2024-05-01T12:34:56.123456789Z", in JSON and in stat alike. */
-static const char *iso_time(uint64_t ns, char *buf, size_t len)
+const char *iso_time(uint64_t ns, char *buf, size_t len)
 {
 	time_t secs = (time_t)(ns / 1000000000u);
 	struct tm tm;
@@ -118,7 +118,7 @@ static const char *iso_time(uint64_t ns, char *buf, size_t len)
 /* --- JSON ------------------------------------------------------------------------ */
 
 /* Writes s as a JSON string. Names are plain ASCII, but backends and paths come from the daemon. */
-static void json_str(const char *s)
+void json_str(const char *s)
 {
 	const unsigned char *p;
 
@@ -135,7 +135,7 @@ static void json_str(const char *s)
 }
 
 /* ", \"key\": \"value\"" with the value escaped; no comma when first. */
-static void json_field(const char *key, const char *val, bool first)
+void json_field(const char *key, const char *val, bool first)
 {
 	printf("%s\"%s\": ", first ? "" : ", ", key);
 	json_str(val);
@@ -221,8 +221,10 @@ static const char *const col_title[NCOL] = { "NAME", "DTYPE", "SHAPE", "DEVICE",
 					     "BYTES", "STATE", "REFS", "OWNER" };
 
 /* The text of one table cell, in buf or static. */
-static const char *ls_cell(const tensord_info *in, int col, char *buf, size_t len)
+static const char *ls_cell(const void *rows, size_t row, int col, char *buf, size_t len)
 {
+	const tensord_info *in = (const tensord_info *)rows + row;
+
 	switch (col) {
 	case COL_NAME:
 		return in->name;
@@ -244,31 +246,36 @@ static const char *ls_cell(const tensord_info *in, int col, char *buf, size_t le
 	}
 }
 
-void print_ls_table(const tensord_info *infos, size_t n)
+void print_table(const char *const *titles, int ncol, unsigned right, const void *rows,
+		 size_t n, table_cell_fn *cell_of)
 {
 	char buf[INTS_MAX];
-	size_t i, w[NCOL];
+	size_t i, w[TABLE_COLS_MAX];
 	const char *cell;
 	int k;
 
 	/* Two passes: column widths first, then the rows. */
-	for (k = 0; k < NCOL; k++)
-		w[k] = strlen(col_title[k]);
+	for (k = 0; k < ncol; k++)
+		w[k] = strlen(titles[k]);
 	for (i = 0; i < n; i++)
-		for (k = 0; k < NCOL; k++)
-			if ((cell = ls_cell(&infos[i], k, buf, sizeof(buf))) && strlen(cell) > w[k])
+		for (k = 0; k < ncol; k++)
+			if ((cell = cell_of(rows, i, k, buf, sizeof(buf))) && strlen(cell) > w[k])
 				w[k] = strlen(cell);
 	/* Numbers align right, text left; the last column is not padded. */
 	for (i = 0; i <= n; i++) {
-		for (k = 0; k < NCOL; k++) {
-			cell = i ? ls_cell(&infos[i - 1], k, buf, sizeof(buf)) : col_title[k];
-			if (k == NCOL - 1)
+		for (k = 0; k < ncol; k++) {
+			cell = i ? cell_of(rows, i - 1, k, buf, sizeof(buf)) : titles[k];
+			if (k == ncol - 1)
 				printf("%s\n", cell);
 			else
-				printf(k == COL_BYTES || k == COL_REFS ? "%*s  " : "%-*s  ",
-				       (int)w[k], cell);
+				printf(right & (1u << k) ? "%*s  " : "%-*s  ", (int)w[k], cell);
 		}
 	}
+}
+
+void print_ls_table(const tensord_info *infos, size_t n)
+{
+	print_table(col_title, NCOL, 1u << COL_BYTES | 1u << COL_REFS, infos, n, ls_cell);
 }
 
 void print_stats_text(const tensord_daemon_stats *st)

@@ -30,7 +30,9 @@ static const char usage_text[] =
 	"  get NAME OUT.npy                 write a tensor to a .npy file (- for stdout)\n"
 	"  rm NAME                          unlink a tensor\n"
 	"  wait NAME [--timeout SEC] [--json]  wait until NAME is published\n"
-	"  stats [--json]                   daemon totals, per device\n"
+	"  stats [--json|--prometheus]      daemon totals, per device; or its metrics text\n"
+	"  leases [NAME] [--json]           who holds leases: pid, user, command, count, since\n"
+	"  clients [--json]                 client connections (root: all; others: their own)\n"
 	"--socket PATH (else $TENSORD_SOCKET, else the default path) picks the daemon;\n"
 	"-h/--help, --version. Options may come before or after the arguments.\n"
 	"exit status: 0 success, 1 operation error, 2 usage error\n";
@@ -66,7 +68,9 @@ static const struct command commands[] = {
 	{ "get", cmd_get, 2, 2, 0, "get NAME OUT.npy" },
 	{ "rm", cmd_rm, 1, 1, 0, "rm NAME" },
 	{ "wait", cmd_wait, 1, 1, OPT_TIMEOUT | OPT_JSON, "wait NAME [--timeout SEC] [--json]" },
-	{ "stats", cmd_stats, 0, 0, OPT_JSON, "stats [--json]" },
+	{ "stats", cmd_stats, 0, 0, OPT_JSON | OPT_PROMETHEUS, "stats [--json|--prometheus]" },
+	{ "leases", cmd_leases, 0, 1, OPT_JSON, "leases [NAME] [--json]" },
+	{ "clients", cmd_clients, 0, 0, OPT_JSON, "clients [--json]" },
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -80,6 +84,7 @@ static const struct {
 	{ "--socket", 0, true }, { "--json", OPT_JSON, false },
 	{ "--mutable", OPT_MUTABLE, false }, { "--mode", OPT_MODE, true },
 	{ "--lifetime", OPT_LIFETIME, true }, { "--timeout", OPT_TIMEOUT, true },
+	{ "--prometheus", OPT_PROMETHEUS, false },
 };
 
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
@@ -96,6 +101,7 @@ static const char *set_option(struct args *a, unsigned bit, const char *val)
 		a->socket = val;
 		return *val ? NULL : "--socket needs a path";
 	case OPT_JSON:
+	case OPT_PROMETHEUS:
 		return NULL;
 	case OPT_MUTABLE:
 		a->flags |= TENSORD_MUTABLE;

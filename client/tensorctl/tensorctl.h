@@ -17,7 +17,8 @@
 #define EXIT_USAGE 2
 
 /* Options, as bits, so each command can say which it takes. */
-enum { OPT_JSON = 1, OPT_MUTABLE = 2, OPT_MODE = 4, OPT_LIFETIME = 8, OPT_TIMEOUT = 16 };
+enum { OPT_JSON = 1, OPT_MUTABLE = 2, OPT_MODE = 4, OPT_LIFETIME = 8, OPT_TIMEOUT = 16,
+       OPT_PROMETHEUS = 32 };
 
 struct args {
 	const char *socket;     /* borrowed from argv; NULL: the library's default */
@@ -41,6 +42,12 @@ int cmd_put(tensord_client *c, const struct args *a);
 int cmd_get(tensord_client *c, const struct args *a);
 int cmd_rm(tensord_client *c, const struct args *a);
 int cmd_wait(tensord_client *c, const struct args *a);
+
+/* --- observe.c: who holds what, who is connected, the metrics text --- */
+int cmd_leases(tensord_client *c, const struct args *a);
+int cmd_clients(tensord_client *c, const struct args *a);
+/* stats --prometheus: the daemon's metrics text, as its --metrics endpoint serves it. */
+int print_prometheus(tensord_client *c);
 
 /* --- output.c: failure reports --- */
 
@@ -72,6 +79,25 @@ void print_info(const tensord_info *in);
 
 /* The ls table: a header line, then one aligned row per tensor. */
 void print_ls_table(const tensord_info *infos, size_t n);
+
+/*
+ * An aligned table: a header of ncol titles, then one row per record.
+ * cell_of(rows, i, col, buf, len) gives the text of a cell, in buf or
+ * static. Columns whose bit is set in right align right (numbers).
+ */
+#define TABLE_COLS_MAX 16
+typedef const char *table_cell_fn(const void *rows, size_t i, int col, char *buf, size_t len);
+void print_table(const char *const *titles, int ncol, unsigned right, const void *rows,
+		 size_t n, table_cell_fn *cell_of);
+
+/* Helpers the formats share. */
+const char *state_name(tensord_state s);
+const char *owner_name(uint32_t uid, char *buf, size_t len);
+/* ns since the epoch as "2024-05-01T12:34:56.123456789Z". */
+const char *iso_time(uint64_t ns, char *buf, size_t len);
+/* s as a JSON string; ", \"key\": value" (no comma when first). */
+void json_str(const char *s);
+void json_field(const char *key, const char *val, bool first);
 
 /* The stats totals and devices, as one JSON object or as text and a table. */
 void print_stats_json(const tensord_daemon_stats *st);

@@ -221,6 +221,64 @@ TENSORD_API int tensord_list(tensord_client *client, const char *prefix, tensord
 TENSORD_API int tensord_stats(tensord_client *client, tensord_daemon_stats *ret_stats,
 			      size_t size);
 
+/* One connection's leases on one tensor, as tensord_leases() lists them. */
+typedef struct tensord_lease_holder {
+	char name[TENSORD_NAME_MAX + 1];
+	uint64_t tensor_id;
+	tensord_state state;  /* an unlinked tensor is listed while it is leased */
+	uint32_t pid;         /* the holder, as the kernel told the daemon (SO_PEERCRED) */
+	uint32_t uid;
+	uint32_t gid;
+	char comm[16];        /* its command name (/proc/PID/comm) when it connected; "" if unknown */
+	uint32_t count;       /* leases this connection holds on the tensor */
+	uint64_t conn_id;     /* the connection, as tensord_clients() lists it */
+	uint64_t since_ns;    /* CLOCK_REALTIME when the oldest of them began */
+	uint64_t held_ns;     /* how long that is ago */
+} tensord_lease_holder;
+
+/*
+ * Who holds leases on name (NULL or "": on every tensor), one entry per
+ * tensor and connection, ordered by tensor id, then connection. Lists only
+ * tensors the caller may read (their owner and root see all). On success
+ * *ret_holders is a malloc'ed array of *ret_count entries, owned by the
+ * caller, who frees it with free() (also when *ret_count is 0). -EINVAL for
+ * an invalid name; a valid name nobody holds gives 0 entries.
+ */
+TENSORD_API int tensord_leases(tensord_client *client, const char *name,
+			       tensord_lease_holder **ret_holders, size_t *ret_count);
+
+/* One client connection, as tensord_clients() lists it. */
+typedef struct tensord_client_info {
+	uint64_t conn_id;
+	uint32_t pid;
+	uint32_t uid;
+	uint32_t gid;
+	char comm[16];            /* command name when it connected; "" if unknown */
+	char client[32];          /* what its library said when connecting ("libtensord") */
+	uint64_t connected_ns;    /* CLOCK_REALTIME */
+	uint32_t leases;
+	uint32_t waiters;         /* attaches waiting for a publish */
+	uint64_t tensors_created;
+	uint64_t bytes_queued;    /* replies its socket has not taken yet */
+	uint64_t requests;
+} tensord_client_info;
+
+/*
+ * The daemon's client connections, this one included, in connection order:
+ * all of them for root, those of the caller's uid for anyone else. On
+ * success *ret_clients is a malloc'ed array of *ret_count entries, owned by
+ * the caller, who frees it with free().
+ */
+TENSORD_API int tensord_clients(tensord_client *client, tensord_client_info **ret_clients,
+				size_t *ret_count);
+
+/*
+ * The daemon's metrics in the Prometheus text format 0.0.4, the same text
+ * its --metrics endpoint serves. On success *ret_text is a malloc'ed,
+ * NUL-terminated string owned by the caller, who frees it with free().
+ */
+TENSORD_API int tensord_metrics(tensord_client *client, char **ret_text);
+
 /*
  * Returns a second DLManagedTensorVersioned for the same lease as t (which
  * must come from this library; borrowed for the call). On success

@@ -6,8 +6,10 @@ from typing import Any, ClassVar, Final, Literal, Sequence, SupportsIndex, Typed
 __all__ = [
     "AccessDeniedError",
     "Client",
+    "ClientInfo",
     "Error",
     "ExistsError",
+    "LeaseHolder",
     "NoDaemonError",
     "NotFoundError",
     "Tensor",
@@ -164,6 +166,73 @@ class Tensor:
     ) -> None: ...
 
 @final
+class LeaseHolder(tuple[Any, ...]):
+    """One connection's leases on one tensor."""
+
+    n_fields: ClassVar[int]
+    n_sequence_fields: ClassVar[int]
+    n_unnamed_fields: ClassVar[int]
+    __match_args__: Final = ("name", "tensor_id", "state", "pid", "uid", "gid", "comm",
+                             "count", "since", "held", "conn_id")
+    @property
+    def name(self) -> str: ...
+    @property
+    def tensor_id(self) -> int: ...
+    @property
+    def state(self) -> _State: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def uid(self) -> int: ...
+    @property
+    def gid(self) -> int: ...
+    @property
+    def comm(self) -> str: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def since(self) -> float: ...
+    @property
+    def held(self) -> float: ...
+    @property
+    def conn_id(self) -> int: ...
+
+@final
+class ClientInfo(tuple[Any, ...]):
+    """One client connection."""
+
+    n_fields: ClassVar[int]
+    n_sequence_fields: ClassVar[int]
+    n_unnamed_fields: ClassVar[int]
+    __match_args__: Final = ("conn_id", "pid", "uid", "gid", "comm", "client", "connected",
+                             "leases", "tensors_created", "waiters", "bytes_queued",
+                             "requests")
+    @property
+    def conn_id(self) -> int: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def uid(self) -> int: ...
+    @property
+    def gid(self) -> int: ...
+    @property
+    def comm(self) -> str: ...
+    @property
+    def client(self) -> str: ...
+    @property
+    def connected(self) -> float: ...
+    @property
+    def leases(self) -> int: ...
+    @property
+    def tensors_created(self) -> int: ...
+    @property
+    def waiters(self) -> int: ...
+    @property
+    def bytes_queued(self) -> int: ...
+    @property
+    def requests(self) -> int: ...
+
+@final
 class Client:
     """A connection to a tensord daemon; thread-safe; a context manager."""
 
@@ -201,6 +270,12 @@ class Client:
         """Describes every tensor whose name starts with prefix."""
     def stats(self) -> _DaemonStats:
         """Daemon totals."""
+    def leases(self, name: str | None = None) -> list[LeaseHolder]:
+        """Who holds leases on name (None: every tensor the caller may read)."""
+    def clients(self) -> list[ClientInfo]:
+        """Client connections: all for root, the caller's uid's for others."""
+    def metrics(self) -> str:
+        """The daemon's metrics, Prometheus text format 0.0.4."""
     def unlink(self, name: str) -> None:
         """Removes the name; memory lives until the last lease ends."""
     def close(self) -> None:

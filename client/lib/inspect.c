@@ -1,0 +1,176 @@
+/*
+ * libtensord: inspection requests. tensord_leases() and tensord_clients()
+ * fetch every page the daemon offers (it caps each reply) and hand back one
+ * array; tensord_metrics() the exposition text.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+#include "common/desc.h"
+
+/* Room for have + add records of size sz in *v. 0 or -ENOMEM (message set). */
+static int reserve(void **v, size_t *cap, size_t have, size_t add, size_t sz)
+{
+	size_t ncap = *cap ? *cap : 16;
+	void *nv;
+
+	if (*v && have + add <= *cap)
+		return 0;
+	while (ncap < have + add)
+		ncap *= 2;
+	nv = realloc(*v, ncap * sz);
+	if (!nv)
+		return td_set_error(-ENOMEM, "out of memory for %zu records", have + add);
+	*v = nv;
+	*cap = ncap;
+	return 0;
+}
+
+static void holder_from_wire(tensord_lease_holder *h, const Tensord__LeaseHolder *w)
+{
+	memset(h, 0, sizeof(*h));
+	snprintf(h->name, sizeof(h->name), "%s", w->name);
+	h->tensor_id = w->tensor_id;
+	h->state = (tensord_state)w->state;
+	h->pid = w->pid;
+	h->uid = w->uid;
+	h->gid = w->gid;
+	snprintf(h->comm, sizeof(h->comm), "%s", w->comm);
+	h->count = w->count;
+	h->conn_id = w->conn_id;
+	h->since_ns = w->since_ns;
+	h->held_ns = w->held_ns;
+}
+
+/*
+ * One page of the answer to req, whose reply must be of kind body: on
+ * success *ret_rep is the caller's (tensord__reply__free_unpacked()).
+ */
+static int page(tensord_client *c, Tensord__Request *req, Tensord__Reply__BodyCase body,
+		const char *what, Tensord__Reply **ret_rep)
+{
+	int r = td_rpc(c, req, ret_rep, NULL);
+
+	if (r < 0)
+		return r;
+	if ((*ret_rep)->body_case != body) {
+		tensord__reply__free_unpacked(*ret_rep, NULL);
+		return td_set_error(-EPROTO, "tensord answered %s with something else", what);
+	}
+	return 0;
+}
+
+int tensord_leases(tensord_client *c, const char *name, tensord_lease_holder **ret_holders,
+		   size_t *ret_count)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__LeaseList ll = TENSORD__LEASE_LIST__INIT;
+	tensord_lease_holder *v = NULL;
+	size_t n = 0, cap = 0;
+	Tensord__Reply *rep;
+	char why[300];
+	bool more = true;
+	int r;
+
+	if (name && *name && td_name_check(name, strlen(name), why, sizeof(why)) < 0)
+		return td_set_error(-EINVAL, "%s", why);
+	ll.name = (char *)(name ? name : "");
+	req.body_case = TENSORD__REQUEST__BODY_LEASE_LIST;
+	req.lease_list = &ll;
+	while (more) {
+		r = page(c, &req, TENSORD__REPLY__BODY_LEASE_LIST, "leases", &rep);
+		if (r == 0)
+			r = reserve((void **)&v, &cap, n, rep->lease_list->n_holders + 1,
+				    sizeof(*v));
+		if (r < 0) {
+			free(v);
+			return r;
+		}
+		for (size_t i = 0; i < rep->lease_list->n_holders; i++)
+			holder_from_wire(&v[n++], rep->lease_list->holders[i]);
+		/* An empty page that says "more" would loop forever: stop. */
+		more = rep->lease_list->more && rep->lease_list->n_holders;
+		if (more) {
+			ll.after_tensor = v[n - 1].tensor_id;
+			ll.after_conn = v[n - 1].conn_id;
+		}
+		tensord__reply__free_unpacked(rep, NULL);
+	}
+	*ret_holders = v;
+	*ret_count = n;
+	return 0;
+}
+
+static void client_from_wire(tensord_client_info *ci, const Tensord__ClientInfo *w)
+{
+	memset(ci, 0, sizeof(*ci));
+	ci->conn_id = w->conn_id;
+	ci->pid = w->pid;
+	ci->uid = w->uid;
+	ci->gid = w->gid;
+	snprintf(ci->comm, sizeof(ci->comm), "%s", w->comm);
+	snprintf(ci->client, sizeof(ci->client), "%s", w->client);
+	ci->connected_ns = w->connected_ns;
+	ci->leases = w->leases;
+	ci->waiters = w->waiters;
+	ci->tensors_created = w->tensors_created;
+	ci->bytes_queued = w->bytes_queued;
+	ci->requests = w->requests;
+}
+
+int tensord_clients(tensord_client *c, tensord_client_info **ret_clients, size_t *ret_count)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__ClientList cl = TENSORD__CLIENT_LIST__INIT;
+	tensord_client_info *v = NULL;
+	size_t n = 0, cap = 0;
+	Tensord__Reply *rep;
+	bool more = true;
+	int r;
+
+	req.body_case = TENSORD__REQUEST__BODY_CLIENT_LIST;
+	req.client_list = &cl;
+	while (more) {
+		r = page(c, &req, TENSORD__REPLY__BODY_CLIENT_LIST, "clients", &rep);
+		if (r == 0)
+			r = reserve((void **)&v, &cap, n, rep->client_list->n_clients + 1,
+				    sizeof(*v));
+		if (r < 0) {
+			free(v);
+			return r;
+		}
+		for (size_t i = 0; i < rep->client_list->n_clients; i++)
+			client_from_wire(&v[n++], rep->client_list->clients[i]);
+		more = rep->client_list->more && rep->client_list->n_clients;
+		if (more)
+			cl.after = v[n - 1].conn_id;
+		tensord__reply__free_unpacked(rep, NULL);
+	}
+	*ret_clients = v;
+	*ret_count = n;
+	return 0;
+}
+
+int tensord_metrics(tensord_client *c, char **ret_text)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__Metrics m = TENSORD__METRICS__INIT;
+	Tensord__Reply *rep;
+	char *text;
+	int r;
+
+	req.body_case = TENSORD__REQUEST__BODY_METRICS;
+	req.metrics = &m;
+	r = page(c, &req, TENSORD__REPLY__BODY_METRICS, "metrics", &rep);
+	if (r < 0)
+		return r;
+	text = strdup(rep->metrics->text);
+	tensord__reply__free_unpacked(rep, NULL);
+	if (!text)
+		return td_set_error(-ENOMEM, "out of memory for the metrics text");
+	*ret_text = text;
+	return 0;
+}

@@ -1,0 +1,330 @@
+/*
+ * Inspection: LeaseList and ClientList. Nothing here is on the hot path:
+ * the answers are computed when asked, by walking the live connections and
+ * their lease ledgers, so attach and release pay only for the one
+ * timestamp each lease keeps (reg_lease.since_ns).
+ *
+ * Times are kept on the monotonic clock (a lease's start, a connection's
+ * accept) and turned into CLOCK_REALTIME dates when a reply is built, so a
+ * clock step moves the dates shown but never the durations.
+ */
+#include "inspect.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/desc.h"
+#include "reply.h"
+#include "server.h"
+
+static uint64_t wall_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Both clocks read once per reply. */
+struct clocks {
+	uint64_t mono, wall;
+};
+
+static struct clocks clocks_now(void)
+{
+	return (struct clocks){ now_ns(), wall_ns() };
+}
+
+static uint64_t ago(const struct clocks *k, uint64_t mono)
+{
+	return k->mono > mono ? k->mono - mono : 0;
+}
+
+/* The CLOCK_REALTIME date of a monotonic time. */
+static uint64_t wall_of(const struct clocks *k, uint64_t mono)
+{
+	uint64_t d = ago(k, mono);
+
+	return k->wall > d ? k->wall - d : 0;
+}
+
+/* Text from a peer or /proc goes into protobuf strings: printable ASCII only. */
+static void make_printable(char *s)
+{
+	for (; *s; s++)
+		if (*s < 0x20 || *s > 0x7e)
+			*s = '?';
+}
+
+void inspect_client_opened(struct client *cl)
+{
+	char path[32];
+	ssize_t n;
+	int fd;
+
+	cl->connected_ns = now_ns();
+	/* pid 0: the peer is in a pid namespace we cannot see into. */
+	if (!cl->rc.pid)
+		return;
+	snprintf(path, sizeof(path), "/proc/%u/comm", cl->rc.pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	n = read(fd, cl->comm, sizeof(cl->comm) - 1);
+	close(fd);
+	cl->comm[n > 0 ? n : 0] = '\0';
+	cl->comm[strcspn(cl->comm, "\n")] = '\0';
+	make_printable(cl->comm);
+}
+
+void inspect_client_hello(struct client *cl, const char *text)
+{
+	snprintf(cl->hello, sizeof(cl->hello), "%s", text ? text : "");
+	make_printable(cl->hello);
+}
+
+/*
+ * n reply entries of sz bytes each behind an array of n pointers to them,
+ * in one allocation: free() the array. NULL when out of memory.
+ */
+static void *entry_array(size_t n, size_t sz)
+{
+	void **p = malloc(n * (sizeof(void *) + sz) + 1);
+	char *e = (char *)(p + n);
+
+	for (size_t i = 0; p && i < n; i++)
+		p[i] = e + i * sz;
+	return p;
+}
+
+static uint32_t page_limit(uint32_t asked)
+{
+	return asked && asked < INSPECT_PAGE_MAX ? asked : INSPECT_PAGE_MAX;
+}
+
+/* --- LeaseList ---------------------------------------------------------------- */
+
+/* The leases one connection holds on one tensor. */
+struct holding {
+	const struct tensor *t;	 /* borrowed: a lease holds it */
+	const struct client *cl; /* borrowed */
+	uint64_t since;		 /* CLOCK_MONOTONIC, the oldest lease's */
+	uint32_t count;
+};
+
+static int cmp_holding(const void *a, const void *b)
+{
+	const struct holding *x = a, *y = b;
+	uint64_t cx = x->cl->conn->id, cy = y->cl->conn->id;
+
+	if (x->t->id != y->t->id)
+		return x->t->id < y->t->id ? -1 : 1;
+	return cx < cy ? -1 : cx > cy;
+}
+
+/* Whether a lease of conn on t belongs in the answer to m for me. */
+static bool lease_wanted(const struct tensor *t, uint64_t conn_id, const Tensord__LeaseList *m,
+			 size_t name_len, const struct client *me)
+{
+	if (name_len && (t->name_len != name_len || memcmp(t->name, m->name, name_len) != 0))
+		return false;
+	if (t->id < m->after_tensor || (t->id == m->after_tensor && conn_id <= m->after_conn))
+		return false;
+	return registry_may_inspect(t, &me->rc);
+}
+
+/*
+ * Every wanted lease as a holding of count 1. On success the caller owns
+ * *ret (free() it). 0 or -ENOMEM.
+ */
+static int collect_leases(const struct client *me, const Tensord__LeaseList *m,
+			  struct holding **ret, size_t *ret_n)
+{
+	size_t n = 0, cap = 0, name_len = strlen(m->name);
+	struct holding *v = NULL;
+
+	for (struct conn *c = me->srv->conns.head; c; c = c->next) {
+		const struct client *cl = conn_data(c);
+		const struct reg_client *rc = &cl->rc;
+
+		for (uint32_t s = 0; s < rc->n_slots; s++) {
+			const struct tensor *t = rc->leases[s].t;
+
+			if (!t || !lease_wanted(t, c->id, m, name_len, me))
+				continue;
+			if (n == cap) {
+				size_t ncap = cap ? 2 * cap : 64;
+				struct holding *nv = realloc(v, ncap * sizeof(*nv));
+
+				if (!nv) {
+					free(v);
+					return -ENOMEM;
+				}
+				v = nv;
+				cap = ncap;
+			}
+			v[n++] = (struct holding){ t, cl, rc->leases[s].since_ns, 1 };
+		}
+	}
+	*ret = v;
+	*ret_n = n;
+	return 0;
+}
+
+/* Sorts v and folds the leases of one connection on one tensor together. Returns the count. */
+static size_t fold_holdings(struct holding *v, size_t n)
+{
+	size_t out = 0;
+
+	if (n)
+		qsort(v, n, sizeof(*v), cmp_holding);
+	for (size_t i = 0; i < n; i++) {
+		struct holding *last = out ? &v[out - 1] : NULL;
+
+		if (last && last->t == v[i].t && last->cl == v[i].cl) {
+			last->count++;
+			if (v[i].since < last->since)
+				last->since = v[i].since;
+			continue;
+		}
+		v[out++] = v[i];
+	}
+	return out;
+}
+
+static void fill_holder(Tensord__LeaseHolder *h, const struct holding *x, const struct clocks *k)
+{
+	tensord__lease_holder__init(h);
+	h->name = x->t->name;
+	h->tensor_id = x->t->id;
+	h->state = (Tensord__State)x->t->state;
+	h->conn_id = x->cl->conn->id;
+	h->pid = x->cl->rc.pid;
+	h->uid = x->cl->rc.uid;
+	h->gid = x->cl->rc.gid;
+	h->comm = (char *)x->cl->comm;
+	h->count = x->count;
+	h->since_ns = wall_of(k, x->since);
+	h->held_ns = ago(k, x->since);
+}
+
+static void send_holders(struct conn *c, uint64_t req_id, const struct holding *v, size_t n,
+			 bool more)
+{
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	Tensord__LeaseListReply lr = TENSORD__LEASE_LIST_REPLY__INIT;
+	Tensord__LeaseHolder **ph = entry_array(n, sizeof(**ph));
+	struct clocks k = clocks_now();
+
+	if (!ph) {
+		reply_status(c, req_id, -ENOMEM, "out of memory listing lease holders");
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		fill_holder(ph[i], &v[i], &k);
+	lr.n_holders = n;
+	lr.holders = ph;
+	lr.more = more;
+	rep.id = req_id;
+	rep.body_case = TENSORD__REPLY__BODY_LEASE_LIST;
+	rep.lease_list = &lr;
+	conn_send(c, &rep.base, -1);
+	free(ph);
+}
+
+void inspect_leases(struct client *cl, uint64_t req_id, const Tensord__LeaseList *m)
+{
+	size_t len = strlen(m->name), n = 0;
+	uint32_t limit = page_limit(m->limit);
+	struct holding *v = NULL;
+	char why[300];
+
+	/* The one check of this name from a peer, as dispatch does for the others. */
+	if (len && td_name_check(m->name, len, why, sizeof(why)) < 0) {
+		reply_status(cl->conn, req_id, -EINVAL, why);
+		return;
+	}
+	if (collect_leases(cl, m, &v, &n) < 0) {
+		reply_status(cl->conn, req_id, -ENOMEM, "out of memory listing lease holders");
+		return;
+	}
+	n = fold_holdings(v, n);
+	send_holders(cl->conn, req_id, v, n < limit ? n : limit, n > limit);
+	free(v);
+}
+
+/* --- ClientList --------------------------------------------------------------- */
+
+static int cmp_client(const void *a, const void *b)
+{
+	uint64_t x = (*(struct client *const *)a)->conn->id;
+	uint64_t y = (*(struct client *const *)b)->conn->id;
+
+	return x < y ? -1 : x > y;
+}
+
+static void fill_client(Tensord__ClientInfo *ci, const struct client *cl, const struct clocks *k)
+{
+	tensord__client_info__init(ci);
+	ci->conn_id = cl->conn->id;
+	ci->pid = cl->rc.pid;
+	ci->uid = cl->rc.uid;
+	ci->gid = cl->rc.gid;
+	ci->comm = (char *)cl->comm;
+	ci->client = (char *)cl->hello;
+	ci->connected_ns = wall_of(k, cl->connected_ns);
+	ci->leases = cl->rc.n_leases;
+	ci->tensors_created = cl->rc.n_created;
+	ci->waiters = cl->waits.n_waiters;
+	ci->bytes_queued = cl->conn->out_bytes;
+	ci->requests = cl->requests;
+}
+
+static void send_clients(struct conn *c, uint64_t req_id, struct client *const *v, size_t n,
+			 bool more)
+{
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	Tensord__ClientListReply cr = TENSORD__CLIENT_LIST_REPLY__INIT;
+	Tensord__ClientInfo **pci = entry_array(n, sizeof(**pci));
+	struct clocks k = clocks_now();
+
+	if (!pci) {
+		reply_status(c, req_id, -ENOMEM, "out of memory listing clients");
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		fill_client(pci[i], v[i], &k);
+	cr.n_clients = n;
+	cr.clients = pci;
+	cr.more = more;
+	rep.id = req_id;
+	rep.body_case = TENSORD__REPLY__BODY_CLIENT_LIST;
+	rep.client_list = &cr;
+	conn_send(c, &rep.base, -1);
+	free(pci);
+}
+
+void inspect_clients(struct client *cl, uint64_t req_id, const Tensord__ClientList *m)
+{
+	struct conn_set *set = &cl->srv->conns;
+	struct client **v = malloc((set->n ? set->n : 1) * sizeof(*v));
+	uint32_t limit = page_limit(m->limit);
+	size_t n = 0;
+
+	if (!v) {
+		reply_status(cl->conn, req_id, -ENOMEM, "out of memory listing clients");
+		return;
+	}
+	for (struct conn *c = set->head; c && n < set->n; c = c->next)
+		if (c->id > m->after && (cl->rc.uid == 0 || c->uid == cl->rc.uid))
+			v[n++] = conn_data(c);
+	if (n)
+		qsort(v, n, sizeof(*v), cmp_client);
+	send_clients(cl->conn, req_id, v, n < limit ? n : limit, n > limit);
+	free(v);
+}

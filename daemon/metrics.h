@@ -1,0 +1,71 @@
+/*
+ * Metrics: counters kept where things happen, and the Prometheus text
+ * exposition (format 0.0.4) of them and of the daemon's state. The text is
+ * written here by hand: it is a few lines of "name{labels} value", and the
+ * only Prometheus client library Debian packages for C-family code
+ * (prometheus-cpp) is C++ and brings its own HTTP server thread; none fits
+ * a C daemon on one libuv loop (docs/operating.md says more).
+ *
+ * The counters are one set per process (the daemon has one loop thread and
+ * one of everything); everything here runs on that thread.
+ */
+#ifndef TENSORD_METRICS_H
+#define TENSORD_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct server;
+
+/* Request kinds counted: the Request.body field numbers below this. */
+#define METRICS_KINDS 32
+/* Errors counted by errno value below this; larger ones count as the last. */
+#define METRICS_ERRNOS 134
+/* Attach latency buckets (upper bounds, nanoseconds), not counting +Inf. */
+#define METRICS_ATTACH_BUCKETS 12
+
+extern const uint64_t metrics_attach_bounds_ns[METRICS_ATTACH_BUCKETS];
+
+/*
+ * A request of this kind (Request.body_case) was decoded, or a frame that
+ * was none (0: malformed, unknown, or broken framing). It becomes the
+ * current request, whose replies metrics_reply_status() counts.
+ */
+void metrics_request(unsigned kind);
+
+/* A reply with this status went out for the current request; < 0 counts as an error. */
+void metrics_reply_status(int status);
+
+/* A connection was accepted. */
+void metrics_connection(void);
+
+/* An attach was parked until its name is published. */
+void metrics_attach_parked(void);
+
+/*
+ * A parked attach is being answered: it becomes the current request, and
+ * its latency is measured from now (the wait is not counted).
+ */
+void metrics_attach_woken(void);
+
+/*
+ * The current attach got its lease and its reply is queued: observes the
+ * time since its request was decoded (or, for a parked one, woken).
+ */
+void metrics_attach_served(void);
+
+/* The bucket of a duration: 0 .. METRICS_ATTACH_BUCKETS (the last is +Inf). */
+unsigned metrics_attach_bucket(uint64_t ns);
+
+/*
+ * The exposition text of srv's state and the counters. On success *ret is
+ * malloc'ed and NUL-terminated, owned by the caller (free()), and *ret_len
+ * its length. 0 or -ENOMEM.
+ */
+int metrics_render(const struct server *srv, char **ret, size_t *ret_len);
+
+/* Answers a Metrics request on c with the text of srv. */
+struct conn;
+void metrics_reply(struct conn *c, uint64_t req_id, const struct server *srv);
+
+#endif

@@ -1,0 +1,388 @@
+/*
+ * The metrics endpoint: HTTP/1.0, one request per connection, GET /metrics
+ * only. Prometheus scrapes with a plain GET and reads to the end, so this
+ * is all the HTTP a scrape needs; anything else is answered with a status
+ * and closed. There is one endpoint per daemon, so its state is one
+ * file-scope struct.
+ *
+ * Each connection owns two handles (the stream and its deadline timer) and
+ * is freed when both are closed; the stream is shut down before it is
+ * closed, so the response is never cut off by a reset.
+ */
+#include "metrics_http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "server.h"
+
+union stream {
+	uv_handle_t handle;
+	uv_stream_t stream;
+	uv_tcp_t tcp;
+	uv_pipe_t pipe;
+};
+
+struct http_conn {
+	union stream s;
+	uv_timer_t timer;
+	uv_write_t wr;
+	uv_shutdown_t sd;
+	int open_handles; /* s and timer; freed when both are closed */
+	bool closing, answered;
+	char *body; /* owned; what is being sent */
+	char head[256];
+	size_t in_len;
+	struct http_conn *prev, *next;
+	char in[METRICS_HTTP_REQUEST_MAX];
+};
+
+static struct {
+	uv_loop_t *loop;
+	union stream lsn;
+	bool listening, is_unix;
+	char path[108];
+	metrics_render_fn *render;
+	void *ctx;
+	unsigned n_conns;
+	struct http_conn *head;
+} ep;
+
+int metrics_http_parse(const char *buf, size_t len)
+{
+	const char *eol = memchr(buf, '\n', len), *sp, *path, *pend, *q;
+	size_t line, plen;
+
+	/* The head ends with an empty line; bare LFs are tolerated. */
+	if (!memmem(buf, len, "\r\n\r\n", 4) && !memmem(buf, len, "\n\n", 2))
+		return 0;
+	line = (size_t)(eol - buf);
+	sp = memchr(buf, ' ', line);
+	if (!sp)
+		return 400;
+	path = sp + 1;
+	pend = memchr(path, ' ', (size_t)(buf + line - path));
+	if (!pend || (size_t)(buf + line - pend) < 6 || memcmp(pend + 1, "HTTP/", 5) != 0)
+		return 400;
+	if (sp - buf != 3 || memcmp(buf, "GET", 3) != 0)
+		return 405;
+	plen = (size_t)(pend - path);
+	q = memchr(path, '?', plen);
+	if (q)
+		plen = (size_t)(q - path);
+	return plen == 8 && memcmp(path, "/metrics", 8) == 0 ? 200 : 404;
+}
+
+static void hc_closed(uv_handle_t *h)
+{
+	struct http_conn *hc = h->data;
+
+	if (--hc->open_handles)
+		return;
+	if (hc->prev)
+		hc->prev->next = hc->next;
+	else
+		ep.head = hc->next;
+	if (hc->next)
+		hc->next->prev = hc->prev;
+	ep.n_conns--;
+	free(hc->body);
+	free(hc);
+}
+
+static void hc_close(struct http_conn *hc)
+{
+	if (hc->closing)
+		return;
+	hc->closing = true;
+	uv_close(&hc->s.handle, hc_closed);
+	uv_close((uv_handle_t *)&hc->timer, hc_closed);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+	hc_close(req->data);
+}
+
+static void on_written(uv_write_t *req, int status)
+{
+	struct http_conn *hc = req->data;
+
+	if (hc->closing)
+		return;
+	hc->sd.data = hc;
+	if (status < 0 || uv_shutdown(&hc->sd, &hc->s.stream, on_shutdown) < 0)
+		hc_close(hc);
+}
+
+static const char *reason(int status)
+{
+	switch (status) {
+	case 200:
+		return "OK";
+	case 404:
+		return "Not Found";
+	case 405:
+		return "Method Not Allowed";
+	case 431:
+		return "Request Header Fields Too Large";
+	case 500:
+		return "Internal Server Error";
+	default:
+		return "Bad Request";
+	}
+}
+
+static void respond(struct http_conn *hc, int status)
+{
+	size_t len = 0;
+	uv_buf_t b[2];
+	int n;
+
+	hc->answered = true;
+	uv_read_stop(&hc->s.stream);
+	if (status == 200 && ep.render(ep.ctx, &hc->body, &len) < 0)
+		status = 500;
+	if (status != 200) {
+		/* The body says what this endpoint serves. */
+		hc->body = NULL;
+		len = 0;
+	}
+	n = snprintf(hc->head, sizeof(hc->head),
+		     "HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+		     "Connection: close\r\n\r\n%s",
+		     status, reason(status),
+		     status == 200 ? "text/plain; version=0.0.4; charset=utf-8" : "text/plain",
+		     status == 200 ? len : strlen("tensord serves GET /metrics\n"),
+		     status == 200 ? "" : "tensord serves GET /metrics\n");
+	b[0] = uv_buf_init(hc->head, (unsigned)n);
+	b[1] = uv_buf_init(hc->body ? hc->body : (char *)"", (unsigned)len);
+	hc->wr.data = hc;
+	if (uv_write(&hc->wr, &hc->s.stream, b, 2, on_written) < 0)
+		hc_close(hc);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct http_conn *hc = h->data;
+
+	/* A full buffer gives a length of 0, which libuv reports as UV_ENOBUFS. */
+	*buf = uv_buf_init(hc->in + hc->in_len, (unsigned)(sizeof(hc->in) - hc->in_len));
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+	struct http_conn *hc = s->data;
+	int status;
+
+	if (hc->closing || hc->answered)
+		return;
+	if (nread == UV_ENOBUFS) {
+		respond(hc, 431);
+	} else if (nread < 0) {
+		hc_close(hc);
+	} else if (nread > 0) {
+		hc->in_len += (size_t)nread;
+		status = metrics_http_parse(hc->in, hc->in_len);
+		if (status)
+			respond(hc, status);
+	}
+}
+
+static void on_timeout(uv_timer_t *t)
+{
+	hc_close(t->data);
+}
+
+static void on_connection(uv_stream_t *lsn, int status)
+{
+	struct http_conn *hc;
+
+	if (status < 0) {
+		log_warn("metrics: accept: %s, ignoring", uv_strerror(status));
+		return;
+	}
+	hc = calloc(1, sizeof(*hc));
+	if (!hc) {
+		log_warn("metrics: out of memory for a connection, ignoring");
+		return;
+	}
+	if (ep.is_unix)
+		uv_pipe_init(ep.loop, &hc->s.pipe, 0);
+	else
+		uv_tcp_init(ep.loop, &hc->s.tcp);
+	uv_timer_init(ep.loop, &hc->timer);
+	hc->s.handle.data = hc->timer.data = hc;
+	hc->open_handles = 2;
+	hc->next = ep.head;
+	if (ep.head)
+		ep.head->prev = hc;
+	ep.head = hc;
+	ep.n_conns++;
+	if (uv_accept(lsn, &hc->s.stream) < 0 || ep.n_conns > METRICS_HTTP_CONNS_MAX) {
+		log_debug("metrics: connection refused (%u open)", ep.n_conns - 1);
+		hc_close(hc);
+		return;
+	}
+	uv_timer_start(&hc->timer, on_timeout, METRICS_HTTP_TIMEOUT_MS, 0);
+	uv_read_start(&hc->s.stream, on_alloc, on_read);
+}
+
+/* "HOST:PORT" into *ss. 0, or -EINVAL with the reason. */
+static int parse_tcp(const char *addr, struct sockaddr_storage *ss, char *why, size_t why_len)
+{
+	const char *colon = strrchr(addr, ':');
+	size_t hl = colon ? (size_t)(colon - addr) : 0;
+	unsigned long port;
+	char host[64], *end;
+	int r;
+
+	if (!colon || !hl || hl >= sizeof(host)) {
+		snprintf(why, why_len, "'%s': use HOST:PORT or unix:PATH", addr);
+		return -EINVAL;
+	}
+	memcpy(host, addr, hl);
+	host[hl] = '\0';
+	errno = 0;
+	port = strtoul(colon + 1, &end, 10);
+	if (!colon[1] || *end || errno || port > 65535) {
+		snprintf(why, why_len, "'%s': the port must be 0 to 65535", addr);
+		return -EINVAL;
+	}
+	if (strcmp(host, "localhost") == 0)
+		snprintf(host, sizeof(host), "127.0.0.1");
+	if (host[0] == '[' && host[hl - 1] == ']') {
+		host[hl - 1] = '\0';
+		r = uv_ip6_addr(host + 1, (int)port, (struct sockaddr_in6 *)ss);
+	} else {
+		r = uv_ip4_addr(host, (int)port, (struct sockaddr_in *)ss);
+	}
+	if (r < 0) {
+		snprintf(why, why_len, "'%s': not a numeric address (127.0.0.1:9464, [::1]:9464)",
+			 addr);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static bool is_loopback(const struct sockaddr_storage *ss)
+{
+	if (ss->ss_family == AF_INET)
+		return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+	return memcmp(&((const struct sockaddr_in6 *)ss)->sin6_addr, &in6addr_loopback,
+		      sizeof(in6addr_loopback)) == 0;
+}
+
+static int listen_tcp(const char *addr, char *why, size_t why_len)
+{
+	struct sockaddr_storage ss = { 0 };
+	int len = sizeof(ss), r;
+	char host[64] = "";
+
+	r = parse_tcp(addr, &ss, why, why_len);
+	if (r < 0)
+		return r;
+	uv_tcp_init(ep.loop, &ep.lsn.tcp);
+	r = uv_tcp_bind(&ep.lsn.tcp, (const struct sockaddr *)&ss, 0);
+	if (r == 0)
+		r = uv_listen(&ep.lsn.stream, 64, on_connection);
+	if (r < 0) {
+		snprintf(why, why_len, "'%s': %s", addr, uv_strerror(r));
+		uv_close(&ep.lsn.handle, NULL);
+		return r;
+	}
+	uv_tcp_getsockname(&ep.lsn.tcp, (struct sockaddr *)&ss, &len);
+	if (ss.ss_family == AF_INET)
+		uv_ip4_name((struct sockaddr_in *)&ss, host, sizeof(host));
+	else
+		uv_ip6_name((struct sockaddr_in6 *)&ss, host, sizeof(host));
+	log_info("metrics: serving http://%s%s%s:%u/metrics", ss.ss_family == AF_INET ? "" : "[",
+		 host, ss.ss_family == AF_INET ? "" : "]",
+		 ntohs(((struct sockaddr_in *)&ss)->sin_port));
+	if (!is_loopback(&ss))
+		log_warn("metrics: %s is not a loopback address: anyone who can reach this host "
+			 "can read the metrics",
+			 addr);
+	return 0;
+}
+
+/* Binds path as the daemon's own socket is bound: stale replaced, mode set before use. */
+static int listen_unix(const char *path, mode_t mode, gid_t gid, char *why, size_t why_len)
+{
+	struct stat st;
+	mode_t old;
+	int r;
+
+	if (!*path || strlen(path) >= sizeof(ep.path)) {
+		snprintf(why, why_len, "unix:%s: the path must be 1 to %zu bytes", path,
+			 sizeof(ep.path) - 1);
+		return -EINVAL;
+	}
+	if (lstat(path, &st) == 0) {
+		if (!S_ISSOCK(st.st_mode) || server_socket_is_live(path)) {
+			snprintf(why, why_len, "unix:%s: %s", path,
+				 S_ISSOCK(st.st_mode) ? "in use" : "exists and is not a socket");
+			return S_ISSOCK(st.st_mode) ? -EADDRINUSE : -EEXIST;
+		}
+		unlink(path);
+	}
+	snprintf(ep.path, sizeof(ep.path), "%s", path);
+	uv_pipe_init(ep.loop, &ep.lsn.pipe, 0);
+	old = umask(0177);
+	r = uv_pipe_bind(&ep.lsn.pipe, path);
+	umask(old);
+	if (r == 0 &&
+	    ((gid != (gid_t)-1 && chown(path, (uid_t)-1, gid) < 0) || chmod(path, mode) < 0))
+		r = -errno;
+	if (r == 0)
+		r = uv_listen(&ep.lsn.stream, 64, on_connection);
+	if (r < 0) {
+		snprintf(why, why_len, "unix:%s: %s", path, uv_strerror(r));
+		uv_close(&ep.lsn.handle, NULL);
+		unlink(path);
+		return r;
+	}
+	ep.is_unix = true;
+	log_info("metrics: serving GET /metrics on unix:%s (mode %03o)", path, (unsigned)mode);
+	return 0;
+}
+
+int metrics_http_start(uv_loop_t *loop, const char *addr, mode_t mode, gid_t gid,
+		       metrics_render_fn *render, void *ctx, char *why, size_t why_len)
+{
+	int r;
+
+	ep.loop = loop;
+	ep.render = render;
+	ep.ctx = ctx;
+	if (strncmp(addr, "unix:", 5) == 0)
+		r = listen_unix(addr + 5, mode, gid, why, why_len);
+	else
+		r = listen_tcp(addr, why, why_len);
+	ep.listening = r == 0;
+	return r;
+}
+
+void metrics_http_stop(void)
+{
+	struct http_conn *hc, *next;
+
+	if (!ep.listening)
+		return;
+	ep.listening = false;
+	uv_close(&ep.lsn.handle, NULL);
+	if (ep.is_unix)
+		unlink(ep.path);
+	for (hc = ep.head; hc; hc = next) {
+		next = hc->next;
+		hc_close(hc);
+	}
+}
