@@ -3,10 +3,11 @@
 # show a put / ls / get round trip against it. Ctrl-C stops the daemon.
 set -euo pipefail
 B=${1:-build}
+PY=${PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-sock=$(python3 - <<'PY'
+sock=$("$PY" - <<'PY'
 import os
 if os.environ.get("TENSORD_SOCKET"): print(os.environ["TENSORD_SOCKET"])
 elif os.environ.get("XDG_RUNTIME_DIR"): print(os.environ["XDG_RUNTIME_DIR"] + "/tensord.sock")
@@ -23,7 +24,7 @@ for _ in $(seq 100); do [ -s "$work/ready" ] && break; sleep 0.05; done
 [ -s "$work/ready" ] || { echo "tensord did not start" >&2; exit 1; }
 
 echo "== tensord is serving $sock (pid $daemon)"
-python3 - "$work/in.npy" <<'PY'
+"$PY" - "$work/in.npy" <<'PY'
 import sys, numpy as np
 np.save(sys.argv[1], np.arange(12, dtype=np.float32).reshape(3, 4))
 PY
@@ -35,7 +36,7 @@ echo "== tensorctl stat demo/inputs/0"
 "$B/tensorctl" stat demo/inputs/0
 echo "== tensorctl get demo/inputs/0 out.npy"
 "$B/tensorctl" get demo/inputs/0 "$work/out.npy"
-python3 - "$work/in.npy" "$work/out.npy" <<'PY'
+"$PY" - "$work/in.npy" "$work/out.npy" <<'PY'
 import sys, numpy as np
 a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
 assert a.dtype == b.dtype and (a == b).all()
@@ -43,7 +44,7 @@ print("== round trip ok: %s %s, identical bytes" % (b.dtype, b.shape))
 PY
 if [ -f "$B/python/tensord/__init__.py" ]; then
 	echo "== the same tensor from Python, zero copy"
-	PYTHONPATH="$B/python" python3 -c '
+	PYTHONPATH="$B/python" "$PY" -c '
 import numpy as np, tensord
 c = tensord.connect()
 with c.attach("demo/inputs/0") as t:
