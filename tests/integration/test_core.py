@@ -1,6 +1,7 @@
 """Integration tests: a real tensord and real client processes (tdclient,
 a C program over libtensord driven one command per line)."""
 import os
+import shutil
 import signal
 import subprocess
 import stat as statmod
@@ -19,11 +20,24 @@ def open_dir():
     return d
 
 
+@pytest.fixture(scope="module")
+def tdclient_for_all():
+    """tdclient copied into a 0755 directory, for processes of another uid:
+    the checkout may lie under a 0700 directory (a clone in /root), where
+    they cannot reach build/."""
+    d = open_dir()
+    exe = os.path.join(d, "tdclient")
+    shutil.copy(build_path("tests", "helpers", "tdclient"), exe)
+    os.chmod(exe, 0o755)
+    yield exe
+    shutil.rmtree(d)
+
+
 class Client:
     """One tdclient process."""
 
-    def __init__(self, sock, connect=True, preexec=None, env=None):
-        self.p = subprocess.Popen([build_path("tests", "helpers", "tdclient")],
+    def __init__(self, sock, connect=True, preexec=None, env=None, exe=None):
+        self.p = subprocess.Popen([exe or build_path("tests", "helpers", "tdclient")],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True, bufsize=1, preexec_fn=preexec, env=env)
         if connect:
@@ -328,7 +342,7 @@ def test_hup_usr1_usr2_are_logged_not_fatal(daemon_factory):
     c.close()
 
 
-def test_permissions_other_uid(daemon_factory, tmp_path):
+def test_permissions_other_uid(daemon_factory, tdclient_for_all):
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another uid (setpriv)")
     d = daemon_factory("--mode", "0666", sub=open_dir())
@@ -345,7 +359,7 @@ def test_permissions_other_uid(daemon_factory, tmp_path):
         os.setgid(65534)
         os.setuid(65534)
 
-    other = Client(d.socket, preexec=as_nobody)
+    other = Client(d.socket, preexec=as_nobody, exe=tdclient_for_all)
     try:
         out = other.err("attach priv 0", "EACCES")
         assert "priv" in out and "600" in out
@@ -359,12 +373,12 @@ def test_permissions_other_uid(daemon_factory, tmp_path):
         owner.close()
 
 
-def test_socket_0600_refuses_other_uid(daemon_factory):
+def test_socket_0600_refuses_other_uid(daemon_factory, tdclient_for_all):
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another uid")
     daemon = daemon_factory(sub=open_dir())
     p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                        build_path("tests", "helpers", "tdclient")],
+                        tdclient_for_all],
                        input=f"connect {daemon.socket}\n", capture_output=True, text=True,
                        timeout=10)
     assert p.stdout.startswith("err"), p.stdout
