@@ -51,7 +51,7 @@ PyObject *td_raise(int rc)
 
 PyObject *td_raise_connect(int rc)
 {
-	return rc == -ENOENT ? raise_as(NoDaemonError, rc) : td_raise(rc);
+	return rc == -ENOENT || rc == -ENOTSOCK ? raise_as(NoDaemonError, rc) : td_raise(rc);
 }
 
 /* --- module functions ------------------------------------------------------ */

@@ -126,7 +126,7 @@ int cmd_put(tensord_client *c, const struct args *a)
 		/* Keep the reason, then drop the half-made tensor so a retry can reuse the name. */
 		snprintf(saved, sizeof(saved), "%s", errmsg(rc));
 		tensord_unlink(c, name);
-		return report(saved, name);
+		return report(rc, saved, name);
 	}
 	return 0;
 }

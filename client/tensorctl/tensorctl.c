@@ -2,7 +2,8 @@
  * tensorctl: the command-line client of tensord (CONTRACT.md §7).
  *
  * It uses only the public libtensord API. Exit status: 0 on success, 1 when
- * an operation fails (the reason on stderr), 2 on a usage error. This file
+ * an operation fails (the reason on stderr), 2 on a usage error, 124 when
+ * wait timed out (docs/tensorctl.md). This file
  * parses the command line and runs one command (commands.c); output.c
  * holds the formats, which docs/tensorctl.md describes.
  */
@@ -33,7 +34,7 @@ static const char usage_text[] =
 	"  stats [--json]                   daemon totals, per device\n"
 	"--socket PATH (else $TENSORD_SOCKET, else the default path) picks the daemon;\n"
 	"-h/--help, --version. Options may come before or after the arguments.\n"
-	"exit status: 0 success, 1 operation error, 2 usage error\n";
+	"exit status: 0 success, 1 operation error, 2 usage error, 124 timed out\n";
 
 /* One command: what runs it, how many positionals and which options it takes. */
 struct command {
@@ -230,30 +231,36 @@ static int parse_args(int argc, char **argv, struct args *a, const struct comman
 	return 0;
 }
 
+/* Reports a failed connect to socket (NULL: the default path); the exit status. */
+static int connect_failed(int rc, const char *socket)
+{
+	char path[256], msg[768];
+
+	if (!socket && tensord_default_socket_path(path, sizeof(path)) == 0)
+		socket = path;
+	/* The library's message usually names the path already. */
+	if (socket && strstr(errmsg(rc), socket))
+		return report(rc, errmsg(rc), NULL);
+	snprintf(msg, sizeof(msg), "cannot connect to %s: %s", socket ? socket : "tensord",
+		 errmsg(rc));
+	return report(rc, msg, NULL);
+}
+
 int main(int argc, char **argv)
 {
 	struct args a = { .timeout_ms = -1 };
 	const struct command *cmd;
 	tensord_client *c;
-	char path[256];
 	int rc;
 
 	rc = parse_args(argc, argv, &a, &cmd);
 	if (rc || !cmd)
 		return rc;
 
+	report_as_json(a.seen & OPT_JSON);
 	rc = tensord_connect(a.socket, &c);
-	if (rc < 0) {
-		/* The library's message usually names the path already. */
-		if (!a.socket && tensord_default_socket_path(path, sizeof(path)) == 0)
-			a.socket = path;
-		if (a.socket && strstr(errmsg(rc), a.socket))
-			fprintf(stderr, "tensorctl: %s\n", errmsg(rc));
-		else
-			fprintf(stderr, "tensorctl: cannot connect to %s: %s\n",
-				a.socket ? a.socket : "tensord", errmsg(rc));
-		return EXIT_OP;
-	}
+	if (rc < 0)
+		return connect_failed(rc, a.socket);
 	rc = cmd->run(c, &a);
 	tensord_close(c);
 	return rc;

@@ -13,8 +13,10 @@
 
 #include <tensord/tensord.h>
 
+/* Exit statuses (docs/tensorctl.md, "Exit status"). 124: as timeout(1). */
 #define EXIT_OP 1
 #define EXIT_USAGE 2
+#define EXIT_TIMEOUT 124
 
 /* Options, as bits, so each command can say which it takes. */
 enum { OPT_JSON = 1, OPT_MUTABLE = 2, OPT_MODE = 4, OPT_LIFETIME = 8, OPT_TIMEOUT = 16 };
@@ -51,10 +53,15 @@ int cmd_wait(tensord_client *c, const struct args *a);
 const char *errmsg(int rc);
 
 /*
- * Reports a failed call on stderr, made to name the tensor when there is
- * one (name may be NULL). Returns EXIT_OP.
+ * Reports the failure rc (a negative errno) with msg on stderr, made to
+ * name the tensor when there is one (name may be NULL): one line of text,
+ * or one JSON object after report_as_json(true). Returns the exit status:
+ * EXIT_TIMEOUT for -ETIMEDOUT, else EXIT_OP.
  */
-int report(const char *msg, const char *name);
+int report(int rc, const char *msg, const char *name);
+
+/* Whether report() writes JSON (--json was given). */
+void report_as_json(bool on);
 
 /* report(errmsg(rc), name). */
 int op_error(int rc, const char *name);
