@@ -52,9 +52,8 @@ fi
 import sys, numpy as np
 np.save(sys.argv[1], np.arange(12, dtype=np.float32).reshape(3, 4))
 PY
-echo "== tensorctl put demo/inputs/0 in.npy"
-"$B/tensorctl" rm demo/inputs/0 2>/dev/null || true   # left by an earlier run
-"$B/tensorctl" put demo/inputs/0 "$work/in.npy"
+echo "== tensorctl put demo/inputs/0 in.npy --force   (--force: replace an earlier run's)"
+"$B/tensorctl" put demo/inputs/0 "$work/in.npy" --force
 echo "== tensorctl ls"
 "$B/tensorctl" ls
 echo "== tensorctl stat demo/inputs/0"

@@ -177,7 +177,7 @@ static PyObject *Client_attach(ClientObject *self, PyObject *args, PyObject *kwd
 static PyObject *Client_create(ClientObject *self, PyObject *args, PyObject *kwds)
 {
 	static char *kwlist[] = {"name", "shape", "dtype", "device", "mutable", "lifetime",
-				 "mode", "strides", NULL};
+				 "mode", "strides", "replace", NULL};
 	PyObject *shape_o, *dtype_o, *device_o = NULL, *mutable_o = NULL, *lifetime_o = NULL,
 		*mode_o = NULL, *strides_o = Py_None;
 	int64_t shape[TENSORD_NDIM_MAX], strides[TENSORD_NDIM_MAX];
@@ -185,11 +185,11 @@ static PyObject *Client_create(ClientObject *self, PyObject *args, PyObject *kwd
 	DLManagedTensorVersioned *mt = NULL;
 	tensord_client *c;
 	const char *name;
-	int rc;
+	int rc, replace = 0;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sOO|OOOOO:create", kwlist, &name, &shape_o,
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sOO|OOOOO$p:create", kwlist, &name, &shape_o,
 					 &dtype_o, &device_o, &mutable_o, &lifetime_o, &mode_o,
-					 &strides_o))
+					 &strides_o, &replace))
 		return NULL;
 	if ((spec.ndim = td_parse_dims(shape_o, "shape", shape)) < 0 ||
 	    td_parse_dtype(dtype_o, &spec.dtype) < 0 ||
@@ -197,6 +197,8 @@ static PyObject *Client_create(ClientObject *self, PyObject *args, PyObject *kwd
 	    td_parse_flags(mutable_o, lifetime_o, mode_o, &spec.flags, &spec.mode) < 0)
 		return NULL;
 	spec.shape = spec.ndim ? shape : NULL;
+	if (replace)
+		spec.flags |= TENSORD_REPLACE;
 	if (strides_o != Py_None) {
 		int n = td_parse_dims(strides_o, "strides", strides);
 
@@ -309,18 +311,22 @@ static PyMethodDef Client_methods[] = {
 	 "is read-only unless the tensor was created mutable and the caller may write it."},
 	{"create", (PyCFunction)(void (*)(void))Client_create, METH_VARARGS | METH_KEYWORDS,
 	 "create(name, shape, dtype, device='cpu', mutable=False, lifetime='persistent',\n"
-	 "       mode=None, strides=None) -> Tensor\n\n"
+	 "       mode=None, strides=None, *, replace=False) -> Tensor\n\n"
 	 "Allocates a tensor in the daemon and returns it writable to the caller; nobody else\n"
 	 "sees it until Tensor.publish(). dtype is a name such as 'float32' (numpy and torch\n"
 	 "dtypes are accepted too); strides are in elements (default row-major compact);\n"
 	 "lifetime='connection' unlinks it when this client's connection closes; mode is\n"
-	 "permission bits as for files (default 0o600)."},
+	 "permission bits as for files (default 0o600). replace=True takes over the name of\n"
+	 "a tensor the caller owns (see put)."},
 	{"put", (PyCFunction)(void (*)(void))td_client_put, METH_VARARGS | METH_KEYWORDS,
-	 "put(name, obj, mutable=False, lifetime='persistent', mode=None) -> None\n\n"
+	 "put(name, obj, mutable=False, lifetime='persistent', mode=None, *, replace=False)\n"
+	 "    -> None\n\n"
 	 "Copies obj once into a new daemon tensor and publishes it. obj is any DLPack producer\n"
 	 "in host memory (numpy, torch, jax arrays, a Tensor) or any object with the buffer\n"
 	 "protocol (bytes, array.array, memoryview). Any strides are accepted; the copy is\n"
-	 "stored row-major compact."},
+	 "stored row-major compact. replace=True puts over an existing tensor of that name\n"
+	 "that the caller owns (PermissionError if another user does): the daemon unlinks\n"
+	 "it in the same step, and arrays or leases of the old tensor keep their bytes."},
 	{"stat", (PyCFunction)Client_stat, METH_VARARGS,
 	 "stat(name) -> TensorInfo\n\nDescribes one tensor (FileNotFoundError if there is none)."},
 	{"list", (PyCFunction)(void (*)(void))Client_list, METH_VARARGS | METH_KEYWORDS,

@@ -114,6 +114,9 @@ int cmd_put(tensord_client *c, const struct args *a)
 	rc = tensord_create(c, name, &spec, &t);
 	if (rc < 0) {
 		npy_unmap(&m);
+		if (rc == -EEXIST && !(a->flags & TENSORD_REPLACE))
+			return report(rc, "already exists (put --force replaces a tensor you own)",
+				      name);
 		return op_error(rc, name);
 	}
 	if (m.hdr.data_bytes)

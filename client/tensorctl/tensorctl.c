@@ -26,8 +26,9 @@ static const char usage_text[] =
 	"usage: tensorctl [--socket PATH] COMMAND [ARGS] [OPTIONS]\n\n"
 	"  ls [PREFIX] [--json]             list tensors whose name starts with PREFIX\n"
 	"  stat NAME [--json]               describe one tensor\n"
-	"  put NAME FILE.npy [--mutable] [--mode MODE] [--lifetime persistent|connection]\n"
+	"  put NAME FILE.npy [--force] [--mutable] [--mode MODE] [--lifetime persistent|connection]\n"
 	"                                   create NAME from a .npy file and publish it\n"
+	"                                   (--force: replace a NAME you own)\n"
 	"  get NAME OUT.npy                 write a tensor to a .npy file (- for stdout)\n"
 	"  rm NAME                          unlink a tensor\n"
 	"  wait NAME [--timeout SEC] [--json]  wait until NAME is published\n"
@@ -62,8 +63,9 @@ usage_error(const char *cmd_usage, const char *fmt, ...)
 static const struct command commands[] = {
 	{ "ls", cmd_ls, 0, 1, OPT_JSON, "ls [PREFIX] [--json]" },
 	{ "stat", cmd_stat, 1, 1, OPT_JSON, "stat NAME [--json]" },
-	{ "put", cmd_put, 2, 2, OPT_MUTABLE | OPT_MODE | OPT_LIFETIME,
-	  "put NAME FILE.npy [--mutable] [--mode MODE] [--lifetime persistent|connection]" },
+	{ "put", cmd_put, 2, 2, OPT_MUTABLE | OPT_MODE | OPT_LIFETIME | OPT_FORCE,
+	  "put NAME FILE.npy [--force] [--mutable] [--mode MODE] "
+	  "[--lifetime persistent|connection]" },
 	{ "get", cmd_get, 2, 2, 0, "get NAME OUT.npy" },
 	{ "rm", cmd_rm, 1, 1, 0, "rm NAME" },
 	{ "wait", cmd_wait, 1, 1, OPT_TIMEOUT | OPT_JSON, "wait NAME [--timeout SEC] [--json]" },
@@ -81,6 +83,7 @@ static const struct {
 	{ "--socket", 0, true }, { "--json", OPT_JSON, false },
 	{ "--mutable", OPT_MUTABLE, false }, { "--mode", OPT_MODE, true },
 	{ "--lifetime", OPT_LIFETIME, true }, { "--timeout", OPT_TIMEOUT, true },
+	{ "--force", OPT_FORCE, false },
 };
 
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
@@ -100,6 +103,9 @@ static const char *set_option(struct args *a, unsigned bit, const char *val)
 		return NULL;
 	case OPT_MUTABLE:
 		a->flags |= TENSORD_MUTABLE;
+		return NULL;
+	case OPT_FORCE:
+		a->flags |= TENSORD_REPLACE;
 		return NULL;
 	case OPT_MODE:
 		errno = 0;

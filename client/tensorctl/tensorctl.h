@@ -19,14 +19,21 @@
 #define EXIT_TIMEOUT 124
 
 /* Options, as bits, so each command can say which it takes. */
-enum { OPT_JSON = 1, OPT_MUTABLE = 2, OPT_MODE = 4, OPT_LIFETIME = 8, OPT_TIMEOUT = 16 };
+enum {
+	OPT_JSON = 1,
+	OPT_MUTABLE = 2,
+	OPT_MODE = 4,
+	OPT_LIFETIME = 8,
+	OPT_TIMEOUT = 16,
+	OPT_FORCE = 32,
+};
 
 struct args {
 	const char *socket;     /* borrowed from argv; NULL: the library's default */
 	const char *pos[3];     /* positionals after the command, borrowed from argv */
 	int npos;
 	unsigned seen;          /* OPT_* given */
-	uint32_t flags;         /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION */
+	uint32_t flags;         /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION | TENSORD_REPLACE */
 	uint32_t mode;
 	int timeout_ms;         /* -1: forever */
 };

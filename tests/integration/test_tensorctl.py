@@ -348,3 +348,15 @@ def test_socket_that_is_no_socket_says_so(daemon, tmp_path):
     assert rc == 1 and f"{At.socket} is not a socket but a regular file" in err, err
     rc, _, err = ctl(At, "ls", "--json")
     assert json.loads(err)["error"] == "ENOTSOCK"
+
+
+def test_put_force_replaces(daemon, tmp_path):
+    ok(daemon, "put", "f", save(tmp_path / "a.npy", np.ones(3, np.int8)))
+    rc, _, err = ctl(daemon, "put", "f", save(tmp_path / "b.npy", np.arange(5, dtype=np.int16)))
+    assert rc == 1 and "already exists" in err and "--force" in err
+    ok(daemon, "put", "f", str(tmp_path / "b.npy"), "--force")
+    ok(daemon, "get", "f", str(tmp_path / "out.npy"))
+    got = np.load(tmp_path / "out.npy")
+    assert got.dtype == np.int16 and got.tolist() == [0, 1, 2, 3, 4]
+    ok(daemon, "put", "--force", "g", str(tmp_path / "b.npy"))   # nothing to replace
+    assert ctl(daemon, "get", "f", "x.npy", "--force")[0] == 2, "only put takes --force"
