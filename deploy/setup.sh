@@ -49,7 +49,8 @@ fi
 
 PY=$VENV/bin/python
 py_need=()
-has() { "$PY" -c "import $1" 2>/dev/null; }
+# find_spec, not import: importing tensorflow alone takes seconds.
+has() { "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('$1') is None)" 2>/dev/null; }
 has numpy || py_need+=("numpy>=2")
 if [ "$want" = test ]; then
 	has pytest || py_need+=(pytest)
@@ -61,4 +62,17 @@ fi
 if [ "${#py_need[@]}" -gt 0 ]; then
 	echo "setup: pip installing into $VENV: ${py_need[*]}" >&2
 	"$PY" -m pip install -q "${py_need[@]}"
+fi
+
+# More DLPack consumers for tests/python/test_frameworks.py, each on its own:
+# one without a wheel for this Python must not stop the rest (its tests
+# then skip and say so).
+if [ "$want" = test ] && [ "${TENSORD_SKIP_FRAMEWORKS:-0}" != 1 ]; then
+	for pair in tensorflow:tensorflow-cpu paddle:paddlepaddle tvm_ffi:apache-tvm-ffi \
+		    array_api_strict:array-api-strict; do
+		has "${pair%%:*}" && continue
+		echo "setup: pip installing into $VENV: ${pair#*:}" >&2
+		"$PY" -m pip install -q "${pair#*:}" ||
+			echo "setup: ${pair#*:} did not install (no wheel for this Python?); its tests will skip" >&2
+	done
 fi
