@@ -20,6 +20,13 @@ def open_dir():
     return d
 
 
+def as_nobody():
+    """preexec_fn for a client process of uid and gid 65534 (nobody)."""
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+
+
 @pytest.fixture(scope="module")
 def tdclient_for_all():
     """tdclient copied into a 0755 directory, for processes of another uid:
@@ -354,11 +361,6 @@ def test_permissions_other_uid(daemon_factory, tdclient_for_all):
     owner.ok("create shared uint8 16 mutable mode=0666")
     owner.ok("publish shared")
 
-    def as_nobody():
-        os.setgroups([])
-        os.setgid(65534)
-        os.setuid(65534)
-
     other = Client(d.socket, preexec=as_nobody, exe=tdclient_for_all)
     try:
         out = other.err("attach priv 0", "EACCES")
@@ -418,11 +420,6 @@ def test_replace_by_another_uid_is_refused(daemon_factory, tdclient_for_all):
     owner = Client(d.socket)
     owner.ok("create open uint8 16 mode=0666")
     owner.ok("publish open")
-
-    def as_nobody():
-        os.setgroups([])
-        os.setgid(65534)
-        os.setuid(65534)
 
     other = Client(d.socket, preexec=as_nobody, exe=tdclient_for_all)
     try:
