@@ -3,6 +3,7 @@
 #   make            build daemon, library, tensorctl, Python extension
 #   make run        install what is missing, build, start the daemon, show a round trip
 #   make test       install what is missing, build, run every test (also under ASan/UBSan)
+#                   (Python packages go into the project's virtual environment .venv/)
 #   make bench      attach/release latency figures
 #   make fuzz       libFuzzer run over the frame and message decoder (clang)
 #   make install PREFIX=/usr/local
@@ -19,7 +20,11 @@
 
 B       ?= build
 PREFIX  ?= /usr/local
-PYTHON  ?= python3
+# The project's virtual environment (.venv/, made by deploy/setup.sh for
+# `make run` and `make test`: a distribution's python3 refuses pip, PEP 668);
+# plain python3 until it exists, so `make` alone needs none.
+VENV    ?= .venv
+PYTHON  ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 PKGS    := libuv libprotobuf-c
 
 ifeq ($(V),1)
@@ -84,7 +89,7 @@ all: $(B)/tensord $(B)/tensorctl $(B)/libtensord.so $(B)/libtensord.a $(B)/tenso
      $(PY_EXT) $(PY_FILES) $(HELP_BIN) $(BENCH_BIN)
 
 setup:
-	$(Q)bash deploy/setup.sh
+	$(Q)VENV=$(VENV) bash deploy/setup.sh test
 
 # --- generated protobuf-c code ---------------------------------------------
 $(B)/proto/tensord.pb-c.c $(B)/proto/tensord.pb-c.h: proto/tensord.proto
@@ -200,9 +205,10 @@ test-asan:
 	$(Q)ASAN_OPTIONS=detect_leaks=1 TENSORD_BUILD=$(abspath build-asan) TENSORD_SANITIZED=1 \
 		$(PYTEST) -q -rs tests/integration
 
-run: setup
+run:
+	$(Q)VENV=$(VENV) bash deploy/setup.sh run
 	$(Q)$(MAKE) --no-print-directory all
-	$(Q)bash deploy/demo.sh $(B)
+	$(Q)PYTHON=$(PYTHON) bash deploy/demo.sh $(B)
 
 # C attach latency, then Python put and attach next to their peers, each run
 # both pinned to one CPU (no cross-CPU wake-ups) and unpinned.

@@ -18,6 +18,7 @@
 	XX(ETIMEDOUT, "timed out")                                              \
 	XX(EPROTO, "protocol error")                                            \
 	XX(ECONNREFUSED, "no daemon at socket")                                 \
+	XX(ENOTSOCK, "not a socket")                                            \
 	XX(ECONNRESET, "connection to daemon lost")                             \
 	XX(EPIPE, "connection to daemon lost")                                  \
 	XX(ENOTCONN, "client is closed")                                        \

@@ -144,6 +144,7 @@ static int create_args_from(const Tensord__Create *m, struct create_args *a, cha
 			      : (DLDevice){ kDLCPU, 0 };
 	a->flags = m->flags;
 	a->mode = m->mode;
+	a->replace = m->replace;
 	return 0;
 }
 

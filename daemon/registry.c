@@ -314,10 +314,29 @@ bool registry_published(struct registry *reg, const char *name, size_t len)
 	return t && t->state == TENSORD_STATE_PUBLISHED;
 }
 
-/* What create can refuse before it allocates anything. */
-static int create_check(struct registry *reg, const struct create_args *a, char *why,
-			size_t why_len)
+/* Whether rc may replace old: it owns it (or is root), and old is no one else's draft. */
+static int replace_check(const struct tensor *old, const struct reg_client *rc, char *why,
+			 size_t why_len)
 {
+	if (!visible_to(old, rc)) {
+		snprintf(why, why_len, "tensor '%s': already exists, being created by another client",
+			 old->name);
+		return -EEXIST;
+	}
+	if (rc->uid != 0 && rc->uid != old->owner_uid) {
+		snprintf(why, why_len, "tensor '%s': owned by uid %u; only its owner may replace it",
+			 old->name, old->owner_uid);
+		return -EPERM;
+	}
+	return 0;
+}
+
+/* What create can refuse before it allocates anything. */
+static int create_check(struct registry *reg, const struct reg_client *rc,
+			const struct create_args *a, char *why, size_t why_len)
+{
+	const struct tensor *old;
+
 	/* The registry's one name check, where a name enters the table: dispatch
 	 * has checked every name from a peer already, but the table's invariant
 	 * (every name in it is valid) does not rest on that. */
@@ -325,7 +344,12 @@ static int create_check(struct registry *reg, const struct create_args *a, char 
 
 	if (r < 0)
 		return r;
-	if (find_named(reg, a->name, a->name_len)) {
+	old = find_named(reg, a->name, a->name_len);
+	if (old && a->replace) {
+		r = replace_check(old, rc, why, why_len);
+		if (r < 0)
+			return r;
+	} else if (old) {
 		snprintf(why, why_len, "tensor '%.*s': already exists", (int)a->name_len, a->name);
 		return -EEXIST;
 	}
@@ -450,6 +474,19 @@ static void tensor_insert(struct registry *reg, struct reg_device *dev, struct t
 	reg->n_tensors++;
 }
 
+/* Unlinks the tensor a replaces, if there is one (create_check allowed it). */
+static void replace_old(struct registry *reg, const struct reg_client *rc,
+			const struct create_args *a)
+{
+	struct tensor *old = find_named(reg, a->name, a->name_len);
+
+	if (!old)
+		return;
+	log_debug("tensor '%s': replaced by pid %u, %u leases live on", old->name, rc->pid,
+		  old->refcount);
+	tensor_unlink(reg, old);
+}
+
 int registry_create(struct registry *reg, struct reg_client *rc, const struct create_args *a,
 		    struct tensor **ret_t, uint64_t *ret_lease, char *why, size_t why_len)
 {
@@ -459,7 +496,7 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 	uint64_t nbytes;
 	int r;
 
-	r = create_check(reg, a, why, why_len);
+	r = create_check(reg, rc, a, why, why_len);
 	if (r < 0)
 		return r;
 	if (a->ndim < 0 || a->ndim > TENSORD_NDIM_MAX) {
@@ -492,6 +529,8 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 		free(t);
 		return r;
 	}
+	if (a->replace)
+		replace_old(reg, rc, a);
 	tensor_insert(reg, dev, t);
 	rc->n_created++;
 	r = lease_add(reg, rc, t, ret_lease);

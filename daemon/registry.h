@@ -110,6 +110,7 @@ struct create_args {
 	DLDevice device;
 	uint32_t flags;
 	uint32_t mode;               /* 0: 0600 */
+	bool replace;                /* unlink a tensor of this name rc owns, in the same step */
 	bool shared;                 /* immutable and written by the daemon: may share a slab */
 };
 
@@ -150,6 +151,9 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc);
  * Allocates the tensor, named and in state CREATED, and gives rc a new
  * lease on it (*ret_lease, held in rc's ledger). *ret_t is borrowed: valid
  * while that lease lives. -EINVAL for an invalid name, with the reason.
+ * With a->replace, a tensor of that name is unlinked once the new one has
+ * its memory (so a refused create leaves it in place): -EPERM unless rc
+ * owns it or is root, -EEXIST when another client is still creating it.
  */
 int registry_create(struct registry *reg, struct reg_client *rc, const struct create_args *a,
 		    struct tensor **ret_t, uint64_t *ret_lease, char *why, size_t why_len);

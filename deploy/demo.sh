@@ -1,12 +1,30 @@
 #!/usr/bin/env bash
 # `make run`: start tensord in the foreground with its built-in defaults and
-# show a put / ls / get round trip against it. Ctrl-C stops the daemon.
+# show a put / ls / get round trip against it. Ctrl-C stops the daemon. When
+# a daemon already serves the socket, the demo uses it and leaves it running.
+# TENSORD_DEMO_EXIT=1: do not wait for Ctrl-C even on a terminal.
 set -euo pipefail
-B=${1:-build}
+B=$(cd "${1:-build}" && pwd)
+PY=${PYTHON:-python3}
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+daemon=
 
-sock=$(python3 - <<'PY'
+# Ctrl-C (or TERM) ends the demo with status 0: stopping it is the way out,
+# not a failure, so make prints no "*** Error".
+finish() {
+	trap - EXIT INT TERM
+	if [ -n "$daemon" ]; then
+		kill -TERM "$daemon" 2>/dev/null || true
+		wait "$daemon" 2>/dev/null || true
+		echo "== tensord stopped"
+	fi
+	rm -rf "$work"
+	exit "${1:-0}"
+}
+trap 'finish $?' EXIT
+trap 'finish 0' INT TERM
+
+sock=$("$PY" - <<'PY'
 import os
 if os.environ.get("TENSORD_SOCKET"): print(os.environ["TENSORD_SOCKET"])
 elif os.environ.get("XDG_RUNTIME_DIR"): print(os.environ["XDG_RUNTIME_DIR"] + "/tensord.sock")
@@ -14,28 +32,35 @@ elif os.geteuid() == 0: print("/run/tensord/tensord.sock")
 else: print("/tmp/tensord-%d.sock" % os.geteuid())
 PY
 )
+export TENSORD_SOCKET=$sock
 
-exec 3> >(cat)   # keep the daemon's log on our stdout
-"$B/tensord" --ready-fd 4 4>"$work/ready" 2>&1 &
-daemon=$!
-trap 'kill -TERM $daemon 2>/dev/null; wait $daemon; rm -rf "$work"' EXIT INT TERM
-for _ in $(seq 100); do [ -s "$work/ready" ] && break; sleep 0.05; done
-[ -s "$work/ready" ] || { echo "tensord did not start" >&2; exit 1; }
+if "$B/tensorctl" stats >/dev/null 2>&1; then
+	echo "== a tensord already serves $sock: using it (this demo leaves it running)"
+else
+	"$B/tensord" --ready-fd 4 4>"$work/ready" 2>&1 &
+	daemon=$!
+	for _ in $(seq 100); do [ -s "$work/ready" ] && break; sleep 0.05; done
+	if ! [ -s "$work/ready" ]; then
+		daemon=
+		echo "tensord did not start (its messages are above)" >&2
+		exit 1
+	fi
+	echo "== tensord is serving $sock (pid $daemon)"
+fi
 
-echo "== tensord is serving $sock (pid $daemon)"
-python3 - "$work/in.npy" <<'PY'
+"$PY" - "$work/in.npy" <<'PY'
 import sys, numpy as np
 np.save(sys.argv[1], np.arange(12, dtype=np.float32).reshape(3, 4))
 PY
-echo "== tensorctl put demo/inputs/0 in.npy"
-"$B/tensorctl" put demo/inputs/0 "$work/in.npy"
+echo "== tensorctl put demo/inputs/0 in.npy --force   (--force: replace an earlier run's)"
+"$B/tensorctl" put demo/inputs/0 "$work/in.npy" --force
 echo "== tensorctl ls"
 "$B/tensorctl" ls
 echo "== tensorctl stat demo/inputs/0"
 "$B/tensorctl" stat demo/inputs/0
 echo "== tensorctl get demo/inputs/0 out.npy"
 "$B/tensorctl" get demo/inputs/0 "$work/out.npy"
-python3 - "$work/in.npy" "$work/out.npy" <<'PY'
+"$PY" - "$work/in.npy" "$work/out.npy" <<'PY'
 import sys, numpy as np
 a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
 assert a.dtype == b.dtype and (a == b).all()
@@ -43,7 +68,7 @@ print("== round trip ok: %s %s, identical bytes" % (b.dtype, b.shape))
 PY
 if [ -f "$B/python/tensord/__init__.py" ]; then
 	echo "== the same tensor from Python, zero copy"
-	PYTHONPATH="$B/python" python3 -c '
+	PYTHONPATH="$B/python" "$PY" -c '
 import numpy as np, tensord
 c = tensord.connect()
 with c.attach("demo/inputs/0") as t:
@@ -53,7 +78,10 @@ with c.attach("demo/inputs/0") as t:
 fi
 echo "== tensorctl stats"
 "$B/tensorctl" stats
-if [ -t 0 ] && [ "${TENSORD_DEMO_EXIT:-0}" != 1 ]; then
+echo "== to run tensord and tensorctl from any shell (the README's commands):"
+echo "     export PATH=$B:\$PATH      # or: make install (PREFIX=/usr/local)"
+if [ -n "$daemon" ] && [ -t 0 ] && [ "${TENSORD_DEMO_EXIT:-0}" != 1 ]; then
 	echo "== tensord keeps running in the foreground; Ctrl-C stops it"
-	wait $daemon
+	wait "$daemon" || true
+	daemon=
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what tensord needs to build and test, only when it is missing.
 # Idempotent: a second run on a ready machine installs nothing and takes
-# about a second. Called by `make run` and `make test`.
+# about a second. Called by `make run` (`setup.sh run`: the demo's needs)
+# and `make test` (`setup.sh test`: the test suites' too).
 set -euo pipefail
 
 need_deb=()
@@ -15,26 +16,65 @@ for p in libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev \
 	have_deb "$p" || need_deb+=("$p")
 done
 
-if [ "${#need_deb[@]}" -gt 0 ]; then
-	echo "setup: installing ${need_deb[*]}" >&2
+apt_install() {
+	echo "setup: installing $*" >&2
 	SUDO=
 	[ "$(id -u)" -eq 0 ] || SUDO=sudo
 	$SUDO apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_deb[@]}" >/dev/null
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+[ "${#need_deb[@]}" -eq 0 ] || apt_install "${need_deb[@]}"
+
+# Python: a project virtual environment, always. A distribution's python3
+# is "externally managed" (PEP 668: pip refuses to install into it), and a
+# venv sidesteps that without touching the system. --system-site-packages
+# lets it reuse what the machine already has (numpy, torch, jax), so pip
+# installs only what is missing. PYTHON_BASE makes the venv from another
+# interpreter; VENV puts it elsewhere (tests use both).
+BASE=${PYTHON_BASE:-python3}
+VENV=${VENV:-.venv}
+want=${1:-test}   # run: what the demo needs (numpy); test: the test suites too
+
+make_venv() { "$BASE" -m venv --system-site-packages "$VENV"; }
+if ! "$VENV/bin/python" -c '' 2>/dev/null; then
+	rm -rf "$VENV"
+	if ! make_venv >/dev/null 2>&1; then
+		# Debian and Ubuntu ship venv's ensurepip in a separate package.
+		rm -rf "$VENV"
+		apt_install python3-venv
+		make_venv
+	fi
+	echo "setup: created $VENV (python: $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])'))" >&2
 fi
 
-# Python test dependencies. torch comes from the local 2.13.0 CPU wheel.
-PY=${PYTHON:-python3}
+PY=$VENV/bin/python
 py_need=()
-$PY -c 'import numpy' 2>/dev/null || py_need+=("numpy>=2")
-$PY -c 'import pytest' 2>/dev/null || py_need+=(pytest)
-# prometheus_client: its parser reads the daemon's metrics in the tests.
-$PY -c 'import prometheus_client' 2>/dev/null || py_need+=(prometheus_client)
-if [ "${TENSORD_SKIP_FRAMEWORKS:-0}" != 1 ]; then
-	$PY -c 'import torch' 2>/dev/null || py_need+=("torch==2.13.0")
-	$PY -c 'import jax' 2>/dev/null || py_need+=(jax jaxlib)
+# find_spec, not import: importing tensorflow alone takes seconds.
+has() { "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('$1') is None)" 2>/dev/null; }
+has numpy || py_need+=("numpy>=2")
+if [ "$want" = test ]; then
+	has pytest || py_need+=(pytest)
+	# prometheus_client: its parser reads the daemon's metrics in the tests.
+	has prometheus_client || py_need+=(prometheus_client)
+	if [ "${TENSORD_SKIP_FRAMEWORKS:-0}" != 1 ]; then
+		has torch || py_need+=("torch==2.13.0")
+		has jax || py_need+=(jax jaxlib)
+	fi
 fi
 if [ "${#py_need[@]}" -gt 0 ]; then
-	echo "setup: pip installing ${py_need[*]}" >&2
-	$PY -m pip install -q "${py_need[@]}"
+	echo "setup: pip installing into $VENV: ${py_need[*]}" >&2
+	"$PY" -m pip install -q "${py_need[@]}"
+fi
+
+# More DLPack consumers for tests/python/test_frameworks.py, each on its own:
+# one without a wheel for this Python must not stop the rest (its tests
+# then skip and say so).
+if [ "$want" = test ] && [ "${TENSORD_SKIP_FRAMEWORKS:-0}" != 1 ]; then
+	for pair in tensorflow:tensorflow-cpu paddle:paddlepaddle tvm_ffi:apache-tvm-ffi \
+		    array_api_strict:array-api-strict; do
+		has "${pair%%:*}" && continue
+		echo "setup: pip installing into $VENV: ${pair#*:}" >&2
+		"$PY" -m pip install -q "${pair#*:}" ||
+			echo "setup: ${pair#*:} did not install (no wheel for this Python?); its tests will skip" >&2
+	done
 fi

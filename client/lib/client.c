@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -418,6 +419,26 @@ int td_send_oneway(tensord_client *c, Tensord__Request *req)
 	return send_frame(&c->conn, req);
 }
 
+/*
+ * Why connect() to path failed with error e: a path that exists but is no
+ * socket says so (connect() itself only answers "Connection refused").
+ */
+static int connect_error(const char *path, int e)
+{
+	struct stat st;
+
+	if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+		return td_set_error(-ENOTSOCK,
+				    "%s is a directory, not a socket (name the socket itself, "
+				    "such as %s/tensord.sock)",
+				    path, path);
+	if (stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+		return td_set_error(-ENOTSOCK, "%s is not a socket but a %s", path,
+				    S_ISREG(st.st_mode) ? "regular file" : "special file");
+	return td_set_error(e == ENOENT ? -ECONNREFUSED : -e, "no tensord at %s: %s", path,
+			    strerror(e));
+}
+
 /* Opens conn's socket and connects it to path. conn->fd owns it, or is -1. */
 static int conn_open(struct td_conn *conn, const char *path)
 {
@@ -427,12 +448,8 @@ static int conn_open(struct td_conn *conn, const char *path)
 	if (conn->fd < 0)
 		return td_set_error(-errno, "socket: %s", strerror(errno));
 	memcpy(sa.sun_path, path, strlen(path) + 1);
-	if (connect(conn->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		int e = errno;
-
-		return td_set_error(e == ENOENT ? -ECONNREFUSED : -e, "no tensord at %s: %s", path,
-				    strerror(e));
-	}
+	if (connect(conn->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		return connect_error(path, errno);
 	return 0;
 }
 

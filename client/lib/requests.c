@@ -82,7 +82,8 @@ static int create_msg_fill(struct create_msg *m, const char *name, const tensord
 	m->cr.n_strides = spec->strides ? (size_t)spec->ndim : 0;
 	m->cr.strides = (int64_t *)spec->strides;
 	m->cr.device = &m->dev;
-	m->cr.flags = spec->flags;
+	m->cr.flags = spec->flags & ~(uint32_t)TENSORD_REPLACE;
+	m->cr.replace = (spec->flags & TENSORD_REPLACE) != 0;
 	m->cr.mode = spec->mode;
 	return 0;
 }

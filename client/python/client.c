@@ -177,7 +177,7 @@ static PyObject *Client_attach(ClientObject *self, PyObject *args, PyObject *kwd
 static PyObject *Client_create(ClientObject *self, PyObject *args, PyObject *kwds)
 {
 	static char *kwlist[] = {"name", "shape", "dtype", "device", "mutable", "lifetime",
-				 "mode", "strides", NULL};
+				 "mode", "strides", "replace", NULL};
 	PyObject *shape_o, *dtype_o, *device_o = NULL, *mutable_o = NULL, *lifetime_o = NULL,
 		*mode_o = NULL, *strides_o = Py_None;
 	int64_t shape[TENSORD_NDIM_MAX], strides[TENSORD_NDIM_MAX];
@@ -185,11 +185,11 @@ static PyObject *Client_create(ClientObject *self, PyObject *args, PyObject *kwd
 	DLManagedTensorVersioned *mt = NULL;
 	tensord_client *c;
 	const char *name;
-	int rc;
+	int rc, replace = 0;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sOO|OOOOO:create", kwlist, &name, &shape_o,
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sOO|OOOOO$p:create", kwlist, &name, &shape_o,
 					 &dtype_o, &device_o, &mutable_o, &lifetime_o, &mode_o,
-					 &strides_o))
+					 &strides_o, &replace))
 		return NULL;
 	if ((spec.ndim = td_parse_dims(shape_o, "shape", shape)) < 0 ||
 	    td_parse_dtype(dtype_o, &spec.dtype) < 0 ||
@@ -197,6 +197,8 @@ static PyObject *Client_create(ClientObject *self, PyObject *args, PyObject *kwd
 	    td_parse_flags(mutable_o, lifetime_o, mode_o, &spec.flags, &spec.mode) < 0)
 		return NULL;
 	spec.shape = spec.ndim ? shape : NULL;
+	if (replace)
+		spec.flags |= TENSORD_REPLACE;
 	if (strides_o != Py_None) {
 		int n = td_parse_dims(strides_o, "strides", strides);
 
@@ -302,33 +304,38 @@ static PyObject *Client_get_path(ClientObject *self, void *unused)
 
 static PyMethodDef Client_methods[] = {
 	{"attach", (PyCFunction)(void (*)(void))Client_attach, METH_VARARGS | METH_KEYWORDS,
-	 "attach(name, timeout=None) -> Tensor\n\n"
-	 "Attaches the published tensor `name`, zero copy. With timeout=None it fails at once\n"
+	 "attach($self, /, name, timeout=None)\n--\n\n"
+	 "Returns a Tensor: attaches the published tensor `name`, zero copy. With timeout=None it fails at once\n"
 	 "(FileNotFoundError) when the name is not published; with a number of seconds it waits\n"
 	 "that long for a publish (TimeoutError after), and math.inf waits forever. The Tensor\n"
 	 "is read-only unless the tensor was created mutable and the caller may write it."},
 	{"create", (PyCFunction)(void (*)(void))Client_create, METH_VARARGS | METH_KEYWORDS,
-	 "create(name, shape, dtype, device='cpu', mutable=False, lifetime='persistent',\n"
-	 "       mode=None, strides=None) -> Tensor\n\n"
-	 "Allocates a tensor in the daemon and returns it writable to the caller; nobody else\n"
+	 "create($self, /, name, shape, dtype, device='cpu', mutable=False,\n"
+	 "       lifetime='persistent', mode=None, strides=None, *, replace=False)\n--\n\n"
+	 "Returns a Tensor: allocates a tensor in the daemon and returns it writable to the caller; nobody else\n"
 	 "sees it until Tensor.publish(). dtype is a name such as 'float32' (numpy and torch\n"
 	 "dtypes are accepted too); strides are in elements (default row-major compact);\n"
 	 "lifetime='connection' unlinks it when this client's connection closes; mode is\n"
-	 "permission bits as for files (default 0o600)."},
+	 "permission bits as for files (default 0o600). replace=True takes over the name of\n"
+	 "a tensor the caller owns (see put)."},
 	{"put", (PyCFunction)(void (*)(void))td_client_put, METH_VARARGS | METH_KEYWORDS,
-	 "put(name, obj, mutable=False, lifetime='persistent', mode=None) -> None\n\n"
+	 "put($self, /, name, obj, mutable=False, lifetime='persistent', mode=None, *,\n"
+	 "    replace=False)\n--\n\n"
 	 "Copies obj once into a new daemon tensor and publishes it. obj is any DLPack producer\n"
 	 "in host memory (numpy, torch, jax arrays, a Tensor) or any object with the buffer\n"
 	 "protocol (bytes, array.array, memoryview). Any strides are accepted; the copy is\n"
-	 "stored row-major compact."},
+	 "stored row-major compact. replace=True puts over an existing tensor of that name\n"
+	 "that the caller owns (PermissionError if another user does): the daemon unlinks\n"
+	 "it in the same step, and arrays or leases of the old tensor keep their bytes."},
 	{"stat", (PyCFunction)Client_stat, METH_VARARGS,
-	 "stat(name) -> TensorInfo\n\nDescribes one tensor (FileNotFoundError if there is none)."},
+	 "stat($self, name, /)\n--\n\n"
+	 "Returns a TensorInfo describing one tensor (FileNotFoundError if there is none)."},
 	{"list", (PyCFunction)(void (*)(void))Client_list, METH_VARARGS | METH_KEYWORDS,
-	 "list(prefix='') -> list[TensorInfo]\n\n"
-	 "Describes every tensor whose name starts with prefix, in name order."},
+	 "list($self, /, prefix='')\n--\n\n"
+	 "Returns a list of TensorInfo: describes every tensor whose name starts with prefix, in name order."},
 	{"stats", (PyCFunction)Client_stats, METH_NOARGS,
-	 "stats() -> dict\n\n"
-	 "Daemon totals: tensors, clients, leases, uptime (seconds), daemon_pid, and devices,\n"
+	 "stats($self, /)\n--\n\n"
+	 "Returns a dict of daemon totals: tensors, clients, leases, uptime (seconds), daemon_pid, and devices,\n"
 	 "a list of dicts with device, backend, path, bytes_used, bytes_capacity, tensors."},
 	{"leases", (PyCFunction)(void (*)(void))td_client_leases, METH_VARARGS | METH_KEYWORDS,
 	 "leases(name=None) -> list[LeaseHolder]\n\n"
@@ -343,15 +350,16 @@ static PyMethodDef Client_methods[] = {
 	 "metrics() -> str\n\n"
 	 "The daemon's metrics in the Prometheus text format 0.0.4 (what --metrics serves)."},
 	{"unlink", (PyCFunction)Client_unlink, METH_VARARGS,
-	 "unlink(name) -> None\n\n"
+	 "unlink($self, name, /)\n--\n\n"
 	 "Removes the name; the memory lives until the last lease on it ends."},
 	{"close", (PyCFunction)Client_close, METH_NOARGS,
-	 "close() -> None\n\n"
+	 "close($self, /)\n--\n\n"
 	 "Closes the connection; the daemon ends this client's leases and unlinks its\n"
 	 "connection-lifetime tensors. Arrays made from its tensors stay valid until they\n"
 	 "die. Calls still running in other threads finish first. Idempotent."},
-	{"__enter__", (PyCFunction)Client_enter, METH_NOARGS, "Returns self."},
-	{"__exit__", (PyCFunction)Client_exit, METH_VARARGS, "Calls close()."},
+	{"__enter__", (PyCFunction)Client_enter, METH_NOARGS, "__enter__($self, /)\n--\n\nReturns self."},
+	{"__exit__", (PyCFunction)Client_exit, METH_VARARGS,
+	 "__exit__($self, /, *exc_info)\n--\n\nCalls close()."},
 	{NULL},
 };
 
@@ -368,7 +376,7 @@ PyTypeObject td_ClientType = {
 	.tp_dealloc = (destructor)Client_dealloc,
 	.tp_repr = (reprfunc)Client_repr,
 	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "Client(path=None)\n\n"
+	.tp_doc = "Client(path=None)\n--\n\n"
 		  "A connection to a tensord daemon; tensord.connect() makes one. path=None finds\n"
 		  "the daemon as tensord does: $TENSORD_SOCKET, $XDG_RUNTIME_DIR/tensord.sock,\n"
 		  "/run/tensord/tensord.sock for root, then /tmp/tensord-$UID.sock. Safe to share\n"

@@ -51,7 +51,7 @@ PyObject *td_raise(int rc)
 
 PyObject *td_raise_connect(int rc)
 {
-	return rc == -ENOENT ? raise_as(NoDaemonError, rc) : td_raise(rc);
+	return rc == -ENOENT || rc == -ENOTSOCK ? raise_as(NoDaemonError, rc) : td_raise(rc);
 }
 
 /* --- module functions ------------------------------------------------------ */
@@ -71,12 +71,13 @@ static PyObject *mod_default_socket_path(PyObject *mod, PyObject *unused)
 
 static PyMethodDef mod_methods[] = {
 	{"connect", (PyCFunction)(void (*)(void))mod_connect, METH_VARARGS | METH_KEYWORDS,
-	 "connect(path=None) -> Client\n\n"
-	 "Connects to the tensord daemon at path, or, with None, at the default socket path\n"
+	 "connect(path=None)\n--\n\n"
+	 "Returns a Client connected to the tensord daemon at path, or, with None, at the default socket path\n"
 	 "(see default_socket_path()). Raises ConnectionRefusedError (tensord.NoDaemonError)\n"
 	 "when no daemon listens there."},
 	{"default_socket_path", mod_default_socket_path, METH_NOARGS,
-	 "default_socket_path() -> str\n\nThe socket path connect() uses when given None."},
+	 "default_socket_path($module, /)\n--\n\n"
+	 "The socket path connect() uses when given None, as a str."},
 	{NULL},
 };
 

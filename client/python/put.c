@@ -244,18 +244,20 @@ static int source_from_buffer(struct source *s, PyObject *obj)
 
 PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = {"name", "obj", "mutable", "lifetime", "mode", NULL};
+	static char *kwlist[] = {"name", "obj", "mutable", "lifetime", "mode", "replace", NULL};
 	PyObject *obj, *mutable_o = NULL, *lifetime_o = NULL, *mode_o = NULL;
 	struct source s = {0};
 	tensord_client *c;
 	const char *name;
 	uint32_t flags, mode;
-	int rc;
+	int rc, replace = 0;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|OOO:put", kwlist, &name, &obj, &mutable_o,
-					 &lifetime_o, &mode_o) ||
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|OOO$p:put", kwlist, &name, &obj, &mutable_o,
+					 &lifetime_o, &mode_o, &replace) ||
 	    td_parse_flags(mutable_o, lifetime_o, mode_o, &flags, &mode) < 0)
 		return NULL;
+	if (replace)
+		flags |= TENSORD_REPLACE;
 
 	if (PyCapsule_CheckExact(obj))
 		rc = source_from_capsule(&s, obj);

@@ -17,7 +17,7 @@ static PyStructSequence_Field info_fields[] = {
 	{"refcount", "live leases"},
 	{"owner_uid", "uid of the creator"},
 	{"owner_gid", "gid of the creator"},
-	{"mode", "permission bits, as for files"},
+	{"mode", "permission bits, as for files: an int shown in octal (0o600)"},
 	{"mutable", "stays writable after publish"},
 	{"lifetime", "'persistent' or 'connection'"},
 	{"created", "creation time, seconds since the epoch"},
@@ -36,8 +36,45 @@ static PyStructSequence_Desc info_desc = {
 
 PyTypeObject td_InfoType;
 
+/*
+ * TensorInfo.mode: an int that shows itself in octal, as permission bits
+ * are written (repr and str give 0o600; ==, arithmetic, %d, json and
+ * format(m, 'o') are int's). Pickles as a plain int.
+ */
+static PyObject *Mode_repr(PyObject *self)
+{
+	unsigned long v = PyLong_AsUnsignedLong(self);
+	char buf[32];
+
+	if (v == (unsigned long)-1 && PyErr_Occurred())
+		return NULL;
+	snprintf(buf, sizeof(buf), "0o%03lo", v);
+	return PyUnicode_FromString(buf);
+}
+
+static PyObject *Mode_reduce(PyObject *self, PyObject *unused)
+{
+	return Py_BuildValue("O(N)", (PyObject *)&PyLong_Type, PyNumber_Long(self));
+}
+
+static PyMethodDef Mode_methods[] = {
+	{"__reduce__", Mode_reduce, METH_NOARGS, "__reduce__($self, /)\n--\n\nPickles as an int."},
+	{NULL},
+};
+
+static PyTypeObject ModeType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tensord.Mode",
+	.tp_doc = "Permission bits: an int whose repr is octal (0o600).",
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_repr = Mode_repr,
+	.tp_methods = Mode_methods,
+};
+
 int td_info_type_ready(void)
 {
+	ModeType.tp_base = &PyLong_Type;
+	if (PyType_Ready(&ModeType) < 0)
+		return -1;
 	if (td_InfoType.tp_name == NULL && PyStructSequence_InitType2(&td_InfoType, &info_desc) < 0)
 		return -1;
 	return 0;
@@ -92,7 +129,7 @@ PyObject *td_info_new(const tensord_info *in)
 	v[7] = PyLong_FromUnsignedLong(in->refcount);
 	v[8] = PyLong_FromUnsignedLong(in->owner_uid);
 	v[9] = PyLong_FromUnsignedLong(in->owner_gid);
-	v[10] = PyLong_FromUnsignedLong(in->mode);
+	v[10] = PyObject_CallFunction((PyObject *)&ModeType, "k", (unsigned long)in->mode);
 	v[11] = PyBool_FromLong(in->flags & TENSORD_MUTABLE);
 	v[12] = PyUnicode_FromString(in->flags & TENSORD_LIFETIME_CONNECTION ? "connection"
 										: "persistent");

@@ -1,41 +1,76 @@
-"""Builds tensord._tensord from this directory's C files together with the
-C client library (the files client/lib/sources.txt lists) and the protobuf-c code generated
-from proto/tensord.proto, so the wheel needs no libtensord installed.
+"""Builds the tensord wheel: the tensord._tensord extension (this
+directory's C files with the C client library, client/lib/sources.txt, and
+the protobuf-c code generated from proto/tensord.proto), and the tensord
+daemon and tensorctl programs, shipped inside the package (tensord/bin/)
+and run by the console entry points of the same names (tensord/_bin.py).
 
-The library sources live two directories up, so this builds from a checkout
-of the tensord repository (pip builds in place); TENSORD_SOURCE_DIR points
-elsewhere when needed. setup() wants source paths relative to this file;
-build_ext gets them absolute, so that objects of ../../client/*.c land
-inside the build directory rather than next to the sources.
+Where the C sources are: in a checkout, two directories up; in an sdist,
+in _src/, which `setup.py sdist` fills with the repository files the build
+needs (TREE); TENSORD_SOURCE_DIR points elsewhere.
+
+The programs link protobuf-c and libuv statically when their static
+libraries are installed (Debian's libprotobuf-c-dev and libuv1-dev ship
+them; TENSORD_STATIC=0 links them dynamically). The extension cannot:
+Debian's libprotobuf-c.a is not position-independent, so it links
+libprotobuf-c.so.1, which `auditwheel repair` copies into the wheel for a
+manylinux tag (docs/python.md).
 """
 import glob
 import os
 import shlex
+import shutil
 import subprocess
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.sdist import sdist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.environ.get("TENSORD_SOURCE_DIR") or os.path.join(HERE, "..", ".."))
+BUNDLED = os.path.join(HERE, "_src")
+ROOT = os.path.abspath(os.environ.get("TENSORD_SOURCE_DIR") or
+                       (BUNDLED if os.path.isdir(BUNDLED) else os.path.join(HERE, "..", "..")))
+
+# The repository files an sdist carries in _src/, relative to the root.
+TREE = ["include/tensord/*.h", "proto/tensord.proto", "proto/frame.[ch]", "common/*.[ch]",
+        "common/gpu/*.[ch]", "client/lib/*.[ch]", "client/lib/sources.txt", "daemon/*.[ch]",
+        "client/tensorctl/*.[ch]"]
 
 
-def sources():
-    """This directory's C files plus libtensord's, as client/lib/sources.txt lists them."""
+def tree(*patterns):
+    """Absolute paths under ROOT matching the patterns, sorted."""
+    return sorted(p for pat in patterns for p in glob.glob(os.path.join(ROOT, pat)))
+
+
+def lib_sources():
+    """libtensord's C files, as client/lib/sources.txt lists them."""
     with open(os.path.join(ROOT, "client", "lib", "sources.txt")) as f:
-        lib = [os.path.join(ROOT, line.strip()) for line in f
-               if line.strip() and not line.startswith("#")]
-    own = sorted(glob.glob(os.path.join(HERE, "*.c")))
-    return [os.path.relpath(p, HERE) for p in own + lib]
+        return [os.path.join(ROOT, line.strip()) for line in f
+                if line.strip() and not line.startswith("#")]
 
 
-def pkg_config(*args):
+def daemon_sources():
+    """What the Makefile links into tensord: daemon/, the shared common code, the GPU shims."""
+    common = ["common/%s.c" % m for m in ("desc", "names", "errors", "paths", "sys")]
+    return tree("daemon/*.c", "proto/frame.c", "common/gpu/*.c", *common)
+
+
+def pkg_config(pkg, *args):
     try:
-        out = subprocess.run(["pkg-config", *args, "libprotobuf-c"], check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(["pkg-config", *args, pkg], check=True, capture_output=True,
+                             text=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return []
     return shlex.split(out)
+
+
+def link_args(pkg, archives, fallback):
+    """The static archive of pkg when one is installed, else its shared library."""
+    if os.environ.get("TENSORD_STATIC", "1") != "0":
+        libdir = (pkg_config(pkg, "--variable=libdir") or ["/usr/lib"])[0]
+        for a in archives:
+            if os.path.exists(os.path.join(libdir, a)):
+                return [os.path.join(libdir, a)]
+    return pkg_config(pkg, "--libs") or [fallback]
 
 
 def gpu_flags():
@@ -50,30 +85,68 @@ def gpu_flags():
     return flags
 
 
+CFLAGS = ["-std=c11", "-fvisibility=hidden", "-Wno-cast-function-type",
+          "-Wno-unused-parameter"] + pkg_config("libprotobuf-c", "--cflags") + \
+    pkg_config("libuv", "--cflags") + gpu_flags()
+PROTOBUF_C = link_args("libprotobuf-c", ["libprotobuf-c.a"], "-lprotobuf-c")
+LIBUV = link_args("libuv", ["libuv_a.a", "libuv.a"], "-luv")
+SYSLIBS = ["-ldl", "-lpthread", "-lrt", "-lm"]
+
+
 class BuildExt(build_ext):
-    """Runs protoc-c into the build directory before compiling."""
+    """Runs protoc-c into the build directory, builds the extension, then
+    the two programs into the package's bin/."""
 
     def run(self):
-        gen = os.path.join(os.path.abspath(self.build_temp), "proto")
-        os.makedirs(gen, exist_ok=True)
+        self.gen = os.path.join(os.path.abspath(self.build_temp), "proto")
+        os.makedirs(self.gen, exist_ok=True)
         subprocess.check_call(["protoc-c", "--proto_path=" + os.path.join(ROOT, "proto"),
-                               "--c_out=" + gen, os.path.join(ROOT, "proto", "tensord.proto")])
+                               "--c_out=" + self.gen,
+                               os.path.join(ROOT, "proto", "tensord.proto")])
         for ext in self.extensions:
-            ext.sources = [os.path.join(HERE, p) for p in ext.sources]
-            ext.sources.append(os.path.join(gen, "tensord.pb-c.c"))
-            ext.include_dirs.append(os.path.dirname(gen))
+            ext.sources = [os.path.join(HERE, p) for p in ext.sources] + lib_sources() + \
+                [os.path.join(self.gen, "tensord.pb-c.c")]
+            ext.include_dirs += [os.path.join(ROOT, "include"), ROOT, os.path.dirname(self.gen)]
         super().run()
+        self.build_programs()
+
+    def build_programs(self):
+        out = os.path.join(os.path.abspath(self.build_lib), "tensord", "bin")
+        pb = os.path.join(self.gen, "tensord.pb-c.c")
+        programs = [("tensord", daemon_sources() + [pb], PROTOBUF_C + LIBUV),
+                    ("tensorctl", tree("client/tensorctl/*.c") + lib_sources() + [pb],
+                     PROTOBUF_C)]
+        for name, srcs, libs in programs:
+            objs = self.compiler.compile(
+                srcs, output_dir=os.path.join(self.build_temp, name),
+                include_dirs=[os.path.join(ROOT, "include"), ROOT, os.path.dirname(self.gen)],
+                macros=[("_GNU_SOURCE", None)], extra_postargs=CFLAGS + ["-O2"])
+            self.compiler.link_executable(objs, name, output_dir=out,
+                                          extra_postargs=libs + SYSLIBS)
+            if self.inplace:   # pip install -e: next to the package sources
+                os.makedirs(os.path.join(HERE, "tensord", "bin"), exist_ok=True)
+                shutil.copy2(os.path.join(out, name), os.path.join(HERE, "tensord", "bin"))
+
+
+class SDist(sdist):
+    """Carries the repository's C sources in _src/, so the sdist builds anywhere."""
+
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        for pattern in TREE:
+            for path in tree(pattern):
+                dst = os.path.join(base_dir, "_src", os.path.relpath(path, ROOT))
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                shutil.copy2(path, dst)
 
 
 ext = Extension(
     "tensord._tensord",
-    sources=sources(),
-    include_dirs=[os.path.join(ROOT, "include"), ROOT],
+    sources=sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "*.c"))),
     define_macros=[("_GNU_SOURCE", None)],
-    extra_compile_args=["-std=c11", "-fvisibility=hidden", "-Wno-cast-function-type",
-                        "-Wno-unused-parameter"] + pkg_config("--cflags") + gpu_flags(),
-    extra_link_args=pkg_config("--libs"),
-    libraries=["protobuf-c", "dl", "pthread"],
+    extra_compile_args=CFLAGS,
+    extra_link_args=(pkg_config("libprotobuf-c", "--libs") or ["-lprotobuf-c"]) +
+    ["-ldl", "-lpthread"],
 )
 
-setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt})
+setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt, "sdist": SDist})

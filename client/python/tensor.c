@@ -405,30 +405,32 @@ static PyObject *Tensor_get_released(TensorObject *self, void *unused)
 
 static PyMethodDef Tensor_methods[] = {
 	{"__dlpack__", (PyCFunction)(void (*)(void))Tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
-	 "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None) -> PyCapsule\n\n"
-	 "Exports the tensor as the Python array API standard says: a 'dltensor_versioned'\n"
+	 "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n"
+	 "--\n\n"
+	 "Returns a PyCapsule: exports the tensor as the Python array API standard says: a 'dltensor_versioned'\n"
 	 "capsule when max_version >= (1, 0), else a legacy 'dltensor' one. Zero copy unless\n"
 	 "copy=True (a private copy flagged IS_COPIED). Read-only tensors carry the READ_ONLY\n"
 	 "flag. Raises BufferError for what cannot be exported (another dl_device, a released\n"
 	 "tensor) and TypeError only for bad or unknown keywords."},
 	{"__dlpack_device__", (PyCFunction)Tensor_dlpack_device, METH_NOARGS,
-	 "__dlpack_device__() -> tuple[int, int]\n\n"
+	 "__dlpack_device__($self, /)\n--\n\n"
 	 "(device type, device id) as DLPack numbers them: (1, 0) for cpu, (2, n) for cuda:n."},
 	{"publish", (PyCFunction)Tensor_publish, METH_NOARGS,
-	 "publish() -> None\n\n"
+	 "publish($self, /)\n--\n\n"
 	 "Makes a tensor from Client.create() visible to every attach. Unless it was created\n"
 	 "mutable it becomes immutable: later exports are read-only, and writes through arrays\n"
 	 "made before land in a private copy that nobody else sees."},
 	{"release", (PyCFunction)Tensor_release, METH_NOARGS,
-	 "release() -> None\n\n"
+	 "release($self, /)\n--\n\n"
 	 "Ends this object's lease. Arrays made from it keep their own and stay valid until\n"
 	 "they die. Idempotent; also done at the end of a with block and by the garbage\n"
 	 "collector."},
 	{"__array__", (PyCFunction)(void (*)(void))td_tensor_array, METH_VARARGS | METH_KEYWORDS,
-	 "__array__(dtype=None, copy=None) -> numpy.ndarray\n\n"
-	 "numpy.from_dlpack(self): a zero-copy view unless dtype or copy=True ask for a copy."},
-	{"__enter__", (PyCFunction)Tensor_enter, METH_NOARGS, "Returns self."},
-	{"__exit__", (PyCFunction)Tensor_exit, METH_VARARGS, "Calls release()."},
+	 "__array__($self, /, dtype=None, copy=None)\n--\n\n"
+	 "Returns numpy.from_dlpack(self): a zero-copy view unless dtype or copy=True ask for a copy."},
+	{"__enter__", (PyCFunction)Tensor_enter, METH_NOARGS, "__enter__($self, /)\n--\n\nReturns self."},
+	{"__exit__", (PyCFunction)Tensor_exit, METH_VARARGS,
+	 "__exit__($self, /, *exc_info)\n--\n\nCalls release()."},
 	{NULL},
 };
 

@@ -120,6 +120,9 @@ int cmd_put(tensord_client *c, const struct args *a)
 	rc = tensord_create(c, name, &spec, &t);
 	if (rc < 0) {
 		npy_unmap(&m);
+		if (rc == -EEXIST && !(a->flags & TENSORD_REPLACE))
+			return report(rc, "already exists (put --force replaces a tensor you own)",
+				      name);
 		return op_error(rc, name);
 	}
 	if (m.hdr.data_bytes)
@@ -132,7 +135,7 @@ int cmd_put(tensord_client *c, const struct args *a)
 		/* Keep the reason, then drop the half-made tensor so a retry can reuse the name. */
 		snprintf(saved, sizeof(saved), "%s", errmsg(rc));
 		tensord_unlink(c, name);
-		return report(saved, name);
+		return report(rc, saved, name);
 	}
 	return 0;
 }

@@ -15,17 +15,36 @@
 
 /* --- failure reports ------------------------------------------------------------ */
 
+static bool json_errors;
+
+void report_as_json(bool on)
+{
+	json_errors = on;
+}
+
+static void json_str_to(FILE *f, const char *s);
+
 /*
  * The message is made to name the tensor when there is one, so a user
  * running several commands in a script can tell which failed.
  */
-int report(const char *msg, const char *name)
+int report(int rc, const char *msg, const char *name)
 {
+	char line[1024];
+
 	if (name && !strstr(msg, name))
-		fprintf(stderr, "tensorctl: tensor '%s': %s\n", name, msg);
+		snprintf(line, sizeof(line), "tensor '%s': %s", name, msg);
 	else
-		fprintf(stderr, "tensorctl: %s\n", msg);
-	return EXIT_OP;
+		snprintf(line, sizeof(line), "%s", msg);
+	if (!json_errors) {
+		fprintf(stderr, "tensorctl: %s\n", line);
+	} else {
+		fprintf(stderr, "{\"error\": \"%s\", \"errno\": %d, \"message\": ",
+			tensord_err_name(rc), rc < 0 ? -rc : rc);
+		json_str_to(stderr, line);
+		fputs("}\n", stderr);
+	}
+	return rc == -ETIMEDOUT ? EXIT_TIMEOUT : EXIT_OP;
 }
 
 const char *errmsg(int rc)
@@ -35,7 +54,7 @@ const char *errmsg(int rc)
 
 int op_error(int rc, const char *name)
 {
-	return report(errmsg(rc), name);
+	return report(rc, errmsg(rc), name);
 }
 
 int finish_output(void)
@@ -117,21 +136,26 @@ const char *iso_time(uint64_t ns, char *buf, size_t len)
 
 /* --- JSON ------------------------------------------------------------------------ */
 
-/* Writes s as a JSON string. Names are plain ASCII, but backends and paths come from the daemon. */
-void json_str(const char *s)
+/* Writes s as a JSON string to f. Names are plain ASCII, but backends and paths come from the daemon. */
+static void json_str_to(FILE *f, const char *s)
 {
 	const unsigned char *p;
 
-	putchar('"');
+	fputc('"', f);
 	for (p = (const unsigned char *)s; *p; p++) {
 		if (*p == '"' || *p == '\\')
-			printf("\\%c", *p);
+			fprintf(f, "\\%c", *p);
 		else if (*p < 0x20 || *p == 0x7f)
-			printf("\\u%04x", *p);
+			fprintf(f, "\\u%04x", *p);
 		else
-			putchar(*p);
+			fputc(*p, f);
 	}
-	putchar('"');
+	fputc('"', f);
+}
+
+void json_str(const char *s)
+{
+	json_str_to(stdout, s);
 }
 
 /* ", \"key\": \"value\"" with the value escaped; no comma when first. */

@@ -2,7 +2,8 @@
  * tensorctl: the command-line client of tensord (CONTRACT.md §7).
  *
  * It uses only the public libtensord API. Exit status: 0 on success, 1 when
- * an operation fails (the reason on stderr), 2 on a usage error. This file
+ * an operation fails (the reason on stderr), 2 on a usage error, 124 when
+ * wait timed out (docs/tensorctl.md). This file
  * parses the command line and runs one command (commands.c); output.c
  * holds the formats, which docs/tensorctl.md describes.
  */
@@ -25,8 +26,9 @@ static const char usage_text[] =
 	"usage: tensorctl [--socket PATH] COMMAND [ARGS] [OPTIONS]\n\n"
 	"  ls [PREFIX] [--json]             list tensors whose name starts with PREFIX\n"
 	"  stat NAME [--json]               describe one tensor\n"
-	"  put NAME FILE.npy [--mutable] [--mode MODE] [--lifetime persistent|connection]\n"
+	"  put NAME FILE.npy [--force] [--mutable] [--mode MODE] [--lifetime persistent|connection]\n"
 	"                                   create NAME from a .npy file and publish it\n"
+	"                                   (--force: replace a NAME you own)\n"
 	"  get NAME OUT.npy                 write a tensor to a .npy file (- for stdout)\n"
 	"  rm NAME                          unlink a tensor\n"
 	"  wait NAME [--timeout SEC] [--json]  wait until NAME is published\n"
@@ -35,7 +37,7 @@ static const char usage_text[] =
 	"  clients [--json]                 client connections (root: all; others: their own)\n"
 	"--socket PATH (else $TENSORD_SOCKET, else the default path) picks the daemon;\n"
 	"-h/--help, --version. Options may come before or after the arguments.\n"
-	"exit status: 0 success, 1 operation error, 2 usage error\n";
+	"exit status: 0 success, 1 operation error, 2 usage error, 124 timed out\n";
 
 /* One command: what runs it, how many positionals and which options it takes. */
 struct command {
@@ -63,8 +65,9 @@ usage_error(const char *cmd_usage, const char *fmt, ...)
 static const struct command commands[] = {
 	{ "ls", cmd_ls, 0, 1, OPT_JSON, "ls [PREFIX] [--json]" },
 	{ "stat", cmd_stat, 1, 1, OPT_JSON, "stat NAME [--json]" },
-	{ "put", cmd_put, 2, 2, OPT_MUTABLE | OPT_MODE | OPT_LIFETIME,
-	  "put NAME FILE.npy [--mutable] [--mode MODE] [--lifetime persistent|connection]" },
+	{ "put", cmd_put, 2, 2, OPT_MUTABLE | OPT_MODE | OPT_LIFETIME | OPT_FORCE,
+	  "put NAME FILE.npy [--force] [--mutable] [--mode MODE] "
+	  "[--lifetime persistent|connection]" },
 	{ "get", cmd_get, 2, 2, 0, "get NAME OUT.npy" },
 	{ "rm", cmd_rm, 1, 1, 0, "rm NAME" },
 	{ "wait", cmd_wait, 1, 1, OPT_TIMEOUT | OPT_JSON, "wait NAME [--timeout SEC] [--json]" },
@@ -84,7 +87,7 @@ static const struct {
 	{ "--socket", 0, true }, { "--json", OPT_JSON, false },
 	{ "--mutable", OPT_MUTABLE, false }, { "--mode", OPT_MODE, true },
 	{ "--lifetime", OPT_LIFETIME, true }, { "--timeout", OPT_TIMEOUT, true },
-	{ "--prometheus", OPT_PROMETHEUS, false },
+	{ "--prometheus", OPT_PROMETHEUS, false }, { "--force", OPT_FORCE, false },
 };
 
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
@@ -105,6 +108,9 @@ static const char *set_option(struct args *a, unsigned bit, const char *val)
 		return NULL;
 	case OPT_MUTABLE:
 		a->flags |= TENSORD_MUTABLE;
+		return NULL;
+	case OPT_FORCE:
+		a->flags |= TENSORD_REPLACE;
 		return NULL;
 	case OPT_MODE:
 		errno = 0;
@@ -236,30 +242,36 @@ static int parse_args(int argc, char **argv, struct args *a, const struct comman
 	return 0;
 }
 
+/* Reports a failed connect to socket (NULL: the default path); the exit status. */
+static int connect_failed(int rc, const char *socket)
+{
+	char path[256], msg[768];
+
+	if (!socket && tensord_default_socket_path(path, sizeof(path)) == 0)
+		socket = path;
+	/* The library's message usually names the path already. */
+	if (socket && strstr(errmsg(rc), socket))
+		return report(rc, errmsg(rc), NULL);
+	snprintf(msg, sizeof(msg), "cannot connect to %s: %s", socket ? socket : "tensord",
+		 errmsg(rc));
+	return report(rc, msg, NULL);
+}
+
 int main(int argc, char **argv)
 {
 	struct args a = { .timeout_ms = -1 };
 	const struct command *cmd;
 	tensord_client *c;
-	char path[256];
 	int rc;
 
 	rc = parse_args(argc, argv, &a, &cmd);
 	if (rc || !cmd)
 		return rc;
 
+	report_as_json(a.seen & OPT_JSON);
 	rc = tensord_connect(a.socket, &c);
-	if (rc < 0) {
-		/* The library's message usually names the path already. */
-		if (!a.socket && tensord_default_socket_path(path, sizeof(path)) == 0)
-			a.socket = path;
-		if (a.socket && strstr(errmsg(rc), a.socket))
-			fprintf(stderr, "tensorctl: %s\n", errmsg(rc));
-		else
-			fprintf(stderr, "tensorctl: cannot connect to %s: %s\n",
-				a.socket ? a.socket : "tensord", errmsg(rc));
-		return EXIT_OP;
-	}
+	if (rc < 0)
+		return connect_failed(rc, a.socket);
 	rc = cmd->run(c, &a);
 	tensord_close(c);
 	return rc;

@@ -13,19 +13,28 @@
 
 #include <tensord/tensord.h>
 
+/* Exit statuses (docs/tensorctl.md, "Exit status"). 124: as timeout(1). */
 #define EXIT_OP 1
 #define EXIT_USAGE 2
+#define EXIT_TIMEOUT 124
 
 /* Options, as bits, so each command can say which it takes. */
-enum { OPT_JSON = 1, OPT_MUTABLE = 2, OPT_MODE = 4, OPT_LIFETIME = 8, OPT_TIMEOUT = 16,
-       OPT_PROMETHEUS = 32 };
+enum {
+	OPT_JSON = 1,
+	OPT_MUTABLE = 2,
+	OPT_MODE = 4,
+	OPT_LIFETIME = 8,
+	OPT_TIMEOUT = 16,
+	OPT_FORCE = 32,
+	OPT_PROMETHEUS = 64,
+};
 
 struct args {
 	const char *socket;     /* borrowed from argv; NULL: the library's default */
 	const char *pos[3];     /* positionals after the command, borrowed from argv */
 	int npos;
 	unsigned seen;          /* OPT_* given */
-	uint32_t flags;         /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION */
+	uint32_t flags;         /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION | TENSORD_REPLACE */
 	uint32_t mode;
 	int timeout_ms;         /* -1: forever */
 };
@@ -58,10 +67,15 @@ int print_prometheus(tensord_client *c);
 const char *errmsg(int rc);
 
 /*
- * Reports a failed call on stderr, made to name the tensor when there is
- * one (name may be NULL). Returns EXIT_OP.
+ * Reports the failure rc (a negative errno) with msg on stderr, made to
+ * name the tensor when there is one (name may be NULL): one line of text,
+ * or one JSON object after report_as_json(true). Returns the exit status:
+ * EXIT_TIMEOUT for -ETIMEDOUT, else EXIT_OP.
  */
-int report(const char *msg, const char *name);
+int report(int rc, const char *msg, const char *name);
+
+/* Whether report() writes JSON (--json was given). */
+void report_as_json(bool on);
 
 /* report(errmsg(rc), name). */
 int op_error(int rc, const char *name);

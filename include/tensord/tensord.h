@@ -45,6 +45,15 @@ enum {
 	TENSORD_MUTABLE = 1u << 0,
 	/* Unlinked automatically when its creator's connection closes. */
 	TENSORD_LIFETIME_CONNECTION = 1u << 1,
+	/*
+	 * tensord_create() and tensord_put() only, never a tensor's flag:
+	 * a tensor of that name the caller owns (root: any) is unlinked in the
+	 * same daemon step that names the new one, so no other client can take
+	 * the name in between; leases on the old one keep its bytes. Until the
+	 * new one is published, attach finds nothing (tensord_put() publishes
+	 * small host tensors in that same step). -EPERM when another uid owns it.
+	 */
+	TENSORD_REPLACE = 1u << 2,
 };
 
 typedef enum tensord_state {
@@ -60,7 +69,7 @@ typedef struct tensord_spec {
 	const int64_t *shape;      /* ndim entries, each >= 0; NULL when ndim == 0 */
 	const int64_t *strides;    /* in elements; NULL: row-major compact */
 	DLDevice device;           /* {kDLCPU, 0}, {kDLCUDA, n}, {kDLROCM, n} */
-	uint32_t flags;            /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION */
+	uint32_t flags;            /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION | TENSORD_REPLACE */
 	uint32_t mode;             /* permission bits as for files; 0: 0600 */
 } tensord_spec;
 
@@ -193,7 +202,9 @@ TENSORD_API int tensord_attach_legacy(tensord_client *client, const char *name, 
  * pinned or managed), with any strides, stored row-major compact; or GPU
  * memory on the device the tensor is created on, contiguous, copied device
  * to device. Small host tensors travel inside the request (one round trip).
- * src is borrowed for the call; no lease outlives it.
+ * flags: TENSORD_MUTABLE, TENSORD_LIFETIME_CONNECTION, TENSORD_REPLACE (put
+ * over a name the caller owns). src is borrowed for the call; no lease
+ * outlives it.
  */
 TENSORD_API int tensord_put(tensord_client *client, const char *name, const DLTensor *src,
 			    uint32_t flags, uint32_t mode);

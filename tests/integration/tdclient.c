@@ -3,7 +3,7 @@
  * one command per line on stdin. Each command prints one line: "ok ..." or
  * "err NAME message". Tensors it holds are kept by name until released.
  *
- *   connect [SOCK]            create NAME DTYPE N [mutable] [connection] [mode=OCT]
+ *   connect [SOCK]            create NAME DTYPE N [mutable] [connection] [replace] [mode=OCT]
  *   publish NAME              attach NAME TIMEOUT_MS
  *   legacy NAME TIMEOUT_MS    fill NAME BYTE
  *   (attach and legacy take an optional ALIAS to hold a second lease)
@@ -121,6 +121,8 @@ static void do_create(int argc, char **argv)
 			sp.flags |= TENSORD_MUTABLE;
 		else if (!strcmp(argv[i], "connection"))
 			sp.flags |= TENSORD_LIFETIME_CONNECTION;
+		else if (!strcmp(argv[i], "replace"))
+			sp.flags |= TENSORD_REPLACE;
 		else if (!strncmp(argv[i], "mode=", 5))
 			sp.mode = (uint32_t)strtoul(argv[i] + 5, NULL, 8);
 	}

@@ -1,6 +1,7 @@
 """Integration tests: a real tensord and real client processes (tdclient,
 a C program over libtensord driven one command per line)."""
 import os
+import shutil
 import signal
 import subprocess
 import stat as statmod
@@ -19,11 +20,31 @@ def open_dir():
     return d
 
 
+def as_nobody():
+    """preexec_fn for a client process of uid and gid 65534 (nobody)."""
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+
+
+@pytest.fixture(scope="module")
+def tdclient_for_all():
+    """tdclient copied into a 0755 directory, for processes of another uid:
+    the checkout may lie under a 0700 directory (a clone in /root), where
+    they cannot reach build/."""
+    d = open_dir()
+    exe = os.path.join(d, "tdclient")
+    shutil.copy(build_path("tests", "helpers", "tdclient"), exe)
+    os.chmod(exe, 0o755)
+    yield exe
+    shutil.rmtree(d)
+
+
 class Client:
     """One tdclient process."""
 
-    def __init__(self, sock, connect=True, preexec=None, env=None):
-        self.p = subprocess.Popen([build_path("tests", "helpers", "tdclient")],
+    def __init__(self, sock, connect=True, preexec=None, env=None, exe=None):
+        self.p = subprocess.Popen([exe or build_path("tests", "helpers", "tdclient")],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True, bufsize=1, preexec_fn=preexec, env=env)
         if connect:
@@ -329,7 +350,7 @@ def test_hup_usr1_usr2_are_logged_not_fatal(daemon_factory):
     c.close()
 
 
-def test_permissions_other_uid(daemon_factory, tmp_path):
+def test_permissions_other_uid(daemon_factory, tdclient_for_all):
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another uid (setpriv)")
     d = daemon_factory("--mode", "0666", sub=open_dir())
@@ -341,12 +362,7 @@ def test_permissions_other_uid(daemon_factory, tmp_path):
     owner.ok("create shared uint8 16 mutable mode=0666")
     owner.ok("publish shared")
 
-    def as_nobody():
-        os.setgroups([])
-        os.setgid(65534)
-        os.setuid(65534)
-
-    other = Client(d.socket, preexec=as_nobody)
+    other = Client(d.socket, preexec=as_nobody, exe=tdclient_for_all)
     try:
         out = other.err("attach priv 0", "EACCES")
         assert "priv" in out and "600" in out
@@ -360,13 +376,62 @@ def test_permissions_other_uid(daemon_factory, tmp_path):
         owner.close()
 
 
-def test_socket_0600_refuses_other_uid(daemon_factory):
+def test_socket_0600_refuses_other_uid(daemon_factory, tdclient_for_all):
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another uid")
     daemon = daemon_factory(sub=open_dir())
     p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                        build_path("tests", "helpers", "tdclient")],
+                        tdclient_for_all],
                        input=f"connect {daemon.socket}\n", capture_output=True, text=True,
                        timeout=10)
     assert p.stdout.startswith("err"), p.stdout
     assert "Permission denied" in p.stdout
+
+
+def test_create_replace_keeps_old_leases(daemon, clients):
+    """TENSORD_REPLACE: the name goes to the new tensor in one daemon step;
+    a lease on the old one keeps its bytes; the flag is not a tensor flag."""
+    a, b = clients(), clients()
+    a.ok("create r uint8 16")
+    a.ok("fill r 7")
+    a.ok("publish r")
+    a.ok("release r")
+    b.ok("attach r 0 old")
+    a.err("create r uint8 32", "EEXIST")
+    a.ok("create r uint8 32 replace")
+    # The name is the new tensor's now, unpublished: others find nothing yet.
+    b.err("attach r 0", "ENOENT")
+    a.ok("fill r 9")
+    a.ok("publish r")
+    assert b.ok("read old 0") == "7" and b.ok("read old 15") == "7"
+    b.ok("attach r 0 new")
+    assert b.ok("read new 31") == "9"
+    st = b.kv("stat r")
+    assert st["nbytes"] == "32" and st["flags"] == "0"
+    # Replacing a name nobody has is a plain create.
+    a.ok("create fresh uint8 8 replace")
+    # Another client's unpublished draft is not the caller's to replace.
+    b.err("create fresh uint8 8 replace", "EEXIST")
+
+
+def test_replace_by_another_uid_is_refused(daemon_factory, tdclient_for_all):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another uid")
+    d = daemon_factory("--mode", "0666", sub=open_dir())
+    owner = Client(d.socket)
+    owner.ok("create open uint8 16 mode=0666")
+    owner.ok("publish open")
+
+    other = Client(d.socket, preexec=as_nobody, exe=tdclient_for_all)
+    try:
+        out = other.err("create open uint8 16 replace", "EPERM")
+        assert "open" in out and "owner" in out
+        assert owner.kv("stat open")["owner"] == "0", "the tensor is untouched"
+        other.ok("create mine uint8 4")
+        other.ok("publish mine")
+        owner.ok("create mine uint8 8 replace")   # root may replace anyone's
+        owner.ok("publish mine")
+        assert owner.kv("stat mine")["owner"] == "0"
+    finally:
+        other.close()
+        owner.close()

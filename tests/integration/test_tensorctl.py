@@ -226,7 +226,7 @@ def test_wait_times_out(daemon):
     t0 = time.monotonic()
     rc, out, err = ctl(daemon, "wait", "never/there", "--timeout", "0.5")
     elapsed = time.monotonic() - t0
-    assert rc == 1 and out == ""
+    assert rc == 124 and out == "", "a timeout has its own status, as timeout(1)"
     assert "never/there" in err and err.startswith("tensorctl: ")
     assert 0.4 <= elapsed < 10
 
@@ -304,3 +304,59 @@ def test_no_daemon(tmp_path):
 
     rc, _, err = ctl(Nobody, "ls")
     assert rc == 1 and "nobody.sock" in err
+
+
+def test_not_found_and_timeout_differ(daemon):
+    """A script can tell "no such tensor" (1) from "timed out" (124)."""
+    assert ctl(daemon, "stat", "absent")[0] == 1
+    assert ctl(daemon, "wait", "absent", "--timeout", "0")[0] == 1, "0: do not wait"
+    assert ctl(daemon, "wait", "absent", "--timeout", "0.05")[0] == 124
+
+
+def test_json_errors_are_json_on_stderr(daemon, tmp_path):
+    rc, out, err = ctl(daemon, "stat", "absent", "--json")
+    assert rc == 1 and out == ""
+    e = json.loads(err)
+    assert e["error"] == "ENOENT" and e["errno"] == 2 and "'absent'" in e["message"], e
+    assert err.count("\n") == 1
+    rc, out, err = ctl(daemon, "wait", "late", "--timeout", "0.1", "--json")
+    e = json.loads(err)
+    assert rc == 124 and e["error"] == "ETIMEDOUT" and e["errno"] == 110 and "late" in e["message"]
+
+    class Nobody:
+        socket = str(tmp_path / "nobody.sock")
+
+    rc, _, err = ctl(Nobody, "ls", "--json")
+    e = json.loads(err)
+    assert rc == 1 and e["error"] == "ECONNREFUSED" and Nobody.socket in e["message"]
+    # Without --json the same failure is one line of text.
+    rc, _, err = ctl(Nobody, "ls")
+    assert err.startswith("tensorctl: ") and not err.startswith("{")
+
+
+def test_socket_that_is_no_socket_says_so(daemon, tmp_path):
+    class At:
+        socket = str(tmp_path)
+
+    rc, _, err = ctl(At, "ls")
+    assert rc == 1
+    assert f"{tmp_path} is a directory, not a socket" in err, err
+    assert os.path.join(str(tmp_path), "tensord.sock") in err
+    (tmp_path / "plain").write_text("x")
+    At.socket = str(tmp_path / "plain")
+    rc, _, err = ctl(At, "ls")
+    assert rc == 1 and f"{At.socket} is not a socket but a regular file" in err, err
+    rc, _, err = ctl(At, "ls", "--json")
+    assert json.loads(err)["error"] == "ENOTSOCK"
+
+
+def test_put_force_replaces(daemon, tmp_path):
+    ok(daemon, "put", "f", save(tmp_path / "a.npy", np.ones(3, np.int8)))
+    rc, _, err = ctl(daemon, "put", "f", save(tmp_path / "b.npy", np.arange(5, dtype=np.int16)))
+    assert rc == 1 and "already exists" in err and "--force" in err
+    ok(daemon, "put", "f", str(tmp_path / "b.npy"), "--force")
+    ok(daemon, "get", "f", str(tmp_path / "out.npy"))
+    got = np.load(tmp_path / "out.npy")
+    assert got.dtype == np.int16 and got.tolist() == [0, 1, 2, 3, 4]
+    ok(daemon, "put", "--force", "g", str(tmp_path / "b.npy"))   # nothing to replace
+    assert ctl(daemon, "get", "f", "x.npy", "--force")[0] == 2, "only put takes --force"

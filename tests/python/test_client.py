@@ -428,3 +428,35 @@ def test_buffer_protocol_and_array(client):
     with client.attach("buf/b16") as t:
         with pytest.raises(BufferError, match="bfloat16"):
             memoryview(t)
+
+
+@pytest.mark.parametrize("n", [16, 1 << 20], ids=["inline", "through-a-memfd"])
+def test_put_replace(client, n):
+    """put(replace=True) over a name the caller owns: the new bytes under the
+    name, the old tensor's arrays keep theirs; without it, ExistsError."""
+    client.put("rep", np.full(n, 1, np.uint8))
+    old = client.attach("rep")
+    old_arr = np.from_dlpack(old)
+    with pytest.raises(tensord.ExistsError):
+        client.put("rep", np.full(n, 2, np.uint8))
+    client.put("rep", np.full(2 * n, 3, np.uint8), replace=True)
+    with client.attach("rep") as t:
+        new = np.from_dlpack(t)
+        assert new.shape == (2 * n,) and (new == 3).all()
+    assert (old_arr == 1).all() and old_arr.shape == (n,)
+    info = client.stat("rep")
+    assert info.nbytes == 2 * n and not info.mutable
+    old.release()
+    client.put("rep/absent", np.zeros(3, np.float32), replace=True)   # no old one: a plain put
+    assert client.stat("rep/absent").shape == (3,)
+
+
+def test_create_replace(client):
+    client.put("crep", np.zeros(4, np.int32))
+    with pytest.raises(tensord.ExistsError):
+        client.create("crep", (4,), "int32")
+    with client.create("crep", (8,), "int32", replace=True) as w:
+        np.from_dlpack(w)[:] = 5
+        w.publish()
+    with client.attach("crep") as t:
+        assert np.from_dlpack(t).tolist() == [5] * 8

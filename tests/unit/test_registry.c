@@ -156,6 +156,51 @@ static void test_client_gone(void **state)
 	assert_int_equal(reg->n_leases, 0);
 }
 
+/* Replace: checked before anything moves, done in the step that names the new one. */
+static void test_replace(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a, b, root;
+	struct tensor *old, *t, *t2;
+	uint64_t la, lb, l2;
+	bool w;
+	struct create_args r = { .name = "r", .name_len = 1, .dtype = { kDLUInt, 8, 1 },
+				 .ndim = 1, .device = { kDLCPU, 0 }, .replace = true };
+	int64_t n = 8192, huge = 2 << 20;
+
+	registry_client_init(&a, 1, 1000, 1000, 1);
+	registry_client_init(&b, 2, 1001, 1001, 2);
+	registry_client_init(&root, 3, 0, 0, 3);
+	assert_int_equal(create(reg, &a, "r", 4096, 0, 0666, &old, &la), 0);
+	assert_int_equal(registry_publish(reg, &a, "r", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_attach(reg, &b, "r", 1, &t, &lb, &w, why, sizeof(why)), 0);
+	/* Another uid may not, whatever the mode: the tensor stays. */
+	r.shape = &n;
+	assert_int_equal(registry_create(reg, &b, &r, &t2, &l2, why, sizeof(why)), -EPERM);
+	assert_non_null(strstr(why, "owner"));
+	/* A refused create (over capacity) leaves the old one in place. */
+	r.shape = &huge;
+	assert_int_equal(registry_create(reg, &a, &r, &t2, &l2, why, sizeof(why)), -ENOSPC);
+	assert_ptr_equal(registry_lookup(reg, &b, "r", 1), old);
+	/* The owner may: the name is the new tensor's; b's lease keeps the old. */
+	r.shape = &n;
+	assert_int_equal(registry_create(reg, &a, &r, &t2, &l2, why, sizeof(why)), 0);
+	assert_int_equal(old->state, TENSORD_STATE_UNLINKED);
+	assert_int_equal(old->refcount, 2);
+	assert_ptr_equal(registry_lookup(reg, &a, "r", 1), t2);
+	assert_int_equal(t2->flags, 0);
+	assert_int_equal(reg->n_named, 1);
+	/* b cannot replace a's unpublished draft; root can replace a's tensor. */
+	assert_int_equal(registry_create(reg, &b, &r, &t, &lb, why, sizeof(why)), -EEXIST);
+	assert_int_equal(registry_publish(reg, &a, "r", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_create(reg, &root, &r, &t, &lb, why, sizeof(why)), 0);
+	assert_int_equal(t->owner_uid, 0);
+	registry_client_gone(reg, &a);
+	registry_client_gone(reg, &b);
+	registry_client_gone(reg, &root);
+	assert_int_equal(reg->n_tensors, 0);
+}
+
 static void test_capacity(void **state)
 {
 	struct registry *reg = *state;
@@ -361,6 +406,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_lease_ids_are_not_reused_blindly, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_client_gone, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_capacity, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_replace, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_shared_routing_and_capacity, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_publish_moves_small_tensors_into_a_slab, setup,
 						teardown),

@@ -248,6 +248,8 @@ class Client:
         mutable: bool = False,
         lifetime: _Lifetime = "persistent",
         mode: int | None = None,
+        *,
+        replace: bool = False,
     ) -> None:
         """Copies a DLPack producer or buffer into a new tensor and publishes it."""
     def attach(self, name: str, timeout: float | None = None) -> Tensor:
@@ -262,6 +264,8 @@ class Client:
         lifetime: _Lifetime = "persistent",
         mode: int | None = None,
         strides: Sequence[SupportsIndex] | None = None,
+        *,
+        replace: bool = False,
     ) -> Tensor:
         """Allocates a tensor, writable by the caller until publish()."""
     def stat(self, name: str) -> TensorInfo:
