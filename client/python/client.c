@@ -338,17 +338,17 @@ static PyMethodDef Client_methods[] = {
 	 "Returns a dict of daemon totals: tensors, clients, leases, uptime (seconds), daemon_pid, and devices,\n"
 	 "a list of dicts with device, backend, path, bytes_used, bytes_capacity, tensors."},
 	{"leases", (PyCFunction)(void (*)(void))td_client_leases, METH_VARARGS | METH_KEYWORDS,
-	 "leases(name=None) -> list[LeaseHolder]\n\n"
-	 "Who holds leases on name (None: on every tensor): one record per tensor and\n"
+	 "leases($self, /, name=None)\n--\n\n"
+	 "Returns a list of LeaseHolder: who holds leases on name (None: on every tensor): one record per tensor and\n"
 	 "connection, with pid, uid, gid, comm, count, since and held. Lists tensors the\n"
 	 "caller may read; their owner and root see all."},
 	{"clients", (PyCFunction)td_client_clients, METH_NOARGS,
-	 "clients() -> list[ClientInfo]\n\n"
-	 "The daemon's client connections, this one included: all of them for root, those of\n"
+	 "clients($self, /)\n--\n\n"
+	 "Returns a list of ClientInfo: the daemon's client connections, this one included: all of them for root, those of\n"
 	 "the caller's uid for anyone else."},
 	{"metrics", (PyCFunction)td_client_metrics, METH_NOARGS,
-	 "metrics() -> str\n\n"
-	 "The daemon's metrics in the Prometheus text format 0.0.4 (what --metrics serves)."},
+	 "metrics($self, /)\n--\n\n"
+	 "Returns a str: the daemon's metrics in the Prometheus text format 0.0.4 (what --metrics serves)."},
 	{"unlink", (PyCFunction)Client_unlink, METH_VARARGS,
 	 "unlink($self, name, /)\n--\n\n"
 	 "Removes the name; the memory lives until the last lease on it ends."},
