@@ -30,7 +30,8 @@
 	XX(EAGAIN, "resource limit reached, try again")                         \
 	XX(ENOTSUP, "not supported")                                            \
 	XX(ENAMETOOLONG, "name too long")                                       \
-	XX(ESRCH, "no such lease")
+	XX(ESRCH, "no such lease")                                              \
+	XX(ENOTSOCK, "not a socket")
 
 const char *tensord_strerror(int err)
 {

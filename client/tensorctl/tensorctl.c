@@ -31,7 +31,9 @@ static const char usage_text[] =
 	"  rm NAME                          unlink a tensor\n"
 	"  wait NAME [--timeout SEC] [--json]  wait until NAME is published\n"
 	"  stats [--json]                   daemon totals, per device\n"
-	"--socket PATH (else $TENSORD_SOCKET, else the default path) picks the daemon;\n"
+	"--socket PATH (else $TENSORD_SOCKET, else the default path, then\n"
+	"/run/tensord/tensord.sock) picks the daemon; $TENSORD_DAEMON_UID names a daemon\n"
+	"user to trust besides yourself and root;\n"
 	"-h/--help, --version. Options may come before or after the arguments.\n"
 	"exit status: 0 success, 1 operation error, 2 usage error\n";
 
@@ -235,7 +237,6 @@ int main(int argc, char **argv)
 	struct args a = { .timeout_ms = -1 };
 	const struct command *cmd;
 	tensord_client *c;
-	char path[256];
 	int rc;
 
 	rc = parse_args(argc, argv, &a, &cmd);
@@ -244,14 +245,12 @@ int main(int argc, char **argv)
 
 	rc = tensord_connect(a.socket, &c);
 	if (rc < 0) {
-		/* The library's message usually names the path already. */
-		if (!a.socket && tensord_default_socket_path(path, sizeof(path)) == 0)
-			a.socket = path;
-		if (a.socket && strstr(errmsg(rc), a.socket))
-			fprintf(stderr, "tensorctl: %s\n", errmsg(rc));
+		/* The library's message names the path and the fix. */
+		if (*tensord_last_error())
+			fprintf(stderr, "tensorctl: %s\n", tensord_last_error());
 		else
 			fprintf(stderr, "tensorctl: cannot connect to %s: %s\n",
-				a.socket ? a.socket : "tensord", errmsg(rc));
+				a.socket ? a.socket : "tensord", tensord_strerror(rc));
 		return EXIT_OP;
 	}
 	rc = cmd->run(c, &a);
