@@ -6,14 +6,8 @@ B=${1:-build}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-sock=$(python3 - <<'PY'
-import os
-if os.environ.get("TENSORD_SOCKET"): print(os.environ["TENSORD_SOCKET"])
-elif os.environ.get("XDG_RUNTIME_DIR"): print(os.environ["XDG_RUNTIME_DIR"] + "/tensord.sock")
-elif os.geteuid() == 0: print("/run/tensord/tensord.sock")
-else: print("/tmp/tensord-%d.sock" % os.geteuid())
-PY
-)
+# The daemon's default path, by the library's own rule (common/paths.c).
+sock=$(PYTHONPATH="$B/python" python3 -c 'import tensord; print(tensord.default_socket_path())')
 
 exec 3> >(cat)   # keep the daemon's log on our stdout
 "$B/tensord" --ready-fd 4 4>"$work/ready" 2>&1 &

@@ -73,10 +73,15 @@ static PyMethodDef mod_methods[] = {
 	{"connect", (PyCFunction)(void (*)(void))mod_connect, METH_VARARGS | METH_KEYWORDS,
 	 "connect(path=None) -> Client\n\n"
 	 "Connects to the tensord daemon at path, or, with None, at the default socket path\n"
-	 "(see default_socket_path()). Raises ConnectionRefusedError (tensord.NoDaemonError)\n"
-	 "when no daemon listens there."},
+	 "(see default_socket_path()) and then at /run/tensord/tensord.sock. Before sending\n"
+	 "anything it checks that the socket, its directory and the daemon (SO_PEERCRED)\n"
+	 "belong to you, root or $TENSORD_DAEMON_UID. Raises ConnectionRefusedError\n"
+	 "(tensord.NoDaemonError) when no daemon listens there, PermissionError\n"
+	 "(tensord.AccessDeniedError) with errno EACCES when the socket's mode refuses\n"
+	 "you and EPERM when someone else owns or serves it."},
 	{"default_socket_path", mod_default_socket_path, METH_NOARGS,
-	 "default_socket_path() -> str\n\nThe socket path connect() uses when given None."},
+	 "default_socket_path() -> str\n\nThe socket path connect() tries first when given None\n"
+	 "(and the one tensord listens on when started by this user with no settings)."},
 	{NULL},
 };
 
