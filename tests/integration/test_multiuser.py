@@ -20,10 +20,12 @@ import sys
 import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import BUILD, build_path, wait_until
+import conftest
+from conftest import build_path, wait_until
 from hostile import (
     F_RELEASE, Raw, frame, f_varint, hello_req, request, stats_req,
 )
@@ -102,57 +104,44 @@ class World:
             d.stop()
 
 
-class Daemon:
+class Daemon(conftest.Daemon):
+    """conftest's daemon, started as uid, on its default path unless args
+    say --socket; stopped and checked by World.stop_all()."""
+
     def __init__(self, world, uid, args, env):
-        self.world, self.uid, self.args, self.env = world, uid, list(args), env
-        self.log_path = os.path.join(world.root, f"tensord-{uid}-{len(world.daemons)}.log")
-        self.proc = None
+        run_dir = Path(world.root) / f"d{len(world.daemons)}"
+        run_dir.mkdir()
+        super().__init__(run_dir, args, env)
+        self.world, self.uid = world, uid
         self.checked = False
 
-    def start(self, expect_ready):
+    def start(self, expect_ready=True):
         r, w = os.pipe()
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
-                 os.path.join(self.world.bin, "tensord"), "--ready-fd", str(w),
-                 "--log-level", "debug"] + self.args,
-                pass_fds=(w,), stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd="/")
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+             os.path.join(self.world.bin, "tensord"), "--ready-fd", str(w),
+             "--log-level", "debug"] + self.args,
+            pass_fds=(w,), stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd="/")
         os.close(w)
         with os.fdopen(r, "rb") as rf:
             ready = rf.read(1) == b"R"
-        if expect_ready:
-            assert ready, self.log()
-        else:
-            assert not ready, self.log()
+        assert ready == expect_ready, self.read_log()
+        self.expected_rc = 0 if ready else 1    # refusing to start is exit 1
+        if not ready:
             self.proc.wait(timeout=10)
-
-    @property
-    def pid(self):
-        return self.proc.pid
-
-    def log(self):
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-    def alive(self):
-        return self.proc.poll() is None
+        return self
 
     def stop(self):
         if self.checked:
-            return
+            return None
         self.checked = True
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                pytest.fail("tensord did not stop on SIGTERM:\n" + self.log()[-3000:])
-            assert self.proc.returncode == 0, self.log()[-3000:]
-        log = self.log()
+        rc = super().stop()
+        log = self.read_log()
         assert "ERROR: AddressSanitizer" not in log, log
         assert "runtime error:" not in log, log
+        assert rc == self.expected_rc, log[-3000:]
+        return rc
 
 
 def honest_round_trip(world, uid, sock=None, env=None):
@@ -201,13 +190,13 @@ def test_squatted_private_directory_is_refused_by_client_and_daemon(world):
     # Named explicitly, too; and the C library says EPERM.
     env = world.env(TENSORD_SOCKET=world.private(VICTIM))
     assert world.tdclient(VICTIM, "connect\n", env=env)[0].startswith("err EPERM refusing")
-    assert "conn 1:" not in trap.log(), "the victim must not even connect"
+    assert "conn 1:" not in trap.read_log(), "the victim must not even connect"
 
     # The victim's own daemon refuses the squatted directory.
     d = world.daemon(VICTIM, expect_ready=False)
     assert d.proc.returncode == 1
-    assert "refusing the socket directory" in d.log(), d.log()
-    assert f"owned by uid {ATTACKER}, not by uid {VICTIM}" in d.log()
+    assert "refusing the socket directory" in d.read_log(), d.read_log()
+    assert f"owned by uid {ATTACKER}, not by uid {VICTIM}" in d.read_log()
 
     # An honest user's daemon and client, with no settings, are unaffected.
     world.daemon(HONEST)
@@ -492,7 +481,7 @@ def test_log_flood_is_bounded_and_counted(world):
     sock = os.path.join(world.root, "f.sock")
     d = world.daemon(0, "--socket", sock, "--mode", "0666", "--log-level", "info")
     n = 20000
-    before = len(d.log().splitlines())
+    before = len(d.read_log().splitlines())
     start = time.monotonic()
     r = py_as(ATTACKER, FLOOD, sock, str(n), timeout=120)
     windows = 1 + int(time.monotonic() - start)
@@ -501,11 +490,11 @@ def test_log_flood_is_bounded_and_counted(world):
     honest_round_trip(world, HONEST, sock)
 
     def summary():
-        lines = d.log().splitlines()[before:]
+        lines = d.read_log().splitlines()[before:]
         return [l for l in lines if "suppressed" in l and "unknown lease" in l]
 
-    assert wait_until(summary, timeout=5), d.log()[-3000:]
-    lines = d.log().splitlines()[before:]
+    assert wait_until(summary, timeout=5), d.read_log()[-3000:]
+    lines = d.read_log().splitlines()[before:]
     releases = [l for l in lines if "released unknown lease" in l]
     hellos = [l for l in lines if "request before hello" in l and "suppressed" not in l]
     # 5 lines a second per connection and kind, 50 per kind over all.
