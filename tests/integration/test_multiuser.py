@@ -226,6 +226,42 @@ def test_squatted_socket_in_a_shared_directory_is_refused(world):
 
 # --- item 11: the peer is checked, and each failure says what it is --------------
 
+SYSTEM_DAEMON = r"""
+set -e
+# A private mount namespace with its own /run: the host's is never touched.
+mount -t tmpfs -o mode=0755 tmpfs /run
+"$BIN/tensord" --mode 0666 --ready-fd 3 3>"$ROOT/ready" >"$ROOT/system.log" 2>&1 &
+for i in $(seq 200); do [ -s "$ROOT/ready" ] && break; sleep 0.05; done
+as() { u=$1; shift; setpriv --reuid=$u --regid=$u --clear-groups "$@"; }
+printf 'connect\nstats\nexit\n' | as $VICTIM "$BIN/tdclient"
+mkdir -m 0777 "$TENSORD_TMPDIR/tensord-$VICTIM"; chown $ATTACKER "$TENSORD_TMPDIR/tensord-$VICTIM"
+printf 'connect\nexit\n' | as $VICTIM "$BIN/tdclient"
+kill -TERM $!; wait $!
+"""
+
+
+def test_system_daemon_is_found_without_configuration(world):
+    """A root daemon started with no settings listens on
+    /run/tensord/tensord.sock; a user's client with no settings finds it
+    after its own private path, unless that path is squatted."""
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare(1) for a private /run")
+    env = world.env(BIN=world.bin, ROOT=world.root, VICTIM=str(VICTIM),
+                    ATTACKER=str(ATTACKER))
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                        SYSTEM_DAEMON], env=env, capture_output=True, text=True, timeout=60)
+    if r.returncode != 0 and "mount" in r.stderr:
+        pytest.skip("cannot mount a private /run here: " + r.stderr.strip())
+    assert r.returncode == 0, r.stderr
+    log = open(os.path.join(world.root, "system.log")).read()
+    assert "listening on /run/tensord/tensord.sock (mode 666)" in log, log
+    out = r.stdout.splitlines()
+    assert out[0] == "ok" and out[1].startswith("ok tensors=0 clients=1"), out
+    # (out[2] is tdclient's "exit".) A squatted private path is refused,
+    # not skipped over for the system daemon: the attack is reported.
+    assert out[3].startswith(f"err EPERM refusing {world.private(VICTIM)}"), out
+
+
 SWAP_LISTENER = r"""
 import os, socket, sys, time
 # Bound as root (so the socket file is root's), then listen() as another
