@@ -33,11 +33,11 @@ static bool socket_is_live(const char *path)
 }
 
 /*
- * The directory of a default socket path. The private one under /tmp
- * (common/paths.c) is made 0700 and must be ours and closed to others, so
- * that nobody can squat it before us; it is opened to search (0711) when
- * --mode lets others connect. /run/tensord is made for a root daemon.
- * 0, or -EPERM with the reason logged.
+ * The socket's directory, when it is one of the default ones. The private
+ * one under /tmp (common/paths.c) is made 0700 and must be ours and closed
+ * to others, so that nobody can squat it before us; it is open to search
+ * (0711) only while --mode lets others connect. /run/tensord is made for a
+ * root daemon. 0, or -errno with the reason logged.
  */
 static int prepare_dir(const struct server_config *cfg)
 {
@@ -61,8 +61,8 @@ static int prepare_dir(const struct server_config *cfg)
 			  "remove it, or use --socket PATH", why);
 		return -EPERM;
 	}
-	if ((cfg->socket_mode & 066) && chmod(dir, 0711) < 0)
-		log_warn("socket directory %s: chmod 0711 for --mode %03o: %s", dir,
+	if (chmod(dir, cfg->socket_mode & 066 ? 0711 : 0700) < 0)
+		log_warn("socket directory %s: chmod for --mode %03o: %s", dir,
 			 (unsigned)cfg->socket_mode, strerror(errno));
 	return 0;
 }

@@ -1,4 +1,7 @@
-/* Daemon logging: one line per event on stderr, with a level. */
+/*
+ * Daemon logging: one line per event on stderr (or --log-file), with a
+ * level. Lines a peer can cause at will go through ratelimit.h.
+ */
 #ifndef TENSORD_LOG_H
 #define TENSORD_LOG_H
 

@@ -211,6 +211,23 @@ def test_squatted_private_directory_is_refused_by_client_and_daemon(world):
     honest_round_trip(world, VICTIM)
 
 
+def test_private_directory_opens_to_search_only_for_a_shared_socket(world):
+    """--mode 0666 on the default path: the directory becomes 0711 (others
+    may reach the socket, never list or write the directory), and a user who
+    trusts that daemon's uid is served; restarted 0600, it is 0700 again."""
+    d = world.daemon(VICTIM, "--mode", "0666")
+    st = os.lstat(os.path.dirname(world.private(VICTIM)))
+    assert (st.st_uid, st.st_mode & 0o7777) == (VICTIM, 0o711)
+    r = world.tensorctl(HONEST, "--socket", world.private(VICTIM), "stats")
+    assert r.returncode == 1 and f"is owned by uid {VICTIM}" in r.stderr, r.stderr
+    honest_round_trip(world, HONEST, world.private(VICTIM),
+                      env=world.env(TENSORD_DAEMON_UID=str(VICTIM)))
+    d.stop()
+    world.daemon(VICTIM)
+    st = os.lstat(os.path.dirname(world.private(VICTIM)))
+    assert st.st_mode & 0o7777 == 0o700
+
+
 def test_squatted_socket_in_a_shared_directory_is_refused(world):
     """A socket path in a sticky shared directory (like /tmp/x.sock), taken
     by someone else first: the socket's owner gives it away."""
