@@ -1,24 +1,128 @@
-/* The socket path rule of CONTRACT §2, shared by the daemon and its clients
- * so that with no settings at all they find each other. */
+/*
+ * The socket path rule, shared by the daemon and its clients so that with
+ * no settings at all they find each other, and the checks both make on a
+ * socket's directory and owner (docs/security.md, "Finding the daemon").
+ *
+ *   daemon:  $TENSORD_SOCKET, else $XDG_RUNTIME_DIR/tensord.sock, else
+ *            /run/tensord/tensord.sock for root, else the private directory
+ *            $TENSORD_TMPDIR/tensord-UID/tensord.sock (TENSORD_TMPDIR: /tmp)
+ *   client:  $TENSORD_SOCKET alone, else the daemon's path for its own uid,
+ *            then /run/tensord/tensord.sock (a system service)
+ */
 #include <errno.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <tensord/tensord.h>
 
+#include "common/paths.h"
+
+static int fits(int n, size_t len)
+{
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+int td_private_dir(char *buf, size_t len, uid_t uid)
+{
+	const char *base = getenv("TENSORD_TMPDIR");
+
+	if (!base || !*base)
+		base = "/tmp";
+	return fits(snprintf(buf, len, "%s/tensord-%u", base, (unsigned)uid), len);
+}
+
 int tensord_default_socket_path(char *buf, size_t len)
 {
 	const char *env = getenv("TENSORD_SOCKET");
-	int n;
+	char dir[TD_SOCKET_PATH_MAX];
 
 	if (env && *env)
-		n = snprintf(buf, len, "%s", env);
-	else if ((env = getenv("XDG_RUNTIME_DIR")) && *env)
-		n = snprintf(buf, len, "%s/tensord.sock", env);
-	else if (geteuid() == 0)
-		n = snprintf(buf, len, "/run/tensord/tensord.sock");
+		return fits(snprintf(buf, len, "%s", env), len);
+	if ((env = getenv("XDG_RUNTIME_DIR")) && *env)
+		return fits(snprintf(buf, len, "%s/tensord.sock", env), len);
+	if (geteuid() == 0)
+		return fits(snprintf(buf, len, "%s", TD_SYSTEM_SOCKET), len);
+	if (td_private_dir(dir, sizeof(dir), geteuid()) < 0)
+		return -ENAMETOOLONG;
+	return fits(snprintf(buf, len, "%s/tensord.sock", dir), len);
+}
+
+int td_socket_candidates(struct td_socket_candidates *out)
+{
+	const char *env = getenv("TENSORD_SOCKET");
+	int r;
+
+	out->n = 0;
+	r = tensord_default_socket_path(out->path[0], sizeof(out->path[0]));
+	if (r < 0)
+		return r;
+	out->n = 1;
+	if ((!env || !*env) && strcmp(out->path[0], TD_SYSTEM_SOCKET) != 0)
+		snprintf(out->path[out->n++], sizeof(out->path[0]), "%s", TD_SYSTEM_SOCKET);
+	return 0;
+}
+
+bool td_in_private_dir(const char *path, uid_t uid)
+{
+	char dir[TD_SOCKET_PATH_MAX];
+	const char *slash = strrchr(path, '/');
+	size_t n;
+
+	if (!slash || td_private_dir(dir, sizeof(dir), uid) < 0)
+		return false;
+	n = (size_t)(slash - path);
+	return n == strlen(dir) && strncmp(path, dir, n) == 0;
+}
+
+int td_private_dir_check(const char *dir, uid_t owner, char *why, size_t len)
+{
+	struct stat st;
+
+	if (lstat(dir, &st) < 0) {
+		int e = errno;
+
+		snprintf(why, len, "%s: %s", dir, strerror(e));
+		return e == ENOENT ? -ENOENT : -EPERM;
+	}
+	if (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode))
+		snprintf(why, len, "%s is not a directory but a %s", dir,
+			 S_ISLNK(st.st_mode) ? "symbolic link" : "file");
+	else if (st.st_uid != owner)
+		snprintf(why, len, "%s is owned by uid %u, not by uid %u", dir,
+			 (unsigned)st.st_uid, (unsigned)owner);
+	else if (st.st_mode & 022)
+		snprintf(why, len, "%s has mode %04o: others may write in it", dir,
+			 (unsigned)(st.st_mode & 07777));
 	else
-		n = snprintf(buf, len, "/tmp/tensord-%u.sock", (unsigned)geteuid());
-	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+		return 0;
+	return -EPERM;
+}
+
+uid_t td_daemon_uid(void)
+{
+	const char *s = getenv("TENSORD_DAEMON_UID");
+	struct passwd pw, *res = NULL;
+	char buf[1024], *end;
+	unsigned long v;
+
+	if (!s || !*s)
+		return (uid_t)-1;
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (!*end && !errno && *s != '-')
+		return (uid_t)v;
+	if (getpwnam_r(s, &pw, buf, sizeof(buf), &res) == 0 && res)
+		return res->pw_uid;
+	return (uid_t)-1;
+}
+
+bool td_uid_trusted(uid_t uid)
+{
+	uid_t d = td_daemon_uid();
+
+	return uid == geteuid() || uid == 0 || (d != (uid_t)-1 && uid == d);
 }

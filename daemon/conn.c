@@ -73,14 +73,16 @@ void conn_accept(struct conn_set *set, int fd)
 		return;
 	}
 	if (set->n >= set->max) {
-		log_warn("accept: pid %d uid %u refused: %u clients is the limit", cred.pid,
-			 cred.uid, set->max);
+		log_limited(TD_LOG_WARN, LOG_KIND_REFUSED_ACCEPT, NULL, NULL,
+			    "accept: pid %d uid %u refused: %u clients is the limit", cred.pid,
+			    cred.uid, set->max);
 		close(fd);
 		return;
 	}
 	c = calloc(1, sizeof(*c) + set->data_size);
 	if (!c || uv_poll_init(set->loop, &c->poll, fd) < 0) {
-		log_warn("accept: pid %d: out of memory, closing", cred.pid);
+		log_limited(TD_LOG_WARN, LOG_KIND_REFUSED_ACCEPT, NULL, NULL,
+			    "accept: pid %d: out of memory, closing", cred.pid);
 		free(c);
 		close(fd);
 		return;
@@ -115,6 +117,7 @@ void conn_close(struct conn *c)
 {
 	struct conn_set *set = c->set;
 	struct outbuf *o, *next;
+	struct log_peer peer;
 
 	if (c->dead)
 		return;
@@ -128,6 +131,8 @@ void conn_close(struct conn *c)
 		free(o);
 	}
 	c->out_head = c->out_tail = NULL;
+	peer = conn_peer(c);
+	ratelimit_flush(&c->limits, &peer, ratelimit_now());
 	set->handlers->on_close(c, set->ctx);
 	free(c->in);
 	c->in = NULL;
@@ -253,7 +258,8 @@ int conn_send(struct conn *c, const ProtobufCMessage *msg, int fd)
 /* Lets the layer above answer a framing error, then closes once that is sent. */
 static void conn_protocol_error(struct conn *c, int status, const char *msg)
 {
-	log_warn("conn %llu: pid %u: %s, closing", (unsigned long long)c->id, c->pid, msg);
+	conn_log_limited(c, TD_LOG_WARN, LOG_KIND_BAD_FRAME, "conn %llu: pid %u: %s, closing",
+			 (unsigned long long)c->id, c->pid, msg);
 	c->set->handlers->on_protocol_error(c, status, msg, c->set->ctx);
 	if (!c->dead)
 		conn_shutdown(c);

@@ -16,6 +16,8 @@
 #include <protobuf-c/protobuf-c.h>
 #include <uv.h>
 
+#include "ratelimit.h"
+
 /* Replies queued for one client before we stop reading its requests. */
 #define CONN_OUT_HIGH (4u << 20)
 
@@ -80,6 +82,7 @@ struct conn {
 	size_t out_bytes;
 	bool closing;               /* flush what is queued, then close */
 	bool dead;                  /* closed; waiting for libuv to let go */
+	struct log_limits limits;   /* of the lines this peer can cause (ratelimit.h) */
 	struct conn *prev, *next;
 	max_align_t data[];         /* set->data_size bytes, the layer above's */
 };
@@ -103,6 +106,19 @@ static inline void *conn_data(struct conn *c)
  * and c is closed.
  */
 int conn_send(struct conn *c, const ProtobufCMessage *msg, int fd);
+
+/* Who c is, for rate-limited log lines. */
+static inline struct log_peer conn_peer(const struct conn *c)
+{
+	return (struct log_peer){ .conn_id = c->id, .pid = c->pid, .uid = c->uid };
+}
+
+/* A log line about c that c can cause at will, rate-limited (ratelimit.h). */
+#define conn_log_limited(c, level, kind, ...)                                 \
+	do {                                                                  \
+		struct log_peer peer_ = conn_peer(c);                         \
+		log_limited((level), (kind), &(c)->limits, &peer_, __VA_ARGS__); \
+	} while (0)
 
 /* Flushes what is queued, then closes. */
 void conn_shutdown(struct conn *c);

@@ -98,8 +98,8 @@ static void do_hello(struct client *cl, uint64_t id, const Tensord__Hello *m)
 
 		snprintf(why, sizeof(why), "protocol version %u is not supported; tensord speaks %u",
 			 m->version, TENSORD_PROTOCOL_VERSION);
-		log_warn("conn %llu: pid %u: %s, closing", (unsigned long long)c->id, cl->rc.pid,
-			 why);
+		conn_log_limited(c, TD_LOG_WARN, LOG_KIND_BAD_FRAME, "conn %llu: pid %u: %s, closing",
+				 (unsigned long long)c->id, cl->rc.pid, why);
 		reply_status(c, id, -EPROTO, why);
 		if (!c->dead)
 			conn_shutdown(c);
@@ -306,9 +306,10 @@ static void do_release(struct client *cl, const Tensord__Release *m)
 {
 	/* One-way: deleters must never wait for the daemon. */
 	if (registry_release(&cl->srv->reg, &cl->rc, m->lease) < 0)
-		log_warn("conn %llu: pid %u released unknown lease %llx, ignoring",
-			 (unsigned long long)cl->conn->id, cl->rc.pid,
-			 (unsigned long long)m->lease);
+		conn_log_limited(cl->conn, TD_LOG_WARN, LOG_KIND_BAD_RELEASE,
+				 "conn %llu: pid %u released unknown lease %llx, ignoring",
+				 (unsigned long long)cl->conn->id, cl->rc.pid,
+				 (unsigned long long)m->lease);
 }
 
 static void do_unlink(struct client *cl, uint64_t id, const Tensord__Unlink *m)
@@ -377,8 +378,9 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 	struct conn *c = cl->conn;
 
 	if (!cl->hello_done && req->body_case != TENSORD__REQUEST__BODY_HELLO) {
-		log_warn("conn %llu: pid %u: request before hello, closing",
-			 (unsigned long long)c->id, cl->rc.pid);
+		conn_log_limited(c, TD_LOG_WARN, LOG_KIND_BEFORE_HELLO,
+				 "conn %llu: pid %u: request before hello, closing",
+				 (unsigned long long)c->id, cl->rc.pid);
 		reply_status(c, req->id, -EPROTO, "the first request must be hello");
 		if (!c->dead)
 			conn_shutdown(c);
@@ -440,8 +442,9 @@ void dispatch_frame(struct conn *c, const uint8_t *payload, size_t len, void *ct
 	cl->requests++;
 	metrics_request(req ? (unsigned)req->body_case : 0);
 	if (!req) {
-		log_debug("conn %llu: pid %u sent a malformed request (%zu bytes)",
-			  (unsigned long long)c->id, cl->rc.pid, len);
+		conn_log_limited(c, TD_LOG_DEBUG, LOG_KIND_BAD_FRAME,
+				 "conn %llu: pid %u sent a malformed request (%zu bytes)",
+				 (unsigned long long)c->id, cl->rc.pid, len);
 		/* The framing is intact, so the connection can go on. */
 		reply_status(c, 0, -EBADMSG, "malformed request: not a tensord.Request message");
 		return;

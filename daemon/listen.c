@@ -13,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/paths.h"
 #include "log.h"
 #include "server.h"
 
@@ -31,6 +32,41 @@ bool server_socket_is_live(const char *path)
 	return live;
 }
 
+/*
+ * The socket's directory, when it is one of the default ones. The private
+ * one under /tmp (common/paths.c) is made 0700 and must be ours and closed
+ * to others, so that nobody can squat it before us; it is open to search
+ * (0711) only while --mode lets others connect. /run/tensord is made for a
+ * root daemon. 0, or -errno with the reason logged.
+ */
+static int prepare_dir(const struct server_config *cfg)
+{
+	const char *path = cfg->socket_path;
+	char dir[TD_SOCKET_PATH_MAX], why[400];
+	uid_t me = geteuid();
+
+	if (me == 0 && strcmp(path, TD_SYSTEM_SOCKET) == 0)
+		mkdir("/run/tensord", 0755);
+	if (!td_in_private_dir(path, me))
+		return 0;
+	snprintf(dir, sizeof(dir), "%.*s", (int)(strrchr(path, '/') - path), path);
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		int e = errno;
+
+		log_error("socket directory %s: %s", dir, strerror(e));
+		return -e;
+	}
+	if (td_private_dir_check(dir, me, why, sizeof(why)) < 0) {
+		log_error("refusing the socket directory: %s; someone else may be squatting it: "
+			  "remove it, or use --socket PATH", why);
+		return -EPERM;
+	}
+	if (chmod(dir, cfg->socket_mode & 066 ? 0711 : 0700) < 0)
+		log_warn("socket directory %s: chmod for --mode %03o: %s", dir,
+			 (unsigned)cfg->socket_mode, strerror(errno));
+	return 0;
+}
+
 static void on_listen(uv_poll_t *h, int status, int events)
 {
 	struct server *srv = h->data;
@@ -47,7 +83,8 @@ static void on_listen(uv_poll_t *h, int status, int events)
 		if (errno == EMFILE || errno == ENFILE) {
 			/* Out of descriptors: shed the client instead of spinning
 			 * on a listen socket that stays readable. */
-			log_warn("accept: %s, shedding one client", strerror(errno));
+			log_limited(TD_LOG_WARN, LOG_KIND_REFUSED_ACCEPT, NULL, NULL,
+				    "accept: %s, shedding one client", strerror(errno));
 			if (srv->reserve_fd >= 0) {
 				close(srv->reserve_fd);
 				fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
@@ -72,6 +109,9 @@ int server_listen(struct server *srv)
 		return -ENAMETOOLONG;
 	}
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	r = prepare_dir(&srv->cfg);
+	if (r < 0)
+		return r;
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;

@@ -1,12 +1,18 @@
 #include "log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 int log_level = TD_LOG_INFO;
+
+/* --log-file, or NULL for plain stderr. Owned; lives as long as the process. */
+static char *log_path;
 
 static const char *const level_names[8] = {
 	[TD_LOG_ERROR] = "error",
@@ -28,6 +34,36 @@ int log_level_parse(const char *s, int *ret_level)
 		return 0;
 	}
 	return -EINVAL;
+}
+
+int log_open(const char *path)
+{
+	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+	char *copy;
+
+	if (fd < 0)
+		return -errno;
+	fflush(stderr);
+	if (dup2(fd, STDERR_FILENO) < 0) {
+		int e = errno;
+
+		close(fd);
+		return -e;
+	}
+	close(fd);
+	if (log_path != path) {
+		copy = strdup(path);
+		if (!copy)
+			return -ENOMEM;
+		free(log_path);
+		log_path = copy;
+	}
+	return 0;
+}
+
+int log_reopen(void)
+{
+	return log_path ? log_open(log_path) : 1;
 }
 
 void log_write(int level, const char *fmt, ...)

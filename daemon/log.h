@@ -1,4 +1,7 @@
-/* Daemon logging: one line per event on stderr, with a level. */
+/*
+ * Daemon logging: one line per event on stderr (or --log-file), with a
+ * level. Lines a peer can cause at will go through ratelimit.h.
+ */
 #ifndef TENSORD_LOG_H
 #define TENSORD_LOG_H
 
@@ -13,6 +16,15 @@ extern int log_level;
 
 /* 0, or -EINVAL when s is not error/warn/info/debug. */
 int log_level_parse(const char *s, int *ret_level);
+
+/*
+ * Sends the log (stderr, and so also whatever else writes there) to path,
+ * appended, created 0640; log_reopen() opens the same path again, after a
+ * rotation moved the old file away (SIGHUP). 0 or -errno; log_reopen()
+ * returns 1 when the log is plain stderr and there is nothing to reopen.
+ */
+int log_open(const char *path);
+int log_reopen(void);
 
 void log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -25,12 +25,13 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: tensord [--socket PATH] [--capacity SIZE] [--pool SIZE] [--log-level LEVEL]\n"
-		"               [--mode MODE] [--group GROUP] [--max-clients N] [--ready-fd FD]\n"
-		"               [--metrics HOST:PORT|unix:PATH]\n"
+		"               [--log-file PATH] [--mode MODE] [--group GROUP] [--max-clients N]\n"
+		"               [--ready-fd FD] [--metrics HOST:PORT|unix:PATH]\n"
 		"\n"
 		"  --socket PATH      where to listen (default: $TENSORD_SOCKET,\n"
 		"                     $XDG_RUNTIME_DIR/tensord.sock, /run/tensord/tensord.sock\n"
-		"                     for root, else /tmp/tensord-$UID.sock)\n"
+		"                     for root, else /tmp/tensord-$UID/tensord.sock in a\n"
+		"                     private directory; $TENSORD_TMPDIR replaces /tmp)\n"
 		"  --capacity SIZE    bytes of host memory to hand out; suffixes K M G Ki Mi Gi\n"
 		"                     (default: half of physical memory, or of the memory\n"
 		"                     cgroup's limit when that is smaller)\n"
@@ -38,6 +39,7 @@ static void usage(FILE *f)
 		"                     tensors; 0 keeps none (default: 1/16 of physical\n"
 		"                     memory, at most 2Gi)\n"
 		"  --log-level LEVEL  error, warn, info (default) or debug\n"
+		"  --log-file PATH    append the log to PATH instead of stderr; SIGHUP reopens it\n"
 		"  --mode MODE        socket permissions, octal (default 0600)\n"
 		"  --group GROUP      socket group\n"
 		"  --max-clients N    connections served at once (default 4096)\n"
@@ -92,6 +94,7 @@ static void server_stop(struct server *srv)
 		 (unsigned long long)srv->reg.n_tensors);
 	server_unlisten(srv);
 	metrics_http_stop();
+	ratelimit_flush_all();
 	waiters_drop_all(&srv->waiters);
 	conn_close_all(&srv->conns);
 	uv_close((uv_handle_t *)&srv->sigterm, NULL);
@@ -102,21 +105,13 @@ static void server_stop(struct server *srv)
 	uv_close((uv_handle_t *)&srv->spin, NULL);
 }
 
-/*
- * Signals that would kill the daemon by default, and its named tensors
- * with it: SIGUSR1 logs a summary of the state, the others only a line.
- * (The log is stderr, so SIGHUP has nothing to reopen.)
- */
-static void on_other_signal(uv_signal_t *h, int signum)
+/* SIGUSR1: the state, in total, per device and per client, into the log. */
+static void log_state(struct server *srv)
 {
-	struct server *srv = h->data;
 	uint32_t slabs;
 	uint64_t slab_bytes;
 
-	if (signum != SIGUSR1) {
-		log_info("received %s, ignoring", signum == SIGHUP ? "SIGHUP" : "SIGUSR2");
-		return;
-	}
+	ratelimit_flush_all();
 	backend_host_slab_stats(&slabs, &slab_bytes);
 	log_info("state: %u clients, %llu tensors (%zu named), %llu leases, %u slabs holding "
 		 "%llu bytes", srv->conns.n, (unsigned long long)srv->reg.n_tensors,
@@ -129,6 +124,34 @@ static void on_other_signal(uv_signal_t *h, int signum)
 			log_info("state: %s:%d: %u tensors, %llu of %llu bytes", d->ops->name,
 				 d->device.device_id, d->tensors, (unsigned long long)d->used,
 				 (unsigned long long)d->capacity);
+	}
+	for (struct conn *c = srv->conns.head; c; c = c->next) {
+		const struct client *cl = conn_data(c);
+
+		log_info("state: conn %llu: pid %u uid %u gid %u: %u leases",
+			 (unsigned long long)c->id, c->pid, c->uid, c->gid, cl->rc.n_leases);
+	}
+}
+
+/*
+ * Signals that would kill the daemon by default, and its named tensors
+ * with it: SIGHUP reopens --log-file (after a rotation), SIGUSR1 logs the
+ * state, SIGUSR2 only a line. SIGPIPE is ignored outright (main()).
+ */
+static void on_other_signal(uv_signal_t *h, int signum)
+{
+	int r;
+
+	if (signum == SIGUSR1) {
+		log_state(h->data);
+	} else if (signum == SIGUSR2) {
+		log_info("received SIGUSR2, ignoring");
+	} else if ((r = log_reopen()) == 1) {
+		log_info("received SIGHUP, ignoring: the log is stderr, nothing to reopen");
+	} else if (r < 0) {
+		log_error("received SIGHUP: cannot reopen the log file: %s", strerror(-r));
+	} else {
+		log_info("received SIGHUP, reopened the log file");
 	}
 }
 
@@ -189,6 +212,15 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 			return 2;
 		}
 		return 0;
+	case 'f': {
+		int r = log_open(arg);
+
+		if (r < 0) {
+			fprintf(stderr, "tensord: --log-file %s: %s\n", arg, strerror(-r));
+			return 2;
+		}
+		return 0;
+	}
 	case 'm': {
 		unsigned long m = strtoul(arg, &end, 8);
 
@@ -244,6 +276,7 @@ static int parse_args(int argc, char **argv, struct server_config *cfg, int *rea
 		{ "capacity", required_argument, NULL, 'c' },
 		{ "pool", required_argument, NULL, 'p' },
 		{ "log-level", required_argument, NULL, 'l' },
+		{ "log-file", required_argument, NULL, 'f' },
 		{ "mode", required_argument, NULL, 'm' },
 		{ "group", required_argument, NULL, 'g' },
 		{ "max-clients", required_argument, NULL, 'n' },
@@ -270,13 +303,10 @@ static int parse_args(int argc, char **argv, struct server_config *cfg, int *rea
 		usage(stderr);
 		return 2;
 	}
-	if (!cfg->socket_path[0]) {
-		if (tensord_default_socket_path(cfg->socket_path, sizeof(cfg->socket_path)) < 0) {
-			fprintf(stderr, "tensord: default socket path too long; use --socket\n");
-			return 2;
-		}
-		if (geteuid() == 0 && strcmp(cfg->socket_path, "/run/tensord/tensord.sock") == 0)
-			mkdir("/run/tensord", 0755);
+	if (!cfg->socket_path[0] &&
+	    tensord_default_socket_path(cfg->socket_path, sizeof(cfg->socket_path)) < 0) {
+		fprintf(stderr, "tensord: default socket path too long; use --socket\n");
+		return 2;
 	}
 	return -1;
 }
@@ -369,7 +399,9 @@ int main(int argc, char **argv)
 	r = server_listen(&srv);
 	if (r < 0) {
 		fprintf(stderr, "tensord: cannot listen on %s: %s\n", srv.cfg.socket_path,
-			r == -EADDRINUSE ? "another tensord is running there" : strerror(-r));
+			r == -EADDRINUSE ? "another tensord is running there"
+			: r == -EPERM	 ? "its directory is not safe to use (see above)"
+					 : strerror(-r));
 		registry_fini(&srv.reg);
 		return 1;
 	}

@@ -24,14 +24,8 @@ finish() {
 trap 'finish $?' EXIT
 trap 'finish 0' INT TERM
 
-sock=$("$PY" - <<'PY'
-import os
-if os.environ.get("TENSORD_SOCKET"): print(os.environ["TENSORD_SOCKET"])
-elif os.environ.get("XDG_RUNTIME_DIR"): print(os.environ["XDG_RUNTIME_DIR"] + "/tensord.sock")
-elif os.geteuid() == 0: print("/run/tensord/tensord.sock")
-else: print("/tmp/tensord-%d.sock" % os.geteuid())
-PY
-)
+# The daemon's default path, by the library's own rule (common/paths.c).
+sock=$(PYTHONPATH="$B/python" "$PY" -c 'import tensord; print(tensord.default_socket_path())')
 export TENSORD_SOCKET=$sock
 
 if "$B/tensorctl" stats >/dev/null 2>&1; then

@@ -419,40 +419,6 @@ int td_send_oneway(tensord_client *c, Tensord__Request *req)
 	return send_frame(&c->conn, req);
 }
 
-/*
- * Why connect() to path failed with error e: a path that exists but is no
- * socket says so (connect() itself only answers "Connection refused").
- */
-static int connect_error(const char *path, int e)
-{
-	struct stat st;
-
-	if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-		return td_set_error(-ENOTSOCK,
-				    "%s is a directory, not a socket (name the socket itself, "
-				    "such as %s/tensord.sock)",
-				    path, path);
-	if (stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
-		return td_set_error(-ENOTSOCK, "%s is not a socket but a %s", path,
-				    S_ISREG(st.st_mode) ? "regular file" : "special file");
-	return td_set_error(e == ENOENT ? -ECONNREFUSED : -e, "no tensord at %s: %s", path,
-			    strerror(e));
-}
-
-/* Opens conn's socket and connects it to path. conn->fd owns it, or is -1. */
-static int conn_open(struct td_conn *conn, const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-
-	conn->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (conn->fd < 0)
-		return td_set_error(-errno, "socket: %s", strerror(errno));
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	if (connect(conn->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		return connect_error(path, errno);
-	return 0;
-}
-
 /* The Hello round trip: both sides speak the same protocol version. */
 static int hello(tensord_client *c, const char *path)
 {
@@ -482,13 +448,6 @@ int tensord_connect(const char *socket_path, tensord_client **ret_client)
 	int r;
 
 	td_clear_error();
-	if (socket_path) {
-		if (strlen(socket_path) >= sizeof(path))
-			return td_set_error(-ENAMETOOLONG, "socket path %s is too long", socket_path);
-		snprintf(path, sizeof(path), "%s", socket_path);
-	} else if (tensord_default_socket_path(path, sizeof(path)) < 0) {
-		return td_set_error(-ENAMETOOLONG, "default socket path is too long");
-	}
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return td_set_error(-ENOMEM, "out of memory");
@@ -497,9 +456,12 @@ int tensord_connect(const char *socket_path, tensord_client **ret_client)
 	pthread_mutex_init(&c->conn.send_lock, NULL);
 	pthread_cond_init(&c->conn.cond, NULL);
 	td_mapcache_init(&c->maps, &c->lock);
-	r = conn_open(&c->conn, path);
-	if (r == 0)
+	c->conn.fd = -1;
+	r = td_connect_socket(socket_path, path, sizeof(path));
+	if (r >= 0) {
+		c->conn.fd = r;
 		r = hello(c, path);
+	}
 	if (r < 0) {
 		td_client_unref(c);
 		return r;

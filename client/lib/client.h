@@ -98,6 +98,14 @@ struct tensord_client {
 };
 
 /*
+ * connect.c: connects to socket_path, or with NULL to the first default
+ * path a daemon answers on, and checks who owns and serves it. A connected
+ * descriptor (the caller's), or -errno with the error set; ret_path gets
+ * the path tried (the first default when none answered).
+ */
+int td_connect_socket(const char *socket_path, char *ret_path, size_t len);
+
+/*
  * Round trip: sends req (its id is set here; otherwise borrowed for the
  * call) and waits for its reply. On success *ret_reply is owned by the
  * caller (free it with tensord__reply__free_unpacked()), and so is *ret_fd

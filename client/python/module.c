@@ -72,12 +72,17 @@ static PyObject *mod_default_socket_path(PyObject *mod, PyObject *unused)
 static PyMethodDef mod_methods[] = {
 	{"connect", (PyCFunction)(void (*)(void))mod_connect, METH_VARARGS | METH_KEYWORDS,
 	 "connect(path=None)\n--\n\n"
-	 "Returns a Client connected to the tensord daemon at path, or, with None, at the default socket path\n"
-	 "(see default_socket_path()). Raises ConnectionRefusedError (tensord.NoDaemonError)\n"
-	 "when no daemon listens there."},
+	 "Returns a Client connected to the tensord daemon at path, or, with None, at the\n"
+	 "default socket path (see default_socket_path()) and then at\n"
+	 "/run/tensord/tensord.sock. Before sending anything it checks that the socket, its\n"
+	 "directory and the daemon (SO_PEERCRED) belong to you, root or $TENSORD_DAEMON_UID.\n"
+	 "Raises ConnectionRefusedError (tensord.NoDaemonError) when no daemon listens there,\n"
+	 "PermissionError (tensord.AccessDeniedError) with errno EACCES when the socket's mode\n"
+	 "refuses you and EPERM when someone else owns or serves it."},
 	{"default_socket_path", mod_default_socket_path, METH_NOARGS,
 	 "default_socket_path($module, /)\n--\n\n"
-	 "The socket path connect() uses when given None, as a str."},
+	 "Returns a str: the socket path connect() tries first when given None (and the one\n"
+	 "tensord listens on when started by this user with no settings)."},
 	{NULL},
 };
 

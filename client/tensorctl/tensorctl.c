@@ -35,7 +35,9 @@ static const char usage_text[] =
 	"  stats [--json|--prometheus]      daemon totals, per device; or its metrics text\n"
 	"  leases [NAME] [--json]           who holds leases: pid, user, command, count, since\n"
 	"  clients [--json]                 client connections (root: all; others: their own)\n"
-	"--socket PATH (else $TENSORD_SOCKET, else the default path) picks the daemon;\n"
+	"--socket PATH (else $TENSORD_SOCKET, else the default path, then\n"
+	"/run/tensord/tensord.sock) picks the daemon; $TENSORD_DAEMON_UID names a daemon\n"
+	"user to trust besides yourself and root;\n"
 	"-h/--help, --version. Options may come before or after the arguments.\n"
 	"exit status: 0 success, 1 operation error, 2 usage error, 124 timed out\n";
 
@@ -249,9 +251,9 @@ static int connect_failed(int rc, const char *socket)
 
 	if (!socket && tensord_default_socket_path(path, sizeof(path)) == 0)
 		socket = path;
-	/* The library's message usually names the path already. */
-	if (socket && strstr(errmsg(rc), socket))
-		return report(rc, errmsg(rc), NULL);
+	/* The library's message names the paths it tried and the fix. */
+	if (*tensord_last_error())
+		return report(rc, tensord_last_error(), NULL);
 	snprintf(msg, sizeof(msg), "cannot connect to %s: %s", socket ? socket : "tensord",
 		 errmsg(rc));
 	return report(rc, msg, NULL);

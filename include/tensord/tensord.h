@@ -137,10 +137,17 @@ typedef struct tensord_daemon_stats {
 			       TENSORD_STATS_DEVICES_MAX * sizeof(tensord_device_stats))
 
 /*
- * Connects to the daemon at socket_path, or, when it is NULL, at the default
- * path: $TENSORD_SOCKET, else $XDG_RUNTIME_DIR/tensord.sock, else
- * /run/tensord/tensord.sock for root, else /tmp/tensord-$UID.sock.
- * -ECONNREFUSED or -ENOENT: no daemon there. -EPROTO: protocol mismatch.
+ * Connects to the daemon at socket_path, or, when it is NULL, at
+ * $TENSORD_SOCKET alone when that is set, else at the default path
+ * (tensord_default_socket_path()) and then /run/tensord/tensord.sock.
+ * Before sending anything it checks that the socket's directory, the socket
+ * and the peer (SO_PEERCRED) belong to the caller's euid, root, or
+ * $TENSORD_DAEMON_UID (a uid or a user name); a private default directory
+ * must also be closed to others. -ECONNREFUSED: no daemon at any path
+ * tried. -EACCES: the socket's mode or directory refuses the caller.
+ * -EPERM: another uid owns the socket or its directory, or serves it.
+ * -ENOTSOCK: the path is not a socket. -EPROTO: protocol mismatch.
+ * tensord_last_error() names the path and the fix.
  * On success *ret_client is owned by the caller; free it with tensord_close().
  */
 TENSORD_API int tensord_connect(const char *socket_path, tensord_client **ret_client);
@@ -152,7 +159,13 @@ TENSORD_API int tensord_connect(const char *socket_path, tensord_client **ret_cl
  */
 TENSORD_API tensord_client *tensord_close(tensord_client *client);
 
-/* Writes the default socket path (see tensord_connect) into buf. */
+/*
+ * Writes the default socket path into buf: the one tensord listens on when
+ * this user starts it with no --socket, and the first a client tries.
+ * $TENSORD_SOCKET, else $XDG_RUNTIME_DIR/tensord.sock, else
+ * /run/tensord/tensord.sock for root, else $TENSORD_TMPDIR/tensord-$UID/tensord.sock
+ * ($TENSORD_TMPDIR defaults to /tmp). 0 or -ENAMETOOLONG.
+ */
 TENSORD_API int tensord_default_socket_path(char *buf, size_t len);
 
 /*

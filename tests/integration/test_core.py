@@ -384,8 +384,8 @@ def test_socket_0600_refuses_other_uid(daemon_factory, tdclient_for_all):
                         tdclient_for_all],
                        input=f"connect {daemon.socket}\n", capture_output=True, text=True,
                        timeout=10)
-    assert p.stdout.startswith("err"), p.stdout
-    assert "Permission denied" in p.stdout
+    assert p.stdout.startswith("err EACCES permission denied on " + daemon.socket), p.stdout
+    assert "--mode 0660 --group" in p.stdout and "uid 65534" in p.stdout, p.stdout
 
 
 def test_create_replace_keeps_old_leases(daemon, clients):

@@ -293,7 +293,12 @@ class Client:
     ) -> None: ...
 
 def connect(path: str | os.PathLike[str] | None = None) -> Client:
-    """Connects to the daemon at path, or at the default socket path."""
+    """Connects to the daemon at path, or at the default socket path and then
+    /run/tensord/tensord.sock. The socket, its directory and the daemon
+    (SO_PEERCRED) must belong to you, root or $TENSORD_DAEMON_UID.
+    NoDaemonError (ConnectionRefusedError): nobody listens there.
+    AccessDeniedError (PermissionError): errno EACCES, the socket's mode
+    refuses you; EPERM, someone else owns or serves it."""
 
 def default_socket_path() -> str:
-    """The socket path connect() uses when given None."""
+    """The socket path connect() tries first when given None."""
