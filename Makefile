@@ -19,6 +19,8 @@
 
 B       ?= build
 PREFIX  ?= /usr/local
+# The one version string: tensord --version, tensorctl --version, tensord.pc.
+VERSION := $(shell cat VERSION)
 PYTHON  ?= python3
 PKGS    := libuv libprotobuf-c
 
@@ -30,7 +32,7 @@ endif
 
 # Sources include each other by path from the root ("common/desc.h"); the
 # generated protobuf-c header is found as "proto/tensord.pb-c.h" under $(B).
-CPPFLAGS += -Iinclude -I. -I$(B) -D_GNU_SOURCE
+CPPFLAGS += -Iinclude -I. -I$(B) -D_GNU_SOURCE -DTENSORD_VERSION='"$(VERSION)"'
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -fvisibility=hidden -fPIC \
             $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -121,8 +123,8 @@ $(B)/tensorctl: $(CTL_OBJ) $(B)/libtensord.a
 	@echo "  LD  $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(B)/tensord.pc: deploy/tensord.pc.in
-	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
+$(B)/tensord.pc: deploy/tensord.pc.in VERSION
+	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g; s|@VERSION@|$(VERSION)|g' $< > $@
 
 # The Python extension links the static library; it never links libpython.
 $(PY_EXT): $(wildcard client/python/*.c client/python/*.h) $(B)/libtensord.a

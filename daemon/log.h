@@ -1,4 +1,7 @@
-/* Daemon logging: one line per event on stderr, with a level. */
+/*
+ * Daemon logging: one line per event on stderr, with a level; in the
+ * journal's format when stderr is the journal (log.c).
+ */
 #ifndef TENSORD_LOG_H
 #define TENSORD_LOG_H
 
@@ -13,6 +16,9 @@ extern int log_level;
 
 /* 0, or -EINVAL when s is not error/warn/info/debug. */
 int log_level_parse(const char *s, int *ret_level);
+
+/* Picks the line format from $JOURNAL_STREAM and stderr. Call once, early. */
+void log_init(void);
 
 void log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

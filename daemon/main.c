@@ -14,16 +14,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <tensord/tensord.h>
+
 #include "common/sys.h"
+#include "config.h"
 #include "dispatch.h"
 #include "log.h"
+#include "sdnotify.h"
 #include "server.h"
+
+/* Read when it exists; --config FILE must exist. */
+#define DEFAULT_CONFIG "/etc/tensord.conf"
 
 static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: tensord [--socket PATH] [--capacity SIZE] [--pool SIZE] [--log-level LEVEL]\n"
 		"               [--mode MODE] [--group GROUP] [--max-clients N] [--ready-fd FD]\n"
+		"               [--config FILE] [--version]\n"
 		"\n"
 		"  --socket PATH      where to listen (default: $TENSORD_SOCKET,\n"
 		"                     $XDG_RUNTIME_DIR/tensord.sock, /run/tensord/tensord.sock\n"
@@ -38,7 +46,13 @@ static void usage(FILE *f)
 		"  --mode MODE        socket permissions, octal (default 0600)\n"
 		"  --group GROUP      socket group\n"
 		"  --max-clients N    connections served at once (default 4096)\n"
-		"  --ready-fd FD      write 'R' to FD and close it once listening\n");
+		"  --ready-fd FD      write 'R' to FD and close it once listening\n"
+		"  --config FILE      'key = value' lines, keys as the long options above\n"
+		"                     (default: " DEFAULT_CONFIG " when it exists); flags win\n"
+		"  --version          print the version and exit\n"
+		"\n"
+		"Under systemd: readiness through $NOTIFY_SOCKET, a listening socket through\n"
+		"$LISTEN_FDS (tensord.socket), journal priorities when stderr is the journal.\n");
 }
 
 /* "512M", "1Gi", "4096": 0 or -EINVAL. K/M/G are decimal, Ki/Mi/Gi binary. */
@@ -84,6 +98,8 @@ static void server_stop(struct server *srv)
 		return;
 	srv->stopping = true;
 	log_info("stopping: %u clients, %llu tensors", srv->conns.n,
+		 (unsigned long long)srv->reg.n_tensors);
+	sdnotify("STOPPING=1\nSTATUS=stopping: %u clients, %llu tensors", srv->conns.n,
 		 (unsigned long long)srv->reg.n_tensors);
 	server_unlisten(srv);
 	waiters_drop_all(&srv->waiters);
@@ -227,40 +243,94 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	}
 }
 
-/* argv into cfg. -1 to go on, else the status to exit with. */
+static const struct option long_opts[] = {
+	{ "socket", required_argument, NULL, 's' },
+	{ "capacity", required_argument, NULL, 'c' },
+	{ "pool", required_argument, NULL, 'p' },
+	{ "log-level", required_argument, NULL, 'l' },
+	{ "mode", required_argument, NULL, 'm' },
+	{ "group", required_argument, NULL, 'g' },
+	{ "max-clients", required_argument, NULL, 'n' },
+	{ "ready-fd", required_argument, NULL, 'r' },
+	{ "config", required_argument, NULL, 'C' },
+	{ "help", no_argument, NULL, 'h' },
+	{ "version", no_argument, NULL, 'V' },
+	{ NULL, 0, NULL, 0 },
+};
+
+struct parsed {
+	struct server_config *cfg;
+	int *ready_fd;
+};
+
+/* A config file line (config.c): any option but --ready-fd and --config. */
+static int apply_config(const struct option *o, const char *value, void *ctx)
+{
+	struct parsed *p = ctx;
+
+	if (o->val == 'r' || o->val == 'C')
+		return -ENOENT;
+	return parse_option(o->val, value, p->cfg, p->ready_fd);
+}
+
+/*
+ * argv, and the config file under it, into cfg. Flags are collected
+ * first and applied after the file, so a flag overrides the file's line.
+ * -1 to go on, else the status to exit with.
+ */
 static int parse_args(int argc, char **argv, struct server_config *cfg, int *ready_fd)
 {
-	static const struct option opts[] = {
-		{ "socket", required_argument, NULL, 's' },
-		{ "capacity", required_argument, NULL, 'c' },
-		{ "pool", required_argument, NULL, 'p' },
-		{ "log-level", required_argument, NULL, 'l' },
-		{ "mode", required_argument, NULL, 'm' },
-		{ "group", required_argument, NULL, 'g' },
-		{ "max-clients", required_argument, NULL, 'n' },
-		{ "ready-fd", required_argument, NULL, 'r' },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
-	};
-	int opt;
+	struct parsed p = { cfg, ready_fd };
+	const char *config = NULL;
+	struct {
+		int opt;
+		const char *arg;
+	} *flags = calloc((size_t)argc, sizeof(*flags));
+	int n = 0, opt, r = -1;
 
+	if (!flags) {
+		fprintf(stderr, "tensord: out of memory\n");
+		return 2;
+	}
 	cfg->socket_mode = 0600;
 	cfg->socket_gid = (gid_t)-1;
 	cfg->max_clients = 4096;
-	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		if (opt == 'h') {
+	while (r < 0 && (opt = getopt_long(argc, argv, "hV", long_opts, NULL)) != -1) {
+		switch (opt) {
+		case 'h':
 			usage(stdout);
-			return 0;
+			r = 0;
+			break;
+		case 'V':
+			printf("tensord %s (protocol %d)\n", TENSORD_VERSION,
+			       TENSORD_PROTOCOL_VERSION);
+			r = 0;
+			break;
+		case 'C':
+			config = optarg;
+			break;
+		case '?':
+			usage(stderr);
+			r = 2;
+			break;
+		default:
+			flags[n].opt = opt;
+			flags[n++].arg = optarg;
 		}
-		if (parse_option(opt, optarg, cfg, ready_fd))
-			return 2;
 	}
-	if (optind < argc) {
+	if (r < 0 && optind < argc) {
 		fprintf(stderr, "tensord: unexpected argument '%s'\n", argv[optind]);
 		usage(stderr);
-		return 2;
+		r = 2;
 	}
-	if (!cfg->socket_path[0]) {
+	if (r < 0 && config_load(config ? config : DEFAULT_CONFIG, config != NULL, long_opts,
+				 apply_config, &p))
+		r = 2;
+	for (int i = 0; r < 0 && i < n; i++)
+		if (parse_option(flags[i].opt, flags[i].arg, cfg, ready_fd))
+			r = 2;
+	free(flags);
+	if (r < 0 && !cfg->socket_path[0]) {
 		if (tensord_default_socket_path(cfg->socket_path, sizeof(cfg->socket_path)) < 0) {
 			fprintf(stderr, "tensord: default socket path too long; use --socket\n");
 			return 2;
@@ -268,7 +338,7 @@ static int parse_args(int argc, char **argv, struct server_config *cfg, int *rea
 		if (geteuid() == 0 && strcmp(cfg->socket_path, "/run/tensord/tensord.sock") == 0)
 			mkdir("/run/tensord", 0755);
 	}
-	return -1;
+	return r;
 }
 
 /* The registry tells the waiters when a name is published. */
@@ -340,6 +410,8 @@ int main(int argc, char **argv)
 	static struct server srv;
 	int ready_fd = -1, r;
 
+	log_init();
+	sdnotify_init();
 	r = parse_args(argc, argv, &srv.cfg, &ready_fd);
 	if (r >= 0)
 		return r;
@@ -354,6 +426,8 @@ int main(int argc, char **argv)
 	if (r < 0) {
 		fprintf(stderr, "tensord: cannot listen on %s: %s\n", srv.cfg.socket_path,
 			r == -EADDRINUSE ? "another tensord is running there" : strerror(-r));
+		sdnotify("STATUS=cannot listen on %s: %s\nERRNO=%d", srv.cfg.socket_path,
+			 strerror(-r), -r);
 		registry_fini(&srv.reg);
 		return 1;
 	}
@@ -374,6 +448,7 @@ int main(int argc, char **argv)
 			log_warn("--ready-fd %d: %s, ignoring", ready_fd, strerror(errno));
 		close(ready_fd);
 	}
+	sdnotify("READY=1\nSTATUS=listening on %s", srv.cfg.socket_path);
 
 	uv_run(srv.loop, UV_RUN_DEFAULT);
 
