@@ -15,6 +15,13 @@ for p in libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev \
 	have_deb "$p" || need_deb+=("$p")
 done
 
+# The service tests: systemd-analyze and systemd-sysusers check the units,
+# groff renders the man pages, readelf reads sonames (already there on a
+# Debian build host; listed so a bare one gets them).
+for p in systemd groff-base binutils; do
+	have_deb "$p" || need_deb+=("$p")
+done
+
 if [ "${#need_deb[@]}" -gt 0 ]; then
 	echo "setup: installing ${need_deb[*]}" >&2
 	SUDO=
@@ -28,6 +35,7 @@ PY=${PYTHON:-python3}
 py_need=()
 $PY -c 'import numpy' 2>/dev/null || py_need+=("numpy>=2")
 $PY -c 'import pytest' 2>/dev/null || py_need+=(pytest)
+$PY -c 'import yaml' 2>/dev/null || py_need+=(pyyaml)   # deploy/k8s manifests
 if [ "${TENSORD_SKIP_FRAMEWORKS:-0}" != 1 ]; then
 	$PY -c 'import torch' 2>/dev/null || py_need+=("torch==2.13.0")
 	$PY -c 'import jax' 2>/dev/null || py_need+=(jax jaxlib)
