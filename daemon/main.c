@@ -273,6 +273,44 @@ static int apply_config(const struct option *o, const char *value, void *ctx)
 	return parse_option(o->val, value, p->cfg, p->ready_fd);
 }
 
+struct flag {
+	int opt;
+	const char *arg;
+};
+
+/*
+ * One pass over argv: --help and --version answered, --config noted, the
+ * other options kept in flags[] (argc entries) in order. -1 to go on, else
+ * the status to exit with.
+ */
+static int collect_flags(int argc, char **argv, struct flag *flags, int *ret_n,
+			 const char **ret_config)
+{
+	int opt;
+
+	while ((opt = getopt_long(argc, argv, "hV", long_opts, NULL)) != -1) {
+		switch (opt) {
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'V':
+			printf("tensord %s (protocol %d)\n", TENSORD_VERSION,
+			       TENSORD_PROTOCOL_VERSION);
+			return 0;
+		case 'C':
+			*ret_config = optarg;
+			break;
+		case '?':
+			usage(stderr);
+			return 2;
+		default:
+			flags[*ret_n].opt = opt;
+			flags[(*ret_n)++].arg = optarg;
+		}
+	}
+	return -1;
+}
+
 /*
  * argv, and the config file under it, into cfg. Flags are collected
  * first and applied after the file, so a flag overrides the file's line.
@@ -282,11 +320,8 @@ static int parse_args(int argc, char **argv, struct server_config *cfg, int *rea
 {
 	struct parsed p = { cfg, ready_fd };
 	const char *config = NULL;
-	struct {
-		int opt;
-		const char *arg;
-	} *flags = calloc((size_t)argc, sizeof(*flags));
-	int n = 0, opt, r = -1;
+	struct flag *flags = calloc((size_t)argc, sizeof(*flags));
+	int n = 0, r;
 
 	if (!flags) {
 		fprintf(stderr, "tensord: out of memory\n");
@@ -295,29 +330,7 @@ static int parse_args(int argc, char **argv, struct server_config *cfg, int *rea
 	cfg->socket_mode = 0600;
 	cfg->socket_gid = (gid_t)-1;
 	cfg->max_clients = 4096;
-	while (r < 0 && (opt = getopt_long(argc, argv, "hV", long_opts, NULL)) != -1) {
-		switch (opt) {
-		case 'h':
-			usage(stdout);
-			r = 0;
-			break;
-		case 'V':
-			printf("tensord %s (protocol %d)\n", TENSORD_VERSION,
-			       TENSORD_PROTOCOL_VERSION);
-			r = 0;
-			break;
-		case 'C':
-			config = optarg;
-			break;
-		case '?':
-			usage(stderr);
-			r = 2;
-			break;
-		default:
-			flags[n].opt = opt;
-			flags[n++].arg = optarg;
-		}
-	}
+	r = collect_flags(argc, argv, flags, &n, &config);
 	if (r < 0 && optind < argc) {
 		fprintf(stderr, "tensord: unexpected argument '%s'\n", argv[optind]);
 		usage(stderr);
