@@ -272,7 +272,7 @@ install: $(INSTALL_BUILT)
 	install -m 644 $(DOC_FILES) deploy/systemd/gpu.conf $(D)$(DOCDIR)/
 ifeq ($(PYTHON_INSTALL),1)
 	install -d $(D)$(PYTHONDIR)/tensord
-	install -m 644 $(PY_DIR)/* $(D)$(PYTHONDIR)/tensord/
+	install -m 644 $(PY_EXT) $(PY_FILES) $(D)$(PYTHONDIR)/tensord/
 endif
 
 uninstall:
