@@ -6,7 +6,7 @@
 #                   (Python packages go into the project's virtual environment .venv/)
 #   make bench      attach/release latency figures
 #   make fuzz       libFuzzer run over the frame and message decoder (clang)
-#   make install PREFIX=/usr/local
+#   make install PREFIX=/usr/local [DESTDIR=/stage] [PYTHON_INSTALL=1]; make uninstall (same args)
 #
 # Knobs: SANITIZE=1 (ASan+UBSan build, use with B=build-asan), V=1 (echo commands),
 #        CUDA_HOME=/usr/local/cuda (toolkit headers; optional).
@@ -25,6 +25,8 @@ PREFIX  ?= /usr/local
 # plain python3 until it exists, so `make` alone needs none.
 VENV    ?= .venv
 PYTHON  ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
+# The one version string: tensord --version, tensorctl --version, tensord.pc.
+VERSION := $(shell cat VERSION)
 PKGS    := libuv libprotobuf-c
 
 ifeq ($(V),1)
@@ -35,7 +37,7 @@ endif
 
 # Sources include each other by path from the root ("common/desc.h"); the
 # generated protobuf-c header is found as "proto/tensord.pb-c.h" under $(B).
-CPPFLAGS += -Iinclude -I. -I$(B) -D_GNU_SOURCE
+CPPFLAGS += -Iinclude -I. -I$(B) -D_GNU_SOURCE -DTENSORD_VERSION='"$(VERSION)"'
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -fvisibility=hidden -fPIC \
             $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -83,7 +85,8 @@ HELP_BIN  := $(HELP_SRC:tests/integration/%.c=$(B)/tests/helpers/%)
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 
-.PHONY: all setup run test test-unit test-integration test-python test-asan bench fuzz install clean format
+.PHONY: all setup run test test-unit test-integration test-python test-asan bench fuzz install \
+        uninstall clean format
 
 all: $(B)/tensord $(B)/tensorctl $(B)/libtensord.so $(B)/libtensord.a $(B)/tensord.pc \
      $(PY_EXT) $(PY_FILES) $(HELP_BIN) $(BENCH_BIN)
@@ -126,8 +129,8 @@ $(B)/tensorctl: $(CTL_OBJ) $(B)/libtensord.a
 	@echo "  LD  $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(B)/tensord.pc: deploy/tensord.pc.in
-	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
+$(B)/tensord.pc: deploy/tensord.pc.in VERSION
+	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g; s|@VERSION@|$(VERSION)|g' $< > $@
 
 # The Python extension links the static library; it never links libpython.
 $(PY_EXT): $(wildcard client/python/*.c client/python/*.h) $(B)/libtensord.a
@@ -236,14 +239,63 @@ fuzz: setup
 	$(Q)mkdir -p fuzz-out/corpus && build-fuzz/fuzz_frame -max_total_time=$${FUZZ_SECONDS:-60} \
 		-max_len=4096 -artifact_prefix=fuzz-out/ fuzz-out/corpus tests/fuzz/corpus
 
-install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/tensord
-	install -m 755 $(B)/tensord $(B)/tensorctl $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 $(B)/libtensord.a $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(B)/libtensord.so $(DESTDIR)$(PREFIX)/lib/libtensord.so.0
-	ln -sf libtensord.so.0 $(DESTDIR)$(PREFIX)/lib/libtensord.so
-	install -m 644 include/tensord/tensord.h include/tensord/dlpack.h $(DESTDIR)$(PREFIX)/include/tensord/
-	sed -e 's|@PREFIX@|$(PREFIX)|g' deploy/tensord.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/tensord.pc
+# --- install / uninstall ------------------------------------------------------
+# Every path follows PREFIX (default /usr/local) and DESTDIR (a staging root
+# for packagers); the .pc file and the systemd units are written here from
+# their .in templates, so they name the paths of this install. No installed
+# binary links libtensord.so (tensorctl takes the static library), so none
+# needs an rpath. PYTHON_INSTALL=1 also copies the Python package into
+# PYTHONDIR (`pip install ./client/python` is the usual way).
+BINDIR      ?= $(PREFIX)/bin
+LIBDIR      ?= $(PREFIX)/lib
+INCLUDEDIR  ?= $(PREFIX)/include
+MANDIR      ?= $(PREFIX)/share/man
+DOCDIR      ?= $(PREFIX)/share/doc/tensord
+UNITDIR     ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+PYTHONDIR   ?= $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("platlib", vars={"base": "$(PREFIX)", "platbase": "$(PREFIX)"}))' 2>/dev/null)
+PYTHON_INSTALL ?= 0
+
+D := $(DESTDIR)
+SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g; s|@BINDIR@|$(BINDIR)|g; s|@LIBDIR@|$(LIBDIR)|g' \
+            -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g; s|@DOCDIR@|$(DOCDIR)|g; s|@VERSION@|$(VERSION)|g'
+MAN_PAGES := $(wildcard docs/man/*.[1-8])
+DOC_FILES := README.md $(wildcard docs/*.md)
+INSTALL_BUILT := $(B)/tensord $(B)/tensorctl $(B)/libtensord.so $(B)/libtensord.a
+ifeq ($(PYTHON_INSTALL),1)
+INSTALL_BUILT += $(PY_EXT) $(PY_FILES)
+endif
+
+install: $(INSTALL_BUILT)
+	install -d $(D)$(BINDIR) $(D)$(LIBDIR)/pkgconfig $(D)$(INCLUDEDIR)/tensord $(D)$(DOCDIR) \
+		$(D)$(UNITDIR) $(D)$(SYSUSERSDIR) $(addprefix $(D)$(MANDIR)/man,1 3 8)
+	install -m 755 $(B)/tensord $(B)/tensorctl $(D)$(BINDIR)/
+	install -m 644 $(B)/libtensord.a $(D)$(LIBDIR)/
+	install -m 755 $(B)/libtensord.so $(D)$(LIBDIR)/libtensord.so.$(VERSION)
+	ln -sf libtensord.so.$(VERSION) $(D)$(LIBDIR)/libtensord.so.0
+	ln -sf libtensord.so.0 $(D)$(LIBDIR)/libtensord.so
+	install -m 644 include/tensord/tensord.h include/tensord/dlpack.h $(D)$(INCLUDEDIR)/tensord/
+	$(SUBST) deploy/tensord.pc.in > $(D)$(LIBDIR)/pkgconfig/tensord.pc
+	$(SUBST) deploy/systemd/tensord.service.in > $(D)$(UNITDIR)/tensord.service
+	install -m 644 deploy/systemd/tensord.socket $(D)$(UNITDIR)/
+	install -m 644 deploy/systemd/tensord.sysusers $(D)$(SYSUSERSDIR)/tensord.conf
+	set -e; for m in $(MAN_PAGES); do install -m 644 $$m $(D)$(MANDIR)/man$${m##*.}/; done
+	install -m 644 $(DOC_FILES) deploy/systemd/gpu.conf $(D)$(DOCDIR)/
+ifeq ($(PYTHON_INSTALL),1)
+	install -d $(D)$(PYTHONDIR)/tensord
+	install -m 644 $(PY_EXT) $(PY_FILES) $(D)$(PYTHONDIR)/tensord/
+endif
+
+uninstall:
+	rm -f $(addprefix $(D)$(BINDIR)/,tensord tensorctl)
+	rm -f $(addprefix $(D)$(LIBDIR)/,libtensord.a libtensord.so libtensord.so.0 \
+		libtensord.so.$(VERSION) pkgconfig/tensord.pc)
+	rm -f $(addprefix $(D)$(UNITDIR)/,tensord.service tensord.socket) $(D)$(SYSUSERSDIR)/tensord.conf
+	rm -f $(foreach m,$(MAN_PAGES),$(D)$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(notdir $(m)))
+	rm -rf $(D)$(INCLUDEDIR)/tensord $(D)$(DOCDIR)
+ifeq ($(PYTHON_INSTALL),1)
+	rm -rf $(if $(PYTHONDIR),$(D)$(PYTHONDIR)/tensord)
+endif
 
 format:
 	clang-format -i $(wildcard daemon/*.[ch] client/*/*.[ch] common/*.[ch] common/gpu/*.[ch] \

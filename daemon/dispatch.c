@@ -160,7 +160,6 @@ static void do_create(struct client *cl, uint64_t id, const Tensord__Create *m)
 	if (r == 0)
 		r = registry_create(&cl->srv->reg, &cl->rc, &a, &t, &lease, why, sizeof(why));
 	if (r < 0) {
-		log_debug("conn %llu: create refused: %s", (unsigned long long)cl->conn->id, why);
 		reply_status(cl->conn, id, r, why);
 		return;
 	}
@@ -248,6 +247,8 @@ static void attach_now(struct client *cl, uint64_t id, const char *name, size_t 
 		reply_status(cl->conn, id, r, why);
 		return;
 	}
+	log_debug("tensor '%s': attached by pid %u, lease %llx%s", t->name, cl->rc.pid,
+		  (unsigned long long)lease, writable ? ", writable" : "");
 	send_lease(cl, id, t, lease, writable, have_id, have_shares, n_have_shares);
 	metrics_attach_served();
 }

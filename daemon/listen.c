@@ -2,7 +2,8 @@
  * The listening socket. We bind and accept ourselves (a uv_poll_t on the
  * listening fd) rather than through uv_pipe_t: we need the socket's mode
  * set before any client can connect, SO_PEERCRED on each accepted fd, and
- * the accepted fds served by our own recvmsg/sendmsg.
+ * the accepted fds served by our own recvmsg/sendmsg. Under socket
+ * activation the socket comes ready-made from systemd (sdnotify.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 
 #include "common/paths.h"
 #include "log.h"
+#include "sdnotify.h"
 #include "server.h"
 
 /* Is a daemon answering at path? A stale file from a dead one refuses. */
@@ -97,10 +99,11 @@ static void on_listen(uv_poll_t *h, int status, int events)
 	}
 }
 
-int server_listen(struct server *srv)
+/* Binds path itself: replaces a stale socket, never a live one. The fd, or -errno. */
+static int bind_socket(const struct server_config *cfg)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	const char *path = srv->cfg.socket_path;
+	const char *path = cfg->socket_path;
 	mode_t old;
 	int fd, r;
 
@@ -109,7 +112,7 @@ int server_listen(struct server *srv)
 		return -ENAMETOOLONG;
 	}
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	r = prepare_dir(&srv->cfg);
+	r = prepare_dir(cfg);
 	if (r < 0)
 		return r;
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -142,8 +145,8 @@ int server_listen(struct server *srv)
 		close(fd);
 		return r;
 	}
-	if ((srv->cfg.socket_gid != (gid_t)-1 && chown(path, (uid_t)-1, srv->cfg.socket_gid) < 0) ||
-	    chmod(path, srv->cfg.socket_mode) < 0) {
+	if ((cfg->socket_gid != (gid_t)-1 && chown(path, (uid_t)-1, cfg->socket_gid) < 0) ||
+	    chmod(path, cfg->socket_mode) < 0) {
 		r = -errno;
 		log_error("socket path %s: setting mode/group: %s", path, strerror(-r));
 		close(fd);
@@ -156,12 +159,64 @@ int server_listen(struct server *srv)
 		unlink(path);
 		return r;
 	}
+	return fd;
+}
+
+/*
+ * Takes the listening socket systemd passed (tensord.socket): it must be a
+ * listening Unix stream socket. Its path replaces --socket in the logs; its
+ * mode and group are the socket unit's business. Returns fd, or -errno
+ * after closing it.
+ */
+static int adopt_socket(struct server *srv, int fd)
+{
+	struct sockaddr_un sa;
+	socklen_t len = sizeof(sa), olen = sizeof(int);
+	int domain = 0, type = 0, listening = 0;
+
+	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &olen) < 0 ||
+	    getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &olen) < 0 ||
+	    getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &olen) < 0 || domain != AF_UNIX ||
+	    type != SOCK_STREAM || !listening) {
+		log_error("socket activation: descriptor %d is not a listening Unix stream socket "
+			  "(ListenStream= in tensord.socket must be a path)",
+			  fd);
+		close(fd);
+		return -ENOTSOCK;
+	}
+	if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0) {
+		close(fd);
+		return -errno;
+	}
+	memset(&sa, 0, sizeof(sa));
+	if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 && sa.sun_path[0])
+		snprintf(srv->cfg.socket_path, sizeof(srv->cfg.socket_path), "%s", sa.sun_path);
+	srv->socket_inherited = true;
+	return fd;
+}
+
+int server_listen(struct server *srv)
+{
+	const char *why = "";
+	int fd = sdnotify_listen_fd(&why);
+
+	if (fd < -1) {
+		log_error("socket activation: %s", why);
+		return fd;
+	}
+	fd = fd >= 0 ? adopt_socket(srv, fd) : bind_socket(&srv->cfg);
+	if (fd < 0)
+		return fd;
 	srv->listen_fd = fd;
 	srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	uv_poll_init(srv->loop, &srv->listen_poll, fd);
 	srv->listen_poll.data = srv;
 	uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
-	log_info("listening on %s (mode %03o)", path, (unsigned)srv->cfg.socket_mode);
+	if (srv->socket_inherited)
+		log_info("listening on %s (passed by the service manager)", srv->cfg.socket_path);
+	else
+		log_info("listening on %s (mode %03o)", srv->cfg.socket_path,
+			 (unsigned)srv->cfg.socket_mode);
 	return 0;
 }
 
@@ -170,7 +225,9 @@ void server_unlisten(struct server *srv)
 	uv_poll_stop(&srv->listen_poll);
 	uv_close((uv_handle_t *)&srv->listen_poll, NULL);
 	close(srv->listen_fd);
-	unlink(srv->cfg.socket_path);
+	/* A passed socket belongs to the service manager, which listens on. */
+	if (!srv->socket_inherited)
+		unlink(srv->cfg.socket_path);
 	if (srv->reserve_fd >= 0)
 		close(srv->reserve_fd);
 }

@@ -1,6 +1,7 @@
 /*
  * Daemon logging: one line per event on stderr (or --log-file), with a
- * level. Lines a peer can cause at will go through ratelimit.h.
+ * level; in the journal's format when stderr is the journal (log.c). Lines
+ * a peer can cause at will go through ratelimit.h.
  */
 #ifndef TENSORD_LOG_H
 #define TENSORD_LOG_H
@@ -25,6 +26,9 @@ int log_level_parse(const char *s, int *ret_level);
  */
 int log_open(const char *path);
 int log_reopen(void);
+
+/* Picks the line format from $JOURNAL_STREAM and stderr. Call once, early. */
+void log_init(void);
 
 void log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -14,19 +14,27 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <tensord/tensord.h>
+
 #include "common/sys.h"
+#include "config.h"
 #include "dispatch.h"
 #include "log.h"
 #include "metrics.h"
 #include "metrics_http.h"
+#include "sdnotify.h"
 #include "server.h"
+
+/* Read when it exists; --config FILE must exist. */
+#define DEFAULT_CONFIG "/etc/tensord.conf"
 
 static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: tensord [--socket PATH] [--capacity SIZE] [--pool SIZE] [--log-level LEVEL]\n"
 		"               [--log-file PATH] [--mode MODE] [--group GROUP] [--max-clients N]\n"
-		"               [--ready-fd FD] [--metrics HOST:PORT|unix:PATH]\n"
+		"               [--ready-fd FD] [--metrics HOST:PORT|unix:PATH] [--config FILE]\n"
+		"               [--version]\n"
 		"\n"
 		"  --socket PATH      where to listen (default: $TENSORD_SOCKET,\n"
 		"                     $XDG_RUNTIME_DIR/tensord.sock, /run/tensord/tensord.sock\n"
@@ -45,7 +53,13 @@ static void usage(FILE *f)
 		"  --max-clients N    connections served at once (default 4096)\n"
 		"  --ready-fd FD      write 'R' to FD and close it once listening\n"
 		"  --metrics ADDR     serve Prometheus metrics at http://ADDR/metrics; ADDR is\n"
-		"                     HOST:PORT (e.g. 127.0.0.1:9464) or unix:PATH (default: off)\n");
+		"                     HOST:PORT (e.g. 127.0.0.1:9464) or unix:PATH (default: off)\n"
+		"  --config FILE      'key = value' lines, keys as the long options above\n"
+		"                     (default: " DEFAULT_CONFIG " when it exists); flags win\n"
+		"  --version          print the version and exit\n"
+		"\n"
+		"Under systemd: readiness through $NOTIFY_SOCKET, a listening socket through\n"
+		"$LISTEN_FDS (tensord.socket), journal priorities when stderr is the journal.\n");
 }
 
 /* "512M", "1Gi", "4096": 0 or -EINVAL. K/M/G are decimal, Ki/Mi/Gi binary. */
@@ -91,6 +105,8 @@ static void server_stop(struct server *srv)
 		return;
 	srv->stopping = true;
 	log_info("stopping: %u clients, %llu tensors", srv->conns.n,
+		 (unsigned long long)srv->reg.n_tensors);
+	sdnotify("STOPPING=1\nSTATUS=stopping: %u clients, %llu tensors", srv->conns.n,
 		 (unsigned long long)srv->reg.n_tensors);
 	server_unlisten(srv);
 	metrics_http_stop();
@@ -253,7 +269,13 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 		}
 		return 0;
 	case 'M':
-		cfg->metrics_addr = arg;
+		/* A config file's value lives only as long as its line. */
+		free((char *)cfg->metrics_addr);
+		cfg->metrics_addr = strdup(arg);
+		if (!cfg->metrics_addr) {
+			fprintf(stderr, "tensord: --metrics: out of memory\n");
+			return 2;
+		}
 		return 0;
 	case 'r':
 		*ready_fd = (int)strtol(arg, &end, 10);
@@ -268,47 +290,116 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	}
 }
 
-/* argv into cfg. -1 to go on, else the status to exit with. */
-static int parse_args(int argc, char **argv, struct server_config *cfg, int *ready_fd)
+static const struct option long_opts[] = {
+	{ "socket", required_argument, NULL, 's' },
+	{ "capacity", required_argument, NULL, 'c' },
+	{ "pool", required_argument, NULL, 'p' },
+	{ "log-level", required_argument, NULL, 'l' },
+	{ "log-file", required_argument, NULL, 'f' },
+	{ "mode", required_argument, NULL, 'm' },
+	{ "group", required_argument, NULL, 'g' },
+	{ "max-clients", required_argument, NULL, 'n' },
+	{ "ready-fd", required_argument, NULL, 'r' },
+	{ "metrics", required_argument, NULL, 'M' },
+	{ "config", required_argument, NULL, 'C' },
+	{ "help", no_argument, NULL, 'h' },
+	{ "version", no_argument, NULL, 'V' },
+	{ NULL, 0, NULL, 0 },
+};
+
+struct parsed {
+	struct server_config *cfg;
+	int *ready_fd;
+};
+
+/* A config file line (config.c): any option but --ready-fd and --config. */
+static int apply_config(const struct option *o, const char *value, void *ctx)
 {
-	static const struct option opts[] = {
-		{ "socket", required_argument, NULL, 's' },
-		{ "capacity", required_argument, NULL, 'c' },
-		{ "pool", required_argument, NULL, 'p' },
-		{ "log-level", required_argument, NULL, 'l' },
-		{ "log-file", required_argument, NULL, 'f' },
-		{ "mode", required_argument, NULL, 'm' },
-		{ "group", required_argument, NULL, 'g' },
-		{ "max-clients", required_argument, NULL, 'n' },
-		{ "ready-fd", required_argument, NULL, 'r' },
-		{ "metrics", required_argument, NULL, 'M' },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
-	};
+	struct parsed *p = ctx;
+
+	if (o->val == 'r' || o->val == 'C')
+		return -ENOENT;
+	return parse_option(o->val, value, p->cfg, p->ready_fd);
+}
+
+struct flag {
+	int opt;
+	const char *arg;
+};
+
+/*
+ * One pass over argv: --help and --version answered, --config noted, the
+ * other options kept in flags[] (argc entries) in order. -1 to go on, else
+ * the status to exit with.
+ */
+static int collect_flags(int argc, char **argv, struct flag *flags, int *ret_n,
+			 const char **ret_config)
+{
 	int opt;
 
+	while ((opt = getopt_long(argc, argv, "hV", long_opts, NULL)) != -1) {
+		switch (opt) {
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'V':
+			printf("tensord %s (protocol %d)\n", TENSORD_VERSION,
+			       TENSORD_PROTOCOL_VERSION);
+			return 0;
+		case 'C':
+			*ret_config = optarg;
+			break;
+		case '?':
+			usage(stderr);
+			return 2;
+		default:
+			flags[*ret_n].opt = opt;
+			flags[(*ret_n)++].arg = optarg;
+		}
+	}
+	return -1;
+}
+
+/*
+ * argv, and the config file under it, into cfg. Flags are collected
+ * first and applied after the file, so a flag overrides the file's line.
+ * -1 to go on, else the status to exit with.
+ */
+static int parse_args(int argc, char **argv, struct server_config *cfg, int *ready_fd)
+{
+	struct parsed p = { cfg, ready_fd };
+	const char *config = NULL;
+	struct flag *flags = calloc((size_t)argc, sizeof(*flags));
+	int n = 0, r;
+
+	if (!flags) {
+		fprintf(stderr, "tensord: out of memory\n");
+		return 2;
+	}
 	cfg->socket_mode = 0600;
 	cfg->socket_gid = (gid_t)-1;
 	cfg->max_clients = 4096;
-	while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		if (opt == 'h') {
-			usage(stdout);
-			return 0;
-		}
-		if (parse_option(opt, optarg, cfg, ready_fd))
-			return 2;
-	}
-	if (optind < argc) {
+	r = collect_flags(argc, argv, flags, &n, &config);
+	if (r < 0 && optind < argc) {
 		fprintf(stderr, "tensord: unexpected argument '%s'\n", argv[optind]);
 		usage(stderr);
-		return 2;
+		r = 2;
 	}
-	if (!cfg->socket_path[0] &&
-	    tensord_default_socket_path(cfg->socket_path, sizeof(cfg->socket_path)) < 0) {
-		fprintf(stderr, "tensord: default socket path too long; use --socket\n");
-		return 2;
+	if (r < 0 && config_load(config ? config : DEFAULT_CONFIG, config != NULL, long_opts,
+				 apply_config, &p))
+		r = 2;
+	for (int i = 0; r < 0 && i < n; i++)
+		if (parse_option(flags[i].opt, flags[i].arg, cfg, ready_fd))
+			r = 2;
+	free(flags);
+	if (r < 0 && !cfg->socket_path[0]) {
+		if (tensord_default_socket_path(cfg->socket_path, sizeof(cfg->socket_path)) < 0) {
+			fprintf(stderr, "tensord: default socket path too long; use --socket\n");
+			return 2;
+		}
+		/* listen.c makes and checks its directory. */
 	}
-	return -1;
+	return r;
 }
 
 /* The registry tells the waiters when a name is published. */
@@ -386,6 +477,8 @@ int main(int argc, char **argv)
 	static struct server srv;
 	int ready_fd = -1, r;
 
+	log_init();
+	sdnotify_init();
 	r = parse_args(argc, argv, &srv.cfg, &ready_fd);
 	if (r >= 0)
 		return r;
@@ -402,6 +495,8 @@ int main(int argc, char **argv)
 			r == -EADDRINUSE ? "another tensord is running there"
 			: r == -EPERM	 ? "its directory is not safe to use (see above)"
 					 : strerror(-r));
+		sdnotify("STATUS=cannot listen on %s: %s\nERRNO=%d", srv.cfg.socket_path,
+			 strerror(-r), -r);
 		registry_fini(&srv.reg);
 		return 1;
 	}
@@ -434,11 +529,13 @@ int main(int argc, char **argv)
 			log_warn("--ready-fd %d: %s, ignoring", ready_fd, strerror(errno));
 		close(ready_fd);
 	}
+	sdnotify("READY=1\nSTATUS=listening on %s", srv.cfg.socket_path);
 
 	uv_run(srv.loop, UV_RUN_DEFAULT);
 
 	registry_fini(&srv.reg);
 	uv_loop_close(srv.loop);
 	log_info("stopped");
+	free((char *)srv.cfg.metrics_addr);
 	return 0;
 }

@@ -235,6 +235,8 @@ int registry_release(struct registry *reg, struct reg_client *rc, uint64_t lease
 	if ((uint32_t)lease == 0 || slot >= rc->n_slots || !rc->leases[slot].t ||
 	    rc->leases[slot].gen != gen)
 		return -ESRCH;
+	log_debug("tensor '%s': lease %llx released by pid %u", rc->leases[slot].t->name,
+		  (unsigned long long)lease, rc->pid);
 	lease_drop_slot(reg, rc, slot);
 	return 0;
 }

@@ -12,6 +12,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <tensord/tensord.h>
+
+#include "log.h"
 #include "metrics.h"
 #include "proto/frame.h"
 #include "proto/tensord.pb-c.h"
@@ -63,6 +66,10 @@ void reply_status(struct conn *c, uint64_t req_id, int status, const char *msg)
 {
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
 
+	/* Every refusal the daemon answers passes here: one debug line each. */
+	if (status < 0)
+		log_debug("conn %llu: refused with %s: %s", (unsigned long long)c->id,
+			  tensord_err_name(status), msg);
 	rep.id = req_id;
 	rep.status = status;
 	rep.message = (char *)msg;

@@ -41,6 +41,7 @@ struct server {
 	struct conn_set conns;
 	struct waiters waiters;
 	int listen_fd;
+	bool socket_inherited;      /* passed by systemd: not ours to unlink */
 	int reserve_fd;             /* spare descriptor for shedding clients at EMFILE */
 	uv_poll_t listen_poll;
 	uv_signal_t sigterm, sigint;

@@ -16,6 +16,17 @@ for p in libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev \
 	have_deb "$p" || need_deb+=("$p")
 done
 
+want=${1:-test}   # run: what the demo needs; test: the test suites too
+
+# The service tests: systemd-analyze and systemd-sysusers check the units,
+# groff renders the man pages, readelf reads sonames (already there on a
+# Debian build host; listed so a bare one gets them).
+if [ "$want" = test ]; then
+	for p in systemd groff-base binutils; do
+		have_deb "$p" || need_deb+=("$p")
+	done
+fi
+
 apt_install() {
 	echo "setup: installing $*" >&2
 	SUDO=
@@ -33,7 +44,6 @@ apt_install() {
 # interpreter; VENV puts it elsewhere (tests use both).
 BASE=${PYTHON_BASE:-python3}
 VENV=${VENV:-.venv}
-want=${1:-test}   # run: what the demo needs (numpy); test: the test suites too
 
 make_venv() { "$BASE" -m venv --system-site-packages "$VENV"; }
 if ! "$VENV/bin/python" -c '' 2>/dev/null; then
@@ -56,6 +66,7 @@ if [ "$want" = test ]; then
 	has pytest || py_need+=(pytest)
 	# prometheus_client: its parser reads the daemon's metrics in the tests.
 	has prometheus_client || py_need+=(prometheus_client)
+	has yaml || py_need+=(pyyaml) # deploy/k8s manifests
 	if [ "${TENSORD_SKIP_FRAMEWORKS:-0}" != 1 ]; then
 		has torch || py_need+=("torch==2.13.0")
 		has jax || py_need+=(jax jaxlib)

@@ -42,9 +42,10 @@ class Daemon:
         os.close(w)
         with os.fdopen(r, "rb") as rf:
             byte = rf.read(1)
-            # The daemon closes its end right after the byte; wait for that, so
-            # a test that counts the daemon's descriptors never counts it.
-            rf.read()
+            # The daemon closes its end just after: wait for the EOF, so
+            # that a descriptor count taken next does not include it.
+            if byte == b"R":
+                rf.read()
         if byte != b"R":
             self.proc.wait(timeout=10)
             raise RuntimeError("tensord did not start: " + self.read_log())
@@ -57,9 +58,22 @@ class Daemon:
     def fd_count(self):
         """Descriptors the daemon holds, less the memfds its host memory pool
         keeps ready: those come and go as the pool refills, and stats counts
-        them. Every other descriptor is a client, a tensor or a leak."""
-        n = len(os.listdir(f"/proc/{self.pid}/fd"))
-        return n - self.stats().get("host_pool_fds", 0)
+        them. Every other descriptor is a client, a tensor or a leak.
+
+        The pool's worker refills while this counts, and the connection of
+        the previous stats call may still be closing: a count is taken
+        when the pool held still around it and it equals the one before."""
+        prev = None
+        for _ in range(100):
+            before = self.stats().get("host_pool_fds", 0)
+            time.sleep(0.01)        # the daemon closes that stats connection
+            n = len(os.listdir(f"/proc/{self.pid}/fd"))
+            after = self.stats().get("host_pool_fds", 0)
+            if before == after:
+                if n - after == prev:
+                    return prev
+                prev = n - after
+        return prev
 
     def stats(self):
         """The daemon's stats as `tensorctl stats --json` prints them; {} when

@@ -18,10 +18,6 @@
 
 #include "tensorctl.h"
 
-#ifndef TENSORD_VERSION
-#define TENSORD_VERSION "0.1.0"
-#endif
-
 static const char usage_text[] =
 	"usage: tensorctl [--socket PATH] COMMAND [ARGS] [OPTIONS]\n\n"
 	"  ls [PREFIX] [--json]             list tensors whose name starts with PREFIX\n"

@@ -1,0 +1,169 @@
+"""deploy/Containerfile and deploy/k8s/: the recipe's build stage run
+outside a container (the files it copies are enough, and what it installs
+needs only the runtime stage's libraries), the image built where a working
+container tool exists, and the Kubernetes manifests parsed and checked for
+the paths, ids and limits they must agree on."""
+import os
+import re
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONTAINERFILE = os.path.join(ROOT, "deploy", "Containerfile")
+SOCKET = "/run/tensord/tensord.sock"
+
+
+def containerfile():
+    """(stage lines, ...) of the Containerfile, continuation lines joined."""
+    with open(CONTAINERFILE) as f:
+        text = re.sub(r"\\\n", " ", f.read())
+    stages = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("FROM "):
+            stages.append([])
+        stages[-1].append(line)
+    return stages
+
+
+def instr(stage, name):
+    return [line[len(name) + 1:] for line in stage if line.startswith(name + " ")]
+
+
+def test_runtime_stage_is_small_and_unprivileged():
+    build, runtime = containerfile()
+    assert " AS build" in build[0] and "slim" in runtime[0]
+    (run,) = instr(runtime, "RUN")
+    installed = re.search(r"apt-get install -y --no-install-recommends ([^&]+)&&", run)
+    assert installed and installed.group(1).split() == ["libuv1", "libprotobuf-c1"], run
+    assert "--uid 10001" in run and "--gid 10001" in run
+    assert instr(runtime, "USER") == ["10001:10001"]
+    assert instr(runtime, "VOLUME") == ["/run/tensord"]
+    assert instr(runtime, "ENV") == ["TENSORD_SOCKET=" + SOCKET]
+    assert '"--socket", "%s"' % SOCKET in instr(runtime, "ENTRYPOINT")[0]
+
+
+def test_build_stage_builds_from_what_it_copies(tmp_path):
+    """The build stage's COPY lines and make command, run here: nothing it
+    needs is left out, and what it installs links only libc and the
+    runtime stage's two libraries."""
+    if os.environ.get("TENSORD_SANITIZED") == "1":
+        pytest.skip("a plain build; nothing to repeat under the sanitizers")
+    build, _ = containerfile()
+    src = tmp_path / "src"
+    src.mkdir()
+    for args in instr(build, "COPY"):
+        parts = args.split()
+        for p in parts[:-1]:
+            dst = src / (p if parts[-1] != "./" else os.path.basename(p))
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if os.path.isdir(os.path.join(ROOT, p)):
+                shutil.copytree(os.path.join(ROOT, p), dst,
+                                ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+            else:
+                shutil.copy(os.path.join(ROOT, p), dst)
+    make = [r for r in instr(build, "RUN") if r.startswith("make ")][0]
+    argv = shlex.split(make.replace('-j"$(nproc)"', "-j2").replace("/out", str(tmp_path / "out")))
+    r = subprocess.run(argv, cwd=src, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # libc6 (ld.so, libc, libm) is in every Debian image.
+    allowed = {"libuv.so.1", "libprotobuf-c.so.1", "libc.so.6", "libm.so.6",
+               "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1"}
+    for binary in ["tensord", "tensorctl"]:
+        path = tmp_path / "out" / "usr" / "bin" / binary
+        dyn = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True,
+                             check=True).stdout
+        needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dyn))
+        assert needed and needed <= allowed, (binary, needed)
+
+
+def working_container_tool():
+    for tool in ("podman", "buildah", "docker"):
+        path = shutil.which(tool)
+        if not path:
+            continue
+        probe = [path, "info"] if tool != "buildah" else [path, "version"]
+        r = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+        if r.returncode == 0:
+            return tool, path
+        reason = "%s is installed but not usable here: %s" % (
+            tool, (r.stderr.strip().splitlines() or ["no output"])[-1])
+        return None, reason
+    return None, ("no podman, buildah or docker installed (not installed by setup.sh: "
+                  "they need a container runtime and a registry this machine cannot reach)")
+
+
+def test_container_image_builds():
+    tool, path = working_container_tool()
+    if not tool:
+        pytest.skip(path)
+    cmd = [path, "build" if tool != "buildah" else "bud", "-f", CONTAINERFILE,
+           "-t", "tensord:test", ROOT]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0 and re.search(r"pull|resolv|registry|manifest unknown", r.stderr, re.I):
+        pytest.skip("%s cannot pull debian:bookworm-slim here: %s" % (
+            tool, r.stderr.strip().splitlines()[-1]))
+    assert r.returncode == 0, r.stderr[-4000:]
+    r = subprocess.run([path, "run", "--rm", "tensord:test", "--version"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("tensord "), r.stderr
+
+
+def manifests():
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (deploy/setup.sh)")
+    docs = {}
+    for name in ("daemonset.yaml", "client-pod.yaml"):
+        with open(os.path.join(ROOT, "deploy", "k8s", name)) as f:
+            for d in yaml.safe_load_all(f):
+                docs[d["kind"]] = d
+    return docs
+
+
+def pod_specs(docs):
+    return docs["DaemonSet"]["spec"]["template"]["spec"], docs["Pod"]["spec"]
+
+
+def test_k8s_manifests_parse_and_are_well_formed():
+    docs = manifests()
+    assert set(docs) == {"Namespace", "DaemonSet", "Pod"}
+    ds = docs["DaemonSet"]
+    assert ds["apiVersion"] == "apps/v1" and ds["metadata"]["namespace"] == "tensord"
+    assert ds["spec"]["selector"]["matchLabels"] == ds["spec"]["template"]["metadata"]["labels"]
+    (daemon,) = ds["spec"]["template"]["spec"]["containers"]
+    limits = daemon["resources"]["limits"]
+    assert "memory" in limits and "cpu" in limits
+    assert "livenessProbe" not in daemon        # a restart would drop every tensor
+    probe = daemon["readinessProbe"]["exec"]["command"]
+    assert probe[0] == "tensorctl" and probe[-1] == "stats"
+
+
+def test_k8s_daemon_and_client_agree_on_paths_and_ids():
+    docs = manifests()
+    daemon_spec, client_spec = pod_specs(docs)
+    _, runtime = containerfile()
+    uid = int(instr(runtime, "USER")[0].split(":")[0])
+    for spec in (daemon_spec, client_spec):
+        (vol,) = spec["volumes"]
+        assert vol["hostPath"]["path"] == "/run/tensord"
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            (m,) = c["volumeMounts"]
+            assert m["name"] == vol["name"] and m["mountPath"] == "/run/tensord"
+    for c in daemon_spec["containers"] + client_spec["containers"]:
+        env = {e["name"]: e["value"] for e in c["env"]}
+        assert env["TENSORD_SOCKET"] == SOCKET
+    (daemon,) = daemon_spec["containers"]
+    sc = daemon["securityContext"]
+    assert sc["runAsNonRoot"] and sc["runAsUser"] == uid and sc["runAsGroup"] == uid
+    assert sc["capabilities"]["drop"] == ["ALL"] and not sc["allowPrivilegeEscalation"]
+    assert daemon["readinessProbe"]["exec"]["command"][2] == SOCKET
+    (init,) = daemon_spec["initContainers"]
+    assert "chown %d:%d /run/tensord" % (uid, uid) in " ".join(init["command"])
+    # The socket is 0660 and group uid's: the client joins that group.
+    assert daemon["args"][:2] == ["--mode", "0660"]
+    assert uid in client_spec["securityContext"]["supplementalGroups"]
+    assert client_spec["securityContext"]["runAsNonRoot"]
