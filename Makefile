@@ -159,7 +159,7 @@ UNIT_DEPS_test_registry    := daemon/registry.c daemon/backend_host.c daemon/poo
                               common/names.c common/errors.c
 UNIT_DEPS_test_waiters     := daemon/waiters.c
 UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn.c daemon/log.c \
-                              daemon/ratelimit.c common/paths.c \
+                              daemon/ratelimit.c daemon/sdnotify.c common/paths.c \
                               proto/frame.c
 UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c \
                               client/tensorctl/npy_write.c common/names.c common/desc.c
