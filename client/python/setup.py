@@ -33,7 +33,7 @@ ROOT = os.path.abspath(os.environ.get("TENSORD_SOURCE_DIR") or
 # The repository files an sdist carries in _src/, relative to the root.
 TREE = ["include/tensord/*.h", "proto/tensord.proto", "proto/frame.[ch]", "common/*.[ch]",
         "common/gpu/*.[ch]", "client/lib/*.[ch]", "client/lib/sources.txt", "daemon/*.[ch]",
-        "client/tensorctl/*.[ch]"]
+        "client/tensorctl/*.[ch]", "VERSION"]
 
 
 def tree(*patterns):
@@ -46,6 +46,12 @@ def lib_sources():
     with open(os.path.join(ROOT, "client", "lib", "sources.txt")) as f:
         return [os.path.join(ROOT, line.strip()) for line in f
                 if line.strip() and not line.startswith("#")]
+
+
+def version():
+    """The one version string (VERSION at the root), as the Makefile passes it."""
+    with open(os.path.join(ROOT, "VERSION")) as f:
+        return f.read().strip()
 
 
 def daemon_sources():
@@ -120,7 +126,8 @@ class BuildExt(build_ext):
             objs = self.compiler.compile(
                 srcs, output_dir=os.path.join(self.build_temp, name),
                 include_dirs=[os.path.join(ROOT, "include"), ROOT, os.path.dirname(self.gen)],
-                macros=[("_GNU_SOURCE", None)], extra_postargs=CFLAGS + ["-O2"])
+                macros=[("_GNU_SOURCE", None), ("TENSORD_VERSION", '"%s"' % version())],
+                extra_postargs=CFLAGS + ["-O2"])
             self.compiler.link_executable(objs, name, output_dir=out,
                                           extra_postargs=libs + SYSLIBS)
             if self.inplace:   # pip install -e: next to the package sources
