@@ -28,9 +28,11 @@
  *
  * Contexts: the daemon retains each device's primary context on the first
  * allocation on that device (not at start-up, so an idle daemon costs no
- * GPU memory on GPUs nobody uses) and makes it current before every driver
- * call; all calls run on the loop thread. The daemon must never fork()
- * after init, as CUDA does not survive it.
+ * GPU memory on GPUs nobody uses), makes it current before every driver
+ * call, and releases it when the device's last allocation is freed, which
+ * gives the context's own memory (hundreds of MiB) back to the GPU. All
+ * calls run on the loop thread (docs/gpu.md says which of them can block). The
+ * daemon must never fork() after init, as CUDA does not survive it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -53,10 +55,11 @@
 struct cuda_dev {
 	CUdevice dev;
 	uint8_t uuid[TD_GPU_UUID_LEN];
-	bool vmm;             /* share through VMM + POSIX fd */
-	uint64_t total;       /* bytes of device memory */
-	uint64_t gran;        /* allocation granularity; 0 until the context exists */
-	CUcontext ctx;        /* retained primary context; NULL until first use */
+	bool vmm;	 /* share through VMM + POSIX fd */
+	uint64_t total;	 /* bytes of device memory */
+	uint64_t gran;	 /* allocation granularity; 0 until the context exists */
+	CUcontext ctx;	 /* retained primary context; NULL while no tensor lives here */
+	uint32_t allocs; /* live allocations on this device: the context's users */
 };
 
 /* What one allocation holds; a->priv. */
@@ -222,6 +225,20 @@ static int cuda_dev_enter(int ordinal)
 	return td_cuda_errno(cuda_api->CtxSetCurrent(d->ctx));
 }
 
+/* One allocation on ordinal is gone; the last one drops the primary context. */
+static void cuda_dev_put(int ordinal)
+{
+	struct cuda_dev *d = &cuda_devs[ordinal];
+
+	if (--d->allocs || !d->ctx)
+		return;
+	/* Nothing of ours may stay current on the loop thread once released. */
+	cuda_api->CtxSetCurrent(NULL);
+	cuda_api->DevicePrimaryCtxRelease(d->dev);
+	d->ctx = NULL;
+	log_debug("cuda: device %d has no tensor left; primary context released", ordinal);
+}
+
 /* Out of device memory is "no space" to the user, not a host malloc failure. */
 static int cuda_alloc_errno(CUresult r)
 {
@@ -334,13 +351,18 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 	err = cuda_dev_enter(device_id);
 	if (err < 0)
 		return err;
-	if (td_gpu_round_up(size, cuda_devs[device_id].gran, &rounded) < 0)
-		return -ENOSPC;
+	/* From here release() undoes what is done, the context's reference included.
+   */
 	m = calloc(1, sizeof(*m));
-	if (!m)
+	cuda_devs[device_id].allocs++;
+	if (!m) {
+		cuda_dev_put(device_id);
 		return -ENOMEM;
+	}
 	m->ordinal = device_id;
 	a->priv = m;
+	if (td_gpu_round_up(size, cuda_devs[device_id].gran, &rounded) < 0)
+		return -ENOSPC;
 	a->size = rounded;
 	if (cuda_devs[device_id].vmm)
 		return cuda_alloc_vmm(a, m, rounded);
@@ -404,14 +426,27 @@ static void cuda_backend_release(struct backend_alloc *a)
 		else if (m->dptr)
 			cuda_api->MemFree(m->dptr);
 	}
+	cuda_dev_put(m->ordinal);
 	free(m);
 	a->priv = NULL;
+}
+
+/* At exit, after every allocation was released: forget the devices. */
+static void cuda_backend_fini(void)
+{
+	for (int i = 0; i < cuda_ndevs; i++)
+		if (cuda_devs[i].ctx)
+			cuda_api->DevicePrimaryCtxRelease(cuda_devs[i].dev);
+	free(cuda_devs);
+	cuda_devs = NULL;
+	cuda_ndevs = 0;
 }
 
 const struct backend_ops backend_cuda = {
 	.name = "cuda",
 	.device_type = kDLCUDA,
 	.init = cuda_backend_init,
+	.fini = cuda_backend_fini,
 	.device_count = cuda_backend_device_count,
 	.device_uuid = cuda_backend_device_uuid,
 	.default_capacity = cuda_backend_default_capacity,

@@ -227,10 +227,19 @@ static void hip_backend_release(struct backend_alloc *a)
 	a->priv = NULL;
 }
 
+/* At exit, after every allocation was released: forget the devices. */
+static void hip_backend_fini(void)
+{
+	free(hip_devs);
+	hip_devs = NULL;
+	hip_ndevs = 0;
+}
+
 const struct backend_ops backend_hip = {
 	.name = "hip",
 	.device_type = kDLROCM,
 	.init = hip_backend_init,
+	.fini = hip_backend_fini,
 	.device_count = hip_backend_device_count,
 	.device_uuid = hip_backend_device_uuid,
 	.default_capacity = hip_backend_default_capacity,

@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include "client.h"
-#include "common/sys.h"
 #include "common/desc.h"
+#include "common/sys.h"
 #include "proto/frame.h"
 
 void td_client_ref(tensord_client *c)
@@ -418,6 +418,24 @@ int td_send_oneway(tensord_client *c, Tensord__Request *req)
 	return send_frame(&c->conn, req);
 }
 
+tensord_client *td_client_new(int fd)
+{
+	tensord_client *c = calloc(1, sizeof(*c));
+
+	if (!c) {
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	atomic_init(&c->refs, 1);
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&c->conn.send_lock, NULL);
+	pthread_cond_init(&c->conn.cond, NULL);
+	td_mapcache_init(&c->maps, &c->lock);
+	c->conn.fd = fd;
+	return c;
+}
+
 /* Opens conn's socket and connects it to path. conn->fd owns it, or is -1. */
 static int conn_open(struct td_conn *conn, const char *path)
 {
@@ -472,14 +490,9 @@ int tensord_connect(const char *socket_path, tensord_client **ret_client)
 	} else if (tensord_default_socket_path(path, sizeof(path)) < 0) {
 		return td_set_error(-ENAMETOOLONG, "default socket path is too long");
 	}
-	c = calloc(1, sizeof(*c));
+	c = td_client_new(-1);
 	if (!c)
 		return td_set_error(-ENOMEM, "out of memory");
-	atomic_init(&c->refs, 1);
-	pthread_mutex_init(&c->lock, NULL);
-	pthread_mutex_init(&c->conn.send_lock, NULL);
-	pthread_cond_init(&c->conn.cond, NULL);
-	td_mapcache_init(&c->maps, &c->lock);
 	r = conn_open(&c->conn, path);
 	if (r == 0)
 		r = hello(c, path);
@@ -496,6 +509,13 @@ tensord_client *tensord_close(tensord_client *c)
 {
 	if (!c)
 		return NULL;
+	/*
+   * The daemon frees what this connection leased once it sees EOF. For
+   * memory it exports itself (legacy CUDA IPC, HIP IPC) that is undefined
+   * behaviour while we still have it open, so close those handles first;
+   * leases still alive then point at unmapped memory (docs/gpu.md).
+   */
+	td_mapcache_revoke(&c->maps);
 	pthread_mutex_lock(&c->lock);
 	conn_lost(&c->conn, -ENOTCONN);
 	/* Wakes a reader blocked in recvmsg; the daemon sees EOF and ends
