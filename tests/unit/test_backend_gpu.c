@@ -72,6 +72,7 @@ static void test_cuda_init_without_driver(void **state)
 		print_message("      skipped: %s loads here; init returned %d (%s); "
 			      "tests/gpu/run.sh covers the driver\n", TD_CUDA_LIBNAME, rc, why);
 		assert_true(rc == 0 || rc == -ENODEV);
+		backend_cuda.fini();
 		skip();
 	}
 	assert_int_equal(rc, -ENODEV);
@@ -89,6 +90,7 @@ static void test_hip_init_without_device(void **state)
 		print_message("      skipped: %s exists here; init returned %d (%s)\n", TD_HIP_KFD,
 			      rc, why);
 		assert_true(rc == 0 || rc == -ENODEV);
+		backend_hip.fini();
 		skip();
 	}
 	assert_int_equal(rc, -ENODEV);
