@@ -5,7 +5,9 @@
  * decided at link time (backends[] in backend.c), never by #ifdef
  * elsewhere.
  *
- * All functions run on the daemon's loop thread.
+ * All functions run on the daemon's loop thread. The host backend never
+ * blocks there; the GPU backends still make driver calls that can
+ * (allocation, zeroing, free, context creation: docs/gpu.md lists them).
  */
 #ifndef TENSORD_BACKEND_H
 #define TENSORD_BACKEND_H
@@ -104,7 +106,10 @@ struct backend_ops {
 	 */
 	int (*freeze)(struct backend_alloc *a);
 
-	/* Frees everything behind a. Never fails, never blocks; NULL-safe on a->priv. */
+	/*
+	 * Frees everything behind a. Never fails; NULL-safe on a->priv. The
+	 * host backend never blocks; a GPU free may wait for the device.
+	 */
 	void (*release)(struct backend_alloc *a);
 };
 

@@ -22,9 +22,10 @@
  * device memory.
  *
  * Immutability: GPU memory cannot be write-protected from the daemon, so
- * freeze() does nothing. Readers are protected by the client library,
- * which maps immutable VMM tensors with cuMemSetAccess(PROT_READ), and by
- * the DLPack read-only flag; a client that bypasses the library can write.
+ * freeze() does nothing. The client library maps immutable VMM tensors with
+ * cuMemSetAccess(PROT_READ) for readers, and re-protects the creator's own
+ * mapping so at publish; legacy IPC has only the DLPack read-only flag. A
+ * client that bypasses the library can write.
  *
  * Contexts: the daemon retains each device's primary context on the first
  * allocation on that device (not at start-up, so an idle daemon costs no
