@@ -472,7 +472,8 @@ static const char *ask(struct child *ch, const char *cmd)
 	return line;
 }
 
-static void finish(struct child *ch, bool kill9)
+/* Ends a child (SIGKILL first when kill9); returns its exit status, 128 + signal if killed. */
+static int finish(struct child *ch, bool kill9)
 {
 	int st;
 
@@ -481,6 +482,7 @@ static void finish(struct child *ch, bool kill9)
 	fclose(ch->in);
 	fclose(ch->out);
 	waitpid(ch->pid, &st, 0);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 static uint64_t leases(tensord_client *c)
@@ -605,18 +607,6 @@ static void test_death_mid_import(tensord_client *c, uint64_t base)
 	CHECK(leases(c) != UINT64_MAX, "daemon does not answer: %s", tensord_last_error());
 	CHECK(leases_back(c, base), "leases %llu", (unsigned long long)leases(c));
 	printf("PASS daemon_survives_death_mid_import\n");
-}
-
-static int exit_status(struct child *ch, bool kill9)
-{
-	int st;
-
-	if (kill9)
-		kill(ch->pid, SIGKILL);
-	fclose(ch->in);
-	fclose(ch->out);
-	waitpid(ch->pid, &st, 0);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 /* The other direction: another process creates on cuda:0, this one reads. */
@@ -783,7 +773,7 @@ static void test_close_with_live_import(tensord_client *c, uint64_t base)
 	line[0] = '\0';
 	CHECK(fgets(line, sizeof(line), ch.out), "child said nothing after the free");
 	line[strcspn(line, "\n")] = '\0';
-	st = exit_status(&ch, false);
+	st = finish(&ch, false);
 	CHECK(st == 0, "child exit status %d", st);
 	CHECK(strcmp(line, ipc ? "ok ipc-unmapped" : "ok vmm-mapped") == 0, "%s", line);
 	CHECK(leases(c) != UINT64_MAX, "daemon does not answer");
