@@ -207,7 +207,8 @@ static int reader(const char *sock)
 			snprintf(names[n], sizeof(names[n]), "%s", name);
 			printf("ok ro=%d dev=%d:%d uuid=%s\n",
 			       !!(held[n]->flags & DLPACK_FLAG_BITMASK_READ_ONLY),
-			       held[n]->dl_tensor.device.device_type, held[n]->dl_tensor.device.device_id,
+			       held[n]->dl_tensor.device.device_type,
+			       held[n]->dl_tensor.device.device_id,
 			       uuid_hex(held[n]->dl_tensor.device.device_id));
 			n++;
 		} else if (sscanf(line, "create %255s %d %d", name, &bytes, &seed) == 3 && n < 16) {
@@ -672,7 +673,8 @@ static bool legacy_ipc(tensord_client *c)
 	if (tensord_stats(c, &s, sizeof(s)) < 0)
 		return false;
 	for (int i = 0; i < (int)s.n_devices; i++)
-		if (s.devices[i].device.device_type == kDLCUDA && s.devices[i].device.device_id == 0)
+		if (s.devices[i].device.device_type == kDLCUDA &&
+		    s.devices[i].device.device_id == 0)
 			return strcmp(s.devices[i].path, "cuda-ipc") == 0;
 	return false;
 }
@@ -733,7 +735,8 @@ static void test_creator_cannot_write(tensord_client *c, uint64_t base)
 	if (ipc) {
 		CHECK(strcmp(line, "ok wrote") == 0, "%s", line);
 	} else {
-		CHECK(strncmp(line, "denied ", 7) == 0, "the creator's write was not refused: %s", line);
+		CHECK(strncmp(line, "denied ", 7) == 0, "the creator's write was not refused: %s",
+		      line);
 		CHECK(verify(t, 1 << 20, 9) == 0, "the bytes changed");
 	}
 	t->deleter(t);
@@ -761,7 +764,8 @@ static void test_close_with_live_import(tensord_client *c, uint64_t base)
 	fill(t, 5 << 20, 6);
 	CHECK(tensord_publish(c, "gpu/closing") == 0, "%s", tensord_last_error());
 	t->deleter(t);
-	ch = spawn_role((char *[]){ self_exe, "--close-live", sock_path, "gpu/closing", "6", NULL });
+	ch = spawn_role(
+		(char *[]){ self_exe, "--close-live", sock_path, "gpu/closing", "6", NULL });
 	CHECK(fgets(line, sizeof(line), ch.out) && strncmp(line, "closed", 6) == 0, "child: %s",
 	      line);
 	/* The child's lease ended with its connection; unlinking frees the memory now. */
