@@ -6,8 +6,9 @@
  * elsewhere.
  *
  * All functions run on the daemon's loop thread. The host backend never
- * blocks there; the GPU backends still make driver calls that can
- * (allocation, zeroing, free, context creation: docs/gpu.md lists them).
+ * blocks there; the GPU backends hand their frees to a worker
+ * (gpu_reaper.h) but still allocate and zero on the loop thread
+ * (docs/gpu.md lists the calls).
  */
 #ifndef TENSORD_BACKEND_H
 #define TENSORD_BACKEND_H
@@ -107,8 +108,8 @@ struct backend_ops {
 	int (*freeze)(struct backend_alloc *a);
 
 	/*
-	 * Frees everything behind a. Never fails; NULL-safe on a->priv. The
-	 * host backend never blocks; a GPU free may wait for the device.
+	 * Frees everything behind a (GPU backends: queues the free for their
+	 * worker). Never fails, never blocks; NULL-safe on a->priv.
 	 */
 	void (*release)(struct backend_alloc *a);
 };

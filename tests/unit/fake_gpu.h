@@ -13,6 +13,7 @@
 #ifndef TENSORD_FAKE_GPU_H
 #define TENSORD_FAKE_GPU_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
@@ -27,10 +28,12 @@
 struct fake_call {
 	const char *fn; /* the driver's name for it: "cuMemSetAccess" */
 	uint64_t a[4];	/* its arguments, as integers (see each fake) */
+	pthread_t tid;	/* the thread that made the call */
 };
 
 static struct fake_call fake_log[FAKE_MAX_CALLS];
 static int fake_n;
+static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER; /* calls come from two threads */
 static int fake_ndev = 2;
 static uint8_t fake_uuid[4][16];
 static CUresult fake_set_access_ro_rc;	    /* what cuMemSetAccess(PROT_READ) answers */
@@ -39,8 +42,10 @@ static void (*fake_on_close)(uint64_t ptr); /* called by the IPC close fakes */
 
 static void fake_rec(const char *fn, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3)
 {
+	pthread_mutex_lock(&fake_lock);
 	if (fake_n < FAKE_MAX_CALLS)
-		fake_log[fake_n++] = (struct fake_call){ fn, { a0, a1, a2, a3 } };
+		fake_log[fake_n++] = (struct fake_call){ fn, { a0, a1, a2, a3 }, pthread_self() };
+	pthread_mutex_unlock(&fake_lock);
 }
 
 /* Index of the first call named fn at or after from, or -1. */

@@ -6,8 +6,8 @@
  * driver-free cases are skipped through cmocka with the reason; the GPU
  * behaviour itself is covered by tests/gpu/run.sh. Then, against fake
  * driver tables (fake_gpu.h), the call sequences: allocation, zeroing,
- * export, free, the primary context dropped with the last tensor, and the
- * daemon's ordinal found from a client's UUID.
+ * export, free (on the GPU reaper's thread), the primary context dropped
+ * with the last tensor, and the daemon's ordinal found from a client's UUID.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -26,6 +26,7 @@
 #include "common/gpu/cuda_api.h"
 #include "common/gpu/hip_api.h"
 #include "daemon/backend.h"
+#include "daemon/gpu_reaper.h"
 #include "fake_gpu.h"
 
 #define MiB (1ull << 20)
@@ -211,19 +212,26 @@ static void test_cuda_vmm_alloc_and_context(void **state)
 	assert_int_equal(b.size, 4 * MiB);
 	assert_int_equal(fake_count("cuDevicePrimaryCtxRetain"), 1);
 	backend_cuda.release(&a);
+	gpu_reaper_drain();
 	assert_int_equal(fake_count("cuMemRelease"), 1);
 	assert_int_equal(fake_count("cuDevicePrimaryCtxRelease"), 0);
 	/* The last one gives the context (and its GPU memory) back. */
 	fake_n = 0;
 	backend_cuda.release(&b);
-	assert_calls_in_order(
-		(const char *const[]){ "cuMemRelease", "cuDevicePrimaryCtxRelease", NULL });
-	assert_int_equal(fake_log[fake_find("cuDevicePrimaryCtxRelease", 0)].a[0], FAKE_DEV0 + 1);
+	gpu_reaper_drain();
+	assert_calls_in_order((const char *const[]){ "cuCtxSetCurrent", "cuMemRelease",
+						     "cuDevicePrimaryCtxRelease", NULL });
+	k = fake_find("cuDevicePrimaryCtxRelease", 0);
+	assert_int_equal(fake_log[k].a[0], FAKE_DEV0 + 1);
+	/* Both on the reaper's thread: the loop thread never waits for a free. */
+	assert_false(pthread_equal(fake_log[k].tid, pthread_self()));
+	assert_false(pthread_equal(fake_log[fake_find("cuMemRelease", 0)].tid, pthread_self()));
 	/* And the next allocation retains it again. */
 	fake_n = 0;
 	assert_int_equal(backend_cuda.alloc(&a, 1, 1, "t"), 0);
 	assert_int_equal(fake_count("cuDevicePrimaryCtxRetain"), 1);
 	backend_cuda.release(&a);
+	gpu_reaper_drain();
 	assert_int_equal(fake_count("cuDevicePrimaryCtxRelease"), 1);
 }
 
@@ -251,8 +259,10 @@ static void test_cuda_ipc_alloc(void **state)
 	assert_int_equal(fd, -1);
 	fake_n = 0;
 	backend_cuda.release(&a);
+	gpu_reaper_drain();
 	assert_calls_in_order(
 		(const char *const[]){ "cuMemFree", "cuDevicePrimaryCtxRelease", NULL });
+	assert_false(pthread_equal(fake_log[fake_find("cuMemFree", 0)].tid, pthread_self()));
 }
 
 /* Zero-size: no driver call, nothing to map, the daemon's ordinal kept. */
@@ -278,6 +288,7 @@ static void test_hip_alloc(void **state)
 		"hipDeviceSynchronize", "hipIpcGetMemHandle", NULL,
 	};
 	struct backend_alloc a = { .ops = &backend_hip };
+	int k;
 
 	assert_int_equal(backend_hip.alloc(&a, 100, 1, "t"), 0);
 	assert_calls_in_order(alloc_calls);
@@ -286,7 +297,11 @@ static void test_hip_alloc(void **state)
 	assert_int_equal(a.handle_kind, TENSORD__HANDLE_KIND__HANDLE_HIP_IPC);
 	fake_n = 0;
 	backend_hip.release(&a);
-	assert_int_equal(fake_log[fake_find("hipFree", 0)].a[1], 1);
+	gpu_reaper_drain();
+	k = fake_find("hipFree", 0);
+	assert_true(k > 0);
+	assert_int_equal(fake_log[k].a[1], 1); /* on its own device */
+	assert_false(pthread_equal(fake_log[k].tid, pthread_self()));
 }
 
 int main(void)
