@@ -45,7 +45,7 @@ static int td_cuda_load(const struct td_cuda_api **ret_cu)
 	int err = td_cuda_api_get(ret_cu, &why);
 
 	if (err < 0)
-		return td_set_error(err, "cannot import CUDA memory: %s", why);
+		return td_set_error(err, "cannot use CUDA memory: %s", why);
 	return 0;
 }
 
