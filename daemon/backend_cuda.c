@@ -58,11 +58,11 @@
 struct cuda_dev {
 	CUdevice dev;
 	uint8_t uuid[TD_GPU_UUID_LEN];
-	bool vmm;	 /* share through VMM + POSIX fd */
-	uint64_t total;	 /* bytes of device memory */
-	uint64_t gran;	 /* allocation granularity; 0 until the context exists */
-	CUcontext ctx;	 /* retained primary context; NULL while no tensor lives here */
-	uint32_t allocs; /* live allocations on this device: the context's users */
+	bool vmm;             /* share through VMM + POSIX fd */
+	uint64_t total;       /* bytes of device memory */
+	uint64_t gran;        /* allocation granularity; 0 until the context exists */
+	CUcontext ctx;        /* retained primary context; NULL while no tensor lives here */
+	uint32_t allocs;      /* live allocations on this device: the context's users */
 };
 
 /* What one allocation holds; a->priv. */
@@ -365,8 +365,7 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 	err = cuda_dev_enter(device_id);
 	if (err < 0)
 		return err;
-	/* From here release() undoes what is done, the context's reference included.
-   */
+	/* From here release() undoes what is done, the context's reference included. */
 	m = calloc(1, sizeof(*m));
 	cuda_devs[device_id].allocs++;
 	if (!m) {

@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include "client.h"
-#include "common/desc.h"
 #include "common/sys.h"
+#include "common/desc.h"
 #include "proto/frame.h"
 
 void td_client_ref(tensord_client *c)
@@ -510,11 +510,11 @@ tensord_client *tensord_close(tensord_client *c)
 	if (!c)
 		return NULL;
 	/*
-   * The daemon frees what this connection leased once it sees EOF. For
-   * memory it exports itself (legacy CUDA IPC, HIP IPC) that is undefined
-   * behaviour while we still have it open, so close those handles first;
-   * leases still alive then point at unmapped memory (docs/gpu.md).
-   */
+	 * The daemon frees what this connection leased once it sees EOF. For
+	 * memory it exports itself (legacy CUDA IPC, HIP IPC) that is undefined
+	 * behaviour while we still have it open, so close those handles first;
+	 * leases still alive then point at unmapped memory (docs/gpu.md).
+	 */
 	td_mapcache_revoke(&c->maps);
 	pthread_mutex_lock(&c->lock);
 	conn_lost(&c->conn, -ENOTCONN);

@@ -69,8 +69,7 @@ int td_gpu_device_uuid(DLDevice local, uint8_t uuid[16])
 	}
 }
 
-/* The descriptor a mapping keeps for make_private() and view(), stored in priv.
- */
+/* The descriptor a mapping keeps for make_private() and view(), stored in priv. */
 static int priv_fd(const struct td_mapping *m)
 {
 	return (int)(intptr_t)m->priv - 1;

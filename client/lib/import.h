@@ -45,26 +45,26 @@ struct td_mapping {
 	void *priv;               /* the importer's own state */
 	/* Set by the client library, not by importers: */
 	char name[TENSORD_NAME_MAX + 1]; /* the tensor's name when mapped */
-	bool created_here;		 /* this process created it (it may publish) */
-	uint32_t flags;			 /* the tensor's TENSORD_MUTABLE | ... */
-	bool reusable;			 /* a repeat attach of name may reuse it */
-	bool revoked; /* unmapped by tensord_close(): the last unref only frees */
+	bool created_here;        /* this process created it (it may publish) */
+	uint32_t flags;           /* the tensor's TENSORD_MUTABLE | ... */
+	bool reusable;            /* a repeat attach of name may reuse it */
+	bool revoked;             /* unmapped by tensord_close(): the last unref only frees */
 	struct td_mapping *next;
 };
 
 struct td_importer {
 	Tensord__HandleKind handle_kind;
 	/*
-   * The daemon is the exporter (legacy CUDA IPC, HIP IPC): its free while
-   * this process still has the memory open is undefined behaviour, so
-   * tensord_close() unmaps such mappings before the connection ends.
-   */
+	 * The daemon is the exporter (legacy CUDA IPC, HIP IPC): its free while
+	 * this process still has the memory open is undefined behaviour, so
+	 * tensord_close() unmaps such mappings before the connection ends.
+	 */
 	bool unmap_before_close;
 	/*
-   * Maps what d describes into m (base, data, size, device, priv).
-   * Takes ownership of fd (-1 when none): it is closed on every path.
-   * 0 or -errno; on failure td_set_error() has said why.
-   */
+	 * Maps what d describes into m (base, data, size, device, priv).
+	 * Takes ownership of fd (-1 when none): it is closed on every path.
+	 * 0 or -errno; on failure td_set_error() has said why.
+	 */
 	int (*map)(struct td_mapping *m, int fd, const struct td_import_desc *d);
 	/* Undoes map(). Never fails; may run on any thread. */
 	void (*unmap)(struct td_mapping *m);
@@ -98,11 +98,11 @@ struct td_importer {
 	/* Undoes view(). Never fails; may run on any thread. */
 	void (*unview)(struct td_mapping *m, void *base);
 	/*
-   * put() from device memory: copies n bytes from src (an address valid
-   * in this process on the same kind of device, e.g. a torch CUDA
-   * tensor) to m->data on the stream td_gpu_put_stream() names for the
-   * device type, and waits for that stream. NULL: host memory only.
-   */
+	 * put() from device memory: copies n bytes from src (an address valid
+	 * in this process on the same kind of device, e.g. a torch CUDA
+	 * tensor) to m->data on the stream td_gpu_put_stream() names for the
+	 * device type, and waits for that stream. NULL: host memory only.
+	 */
 	int (*copy_in)(struct td_mapping *m, const void *src, uint64_t n);
 };
 
@@ -122,8 +122,7 @@ int td_gpu_local_device(DLDevice daemon_dev, const uint8_t *uuid, size_t uuid_le
 			DLDevice *ret_local);
 int td_gpu_device_uuid(DLDevice local, uint8_t uuid[16]);
 
-/* The same per vendor (import_cuda.c, import_hip.c); daemon_id only names it in
- * errors. */
+/* The same per vendor (import_cuda.c, import_hip.c); daemon_id only names it in errors. */
 int td_cuda_ordinal_of_uuid(const uint8_t *uuid, size_t uuid_len, int daemon_id, int *ret_ordinal);
 int td_cuda_uuid_of_ordinal(int ordinal, uint8_t uuid[16]);
 int td_hip_ordinal_of_uuid(const uint8_t *uuid, size_t uuid_len, int daemon_id, int *ret_ordinal);

@@ -31,9 +31,9 @@
 struct td_cuda_map {
 	const struct td_cuda_api *cu;
 	CUdevice dev;
-	int ordinal;	 /* this process's number for dev */
-	CUdeviceptr ptr; /* VMM: the reserved range; legacy: the opened pointer */
-	size_t size;	 /* VMM: bytes reserved and mapped */
+	int ordinal;          /* this process's number for dev */
+	CUdeviceptr ptr;      /* VMM: the reserved range; legacy: the opened pointer */
+	size_t size;          /* VMM: bytes reserved and mapped */
 	bool vmm;
 	bool ro_enforced;     /* VMM read-only mapping honoured by the driver */
 };
@@ -49,8 +49,7 @@ static int td_cuda_load(const struct td_cuda_api **ret_cu)
 	return 0;
 }
 
-/* Fills uuids[i] for each of this process's n devices (at most
- * TD_GPU_MAX_DEVICES). */
+/* Fills uuids[i] for each of this process's n devices (at most TD_GPU_MAX_DEVICES). */
 static int td_cuda_uuids(const struct td_cuda_api *cu, uint8_t (*uuids)[TD_GPU_UUID_LEN],
 			 int *ret_n)
 {

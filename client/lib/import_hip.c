@@ -259,8 +259,7 @@ struct td_hip_copy {
 	size_t n;
 };
 
-/* On the null stream, which put() asked the producer to order its writes
- * before. */
+/* On the null stream, which put() asked the producer to order its writes before. */
 static hipError_t td_hip_copy(struct td_hip_map *p, void *ctx)
 {
 	const struct td_hip_copy *c = ctx;
@@ -272,8 +271,7 @@ static hipError_t td_hip_copy(struct td_hip_map *p, void *ctx)
 	return e;
 }
 
-/* put() of a ROCm array: device to device (td_gpu_put_stream() says which
- * stream). */
+/* put() of a ROCm array: device to device (td_gpu_put_stream() says which stream). */
 static int td_hip_copy_in(struct td_mapping *m, const void *src, uint64_t n)
 {
 	struct td_hip_map *p = m->priv;

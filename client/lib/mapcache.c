@@ -119,8 +119,7 @@ void td_mapcache_mark_published(struct td_mapcache *mc, struct td_mapping *m, bo
 	pthread_mutex_unlock(mc->lock);
 }
 
-/* Needs unmapping before the daemon may free it, and is still mapped. Lock
- * held. */
+/* Needs unmapping before the daemon may free it, and is still mapped. Lock held. */
 static bool must_revoke(const struct td_mapping *m)
 {
 	const struct td_importer *imp = td_importer_for(m->handle_kind);

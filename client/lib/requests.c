@@ -83,8 +83,7 @@ static int create_msg_device(struct create_msg *m, const char *name, DLDevice de
 	return 0;
 }
 
-/* Checks name and spec and fills m from them (borrowed: valid while they are).
- */
+/* Checks name and spec and fills m from them (borrowed: valid while they are). */
 static int create_msg_fill(struct create_msg *m, const char *name, const tensord_spec *spec)
 {
 	int r = check_name(name);

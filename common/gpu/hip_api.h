@@ -89,8 +89,7 @@ int td_hip_api_get(const struct td_hip_api **ret_api, const char **ret_why);
  */
 int td_hip_api_open(struct td_hip_api *api, const char *const *sonames, char *why, size_t why_len);
 
-/* As td_cuda_api_use(): later td_hip_api_get() calls return api (NULL: load).
- * For tests. */
+/* As td_cuda_api_use(): later td_hip_api_get() calls return api (NULL: load). For tests. */
 void td_hip_api_use(const struct td_hip_api *api);
 
 /* Closes what td_hip_api_open() opened. */

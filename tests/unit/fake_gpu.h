@@ -66,8 +66,7 @@ __attribute__((unused)) static int fake_count(const char *fn)
 	return n;
 }
 
-/* --- CUDA driver -----------------------------------------------------------
- */
+/* --- CUDA driver ----------------------------------------------------------- */
 #define REC(...) fake_rec(__VA_ARGS__)
 #define U(x) ((uint64_t)(uintptr_t)(x))
 
@@ -339,8 +338,7 @@ static const struct td_cuda_api fake_cuda = {
 	.MemSetAccess = f_cuMemSetAccess,
 };
 
-/* --- HIP runtime ------------------------------------------------------------
- */
+/* --- HIP runtime ------------------------------------------------------------ */
 static hipError_t f_hipRuntimeGetVersion(int *v)
 {
 	*v = 60000000;
@@ -426,8 +424,7 @@ static hipError_t f_hipMemcpy(void *d, const void *s, size_t n, hipMemcpyKind k)
 	return hipSuccess;
 }
 
-/* Records dst, src, n and the stream; the kind and device go in a second entry.
- */
+/* Records dst, src, n and the stream; the kind and device go in a second entry. */
 static hipError_t f_hipMemcpyAsync(void *d, const void *s, size_t n, hipMemcpyKind k,
 				   hipStream_t st)
 {

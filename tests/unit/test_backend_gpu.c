@@ -143,8 +143,7 @@ static int fake_teardown(void **state)
 	return 0;
 }
 
-/* Checks that the calls named in want happened in this order (others between
- * them allowed). */
+/* Checks that the calls named in want happened in this order (others between them allowed). */
 static void assert_calls_in_order(const char *const *want)
 {
 	int at = 0;

@@ -113,8 +113,7 @@ static DLManagedTensorVersioned *lease(tensord_client *c, struct wire *w, int fd
 	return t;
 }
 
-/* --- device numbering ------------------------------------------------------
- */
+/* --- device numbering ------------------------------------------------------ */
 
 static void test_uuid_translation(void **state)
 {
@@ -221,8 +220,7 @@ static void test_zero_size_gpu_lease(void **state)
 	td_client_unref(c);
 }
 
-/* --- tensord_close() with live imports -------------------------------------
- */
+/* --- tensord_close() with live imports ------------------------------------- */
 
 static int peer_fd = -1;
 static int closes_before_eof;
@@ -288,8 +286,7 @@ static void test_close_unmaps_ipc_first(void **state)
 	fake_on_close = NULL;
 }
 
-/* --- read-only VMM mappings ------------------------------------------------
- */
+/* --- read-only VMM mappings ------------------------------------------------ */
 
 /* The last cuMemSetAccess call's flags, checking its range and device. */
 static uint64_t last_access(int local_ordinal)
@@ -366,8 +363,7 @@ static void test_vmm_creator_protected_at_publish(void **state)
 	assert_null(td_importer_cuda_ipc.make_private);
 }
 
-/* --- streams: sync at publish, copy_in for put() ----------------------------
- */
+/* --- streams: sync at publish, copy_in for put() ---------------------------- */
 
 static void test_cuda_copy_in_on_put_stream(void **state)
 {
@@ -383,8 +379,7 @@ static void test_cuda_copy_in_on_put_stream(void **state)
 	assert_int_equal(fake_log[cp].a[0], (uintptr_t)m.data);
 	assert_int_equal(fake_log[cp].a[1], (uintptr_t)src);
 	assert_int_equal(fake_log[cp].a[2], 1000);
-	/* The stream the producer was told about (DLPack stream 1: legacy default).
-   */
+	/* The stream the producer was told about (DLPack stream 1: legacy default). */
 	assert_int_equal(fake_log[cp].a[3], (uint64_t)td_gpu_put_stream(TD_GPU_DL_CUDA));
 	sy = fake_find("cuStreamSynchronize", cp);
 	assert_true(sy > cp);
@@ -454,8 +449,7 @@ static void test_hip_sync_and_copy_in(void **state)
 	assert_int_equal(fake_hip_cur, 0);
 }
 
-/* --- what a create sends -----------------------------------------------------
- */
+/* --- what a create sends ----------------------------------------------------- */
 
 struct fake_daemon {
 	int fd;
