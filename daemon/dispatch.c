@@ -128,9 +128,14 @@ static int device_from(const Tensord__Device *d, const char *name, DLDevice *ret
 			 d->uuid.len, TD_GPU_UUID_LEN);
 		return -EINVAL;
 	}
-	for (int b = 0; backends[b] && ord < 0; b++)
-		if (backends[b]->device_type == (int)d->type)
-			ord = backend_ordinal_of_uuid(backends[b], d->uuid.data, d->uuid.len);
+	for (int b = 0; backends[b] && ord < 0; b++) {
+		if (backends[b]->device_type != (int)d->type)
+			continue;
+		/* A backend without devices: the registry says why (no driver, ...). */
+		if (backends[b]->device_count() <= 0)
+			return 0;
+		ord = backend_ordinal_of_uuid(backends[b], d->uuid.data, d->uuid.len);
+	}
 	if (ord < 0) {
 		snprintf(why, why_len,
 			 "tensor '%s': the client's device %u:%d is %s, which this "
