@@ -5,14 +5,19 @@
  * decided at link time (backends[] in backend.c), never by #ifdef
  * elsewhere.
  *
- * All functions run on the daemon's loop thread.
+ * All functions run on the daemon's loop thread. The host backend never
+ * blocks there; the GPU backends hand their frees to a worker
+ * (gpu_reaper.h) but still allocate and zero on the loop thread
+ * (docs/gpu.md lists the calls).
  */
 #ifndef TENSORD_BACKEND_H
 #define TENSORD_BACKEND_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <tensord/dlpack.h>
 
@@ -110,9 +115,30 @@ struct backend_ops {
 	 */
 	int (*freeze)(struct backend_alloc *a);
 
-	/* Frees everything behind a. Never fails, never blocks; NULL-safe on a->priv. */
+	/*
+	 * Frees everything behind a (GPU backends: queues the free for their
+	 * worker). Never fails, never blocks; NULL-safe on a->priv.
+	 */
 	void (*release)(struct backend_alloc *a);
 };
+
+/*
+ * The daemon's ordinal of the device of ops whose UUID is uuid (len 16), or
+ * -ENODEV. Clients name GPUs by UUID because each process may number them
+ * differently (CUDA_VISIBLE_DEVICES).
+ */
+static inline int backend_ordinal_of_uuid(const struct backend_ops *ops, const uint8_t *uuid,
+					  size_t len)
+{
+	uint8_t have[16];
+
+	if (len != sizeof(have))
+		return -ENODEV;
+	for (int i = 0; i < ops->device_count(); i++)
+		if (ops->device_uuid(i, have) == 0 && memcmp(have, uuid, sizeof(have)) == 0)
+			return i;
+	return -ENODEV;
+}
 
 /* NULL-terminated; the first entry is the host backend. */
 extern const struct backend_ops *const backends[];

@@ -22,15 +22,19 @@
  * device memory.
  *
  * Immutability: GPU memory cannot be write-protected from the daemon, so
- * freeze() does nothing. Readers are protected by the client library,
- * which maps immutable VMM tensors with cuMemSetAccess(PROT_READ), and by
- * the DLPack read-only flag; a client that bypasses the library can write.
+ * freeze() does nothing. The client library maps immutable VMM tensors with
+ * cuMemSetAccess(PROT_READ) for readers, and re-protects the creator's own
+ * mapping so at publish; legacy IPC has only the DLPack read-only flag. A
+ * client that bypasses the library can write.
  *
  * Contexts: the daemon retains each device's primary context on the first
  * allocation on that device (not at start-up, so an idle daemon costs no
- * GPU memory on GPUs nobody uses) and makes it current before every driver
- * call; all calls run on the loop thread. The daemon must never fork()
- * after init, as CUDA does not survive it.
+ * GPU memory on GPUs nobody uses), makes it current before every driver
+ * call, and releases it when the device's last allocation is freed, which
+ * gives the context's own memory (hundreds of MiB) back to the GPU. Frees
+ * and that release run on the GPU reaper's thread (gpu_reaper.h); every
+ * other call runs on the loop thread (docs/gpu.md says which can block). The
+ * daemon must never fork() after init, as CUDA does not survive it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -45,6 +49,7 @@
 #include "backend.h"
 #include "common/gpu/cuda_api.h"
 #include "common/gpu/gpu_util.h"
+#include "gpu_reaper.h"
 #include "log.h"
 
 /* Legacy allocations are rounded to 2 MiB, as NVIDIA advises for IPC. */
@@ -56,7 +61,8 @@ struct cuda_dev {
 	bool vmm;             /* share through VMM + POSIX fd */
 	uint64_t total;       /* bytes of device memory */
 	uint64_t gran;        /* allocation granularity; 0 until the context exists */
-	CUcontext ctx;        /* retained primary context; NULL until first use */
+	CUcontext ctx;        /* retained primary context; NULL while no tensor lives here */
+	uint32_t allocs;      /* live allocations on this device: the context's users */
 };
 
 /* What one allocation holds; a->priv. */
@@ -222,6 +228,31 @@ static int cuda_dev_enter(int ordinal)
 	return td_cuda_errno(cuda_api->CtxSetCurrent(d->ctx));
 }
 
+/*
+ * One allocation on ordinal is gone. Returns true when it was the last one:
+ * the caller then owns the device's reference on the primary context and
+ * must release it (cuda_ctx_drop()); the loop thread no longer uses it.
+ */
+static bool cuda_dev_put(int ordinal)
+{
+	struct cuda_dev *d = &cuda_devs[ordinal];
+
+	if (--d->allocs || !d->ctx)
+		return false;
+	/* Nothing of ours may stay current on the loop thread once released. */
+	cuda_api->CtxSetCurrent(NULL);
+	d->ctx = NULL;
+	return true;
+}
+
+/* Releases a device's primary context, which gives its memory back. Any thread. */
+static void cuda_ctx_drop(CUdevice dev, int ordinal)
+{
+	cuda_api->CtxSetCurrent(NULL);
+	cuda_api->DevicePrimaryCtxRelease(dev);
+	log_debug("cuda: device %d has no tensor left; primary context released", ordinal);
+}
+
 /* Out of device memory is "no space" to the user, not a host malloc failure. */
 static int cuda_alloc_errno(CUresult r)
 {
@@ -334,13 +365,18 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 	err = cuda_dev_enter(device_id);
 	if (err < 0)
 		return err;
-	if (td_gpu_round_up(size, cuda_devs[device_id].gran, &rounded) < 0)
-		return -ENOSPC;
+	/* From here release() undoes what is done, the context's reference included. */
 	m = calloc(1, sizeof(*m));
-	if (!m)
+	cuda_devs[device_id].allocs++;
+	if (!m) {
+		if (cuda_dev_put(device_id))
+			cuda_ctx_drop(cuda_devs[device_id].dev, device_id);
 		return -ENOMEM;
+	}
 	m->ordinal = device_id;
 	a->priv = m;
+	if (td_gpu_round_up(size, cuda_devs[device_id].gran, &rounded) < 0)
+		return -ENOSPC;
 	a->size = rounded;
 	if (cuda_devs[device_id].vmm)
 		return cuda_alloc_vmm(a, m, rounded);
@@ -383,14 +419,47 @@ static int cuda_backend_freeze(struct backend_alloc *a)
 	return 0;
 }
 
+/* One free for the reaper (gpu_reaper.h): what cuda_backend_release() hands over. */
+struct cuda_free {
+	CUcontext ctx;      /* the device's primary context; a reference is held */
+	CUdevice dev;
+	int ordinal;
+	bool vmm;
+	CUmemGenericAllocationHandle handle; /* vmm */
+	CUdeviceptr dptr;                    /* legacy */
+	bool drop_ctx;      /* the device's last allocation: release the context after */
+};
+
+/* On the reaper's thread: these calls may wait for the device. */
+static void cuda_free_job(void *arg)
+{
+	struct cuda_free *f = arg;
+
+	if (cuda_api->CtxSetCurrent(f->ctx) == CUDA_SUCCESS) {
+		if (f->vmm)
+			cuda_api->MemRelease(f->handle);
+		else if (f->dptr)
+			cuda_api->MemFree(f->dptr);
+	}
+	if (f->drop_ctx)
+		cuda_ctx_drop(f->dev, f->ordinal);
+	else
+		cuda_api->CtxSetCurrent(NULL);
+	free(f);
+}
+
 /*
- * VMM: drops the daemon's reference; the memory lives on while any
- * client still maps it (the driver refcounts it). Legacy: frees at once,
- * which is why the registry calls this only after the last lease ended.
+ * VMM: drops the daemon's reference; the memory lives on while any client
+ * still maps it (the driver refcounts it). Legacy: frees, which is why the
+ * registry calls this only after the last lease ended. Either way the
+ * driver call runs on the reaper's thread, not here: cuMemFree synchronizes
+ * the device, and dropping the device's last tensor tears its context down.
  */
 static void cuda_backend_release(struct backend_alloc *a)
 {
 	struct cuda_mem *m = a->priv;
+	struct cuda_free *f;
+	struct cuda_dev *d;
 
 	if (a->fd >= 0) {
 		close(a->fd);
@@ -398,20 +467,43 @@ static void cuda_backend_release(struct backend_alloc *a)
 	}
 	if (!m)
 		return;
-	if (cuda_dev_enter(m->ordinal) == 0) {
+	d = &cuda_devs[m->ordinal];
+	f = malloc(sizeof(*f));
+	if (f) {
+		*f = (struct cuda_free){ .ctx = d->ctx, .dev = d->dev, .ordinal = m->ordinal,
+					 .vmm = m->vmm, .handle = m->handle, .dptr = m->dptr };
+		f->drop_ctx = cuda_dev_put(m->ordinal);
+		gpu_reaper_run(cuda_free_job, f);
+	} else if (cuda_dev_enter(m->ordinal) == 0) {
+		/* No memory for a job: free here rather than not at all. */
 		if (m->vmm)
 			cuda_api->MemRelease(m->handle);
 		else if (m->dptr)
 			cuda_api->MemFree(m->dptr);
+		if (cuda_dev_put(m->ordinal))
+			cuda_ctx_drop(d->dev, m->ordinal);
 	}
 	free(m);
 	a->priv = NULL;
+}
+
+/* At exit, after every allocation was released: forget the devices. */
+static void cuda_backend_fini(void)
+{
+	gpu_reaper_stop();
+	for (int i = 0; i < cuda_ndevs; i++)
+		if (cuda_devs[i].ctx)
+			cuda_api->DevicePrimaryCtxRelease(cuda_devs[i].dev);
+	free(cuda_devs);
+	cuda_devs = NULL;
+	cuda_ndevs = 0;
 }
 
 const struct backend_ops backend_cuda = {
 	.name = "cuda",
 	.device_type = kDLCUDA,
 	.init = cuda_backend_init,
+	.fini = cuda_backend_fini,
 	.device_count = cuda_backend_device_count,
 	.device_uuid = cuda_backend_device_uuid,
 	.default_capacity = cuda_backend_default_capacity,

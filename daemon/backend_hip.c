@@ -29,6 +29,7 @@
 #include "backend.h"
 #include "common/gpu/gpu_util.h"
 #include "common/gpu/hip_api.h"
+#include "gpu_reaper.h"
 #include "log.h"
 
 #define HIP_GRANULARITY (2ull << 20)
@@ -211,6 +212,17 @@ static int hip_backend_freeze(struct backend_alloc *a)
 	return 0;
 }
 
+/* On the GPU reaper's thread (gpu_reaper.h): hipFree may wait for the device. */
+static void hip_free_job(void *arg)
+{
+	struct hip_mem *m = arg;
+
+	if (m->ptr && hip_api->SetDevice(m->ordinal) == hipSuccess)
+		(void)hip_api->Free(m->ptr);
+	free(m);
+}
+
+/* Runs only after the last lease ended (the daemon exports; see the top). */
 static void hip_backend_release(struct backend_alloc *a)
 {
 	struct hip_mem *m = a->priv;
@@ -221,16 +233,24 @@ static void hip_backend_release(struct backend_alloc *a)
 	}
 	if (!m)
 		return;
-	if (m->ptr && hip_api->SetDevice(m->ordinal) == hipSuccess)
-		(void)hip_api->Free(m->ptr);
-	free(m);
+	gpu_reaper_run(hip_free_job, m);
 	a->priv = NULL;
+}
+
+/* At exit, after every allocation was released: forget the devices. */
+static void hip_backend_fini(void)
+{
+	gpu_reaper_stop();
+	free(hip_devs);
+	hip_devs = NULL;
+	hip_ndevs = 0;
 }
 
 const struct backend_ops backend_hip = {
 	.name = "hip",
 	.device_type = kDLROCM,
 	.init = hip_backend_init,
+	.fini = hip_backend_fini,
 	.device_count = hip_backend_device_count,
 	.device_uuid = hip_backend_device_uuid,
 	.default_capacity = hip_backend_default_capacity,

@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "common/desc.h"
+#include "common/gpu/gpu_util.h"
 #include "inspect.h"
 #include "log.h"
 #include "metrics.h"
@@ -110,6 +112,45 @@ static void do_hello(struct client *cl, uint64_t id, const Tensord__Hello *m)
 	reply_hello(c, id);
 }
 
+/*
+ * A GPU named by UUID (as every client library sends it) becomes the
+ * daemon's own ordinal: processes number GPUs differently. Without a UUID
+ * the ordinal is taken as the daemon's (old clients, HIP without UUIDs).
+ */
+static int device_from(const Tensord__Device *d, const char *name, DLDevice *ret, char *why,
+		       size_t why_len)
+{
+	char ustr[48];
+	int ord = -ENODEV;
+
+	*ret = d ? (DLDevice){ (DLDeviceType)d->type, d->id } : (DLDevice){ kDLCPU, 0 };
+	if (!d || !d->uuid.len)
+		return 0;
+	if (d->uuid.len != TD_GPU_UUID_LEN) {
+		snprintf(why, why_len, "tensor '%s': device uuid of %zu bytes, expected %d", name,
+			 d->uuid.len, TD_GPU_UUID_LEN);
+		return -EINVAL;
+	}
+	for (int b = 0; backends[b] && ord < 0; b++) {
+		if (backends[b]->device_type != (int)d->type)
+			continue;
+		/* A backend without devices: the registry says why (no driver, ...). */
+		if (backends[b]->device_count() <= 0)
+			return 0;
+		ord = backend_ordinal_of_uuid(backends[b], d->uuid.data, d->uuid.len);
+	}
+	if (ord < 0) {
+		snprintf(why, why_len,
+			 "tensor '%s': the client's device %u:%d is %s, which this "
+			 "daemon does not serve",
+			 name, d->type, d->id,
+			 td_gpu_uuid_format(d->uuid.data, d->uuid.len, ustr, sizeof(ustr)));
+		return -ENODEV;
+	}
+	ret->device_id = ord;
+	return 0;
+}
+
 /* Turns a Create into registry arguments. 0, or -EINVAL with the reason. */
 static int create_args_from(const Tensord__Create *m, struct create_args *a, char *why,
 			    size_t why_len)
@@ -140,12 +181,10 @@ static int create_args_from(const Tensord__Create *m, struct create_args *a, cha
 	a->ndim = (int32_t)m->n_shape;
 	a->shape = m->shape;
 	a->strides = m->n_strides ? m->strides : NULL;
-	a->device = m->device ? (DLDevice){ (DLDeviceType)m->device->type, m->device->id }
-			      : (DLDevice){ kDLCPU, 0 };
 	a->flags = m->flags;
 	a->mode = m->mode;
 	a->replace = m->replace;
-	return 0;
+	return device_from(m->device, m->name, &a->device, why, why_len);
 }
 
 static void do_create(struct client *cl, uint64_t id, const Tensord__Create *m)

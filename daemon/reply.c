@@ -25,6 +25,7 @@ struct info_store {
 	Tensord__TensorInfo info;
 	Tensord__DType dtype;
 	Tensord__Device device;
+	uint8_t uuid[16];
 };
 
 static void fill_info(struct info_store *s, const struct tensor *t)
@@ -43,6 +44,11 @@ static void fill_info(struct info_store *s, const struct tensor *t)
 	s->info.strides = (int64_t *)t->strides;
 	s->device.type = (uint32_t)t->device.device_type;
 	s->device.id = t->device.device_id;
+	/* GPUs travel by UUID too: each process numbers them its own way. */
+	if (t->alloc.ops && t->alloc.ops->device_uuid(t->alloc.device_id, s->uuid) == 0) {
+		s->device.uuid.data = s->uuid;
+		s->device.uuid.len = sizeof(s->uuid);
+	}
 	s->info.device = &s->device;
 	s->info.nbytes = t->nbytes;
 	s->info.byte_offset = 0;
@@ -83,7 +89,6 @@ void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
 	Tensord__Lease l = TENSORD__LEASE__INIT;
 	struct info_store s;
-	uint8_t uuid[16];
 
 	fill_info(&s, t);
 	l.lease = lease;
@@ -98,10 +103,6 @@ void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64
 	}
 	l.ipc_offset = t->alloc.ipc_offset;
 	l.share_id = t->alloc.share_id;
-	if (t->alloc.ops->device_uuid(t->alloc.device_id, uuid) == 0) {
-		s.device.uuid.data = uuid;
-		s.device.uuid.len = sizeof(uuid);
-	}
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_LEASE;
 	rep.lease = &l;

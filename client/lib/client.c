@@ -419,6 +419,24 @@ int td_send_oneway(tensord_client *c, Tensord__Request *req)
 	return send_frame(&c->conn, req);
 }
 
+tensord_client *td_client_new(int fd)
+{
+	tensord_client *c = calloc(1, sizeof(*c));
+
+	if (!c) {
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	atomic_init(&c->refs, 1);
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&c->conn.send_lock, NULL);
+	pthread_cond_init(&c->conn.cond, NULL);
+	td_mapcache_init(&c->maps, &c->lock);
+	c->conn.fd = fd;
+	return c;
+}
+
 /* The Hello round trip: both sides speak the same protocol version. */
 static int hello(tensord_client *c, const char *path)
 {
@@ -448,15 +466,9 @@ int tensord_connect(const char *socket_path, tensord_client **ret_client)
 	int r;
 
 	td_clear_error();
-	c = calloc(1, sizeof(*c));
+	c = td_client_new(-1);
 	if (!c)
 		return td_set_error(-ENOMEM, "out of memory");
-	atomic_init(&c->refs, 1);
-	pthread_mutex_init(&c->lock, NULL);
-	pthread_mutex_init(&c->conn.send_lock, NULL);
-	pthread_cond_init(&c->conn.cond, NULL);
-	td_mapcache_init(&c->maps, &c->lock);
-	c->conn.fd = -1;
 	r = td_connect_socket(socket_path, path, sizeof(path));
 	if (r >= 0) {
 		c->conn.fd = r;
@@ -475,6 +487,13 @@ tensord_client *tensord_close(tensord_client *c)
 {
 	if (!c)
 		return NULL;
+	/*
+	 * The daemon frees what this connection leased once it sees EOF. For
+	 * memory it exports itself (legacy CUDA IPC, HIP IPC) that is undefined
+	 * behaviour while we still have it open, so close those handles first;
+	 * leases still alive then point at unmapped memory (docs/gpu.md).
+	 */
+	td_mapcache_revoke(&c->maps);
 	pthread_mutex_lock(&c->lock);
 	conn_lost(&c->conn, -ENOTCONN);
 	/* Wakes a reader blocked in recvmsg; the daemon sees EOF and ends

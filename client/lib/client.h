@@ -159,6 +159,14 @@ int td_conn_send_locked(struct td_conn *conn, const uint8_t *buf, size_t len);
 /* Sends a request that gets no reply (Release). req is borrowed for the call. */
 int td_send_oneway(tensord_client *c, Tensord__Request *req);
 
+/*
+ * A client with one reference around fd, a connected socket (-1: none
+ * yet), with no Hello exchanged and no release flusher: tensord_connect()
+ * does both; unit tests use it bare. Takes ownership of fd. NULL: out of
+ * memory (fd closed).
+ */
+tensord_client *td_client_new(int fd);
+
 /* Takes a reference on c; each live lease holds one. */
 void td_client_ref(tensord_client *c);
 

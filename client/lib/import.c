@@ -35,6 +35,40 @@ const struct td_importer *td_importer_for(Tensord__HandleKind kind)
 	return NULL;
 }
 
+int td_gpu_local_device(DLDevice daemon_dev, const uint8_t *uuid, size_t uuid_len,
+			DLDevice *ret_local)
+{
+	int ord, r;
+
+	switch (daemon_dev.device_type) {
+	case kDLCUDA:
+		r = td_cuda_ordinal_of_uuid(uuid, uuid_len, daemon_dev.device_id, &ord);
+		break;
+	case kDLROCM:
+		r = td_hip_ordinal_of_uuid(uuid, uuid_len, daemon_dev.device_id, &ord);
+		break;
+	default:
+		*ret_local = daemon_dev;
+		return 0;
+	}
+	if (r < 0)
+		return r;
+	*ret_local = (DLDevice){ daemon_dev.device_type, ord };
+	return 0;
+}
+
+int td_gpu_device_uuid(DLDevice local, uint8_t uuid[16])
+{
+	switch (local.device_type) {
+	case kDLCUDA:
+		return td_cuda_uuid_of_ordinal(local.device_id, uuid);
+	case kDLROCM:
+		return td_hip_uuid_of_ordinal(local.device_id, uuid);
+	default:
+		return -ENOENT;
+	}
+}
+
 /* The descriptor a mapping keeps for make_private() and view(), stored in priv. */
 static int priv_fd(const struct td_mapping *m)
 {

@@ -48,6 +48,7 @@ struct td_mapping {
 	bool created_here;        /* this process created it (it may publish) */
 	uint32_t flags;           /* the tensor's TENSORD_MUTABLE | ... */
 	bool reusable;            /* a repeat attach of name may reuse it */
+	bool revoked;             /* unmapped by tensord_close(): the last unref only frees */
 	struct td_mapping *next;
 	/* Kept after its last lease (mapcache.h): when, and its place in the parked list. */
 	uint64_t parked_ns;       /* 0: some lease uses it */
@@ -56,6 +57,12 @@ struct td_mapping {
 
 struct td_importer {
 	Tensord__HandleKind handle_kind;
+	/*
+	 * The daemon is the exporter (legacy CUDA IPC, HIP IPC): its free while
+	 * this process still has the memory open is undefined behaviour, so
+	 * tensord_close() unmaps such mappings before the connection ends.
+	 */
+	bool unmap_before_close;
 	/*
 	 * Maps what d describes into m (base, data, size, device, priv).
 	 * Takes ownership of fd (-1 when none): it is closed on every path.
@@ -103,10 +110,33 @@ struct td_importer {
 	/*
 	 * put() from device memory: copies n bytes from src (an address valid
 	 * in this process on the same kind of device, e.g. a torch CUDA
-	 * tensor) to m->data and waits for the copy. NULL: host memory only.
+	 * tensor) to m->data on the stream td_gpu_put_stream() names for the
+	 * device type, and waits for that stream. NULL: host memory only.
 	 */
 	int (*copy_in)(struct td_mapping *m, const void *src, uint64_t n);
 };
+
+/*
+ * Device numbering. The daemon names GPUs by UUID; processes number them
+ * each their own way (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES).
+ *
+ * td_gpu_local_device: the device this process sees as the daemon's
+ * daemon_dev (kDLCUDA or kDLROCM) with uuid (uuid_len 16; HIP devices may
+ * have none, then the ordinal is kept). 0 or -ENODEV (error set).
+ *
+ * td_gpu_device_uuid: the UUID of this process's device local. 0,
+ * -ENOENT when it has none the daemon could match (HIP without UUIDs: the
+ * ordinal is all there is), or -ENODEV (error set).
+ */
+int td_gpu_local_device(DLDevice daemon_dev, const uint8_t *uuid, size_t uuid_len,
+			DLDevice *ret_local);
+int td_gpu_device_uuid(DLDevice local, uint8_t uuid[16]);
+
+/* The same per vendor (import_cuda.c, import_hip.c); daemon_id only names it in errors. */
+int td_cuda_ordinal_of_uuid(const uint8_t *uuid, size_t uuid_len, int daemon_id, int *ret_ordinal);
+int td_cuda_uuid_of_ordinal(int ordinal, uint8_t uuid[16]);
+int td_hip_ordinal_of_uuid(const uint8_t *uuid, size_t uuid_len, int daemon_id, int *ret_ordinal);
+int td_hip_uuid_of_ordinal(int ordinal, uint8_t uuid[16]);
 
 /* The importer for a handle kind, or NULL when this library has none. */
 const struct td_importer *td_importer_for(Tensord__HandleKind kind);

@@ -31,6 +31,7 @@
 struct td_cuda_map {
 	const struct td_cuda_api *cu;
 	CUdevice dev;
+	int ordinal;          /* this process's number for dev */
 	CUdeviceptr ptr;      /* VMM: the reserved range; legacy: the opened pointer */
 	size_t size;          /* VMM: bytes reserved and mapped */
 	bool vmm;
@@ -44,20 +45,16 @@ static int td_cuda_load(const struct td_cuda_api **ret_cu)
 	int err = td_cuda_api_get(ret_cu, &why);
 
 	if (err < 0)
-		return td_set_error(err, "cannot import CUDA memory: %s", why);
+		return td_set_error(err, "cannot use CUDA memory: %s", why);
 	return 0;
 }
 
-/*
- * The local ordinal of the daemon's device d->uuid, and its CUdevice.
- * 0 or -ENODEV (error set).
- */
-static int td_cuda_find_device(const struct td_cuda_api *cu, const struct td_import_desc *d,
-			       CUdevice *ret_dev, int *ret_ordinal)
+/* Fills uuids[i] for each of this process's n devices (at most TD_GPU_MAX_DEVICES). */
+static int td_cuda_uuids(const struct td_cuda_api *cu, uint8_t (*uuids)[TD_GPU_UUID_LEN],
+			 int *ret_n)
 {
-	uint8_t uuids[TD_GPU_MAX_DEVICES][TD_GPU_UUID_LEN];
-	char ustr[48], err[128];
-	int n = 0, ord;
+	char err[128];
+	int n = 0;
 	CUresult r;
 
 	r = cu->DeviceGetCount(&n);
@@ -78,13 +75,67 @@ static int td_cuda_find_device(const struct td_cuda_api *cu, const struct td_imp
 					    td_cuda_strerror(cu, r, err, sizeof(err)));
 		memcpy(uuids[i], u.bytes, TD_GPU_UUID_LEN);
 	}
-	ord = td_gpu_uuid_find(d->uuid, d->uuid_len, (const uint8_t (*)[TD_GPU_UUID_LEN])uuids, n);
+	*ret_n = n;
+	return 0;
+}
+
+int td_cuda_ordinal_of_uuid(const uint8_t *uuid, size_t uuid_len, int daemon_id, int *ret_ordinal)
+{
+	uint8_t uuids[TD_GPU_MAX_DEVICES][TD_GPU_UUID_LEN];
+	const struct td_cuda_api *cu;
+	char ustr[48];
+	int n = 0, ord, err;
+
+	err = td_cuda_load(&cu);
+	if (err == 0)
+		err = td_cuda_uuids(cu, uuids, &n);
+	if (err < 0)
+		return err;
+	ord = td_gpu_uuid_find(uuid, uuid_len, (const uint8_t(*)[TD_GPU_UUID_LEN])uuids, n);
 	if (ord < 0)
 		return td_set_error(-ENODEV,
 				    "the daemon's cuda:%d is %s, which this process does not see "
 				    "(%d CUDA devices here; check CUDA_VISIBLE_DEVICES)",
-				    d->device.device_id,
-				    td_gpu_uuid_format(d->uuid, d->uuid_len, ustr, sizeof(ustr)), n);
+				    daemon_id,
+				    td_gpu_uuid_format(uuid, uuid_len, ustr, sizeof(ustr)), n);
+	*ret_ordinal = ord;
+	return 0;
+}
+
+int td_cuda_uuid_of_ordinal(int ordinal, uint8_t uuid[TD_GPU_UUID_LEN])
+{
+	uint8_t uuids[TD_GPU_MAX_DEVICES][TD_GPU_UUID_LEN];
+	const struct td_cuda_api *cu;
+	int n = 0, err;
+
+	err = td_cuda_load(&cu);
+	if (err == 0)
+		err = td_cuda_uuids(cu, uuids, &n);
+	if (err < 0)
+		return err;
+	if (ordinal < 0 || ordinal >= n)
+		return td_set_error(-ENODEV,
+				    "cuda:%d: this process sees %d CUDA devices "
+				    "(check CUDA_VISIBLE_DEVICES)",
+				    ordinal, n);
+	memcpy(uuid, uuids[ordinal], TD_GPU_UUID_LEN);
+	return 0;
+}
+
+/*
+ * The local ordinal of the daemon's device d->uuid, and its CUdevice.
+ * 0 or -ENODEV (error set).
+ */
+static int td_cuda_find_device(const struct td_cuda_api *cu, const struct td_import_desc *d,
+			       CUdevice *ret_dev, int *ret_ordinal)
+{
+	char err[128];
+	int ord, rc;
+	CUresult r;
+
+	rc = td_cuda_ordinal_of_uuid(d->uuid, d->uuid_len, d->device.device_id, &ord);
+	if (rc < 0)
+		return rc;
 	r = cu->DeviceGet(ret_dev, ord);
 	if (r != CUDA_SUCCESS)
 		return td_set_error(-ENODEV, "cuDeviceGet(%d): %s", ord,
@@ -130,17 +181,40 @@ static int td_cuda_fail(const struct td_cuda_api *cu, CUresult r, const char *wh
 }
 
 /*
+ * Grants this device read-only (writable false) or read-write access to
+ * p's VMM range. A driver that cannot map device memory read-only gets a
+ * read-write mapping instead: the DLPack read-only flag still tells
+ * consumers not to write (docs/gpu.md); ro_enforced says which it was.
+ */
+static CUresult td_cuda_set_access(struct td_cuda_map *p, bool writable)
+{
+	CUmemAccessDesc acc;
+	CUresult r;
+
+	memset(&acc, 0, sizeof(acc));
+	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	acc.location.id = p->ordinal;
+	acc.flags = writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
+	r = p->cu->MemSetAccess(p->ptr, p->size, &acc, 1);
+	p->ro_enforced = !writable && r == CUDA_SUCCESS;
+	if (!writable && (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE)) {
+		acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+		r = p->cu->MemSetAccess(p->ptr, p->size, &acc, 1);
+	}
+	return r;
+}
+
+/*
  * Reserves an address range, maps the imported allocation into it and
  * grants this device access: read-only unless writable. Takes ownership
  * of h: on success the mapping holds the memory, on failure it is
  * released.
  */
-static int td_cuda_vmm_map(struct td_cuda_map *p, int ordinal, CUmemGenericAllocationHandle h,
-			   uint64_t size, bool writable)
+static int td_cuda_vmm_map(struct td_cuda_map *p, CUmemGenericAllocationHandle h, uint64_t size,
+			   bool writable)
 {
 	const struct td_cuda_api *cu = p->cu;
 	CUmemAllocationProp prop;
-	CUmemAccessDesc acc;
 	size_t gran = 0;
 	CUresult r;
 	int err;
@@ -174,21 +248,7 @@ static int td_cuda_vmm_map(struct td_cuda_map *p, int ordinal, CUmemGenericAlloc
 	cu->MemRelease(h);
 	p->size = size;
 
-	memset(&acc, 0, sizeof(acc));
-	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	acc.location.id = ordinal;
-	acc.flags = writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
-	r = cu->MemSetAccess(p->ptr, size, &acc, 1);
-	p->ro_enforced = !writable && r == CUDA_SUCCESS;
-	/*
-	 * A driver that cannot map device memory read-only: fall back to a
-	 * read-write mapping. The DLPack read-only flag still tells
-	 * consumers not to write; see docs/gpu.md.
-	 */
-	if (!writable && (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE)) {
-		acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-		r = cu->MemSetAccess(p->ptr, size, &acc, 1);
-	}
+	r = td_cuda_set_access(p, writable);
 	if (r != CUDA_SUCCESS) {
 		err = td_cuda_fail(cu, r, "cuMemSetAccess");
 		cu->MemUnmap(p->ptr, size);
@@ -247,7 +307,8 @@ static int td_cuda_map_vmm(struct td_mapping *m, int fd, const struct td_import_
 		td_cuda_leave(cu, p->dev, false);
 		goto out_free;
 	}
-	err = td_cuda_vmm_map(p, ordinal, h, d->map_size, d->writable);
+	p->ordinal = ordinal;
+	err = td_cuda_vmm_map(p, h, d->map_size, d->writable);
 	td_cuda_leave(cu, p->dev, err == 0);
 	if (err < 0)
 		goto out_free;
@@ -297,6 +358,7 @@ static int td_cuda_map_ipc(struct td_mapping *m, int fd, const struct td_import_
 	err = td_cuda_find_device(cu, d, &p->dev, &ordinal);
 	if (err < 0)
 		goto out_free;
+	p->ordinal = ordinal;
 	err = td_cuda_enter(cu, p->dev);
 	if (err < 0)
 		goto out_free;
@@ -388,7 +450,11 @@ static int td_cuda_sync(struct td_mapping *m)
 	return 0;
 }
 
-/* Unified addressing lets cuMemcpy find both sides: device to device. */
+/*
+ * Unified addressing lets cuMemcpyAsync find both sides: device to device,
+ * on the legacy default stream, which put() asked the producer to order its
+ * writes before (td_gpu_put_stream()); then waits for that stream.
+ */
 static int td_cuda_copy_in(struct td_mapping *m, const void *src, uint64_t n)
 {
 	struct td_cuda_map *p = m->priv;
@@ -400,29 +466,68 @@ static int td_cuda_copy_in(struct td_mapping *m, const void *src, uint64_t n)
 	err = td_cuda_enter(p->cu, p->dev);
 	if (err < 0)
 		return err;
-	r = p->cu->Memcpy((CUdeviceptr)(uintptr_t)m->data, (CUdeviceptr)(uintptr_t)src, (size_t)n);
+	r = p->cu->MemcpyAsync((CUdeviceptr)(uintptr_t)m->data, (CUdeviceptr)(uintptr_t)src,
+			       (size_t)n, CU_STREAM_LEGACY);
 	if (r == CUDA_SUCCESS)
-		r = p->cu->CtxSynchronize();
+		r = p->cu->StreamSynchronize(CU_STREAM_LEGACY);
 	td_cuda_leave(p->cu, p->dev, false);
 	if (r != CUDA_SUCCESS)
 		return td_cuda_fail(p->cu, r, "copying device memory into the tensor");
 	return 0;
 }
 
+/*
+ * Publish of an immutable tensor by its creator: GPU memory has no private
+ * copy to fall back on, so the creator's own mapping becomes read-only
+ * instead (a later write through it faults on the device; docs/gpu.md).
+ * make_shared() undoes it when the publish failed.
+ */
+static int td_cuda_protect(struct td_mapping *m, bool writable)
+{
+	struct td_cuda_map *p = m->priv;
+	CUresult r;
+	int err;
+
+	if (!p || !p->vmm)
+		return 0;
+	err = td_cuda_enter(p->cu, p->dev);
+	if (err < 0)
+		return err;
+	r = td_cuda_set_access(p, writable);
+	td_cuda_leave(p->cu, p->dev, false);
+	if (r != CUDA_SUCCESS)
+		return td_cuda_fail(p->cu, r,
+				    writable ? "cuMemSetAccess (read-write again)"
+					     : "cuMemSetAccess (read-only at publish)");
+	return 0;
+}
+
+static int td_cuda_make_private(struct td_mapping *m)
+{
+	return td_cuda_protect(m, false);
+}
+
+static int td_cuda_make_shared(struct td_mapping *m)
+{
+	return td_cuda_protect(m, true);
+}
+
 const struct td_importer td_importer_cuda = {
 	.handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD,
 	.map = td_cuda_map_vmm,
 	.unmap = td_cuda_unmap,
-	/* GPU memory cannot become a private copy; see docs/gpu.md. */
-	.make_private = NULL,
+	.make_private = td_cuda_make_private,
+	.make_shared = td_cuda_make_shared,
 	.sync = td_cuda_sync,
 	.copy_in = td_cuda_copy_in,
 };
 
 const struct td_importer td_importer_cuda_ipc = {
 	.handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC,
+	.unmap_before_close = true,
 	.map = td_cuda_map_ipc,
 	.unmap = td_cuda_unmap,
+	/* Legacy IPC has no read-only mapping: the DLPack flag is all there is. */
 	.make_private = NULL,
 	.sync = td_cuda_sync,
 	.copy_in = td_cuda_copy_in,

@@ -37,13 +37,25 @@ static int td_hip_fail(const struct td_hip_api *hip, hipError_t e, const char *w
 			    td_hip_strerror(hip, e, err, sizeof(err)));
 }
 
-/* The local ordinal for the daemon's device. 0 or -ENODEV (error set). */
-static int td_hip_find_device(const struct td_hip_api *hip, const struct td_import_desc *d,
-			      int *ret_ordinal)
+/* Loads libamdhip64 (once) and says why not in the thread's error. */
+static int td_hip_load(const struct td_hip_api **ret_hip)
 {
-	uint8_t uuids[TD_GPU_MAX_DEVICES][TD_GPU_UUID_LEN];
-	char ustr[48];
-	int n = 0, ord;
+	const char *why = NULL;
+	int err = td_hip_api_get(ret_hip, &why);
+
+	if (err < 0)
+		return td_set_error(err, "cannot use HIP memory: %s", why);
+	return 0;
+}
+
+/*
+ * Fills uuids[i] for this process's devices; *ret_n is their number, and
+ * *ret_have_uuids false when the runtime cannot report UUIDs.
+ */
+static int td_hip_uuids(const struct td_hip_api *hip, uint8_t (*uuids)[TD_GPU_UUID_LEN], int *ret_n,
+			bool *ret_have_uuids)
+{
+	int n = 0;
 	hipError_t e;
 
 	e = hip->GetDeviceCount(&n);
@@ -51,27 +63,44 @@ static int td_hip_find_device(const struct td_hip_api *hip, const struct td_impo
 		return td_hip_fail(hip, e, "hipGetDeviceCount");
 	if (n > TD_GPU_MAX_DEVICES)
 		n = TD_GPU_MAX_DEVICES;
-	ord = d->device.device_id;
-	if (d->uuid && d->uuid_len == TD_GPU_UUID_LEN && hip->DeviceGetUuid) {
-		for (int i = 0; i < n; i++) {
-			hipDevice_t dev;
-			hipUUID u;
+	*ret_n = n;
+	*ret_have_uuids = hip->DeviceGetUuid != NULL;
+	for (int i = 0; i < n && *ret_have_uuids; i++) {
+		hipDevice_t dev;
+		hipUUID u;
 
-			e = hip->DeviceGet(&dev, i);
-			if (e == hipSuccess)
-				e = hip->DeviceGetUuid(&u, dev);
-			if (e != hipSuccess)
-				return td_hip_fail(hip, e, "hipDeviceGetUuid");
-			memcpy(uuids[i], u.bytes, TD_GPU_UUID_LEN);
-		}
-		ord = td_gpu_uuid_find(d->uuid, d->uuid_len,
-				       (const uint8_t (*)[TD_GPU_UUID_LEN])uuids, n);
+		e = hip->DeviceGet(&dev, i);
+		if (e == hipSuccess)
+			e = hip->DeviceGetUuid(&u, dev);
+		if (e != hipSuccess)
+			return td_hip_fail(hip, e, "hipDeviceGetUuid");
+		memcpy(uuids[i], u.bytes, TD_GPU_UUID_LEN);
+	}
+	return 0;
+}
+
+int td_hip_ordinal_of_uuid(const uint8_t *uuid, size_t uuid_len, int daemon_id, int *ret_ordinal)
+{
+	uint8_t uuids[TD_GPU_MAX_DEVICES][TD_GPU_UUID_LEN];
+	const struct td_hip_api *hip;
+	bool have = false;
+	char ustr[48];
+	int n = 0, ord = daemon_id, err;
+
+	err = td_hip_load(&hip);
+	if (err == 0)
+		err = td_hip_uuids(hip, uuids, &n, &have);
+	if (err < 0)
+		return err;
+	/* Without a UUID on either side the ordinals are all there is. */
+	if (uuid && uuid_len == TD_GPU_UUID_LEN && have) {
+		ord = td_gpu_uuid_find(uuid, uuid_len, (const uint8_t(*)[TD_GPU_UUID_LEN])uuids, n);
 		if (ord < 0)
 			return td_set_error(-ENODEV,
 					    "the daemon's rocm:%d (uuid %s) is not visible here "
 					    "(%d HIP devices; check HIP_VISIBLE_DEVICES)",
-					    d->device.device_id,
-					    td_gpu_uuid_format(d->uuid, d->uuid_len, ustr, sizeof(ustr)),
+					    daemon_id,
+					    td_gpu_uuid_format(uuid, uuid_len, ustr, sizeof(ustr)),
 					    n);
 	}
 	if (ord < 0 || ord >= n)
@@ -80,30 +109,91 @@ static int td_hip_find_device(const struct td_hip_api *hip, const struct td_impo
 	return 0;
 }
 
+int td_hip_uuid_of_ordinal(int ordinal, uint8_t uuid[TD_GPU_UUID_LEN])
+{
+	uint8_t uuids[TD_GPU_MAX_DEVICES][TD_GPU_UUID_LEN];
+	const struct td_hip_api *hip;
+	bool have = false;
+	int n = 0, err;
+
+	err = td_hip_load(&hip);
+	if (err == 0)
+		err = td_hip_uuids(hip, uuids, &n, &have);
+	if (err < 0)
+		return err;
+	if (ordinal < 0 || ordinal >= n)
+		return td_set_error(-ENODEV,
+				    "rocm:%d: this process sees %d HIP devices "
+				    "(check HIP_VISIBLE_DEVICES)",
+				    ordinal, n);
+	/* No usable UUID: the daemon goes by the ordinal. */
+	if (!have || td_gpu_uuid_is_blank(uuids[ordinal]))
+		return -ENOENT;
+	memcpy(uuid, uuids[ordinal], TD_GPU_UUID_LEN);
+	return 0;
+}
+
+/*
+ * Runs fn(p, ctx) with p's device current on this thread, and the thread's
+ * previous device restored afterwards. Returns fn's hipError_t.
+ */
+static hipError_t td_hip_on_device(struct td_hip_map *p,
+				   hipError_t (*fn)(struct td_hip_map *p, void *ctx), void *ctx)
+{
+	int prev = -1;
+	hipError_t e;
+
+	if (p->hip->GetDevice(&prev) != hipSuccess)
+		prev = -1;
+	e = p->hip->SetDevice(p->ordinal);
+	if (e == hipSuccess)
+		e = fn(p, ctx);
+	if (prev >= 0 && prev != p->ordinal)
+		(void)p->hip->SetDevice(prev);
+	return e;
+}
+
+struct td_hip_open {
+	hipIpcMemHandle_t h;
+	unsigned int flags;
+};
+
+static hipError_t td_hip_open(struct td_hip_map *p, void *ctx)
+{
+	const struct td_hip_open *o = ctx;
+
+	return p->hip->IpcOpenMemHandle(&p->ptr, o->h, o->flags);
+}
+
+static hipError_t td_hip_close(struct td_hip_map *p, void *ctx)
+{
+	return p->hip->IpcCloseMemHandle(p->ptr);
+}
+
 /* HANDLE_HIP_IPC. Takes ownership of fd (there should be none). */
 static int td_hip_map(struct td_mapping *m, int fd, const struct td_import_desc *d)
 {
 	const struct td_hip_api *hip;
-	const char *why = NULL;
+	struct td_hip_open o;
 	struct td_hip_map *p;
-	hipIpcMemHandle_t h;
-	int err, ordinal, prev = -1;
+	int err, ordinal;
 	hipError_t e;
 
 	if (fd >= 0)
 		close(fd);
-	err = td_hip_api_get(&hip, &why);
+	err = td_hip_load(&hip);
 	if (err < 0)
-		return td_set_error(err, "cannot import HIP memory: %s", why);
-	if (!d->ipc_handle || d->ipc_handle_len != sizeof(h))
+		return err;
+	if (!d->ipc_handle || d->ipc_handle_len != sizeof(o.h))
 		return td_set_error(-EPROTO, "HIP IPC handle of %zu bytes, expected %zu",
-				    d->ipc_handle_len, sizeof(h));
+				    d->ipc_handle_len, sizeof(o.h));
 	if (d->ipc_offset > d->map_size)
 		return td_set_error(-EPROTO, "HIP IPC offset %llu beyond %llu bytes",
 				    (unsigned long long)d->ipc_offset,
 				    (unsigned long long)d->map_size);
-	memcpy(&h, d->ipc_handle, sizeof(h));
-	err = td_hip_find_device(hip, d, &ordinal);
+	memcpy(&o.h, d->ipc_handle, sizeof(o.h));
+	o.flags = (unsigned int)td_hip_ipc_flag(hip->runtime_version);
+	err = td_hip_ordinal_of_uuid(d->uuid, d->uuid_len, d->device.device_id, &ordinal);
 	if (err < 0)
 		return err;
 	p = calloc(1, sizeof(*p));
@@ -111,16 +201,7 @@ static int td_hip_map(struct td_mapping *m, int fd, const struct td_import_desc 
 		return td_set_error(-ENOMEM, "out of memory");
 	p->hip = hip;
 	p->ordinal = ordinal;
-	if (hip->GetDevice(&prev) != hipSuccess)
-		prev = -1;
-	e = hip->SetDevice(ordinal);
-	if (e != hipSuccess) {
-		err = td_hip_fail(hip, e, "hipSetDevice");
-		goto out_free;
-	}
-	e = hip->IpcOpenMemHandle(&p->ptr, h, (unsigned int)td_hip_ipc_flag(hip->runtime_version));
-	if (prev >= 0)
-		(void)hip->SetDevice(prev);
+	e = td_hip_on_device(p, td_hip_open, &o);
 	if (e != hipSuccess) {
 		err = td_hip_fail(hip, e, "hipIpcOpenMemHandle");
 		goto out_free;
@@ -141,24 +222,77 @@ out_free:
 static void td_hip_unmap(struct td_mapping *m)
 {
 	struct td_hip_map *p = m->priv;
-	int prev = -1;
 
 	if (!p)
 		return;
-	if (p->hip->GetDevice(&prev) != hipSuccess)
-		prev = -1;
-	if (p->hip->SetDevice(p->ordinal) == hipSuccess)
-		(void)p->hip->IpcCloseMemHandle(p->ptr);
-	if (prev >= 0 && prev != p->ordinal)
-		(void)p->hip->SetDevice(prev);
+	(void)td_hip_on_device(p, td_hip_close, NULL);
 	free(p);
 	m->priv = NULL;
 	m->base = m->data = NULL;
 }
 
+static hipError_t td_hip_device_sync(struct td_hip_map *p, void *ctx)
+{
+	return p->hip->DeviceSynchronize();
+}
+
+/*
+ * Publish by the creator: every stream of the device, so writes queued
+ * anywhere in this process land before readers can attach.
+ */
+static int td_hip_sync(struct td_mapping *m)
+{
+	struct td_hip_map *p = m->priv;
+	hipError_t e;
+
+	if (!p)
+		return 0;
+	e = td_hip_on_device(p, td_hip_device_sync, NULL);
+	if (e != hipSuccess)
+		return td_hip_fail(p->hip, e, "synchronizing the device before publish");
+	return 0;
+}
+
+struct td_hip_copy {
+	void *dst;
+	const void *src;
+	size_t n;
+};
+
+/* On the null stream, which put() asked the producer to order its writes before. */
+static hipError_t td_hip_copy(struct td_hip_map *p, void *ctx)
+{
+	const struct td_hip_copy *c = ctx;
+	hipError_t e;
+
+	e = p->hip->MemcpyAsync(c->dst, c->src, c->n, hipMemcpyDefault, NULL);
+	if (e == hipSuccess)
+		e = p->hip->StreamSynchronize(NULL);
+	return e;
+}
+
+/* put() of a ROCm array: device to device (td_gpu_put_stream() says which stream). */
+static int td_hip_copy_in(struct td_mapping *m, const void *src, uint64_t n)
+{
+	struct td_hip_map *p = m->priv;
+	struct td_hip_copy c = { m->data, src, (size_t)n };
+	hipError_t e;
+
+	if (!p)
+		return td_set_error(-EINVAL, "tensor '%s' is not mapped", m->name);
+	e = td_hip_on_device(p, td_hip_copy, &c);
+	if (e != hipSuccess)
+		return td_hip_fail(p->hip, e, "copying device memory into the tensor");
+	return 0;
+}
+
 const struct td_importer td_importer_hip = {
 	.handle_kind = TENSORD__HANDLE_KIND__HANDLE_HIP_IPC,
+	.unmap_before_close = true,
 	.map = td_hip_map,
 	.unmap = td_hip_unmap,
+	/* HIP IPC has no read-only mapping: the DLPack flag is all there is. */
 	.make_private = NULL,
+	.sync = td_hip_sync,
+	.copy_in = td_hip_copy_in,
 };

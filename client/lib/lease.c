@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "client.h"
+#include "common/desc.h"
 
 #define LEASE_MAGIC 0x7e45d1ea
 
@@ -43,7 +44,11 @@ struct td_handle_legacy {
 	struct td_lease *l; /* holds one reference */
 };
 
-/* Zero-size tensors point here: a valid, aligned, never-dereferenced address. */
+/*
+ * Zero-size host tensors point here: a valid, aligned, never-dereferenced
+ * address. Zero-size GPU tensors point nowhere (NULL): a host address
+ * labelled with a GPU would be a lie a consumer might act on.
+ */
 static _Alignas(256) const uint8_t empty_data[256];
 
 /* Tells the daemon a lease is over (release.c decides when); no reply. A
@@ -117,8 +122,11 @@ static void fill_dltensor(DLTensor *t, struct td_lease *l)
 	if (l->view)
 		t->data = (uint8_t *)l->view + ((uint8_t *)l->map->data - (uint8_t *)l->map->base);
 	else
-		t->data = l->map ? l->map->data : (void *)empty_data;
-	t->device = l->map ? l->map->device : l->info.device;
+		t->data = l->map ? l->map->data
+			  : td_device_host_accessible(l->info.device.device_type)
+				  ? (void *)empty_data
+				  : NULL;
+	t->device = l->info.device;
 	t->ndim = l->info.ndim;
 	t->dtype = l->info.dtype;
 	t->shape = l->info.ndim ? l->info.shape : NULL;
@@ -338,6 +346,24 @@ static int lease_view(struct td_mapcache *mc, struct td_mapping *m, bool reused,
 	return r;
 }
 
+/*
+ * The lease's device as this process numbers it: the mapping's, or for a
+ * tensor with nothing mapped (zero-size), found by the UUID the daemon
+ * sent. *dev holds the daemon's numbering on entry.
+ */
+static int lease_device(const Tensord__Lease *w, const struct td_mapping *m, DLDevice *dev)
+{
+	const Tensord__Device *wd = w->info->device;
+
+	if (m) {
+		*dev = m->device;
+		return 0;
+	}
+	if (!td_device_is_gpu(dev->device_type))
+		return 0;
+	return td_gpu_local_device(*dev, wd ? wd->uuid.data : NULL, wd ? wd->uuid.len : 0, dev);
+}
+
 int td_lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
 			struct td_mapping *pinned, bool created, struct td_lease **ret_lease)
 {
@@ -358,6 +384,14 @@ int td_lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
 	r = lease_view(&c->maps, m, w->reused, &l->view);
 	if (r < 0)
 		goto fail;
+	r = lease_device(w, m, &l->info.device);
+	if (r < 0) {
+		if (l->view)
+			td_importer_for(m->handle_kind)->unview(m, l->view);
+		if (m)
+			td_mapcache_unref(&c->maps, m);
+		goto fail;
+	}
 	l->magic = LEASE_MAGIC;
 	atomic_init(&l->refs, 0);
 	l->c = c;

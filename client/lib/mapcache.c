@@ -51,7 +51,7 @@ static void unmap_free(struct td_mapping *m)
 {
 	const struct td_importer *imp = td_importer_for(m->handle_kind);
 
-	if (imp)
+	if (imp && !m->revoked) /* a revoked one was unmapped by td_mapcache_revoke() */
 		imp->unmap(m);
 	free(m);
 }
@@ -210,8 +210,46 @@ void td_mapcache_mark_published(struct td_mapcache *mc, struct td_mapping *m, bo
 /* Lock held. Whether m, whose last lease just ended, may be parked. */
 static bool parkable(const struct td_mapcache *mc, const struct td_mapping *m, const struct td_importer *imp)
 {
-	return mc->on_park && imp && imp->park && m->reusable && !m->writable &&
+	return mc->on_park && imp && imp->park && m->reusable && !m->writable && !m->revoked &&
 	       m->size <= TD_PARK_BYTES;
+}
+
+/* Needs unmapping before the daemon may free it, and is still mapped. Lock held. */
+static bool must_revoke(const struct td_mapping *m)
+{
+	const struct td_importer *imp = td_importer_for(m->handle_kind);
+
+	return imp && imp->unmap_before_close && !m->revoked;
+}
+
+int td_mapcache_revoke(struct td_mapcache *mc)
+{
+	struct td_mapping **v = NULL, *m;
+	int n = 0, i = 0;
+
+	pthread_mutex_lock(mc->lock);
+	for (m = mc->maps; m; m = m->next)
+		n += must_revoke(m);
+	v = n ? malloc((size_t)n * sizeof(*v)) : NULL;
+	/* Without memory for the list, unmap under the lock: it must happen. */
+	for (m = mc->maps; m && n; m = m->next) {
+		if (!must_revoke(m))
+			continue;
+		m->revoked = true;
+		if (v) {
+			m->refs++;
+			v[i++] = m;
+		} else {
+			td_importer_for(m->handle_kind)->unmap(m);
+		}
+	}
+	pthread_mutex_unlock(mc->lock);
+	for (int k = 0; k < i; k++) {
+		td_importer_for(v[k]->handle_kind)->unmap(v[k]);
+		td_mapcache_unref(mc, v[k]);
+	}
+	free(v);
+	return n;
 }
 
 void td_mapcache_unref(struct td_mapcache *mc, struct td_mapping *m)

@@ -98,8 +98,18 @@ struct td_mapping *td_mapcache_find_created(struct td_mapcache *mc, const char *
 void td_mapcache_mark_published(struct td_mapcache *mc, struct td_mapping *m, bool private_view);
 
 /*
+ * Before the connection ends (tensord_close()): unmaps, on the calling
+ * thread, every mapping whose importer says unmap_before_close (memory the
+ * daemon exports itself: legacy CUDA IPC, HIP IPC), and marks it revoked,
+ * so that its last td_mapcache_unref() only frees it. The leases that use
+ * such a mapping keep pointing at an address that is no longer mapped.
+ * Returns how many mappings it unmapped.
+ */
+int td_mapcache_revoke(struct td_mapcache *mc);
+
+/*
  * Takes ownership of one reference on m; the last one parks m (see above)
- * or unmaps and frees it. Never fails, never waits for the daemon; any
+ * or unmaps it (unless it was revoked) and frees it. Never fails, never waits for the daemon; any
  * thread.
  */
 void td_mapcache_unref(struct td_mapcache *mc, struct td_mapping *m);

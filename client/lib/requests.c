@@ -55,7 +55,33 @@ struct create_msg {
 	Tensord__Create cr;
 	Tensord__DType dt;
 	Tensord__Device dev;
+	uint8_t uuid[16];
 };
+
+/*
+ * A GPU travels as its UUID (the daemon numbers its GPUs its own way);
+ * the ordinal goes along for messages and for HIP devices without UUIDs.
+ */
+static int create_msg_device(struct create_msg *m, const char *name, DLDevice dev)
+{
+	char why[400];
+	int r;
+
+	m->dev.type = (uint32_t)dev.device_type;
+	m->dev.id = dev.device_id;
+	if (!td_device_is_gpu(dev.device_type))
+		return 0;
+	r = td_gpu_device_uuid(dev, m->uuid);
+	if (r == -ENOENT)
+		return 0;
+	if (r < 0) {
+		snprintf(why, sizeof(why), "%s", tensord_last_error());
+		return td_set_error(r, "tensor '%s': %s", name, why);
+	}
+	m->dev.uuid.data = m->uuid;
+	m->dev.uuid.len = sizeof(m->uuid);
+	return 0;
+}
 
 /* Checks name and spec and fills m from them (borrowed: valid while they are). */
 static int create_msg_fill(struct create_msg *m, const char *name, const tensord_spec *spec)
@@ -73,8 +99,9 @@ static int create_msg_fill(struct create_msg *m, const char *name, const tensord
 	m->dt.code = spec->dtype.code;
 	m->dt.bits = spec->dtype.bits;
 	m->dt.lanes = spec->dtype.lanes;
-	m->dev.type = (uint32_t)spec->device.device_type;
-	m->dev.id = spec->device.device_id;
+	r = create_msg_device(m, name, spec->device);
+	if (r < 0)
+		return r;
 	m->cr.name = (char *)name;
 	m->cr.dtype = &m->dt;
 	m->cr.n_shape = (size_t)spec->ndim;

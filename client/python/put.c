@@ -7,6 +7,7 @@
  * released; the source stays alive because we hold its capsule or buffer.
  */
 #include "common/desc.h"
+#include "common/gpu/gpu_util.h"
 #include "tdpy.h"
 
 #include <string.h>
@@ -107,48 +108,87 @@ static int source_from_capsule(struct source *s, PyObject *cap)
 }
 
 /*
- * Asks obj for a capsule: max_version first, then, for producers that do
- * not know that keyword, no arguments (TypeError is how they say so).
+ * The keywords put() passes to obj.__dlpack__: max_version (unless
+ * without_version: a producer that does not know it), and for a GPU
+ * source the stream the copy will run on (td_gpu_put_stream()), so that
+ * the producer orders its queued writes before that stream as DLPack asks
+ * of it. Host sources get no stream (DLPack: None for kDLCPU). A new
+ * reference, or NULL with an exception set.
+ */
+static PyObject *dlpack_kwargs(long device_type, bool without_version)
+{
+	long stream = td_gpu_put_stream((int)device_type);
+	PyObject *kw = PyDict_New(), *v;
+
+	if (!kw)
+		return NULL;
+	if (!without_version) {
+		v = Py_BuildValue("(ii)", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
+		if (!v || PyDict_SetItemString(kw, "max_version", v) < 0)
+			goto fail;
+		Py_DECREF(v);
+	}
+	if (stream != TD_GPU_NO_STREAM) {
+		v = PyLong_FromLong(stream);
+		if (!v || PyDict_SetItemString(kw, "stream", v) < 0)
+			goto fail;
+		Py_DECREF(v);
+	}
+	return kw;
+fail:
+	Py_XDECREF(v);
+	Py_DECREF(kw);
+	return NULL;
+}
+
+/* obj's DLPack device type from __dlpack_device__, or kDLCPU when it has none; -1 on error. */
+static long dlpack_device_type(PyObject *obj)
+{
+	PyObject *dev;
+	long type = kDLCPU;
+
+	if (!PyObject_HasAttrString(obj, "__dlpack_device__"))
+		return kDLCPU;
+	dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+	if (!dev)
+		return -1;
+	if (PyTuple_Check(dev) && PyTuple_GET_SIZE(dev) == 2)
+		type = PyLong_AsLong(PyTuple_GET_ITEM(dev, 0));
+	Py_DECREF(dev);
+	return type;
+}
+
+/*
+ * Asks obj for a capsule, with max_version first and, for producers that
+ * do not know that keyword (TypeError is how they say so), without it; a
+ * GPU source is always asked with the stream the copy runs on (see
+ * dlpack_kwargs()), so that its producer's queued writes come first.
  * Devices that are neither host memory nor a GPU libtensord can copy on
  * are refused before asking, so that a producer is never asked to
- * synchronise for nothing. GPU producers are asked with stream=None: they
- * order their work before the legacy default stream, where the
- * device-to-device copy runs.
+ * synchronise for nothing.
  */
 static int source_from_dlpack(struct source *s, PyObject *obj)
 {
-	PyObject *meth, *cap, *kw, *dev;
+	long type = dlpack_device_type(obj);
+	PyObject *meth, *cap = NULL, *kw;
 	int rc;
 
-	dev = PyObject_HasAttrString(obj, "__dlpack_device__")
-		      ? PyObject_CallMethod(obj, "__dlpack_device__", NULL)
-		      : NULL;
-	if (dev) {
-		long type = PyTuple_Check(dev) && PyTuple_GET_SIZE(dev) == 2
-				    ? PyLong_AsLong(PyTuple_GET_ITEM(dev, 0))
-				    : kDLCPU;
-
-		Py_DECREF(dev);
-		if (type == -1 && PyErr_Occurred())
-			return -1;
-		if (!td_device_host_accessible((DLDeviceType)type) &&
-		    !td_device_is_gpu((DLDeviceType)type)) {
-			DLTensor probe = {.device = {(DLDeviceType)type, 0}};
-
-			return source_set(s, &probe);
-		}
-	} else if (PyErr_Occurred()) {
+	if (type == -1 && PyErr_Occurred())
 		return -1;
-	}
+	if (!td_device_host_accessible((DLDeviceType)type) && !td_device_is_gpu((DLDeviceType)type)) {
+		DLTensor probe = {.device = {(DLDeviceType)type, 0}};
 
+		return source_set(s, &probe);
+	}
 	if (!(meth = PyObject_GetAttrString(obj, "__dlpack__")))
 		return -1;
-	kw = Py_BuildValue("{s:(ii)}", "max_version", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
-	cap = kw ? PyObject_VectorcallDict(meth, NULL, 0, kw) : NULL;
-	Py_XDECREF(kw);
-	if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
+	for (int old = 0; old < 2 && !cap; old++) {
+		if (old && !PyErr_ExceptionMatches(PyExc_TypeError))
+			break;
 		PyErr_Clear();
-		cap = PyObject_CallNoArgs(meth);
+		kw = dlpack_kwargs(type, old);
+		cap = kw ? PyObject_VectorcallDict(meth, NULL, 0, kw) : NULL;
+		Py_XDECREF(kw);
 	}
 	Py_DECREF(meth);
 	if (!cap)

@@ -37,6 +37,7 @@ _Static_assert(CU_MEM_ALLOC_GRANULARITY_MINIMUM == 0, "granularity");
 _Static_assert(CU_MEM_ACCESS_FLAGS_PROT_READ == 1, "prot read");
 _Static_assert(CU_MEM_ACCESS_FLAGS_PROT_READWRITE == 3, "prot rw");
 _Static_assert(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS == 1, "lazy peer");
+_Static_assert(sizeof(CUstream) == sizeof(void *), "CUstream");
 _Static_assert(CUDA_ERROR_STUB_LIBRARY == 34 && CUDA_ERROR_NO_DEVICE == 100, "errors");
 _Static_assert(CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER == 36, "errors");
 _Static_assert(CUDA_ERROR_INVALID_VALUE == 1 && CUDA_ERROR_OUT_OF_MEMORY == 2, "errors");
@@ -58,7 +59,10 @@ static const struct td_cuda_sym {
 	size_t offset;
 	int kind;
 } td_cuda_syms[] = {
-#define SYM(field, name, alt, kind) { name, alt, offsetof(struct td_cuda_api, field), kind }
+#define SYM(field, name, alt, kind)                                                                \
+	{                                                                                          \
+		name, alt, offsetof(struct td_cuda_api, field), kind                               \
+	}
 	SYM(Init, "cuInit", NULL, SYM_REQUIRED),
 	SYM(DriverGetVersion, "cuDriverGetVersion", NULL, SYM_REQUIRED),
 	SYM(GetErrorName, "cuGetErrorName", NULL, SYM_REQUIRED),
@@ -80,6 +84,9 @@ static const struct td_cuda_sym {
 	SYM(MemFree, "cuMemFree_v2", NULL, SYM_REQUIRED),
 	SYM(MemsetD8, "cuMemsetD8_v2", NULL, SYM_REQUIRED),
 	SYM(Memcpy, "cuMemcpy", NULL, SYM_REQUIRED),
+	/* The plain names take the stream they are given (legacy or not). */
+	SYM(MemcpyAsync, "cuMemcpyAsync", NULL, SYM_REQUIRED),
+	SYM(StreamSynchronize, "cuStreamSynchronize", NULL, SYM_REQUIRED),
 	SYM(MemGetAddressRange, "cuMemGetAddressRange_v2", NULL, SYM_REQUIRED),
 	SYM(IpcGetMemHandle, "cuIpcGetMemHandle", NULL, SYM_REQUIRED),
 	/*
@@ -235,8 +242,22 @@ static void td_cuda_load(void)
 	td_cuda_status = 0;
 }
 
+/* A table installed by td_cuda_api_use(), or NULL. */
+static const struct td_cuda_api *_Atomic td_cuda_forced;
+
+void td_cuda_api_use(const struct td_cuda_api *api)
+{
+	td_cuda_forced = api;
+}
+
 int td_cuda_api_get(const struct td_cuda_api **ret_api, const char **ret_why)
 {
+	const struct td_cuda_api *forced = td_cuda_forced;
+
+	if (forced) {
+		*ret_api = forced;
+		return 0;
+	}
 	pthread_once(&td_cuda_once, td_cuda_load);
 	if (td_cuda_status < 0) {
 		if (ret_why)

@@ -23,6 +23,7 @@ typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef int CUdevice_attribute;
 typedef int CUmemAllocationHandleType;
@@ -89,6 +90,7 @@ typedef struct CUmemAccessDesc_st {
 #define CU_MEM_ACCESS_FLAGS_PROT_READ 0x1
 #define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
 #define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
+#define CU_STREAM_LEGACY ((CUstream)0x1)
 #endif /* TENSORD_HAVE_CUDA_H */
 
 /*
@@ -121,6 +123,8 @@ struct td_cuda_api {
 	CUresult (*MemFree)(CUdeviceptr dptr);
 	CUresult (*MemsetD8)(CUdeviceptr dptr, unsigned char value, size_t n);
 	CUresult (*Memcpy)(CUdeviceptr dst, CUdeviceptr src, size_t n);
+	CUresult (*MemcpyAsync)(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream);
+	CUresult (*StreamSynchronize)(CUstream stream);
 	CUresult (*MemGetAddressRange)(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);
 	CUresult (*IpcGetMemHandle)(CUipcMemHandle *handle, CUdeviceptr dptr);
 	CUresult (*IpcOpenMemHandle)(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags);
@@ -165,6 +169,14 @@ int td_cuda_api_get(const struct td_cuda_api **ret_api, const char **ret_why);
  * success api->lib is owned by the caller (td_cuda_api_close()).
  */
 int td_cuda_api_open(struct td_cuda_api *api, const char *soname, char *why, size_t why_len);
+
+/*
+ * Makes every later td_cuda_api_get() in this process return api instead of
+ * loading libcuda (NULL: load it as usual). For unit tests, which install
+ * a table of fakes that record their calls. Borrowed: api must outlive its
+ * use.
+ */
+void td_cuda_api_use(const struct td_cuda_api *api);
 
 /* Closes what td_cuda_api_open() opened. NULL-safe on api->lib. */
 void td_cuda_api_close(struct td_cuda_api *api);

@@ -88,10 +88,38 @@ static inline const char *td_gpu_uuid_format(const uint8_t *uuid, size_t len, ch
 		return buf;
 	}
 	snprintf(buf, buf_len,
-		 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+		 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%"
+		 "02x%02x",
 		 u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12],
 		 u[13], u[14], u[15]);
 	return buf;
+}
+
+/* DLPack device types, numbered as in dlpack.h (this header includes none). */
+#define TD_GPU_DL_CUDA 2
+#define TD_GPU_DL_ROCM 10
+/* "No stream": what td_gpu_put_stream() says for devices that take none. */
+#define TD_GPU_NO_STREAM (-1L)
+
+/*
+ * The stream put() copies on, as DLPack numbers streams for the device
+ * type: tensord passes it to the producer's __dlpack__(stream=...), so the
+ * producer orders its queued writes before that stream (DLPack's consumer
+ * stream), copies on it and waits for it. CUDA: 1, the legacy default
+ * stream (0 is ambiguous in DLPack and -1 means "do not synchronise");
+ * ROCm: 0, the default (null) stream. TD_GPU_NO_STREAM for the host and
+ * other devices: pass stream=None.
+ */
+static inline long td_gpu_put_stream(int device_type)
+{
+	switch (device_type) {
+	case TD_GPU_DL_CUDA:
+		return 1;
+	case TD_GPU_DL_ROCM:
+		return 0;
+	default:
+		return TD_GPU_NO_STREAM;
+	}
 }
 
 #endif /* TENSORD_GPU_UTIL_H */

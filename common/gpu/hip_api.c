@@ -24,6 +24,7 @@ _Static_assert(hipErrorInvalidValue == 1 && hipErrorOutOfMemory == 2, "errors");
 _Static_assert(hipErrorNotInitialized == 3 && hipErrorInsufficientDriver == 35, "errors");
 _Static_assert(hipErrorNoDevice == 100 && hipErrorInvalidDevice == 101, "errors");
 _Static_assert(hipErrorInvalidContext == 201 && hipErrorNotSupported == 801, "errors");
+_Static_assert(hipMemcpyDefault == 4 && sizeof(hipMemcpyKind) == sizeof(int), "memcpy kind");
 #endif
 
 /* Newest first: a machine with several ROCm versions gets the newest. */
@@ -36,7 +37,10 @@ static const struct td_hip_sym {
 	size_t offset;
 	int optional;
 } td_hip_syms[] = {
-#define SYM(field, opt) { "hip" #field, offsetof(struct td_hip_api, field), opt }
+#define SYM(field, opt)                                                                            \
+	{                                                                                          \
+		"hip" #field, offsetof(struct td_hip_api, field), opt                              \
+	}
 	SYM(RuntimeGetVersion, 0),
 	SYM(GetErrorName, 0),
 	SYM(GetErrorString, 0),
@@ -50,6 +54,9 @@ static const struct td_hip_sym {
 	SYM(Free, 0),
 	SYM(Memset, 0),
 	SYM(DeviceSynchronize, 0),
+	SYM(Memcpy, 0),
+	SYM(MemcpyAsync, 0),
+	SYM(StreamSynchronize, 0),
 	SYM(IpcGetMemHandle, 0),
 	SYM(IpcOpenMemHandle, 0),
 	SYM(IpcCloseMemHandle, 0),
@@ -166,8 +173,21 @@ static void td_hip_load(void)
 	}
 }
 
+static const struct td_hip_api *_Atomic td_hip_forced;
+
+void td_hip_api_use(const struct td_hip_api *api)
+{
+	td_hip_forced = api;
+}
+
 int td_hip_api_get(const struct td_hip_api **ret_api, const char **ret_why)
 {
+	const struct td_hip_api *forced = td_hip_forced;
+
+	if (forced) {
+		*ret_api = forced;
+		return 0;
+	}
 	pthread_once(&td_hip_once, td_hip_load);
 	if (td_hip_status < 0) {
 		if (ret_why)

@@ -20,6 +20,8 @@
 #else
 typedef int hipError_t;
 typedef int hipDevice_t;
+typedef struct ihipStream_t *hipStream_t;
+typedef int hipMemcpyKind;
 
 typedef struct hipUUID_t {
 	char bytes[16];
@@ -38,6 +40,7 @@ typedef struct hipIpcMemHandle_st {
 #define hipErrorInvalidDevice 101
 #define hipErrorInvalidContext 201
 #define hipErrorNotSupported 801
+#define hipMemcpyDefault 4
 #endif /* TENSORD_HAVE_HIP_H */
 
 /* Entry points, named after the runtime's function without "hip". */
@@ -59,6 +62,10 @@ struct td_hip_api {
 	hipError_t (*Free)(void *ptr);
 	hipError_t (*Memset)(void *dst, int value, size_t size);
 	hipError_t (*DeviceSynchronize)(void);
+	hipError_t (*Memcpy)(void *dst, const void *src, size_t size, hipMemcpyKind kind);
+	hipError_t (*MemcpyAsync)(void *dst, const void *src, size_t size, hipMemcpyKind kind,
+				  hipStream_t stream);
+	hipError_t (*StreamSynchronize)(hipStream_t stream);
 	hipError_t (*IpcGetMemHandle)(hipIpcMemHandle_t *handle, void *ptr);
 	hipError_t (*IpcOpenMemHandle)(void **ptr, hipIpcMemHandle_t handle, unsigned int flags);
 	hipError_t (*IpcCloseMemHandle)(void *ptr);
@@ -80,8 +87,10 @@ int td_hip_api_get(const struct td_hip_api **ret_api, const char **ret_why);
  * (dlopen + dlsym only). 0, or -ENODEV with why filled. For
  * td_hip_api_get() and for tests; api->lib is then the caller's.
  */
-int td_hip_api_open(struct td_hip_api *api, const char *const *sonames, char *why,
-		    size_t why_len);
+int td_hip_api_open(struct td_hip_api *api, const char *const *sonames, char *why, size_t why_len);
+
+/* As td_cuda_api_use(): later td_hip_api_get() calls return api (NULL: load). For tests. */
+void td_hip_api_use(const struct td_hip_api *api);
 
 /* Closes what td_hip_api_open() opened. */
 void td_hip_api_close(struct td_hip_api *api);

@@ -154,8 +154,11 @@ TENSORD_API int tensord_connect(const char *socket_path, tensord_client **ret_cl
 
 /*
  * Closes the connection; the daemon ends every lease this client still holds
- * and unlinks its connection-lifetime tensors. Mappings stay valid until each
- * tensor's deleter runs. NULL-safe; always returns NULL.
+ * and unlinks its connection-lifetime tensors. Host and CUDA VMM mappings
+ * stay valid until each tensor's deleter runs. GPU memory the daemon exports
+ * itself (legacy CUDA IPC, HIP) is unmapped here first, before the daemon can
+ * free it: those tensors' data pointers must not be used after this call
+ * (docs/gpu.md). Deleters still run exactly once. NULL-safe; returns NULL.
  */
 TENSORD_API tensord_client *tensord_close(tensord_client *client);
 
@@ -213,8 +216,11 @@ TENSORD_API int tensord_attach_legacy(tensord_client *client, const char *name, 
 /*
  * create + copy + publish in one call. src may be host memory (kDLCPU,
  * pinned or managed), with any strides, stored row-major compact; or GPU
- * memory on the device the tensor is created on, contiguous, copied device
- * to device. Small host tensors travel inside the request (one round trip).
+ * memory on the device the tensor is created on (this process's ordinal),
+ * contiguous, copied device to device on CUDA's legacy default stream or
+ * ROCm's null stream, which the caller must make wait for its writes
+ * (DLPack's consumer stream 1 or 0; the Python put() asks the producer to).
+ * Small host tensors travel inside the request (one round trip).
  * flags: TENSORD_MUTABLE, TENSORD_LIFETIME_CONNECTION, TENSORD_REPLACE (put
  * over a name the caller owns). src is borrowed for the call; no lease
  * outlives it.

@@ -10,8 +10,10 @@
 #                             glibc or libstdc++)
 #   tests/gpu/debs/wheels/    pytest and its pure-Python dependencies
 #
-# tests/gpu/debs/ is git-ignored; carry it to the GPU machine with the tree.
-# Re-running replaces what was there.
+# tests/gpu/debs/ is git-ignored (about 12 MiB); carry it to the GPU machine
+# with the tree: with the device tool, carry ["tests/gpu/debs"] and run
+# `bash tests/gpu/run.sh` (docs/gpu.md, "Hardware runs"). Re-running
+# replaces what was there.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,9 +34,13 @@ done
 
 protoc-c --proto_path="$top/proto" --c_out=pregen "$top/proto/tensord.proto"
 
-# The GPU machine runs Python 3.12; these wheels are pure Python.
+# Pure-Python wheels (py3-none-any), which run.sh unzips when the GPU
+# machine lacks pytest. pip evaluates dependency markers for the Python it
+# runs on, so the backports Python 3.10 needs (exceptiongroup, tomli) are
+# named here; newer Pythons ignore them.
 if python3 -m pip --version >/dev/null 2>&1; then
-	python3 -m pip download -q --only-binary=:all: --python-version 3.12 -d wheels pytest
+	python3 -m pip download -q --only-binary=:all: --python-version 3.10 -d wheels \
+		pytest exceptiongroup tomli
 else
 	echo "fetch-debs: no pip here; run.sh will need pytest installed on the GPU machine" >&2
 fi

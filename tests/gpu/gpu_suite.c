@@ -11,6 +11,9 @@
  *   --hold SOCKET NAME N            attach NAME N times, say "held", sleep
  *   --churn SOCKET NAME             attach/release NAME forever
  *   --bench SOCKET NAME N           print median cold and warm attach in us
+ *   --creator-writes SOCKET NAME    create, fill, publish, then write again
+ *   --close-live SOCKET NAME SEED   attach, tensord_close() with the lease
+ *                                   alive, then check what the handle is
  * Roles are started with posix_spawn (fork + exec), never plain fork:
  * CUDA does not survive fork.
  */
@@ -143,16 +146,53 @@ static tensord_client *connect_or_die(const char *sock)
 
 /* ---- roles --------------------------------------------------------------- */
 
+/* The UUID of this process's CUDA device ordinal, as 32 hex digits. */
+static const char *uuid_hex(int ordinal)
+{
+	static char hex[33];
+	CUdevice dev;
+	CUuuid u;
+
+	CU(cuDeviceGet(&dev, ordinal));
+	CU(cuDeviceGetUuid(&u, dev));
+	for (int i = 0; i < 16; i++)
+		snprintf(hex + 2 * i, 3, "%02x", (uint8_t)u.bytes[i]);
+	return hex;
+}
+
+/* Writes 0xff over t on the device and waits: "ok wrote" or "denied ERROR". */
+static void try_write(const DLManagedTensorVersioned *t, size_t n, char *out, size_t len)
+{
+	const char *name = "?";
+	CUresult r;
+
+	r = cuMemsetD8(dptr_of(t), 0xff, n);
+	if (r == CUDA_SUCCESS)
+		r = cuCtxSynchronize();
+	if (r == CUDA_SUCCESS) {
+		snprintf(out, len, "ok wrote");
+		return;
+	}
+	cuGetErrorName(r, &name);
+	snprintf(out, len, "denied %s", name);
+}
+
+static int create(tensord_client *c, const char *name, DLDevice dev, int64_t n, uint32_t flags,
+		  DLManagedTensorVersioned **t);
+
 /*
- * Commands: "attach NAME", "check NAME SEED" (whole tensor against the
- * pattern), "release NAME", "quit". Answers "ok ..." or "bad ...".
+ * Commands: "attach NAME" (answers the read-only flag, the device as this
+ * process numbers it and that device's UUID), "check NAME SEED" (whole
+ * tensor against the pattern), "create NAME BYTES SEED" (create on this
+ * process's cuda:0, fill, publish), "write NAME" (try to overwrite it),
+ * "quit". Answers "ok ..." or "bad ...".
  */
 static int reader(const char *sock)
 {
 	DLManagedTensorVersioned *held[16] = { 0 };
 	char names[16][256], line[512], name[256];
 	tensord_client *c = connect_or_die(sock);
-	int n = 0, seed;
+	int n = 0, seed, bytes;
 
 	cuda_enter(0);
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -165,10 +205,36 @@ static int reader(const char *sock)
 				continue;
 			}
 			snprintf(names[n], sizeof(names[n]), "%s", name);
-			printf("ok ro=%d dev=%d:%d\n",
+			printf("ok ro=%d dev=%d:%d uuid=%s\n",
 			       !!(held[n]->flags & DLPACK_FLAG_BITMASK_READ_ONLY),
-			       held[n]->dl_tensor.device.device_type, held[n]->dl_tensor.device.device_id);
+			       held[n]->dl_tensor.device.device_type,
+			       held[n]->dl_tensor.device.device_id,
+			       uuid_hex(held[n]->dl_tensor.device.device_id));
 			n++;
+		} else if (sscanf(line, "create %255s %d %d", name, &bytes, &seed) == 3 && n < 16) {
+			if (create(c, name, (DLDevice){ kDLCUDA, 0 }, bytes, 0, &held[n]) < 0) {
+				printf("bad create: %s\n", tensord_last_error());
+				continue;
+			}
+			fill(held[n], (size_t)bytes, seed);
+			if (tensord_publish(c, name) < 0) {
+				printf("bad publish: %s\n", tensord_last_error());
+				continue;
+			}
+			snprintf(names[n++], sizeof(names[0]), "%s", name);
+			printf("ok created\n");
+		} else if (sscanf(line, "write %255s", name) == 1) {
+			char out[128];
+			int i;
+
+			for (i = 0; i < n && strcmp(names[i], name); i++)
+				;
+			if (i == n) {
+				printf("bad not attached\n");
+				continue;
+			}
+			try_write(held[i], nbytes_of(held[i]), out, sizeof(out));
+			printf("%s\n", out);
 		} else if (sscanf(line, "check %255s %d", name, &seed) == 2) {
 			int i;
 
@@ -260,6 +326,79 @@ static int bench(const char *sock, const char *name, int n)
 	return 0;
 }
 
+/*
+ * The creator of an immutable tensor writes through its own view after
+ * publish: on the VMM path the view is read-only by then. Prints "denied
+ * ERROR" or "ok wrote", then waits for a line on stdin and exits.
+ */
+static int creator_writes(const char *sock, const char *name)
+{
+	tensord_client *c = connect_or_die(sock);
+	DLManagedTensorVersioned *t;
+	char out[128], line[16];
+	const size_t n = 1 << 20;
+
+	cuda_enter(0);
+	if (create(c, name, (DLDevice){ kDLCUDA, 0 }, (int64_t)n, 0, &t) < 0) {
+		printf("bad create: %s\n", tensord_last_error());
+		return 1;
+	}
+	fill(t, n, 9);
+	if (tensord_publish(c, name) < 0) {
+		printf("bad publish: %s\n", tensord_last_error());
+		return 1;
+	}
+	try_write(t, n, out, sizeof(out));
+	printf("%s\n", out);
+	fflush(stdout);
+	/* The tensor must outlive the check: hold the lease until told. */
+	if (!fgets(line, sizeof(line), stdin))
+		return 0;
+	return 0;
+}
+
+/*
+ * tensord_close() while a lease (and so a GPU mapping) is alive. Says
+ * "closed", waits for a line (the orchestrator has made the daemon free the
+ * memory meanwhile), then reports what the handle is now: on legacy IPC the
+ * library must have closed the IPC handle before the socket ("ok
+ * ipc-unmapped"); on VMM the mapping stays valid ("ok vmm-mapped" after
+ * checking the bytes). Then runs the deleter, which must not crash.
+ */
+static int close_live(const char *sock, const char *name, int seed)
+{
+	tensord_client *c = connect_or_die(sock);
+	DLManagedTensorVersioned *t;
+	CUdeviceptr base = 0;
+	size_t size = 0;
+	char line[16];
+	CUresult r;
+
+	cuda_enter(0);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (tensord_attach(c, name, 5000, &t) < 0) {
+		printf("bad attach: %s\n", tensord_last_error());
+		return 1;
+	}
+	if (verify(t, nbytes_of(t), seed)) {
+		printf("bad bytes before close\n");
+		return 1;
+	}
+	tensord_close(c);
+	printf("closed\n");
+	if (!fgets(line, sizeof(line), stdin))
+		return 1;
+	r = cuMemGetAddressRange(&base, &size, dptr_of(t));
+	if (r != CUDA_SUCCESS)
+		printf("ok ipc-unmapped\n");
+	else if (verify(t, nbytes_of(t), seed) == 0)
+		printf("ok vmm-mapped\n");
+	else
+		printf("bad still mapped but the bytes changed\n");
+	t->deleter(t);
+	return 0;
+}
+
 /* ---- the orchestrator ----------------------------------------------------- */
 
 static char self_exe[4096];
@@ -270,8 +409,36 @@ struct child {
 	FILE *in, *out;
 };
 
+/*
+ * environ with CUDA_VISIBLE_DEVICES set to visible (NULL: unset). Static
+ * storage: valid until the next call.
+ */
+static char **env_with_visible(const char *visible)
+{
+	static char *env[512];
+	static char var[128];
+	int n = 0;
+
+	for (char **e = environ; *e && n < 510; e++)
+		if (strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) != 0)
+			env[n++] = *e;
+	if (visible) {
+		snprintf(var, sizeof(var), "CUDA_VISIBLE_DEVICES=%s", visible);
+		env[n++] = var;
+	}
+	env[n] = NULL;
+	return env;
+}
+
+static struct child spawn_role_env(char *const argv[], char *const envp[]);
+
 /* Starts this binary with the given role arguments, stdin/stdout piped. */
 static struct child spawn_role(char *const argv[])
+{
+	return spawn_role_env(argv, environ);
+}
+
+static struct child spawn_role_env(char *const argv[], char *const envp[])
 {
 	posix_spawn_file_actions_t fa;
 	int to[2], from[2];
@@ -282,7 +449,7 @@ static struct child spawn_role(char *const argv[])
 	posix_spawn_file_actions_init(&fa);
 	posix_spawn_file_actions_adddup2(&fa, to[0], 0);
 	posix_spawn_file_actions_adddup2(&fa, from[1], 1);
-	if (posix_spawn(&ch.pid, self_exe, &fa, NULL, argv, environ) != 0)
+	if (posix_spawn(&ch.pid, self_exe, &fa, NULL, argv, envp) != 0)
 		exit(2);
 	posix_spawn_file_actions_destroy(&fa);
 	close(to[0]);
@@ -306,7 +473,8 @@ static const char *ask(struct child *ch, const char *cmd)
 	return line;
 }
 
-static void finish(struct child *ch, bool kill9)
+/* Ends a child (SIGKILL first when kill9); returns its exit status, 128 + signal if killed. */
+static int finish(struct child *ch, bool kill9)
 {
 	int st;
 
@@ -315,6 +483,7 @@ static void finish(struct child *ch, bool kill9)
 	fclose(ch->in);
 	fclose(ch->out);
 	waitpid(ch->pid, &st, 0);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 static uint64_t leases(tensord_client *c)
@@ -379,7 +548,7 @@ static void test_write_read(tensord_client *c, uint64_t base)
 	fill(a, n, 1);
 	CHECK(tensord_publish(c, "gpu/basic") == 0, "%s", tensord_last_error());
 	ans = ask(&r, "attach gpu/basic");
-	CHECK(strcmp(ans, "ok ro=1 dev=2:0") == 0, "%s", ans);
+	CHECK(strncmp(ans, "ok ro=1 dev=2:0 ", 16) == 0, "%s", ans);
 	ans = ask(&r, "check gpu/basic 1");
 	CHECK(strcmp(ans, "ok") == 0, "%s", ans);
 	printf("PASS write_then_read_other_process\n");
@@ -439,6 +608,180 @@ static void test_death_mid_import(tensord_client *c, uint64_t base)
 	CHECK(leases(c) != UINT64_MAX, "daemon does not answer: %s", tensord_last_error());
 	CHECK(leases_back(c, base), "leases %llu", (unsigned long long)leases(c));
 	printf("PASS daemon_survives_death_mid_import\n");
+}
+
+/* The other direction: another process creates on cuda:0, this one reads. */
+static void test_read_other_process_writes(tensord_client *c, uint64_t base)
+{
+	struct child w = spawn_role((char *[]){ self_exe, "--reader", sock_path, NULL });
+	DLManagedTensorVersioned *t;
+	const char *ans;
+
+	ans = ask(&w, "create gpu/theirs 1000003 4");
+	CHECK(strcmp(ans, "ok created") == 0, "%s", ans);
+	CHECK(tensord_attach(c, "gpu/theirs", 5000, &t) == 0, "%s", tensord_last_error());
+	CHECK(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY, "not read-only");
+	CHECK(verify(t, 1000003, 4) == 0, "bytes differ");
+	t->deleter(t);
+	fprintf(w.in, "quit\n");
+	finish(&w, false);
+	CHECK(leases_back(c, base), "leases %llu", (unsigned long long)leases(c));
+	tensord_unlink(c, "gpu/theirs");
+	printf("PASS other_process_writes_this_reads\n");
+}
+
+/*
+ * Another CUDA_VISIBLE_DEVICES in the reader: the device travels by UUID, so
+ * the reader maps the daemon's cuda:0 on whatever its own number for that
+ * GPU is. With one GPU, "0" against unset exercises the translation; with
+ * two or more, the reversed order makes our cuda:0 the reader's cuda:(n-1).
+ */
+static void test_other_visible_devices(void)
+{
+	char mine[33], want[96], order[128] = "";
+	const char *ans, *visible = "0";
+	struct child r;
+	int n = 0;
+
+	CU(cuDeviceGetCount(&n));
+	snprintf(mine, sizeof(mine), "%s", uuid_hex(0));
+	if (!getenv("CUDA_VISIBLE_DEVICES") && n >= 2) {
+		for (int i = n - 1; i >= 0; i--)
+			snprintf(order + strlen(order), sizeof(order) - strlen(order), "%s%d",
+				 i == n - 1 ? "" : ",", i);
+		visible = order;
+	}
+	r = spawn_role_env((char *[]){ self_exe, "--reader", sock_path, NULL },
+			   env_with_visible(visible));
+	ans = ask(&r, "attach gpu/basic");
+	snprintf(want, sizeof(want), "ok ro=1 dev=2:%d uuid=%s", visible == order ? n - 1 : 0,
+		 mine);
+	printf("info reader with CUDA_VISIBLE_DEVICES=%s: %s\n", visible, ans);
+	CHECK(strcmp(ans, want) == 0, "want '%s', got '%s'", want, ans);
+	ans = ask(&r, "check gpu/basic 1");
+	CHECK(strcmp(ans, "ok") == 0, "%s", ans);
+	fprintf(r.in, "quit\n");
+	finish(&r, false);
+	printf("PASS other_cuda_visible_devices\n");
+}
+
+/* Whether the daemon shares cuda:0 through legacy IPC (no read-only mappings). */
+static bool legacy_ipc(tensord_client *c)
+{
+	tensord_daemon_stats s;
+
+	if (tensord_stats(c, &s, sizeof(s)) < 0)
+		return false;
+	for (int i = 0; i < (int)s.n_devices; i++)
+		if (s.devices[i].device.device_type == kDLCUDA &&
+		    s.devices[i].device.device_id == 0)
+			return strcmp(s.devices[i].path, "cuda-ipc") == 0;
+	return false;
+}
+
+/*
+ * A reader of an immutable tensor writes anyway, in a process of its own
+ * (a denied write leaves that process's CUDA context unusable). On the VMM
+ * path the driver refuses it and the bytes stay; legacy IPC cannot map
+ * read-only, so there the write lands: the gap docs/gpu.md states.
+ */
+static void test_reader_cannot_write(tensord_client *c, uint64_t base)
+{
+	struct child r = spawn_role((char *[]){ self_exe, "--reader", sock_path, NULL });
+	bool ipc = legacy_ipc(c);
+	DLManagedTensorVersioned *t;
+	const char *ans;
+
+	ans = ask(&r, "attach gpu/basic");
+	CHECK(strncmp(ans, "ok ro=1", 7) == 0, "%s", ans);
+	ans = ask(&r, "write gpu/basic");
+	printf("info reader write on %s: %s\n", ipc ? "cuda-ipc" : "cuda-vmm", ans);
+	fprintf(r.in, "quit\n");
+	finish(&r, false);
+	CHECK(leases_back(c, base), "leases %llu", (unsigned long long)leases(c));
+	CHECK(tensord_attach(c, "gpu/basic", 5000, &t) == 0, "%s", tensord_last_error());
+	if (ipc) {
+		CHECK(strcmp(ans, "ok wrote") == 0, "%s", ans);
+		t->deleter(t);
+		/* Put the pattern back for the tests after this one. */
+		tensord_unlink(c, "gpu/basic");
+		CHECK(create(c, "gpu/basic", cuda0, (3 << 20) + 17, 0, &t) == 0, "%s",
+		      tensord_last_error());
+		fill(t, (3u << 20) + 17, 1);
+		CHECK(tensord_publish(c, "gpu/basic") == 0, "%s", tensord_last_error());
+		t->deleter(t);
+		printf("PASS reader_write_lands_on_legacy_ipc (documented gap)\n");
+		return;
+	}
+	CHECK(strncmp(ans, "denied ", 7) == 0, "the reader's write was not refused: %s", ans);
+	CHECK(verify(t, nbytes_of(t), 1) == 0, "the bytes changed");
+	t->deleter(t);
+	printf("PASS reader_cannot_write_immutable\n");
+}
+
+/* The creator's own view after publish (VMM: re-protected read-only). */
+static void test_creator_cannot_write(tensord_client *c, uint64_t base)
+{
+	struct child w =
+		spawn_role((char *[]){ self_exe, "--creator-writes", sock_path, "gpu/own", NULL });
+	bool ipc = legacy_ipc(c);
+	DLManagedTensorVersioned *t;
+	char line[128] = "";
+
+	CHECK(fgets(line, sizeof(line), w.out), "creator said nothing");
+	line[strcspn(line, "\n")] = '\0';
+	printf("info creator write after publish on %s: %s\n", ipc ? "cuda-ipc" : "cuda-vmm", line);
+	CHECK(tensord_attach(c, "gpu/own", 5000, &t) == 0, "%s", tensord_last_error());
+	if (ipc) {
+		CHECK(strcmp(line, "ok wrote") == 0, "%s", line);
+	} else {
+		CHECK(strncmp(line, "denied ", 7) == 0, "the creator's write was not refused: %s",
+		      line);
+		CHECK(verify(t, 1 << 20, 9) == 0, "the bytes changed");
+	}
+	t->deleter(t);
+	fprintf(w.in, "quit\n");
+	finish(&w, false);
+	tensord_unlink(c, "gpu/own");
+	CHECK(leases_back(c, base), "leases %llu", (unsigned long long)leases(c));
+	printf("PASS creator_view_after_publish (%s)\n", ipc ? "documented gap" : "read-only");
+}
+
+/*
+ * tensord_close() with a live import while the daemon frees the memory:
+ * the client must have closed a legacy IPC handle first (no undefined
+ * behaviour), and exits cleanly either way.
+ */
+static void test_close_with_live_import(tensord_client *c, uint64_t base)
+{
+	DLManagedTensorVersioned *t;
+	struct child ch;
+	char line[128] = "";
+	bool ipc = legacy_ipc(c);
+	int st;
+
+	CHECK(create(c, "gpu/closing", cuda0, 5 << 20, 0, &t) == 0, "%s", tensord_last_error());
+	fill(t, 5 << 20, 6);
+	CHECK(tensord_publish(c, "gpu/closing") == 0, "%s", tensord_last_error());
+	t->deleter(t);
+	ch = spawn_role(
+		(char *[]){ self_exe, "--close-live", sock_path, "gpu/closing", "6", NULL });
+	CHECK(fgets(line, sizeof(line), ch.out) && strncmp(line, "closed", 6) == 0, "child: %s",
+	      line);
+	/* The child's lease ended with its connection; unlinking frees the memory now. */
+	CHECK(leases_back(c, base), "leases %llu", (unsigned long long)leases(c));
+	CHECK(tensord_unlink(c, "gpu/closing") == 0, "%s", tensord_last_error());
+	usleep(100000);
+	fprintf(ch.in, "go\n");
+	fflush(ch.in);
+	line[0] = '\0';
+	CHECK(fgets(line, sizeof(line), ch.out), "child said nothing after the free");
+	line[strcspn(line, "\n")] = '\0';
+	st = finish(&ch, false);
+	CHECK(st == 0, "child exit status %d", st);
+	CHECK(strcmp(line, ipc ? "ok ipc-unmapped" : "ok vmm-mapped") == 0, "%s", line);
+	CHECK(leases(c) != UINT64_MAX, "daemon does not answer");
+	printf("PASS close_with_live_import (%s)\n", line + 3);
 }
 
 static void bench_one(tensord_client *c, const char *name, DLDevice dev, int64_t n)
@@ -514,6 +857,11 @@ static int orchestrate(const char *tensord_bin)
 	base = leases(c);
 
 	test_write_read(c, base);
+	test_read_other_process_writes(c, base);
+	test_other_visible_devices();
+	test_reader_cannot_write(c, base);
+	test_creator_cannot_write(c, base);
+	test_close_with_live_import(c, base);
 	test_kill9_holder(c, base);
 	test_death_mid_import(c, base);
 	bench_one(c, "bench/cpu-1M", (DLDevice){ kDLCPU, 0 }, 1 << 20);
@@ -563,6 +911,10 @@ int main(int argc, char **argv)
 		return churn(argv[2], argv[3]);
 	if (argc == 5 && strcmp(argv[1], "--bench") == 0)
 		return bench(argv[2], argv[3], atoi(argv[4]));
+	if (argc == 4 && strcmp(argv[1], "--creator-writes") == 0)
+		return creator_writes(argv[2], argv[3]);
+	if (argc == 5 && strcmp(argv[1], "--close-live") == 0)
+		return close_live(argv[2], argv[3], atoi(argv[4]));
 	if (argc == 2)
 		return orchestrate(argv[1]);
 	fprintf(stderr, "usage: %s PATH/TO/tensord\n", argv[0]);

@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
-# Builds tensord and runs the whole GPU suite on a Linux machine with an
-# NVIDIA GPU, the CUDA toolkit headers and python3 with torch (and cupy),
-# but no package registry and no libuv / protobuf-c installed: those come
-# from the .deb files that tests/gpu/fetch-debs.sh prepared in
-# tests/gpu/debs/ (run it on a Debian 12 machine first; carry the folder).
+# The GPU suite in one command, for a Linux machine with an NVIDIA GPU, its
+# driver, the CUDA toolkit (nvcc, cuda.h), python3 with torch and cupy, and
+# no package registry. libuv, protobuf-c, cmocka and pytest come from
+# tests/gpu/debs/ when the machine lacks them: tests/gpu/fetch-debs.sh fills
+# that folder on a Debian 12 machine (it is git-ignored: carry it with the
+# tree; docs/gpu.md, "Hardware runs", has the exact carry list and command).
 #
 #   bash tests/gpu/run.sh            build, then run everything
 #
 # What runs, each once with the default sharing path (cuda-vmm where the GPU
 # has it) and once with TENSORD_CUDA_PATH=ipc (legacy CUDA IPC):
-#   1. build/.../test_gpu_backends   the unit test, now with a real driver
-#   2. gpu_suite (tests/gpu/*.c)     writer/reader processes, mutable
-#                                    tensors, kill -9, death mid-import,
-#                                    GPU memory back to baseline, latency
-#   3. tests/python/test_gpu.py      torch / cupy from_dlpack, zero copy
-# Exit: 0 all passed, 1 something failed, 77 no GPU (nothing was run).
+#   1. the GPU unit tests (build/gpu/tests/unit/test_*gpu*), fake drivers
+#   2. gpu_suite (tests/gpu/gpu_suite.c)   C processes sharing cuda:0 both
+#      ways, another CUDA_VISIBLE_DEVICES, read-only readers, kill -9 and
+#      death mid-import, close with live imports, GPU memory back to
+#      baseline, cold/warm attach latency next to host attach
+#   3. tests/python/test_gpu.py and test_gpu_args.py   torch and cupy
+#      from_dlpack across processes, put() from a side stream, latency next
+#      to a torch.multiprocessing CUDA hand-off
+# On a machine with a GPU nothing may be skipped: a missing Python.h,
+# cmocka, pytest, torch, cupy or cuda.h, or any test pytest skips, is a
+# failure with its reason. Exit: 0 all passed, 1 something failed or could
+# not run, 77 no GPU here (then only the build was checked).
 # Knobs: B=build dir (default build/gpu), CUDA_HOME, USE_DEBS=1 (use the
-# .debs even where the system has libuv/protobuf-c).
+# .debs even where the system has the libraries).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,23 +31,36 @@ top=$(cd "$here/../.." && pwd)
 cd "$top"
 B=${B:-build/gpu}
 debs=$here/debs
+root=$debs/root
 say() { echo "gpu-suite: $*" >&2; }
 status=0
 results=()
-record() { results+=("$1 $2"); [ "$1" = PASS ] || [ "$1" = SKIP ] || status=1; }
+pass() { results+=("PASS $1"); }
+fail() { results+=("FAIL $1"); status=1; say "FAIL: $1"; }
 
-# --- libuv / protobuf-c / cmocka: the system's, else the unpacked .debs ---
-if [ "${USE_DEBS:-0}" != 1 ] && pkg-config --exists libuv libprotobuf-c 2>/dev/null &&
-   command -v protoc-c >/dev/null; then
-	say "using the system's libuv and protobuf-c"
+summary() {
+	say "summary:"
+	for r in "${results[@]}"; do echo "  $r" >&2; done
+	exit "$1"
+}
+
+# --- is there a GPU? Without one, build only, and say so (exit 77). ---------
+have_gpu=0
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+	have_gpu=1
+	nvidia-smi -L >&2
+	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >&2 || true
 else
-	root=$debs/root
+	say "no NVIDIA GPU here (nvidia-smi -L failed): checking the build only"
+fi
+
+# --- libuv / protobuf-c / cmocka: the system's, else the unpacked .debs ------
+if [ "${USE_DEBS:-0}" != 1 ] && pkg-config --exists libuv libprotobuf-c cmocka 2>/dev/null &&
+   command -v protoc-c >/dev/null; then
+	say "using the system's libuv, protobuf-c and cmocka"
+elif [ -f "$root/usr/include/uv.h" ] && [ -f "$root/usr/include/cmocka.h" ]; then
 	lib=$root/usr/lib/x86_64-linux-gnu
-	if [ ! -f "$root/usr/include/uv.h" ]; then
-		say "no libuv here and no $root: run tests/gpu/fetch-debs.sh on a Debian 12 machine first"
-		exit 1
-	fi
-	say "using libuv / protobuf-c from $root"
+	say "using libuv / protobuf-c / cmocka from $root"
 	# The Makefile appends its own flags to these (make's += on environment variables).
 	export CPPFLAGS="-I$root/usr/include"
 	export LDFLAGS="-L$lib -Wl,-rpath,$lib"
@@ -55,85 +75,107 @@ else
 		cp "$debs"/pregen/tensord.pb-c.[ch] "$B/proto/"
 		touch "$B"/proto/tensord.pb-c.[ch]
 	fi
+else
+	fail "prerequisites: no libuv/protobuf-c/cmocka on this machine and no $root (run tests/gpu/fetch-debs.sh on a Debian 12 machine and carry tests/gpu/debs)"
+	summary 1
 fi
 
-# --- CUDA toolkit headers (the daemon builds without them; the C suite needs cuda.h) ---
+# --- CUDA toolkit headers: the C suite is a CUDA program ---------------------
 if [ -z "${CUDA_HOME:-}" ]; then
 	for d in /usr/local/cuda /usr/local/cuda-* "$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")")"; do
 		[ -f "$d/include/cuda.h" ] && { CUDA_HOME=$d; break; }
 	done
 fi
-export CUDA_HOME=${CUDA_HOME:-}
-
-# --- build ---------------------------------------------------------------------
-say "building in $B (CUDA_HOME=${CUDA_HOME:-none})"
-make -j"$(nproc)" B="$B" "$B/tensord" "$B/libtensord.a" || { say "build failed"; exit 1; }
-if make -j"$(nproc)" B="$B" "$B/tests/unit/test_gpu_backends" >/dev/null; then
-	have_unit=1
-else
-	have_unit=0
-	record SKIP "unit-test (did not build: cmocka missing?)"
+if [ -z "${CUDA_HOME:-}" ] || [ ! -f "$CUDA_HOME/include/cuda.h" ]; then
+	fail "prerequisites: no cuda.h (CUDA_HOME='${CUDA_HOME:-}'; set CUDA_HOME to the toolkit)"
+	CUDA_HOME=
 fi
+export CUDA_HOME
+
+# --- Python: headers for the extension, pytest (from the wheels if need be) --
 py_inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
-if [ -f "$py_inc/Python.h" ] && make -j"$(nproc)" B="$B" all >/dev/null; then
-	have_py=1
-else
+have_py=1
+if [ ! -f "$py_inc/Python.h" ]; then
+	fail "prerequisites: no Python.h in '$py_inc' (install the python3 headers matching $(python3 -V 2>&1))"
 	have_py=0
-	record SKIP "python (no Python.h in '$py_inc' or the extension did not build)"
 fi
-# --- is there a GPU? ------------------------------------------------------------
-if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
-	say "SKIPPED: no NVIDIA GPU here (nvidia-smi -L failed); the build above succeeded"
-	exit 77
-fi
-nvidia-smi -L >&2
-
-if [ -n "$CUDA_HOME" ]; then
-	if [ -f "$CUDA_HOME/lib64/stubs/libcuda.so" ]; then
-		culink=(-L"$CUDA_HOME/lib64/stubs" -lcuda)
-	else
-		culink=(-l:libcuda.so.1)
-	fi
-	${CC:-cc} -std=c11 -O2 -g -Wall -Wextra -Iinclude -isystem "$CUDA_HOME/include" \
-		tests/gpu/gpu_suite.c "$B/libtensord.a" ${LDFLAGS:-} ${LDLIBS:--lprotobuf-c} \
-		"${culink[@]}" -ldl -lpthread -o "$B/gpu_suite" || { say "gpu_suite did not build"; exit 1; }
-fi
-
-# pytest from the prepared wheels when the machine lacks it (pure Python: unzip is enough).
 pylib=$top/$B/pylib
-if [ "$have_py" = 1 ] && ! python3 -c 'import pytest' 2>/dev/null; then
+if ! python3 -c 'import pytest' 2>/dev/null; then
 	if ls "$debs"/wheels/*.whl >/dev/null 2>&1; then
 		mkdir -p "$pylib"
 		for w in "$debs"/wheels/*.whl; do python3 -m zipfile -e "$w" "$pylib"; done
+		PYTHONPATH="$pylib" python3 -c 'import pytest' ||
+			{ fail "prerequisites: pytest from $debs/wheels does not import"; have_py=0; }
 	else
+		fail "prerequisites: no pytest and no wheels in $debs/wheels"
 		have_py=0
-		record SKIP "python (no pytest and no wheels in $debs/wheels)"
 	fi
 fi
+if [ "$have_gpu" = 1 ]; then
+	python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null ||
+		fail "prerequisites: torch with CUDA does not import or sees no GPU"
+	python3 -c 'import cupy; cupy.cuda.runtime.getDeviceCount()' 2>/dev/null ||
+		fail "prerequisites: cupy does not import or sees no GPU"
+fi
 
+# --- build ---------------------------------------------------------------------
+units=(test_client_gpu test_backend_gpu test_import_gpu test_gpu_util)
+say "building in $B (CUDA_HOME=${CUDA_HOME:-none})"
+if ! make -j"$(nproc)" B="$B" "$B/tensord" "$B/libtensord.a" "${units[@]/#/$B/tests/unit/}"; then
+	fail "build (daemon, library or GPU unit tests)"
+	summary 1
+fi
+if [ "$have_py" = 1 ] && ! make -j"$(nproc)" B="$B" all >/dev/null; then
+	fail "build of the Python extension"
+	have_py=0
+fi
+if [ -n "$CUDA_HOME" ]; then
+	suite_cc=(${CC:-cc} -std=c11 -O2 -g -Wall -Wextra -Werror -Iinclude -isystem "$CUDA_HOME/include")
+	if [ "$have_gpu" = 0 ]; then
+		# No driver to link against here: prove that it compiles.
+		"${suite_cc[@]}" -c tests/gpu/gpu_suite.c -o "$B/gpu_suite.o" ||
+			fail "gpu_suite did not compile"
+	else
+		# The driver's libcuda.so.1, else the toolkit's stub (same symbols).
+		rm -f "$B/gpu_suite"
+		for culink in "-l:libcuda.so.1" "-L$CUDA_HOME/lib64/stubs -lcuda"; do
+			# shellcheck disable=SC2086 # word splitting of the flags is wanted
+			"${suite_cc[@]}" tests/gpu/gpu_suite.c "$B/libtensord.a" ${LDFLAGS:-} \
+				${LDLIBS:--luv -lprotobuf-c} $culink -ldl -lpthread -o "$B/gpu_suite" && break
+		done
+		[ -x "$B/gpu_suite" ] || fail "gpu_suite did not build"
+	fi
+fi
+if [ "$have_gpu" = 0 ]; then
+	say "SKIPPED: no GPU here; the build above is all that was checked"
+	[ "$status" = 0 ] && exit 77
+	summary 1
+fi
+
+# --- run, on both sharing paths ------------------------------------------------
 for path in default ipc; do
 	if [ "$path" = ipc ]; then export TENSORD_CUDA_PATH=ipc; else unset TENSORD_CUDA_PATH; fi
 	say "=== sharing path: $path"
-	if [ "$have_unit" = 1 ]; then
-		if "$B/tests/unit/test_gpu_backends"; then record PASS "unit-test/$path"
-		else record FAIL "unit-test/$path"; fi
-	fi
+	for u in "${units[@]}"; do
+		if "$B/tests/unit/$u"; then pass "unit/$u/$path"; else fail "unit/$u/$path"; fi
+	done
 	if [ -x "$B/gpu_suite" ]; then
-		if "$B/gpu_suite" "$B/tensord"; then record PASS "gpu_suite/$path"
-		else record FAIL "gpu_suite/$path"; fi
-	else
-		record SKIP "gpu_suite/$path (no CUDA toolkit headers: set CUDA_HOME)"
+		if "$B/gpu_suite" "$B/tensord"; then pass "gpu_suite/$path"
+		else fail "gpu_suite/$path"; fi
 	fi
 	if [ "$have_py" = 1 ]; then
+		log=$B/pytest-$path.log
 		TENSORD_BUILD=$top/$B PYTHONPATH="$top/$B/python:$pylib${PYTHONPATH:+:$PYTHONPATH}" \
-			python3 -m pytest -rs -v -p no:cacheprovider tests/python/test_gpu.py
-		rc=$?
-		if [ $rc = 0 ]; then record PASS "python/$path"
-		elif [ $rc = 5 ]; then record SKIP "python/$path (nothing collected)"
-		else record FAIL "python/$path"; fi
+			python3 -m pytest -rs -v -s -p no:cacheprovider \
+			tests/python/test_gpu.py tests/python/test_gpu_args.py 2>&1 | tee "$log"
+		rc=${PIPESTATUS[0]}
+		if [ "$rc" != 0 ]; then
+			fail "python/$path (pytest exit $rc)"
+		elif grep -Eq '^SKIPPED|[0-9]+ skipped' "$log"; then
+			fail "python/$path: tests were skipped on a GPU machine (see SKIPPED lines above)"
+		else
+			pass "python/$path"
+		fi
 	fi
 done
-
-say "summary:"
-for r in "${results[@]}"; do echo "  $r" >&2; done
-exit $status
+summary "$status"

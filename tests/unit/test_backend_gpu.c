@@ -4,7 +4,10 @@
  * every other call on a backend without devices fails cleanly or does
  * nothing, and every ops table is complete. Where a driver is present the
  * driver-free cases are skipped through cmocka with the reason; the GPU
- * behaviour itself is covered by tests/gpu/run.sh.
+ * behaviour itself is covered by tests/gpu/run.sh. Then, against fake
+ * driver tables (fake_gpu.h), the call sequences: allocation, zeroing,
+ * export, free (on the GPU reaper's thread), the primary context dropped
+ * with the last tensor, and the daemon's ordinal found from a client's UUID.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -23,6 +26,10 @@
 #include "common/gpu/cuda_api.h"
 #include "common/gpu/hip_api.h"
 #include "daemon/backend.h"
+#include "daemon/gpu_reaper.h"
+#include "fake_gpu.h"
+
+#define MiB (1ull << 20)
 
 static bool have_libcuda(void)
 {
@@ -66,6 +73,7 @@ static void test_cuda_init_without_driver(void **state)
 		print_message("      skipped: %s loads here; init returned %d (%s); "
 			      "tests/gpu/run.sh covers the driver\n", TD_CUDA_LIBNAME, rc, why);
 		assert_true(rc == 0 || rc == -ENODEV);
+		backend_cuda.fini();
 		skip();
 	}
 	assert_int_equal(rc, -ENODEV);
@@ -83,6 +91,7 @@ static void test_hip_init_without_device(void **state)
 		print_message("      skipped: %s exists here; init returned %d (%s)\n", TD_HIP_KFD,
 			      rc, why);
 		assert_true(rc == 0 || rc == -ENODEV);
+		backend_hip.fini();
 		skip();
 	}
 	assert_int_equal(rc, -ENODEV);
@@ -113,12 +122,200 @@ static void test_backend_tables_complete(void **state)
 	check_ops_complete(&backend_hip, "hip", kDLROCM);
 }
 
+static int fake_setup(void **state)
+{
+	char why[160] = "";
+
+	fake_gpu_install(2);
+	unsetenv("TENSORD_CUDA_PATH");
+	assert_int_equal(backend_cuda.init(why, sizeof(why)), 0);
+	assert_int_equal(backend_hip.init(why, sizeof(why)), 0);
+	fake_n = 0;
+	return 0;
+}
+
+static int fake_teardown(void **state)
+{
+	backend_cuda.fini();
+	backend_hip.fini();
+	fake_gpu_remove();
+	unsetenv("TENSORD_CUDA_PATH");
+	return 0;
+}
+
+/* Checks that the calls named in want happened in this order (others between them allowed). */
+static void assert_calls_in_order(const char *const *want)
+{
+	int at = 0;
+
+	for (int i = 0; want[i]; i++) {
+		int k = fake_find(want[i], at);
+
+		if (k < 0)
+			fail_msg("no %s after call %d", want[i], at);
+		at = k + 1;
+	}
+}
+
+static void test_uuid_to_daemon_ordinal(void **state)
+{
+	uint8_t u[16], other[16];
+
+	assert_int_equal(backend_cuda.device_count(), 2);
+	assert_int_equal(backend_cuda.device_uuid(1, u), 0);
+	assert_memory_equal(u, fake_uuid[1], 16);
+	assert_int_equal(backend_ordinal_of_uuid(&backend_cuda, fake_uuid[1], 16), 1);
+	assert_int_equal(backend_ordinal_of_uuid(&backend_cuda, fake_uuid[0], 16), 0);
+	memset(other, 0xEE, sizeof(other));
+	assert_int_equal(backend_ordinal_of_uuid(&backend_cuda, other, 16), -ENODEV);
+	assert_int_equal(backend_ordinal_of_uuid(&backend_cuda, fake_uuid[1], 15), -ENODEV);
+	assert_int_equal(backend_ordinal_of_uuid(&backend_hip, fake_uuid[1], 16), 1);
+	assert_string_equal(backend_cuda.path(1), "cuda-vmm");
+}
+
+static void test_cuda_vmm_alloc_and_context(void **state)
+{
+	static const char *const alloc_calls[] = {
+		"cuDevicePrimaryCtxRetain",
+		"cuCtxSetCurrent",
+		"cuMemCreate",
+		"cuMemAddressReserve",
+		"cuMemMap",
+		"cuMemSetAccess",
+		"cuMemsetD8",
+		"cuCtxSynchronize",
+		"cuMemUnmap",
+		"cuMemAddressFree",
+		NULL,
+	};
+	struct backend_alloc a = { .ops = &backend_cuda }, b = { .ops = &backend_cuda };
+	int fd = -1, k;
+
+	assert_int_equal(backend_cuda.alloc(&a, 1, 1, "t"), 0);
+	assert_calls_in_order(alloc_calls);
+	assert_int_equal(a.handle_kind, TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD);
+	assert_int_equal(a.size, 2 * MiB);
+	k = fake_find("cuMemCreate", 0);
+	assert_int_equal(fake_log[k].a[0], 2 * MiB);
+	assert_int_equal(fake_log[k].a[1], FAKE_DEV0 + 1);
+	assert_int_equal(fake_log[fake_find("cuDevicePrimaryCtxRetain", 0)].a[0], FAKE_DEV0 + 1);
+	/* The whole allocation is zeroed, and waited for. */
+	assert_int_equal(fake_log[fake_find("cuMemsetD8", 0)].a[2], 2 * MiB);
+	assert_int_equal(backend_cuda.export_fd(&a, false, &fd), 0);
+	assert_true(fd >= 0);
+	assert_true(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+	close(fd);
+
+	/* A second tensor on the same device shares the retained context. */
+	assert_int_equal(backend_cuda.alloc(&b, 3 * MiB, 1, "u"), 0);
+	assert_int_equal(b.size, 4 * MiB);
+	assert_int_equal(fake_count("cuDevicePrimaryCtxRetain"), 1);
+	backend_cuda.release(&a);
+	gpu_reaper_drain();
+	assert_int_equal(fake_count("cuMemRelease"), 1);
+	assert_int_equal(fake_count("cuDevicePrimaryCtxRelease"), 0);
+	/* The last one gives the context (and its GPU memory) back. */
+	fake_n = 0;
+	backend_cuda.release(&b);
+	gpu_reaper_drain();
+	assert_calls_in_order((const char *const[]){ "cuCtxSetCurrent", "cuMemRelease",
+						     "cuDevicePrimaryCtxRelease", NULL });
+	k = fake_find("cuDevicePrimaryCtxRelease", 0);
+	assert_int_equal(fake_log[k].a[0], FAKE_DEV0 + 1);
+	/* Both on the reaper's thread: the loop thread never waits for a free. */
+	assert_false(pthread_equal(fake_log[k].tid, pthread_self()));
+	assert_false(pthread_equal(fake_log[fake_find("cuMemRelease", 0)].tid, pthread_self()));
+	/* And the next allocation retains it again. */
+	fake_n = 0;
+	assert_int_equal(backend_cuda.alloc(&a, 1, 1, "t"), 0);
+	assert_int_equal(fake_count("cuDevicePrimaryCtxRetain"), 1);
+	backend_cuda.release(&a);
+	gpu_reaper_drain();
+	assert_int_equal(fake_count("cuDevicePrimaryCtxRelease"), 1);
+}
+
+static void test_cuda_ipc_alloc(void **state)
+{
+	static const char *const alloc_calls[] = {
+		"cuDevicePrimaryCtxRetain", "cuMemAlloc",	 "cuMemsetD8",
+		"cuCtxSynchronize",	    "cuIpcGetMemHandle", NULL,
+	};
+	struct backend_alloc a = { .ops = &backend_cuda };
+	char why[160];
+	int fd = 5;
+
+	backend_cuda.fini();
+	setenv("TENSORD_CUDA_PATH", "ipc", 1);
+	assert_int_equal(backend_cuda.init(why, sizeof(why)), 0);
+	assert_string_equal(backend_cuda.path(0), "cuda-ipc");
+	fake_n = 0;
+	assert_int_equal(backend_cuda.alloc(&a, 100, 0, "t"), 0);
+	assert_calls_in_order(alloc_calls);
+	assert_int_equal(a.handle_kind, TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC);
+	assert_int_equal(a.ipc_handle_len, 64);
+	assert_int_equal(a.ipc_handle[0], 0x5a);
+	assert_int_equal(backend_cuda.export_fd(&a, false, &fd), 0);
+	assert_int_equal(fd, -1);
+	fake_n = 0;
+	backend_cuda.release(&a);
+	gpu_reaper_drain();
+	assert_calls_in_order(
+		(const char *const[]){ "cuMemFree", "cuDevicePrimaryCtxRelease", NULL });
+	assert_false(pthread_equal(fake_log[fake_find("cuMemFree", 0)].tid, pthread_self()));
+}
+
+/* Zero-size: no driver call, nothing to map, the daemon's ordinal kept. */
+static void test_zero_size_allocs(void **state)
+{
+	struct backend_alloc a = { .ops = &backend_cuda }, h = { .ops = &backend_hip };
+
+	assert_int_equal(backend_cuda.alloc(&a, 0, 1, "z"), 0);
+	assert_int_equal(backend_hip.alloc(&h, 0, 1, "z"), 0);
+	assert_int_equal(fake_n, 0);
+	assert_int_equal(a.handle_kind, TENSORD__HANDLE_KIND__HANDLE_NONE);
+	assert_int_equal(h.handle_kind, TENSORD__HANDLE_KIND__HANDLE_NONE);
+	assert_int_equal(a.device_id, 1);
+	backend_cuda.release(&a);
+	backend_hip.release(&h);
+	assert_int_equal(fake_n, 0);
+}
+
+static void test_hip_alloc(void **state)
+{
+	static const char *const alloc_calls[] = {
+		"hipSetDevice",		"hipMalloc",	      "hipMemset",
+		"hipDeviceSynchronize", "hipIpcGetMemHandle", NULL,
+	};
+	struct backend_alloc a = { .ops = &backend_hip };
+	int k;
+
+	assert_int_equal(backend_hip.alloc(&a, 100, 1, "t"), 0);
+	assert_calls_in_order(alloc_calls);
+	assert_int_equal(fake_log[0].a[0], 1);
+	assert_int_equal(fake_log[fake_find("hipMalloc", 0)].a[1], 2 * MiB);
+	assert_int_equal(a.handle_kind, TENSORD__HANDLE_KIND__HANDLE_HIP_IPC);
+	fake_n = 0;
+	backend_hip.release(&a);
+	gpu_reaper_drain();
+	k = fake_find("hipFree", 0);
+	assert_true(k > 0);
+	assert_int_equal(fake_log[k].a[1], 1); /* on its own device */
+	assert_false(pthread_equal(fake_log[k].tid, pthread_self()));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cuda_init_without_driver),
 		cmocka_unit_test(test_hip_init_without_device),
 		cmocka_unit_test(test_backend_tables_complete),
+		cmocka_unit_test_setup_teardown(test_uuid_to_daemon_ordinal, fake_setup,
+						fake_teardown),
+		cmocka_unit_test_setup_teardown(test_cuda_vmm_alloc_and_context, fake_setup,
+						fake_teardown),
+		cmocka_unit_test_setup_teardown(test_cuda_ipc_alloc, fake_setup, fake_teardown),
+		cmocka_unit_test_setup_teardown(test_zero_size_allocs, fake_setup, fake_teardown),
+		cmocka_unit_test_setup_teardown(test_hip_alloc, fake_setup, fake_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

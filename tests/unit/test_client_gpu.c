@@ -1,0 +1,566 @@
+/*
+ * Unit tests for libtensord's GPU logic against fake driver tables
+ * (fake_gpu.h): device numbering through UUIDs (this process's cuda:0 is
+ * the daemon's cuda:1 and the other way round), the order of driver calls
+ * in tensord_close() with live legacy-IPC and HIP imports, read-only
+ * protection of VMM mappings (readers, and the creator after publish), the
+ * stream put() copies on, HIP sync and copy_in, zero-size GPU leases, and
+ * the UUID a create sends. No driver and no daemon: a socketpair stands in
+ * for the connection, and a thread answers as the daemon where one must.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "client/lib/client.h"
+#include "common/gpu/gpu_util.h"
+#include "fake_gpu.h"
+#include "proto/frame.h"
+
+#define MiB (1ull << 20)
+
+/*
+ * Two GPUs. This process sees them swapped (CUDA_VISIBLE_DEVICES=1,0):
+ * our ordinal 0 has the UUID of the daemon's ordinal 1, and ours 1 that of
+ * the daemon's 0. fake_uuid[] is our view.
+ */
+static const uint8_t *daemon_uuid(int daemon_ordinal)
+{
+	return fake_uuid[1 - daemon_ordinal];
+}
+
+static int setup(void **state)
+{
+	fake_gpu_install(2);
+	td_clear_error();
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	fake_gpu_remove();
+	return 0;
+}
+
+/* A Lease reply as the daemon sends it, in storage the test owns. */
+struct wire {
+	Tensord__Lease l;
+	Tensord__TensorInfo info;
+	Tensord__DType dt;
+	Tensord__Device dev;
+	int64_t shape[1];
+	uint8_t handle[64];
+};
+
+static void wire_fill(struct wire *w, Tensord__HandleKind kind, DLDeviceType type,
+		      int daemon_ordinal, int64_t n, bool writable)
+{
+	tensord__lease__init(&w->l);
+	tensord__tensor_info__init(&w->info);
+	tensord__dtype__init(&w->dt);
+	tensord__device__init(&w->dev);
+	w->dt.code = kDLFloat;
+	w->dt.bits = 32;
+	w->dt.lanes = 1;
+	w->shape[0] = n;
+	w->dev.type = type;
+	w->dev.id = daemon_ordinal;
+	if (type != kDLCPU) {
+		w->dev.uuid.data = (uint8_t *)daemon_uuid(daemon_ordinal);
+		w->dev.uuid.len = 16;
+	}
+	w->info.name = "t";
+	w->info.dtype = &w->dt;
+	w->info.n_shape = 1;
+	w->info.shape = w->shape;
+	w->info.device = &w->dev;
+	w->info.nbytes = (uint64_t)n * 4;
+	w->info.id = 42;
+	memset(w->handle, 0x5a, sizeof(w->handle));
+	w->l.lease = 7;
+	w->l.info = &w->info;
+	w->l.handle = kind;
+	w->l.map_size = n ? 2 * MiB : 0;
+	w->l.writable = writable;
+	if (kind == TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC ||
+	    kind == TENSORD__HANDLE_KIND__HANDLE_HIP_IPC) {
+		w->l.ipc_handle.data = w->handle;
+		w->l.ipc_handle.len = sizeof(w->handle);
+	}
+}
+
+/* A handle for w on c, through the library's own lease path. */
+static DLManagedTensorVersioned *lease(tensord_client *c, struct wire *w, int fd)
+{
+	DLManagedTensorVersioned *t = NULL;
+	struct td_lease *l;
+
+	assert_int_equal(td_lease_from_reply(c, &w->l, fd, NULL, false, &l), 0);
+	assert_int_equal(td_lease_handle(l, &t), 0);
+	return t;
+}
+
+/* --- device numbering ------------------------------------------------------ */
+
+static void test_uuid_translation(void **state)
+{
+	DLDevice local;
+	uint8_t u[16];
+
+	/* The daemon's cuda:0 is our cuda:1, its cuda:1 our cuda:0. */
+	assert_int_equal(td_gpu_local_device((DLDevice){ kDLCUDA, 0 }, daemon_uuid(0), 16, &local),
+			 0);
+	assert_int_equal(local.device_type, kDLCUDA);
+	assert_int_equal(local.device_id, 1);
+	assert_int_equal(td_gpu_local_device((DLDevice){ kDLCUDA, 1 }, daemon_uuid(1), 16, &local),
+			 0);
+	assert_int_equal(local.device_id, 0);
+	/* And back: our cuda:0 travels as the UUID the daemon knows as its 1. */
+	assert_int_equal(td_gpu_device_uuid((DLDevice){ kDLCUDA, 0 }, u), 0);
+	assert_memory_equal(u, daemon_uuid(1), 16);
+	assert_int_equal(td_gpu_device_uuid((DLDevice){ kDLCUDA, 2 }, u), -ENODEV);
+	assert_non_null(strstr(tensord_last_error(), "cuda:2"));
+	/* HIP the same way. */
+	assert_int_equal(td_gpu_local_device((DLDevice){ kDLROCM, 0 }, daemon_uuid(0), 16, &local),
+			 0);
+	assert_int_equal(local.device_type, kDLROCM);
+	assert_int_equal(local.device_id, 1);
+	assert_int_equal(td_gpu_device_uuid((DLDevice){ kDLROCM, 1 }, u), 0);
+	assert_memory_equal(u, daemon_uuid(0), 16);
+}
+
+static void test_uuid_not_visible(void **state)
+{
+	uint8_t other[16];
+	DLDevice local;
+
+	memset(other, 0xEE, sizeof(other));
+	assert_int_equal(td_gpu_local_device((DLDevice){ kDLCUDA, 3 }, other, 16, &local), -ENODEV);
+	assert_non_null(strstr(tensord_last_error(), "cuda:3"));
+	assert_non_null(strstr(tensord_last_error(), "GPU-eeeeeeee-"));
+	assert_non_null(strstr(tensord_last_error(), "CUDA_VISIBLE_DEVICES"));
+	assert_int_equal(td_gpu_local_device((DLDevice){ kDLROCM, 0 }, other, 16, &local), -ENODEV);
+	assert_non_null(strstr(tensord_last_error(), "HIP_VISIBLE_DEVICES"));
+}
+
+/* A HIP runtime without hipDeviceGetUuid: ordinals are all there is. */
+static void test_hip_without_uuids(void **state)
+{
+	DLDevice local;
+	uint8_t u[16];
+
+	fake_hip.DeviceGetUuid = NULL;
+	assert_int_equal(td_gpu_device_uuid((DLDevice){ kDLROCM, 1 }, u), -ENOENT);
+	assert_int_equal(td_gpu_local_device((DLDevice){ kDLROCM, 1 }, daemon_uuid(1), 16, &local),
+			 0);
+	assert_int_equal(local.device_id, 1);
+	assert_int_equal(td_gpu_local_device((DLDevice){ kDLROCM, 5 }, NULL, 0, &local), -ENODEV);
+}
+
+/* A lease's handle, info and mapping carry this process's ordinal. */
+static void test_lease_device_is_local(void **state)
+{
+	tensord_client *c = td_client_new(-1);
+	DLManagedTensorVersioned *t;
+	tensord_info info;
+	struct wire w;
+	int i;
+
+	wire_fill(&w, TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC, kDLCUDA, 0, 16, false);
+	t = lease(c, &w, -1);
+	assert_int_equal(t->dl_tensor.device.device_type, kDLCUDA);
+	assert_int_equal(t->dl_tensor.device.device_id, 1);
+	assert_int_equal(tensord_tensor_info(t, &info), 0);
+	assert_int_equal(info.device.device_id, 1);
+	assert_int_equal((uintptr_t)t->dl_tensor.data, 0x20000000);
+	assert_true(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+	/* The handle was opened with our device's primary context pushed. */
+	i = fake_find("cuDevicePrimaryCtxRetain", 0);
+	assert_true(i >= 0);
+	assert_int_equal(fake_log[i].a[0], FAKE_DEV0 + 1);
+	assert_true(fake_find("cuIpcOpenMemHandle", i) > i);
+	t->deleter(t);
+	assert_int_equal(fake_count("cuIpcCloseMemHandle"), 1);
+	td_client_unref(c);
+}
+
+/* Zero-size GPU tensors: no host address, and our ordinal found by UUID. */
+static void test_zero_size_gpu_lease(void **state)
+{
+	tensord_client *c = td_client_new(-1);
+	DLManagedTensorVersioned *t;
+	struct wire w;
+
+	wire_fill(&w, TENSORD__HANDLE_KIND__HANDLE_NONE, kDLCUDA, 1, 0, false);
+	t = lease(c, &w, -1);
+	assert_null(t->dl_tensor.data);
+	assert_int_equal(t->dl_tensor.device.device_type, kDLCUDA);
+	assert_int_equal(t->dl_tensor.device.device_id, 0);
+	t->deleter(t);
+	/* A host one keeps a valid, aligned address. */
+	wire_fill(&w, TENSORD__HANDLE_KIND__HANDLE_NONE, kDLCPU, 0, 0, false);
+	t = lease(c, &w, -1);
+	assert_non_null(t->dl_tensor.data);
+	assert_int_equal((uintptr_t)t->dl_tensor.data % 256, 0);
+	assert_int_equal(t->dl_tensor.device.device_type, kDLCPU);
+	t->deleter(t);
+	td_client_unref(c);
+}
+
+/* --- tensord_close() with live imports ------------------------------------- */
+
+static int peer_fd = -1;
+static int closes_before_eof;
+
+/* Called by the fake cuIpcCloseMemHandle / hipIpcCloseMemHandle. */
+static void check_daemon_still_connected(uint64_t ptr)
+{
+	char b;
+	ssize_t n = recv(peer_fd, &b, 1, MSG_DONTWAIT);
+
+	/* Nothing to read and no EOF: the daemon cannot have freed anything. */
+	if (n < 0 && errno == EAGAIN)
+		closes_before_eof++;
+}
+
+static void test_close_unmaps_ipc_first(void **state)
+{
+	DLManagedTensorVersioned *ipc, *ipc2, *hip, *vmm;
+	struct wire w1, w2, w3;
+	tensord_client *c;
+	int sp[2], pfd[2];
+	char b;
+
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+	peer_fd = sp[1];
+	c = td_client_new(sp[0]);
+	wire_fill(&w1, TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC, kDLCUDA, 0, 16, false);
+	ipc = lease(c, &w1, -1);
+	/* A second tensor: a handle of its own to close. */
+	w1.l.lease = 8;
+	w1.info.id = 43;
+	ipc2 = lease(c, &w1, -1);
+	wire_fill(&w2, TENSORD__HANDLE_KIND__HANDLE_HIP_IPC, kDLROCM, 1, 16, false);
+	hip = lease(c, &w2, -1);
+	wire_fill(&w3, TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD, kDLCUDA, 1, 16, false);
+	assert_int_equal(pipe(pfd), 0);
+	close(pfd[1]);
+	vmm = lease(c, &w3, pfd[0]);
+	fake_on_close = check_daemon_still_connected;
+	fake_n = 0;
+
+	tensord_close(c);
+	/* Every legacy handle was closed while the socket was still open... */
+	assert_int_equal(fake_count("cuIpcCloseMemHandle"), 2);
+	assert_int_equal(fake_count("hipIpcCloseMemHandle"), 1);
+	assert_int_equal(closes_before_eof, 3);
+	/* ...and the daemon saw the end of the connection afterwards. */
+	assert_int_equal(recv(peer_fd, &b, 1, MSG_DONTWAIT), 0);
+	/* VMM mappings are the driver's to refcount: left alone. */
+	assert_int_equal(fake_count("cuMemUnmap"), 0);
+
+	/* The deleters afterwards do not touch the closed GPU handles again. */
+	fake_n = 0;
+	ipc->deleter(ipc);
+	ipc2->deleter(ipc2);
+	hip->deleter(hip);
+	assert_int_equal(fake_count("cuIpcCloseMemHandle"), 0);
+	assert_int_equal(fake_count("hipIpcCloseMemHandle"), 0);
+	vmm->deleter(vmm);
+	assert_int_equal(fake_count("cuMemUnmap"), 1);
+	assert_int_equal(fake_count("cuMemAddressFree"), 1);
+	close(peer_fd);
+	fake_on_close = NULL;
+}
+
+/* --- read-only VMM mappings ------------------------------------------------ */
+
+/* The last cuMemSetAccess call's flags, checking its range and device. */
+static uint64_t last_access(int local_ordinal)
+{
+	int i = -1;
+
+	for (int k = 0; k < fake_n; k++)
+		if (strcmp(fake_log[k].fn, "cuMemSetAccess") == 0)
+			i = k;
+	assert_true(i >= 0);
+	assert_int_equal(fake_log[i].a[0], 0x30000000);
+	assert_int_equal(fake_log[i].a[1], 2 * MiB);
+	assert_int_equal(fake_log[i].a[2], (uint64_t)local_ordinal);
+	return fake_log[i].a[3];
+}
+
+static void map_vmm(struct td_mapping *m, int daemon_ordinal, bool writable)
+{
+	struct td_import_desc d = {
+		.handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD,
+		.map_size = 2 * MiB,
+		.writable = writable,
+		.device = { kDLCUDA, daemon_ordinal },
+		.uuid = daemon_uuid(daemon_ordinal),
+		.uuid_len = 16,
+	};
+	int p[2];
+
+	assert_int_equal(pipe(p), 0);
+	close(p[1]);
+	memset(m, 0, sizeof(*m));
+	snprintf(m->name, sizeof(m->name), "t");
+	assert_int_equal(td_importer_cuda.map(m, p[0], &d), 0);
+	/* The descriptor is closed once imported. */
+	assert_int_equal(fcntl(p[0], F_GETFD), -1);
+}
+
+static void test_vmm_reader_read_only(void **state)
+{
+	struct td_mapping m;
+
+	map_vmm(&m, 0, false);
+	assert_int_equal(last_access(1), CU_MEM_ACCESS_FLAGS_PROT_READ);
+	assert_int_equal(m.device.device_id, 1);
+	td_importer_cuda.unmap(&m);
+	/* A driver that cannot map read-only: read-write, and it says so. */
+	fake_n = 0;
+	fake_set_access_ro_rc = CUDA_ERROR_NOT_SUPPORTED;
+	map_vmm(&m, 1, false);
+	assert_int_equal(fake_count("cuMemSetAccess"), 2);
+	assert_int_equal(last_access(0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	td_importer_cuda.unmap(&m);
+}
+
+static void test_vmm_creator_protected_at_publish(void **state)
+{
+	struct td_mapping m;
+	int push;
+
+	map_vmm(&m, 0, true);
+	assert_int_equal(last_access(1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	fake_n = 0;
+	assert_int_equal(td_importer_cuda.make_private(&m), 0);
+	assert_int_equal(last_access(1), CU_MEM_ACCESS_FLAGS_PROT_READ);
+	/* With our device's context pushed, and popped again. */
+	push = fake_find("cuCtxPushCurrent", 0);
+	assert_true(push >= 0 && push < fake_find("cuMemSetAccess", 0));
+	assert_true(fake_find("cuCtxPopCurrent", push) > fake_find("cuMemSetAccess", 0));
+	/* A failed publish makes it writable again. */
+	assert_int_equal(td_importer_cuda.make_shared(&m), 0);
+	assert_int_equal(last_access(1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	td_importer_cuda.unmap(&m);
+	/* Legacy IPC has nothing to re-protect. */
+	assert_null(td_importer_cuda_ipc.make_private);
+}
+
+/* --- streams: sync at publish, copy_in for put() ---------------------------- */
+
+static void test_cuda_copy_in_on_put_stream(void **state)
+{
+	static const uint8_t src[4];
+	struct td_mapping m;
+	int cp, sy;
+
+	map_vmm(&m, 0, true);
+	fake_n = 0;
+	assert_int_equal(td_importer_cuda.copy_in(&m, src, 1000), 0);
+	cp = fake_find("cuMemcpyAsync", 0);
+	assert_true(cp > fake_find("cuCtxPushCurrent", 0));
+	assert_int_equal(fake_log[cp].a[0], (uintptr_t)m.data);
+	assert_int_equal(fake_log[cp].a[1], (uintptr_t)src);
+	assert_int_equal(fake_log[cp].a[2], 1000);
+	/* The stream the producer was told about (DLPack stream 1: legacy default). */
+	assert_int_equal(fake_log[cp].a[3], (uint64_t)td_gpu_put_stream(TD_GPU_DL_CUDA));
+	sy = fake_find("cuStreamSynchronize", cp);
+	assert_true(sy > cp);
+	assert_int_equal(fake_log[sy].a[0], 1);
+	assert_true(fake_find("cuCtxPopCurrent", sy) > sy);
+	/* publish waits for the whole context. */
+	fake_n = 0;
+	assert_int_equal(td_importer_cuda.sync(&m), 0);
+	assert_int_equal(fake_count("cuCtxSynchronize"), 1);
+	td_importer_cuda.unmap(&m);
+}
+
+static void map_hip(struct td_mapping *m, int daemon_ordinal)
+{
+	uint8_t h[64] = { 0 };
+	struct td_import_desc d = {
+		.handle_kind = TENSORD__HANDLE_KIND__HANDLE_HIP_IPC,
+		.map_size = 2 * MiB,
+		.device = { kDLROCM, daemon_ordinal },
+		.uuid = daemon_uuid(daemon_ordinal),
+		.uuid_len = 16,
+		.ipc_handle = h,
+		.ipc_handle_len = sizeof(h),
+	};
+
+	memset(m, 0, sizeof(*m));
+	snprintf(m->name, sizeof(m->name), "t");
+	assert_int_equal(td_importer_hip.map(m, -1, &d), 0);
+}
+
+static void test_hip_sync_and_copy_in(void **state)
+{
+	static const uint8_t src[4];
+	struct td_mapping m;
+	int i;
+
+	fake_hip_cur = 0; /* the application's device */
+	map_hip(&m, 0);	  /* the daemon's rocm:0 is our rocm:1 */
+	assert_int_equal(m.device.device_id, 1);
+	i = fake_find("hipIpcOpenMemHandle", 0);
+	assert_int_equal(fake_log[i].a[2], 1); /* opened on our device 1 */
+	assert_int_equal(fake_hip_cur, 0);     /* the application's device is back */
+
+	fake_n = 0;
+	assert_non_null(td_importer_hip.sync);
+	assert_int_equal(td_importer_hip.sync(&m), 0);
+	i = fake_find("hipDeviceSynchronize", 0);
+	assert_true(i >= 0);
+	assert_int_equal(fake_log[i].a[0], 1);
+	assert_int_equal(fake_hip_cur, 0);
+
+	fake_n = 0;
+	assert_non_null(td_importer_hip.copy_in);
+	assert_int_equal(td_importer_hip.copy_in(&m, src, 1000), 0);
+	i = fake_find("hipMemcpyAsync", 0);
+	assert_true(i >= 0);
+	assert_int_equal(fake_log[i].a[0], (uintptr_t)m.data);
+	assert_int_equal(fake_log[i].a[1], (uintptr_t)src);
+	assert_int_equal(fake_log[i].a[2], 1000);
+	assert_int_equal(fake_log[i].a[3], (uint64_t)td_gpu_put_stream(TD_GPU_DL_ROCM));
+	assert_int_equal(fake_log[i + 1].a[0], hipMemcpyDefault);
+	assert_int_equal(fake_log[i + 1].a[1], 1);
+	assert_true(fake_find("hipStreamSynchronize", i) > i);
+	assert_int_equal(fake_hip_cur, 0);
+	td_importer_hip.unmap(&m);
+	assert_int_equal(fake_count("hipIpcCloseMemHandle"), 1);
+	assert_int_equal(fake_hip_cur, 0);
+}
+
+/* --- what a create sends ----------------------------------------------------- */
+
+struct fake_daemon {
+	int fd;
+	Tensord__Device seen; /* the Create's device */
+	uint8_t uuid[16];
+	size_t uuid_len;
+};
+
+/* Answers one request: records a Create's device, refuses it with -ENOSPC. */
+static void *fake_daemon_run(void *arg)
+{
+	struct fake_daemon *fd = arg;
+	uint8_t hdr[TD_FRAME_HEADER], *body, out[256];
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	Tensord__Request *req;
+	uint32_t len;
+	size_t n;
+
+	if (recv(fd->fd, hdr, sizeof(hdr), MSG_WAITALL) != (ssize_t)sizeof(hdr))
+		return NULL;
+	memcpy(&len, hdr, 4);
+	body = malloc(len);
+	if (recv(fd->fd, body, len, MSG_WAITALL) != (ssize_t)len)
+		return NULL;
+	req = tensord__request__unpack(NULL, len, body);
+	free(body);
+	if (req && req->body_case == TENSORD__REQUEST__BODY_CREATE && req->create->device) {
+		fd->seen = *req->create->device;
+		fd->uuid_len = req->create->device->uuid.len;
+		memcpy(fd->uuid, req->create->device->uuid.data,
+		       fd->uuid_len <= 16 ? fd->uuid_len : 16);
+	}
+	rep.id = req ? req->id : 0;
+	rep.status = -ENOSPC;
+	rep.message = "fake daemon: no room";
+	n = tensord__reply__pack(&rep, out + TD_FRAME_HEADER);
+	td_frame_header(out, (uint32_t)n, 0);
+	send(fd->fd, out, TD_FRAME_HEADER + n, MSG_NOSIGNAL);
+	tensord__request__free_unpacked(req, NULL);
+	return NULL;
+}
+
+static void test_put_sends_source_uuid(void **state)
+{
+	int64_t shape[1] = { 4 };
+	float *src = (float *)(uintptr_t)0x60000000; /* never read: the daemon refuses */
+	DLTensor dl = { .data = src,
+			.device = { kDLCUDA, 0 },
+			.ndim = 1,
+			.dtype = { kDLFloat, 32, 1 },
+			.shape = shape };
+	struct fake_daemon fd = { 0 };
+	tensord_client *c;
+	pthread_t th;
+	int sp[2];
+
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+	fd.fd = sp[1];
+	c = td_client_new(sp[0]);
+	assert_int_equal(pthread_create(&th, NULL, fake_daemon_run, &fd), 0);
+	/* put() of our cuda:0 creates on the GPU with our cuda:0's UUID. */
+	assert_int_equal(tensord_put(c, "x", &dl, 0, 0), -ENOSPC);
+	pthread_join(th, NULL);
+	assert_int_equal(fd.seen.type, kDLCUDA);
+	assert_int_equal(fd.seen.id, 0);
+	assert_int_equal(fd.uuid_len, 16);
+	assert_memory_equal(fd.uuid, fake_uuid[0], 16);
+	assert_memory_equal(fd.uuid, daemon_uuid(1), 16);
+	tensord_close(c);
+	close(sp[1]);
+}
+
+/* A device this process does not have never reaches the daemon. */
+static void test_create_unknown_local_device(void **state)
+{
+	int64_t shape[1] = { 4 };
+	tensord_spec spec = {
+		.dtype = { kDLFloat, 32, 1 }, .ndim = 1, .shape = shape, .device = { kDLCUDA, 5 }
+	};
+	DLManagedTensorVersioned *t;
+	tensord_client *c;
+	int sp[2];
+	char b;
+
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+	c = td_client_new(sp[0]);
+	assert_int_equal(tensord_create(c, "x", &spec, &t), -ENODEV);
+	assert_non_null(strstr(tensord_last_error(), "tensor 'x'"));
+	assert_non_null(strstr(tensord_last_error(), "cuda:5"));
+	assert_int_equal(recv(sp[1], &b, 1, MSG_DONTWAIT), -1);
+	tensord_close(c);
+	close(sp[1]);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_uuid_translation, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_uuid_not_visible, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_hip_without_uuids, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_lease_device_is_local, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_zero_size_gpu_lease, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_close_unmaps_ipc_first, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_vmm_reader_read_only, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_vmm_creator_protected_at_publish, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_cuda_copy_in_on_put_stream, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_hip_sync_and_copy_in, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_put_sends_source_uuid, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_create_unknown_local_device, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
