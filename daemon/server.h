@@ -22,6 +22,7 @@
 #include <uv.h>
 
 #include "conn.h"
+#include "quota.h"
 #include "registry.h"
 #include "waiters.h"
 
@@ -31,6 +32,8 @@ struct server_config {
 	mode_t socket_mode;         /* default 0600 */
 	gid_t socket_gid;           /* (gid_t)-1: leave as is */
 	unsigned max_clients;
+	struct quota_limits limits; /* per-uid shares; 0: the default */
+	bool show_all_metadata;	    /* list/stat show every tensor to everyone */
 };
 
 struct server {
@@ -39,6 +42,7 @@ struct server {
 	struct registry reg;
 	struct conn_set conns;
 	struct waiters waiters;
+	struct quota quota; /* what each uid holds, and its limits */
 	int listen_fd;
 	int reserve_fd;             /* spare descriptor for shedding clients at EMFILE */
 	uv_poll_t listen_poll;

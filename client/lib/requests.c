@@ -334,17 +334,22 @@ int tensord_stat(tensord_client *c, const char *name, tensord_info *ret_info)
 	return r;
 }
 
-int tensord_list(tensord_client *c, const char *prefix, tensord_info **ret_infos,
-		 size_t *ret_count)
+/*
+ * One page of a list: appends its tensors to *v (*n of *cap used, grown as
+ * needed) and leaves the last name in after. 1 when more follow, 0 at the
+ * end, or -errno.
+ */
+static int list_page(tensord_client *c, const char *prefix, char *after, tensord_info **v,
+		     size_t *n, size_t *cap)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__List ls = TENSORD__LIST__INIT;
 	Tensord__Reply *rep;
-	tensord_info *v;
-	size_t n;
+	Tensord__ListReply *lr;
 	int r;
 
-	ls.prefix = (char *)(prefix ? prefix : "");
+	ls.prefix = (char *)prefix;
+	ls.after = after;
 	req.body_case = TENSORD__REQUEST__BODY_LIST;
 	req.list = &ls;
 	r = td_rpc(c, &req, &rep, NULL);
@@ -354,15 +359,47 @@ int tensord_list(tensord_client *c, const char *prefix, tensord_info **ret_infos
 		tensord__reply__free_unpacked(rep, NULL);
 		return td_set_error(-EPROTO, "tensord answered list without a list");
 	}
-	n = rep->list->n_tensors;
-	v = malloc((n ? n : 1) * sizeof(*v));
-	if (!v) {
+	lr = rep->list;
+	if (*n + lr->n_tensors > *cap) {
+		size_t ncap = *cap * 2 > *n + lr->n_tensors ? *cap * 2 : *n + lr->n_tensors;
+		tensord_info *nv = realloc(*v, ncap * sizeof(*nv));
+
+		if (!nv) {
 		tensord__reply__free_unpacked(rep, NULL);
-		return td_set_error(-ENOMEM, "out of memory for %zu tensors", n);
+			return td_set_error(-ENOMEM, "out of memory for %zu tensors", ncap);
+		}
+		*v = nv;
+		*cap = ncap;
 	}
-	for (size_t i = 0; i < n; i++)
-		td_info_from_wire(&v[i], rep->list->tensors[i]);
+	for (size_t i = 0; i < lr->n_tensors; i++)
+		td_info_from_wire(&(*v)[(*n)++], lr->tensors[i]);
+	/* A page that ends without a name to go on from ends the list. */
+	r = lr->more && lr->n_tensors ? 1 : 0;
+	if (lr->n_tensors)
+		snprintf(after, TENSORD_NAME_MAX + 1, "%s", (*v)[*n - 1].name);
 	tensord__reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+int tensord_list(tensord_client *c, const char *prefix, tensord_info **ret_infos, size_t *ret_count)
+{
+	char after[TENSORD_NAME_MAX + 1] = "";
+	tensord_info *v = NULL;
+	size_t n = 0, cap = 0;
+	int r;
+
+	/* The daemon answers in pages (a reply never holds the whole
+	 * registry); the caller sees one list. Names created meanwhile after
+	 * the page being read show up, those before it do not. */
+	do
+		r = list_page(c, prefix ? prefix : "", after, &v, &n, &cap);
+	while (r > 0);
+	if (r < 0) {
+		free(v);
+		return r;
+	}
+	if (!v && !(v = malloc(sizeof(*v))))
+		return td_set_error(-ENOMEM, "out of memory");
 	*ret_infos = v;
 	*ret_count = n;
 	return 0;
