@@ -379,7 +379,7 @@ static void do_list(struct client *cl, uint64_t id, const Tensord__List *m)
 	struct tensor *v[DISPATCH_LIST_PAGE];
 	size_t len = strlen(m->prefix), n = 0;
 	size_t limit = m->limit && m->limit < DISPATCH_LIST_PAGE ? m->limit : DISPATCH_LIST_PAGE;
-	bool more = false;
+	const char *next = NULL;
 	char why[8];
 
 	/* A prefix is checked like a name, except that it may be empty. One
@@ -387,13 +387,13 @@ static void do_list(struct client *cl, uint64_t id, const Tensord__List *m)
 	 * matches nothing: the answer is the empty list, as tensord_list()
 	 * documents, without walking the registry. */
 	if (len && td_name_check(m->prefix, len, why, sizeof(why)) < 0) {
-		reply_list(cl->conn, id, NULL, 0, false);
+		reply_list(cl->conn, id, NULL, 0, NULL);
 		return;
 	}
 	/* A page, never the whole registry: the reply stays far below the
 	 * frame limit, and a client that asks and never reads holds a few. */
-	registry_list(&cl->srv->reg, &cl->rc, m->prefix, len, m->after, limit, v, &n, &more);
-	reply_list(cl->conn, id, v, n, more);
+	registry_list(&cl->srv->reg, &cl->rc, m->prefix, len, m->after, limit, v, &n, &next);
+	reply_list(cl->conn, id, v, n, next);
 }
 
 static void do_stats(struct client *cl, uint64_t id)

@@ -13,6 +13,13 @@
 #define PERM_READ 4u
 #define PERM_WRITE 2u
 
+static int cmp_names(const struct tensor *a, const struct tensor *b)
+{
+	return strcmp(a->name, b->name);
+}
+
+RB_GENERATE_STATIC(tensor_names, tensor, byname, cmp_names)
+
 static uint64_t hash_name(const char *s, size_t len)
 {
 	uint64_t h = 1469598103934665603ull; /* FNV-1a */
@@ -67,6 +74,7 @@ static void unhash(struct registry *reg, struct tensor *t)
 			*p = t->hnext;
 			t->hnext = NULL;
 			reg->n_named--;
+			RB_REMOVE(tensor_names, &reg->names, t);
 			return;
 		}
 	}
@@ -86,6 +94,7 @@ struct reg_device *registry_device(struct registry *reg, DLDevice dev)
 int registry_init(struct registry *reg, uint64_t host_capacity)
 {
 	memset(reg, 0, sizeof(*reg));
+	RB_INIT(&reg->names);
 	reg->n_buckets = 64;
 	reg->buckets = calloc(reg->n_buckets, sizeof(*reg->buckets));
 	if (!reg->buckets)
@@ -544,6 +553,7 @@ static void tensor_insert(struct registry *reg, struct reg_device *dev, struct t
 	t->hnext = *b;
 	*b = t;
 	reg->n_named++;
+	RB_INSERT(tensor_names, &reg->names, t);
 	t->next = reg->all;
 	if (reg->all)
 		reg->all->prev = t;
@@ -701,72 +711,49 @@ int registry_unlink(struct registry *reg, struct reg_client *rc, const char *nam
 	return 0;
 }
 
-static int cmp_name(const void *a, const void *b)
+/* The first named tensor whose name sorts after `after` and not before prefix. */
+static struct tensor *list_start(struct registry *reg, const char *prefix, size_t len,
+				 const char *after)
 {
-	const struct tensor *x = *(struct tensor *const *)a, *y = *(struct tensor *const *)b;
+	char key_name[TENSORD_NAME_MAX + 2];
+	struct tensor key, *t;
+	bool from_prefix = strncmp(after, prefix, len) < 0;
 
-	return strcmp(x->name, y->name);
-}
-
-/* Restores the max-heap (by name) below i in h[0..n). */
-static void heap_down(struct tensor **h, size_t n, size_t i)
-{
-	for (;;) {
-		size_t l = 2 * i + 1, r = l + 1, m = i;
-		struct tensor *tmp;
-
-		if (l < n && strcmp(h[l]->name, h[m]->name) > 0)
-			m = l;
-		if (r < n && strcmp(h[r]->name, h[m]->name) > 0)
-			m = r;
-		if (m == i)
-			return;
-		tmp = h[i];
-		h[i] = h[m];
-		h[m] = tmp;
-		i = m;
+	if (from_prefix) {
+		/* Every name with the prefix sorts at or after the prefix itself. */
+		snprintf(key_name, sizeof(key_name), "%.*s",
+			 (int)(len <= TENSORD_NAME_MAX ? len : TENSORD_NAME_MAX + 1), prefix);
+		key.name = key_name;
+	} else {
+		key.name = (char *)after;
 	}
-}
-
-static void heap_up(struct tensor **h, size_t i)
-{
-	while (i && strcmp(h[(i - 1) / 2]->name, h[i]->name) < 0) {
-		struct tensor *tmp = h[i];
-
-		h[i] = h[(i - 1) / 2];
-		h[(i - 1) / 2] = tmp;
-		i = (i - 1) / 2;
-	}
+	t = RB_NFIND(tensor_names, &reg->names, &key);
+	if (t && !from_prefix && strcmp(t->name, after) == 0)
+		t = RB_NEXT(tensor_names, &reg->names, t);
+	return t;
 }
 
 int registry_list(struct registry *reg, struct reg_client *rc, const char *prefix, size_t len,
 		  const char *after, size_t limit, struct tensor **ret, size_t *ret_n,
-		  bool *ret_more)
+		  const char **ret_next)
 {
-	size_t n = 0;
-	bool more = false;
+	struct tensor *t = list_start(reg, prefix, len, after), *last = NULL;
+	size_t n = 0, visited = 0;
 
-	/* The limit smallest names after `after`, kept in a max-heap of limit
-	 * entries: O(names log limit) per page, and memory for one page only. */
-	for (size_t i = 0; i < reg->n_buckets; i++) {
-		for (struct tensor *t = reg->buckets[i]; t; t = t->hnext) {
-			if (t->name_len < len || memcmp(t->name, prefix, len) != 0 ||
-			    strcmp(t->name, after) <= 0 || !may_see(reg, t, rc))
-				continue;
-			if (n < limit) {
-				ret[n] = t;
-				heap_up(ret, n++);
-				continue;
-			}
-			more = true;
-			if (n && strcmp(t->name, ret[0]->name) < 0) {
-				ret[0] = t;
-				heap_down(ret, n, 0);
-			}
+	/* In name order from where the last page ended: O(log names + page). */
+	for (; t; t = RB_NEXT(tensor_names, &reg->names, t)) {
+		if (t->name_len < len || memcmp(t->name, prefix, len) != 0) {
+			t = NULL; /* past the prefix: the end */
+			break;
 		}
+		if (n == limit || visited == REGISTRY_LIST_SCAN_MAX)
+			break;
+		visited++;
+		last = t;
+		if (may_see(reg, t, rc))
+			ret[n++] = t;
 	}
-	qsort(ret, n, sizeof(*ret), cmp_name);
 	*ret_n = n;
-	*ret_more = more;
+	*ret_next = t && last ? last->name : NULL;
 	return 0;
 }

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include <tensord/tensord.h>
+#include <uv/tree.h> /* the BSD red-black tree libuv ships: names in order for List */
 
 #include "backend.h"
 #include "quota.h"
@@ -51,6 +52,7 @@ struct tensor {
 	struct reg_device *dev;      /* borrowed: the device slot it is charged to */
 	struct backend_alloc alloc;  /* owned */
 	struct tensor *hnext;        /* hash chain of named tensors */
+	RB_ENTRY(tensor) byname;     /* named tensors in name order */
 	struct tensor *prev, *next;  /* every live tensor */
 	struct tensor *cprev, *cnext; /* the tensors its creator made, while it lives */
 	int64_t dims[];              /* shape, strides, then the name's bytes */
@@ -84,7 +86,10 @@ struct reg_lease {
 	uint32_t next_free;
 };
 
+RB_HEAD(tensor_names, tensor);
+
 struct registry {
+	struct tensor_names names; /* named tensors in name order (List) */
 	struct tensor **buckets;
 	size_t n_buckets;            /* power of two */
 	size_t n_named;
@@ -202,17 +207,21 @@ struct tensor *registry_lookup(struct registry *reg, struct reg_client *rc, cons
 /* Whether a tensor of that name is published (whatever its mode). */
 bool registry_published(struct registry *reg, const char *name, size_t len);
 
+/* Names one List visits at most, shown or not: a page costs bounded work. */
+#define REGISTRY_LIST_SCAN_MAX 65536
+
 /*
  * One page of the tensors rc may see (as registry_lookup()) whose names
  * start with prefix (any bytes): at most limit of those whose names sort
  * after `after` (a NUL-terminated string, "" for the first page), in name
- * order, into ret[] (limit entries, the caller's). *ret_more says whether
- * more follow. Costs one walk of the table and no allocation. The tensors
- * are borrowed, as from registry_lookup(). Always 0.
+ * order, into ret[] (limit entries, the caller's). When more may follow,
+ * *ret_next is the name to go on after (borrowed, like the tensors), else
+ * NULL. Visits at most REGISTRY_LIST_SCAN_MAX names, from the first after
+ * `after`, and allocates nothing. Always 0.
  */
 int registry_list(struct registry *reg, struct reg_client *rc, const char *prefix, size_t len,
 		  const char *after, size_t limit, struct tensor **ret, size_t *ret_n,
-		  bool *ret_more);
+		  const char **ret_next);
 
 /* The device slot for dev, or NULL. */
 struct reg_device *registry_device(struct registry *reg, DLDevice dev);

@@ -133,7 +133,8 @@ void reply_info(struct conn *c, uint64_t req_id, const struct tensor *t)
 	reply_send(c, &rep, NULL);
 }
 
-void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t n, bool more)
+void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t n,
+		const char *next)
 {
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
 	Tensord__ListReply lr = TENSORD__LIST_REPLY__INIT;
@@ -152,7 +153,8 @@ void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t
 	}
 	lr.n_tensors = n;
 	lr.tensors = pi;
-	lr.more = more;
+	lr.more = next != NULL;
+	lr.next = (char *)(next ? next : "");
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_LIST;
 	rep.list = &lr;

@@ -33,10 +33,12 @@ void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64
 void reply_info(struct conn *c, uint64_t req_id, const struct tensor *t);
 
 /*
- * What list answers: one page of n tensors, borrowed, in that order; more:
- * names remain after it. -ENOMEM is answered here.
+ * What list answers: one page of n tensors, borrowed, in that order; next:
+ * the name to go on after when more remain (borrowed), else NULL. -ENOMEM
+ * is answered here.
  */
-void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t n, bool more);
+void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t n,
+		const char *next);
 
 /* The fair-share part of stats. */
 struct stats_fair {

@@ -373,10 +373,11 @@ static int list_page(tensord_client *c, const char *prefix, char *after, tensord
 	}
 	for (size_t i = 0; i < lr->n_tensors; i++)
 		td_info_from_wire(&(*v)[(*n)++], lr->tensors[i]);
-	/* A page that ends without a name to go on from ends the list. */
-	r = lr->more && lr->n_tensors ? 1 : 0;
-	if (lr->n_tensors)
-		snprintf(after, TENSORD_NAME_MAX + 1, "%s", (*v)[*n - 1].name);
+	/* The daemon says where to go on: after the last name it looked at,
+	 * which may be one it did not show. */
+	r = lr->more && lr->next[0] && strcmp(lr->next, after) > 0 ? 1 : 0;
+	if (r)
+		snprintf(after, TENSORD_NAME_MAX + 1, "%s", lr->next);
 	tensord__reply__free_unpacked(rep, NULL);
 	return r;
 }
@@ -405,19 +406,13 @@ int tensord_list(tensord_client *c, const char *prefix, tensord_info **ret_infos
 	return 0;
 }
 
-int tensord_stats(tensord_client *c, tensord_daemon_stats *ret_stats, size_t size)
+/* A stats round trip. On success *ret_rep is the caller's to free. */
+static int stats_rpc(tensord_client *c, Tensord__Reply **ret_rep)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Stats st = TENSORD__STATS__INIT;
 	Tensord__Reply *rep;
-	Tensord__StatsReply *s;
-	tensord_daemon_stats all, *ret = &all;
 	int r;
-
-	if (!ret_stats || size < TENSORD_STATS_SIZE_V1)
-		return td_set_error(-EINVAL, "stats: a buffer of %zu bytes is smaller than "
-				    "tensord_daemon_stats ever was (%zu)", size,
-				    (size_t)TENSORD_STATS_SIZE_V1);
 
 	req.body_case = TENSORD__REQUEST__BODY_STATS;
 	req.stats = &st;
@@ -428,6 +423,66 @@ int tensord_stats(tensord_client *c, tensord_daemon_stats *ret_stats, size_t siz
 		tensord__reply__free_unpacked(rep, NULL);
 		return td_set_error(-EPROTO, "tensord answered stats without stats");
 	}
+	*ret_rep = rep;
+	return 0;
+}
+
+static int cmp_uid(const void *a, const void *b)
+{
+	uint32_t x = ((const tensord_uid_stats *)a)->uid, y = ((const tensord_uid_stats *)b)->uid;
+
+	return x < y ? -1 : x > y;
+}
+
+int tensord_uid_usage(tensord_client *c, tensord_uid_stats **ret_usage, size_t *ret_count)
+{
+	Tensord__Reply *rep;
+	Tensord__StatsReply *s;
+	tensord_uid_stats *v;
+	int r = stats_rpc(c, &rep);
+
+	if (r < 0)
+		return r;
+	s = rep->stats;
+	v = calloc(s->n_uids ? s->n_uids : 1, sizeof(*v));
+	if (!v) {
+		tensord__reply__free_unpacked(rep, NULL);
+		return td_set_error(-ENOMEM, "out of memory for %zu uids", s->n_uids);
+	}
+	for (size_t i = 0; i < s->n_uids; i++) {
+		const Tensord__UidUsage *w = s->uids[i];
+
+		v[i] = (tensord_uid_stats){ .uid = w->uid,
+					    .clients = w->clients,
+					    .tensors = w->tensors,
+					    .fds = w->fds,
+					    .bytes = w->bytes,
+					    .waiters = w->waiters,
+					    .fds_in_flight = w->fds_in_flight };
+	}
+	qsort(v, s->n_uids, sizeof(*v), cmp_uid);
+	*ret_usage = v;
+	*ret_count = s->n_uids;
+	tensord__reply__free_unpacked(rep, NULL);
+	return 0;
+}
+
+int tensord_stats(tensord_client *c, tensord_daemon_stats *ret_stats, size_t size)
+{
+	Tensord__Reply *rep;
+	Tensord__StatsReply *s;
+	tensord_daemon_stats all, *ret = &all;
+	int r;
+
+	if (!ret_stats || size < TENSORD_STATS_SIZE_V1)
+		return td_set_error(-EINVAL,
+				    "stats: a buffer of %zu bytes is smaller than "
+				    "tensord_daemon_stats ever was (%zu)",
+				    size, (size_t)TENSORD_STATS_SIZE_V1);
+
+	r = stats_rpc(c, &rep);
+	if (r < 0)
+		return r;
 	s = rep->stats;
 	memset(ret, 0, sizeof(*ret));
 	ret->size = (uint32_t)(size < sizeof(*ret) ? size : sizeof(*ret));

@@ -73,8 +73,8 @@ void print_info(const tensord_info *in);
 /* The ls table: a header line, then one aligned row per tensor. */
 void print_ls_table(const tensord_info *infos, size_t n);
 
-/* The stats totals and devices, as one JSON object or as text and a table. */
-void print_stats_json(const tensord_daemon_stats *st);
-void print_stats_text(const tensord_daemon_stats *st);
+/* The stats totals, devices and the n uids' usage, as one JSON object or as text and tables. */
+void print_stats_json(const tensord_daemon_stats *st, const tensord_uid_stats *u, size_t n);
+void print_stats_text(const tensord_daemon_stats *st, const tensord_uid_stats *u, size_t n);
 
 #endif /* TENSORD_TENSORCTL_H */

@@ -123,6 +123,17 @@ typedef struct tensord_daemon_stats {
 	uint64_t host_slab_bytes;  /* bytes in their live slots */
 } tensord_daemon_stats;
 
+/* What one uid holds in the daemon (see tensord_uid_usage()). */
+typedef struct tensord_uid_stats {
+	uint32_t uid;
+	uint32_t clients;	/* connections */
+	uint64_t tensors;	/* tensors it owns, named or still leased */
+	uint64_t fds;		/* of those, tensors with a descriptor of their own */
+	uint64_t bytes;		/* bytes of those tensors */
+	uint32_t waiters;	/* attaches waiting for a publish */
+	uint32_t fds_in_flight; /* descriptors sent to it and not yet received */
+} tensord_uid_stats;
+
 /* The size of the first tensord_daemon_stats; tensord_stats() wants at least this. */
 #define TENSORD_STATS_SIZE_V1 (offsetof(tensord_daemon_stats, devices) + \
 			       TENSORD_STATS_DEVICES_MAX * sizeof(tensord_device_stats))
@@ -220,6 +231,15 @@ TENSORD_API int tensord_list(tensord_client *client, const char *prefix, tensord
  */
 TENSORD_API int tensord_stats(tensord_client *client, tensord_daemon_stats *ret_stats,
 			      size_t size);
+
+/*
+ * What each uid holds, against the daemon's per-uid shares: every uid when
+ * the caller is root, else the caller's own uid only. On success
+ * *ret_usage is a malloc'ed array of *ret_count entries in uid order,
+ * owned by the caller, who frees it with free() (also when *ret_count is 0).
+ */
+TENSORD_API int tensord_uid_usage(tensord_client *client, tensord_uid_stats **ret_usage,
+				  size_t *ret_count);
 
 /*
  * Returns a second DLManagedTensorVersioned for the same lease as t (which

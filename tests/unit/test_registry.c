@@ -271,7 +271,7 @@ static void test_list_sorted_by_prefix(void **state)
 	struct tensor *t, *v[8];
 	uint64_t l;
 	size_t n;
-	bool more;
+	const char *more;
 	const char *names[] = { "m/b", "m/a", "x", "m/c/d" };
 
 	registry_client_init(&a, 1, 0, 0, 1);
@@ -282,7 +282,7 @@ static void test_list_sorted_by_prefix(void **state)
 	}
 	assert_int_equal(registry_list(reg, &a, "m/", 2, "", 8, v, &n, &more), 0);
 	assert_int_equal(n, 3);
-	assert_false(more);
+	assert_null(more);
 	assert_string_equal(v[0]->name, "m/a");
 	assert_string_equal(v[1]->name, "m/b");
 	assert_string_equal(v[2]->name, "m/c/d");
@@ -322,7 +322,7 @@ static void test_list_pages(void **state)
 	char name[32], after[TENSORD_NAME_MAX + 1] = "";
 	uint64_t l;
 	size_t n, seen = 0;
-	bool more = true;
+	const char *more = "";
 
 	registry_client_init(&a, 1, 0, 0, 1);
 	for (int i = 0; i < 1000; i++) {
@@ -339,18 +339,20 @@ static void test_list_pages(void **state)
 			snprintf(after, sizeof(after), "%s", v[i]->name);
 		}
 		seen += n;
-		assert_true(more == (seen < 500));
+		assert_true((more != NULL) == (seen < 500));
+		if (more)
+			assert_string_equal(more, after);
 	}
 	assert_int_equal(seen, 500);
 	/* After p/0900 come the 50 odd p/0901..p/0999, then the 500 q/. */
 	assert_int_equal(registry_list(reg, &a, "", 0, "p/0900", 300, v, &n, &more), 0);
 	assert_int_equal(n, 300);
-	assert_true(more);
+	assert_non_null(more);
 	assert_string_equal(v[49]->name, "p/0999");
 	assert_string_equal(v[50]->name, "q/0000");
 	assert_int_equal(registry_list(reg, &a, "", 0, "q/0448", 300, v, &n, &more), 0);
 	assert_int_equal(n, 275);
-	assert_false(more);
+	assert_null(more);
 	registry_client_gone(reg, &a);
 }
 
@@ -363,7 +365,7 @@ static void test_metadata_hidden_from_who_may_not_read(void **state)
 	struct tensor *t, *v[4];
 	uint64_t l;
 	size_t n;
-	bool more;
+	const char *more;
 
 	registry_client_init(&owner, 1, 1000, 1000, 1);
 	registry_client_init(&other, 2, 1001, 1001, 2);
@@ -469,6 +471,38 @@ static void test_client_gone_walks_only_its_own(void **state)
 	assert_int_equal(reg->n_named, 2000);
 }
 
+/* A page visits a bounded number of names, shown or not, and says where to
+ * go on: a uid that may see none of many names pays per page, not per
+ * registry. */
+static void test_list_scan_is_bounded(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client owner, other;
+	struct tensor *t, *v[16];
+	uint64_t l;
+	size_t n, pages = 0;
+	char name[32], after[TENSORD_NAME_MAX + 1] = "";
+	const char *next = "";
+
+	registry_client_init(&owner, 1, 1000, 1000, 1);
+	registry_client_init(&other, 2, 1001, 1001, 2);
+	for (int i = 0; i < REGISTRY_LIST_SCAN_MAX + 100; i++) {
+		snprintf(name, sizeof(name), "s/%06d", i);
+		assert_int_equal(create(reg, &owner, name, 0, 0, 0600, &t, &l), 0);
+		assert_int_equal(
+			registry_publish(reg, &owner, name, strlen(name), why, sizeof(why)), 0);
+	}
+	while (next) {
+		assert_int_equal(registry_list(reg, &other, "s/", 2, after, 16, v, &n, &next), 0);
+		assert_int_equal(n, 0);
+		if (next)
+			snprintf(after, sizeof(after), "%s", next);
+		pages++;
+	}
+	assert_int_equal(pages, 2);
+	registry_client_gone(reg, &owner);
+}
+
 int main(void)
 {
 	log_level = TD_LOG_ERROR;
@@ -489,6 +523,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_client_gone_walks_only_its_own, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(test_list_scan_is_bounded, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
