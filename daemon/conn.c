@@ -278,6 +278,7 @@ void conn_close(struct conn *c)
 	c->out_head = c->out_tail = NULL;
 	if (c->blocked)
 		set->n_blocked--;
+	c->blocked = false;
 	if (set->quota) {
 		quota_uncharge(set->quota, c->uid, QUOTA_CLIENTS, 1);
 		quota_uncharge(set->quota, c->uid, QUOTA_FDS_IN_FLIGHT, c->fds_in_flight);
@@ -460,7 +461,8 @@ static void on_retry(uv_timer_t *h)
 			conn_refresh_in_flight(c);
 		for (c = set->head; c; c = next) {
 			next = c->next;
-			if (!c->blocked)
+			/* Serving one may close others (a publish answers waiters). */
+			if (c->dead || !c->blocked)
 				continue;
 			c->blocked = false;
 			set->n_blocked--;

@@ -183,8 +183,10 @@ static void tensor_free(struct registry *reg, struct tensor *t)
 
 void registry_fini(struct registry *reg)
 {
-	while (reg->all)
+	while (reg->all) {
+		reg->all->creator = NULL; /* its client may be gone without client_gone() */
 		tensor_free(reg, reg->all);
+	}
 	free(reg->buckets);
 	reg->buckets = NULL;
 	for (int b = 0; backends[b]; b++)
