@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "common/desc.h"
+#include "common/hash.h"
 #include "log.h"
 
 #define PERM_READ 4u
@@ -20,20 +21,9 @@ static int cmp_names(const struct tensor *a, const struct tensor *b)
 
 RB_GENERATE_STATIC(tensor_names, tensor, byname, cmp_names)
 
-static uint64_t hash_name(const char *s, size_t len)
-{
-	uint64_t h = 1469598103934665603ull; /* FNV-1a */
-
-	for (size_t i = 0; i < len; i++) {
-		h ^= (unsigned char)s[i];
-		h *= 1099511628211ull;
-	}
-	return h;
-}
-
 static struct tensor **bucket_of(struct registry *reg, const char *name, size_t len)
 {
-	return &reg->buckets[hash_name(name, len) & (reg->n_buckets - 1)];
+	return &reg->buckets[td_hash_name(name, len) & (reg->n_buckets - 1)];
 }
 
 static struct tensor *find_named(struct registry *reg, const char *name, size_t len)
@@ -56,7 +46,7 @@ static int grow_buckets(struct registry *reg)
 
 		for (; t; t = next) {
 			next = t->hnext;
-			struct tensor **b = &nb[hash_name(t->name, t->name_len) & (n - 1)];
+			struct tensor **b = &nb[td_hash_name(t->name, t->name_len) & (n - 1)];
 			t->hnext = *b;
 			*b = t;
 		}

@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/hash.h"
+
 /* The waiters of one name; freed when its last waiter goes. */
 struct waiter_name {
 	struct waiter_name *hnext;
@@ -44,20 +46,9 @@ void waiters_init(struct waiters *ws, uv_loop_t *loop, waiter_done_fn *on_done, 
 	ws->ctx = ctx;
 }
 
-static uint64_t hash_name(const char *s, size_t len)
-{
-	uint64_t h = 1469598103934665603ull; /* FNV-1a, as the registry */
-
-	for (size_t i = 0; i < len; i++) {
-		h ^= (unsigned char)s[i];
-		h *= 1099511628211ull;
-	}
-	return h;
-}
-
 static struct waiter_name **bucket_of(struct waiters *ws, const char *name, size_t len)
 {
-	return &ws->buckets[hash_name(name, len) & (ws->n_buckets - 1)];
+	return &ws->buckets[td_hash_name(name, len) & (ws->n_buckets - 1)];
 }
 
 static struct waiter_name *name_find(struct waiters *ws, const char *name, size_t len)
@@ -81,7 +72,7 @@ static int grow(struct waiters *ws)
 		struct waiter_name *wn, *next;
 
 		for (wn = ws->buckets[i]; wn; wn = next) {
-			struct waiter_name **b = &nb[hash_name(wn->name, wn->len) & (n - 1)];
+			struct waiter_name **b = &nb[td_hash_name(wn->name, wn->len) & (n - 1)];
 
 			next = wn->hnext;
 			wn->hnext = *b;

@@ -143,6 +143,8 @@ typedef struct tensord_uid_stats {
  * path: $TENSORD_SOCKET, else $XDG_RUNTIME_DIR/tensord.sock, else
  * /run/tensord/tensord.sock for root, else /tmp/tensord-$UID.sock.
  * -ECONNREFUSED or -ENOENT: no daemon there. -EPROTO: protocol mismatch.
+ * -EDQUOT or -EAGAIN: the daemon refused the connection (this uid's share
+ * of connections, or all of them in use); tensord_last_error() says which.
  * On success *ret_client is owned by the caller; free it with tensord_close().
  */
 TENSORD_API int tensord_connect(const char *socket_path, tensord_client **ret_client);
@@ -163,7 +165,8 @@ TENSORD_API int tensord_default_socket_path(char *buf, size_t len);
  * for the call. On success *ret_tensor is owned by the caller and holds
  * one lease; its deleter ends it and must run exactly once, from any
  * thread, also after tensord_close().
- * -EEXIST, -EINVAL (name, dtype, shape or strides), -ENOSPC, -ENODEV.
+ * -EEXIST, -EINVAL (name, dtype, shape or strides), -ENOSPC, -ENODEV,
+ * -EDQUOT (over this uid's share of tensors or bytes; the message names it).
  */
 TENSORD_API int tensord_create(tensord_client *client, const char *name, const tensord_spec *spec,
 			       DLManagedTensorVersioned **ret_tensor);
@@ -212,12 +215,13 @@ TENSORD_API int tensord_put(tensord_client *client, const char *name, const DLTe
 /* Removes the name; memory lives until the last lease ends. -ENOENT, -EPERM. */
 TENSORD_API int tensord_unlink(tensord_client *client, const char *name);
 
-/* Describes one tensor. -ENOENT. */
+/* Describes one tensor. -ENOENT (also for one the caller may not read). */
 TENSORD_API int tensord_stat(tensord_client *client, const char *name, tensord_info *ret_info);
 
 /*
- * Describes every tensor whose name starts with prefix (NULL or "": all), in
- * name order. On success *ret_infos is a malloc'ed array of *ret_count
+ * Describes every tensor whose name starts with prefix (NULL or "": all) and
+ * that the caller may see (its own, or one its mode lets it read), in name
+ * order. The daemon answers in pages; this asks for each. On success *ret_infos is a malloc'ed array of *ret_count
  * entries, owned by the caller, who frees it with free() (also when
  * *ret_count is 0).
  */

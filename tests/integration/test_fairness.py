@@ -479,16 +479,23 @@ def test_item6_close_walks_only_its_own_tensors(fair):
 
 # --- item 7: descriptors in flight for a daemon that is not root -----------------------------
 
-def test_item7_nonroot_daemon_keeps_serving_when_one_client_never_reads(fair):
-    # A daemon of its own uid with 256 descriptors: the kernel lets it have
-    # at most 256 descriptors in flight (SCM_RIGHTS) over all its clients.
-    d = fair(uid=DAEMON_UID, nofile=256)
+def nonroot_daemon_under_attack(fair, n_attackers, *args):
+    """A daemon of its own uid with 256 descriptors (so the kernel lets it
+    have at most 256 in flight, SCM_RIGHTS, over all its clients), a tensor
+    "pub", and n_attackers connections of ATTACKER that ask for it
+    thousands of times and never read."""
+    d = fair(*args, uid=DAEMON_UID, nofile=256)
     owner = raw_as(0, d.socket)
     make_tensor(owner, "pub", 1024)
-    attackers = [raw_as(ATTACKER, d.socket) for _ in range(8)]
+    attackers = [raw_as(ATTACKER, d.socket) for _ in range(n_attackers)]
     one = frame(attach_req(1, "pub"))
     for a in attackers:
         flood(a, one * 2000, seconds=1.5, stuck_for=0.2)
+    return d, owner, attackers
+
+
+def test_item7_nonroot_daemon_keeps_serving_when_one_client_never_reads(fair):
+    d, owner, attackers = nonroot_daemon_under_attack(fair, 8)
     sb = stats(owner)
     print("item 7: attacker usage", uid_rows(sb).get(ATTACKER))
     # Its uid's share of descriptors in flight is well below the kernel's limit...
@@ -503,14 +510,8 @@ def test_item7_etoomanyrefs_keeps_the_reply_queued(fair):
     # Lift every share of the attacker so that the kernel's per-user limit
     # is what stops the daemon: the victim's reply must wait, not be lost,
     # and its connection must stay open.
-    d = fair("--quota-exempt-uid", str(ATTACKER), "--max-fds-in-flight-per-conn", "100000",
-             uid=DAEMON_UID, nofile=256)
-    owner = raw_as(0, d.socket)
-    make_tensor(owner, "pub", 1024)
-    attackers = [raw_as(ATTACKER, d.socket) for _ in range(6)]
-    one = frame(attach_req(1, "pub"))
-    for a in attackers:
-        flood(a, one * 2000, seconds=1.5, stuck_for=0.2)
+    d, owner, attackers = nonroot_daemon_under_attack(
+        fair, 6, "--quota-exempt-uid", str(ATTACKER), "--max-fds-in-flight-per-conn", "100000")
     victim = raw_as(HONEST, d.socket)
     victim.send(frame(attach_req(5, "pub")))
     time.sleep(0.5)
@@ -521,6 +522,11 @@ def test_item7_etoomanyrefs_keeps_the_reply_queued(fair):
     if in_flight < 250:
         pytest.skip(f"the kernel let only {in_flight} descriptors into flight here; "
                     "cannot reach its per-user limit")
+    # Held back, not lost: nothing has come yet, and the connection is open.
+    victim.sock.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        victim.sock.recv(1, socket.MSG_PEEK)
+    victim.sock.setblocking(True)
     # The attacker lets go; the victim's reply arrives on the same connection.
     for a in attackers:
         a.close()
