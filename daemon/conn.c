@@ -174,8 +174,61 @@ static void linger_expire(struct conn_set *set, bool all)
 	set->n_linger -= i;
 }
 
+/*
+ * Sockets of closed connections whose peer still has descriptors of ours
+ * unread: closing them would drop the count, not the descriptors, which
+ * stay queued at the peer and count against the daemon user's kernel limit
+ * (a client that half-closes could repeat that). So the socket stays open,
+ * shut down, and its uid stays charged (a connection and its descriptors)
+ * until the peer has read them or closed its end. all: close them now.
+ */
+static void drain_check(struct conn_set *set, bool all)
+{
+	for (unsigned i = 0; i < set->n_drain;) {
+		struct conn_drain *d = &set->drain[i];
+		int outq;
+
+		if (!all && ioctl(d->fd, SIOCOUTQ, &outq) == 0 && outq > 0) {
+			i++;
+			continue;
+		}
+		close(d->fd);
+		if (set->quota) {
+			quota_uncharge(set->quota, d->uid, QUOTA_CLIENTS, 1);
+			quota_uncharge(set->quota, d->uid, QUOTA_FDS_IN_FLIGHT, d->fds_in_flight);
+		}
+		*d = set->drain[--set->n_drain];
+	}
+}
+
+/* Takes ownership of c's socket (closed on every path) and of its charges. */
+static void drain_add(struct conn_set *set, struct conn *c)
+{
+	if (set->n_drain == set->cap_drain) {
+		unsigned cap = set->cap_drain ? set->cap_drain * 2 : 16;
+		struct conn_drain *nd = realloc(set->drain, cap * sizeof(*nd));
+
+		if (!nd) {
+			close(c->fd);
+			quota_uncharge(set->quota, c->uid, QUOTA_CLIENTS, 1);
+			quota_uncharge(set->quota, c->uid, QUOTA_FDS_IN_FLIGHT, c->fds_in_flight);
+			return;
+		}
+		set->drain = nd;
+		set->cap_drain = cap;
+	}
+	shutdown(c->fd, SHUT_RDWR);
+	set->drain[set->n_drain++] = (struct conn_drain){ c->fd, c->uid, c->fds_in_flight };
+	retry_arm(set);
+}
+
 void conn_set_fini(struct conn_set *set)
 {
+	set->stopping = true;
+	drain_check(set, true);
+	free(set->drain);
+	set->drain = NULL;
+	set->n_drain = set->cap_drain = 0;
 	linger_expire(set, true);
 	uv_timer_stop(&set->retry);
 	uv_close((uv_handle_t *)&set->retry, NULL);
@@ -257,8 +310,17 @@ void conn_accept(struct conn_set *set, int fd)
 static void on_closed(uv_handle_t *h)
 {
 	struct conn *c = h->data;
+	struct conn_set *set = c->set;
 
-	close(c->fd);
+	if (c->drain && !set->stopping) {
+		drain_add(set, c);
+	} else {
+		close(c->fd);
+		if (c->drain) {
+			quota_uncharge(set->quota, c->uid, QUOTA_CLIENTS, 1);
+			quota_uncharge(set->quota, c->uid, QUOTA_FDS_IN_FLIGHT, c->fds_in_flight);
+		}
+	}
 	free(c);
 }
 
@@ -279,10 +341,12 @@ void conn_close(struct conn *c)
 	if (c->blocked)
 		set->n_blocked--;
 	c->blocked = false;
-	if (set->quota) {
+	conn_refresh_in_flight(c);
+	/* With descriptors still unread at the peer, the socket and the charges
+	 * go to the drain list once libuv lets go (on_closed). */
+	c->drain = c->fds_in_flight > 0 && set->quota;
+	if (set->quota && !c->drain)
 		quota_uncharge(set->quota, c->uid, QUOTA_CLIENTS, 1);
-		quota_uncharge(set->quota, c->uid, QUOTA_FDS_IN_FLIGHT, c->fds_in_flight);
-	}
 	set->handlers->on_close(c, set->ctx);
 	free(c->in);
 	c->in = NULL;
@@ -456,6 +520,7 @@ static void on_retry(uv_timer_t *h)
 	struct conn *c, *next;
 
 	linger_expire(set, false);
+	drain_check(set, false);
 	if (set->n_blocked) {
 		for (c = set->head; c; c = c->next)
 			conn_refresh_in_flight(c);
@@ -480,7 +545,7 @@ static void on_retry(uv_timer_t *h)
 			conn_update_poll(c);
 		}
 	}
-	if (!set->n_blocked && !set->n_linger)
+	if (!set->n_blocked && !set->n_linger && !set->n_drain)
 		uv_timer_stop(h);
 }
 

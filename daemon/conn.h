@@ -101,6 +101,18 @@ struct conn_set {
 	int linger_fd[CONN_LINGER_MAX];
 	uint64_t linger_until[CONN_LINGER_MAX]; /* uv_now() in ms */
 	uint64_t fd_waits; /* times a reply waited for descriptors: for stats */
+	/* Closed connections whose peer has not received every descriptor we
+	 * sent: their sockets stay open (shut down) and their uid stays
+	 * charged until the peer reads or closes. Owned. */
+	struct conn_drain *drain;
+	unsigned n_drain, cap_drain;
+	bool stopping; /* conn_set_fini() ran: close, never drain */
+};
+
+struct conn_drain {
+	int fd; /* owned */
+	uint32_t uid;
+	uint32_t fds_in_flight;
 };
 
 struct outbuf {
@@ -125,6 +137,7 @@ struct conn {
 	uint32_t fds_queued;	/* queued replies that will carry a descriptor */
 	uint32_t fds_in_flight; /* sent since the peer last had nothing unread */
 	bool blocked;		/* sending waits for the retry timer */
+	bool drain;		/* at close: descriptors in flight; keep the socket */
 	bool flushing;		/* in conn_flush(): conn_send() only queues */
 	bool closing;               /* flush what is queued, then close */
 	bool dead;                  /* closed; waiting for libuv to let go */

@@ -506,6 +506,33 @@ def test_item7_nonroot_daemon_keeps_serving_when_one_client_never_reads(fair):
         a.close()
 
 
+def test_item7_half_closed_connections_keep_their_share(fair):
+    """An attacker that asks for a few descriptors on a connection, never
+    reads them and half-closes it (the daemon sees EOF and closes its end),
+    then does it again, would pile up descriptors in flight that nobody
+    counts. They stay counted, with the connection, until read or closed."""
+    d, owner, attackers = nonroot_daemon_under_attack(fair, 0)
+    twenty = frame(attach_req(1, "pub")) * 20
+    for _ in range(20):
+        a = raw_as(ATTACKER, d.socket)
+        a.send(twenty)
+        time.sleep(0.05)
+        a.sock.shutdown(socket.SHUT_WR)
+        attackers.append(a)
+    time.sleep(0.3)
+    sb = stats(owner)
+    print("item 7: half-closing attacker", uid_rows(sb).get(ATTACKER))
+    # 20 x 20 would pass the kernel's 256; the uid's share stops at 64.
+    assert 0 < usage(sb, ATTACKER, U_FDS_IN_FLIGHT) <= 256 // 4
+    assert usage(sb, ATTACKER, U_CLIENTS) >= 2  # closed ones with descriptors unread
+    honest_round_trip(d, HONEST, "pub")
+    # Once the attacker closes its sockets, its share comes back.
+    for a in attackers:
+        a.close()
+    assert wait_until(lambda: usage(stats(owner), ATTACKER, U_CLIENTS) == 0, timeout=5)
+    assert usage(stats(owner), ATTACKER, U_FDS_IN_FLIGHT) == 0
+
+
 def test_item7_etoomanyrefs_keeps_the_reply_queued(fair):
     # Lift every share of the attacker so that the kernel's per-user limit
     # is what stops the daemon: the victim's reply must wait, not be lost,
