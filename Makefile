@@ -153,7 +153,8 @@ UNIT_DEPS_test_slab        := daemon/slab.c common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memlimit.c
 UNIT_DEPS_test_ratelimit   := daemon/ratelimit.c daemon/log.c
 UNIT_DEPS_test_paths       := common/paths.c
-UNIT_DEPS_test_registry    := daemon/registry.c daemon/backend_host.c daemon/pool.c daemon/slab.c \
+UNIT_DEPS_test_registry    := daemon/registry.c daemon/quota.c daemon/backend_host.c daemon/pool.c \
+                              daemon/slab.c \
                               daemon/memlimit.c common/sys.c \
                               daemon/log.c common/desc.c \
                               common/names.c common/errors.c
@@ -161,6 +162,7 @@ UNIT_DEPS_test_waiters     := daemon/waiters.c
 UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn.c daemon/log.c \
                               daemon/ratelimit.c daemon/sdnotify.c common/paths.c \
                               proto/frame.c
+UNIT_DEPS_test_quota       := daemon/quota.c
 UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c \
                               client/tensorctl/npy_write.c common/names.c common/desc.c
 UNIT_DEPS_test_gpu_util    := common/gpu/cuda_api.c common/gpu/hip_api.c

@@ -12,6 +12,7 @@
 	XX(EEXIST, "tensor exists")                                             \
 	XX(EINVAL, "invalid argument")                                          \
 	XX(ENOSPC, "over capacity")                                             \
+	XX(EDQUOT, "over this user's share")                                    \
 	XX(ENODEV, "no backend for device")                                     \
 	XX(EPERM, "operation not permitted")                                    \
 	XX(EACCES, "permission denied")                                         \

@@ -11,34 +11,99 @@
  * Output: replies go out at once when the socket takes them; what it does
  * not take is queued, and while more than CONN_OUT_HIGH bytes are queued we
  * stop reading that client's requests, so a client that never reads its
- * replies costs us at most that much memory.
+ * replies costs us at most that much memory. A reply that carries a
+ * descriptor is queued with a ticket, and the descriptor is made when the
+ * frame goes out; while set->fds_per_conn of them are queued or unread by
+ * the peer we also stop reading, and we send no more descriptors until the
+ * peer has read those (its uid's share of descriptors in flight is capped
+ * too). A send refused for lack of descriptors (ETOOMANYREFS, ENOBUFS,
+ * EMFILE) keeps the frame queued for set->retry; it never closes the
+ * connection (issue 10, items 3 and 7).
  *
  * What a frame means is not decided here: frames, framing errors and the
  * close go up through set->handlers (see conn.h).
  */
 #include <errno.h>
+#include <linux/sockios.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "conn.h"
 #include "log.h"
 #include "proto/frame.h"
+#include "quota.h"
 
 #define IN_CHUNK 4096u
+#define RETRY_MS 10
+#define LINGER_MS 500
 
 static void on_poll(uv_poll_t *h, int status, int events);
+static void on_retry(uv_timer_t *h);
+static void conn_process(struct conn *c);
+static void retry_arm(struct conn_set *set);
+
+/* The peer has read everything we sent: what was in flight has arrived. */
+static void conn_refresh_in_flight(struct conn *c)
+{
+	int outq;
+
+	if (!c->fds_in_flight || ioctl(c->fd, SIOCOUTQ, &outq) < 0 || outq > 0)
+		return;
+	if (c->set->quota)
+		quota_uncharge(c->set->quota, c->uid, QUOTA_FDS_IN_FLIGHT, c->fds_in_flight);
+	c->fds_in_flight = 0;
+}
+
+/* c waits for the retry timer, to send or to read. Always 0. */
+static int conn_block(struct conn *c)
+{
+	if (!c->blocked) {
+		c->blocked = true;
+		c->set->n_blocked++;
+		c->set->fd_waits++;
+		retry_arm(c->set);
+	}
+	return 0;
+}
+
+/* Whether c has as many descriptors queued or unread as we let it. */
+static bool fds_backlogged(struct conn *c)
+{
+	unsigned cap = c->set->fds_per_conn;
+
+	if (!cap || c->fds_queued + c->fds_in_flight < cap)
+		return false;
+	conn_refresh_in_flight(c);
+	return c->fds_queued + c->fds_in_flight >= cap;
+}
+
+/* Whether c has as many replies waiting as we let it: then we read no more
+ * of its requests until it reads. */
+static bool conn_backlogged(struct conn *c)
+{
+	return c->out_bytes >= CONN_OUT_HIGH || fds_backlogged(c);
+}
 
 static void conn_update_poll(struct conn *c)
 {
+	bool backlogged;
 	int ev = 0;
 
 	if (c->dead)
 		return;
-	if (!c->closing && c->out_bytes < CONN_OUT_HIGH)
+	backlogged = conn_backlogged(c);
+	if (!c->closing && !backlogged)
 		ev |= UV_READABLE;
-	if (c->out_head)
+	/* Held back by its descriptors alone, nothing else would wake us when
+	 * the peer reads them: the timer looks again. */
+	if (!c->closing && backlogged && c->out_bytes < CONN_OUT_HIGH)
+		conn_block(c);
+	/* A blocked connection waits for the timer: its socket is writable,
+	 * and level-triggered EPOLLOUT would spin. */
+	if (c->out_head && !c->blocked)
 		ev |= UV_WRITABLE;
 	if (ev == c->poll_events)
 		return;
@@ -58,13 +123,150 @@ void conn_set_init(struct conn_set *set, uv_loop_t *loop, const struct conn_hand
 	set->ctx = ctx;
 	set->data_size = data_size;
 	set->max = max;
+	uv_timer_init(loop, &set->retry);
+	set->retry.data = set;
+}
+
+static void retry_arm(struct conn_set *set)
+{
+	if (!uv_is_active((uv_handle_t *)&set->retry))
+		uv_timer_start(&set->retry, on_retry, RETRY_MS, RETRY_MS);
+}
+
+/*
+ * Answers a connection we will not serve with an id-0 error (which the
+ * library reports from tensord_connect) and keeps it open a little, so the
+ * peer reads the reason before it sees the close. Takes ownership of fd.
+ */
+static void conn_refuse(struct conn_set *set, int fd, int status, const char *msg)
+{
+	uint8_t buf[512];
+	size_t n = set->handlers->pack_refusal
+			   ? set->handlers->pack_refusal(buf, sizeof(buf), status, msg)
+			   : 0;
+
+	if (n && send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+		n = 0;
+	if (!n || shutdown(fd, SHUT_WR) < 0) {
+		close(fd);
+		return;
+	}
+	if (set->n_linger == CONN_LINGER_MAX) {
+		close(set->linger_fd[0]);
+		memmove(set->linger_fd, set->linger_fd + 1, (CONN_LINGER_MAX - 1) * sizeof(int));
+		memmove(set->linger_until, set->linger_until + 1,
+			(CONN_LINGER_MAX - 1) * sizeof(uint64_t));
+		set->n_linger--;
+	}
+	set->linger_fd[set->n_linger] = fd;
+	set->linger_until[set->n_linger++] = uv_now(set->loop) + LINGER_MS;
+	retry_arm(set);
+}
+
+static void linger_expire(struct conn_set *set, bool all)
+{
+	unsigned i = 0;
+
+	while (i < set->n_linger && (all || set->linger_until[i] <= uv_now(set->loop)))
+		close(set->linger_fd[i++]);
+	memmove(set->linger_fd, set->linger_fd + i, (set->n_linger - i) * sizeof(int));
+	memmove(set->linger_until, set->linger_until + i, (set->n_linger - i) * sizeof(uint64_t));
+	set->n_linger -= i;
+}
+
+/*
+ * Sockets of closed connections whose peer still has descriptors of ours
+ * unread: closing them would drop the count, not the descriptors, which
+ * stay queued at the peer and count against the daemon user's kernel limit
+ * (a client that half-closes could repeat that). So the socket stays open,
+ * shut down, and its uid stays charged (a connection and its descriptors)
+ * until the peer has read them or closed its end. all: close them now.
+ */
+static void drain_check(struct conn_set *set, bool all)
+{
+	for (unsigned i = 0; i < set->n_drain;) {
+		struct conn_drain *d = &set->drain[i];
+		int outq;
+
+		if (!all && ioctl(d->fd, SIOCOUTQ, &outq) == 0 && outq > 0) {
+			i++;
+			continue;
+		}
+		close(d->fd);
+		if (set->quota) {
+			quota_uncharge(set->quota, d->uid, QUOTA_CLIENTS, 1);
+			quota_uncharge(set->quota, d->uid, QUOTA_FDS_IN_FLIGHT, d->fds_in_flight);
+		}
+		*d = set->drain[--set->n_drain];
+	}
+}
+
+/* Takes ownership of c's socket (closed on every path) and of its charges. */
+static void drain_add(struct conn_set *set, struct conn *c)
+{
+	if (set->n_drain == set->cap_drain) {
+		unsigned cap = set->cap_drain ? set->cap_drain * 2 : 16;
+		struct conn_drain *nd = realloc(set->drain, cap * sizeof(*nd));
+
+		if (!nd) {
+			close(c->fd);
+			quota_uncharge(set->quota, c->uid, QUOTA_CLIENTS, 1);
+			quota_uncharge(set->quota, c->uid, QUOTA_FDS_IN_FLIGHT, c->fds_in_flight);
+			return;
+		}
+		set->drain = nd;
+		set->cap_drain = cap;
+	}
+	shutdown(c->fd, SHUT_RDWR);
+	set->drain[set->n_drain++] = (struct conn_drain){ c->fd, c->uid, c->fds_in_flight };
+	retry_arm(set);
+}
+
+void conn_set_fini(struct conn_set *set)
+{
+	set->stopping = true;
+	drain_check(set, true);
+	free(set->drain);
+	set->drain = NULL;
+	set->n_drain = set->cap_drain = 0;
+	linger_expire(set, true);
+	uv_timer_stop(&set->retry);
+	uv_close((uv_handle_t *)&set->retry, NULL);
+}
+
+/* Whether the peer (or the limits) let set serve one more connection of uid
+ * on descriptor fd; if not, the reason is in why. */
+static int conn_admit(struct conn_set *set, int fd, const struct ucred *cred, char *why,
+		      size_t why_len)
+{
+	struct quota *q = set->quota;
+
+	if (set->n >= set->max) {
+		snprintf(why, why_len, "tensord serves %u clients, its limit (--max-clients)",
+			 set->max);
+		return -EAGAIN;
+	}
+	if (!q)
+		return 0;
+	/* fd is the lowest free number: at the reserve means full. */
+	if (cred->uid != 0 && !quota_exempt(q, cred->uid) && q->lim.fd_budget &&
+	    (unsigned)fd >= q->lim.fd_budget - q->lim.fd_reserve) {
+		snprintf(why, why_len,
+			 "tensord's descriptors are all in use but the %u it keeps "
+			 "for root (RLIMIT_NOFILE %u)",
+			 q->lim.fd_reserve, q->lim.fd_budget);
+		return -ENOSPC;
+	}
+	return quota_charge(q, cred->uid, QUOTA_CLIENTS, 1, why, why_len);
 }
 
 void conn_accept(struct conn_set *set, int fd)
 {
 	struct ucred cred;
 	socklen_t len = sizeof(cred);
+	char why[200];
 	struct conn *c;
+	int r;
 
 	/* Who the peer is comes from the kernel, never from the message body. */
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
@@ -72,17 +274,19 @@ void conn_accept(struct conn_set *set, int fd)
 		close(fd);
 		return;
 	}
-	if (set->n >= set->max) {
+	r = conn_admit(set, fd, &cred, why, sizeof(why));
+	if (r < 0) {
 		log_limited(TD_LOG_WARN, LOG_KIND_REFUSED_ACCEPT, NULL, NULL,
-			    "accept: pid %d uid %u refused: %u clients is the limit", cred.pid,
-			    cred.uid, set->max);
-		close(fd);
+			    "accept: pid %d uid %u refused: %s", cred.pid, cred.uid, why);
+		conn_refuse(set, fd, r, why);
 		return;
 	}
 	c = calloc(1, sizeof(*c) + set->data_size);
 	if (!c || uv_poll_init(set->loop, &c->poll, fd) < 0) {
 		log_limited(TD_LOG_WARN, LOG_KIND_REFUSED_ACCEPT, NULL, NULL,
 			    "accept: pid %d: out of memory, closing", cred.pid);
+		if (set->quota)
+			quota_uncharge(set->quota, cred.uid, QUOTA_CLIENTS, 1);
 		free(c);
 		close(fd);
 		return;
@@ -99,8 +303,8 @@ void conn_accept(struct conn_set *set, int fd)
 		set->head->prev = c;
 	set->head = c;
 	set->n++;
-	log_debug("conn %llu: pid %d uid %u gid %u connected", (unsigned long long)c->id,
-		  cred.pid, cred.uid, cred.gid);
+	log_debug("conn %llu: pid %d uid %u gid %u connected", (unsigned long long)c->id, cred.pid,
+		  cred.uid, cred.gid);
 	set->handlers->on_open(c, set->ctx);
 	conn_update_poll(c);
 }
@@ -108,8 +312,17 @@ void conn_accept(struct conn_set *set, int fd)
 static void on_closed(uv_handle_t *h)
 {
 	struct conn *c = h->data;
+	struct conn_set *set = c->set;
 
-	close(c->fd);
+	if (c->drain && !set->stopping) {
+		drain_add(set, c);
+	} else {
+		close(c->fd);
+		if (c->drain) {
+			quota_uncharge(set->quota, c->uid, QUOTA_CLIENTS, 1);
+			quota_uncharge(set->quota, c->uid, QUOTA_FDS_IN_FLIGHT, c->fds_in_flight);
+		}
+	}
 	free(c);
 }
 
@@ -122,17 +335,23 @@ void conn_close(struct conn *c)
 	if (c->dead)
 		return;
 	c->dead = true;
-	/* Queued replies may carry descriptors: close them before the leases
-	 * that keep their tensors alive go (in on_close). */
+	/* Queued replies hold tickets, not descriptors: nothing to close. */
 	for (o = c->out_head; o; o = next) {
 		next = o->next;
-		if (o->fd >= 0)
-			close(o->fd);
 		free(o);
 	}
 	c->out_head = c->out_tail = NULL;
 	peer = conn_peer(c);
 	ratelimit_flush(&c->limits, &peer, ratelimit_now());
+	if (c->blocked)
+		set->n_blocked--;
+	c->blocked = false;
+	conn_refresh_in_flight(c);
+	/* With descriptors still unread at the peer, the socket and the charges
+	 * go to the drain list once libuv lets go (on_closed). */
+	c->drain = c->fds_in_flight > 0 && set->quota;
+	if (set->quota && !c->drain)
+		quota_uncharge(set->quota, c->uid, QUOTA_CLIENTS, 1);
 	set->handlers->on_close(c, set->ctx);
 	free(c->in);
 	c->in = NULL;
@@ -162,80 +381,213 @@ void conn_shutdown(struct conn *c)
 		conn_update_poll(c);
 }
 
-/* Sends as much of the queue as the socket takes. 0, or -errno if the peer is gone. */
-static int conn_flush(struct conn *c)
+/* Whether one more descriptor may go to c's peer now. */
+static bool conn_fd_room(struct conn *c)
 {
-	while (c->out_head) {
+	struct quota *q = c->set->quota;
+
+	if (c->set->fds_per_conn && c->fds_in_flight >= c->set->fds_per_conn)
+		conn_refresh_in_flight(c);
+	if (c->set->fds_per_conn && c->fds_in_flight >= c->set->fds_per_conn)
+		return false;
+	if (q && !quota_room(q, c->uid, QUOTA_FDS_IN_FLIGHT, 1)) {
+		conn_refresh_in_flight(c);
+		return quota_room(q, c->uid, QUOTA_FDS_IN_FLIGHT, 1);
+	}
+	return true;
+}
+
+static void outbuf_pop(struct conn *c)
+{
+	struct outbuf *o = c->out_head;
+
+	c->out_head = o->next;
+	if (!c->out_head)
+		c->out_tail = NULL;
+	if (o->has_ticket && o->off == 0)
+		c->fds_queued--;
+	c->out_bytes -= o->len - o->off;
+	free(o);
+}
+
+/*
+ * The descriptor for the head frame, made now. >= 0; 1 when the frame was
+ * dropped (its request is answered otherwise) or c closed; or -EMFILE
+ * (try later). Sets *fd.
+ */
+static int conn_export(struct conn *c, struct outbuf *o, int *fd)
+{
+	struct conn_fd_ticket tk = o->tk;
+	int r = c->set->handlers->export_fd(c, &tk, c->set->ctx);
+
+	if (r >= 0) {
+		*fd = r;
+		return 0;
+	}
+	if (r == -EMFILE || r == -ENFILE)
+		return -EMFILE;
+	outbuf_pop(c);
+	c->set->handlers->export_failed(c, &tk, r, c->set->ctx);
+	return 1;
+}
+
+/* One sendmsg of the head frame, with fd (-1: none). Bytes sent or -errno. */
+static ssize_t conn_send_head(struct conn *c, struct outbuf *o, int fd)
+{
+	struct iovec iov = { o->data + o->off, o->len - o->off };
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+	ssize_t n;
+
+	/* The descriptor rides with the first byte of its frame only. */
+	if (fd >= 0) {
+		struct cmsghdr *cm;
+
+		memset(&u, 0, sizeof(u));
+		m.msg_control = u.buf;
+		m.msg_controllen = sizeof(u.buf);
+		cm = CMSG_FIRSTHDR(&m);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+	}
+	do
+		n = sendmsg(c->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	return n < 0 ? -errno : n;
+}
+
+/* Sends as much of the queue as the socket takes. 0, or -errno if the peer is
+ * gone. */
+static int conn_flush_queue(struct conn *c)
+{
+	while (c->out_head && !c->dead) {
 		struct outbuf *o = c->out_head;
-		struct iovec iov = { o->data + o->off, o->len - o->off };
-		union {
-			char buf[CMSG_SPACE(sizeof(int))];
-			struct cmsghdr align;
-		} u;
-		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+		bool with_fd = o->has_ticket && o->off == 0;
+		int fd = -1, r;
 		ssize_t n;
 
-		/* The descriptor rides with the first byte of its frame only. */
-		if (o->fd >= 0 && o->off == 0) {
-			struct cmsghdr *cm;
-
-			memset(&u, 0, sizeof(u));
-			m.msg_control = u.buf;
-			m.msg_controllen = sizeof(u.buf);
-			cm = CMSG_FIRSTHDR(&m);
-			cm->cmsg_level = SOL_SOCKET;
-			cm->cmsg_type = SCM_RIGHTS;
-			cm->cmsg_len = CMSG_LEN(sizeof(int));
-			memcpy(CMSG_DATA(cm), &o->fd, sizeof(int));
-		}
-		n = sendmsg(c->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
-		if (n < 0) {
-			if (errno == EINTR)
+		if (with_fd) {
+			if (!conn_fd_room(c))
+				return conn_block(c);
+			r = conn_export(c, o, &fd);
+			if (r == -EMFILE)
+				return conn_block(c);
+			if (r > 0)
 				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
-				return 0;
-			return -errno;
 		}
-		if (o->fd >= 0) {
-			close(o->fd);
-			o->fd = -1;
+		n = conn_send_head(c, o, fd);
+		if (fd >= 0)
+			close(fd);
+		if (n == -EAGAIN || n == -EWOULDBLOCK)
+				return 0;
+		/* Out of descriptors in flight (the kernel's per-user limit when
+		 * we are not root) or of buffers: wait, never close for it. */
+		if (n == -ETOOMANYREFS || n == -ENOBUFS || n == -EMFILE || n == -ENFILE)
+			return conn_block(c);
+		if (n < 0)
+			return (int)n;
+		if (with_fd) {
+			c->fds_queued--;
+			c->fds_in_flight++;
+			if (c->set->quota)
+				quota_charge(c->set->quota, c->uid, QUOTA_FDS_IN_FLIGHT, 1, NULL,
+					     0);
 		}
 		o->off += (size_t)n;
 		c->out_bytes -= (size_t)n;
-		if (o->off == o->len) {
-			c->out_head = o->next;
-			if (!c->out_head)
-				c->out_tail = NULL;
-			free(o);
-		}
+		if (o->off == o->len)
+			outbuf_pop(c);
 	}
 	return 0;
 }
 
-int conn_send(struct conn *c, const ProtobufCMessage *msg, int fd)
+static int conn_flush(struct conn *c)
+{
+	int r;
+
+	if (c->flushing || c->blocked)
+		return 0;
+	c->flushing = true;
+	r = conn_flush_queue(c);
+	c->flushing = false;
+	return r;
+}
+
+/* Every tick while some connection waits: what its peers read, then retry. */
+static void on_retry(uv_timer_t *h)
+{
+	struct conn_set *set = h->data;
+	struct conn *c, *next;
+
+	linger_expire(set, false);
+	drain_check(set, false);
+	if (set->n_blocked) {
+		for (c = set->head; c; c = c->next)
+			conn_refresh_in_flight(c);
+		for (c = set->head; c; c = next) {
+			next = c->next;
+			/* Serving one may close others (a publish answers waiters). */
+			if (c->dead || !c->blocked)
+				continue;
+			c->blocked = false;
+			set->n_blocked--;
+			if (conn_flush(c) < 0) {
+				conn_close(c);
+				continue;
+			}
+			if (c->closing && !c->out_head) {
+				conn_close(c);
+				continue;
+			}
+			/* Requests parked while it was backlogged can go on now. */
+			if (!conn_backlogged(c) && c->in_len && !c->closing)
+				conn_process(c);
+			conn_update_poll(c);
+		}
+	}
+	if (!set->n_blocked && !set->n_linger && !set->n_drain)
+		uv_timer_stop(h);
+}
+
+int conn_send(struct conn *c, const ProtobufCMessage *msg, const struct conn_fd_ticket *tk)
 {
 	size_t plen = protobuf_c_message_get_packed_size(msg);
 	struct outbuf *o;
 	int r;
 
-	if (c->dead) {
-		if (fd >= 0)
-			close(fd);
+	if (c->dead)
 		return -ENOTCONN;
+	if (plen > TD_FRAME_MAX_REPLY)
+		return -EMSGSIZE;
+	if (c->out_bytes + TD_FRAME_HEADER + plen > CONN_OUT_MAX) {
+		log_warn("conn %llu: pid %u: %zu bytes of replies unread, the most one "
+			 "client may "
+			 "leave (%u), closing",
+			 (unsigned long long)c->id, c->pid, c->out_bytes, CONN_OUT_MAX);
+		conn_close(c);
+		return -ENOBUFS;
 	}
 	o = malloc(sizeof(*o) + TD_FRAME_HEADER + plen);
 	if (!o) {
-		if (fd >= 0)
-			close(fd);
-		log_warn("conn %llu: out of memory for a reply, closing", (unsigned long long)c->id);
+		log_warn("conn %llu: out of memory for a reply, closing",
+			 (unsigned long long)c->id);
 		conn_close(c);
 		return -ENOMEM;
 	}
-	td_frame_header(o->data, (uint32_t)plen, fd >= 0 ? TD_FRAME_FLAG_FD : 0);
+	td_frame_header(o->data, (uint32_t)plen, tk ? TD_FRAME_FLAG_FD : 0);
 	protobuf_c_message_pack(msg, o->data + TD_FRAME_HEADER);
 	o->len = TD_FRAME_HEADER + plen;
 	o->off = 0;
-	o->fd = fd;
+	o->has_ticket = tk != NULL;
+	if (tk) {
+		o->tk = *tk;
+		c->fds_queued++;
+	}
 	o->next = NULL;
 	if (c->out_tail)
 		c->out_tail->next = o;
@@ -287,10 +639,9 @@ static void conn_process(struct conn *c)
 {
 	size_t off = 0;
 
-	while (!c->dead && !c->closing && c->out_bytes < CONN_OUT_HIGH) {
+	while (!c->dead && !c->closing && !conn_backlogged(c)) {
 		struct td_frame f;
-		long n = td_frame_parse(c->in + off, c->in_len - off, TD_FRAME_MAX_REQUEST,
-					     &f);
+		long n = td_frame_parse(c->in + off, c->in_len - off, TD_FRAME_MAX_REQUEST, &f);
 
 		if (n == 0)
 			break;
@@ -320,7 +671,7 @@ static void conn_read(struct conn *c)
 	 * and re-arm reading before on_poll() got to them. */
 	if (c->in_len)
 		conn_process(c);
-	if (c->dead || c->closing || c->out_bytes >= CONN_OUT_HIGH)
+	if (c->dead || c->closing || conn_backlogged(c))
 		return;
 	for (int rounds = 0; rounds < 16 && !c->dead && !c->closing; rounds++) {
 		union {
@@ -379,7 +730,7 @@ static void conn_read(struct conn *c)
 		}
 		c->in_len += (size_t)n;
 		conn_process(c);
-		if (!c->dead && c->out_bytes >= CONN_OUT_HIGH) {
+		if (!c->dead && conn_backlogged(c)) {
 			conn_update_poll(c);
 			return;
 		}
@@ -412,7 +763,7 @@ static void on_poll(uv_poll_t *h, int status, int events)
 		conn_read(c);
 	if (!c->dead) {
 		/* Requests parked while the output queue was high can go on now. */
-		if (c->out_bytes < CONN_OUT_HIGH && c->in_len && !c->closing)
+		if (!conn_backlogged(c) && c->in_len && !c->closing)
 			conn_process(c);
 		conn_update_poll(c);
 	}

@@ -20,8 +20,25 @@
 
 /* Replies queued for one client before we stop reading its requests. */
 #define CONN_OUT_HIGH (4u << 20)
+/* Replies queued for one client past which it is disconnected: only a
+ * client that stopped reading while its waiters were answered gets here. */
+#define CONN_OUT_MAX (16u << 20)
+/* Refused connections kept open (for their error reply to be read) at once. */
+#define CONN_LINGER_MAX 64
 
 struct conn;
+struct quota;
+
+/*
+ * A descriptor a reply will carry, made only when its frame goes to the
+ * socket (issue 10, item 3): a queued reply holds no descriptor. Opaque to
+ * conn.c, which hands it back to conn_handlers.export_fd.
+ */
+struct conn_fd_ticket {
+	uint64_t req_id;
+	uint64_t lease;
+	bool writable;
+};
 
 /*
  * How a connection reaches the layer above. ctx is conn_set.ctx. c is
@@ -48,6 +65,20 @@ struct conn_handlers {
 	 * The last callback for c; conn_send() refuses from here on.
 	 */
 	void (*on_close)(struct conn *c, void *ctx);
+	/*
+	 * The descriptor for tk, as its frame is about to be sent: >= 0 (conn.c
+	 * closes it once sent), -EMFILE or -ENFILE (tried again later), or
+	 * another -errno: the frame is dropped and export_failed answers it.
+	 */
+	int (*export_fd)(struct conn *c, const struct conn_fd_ticket *tk, void *ctx);
+	/* The reply for tk could not be sent: answer its request with err. */
+	void (*export_failed)(struct conn *c, const struct conn_fd_ticket *tk, int err, void *ctx);
+	/*
+	 * Packs a reply frame carrying only status and msg (request id 0) into
+	 * buf, for a connection refused before it is served. The frame's
+	 * length, or 0 if it does not fit.
+	 */
+	size_t (*pack_refusal)(uint8_t *buf, size_t cap, int status, const char *msg);
 };
 
 /* Every client connection. Embedded in struct server. */
@@ -60,12 +91,37 @@ struct conn_set {
 	unsigned n;
 	uint64_t next_id;
 	struct conn *head;
+	/* Per-uid shares of connections and descriptors in flight; borrowed,
+	 * NULL: not counted. Set by main.c after conn_set_init(). */
+	struct quota *quota;
+	unsigned fds_per_conn; /* descriptors queued or in flight per connection */
+	/* Connections whose sending waits (descriptors in flight, ETOOMANYREFS,
+	 * EMFILE) and refused ones lingering: one timer serves both. */
+	uv_timer_t retry;
+	unsigned n_blocked;
+	unsigned n_linger;
+	int linger_fd[CONN_LINGER_MAX];
+	uint64_t linger_until[CONN_LINGER_MAX]; /* uv_now() in ms */
+	uint64_t fd_waits; /* times a reply waited for descriptors: for stats */
+	/* Closed connections whose peer has not received every descriptor we
+	 * sent: their sockets stay open (shut down) and their uid stays
+	 * charged until the peer reads or closes. Owned. */
+	struct conn_drain *drain;
+	unsigned n_drain, cap_drain;
+	bool stopping; /* conn_set_fini() ran: close, never drain */
+};
+
+struct conn_drain {
+	int fd; /* owned */
+	uint32_t uid;
+	uint32_t fds_in_flight;
 };
 
 struct outbuf {
 	struct outbuf *next;
 	size_t len, off;
-	int fd;                     /* owned; -1 when none; sent with the first byte */
+	bool has_ticket; /* a descriptor rides with the first byte */
+	struct conn_fd_ticket tk;
 	uint8_t data[];
 };
 
@@ -80,6 +136,11 @@ struct conn {
 	size_t in_len, in_cap;
 	struct outbuf *out_head, *out_tail;
 	size_t out_bytes;
+	uint32_t fds_queued;	/* queued replies that will carry a descriptor */
+	uint32_t fds_in_flight; /* sent since the peer last had nothing unread */
+	bool blocked;		/* sending waits for the retry timer */
+	bool drain;		/* at close: descriptors in flight; keep the socket */
+	bool flushing;		/* in conn_flush(): conn_send() only queues */
 	bool closing;               /* flush what is queued, then close */
 	bool dead;                  /* closed; waiting for libuv to let go */
 	struct log_limits limits;   /* of the lines this peer can cause (ratelimit.h) */
@@ -101,11 +162,16 @@ static inline void *conn_data(struct conn *c)
 
 /*
  * Packs msg into one frame and queues it, sending at once what the socket
- * takes. Takes ownership of fd (-1 when none): it is closed on every path,
- * success or not. 0; -ENOTCONN when c is closed; -ENOMEM or a send error,
+ * takes. tk (copied; NULL when none) names the descriptor that goes with
+ * it, made when it is sent. 0; -ENOTCONN when c is closed; -EMSGSIZE when
+ * the frame would pass TD_FRAME_MAX_REPLY (nothing queued, c stays open);
+ * -ENOBUFS when c has CONN_OUT_MAX bytes unread, -ENOMEM or a send error,
  * and c is closed.
  */
-int conn_send(struct conn *c, const ProtobufCMessage *msg, int fd);
+int conn_send(struct conn *c, const ProtobufCMessage *msg, const struct conn_fd_ticket *tk);
+
+/* Stops the retry timer and closes lingering refused connections (shutdown). */
+void conn_set_fini(struct conn_set *set);
 
 /* Who c is, for rate-limited log lines. */
 static inline struct log_peer conn_peer(const struct conn *c)

@@ -56,7 +56,6 @@ static int check_name(const char *name, char *why, size_t why_len)
 	return td_name_check(name, strlen(name), why, why_len);
 }
 
-/* Replies with a lease on t; on failure ends the lease and replies with the error. */
 /* Whether the client said it holds the descriptor of share id (a slab). */
 static bool holds_share(uint64_t id, const uint64_t *have, size_t n)
 {
@@ -66,6 +65,18 @@ static bool holds_share(uint64_t id, const uint64_t *have, size_t n)
 	return false;
 }
 
+/* Whether a lease on t comes with a descriptor to map. */
+static bool travels_as_fd(const struct tensor *t)
+{
+	return t->alloc.handle_kind == TENSORD__HANDLE_KIND__HANDLE_MEMFD ||
+	       t->alloc.handle_kind == TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD;
+}
+
+/*
+ * Replies with a lease on t. The descriptor, if one goes with it, is made
+ * when the reply is sent (dispatch_export_fd), not now: a client that does
+ * not read its replies holds no descriptors of ours.
+ */
 static void send_lease(struct client *cl, uint64_t req_id, struct tensor *t, uint64_t lease,
 		       bool writable, uint64_t have_id, const uint64_t *have_shares,
 		       size_t n_have_shares)
@@ -73,22 +84,43 @@ static void send_lease(struct client *cl, uint64_t req_id, struct tensor *t, uin
 	/* The client already maps this very tensor, or holds the slab it is
 	 * in: send no descriptor. */
 	bool reused = have_id && have_id == t->id;
+	struct conn_fd_ticket tk = { .req_id = req_id, .lease = lease, .writable = writable };
+	bool with_fd = !reused && travels_as_fd(t) &&
+		       !holds_share(t->alloc.share_id, have_shares, n_have_shares);
+
+	reply_lease(cl->conn, req_id, t, lease, writable, reused, with_fd ? &tk : NULL);
+}
+
+int dispatch_export_fd(struct conn *c, const struct conn_fd_ticket *tk, void *ctx)
+{
+	struct client *cl = conn_data(c);
+	struct tensor *t = registry_lease_tensor(&cl->rc, tk->lease);
 	int fd = -1, r;
 
-	if (!reused && !holds_share(t->alloc.share_id, have_shares, n_have_shares)) {
-		/* On success we own fd; reply_lease() takes it. */
-		r = t->alloc.ops->export_fd(&t->alloc, writable, &fd);
-		if (r < 0) {
-			char why[300];
+	/* A client may release a lease before it read the reply that names it. */
+	if (!t)
+		return -ESRCH;
+	r = t->alloc.ops->export_fd(&t->alloc, tk->writable, &fd);
+	if (r == 0 && fd < 0)
+		r = -EPROTO;
+	return r < 0 ? r : fd;
+}
 
-			snprintf(why, sizeof(why), "tensor '%s': exporting its memory failed: %s",
-				 t->name, strerror(-r));
-			registry_release(&cl->srv->reg, &cl->rc, lease);
-			reply_status(cl->conn, req_id, r, why);
-			return;
-		}
+void dispatch_export_failed(struct conn *c, const struct conn_fd_ticket *tk, int err, void *ctx)
+{
+	struct client *cl = conn_data(c);
+	struct tensor *t = registry_lease_tensor(&cl->rc, tk->lease);
+	char why[400];
+
+	if (t) {
+		snprintf(why, sizeof(why), "tensor '%s': exporting its memory failed: %s", t->name,
+			 strerror(-err));
+		registry_release(&cl->srv->reg, &cl->rc, tk->lease);
+	} else {
+		snprintf(why, sizeof(why), "lease %llx was released before its reply was sent",
+			 (unsigned long long)tk->lease);
 	}
-	reply_lease(cl->conn, req_id, t, lease, writable, reused, fd);
+	reply_status(c, tk->req_id, err, why);
 }
 
 static void do_hello(struct client *cl, uint64_t id, const Tensord__Hello *m)
@@ -310,8 +342,11 @@ static void do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m)
 			   m->n_have_shares);
 		return;
 	}
-	if (cl->waits.n_waiters >= CONN_WAITERS_MAX) {
-		snprintf(why, sizeof(why), "tensor '%s': %u attaches already waiting on this connection",
+	if (cl->waits.n_waiters >= srv->quota.lim.waiters_per_conn) {
+		snprintf(why, sizeof(why),
+			 "tensor '%s': %u attaches already waiting on this connection, the "
+			 "most one "
+			 "may have (--max-waiters-per-conn)",
 			 m->name, cl->waits.n_waiters);
 		reply_status(cl->conn, id, -EAGAIN, why);
 		return;
@@ -322,6 +357,8 @@ static void do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m)
 		return;
 	}
 	metrics_attach_parked();
+	/* Counted for stats; the limit is per connection. */
+	quota_charge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, 1, NULL, 0);
 	log_debug("conn %llu: waiting for '%s' (%lld ms)", (unsigned long long)cl->conn->id,
 		  req.name, (long long)m->timeout_ms);
 }
@@ -333,6 +370,7 @@ void dispatch_waiter_done(struct waiter_owner *o, const struct waiter_req *req, 
 	char why[400];
 
 	metrics_attach_woken();
+	quota_uncharge(&cl->srv->quota, cl->rc.uid, QUOTA_WAITERS, 1);
 	if (status == 0) {
 		/* A waiter keeps no share list: the slab's descriptor comes again. */
 		attach_now(cl, req->req_id, req->name, req->name_len, req->have_id, NULL, 0);
@@ -386,8 +424,10 @@ static void do_stat(struct client *cl, uint64_t id, const Tensord__Stat *m)
 
 static void do_list(struct client *cl, uint64_t id, const Tensord__List *m)
 {
+	struct tensor *v[DISPATCH_LIST_PAGE];
 	size_t len = strlen(m->prefix), n = 0;
-	struct tensor **v = NULL;
+	size_t limit = m->limit && m->limit < DISPATCH_LIST_PAGE ? m->limit : DISPATCH_LIST_PAGE;
+	const char *next = NULL;
 	char why[8];
 
 	/* A prefix is checked like a name, except that it may be empty. One
@@ -395,22 +435,26 @@ static void do_list(struct client *cl, uint64_t id, const Tensord__List *m)
 	 * matches nothing: the answer is the empty list, as tensord_list()
 	 * documents, without walking the registry. */
 	if (len && td_name_check(m->prefix, len, why, sizeof(why)) < 0) {
-		reply_list(cl->conn, id, NULL, 0);
+		reply_list(cl->conn, id, NULL, 0, NULL);
 		return;
 	}
-	if (registry_list(&cl->srv->reg, &cl->rc, m->prefix, len, &v, &n) < 0) {
-		reply_status(cl->conn, id, -ENOMEM, "out of memory listing tensors");
-		return;
-	}
-	reply_list(cl->conn, id, v, n);
-	free(v);
+	/* A page, never the whole registry: the reply stays far below the
+	 * frame limit, and a client that asks and never reads holds a few. */
+	registry_list(&cl->srv->reg, &cl->rc, m->prefix, len, m->after, limit, v, &n, &next);
+	reply_list(cl->conn, id, v, n, next);
 }
 
 static void do_stats(struct client *cl, uint64_t id)
 {
 	struct server *srv = cl->srv;
+	struct stats_fair fair = {
+		.quota = &srv->quota,
+		.viewer_uid = cl->rc.uid,
+		.cleanup_steps = srv->reg.visits + srv->waiters.visits,
+		.fd_waits = srv->conns.fd_waits,
+	};
 
-	reply_stats(cl->conn, id, &srv->reg, srv->conns.n, now_ns() - srv->start_ns);
+	reply_stats(cl->conn, id, &srv->reg, srv->conns.n, now_ns() - srv->start_ns, &fair);
 }
 
 static void dispatch_request(struct client *cl, const Tensord__Request *req)
@@ -518,6 +562,7 @@ void dispatch_close(struct conn *c, void *ctx)
 
 	log_debug("conn %llu: pid %u closed, dropping %u leases", (unsigned long long)c->id,
 		  cl->rc.pid, cl->rc.n_leases);
+	quota_uncharge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, cl->waits.n_waiters);
 	waiters_drop_owner(&srv->waiters, &cl->waits);
 	registry_client_gone(&srv->reg, &cl->rc);
 }

@@ -15,8 +15,8 @@
 #include "registry.h"
 #include "waiters.h"
 
-/* Attaches one client may have waiting at once. */
-#define CONN_WAITERS_MAX 256
+/* Names in one List reply at most: about 1 MiB with the longest names. */
+#define DISPATCH_LIST_PAGE 1024
 
 /* One client as the protocol sees it: the conn_data() of its connection. */
 struct client {
@@ -40,6 +40,12 @@ void dispatch_frame(struct conn *c, const uint8_t *payload, size_t len, void *ct
 void dispatch_protocol_error(struct conn *c, int status, const char *msg, void *ctx);
 /* Drops the client's waiters, then its leases and the tensors that go with it. */
 void dispatch_close(struct conn *c, void *ctx);
+
+/* conn_handlers.export_fd: the descriptor of a lease reply, made as it is sent.
+ */
+int dispatch_export_fd(struct conn *c, const struct conn_fd_ticket *tk, void *ctx);
+/* conn_handlers.export_failed: ends the lease and answers with err. */
+void dispatch_export_failed(struct conn *c, const struct conn_fd_ticket *tk, int err, void *ctx);
 
 /* waiter_done_fn: answers a parked attach, with a lease or -ETIMEDOUT. */
 void dispatch_waiter_done(struct waiter_owner *o, const struct waiter_req *req, int status,

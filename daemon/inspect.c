@@ -233,7 +233,7 @@ static void send_holders(struct conn *c, uint64_t req_id, const struct holding *
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_LEASE_LIST;
 	rep.lease_list = &lr;
-	conn_send(c, &rep.base, -1);
+	conn_send(c, &rep.base, NULL);
 	free(ph);
 }
 
@@ -305,7 +305,7 @@ static void send_clients(struct conn *c, uint64_t req_id, struct client *const *
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_CLIENT_LIST;
 	rep.client_list = &cr;
-	conn_send(c, &rep.base, -1);
+	conn_send(c, &rep.base, NULL);
 	free(pci);
 }
 

@@ -23,6 +23,7 @@
 #include "metrics.h"
 #include "metrics_http.h"
 #include "sdnotify.h"
+#include "reply.h"
 #include "server.h"
 
 /* Read when it exists; --config FILE must exist. */
@@ -34,7 +35,10 @@ static void usage(FILE *f)
 		"usage: tensord [--socket PATH] [--capacity SIZE] [--pool SIZE] [--log-level LEVEL]\n"
 		"               [--log-file PATH] [--mode MODE] [--group GROUP] [--max-clients N]\n"
 		"               [--ready-fd FD] [--metrics HOST:PORT|unix:PATH] [--config FILE]\n"
-		"               [--version]\n"
+		"               [--max-clients-per-uid N] [--max-tensors-per-uid N] [--max-fds-per-uid N]\n"
+		"               [--max-bytes-per-uid SIZE] [--max-waiters-per-conn N]\n"
+		"               [--max-fds-in-flight-per-conn N] [--quota-exempt-uid UID]...\n"
+		"               [--show-all-metadata] [--version]\n"
 		"\n"
 		"  --socket PATH      where to listen (default: $TENSORD_SOCKET,\n"
 		"                     $XDG_RUNTIME_DIR/tensord.sock, /run/tensord/tensord.sock\n"
@@ -43,7 +47,8 @@ static void usage(FILE *f)
 		"  --capacity SIZE    bytes of host memory to hand out; suffixes K M G Ki Mi Gi\n"
 		"                     (default: half of physical memory, or of the memory\n"
 		"                     cgroup's limit when that is smaller)\n"
-		"  --pool SIZE        host memory kept allocated ahead of time for large\n"
+		   "  --pool SIZE        host memory kept allocated ahead of time for "
+		   "large\n"
 		"                     tensors; 0 keeps none (default: 1/16 of physical\n"
 		"                     memory, at most 2Gi)\n"
 		"  --log-level LEVEL  error, warn, info (default) or debug\n"
@@ -56,6 +61,17 @@ static void usage(FILE *f)
 		"                     HOST:PORT (e.g. 127.0.0.1:9464) or unix:PATH (default: off)\n"
 		"  --config FILE      'key = value' lines, keys as the long options above\n"
 		"                     (default: " DEFAULT_CONFIG " when it exists); flags win\n"
+		"  --max-clients-per-uid N      connections of one uid (default max-clients/4)\n"
+		"  --max-tensors-per-uid N      tensors one uid may own (default 1048576)\n"
+		"  --max-fds-per-uid N          of those, tensors with a descriptor of their\n"
+		"                               own (default: half of RLIMIT_NOFILE)\n"
+		"  --max-bytes-per-uid SIZE     bytes one uid may own (default: no share)\n"
+		"  --max-waiters-per-conn N     attaches waiting per connection (default 256)\n"
+		"  --max-fds-in-flight-per-conn N  descriptors queued or unread per\n"
+		"                               connection (default 64)\n"
+		"  --quota-exempt-uid UID       counted, never refused (repeatable; root\n"
+		"                               is not exempt unless named)\n"
+		"  --show-all-metadata          list/stat show every tensor to every uid\n"
 		"  --version          print the version and exit\n"
 		"\n"
 		"Under systemd: readiness through $NOTIFY_SOCKET, a listening socket through\n"
@@ -98,7 +114,8 @@ static int parse_size(const char *s, uint64_t *ret)
 	return 0;
 }
 
-/* Stops accepting, closes every client, frees everything; the loop then ends. */
+/* Stops accepting, closes every client, frees everything; the loop then ends.
+ */
 static void server_stop(struct server *srv)
 {
 	if (srv->stopping)
@@ -113,6 +130,7 @@ static void server_stop(struct server *srv)
 	ratelimit_flush_all();
 	waiters_drop_all(&srv->waiters);
 	conn_close_all(&srv->conns);
+	conn_set_fini(&srv->conns);
 	uv_close((uv_handle_t *)&srv->sigterm, NULL);
 	uv_close((uv_handle_t *)&srv->sigint, NULL);
 	uv_close((uv_handle_t *)&srv->sighup, NULL);
@@ -188,6 +206,50 @@ static void raise_fd_limit(void)
 		rl.rlim_cur = rl.rlim_max;
 		setrlimit(RLIMIT_NOFILE, &rl);
 	}
+}
+
+static const char *opt_name(int val);
+
+/* A per-uid or per-connection limit (or an exempt uid) into cfg. 0 or 2. */
+static int parse_limit(int opt, const char *arg, struct server_config *cfg)
+{
+	struct quota_limits *lim = &cfg->limits;
+	unsigned long long v;
+	char *end;
+
+	errno = 0;
+	v = strtoull(arg, &end, 10);
+	if (errno || end == arg || *end || *arg == '-' || v > UINT32_MAX || (!v && opt != 'U')) {
+		fprintf(stderr, "tensord: --%s %s: not a %s number\n", opt_name(opt), arg,
+			opt == 'U' ? "uid" : "positive");
+		return 2;
+	}
+	switch (opt) {
+	case 'K':
+		lim->per_uid[QUOTA_CLIENTS] = v;
+		break;
+	case 'T':
+		lim->per_uid[QUOTA_TENSORS] = v;
+		break;
+	case 'D':
+		lim->per_uid[QUOTA_FDS] = v;
+		break;
+	case 'W':
+		lim->waiters_per_conn = (uint32_t)v;
+		break;
+	case 'F':
+		lim->fds_in_flight_per_conn = (uint32_t)v;
+		break;
+	default:
+		if (lim->n_exempt == QUOTA_EXEMPT_MAX) {
+			fprintf(stderr, "tensord: --quota-exempt-uid: at most %d uids\n",
+				QUOTA_EXEMPT_MAX);
+			return 2;
+		}
+		lim->exempt[lim->n_exempt++] = (uint32_t)v;
+		break;
+	}
+	return 0;
 }
 
 /* One option into cfg. 0, or 2 (the exit status) with the complaint printed. */
@@ -277,6 +339,24 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 			return 2;
 		}
 		return 0;
+	case 'K':
+	case 'T':
+	case 'W':
+	case 'F':
+	case 'D':
+	case 'U':
+		return parse_limit(opt, arg, cfg);
+	case 'B':
+		if (parse_size(arg, &cfg->limits.per_uid[QUOTA_BYTES]) < 0 ||
+		    !cfg->limits.per_uid[QUOTA_BYTES]) {
+			fprintf(stderr, "tensord: --max-bytes-per-uid %s: not a size (try 4Gi)\n",
+				arg);
+			return 2;
+		}
+		return 0;
+	case 'S':
+		cfg->show_all_metadata = true;
+		return 0;
 	case 'r':
 		*ready_fd = (int)strtol(arg, &end, 10);
 		if (*end || *ready_fd < 0) {
@@ -301,11 +381,28 @@ static const struct option long_opts[] = {
 	{ "max-clients", required_argument, NULL, 'n' },
 	{ "ready-fd", required_argument, NULL, 'r' },
 	{ "metrics", required_argument, NULL, 'M' },
+	{ "max-clients-per-uid", required_argument, NULL, 'K' },
+	{ "max-tensors-per-uid", required_argument, NULL, 'T' },
+	{ "max-bytes-per-uid", required_argument, NULL, 'B' },
+	{ "max-fds-per-uid", required_argument, NULL, 'D' },
+	{ "max-waiters-per-conn", required_argument, NULL, 'W' },
+	{ "max-fds-in-flight-per-conn", required_argument, NULL, 'F' },
+	{ "quota-exempt-uid", required_argument, NULL, 'U' },
+	{ "show-all-metadata", no_argument, NULL, 'S' },
 	{ "config", required_argument, NULL, 'C' },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
 	{ NULL, 0, NULL, 0 },
 };
+
+/* The long name of option val, for messages. */
+static const char *opt_name(int val)
+{
+	for (const struct option *o = long_opts; o->name; o++)
+		if (o->val == val)
+			return o->name;
+	return "?";
+}
 
 struct parsed {
 	struct server_config *cfg;
@@ -447,13 +544,40 @@ static const struct conn_handlers conn_handlers = {
 	.on_frame = on_frame,
 	.on_protocol_error = dispatch_protocol_error,
 	.on_close = dispatch_close,
+	.export_fd = dispatch_export_fd,
+	.export_failed = dispatch_export_failed,
+	.pack_refusal = reply_pack_refusal,
 };
+
+/* The per-uid shares, with defaults from the descriptor budget. */
+static void quota_setup(struct server *srv)
+{
+	struct quota_limits lim = srv->cfg.limits;
+	struct rlimit rl;
+	unsigned budget = 1024;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+		budget = rl.rlim_cur > 1u << 30 ? 1u << 30 : (unsigned)rl.rlim_cur;
+	quota_default_limits(&lim, budget, srv->cfg.max_clients);
+	quota_init(&srv->quota, &lim);
+	log_info("shares per uid: %llu clients, %llu tensors (%llu with descriptors), "
+		 "%s%llu "
+		 "bytes; per connection %u waiters, %u descriptors in flight; %u of %u "
+		 "descriptors kept for root",
+		 (unsigned long long)lim.per_uid[QUOTA_CLIENTS],
+		 (unsigned long long)lim.per_uid[QUOTA_TENSORS],
+		 (unsigned long long)lim.per_uid[QUOTA_FDS],
+		 lim.per_uid[QUOTA_BYTES] ? "" : "no share of ",
+		 (unsigned long long)lim.per_uid[QUOTA_BYTES], lim.waiters_per_conn,
+		 lim.fds_in_flight_per_conn, lim.fd_reserve, lim.fd_budget);
+}
 
 /* Everything but the listening socket. 0 or -errno. */
 static int server_init(struct server *srv)
 {
 	int r;
 
+	quota_setup(srv);
 	srv->loop = uv_default_loop();
 	srv->start_ns = now_ns();
 	srv->listen_fd = -1;
@@ -461,8 +585,12 @@ static int server_init(struct server *srv)
 	r = registry_init(&srv->reg, srv->cfg.host_capacity);
 	if (r < 0)
 		return r;
+	srv->reg.quota = &srv->quota;
+	srv->reg.show_all_metadata = srv->cfg.show_all_metadata;
 	conn_set_init(&srv->conns, srv->loop, &conn_handlers, srv, sizeof(struct client),
 		      srv->cfg.max_clients);
+	srv->conns.quota = &srv->quota;
+	srv->conns.fds_per_conn = srv->quota.lim.fds_in_flight_per_conn;
 	waiters_init(&srv->waiters, srv->loop, dispatch_waiter_done, srv);
 	srv->reg.on_publish = on_publish;
 	srv->reg.on_publish_ctx = &srv->waiters;
@@ -498,6 +626,7 @@ int main(int argc, char **argv)
 		sdnotify("STATUS=cannot listen on %s: %s\nERRNO=%d", srv.cfg.socket_path,
 			 strerror(-r), -r);
 		registry_fini(&srv.reg);
+		quota_fini(&srv.quota);
 		return 1;
 	}
 	if (srv.cfg.metrics_addr) {
@@ -534,6 +663,7 @@ int main(int argc, char **argv)
 	uv_run(srv.loop, UV_RUN_DEFAULT);
 
 	registry_fini(&srv.reg);
+	quota_fini(&srv.quota);
 	uv_loop_close(srv.loop);
 	log_info("stopped");
 	free((char *)srv.cfg.metrics_addr);

@@ -332,6 +332,6 @@ void metrics_reply(struct conn *c, uint64_t req_id, const struct server *srv)
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_METRICS;
 	rep.metrics = &mr;
-	conn_send(c, &rep.base, -1);
+	conn_send(c, &rep.base, NULL);
 	free(text);
 }

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "common/desc.h"
+#include "common/hash.h"
 #include "log.h"
 
 #define PERM_READ 4u
@@ -21,20 +22,16 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static uint64_t hash_name(const char *s, size_t len)
+static int cmp_names(const struct tensor *a, const struct tensor *b)
 {
-	uint64_t h = 1469598103934665603ull; /* FNV-1a */
-
-	for (size_t i = 0; i < len; i++) {
-		h ^= (unsigned char)s[i];
-		h *= 1099511628211ull;
-	}
-	return h;
+	return strcmp(a->name, b->name);
 }
+
+RB_GENERATE_STATIC(tensor_names, tensor, byname, cmp_names)
 
 static struct tensor **bucket_of(struct registry *reg, const char *name, size_t len)
 {
-	return &reg->buckets[hash_name(name, len) & (reg->n_buckets - 1)];
+	return &reg->buckets[td_hash_name(name, len) & (reg->n_buckets - 1)];
 }
 
 static struct tensor *find_named(struct registry *reg, const char *name, size_t len)
@@ -57,7 +54,7 @@ static int grow_buckets(struct registry *reg)
 
 		for (; t; t = next) {
 			next = t->hnext;
-			struct tensor **b = &nb[hash_name(t->name, t->name_len) & (n - 1)];
+			struct tensor **b = &nb[td_hash_name(t->name, t->name_len) & (n - 1)];
 			t->hnext = *b;
 			*b = t;
 		}
@@ -75,6 +72,7 @@ static void unhash(struct registry *reg, struct tensor *t)
 			*p = t->hnext;
 			t->hnext = NULL;
 			reg->n_named--;
+			RB_REMOVE(tensor_names, &reg->names, t);
 			return;
 		}
 	}
@@ -94,6 +92,7 @@ struct reg_device *registry_device(struct registry *reg, DLDevice dev)
 int registry_init(struct registry *reg, uint64_t host_capacity)
 {
 	memset(reg, 0, sizeof(*reg));
+	RB_INIT(&reg->names);
 	reg->n_buckets = 64;
 	reg->buckets = calloc(reg->n_buckets, sizeof(*reg->buckets));
 	if (!reg->buckets)
@@ -130,8 +129,39 @@ int registry_init(struct registry *reg, uint64_t host_capacity)
 	return 0;
 }
 
+static void create_uncharge(struct registry *reg, const struct tensor *t);
+
+/* t is on its creator's list while the creator lives. */
+static void creator_link(struct reg_client *rc, struct tensor *t)
+{
+	t->creator = rc;
+	t->cprev = NULL;
+	t->cnext = rc->created;
+	if (rc->created)
+		rc->created->cprev = t;
+	rc->created = t;
+}
+
+static void creator_unlink(struct tensor *t)
+{
+	struct reg_client *rc = t->creator;
+
+	if (!rc)
+		return;
+	if (t->cprev)
+		t->cprev->cnext = t->cnext;
+	else
+		rc->created = t->cnext;
+	if (t->cnext)
+		t->cnext->cprev = t->cprev;
+	t->cprev = t->cnext = NULL;
+	t->creator = NULL;
+}
+
 static void tensor_free(struct registry *reg, struct tensor *t)
 {
+	creator_unlink(t);
+	create_uncharge(reg, t);
 	if (t->prev)
 		t->prev->next = t->next;
 	else
@@ -151,8 +181,10 @@ static void tensor_free(struct registry *reg, struct tensor *t)
 
 void registry_fini(struct registry *reg)
 {
-	while (reg->all)
+	while (reg->all) {
+		reg->all->creator = NULL; /* its client may be gone without client_gone() */
 		tensor_free(reg, reg->all);
+	}
 	free(reg->buckets);
 	reg->buckets = NULL;
 	for (int b = 0; backends[b]; b++)
@@ -228,31 +260,46 @@ static void lease_drop_slot(struct registry *reg, struct reg_client *rc, uint32_
 		tensor_free(reg, t);
 }
 
-int registry_release(struct registry *reg, struct reg_client *rc, uint64_t lease)
+/* The slot of a live lease, or -1. */
+static long lease_slot(const struct reg_client *rc, uint64_t lease)
 {
 	uint32_t slot = (uint32_t)lease - 1, gen = (uint32_t)(lease >> 32);
 
 	if ((uint32_t)lease == 0 || slot >= rc->n_slots || !rc->leases[slot].t ||
 	    rc->leases[slot].gen != gen)
+		return -1;
+	return slot;
+}
+
+struct tensor *registry_lease_tensor(struct reg_client *rc, uint64_t lease)
+{
+	long slot = lease_slot(rc, lease);
+
+	return slot < 0 ? NULL : rc->leases[slot].t;
+}
+
+int registry_release(struct registry *reg, struct reg_client *rc, uint64_t lease)
+{
+	long slot = lease_slot(rc, lease);
+
+	if (slot < 0)
 		return -ESRCH;
 	log_debug("tensor '%s': lease %llx released by pid %u", rc->leases[slot].t->name,
 		  (unsigned long long)lease, rc->pid);
-	lease_drop_slot(reg, rc, slot);
+	lease_drop_slot(reg, rc, (uint32_t)slot);
 	return 0;
 }
 
 void registry_client_gone(struct registry *reg, struct reg_client *rc)
 {
-	struct tensor *t, *next;
+	struct tensor *t;
 
 	/* Names first: a tensor it created but never published, or created
 	 * with connection lifetime, goes with it. Leases second, so the last
-	 * one frees the memory. */
-	for (t = reg->all; t; t = next) {
-		next = t->next;
-		if (t->creator != rc)
-			continue;
-		t->creator = NULL;
+	 * one frees the memory. Only what rc created and leased is visited. */
+	while ((t = rc->created)) {
+		reg->visits++;
+		creator_unlink(t);
 		if (t->state == TENSORD_STATE_CREATED || (t->flags & TENSORD_LIFETIME_CONNECTION)) {
 			log_debug("tensor '%s': unlinked with its creator's connection", t->name);
 			/* Leases of this client still hold it; they are dropped below. */
@@ -260,22 +307,19 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc)
 				unhash(reg, t);
 				t->state = TENSORD_STATE_UNLINKED;
 			}
+			/* A tensor with no lease left is freed by tensor_unlink(); one
+			 * leased by others lives on until their last lease. */
+			if (t->refcount == 0)
+				tensor_free(reg, t);
 		}
 	}
+	reg->visits += rc->n_slots;
 	for (uint32_t s = 0; s < rc->n_slots; s++)
 		if (rc->leases[s].t)
 			lease_drop_slot(reg, rc, s);
 	free(rc->leases);
 	rc->leases = NULL;
 	rc->n_slots = rc->cap_slots = rc->free_head = 0;
-	/* Unlinked tensors nobody leases were freed by their last lease; one
-	 * that was never leased (cannot happen: create holds one) would be
-	 * caught here. */
-	for (t = reg->all; t; t = next) {
-		next = t->next;
-		if (t->state == TENSORD_STATE_UNLINKED && t->refcount == 0)
-			tensor_free(reg, t);
-	}
 }
 
 static bool mode_allows(const struct tensor *t, const struct reg_client *rc, uint32_t perm)
@@ -301,12 +345,22 @@ bool registry_may_inspect(const struct tensor *t, const struct reg_client *rc)
 	return t->state != TENSORD_STATE_CREATED && mode_allows(t, rc, PERM_READ);
 }
 
+/* What list and stat show: a name, shape and owner tell a lot, so only to
+ * who may read the tensor (issue 10, item 12). */
+static bool may_see(const struct registry *reg, const struct tensor *t, const struct reg_client *rc)
+{
+	if (!visible_to(t, rc))
+		return false;
+	return reg->show_all_metadata || t->creator == rc || rc->uid == t->owner_uid ||
+	       mode_allows(t, rc, PERM_READ);
+}
+
 struct tensor *registry_lookup(struct registry *reg, struct reg_client *rc, const char *name,
 			       size_t len)
 {
 	struct tensor *t = find_named(reg, name, len);
 
-	return t && visible_to(t, rc) ? t : NULL;
+	return t && may_see(reg, t, rc) ? t : NULL;
 }
 
 bool registry_published(struct registry *reg, const char *name, size_t len)
@@ -395,6 +449,61 @@ static int create_device(struct registry *reg, const struct create_args *a, uint
 	return 0;
 }
 
+/* Whether t goes into a shared slab (no descriptor of its own). */
+static bool goes_to_slab(const struct backend_ops *ops, bool shared, uint64_t nbytes)
+{
+	return shared && ops->alloc_shared && nbytes && nbytes <= ops->shared_max;
+}
+
+/*
+ * Counts t against its owner's shares of tensors, bytes and (when it will
+ * hold a descriptor of its own) descriptors, and checks that such a
+ * descriptor is not one of the reserve. 0, -EDQUOT or -ENOSPC with the
+ * reason; nothing is counted on failure.
+ */
+static int create_charge(struct registry *reg, struct reg_device *dev, struct tensor *t,
+			 bool shared, char *why, size_t why_len)
+{
+	static const enum quota_kind kinds[] = { QUOTA_TENSORS, QUOTA_BYTES, QUOTA_FDS };
+	uint64_t amount[] = { 1, t->nbytes, 1 };
+	size_t n = t->nbytes && !goes_to_slab(dev->ops, shared, t->nbytes) ? 3 : 2;
+	char reason[200];
+	int r = 0;
+
+	if (!reg->quota)
+		return 0;
+	if (n == 3 && !quota_fd_room(reg->quota, t->owner_uid)) {
+		snprintf(why, why_len,
+			 "tensor '%s': the daemon's descriptors are all in use but the %u "
+			 "it keeps "
+			 "for root (RLIMIT_NOFILE %u)",
+			 t->name, reg->quota->lim.fd_reserve, reg->quota->lim.fd_budget);
+		return -ENOSPC;
+	}
+	for (size_t i = 0; i < n && r == 0; i++) {
+		r = quota_charge(reg->quota, t->owner_uid, kinds[i], amount[i], reason,
+				 sizeof(reason));
+		for (size_t j = i; r < 0 && j-- > 0;)
+			quota_uncharge(reg->quota, t->owner_uid, kinds[j], amount[j]);
+	}
+	if (r < 0) {
+		snprintf(why, why_len, "tensor '%s': %s", t->name, reason);
+		return r;
+	}
+	t->fd_charged = n == 3;
+	return 0;
+}
+
+static void create_uncharge(struct registry *reg, const struct tensor *t)
+{
+	if (!reg->quota)
+		return;
+	quota_uncharge(reg->quota, t->owner_uid, QUOTA_TENSORS, 1);
+	quota_uncharge(reg->quota, t->owner_uid, QUOTA_BYTES, t->nbytes);
+	if (t->fd_charged)
+		quota_uncharge(reg->quota, t->owner_uid, QUOTA_FDS, 1);
+}
+
 static void tensor_fill(struct tensor *t, const struct create_args *a, struct reg_client *rc,
 			uint64_t nbytes)
 {
@@ -416,35 +525,44 @@ static void tensor_fill(struct tensor *t, const struct create_args *a, struct re
 	t->owner_gid = rc->gid;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	t->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-	t->creator = rc;
 }
 
 /*
  * Gets t its memory on dev, and room for its name in the table. On failure
  * releases what it got; the caller frees t.
  */
-static int tensor_alloc(struct registry *reg, struct reg_device *dev, struct tensor *t,
-			bool shared, char *why, size_t why_len)
+static int tensor_alloc(struct registry *reg, struct reg_device *dev, struct tensor *t, bool shared,
+			char *why, size_t why_len)
 {
 	const struct backend_ops *ops = dev->ops;
 	int r;
 
-	if (shared && ops->alloc_shared && t->nbytes && t->nbytes <= ops->shared_max)
+	if (goes_to_slab(ops, shared, t->nbytes))
 		r = ops->alloc_shared(&t->alloc, t->nbytes, t->owner_uid, t->owner_gid, t->mode);
 	else
 		r = ops->alloc(&t->alloc, t->nbytes, dev->device.device_id, t->name);
 
 	t->alloc.ops = dev->ops;
+	if (r == -EMFILE || r == -ENFILE) {
+		/* Out of descriptors is the daemon's capacity, not the client's
+		 * file table: never answer EMFILE. */
+		snprintf(why, why_len, "tensor '%s': the daemon has no descriptor left for it (%s)",
+			 t->name, r == -EMFILE ? "RLIMIT_NOFILE" : "the system's file table");
+		dev->ops->release(&t->alloc);
+		return -ENOSPC;
+	}
 	if (r < 0) {
-		snprintf(why, why_len, "tensor '%s': allocating %llu bytes on %s failed: %s", t->name,
-			 (unsigned long long)t->nbytes, dev->ops->name, tensord_strerror(r));
+		snprintf(why, why_len, "tensor '%s': allocating %llu bytes on %s failed: %s",
+			 t->name, (unsigned long long)t->nbytes, dev->ops->name,
+			 tensord_strerror(r));
 		dev->ops->release(&t->alloc);
 		return r;
 	}
 	if (t->alloc.size > dev->capacity - dev->used) {
 		/* Rounding to the backend's granularity pushed it over. */
-		snprintf(why, why_len, "tensor '%s': needs %llu bytes after rounding, only %llu free",
-			 t->name, (unsigned long long)t->alloc.size,
+		snprintf(why, why_len,
+			 "tensor '%s': needs %llu bytes after rounding, only %llu free", t->name,
+			 (unsigned long long)t->alloc.size,
 			 (unsigned long long)(dev->capacity - dev->used));
 		dev->ops->release(&t->alloc);
 		return -ENOSPC;
@@ -469,6 +587,7 @@ static void tensor_insert(struct registry *reg, struct reg_device *dev, struct t
 	t->hnext = *b;
 	*b = t;
 	reg->n_named++;
+	RB_INSERT(tensor_names, &reg->names, t);
 	t->next = reg->all;
 	if (reg->all)
 		reg->all->prev = t;
@@ -526,13 +645,20 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 		return r;
 	}
 	tensor_fill(t, a, rc, nbytes);
+	r = create_charge(reg, dev, t, a->shared, why, why_len);
+	if (r < 0) {
+		free(t);
+		return r;
+	}
 	r = tensor_alloc(reg, dev, t, a->shared, why, why_len);
 	if (r < 0) {
+		create_uncharge(reg, t);
 		free(t);
 		return r;
 	}
 	if (a->replace)
 		replace_old(reg, rc, a);
+	creator_link(rc, t);
 	tensor_insert(reg, dev, t);
 	rc->n_created++;
 	r = lease_add(reg, rc, t, ret_lease);
@@ -552,7 +678,7 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
  * daemon (docs/design.md, "Slabs"). Best effort: without room there it
  * keeps its sealed memfd, which serves just as well.
  */
-static void move_to_slab(struct tensor *t)
+static void move_to_slab(struct registry *reg, struct tensor *t)
 {
 	const struct backend_ops *ops = t->alloc.ops;
 	int r;
@@ -561,8 +687,14 @@ static void move_to_slab(struct tensor *t)
 	    (t->flags & TENSORD_MUTABLE))
 		return;
 	r = ops->share(&t->alloc, t->owner_uid, t->owner_gid, t->mode);
-	if (r < 0)
+	if (r < 0) {
 		log_debug("tensor '%s': keeps its own memfd: %s", t->name, tensord_strerror(r));
+		return;
+	}
+	/* It no longer holds a descriptor against its owner's share. */
+	if (reg->quota && t->fd_charged)
+		quota_uncharge(reg->quota, t->owner_uid, QUOTA_FDS, 1);
+	t->fd_charged = false;
 }
 
 int registry_publish(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
@@ -594,7 +726,7 @@ int registry_publish(struct registry *reg, struct reg_client *rc, const char *na
 				 t->name, tensord_strerror(r));
 			return r;
 		}
-		move_to_slab(t);
+		move_to_slab(reg, t);
 	}
 	t->state = TENSORD_STATE_PUBLISHED;
 	log_debug("tensor '%s': published by pid %u", t->name, rc->pid);
@@ -655,28 +787,49 @@ int registry_unlink(struct registry *reg, struct reg_client *rc, const char *nam
 	return 0;
 }
 
-static int cmp_name(const void *a, const void *b)
+/* The first named tensor whose name sorts after `after` and not before prefix. */
+static struct tensor *list_start(struct registry *reg, const char *prefix, size_t len,
+				 const char *after)
 {
-	const struct tensor *x = *(struct tensor *const *)a, *y = *(struct tensor *const *)b;
+	char key_name[TENSORD_NAME_MAX + 2];
+	struct tensor key, *t;
+	bool from_prefix = strncmp(after, prefix, len) < 0;
 
-	return strcmp(x->name, y->name);
+	if (from_prefix) {
+		/* Every name with the prefix sorts at or after the prefix itself. */
+		snprintf(key_name, sizeof(key_name), "%.*s",
+			 (int)(len <= TENSORD_NAME_MAX ? len : TENSORD_NAME_MAX + 1), prefix);
+		key.name = key_name;
+	} else {
+		key.name = (char *)after;
+	}
+	t = RB_NFIND(tensor_names, &reg->names, &key);
+	if (t && !from_prefix && strcmp(t->name, after) == 0)
+		t = RB_NEXT(tensor_names, &reg->names, t);
+	return t;
 }
 
 int registry_list(struct registry *reg, struct reg_client *rc, const char *prefix, size_t len,
-		  struct tensor ***ret, size_t *ret_n)
+		  const char *after, size_t limit, struct tensor **ret, size_t *ret_n,
+		  const char **ret_next)
 {
-	struct tensor **v = malloc((reg->n_named ? reg->n_named : 1) * sizeof(*v));
-	size_t n = 0;
+	struct tensor *t = list_start(reg, prefix, len, after), *last = NULL;
+	size_t n = 0, visited = 0;
 
-	if (!v)
-		return -ENOMEM;
-	for (size_t i = 0; i < reg->n_buckets; i++)
-		for (struct tensor *t = reg->buckets[i]; t; t = t->hnext)
-			if (visible_to(t, rc) && t->name_len >= len &&
-			    memcmp(t->name, prefix, len) == 0)
-				v[n++] = t;
-	qsort(v, n, sizeof(*v), cmp_name);
-	*ret = v;
+	/* In name order from where the last page ended: O(log names + page). */
+	for (; t; t = RB_NEXT(tensor_names, &reg->names, t)) {
+		if (t->name_len < len || memcmp(t->name, prefix, len) != 0) {
+			t = NULL; /* past the prefix: the end */
+			break;
+		}
+		if (n == limit || visited == REGISTRY_LIST_SCAN_MAX)
+			break;
+		visited++;
+		last = t;
+		if (may_see(reg, t, rc))
+			ret[n++] = t;
+	}
 	*ret_n = n;
+	*ret_next = t && last ? last->name : NULL;
 	return 0;
 }

@@ -15,8 +15,10 @@
 #include <stdint.h>
 
 #include <tensord/tensord.h>
+#include <uv/tree.h> /* the BSD red-black tree libuv ships: names in order for List */
 
 #include "backend.h"
+#include "quota.h"
 
 #define REGISTRY_DEVICES_MAX TENSORD_STATS_DEVICES_MAX
 /* Leases one client may hold at once; past it, create and attach fail. */
@@ -45,11 +47,14 @@ struct tensor {
 	uint32_t owner_uid, owner_gid;
 	uint64_t created_ns;
 	uint32_t refcount;           /* live leases */
+	bool fd_charged;	      /* counted in its owner's QUOTA_FDS */
 	struct reg_client *creator;  /* borrowed; NULL once the creator is gone */
 	struct reg_device *dev;      /* borrowed: the device slot it is charged to */
 	struct backend_alloc alloc;  /* owned */
 	struct tensor *hnext;        /* hash chain of named tensors */
+	RB_ENTRY(tensor) byname;     /* named tensors in name order */
 	struct tensor *prev, *next;  /* every live tensor */
+	struct tensor *cprev, *cnext; /* the tensors its creator made, while it lives */
 	int64_t dims[];              /* shape, strides, then the name's bytes */
 };
 
@@ -73,6 +78,7 @@ struct reg_client {
 	uint32_t free_head;          /* 1-based index of the first free slot; 0: none */
 	uint32_t n_leases;
 	uint64_t n_created;          /* tensors it created (create and put), for inspection */
+	struct tensor *created; /* what it created, for its close to walk */
 };
 
 struct reg_lease {
@@ -82,7 +88,10 @@ struct reg_lease {
 	uint64_t since_ns;           /* CLOCK_MONOTONIC when the lease began */
 };
 
+RB_HEAD(tensor_names, tensor);
+
 struct registry {
+	struct tensor_names names; /* named tensors in name order (List) */
 	struct tensor **buckets;
 	size_t n_buckets;            /* power of two */
 	size_t n_named;
@@ -98,6 +107,11 @@ struct registry {
 	 */
 	void (*on_publish)(void *ctx, struct tensor *t);
 	void *on_publish_ctx;
+	/* Per-uid shares of tensors and bytes; borrowed; NULL: not counted. */
+	struct quota *quota;
+	/* list and stat show every tensor to everyone (--show-all-metadata). */
+	bool show_all_metadata;
+	uint64_t visits; /* tensors and slots a closing client visited: work, for stats */
 };
 
 struct create_args {
@@ -150,7 +164,9 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc);
 /*
  * Allocates the tensor, named and in state CREATED, and gives rc a new
  * lease on it (*ret_lease, held in rc's ledger). *ret_t is borrowed: valid
- * while that lease lives. -EINVAL for an invalid name, with the reason.
+ * while that lease lives. -EINVAL for an invalid name, with the reason;
+ * -EDQUOT over rc's uid's share of tensors or bytes; -ENOSPC over capacity
+ * or when only the descriptor reserve is left (never -EMFILE).
  * With a->replace, a tensor of that name is unlinked once the new one has
  * its memory (so a refused create leaves it in place): -EPERM unless rc
  * owns it or is root, -EEXIST when another client is still creating it.
@@ -172,7 +188,12 @@ int registry_attach(struct registry *reg, struct reg_client *rc, const char *nam
 		    struct tensor **ret_t, uint64_t *ret_lease, bool *ret_writable, char *why,
 		    size_t why_len);
 
-/* Ends one lease; it may free its tensor. -ESRCH when rc holds no such lease. */
+/* The tensor rc's lease holds, or NULL when rc holds no such lease. Borrowed.
+ */
+struct tensor *registry_lease_tensor(struct reg_client *rc, uint64_t lease);
+
+/* Ends one lease; it may free its tensor. -ESRCH when rc holds no such lease.
+ */
 int registry_release(struct registry *reg, struct reg_client *rc, uint64_t lease);
 
 /* Removes the name; the tensor lives on while leases hold it, else it is freed. */
@@ -180,7 +201,9 @@ int registry_unlink(struct registry *reg, struct reg_client *rc, const char *nam
 		    char *why, size_t why_len);
 
 /*
- * The named tensor as rc may see it, or NULL. Borrowed, and no lease holds
+ * The named tensor as rc may see it (its creator before publish; after,
+ * its owner, root and whoever its mode lets read, or everyone with
+ * show_all_metadata), or NULL. Borrowed, and no lease holds
  * it: valid until the next registry call that can free a tensor (release,
  * unlink, client_gone).
  */
@@ -196,13 +219,21 @@ bool registry_may_inspect(const struct tensor *t, const struct reg_client *rc);
 /* Whether a tensor of that name is published (whatever its mode). */
 bool registry_published(struct registry *reg, const char *name, size_t len);
 
+/* Names one List visits at most, shown or not: a page costs bounded work. */
+#define REGISTRY_LIST_SCAN_MAX 65536
+
 /*
- * The tensors rc may see whose names start with prefix (any bytes), sorted
- * by name. On success the caller owns the array *ret (free() it); the
- * tensors in it are borrowed, as from registry_lookup(). 0 or -ENOMEM.
+ * One page of the tensors rc may see (as registry_lookup()) whose names
+ * start with prefix (any bytes): at most limit of those whose names sort
+ * after `after` (a NUL-terminated string, "" for the first page), in name
+ * order, into ret[] (limit entries, the caller's). When more may follow,
+ * *ret_next is the name to go on after (borrowed, like the tensors), else
+ * NULL. Visits at most REGISTRY_LIST_SCAN_MAX names, from the first after
+ * `after`, and allocates nothing. Always 0.
  */
 int registry_list(struct registry *reg, struct reg_client *rc, const char *prefix, size_t len,
-		  struct tensor ***ret, size_t *ret_n);
+		  const char *after, size_t limit, struct tensor **ret, size_t *ret_n,
+		  const char **ret_next);
 
 /* The device slot for dev, or NULL. */
 struct reg_device *registry_device(struct registry *reg, DLDevice dev);

@@ -62,10 +62,32 @@ static void fill_info(struct info_store *s, const struct tensor *t)
 	s->info.id = t->id;
 }
 
-/* Takes ownership of fd (-1 when none). */
-static void reply_send(struct conn *c, const Tensord__Reply *rep, int fd)
+/* tk: the descriptor that goes with it, or NULL. */
+static void reply_send(struct conn *c, const Tensord__Reply *rep, const struct conn_fd_ticket *tk)
 {
-	conn_send(c, &rep->base, fd);
+	if (conn_send(c, &rep->base, tk) == -EMSGSIZE) {
+		Tensord__Reply err = TENSORD__REPLY__INIT;
+
+		err.id = rep->id;
+		err.status = -EMSGSIZE;
+		err.message = "the reply would be larger than a frame may be (256 MiB)";
+		conn_send(c, &err.base, NULL);
+	}
+}
+
+size_t reply_pack_refusal(uint8_t *buf, size_t cap, int status, const char *msg)
+{
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	size_t n;
+
+	rep.status = status;
+	rep.message = (char *)msg;
+	n = tensord__reply__get_packed_size(&rep);
+	if (n + TD_FRAME_HEADER > cap)
+		return 0;
+	td_frame_header(buf, (uint32_t)n, 0);
+	tensord__reply__pack(&rep, buf + TD_FRAME_HEADER);
+	return n + TD_FRAME_HEADER;
 }
 
 void reply_status(struct conn *c, uint64_t req_id, int status, const char *msg)
@@ -80,11 +102,11 @@ void reply_status(struct conn *c, uint64_t req_id, int status, const char *msg)
 	rep.status = status;
 	rep.message = (char *)msg;
 	metrics_reply_status(status);
-	reply_send(c, &rep, -1);
+	reply_send(c, &rep, NULL);
 }
 
 void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64_t lease,
-		 bool writable, bool reused, int fd)
+		 bool writable, bool reused, const struct conn_fd_ticket *tk)
 {
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
 	Tensord__Lease l = TENSORD__LEASE__INIT;
@@ -106,7 +128,7 @@ void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_LEASE;
 	rep.lease = &l;
-	reply_send(c, &rep, fd);
+	reply_send(c, &rep, tk);
 }
 
 void reply_info(struct conn *c, uint64_t req_id, const struct tensor *t)
@@ -118,10 +140,11 @@ void reply_info(struct conn *c, uint64_t req_id, const struct tensor *t)
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_INFO;
 	rep.info = &s.info;
-	reply_send(c, &rep, -1);
+	reply_send(c, &rep, NULL);
 }
 
-void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t n)
+void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t n,
+		const char *next)
 {
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
 	Tensord__ListReply lr = TENSORD__LIST_REPLY__INIT;
@@ -140,10 +163,12 @@ void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t
 	}
 	lr.n_tensors = n;
 	lr.tensors = pi;
+	lr.more = next != NULL;
+	lr.next = (char *)(next ? next : "");
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_LIST;
 	rep.list = &lr;
-	reply_send(c, &rep, -1);
+	reply_send(c, &rep, NULL);
 	free(pi);
 	free(s);
 }
@@ -174,9 +199,54 @@ uint32_t daemon_open_fds(void)
 	return n ? n - 1 : 0; /* less the one counting them */
 }
 
-void reply_stats(struct conn *c, uint64_t req_id, const struct registry *reg, unsigned clients,
-		 uint64_t uptime_ns)
+/* Per-uid usage, as much as the viewer may see, into a malloc'ed array. */
+struct uid_rows {
+	const struct stats_fair *fair;
+	Tensord__UidUsage *rows;
+	Tensord__UidUsage **ptrs;
+	size_t n;
+};
+
+static void add_uid_row(const struct uid_usage *u, void *arg)
 {
+	struct uid_rows *r = arg;
+	Tensord__UidUsage *w = &r->rows[r->n];
+
+	if (r->fair->viewer_uid != 0 && r->fair->viewer_uid != u->uid)
+		return;
+	tensord__uid_usage__init(w);
+	w->uid = u->uid;
+	w->clients = (uint32_t)u->n[QUOTA_CLIENTS];
+	w->tensors = u->n[QUOTA_TENSORS];
+	w->bytes = u->n[QUOTA_BYTES];
+	w->waiters = (uint32_t)u->n[QUOTA_WAITERS];
+	w->fds_in_flight = (uint32_t)u->n[QUOTA_FDS_IN_FLIGHT];
+	w->fds = u->n[QUOTA_FDS];
+	r->ptrs[r->n] = w;
+	r->n++;
+}
+
+static void fill_fair(Tensord__StatsReply *sr, const struct stats_fair *fair, struct uid_rows *r)
+{
+	size_t n = fair->quota ? fair->quota->n_used : 0;
+
+	sr->cleanup_steps = fair->cleanup_steps;
+	sr->fd_waits = fair->fd_waits;
+	r->fair = fair;
+	r->n = 0;
+	r->rows = n ? malloc(n * sizeof(*r->rows)) : NULL;
+	r->ptrs = n ? malloc(n * sizeof(*r->ptrs)) : NULL;
+	if (!r->rows || !r->ptrs)
+		return; /* out of memory: stats without the per-uid rows */
+	quota_each(fair->quota, add_uid_row, r);
+	sr->n_uids = r->n;
+	sr->uids = r->ptrs;
+}
+
+void reply_stats(struct conn *c, uint64_t req_id, const struct registry *reg, unsigned clients,
+		 uint64_t uptime_ns, const struct stats_fair *fair)
+{
+	struct uid_rows rows;
 	struct pool *pool = backend_host_pool();
 	struct pool_stats ps = { 0 };
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
@@ -219,10 +289,13 @@ void reply_stats(struct conn *c, uint64_t req_id, const struct registry *reg, un
 	sr.host_pool_hits = ps.hits;
 	sr.host_pool_misses = ps.misses;
 	backend_host_slab_stats(&sr.host_slabs, &sr.host_slab_bytes);
+	fill_fair(&sr, fair, &rows);
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_STATS;
 	rep.stats = &sr;
-	reply_send(c, &rep, -1);
+	reply_send(c, &rep, NULL);
+	free(rows.ptrs);
+	free(rows.rows);
 }
 
 void reply_hello(struct conn *c, uint64_t req_id)
@@ -236,5 +309,5 @@ void reply_hello(struct conn *c, uint64_t req_id)
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_HELLO;
 	rep.hello = &hr;
-	reply_send(c, &rep, -1);
+	reply_send(c, &rep, NULL);
 }

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "conn.h"
+#include "quota.h"
 #include "registry.h"
 
 /*
@@ -21,21 +22,42 @@
 void reply_status(struct conn *c, uint64_t req_id, int status, const char *msg);
 
 /*
- * A lease on t. Takes ownership of fd (-1 when none: reused, or a handle
- * kind that travels as bytes): it is closed on every path. t is borrowed.
+ * A lease on t. tk (NULL when no descriptor goes with it: reused, or a
+ * handle kind that travels as bytes) names the descriptor, made when the
+ * frame is sent (conn_handlers.export_fd). t is borrowed.
  */
 void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64_t lease,
-		 bool writable, bool reused, int fd);
+		 bool writable, bool reused, const struct conn_fd_ticket *tk);
 
 /* What stat answers. t is borrowed. */
 void reply_info(struct conn *c, uint64_t req_id, const struct tensor *t);
 
-/* What list answers: n tensors, borrowed, in that order. -ENOMEM is answered here. */
-void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t n);
+/*
+ * What list answers: one page of n tensors, borrowed, in that order; next:
+ * the name to go on after when more remain (borrowed), else NULL. -ENOMEM
+ * is answered here.
+ */
+void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t n,
+		const char *next);
+
+/* The fair-share part of stats. */
+struct stats_fair {
+	const struct quota *quota; /* borrowed; NULL: no per-uid usage */
+	uint32_t viewer_uid;	   /* root sees every uid, others their own */
+	uint64_t cleanup_steps;
+	uint64_t fd_waits;
+};
 
 /* What stats answers. */
 void reply_stats(struct conn *c, uint64_t req_id, const struct registry *reg, unsigned clients,
-		 uint64_t uptime_ns);
+		 uint64_t uptime_ns, const struct stats_fair *fair);
+
+/*
+ * Packs a reply carrying only status and msg, with request id 0, as a whole
+ * frame into buf: its length, or 0 if it does not fit. For connections
+ * refused before they are served (conn_handlers.pack_refusal).
+ */
+size_t reply_pack_refusal(uint8_t *buf, size_t cap, int status, const char *msg);
 
 /* Descriptors the daemon holds open, counted without allocating; 0 if unknown. */
 uint32_t daemon_open_fds(void);

@@ -22,6 +22,7 @@
 #include <uv.h>
 
 #include "conn.h"
+#include "quota.h"
 #include "registry.h"
 #include "waiters.h"
 
@@ -32,6 +33,8 @@ struct server_config {
 	const char *metrics_addr;   /* --metrics HOST:PORT or unix:PATH; NULL: off */
 	gid_t socket_gid;           /* (gid_t)-1: leave as is */
 	unsigned max_clients;
+	struct quota_limits limits; /* per-uid shares; 0: the default */
+	bool show_all_metadata;	    /* list/stat show every tensor to everyone */
 };
 
 struct server {
@@ -40,6 +43,7 @@ struct server {
 	struct registry reg;
 	struct conn_set conns;
 	struct waiters waiters;
+	struct quota quota; /* what each uid holds, and its limits */
 	int listen_fd;
 	bool socket_inherited;      /* passed by systemd: not ours to unlink */
 	int reserve_fd;             /* spare descriptor for shedding clients at EMFILE */

@@ -2,8 +2,11 @@
  * Waiters of attach-with-timeout. A publish wakes the waiters for its name
  * through waiters_wake() (main.c hooks it to the registry's on_publish), so
  * nothing polls; a waiter with a timeout also holds a one-shot loop timer.
- * Waiters live on one list; a client rarely has more than a few, and
- * CONN_WAITERS_MAX (dispatch) caps them per client.
+ *
+ * Each waiter is on two lists: its name's (in a hash map of names, oldest
+ * first) and its owner's. A publish visits only the waiters of its name,
+ * a closing connection only its own: with hundreds of thousands of waiters
+ * parked, neither walks the others (issue 10, item 6).
  */
 #include "waiters.h"
 
@@ -13,13 +16,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/hash.h"
+
+/* The waiters of one name; freed when its last waiter goes. */
+struct waiter_name {
+	struct waiter_name *hnext;
+	struct waiter *head, *tail;
+	size_t len;
+	char name[];
+};
+
 struct waiter {
 	struct waiters *ws;         /* borrowed */
 	struct waiter_owner *owner; /* borrowed; NULL once dropped while firing */
+	struct waiter_name *wn;	    /* borrowed; NULL once taken off by a wake */
 	struct waiter_req req;
 	bool has_timer;
+	bool firing; /* taken off by waiters_wake(), not yet called back */
 	uv_timer_t timer;
-	struct waiter *prev, *next;
+	struct waiter *nprev, *nnext; /* the name's list, or the firing list */
+	struct waiter *oprev, *onext; /* the owner's list */
 };
 
 void waiters_init(struct waiters *ws, uv_loop_t *loop, waiter_done_fn *on_done, void *ctx)
@@ -30,17 +46,114 @@ void waiters_init(struct waiters *ws, uv_loop_t *loop, waiter_done_fn *on_done, 
 	ws->ctx = ctx;
 }
 
-static void waiter_unlink(struct waiters *ws, struct waiter *w)
+static struct waiter_name **bucket_of(struct waiters *ws, const char *name, size_t len)
 {
-	if (w->prev)
-		w->prev->next = w->next;
+	return &ws->buckets[td_hash_name(name, len) & (ws->n_buckets - 1)];
+}
+
+static struct waiter_name *name_find(struct waiters *ws, const char *name, size_t len)
+{
+	if (!ws->n_buckets)
+		return NULL;
+	for (struct waiter_name *wn = *bucket_of(ws, name, len); wn; wn = wn->hnext)
+		if (wn->len == len && memcmp(wn->name, name, len) == 0)
+			return wn;
+	return NULL;
+}
+
+static int grow(struct waiters *ws)
+{
+	size_t n = ws->n_buckets ? ws->n_buckets * 2 : 64;
+	struct waiter_name **nb = calloc(n, sizeof(*nb));
+
+	if (!nb)
+		return -ENOMEM;
+	for (size_t i = 0; i < ws->n_buckets; i++) {
+		struct waiter_name *wn, *next;
+
+		for (wn = ws->buckets[i]; wn; wn = next) {
+			struct waiter_name **b = &nb[td_hash_name(wn->name, wn->len) & (n - 1)];
+
+			next = wn->hnext;
+			wn->hnext = *b;
+			*b = wn;
+		}
+	}
+	free(ws->buckets);
+	ws->buckets = nb;
+	ws->n_buckets = n;
+	return 0;
+}
+
+/* The entry for name, made if needed. NULL: out of memory. */
+static struct waiter_name *name_get(struct waiters *ws, const char *name, size_t len)
+{
+	struct waiter_name *wn = name_find(ws, name, len), **b;
+
+	if (wn)
+		return wn;
+	if (ws->n_names + 1 > ws->n_buckets && grow(ws) < 0)
+		return NULL;
+	wn = calloc(1, sizeof(*wn) + len + 1);
+	if (!wn)
+		return NULL;
+	memcpy(wn->name, name, len);
+	wn->len = len;
+	b = bucket_of(ws, name, len);
+	wn->hnext = *b;
+	*b = wn;
+	ws->n_names++;
+	return wn;
+}
+
+static void name_remove(struct waiters *ws, struct waiter_name *wn)
+{
+	for (struct waiter_name **p = bucket_of(ws, wn->name, wn->len); *p; p = &(*p)->hnext) {
+		if (*p == wn) {
+			*p = wn->hnext;
+			break;
+		}
+	}
+	ws->n_names--;
+	free(wn);
+}
+
+/* Takes w off its name's list; the name goes with its last waiter. */
+static void unlink_name(struct waiters *ws, struct waiter *w)
+{
+	struct waiter_name *wn = w->wn;
+
+	if (!wn)
+		return;
+	if (w->nprev)
+		w->nprev->nnext = w->nnext;
 	else
-		ws->head = w->next;
-	if (w->next)
-		w->next->prev = w->prev;
-	w->prev = w->next = NULL;
-	if (w->owner)
-		w->owner->n_waiters--;
+		wn->head = w->nnext;
+	if (w->nnext)
+		w->nnext->nprev = w->nprev;
+	else
+		wn->tail = w->nprev;
+	w->nprev = w->nnext = NULL;
+	w->wn = NULL;
+	ws->n_waiters--;
+	if (!wn->head)
+		name_remove(ws, wn);
+}
+
+static void unlink_owner(struct waiter *w)
+{
+	struct waiter_owner *o = w->owner;
+
+	if (!o)
+		return;
+	if (w->oprev)
+		w->oprev->onext = w->onext;
+	else
+		o->head = w->onext;
+	if (w->onext)
+		w->onext->oprev = w->oprev;
+	w->oprev = w->onext = NULL;
+	o->n_waiters--;
 }
 
 static void waiter_free_cb(uv_handle_t *h)
@@ -65,7 +178,8 @@ static void on_timeout(uv_timer_t *h)
 	struct waiters *ws = w->ws;
 	struct waiter_owner *o = w->owner;
 
-	waiter_unlink(ws, w);
+	unlink_name(ws, w);
+	unlink_owner(w);
 	ws->on_done(o, &w->req, -ETIMEDOUT, ws->ctx);
 	waiter_free(w);
 }
@@ -73,14 +187,21 @@ static void on_timeout(uv_timer_t *h)
 int waiters_add(struct waiters *ws, struct waiter_owner *o, const struct waiter_req *req,
 		int64_t timeout_ms)
 {
+	struct waiter_name *wn;
 	struct waiter *w;
 
 	assert(req->name_len <= TENSORD_NAME_MAX && req->name[req->name_len] == '\0');
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
+	wn = name_get(ws, req->name, req->name_len);
+	if (!wn) {
+		free(w);
+		return -ENOMEM;
+	}
 	w->ws = ws;
 	w->owner = o;
+	w->wn = wn;
 	w->req = *req;
 	if (timeout_ms > 0) {
 		uv_timer_init(ws->loop, &w->timer);
@@ -88,36 +209,47 @@ int waiters_add(struct waiters *ws, struct waiter_owner *o, const struct waiter_
 		w->has_timer = true;
 		uv_timer_start(&w->timer, on_timeout, (uint64_t)timeout_ms, 0);
 	}
-	w->next = ws->head;
-	if (ws->head)
-		ws->head->prev = w;
-	ws->head = w;
+	w->nprev = wn->tail;
+	if (wn->tail)
+		wn->tail->nnext = w;
+	else
+		wn->head = w;
+	wn->tail = w;
+	w->onext = o->head;
+	if (o->head)
+		o->head->oprev = w;
+	o->head = w;
 	o->n_waiters++;
+	ws->n_waiters++;
 	return 0;
 }
 
 void waiters_wake(struct waiters *ws, const char *name, size_t len)
 {
-	struct waiter *w, *next;
+	struct waiter_name *wn = name_find(ws, name, len);
+	struct waiter *w, *firing;
 
-	/* on_done never publishes, so wakes do not nest. */
-	assert(!ws->firing);
-	/* Take the matching waiters off the list first: answering one may
-	 * close its connection, which drops its owner's waiters. Those left on
-	 * ws->firing are then only marked, and not called back. */
-	for (w = ws->head; w; w = next) {
-		next = w->next;
-		if (w->req.name_len == len && memcmp(w->req.name, name, len) == 0) {
-			waiter_unlink(ws, w);
-			w->next = ws->firing;
-			ws->firing = w;
-		}
+	if (!wn)
+		return;
+	/* Take the name's whole list off first: answering one waiter may
+	 * close its connection, which drops its owner's waiters. Those still
+	 * to be answered are then only marked (owner NULL), not called back. */
+	firing = wn->head;
+	for (w = firing; w; w = w->nnext) {
+		w->firing = true;
+		w->wn = NULL;
+		ws->n_waiters--;
+		ws->visits++;
 	}
-	while ((w = ws->firing)) {
-		ws->firing = w->next;
-		w->next = NULL;
-		if (w->owner)
-			ws->on_done(w->owner, &w->req, 0, ws->ctx);
+	wn->head = wn->tail = NULL;
+	name_remove(ws, wn);
+	while ((w = firing)) {
+		struct waiter_owner *o = w->owner;
+
+		firing = w->nnext;
+		unlink_owner(w);
+		if (o)
+			ws->on_done(o, &w->req, 0, ws->ctx);
 		waiter_free(w);
 	}
 }
@@ -126,26 +258,33 @@ void waiters_drop_owner(struct waiters *ws, struct waiter_owner *o)
 {
 	struct waiter *w, *next;
 
-	for (w = ws->head; w && o->n_waiters; w = next) {
-		next = w->next;
-		if (w->owner == o) {
-			waiter_unlink(ws, w);
+	for (w = o->head; w; w = next) {
+		next = w->onext;
+		ws->visits++;
+		unlink_owner(w);
+		w->owner = NULL;
+		/* One being answered by waiters_wake() is freed there. */
+		if (!w->firing) {
+			unlink_name(ws, w);
 			waiter_free(w);
 		}
 	}
-	for (w = ws->firing; w; w = w->next)
-		if (w->owner == o)
-			w->owner = NULL;
 }
 
 void waiters_drop_all(struct waiters *ws)
 {
-	struct waiter *w;
+	for (size_t i = 0; i < ws->n_buckets; i++) {
+		while (ws->buckets[i]) {
+			struct waiter *w = ws->buckets[i]->head;
 
-	while ((w = ws->head)) {
-		waiter_unlink(ws, w);
+			ws->visits++;
+			unlink_owner(w);
+			w->owner = NULL;
+			unlink_name(ws, w);
 		waiter_free(w);
+		}
 	}
-	for (w = ws->firing; w; w = w->next)
-		w->owner = NULL;
+	free(ws->buckets);
+	ws->buckets = NULL;
+	ws->n_buckets = ws->n_names = 0;
 }

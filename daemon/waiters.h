@@ -15,11 +15,13 @@
 #include <uv.h>
 
 struct waiter;
+struct waiter_name;
 
 /* Embedded in whoever waits: one per client connection. */
 struct waiter_owner {
 	void *data;                 /* the embedder's; never read here */
 	unsigned n_waiters;         /* its waiters still parked */
+	struct waiter *head; /* those waiters; closing walks only these */
 };
 
 /* One parked request, as waiters_add() copies it and on_done gets it back. */
@@ -38,19 +40,27 @@ struct waiter_req {
 typedef void waiter_done_fn(struct waiter_owner *o, const struct waiter_req *req, int status,
 			    void *ctx);
 
+/*
+ * Parked waiters are kept per name (a hash map name -> list, oldest first)
+ * and per owner, so a publish visits only its name's waiters and a close
+ * only its own.
+ */
 struct waiters {
 	uv_loop_t *loop;
 	waiter_done_fn *on_done;
 	void *ctx;                  /* handed to on_done */
-	struct waiter *head;        /* parked; owned */
-	struct waiter *firing;      /* taken off by waiters_wake(), not yet called back; owned */
+	struct waiter_name **buckets; /* owned; n_buckets, a power of two */
+	size_t n_buckets, n_names;
+	uint64_t n_waiters; /* parked, all owners */
+	uint64_t visits;    /* waiters visited by wake and drop: work done, for stats */
 };
 
 void waiters_init(struct waiters *ws, uv_loop_t *loop, waiter_done_fn *on_done, void *ctx);
 
 /*
  * Parks a copy of req for o. timeout_ms > 0 starts a timer; otherwise it
- * waits until woken or dropped. 0 or -ENOMEM. o is borrowed: it must stay
+ * waits until woken or dropped. Waiters of one name are answered oldest
+ * first. 0 or -ENOMEM. o is borrowed: it must stay
  * valid until waiters_drop_owner(o) or until its waiters are done.
  */
 int waiters_add(struct waiters *ws, struct waiter_owner *o, const struct waiter_req *req,
@@ -62,7 +72,7 @@ void waiters_wake(struct waiters *ws, const char *name, size_t len);
 /* Drops o's waiters without calling back. */
 void waiters_drop_owner(struct waiters *ws, struct waiter_owner *o);
 
-/* Drops every waiter without calling back (shutdown). */
+/* Drops every waiter without calling back, and frees the map (shutdown). */
 void waiters_drop_all(struct waiters *ws);
 
 #endif

@@ -42,10 +42,9 @@ class Daemon:
         os.close(w)
         with os.fdopen(r, "rb") as rf:
             byte = rf.read(1)
-            # The daemon closes its end just after: wait for the EOF, so
-            # that a descriptor count taken next does not include it.
-            if byte == b"R":
-                rf.read()
+            # Until the daemon closed its end: a test that counts its
+            # descriptors at once must not count this one.
+            rf.read()
         if byte != b"R":
             self.proc.wait(timeout=10)
             raise RuntimeError("tensord did not start: " + self.read_log())

@@ -172,6 +172,7 @@ static int hand_over(struct td_conn *conn, Tensord__Reply *rep, int fd)
 	/* An id 0 error is the daemon closing us for a protocol error. */
 	if (rep->id == 0 && rep->status < 0) {
 		td_set_error(rep->status, "%s", rep->message);
+		snprintf(conn->why, sizeof(conn->why), "%s", rep->message);
 		st = rep->status;
 	}
 	tensord__reply__free_unpacked(rep, NULL);
@@ -387,6 +388,8 @@ int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply,
 		if (p.fd >= 0)
 			close(p.fd);
 		/* The reader that saw the failure may have been another thread. */
+		if (c->conn.why[0])
+			return td_set_error(r, "tensord closed the connection: %s", c->conn.why);
 		return td_set_error(r, "connection to tensord lost: %s", tensord_strerror(r));
 	}
 	if (p.reply->status < 0) {

@@ -83,6 +83,7 @@ struct td_conn {
 	bool reading;               /* some thread is receiving for everyone */
 	bool closed;                /* tensord_close() ran, or the connection died */
 	int err;                    /* why it died: -ECONNRESET, -EPROTO, ... */
+	char why[256];		    /* the daemon's reason when it closed us with one, else "" */
 	uint64_t next_id;
 	struct td_pending *pending; /* borrowed: each lives on its td_rpc() caller's stack */
 	struct td_rbuf rx;

@@ -362,17 +362,22 @@ int tensord_stat(tensord_client *c, const char *name, tensord_info *ret_info)
 	return r;
 }
 
-int tensord_list(tensord_client *c, const char *prefix, tensord_info **ret_infos,
-		 size_t *ret_count)
+/*
+ * One page of a list: appends its tensors to *v (*n of *cap used, grown as
+ * needed) and leaves the last name in after. 1 when more follow, 0 at the
+ * end, or -errno.
+ */
+static int list_page(tensord_client *c, const char *prefix, char *after, tensord_info **v,
+		     size_t *n, size_t *cap)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__List ls = TENSORD__LIST__INIT;
 	Tensord__Reply *rep;
-	tensord_info *v;
-	size_t n;
+	Tensord__ListReply *lr;
 	int r;
 
-	ls.prefix = (char *)(prefix ? prefix : "");
+	ls.prefix = (char *)prefix;
+	ls.after = after;
 	req.body_case = TENSORD__REQUEST__BODY_LIST;
 	req.list = &ls;
 	r = td_rpc(c, &req, &rep, NULL);
@@ -382,33 +387,60 @@ int tensord_list(tensord_client *c, const char *prefix, tensord_info **ret_infos
 		tensord__reply__free_unpacked(rep, NULL);
 		return td_set_error(-EPROTO, "tensord answered list without a list");
 	}
-	n = rep->list->n_tensors;
-	v = malloc((n ? n : 1) * sizeof(*v));
-	if (!v) {
+	lr = rep->list;
+	if (*n + lr->n_tensors > *cap) {
+		size_t ncap = *cap * 2 > *n + lr->n_tensors ? *cap * 2 : *n + lr->n_tensors;
+		tensord_info *nv = realloc(*v, ncap * sizeof(*nv));
+
+		if (!nv) {
 		tensord__reply__free_unpacked(rep, NULL);
-		return td_set_error(-ENOMEM, "out of memory for %zu tensors", n);
+			return td_set_error(-ENOMEM, "out of memory for %zu tensors", ncap);
+		}
+		*v = nv;
+		*cap = ncap;
 	}
-	for (size_t i = 0; i < n; i++)
-		td_info_from_wire(&v[i], rep->list->tensors[i]);
+	for (size_t i = 0; i < lr->n_tensors; i++)
+		td_info_from_wire(&(*v)[(*n)++], lr->tensors[i]);
+	/* The daemon says where to go on: after the last name it looked at,
+	 * which may be one it did not show. */
+	r = lr->more && lr->next[0] && strcmp(lr->next, after) > 0 ? 1 : 0;
+	if (r)
+		snprintf(after, TENSORD_NAME_MAX + 1, "%s", lr->next);
 	tensord__reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+int tensord_list(tensord_client *c, const char *prefix, tensord_info **ret_infos, size_t *ret_count)
+{
+	char after[TENSORD_NAME_MAX + 1] = "";
+	tensord_info *v = NULL;
+	size_t n = 0, cap = 0;
+	int r;
+
+	/* The daemon answers in pages (a reply never holds the whole
+	 * registry); the caller sees one list. Names created meanwhile after
+	 * the page being read show up, those before it do not. */
+	do
+		r = list_page(c, prefix ? prefix : "", after, &v, &n, &cap);
+	while (r > 0);
+	if (r < 0) {
+		free(v);
+		return r;
+	}
+	if (!v && !(v = malloc(sizeof(*v))))
+		return td_set_error(-ENOMEM, "out of memory");
 	*ret_infos = v;
 	*ret_count = n;
 	return 0;
 }
 
-int tensord_stats(tensord_client *c, tensord_daemon_stats *ret_stats, size_t size)
+/* A stats round trip. On success *ret_rep is the caller's to free. */
+static int stats_rpc(tensord_client *c, Tensord__Reply **ret_rep)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Stats st = TENSORD__STATS__INIT;
 	Tensord__Reply *rep;
-	Tensord__StatsReply *s;
-	tensord_daemon_stats all, *ret = &all;
 	int r;
-
-	if (!ret_stats || size < TENSORD_STATS_SIZE_V1)
-		return td_set_error(-EINVAL, "stats: a buffer of %zu bytes is smaller than "
-				    "tensord_daemon_stats ever was (%zu)", size,
-				    (size_t)TENSORD_STATS_SIZE_V1);
 
 	req.body_case = TENSORD__REQUEST__BODY_STATS;
 	req.stats = &st;
@@ -419,6 +451,66 @@ int tensord_stats(tensord_client *c, tensord_daemon_stats *ret_stats, size_t siz
 		tensord__reply__free_unpacked(rep, NULL);
 		return td_set_error(-EPROTO, "tensord answered stats without stats");
 	}
+	*ret_rep = rep;
+	return 0;
+}
+
+static int cmp_uid(const void *a, const void *b)
+{
+	uint32_t x = ((const tensord_uid_stats *)a)->uid, y = ((const tensord_uid_stats *)b)->uid;
+
+	return x < y ? -1 : x > y;
+}
+
+int tensord_uid_usage(tensord_client *c, tensord_uid_stats **ret_usage, size_t *ret_count)
+{
+	Tensord__Reply *rep;
+	Tensord__StatsReply *s;
+	tensord_uid_stats *v;
+	int r = stats_rpc(c, &rep);
+
+	if (r < 0)
+		return r;
+	s = rep->stats;
+	v = calloc(s->n_uids ? s->n_uids : 1, sizeof(*v));
+	if (!v) {
+		tensord__reply__free_unpacked(rep, NULL);
+		return td_set_error(-ENOMEM, "out of memory for %zu uids", s->n_uids);
+	}
+	for (size_t i = 0; i < s->n_uids; i++) {
+		const Tensord__UidUsage *w = s->uids[i];
+
+		v[i] = (tensord_uid_stats){ .uid = w->uid,
+					    .clients = w->clients,
+					    .tensors = w->tensors,
+					    .fds = w->fds,
+					    .bytes = w->bytes,
+					    .waiters = w->waiters,
+					    .fds_in_flight = w->fds_in_flight };
+	}
+	qsort(v, s->n_uids, sizeof(*v), cmp_uid);
+	*ret_usage = v;
+	*ret_count = s->n_uids;
+	tensord__reply__free_unpacked(rep, NULL);
+	return 0;
+}
+
+int tensord_stats(tensord_client *c, tensord_daemon_stats *ret_stats, size_t size)
+{
+	Tensord__Reply *rep;
+	Tensord__StatsReply *s;
+	tensord_daemon_stats all, *ret = &all;
+	int r;
+
+	if (!ret_stats || size < TENSORD_STATS_SIZE_V1)
+		return td_set_error(-EINVAL,
+				    "stats: a buffer of %zu bytes is smaller than "
+				    "tensord_daemon_stats ever was (%zu)",
+				    size, (size_t)TENSORD_STATS_SIZE_V1);
+
+	r = stats_rpc(c, &rep);
+	if (r < 0)
+		return r;
 	s = rep->stats;
 	memset(ret, 0, sizeof(*ret));
 	ret->size = (uint32_t)(size < sizeof(*ret) ? size : sizeof(*ret));

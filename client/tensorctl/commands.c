@@ -54,6 +54,8 @@ int cmd_stat(tensord_client *c, const struct args *a)
 int cmd_stats(tensord_client *c, const struct args *a)
 {
 	tensord_daemon_stats st;
+	tensord_uid_stats *u = NULL;
+	size_t n = 0;
 	int rc;
 
 	if ((a->seen & OPT_PROMETHEUS) && (a->seen & OPT_JSON)) {
@@ -63,14 +65,17 @@ int cmd_stats(tensord_client *c, const struct args *a)
 	if (a->seen & OPT_PROMETHEUS)
 		return print_prometheus(c);
 	rc = tensord_stats(c, &st, sizeof(st));
+	if (rc == 0)
+		rc = tensord_uid_usage(c, &u, &n);
 	if (rc < 0)
 		return op_error(rc, NULL);
 	if (st.n_devices > TENSORD_STATS_DEVICES_MAX)
 		st.n_devices = TENSORD_STATS_DEVICES_MAX;
 	if (a->seen & OPT_JSON)
-		print_stats_json(&st);
+		print_stats_json(&st, u, n);
 	else
-		print_stats_text(&st);
+		print_stats_text(&st, u, n);
+	free(u);
 	return finish_output();
 }
 

@@ -113,8 +113,8 @@ const char *iso_time(uint64_t ns, char *buf, size_t len);
 void json_str(const char *s);
 void json_field(const char *key, const char *val, bool first);
 
-/* The stats totals and devices, as one JSON object or as text and a table. */
-void print_stats_json(const tensord_daemon_stats *st);
-void print_stats_text(const tensord_daemon_stats *st);
+/* The stats totals, devices and the n uids' usage, as one JSON object or as text and tables. */
+void print_stats_json(const tensord_daemon_stats *st, const tensord_uid_stats *u, size_t n);
+void print_stats_text(const tensord_daemon_stats *st, const tensord_uid_stats *u, size_t n);
 
 #endif /* TENSORD_TENSORCTL_H */

@@ -132,6 +132,17 @@ typedef struct tensord_daemon_stats {
 	uint64_t host_slab_bytes;  /* bytes in their live slots */
 } tensord_daemon_stats;
 
+/* What one uid holds in the daemon (see tensord_uid_usage()). */
+typedef struct tensord_uid_stats {
+	uint32_t uid;
+	uint32_t clients;	/* connections */
+	uint64_t tensors;	/* tensors it owns, named or still leased */
+	uint64_t fds;		/* of those, tensors with a descriptor of their own */
+	uint64_t bytes;		/* bytes of those tensors */
+	uint32_t waiters;	/* attaches waiting for a publish */
+	uint32_t fds_in_flight; /* descriptors sent to it and not yet received */
+} tensord_uid_stats;
+
 /* The size of the first tensord_daemon_stats; tensord_stats() wants at least this. */
 #define TENSORD_STATS_SIZE_V1 (offsetof(tensord_daemon_stats, devices) + \
 			       TENSORD_STATS_DEVICES_MAX * sizeof(tensord_device_stats))
@@ -148,6 +159,8 @@ typedef struct tensord_daemon_stats {
  * -EPERM: another uid owns the socket or its directory, or serves it.
  * -ENOTSOCK: the path is not a socket. -EPROTO: protocol mismatch.
  * tensord_last_error() names the path and the fix.
+ * -EDQUOT or -EAGAIN: the daemon refused the connection (this uid's share
+ * of connections, or all of them in use); tensord_last_error() says which.
  * On success *ret_client is owned by the caller; free it with tensord_close().
  */
 TENSORD_API int tensord_connect(const char *socket_path, tensord_client **ret_client);
@@ -177,7 +190,8 @@ TENSORD_API int tensord_default_socket_path(char *buf, size_t len);
  * for the call. On success *ret_tensor is owned by the caller and holds
  * one lease; its deleter ends it and must run exactly once, from any
  * thread, also after tensord_close().
- * -EEXIST, -EINVAL (name, dtype, shape or strides), -ENOSPC, -ENODEV.
+ * -EEXIST, -EINVAL (name, dtype, shape or strides), -ENOSPC, -ENODEV,
+ * -EDQUOT (over this uid's share of tensors or bytes; the message names it).
  */
 TENSORD_API int tensord_create(tensord_client *client, const char *name, const tensord_spec *spec,
 			       DLManagedTensorVersioned **ret_tensor);
@@ -231,12 +245,13 @@ TENSORD_API int tensord_put(tensord_client *client, const char *name, const DLTe
 /* Removes the name; memory lives until the last lease ends. -ENOENT, -EPERM. */
 TENSORD_API int tensord_unlink(tensord_client *client, const char *name);
 
-/* Describes one tensor. -ENOENT. */
+/* Describes one tensor. -ENOENT (also for one the caller may not read). */
 TENSORD_API int tensord_stat(tensord_client *client, const char *name, tensord_info *ret_info);
 
 /*
- * Describes every tensor whose name starts with prefix (NULL or "": all), in
- * name order. On success *ret_infos is a malloc'ed array of *ret_count
+ * Describes every tensor whose name starts with prefix (NULL or "": all) and
+ * that the caller may see (its own, or one its mode lets it read), in name
+ * order. The daemon answers in pages; this asks for each. On success *ret_infos is a malloc'ed array of *ret_count
  * entries, owned by the caller, who frees it with free() (also when
  * *ret_count is 0).
  */
@@ -308,6 +323,15 @@ TENSORD_API int tensord_clients(tensord_client *client, tensord_client_info **re
  * NUL-terminated string owned by the caller, who frees it with free().
  */
 TENSORD_API int tensord_metrics(tensord_client *client, char **ret_text);
+
+/*
+ * What each uid holds, against the daemon's per-uid shares: every uid when
+ * the caller is root, else the caller's own uid only. On success
+ * *ret_usage is a malloc'ed array of *ret_count entries in uid order,
+ * owned by the caller, who frees it with free() (also when *ret_count is 0).
+ */
+TENSORD_API int tensord_uid_usage(tensord_client *client, tensord_uid_stats **ret_usage,
+				  size_t *ret_count);
 
 /*
  * Returns a second DLManagedTensorVersioned for the same lease as t (which

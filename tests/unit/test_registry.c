@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "daemon/log.h"
+#include "daemon/quota.h"
 #include "daemon/registry.h"
 
 /* The backends this test links: the host backend alone, so the registry is
@@ -354,24 +355,24 @@ static void test_list_sorted_by_prefix(void **state)
 {
 	struct registry *reg = *state;
 	struct reg_client a;
-	struct tensor *t, **v;
+	struct tensor *t, *v[8];
 	uint64_t l;
 	size_t n;
+	const char *more;
 	const char *names[] = { "m/b", "m/a", "x", "m/c/d" };
 
 	registry_client_init(&a, 1, 0, 0, 1);
 	for (int i = 0; i < 4; i++) {
 		assert_int_equal(create(reg, &a, names[i], 1, 0, 0, &t, &l), 0);
-		assert_int_equal(registry_publish(reg, &a, names[i], strlen(names[i]), why,
-						  sizeof(why)),
-				 0);
+		assert_int_equal(
+			registry_publish(reg, &a, names[i], strlen(names[i]), why, sizeof(why)), 0);
 	}
-	assert_int_equal(registry_list(reg, &a, "m/", 2, &v, &n), 0);
+	assert_int_equal(registry_list(reg, &a, "m/", 2, "", 8, v, &n, &more), 0);
 	assert_int_equal(n, 3);
+	assert_null(more);
 	assert_string_equal(v[0]->name, "m/a");
 	assert_string_equal(v[1]->name, "m/b");
 	assert_string_equal(v[2]->name, "m/c/d");
-	free(v);
 	registry_client_gone(reg, &a);
 }
 
@@ -398,12 +399,204 @@ static void test_many_names_grow_the_table(void **state)
 	assert_int_equal(reg->n_named, 0);
 }
 
+/* Pages of at most limit names after the last one seen, in name order,
+ * complete and without repeats; no array of the whole registry. */
+static void test_list_pages(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a;
+	struct tensor *t, *v[300];
+	char name[32], after[TENSORD_NAME_MAX + 1] = "";
+	uint64_t l;
+	size_t n, seen = 0;
+	const char *more = "";
+
+	registry_client_init(&a, 1, 0, 0, 1);
+	for (int i = 0; i < 1000; i++) {
+		/* Inserted out of order: 7 is coprime with 1000. */
+		snprintf(name, sizeof(name), "%s/%04d", i % 2 ? "p" : "q", (i * 7) % 1000);
+		assert_int_equal(create(reg, &a, name, 0, 0, 0, &t, &l), 0);
+	}
+	while (more) {
+		assert_int_equal(registry_list(reg, &a, "p/", 2, after, 300, v, &n, &more), 0);
+		assert_true(n <= 300);
+		for (size_t i = 0; i < n; i++) {
+			assert_true(strcmp(v[i]->name, after) > 0);
+			assert_memory_equal(v[i]->name, "p/", 2);
+			snprintf(after, sizeof(after), "%s", v[i]->name);
+		}
+		seen += n;
+		assert_true((more != NULL) == (seen < 500));
+		if (more)
+			assert_string_equal(more, after);
+	}
+	assert_int_equal(seen, 500);
+	/* After p/0900 come the 50 odd p/0901..p/0999, then the 500 q/. */
+	assert_int_equal(registry_list(reg, &a, "", 0, "p/0900", 300, v, &n, &more), 0);
+	assert_int_equal(n, 300);
+	assert_non_null(more);
+	assert_string_equal(v[49]->name, "p/0999");
+	assert_string_equal(v[50]->name, "q/0000");
+	assert_int_equal(registry_list(reg, &a, "", 0, "q/0448", 300, v, &n, &more), 0);
+	assert_int_equal(n, 275);
+	assert_null(more);
+	registry_client_gone(reg, &a);
+}
+
+/* list and stat show a tensor only to who may read it, unless the daemon
+ * runs with --show-all-metadata. */
+static void test_metadata_hidden_from_who_may_not_read(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client owner, other, root;
+	struct tensor *t, *v[4];
+	uint64_t l;
+	size_t n;
+	const char *more;
+
+	registry_client_init(&owner, 1, 1000, 1000, 1);
+	registry_client_init(&other, 2, 1001, 1001, 2);
+	registry_client_init(&root, 3, 0, 0, 3);
+	assert_int_equal(create(reg, &owner, "priv", 8, 0, 0600, &t, &l), 0);
+	assert_int_equal(registry_publish(reg, &owner, "priv", 4, why, sizeof(why)), 0);
+	assert_int_equal(create(reg, &owner, "pub", 8, 0, 0644, &t, &l), 0);
+	assert_int_equal(registry_publish(reg, &owner, "pub", 3, why, sizeof(why)), 0);
+	assert_null(registry_lookup(reg, &other, "priv", 4));
+	assert_non_null(registry_lookup(reg, &other, "pub", 3));
+	assert_non_null(registry_lookup(reg, &owner, "priv", 4));
+	assert_non_null(registry_lookup(reg, &root, "priv", 4));
+	assert_int_equal(registry_list(reg, &other, "", 0, "", 4, v, &n, &more), 0);
+	assert_int_equal(n, 1);
+	assert_string_equal(v[0]->name, "pub");
+	assert_int_equal(registry_list(reg, &root, "", 0, "", 4, v, &n, &more), 0);
+	assert_int_equal(n, 2);
+	reg->show_all_metadata = true;
+	assert_non_null(registry_lookup(reg, &other, "priv", 4));
+	assert_int_equal(registry_list(reg, &other, "", 0, "", 4, v, &n, &more), 0);
+	assert_int_equal(n, 2);
+	registry_client_gone(reg, &owner);
+	registry_client_gone(reg, &other);
+	registry_client_gone(reg, &root);
+}
+
+/* Per-uid shares of tensors and bytes: EDQUOT naming the flag; what a
+ * freed tensor held is given back; an exempt uid is never refused. */
+static void test_quota(void **state)
+{
+	struct registry *reg = *state;
+	struct quota_limits lim = { 0 };
+	struct quota q;
+	struct reg_client a, b;
+	struct tensor *t;
+	uint64_t l;
+
+	lim.per_uid[QUOTA_TENSORS] = 2;
+	lim.per_uid[QUOTA_BYTES] = 1000;
+	lim.exempt[lim.n_exempt++] = 7;
+	quota_init(&q, &lim);
+	reg->quota = &q;
+	registry_client_init(&a, 1, 1000, 1000, 1);
+	registry_client_init(&b, 2, 7, 7, 2);
+	assert_int_equal(create(reg, &a, "a1", 600, 0, 0, &t, &l), 0);
+	assert_int_equal(create(reg, &a, "a2", 600, 0, 0, &t, &l), -EDQUOT);
+	assert_non_null(strstr(why, "--max-bytes-per-uid"));
+	assert_non_null(strstr(why, "'a2'"));
+	assert_int_equal(create(reg, &a, "a2", 100, 0, 0, &t, &l), 0);
+	assert_int_equal(create(reg, &a, "a3", 1, 0, 0, &t, &l), -EDQUOT);
+	assert_non_null(strstr(why, "--max-tensors-per-uid"));
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_TENSORS], 2);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 700);
+	for (int i = 0; i < 5; i++) {
+		char name[8];
+
+		snprintf(name, sizeof(name), "b%d", i);
+		assert_int_equal(create(reg, &b, name, 1000, 0, 0, &t, &l), 0);
+	}
+	assert_int_equal(registry_unlink(reg, &a, "a1", 2, why, sizeof(why)), 0);
+	/* Still leased by a: still counted. */
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_TENSORS], 2);
+	registry_client_gone(reg, &a);
+	registry_client_gone(reg, &b);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_TENSORS], 0);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 0);
+	assert_int_equal(quota_get(&q, 7)->n[QUOTA_TENSORS], 0);
+	reg->quota = NULL;
+	quota_fini(&q);
+}
+
+/* A closing client visits the tensors it created and its own lease slots,
+ * never the rest of the registry. */
+static void test_client_gone_walks_only_its_own(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a, b;
+	struct tensor *t;
+	uint64_t l, before;
+	char name[32];
+
+	registry_client_init(&a, 1, 0, 0, 1);
+	registry_client_init(&b, 2, 0, 0, 2);
+	for (int i = 0; i < 2000; i++) {
+		snprintf(name, sizeof(name), "keep/%d", i);
+		assert_int_equal(create(reg, &a, name, 0, 0, 0, &t, &l), 0);
+		assert_int_equal(registry_publish(reg, &a, name, strlen(name), why, sizeof(why)),
+				 0);
+		assert_int_equal(registry_release(reg, &a, l), 0);
+	}
+	for (int i = 0; i < 3; i++) {
+		snprintf(name, sizeof(name), "b/%d", i);
+		assert_int_equal(create(reg, &b, name, 0, TENSORD_LIFETIME_CONNECTION, 0, &t, &l),
+				 0);
+	}
+	before = reg->visits;
+	registry_client_gone(reg, &b);
+	assert_true(reg->visits - before <= 6);
+	assert_null(registry_lookup(reg, &a, "b/0", 3));
+	before = reg->visits;
+	registry_client_gone(reg, &a);
+	assert_true(reg->visits - before <= 2 * 2000 + 16);
+	assert_int_equal(reg->n_named, 2000);
+}
+
+/* A page visits a bounded number of names, shown or not, and says where to
+ * go on: a uid that may see none of many names pays per page, not per
+ * registry. */
+static void test_list_scan_is_bounded(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client owner, other;
+	struct tensor *t, *v[16];
+	uint64_t l;
+	size_t n, pages = 0;
+	char name[32], after[TENSORD_NAME_MAX + 1] = "";
+	const char *next = "";
+
+	registry_client_init(&owner, 1, 1000, 1000, 1);
+	registry_client_init(&other, 2, 1001, 1001, 2);
+	for (int i = 0; i < REGISTRY_LIST_SCAN_MAX + 100; i++) {
+		snprintf(name, sizeof(name), "s/%06d", i);
+		assert_int_equal(create(reg, &owner, name, 0, 0, 0600, &t, &l), 0);
+		assert_int_equal(
+			registry_publish(reg, &owner, name, strlen(name), why, sizeof(why)), 0);
+	}
+	while (next) {
+		assert_int_equal(registry_list(reg, &other, "s/", 2, after, 16, v, &n, &next), 0);
+		assert_int_equal(n, 0);
+		if (next)
+			snprintf(after, sizeof(after), "%s", next);
+		pages++;
+	}
+	assert_int_equal(pages, 2);
+	registry_client_gone(reg, &owner);
+}
+
 int main(void)
 {
 	log_level = TD_LOG_ERROR;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_state_machine, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_lease_ids_are_not_reused_blindly, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_lease_ids_are_not_reused_blindly, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_client_gone, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_capacity, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_replace, setup, teardown),
@@ -414,6 +607,13 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_permissions, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_list_sorted_by_prefix, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_many_names_grow_the_table, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_list_pages, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_metadata_hidden_from_who_may_not_read, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_client_gone_walks_only_its_own, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_list_scan_is_bounded, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -20,13 +21,15 @@ struct call {
 	int status;
 };
 
-static struct call calls[16];
+static struct call calls[64];
 static int n_calls;
 static struct waiter_owner *drop_on_call; /* on_done drops this owner */
+/* Owners outlive their tests: teardown drops what is still parked. */
+static struct waiter_owner a, b;
 
 static void on_done(struct waiter_owner *o, const struct waiter_req *req, int status, void *ctx)
 {
-	assert_true(n_calls < 16);
+	assert_true(n_calls < 64);
 	calls[n_calls++] = (struct call){ o, req->req_id, status };
 	if (drop_on_call)
 		waiters_drop_owner(ctx, drop_on_call);
@@ -41,6 +44,8 @@ static int setup(void **state)
 	waiters_init(&ws, &loop, on_done, &ws);
 	n_calls = 0;
 	drop_on_call = NULL;
+	memset(&a, 0, sizeof(a));
+	memset(&b, 0, sizeof(b));
 	*state = &ws;
 	return 0;
 }
@@ -68,7 +73,6 @@ static void add(struct waiters *ws, struct waiter_owner *o, uint64_t id, const c
 static void test_wake_answers_oldest_first(void **state)
 {
 	struct waiters *ws = *state;
-	struct waiter_owner a = { 0 }, b = { 0 };
 
 	add(ws, &a, 1, "x", 0);
 	add(ws, &b, 2, "y", 0);
@@ -93,7 +97,6 @@ static void test_wake_answers_oldest_first(void **state)
 static void test_timeout(void **state)
 {
 	struct waiters *ws = *state;
-	struct waiter_owner a = { 0 };
 
 	add(ws, &a, 7, "slow", 1);
 	add(ws, &a, 8, "forever", -1);
@@ -109,7 +112,6 @@ static void test_timeout(void **state)
 static void test_drop_owner(void **state)
 {
 	struct waiters *ws = *state;
-	struct waiter_owner a = { 0 }, b = { 0 };
 
 	add(ws, &a, 1, "x", 1);
 	add(ws, &b, 2, "x", 1);
@@ -129,7 +131,6 @@ static void test_drop_owner(void **state)
 static void test_drop_while_firing(void **state)
 {
 	struct waiters *ws = *state;
-	struct waiter_owner a = { 0 }, b = { 0 };
 
 	add(ws, &a, 1, "x", 0);
 	add(ws, &b, 2, "x", 60000);
@@ -144,6 +145,44 @@ static void test_drop_while_firing(void **state)
 	assert_int_equal(b.n_waiters, 0);
 }
 
+/* A publish visits the waiters of its own name only, however many wait
+ * for other names; a close visits only its own waiters. */
+static void test_work_is_linear_in_what_is_touched(void **state)
+{
+	struct waiters *ws = *state;
+	char name[32];
+	uint64_t before;
+
+	for (int i = 0; i < 2000; i++) {
+		snprintf(name, sizeof(name), "other/%d", i % 500);
+		add(ws, &b, 100 + (uint64_t)i, name, i % 2 ? 60000 : 0);
+	}
+	add(ws, &a, 1, "x", 0);
+	add(ws, &a, 2, "x", 60000);
+	add(ws, &a, 3, "y", 0);
+	before = ws->visits;
+	waiters_wake(ws, "x", 1);
+	assert_int_equal(n_calls, 2);
+	assert_int_equal(ws->visits - before, 2);
+	before = ws->visits;
+	waiters_wake(ws, "nobody", 6);
+	assert_int_equal(ws->visits - before, 0);
+	before = ws->visits;
+	waiters_drop_owner(ws, &a);
+	assert_int_equal(ws->visits - before, 1);
+	assert_int_equal(a.n_waiters, 0);
+	/* b's waiters are all still there, four per name. */
+	before = ws->visits;
+	waiters_wake(ws, "other/7", 7);
+	assert_int_equal(n_calls, 6);
+	assert_int_equal(ws->visits - before, 4);
+	assert_int_equal(b.n_waiters, 1996);
+	before = ws->visits;
+	waiters_drop_owner(ws, &b);
+	assert_int_equal(ws->visits - before, 1996);
+	assert_int_equal(b.n_waiters, 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -151,6 +190,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_timeout, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drop_owner, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drop_while_firing, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_work_is_linear_in_what_is_touched, setup,
+						teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
