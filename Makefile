@@ -160,7 +160,7 @@ UNIT_DEPS_test_registry    := daemon/registry.c daemon/quota.c daemon/backend_ho
                               common/names.c common/errors.c
 UNIT_DEPS_test_waiters     := daemon/waiters.c
 UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn.c daemon/log.c \
-                              daemon/ratelimit.c daemon/sdnotify.c common/paths.c \
+                              daemon/ratelimit.c daemon/sdnotify.c daemon/quota.c common/paths.c \
                               proto/frame.c
 UNIT_DEPS_test_quota       := daemon/quota.c
 UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c \
