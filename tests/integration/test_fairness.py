@@ -190,7 +190,8 @@ def attach_req(req_id, name, timeout_ms=0):
 
 
 def make_tensor(c, name, n_floats, mode=0o644):
-    """Creates and publishes a host tensor with a descriptor of its own."""
+    """Creates and publishes a host tensor: with a descriptor of its own when
+    larger than a slab slot (64 KiB), else it moves into a slab at publish."""
     c.send(frame(request(11, F_CREATE, tensor_body(name, [n_floats], mode))))
     r = reply_with_fds(c)
     assert r.status == 0, r
@@ -319,7 +320,8 @@ def test_item3_tensors_per_uid_never_emfile(fair):
     refusals = {}
     for who, c in (("a", a), ("b", b)):
         for i in range(2000):
-            c.send(frame(request(1, F_CREATE, tensor_body(f"{who}/{i}", [1024]))))
+            # 128 KiB: larger than a slab slot, so each keeps a descriptor.
+            c.send(frame(request(1, F_CREATE, tensor_body(f"{who}/{i}", [32768]))))
             r = reply_with_fds(c)
             if r.status:
                 refusals[who] = (i, r)
@@ -335,7 +337,7 @@ def test_item3_tensors_per_uid_never_emfile(fair):
     assert r.status in (-errno.ENOSPC, -errno.EDQUOT), r
     assert "RLIMIT_NOFILE" in r.message or "--max-fds-per-uid" in r.message, r
     # Root still gets a tensor (from the reserve) and a connection.
-    make_tensor(raw_as(0, d.socket), "root/t", 1024)
+    make_tensor(raw_as(0, d.socket), "root/t", 32768)
     # Disconnecting does not free persistent tensors, but the shares hold.
     a.close()
     b.close()

@@ -138,7 +138,10 @@ def test_leases_and_clients_respect_permissions(daemon_factory):
                                   ("pub", other.p.pid)])
         assert names(preexec=as_nobody) == sorted([("pub", owner.p.pid),
                                                    ("pub", other.p.pid)])
-        assert names("priv", preexec=as_nobody) == []
+        # A tensor nobody may not read is hidden from it, as from list and stat.
+        rc, out, err = ctl(d.socket, "leases", "priv", preexec=as_nobody,
+                           ctl_path=nobody_ctl)
+        assert rc == 1 and "'priv': no such tensor" in err, (rc, out, err)
 
         uids = {r["uid"] for r in ctl_json(d.socket, "clients", ctl_path=nobody_ctl)}
         assert uids == {0, 65534}
