@@ -24,8 +24,9 @@ finish() {
 trap 'finish $?' EXIT
 trap 'finish 0' INT TERM
 
-# The daemon's default path, by the library's own rule (common/paths.c).
-sock=$(PYTHONPATH="$B/python" "$PY" -c 'import tensord; print(tensord.default_socket_path())')
+# $TENSORD_SOCKET, else the daemon's default path by the library's own rule
+# (common/paths.c).
+sock=${TENSORD_SOCKET:-$(PYTHONPATH="$B/python" "$PY" -c 'import tensord; print(tensord.default_socket_path())')}
 export TENSORD_SOCKET=$sock
 
 if "$B/tensorctl" stats >/dev/null 2>&1; then
