@@ -86,7 +86,7 @@ BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 
 .PHONY: all setup run test test-unit test-integration test-python test-asan bench fuzz install \
-        uninstall clean format
+        uninstall clean format format-check
 
 all: $(B)/tensord $(B)/tensorctl $(B)/libtensord.so $(B)/libtensord.a $(B)/tensord.pc \
      $(PY_EXT) $(PY_FILES) $(HELP_BIN) $(BENCH_BIN)
@@ -188,6 +188,7 @@ $(B)/bench/%: bench/%.c $(B)/libtensord.a
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 test: setup
+	$(Q)$(MAKE) --no-print-directory format-check
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)$(MAKE) --no-print-directory test-unit test-integration test-python
 	$(Q)$(MAKE) --no-print-directory test-asan
@@ -300,9 +301,18 @@ ifeq ($(PYTHON_INSTALL),1)
 	rm -rf $(if $(PYTHONDIR),$(D)$(PYTHONDIR)/tensord)
 endif
 
+# Our C, laid out by .clang-format (dlpack.h is DLPack's own, kept as it is).
+FORMAT_SRC := $(filter-out include/tensord/dlpack.h, \
+	$(wildcard daemon/*.[ch] client/*/*.[ch] common/*.[ch] common/gpu/*.[ch] proto/*.[ch] \
+		   include/tensord/*.h tests/unit/*.[ch] tests/integration/*.c tests/python/*.c \
+		   tests/gpu/*.c tests/fuzz/*.c bench/*.c))
+
 format:
-	clang-format -i $(wildcard daemon/*.[ch] client/*/*.[ch] common/*.[ch] common/gpu/*.[ch] \
-		proto/*.[ch] include/tensord/*.h tests/unit/*.c tests/integration/*.c bench/*.c)
+	clang-format -i $(FORMAT_SRC)
+
+# Fails, naming the files, when any of them is not laid out as `make format` would.
+format-check:
+	$(Q)clang-format --dry-run -Werror $(FORMAT_SRC)
 
 clean:
 	rm -rf $(B) build-asan build-fuzz

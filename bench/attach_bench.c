@@ -108,11 +108,12 @@ static pid_t start_daemon(const char *bin, const char *sock)
 	return pid;
 }
 
-static int bench_tensor(tensord_client *c, const char *name, int64_t bytes, int iters,
-			double *v, double base)
+static int bench_tensor(tensord_client *c, const char *name, int64_t bytes, int iters, double *v,
+			double base)
 {
-	tensord_spec sp = { .dtype = { kDLUInt, 8, 1 }, .ndim = 1, .shape = &bytes,
-			    .device = { kDLCPU, 0 } };
+	tensord_spec sp = {
+		.dtype = { kDLUInt, 8, 1 }, .ndim = 1, .shape = &bytes, .device = { kDLCPU, 0 }
+	};
 	DLManagedTensorVersioned *t, *hold;
 	char label[64];
 	double t0;

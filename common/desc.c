@@ -18,8 +18,8 @@ int td_name_check(const char *name, size_t len, char *why, size_t why_len)
 		return -EINVAL;
 	}
 	if (len > TENSORD_NAME_MAX) {
-		snprintf(why, why_len, "name is %zu bytes; names are 1 to 255 bytes of [A-Za-z0-9._:/-]",
-			 len);
+		snprintf(why, why_len,
+			 "name is %zu bytes; names are 1 to 255 bytes of [A-Za-z0-9._:/-]", len);
 		return -EINVAL;
 	}
 	for (size_t i = 0; i < len; i++) {
@@ -28,7 +28,8 @@ int td_name_check(const char *name, size_t len, char *why, size_t why_len)
 
 			td_name_quote(name, len, q, sizeof(q));
 			snprintf(why, why_len,
-				 "name %s has byte 0x%02x at offset %zu; names are 1 to 255 bytes of "
+				 "name %s has byte 0x%02x at offset %zu; names are 1 to 255 bytes "
+				 "of "
 				 "[A-Za-z0-9._:/-]",
 				 q, (unsigned char)name[i], i);
 			return -EINVAL;
@@ -62,7 +63,6 @@ const char *td_name_quote(const char *name, size_t len, char *buf, size_t buf_le
 	return buf;
 }
 
-
 int td_dtype_check(DLDataType dt, char *why, size_t why_len)
 {
 	if (dt.code > kDLFloat4_e2m1fn) {
@@ -94,7 +94,7 @@ uint64_t td_dtype_size(DLDataType dt)
 }
 
 int td_layout(DLDataType dt, int32_t ndim, const int64_t *shape, const int64_t *strides,
-		   int64_t *ret_strides, uint64_t *ret_nbytes, char *why, size_t why_len)
+	      int64_t *ret_strides, uint64_t *ret_nbytes, char *why, size_t why_len)
 {
 	uint64_t elsize, numel = 1, span = 1;
 	unsigned __int128 nbytes;
@@ -104,7 +104,8 @@ int td_layout(DLDataType dt, int32_t ndim, const int64_t *shape, const int64_t *
 	if (r < 0)
 		return r;
 	if (ndim < 0 || ndim > TENSORD_NDIM_MAX) {
-		snprintf(why, why_len, "%d dimensions; tensors have 0 to %d", ndim, TENSORD_NDIM_MAX);
+		snprintf(why, why_len, "%d dimensions; tensors have 0 to %d", ndim,
+			 TENSORD_NDIM_MAX);
 		return -EINVAL;
 	}
 	for (int i = 0; i < ndim; i++) {
@@ -148,8 +149,8 @@ int td_layout(DLDataType dt, int32_t ndim, const int64_t *shape, const int64_t *
 
 			if (strides[i] < 0) {
 				snprintf(why, why_len,
-					 "strides[%d] is %lld; negative strides are not supported", i,
-					 (long long)strides[i]);
+					 "strides[%d] is %lld; negative strides are not supported",
+					 i, (long long)strides[i]);
 				return -EINVAL;
 			}
 			ret_strides[i] = strides[i];
@@ -158,7 +159,8 @@ int td_layout(DLDataType dt, int32_t ndim, const int64_t *shape, const int64_t *
 			if (__builtin_mul_overflow((uint64_t)(shape[i] - 1), (uint64_t)strides[i],
 						   &step) ||
 			    __builtin_add_overflow(span, step, &span)) {
-				snprintf(why, why_len, "strides overflow 64 bits at dimension %d", i);
+				snprintf(why, why_len, "strides overflow 64 bits at dimension %d",
+					 i);
 				return -EINVAL;
 			}
 		}

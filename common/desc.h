@@ -32,7 +32,7 @@ int td_dtype_check(DLDataType dt, char *why, size_t why_len);
  * -EFBIG when the tensor is larger than TD_BYTES_MAX.
  */
 int td_layout(DLDataType dt, int32_t ndim, const int64_t *shape, const int64_t *strides,
-		   int64_t *ret_strides, uint64_t *ret_nbytes, char *why, size_t why_len);
+	      int64_t *ret_strides, uint64_t *ret_nbytes, char *why, size_t why_len);
 
 /* Bytes of one element, rounded up; 0 for sub-byte types. */
 uint64_t td_dtype_size(DLDataType dt);

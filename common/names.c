@@ -15,13 +15,20 @@ static const struct {
 	const char *name;
 	DLDataType dt;
 } dtype_names[] = {
-	{ "bool", { kDLBool, 8, 1 } },         { "int8", { kDLInt, 8, 1 } },
-	{ "int16", { kDLInt, 16, 1 } },        { "int32", { kDLInt, 32, 1 } },
-	{ "int64", { kDLInt, 64, 1 } },        { "uint8", { kDLUInt, 8, 1 } },
-	{ "uint16", { kDLUInt, 16, 1 } },      { "uint32", { kDLUInt, 32, 1 } },
-	{ "uint64", { kDLUInt, 64, 1 } },      { "float16", { kDLFloat, 16, 1 } },
-	{ "bfloat16", { kDLBfloat, 16, 1 } },  { "float32", { kDLFloat, 32, 1 } },
-	{ "float64", { kDLFloat, 64, 1 } },    { "complex64", { kDLComplex, 64, 1 } },
+	{ "bool", { kDLBool, 8, 1 } },
+	{ "int8", { kDLInt, 8, 1 } },
+	{ "int16", { kDLInt, 16, 1 } },
+	{ "int32", { kDLInt, 32, 1 } },
+	{ "int64", { kDLInt, 64, 1 } },
+	{ "uint8", { kDLUInt, 8, 1 } },
+	{ "uint16", { kDLUInt, 16, 1 } },
+	{ "uint32", { kDLUInt, 32, 1 } },
+	{ "uint64", { kDLUInt, 64, 1 } },
+	{ "float16", { kDLFloat, 16, 1 } },
+	{ "bfloat16", { kDLBfloat, 16, 1 } },
+	{ "float32", { kDLFloat, 32, 1 } },
+	{ "float64", { kDLFloat, 64, 1 } },
+	{ "complex64", { kDLComplex, 64, 1 } },
 	{ "complex128", { kDLComplex, 128, 1 } },
 };
 

@@ -92,8 +92,8 @@ int td_private_dir_check(const char *dir, uid_t owner, char *why, size_t len)
 		snprintf(why, len, "%s is not a directory but a %s", dir,
 			 S_ISLNK(st.st_mode) ? "symbolic link" : "file");
 	else if (st.st_uid != owner)
-		snprintf(why, len, "%s is owned by uid %u, not by uid %u", dir,
-			 (unsigned)st.st_uid, (unsigned)owner);
+		snprintf(why, len, "%s is owned by uid %u, not by uid %u", dir, (unsigned)st.st_uid,
+			 (unsigned)owner);
 	else if (st.st_mode & 022)
 		snprintf(why, len, "%s has mode %04o: others may write in it", dir,
 			 (unsigned)(st.st_mode & 07777));

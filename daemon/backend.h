@@ -28,10 +28,10 @@
 /* One allocation. Filled by ops->alloc(); owned by the tensor that holds it. */
 struct backend_alloc {
 	const struct backend_ops *ops;
-	int device_id;     /* the daemon's ordinal */
-	uint64_t size;     /* bytes actually allocated (>= what was asked) */
+	int device_id; /* the daemon's ordinal */
+	uint64_t size; /* bytes actually allocated (>= what was asked) */
 	Tensord__HandleKind handle_kind;
-	int fd;            /* owned; -1 when none; closed by ops->release() */
+	int fd; /* owned; -1 when none; closed by ops->release() */
 	uint8_t ipc_handle[BACKEND_IPC_HANDLE_MAX]; /* legacy IPC handle bytes */
 	size_t ipc_handle_len;
 	uint64_t ipc_offset;
@@ -40,8 +40,8 @@ struct backend_alloc {
 };
 
 struct backend_ops {
-	const char *name;  /* "host", "cuda", "hip" */
-	int device_type;   /* DLDeviceType: kDLCPU, kDLCUDA, kDLROCM */
+	const char *name; /* "host", "cuda", "hip" */
+	int device_type;  /* DLDeviceType: kDLCPU, kDLCUDA, kDLROCM */
 
 	/*
 	 * Called once at start-up. 0 when the backend can serve, else -errno

@@ -58,19 +58,19 @@
 struct cuda_dev {
 	CUdevice dev;
 	uint8_t uuid[TD_GPU_UUID_LEN];
-	bool vmm;             /* share through VMM + POSIX fd */
-	uint64_t total;       /* bytes of device memory */
-	uint64_t gran;        /* allocation granularity; 0 until the context exists */
-	CUcontext ctx;        /* retained primary context; NULL while no tensor lives here */
-	uint32_t allocs;      /* live allocations on this device: the context's users */
+	bool vmm;        /* share through VMM + POSIX fd */
+	uint64_t total;  /* bytes of device memory */
+	uint64_t gran;   /* allocation granularity; 0 until the context exists */
+	CUcontext ctx;   /* retained primary context; NULL while no tensor lives here */
+	uint32_t allocs; /* live allocations on this device: the context's users */
 };
 
 /* What one allocation holds; a->priv. */
 struct cuda_mem {
 	int ordinal;
 	bool vmm;
-	CUmemGenericAllocationHandle handle;  /* vmm */
-	CUdeviceptr dptr;                     /* legacy */
+	CUmemGenericAllocationHandle handle; /* vmm */
+	CUdeviceptr dptr;                    /* legacy */
 };
 
 static const struct td_cuda_api *cuda_api;
@@ -132,11 +132,14 @@ static int cuda_backend_init(char *why, size_t why_len)
 		memcpy(d->uuid, u.bytes, sizeof(d->uuid));
 		d->total = total;
 		/* A failed attribute query reads as "unsupported": fall back, don't fail. */
-		if (cuda_api->DeviceGetAttribute(&has_vmm,
-			CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, d->dev) != CUDA_SUCCESS)
+		if (cuda_api->DeviceGetAttribute(
+			    &has_vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+			    d->dev) != CUDA_SUCCESS)
 			has_vmm = 0;
-		if (cuda_api->DeviceGetAttribute(&has_fd,
-			CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, d->dev) != CUDA_SUCCESS)
+		if (cuda_api->DeviceGetAttribute(
+			    &has_fd,
+			    CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+			    d->dev) != CUDA_SUCCESS)
 			has_fd = 0;
 		d->vmm = !force_ipc && has_vmm && has_fd && td_cuda_api_has_vmm(cuda_api);
 		{
@@ -421,13 +424,13 @@ static int cuda_backend_freeze(struct backend_alloc *a)
 
 /* One free for the reaper (gpu_reaper.h): what cuda_backend_release() hands over. */
 struct cuda_free {
-	CUcontext ctx;      /* the device's primary context; a reference is held */
+	CUcontext ctx; /* the device's primary context; a reference is held */
 	CUdevice dev;
 	int ordinal;
 	bool vmm;
 	CUmemGenericAllocationHandle handle; /* vmm */
 	CUdeviceptr dptr;                    /* legacy */
-	bool drop_ctx;      /* the device's last allocation: release the context after */
+	bool drop_ctx; /* the device's last allocation: release the context after */
 };
 
 /* On the reaper's thread: these calls may wait for the device. */
@@ -470,8 +473,12 @@ static void cuda_backend_release(struct backend_alloc *a)
 	d = &cuda_devs[m->ordinal];
 	f = malloc(sizeof(*f));
 	if (f) {
-		*f = (struct cuda_free){ .ctx = d->ctx, .dev = d->dev, .ordinal = m->ordinal,
-					 .vmm = m->vmm, .handle = m->handle, .dptr = m->dptr };
+		*f = (struct cuda_free){ .ctx = d->ctx,
+					 .dev = d->dev,
+					 .ordinal = m->ordinal,
+					 .vmm = m->vmm,
+					 .handle = m->handle,
+					 .dptr = m->dptr };
 		f->drop_ctx = cuda_dev_put(m->ordinal);
 		gpu_reaper_run(cuda_free_job, f);
 	} else if (cuda_dev_enter(m->ordinal) == 0) {

@@ -37,7 +37,7 @@
 struct hip_dev {
 	hipDevice_t dev;
 	uint8_t uuid[TD_GPU_UUID_LEN];
-	bool has_uuid;        /* unique and not blank; else clients match by ordinal */
+	bool has_uuid; /* unique and not blank; else clients match by ordinal */
 	uint64_t total;
 };
 
@@ -66,7 +66,8 @@ static int hip_backend_init(char *why, size_t why_len)
 	e = hip_api->GetDeviceCount(&n);
 	if (e != hipSuccess || n <= 0) {
 		snprintf(why, why_len, "%s: hipGetDeviceCount: %s", hip_api->libname,
-			 e != hipSuccess ? td_hip_strerror(hip_api, e, err, sizeof(err)) : "no device");
+			 e != hipSuccess ? td_hip_strerror(hip_api, e, err, sizeof(err))
+					 : "no device");
 		return -ENODEV;
 	}
 	if (n > TD_GPU_MAX_DEVICES)
@@ -106,7 +107,8 @@ static int hip_backend_init(char *why, size_t why_len)
 	for (int i = 0; i < n; i++)
 		log_debug("hip: device %d, %llu bytes, %s, runtime %d", i,
 			  (unsigned long long)hip_devs[i].total,
-			  hip_devs[i].has_uuid ? "uuid" : "no usable uuid (clients match by ordinal)",
+			  hip_devs[i].has_uuid ? "uuid"
+					       : "no usable uuid (clients match by ordinal)",
 			  hip_api->runtime_version);
 	hip_ndevs = n;
 	return 0;

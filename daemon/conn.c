@@ -484,7 +484,7 @@ static int conn_flush_queue(struct conn *c)
 		if (fd >= 0)
 			close(fd);
 		if (n == -EAGAIN || n == -EWOULDBLOCK)
-				return 0;
+			return 0;
 		/* Out of descriptors in flight (the kernel's per-user limit when
 		 * we are not root) or of buffers: wait, never close for it. */
 		if (n == -ETOOMANYREFS || n == -ENOBUFS || n == -EMFILE || n == -ENFILE)

@@ -85,9 +85,9 @@ struct conn_handlers {
 struct conn_set {
 	uv_loop_t *loop;
 	const struct conn_handlers *handlers; /* borrowed; outlives the set */
-	void *ctx;                  /* handed to every handler */
-	size_t data_size;           /* bytes of conn_data() per connection */
-	unsigned max;               /* connections served at once */
+	void *ctx;                            /* handed to every handler */
+	size_t data_size;                     /* bytes of conn_data() per connection */
+	unsigned max;                         /* connections served at once */
 	unsigned n;
 	uint64_t next_id;
 	struct conn *head;
@@ -126,26 +126,26 @@ struct outbuf {
 };
 
 struct conn {
-	struct conn_set *set;       /* borrowed */
+	struct conn_set *set; /* borrowed */
 	uint64_t id;
-	uint32_t pid, uid, gid;     /* the peer, from SO_PEERCRED, never from a message */
-	int fd;                     /* owned; closed once poll is closed */
+	uint32_t pid, uid, gid; /* the peer, from SO_PEERCRED, never from a message */
+	int fd;                 /* owned; closed once poll is closed */
 	uv_poll_t poll;
 	int poll_events;
-	uint8_t *in;                /* received, not yet parsed */
+	uint8_t *in; /* received, not yet parsed */
 	size_t in_len, in_cap;
 	struct outbuf *out_head, *out_tail;
 	size_t out_bytes;
-	uint32_t fds_queued;	/* queued replies that will carry a descriptor */
-	uint32_t fds_in_flight; /* sent since the peer last had nothing unread */
-	bool blocked;		/* sending waits for the retry timer */
-	bool drain;		/* at close: descriptors in flight; keep the socket */
-	bool flushing;		/* in conn_flush(): conn_send() only queues */
-	bool closing;               /* flush what is queued, then close */
-	bool dead;                  /* closed; waiting for libuv to let go */
-	struct log_limits limits;   /* of the lines this peer can cause (ratelimit.h) */
+	uint32_t fds_queued;      /* queued replies that will carry a descriptor */
+	uint32_t fds_in_flight;   /* sent since the peer last had nothing unread */
+	bool blocked;             /* sending waits for the retry timer */
+	bool drain;               /* at close: descriptors in flight; keep the socket */
+	bool flushing;            /* in conn_flush(): conn_send() only queues */
+	bool closing;             /* flush what is queued, then close */
+	bool dead;                /* closed; waiting for libuv to let go */
+	struct log_limits limits; /* of the lines this peer can cause (ratelimit.h) */
 	struct conn *prev, *next;
-	max_align_t data[];         /* set->data_size bytes, the layer above's */
+	max_align_t data[]; /* set->data_size bytes, the layer above's */
 };
 
 void conn_set_init(struct conn_set *set, uv_loop_t *loop, const struct conn_handlers *handlers,
@@ -180,10 +180,10 @@ static inline struct log_peer conn_peer(const struct conn *c)
 }
 
 /* A log line about c that c can cause at will, rate-limited (ratelimit.h). */
-#define conn_log_limited(c, level, kind, ...)                                 \
-	do {                                                                  \
-		struct log_peer peer_ = conn_peer(c);                         \
-		log_limited((level), (kind), &(c)->limits, &peer_, __VA_ARGS__); \
+#define conn_log_limited(c, level, kind, ...)                                                      \
+	do {                                                                                       \
+		struct log_peer peer_ = conn_peer(c);                                              \
+		log_limited((level), (kind), &(c)->limits, &peer_, __VA_ARGS__);                   \
 	} while (0)
 
 /* Flushes what is queued, then closes. */

@@ -130,10 +130,12 @@ static void do_hello(struct client *cl, uint64_t id, const Tensord__Hello *m)
 	if (m->version != TENSORD_PROTOCOL_VERSION) {
 		char why[160];
 
-		snprintf(why, sizeof(why), "protocol version %u is not supported; tensord speaks %u",
-			 m->version, TENSORD_PROTOCOL_VERSION);
-		conn_log_limited(c, TD_LOG_WARN, LOG_KIND_BAD_FRAME, "conn %llu: pid %u: %s, closing",
-				 (unsigned long long)c->id, cl->rc.pid, why);
+		snprintf(why, sizeof(why),
+			 "protocol version %u is not supported; tensord speaks %u", m->version,
+			 TENSORD_PROTOCOL_VERSION);
+		conn_log_limited(c, TD_LOG_WARN, LOG_KIND_BAD_FRAME,
+				 "conn %llu: pid %u: %s, closing", (unsigned long long)c->id,
+				 cl->rc.pid, why);
 		reply_status(c, id, -EPROTO, why);
 		if (!c->dead)
 			conn_shutdown(c);
@@ -260,8 +262,10 @@ static void do_put(struct client *cl, uint64_t id, const Tensord__Put *m)
 	r = create_args_from(m->create, &a, why, sizeof(why));
 	a.shared = !(a.flags & TENSORD_MUTABLE);
 	if (r == 0 && (a.strides || a.device.device_type != kDLCPU)) {
-		snprintf(why, sizeof(why), "tensor '%s': put with inline bytes makes compact host "
-			 "tensors only", a.name);
+		snprintf(why, sizeof(why),
+			 "tensor '%s': put with inline bytes makes compact host "
+			 "tensors only",
+			 a.name);
 		r = -EINVAL;
 	}
 	if (r == 0)
@@ -274,8 +278,8 @@ static void do_put(struct client *cl, uint64_t id, const Tensord__Put *m)
 		snprintf(why, sizeof(why), "tensor '%s': %zu bytes sent for a tensor of %llu",
 			 t->name, m->data.len, (unsigned long long)t->nbytes);
 		r = -EINVAL;
-	} else if (t->nbytes && (r = t->alloc.ops->write(&t->alloc, 0, m->data.data,
-							  m->data.len)) < 0) {
+	} else if (t->nbytes &&
+		   (r = t->alloc.ops->write(&t->alloc, 0, m->data.data, m->data.len)) < 0) {
 		snprintf(why, sizeof(why), "tensor '%s': writing its bytes failed: %s", t->name,
 			 strerror(-r));
 	}

@@ -20,16 +20,16 @@
 
 /* One client as the protocol sees it: the conn_data() of its connection. */
 struct client {
-	struct server *srv;         /* borrowed */
-	struct conn *conn;          /* borrowed: the connection this lives in */
-	struct reg_client rc;       /* who it is, and its leases */
-	struct waiter_owner waits;  /* its parked attaches */
+	struct server *srv;        /* borrowed */
+	struct conn *conn;         /* borrowed: the connection this lives in */
+	struct reg_client rc;      /* who it is, and its leases */
+	struct waiter_owner waits; /* its parked attaches */
 	bool hello_done;
 	/* For inspection (inspect.c): */
-	uint64_t connected_ns;      /* CLOCK_MONOTONIC at accept */
-	uint64_t requests;          /* requests decoded */
-	char comm[16];              /* /proc/PID/comm at accept; "" if unknown */
-	char hello[32];             /* what it said in Hello, printable ASCII */
+	uint64_t connected_ns; /* CLOCK_MONOTONIC at accept */
+	uint64_t requests;     /* requests decoded */
+	char comm[16];         /* /proc/PID/comm at accept; "" if unknown */
+	char hello[32];        /* what it said in Hello, printable ASCII */
 };
 
 /* conn_handlers: ctx is the struct server. */

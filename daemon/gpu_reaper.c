@@ -21,9 +21,9 @@ struct job {
 
 static struct {
 	pthread_mutex_t lock;
-	pthread_cond_t cond;	 /* a job was queued, one finished, or stop */
+	pthread_cond_t cond;     /* a job was queued, one finished, or stop */
 	struct job *head, *tail; /* queued, not yet started */
-	unsigned running;	 /* 1 while the worker runs a job */
+	unsigned running;        /* 1 while the worker runs a job */
 	bool started, stop;
 	pthread_t thread;
 } reaper = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };

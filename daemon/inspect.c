@@ -111,9 +111,9 @@ static uint32_t page_limit(uint32_t asked)
 
 /* The leases one connection holds on one tensor. */
 struct holding {
-	const struct tensor *t;	 /* borrowed: a lease holds it */
+	const struct tensor *t;  /* borrowed: a lease holds it */
 	const struct client *cl; /* borrowed */
-	uint64_t since;		 /* CLOCK_MONOTONIC, the oldest lease's */
+	uint64_t since;          /* CLOCK_MONOTONIC, the oldest lease's */
 	uint32_t count;
 };
 

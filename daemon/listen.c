@@ -60,7 +60,8 @@ static int prepare_dir(const struct server_config *cfg)
 	}
 	if (td_private_dir_check(dir, me, why, sizeof(why)) < 0) {
 		log_error("refusing the socket directory: %s; someone else may be squatting it: "
-			  "remove it, or use --socket PATH", why);
+			  "remove it, or use --socket PATH",
+			  why);
 		return -EPERM;
 	}
 	if (chmod(dir, cfg->socket_mode & 066 ? 0711 : 0700) < 0)
@@ -123,7 +124,8 @@ static int bind_socket(const struct server_config *cfg)
 		struct stat st;
 
 		if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
-			log_error("socket path %s: exists and is not a socket; not touching it", path);
+			log_error("socket path %s: exists and is not a socket; not touching it",
+				  path);
 			close(fd);
 			return -EEXIST;
 		}

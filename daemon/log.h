@@ -33,10 +33,10 @@ void log_init(void);
 void log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* The level is checked before anything is formatted. */
-#define log_at(level, ...)                               \
-	do {                                                  \
-		if ((level) <= log_level)             \
-			log_write((level), __VA_ARGS__); \
+#define log_at(level, ...)                                                                         \
+	do {                                                                                       \
+		if ((level) <= log_level)                                                          \
+			log_write((level), __VA_ARGS__);                                           \
 	} while (0)
 
 #define log_error(...) log_at(TD_LOG_ERROR, __VA_ARGS__)

@@ -32,10 +32,12 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: tensord [--socket PATH] [--capacity SIZE] [--pool SIZE] [--log-level LEVEL]\n"
+		"usage: tensord [--socket PATH] [--capacity SIZE] [--pool SIZE] [--log-level "
+		"LEVEL]\n"
 		"               [--log-file PATH] [--mode MODE] [--group GROUP] [--max-clients N]\n"
 		"               [--ready-fd FD] [--metrics HOST:PORT|unix:PATH] [--config FILE]\n"
-		"               [--max-clients-per-uid N] [--max-tensors-per-uid N] [--max-fds-per-uid N]\n"
+		"               [--max-clients-per-uid N] [--max-tensors-per-uid N] "
+		"[--max-fds-per-uid N]\n"
 		"               [--max-bytes-per-uid SIZE] [--max-waiters-per-conn N]\n"
 		"               [--max-fds-in-flight-per-conn N] [--quota-exempt-uid UID]...\n"
 		"               [--show-all-metadata] [--version]\n"
@@ -47,8 +49,8 @@ static void usage(FILE *f)
 		"  --capacity SIZE    bytes of host memory to hand out; suffixes K M G Ki Mi Gi\n"
 		"                     (default: half of physical memory, or of the memory\n"
 		"                     cgroup's limit when that is smaller)\n"
-		   "  --pool SIZE        host memory kept allocated ahead of time for "
-		   "large\n"
+		"  --pool SIZE        host memory kept allocated ahead of time for "
+		"large\n"
 		"                     tensors; 0 keeps none (default: 1/16 of physical\n"
 		"                     memory, at most 2Gi)\n"
 		"  --log-level LEVEL  error, warn, info (default) or debug\n"
@@ -94,9 +96,9 @@ static int parse_size(const char *s, uint64_t *ret)
 			const char *suf;
 			uint64_t mul;
 		} sufs[] = {
-			{ "K", 1000ull },      { "M", 1000000ull },   { "G", 1000000000ull },
-			{ "Ki", 1ull << 10 },  { "Mi", 1ull << 20 },  { "Gi", 1ull << 30 },
-			{ "KB", 1000ull },     { "MB", 1000000ull },  { "GB", 1000000000ull },
+			{ "K", 1000ull },          { "M", 1000000ull },  { "G", 1000000000ull },
+			{ "Ki", 1ull << 10 },      { "Mi", 1ull << 20 }, { "Gi", 1ull << 30 },
+			{ "KB", 1000ull },         { "MB", 1000000ull }, { "GB", 1000000000ull },
 			{ "T", 1000000000000ull }, { "Ti", 1ull << 40 },
 		};
 		size_t i;
@@ -148,9 +150,9 @@ static void log_state(struct server *srv)
 	ratelimit_flush_all();
 	backend_host_slab_stats(&slabs, &slab_bytes);
 	log_info("state: %u clients, %llu tensors (%zu named), %llu leases, %u slabs holding "
-		 "%llu bytes", srv->conns.n, (unsigned long long)srv->reg.n_tensors,
-		 srv->reg.n_named, (unsigned long long)srv->reg.n_leases, slabs,
-		 (unsigned long long)slab_bytes);
+		 "%llu bytes",
+		 srv->conns.n, (unsigned long long)srv->reg.n_tensors, srv->reg.n_named,
+		 (unsigned long long)srv->reg.n_leases, slabs, (unsigned long long)slab_bytes);
 	for (int i = 0; i < srv->reg.n_devices; i++) {
 		const struct reg_device *d = &srv->reg.devices[i];
 
@@ -621,7 +623,7 @@ int main(int argc, char **argv)
 	if (r < 0) {
 		fprintf(stderr, "tensord: cannot listen on %s: %s\n", srv.cfg.socket_path,
 			r == -EADDRINUSE ? "another tensord is running there"
-			: r == -EPERM	 ? "its directory is not safe to use (see above)"
+			: r == -EPERM    ? "its directory is not safe to use (see above)"
 					 : strerror(-r));
 		sdnotify("STATUS=cannot listen on %s: %s\nERRNO=%d", srv.cfg.socket_path,
 			 strerror(-r), -r);

@@ -45,8 +45,8 @@ static uint64_t walk_up(const char *base, const char *cgpath, const char *file)
 		uint64_t v;
 		char *slash;
 
-		if (snprintf(path, sizeof(path), "%s%s/%s", base, strcmp(dir, "/") ? dir : "", file) >=
-		    (int)sizeof(path))
+		if (snprintf(path, sizeof(path), "%s%s/%s", base, strcmp(dir, "/") ? dir : "",
+			     file) >= (int)sizeof(path))
 			return best; /* too long to be a real cgroup path */
 		v = read_limit(path);
 		if (v < best)
@@ -102,7 +102,8 @@ uint64_t memlimit_cgroup(const char *root)
 		if (*cg != '/')
 			continue;
 		if (*ctrl == '\0') { /* v2: "0::/path" */
-			if (snprintf(base, sizeof(base), "%s/sys/fs/cgroup", root) >= (int)sizeof(base))
+			if (snprintf(base, sizeof(base), "%s/sys/fs/cgroup", root) >=
+			    (int)sizeof(base))
 				continue;
 			v = walk_up(base, cg, "memory.max");
 		} else if (has_memory(ctrl)) {

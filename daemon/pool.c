@@ -28,28 +28,28 @@
 #include "pool.h"
 
 struct ready {
-	int fd;       /* owned by the pool */
+	int fd;        /* owned by the pool */
 	uint64_t size; /* a class size */
 };
 
 struct pool {
 	pthread_mutex_t lock;
-	pthread_cond_t wake;     /* the worker has something to do */
-	pthread_cond_t idle;     /* the worker has nothing to do */
+	pthread_cond_t wake; /* the worker has something to do */
+	pthread_cond_t idle; /* the worker has nothing to do */
 	pthread_t thread;
 	bool stop;
-	bool working;            /* the worker is outside the lock on a job */
-	bool starved;            /* the last allocation failed; wait for the next take */
+	bool working; /* the worker is outside the lock on a job */
+	bool starved; /* the last allocation failed; wait for the next take */
 	uint64_t budget;
 	enum pool_pages pages;
 	uint64_t ready_bytes;
 	struct ready *ready;
 	size_t n_ready, cap_ready;
-	int *closing;            /* owned descriptors the worker will close */
+	int *closing; /* owned descriptors the worker will close */
 	size_t n_closing, cap_closing;
-	uint64_t wanted[POOL_CLASSES]; /* class sizes, most recently wanted first; 0: none */
+	uint64_t wanted[POOL_CLASSES];    /* class sizes, most recently wanted first; 0: none */
 	uint64_t wanted_ns[POOL_CLASSES]; /* when each was last taken (CLOCK_MONOTONIC) */
-	uint64_t idle_ns;        /* a class not taken for this long is forgotten */
+	uint64_t idle_ns;                 /* a class not taken for this long is forgotten */
 	struct pool_stats st;
 };
 
@@ -105,8 +105,10 @@ enum pool_pages pool_pages_parse(const char *text)
 		const char *word;
 		enum pool_pages pages;
 	} words[] = {
-		{ "[advise]", POOL_PAGES_ADVISE },	{ "[always]", POOL_PAGES_HUGE },
-		{ "[within_size]", POOL_PAGES_HUGE }, { "[force]", POOL_PAGES_HUGE },
+		{ "[advise]", POOL_PAGES_ADVISE },
+		{ "[always]", POOL_PAGES_HUGE },
+		{ "[within_size]", POOL_PAGES_HUGE },
+		{ "[force]", POOL_PAGES_HUGE },
 	};
 
 	for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)

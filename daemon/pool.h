@@ -59,16 +59,16 @@ enum pool_pages pool_pages_default(void);
 const char *pool_pages_name(enum pool_pages pages);
 
 struct pool_stats {
-	uint64_t budget;        /* most bytes the pool holds ready */
-	uint64_t ready_bytes;   /* bytes allocated in ready memfds */
-	uint32_t ready_fds;     /* ready memfds (descriptors the pool holds) */
-	uint32_t closing_fds;   /* descriptors waiting for the worker to close them */
-	uint64_t hits;          /* takes served from a ready memfd */
-	uint64_t misses;        /* takes that found none ready (the caller allocates) */
-	uint64_t trims;         /* ready memfds dropped under memory pressure */
-	uint64_t expired;       /* ready memfds dropped because their class went idle */
-	uint64_t refill_ns;     /* time the worker spent allocating */
-	enum pool_pages pages;  /* how the worker allocates pages */
+	uint64_t budget;       /* most bytes the pool holds ready */
+	uint64_t ready_bytes;  /* bytes allocated in ready memfds */
+	uint32_t ready_fds;    /* ready memfds (descriptors the pool holds) */
+	uint32_t closing_fds;  /* descriptors waiting for the worker to close them */
+	uint64_t hits;         /* takes served from a ready memfd */
+	uint64_t misses;       /* takes that found none ready (the caller allocates) */
+	uint64_t trims;        /* ready memfds dropped under memory pressure */
+	uint64_t expired;      /* ready memfds dropped because their class went idle */
+	uint64_t refill_ns;    /* time the worker spent allocating */
+	enum pool_pages pages; /* how the worker allocates pages */
 };
 
 /*

@@ -30,7 +30,7 @@ enum quota_kind {
 /* What one uid holds. */
 struct uid_usage {
 	uint32_t uid;
-	bool used;		 /* slot taken (uid 0 is a real uid) */
+	bool used;               /* slot taken (uid 0 is a real uid) */
 	uint64_t n[QUOTA_KINDS]; /* indexed by enum quota_kind */
 };
 

@@ -58,7 +58,8 @@ static void roll_all(enum log_kind kind, uint64_t now)
 	uint32_t held = roll(&all[kind], now);
 
 	if (held)
-		log_warn("suppressed %u lines of kind '%s' from all clients", held, kind_names[kind]);
+		log_warn("suppressed %u lines of kind '%s' from all clients", held,
+			 kind_names[kind]);
 }
 
 /* A connection's summary of n held-back lines, itself under the limit over all. */

@@ -62,11 +62,11 @@ void ratelimit_flush(struct log_limits *per, const struct log_peer *peer, uint64
 void ratelimit_flush_all(void);
 
 /* The level is checked first; then the limit; then the line is formatted. */
-#define log_limited(level, kind, per, peer, ...)                                        \
-	do {                                                                             \
-		if ((level) <= log_level &&                                              \
-		    ratelimit_allow((kind), (per), (peer), ratelimit_now()))             \
-			log_write((level), __VA_ARGS__);                                 \
+#define log_limited(level, kind, per, peer, ...)                                                   \
+	do {                                                                                       \
+		if ((level) <= log_level &&                                                        \
+		    ratelimit_allow((kind), (per), (peer), ratelimit_now()))                       \
+			log_write((level), __VA_ARGS__);                                           \
 	} while (0)
 
 #endif /* TENSORD_RATELIMIT_H */

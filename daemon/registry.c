@@ -83,7 +83,8 @@ struct reg_device *registry_device(struct registry *reg, DLDevice dev)
 	for (int i = 0; i < reg->n_devices; i++) {
 		struct reg_device *d = &reg->devices[i];
 
-		if (d->device.device_type == dev.device_type && d->device.device_id == dev.device_id)
+		if (d->device.device_type == dev.device_type &&
+		    d->device.device_id == dev.device_id)
 			return d;
 	}
 	return NULL;
@@ -116,13 +117,16 @@ int registry_init(struct registry *reg, uint64_t host_capacity)
 			d->device = (DLDevice){ (DLDeviceType)ops->device_type, i };
 			d->init_rc = rc < 0 ? rc : n > 0 ? 0 : -ENODEV;
 			snprintf(d->why, sizeof(d->why), "%s",
-				 rc < 0 ? why : n > 0 ? "" : "no such device");
+				 rc < 0  ? why
+				 : n > 0 ? ""
+					 : "no such device");
 			if (d->init_rc == 0) {
 				d->capacity = ops->default_capacity(i);
 				if (ops->device_type == kDLCPU && host_capacity)
 					d->capacity = host_capacity;
-				log_info("backend %s: device %d ready, capacity %llu bytes, %s", ops->name,
-					 i, (unsigned long long)d->capacity, ops->path(i));
+				log_info("backend %s: device %d ready, capacity %llu bytes, %s",
+					 ops->name, i, (unsigned long long)d->capacity,
+					 ops->path(i));
 			}
 		}
 	}
@@ -375,13 +379,14 @@ static int replace_check(const struct tensor *old, const struct reg_client *rc, 
 			 size_t why_len)
 {
 	if (!visible_to(old, rc)) {
-		snprintf(why, why_len, "tensor '%s': already exists, being created by another client",
-			 old->name);
+		snprintf(why, why_len,
+			 "tensor '%s': already exists, being created by another client", old->name);
 		return -EEXIST;
 	}
 	if (rc->uid != 0 && rc->uid != old->owner_uid) {
-		snprintf(why, why_len, "tensor '%s': owned by uid %u; only its owner may replace it",
-			 old->name, old->owner_uid);
+		snprintf(why, why_len,
+			 "tensor '%s': owned by uid %u; only its owner may replace it", old->name,
+			 old->owner_uid);
 		return -EPERM;
 	}
 	return 0;
@@ -781,8 +786,7 @@ int registry_unlink(struct registry *reg, struct reg_client *rc, const char *nam
 			 t->name, t->owner_uid, t->mode, rc->uid);
 		return -EPERM;
 	}
-	log_debug("tensor '%s': unlinked by pid %u, %u leases live", t->name, rc->pid,
-		  t->refcount);
+	log_debug("tensor '%s': unlinked by pid %u, %u leases live", t->name, rc->pid, t->refcount);
 	tensor_unlink(reg, t);
 	return 0;
 }

@@ -32,38 +32,38 @@ struct reg_client;
  * dimensions and 255 bytes of name each).
  */
 struct tensor {
-	uint64_t id;                 /* unique, never reused */
-	char *name;                  /* name_len bytes and a NUL, in dims[] */
+	uint64_t id; /* unique, never reused */
+	char *name;  /* name_len bytes and a NUL, in dims[] */
 	size_t name_len;
 	DLDataType dtype;
 	int32_t ndim;
-	int64_t *shape;              /* ndim entries, in dims[] */
-	int64_t *strides;            /* ndim entries, in elements, in dims[] */
+	int64_t *shape;   /* ndim entries, in dims[] */
+	int64_t *strides; /* ndim entries, in elements, in dims[] */
 	DLDevice device;
 	uint64_t nbytes;
 	tensord_state state;
-	uint32_t flags;              /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION */
+	uint32_t flags; /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION */
 	uint32_t mode;
 	uint32_t owner_uid, owner_gid;
 	uint64_t created_ns;
-	uint32_t refcount;           /* live leases */
-	bool fd_charged;	      /* counted in its owner's QUOTA_FDS */
-	struct reg_client *creator;  /* borrowed; NULL once the creator is gone */
-	struct reg_device *dev;      /* borrowed: the device slot it is charged to */
-	struct backend_alloc alloc;  /* owned */
-	struct tensor *hnext;        /* hash chain of named tensors */
-	RB_ENTRY(tensor) byname;     /* named tensors in name order */
-	struct tensor *prev, *next;  /* every live tensor */
+	uint32_t refcount;            /* live leases */
+	bool fd_charged;              /* counted in its owner's QUOTA_FDS */
+	struct reg_client *creator;   /* borrowed; NULL once the creator is gone */
+	struct reg_device *dev;       /* borrowed: the device slot it is charged to */
+	struct backend_alloc alloc;   /* owned */
+	struct tensor *hnext;         /* hash chain of named tensors */
+	RB_ENTRY(tensor) byname;      /* named tensors in name order */
+	struct tensor *prev, *next;   /* every live tensor */
 	struct tensor *cprev, *cnext; /* the tensors its creator made, while it lives */
-	int64_t dims[];              /* shape, strides, then the name's bytes */
+	int64_t dims[];               /* shape, strides, then the name's bytes */
 };
 
 /* One device the daemon can allocate on. */
 struct reg_device {
 	const struct backend_ops *ops;
 	DLDevice device;
-	int init_rc;                 /* 0, or -errno from ops->init() */
-	char why[160];               /* the reason when init_rc < 0 */
+	int init_rc;   /* 0, or -errno from ops->init() */
+	char why[160]; /* the reason when init_rc < 0 */
 	uint64_t capacity;
 	uint64_t used;
 	uint32_t tensors;
@@ -73,19 +73,19 @@ struct reg_device {
 struct reg_client {
 	uint64_t id;
 	uint32_t uid, gid, pid;
-	struct reg_lease *leases;    /* slot array; slot i is lease id i+1 (+ generation) */
+	struct reg_lease *leases; /* slot array; slot i is lease id i+1 (+ generation) */
 	uint32_t n_slots, cap_slots;
-	uint32_t free_head;          /* 1-based index of the first free slot; 0: none */
+	uint32_t free_head; /* 1-based index of the first free slot; 0: none */
 	uint32_t n_leases;
-	uint64_t n_created;          /* tensors it created (create and put), for inspection */
+	uint64_t n_created;     /* tensors it created (create and put), for inspection */
 	struct tensor *created; /* what it created, for its close to walk */
 };
 
 struct reg_lease {
-	struct tensor *t;            /* NULL when the slot is free */
+	struct tensor *t; /* NULL when the slot is free */
 	uint32_t gen;
 	uint32_t next_free;
-	uint64_t since_ns;           /* CLOCK_MONOTONIC when the lease began */
+	uint64_t since_ns; /* CLOCK_MONOTONIC when the lease began */
 };
 
 RB_HEAD(tensor_names, tensor);
@@ -93,9 +93,9 @@ RB_HEAD(tensor_names, tensor);
 struct registry {
 	struct tensor_names names; /* named tensors in name order (List) */
 	struct tensor **buckets;
-	size_t n_buckets;            /* power of two */
+	size_t n_buckets; /* power of two */
 	size_t n_named;
-	struct tensor *all;          /* every live tensor, named or not */
+	struct tensor *all; /* every live tensor, named or not */
 	uint64_t n_tensors;
 	uint64_t n_leases;
 	uint64_t next_id;
@@ -120,12 +120,12 @@ struct create_args {
 	DLDataType dtype;
 	int32_t ndim;
 	const int64_t *shape;
-	const int64_t *strides;      /* NULL: compact */
+	const int64_t *strides; /* NULL: compact */
 	DLDevice device;
 	uint32_t flags;
-	uint32_t mode;               /* 0: 0600 */
-	bool replace;                /* unlink a tensor of this name rc owns, in the same step */
-	bool shared;                 /* immutable and written by the daemon: may share a slab */
+	uint32_t mode; /* 0: 0600 */
+	bool replace;  /* unlink a tensor of this name rc owns, in the same step */
+	bool shared;   /* immutable and written by the daemon: may share a slab */
 };
 
 /*

@@ -43,7 +43,7 @@ void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t
 /* The fair-share part of stats. */
 struct stats_fair {
 	const struct quota *quota; /* borrowed; NULL: no per-uid usage */
-	uint32_t viewer_uid;	   /* root sees every uid, others their own */
+	uint32_t viewer_uid;       /* root sees every uid, others their own */
 	uint64_t cleanup_steps;
 	uint64_t fd_waits;
 };

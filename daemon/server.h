@@ -28,13 +28,13 @@
 
 struct server_config {
 	char socket_path[108];
-	uint64_t host_capacity;     /* 0: default */
-	mode_t socket_mode;         /* default 0600 */
-	const char *metrics_addr;   /* --metrics HOST:PORT or unix:PATH; NULL: off */
-	gid_t socket_gid;           /* (gid_t)-1: leave as is */
+	uint64_t host_capacity;   /* 0: default */
+	mode_t socket_mode;       /* default 0600 */
+	const char *metrics_addr; /* --metrics HOST:PORT or unix:PATH; NULL: off */
+	gid_t socket_gid;         /* (gid_t)-1: leave as is */
 	unsigned max_clients;
 	struct quota_limits limits; /* per-uid shares; 0: the default */
-	bool show_all_metadata;	    /* list/stat show every tensor to everyone */
+	bool show_all_metadata;     /* list/stat show every tensor to everyone */
 };
 
 struct server {
@@ -45,8 +45,8 @@ struct server {
 	struct waiters waiters;
 	struct quota quota; /* what each uid holds, and its limits */
 	int listen_fd;
-	bool socket_inherited;      /* passed by systemd: not ours to unlink */
-	int reserve_fd;             /* spare descriptor for shedding clients at EMFILE */
+	bool socket_inherited; /* passed by systemd: not ours to unlink */
+	int reserve_fd;        /* spare descriptor for shedding clients at EMFILE */
 	uv_poll_t listen_poll;
 	uv_signal_t sigterm, sigint;
 	uv_signal_t sighup, sigusr1, sigusr2; /* logged, never fatal */

@@ -128,8 +128,8 @@ static int take(struct slab *sl, uint64_t len, uint64_t *ret_off)
 	return -ENOSPC;
 }
 
-int slab_alloc(struct slabs *s, const struct slab_class *cls, uint64_t size,
-	       struct slab **ret_slab, uint64_t *ret_off)
+int slab_alloc(struct slabs *s, const struct slab_class *cls, uint64_t size, struct slab **ret_slab,
+	       uint64_t *ret_off)
 {
 	uint64_t len = round_up(size);
 	struct slab *sl, **tail = &s->list;
@@ -191,7 +191,8 @@ static void give_back(struct slab *sl, uint64_t off, uint64_t len)
 		sl->free[i - 1].len += len;
 		if (i < sl->n_free && off + len == sl->free[i].off) {
 			sl->free[i - 1].len += sl->free[i].len;
-			memmove(sl->free + i, sl->free + i + 1, (sl->n_free - i - 1) * sizeof(*sl->free));
+			memmove(sl->free + i, sl->free + i + 1,
+				(sl->n_free - i - 1) * sizeof(*sl->free));
 			sl->n_free--;
 		}
 		return;

@@ -38,10 +38,10 @@ struct slab_class {
 struct slab;
 
 struct slabs {
-	struct slab *list;  /* owned */
-	uint64_t next_id;   /* ids are never reused */
+	struct slab *list; /* owned */
+	uint64_t next_id;  /* ids are never reused */
 	uint32_t n_slabs;
-	uint64_t used;      /* bytes in live slots, rounded to SLAB_ALIGN */
+	uint64_t used; /* bytes in live slots, rounded to SLAB_ALIGN */
 };
 
 void slabs_init(struct slabs *s);
@@ -54,8 +54,8 @@ void slabs_fini(struct slabs *s);
  * *ret_slab is borrowed: valid until slab_free() of its last slot.
  * 0, -EINVAL (size), -ENOMEM, or -errno from making a new slab.
  */
-int slab_alloc(struct slabs *s, const struct slab_class *cls, uint64_t size,
-	       struct slab **ret_slab, uint64_t *ret_off);
+int slab_alloc(struct slabs *s, const struct slab_class *cls, uint64_t size, struct slab **ret_slab,
+	       uint64_t *ret_off);
 
 /* Gives the slot at off of size bytes back (it is zeroed first). */
 void slab_free(struct slabs *s, struct slab *sl, uint64_t off, uint64_t size);

@@ -29,7 +29,7 @@ struct waiter_name {
 struct waiter {
 	struct waiters *ws;         /* borrowed */
 	struct waiter_owner *owner; /* borrowed; NULL once dropped while firing */
-	struct waiter_name *wn;	    /* borrowed; NULL once taken off by a wake */
+	struct waiter_name *wn;     /* borrowed; NULL once taken off by a wake */
 	struct waiter_req req;
 	bool has_timer;
 	bool firing; /* taken off by waiters_wake(), not yet called back */
@@ -281,7 +281,7 @@ void waiters_drop_all(struct waiters *ws)
 			unlink_owner(w);
 			w->owner = NULL;
 			unlink_name(ws, w);
-		waiter_free(w);
+			waiter_free(w);
 		}
 	}
 	free(ws->buckets);

@@ -19,8 +19,8 @@ struct waiter_name;
 
 /* Embedded in whoever waits: one per client connection. */
 struct waiter_owner {
-	void *data;                 /* the embedder's; never read here */
-	unsigned n_waiters;         /* its waiters still parked */
+	void *data;          /* the embedder's; never read here */
+	unsigned n_waiters;  /* its waiters still parked */
 	struct waiter *head; /* those waiters; closing walks only these */
 };
 
@@ -48,7 +48,7 @@ typedef void waiter_done_fn(struct waiter_owner *o, const struct waiter_req *req
 struct waiters {
 	uv_loop_t *loop;
 	waiter_done_fn *on_done;
-	void *ctx;                  /* handed to on_done */
+	void *ctx;                    /* handed to on_done */
 	struct waiter_name **buckets; /* owned; n_buckets, a power of two */
 	size_t n_buckets, n_names;
 	uint64_t n_waiters; /* parked, all owners */

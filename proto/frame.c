@@ -14,8 +14,7 @@ static uint16_t get_le16(const uint8_t *p)
 	return (uint16_t)(p[0] | p[1] << 8);
 }
 
-long td_frame_parse(const uint8_t *buf, size_t len, uint32_t max_len,
-			 struct td_frame *ret_frame)
+long td_frame_parse(const uint8_t *buf, size_t len, uint32_t max_len, struct td_frame *ret_frame)
 {
 	uint32_t plen;
 	uint16_t version;

@@ -17,7 +17,7 @@
 #define TD_FRAME_MAX_REPLY (256u * 1024u * 1024u)
 
 struct td_frame {
-	uint32_t len;      /* payload bytes */
+	uint32_t len; /* payload bytes */
 	uint16_t version;
 	uint16_t flags;
 	const uint8_t *payload; /* borrowed: points into the parsed buffer */
@@ -30,8 +30,7 @@ struct td_frame {
  * before anything is allocated), -EPROTO when its version is not
  * TENSORD_PROTOCOL_VERSION.
  */
-long td_frame_parse(const uint8_t *buf, size_t len, uint32_t max_len,
-			 struct td_frame *ret_frame);
+long td_frame_parse(const uint8_t *buf, size_t len, uint32_t max_len, struct td_frame *ret_frame);
 
 /* Writes a header for a payload of payload_len bytes into out[8]. */
 void td_frame_header(uint8_t out[TD_FRAME_HEADER], uint32_t payload_len, uint16_t flags);

@@ -196,11 +196,13 @@ static int deliver_frames(struct td_conn *conn)
 		if (n == 0)
 			break;
 		if (n < 0)
-			return td_set_error((int)n, "tensord sent a bad frame: %s", tensord_strerror((int)n));
+			return td_set_error((int)n, "tensord sent a bad frame: %s",
+					    tensord_strerror((int)n));
 		if (f.flags & TD_FRAME_FLAG_FD) {
 			fd = fdq_take(&conn->fdq, rx->pos + off);
 			if (fd < 0)
-				return td_set_error(-EPROTO, "tensord sent a frame without its descriptor");
+				return td_set_error(-EPROTO,
+						    "tensord sent a frame without its descriptor");
 		}
 		rep = tensord__reply__unpack(NULL, f.len, f.payload);
 		off += (size_t)n;
@@ -294,7 +296,8 @@ static int read_some(struct td_conn *conn, int *ret_fd, size_t *ret_n)
 	if (n < 0)
 		return td_set_error(-ECONNRESET, "connection to tensord lost: %s", strerror(errno));
 	if (n == 0)
-		return td_set_error(-ECONNRESET, "connection to tensord lost: the daemon closed it");
+		return td_set_error(-ECONNRESET,
+				    "connection to tensord lost: the daemon closed it");
 	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
 		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
 			continue;

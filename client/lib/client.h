@@ -62,33 +62,33 @@ struct td_fdq {
 struct td_relq {
 	uint64_t ids[TD_RELQ_MAX];
 	int n;
-	uint64_t since_ns;   /* CLOCK_MONOTONIC when the oldest was queued */
-	bool running;        /* the flusher thread runs; else deleters send at once */
-	bool armed;          /* the flusher is timing the queue: no need to wake it */
+	uint64_t since_ns; /* CLOCK_MONOTONIC when the oldest was queued */
+	bool running;      /* the flusher thread runs; else deleters send at once */
+	bool armed;        /* the flusher is timing the queue: no need to wake it */
 	bool stop;
 	pthread_t thread;
 	pthread_cond_t cond; /* with send_lock: something was queued, or stop */
 	/* The flusher also expires parked mappings (mapcache.h) of maps. */
 	struct td_mapcache *maps;
-	bool sweep_kicked;   /* a mapping was parked while none was */
-	uint64_t sweep_due;  /* when the oldest parked mapping expires; 0: none */
+	bool sweep_kicked;  /* a mapping was parked while none was */
+	uint64_t sweep_due; /* when the oldest parked mapping expires; 0: none */
 };
 
 /* The socket to the daemon and the exchange of frames on it. */
 struct td_conn {
-	int fd;                     /* owned; closed when the client's last reference goes */
-	pthread_mutex_t send_lock;  /* one frame at a time on the socket */
+	int fd;                    /* owned; closed when the client's last reference goes */
+	pthread_mutex_t send_lock; /* one frame at a time on the socket */
 	/* The rest is guarded by the client's lock. */
-	pthread_cond_t cond;        /* a reply came, the reader stepped down, or the end */
-	bool reading;               /* some thread is receiving for everyone */
-	bool closed;                /* tensord_close() ran, or the connection died */
-	int err;                    /* why it died: -ECONNRESET, -EPROTO, ... */
-	char why[256];		    /* the daemon's reason when it closed us with one, else "" */
+	pthread_cond_t cond; /* a reply came, the reader stepped down, or the end */
+	bool reading;        /* some thread is receiving for everyone */
+	bool closed;         /* tensord_close() ran, or the connection died */
+	int err;             /* why it died: -ECONNRESET, -EPROTO, ... */
+	char why[256];       /* the daemon's reason when it closed us with one, else "" */
 	uint64_t next_id;
 	struct td_pending *pending; /* borrowed: each lives on its td_rpc() caller's stack */
 	struct td_rbuf rx;
 	struct td_fdq fdq;
-	struct td_relq relq;        /* guarded by send_lock, not by the client's lock */
+	struct td_relq relq; /* guarded by send_lock, not by the client's lock */
 };
 
 struct tensord_client {

@@ -57,8 +57,10 @@ static int check_dir(const char *path)
 		if (r == -ENOENT)
 			return ABSENT;
 		if (r < 0)
-			return td_set_error(-EPERM, "refusing %s: %s; someone else may be squatting "
-					    "it: remove it and restart tensord", path, why);
+			return td_set_error(-EPERM,
+					    "refusing %s: %s; someone else may be squatting "
+					    "it: remove it and restart tensord",
+					    path, why);
 		return 0;
 	}
 	if (stat(dir, &st) < 0)
@@ -81,9 +83,10 @@ static int check_socket(const char *path)
 				    "such as %s/tensord.sock)",
 				    path, path);
 	if (!S_ISSOCK(st.st_mode))
-		return td_set_error(-ENOTSOCK,
-				    "%s is not a socket but a %s; is TENSORD_SOCKET or --socket right?",
-				    path, S_ISREG(st.st_mode) ? "regular file" : "special file");
+		return td_set_error(
+			-ENOTSOCK,
+			"%s is not a socket but a %s; is TENSORD_SOCKET or --socket right?", path,
+			S_ISREG(st.st_mode) ? "regular file" : "special file");
 	if (!td_uid_trusted(st.st_uid))
 		return untrusted_owner(path, "is owned by", st.st_uid);
 	return 0;
@@ -149,7 +152,8 @@ int td_connect_socket(const char *socket_path, char *ret_path, size_t len)
 
 	if (socket_path) {
 		if (strlen(socket_path) >= sizeof(cand.path[0]))
-			return td_set_error(-ENAMETOOLONG, "socket path %s is too long", socket_path);
+			return td_set_error(-ENAMETOOLONG, "socket path %s is too long",
+					    socket_path);
 		cand.n = 1;
 		snprintf(cand.path[0], sizeof(cand.path[0]), "%s", socket_path);
 	} else if (td_socket_candidates(&cand) < 0) {

@@ -20,11 +20,7 @@
 #include "import.h"
 
 const struct td_importer *const td_importers[] = {
-	&td_importer_memfd,
-	&td_importer_cuda,
-	&td_importer_cuda_ipc,
-	&td_importer_hip,
-	NULL,
+	&td_importer_memfd, &td_importer_cuda, &td_importer_cuda_ipc, &td_importer_hip, NULL,
 };
 
 const struct td_importer *td_importer_for(Tensord__HandleKind kind)
@@ -159,7 +155,7 @@ static int memfd_view(struct td_mapping *m, void **ret_base)
 	if (!m->priv)
 		return td_set_error(-EINVAL, "mapping of '%s' keeps no descriptor", m->name);
 	p = mmap(NULL, (size_t)m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, priv_fd(m),
-		       (off_t)m->file_off);
+		 (off_t)m->file_off);
 
 	if (p == MAP_FAILED)
 		return td_set_error(-errno, "tensor '%s': mmap of %llu bytes failed: %s", m->name,

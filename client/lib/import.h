@@ -18,13 +18,13 @@
 /* What the daemon said about the memory of one lease. Borrowed for the call. */
 struct td_import_desc {
 	Tensord__HandleKind handle_kind;
-	uint64_t map_size;        /* bytes of the whole allocation */
-	bool writable;            /* map it shared and writable */
-	bool populate;            /* about to be filled: map every page now */
-	bool shared;              /* the memory holds other tensors too (a slab): map only
+	uint64_t map_size;   /* bytes of the whole allocation */
+	bool writable;       /* map it shared and writable */
+	bool populate;       /* about to be filled: map every page now */
+	bool shared;         /* the memory holds other tensors too (a slab): map only
 				     [ipc_offset, ipc_offset + map_size), and keep no fd */
-	DLDevice device;          /* as the daemon numbers it */
-	const uint8_t *uuid;      /* GPU UUID, uuid_len 16; NULL for cpu */
+	DLDevice device;     /* as the daemon numbers it */
+	const uint8_t *uuid; /* GPU UUID, uuid_len 16; NULL for cpu */
 	size_t uuid_len;
 	const uint8_t *ipc_handle;
 	size_t ipc_handle_len;
@@ -33,25 +33,25 @@ struct td_import_desc {
 
 /* One mapped allocation in this process. */
 struct td_mapping {
-	uint64_t id;              /* the tensor's id: the cache key */
+	uint64_t id; /* the tensor's id: the cache key */
 	Tensord__HandleKind handle_kind;
-	void *base;               /* start of the allocation here (device pointer for GPUs) */
-	void *data;               /* base + ipc_offset: where the tensor starts */
-	uint64_t size;            /* bytes mapped at base */
-	uint64_t file_off;        /* where base is in the file (host memory) */
+	void *base;        /* start of the allocation here (device pointer for GPUs) */
+	void *data;        /* base + ipc_offset: where the tensor starts */
+	uint64_t size;     /* bytes mapped at base */
+	uint64_t file_off; /* where base is in the file (host memory) */
 	bool writable;
-	DLDevice device;          /* as this process numbers it */
-	unsigned refs;            /* leases using it; guarded by the client's lock */
-	void *priv;               /* the importer's own state */
+	DLDevice device; /* as this process numbers it */
+	unsigned refs;   /* leases using it; guarded by the client's lock */
+	void *priv;      /* the importer's own state */
 	/* Set by the client library, not by importers: */
 	char name[TENSORD_NAME_MAX + 1]; /* the tensor's name when mapped */
-	bool created_here;        /* this process created it (it may publish) */
-	uint32_t flags;           /* the tensor's TENSORD_MUTABLE | ... */
-	bool reusable;            /* a repeat attach of name may reuse it */
-	bool revoked;             /* unmapped by tensord_close(): the last unref only frees */
+	bool created_here;               /* this process created it (it may publish) */
+	uint32_t flags;                  /* the tensor's TENSORD_MUTABLE | ... */
+	bool reusable;                   /* a repeat attach of name may reuse it */
+	bool revoked; /* unmapped by tensord_close(): the last unref only frees */
 	struct td_mapping *next;
 	/* Kept after its last lease (mapcache.h): when, and its place in the parked list. */
-	uint64_t parked_ns;       /* 0: some lease uses it */
+	uint64_t parked_ns; /* 0: some lease uses it */
 	struct td_mapping *park_prev, *park_next;
 };
 

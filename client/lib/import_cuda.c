@@ -31,11 +31,11 @@
 struct td_cuda_map {
 	const struct td_cuda_api *cu;
 	CUdevice dev;
-	int ordinal;          /* this process's number for dev */
-	CUdeviceptr ptr;      /* VMM: the reserved range; legacy: the opened pointer */
-	size_t size;          /* VMM: bytes reserved and mapped */
+	int ordinal;     /* this process's number for dev */
+	CUdeviceptr ptr; /* VMM: the reserved range; legacy: the opened pointer */
+	size_t size;     /* VMM: bytes reserved and mapped */
 	bool vmm;
-	bool ro_enforced;     /* VMM read-only mapping honoured by the driver */
+	bool ro_enforced; /* VMM read-only mapping honoured by the driver */
 };
 
 /* Loads libcuda (once) and says why not in the thread's error. */
@@ -230,8 +230,10 @@ static int td_cuda_vmm_map(struct td_cuda_map *p, CUmemGenericAllocationHandle h
 		goto out_release;
 	}
 	if (size == 0 || size > SIZE_MAX || gran == 0 || size % gran != 0) {
-		err = td_set_error(-EINVAL, "CUDA allocation of %llu bytes does not fit the "
-				   "device's granularity of %zu bytes", (unsigned long long)size, gran);
+		err = td_set_error(-EINVAL,
+				   "CUDA allocation of %llu bytes does not fit the "
+				   "device's granularity of %zu bytes",
+				   (unsigned long long)size, gran);
 		goto out_release;
 	}
 	r = cu->MemAddressReserve(&p->ptr, size, gran, 0, 0);
@@ -281,7 +283,8 @@ static int td_cuda_map_vmm(struct td_mapping *m, int fd, const struct td_import_
 		goto out_close;
 	}
 	if (!td_cuda_api_has_vmm(cu)) {
-		err = td_set_error(-ENODEV, "this CUDA driver has no cuMemImportFromShareableHandle");
+		err = td_set_error(-ENODEV,
+				   "this CUDA driver has no cuMemImportFromShareableHandle");
 		goto out_close;
 	}
 	p = calloc(1, sizeof(*p));
@@ -372,9 +375,10 @@ static int td_cuda_map_ipc(struct td_mapping *m, int fd, const struct td_import_
 	r = cu->MemGetAddressRange(&base, &range, p->ptr);
 	if (r != CUDA_SUCCESS || range < d->map_size) {
 		err = r != CUDA_SUCCESS ? td_cuda_fail(cu, r, "cuMemGetAddressRange")
-					: td_set_error(-EPROTO, "CUDA IPC mapping has %zu bytes, "
-						       "the daemon said %llu", range,
-						       (unsigned long long)d->map_size);
+					: td_set_error(-EPROTO,
+						       "CUDA IPC mapping has %zu bytes, "
+						       "the daemon said %llu",
+						       range, (unsigned long long)d->map_size);
 		cu->IpcCloseMemHandle(p->ptr);
 		td_cuda_leave(cu, p->dev, false);
 		goto out_free;

@@ -24,14 +24,14 @@
 
 struct td_lease {
 	uint32_t magic;
-	atomic_uint refs;       /* handles alive */
-	tensord_client *c;      /* holds a client reference */
+	atomic_uint refs;  /* handles alive */
+	tensord_client *c; /* holds a client reference */
 	uint64_t lease_id;
 	struct td_mapping *map; /* holds a mapping reference; NULL for zero-size */
 	void *view;             /* owned: this lease's own view of map (importer's view()),
 				   NULL when it uses map itself */
 	bool readonly;
-	tensord_info info;      /* shape and strides the handles point into */
+	tensord_info info; /* shape and strides the handles point into */
 };
 
 struct td_handle {
@@ -145,8 +145,8 @@ static DLManagedTensorVersioned *handle_new(struct td_lease *l)
 	h->mt.version.minor = DLPACK_MINOR_VERSION;
 	h->mt.manager_ctx = l;
 	h->mt.deleter = handle_deleter;
-	h->mt.flags = l->readonly || (l->map && !l->map->writable) ? DLPACK_FLAG_BITMASK_READ_ONLY
-								  : 0;
+	h->mt.flags =
+		l->readonly || (l->map && !l->map->writable) ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
 	fill_dltensor(&h->mt.dl_tensor, l);
 	h->l = l;
 	atomic_fetch_add_explicit(&l->refs, 1, memory_order_relaxed);
@@ -214,9 +214,8 @@ static void drop(struct td_mapcache *mc, int fd, struct td_mapping *pinned)
  * Takes ownership of fd (-1 when none): it is closed on every path.
  * On success *ret_map is a new reference; release with td_mapcache_unref().
  */
-static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w,
-			  const tensord_info *info, int fd, bool created,
-			  struct td_mapping **ret_map)
+static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const tensord_info *info,
+			  int fd, bool created, struct td_mapping **ret_map)
 {
 	const struct td_importer *imp = td_importer_for(w->handle);
 	struct td_import_desc d = {
@@ -299,7 +298,8 @@ static int lease_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const 
 
 	if (w->reused) {
 		if (!pinned || pinned->id != w->info->id) {
-			r = td_set_error(-EPROTO, "tensor '%s': tensord reused a mapping we do not hold",
+			r = td_set_error(-EPROTO,
+					 "tensor '%s': tensord reused a mapping we do not hold",
 					 info->name);
 		} else {
 			m = pinned;
@@ -309,9 +309,10 @@ static int lease_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const 
 		if (w->share_id)
 			fd = share_fd(mc, w->share_id, fd);
 		if (w->share_id && fd < 0)
-			r = td_set_error(-EPROTO, "tensor '%s': tensord sent no descriptor for "
-					 "shared memory %llu, which we do not hold", info->name,
-					 (unsigned long long)w->share_id);
+			r = td_set_error(-EPROTO,
+					 "tensor '%s': tensord sent no descriptor for "
+					 "shared memory %llu, which we do not hold",
+					 info->name, (unsigned long long)w->share_id);
 		else
 			r = import_mapping(mc, w, info, fd, created, &m);
 		fd = -1;
@@ -372,8 +373,8 @@ int td_lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
 	int r;
 
 	if (!l || !w->info) {
-		r = td_set_error(l ? -EPROTO : -ENOMEM, l ? "tensord sent a lease without a tensor"
-							   : "out of memory");
+		r = td_set_error(l ? -EPROTO : -ENOMEM,
+				 l ? "tensord sent a lease without a tensor" : "out of memory");
 		drop(&c->maps, fd, pinned);
 		goto fail;
 	}

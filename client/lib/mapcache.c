@@ -208,7 +208,8 @@ void td_mapcache_mark_published(struct td_mapcache *mc, struct td_mapping *m, bo
 }
 
 /* Lock held. Whether m, whose last lease just ended, may be parked. */
-static bool parkable(const struct td_mapcache *mc, const struct td_mapping *m, const struct td_importer *imp)
+static bool parkable(const struct td_mapcache *mc, const struct td_mapping *m,
+		     const struct td_importer *imp)
 {
 	return mc->on_park && imp && imp->park && m->reusable && !m->writable && !m->revoked &&
 	       m->size <= TD_PARK_BYTES;

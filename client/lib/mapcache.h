@@ -32,8 +32,8 @@ struct td_mapcache {
 	pthread_mutex_t *lock;   /* borrowed: the client's; guards maps and every m->refs */
 	struct td_mapping *maps; /* each mapping whose refs is above 0; no reference of its own */
 	struct {
-		uint64_t id;         /* the daemon's share id */
-		int fd;              /* owned, read-only; closed by td_mapcache_fini() */
+		uint64_t id; /* the daemon's share id */
+		int fd;      /* owned, read-only; closed by td_mapcache_fini() */
 	} shares[TD_SHARES_MAX];
 	int n_shares;
 	/* Parked mappings, oldest first; each is also on maps, with refs 0. */

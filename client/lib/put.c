@@ -19,9 +19,9 @@
  * array, in row-major order, so that the runs laid end to end are its
  * compact copy. Stops at the first negative return and returns it.
  */
-static int for_each_run(const uint8_t *src, int ndim, const int64_t *shape,
-			const int64_t *sstrides, size_t elsize,
-			int (*emit)(void *ctx, const uint8_t *p, size_t n), void *ctx)
+static int for_each_run(const uint8_t *src, int ndim, const int64_t *shape, const int64_t *sstrides,
+			size_t elsize, int (*emit)(void *ctx, const uint8_t *p, size_t n),
+			void *ctx)
 {
 	int64_t idx[TENSORD_NDIM_MAX] = { 0 };
 	size_t inner;
@@ -65,10 +65,10 @@ static int for_each_run(const uint8_t *src, int ndim, const int64_t *shape,
  * straight from the source, small ones gathered in a buffer first.
  */
 struct fd_writer {
-	int fd;            /* borrowed */
-	uint64_t off;      /* where the next byte goes */
-	uint8_t *buf;      /* owned; NULL when no run was small yet */
-	size_t len;        /* bytes gathered in buf */
+	int fd;       /* borrowed */
+	uint64_t off; /* where the next byte goes */
+	uint8_t *buf; /* owned; NULL when no run was small yet */
+	size_t len;   /* bytes gathered in buf */
 };
 
 #define GATHER_MAX (1u << 20)
@@ -134,8 +134,12 @@ static int publish_or_discard(tensord_client *c, const char *name, DLManagedTens
 static int put_device(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
 		      uint32_t mode, size_t elsize)
 {
-	tensord_spec spec = { .dtype = src->dtype, .ndim = src->ndim, .shape = src->shape,
-			      .device = src->device, .flags = flags, .mode = mode };
+	tensord_spec spec = { .dtype = src->dtype,
+			      .ndim = src->ndim,
+			      .shape = src->shape,
+			      .device = src->device,
+			      .flags = flags,
+			      .mode = mode };
 	const struct td_importer *imp;
 	DLManagedTensorVersioned *t;
 	struct td_mapping *m;
@@ -145,9 +149,11 @@ static int put_device(tensord_client *c, const char *name, const DLTensor *src, 
 
 	for (int i = src->ndim - 1; i >= 0; i--) {
 		if (src->strides && src->shape[i] > 1 && src->strides[i] != expect)
-			return td_set_error(-EINVAL,
-					    "tensor '%s': put copies contiguous device arrays only; "
-					    "make it contiguous first", name);
+			return td_set_error(
+				-EINVAL,
+				"tensor '%s': put copies contiguous device arrays only; "
+				"make it contiguous first",
+				name);
 		expect *= src->shape[i];
 		n *= (uint64_t)src->shape[i];
 	}
@@ -157,7 +163,8 @@ static int put_device(tensord_client *c, const char *name, const DLTensor *src, 
 	m = td_tensor_mapping(t);
 	imp = m ? td_importer_for(m->handle_kind) : NULL;
 	if (n && (!imp || !imp->copy_in))
-		r = td_set_error(-ENOTSUP, "tensor '%s': cannot copy into this device's memory", name);
+		r = td_set_error(-ENOTSUP, "tensor '%s': cannot copy into this device's memory",
+				 name);
 	else if (n)
 		r = imp->copy_in(m, (const uint8_t *)src->data + src->byte_offset, n);
 	return publish_or_discard(c, name, t, r);
@@ -190,8 +197,8 @@ static int put_inline(tensord_client *c, const char *name, const DLTensor *src,
 	if (nbytes > sizeof(stack) && !(buf = malloc(nbytes)))
 		return td_set_error(-ENOMEM, "out of memory");
 	end = buf;
-	for_each_run((const uint8_t *)src->data + src->byte_offset, src->ndim, src->shape,
-		     sstrides, elsize, gather_run, &end);
+	for_each_run((const uint8_t *)src->data + src->byte_offset, src->ndim, src->shape, sstrides,
+		     elsize, gather_run, &end);
 	r = td_put_rpc(c, name, spec, buf, nbytes);
 	if (buf != stack)
 		free(buf);

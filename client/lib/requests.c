@@ -90,7 +90,8 @@ static int create_msg_fill(struct create_msg *m, const char *name, const tensord
 
 	if (r < 0)
 		return r;
-	if (!spec || spec->ndim < 0 || spec->ndim > TENSORD_NDIM_MAX || (spec->ndim && !spec->shape))
+	if (!spec || spec->ndim < 0 || spec->ndim > TENSORD_NDIM_MAX ||
+	    (spec->ndim && !spec->shape))
 		return td_set_error(-EINVAL, "tensor '%s': bad spec (ndim %d)", name,
 				    spec ? spec->ndim : -1);
 	tensord__create__init(&m->cr);
@@ -355,7 +356,8 @@ int tensord_stat(tensord_client *c, const char *name, tensord_info *ret_info)
 	if (r < 0)
 		return r;
 	if (rep->body_case != TENSORD__REPLY__BODY_INFO)
-		r = td_set_error(-EPROTO, "tensor '%s': tensord answered stat without a tensor", name);
+		r = td_set_error(-EPROTO, "tensor '%s': tensord answered stat without a tensor",
+				 name);
 	else
 		td_info_from_wire(ret_info, rep->info);
 	tensord__reply__free_unpacked(rep, NULL);
@@ -393,7 +395,7 @@ static int list_page(tensord_client *c, const char *prefix, char *after, tensord
 		tensord_info *nv = realloc(*v, ncap * sizeof(*nv));
 
 		if (!nv) {
-		tensord__reply__free_unpacked(rep, NULL);
+			tensord__reply__free_unpacked(rep, NULL);
 			return td_set_error(-ENOMEM, "out of memory for %zu tensors", ncap);
 		}
 		*v = nv;

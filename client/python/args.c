@@ -33,8 +33,8 @@ int td_parse_flags(PyObject *mutable_, PyObject *lifetime, PyObject *mode, uint3
 		if (v == -1 && PyErr_Occurred())
 			return -1;
 		if (v < 0 || v > 07777) {
-			PyErr_Format(PyExc_ValueError, "mode must be permission bits 0..0o7777, not %ld",
-				     v);
+			PyErr_Format(PyExc_ValueError,
+				     "mode must be permission bits 0..0o7777, not %ld", v);
 			return -1;
 		}
 		*mode_out = (uint32_t)v;
@@ -74,8 +74,10 @@ static int dtype_from_numpy(PyObject *o, DLDataType *ret)
 		goto out;
 	}
 	if (bo[0] == '>') {
-		PyErr_Format(PyExc_ValueError, "dtype %R is big-endian; tensors are little-endian "
-			     "(convert with .astype('%s'))", o, txt);
+		PyErr_Format(PyExc_ValueError,
+			     "dtype %R is big-endian; tensors are little-endian "
+			     "(convert with .astype('%s'))",
+			     o, txt);
 		rc = -1;
 		goto out;
 	}
@@ -173,8 +175,8 @@ int td_parse_dims(PyObject *o, const char *what, int64_t *out)
 	}
 	n = PySequence_Fast_GET_SIZE(seq);
 	if (n > TENSORD_NDIM_MAX) {
-		PyErr_Format(PyExc_ValueError, "%s has %zd dimensions; at most %d are allowed", what,
-			     n, TENSORD_NDIM_MAX);
+		PyErr_Format(PyExc_ValueError, "%s has %zd dimensions; at most %d are allowed",
+			     what, n, TENSORD_NDIM_MAX);
 		Py_DECREF(seq);
 		return -1;
 	}
@@ -201,7 +203,8 @@ int td_parse_timeout(PyObject *o, int *ms)
 	if (s == -1.0 && PyErr_Occurred())
 		return -1;
 	if (isnan(s) || s < 0) {
-		PyErr_SetString(PyExc_ValueError, "timeout must be None or a number of seconds >= 0");
+		PyErr_SetString(PyExc_ValueError,
+				"timeout must be None or a number of seconds >= 0");
 		return -1;
 	}
 	*ms = s * 1000.0 >= (double)INT_MAX ? -1 : (int)ceil(s * 1000.0);

@@ -10,7 +10,8 @@
 #include <string.h>
 
 /* One export: its share of the lease and the shape and strides it points to. */
-struct export {
+struct export
+{
 	DLManagedTensorVersioned *mt; /* owned: ended by releasebuffer */
 	Py_ssize_t shape[TENSORD_NDIM_MAX];
 	Py_ssize_t strides[TENSORD_NDIM_MAX]; /* in bytes */
@@ -23,10 +24,10 @@ static const char *format_of(DLDataType dt)
 		uint8_t code, bits;
 		const char *fmt;
 	} formats[] = {
-		{ kDLBool, 8, "?" },	   { kDLInt, 8, "b" },	     { kDLUInt, 8, "B" },
-		{ kDLInt, 16, "h" },	   { kDLUInt, 16, "H" },     { kDLInt, 32, "i" },
-		{ kDLUInt, 32, "I" },	   { kDLInt, 64, "q" },	     { kDLUInt, 64, "Q" },
-		{ kDLFloat, 16, "e" },	   { kDLFloat, 32, "f" },    { kDLFloat, 64, "d" },
+		{ kDLBool, 8, "?" },      { kDLInt, 8, "b" },        { kDLUInt, 8, "B" },
+		{ kDLInt, 16, "h" },      { kDLUInt, 16, "H" },      { kDLInt, 32, "i" },
+		{ kDLUInt, 32, "I" },     { kDLInt, 64, "q" },       { kDLUInt, 64, "Q" },
+		{ kDLFloat, 16, "e" },    { kDLFloat, 32, "f" },     { kDLFloat, 64, "d" },
 		{ kDLComplex, 64, "Zf" }, { kDLComplex, 128, "Zd" },
 	};
 
@@ -61,14 +62,18 @@ static int Tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags)
 	char name[32];
 
 	if (in->device.device_type != kDLCPU) {
-		PyErr_Format(PyExc_BufferError, "tensor '%s' is on %s: the buffer protocol covers "
-			     "host memory; use a framework's from_dlpack", td_tensor_label(self),
+		PyErr_Format(PyExc_BufferError,
+			     "tensor '%s' is on %s: the buffer protocol covers "
+			     "host memory; use a framework's from_dlpack",
+			     td_tensor_label(self),
 			     tensord_device_name(in->device, name, sizeof(name)));
 		return -1;
 	}
 	if (!fmt) {
-		PyErr_Format(PyExc_BufferError, "tensor '%s': dtype %s has no buffer format; use "
-			     "a framework's from_dlpack", td_tensor_label(self),
+		PyErr_Format(PyExc_BufferError,
+			     "tensor '%s': dtype %s has no buffer format; use "
+			     "a framework's from_dlpack",
+			     td_tensor_label(self),
 			     tensord_dtype_name(in->dtype, name, sizeof(name)));
 		return -1;
 	}

@@ -27,8 +27,7 @@ static void client_close_now(ClientObject *self)
 	tensord_client *c = self->c;
 
 	self->c = NULL;
-	Py_BEGIN_ALLOW_THREADS
-	tensord_close(c);
+	Py_BEGIN_ALLOW_THREADS tensord_close(c);
 	Py_END_ALLOW_THREADS
 }
 
@@ -44,7 +43,7 @@ int td_client_leave(ClientObject *self, int rc)
 
 static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = {"path", NULL};
+	static char *kwlist[] = { "path", NULL };
 	PyObject *path = Py_None, *bytes = NULL;
 	tensord_client *c = NULL;
 	const char *p = NULL;
@@ -58,10 +57,8 @@ static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 			return NULL;
 		p = PyBytes_AS_STRING(bytes);
 	}
-	Py_BEGIN_ALLOW_THREADS
-	rc = tensord_connect(p, &c);
-	Py_END_ALLOW_THREADS
-	Py_XDECREF(bytes);
+	Py_BEGIN_ALLOW_THREADS rc = tensord_connect(p, &c);
+	Py_END_ALLOW_THREADS Py_XDECREF(bytes);
 	if (rc < 0)
 		return td_raise_connect(rc);
 	self = (ClientObject *)type->tp_alloc(type, 0);
@@ -140,13 +137,11 @@ static int attach_interruptibly(tensord_client *c, const char *name, int ms,
 			double left = deadline - now_ms();
 
 			slice = ms < 0 || left > ATTACH_SLICE_MS ? ATTACH_SLICE_MS
-								  : (left > 1 ? (int)left : 1);
+								 : (left > 1 ? (int)left : 1);
 		}
-		Py_BEGIN_ALLOW_THREADS
-		rc = tensord_attach(c, name, slice, ret);
-		Py_END_ALLOW_THREADS
-		if (rc != -ETIMEDOUT || slice == ms || (ms >= 0 && now_ms() >= deadline))
-			return rc;
+		Py_BEGIN_ALLOW_THREADS rc = tensord_attach(c, name, slice, ret);
+		Py_END_ALLOW_THREADS if (rc != -ETIMEDOUT || slice == ms ||
+					 (ms >= 0 && now_ms() >= deadline)) return rc;
 		if (PyErr_CheckSignals() < 0)
 			return -EINTR;
 	}
@@ -154,7 +149,7 @@ static int attach_interruptibly(tensord_client *c, const char *name, int ms,
 
 static PyObject *Client_attach(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = {"name", "timeout", NULL};
+	static char *kwlist[] = { "name", "timeout", NULL };
 	PyObject *timeout = Py_None;
 	DLManagedTensorVersioned *mt = NULL;
 	tensord_client *c;
@@ -176,12 +171,12 @@ static PyObject *Client_attach(ClientObject *self, PyObject *args, PyObject *kwd
 
 static PyObject *Client_create(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = {"name", "shape", "dtype", "device", "mutable", "lifetime",
-				 "mode", "strides", "replace", NULL};
+	static char *kwlist[] = { "name",     "shape", "dtype",   "device",  "mutable",
+				  "lifetime", "mode",  "strides", "replace", NULL };
 	PyObject *shape_o, *dtype_o, *device_o = NULL, *mutable_o = NULL, *lifetime_o = NULL,
-		*mode_o = NULL, *strides_o = Py_None;
+				     *mode_o = NULL, *strides_o = Py_None;
 	int64_t shape[TENSORD_NDIM_MAX], strides[TENSORD_NDIM_MAX];
-	tensord_spec spec = {.device = {kDLCPU, 0}};
+	tensord_spec spec = { .device = { kDLCPU, 0 } };
 	DLManagedTensorVersioned *mt = NULL;
 	tensord_client *c;
 	const char *name;
@@ -212,11 +207,8 @@ static PyObject *Client_create(ClientObject *self, PyObject *args, PyObject *kwd
 	}
 	if (!(c = td_client_enter(self)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = tensord_create(c, name, &spec, &mt);
-	Py_END_ALLOW_THREADS
-	if (td_client_leave(self, rc) < 0)
-		return NULL;
+	Py_BEGIN_ALLOW_THREADS rc = tensord_create(c, name, &spec, &mt);
+	Py_END_ALLOW_THREADS if (td_client_leave(self, rc) < 0) return NULL;
 	return td_tensor_new(mt, self);
 }
 
@@ -229,17 +221,14 @@ static PyObject *Client_stat(ClientObject *self, PyObject *args)
 
 	if (!PyArg_ParseTuple(args, "s:stat", &name) || !(c = td_client_enter(self)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = tensord_stat(c, name, &info);
-	Py_END_ALLOW_THREADS
-	if (td_client_leave(self, rc) < 0)
-		return NULL;
+	Py_BEGIN_ALLOW_THREADS rc = tensord_stat(c, name, &info);
+	Py_END_ALLOW_THREADS if (td_client_leave(self, rc) < 0) return NULL;
 	return td_info_new(&info);
 }
 
 static PyObject *Client_list(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = {"prefix", NULL};
+	static char *kwlist[] = { "prefix", NULL };
 	const char *prefix = "";
 	tensord_info *infos = NULL;
 	size_t n = 0;
@@ -250,11 +239,8 @@ static PyObject *Client_list(ClientObject *self, PyObject *args, PyObject *kwds)
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|s:list", kwlist, &prefix) ||
 	    !(c = td_client_enter(self)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = tensord_list(c, prefix, &infos, &n);
-	Py_END_ALLOW_THREADS
-	if (td_client_leave(self, rc) < 0)
-		return NULL;
+	Py_BEGIN_ALLOW_THREADS rc = tensord_list(c, prefix, &infos, &n);
+	Py_END_ALLOW_THREADS if (td_client_leave(self, rc) < 0) return NULL;
 	list = td_info_list(infos, n);
 	free(infos);
 	return list;
@@ -268,11 +254,8 @@ static PyObject *Client_stats(ClientObject *self, PyObject *unused)
 
 	if (!(c = td_client_enter(self)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = tensord_stats(c, &st, sizeof(st));
-	Py_END_ALLOW_THREADS
-	if (td_client_leave(self, rc) < 0)
-		return NULL;
+	Py_BEGIN_ALLOW_THREADS rc = tensord_stats(c, &st, sizeof(st));
+	Py_END_ALLOW_THREADS if (td_client_leave(self, rc) < 0) return NULL;
 	return td_stats_new(&st);
 }
 
@@ -284,11 +267,8 @@ static PyObject *Client_unlink(ClientObject *self, PyObject *args)
 
 	if (!PyArg_ParseTuple(args, "s:unlink", &name) || !(c = td_client_enter(self)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = tensord_unlink(c, name);
-	Py_END_ALLOW_THREADS
-	if (td_client_leave(self, rc) < 0)
-		return NULL;
+	Py_BEGIN_ALLOW_THREADS rc = tensord_unlink(c, name);
+	Py_END_ALLOW_THREADS if (td_client_leave(self, rc) < 0) return NULL;
 	Py_RETURN_NONE;
 }
 
@@ -303,71 +283,79 @@ static PyObject *Client_get_path(ClientObject *self, void *unused)
 }
 
 static PyMethodDef Client_methods[] = {
-	{"attach", (PyCFunction)(void (*)(void))Client_attach, METH_VARARGS | METH_KEYWORDS,
-	 "attach($self, /, name, timeout=None)\n--\n\n"
-	 "Returns a Tensor: attaches the published tensor `name`, zero copy. With timeout=None it fails at once\n"
-	 "(FileNotFoundError) when the name is not published; with a number of seconds it waits\n"
-	 "that long for a publish (TimeoutError after), and math.inf waits forever. The Tensor\n"
-	 "is read-only unless the tensor was created mutable and the caller may write it."},
-	{"create", (PyCFunction)(void (*)(void))Client_create, METH_VARARGS | METH_KEYWORDS,
-	 "create($self, /, name, shape, dtype, device='cpu', mutable=False,\n"
-	 "       lifetime='persistent', mode=None, strides=None, *, replace=False)\n--\n\n"
-	 "Returns a Tensor: allocates a tensor in the daemon and returns it writable to the caller; nobody else\n"
-	 "sees it until Tensor.publish(). dtype is a name such as 'float32' (numpy and torch\n"
-	 "dtypes are accepted too); strides are in elements (default row-major compact);\n"
-	 "lifetime='connection' unlinks it when this client's connection closes; mode is\n"
-	 "permission bits as for files (default 0o600). replace=True takes over the name of\n"
-	 "a tensor the caller owns (see put)."},
-	{"put", (PyCFunction)(void (*)(void))td_client_put, METH_VARARGS | METH_KEYWORDS,
-	 "put($self, /, name, obj, mutable=False, lifetime='persistent', mode=None, *,\n"
-	 "    replace=False)\n--\n\n"
-	 "Copies obj once into a new daemon tensor and publishes it. obj is any DLPack producer\n"
-	 "in host memory (numpy, torch, jax arrays, a Tensor) or any object with the buffer\n"
-	 "protocol (bytes, array.array, memoryview). Any strides are accepted; the copy is\n"
-	 "stored row-major compact. replace=True puts over an existing tensor of that name\n"
-	 "that the caller owns (PermissionError if another user does): the daemon unlinks\n"
-	 "it in the same step, and arrays or leases of the old tensor keep their bytes."},
-	{"stat", (PyCFunction)Client_stat, METH_VARARGS,
-	 "stat($self, name, /)\n--\n\n"
-	 "Returns a TensorInfo describing one tensor (FileNotFoundError if there is none)."},
-	{"list", (PyCFunction)(void (*)(void))Client_list, METH_VARARGS | METH_KEYWORDS,
-	 "list($self, /, prefix='')\n--\n\n"
-	 "Returns a list of TensorInfo: describes every tensor whose name starts with prefix, in name order."},
-	{"stats", (PyCFunction)Client_stats, METH_NOARGS,
-	 "stats($self, /)\n--\n\n"
-	 "Returns a dict of daemon totals: tensors, clients, leases, uptime (seconds), daemon_pid, and devices,\n"
-	 "a list of dicts with device, backend, path, bytes_used, bytes_capacity, tensors."},
-	{"leases", (PyCFunction)(void (*)(void))td_client_leases, METH_VARARGS | METH_KEYWORDS,
-	 "leases($self, /, name=None)\n--\n\n"
-	 "Returns a list of LeaseHolder: who holds leases on name (None: on every tensor): one record per tensor and\n"
-	 "connection, with pid, uid, gid, comm, count, since and held. Lists tensors the\n"
-	 "caller may read; their owner and root see all."},
-	{"clients", (PyCFunction)td_client_clients, METH_NOARGS,
-	 "clients($self, /)\n--\n\n"
-	 "Returns a list of ClientInfo: the daemon's client connections, this one included: all of them for root, those of\n"
-	 "the caller's uid for anyone else."},
-	{"metrics", (PyCFunction)td_client_metrics, METH_NOARGS,
-	 "metrics($self, /)\n--\n\n"
-	 "Returns a str: the daemon's metrics in the Prometheus text format 0.0.4 (what --metrics serves)."},
-	{"unlink", (PyCFunction)Client_unlink, METH_VARARGS,
-	 "unlink($self, name, /)\n--\n\n"
-	 "Removes the name; the memory lives until the last lease on it ends."},
-	{"close", (PyCFunction)Client_close, METH_NOARGS,
-	 "close($self, /)\n--\n\n"
-	 "Closes the connection; the daemon ends this client's leases and unlinks its\n"
-	 "connection-lifetime tensors. Arrays made from its tensors stay valid until they\n"
-	 "die. Calls still running in other threads finish first. Idempotent."},
-	{"__enter__", (PyCFunction)Client_enter, METH_NOARGS, "__enter__($self, /)\n--\n\nReturns self."},
-	{"__exit__", (PyCFunction)Client_exit, METH_VARARGS,
-	 "__exit__($self, /, *exc_info)\n--\n\nCalls close()."},
-	{NULL},
+	{ "attach", (PyCFunction)(void (*)(void))Client_attach, METH_VARARGS | METH_KEYWORDS,
+	  "attach($self, /, name, timeout=None)\n--\n\n"
+	  "Returns a Tensor: attaches the published tensor `name`, zero copy. With timeout=None it "
+	  "fails at once\n"
+	  "(FileNotFoundError) when the name is not published; with a number of seconds it waits\n"
+	  "that long for a publish (TimeoutError after), and math.inf waits forever. The Tensor\n"
+	  "is read-only unless the tensor was created mutable and the caller may write it." },
+	{ "create", (PyCFunction)(void (*)(void))Client_create, METH_VARARGS | METH_KEYWORDS,
+	  "create($self, /, name, shape, dtype, device='cpu', mutable=False,\n"
+	  "       lifetime='persistent', mode=None, strides=None, *, replace=False)\n--\n\n"
+	  "Returns a Tensor: allocates a tensor in the daemon and returns it writable to the "
+	  "caller; nobody else\n"
+	  "sees it until Tensor.publish(). dtype is a name such as 'float32' (numpy and torch\n"
+	  "dtypes are accepted too); strides are in elements (default row-major compact);\n"
+	  "lifetime='connection' unlinks it when this client's connection closes; mode is\n"
+	  "permission bits as for files (default 0o600). replace=True takes over the name of\n"
+	  "a tensor the caller owns (see put)." },
+	{ "put", (PyCFunction)(void (*)(void))td_client_put, METH_VARARGS | METH_KEYWORDS,
+	  "put($self, /, name, obj, mutable=False, lifetime='persistent', mode=None, *,\n"
+	  "    replace=False)\n--\n\n"
+	  "Copies obj once into a new daemon tensor and publishes it. obj is any DLPack producer\n"
+	  "in host memory (numpy, torch, jax arrays, a Tensor) or any object with the buffer\n"
+	  "protocol (bytes, array.array, memoryview). Any strides are accepted; the copy is\n"
+	  "stored row-major compact. replace=True puts over an existing tensor of that name\n"
+	  "that the caller owns (PermissionError if another user does): the daemon unlinks\n"
+	  "it in the same step, and arrays or leases of the old tensor keep their bytes." },
+	{ "stat", (PyCFunction)Client_stat, METH_VARARGS,
+	  "stat($self, name, /)\n--\n\n"
+	  "Returns a TensorInfo describing one tensor (FileNotFoundError if there is none)." },
+	{ "list", (PyCFunction)(void (*)(void))Client_list, METH_VARARGS | METH_KEYWORDS,
+	  "list($self, /, prefix='')\n--\n\n"
+	  "Returns a list of TensorInfo: describes every tensor whose name starts with prefix, in "
+	  "name order." },
+	{ "stats", (PyCFunction)Client_stats, METH_NOARGS,
+	  "stats($self, /)\n--\n\n"
+	  "Returns a dict of daemon totals: tensors, clients, leases, uptime (seconds), "
+	  "daemon_pid, and devices,\n"
+	  "a list of dicts with device, backend, path, bytes_used, bytes_capacity, tensors." },
+	{ "leases", (PyCFunction)(void (*)(void))td_client_leases, METH_VARARGS | METH_KEYWORDS,
+	  "leases($self, /, name=None)\n--\n\n"
+	  "Returns a list of LeaseHolder: who holds leases on name (None: on every tensor): one "
+	  "record per tensor and\n"
+	  "connection, with pid, uid, gid, comm, count, since and held. Lists tensors the\n"
+	  "caller may read; their owner and root see all." },
+	{ "clients", (PyCFunction)td_client_clients, METH_NOARGS,
+	  "clients($self, /)\n--\n\n"
+	  "Returns a list of ClientInfo: the daemon's client connections, this one included: all "
+	  "of them for root, those of\n"
+	  "the caller's uid for anyone else." },
+	{ "metrics", (PyCFunction)td_client_metrics, METH_NOARGS,
+	  "metrics($self, /)\n--\n\n"
+	  "Returns a str: the daemon's metrics in the Prometheus text format 0.0.4 (what --metrics "
+	  "serves)." },
+	{ "unlink", (PyCFunction)Client_unlink, METH_VARARGS,
+	  "unlink($self, name, /)\n--\n\n"
+	  "Removes the name; the memory lives until the last lease on it ends." },
+	{ "close", (PyCFunction)Client_close, METH_NOARGS,
+	  "close($self, /)\n--\n\n"
+	  "Closes the connection; the daemon ends this client's leases and unlinks its\n"
+	  "connection-lifetime tensors. Arrays made from its tensors stay valid until they\n"
+	  "die. Calls still running in other threads finish first. Idempotent." },
+	{ "__enter__", (PyCFunction)Client_enter, METH_NOARGS,
+	  "__enter__($self, /)\n--\n\nReturns self." },
+	{ "__exit__", (PyCFunction)Client_exit, METH_VARARGS,
+	  "__exit__($self, /, *exc_info)\n--\n\nCalls close()." },
+	{ NULL },
 };
 
 static PyGetSetDef Client_getset[] = {
-	{"closed", (getter)Client_get_closed, NULL, "True once close() was called.", NULL},
-	{"path", (getter)Client_get_path, NULL,
-	 "The socket path given to connect(), or None for the default.", NULL},
-	{NULL},
+	{ "closed", (getter)Client_get_closed, NULL, "True once close() was called.", NULL },
+	{ "path", (getter)Client_get_path, NULL,
+	  "The socket path given to connect(), or None for the default.", NULL },
+	{ NULL },
 };
 
 PyTypeObject td_ClientType = {

@@ -161,8 +161,8 @@ static void copy_dims(char *dst, const char *src, int dim, int ndim, const int64
 		return;
 	}
 	for (int64_t i = 0; i < shape[dim]; i++)
-		copy_dims(dst + i * dstr[dim], src + i * sstr[dim], dim + 1, ndim, shape, sstr, dstr,
-			  item);
+		copy_dims(dst + i * dstr[dim], src + i * sstr[dim], dim + 1, ndim, shape, sstr,
+			  dstr, item);
 }
 
 int td_host_tensor(const DLTensor *like, bool copy, uint64_t flags, DLManagedTensorVersioned **ret)
@@ -198,7 +198,7 @@ int td_host_tensor(const DLTensor *like, bool copy, uint64_t flags, DLManagedTen
 	h->mt.deleter = host_deleter;
 	h->mt.flags = flags;
 	h->mt.dl_tensor.data = h->data;
-	h->mt.dl_tensor.device = (DLDevice){kDLCPU, 0};
+	h->mt.dl_tensor.device = (DLDevice){ kDLCPU, 0 };
 	h->mt.dl_tensor.ndim = ndim;
 	h->mt.dl_tensor.dtype = like->dtype;
 	h->mt.dl_tensor.shape = ndim ? h->dims : NULL;
@@ -219,8 +219,8 @@ int td_host_tensor(const DLTensor *like, bool copy, uint64_t flags, DLManagedTen
 			sstr[i] = s * (int64_t)item;
 			dstr[i] = h->dims[ndim + i] * (int64_t)item;
 		}
-		copy_dims(h->data, (const char *)like->data + like->byte_offset, 0, ndim,
-			  h->dims, sstr, dstr, item);
+		copy_dims(h->data, (const char *)like->data + like->byte_offset, 0, ndim, h->dims,
+			  sstr, dstr, item);
 	}
 	*ret = &h->mt;
 	return 0;

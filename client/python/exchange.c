@@ -21,7 +21,8 @@ static int x_allocator(DLTensor *prototype, DLManagedTensorVersioned **out, void
 	 * would get a tensor on a device it did not ask for.
 	 */
 	if (prototype->device.device_type != kDLCPU) {
-		SetError(error_ctx, "BufferError", "tensord allocates private tensors on the cpu only");
+		SetError(error_ctx, "BufferError",
+			 "tensord allocates private tensors on the cpu only");
 		return -1;
 	}
 	rc = td_host_tensor(prototype, false, 0, out);
@@ -104,7 +105,7 @@ static int x_current_work_stream(DLDeviceType device_type, int32_t device_id, vo
 }
 
 static const DLPackExchangeAPI td_exchange_api = {
-	.header = {.version = {DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION}, .prev_api = NULL},
+	.header = { .version = { DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION }, .prev_api = NULL },
 	.managed_tensor_allocator = x_allocator,
 	.managed_tensor_from_py_object_no_sync = x_from_py,
 	.managed_tensor_to_py_object_no_sync = x_to_py,
@@ -118,11 +119,13 @@ int td_exchange_api_publish(void)
 
 	/* The exchange table is a type attribute in both of its published forms. */
 	api = PyCapsule_New((void *)&td_exchange_api, "dlpack_exchange_api", NULL);
-	if (!api || PyDict_SetItemString(td_TensorType.tp_dict, "__dlpack_c_exchange_api__", api) < 0)
+	if (!api ||
+	    PyDict_SetItemString(td_TensorType.tp_dict, "__dlpack_c_exchange_api__", api) < 0)
 		return -1;
 	Py_DECREF(api);
 	api = PyLong_FromVoidPtr((void *)&td_exchange_api);
-	if (!api || PyDict_SetItemString(td_TensorType.tp_dict, "__c_dlpack_exchange_api__", api) < 0)
+	if (!api ||
+	    PyDict_SetItemString(td_TensorType.tp_dict, "__c_dlpack_exchange_api__", api) < 0)
 		return -1;
 	Py_DECREF(api);
 	PyType_Modified(&td_TensorType);

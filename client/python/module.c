@@ -70,20 +70,20 @@ static PyObject *mod_default_socket_path(PyObject *mod, PyObject *unused)
 }
 
 static PyMethodDef mod_methods[] = {
-	{"connect", (PyCFunction)(void (*)(void))mod_connect, METH_VARARGS | METH_KEYWORDS,
-	 "connect(path=None)\n--\n\n"
-	 "Returns a Client connected to the tensord daemon at path, or, with None, at the\n"
-	 "default socket path (see default_socket_path()) and then at\n"
-	 "/run/tensord/tensord.sock. Before sending anything it checks that the socket, its\n"
-	 "directory and the daemon (SO_PEERCRED) belong to you, root or $TENSORD_DAEMON_UID.\n"
-	 "Raises ConnectionRefusedError (tensord.NoDaemonError) when no daemon listens there,\n"
-	 "PermissionError (tensord.AccessDeniedError) with errno EACCES when the socket's mode\n"
-	 "refuses you and EPERM when someone else owns or serves it."},
-	{"default_socket_path", mod_default_socket_path, METH_NOARGS,
-	 "default_socket_path($module, /)\n--\n\n"
-	 "Returns a str: the socket path connect() tries first when given None (and the one\n"
-	 "tensord listens on when started by this user with no settings)."},
-	{NULL},
+	{ "connect", (PyCFunction)(void (*)(void))mod_connect, METH_VARARGS | METH_KEYWORDS,
+	  "connect(path=None)\n--\n\n"
+	  "Returns a Client connected to the tensord daemon at path, or, with None, at the\n"
+	  "default socket path (see default_socket_path()) and then at\n"
+	  "/run/tensord/tensord.sock. Before sending anything it checks that the socket, its\n"
+	  "directory and the daemon (SO_PEERCRED) belong to you, root or $TENSORD_DAEMON_UID.\n"
+	  "Raises ConnectionRefusedError (tensord.NoDaemonError) when no daemon listens there,\n"
+	  "PermissionError (tensord.AccessDeniedError) with errno EACCES when the socket's mode\n"
+	  "refuses you and EPERM when someone else owns or serves it." },
+	{ "default_socket_path", mod_default_socket_path, METH_NOARGS,
+	  "default_socket_path($module, /)\n--\n\n"
+	  "Returns a str: the socket path connect() tries first when given None (and the one\n"
+	  "tensord listens on when started by this user with no settings)." },
+	{ NULL },
 };
 
 static struct PyModuleDef moddef = {
@@ -136,8 +136,8 @@ static int add_errors(PyObject *mod)
 		return -1;
 	NotFoundError = new_error(mod, "NotFoundError", PyExc_FileNotFoundError,
 				  "No such tensor (ENOENT).");
-	ExistsError = new_error(mod, "ExistsError", PyExc_FileExistsError,
-				"The name is taken (EEXIST).");
+	ExistsError =
+		new_error(mod, "ExistsError", PyExc_FileExistsError, "The name is taken (EEXIST).");
 	TimedOutError = new_error(mod, "TimedOutError", PyExc_TimeoutError,
 				  "attach() waited its timeout out (ETIMEDOUT).");
 	AccessDeniedError = new_error(mod, "AccessDeniedError", PyExc_PermissionError,
@@ -155,8 +155,8 @@ PyMODINIT_FUNC PyInit__tensord(void)
 	PyObject *mod;
 
 	if (td_info_type_ready() < 0 || td_inspect_types_ready() < 0 ||
-	    PyType_Ready(&td_ClientType) < 0 ||
-	    PyType_Ready(&td_TensorType) < 0 || td_exchange_api_publish() < 0)
+	    PyType_Ready(&td_ClientType) < 0 || PyType_Ready(&td_TensorType) < 0 ||
+	    td_exchange_api_publish() < 0)
 		return NULL;
 
 	if (!(mod = PyModule_Create(&moddef)))

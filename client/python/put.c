@@ -18,8 +18,8 @@ struct source {
 	DLManagedTensor *legacy;             /* likewise */
 	Py_buffer view;                      /* owned when have_view */
 	bool have_view;
-	DLTensor dl;                         /* what tensord_put reads; points into the above */
-	int64_t shape[TENSORD_NDIM_MAX];     /* for buffers, whose shape is Py_ssize_t */
+	DLTensor dl;                     /* what tensord_put reads; points into the above */
+	int64_t shape[TENSORD_NDIM_MAX]; /* for buffers, whose shape is Py_ssize_t */
 	int64_t strides[TENSORD_NDIM_MAX];
 };
 
@@ -51,10 +51,11 @@ static int source_set(struct source *s, const DLTensor *dl)
 	int64_t step = 1;
 
 	if (!td_device_host_accessible(dl->device.device_type) && !on_gpu) {
-		PyErr_Format(PyExc_BufferError,
-			     "put() copies host or GPU memory, and this array is on device type %d; "
-			     "use create(..., device=...) and copy into it, then publish()",
-			     (int)dl->device.device_type);
+		PyErr_Format(
+			PyExc_BufferError,
+			"put() copies host or GPU memory, and this array is on device type %d; "
+			"use create(..., device=...) and copy into it, then publish()",
+			(int)dl->device.device_type);
 		return -1;
 	}
 	if (dl->ndim < 0 || dl->ndim > TENSORD_NDIM_MAX) {
@@ -64,7 +65,7 @@ static int source_set(struct source *s, const DLTensor *dl)
 	}
 	s->dl = *dl;
 	/* GPU sources keep their device: libtensord copies device to device. */
-	s->dl.device = on_gpu ? dl->device : (DLDevice){kDLCPU, 0};
+	s->dl.device = on_gpu ? dl->device : (DLDevice){ kDLCPU, 0 };
 	s->dl.data = dl->data ? (char *)dl->data + dl->byte_offset : NULL;
 	s->dl.byte_offset = 0;
 	for (int i = dl->ndim - 1; i >= 0; i--) {
@@ -175,8 +176,9 @@ static int source_from_dlpack(struct source *s, PyObject *obj)
 
 	if (type == -1 && PyErr_Occurred())
 		return -1;
-	if (!td_device_host_accessible((DLDeviceType)type) && !td_device_is_gpu((DLDeviceType)type)) {
-		DLTensor probe = {.device = {(DLDeviceType)type, 0}};
+	if (!td_device_host_accessible((DLDeviceType)type) &&
+	    !td_device_is_gpu((DLDeviceType)type)) {
+		DLTensor probe = { .device = { (DLDeviceType)type, 0 } };
 
 		return source_set(s, &probe);
 	}
@@ -220,7 +222,8 @@ static int format_dtype(const char *fmt, Py_ssize_t itemsize, DLDataType *dt)
 		break;
 	}
 	if (!native) {
-		PyErr_Format(PyExc_BufferError, "buffer format '%s' is not in native byte order", fmt);
+		PyErr_Format(PyExc_BufferError, "buffer format '%s' is not in native byte order",
+			     fmt);
 		return -1;
 	}
 	if (f[0] == 'Z' && f[1] && strchr("efd", f[1]) && !f[2])
@@ -252,7 +255,7 @@ unsupported:
 static int source_from_buffer(struct source *s, PyObject *obj)
 {
 	Py_buffer *v = &s->view;
-	DLTensor dl = {0};
+	DLTensor dl = { 0 };
 	int64_t strides[TENSORD_NDIM_MAX];
 
 	if (PyObject_GetBuffer(obj, v, PyBUF_RECORDS_RO) < 0)
@@ -275,7 +278,7 @@ static int source_from_buffer(struct source *s, PyObject *obj)
 		strides[i] = v->strides[i] / v->itemsize;
 	}
 	dl.data = v->buf;
-	dl.device = (DLDevice){kDLCPU, 0};
+	dl.device = (DLDevice){ kDLCPU, 0 };
 	dl.ndim = v->ndim;
 	dl.shape = v->ndim ? s->shape : NULL;
 	dl.strides = v->ndim ? strides : NULL;
@@ -284,16 +287,16 @@ static int source_from_buffer(struct source *s, PyObject *obj)
 
 PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = {"name", "obj", "mutable", "lifetime", "mode", "replace", NULL};
+	static char *kwlist[] = { "name", "obj", "mutable", "lifetime", "mode", "replace", NULL };
 	PyObject *obj, *mutable_o = NULL, *lifetime_o = NULL, *mode_o = NULL;
-	struct source s = {0};
+	struct source s = { 0 };
 	tensord_client *c;
 	const char *name;
 	uint32_t flags, mode;
 	int rc, replace = 0;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|OOO$p:put", kwlist, &name, &obj, &mutable_o,
-					 &lifetime_o, &mode_o, &replace) ||
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|OOO$p:put", kwlist, &name, &obj,
+					 &mutable_o, &lifetime_o, &mode_o, &replace) ||
 	    td_parse_flags(mutable_o, lifetime_o, mode_o, &flags, &mode) < 0)
 		return NULL;
 	if (replace)
@@ -315,10 +318,8 @@ PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds)
 		source_release(&s);
 		return NULL;
 	}
-	Py_BEGIN_ALLOW_THREADS
-	rc = tensord_put(c, name, &s.dl, flags, mode);
-	Py_END_ALLOW_THREADS
-	rc = td_client_leave(self, rc);
+	Py_BEGIN_ALLOW_THREADS rc = tensord_put(c, name, &s.dl, flags, mode);
+	Py_END_ALLOW_THREADS rc = td_client_leave(self, rc);
 	source_release(&s);
 	if (rc < 0)
 		return NULL;

@@ -7,22 +7,22 @@
 #include "tdpy.h"
 
 static PyStructSequence_Field info_fields[] = {
-	{"name", "the tensor's name"},
-	{"dtype", "element type, e.g. 'float32'"},
-	{"shape", "tuple of dimensions"},
-	{"strides", "tuple of strides, in elements"},
-	{"device", "'cpu', 'cuda:0', ..."},
-	{"nbytes", "bytes the daemon allocated for it"},
-	{"state", "'created', 'published' or 'unlinked'"},
-	{"refcount", "live leases"},
-	{"owner_uid", "uid of the creator"},
-	{"owner_gid", "gid of the creator"},
-	{"mode", "permission bits, as for files: an int shown in octal (0o600)"},
-	{"mutable", "stays writable after publish"},
-	{"lifetime", "'persistent' or 'connection'"},
-	{"created", "creation time, seconds since the epoch"},
-	{"id", "unique for the daemon's life"},
-	{NULL, NULL},
+	{ "name", "the tensor's name" },
+	{ "dtype", "element type, e.g. 'float32'" },
+	{ "shape", "tuple of dimensions" },
+	{ "strides", "tuple of strides, in elements" },
+	{ "device", "'cpu', 'cuda:0', ..." },
+	{ "nbytes", "bytes the daemon allocated for it" },
+	{ "state", "'created', 'published' or 'unlinked'" },
+	{ "refcount", "live leases" },
+	{ "owner_uid", "uid of the creator" },
+	{ "owner_gid", "gid of the creator" },
+	{ "mode", "permission bits, as for files: an int shown in octal (0o600)" },
+	{ "mutable", "stays writable after publish" },
+	{ "lifetime", "'persistent' or 'connection'" },
+	{ "created", "creation time, seconds since the epoch" },
+	{ "id", "unique for the daemon's life" },
+	{ NULL, NULL },
 };
 
 static PyStructSequence_Desc info_desc = {
@@ -58,8 +58,9 @@ static PyObject *Mode_reduce(PyObject *self, PyObject *unused)
 }
 
 static PyMethodDef Mode_methods[] = {
-	{"__reduce__", Mode_reduce, METH_NOARGS, "__reduce__($self, /)\n--\n\nPickles as an int."},
-	{NULL},
+	{ "__reduce__", Mode_reduce, METH_NOARGS,
+	  "__reduce__($self, /)\n--\n\nPickles as an int." },
+	{ NULL },
 };
 
 static PyTypeObject ModeType = {
@@ -115,7 +116,7 @@ PyObject *td_record_new(PyTypeObject *type, PyObject **v, int n)
 
 PyObject *td_info_new(const tensord_info *in)
 {
-	static const char *const states[] = {"?", "created", "published", "unlinked"};
+	static const char *const states[] = { "?", "created", "published", "unlinked" };
 	char dtype[64], device[32];
 	PyObject *v[15];
 
@@ -132,7 +133,7 @@ PyObject *td_info_new(const tensord_info *in)
 	v[10] = PyObject_CallFunction((PyObject *)&ModeType, "k", (unsigned long)in->mode);
 	v[11] = PyBool_FromLong(in->flags & TENSORD_MUTABLE);
 	v[12] = PyUnicode_FromString(in->flags & TENSORD_LIFETIME_CONNECTION ? "connection"
-										: "persistent");
+									     : "persistent");
 	v[13] = PyFloat_FromDouble((double)in->created_ns / 1e9);
 	v[14] = PyLong_FromUnsignedLongLong(in->id);
 	return td_record_new(&td_InfoType, v, 15);
@@ -175,16 +176,14 @@ PyObject *td_stats_new(const tensord_daemon_stats *st)
 		}
 		Py_DECREF(d);
 	}
-	return Py_BuildValue("{s:K,s:K,s:K,s:d,s:I,s:N,s:I,s:{s:I,s:K,s:K,s:K,s:K},s:{s:I,s:K}}",
-			     "tensors",
-			     (unsigned long long)st->tensors, "clients",
-			     (unsigned long long)st->clients, "leases",
-			     (unsigned long long)st->leases, "uptime", (double)st->uptime_ns / 1e9,
-			     "daemon_pid", st->daemon_pid, "devices", devs, "fds", st->daemon_fds,
-			     "host_pool", "fds", st->host_pool_fds, "bytes",
-			     (unsigned long long)st->host_pool_bytes, "budget",
-			     (unsigned long long)st->host_pool_budget, "hits",
-			     (unsigned long long)st->host_pool_hits, "misses",
-			     (unsigned long long)st->host_pool_misses, "host_slabs", "slabs",
-			     st->host_slabs, "bytes", (unsigned long long)st->host_slab_bytes);
+	return Py_BuildValue(
+		"{s:K,s:K,s:K,s:d,s:I,s:N,s:I,s:{s:I,s:K,s:K,s:K,s:K},s:{s:I,s:K}}", "tensors",
+		(unsigned long long)st->tensors, "clients", (unsigned long long)st->clients,
+		"leases", (unsigned long long)st->leases, "uptime", (double)st->uptime_ns / 1e9,
+		"daemon_pid", st->daemon_pid, "devices", devs, "fds", st->daemon_fds, "host_pool",
+		"fds", st->host_pool_fds, "bytes", (unsigned long long)st->host_pool_bytes,
+		"budget", (unsigned long long)st->host_pool_budget, "hits",
+		(unsigned long long)st->host_pool_hits, "misses",
+		(unsigned long long)st->host_pool_misses, "host_slabs", "slabs", st->host_slabs,
+		"bytes", (unsigned long long)st->host_slab_bytes);
 }

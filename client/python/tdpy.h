@@ -34,7 +34,7 @@ typedef struct {
 } td_exc_state;
 static inline td_exc_state td_exc_save(void)
 {
-	return (td_exc_state){PyErr_GetRaisedException()};
+	return (td_exc_state){ PyErr_GetRaisedException() };
 }
 static inline void td_exc_restore(td_exc_state s)
 {
@@ -58,22 +58,21 @@ static inline void td_exc_restore(td_exc_state s)
 #endif
 
 typedef struct {
-	PyObject_HEAD
-	tensord_client *c; /* owned; NULL once closed */
-	unsigned busy;     /* calls running with the GIL released; guarded by the GIL */
-	bool closing;      /* close() was called; the last busy call closes c */
-	PyObject *path;    /* str or None, as passed to connect() */
+	PyObject_HEAD tensord_client *c; /* owned; NULL once closed */
+	unsigned busy;  /* calls running with the GIL released; guarded by the GIL */
+	bool closing;   /* close() was called; the last busy call closes c */
+	PyObject *path; /* str or None, as passed to connect() */
 } ClientObject;
 
 typedef struct {
 	PyObject_HEAD
-	/*
+		/*
 	 * Owned: this object's own lease, ended by release() or dealloc.
 	 * NULL after release(). Every capsule and every exchange-table
 	 * consumer gets its own share of it, so none of them depends on this
 	 * object staying alive.
 	 */
-	DLManagedTensorVersioned *mt;
+		DLManagedTensorVersioned *mt;
 	ClientObject *client; /* strong reference; NULL for tensors not from a daemon */
 	tensord_info info;    /* as of attach/create; kept after release() */
 	bool named;           /* info describes a daemon tensor (name, nbytes, id) */

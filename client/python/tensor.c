@@ -168,7 +168,7 @@ static int check_stream(PyObject *stream, DLDevice dev)
 static int parse_export(TensorObject *self, PyObject *args, PyObject *kwds, bool *versioned,
 			int *copy)
 {
-	static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
+	static char *kwlist[] = { "stream", "max_version", "dl_device", "copy", NULL };
 	PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy_o = Py_None;
 	DLDevice own = self->info.device;
 
@@ -229,11 +229,11 @@ static int export_copy(TensorObject *self, DLManagedTensorVersioned **mt)
 		return -1;
 	}
 	/* Copy from a share with the GIL released: release() in another thread cannot unmap it. */
-	Py_BEGIN_ALLOW_THREADS
-	rc = td_host_tensor(&src->dl_tensor, true, DLPACK_FLAG_BITMASK_IS_COPIED, mt);
+	Py_BEGIN_ALLOW_THREADS rc =
+		td_host_tensor(&src->dl_tensor, true, DLPACK_FLAG_BITMASK_IS_COPIED, mt);
 	src->deleter(src);
-	Py_END_ALLOW_THREADS
-	if (rc == -ENOMEM) {
+	Py_END_ALLOW_THREADS if (rc == -ENOMEM)
+	{
 		PyErr_NoMemory();
 		return -1;
 	}
@@ -277,8 +277,7 @@ static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwd
 	bool versioned;
 	int copy;
 
-	if (parse_export(self, args, kwds, &versioned, &copy) < 0 ||
-	    td_tensor_share(self, &mt) < 0)
+	if (parse_export(self, args, kwds, &versioned, &copy) < 0 || td_tensor_share(self, &mt) < 0)
 		return NULL;
 	if (copy && export_copy(self, &mt) < 0)
 		return NULL;
@@ -289,7 +288,8 @@ static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwd
 
 static PyObject *Tensor_dlpack_device(TensorObject *self, PyObject *unused)
 {
-	return Py_BuildValue("(ii)", (int)self->info.device.device_type, self->info.device.device_id);
+	return Py_BuildValue("(ii)", (int)self->info.device.device_type,
+			     self->info.device.device_id);
 }
 
 static PyObject *Tensor_release(TensorObject *self, PyObject *unused)
@@ -298,8 +298,7 @@ static PyObject *Tensor_release(TensorObject *self, PyObject *unused)
 
 	self->mt = NULL;
 	if (mt) {
-		Py_BEGIN_ALLOW_THREADS
-		mt->deleter(mt);
+		Py_BEGIN_ALLOW_THREADS mt->deleter(mt);
 		Py_END_ALLOW_THREADS
 	}
 	Py_RETURN_NONE;
@@ -315,11 +314,8 @@ static PyObject *Tensor_publish(TensorObject *self, PyObject *unused)
 				    "only tensors from Client.create() can be published");
 	if (!(c = td_client_enter(self->client)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = tensord_publish(c, self->info.name);
-	Py_END_ALLOW_THREADS
-	if (td_client_leave(self->client, rc) < 0)
-		return NULL;
+	Py_BEGIN_ALLOW_THREADS rc = tensord_publish(c, self->info.name);
+	Py_END_ALLOW_THREADS if (td_client_leave(self->client, rc) < 0) return NULL;
 	self->info.state = TENSORD_STATE_PUBLISHED;
 	if (!(self->info.flags & TENSORD_MUTABLE))
 		self->readonly = true;
@@ -404,50 +400,53 @@ static PyObject *Tensor_get_released(TensorObject *self, void *unused)
 }
 
 static PyMethodDef Tensor_methods[] = {
-	{"__dlpack__", (PyCFunction)(void (*)(void))Tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
-	 "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n"
-	 "--\n\n"
-	 "Returns a PyCapsule: exports the tensor as the Python array API standard says: a 'dltensor_versioned'\n"
-	 "capsule when max_version >= (1, 0), else a legacy 'dltensor' one. Zero copy unless\n"
-	 "copy=True (a private copy flagged IS_COPIED). Read-only tensors carry the READ_ONLY\n"
-	 "flag. Raises BufferError for what cannot be exported (another dl_device, a released\n"
-	 "tensor) and TypeError only for bad or unknown keywords."},
-	{"__dlpack_device__", (PyCFunction)Tensor_dlpack_device, METH_NOARGS,
-	 "__dlpack_device__($self, /)\n--\n\n"
-	 "(device type, device id) as DLPack numbers them: (1, 0) for cpu, (2, n) for cuda:n."},
-	{"publish", (PyCFunction)Tensor_publish, METH_NOARGS,
-	 "publish($self, /)\n--\n\n"
-	 "Makes a tensor from Client.create() visible to every attach. Unless it was created\n"
-	 "mutable it becomes immutable: later exports are read-only, and writes through arrays\n"
-	 "made before land in a private copy that nobody else sees."},
-	{"release", (PyCFunction)Tensor_release, METH_NOARGS,
-	 "release($self, /)\n--\n\n"
-	 "Ends this object's lease. Arrays made from it keep their own and stay valid until\n"
-	 "they die. Idempotent; also done at the end of a with block and by the garbage\n"
-	 "collector."},
-	{"__array__", (PyCFunction)(void (*)(void))td_tensor_array, METH_VARARGS | METH_KEYWORDS,
-	 "__array__($self, /, dtype=None, copy=None)\n--\n\n"
-	 "Returns numpy.from_dlpack(self): a zero-copy view unless dtype or copy=True ask for a copy."},
-	{"__enter__", (PyCFunction)Tensor_enter, METH_NOARGS, "__enter__($self, /)\n--\n\nReturns self."},
-	{"__exit__", (PyCFunction)Tensor_exit, METH_VARARGS,
-	 "__exit__($self, /, *exc_info)\n--\n\nCalls release()."},
-	{NULL},
+	{ "__dlpack__", (PyCFunction)(void (*)(void))Tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
+	  "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n"
+	  "--\n\n"
+	  "Returns a PyCapsule: exports the tensor as the Python array API standard says: a "
+	  "'dltensor_versioned'\n"
+	  "capsule when max_version >= (1, 0), else a legacy 'dltensor' one. Zero copy unless\n"
+	  "copy=True (a private copy flagged IS_COPIED). Read-only tensors carry the READ_ONLY\n"
+	  "flag. Raises BufferError for what cannot be exported (another dl_device, a released\n"
+	  "tensor) and TypeError only for bad or unknown keywords." },
+	{ "__dlpack_device__", (PyCFunction)Tensor_dlpack_device, METH_NOARGS,
+	  "__dlpack_device__($self, /)\n--\n\n"
+	  "(device type, device id) as DLPack numbers them: (1, 0) for cpu, (2, n) for cuda:n." },
+	{ "publish", (PyCFunction)Tensor_publish, METH_NOARGS,
+	  "publish($self, /)\n--\n\n"
+	  "Makes a tensor from Client.create() visible to every attach. Unless it was created\n"
+	  "mutable it becomes immutable: later exports are read-only, and writes through arrays\n"
+	  "made before land in a private copy that nobody else sees." },
+	{ "release", (PyCFunction)Tensor_release, METH_NOARGS,
+	  "release($self, /)\n--\n\n"
+	  "Ends this object's lease. Arrays made from it keep their own and stay valid until\n"
+	  "they die. Idempotent; also done at the end of a with block and by the garbage\n"
+	  "collector." },
+	{ "__array__", (PyCFunction)(void (*)(void))td_tensor_array, METH_VARARGS | METH_KEYWORDS,
+	  "__array__($self, /, dtype=None, copy=None)\n--\n\n"
+	  "Returns numpy.from_dlpack(self): a zero-copy view unless dtype or copy=True ask for a "
+	  "copy." },
+	{ "__enter__", (PyCFunction)Tensor_enter, METH_NOARGS,
+	  "__enter__($self, /)\n--\n\nReturns self." },
+	{ "__exit__", (PyCFunction)Tensor_exit, METH_VARARGS,
+	  "__exit__($self, /, *exc_info)\n--\n\nCalls release()." },
+	{ NULL },
 };
 
 static PyGetSetDef Tensor_getset[] = {
-	{"name", (getter)Tensor_get_name, NULL,
-	 "The daemon's name for the tensor (None for tensors made by the exchange table).", NULL},
-	{"shape", (getter)Tensor_get_shape, NULL, "Tuple of dimensions.", NULL},
-	{"strides", (getter)Tensor_get_strides, NULL, "Tuple of strides in elements, as DLPack.",
-	 NULL},
-	{"dtype", (getter)Tensor_get_dtype, NULL, "Element type name, e.g. 'float32'.", NULL},
-	{"device", (getter)Tensor_get_device, NULL, "'cpu', 'cuda:0', ...", NULL},
-	{"nbytes", (getter)Tensor_get_nbytes, NULL, "Bytes of the allocation.", NULL},
-	{"readonly", (getter)Tensor_get_readonly, NULL,
-	 "True when exports are read-only (attached immutable tensors, or after publish).", NULL},
-	{"mutable", (getter)Tensor_get_mutable, NULL, "Created with mutable=True.", NULL},
-	{"released", (getter)Tensor_get_released, NULL, "True after release().", NULL},
-	{NULL},
+	{ "name", (getter)Tensor_get_name, NULL,
+	  "The daemon's name for the tensor (None for tensors made by the exchange table).", NULL },
+	{ "shape", (getter)Tensor_get_shape, NULL, "Tuple of dimensions.", NULL },
+	{ "strides", (getter)Tensor_get_strides, NULL, "Tuple of strides in elements, as DLPack.",
+	  NULL },
+	{ "dtype", (getter)Tensor_get_dtype, NULL, "Element type name, e.g. 'float32'.", NULL },
+	{ "device", (getter)Tensor_get_device, NULL, "'cpu', 'cuda:0', ...", NULL },
+	{ "nbytes", (getter)Tensor_get_nbytes, NULL, "Bytes of the allocation.", NULL },
+	{ "readonly", (getter)Tensor_get_readonly, NULL,
+	  "True when exports are read-only (attached immutable tensors, or after publish).", NULL },
+	{ "mutable", (getter)Tensor_get_mutable, NULL, "Created with mutable=True.", NULL },
+	{ "released", (getter)Tensor_get_released, NULL, "True after release().", NULL },
+	{ NULL },
 };
 
 PyTypeObject td_TensorType = {

@@ -113,9 +113,12 @@ int cmd_put(tensord_client *c, const struct args *a)
 
 	if (map_npy_file(a->pos[1], &m) != 0)
 		return EXIT_OP;
-	spec = (tensord_spec){ .dtype = m.hdr.dtype, .ndim = m.hdr.ndim,
-			       .shape = m.hdr.ndim ? m.hdr.shape : NULL, .device = { kDLCPU, 0 },
-			       .flags = a->flags, .mode = a->mode };
+	spec = (tensord_spec){ .dtype = m.hdr.dtype,
+			       .ndim = m.hdr.ndim,
+			       .shape = m.hdr.ndim ? m.hdr.shape : NULL,
+			       .device = { kDLCPU, 0 },
+			       .flags = a->flags,
+			       .mode = a->mode };
 	/* A Fortran-order file keeps its layout, as column-major strides: still one copy. */
 	if (m.hdr.fortran_order && m.hdr.ndim > 1 && m.hdr.count > 0) {
 		npy_header_strides(&m.hdr, strides);

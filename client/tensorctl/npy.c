@@ -43,20 +43,13 @@ static const struct {
 	uint8_t code;
 	const char *name;
 } npy_types[] = {
-	{ 'b', 1, kDLBool, "bool" },
-	{ 'i', 1, kDLInt, "int8" },
-	{ 'i', 2, kDLInt, "int16" },
-	{ 'i', 4, kDLInt, "int32" },
-	{ 'i', 8, kDLInt, "int64" },
-	{ 'u', 1, kDLUInt, "uint8" },
-	{ 'u', 2, kDLUInt, "uint16" },
-	{ 'u', 4, kDLUInt, "uint32" },
-	{ 'u', 8, kDLUInt, "uint64" },
-	{ 'f', 2, kDLFloat, "float16" },
-	{ 'f', 4, kDLFloat, "float32" },
-	{ 'f', 8, kDLFloat, "float64" },
-	{ 'c', 8, kDLComplex, "complex64" },
-	{ 'c', 16, kDLComplex, "complex128" },
+	{ 'b', 1, kDLBool, "bool" },         { 'i', 1, kDLInt, "int8" },
+	{ 'i', 2, kDLInt, "int16" },         { 'i', 4, kDLInt, "int32" },
+	{ 'i', 8, kDLInt, "int64" },         { 'u', 1, kDLUInt, "uint8" },
+	{ 'u', 2, kDLUInt, "uint16" },       { 'u', 4, kDLUInt, "uint32" },
+	{ 'u', 8, kDLUInt, "uint64" },       { 'f', 2, kDLFloat, "float16" },
+	{ 'f', 4, kDLFloat, "float32" },     { 'f', 8, kDLFloat, "float64" },
+	{ 'c', 8, kDLComplex, "complex64" }, { 'c', 16, kDLComplex, "complex128" },
 };
 
 #define N_TYPES (sizeof(npy_types) / sizeof(npy_types[0]))

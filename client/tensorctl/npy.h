@@ -44,17 +44,17 @@
 
 /* A parsed header. Plain data, owned by the caller; nothing to free. */
 struct npy_header {
-	uint8_t version_major;     /* 1, 2 or 3 */
-	uint8_t version_minor;     /* 0 */
+	uint8_t version_major; /* 1, 2 or 3 */
+	uint8_t version_minor; /* 0 */
 	DLDataType dtype;
-	size_t itemsize;           /* bytes per element */
+	size_t itemsize; /* bytes per element */
 	bool fortran_order;
-	int32_t ndim;              /* 0 .. TENSORD_NDIM_MAX */
+	int32_t ndim; /* 0 .. TENSORD_NDIM_MAX */
 	int64_t shape[TENSORD_NDIM_MAX];
-	uint64_t count;            /* elements: product of shape (1 for 0-d) */
-	uint64_t data_offset;      /* bytes before the data: preamble plus header */
-	uint64_t data_bytes;       /* count * itemsize, checked for overflow */
-	char descr[32];            /* the dtype as the file spelled it, for messages */
+	uint64_t count;       /* elements: product of shape (1 for 0-d) */
+	uint64_t data_offset; /* bytes before the data: preamble plus header */
+	uint64_t data_bytes;  /* count * itemsize, checked for overflow */
+	char descr[32];       /* the dtype as the file spelled it, for messages */
 };
 
 /*
@@ -90,8 +90,7 @@ int64_t npy_header_size(const void *buf, size_t len, char *err, size_t errlen);
  * header; the data may follow or not) into *ret. Pure: no I/O. The data
  * itself is not checked against len; see npy_map_fd() for that.
  */
-int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *err,
-		     size_t errlen);
+int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *err, size_t errlen);
 
 /*
  * Reads and parses the header from f, leaving f at the first data byte.
@@ -110,9 +109,9 @@ void npy_header_strides(const struct npy_header *h, int64_t *strides);
 /* A whole .npy file mapped read-only, header parsed and sizes checked. */
 struct npy_map {
 	struct npy_header hdr;
-	void *base;                /* owned: the mapping; NULL when none */
-	size_t size;               /* bytes mapped: the file's size */
-	const void *data;          /* borrowed: base + hdr.data_offset, valid until npy_unmap() */
+	void *base;       /* owned: the mapping; NULL when none */
+	size_t size;      /* bytes mapped: the file's size */
+	const void *data; /* borrowed: base + hdr.data_offset, valid until npy_unmap() */
 };
 
 /*

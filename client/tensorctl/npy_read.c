@@ -168,7 +168,8 @@ static int parse_dict(struct cur *c, struct npy_header *h, char *err, size_t err
 			else if (eat_word(c, "False"))
 				h->fortran_order = false;
 			else
-				return npy_fail(-EINVAL, err, errlen, "malformed header: "
+				return npy_fail(-EINVAL, err, errlen,
+						"malformed header: "
 						"'fortran_order' is not True or False");
 			have_order = true;
 		} else if (strcmp(key, "shape") == 0) {
@@ -192,12 +193,13 @@ static int parse_dict(struct cur *c, struct npy_header *h, char *err, size_t err
 		return npy_fail(-EINVAL, err, errlen, "malformed header: text after the dict");
 	if (!have_descr || !have_order || !have_shape)
 		return npy_fail(-EINVAL, err, errlen, "malformed header: missing key '%s'",
-				!have_descr ? "descr" : !have_order ? "fortran_order" : "shape");
+				!have_descr   ? "descr"
+				: !have_order ? "fortran_order"
+					      : "shape");
 	return 0;
 }
 
-int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *err,
-		     size_t errlen)
+int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *err, size_t errlen)
 {
 	const uint8_t *b = buf;
 	struct npy_header h;
@@ -270,7 +272,7 @@ int npy_read_header(FILE *f, struct npy_header *ret, char *err, size_t errlen)
 	memcpy(buf, pre, n);
 	if (fread(buf + n, 1, (size_t)total - n, f) != (size_t)total - n) {
 		rc = ferror(f) ? npy_fail(-EIO, err, errlen, "read error: %s", strerror(errno))
-				   : npy_fail(-ENODATA, err, errlen,
+			       : npy_fail(-ENODATA, err, errlen,
 					  "truncated: header needs %lld bytes, file is shorter",
 					  (long long)total);
 		free(buf);

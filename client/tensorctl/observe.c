@@ -149,7 +149,7 @@ enum {
 	CC_N
 };
 
-static const char *const client_titles[CC_N] = { "CONN",   "PID",      "USER",	   "COMM",
+static const char *const client_titles[CC_N] = { "CONN",   "PID",      "USER",     "COMM",
 						 "CLIENT", "LEASES",   "CREATED",  "WAITING",
 						 "QUEUED", "REQUESTS", "CONNECTED" };
 

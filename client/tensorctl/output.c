@@ -39,8 +39,9 @@ int report(int rc, const char *msg, const char *name)
 	if (!json_errors) {
 		fprintf(stderr, "tensorctl: %s\n", line);
 	} else {
-		fprintf(stderr, "{\"error\": \"%s\", \"errno\": %d, \"message\": ",
-			tensord_err_name(rc), rc < 0 ? -rc : rc);
+		fprintf(stderr,
+			"{\"error\": \"%s\", \"errno\": %d, \"message\": ", tensord_err_name(rc),
+			rc < 0 ? -rc : rc);
 		json_str_to(stderr, line);
 		fputs("}\n", stderr);
 	}
@@ -98,7 +99,10 @@ static const char *ints(const int64_t *v, int32_t n, bool json, char *buf, size_
 
 	for (i = 0; i < n && off < len; i++)
 		off += (size_t)snprintf(buf + off, len - off, "%s%" PRId64,
-					i == 0 ? "" : json ? ", " : ",", v[i]);
+					i == 0 ? ""
+					: json ? ", "
+					       : ",",
+					v[i]);
 	if (off < len)
 		snprintf(buf + off, len - off, json ? "]" : n == 1 ? ",)" : ")");
 	return buf;
@@ -256,11 +260,20 @@ void print_info(const tensord_info *in)
 	printf("id:       %" PRIu64 "\n", in->id);
 }
 
-enum { COL_NAME, COL_DTYPE, COL_SHAPE, COL_DEVICE, COL_BYTES, COL_STATE, COL_REFS, COL_OWNER,
-       NCOL };
+enum {
+	COL_NAME,
+	COL_DTYPE,
+	COL_SHAPE,
+	COL_DEVICE,
+	COL_BYTES,
+	COL_STATE,
+	COL_REFS,
+	COL_OWNER,
+	NCOL
+};
 
-static const char *const col_title[NCOL] = { "NAME", "DTYPE", "SHAPE", "DEVICE",
-					     "BYTES", "STATE", "REFS", "OWNER" };
+static const char *const col_title[NCOL] = { "NAME",  "DTYPE", "SHAPE", "DEVICE",
+					     "BYTES", "STATE", "REFS",  "OWNER" };
 
 /* The text of one table cell, in buf or static. */
 static const char *ls_cell(const void *rows, size_t row, int col, char *buf, size_t len)
@@ -288,8 +301,8 @@ static const char *ls_cell(const void *rows, size_t row, int col, char *buf, siz
 	}
 }
 
-void print_table(const char *const *titles, int ncol, unsigned right, const void *rows,
-		 size_t n, table_cell_fn *cell_of)
+void print_table(const char *const *titles, int ncol, unsigned right, const void *rows, size_t n,
+		 table_cell_fn *cell_of)
 {
 	char buf[INTS_MAX];
 	size_t i, w[TABLE_COLS_MAX];
@@ -319,7 +332,6 @@ void print_ls_table(const tensord_info *infos, size_t n)
 {
 	print_table(col_title, NCOL, 1u << COL_BYTES | 1u << COL_REFS, infos, n, ls_cell);
 }
-
 
 /* What each uid holds, one row per uid. */
 static void print_uid_usage(const tensord_uid_stats *u, size_t n)

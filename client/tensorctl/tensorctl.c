@@ -22,7 +22,8 @@ static const char usage_text[] =
 	"usage: tensorctl [--socket PATH] COMMAND [ARGS] [OPTIONS]\n\n"
 	"  ls [PREFIX] [--json]             list tensors whose name starts with PREFIX\n"
 	"  stat NAME [--json]               describe one tensor\n"
-	"  put NAME FILE.npy [--force] [--mutable] [--mode MODE] [--lifetime persistent|connection]\n"
+	"  put NAME FILE.npy [--force] [--mutable] [--mode MODE] [--lifetime "
+	"persistent|connection]\n"
 	"                                   create NAME from a .npy file and publish it\n"
 	"                                   (--force: replace a NAME you own)\n"
 	"  get NAME OUT.npy                 write a tensor to a .npy file (- for stdout)\n"
@@ -82,10 +83,14 @@ static const struct {
 	unsigned bit;
 	bool has_value;
 } options[] = {
-	{ "--socket", 0, true }, { "--json", OPT_JSON, false },
-	{ "--mutable", OPT_MUTABLE, false }, { "--mode", OPT_MODE, true },
-	{ "--lifetime", OPT_LIFETIME, true }, { "--timeout", OPT_TIMEOUT, true },
-	{ "--prometheus", OPT_PROMETHEUS, false }, { "--force", OPT_FORCE, false },
+	{ "--socket", 0, true },
+	{ "--json", OPT_JSON, false },
+	{ "--mutable", OPT_MUTABLE, false },
+	{ "--mode", OPT_MODE, true },
+	{ "--lifetime", OPT_LIFETIME, true },
+	{ "--timeout", OPT_TIMEOUT, true },
+	{ "--prometheus", OPT_PROMETHEUS, false },
+	{ "--force", OPT_FORCE, false },
 };
 
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))

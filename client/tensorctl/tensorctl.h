@@ -30,13 +30,13 @@ enum {
 };
 
 struct args {
-	const char *socket;     /* borrowed from argv; NULL: the library's default */
-	const char *pos[3];     /* positionals after the command, borrowed from argv */
+	const char *socket; /* borrowed from argv; NULL: the library's default */
+	const char *pos[3]; /* positionals after the command, borrowed from argv */
 	int npos;
-	unsigned seen;          /* OPT_* given */
-	uint32_t flags;         /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION | TENSORD_REPLACE */
+	unsigned seen;  /* OPT_* given */
+	uint32_t flags; /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION | TENSORD_REPLACE */
 	uint32_t mode;
-	int timeout_ms;         /* -1: forever */
+	int timeout_ms; /* -1: forever */
 };
 
 /*
@@ -101,8 +101,8 @@ void print_ls_table(const tensord_info *infos, size_t n);
  */
 #define TABLE_COLS_MAX 16
 typedef const char *table_cell_fn(const void *rows, size_t i, int col, char *buf, size_t len);
-void print_table(const char *const *titles, int ncol, unsigned right, const void *rows,
-		 size_t n, table_cell_fn *cell_of);
+void print_table(const char *const *titles, int ncol, unsigned right, const void *rows, size_t n,
+		 table_cell_fn *cell_of);
 
 /* Helpers the formats share. */
 const char *state_name(tensord_state s);

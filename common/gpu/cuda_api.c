@@ -55,7 +55,7 @@ enum { SYM_REQUIRED, SYM_VMM };
 
 static const struct td_cuda_sym {
 	const char *name;
-	const char *alt;        /* older name with the same prototype, or NULL */
+	const char *alt; /* older name with the same prototype, or NULL */
 	size_t offset;
 	int kind;
 } td_cuda_syms[] = {
@@ -128,7 +128,8 @@ int td_cuda_api_open(struct td_cuda_api *api, const char *soname, char *why, siz
 		if (!fn && s->alt)
 			fn = dlsym(api->lib, s->alt);
 		if (!fn && s->kind == SYM_REQUIRED) {
-			snprintf(why, why_len, "%s: no symbol %s (driver too old)", soname, s->name);
+			snprintf(why, why_len, "%s: no symbol %s (driver too old)", soname,
+				 s->name);
 			td_cuda_api_close(api);
 			return -ENODEV;
 		}

@@ -101,8 +101,8 @@ typedef struct CUmemAccessDesc_st {
  * NULL on drivers older than CUDA 10.2; everything else is required.
  */
 struct td_cuda_api {
-	void *lib;              /* dlopen handle; never closed once loaded */
-	int driver_version;     /* 12040 for CUDA 12.4 */
+	void *lib;          /* dlopen handle; never closed once loaded */
+	int driver_version; /* 12040 for CUDA 12.4 */
 
 	CUresult (*Init)(unsigned int flags);
 	CUresult (*DriverGetVersion)(int *version);

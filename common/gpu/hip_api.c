@@ -63,8 +63,7 @@ static const struct td_hip_sym {
 #undef SYM
 };
 
-int td_hip_api_open(struct td_hip_api *api, const char *const *sonames, char *why,
-		    size_t why_len)
+int td_hip_api_open(struct td_hip_api *api, const char *const *sonames, char *why, size_t why_len)
 {
 	memset(api, 0, sizeof(*api));
 	for (int i = 0; sonames[i] && !api->lib; i++) {
@@ -84,7 +83,8 @@ int td_hip_api_open(struct td_hip_api *api, const char *const *sonames, char *wh
 		void *fn = dlsym(api->lib, td_hip_syms[i].name);
 
 		if (!fn && !td_hip_syms[i].optional) {
-			snprintf(why, why_len, "%s: no symbol %s", api->libname, td_hip_syms[i].name);
+			snprintf(why, why_len, "%s: no symbol %s", api->libname,
+				 td_hip_syms[i].name);
 			td_hip_api_close(api);
 			return -ENODEV;
 		}

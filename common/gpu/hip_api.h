@@ -45,16 +45,16 @@ typedef struct hipIpcMemHandle_st {
 
 /* Entry points, named after the runtime's function without "hip". */
 struct td_hip_api {
-	void *lib;              /* dlopen handle; never closed once loaded */
-	const char *libname;    /* the name that loaded: "libamdhip64.so.5" */
-	int runtime_version;    /* 50221153 for HIP 5.2.21153; from the soname if the runtime says 0 */
+	void *lib;           /* dlopen handle; never closed once loaded */
+	const char *libname; /* the name that loaded: "libamdhip64.so.5" */
+	int runtime_version; /* 50221153 for HIP 5.2.21153; from the soname if the runtime says 0 */
 
 	hipError_t (*RuntimeGetVersion)(int *version);
 	const char *(*GetErrorName)(hipError_t err);
 	const char *(*GetErrorString)(hipError_t err);
 	hipError_t (*GetDeviceCount)(int *count);
 	hipError_t (*DeviceGet)(hipDevice_t *dev, int ordinal);
-	hipError_t (*DeviceGetUuid)(hipUUID *uuid, hipDevice_t dev);  /* may be NULL */
+	hipError_t (*DeviceGetUuid)(hipUUID *uuid, hipDevice_t dev); /* may be NULL */
 	hipError_t (*DeviceTotalMem)(size_t *bytes, hipDevice_t dev);
 	hipError_t (*SetDevice)(int ordinal);
 	hipError_t (*GetDevice)(int *ordinal);

@@ -65,12 +65,12 @@ typedef enum tensord_state {
 /* What to create. shape and strides are borrowed for the call only. */
 typedef struct tensord_spec {
 	DLDataType dtype;
-	int32_t ndim;              /* 0 .. TENSORD_NDIM_MAX */
-	const int64_t *shape;      /* ndim entries, each >= 0; NULL when ndim == 0 */
-	const int64_t *strides;    /* in elements; NULL: row-major compact */
-	DLDevice device;           /* {kDLCPU, 0}, {kDLCUDA, n}, {kDLROCM, n} */
-	uint32_t flags;            /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION | TENSORD_REPLACE */
-	uint32_t mode;             /* permission bits as for files; 0: 0600 */
+	int32_t ndim;           /* 0 .. TENSORD_NDIM_MAX */
+	const int64_t *shape;   /* ndim entries, each >= 0; NULL when ndim == 0 */
+	const int64_t *strides; /* in elements; NULL: row-major compact */
+	DLDevice device;        /* {kDLCPU, 0}, {kDLCUDA, n}, {kDLROCM, n} */
+	uint32_t flags; /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION | TENSORD_REPLACE */
+	uint32_t mode;  /* permission bits as for files; 0: 0600 */
 } tensord_spec;
 
 /* One tensor as the daemon describes it. */
@@ -84,21 +84,21 @@ typedef struct tensord_info {
 	uint64_t nbytes;      /* bytes the daemon allocated for it */
 	uint64_t byte_offset; /* always 0 today */
 	tensord_state state;
-	uint32_t refcount;    /* live leases */
+	uint32_t refcount; /* live leases */
 	uint32_t owner_uid;
 	uint32_t owner_gid;
 	uint32_t mode;
-	uint32_t flags;       /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION */
-	uint64_t created_ns;  /* CLOCK_REALTIME, nanoseconds */
-	uint64_t id;          /* unique for the daemon's life; never reused */
+	uint32_t flags;      /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION */
+	uint64_t created_ns; /* CLOCK_REALTIME, nanoseconds */
+	uint64_t id;         /* unique for the daemon's life; never reused */
 } tensord_info;
 
 #define TENSORD_STATS_DEVICES_MAX 16
 
 typedef struct tensord_device_stats {
 	DLDevice device;
-	char backend[16];   /* "host", "cuda", "hip" */
-	char path[16];      /* how memory is shared: "memfd", "cuda-vmm", "cuda-ipc", "hip-ipc" */
+	char backend[16]; /* "host", "cuda", "hip" */
+	char path[16];    /* how memory is shared: "memfd", "cuda-vmm", "cuda-ipc", "hip-ipc" */
 	uint64_t bytes_used;
 	uint64_t bytes_capacity;
 	uint32_t tensors;
@@ -112,9 +112,9 @@ typedef struct tensord_device_stats {
  * what fits and sets .size to the bytes it wrote.
  */
 typedef struct tensord_daemon_stats {
-	uint32_t size;      /* bytes filled by tensord_stats() */
+	uint32_t size; /* bytes filled by tensord_stats() */
 	uint32_t daemon_pid;
-	uint64_t tensors;   /* named tensors plus unlinked ones still leased */
+	uint64_t tensors; /* named tensors plus unlinked ones still leased */
 	uint64_t clients;
 	uint64_t leases;
 	uint64_t uptime_ns;
@@ -129,23 +129,24 @@ typedef struct tensord_daemon_stats {
 	uint64_t host_pool_misses; /* host creates of >= 1 MiB that found none ready */
 	uint32_t host_slabs;       /* slab memfds shared by small immutable tensors */
 	uint32_t reserved0;
-	uint64_t host_slab_bytes;  /* bytes in their live slots */
+	uint64_t host_slab_bytes; /* bytes in their live slots */
 } tensord_daemon_stats;
 
 /* What one uid holds in the daemon (see tensord_uid_usage()). */
 typedef struct tensord_uid_stats {
 	uint32_t uid;
-	uint32_t clients;	/* connections */
-	uint64_t tensors;	/* tensors it owns, named or still leased */
-	uint64_t fds;		/* of those, tensors with a descriptor of their own */
-	uint64_t bytes;		/* bytes of those tensors */
-	uint32_t waiters;	/* attaches waiting for a publish */
+	uint32_t clients;       /* connections */
+	uint64_t tensors;       /* tensors it owns, named or still leased */
+	uint64_t fds;           /* of those, tensors with a descriptor of their own */
+	uint64_t bytes;         /* bytes of those tensors */
+	uint32_t waiters;       /* attaches waiting for a publish */
 	uint32_t fds_in_flight; /* descriptors sent to it and not yet received */
 } tensord_uid_stats;
 
 /* The size of the first tensord_daemon_stats; tensord_stats() wants at least this. */
-#define TENSORD_STATS_SIZE_V1 (offsetof(tensord_daemon_stats, devices) + \
-			       TENSORD_STATS_DEVICES_MAX * sizeof(tensord_device_stats))
+#define TENSORD_STATS_SIZE_V1                                                                      \
+	(offsetof(tensord_daemon_stats, devices) +                                                 \
+	 TENSORD_STATS_DEVICES_MAX * sizeof(tensord_device_stats))
 
 /*
  * Connects to the daemon at socket_path, or, when it is NULL, at
@@ -263,22 +264,21 @@ TENSORD_API int tensord_list(tensord_client *client, const char *prefix, tensord
  * library writes at most that many bytes (see tensord_daemon_stats).
  * -EINVAL when size is below TENSORD_STATS_SIZE_V1.
  */
-TENSORD_API int tensord_stats(tensord_client *client, tensord_daemon_stats *ret_stats,
-			      size_t size);
+TENSORD_API int tensord_stats(tensord_client *client, tensord_daemon_stats *ret_stats, size_t size);
 
 /* One connection's leases on one tensor, as tensord_leases() lists them. */
 typedef struct tensord_lease_holder {
 	char name[TENSORD_NAME_MAX + 1];
 	uint64_t tensor_id;
-	tensord_state state;  /* an unlinked tensor is listed while it is leased */
-	uint32_t pid;         /* the holder, as the kernel told the daemon (SO_PEERCRED) */
+	tensord_state state; /* an unlinked tensor is listed while it is leased */
+	uint32_t pid;        /* the holder, as the kernel told the daemon (SO_PEERCRED) */
 	uint32_t uid;
 	uint32_t gid;
-	char comm[16];        /* its command name (/proc/PID/comm) when it connected; "" if unknown */
-	uint32_t count;       /* leases this connection holds on the tensor */
-	uint64_t conn_id;     /* the connection, as tensord_clients() lists it */
-	uint64_t since_ns;    /* CLOCK_REALTIME when the oldest of them began */
-	uint64_t held_ns;     /* how long that is ago */
+	char comm[16];     /* its command name (/proc/PID/comm) when it connected; "" if unknown */
+	uint32_t count;    /* leases this connection holds on the tensor */
+	uint64_t conn_id;  /* the connection, as tensord_clients() lists it */
+	uint64_t since_ns; /* CLOCK_REALTIME when the oldest of them began */
+	uint64_t held_ns;  /* how long that is ago */
 } tensord_lease_holder;
 
 /*
@@ -298,13 +298,13 @@ typedef struct tensord_client_info {
 	uint32_t pid;
 	uint32_t uid;
 	uint32_t gid;
-	char comm[16];            /* command name when it connected; "" if unknown */
-	char client[32];          /* what its library said when connecting ("libtensord") */
-	uint64_t connected_ns;    /* CLOCK_REALTIME */
+	char comm[16];         /* command name when it connected; "" if unknown */
+	char client[32];       /* what its library said when connecting ("libtensord") */
+	uint64_t connected_ns; /* CLOCK_REALTIME */
 	uint32_t leases;
-	uint32_t waiters;         /* attaches waiting for a publish */
+	uint32_t waiters; /* attaches waiting for a publish */
 	uint64_t tensors_created;
-	uint64_t bytes_queued;    /* replies its socket has not taken yet */
+	uint64_t bytes_queued; /* replies its socket has not taken yet */
 	uint64_t requests;
 } tensord_client_info;
 

@@ -21,10 +21,10 @@
 #include "proto/tensord.pb-c.h"
 
 /* Invariants the code promises; a broken one is a crash libFuzzer reports. */
-#define CHECK(cond)              \
-	do {                     \
-		if (!(cond))     \
-			abort(); \
+#define CHECK(cond)                                                                                \
+	do {                                                                                       \
+		if (!(cond))                                                                       \
+			abort();                                                                   \
 	} while (0)
 
 static void check_create(const Tensord__Create *m)
@@ -51,8 +51,8 @@ static void check_create(const Tensord__Create *m)
 		return;
 	if (m->n_strides && m->n_strides != m->n_shape)
 		return;
-	r = td_layout(dt, (int32_t)m->n_shape, m->shape, m->n_strides ? m->strides : NULL,
-			   strides, &nbytes, why, sizeof(why));
+	r = td_layout(dt, (int32_t)m->n_shape, m->shape, m->n_strides ? m->strides : NULL, strides,
+		      &nbytes, why, sizeof(why));
 	CHECK(r == 0 || r == -EINVAL || r == -EFBIG);
 	CHECK(r < 0 || nbytes <= TD_BYTES_MAX);
 }

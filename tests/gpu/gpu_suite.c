@@ -39,26 +39,26 @@ extern char **environ;
 
 static int failures;
 
-#define CHECK(cond, ...)                                                  \
-	do {                                                              \
-		if (!(cond)) {                                            \
-			printf("FAIL %s:%d: %s: ", __func__, __LINE__, #cond); \
-			printf(__VA_ARGS__);                              \
-			printf("\n");                                     \
-			failures++;                                       \
-			return;                                           \
-		}                                                         \
+#define CHECK(cond, ...)                                                                           \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			printf("FAIL %s:%d: %s: ", __func__, __LINE__, #cond);                     \
+			printf(__VA_ARGS__);                                                       \
+			printf("\n");                                                              \
+			failures++;                                                                \
+			return;                                                                    \
+		}                                                                                  \
 	} while (0)
 
-#define CU(call)                                                                  \
-	do {                                                                      \
-		CUresult r_ = (call);                                             \
-		if (r_ != CUDA_SUCCESS) {                                         \
-			const char *s_ = "?";                                     \
-			cuGetErrorName(r_, &s_);                                  \
-			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, s_); \
-			exit(3);                                                  \
-		}                                                                 \
+#define CU(call)                                                                                   \
+	do {                                                                                       \
+		CUresult r_ = (call);                                                              \
+		if (r_ != CUDA_SUCCESS) {                                                          \
+			const char *s_ = "?";                                                      \
+			cuGetErrorName(r_, &s_);                                                   \
+			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, s_);         \
+			exit(3);                                                                   \
+		}                                                                                  \
 	} while (0)
 
 static double now_us(void)
@@ -510,7 +510,11 @@ static int create(tensord_client *c, const char *name, DLDevice dev, int64_t n, 
 		  DLManagedTensorVersioned **t)
 {
 	tensord_spec spec = {
-		.dtype = { kDLUInt, 8, 1 }, .ndim = 1, .shape = &n, .device = dev, .flags = flags,
+		.dtype = { kDLUInt, 8, 1 },
+		.ndim = 1,
+		.shape = &n,
+		.device = dev,
+		.flags = flags,
 	};
 
 	return tensord_create(c, name, &spec, t);
@@ -526,7 +530,8 @@ static void test_stats_path(tensord_client *c)
 
 	CHECK(tensord_stats(c, &s, sizeof(s)) == 0, "%s", tensord_last_error());
 	for (i = 0; i < (int)s.n_devices; i++)
-		if (s.devices[i].device.device_type == kDLCUDA && s.devices[i].device.device_id == 0)
+		if (s.devices[i].device.device_type == kDLCUDA &&
+		    s.devices[i].device.device_id == 0)
 			break;
 	CHECK(i < (int)s.n_devices, "no cuda:0 in stats");
 	printf("info cuda:0 path %s\n", s.devices[i].path);
@@ -544,7 +549,8 @@ static void test_write_read(tensord_client *c, uint64_t base)
 	const char *ans;
 
 	CHECK(create(c, "gpu/basic", cuda0, (int64_t)n, 0, &a) == 0, "%s", tensord_last_error());
-	CHECK(a->dl_tensor.device.device_type == kDLCUDA, "device %d", a->dl_tensor.device.device_type);
+	CHECK(a->dl_tensor.device.device_type == kDLCUDA, "device %d",
+	      a->dl_tensor.device.device_type);
 	fill(a, n, 1);
 	CHECK(tensord_publish(c, "gpu/basic") == 0, "%s", tensord_last_error());
 	ans = ask(&r, "attach gpu/basic");
@@ -578,11 +584,13 @@ static void test_write_read(tensord_client *c, uint64_t base)
 
 static void test_kill9_holder(tensord_client *c, uint64_t base)
 {
-	struct child h = spawn_role((char *[]){ self_exe, "--hold", sock_path, "gpu/basic", "40", NULL });
+	struct child h =
+		spawn_role((char *[]){ self_exe, "--hold", sock_path, "gpu/basic", "40", NULL });
 	char line[64] = "";
 	tensord_info info;
 
-	CHECK(fgets(line, sizeof(line), h.out) && strncmp(line, "held", 4) == 0, "holder: %s", line);
+	CHECK(fgets(line, sizeof(line), h.out) && strncmp(line, "held", 4) == 0, "holder: %s",
+	      line);
 	CHECK(leases(c) == base + 40, "leases %llu", (unsigned long long)leases(c));
 	CHECK(tensord_stat(c, "gpu/basic", &info) == 0 && info.refcount == 40, "refcount %u",
 	      info.refcount);
@@ -598,7 +606,8 @@ static void test_death_mid_import(tensord_client *c, uint64_t base)
 {
 	srand(12345);
 	for (int i = 0; i < 25; i++) {
-		struct child ch = spawn_role((char *[]){ self_exe, "--churn", sock_path, "gpu/basic", NULL });
+		struct child ch =
+			spawn_role((char *[]){ self_exe, "--churn", sock_path, "gpu/basic", NULL });
 		char line[64];
 
 		CHECK(fgets(line, sizeof(line), ch.out), "churn child did not start");
@@ -800,8 +809,8 @@ static void bench_one(tensord_client *c, const char *name, DLDevice dev, int64_t
 	if (!fgets(line, sizeof(line), b.out))
 		snprintf(line, sizeof(line), "failed\n");
 	finish(&b, false);
-	printf("bench %-5s %8lld bytes  cold/warm median us: %s", dev.device_type == kDLCPU ? "cpu" : "cuda:0",
-	       (long long)n, line);
+	printf("bench %-5s %8lld bytes  cold/warm median us: %s",
+	       dev.device_type == kDLCPU ? "cpu" : "cuda:0", (long long)n, line);
 	tensord_unlink(c, name);
 }
 
@@ -819,7 +828,8 @@ static int run_daemon(const char *tensord_bin, pid_t *ret_pid)
 	posix_spawn_file_actions_adddup2(&fa, p[1], 3);
 	if (posix_spawn(ret_pid, tensord_bin, &fa, NULL,
 			(char *[]){ (char *)tensord_bin, "--socket", sock_path, "--ready-fd", "3",
-				    "--log-level", "info", NULL }, environ) != 0)
+				    "--log-level", "info", NULL },
+			environ) != 0)
 		return -1;
 	close(p[1]);
 	if (read(p[0], &ok, 1) != 1 || ok != 'R')

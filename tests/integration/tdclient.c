@@ -288,7 +288,7 @@ static void do_exit(int argc, char **argv)
 
 static const struct {
 	const char *name;
-	int min_argc;  /* the command word included */
+	int min_argc; /* the command word included */
 	void (*run)(int argc, char **argv);
 } commands[] = {
 	{ "connect", 1, do_connect }, { "create", 4, do_create },

@@ -25,16 +25,15 @@ static PyObject *dims(const int64_t *v, int n)
 static PyObject *describe(const DLTensor *dl, int versioned, unsigned major, unsigned minor,
 			  uint64_t flags)
 {
-	return Py_BuildValue("{s:i,s:I,s:I,s:K,s:K,s:i,s:i,s:i,s:(iii),s:N,s:N,s:K}",
-			     "versioned", versioned, "major", major, "minor", minor, "flags",
-			     (unsigned long long)flags, "data",
-			     (unsigned long long)(uintptr_t)dl->data, "device_type",
-			     (int)dl->device.device_type, "device_id", dl->device.device_id,
-			     "ndim", dl->ndim, "dtype", dl->dtype.code, dl->dtype.bits,
-			     dl->dtype.lanes, "shape",
-			     dl->shape ? dims(dl->shape, dl->ndim) : Py_NewRef(Py_None), "strides",
-			     dl->strides ? dims(dl->strides, dl->ndim) : Py_NewRef(Py_None),
-			     "byte_offset", (unsigned long long)dl->byte_offset);
+	return Py_BuildValue(
+		"{s:i,s:I,s:I,s:K,s:K,s:i,s:i,s:i,s:(iii),s:N,s:N,s:K}", "versioned", versioned,
+		"major", major, "minor", minor, "flags", (unsigned long long)flags, "data",
+		(unsigned long long)(uintptr_t)dl->data, "device_type", (int)dl->device.device_type,
+		"device_id", dl->device.device_id, "ndim", dl->ndim, "dtype", dl->dtype.code,
+		dl->dtype.bits, dl->dtype.lanes, "shape",
+		dl->shape ? dims(dl->shape, dl->ndim) : Py_NewRef(Py_None), "strides",
+		dl->strides ? dims(dl->strides, dl->ndim) : Py_NewRef(Py_None), "byte_offset",
+		(unsigned long long)dl->byte_offset);
 }
 
 /* inspect(capsule) -> dict: the DLPack fields of an unused capsule. */
@@ -83,7 +82,7 @@ static void *run_deleter(void *arg)
  */
 static PyObject *consume_in_thread(PyObject *self, PyObject *cap)
 {
-	struct job j = {0};
+	struct job j = { 0 };
 	pthread_t th;
 	int rc;
 
@@ -98,19 +97,18 @@ static PyObject *consume_in_thread(PyObject *self, PyObject *cap)
 		PyErr_SetString(PyExc_ValueError, "not an unused DLPack capsule");
 		return NULL;
 	}
-	Py_BEGIN_ALLOW_THREADS
-	rc = pthread_create(&th, NULL, run_deleter, &j);
+	Py_BEGIN_ALLOW_THREADS rc = pthread_create(&th, NULL, run_deleter, &j);
 	if (rc == 0)
 		pthread_join(th, NULL);
-	Py_END_ALLOW_THREADS
-	if (rc != 0)
-		return PyErr_Format(PyExc_OSError, "pthread_create: %d", rc);
+	Py_END_ALLOW_THREADS if (rc != 0) return PyErr_Format(PyExc_OSError, "pthread_create: %d",
+							      rc);
 	Py_RETURN_NONE;
 }
 
 static const DLPackExchangeAPI *get_api(PyObject *obj)
 {
-	PyObject *cap = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__dlpack_c_exchange_api__");
+	PyObject *cap =
+		PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__dlpack_c_exchange_api__");
 	PyObject *legacy;
 	const DLPackExchangeAPI *api;
 
@@ -222,9 +220,9 @@ static PyObject *exchange_alloc(PyObject *self, PyObject *args)
 	int device_type;
 	const DLPackExchangeAPI *api;
 	int64_t shape[8];
-	DLTensor proto = {0};
+	DLTensor proto = { 0 };
 	DLManagedTensorVersioned *mt = NULL;
-	struct seterr err = {0};
+	struct seterr err = { 0 };
 	void *out = NULL;
 	Py_ssize_t n;
 
@@ -236,9 +234,9 @@ static PyObject *exchange_alloc(PyObject *self, PyObject *args)
 		return PyErr_Format(PyExc_ValueError, "at most 8 dimensions");
 	for (Py_ssize_t i = 0; i < n; i++)
 		shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape_o, i));
-	proto.device = (DLDevice){(DLDeviceType)device_type, 0};
+	proto.device = (DLDevice){ (DLDeviceType)device_type, 0 };
 	proto.ndim = (int32_t)n;
-	proto.dtype = (DLDataType){kDLFloat, 32, 1};
+	proto.dtype = (DLDataType){ kDLFloat, 32, 1 };
 	proto.shape = n ? shape : NULL;
 	if (api->managed_tensor_allocator(&proto, &mt, &err, set_error) != 0)
 		return Py_BuildValue("(ssi)", err.kind, err.message, err.calls);
@@ -253,15 +251,15 @@ static PyObject *exchange_alloc(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
-	{"inspect", inspect, METH_O, NULL},
-	{"consume_in_thread", consume_in_thread, METH_O, NULL},
-	{"exchange_roundtrip", exchange_roundtrip, METH_O, NULL},
-	{"exchange_from_py", exchange_from_py, METH_VARARGS, NULL},
-	{"exchange_alloc", exchange_alloc, METH_VARARGS, NULL},
-	{NULL},
+	{ "inspect", inspect, METH_O, NULL },
+	{ "consume_in_thread", consume_in_thread, METH_O, NULL },
+	{ "exchange_roundtrip", exchange_roundtrip, METH_O, NULL },
+	{ "exchange_from_py", exchange_from_py, METH_VARARGS, NULL },
+	{ "exchange_alloc", exchange_alloc, METH_VARARGS, NULL },
+	{ NULL },
 };
 
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_tdtest", NULL, -1, methods};
+static struct PyModuleDef moddef = { PyModuleDef_HEAD_INIT, "_tdtest", NULL, -1, methods };
 
 PyMODINIT_FUNC PyInit__tdtest(void)
 {

@@ -27,8 +27,8 @@
 
 struct fake_call {
 	const char *fn; /* the driver's name for it: "cuMemSetAccess" */
-	uint64_t a[4];	/* its arguments, as integers (see each fake) */
-	pthread_t tid;	/* the thread that made the call */
+	uint64_t a[4];  /* its arguments, as integers (see each fake) */
+	pthread_t tid;  /* the thread that made the call */
 };
 
 static struct fake_call fake_log[FAKE_MAX_CALLS];
@@ -36,8 +36,8 @@ static int fake_n;
 static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER; /* calls come from two threads */
 static int fake_ndev = 2;
 static uint8_t fake_uuid[4][16];
-static CUresult fake_set_access_ro_rc;	    /* what cuMemSetAccess(PROT_READ) answers */
-static int fake_hip_cur;		    /* the HIP thread's current device */
+static CUresult fake_set_access_ro_rc;      /* what cuMemSetAccess(PROT_READ) answers */
+static int fake_hip_cur;                    /* the HIP thread's current device */
 static void (*fake_on_close)(uint64_t ptr); /* called by the IPC close fakes */
 
 static void fake_rec(const char *fn, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3)

@@ -71,7 +71,8 @@ static void test_cuda_init_without_driver(void **state)
 	rc = backend_cuda.init(why, sizeof(why));
 	if (have_libcuda()) {
 		print_message("      skipped: %s loads here; init returned %d (%s); "
-			      "tests/gpu/run.sh covers the driver\n", TD_CUDA_LIBNAME, rc, why);
+			      "tests/gpu/run.sh covers the driver\n",
+			      TD_CUDA_LIBNAME, rc, why);
 		assert_true(rc == 0 || rc == -ENODEV);
 		backend_cuda.fini();
 		skip();
@@ -100,8 +101,7 @@ static void test_hip_init_without_device(void **state)
 	check_backend_without_devices(&backend_hip);
 }
 
-static void check_ops_complete(const struct backend_ops *ops, const char *name,
-			       int device_type)
+static void check_ops_complete(const struct backend_ops *ops, const char *name, int device_type)
 {
 	assert_string_equal(ops->name, name);
 	assert_int_equal(ops->device_type, device_type);
@@ -237,8 +237,8 @@ static void test_cuda_vmm_alloc_and_context(void **state)
 static void test_cuda_ipc_alloc(void **state)
 {
 	static const char *const alloc_calls[] = {
-		"cuDevicePrimaryCtxRetain", "cuMemAlloc",	 "cuMemsetD8",
-		"cuCtxSynchronize",	    "cuIpcGetMemHandle", NULL,
+		"cuDevicePrimaryCtxRetain", "cuMemAlloc",        "cuMemsetD8",
+		"cuCtxSynchronize",         "cuIpcGetMemHandle", NULL,
 	};
 	struct backend_alloc a = { .ops = &backend_cuda };
 	char why[160];
@@ -283,7 +283,7 @@ static void test_zero_size_allocs(void **state)
 static void test_hip_alloc(void **state)
 {
 	static const char *const alloc_calls[] = {
-		"hipSetDevice",		"hipMalloc",	      "hipMemset",
+		"hipSetDevice",         "hipMalloc",          "hipMemset",
 		"hipDeviceSynchronize", "hipIpcGetMemHandle", NULL,
 	};
 	struct backend_alloc a = { .ops = &backend_hip };

@@ -417,7 +417,7 @@ static void test_hip_sync_and_copy_in(void **state)
 	int i;
 
 	fake_hip_cur = 0; /* the application's device */
-	map_hip(&m, 0);	  /* the daemon's rocm:0 is our rocm:1 */
+	map_hip(&m, 0);   /* the daemon's rocm:0 is our rocm:1 */
 	assert_int_equal(m.device.device_id, 1);
 	i = fake_find("hipIpcOpenMemHandle", 0);
 	assert_int_equal(fake_log[i].a[2], 1); /* opened on our device 1 */

@@ -40,9 +40,11 @@ static void test_names(void **state)
 
 static void test_dtype_names(void **state)
 {
-	static const char *names[] = { "bool",    "int8",     "int16",   "int32",     "int64",
-				       "uint8",   "uint16",   "uint32",  "uint64",    "float16",
-				       "bfloat16", "float32", "float64", "complex64", "complex128" };
+	static const char *names[] = {
+		"bool",     "int8",    "int16",   "int32",     "int64",
+		"uint8",    "uint16",  "uint32",  "uint64",    "float16",
+		"bfloat16", "float32", "float64", "complex64", "complex128"
+	};
 	char buf[32];
 	DLDataType dt;
 
@@ -53,8 +55,9 @@ static void test_dtype_names(void **state)
 	assert_int_equal(tensord_dtype_parse("bfloat16", &dt), 0);
 	assert_int_equal(dt.code, kDLBfloat);
 	assert_int_equal(tensord_dtype_parse("float128", &dt), -EINVAL);
-	assert_string_equal(tensord_dtype_name((DLDataType){ kDLFloat8_e4m3fn, 8, 1 }, buf, sizeof(buf)),
-			    "dtype(10,8,1)");
+	assert_string_equal(
+		tensord_dtype_name((DLDataType){ kDLFloat8_e4m3fn, 8, 1 }, buf, sizeof(buf)),
+		"dtype(10,8,1)");
 }
 
 static void test_devices(void **state)
@@ -95,8 +98,8 @@ static void test_layout_compact(void **state)
 	assert_int_equal(nbytes, 0);
 	/* Packed sub-byte: 5 four-bit values need 3 bytes. */
 	int64_t five = 5;
-	assert_int_equal(td_layout((DLDataType){ kDLFloat4_e2m1fn, 4, 1 }, 1, &five, NULL,
-					strides, &nbytes, why, sizeof(why)),
+	assert_int_equal(td_layout((DLDataType){ kDLFloat4_e2m1fn, 4, 1 }, 1, &five, NULL, strides,
+				   &nbytes, why, sizeof(why)),
 			 0);
 	assert_int_equal(nbytes, 3);
 }
@@ -143,21 +146,20 @@ static void test_layout_refusals(void **state)
 	/* Byte count overflows: 2^62 elements of 8 bytes. */
 	shape[0] = INT64_C(1) << 62;
 	assert_int_equal(td_layout((DLDataType){ kDLFloat, 64, 1 }, 1, shape, NULL, strides,
-					&nbytes, why, sizeof(why)),
+				   &nbytes, why, sizeof(why)),
 			 -EFBIG);
 	/* Strides that would reach past 2^64. */
 	int64_t sh2[2] = { 3, 3 }, st2[2] = { INT64_MAX, 1 };
-	assert_int_equal(td_layout(u8, 2, sh2, st2, strides, &nbytes, why, sizeof(why)),
-			 -EINVAL);
+	assert_int_equal(td_layout(u8, 2, sh2, st2, strides, &nbytes, why, sizeof(why)), -EINVAL);
 	/* dtype checks. */
-	assert_int_equal(td_layout((DLDataType){ 99, 8, 1 }, 0, NULL, NULL, strides, &nbytes,
-					why, sizeof(why)),
+	assert_int_equal(td_layout((DLDataType){ 99, 8, 1 }, 0, NULL, NULL, strides, &nbytes, why,
+				   sizeof(why)),
 			 -EINVAL);
-	assert_int_equal(td_layout((DLDataType){ kDLFloat, 0, 1 }, 0, NULL, NULL, strides,
-					&nbytes, why, sizeof(why)),
+	assert_int_equal(td_layout((DLDataType){ kDLFloat, 0, 1 }, 0, NULL, NULL, strides, &nbytes,
+				   why, sizeof(why)),
 			 -EINVAL);
-	assert_int_equal(td_layout((DLDataType){ kDLBool, 1, 1 }, 0, NULL, NULL, strides,
-					&nbytes, why, sizeof(why)),
+	assert_int_equal(td_layout((DLDataType){ kDLBool, 1, 1 }, 0, NULL, NULL, strides, &nbytes,
+				   why, sizeof(why)),
 			 -EINVAL);
 }
 

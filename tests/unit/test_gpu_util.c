@@ -54,21 +54,21 @@ static void test_uuid_find(void **state)
 		memset(have[i], 0x10 * (i + 1), TD_GPU_UUID_LEN);
 	/* CUDA_VISIBLE_DEVICES=2,0,1 here: the daemon's GPU 1 is our ordinal 1 only by UUID. */
 	memcpy(want, have[1], sizeof(want));
-	assert_int_equal(td_gpu_uuid_find(want, sizeof(want), (const uint8_t (*)[16])have, 3), 1);
+	assert_int_equal(td_gpu_uuid_find(want, sizeof(want), (const uint8_t(*)[16])have, 3), 1);
 	memcpy(want, have[2], sizeof(want));
-	assert_int_equal(td_gpu_uuid_find(want, sizeof(want), (const uint8_t (*)[16])have, 3), 2);
+	assert_int_equal(td_gpu_uuid_find(want, sizeof(want), (const uint8_t(*)[16])have, 3), 2);
 	/* A UUID that differs in the last byte only is a different GPU. */
 	want[15] ^= 1;
-	assert_int_equal(td_gpu_uuid_find(want, sizeof(want), (const uint8_t (*)[16])have, 3),
+	assert_int_equal(td_gpu_uuid_find(want, sizeof(want), (const uint8_t(*)[16])have, 3),
 			 -ENODEV);
-	assert_int_equal(td_gpu_uuid_find(want, sizeof(want), (const uint8_t (*)[16])have, 0),
+	assert_int_equal(td_gpu_uuid_find(want, sizeof(want), (const uint8_t(*)[16])have, 0),
 			 -ENODEV);
-	assert_int_equal(td_gpu_uuid_find(want, 15, (const uint8_t (*)[16])have, 3), -EINVAL);
-	assert_int_equal(td_gpu_uuid_find(NULL, 16, (const uint8_t (*)[16])have, 3), -EINVAL);
+	assert_int_equal(td_gpu_uuid_find(want, 15, (const uint8_t(*)[16])have, 3), -EINVAL);
+	assert_int_equal(td_gpu_uuid_find(NULL, 16, (const uint8_t(*)[16])have, 3), -EINVAL);
 	/* Two devices with one UUID (blank UUIDs): refuse to guess. */
 	memcpy(have[2], have[0], TD_GPU_UUID_LEN);
 	memcpy(want, have[0], sizeof(want));
-	assert_int_equal(td_gpu_uuid_find(want, sizeof(want), (const uint8_t (*)[16])have, 3),
+	assert_int_equal(td_gpu_uuid_find(want, sizeof(want), (const uint8_t(*)[16])have, 3),
 			 -ENOTUNIQ);
 }
 
@@ -138,12 +138,9 @@ static void test_loaders_missing_library(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_round_up),
-		cmocka_unit_test(test_uuid_find),
-		cmocka_unit_test(test_uuid_format),
-		cmocka_unit_test(test_error_mapping),
-		cmocka_unit_test(test_hip_ipc_flag),
-		cmocka_unit_test(test_loaders_missing_library),
+		cmocka_unit_test(test_round_up),     cmocka_unit_test(test_uuid_find),
+		cmocka_unit_test(test_uuid_format),  cmocka_unit_test(test_error_mapping),
+		cmocka_unit_test(test_hip_ipc_flag), cmocka_unit_test(test_loaders_missing_library),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

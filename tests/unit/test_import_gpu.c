@@ -81,7 +81,6 @@ static void test_import_without_driver(void **state)
 	d.handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC;
 	assert_int_equal(td_importer_cuda_ipc.map(&m, p[1], &d), -ENODEV);
 	assert_int_equal(fcntl(p[1], F_GETFD), -1);
-
 }
 
 static void test_import_hip_without_device(void **state)

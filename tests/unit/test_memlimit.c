@@ -74,8 +74,8 @@ static void test_no_limit(void **state)
 	assert_int_equal(memlimit_cgroup(root), UINT64_MAX);
 	/* The real system answers something, and never more than physical memory. */
 	assert_true(memlimit_bytes() > 0);
-	assert_true(memlimit_bytes() <= (uint64_t)sysconf(_SC_PHYS_PAGES) *
-						 (uint64_t)sysconf(_SC_PAGESIZE));
+	assert_true(memlimit_bytes() <=
+		    (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE));
 }
 
 int main(void)

@@ -63,8 +63,10 @@ static void test_versions(void **state)
 	uint8_t v;
 
 	for (v = 1; v <= 3; v++) {
-		assert_int_equal(parse_text(v, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }",
-					    &h, err), 0);
+		assert_int_equal(
+			parse_text(v, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }",
+				   &h, err),
+			0);
 		assert_int_equal(h.version_major, v);
 		assert_int_equal(h.dtype.code, kDLFloat);
 		assert_int_equal(h.dtype.bits, 32);
@@ -78,8 +80,10 @@ static void test_versions(void **state)
 		assert_false(h.fortran_order);
 	}
 	/* Keys in another order, double quotes, Python 2 longs, no trailing comma. */
-	assert_int_equal(parse_text(2, "{\"shape\": (5L,), \"fortran_order\": True, \"descr\": \"<i8\"}",
-				    &h, err), 0);
+	assert_int_equal(
+		parse_text(2, "{\"shape\": (5L,), \"fortran_order\": True, \"descr\": \"<i8\"}", &h,
+			   err),
+		0);
 	assert_int_equal(h.ndim, 1);
 	assert_int_equal(h.shape[0], 5);
 	assert_true(h.fortran_order);
@@ -92,12 +96,12 @@ static void test_dtypes(void **state)
 		const char *descr;
 		uint8_t code, bits;
 	} cases[] = {
-		{ "|b1", kDLBool, 8 },     { "bool", kDLBool, 8 },   { "|i1", kDLInt, 8 },
-		{ "<i1", kDLInt, 8 },      { ">i1", kDLInt, 8 },     { "<i2", kDLInt, 16 },
-		{ "<i4", kDLInt, 32 },     { "<i8", kDLInt, 64 },    { "|u1", kDLUInt, 8 },
-		{ "<u2", kDLUInt, 16 },    { "<u4", kDLUInt, 32 },   { "<u8", kDLUInt, 64 },
-		{ "<f2", kDLFloat, 16 },   { "<f4", kDLFloat, 32 },  { "<f8", kDLFloat, 64 },
-		{ "<c8", kDLComplex, 64 }, { "<c16", kDLComplex, 128 }, { "=f4", kDLFloat, 32 },
+		{ "|b1", kDLBool, 8 },       { "bool", kDLBool, 8 },      { "|i1", kDLInt, 8 },
+		{ "<i1", kDLInt, 8 },        { ">i1", kDLInt, 8 },        { "<i2", kDLInt, 16 },
+		{ "<i4", kDLInt, 32 },       { "<i8", kDLInt, 64 },       { "|u1", kDLUInt, 8 },
+		{ "<u2", kDLUInt, 16 },      { "<u4", kDLUInt, 32 },      { "<u8", kDLUInt, 64 },
+		{ "<f2", kDLFloat, 16 },     { "<f4", kDLFloat, 32 },     { "<f8", kDLFloat, 64 },
+		{ "<c8", kDLComplex, 64 },   { "<c16", kDLComplex, 128 }, { "=f4", kDLFloat, 32 },
 		{ "float64", kDLFloat, 64 }, { "|?", kDLBool, 8 },
 	};
 	char text[128], err[256], back[16];
@@ -105,14 +109,16 @@ static void test_dtypes(void **state)
 	size_t i;
 
 	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		snprintf(text, sizeof(text), "{'descr': '%s', 'fortran_order': False, 'shape': (2,), }",
+		snprintf(text, sizeof(text),
+			 "{'descr': '%s', 'fortran_order': False, 'shape': (2,), }",
 			 cases[i].descr);
 		assert_int_equal(parse_text(1, text, &h, err), 0);
 		assert_int_equal(h.dtype.code, cases[i].code);
 		assert_int_equal(h.dtype.bits, cases[i].bits);
 		assert_int_equal(h.data_bytes, 2 * cases[i].bits / 8);
 		/* And back: the canonical spelling numpy itself writes. */
-		assert_int_equal(npy_descr_format(h.dtype, back, sizeof(back), err, sizeof(err)), 0);
+		assert_int_equal(npy_descr_format(h.dtype, back, sizeof(back), err, sizeof(err)),
+				 0);
 		assert_int_equal(npy_descr_parse(back, &h.dtype, err, sizeof(err)), 0);
 		assert_int_equal(h.dtype.bits, cases[i].bits);
 		if (cases[i].bits == 8)
@@ -128,8 +134,10 @@ static void test_fortran(void **state)
 	struct npy_header h;
 	char err[256];
 
-	assert_int_equal(parse_text(1, "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3, 4), }",
-				    &h, err), 0);
+	assert_int_equal(parse_text(1,
+				    "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3, 4), }",
+				    &h, err),
+			 0);
 	assert_true(h.fortran_order);
 	npy_header_strides(&h, strides);
 	assert_int_equal(strides[0], 1);
@@ -147,14 +155,17 @@ static void test_zero_d_and_zero_size(void **state)
 	struct npy_header h;
 	char err[256];
 
-	assert_int_equal(parse_text(1, "{'descr': '<i4', 'fortran_order': False, 'shape': (), }", &h,
-				    err), 0);
+	assert_int_equal(
+		parse_text(1, "{'descr': '<i4', 'fortran_order': False, 'shape': (), }", &h, err),
+		0);
 	assert_int_equal(h.ndim, 0);
 	assert_int_equal(h.count, 1);
 	assert_int_equal(h.data_bytes, 4);
 
-	assert_int_equal(parse_text(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 3), }",
-				    &h, err), 0);
+	assert_int_equal(parse_text(1,
+				    "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 3), }",
+				    &h, err),
+			 0);
 	assert_int_equal(h.ndim, 2);
 	assert_int_equal(h.count, 0);
 	assert_int_equal(h.data_bytes, 0);
@@ -168,26 +179,35 @@ static void test_refusals(void **state)
 		int rc;
 		const char *says;
 	} cases[] = {
-		{ "{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", -ENOTSUP, "big-endian" },
-		{ "{'descr': '>c16', 'fortran_order': False, 'shape': (2,), }", -ENOTSUP, "big-endian" },
+		{ "{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", -ENOTSUP,
+		  "big-endian" },
+		{ "{'descr': '>c16', 'fortran_order': False, 'shape': (2,), }", -ENOTSUP,
+		  "big-endian" },
 		{ "{'descr': '|O', 'fortran_order': False, 'shape': (2,), }", -ENOTSUP, "pickled" },
-		{ "{'descr': '|S10', 'fortran_order': False, 'shape': (2,), }", -ENOTSUP, "string" },
+		{ "{'descr': '|S10', 'fortran_order': False, 'shape': (2,), }", -ENOTSUP,
+		  "string" },
 		{ "{'descr': '<U5', 'fortran_order': False, 'shape': (2,), }", -ENOTSUP, "string" },
 		{ "{'descr': '|V8', 'fortran_order': False, 'shape': (2,), }", -ENOTSUP, "void" },
-		{ "{'descr': '<M8[ns]', 'fortran_order': False, 'shape': (2,), }", -ENOTSUP, "datetime" },
-		{ "{'descr': '<f16', 'fortran_order': False, 'shape': (2,), }", -ENOTSUP, "long double" },
+		{ "{'descr': '<M8[ns]', 'fortran_order': False, 'shape': (2,), }", -ENOTSUP,
+		  "datetime" },
+		{ "{'descr': '<f16', 'fortran_order': False, 'shape': (2,), }", -ENOTSUP,
+		  "long double" },
 		{ "{'descr': '<x4', 'fortran_order': False, 'shape': (2,), }", -ENOTSUP, "'<x4'" },
-		{ "{'descr': [('a', '<f4'), ('b', '<i4')], 'fortran_order': False, 'shape': (2,), }",
+		{ "{'descr': [('a', '<f4'), ('b', '<i4')], 'fortran_order': False, 'shape': (2,), "
+		  "}",
 		  -ENOTSUP, "structured" },
 		{ "{'descr': '<f4', 'fortran_order': False, }", -EINVAL, "missing key 'shape'" },
-		{ "{'descr': '<f4', 'fortran_order': 0, 'shape': (2,), }", -EINVAL, "fortran_order" },
+		{ "{'descr': '<f4', 'fortran_order': 0, 'shape': (2,), }", -EINVAL,
+		  "fortran_order" },
 		{ "{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }", -EINVAL, "shape" },
 		{ "{'descr': '<f4', 'fortran_order': False, 'shape': [2], }", -EINVAL, "tuple" },
 		{ "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}", -EINVAL,
 		  "unexpected key 'x'" },
-		{ "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), } junk", -EINVAL, "after" },
+		{ "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), } junk", -EINVAL,
+		  "after" },
 		{ "['descr']", -EINVAL, "dict" },
-		{ "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 4294967296), }",
+		{ "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, "
+		  "4294967296), }",
 		  -EINVAL, "overflow" },
 	};
 	struct npy_header h;
@@ -284,12 +304,15 @@ static void test_format_header(void **state)
 
 	/* bfloat16 and float8 have no numpy dtype. */
 	assert_int_equal(npy_format_header((DLDataType){ kDLBfloat, 16, 1 }, 1, &one, false, buf,
-					   sizeof(buf), err, sizeof(err)), -ENOTSUP);
+					   sizeof(buf), err, sizeof(err)),
+			 -ENOTSUP);
 	assert_non_null(strstr(err, "bfloat16"));
 	assert_int_equal(npy_format_header((DLDataType){ kDLFloat8_e4m3fn, 8, 1 }, 1, &one, false,
-					   buf, sizeof(buf), err, sizeof(err)), -ENOTSUP);
+					   buf, sizeof(buf), err, sizeof(err)),
+			 -ENOTSUP);
 	assert_int_equal(npy_format_header((DLDataType){ kDLFloat, 32, 4 }, 1, &one, false, buf,
-					   sizeof(buf), err, sizeof(err)), -ENOTSUP);
+					   sizeof(buf), err, sizeof(err)),
+			 -ENOTSUP);
 }
 
 /* Writes t to a tmpfile, maps it back; the caller checks and unmaps m. */
@@ -333,9 +356,10 @@ static void test_round_trip_contiguous(void **state)
 
 static void test_round_trip_strided(void **state)
 {
-	int64_t tshape[2] = { 4, 3 }, tstrides[2] = { 1, 4 };      /* a transposed 3x4 */
-	int64_t rshape[1] = { 5 }, rstrides[1] = { -2 };           /* every other, reversed */
-	int64_t bshape[3] = { 2, 1, 2 }, bstrides[3] = { 0, 7, 1 }; /* broadcast row, odd unit stride */
+	int64_t tshape[2] = { 4, 3 }, tstrides[2] = { 1, 4 }; /* a transposed 3x4 */
+	int64_t rshape[1] = { 5 }, rstrides[1] = { -2 };      /* every other, reversed */
+	int64_t bshape[3] = { 2, 1, 2 },
+		bstrides[3] = { 0, 7, 1 }; /* broadcast row, odd unit stride */
 	int32_t a[12], out[12];
 	struct npy_map m;
 	DLTensor t = { 0 };

@@ -46,7 +46,8 @@ static void test_order(void **state)
 		assert_int_equal(c.n, 1);
 		assert_string_equal(c.path[0], TD_SYSTEM_SOCKET);
 	} else {
-		snprintf(want, sizeof(want), "%s/tensord-%u/tensord.sock", base, (unsigned)geteuid());
+		snprintf(want, sizeof(want), "%s/tensord-%u/tensord.sock", base,
+			 (unsigned)geteuid());
 		assert_int_equal(c.n, 2);
 		assert_string_equal(c.path[0], want);
 		assert_string_equal(c.path[1], TD_SYSTEM_SOCKET);

@@ -222,7 +222,7 @@ static void test_idle_classes_are_forgotten(void **state)
 }
 
 static enum pool_pages pages_small = POOL_PAGES_SMALL, pages_advise = POOL_PAGES_ADVISE,
-		      pages_huge = POOL_PAGES_HUGE;
+		       pages_huge = POOL_PAGES_HUGE;
 
 int main(void)
 {

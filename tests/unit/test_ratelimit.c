@@ -68,7 +68,8 @@ static void test_per_connection_burst_then_summary_at_close(void **state)
 	assert_int_equal(try_n(3, LOG_KIND_BAD_FRAME, &a, &pa, t), 3);
 	ratelimit_flush(&a, &pa, t);
 	assert_int_equal(lines("conn 7: pid 70 uid 1000: suppressed 9995 lines of kind "
-			       "'release of an unknown lease'"), 1);
+			       "'release of an unknown lease'"),
+			 1);
 	assert_int_equal(lines(NULL), RATELIMIT_CONN_BURST + 3 + 1);
 }
 
@@ -106,9 +107,11 @@ static void test_many_connections_share_one_limit(void **state)
 	assert_int_equal(try_n(500, LOG_KIND_REFUSED_ACCEPT, NULL, NULL, t), RATELIMIT_ALL_BURST);
 	ratelimit_flush_all();
 	assert_int_equal(lines("suppressed 5950 lines of kind 'request before hello' from all "
-			       "clients"), 1);
+			       "clients"),
+			 1);
 	assert_int_equal(lines("suppressed 450 lines of kind 'refused connection' from all "
-			       "clients"), 1);
+			       "clients"),
+			 1);
 	assert_int_equal(lines(NULL), 2 * RATELIMIT_ALL_BURST + 2);
 }
 

@@ -52,8 +52,14 @@ static int create(struct registry *reg, struct reg_client *rc, const char *name,
 		  uint32_t flags, uint32_t mode, struct tensor **t, uint64_t *lease)
 {
 	struct create_args a = {
-		.name = name, .name_len = strlen(name), .dtype = { kDLUInt, 8, 1 }, .ndim = 1,
-		.shape = &n, .device = { kDLCPU, 0 }, .flags = flags, .mode = mode,
+		.name = name,
+		.name_len = strlen(name),
+		.dtype = { kDLUInt, 8, 1 },
+		.ndim = 1,
+		.shape = &n,
+		.device = { kDLCPU, 0 },
+		.flags = flags,
+		.mode = mode,
 	};
 
 	return registry_create(reg, rc, &a, t, lease, why, sizeof(why));
@@ -165,8 +171,12 @@ static void test_replace(void **state)
 	struct tensor *old, *t, *t2;
 	uint64_t la, lb, l2;
 	bool w;
-	struct create_args r = { .name = "r", .name_len = 1, .dtype = { kDLUInt, 8, 1 },
-				 .ndim = 1, .device = { kDLCPU, 0 }, .replace = true };
+	struct create_args r = { .name = "r",
+				 .name_len = 1,
+				 .dtype = { kDLUInt, 8, 1 },
+				 .ndim = 1,
+				 .device = { kDLCPU, 0 },
+				 .replace = true };
 	int64_t n = 8192, huge = 2 << 20;
 
 	registry_client_init(&a, 1, 1000, 1000, 1);
@@ -227,8 +237,13 @@ static void test_shared_routing_and_capacity(void **state)
 	struct tensor *t1, *t2, *t3, *t4;
 	uint64_t l1, l2, l3, l4;
 	int64_t n = 4096, big = 128 * 1024;
-	struct create_args sa = { .name = "s1", .name_len = 2, .dtype = { kDLUInt, 8, 1 },
-				  .ndim = 1, .shape = &n, .device = { kDLCPU, 0 }, .shared = true };
+	struct create_args sa = { .name = "s1",
+				  .name_len = 2,
+				  .dtype = { kDLUInt, 8, 1 },
+				  .ndim = 1,
+				  .shape = &n,
+				  .device = { kDLCPU, 0 },
+				  .shared = true };
 
 	registry_client_init(&a, 1, 1000, 1000, 1);
 	assert_int_equal(registry_create(reg, &a, &sa, &t1, &l1, why, sizeof(why)), 0);
@@ -237,7 +252,7 @@ static void test_shared_routing_and_capacity(void **state)
 	assert_true(t1->alloc.share_id != 0);
 	assert_int_equal(t1->alloc.share_id, t2->alloc.share_id); /* one slab */
 	assert_true(t1->alloc.ipc_offset != t2->alloc.ipc_offset);
-	assert_int_equal(t1->alloc.fd, -1);                      /* no descriptor of its own */
+	assert_int_equal(t1->alloc.fd, -1); /* no descriptor of its own */
 	/* Another mode is another access class: another slab. */
 	sa.name = "s3";
 	sa.mode = 0644;
@@ -302,8 +317,12 @@ static void test_errors(void **state)
 	struct tensor *t;
 	uint64_t l;
 	int64_t n = 4;
-	struct create_args bad = { .name = "g", .name_len = 1, .dtype = { kDLFloat, 32, 1 },
-				   .ndim = 1, .shape = &n, .device = { kDLCUDA, 0 } };
+	struct create_args bad = { .name = "g",
+				   .name_len = 1,
+				   .dtype = { kDLFloat, 32, 1 },
+				   .ndim = 1,
+				   .shape = &n,
+				   .device = { kDLCUDA, 0 } };
 
 	registry_client_init(&a, 1, 0, 0, 1);
 	assert_int_equal(create(reg, &a, "dup", 1, 0, 0, &t, &l), 0);
@@ -336,7 +355,8 @@ static void test_permissions(void **state)
 	assert_int_equal(registry_publish(reg, &owner, "p", 1, why, sizeof(why)), 0);
 	assert_int_equal(registry_attach(reg, &group, "p", 1, &t, &l, &w, why, sizeof(why)), 0);
 	assert_false(w); /* group may read, not write */
-	assert_int_equal(registry_attach(reg, &other, "p", 1, &t, &l, &w, why, sizeof(why)), -EACCES);
+	assert_int_equal(registry_attach(reg, &other, "p", 1, &t, &l, &w, why, sizeof(why)),
+			 -EACCES);
 	assert_non_null(strstr(why, "'p'"));
 	assert_int_equal(registry_attach(reg, &owner, "p", 1, &t, &l, &w, why, sizeof(why)), 0);
 	assert_true(w);

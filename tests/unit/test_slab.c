@@ -60,7 +60,8 @@ static void test_freed_slot_is_zeroed_and_reused(void **state)
 	assert_int_equal(pread(slab_fd(x), back, sizeof(back), (off_t)ox), (ssize_t)sizeof(back));
 	assert_memory_equal(back, data, sizeof(data));
 	slab_free(&s, x, ox, sizeof(data));
-	assert_int_equal(pread(slab_fd(keep), back, sizeof(back), (off_t)ox), (ssize_t)sizeof(back));
+	assert_int_equal(pread(slab_fd(keep), back, sizeof(back), (off_t)ox),
+			 (ssize_t)sizeof(back));
 	assert_memory_equal(back, zero, sizeof(zero));
 	/* First fit: the freed space is merged and taken again, clean. */
 	assert_int_equal(slab_alloc(&s, &A, 2 * sizeof(data), &y, &oy), 0);
