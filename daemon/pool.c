@@ -50,6 +50,7 @@ struct pool {
 	uint64_t wanted[POOL_CLASSES];    /* class sizes, most recently wanted first; 0: none */
 	uint64_t wanted_ns[POOL_CLASSES]; /* when each was last taken (CLOCK_MONOTONIC) */
 	uint64_t idle_ns;                 /* a class not taken for this long is forgotten */
+	uint64_t last_take_ns;            /* when pool_take() last ran */
 	struct pool_stats st;
 };
 
@@ -242,16 +243,28 @@ static void drop_ready(struct pool *p, size_t i)
 	p->ready[i] = p->ready[--p->n_ready];
 }
 
-/* Lock held. The wanted class that most needs a memfd and fits, or 0. */
-static uint64_t next_refill(struct pool *p)
+/*
+ * Lock held. The wanted class that most needs a memfd and fits, or 0. A
+ * class with none ready is refilled at once; one that still has a memfd
+ * ready waits until takes have been quiet for POOL_QUIET_NS, so that
+ * zeroing the next memfd does not compete for memory bandwidth with the
+ * copy into the one just taken. *due (if not NULL) gets when such a
+ * deferred refill falls due, or is left alone.
+ */
+static uint64_t next_refill(struct pool *p, uint64_t now, uint64_t *due)
 {
 	if (p->starved || p->stop)
 		return 0;
 	for (int i = 0; i < POOL_CLASSES && p->wanted[i]; i++) {
-		uint64_t c = p->wanted[i];
+		uint64_t c = p->wanted[i], quiet = p->last_take_ns + POOL_QUIET_NS;
+		size_t n = count_ready(p, c);
 
-		if (count_ready(p, c) < POOL_READY_PER_CLASS && c <= p->budget - p->ready_bytes)
+		if (n >= POOL_READY_PER_CLASS || c > p->budget - p->ready_bytes)
+			continue;
+		if (n == 0 || now >= quiet)
 			return c;
+		if (due && (!*due || quiet < *due))
+			*due = quiet;
 	}
 	return 0;
 }
@@ -357,7 +370,7 @@ static void *worker(void *arg)
 		close_pending(p);
 		if (p->stop)
 			break;
-		c = next_refill(p);
+		c = next_refill(p, now_mono_ns(), &due);
 		if (c) {
 			p->working = true;
 			pthread_mutex_unlock(&p->lock);
@@ -444,6 +457,7 @@ int pool_take(struct pool *p, uint64_t size)
 	pthread_mutex_lock(&p->lock);
 	want(p, c);
 	p->starved = false;
+	p->last_take_ns = now_mono_ns();
 	for (size_t i = 0; i < p->n_ready; i++) {
 		if (p->ready[i].size == c) {
 			fd = p->ready[i].fd;
@@ -516,7 +530,7 @@ void pool_set_idle(struct pool *p, uint64_t idle_ns)
 void pool_settle(struct pool *p)
 {
 	pthread_mutex_lock(&p->lock);
-	while (!p->stop && (p->working || p->n_closing || next_refill(p)))
+	while (!p->stop && (p->working || p->n_closing || next_refill(p, UINT64_MAX, NULL)))
 		pthread_cond_wait(&p->idle, &p->lock);
 	pthread_mutex_unlock(&p->lock);
 }

@@ -33,6 +33,8 @@
 /* Classes kept warm, and memfds ready per class. */
 #define POOL_CLASSES 8
 #define POOL_READY_PER_CLASS 2
+/* A class that still has a memfd ready is refilled once takes were quiet this long. */
+#define POOL_QUIET_NS (50ull * 1000000ull)
 /* A class nobody took for this long is forgotten, and its ready memory freed. */
 #define POOL_IDLE_NS (60ull * 1000000000ull)
 
