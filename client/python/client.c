@@ -249,14 +249,21 @@ static PyObject *Client_list(ClientObject *self, PyObject *args, PyObject *kwds)
 static PyObject *Client_stats(ClientObject *self, PyObject *unused)
 {
 	tensord_daemon_stats st;
+	tensord_uid_stats *u = NULL;
 	tensord_client *c;
+	PyObject *ret;
+	size_t n = 0;
 	int rc;
 
 	if (!(c = td_client_enter(self)))
 		return NULL;
 	Py_BEGIN_ALLOW_THREADS rc = tensord_stats(c, &st, sizeof(st));
+	if (rc == 0)
+		rc = tensord_uid_usage(c, &u, &n);
 	Py_END_ALLOW_THREADS if (td_client_leave(self, rc) < 0) return NULL;
-	return td_stats_new(&st);
+	ret = td_stats_new(&st, u, n);
+	free(u);
+	return ret;
 }
 
 static PyObject *Client_unlink(ClientObject *self, PyObject *args)
@@ -319,8 +326,11 @@ static PyMethodDef Client_methods[] = {
 	{ "stats", (PyCFunction)Client_stats, METH_NOARGS,
 	  "stats($self, /)\n--\n\n"
 	  "Returns a dict of daemon totals: tensors, clients, leases, uptime (seconds), "
-	  "daemon_pid, and devices,\n"
-	  "a list of dicts with device, backend, path, bytes_used, bytes_capacity, tensors." },
+	  "daemon_pid, fds, host_pool, host_slabs; devices,\n"
+	  "a list of dicts with device, backend, path, bytes_used, bytes_capacity, tensors; and\n"
+	  "uids, one dict per uid (every uid for root, else the caller's own) with uid, clients,\n"
+	  "tensors, fds, bytes, waiters, fds_in_flight: what it holds against the per-uid "
+	  "shares." },
 	{ "leases", (PyCFunction)(void (*)(void))td_client_leases, METH_VARARGS | METH_KEYWORDS,
 	  "leases($self, /, name=None)\n--\n\n"
 	  "Returns a list of LeaseHolder: who holds leases on name (None: on every tensor): one "

@@ -162,7 +162,7 @@ PyObject *td_info_new(const tensord_info *info);
 PyObject *td_info_list(const tensord_info *infos, size_t n);
 
 /* The dict stats() returns. */
-PyObject *td_stats_new(const tensord_daemon_stats *st);
+PyObject *td_stats_new(const tensord_daemon_stats *st, const tensord_uid_stats *u, size_t n_uids);
 
 /*
  * A struct sequence of type from n new references in v, which it steals;

@@ -59,3 +59,23 @@ def test_clients_and_metrics(client):
     fams = {f.name: f for f in parser.text_string_to_metric_families(client.metrics())}
     [s] = [s for s in fams["tensord_tensors"].samples if s.labels["state"] == "published"]
     assert s.value == 1
+
+
+def test_stats_report_what_this_uid_holds(client):
+    """stats()["uids"]: one row per uid (root sees all), counting this uid's
+    tensors, the bytes in them and those that hold a descriptor of their own."""
+    def mine():
+        rows = {r["uid"]: r for r in client.stats()["uids"]}
+        return rows[os.geteuid()]
+
+    before = mine()
+    assert before["clients"] >= 1
+    client.put("uids/small", np.zeros(1024, np.float32))     # into a slab
+    client.put("uids/large", np.zeros(1 << 16, np.float32))  # a memfd of its own
+    after = mine()
+    assert after["tensors"] == before["tensors"] + 2
+    assert after["bytes"] == before["bytes"] + 4096 + (1 << 18)
+    assert after["fds"] == before["fds"] + 1
+    client.unlink("uids/small")
+    client.unlink("uids/large")
+    assert mine()["tensors"] == before["tensors"]
