@@ -106,6 +106,15 @@ class _SlabStats(TypedDict):
     slabs: int
     bytes: int
 
+class _UidStats(TypedDict):
+    uid: int
+    clients: int
+    tensors: int
+    fds: int
+    bytes: int
+    waiters: int
+    fds_in_flight: int
+
 class _DaemonStats(TypedDict):
     tensors: int
     clients: int
@@ -116,6 +125,7 @@ class _DaemonStats(TypedDict):
     fds: int
     host_pool: _PoolStats
     host_slabs: _SlabStats
+    uids: list[_UidStats]
 
 @final
 class Tensor:
