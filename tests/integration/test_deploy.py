@@ -102,6 +102,7 @@ def test_container_image_builds():
     tool, path_or_reason = working_container_tool()
     if not tool:
         pytest.skip(path_or_reason)  # why no container tool can build here
+    path = path_or_reason
     cmd = [path, "build" if tool != "buildah" else "bud", "-f", CONTAINERFILE,
            "-t", "tensord:test", ROOT]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
