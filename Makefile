@@ -82,6 +82,8 @@ UNIT_SRC  := $(wildcard tests/unit/test_*.c)
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(B)/tests/unit/%)
 HELP_SRC  := $(wildcard tests/integration/*.c)
 HELP_BIN  := $(HELP_SRC:tests/integration/%.c=$(B)/tests/helpers/%)
+# The daemon over the unit tests' fake GPU driver (tests/fakegpu/).
+FAKEGPU_BIN := $(B)/tests/helpers/tensord-fakegpu
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 
@@ -89,7 +91,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
         uninstall clean format format-check
 
 all: $(B)/tensord $(B)/tensorctl $(B)/libtensord.so $(B)/libtensord.a $(B)/tensord.pc \
-     $(PY_EXT) $(PY_FILES) $(HELP_BIN) $(BENCH_BIN)
+     $(PY_EXT) $(PY_FILES) $(HELP_BIN) $(FAKEGPU_BIN) $(BENCH_BIN)
 
 setup:
 	$(Q)VENV=$(VENV) bash deploy/setup.sh test
@@ -117,6 +119,16 @@ FORCE:
 $(B)/tensord: $(DMN_OBJ)
 	@echo "  LD  $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/daemon/main-fakegpu.o: daemon/main.c $(B)/proto/tensord.pb-c.h $(B)/.flags
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -Dmain=tensord_main -c $< -o $@
+
+$(FAKEGPU_BIN): tests/fakegpu/tensord_fakegpu.c $(B)/daemon/main-fakegpu.o \
+		$(filter-out $(B)/daemon/main.o,$(DMN_OBJ))
+	@mkdir -p $(@D)
+	@echo "  LD  $@"
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(B)/libtensord.a: $(LIB_OBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
@@ -210,7 +222,8 @@ test-python: all
 # The C suites again with AddressSanitizer and UBSan, in their own build tree.
 test-asan:
 	$(Q)$(MAKE) --no-print-directory B=build-asan SANITIZE=1 \
-		build-asan/tensord build-asan/tensorctl $(subst $(B)/,build-asan/,$(UNIT_BIN) $(HELP_BIN))
+		build-asan/tensord build-asan/tensorctl \
+		$(subst $(B)/,build-asan/,$(UNIT_BIN) $(HELP_BIN) $(FAKEGPU_BIN))
 	$(Q)set -e; for t in $(subst $(B)/,build-asan/,$(UNIT_BIN)); do echo "== $$t"; $$t; done
 	$(Q)ASAN_OPTIONS=detect_leaks=1 TENSORD_BUILD=$(abspath build-asan) TENSORD_SANITIZED=1 \
 		$(PYTEST) -q -rs tests/integration
@@ -305,7 +318,7 @@ endif
 FORMAT_SRC := $(filter-out include/tensord/dlpack.h, \
 	$(wildcard daemon/*.[ch] client/*/*.[ch] common/*.[ch] common/gpu/*.[ch] proto/*.[ch] \
 		   include/tensord/*.h tests/unit/*.[ch] tests/integration/*.c tests/python/*.c \
-		   tests/gpu/*.c tests/fuzz/*.c bench/*.c))
+		   tests/gpu/*.c tests/fuzz/*.c tests/fakegpu/*.c bench/*.c))
 
 format:
 	clang-format -i $(FORMAT_SRC)

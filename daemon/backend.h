@@ -5,10 +5,12 @@
  * decided at link time (backends[] in backend.c), never by #ifdef
  * elsewhere.
  *
- * All functions run on the daemon's loop thread. The host backend never
- * blocks there; the GPU backends hand their frees to a worker
- * (gpu_reaper.h) but still allocate and zero on the loop thread
- * (docs/gpu.md lists the calls).
+ * All functions run on the daemon's loop thread, except alloc() of a
+ * backend with alloc_blocks, which the registry's caller runs on the GPU
+ * worker (gpu_reaper.h). The host backend never blocks; the GPU backends
+ * allocate and zero on the worker and hand their frees to it too, so the
+ * loop thread makes only driver calls that do not wait for the device
+ * (docs/gpu.md lists them).
  */
 #ifndef TENSORD_BACKEND_H
 #define TENSORD_BACKEND_H
@@ -73,6 +75,16 @@ struct backend_ops {
 	 * name is for the allocation's label only.
 	 */
 	int (*alloc)(struct backend_alloc *a, uint64_t size, int device_id, const char *name);
+
+	/*
+	 * alloc() may block (a context to create, memory to zero): for sizes
+	 * above 0 the registry hands it to the GPU worker, and the create is
+	 * answered when it completes (registry_create()'s -EINPROGRESS). Such
+	 * an alloc() runs on the worker, one job at a time with the frees
+	 * release() queued there, and must not touch what the loop thread's
+	 * calls use without its own lock.
+	 */
+	bool alloc_blocks;
 
 	/*
 	 * Like alloc(), but in memory shared with other immutable tensors of

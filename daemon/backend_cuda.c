@@ -31,13 +31,20 @@
  * allocation on that device (not at start-up, so an idle daemon costs no
  * GPU memory on GPUs nobody uses), makes it current before every driver
  * call, and releases it when the device's last allocation is freed, which
- * gives the context's own memory (hundreds of MiB) back to the GPU. Frees
- * and that release run on the GPU reaper's thread (gpu_reaper.h); every
- * other call runs on the loop thread (docs/gpu.md says which can block). The
- * daemon must never fork() after init, as CUDA does not survive it.
+ * gives the context's own memory (hundreds of MiB) back to the GPU.
+ *
+ * Threads: alloc() (alloc_blocks) and the frees run on the GPU worker
+ * (gpu_reaper.h), one job at a time; they alone touch a device's context
+ * and its count of allocations, under cuda_lock so that a test calling
+ * alloc() directly is safe too. The loop thread only exports descriptors,
+ * through the context its allocation recorded (live while the allocation
+ * is), and leaves no context current afterwards. docs/gpu.md lists which
+ * call runs where. The daemon must never fork() after init, as CUDA does
+ * not survive it.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +65,7 @@
 struct cuda_dev {
 	CUdevice dev;
 	uint8_t uuid[TD_GPU_UUID_LEN];
-	bool vmm;        /* share through VMM + POSIX fd */
+	bool vmm;        /* share through VMM + POSIX fd; read with __atomic_load_n */
 	uint64_t total;  /* bytes of device memory */
 	uint64_t gran;   /* allocation granularity; 0 until the context exists */
 	CUcontext ctx;   /* retained primary context; NULL while no tensor lives here */
@@ -68,6 +75,7 @@ struct cuda_dev {
 /* What one allocation holds; a->priv. */
 struct cuda_mem {
 	int ordinal;
+	CUcontext ctx; /* the device's primary context, held while this lives */
 	bool vmm;
 	CUmemGenericAllocationHandle handle; /* vmm */
 	CUdeviceptr dptr;                    /* legacy */
@@ -76,6 +84,8 @@ struct cuda_mem {
 static const struct td_cuda_api *cuda_api;
 static struct cuda_dev *cuda_devs;
 static int cuda_ndevs;
+/* Guards each device's ctx, allocs, gran and vmm against the loop's readers of vmm. */
+static pthread_mutex_t cuda_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int cuda_backend_fail(char *why, size_t why_len, CUresult r, const char *what)
 {
@@ -184,7 +194,9 @@ static const char *cuda_backend_path(int device_id)
 {
 	if (device_id < 0 || device_id >= cuda_ndevs)
 		return "none";
-	return cuda_devs[device_id].vmm ? "cuda-vmm" : "cuda-ipc";
+	/* The worker may find out at the first allocation that VMM is missing. */
+	return __atomic_load_n(&cuda_devs[device_id].vmm, __ATOMIC_RELAXED) ? "cuda-vmm"
+									    : "cuda-ipc";
 }
 
 static void cuda_vmm_prop(int ordinal, CUmemAllocationProp *prop)
@@ -196,7 +208,10 @@ static void cuda_vmm_prop(int ordinal, CUmemAllocationProp *prop)
 	prop->location.id = cuda_devs[ordinal].dev;
 }
 
-/* Makes device ordinal's primary context current, retaining it the first time. */
+/*
+ * Makes device ordinal's primary context current, retaining it the first
+ * time. cuda_lock held; the worker (or a test) only.
+ */
 static int cuda_dev_enter(int ordinal)
 {
 	struct cuda_dev *d = &cuda_devs[ordinal];
@@ -222,7 +237,7 @@ static int cuda_dev_enter(int ordinal)
 								  CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 			/* No granularity means no VMM on this device after all. */
 			if (r != CUDA_SUCCESS || gran == 0)
-				d->vmm = false;
+				__atomic_store_n(&d->vmm, false, __ATOMIC_RELAXED);
 		}
 		d->gran = d->vmm ? gran : CUDA_IPC_GRANULARITY;
 		d->ctx = ctx;
@@ -234,7 +249,7 @@ static int cuda_dev_enter(int ordinal)
 /*
  * One allocation on ordinal is gone. Returns true when it was the last one:
  * the caller then owns the device's reference on the primary context and
- * must release it (cuda_ctx_drop()); the loop thread no longer uses it.
+ * must release it (cuda_ctx_drop()). cuda_lock held.
  */
 static bool cuda_dev_put(int ordinal)
 {
@@ -242,8 +257,6 @@ static bool cuda_dev_put(int ordinal)
 
 	if (--d->allocs || !d->ctx)
 		return false;
-	/* Nothing of ours may stay current on the loop thread once released. */
-	cuda_api->CtxSetCurrent(NULL);
 	d->ctx = NULL;
 	return true;
 }
@@ -365,25 +378,33 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 	/* A zero-size tensor has nothing to map (HANDLE_NONE). */
 	if (size == 0)
 		return 0;
-	err = cuda_dev_enter(device_id);
-	if (err < 0)
-		return err;
-	/* From here release() undoes what is done, the context's reference included. */
 	m = calloc(1, sizeof(*m));
-	cuda_devs[device_id].allocs++;
-	if (!m) {
-		if (cuda_dev_put(device_id))
-			cuda_ctx_drop(cuda_devs[device_id].dev, device_id);
+	if (!m)
 		return -ENOMEM;
+	pthread_mutex_lock(&cuda_lock);
+	err = cuda_dev_enter(device_id);
+	if (err < 0) {
+		pthread_mutex_unlock(&cuda_lock);
+		free(m);
+		return err;
 	}
+	/* From here release() undoes what is done, the context's reference included. */
+	cuda_devs[device_id].allocs++;
 	m->ordinal = device_id;
+	m->ctx = cuda_devs[device_id].ctx;
 	a->priv = m;
-	if (td_gpu_round_up(size, cuda_devs[device_id].gran, &rounded) < 0)
-		return -ENOSPC;
-	a->size = rounded;
-	if (cuda_devs[device_id].vmm)
-		return cuda_alloc_vmm(a, m, rounded);
-	return cuda_alloc_ipc(a, m, rounded);
+	err = td_gpu_round_up(size, cuda_devs[device_id].gran, &rounded) < 0 ? -ENOSPC : 0;
+	if (err == 0) {
+		a->size = rounded;
+		if (cuda_devs[device_id].vmm)
+			err = cuda_alloc_vmm(a, m, rounded);
+		else
+			err = cuda_alloc_ipc(a, m, rounded);
+	}
+	/* Nothing of ours stays current on a thread that may outlive the context. */
+	cuda_api->CtxSetCurrent(NULL);
+	pthread_mutex_unlock(&cuda_lock);
+	return err;
 }
 
 /*
@@ -396,18 +417,20 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 static int cuda_backend_export_fd(struct backend_alloc *a, bool writable, int *ret_fd)
 {
 	struct cuda_mem *m = a->priv;
-	int fd = -1, err;
+	int fd = -1;
 	CUresult r;
 
 	if (!m || !m->vmm) {
 		*ret_fd = -1;
 		return 0;
 	}
-	err = cuda_dev_enter(m->ordinal);
-	if (err < 0)
-		return err;
-	r = cuda_api->MemExportToShareableHandle(&fd, m->handle,
-						 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	/* An ioctl, not a wait for the device: fine on the loop thread. */
+	r = cuda_api->CtxSetCurrent(m->ctx);
+	if (r == CUDA_SUCCESS)
+		r = cuda_api->MemExportToShareableHandle(
+			&fd, m->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	/* The worker may release this context once the tensor is gone. */
+	cuda_api->CtxSetCurrent(NULL);
 	if (r != CUDA_SUCCESS)
 		return td_cuda_errno(r);
 	/* The driver does not promise O_CLOEXEC; the daemon never execs, but be tidy. */
@@ -422,33 +445,29 @@ static int cuda_backend_freeze(struct backend_alloc *a)
 	return 0;
 }
 
-/* One free for the reaper (gpu_reaper.h): what cuda_backend_release() hands over. */
-struct cuda_free {
-	CUcontext ctx; /* the device's primary context; a reference is held */
-	CUdevice dev;
-	int ordinal;
-	bool vmm;
-	CUmemGenericAllocationHandle handle; /* vmm */
-	CUdeviceptr dptr;                    /* legacy */
-	bool drop_ctx; /* the device's last allocation: release the context after */
-};
-
-/* On the reaper's thread: these calls may wait for the device. */
+/*
+ * Frees m's memory and gives back its hold on the device's context,
+ * releasing the context with the device's last allocation. On the worker:
+ * these calls may wait for the device.
+ */
 static void cuda_free_job(void *arg)
 {
-	struct cuda_free *f = arg;
+	struct cuda_mem *m = arg;
+	CUdevice dev = cuda_devs[m->ordinal].dev;
 
-	if (cuda_api->CtxSetCurrent(f->ctx) == CUDA_SUCCESS) {
-		if (f->vmm)
-			cuda_api->MemRelease(f->handle);
-		else if (f->dptr)
-			cuda_api->MemFree(f->dptr);
+	pthread_mutex_lock(&cuda_lock);
+	if (cuda_api->CtxSetCurrent(m->ctx) == CUDA_SUCCESS) {
+		if (m->vmm)
+			cuda_api->MemRelease(m->handle);
+		else if (m->dptr)
+			cuda_api->MemFree(m->dptr);
 	}
-	if (f->drop_ctx)
-		cuda_ctx_drop(f->dev, f->ordinal);
+	if (cuda_dev_put(m->ordinal))
+		cuda_ctx_drop(dev, m->ordinal);
 	else
 		cuda_api->CtxSetCurrent(NULL);
-	free(f);
+	pthread_mutex_unlock(&cuda_lock);
+	free(m);
 }
 
 /*
@@ -461,8 +480,6 @@ static void cuda_free_job(void *arg)
 static void cuda_backend_release(struct backend_alloc *a)
 {
 	struct cuda_mem *m = a->priv;
-	struct cuda_free *f;
-	struct cuda_dev *d;
 
 	if (a->fd >= 0) {
 		close(a->fd);
@@ -470,27 +487,8 @@ static void cuda_backend_release(struct backend_alloc *a)
 	}
 	if (!m)
 		return;
-	d = &cuda_devs[m->ordinal];
-	f = malloc(sizeof(*f));
-	if (f) {
-		*f = (struct cuda_free){ .ctx = d->ctx,
-					 .dev = d->dev,
-					 .ordinal = m->ordinal,
-					 .vmm = m->vmm,
-					 .handle = m->handle,
-					 .dptr = m->dptr };
-		f->drop_ctx = cuda_dev_put(m->ordinal);
-		gpu_reaper_run(cuda_free_job, f);
-	} else if (cuda_dev_enter(m->ordinal) == 0) {
-		/* No memory for a job: free here rather than not at all. */
-		if (m->vmm)
-			cuda_api->MemRelease(m->handle);
-		else if (m->dptr)
-			cuda_api->MemFree(m->dptr);
-		if (cuda_dev_put(m->ordinal))
-			cuda_ctx_drop(d->dev, m->ordinal);
-	}
-	free(m);
+	/* gpu_reaper_run() runs the job here if it cannot queue it: never lost. */
+	gpu_reaper_run(cuda_free_job, m);
 	a->priv = NULL;
 }
 
@@ -516,6 +514,7 @@ const struct backend_ops backend_cuda = {
 	.default_capacity = cuda_backend_default_capacity,
 	.path = cuda_backend_path,
 	.alloc = cuda_backend_alloc,
+	.alloc_blocks = true,
 	.export_fd = cuda_backend_export_fd,
 	.freeze = cuda_backend_freeze,
 	.release = cuda_backend_release,

@@ -258,6 +258,7 @@ const struct backend_ops backend_hip = {
 	.default_capacity = hip_backend_default_capacity,
 	.path = hip_backend_path,
 	.alloc = hip_backend_alloc,
+	.alloc_blocks = true,
 	.export_fd = hip_backend_export_fd,
 	.freeze = hip_backend_freeze,
 	.release = hip_backend_release,

@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "common/desc.h"
 #include "common/gpu/gpu_util.h"
+#include "gpu_reaper.h"
 #include "inspect.h"
 #include "log.h"
 #include "metrics.h"
@@ -221,6 +222,90 @@ static int create_args_from(const Tensord__Create *m, struct create_args *a, cha
 	return device_from(m->device, m->name, &a->device, why, why_len);
 }
 
+/*
+ * A create whose memory the GPU worker allocates (registry_create()'s
+ * -EINPROGRESS). Its reply is sent when the allocation completes, perhaps
+ * after replies to later requests: clients match replies by id. If the
+ * connection closes first, cl becomes NULL and the completion only frees.
+ */
+struct pending_create {
+	struct reg_alloc_job job;
+	struct server *srv;
+	struct client *cl; /* NULL once its connection closed */
+	uint64_t req_id;
+	struct pending_create *prev, *next; /* on cl->pending */
+};
+
+static void pending_unlink(struct pending_create *p)
+{
+	if (p->prev)
+		p->prev->next = p->next;
+	else
+		p->cl->pending = p->next;
+	if (p->next)
+		p->next->prev = p->prev;
+	p->prev = p->next = NULL;
+}
+
+/* On the GPU worker. */
+static void create_work(void *arg)
+{
+	struct pending_create *p = arg;
+
+	registry_alloc_run(&p->job);
+}
+
+/* Back on the loop (gpu_reaper_complete()): the lease, or why not. */
+static void create_done(void *arg)
+{
+	struct pending_create *p = arg;
+	struct client *cl = p->cl;
+	struct tensor *t = p->job.t;
+	char why[400];
+	uint64_t lease;
+	int r;
+
+	if (cl)
+		pending_unlink(p);
+	r = registry_create_finish(&p->srv->reg, &p->job, &lease, why, sizeof(why));
+	if (r < 0)
+		log_debug("create (request %llu): %s", (unsigned long long)p->req_id, why);
+	if (cl && r < 0) {
+		reply_status(cl->conn, p->req_id, r, why);
+	} else if (cl) {
+		log_debug("tensor '%s': created by pid %u, %llu bytes", t->name, cl->rc.pid,
+			  (unsigned long long)t->nbytes);
+		send_lease(cl, p->req_id, t, lease, true, 0, NULL, 0);
+	}
+	free(p);
+}
+
+/* Hands t's allocation to the GPU worker; the reply follows from create_done(). */
+static void create_defer(struct client *cl, uint64_t id, struct tensor *t)
+{
+	struct pending_create *p = calloc(1, sizeof(*p));
+	struct reg_alloc_job nomem = { .t = t, .rc = -ENOMEM, .got = { .fd = -1 } };
+	char why[400];
+	uint64_t lease;
+
+	if (p) {
+		*p = (struct pending_create){ .job = { .t = t },
+					      .srv = cl->srv,
+					      .cl = cl,
+					      .req_id = id,
+					      .next = cl->pending };
+		if (cl->pending)
+			cl->pending->prev = p;
+		cl->pending = p;
+		if (gpu_reaper_submit(create_work, create_done, p) == 0)
+			return;
+		pending_unlink(p);
+		free(p);
+	}
+	registry_create_finish(&cl->srv->reg, &nomem, &lease, why, sizeof(why));
+	reply_status(cl->conn, id, -ENOMEM, why);
+}
+
 static void do_create(struct client *cl, uint64_t id, const Tensord__Create *m)
 {
 	struct create_args a = { 0 };
@@ -232,6 +317,10 @@ static void do_create(struct client *cl, uint64_t id, const Tensord__Create *m)
 	r = create_args_from(m, &a, why, sizeof(why));
 	if (r == 0)
 		r = registry_create(&cl->srv->reg, &cl->rc, &a, &t, &lease, why, sizeof(why));
+	if (r == -EINPROGRESS) {
+		create_defer(cl, id, t);
+		return;
+	}
 	if (r < 0) {
 		reply_status(cl->conn, id, r, why);
 		return;
@@ -568,5 +657,9 @@ void dispatch_close(struct conn *c, void *ctx)
 		  cl->rc.pid, cl->rc.n_leases);
 	quota_uncharge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, cl->waits.n_waiters);
 	waiters_drop_owner(&srv->waiters, &cl->waits);
+	/* Allocations in flight complete without it (create_done()). */
+	for (struct pending_create *p = cl->pending; p; p = p->next)
+		p->cl = NULL;
+	cl->pending = NULL;
 	registry_client_gone(&srv->reg, &cl->rc);
 }

@@ -18,12 +18,15 @@
 /* Names in one List reply at most: about 1 MiB with the longest names. */
 #define DISPATCH_LIST_PAGE 1024
 
+struct pending_create;
+
 /* One client as the protocol sees it: the conn_data() of its connection. */
 struct client {
-	struct server *srv;        /* borrowed */
-	struct conn *conn;         /* borrowed: the connection this lives in */
-	struct reg_client rc;      /* who it is, and its leases */
-	struct waiter_owner waits; /* its parked attaches */
+	struct server *srv;             /* borrowed */
+	struct conn *conn;              /* borrowed: the connection this lives in */
+	struct reg_client rc;           /* who it is, and its leases */
+	struct waiter_owner waits;      /* its parked attaches */
+	struct pending_create *pending; /* its creates the GPU worker is allocating */
 	bool hello_done;
 	/* For inspection (inspect.c): */
 	uint64_t connected_ns; /* CLOCK_MONOTONIC at accept */

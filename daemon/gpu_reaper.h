@@ -1,10 +1,16 @@
 /*
- * The GPU reaper: one worker thread that runs the driver calls which free
- * GPU memory (cuMemFree synchronizes the device, cuMemRelease and hipFree
- * may wait for it, and dropping a primary context tears it down), so that
- * the loop thread never waits for them. Jobs run in the order they were
- * queued. The backends queue them from release(); nothing waits for a job
- * except gpu_reaper_drain().
+ * The GPU worker ("reaper", after its first job): one thread that runs the
+ * driver calls which may block, so that the loop thread never waits for
+ * the device. It frees (cuMemFree synchronizes the device, cuMemRelease and
+ * hipFree may wait for it, and dropping a primary context tears it down)
+ * and it allocates (retaining a primary context takes hundreds of
+ * milliseconds, cuMemCreate and hipMalloc may wait, and zeroing the memory
+ * synchronizes). Jobs run one at a time, in the order they were queued, so
+ * a backend's per-device state needs no lock when only jobs touch it.
+ *
+ * A job may have a completion, done(arg), which runs on the thread that
+ * calls gpu_reaper_complete() (the daemon's loop, woken by the notify hook)
+ * after fn(arg) returned. Jobs without one are fire-and-forget.
  *
  * Freeing after release() returns is safe for every GPU path: release() is
  * only called once the tensor's last lease is gone, so no client still has
@@ -19,6 +25,27 @@
  * fn(arg) here and now: a free must never be lost.
  */
 void gpu_reaper_run(void (*fn)(void *arg), void *arg);
+
+/*
+ * Queues fn(arg) for the worker, then done(arg) for gpu_reaper_complete().
+ * arg is the caller's until done runs. Never runs done here: if no thread
+ * can be had, fn runs here and done waits for gpu_reaper_complete() all the
+ * same, so a caller may finish setting up after this returns. -ENOMEM when
+ * nothing was queued (neither fn nor done will run).
+ */
+int gpu_reaper_submit(void (*fn)(void *arg), void (*done)(void *arg), void *arg);
+
+/*
+ * Called on the worker's thread each time a job with a completion finished,
+ * with the worker's lock held (so it must be quick and call nothing here:
+ * uv_async_send, which wakes the loop). NULL: nobody is told; then only a
+ * call to gpu_reaper_complete() runs completions. Once this returns, the
+ * old hook is never called again.
+ */
+void gpu_reaper_set_notify(void (*notify)(void *ctx), void *ctx);
+
+/* Runs the completions of every finished job, in order. Returns how many ran. */
+unsigned gpu_reaper_complete(void);
 
 /* Waits until every job queued so far has run. Any thread but the worker. */
 void gpu_reaper_drain(void);

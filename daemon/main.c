@@ -19,6 +19,7 @@
 #include "common/sys.h"
 #include "config.h"
 #include "dispatch.h"
+#include "gpu_reaper.h"
 #include "log.h"
 #include "metrics.h"
 #include "metrics_http.h"
@@ -139,6 +140,20 @@ static void server_stop(struct server *srv)
 	uv_close((uv_handle_t *)&srv->sigusr1, NULL);
 	uv_close((uv_handle_t *)&srv->sigusr2, NULL);
 	uv_close((uv_handle_t *)&srv->spin, NULL);
+	/* Creates still allocating complete after the loop (main()). */
+	gpu_reaper_set_notify(NULL, NULL);
+	uv_close((uv_handle_t *)&srv->gpu_done, NULL);
+}
+
+/* The GPU worker's hook (gpu_reaper.h), on its thread: wake the loop. */
+static void gpu_notify(void *ctx)
+{
+	uv_async_send(ctx);
+}
+
+static void on_gpu_done(uv_async_t *h)
+{
+	gpu_reaper_complete();
 }
 
 /* SIGUSR1: the state, in total, per device and per client, into the log. */
@@ -599,7 +614,23 @@ static int server_init(struct server *srv)
 	uv_idle_init(srv->loop, &srv->spin);
 	srv->spin.data = srv;
 	srv->spin_ns = (uint64_t)td_spin_budget_us() * 1000;
+	uv_async_init(srv->loop, &srv->gpu_done, on_gpu_done);
+	gpu_reaper_set_notify(gpu_notify, &srv->gpu_done);
 	return 0;
+}
+
+/*
+ * After the loop: let the GPU worker finish what it was doing and complete
+ * those creates (their clients are gone, so the memory is released), then
+ * free every tensor.
+ */
+static void server_fini(struct server *srv)
+{
+	gpu_reaper_set_notify(NULL, NULL);
+	gpu_reaper_drain();
+	gpu_reaper_complete();
+	registry_fini(&srv->reg);
+	quota_fini(&srv->quota);
 }
 
 int main(int argc, char **argv)
@@ -664,8 +695,7 @@ int main(int argc, char **argv)
 
 	uv_run(srv.loop, UV_RUN_DEFAULT);
 
-	registry_fini(&srv.reg);
-	quota_fini(&srv.quota);
+	server_fini(&srv);
 	uv_loop_close(srv.loop);
 	log_info("stopped");
 	free((char *)srv.cfg.metrics_addr);

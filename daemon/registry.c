@@ -533,6 +533,48 @@ static void tensor_fill(struct tensor *t, const struct create_args *a, struct re
 }
 
 /*
+ * Checks what alloc() or alloc_shared() answered (r) for t's memory *a on
+ * dev, where `counted` bytes of dev are charged for t already. On failure
+ * releases *a and writes the reason.
+ */
+static int alloc_result(struct registry *reg, struct reg_device *dev, const struct tensor *t,
+			struct backend_alloc *a, int r, uint64_t counted, char *why, size_t why_len)
+{
+	a->ops = dev->ops;
+	if (r == -EMFILE || r == -ENFILE) {
+		/* Out of descriptors is the daemon's capacity, not the client's
+		 * file table: never answer EMFILE. */
+		snprintf(why, why_len, "tensor '%s': the daemon has no descriptor left for it (%s)",
+			 t->name, r == -EMFILE ? "RLIMIT_NOFILE" : "the system's file table");
+		r = -ENOSPC;
+	} else if (r < 0) {
+		snprintf(why, why_len, "tensor '%s': allocating %llu bytes on %s failed: %s",
+			 t->name, (unsigned long long)t->nbytes, dev->ops->name,
+			 tensord_strerror(r));
+	} else if (a->size > dev->capacity - dev->used + counted) {
+		/* Rounding to the backend's granularity pushed it over. */
+		snprintf(why, why_len,
+			 "tensor '%s': needs %llu bytes after rounding, only %llu free", t->name,
+			 (unsigned long long)a->size,
+			 (unsigned long long)(dev->capacity - dev->used + counted));
+		r = -ENOSPC;
+	}
+	if (r < 0)
+		dev->ops->release(a);
+	return r;
+}
+
+/* Room for one more name in the table. */
+static int name_room(struct registry *reg, const struct tensor *t, char *why, size_t why_len)
+{
+	if (reg->n_named + 1 > reg->n_buckets && grow_buckets(reg) < 0) {
+		snprintf(why, why_len, "tensor '%s': out of memory", t->name);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+/*
  * Gets t its memory on dev, and room for its name in the table. On failure
  * releases what it got; the caller frees t.
  */
@@ -546,53 +588,33 @@ static int tensor_alloc(struct registry *reg, struct reg_device *dev, struct ten
 		r = ops->alloc_shared(&t->alloc, t->nbytes, t->owner_uid, t->owner_gid, t->mode);
 	else
 		r = ops->alloc(&t->alloc, t->nbytes, dev->device.device_id, t->name);
-
-	t->alloc.ops = dev->ops;
-	if (r == -EMFILE || r == -ENFILE) {
-		/* Out of descriptors is the daemon's capacity, not the client's
-		 * file table: never answer EMFILE. */
-		snprintf(why, why_len, "tensor '%s': the daemon has no descriptor left for it (%s)",
-			 t->name, r == -EMFILE ? "RLIMIT_NOFILE" : "the system's file table");
-		dev->ops->release(&t->alloc);
-		return -ENOSPC;
-	}
-	if (r < 0) {
-		snprintf(why, why_len, "tensor '%s': allocating %llu bytes on %s failed: %s",
-			 t->name, (unsigned long long)t->nbytes, dev->ops->name,
-			 tensord_strerror(r));
-		dev->ops->release(&t->alloc);
+	r = alloc_result(reg, dev, t, &t->alloc, r, 0, why, why_len);
+	if (r < 0)
 		return r;
-	}
-	if (t->alloc.size > dev->capacity - dev->used) {
-		/* Rounding to the backend's granularity pushed it over. */
-		snprintf(why, why_len,
-			 "tensor '%s': needs %llu bytes after rounding, only %llu free", t->name,
-			 (unsigned long long)t->alloc.size,
-			 (unsigned long long)(dev->capacity - dev->used));
+	r = name_room(reg, t, why, why_len);
+	if (r < 0)
 		dev->ops->release(&t->alloc);
-		return -ENOSPC;
-	}
-	if (reg->n_named + 1 > reg->n_buckets && grow_buckets(reg) < 0) {
-		snprintf(why, why_len, "tensor '%s': out of memory", t->name);
-		dev->ops->release(&t->alloc);
-		return -ENOMEM;
-	}
-	return 0;
+	return r;
 }
 
-/* Names t, charges it to dev and puts it on the list of live tensors. */
-static void tensor_insert(struct registry *reg, struct reg_device *dev, struct tensor *t)
+/* Puts t in the name table (name_room() made room). */
+static void tensor_name(struct registry *reg, struct tensor *t)
 {
 	struct tensor **b = bucket_of(reg, t->name, t->name_len);
 
-	t->id = reg->next_id++;
-	t->dev = dev;
-	dev->used += t->alloc.size;
-	dev->tensors++;
 	t->hnext = *b;
 	*b = t;
 	reg->n_named++;
 	RB_INSERT(tensor_names, &reg->names, t);
+}
+
+/* Charges t to dev and puts it on the list of live tensors. */
+static void tensor_link(struct registry *reg, struct reg_device *dev, struct tensor *t)
+{
+	t->id = reg->next_id++;
+	t->dev = dev;
+	dev->used += t->alloc.size;
+	dev->tensors++;
 	t->next = reg->all;
 	if (reg->all)
 		reg->all->prev = t;
@@ -611,6 +633,115 @@ static void replace_old(struct registry *reg, const struct reg_client *rc,
 	log_debug("tensor '%s': replaced by pid %u, %u leases live on", old->name, rc->pid,
 		  old->refcount);
 	tensor_unlink(reg, old);
+}
+
+/*
+ * The first half of a create whose memory the GPU worker allocates
+ * (registry.h, struct reg_alloc_job): t is charged, linked and (unless it
+ * replaces a tensor of its name) named, and pinned without a lease.
+ */
+static int create_begin(struct registry *reg, struct reg_client *rc, const struct create_args *a,
+			struct reg_device *dev, struct tensor *t, struct tensor **ret_t, char *why,
+			size_t why_len)
+{
+	int r = name_room(reg, t, why, why_len);
+
+	if (r < 0) {
+		create_uncharge(reg, t);
+		free(t);
+		return r;
+	}
+	t->allocating = true;
+	t->refcount = 1;
+	/* What dev->used counts for it until the rounded size is known. */
+	t->alloc.size = t->nbytes;
+	t->alloc.device_id = dev->device.device_id;
+	creator_link(rc, t);
+	tensor_link(reg, dev, t);
+	/* A tensor it replaces keeps the name, and serves, until the memory is there. */
+	t->name_deferred = a->replace && find_named(reg, a->name, a->name_len);
+	if (!t->name_deferred)
+		tensor_name(reg, t);
+	rc->n_created++;
+	log_debug("tensor '%s': allocating %llu bytes on %s %d off the loop", t->name,
+		  (unsigned long long)t->nbytes, dev->ops->name, dev->device.device_id);
+	*ret_t = t;
+	return -EINPROGRESS;
+}
+
+void registry_alloc_run(struct reg_alloc_job *j)
+{
+	const struct tensor *t = j->t;
+
+	memset(&j->got, 0, sizeof(j->got));
+	j->got.fd = -1;
+	j->rc = t->dev->ops->alloc(&j->got, t->nbytes, t->device.device_id, t->name);
+}
+
+/* Why a finished allocation can no longer become t's, or 0. */
+static int finish_check(struct registry *reg, struct tensor *t, char *why, size_t why_len)
+{
+	struct tensor *old;
+	int r;
+
+	if (!t->creator || t->state != TENSORD_STATE_CREATED) {
+		snprintf(why, why_len, "tensor '%s': %s while its memory was being allocated",
+			 t->name, t->creator ? "unlinked" : "its creator went away");
+		return -ECANCELED;
+	}
+	if (!t->name_deferred)
+		return 0;
+	old = find_named(reg, t->name, t->name_len);
+	if (old) {
+		r = replace_check(old, t->creator, why, why_len);
+		if (r < 0)
+			return r;
+	}
+	return name_room(reg, t, why, why_len);
+}
+
+int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64_t *ret_lease,
+			   char *why, size_t why_len)
+{
+	struct tensor *t = j->t;
+	struct reg_device *dev = t->dev;
+	int r;
+
+	assert(t->allocating && t->refcount > 0);
+	t->allocating = false;
+	r = alloc_result(reg, dev, t, &j->got, j->rc, t->alloc.size, why, why_len);
+	if (r == 0) {
+		r = finish_check(reg, t, why, why_len);
+		if (r < 0)
+			dev->ops->release(&j->got);
+	}
+	if (r == 0 && t->name_deferred) {
+		struct tensor *old = find_named(reg, t->name, t->name_len);
+
+		if (old) {
+			log_debug("tensor '%s': replaced by pid %u, %u leases live on", old->name,
+				  t->creator->pid, old->refcount);
+			tensor_unlink(reg, old);
+		}
+		tensor_name(reg, t);
+		t->name_deferred = false;
+	}
+	if (r == 0) {
+		dev->used += j->got.size - t->alloc.size;
+		t->alloc = j->got;
+		t->refcount--; /* the pin; the lease takes over */
+		r = lease_add(reg, t->creator, t, ret_lease);
+		if (r < 0) {
+			snprintf(why, why_len, "tensor '%s': client holds too many leases (%u)",
+				 t->name, t->creator->n_leases);
+			tensor_unlink(reg, t);
+		}
+		return r;
+	}
+	/* Failed: t goes, with nothing of the allocation (alloc_result released it). */
+	t->refcount--;
+	tensor_unlink(reg, t); /* unhash() passes over a name it never took */
+	return r;
 }
 
 int registry_create(struct registry *reg, struct reg_client *rc, const struct create_args *a,
@@ -655,6 +786,8 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 		free(t);
 		return r;
 	}
+	if (dev->ops->alloc_blocks && nbytes && !goes_to_slab(dev->ops, a->shared, nbytes))
+		return create_begin(reg, rc, a, dev, t, ret_t, why, why_len);
 	r = tensor_alloc(reg, dev, t, a->shared, why, why_len);
 	if (r < 0) {
 		create_uncharge(reg, t);
@@ -664,7 +797,8 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 	if (a->replace)
 		replace_old(reg, rc, a);
 	creator_link(rc, t);
-	tensor_insert(reg, dev, t);
+	tensor_link(reg, dev, t);
+	tensor_name(reg, t);
 	rc->n_created++;
 	r = lease_add(reg, rc, t, ret_lease);
 	if (r < 0) {
@@ -721,6 +855,13 @@ int registry_publish(struct registry *reg, struct reg_client *rc, const char *na
 	if (t->creator != rc) {
 		snprintf(why, why_len, "tensor '%s': only its creator may publish it", t->name);
 		return -EPERM;
+	}
+	if (t->allocating) {
+		snprintf(why, why_len,
+			 "tensor '%s': its memory is still being allocated; publish after create "
+			 "answered",
+			 t->name);
+		return -EBUSY;
 	}
 	if (!(t->flags & TENSORD_MUTABLE)) {
 		r = t->alloc.ops->freeze(&t->alloc);

@@ -46,8 +46,10 @@ struct tensor {
 	uint32_t mode;
 	uint32_t owner_uid, owner_gid;
 	uint64_t created_ns;
-	uint32_t refcount;            /* live leases */
+	uint32_t refcount;            /* live leases, and 1 while allocating */
 	bool fd_charged;              /* counted in its owner's QUOTA_FDS */
+	bool allocating;              /* the GPU worker is getting its memory */
+	bool name_deferred;           /* allocating to replace its name's holder: named after */
 	struct reg_client *creator;   /* borrowed; NULL once the creator is gone */
 	struct reg_device *dev;       /* borrowed: the device slot it is charged to */
 	struct backend_alloc alloc;   /* owned */
@@ -173,6 +175,37 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc);
  */
 int registry_create(struct registry *reg, struct reg_client *rc, const struct create_args *a,
 		    struct tensor **ret_t, uint64_t *ret_lease, char *why, size_t why_len);
+
+/*
+ * For a device whose backend's alloc() blocks (GPU), registry_create()
+ * returns -EINPROGRESS instead of 0 once everything but the memory is done:
+ * the name is taken (unless it replaces a tensor, which keeps the name
+ * until then), capacity and rc's uid's shares are charged, and *ret_t is
+ * pinned, in state CREATED with t->allocating set, and holds no lease yet.
+ * The caller then runs registry_alloc_run() on the GPU worker and
+ * registry_create_finish() back on this thread. Meanwhile the tensor may
+ * be unlinked or its creator may go; it is not freed before the finish.
+ */
+struct reg_alloc_job {
+	struct tensor *t;         /* borrowed; pinned until registry_create_finish() */
+	struct backend_alloc got; /* what alloc() made; owned until the finish */
+	int rc;                   /* alloc()'s result */
+};
+
+/* Allocates j->t's memory into j->got. Any one thread; reads only what never changes in t. */
+void registry_alloc_run(struct reg_alloc_job *j);
+
+/*
+ * Completes the create of j->t: on success rc (t's creator) gets its lease
+ * (*ret_lease) and t keeps j->got. 0, or -errno with the reason, and then t
+ * is gone and what was allocated is released: the allocation failed, the
+ * memory came out over capacity after rounding, the tensor was unlinked or
+ * its creator went meanwhile (-ECANCELED), or the name is now another
+ * client's draft (-EEXIST). rc is the creator the caller answers, or NULL
+ * when it went away (then the result is -ECANCELED).
+ */
+int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64_t *ret_lease,
+			   char *why, size_t why_len);
 
 /* Publishes a tensor rc created (sealing it unless mutable), then calls on_publish. */
 int registry_publish(struct registry *reg, struct reg_client *rc, const char *name, size_t len,

@@ -56,6 +56,8 @@ struct server {
 	 * (0: never), so the next request of a busy client needs no wake-up. */
 	uv_idle_t spin;
 	uint64_t spin_ns, spin_until;
+	/* The GPU worker finished a job: run completions (creates) on the loop. */
+	uv_async_t gpu_done;
 };
 
 /* listen.c: binds, sets the mode and starts accepting into srv->conns. 0 or -errno. */

@@ -21,7 +21,8 @@ def build_path(*parts):
 
 
 class Daemon:
-    def __init__(self, tmp_path, args=(), env=None):
+    def __init__(self, tmp_path, args=(), env=None, binary="tensord"):
+        self.binary = binary
         self.socket = str(tmp_path / "tensord.sock")
         self.log_path = str(tmp_path / "tensord.log")
         self.args = list(args)
@@ -36,7 +37,7 @@ class Daemon:
         if self.env:
             env.update(self.env)
         self.proc = subprocess.Popen(
-            [build_path("tensord"), "--socket", self.socket, "--ready-fd", str(w),
+            [build_path(self.binary), "--socket", self.socket, "--ready-fd", str(w),
              "--log-level", "debug"] + self.args,
             pass_fds=(w,), stdout=self.log, stderr=subprocess.STDOUT, env=env)
         os.close(w)
@@ -118,9 +119,9 @@ def wait_until(pred, timeout=10.0, interval=0.01):
 def daemon_factory(tmp_path):
     started = []
 
-    def make(*args, env=None, sub="d%d"):
+    def make(*args, env=None, sub="d%d", binary="tensord"):
         d = Daemon(tmp_path / (sub % len(started)) if "%d" in sub else tmp_path / sub,
-                   args, env)
+                   args, env, binary)
         os.makedirs(os.path.dirname(d.socket), exist_ok=True)
         started.append(d)
         return d.start()

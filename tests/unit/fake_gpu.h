@@ -39,6 +39,7 @@ static uint8_t fake_uuid[4][16];
 static CUresult fake_set_access_ro_rc;      /* what cuMemSetAccess(PROT_READ) answers */
 static int fake_hip_cur;                    /* the HIP thread's current device */
 static void (*fake_on_close)(uint64_t ptr); /* called by the IPC close fakes */
+static unsigned fake_alloc_delay_ms;        /* cuMemCreate and cuMemAlloc take this long */
 
 static void fake_rec(const char *fn, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3)
 {
@@ -163,6 +164,8 @@ static CUdeviceptr fake_next_ptr = 0x10000000;
 
 static CUresult f_cuMemAlloc(CUdeviceptr *p, size_t n)
 {
+	if (fake_alloc_delay_ms)
+		usleep(fake_alloc_delay_ms * 1000u);
 	*p = fake_next_ptr;
 	fake_next_ptr += n;
 	REC("cuMemAlloc", *p, n, 0, 0);
@@ -236,6 +239,8 @@ static CUresult f_cuMemGetAllocationGranularity(size_t *g, const CUmemAllocation
 static CUresult f_cuMemCreate(CUmemGenericAllocationHandle *h, size_t n,
 			      const CUmemAllocationProp *p, unsigned long long f)
 {
+	if (fake_alloc_delay_ms)
+		usleep(fake_alloc_delay_ms * 1000u);
 	*h = 0x77;
 	REC("cuMemCreate", n, (uint64_t)p->location.id, (uint64_t)p->requestedHandleTypes, 0);
 	return CUDA_SUCCESS;

@@ -303,6 +303,82 @@ static void test_hip_alloc(void **state)
 	assert_false(pthread_equal(fake_log[k].tid, pthread_self()));
 }
 
+/* What an asynchronous create does (dispatch.c): alloc() as a job on the worker. */
+struct alloc_job {
+	struct backend_alloc a;
+	int rc;
+	pthread_t done_on;
+	int done;
+};
+
+static void alloc_job_run(void *arg)
+{
+	struct alloc_job *j = arg;
+
+	j->rc = backend_cuda.alloc(&j->a, 5 * MiB, 0, "async");
+}
+
+static void alloc_job_done(void *arg)
+{
+	struct alloc_job *j = arg;
+
+	j->done_on = pthread_self();
+	j->done++;
+}
+
+/* The index of the last call named fn made by thread tid, or -1. */
+static int last_call_by(const char *fn, pthread_t tid)
+{
+	for (int i = fake_n - 1; i >= 0; i--)
+		if (strcmp(fake_log[i].fn, fn) == 0 && pthread_equal(fake_log[i].tid, tid))
+			return i;
+	return -1;
+}
+
+/*
+ * The blocking calls of an allocation (the context, cuMemCreate, the
+ * zeroing and its synchronize) run on the worker; its completion runs where
+ * gpu_reaper_complete() is called; the loop's export leaves no context
+ * current behind, and neither does the worker.
+ */
+static void test_cuda_alloc_on_the_worker(void **state)
+{
+	static const char *const blocking[] = { "cuDevicePrimaryCtxRetain", "cuMemCreate",
+						"cuMemsetD8", "cuCtxSynchronize", NULL };
+	struct alloc_job j = { .a = { .ops = &backend_cuda } };
+	int fd = -1, k;
+
+	assert_int_equal(gpu_reaper_submit(alloc_job_run, alloc_job_done, &j), 0);
+	gpu_reaper_drain();
+	/* Finished, but its completion waits for the loop. */
+	assert_int_equal(j.done, 0);
+	assert_int_equal(gpu_reaper_complete(), 1);
+	assert_int_equal(j.done, 1);
+	assert_true(pthread_equal(j.done_on, pthread_self()));
+	assert_int_equal(j.rc, 0);
+	assert_int_equal(j.a.size, 6 * MiB);
+	for (int i = 0; blocking[i]; i++) {
+		k = fake_find(blocking[i], 0);
+		assert_true(k >= 0);
+		assert_false(pthread_equal(fake_log[k].tid, pthread_self()));
+	}
+	k = last_call_by("cuCtxSetCurrent", fake_log[fake_find("cuMemCreate", 0)].tid);
+	assert_int_equal(fake_log[k].a[0], 0);
+	/* The export, on this ("loop") thread: through the allocation's context, then none. */
+	fake_n = 0;
+	assert_int_equal(backend_cuda.export_fd(&j.a, false, &fd), 0);
+	close(fd);
+	assert_calls_in_order((const char *const[]){
+		"cuCtxSetCurrent", "cuMemExportToShareableHandle", "cuCtxSetCurrent", NULL });
+	assert_int_equal(fake_log[0].a[0], 0x1000 + FAKE_DEV0);
+	assert_int_equal(fake_log[last_call_by("cuCtxSetCurrent", pthread_self())].a[0], 0);
+	assert_int_equal(fake_count("cuDevicePrimaryCtxRetain"), 0);
+	backend_cuda.release(&j.a);
+	gpu_reaper_drain();
+	assert_int_equal(fake_count("cuDevicePrimaryCtxRelease"), 1);
+	assert_int_equal(gpu_reaper_complete(), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -316,6 +392,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_cuda_ipc_alloc, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_zero_size_allocs, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_hip_alloc, fake_setup, fake_teardown),
+		cmocka_unit_test_setup_teardown(test_cuda_alloc_on_the_worker, fake_setup,
+						fake_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

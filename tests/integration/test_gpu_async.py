@@ -1,0 +1,146 @@
+"""GPU creates are answered when the GPU worker has the memory, not on the
+loop thread (issue 11): the daemon over the unit tests' fake CUDA driver
+(tests/fakegpu/tensord_fakegpu.c), whose cuMemCreate takes
+TENSORD_FAKE_ALLOC_MS. Raw frames (hostile.py), so the test sees the reply
+order the daemon produces.
+
+No GPU and no wall-clock assertion: while an allocation is in flight, the
+daemon answers later requests first (reply order), and what a create left
+behind is checked through stats and the daemon's descriptors.
+"""
+import os
+import signal
+import socket
+
+import pytest
+
+from conftest import build_path, wait_until
+from hostile import (F_CREATE, F_UNLINK, R_STATS, Raw, create_body, f_bytes, frame,
+                     reply_with_fds, request, stats_req)
+
+F_PUBLISH = 4
+R_LEASE = 5
+HANDLE_CUDA_VMM_FD = 2
+ALLOC_MS = 400
+MiB = 1 << 20
+
+
+def gpu_create(req_id, name, n=1024):
+    return request(req_id, F_CREATE, create_body(name, [n], device=(2, 0)))
+
+
+def publish_req(req_id, name):
+    return request(req_id, F_PUBLISH, f_bytes(1, name))
+
+
+@pytest.fixture
+def fake(daemon_factory):
+    """The fake-GPU daemon, each cuMemCreate taking ALLOC_MS."""
+    if os.environ.get("TENSORD_TEST_DAEMON"):
+        pytest.skip("needs the fake-GPU daemon this test starts")
+    if not os.path.exists(build_path("tests/helpers/tensord-fakegpu")):
+        pytest.fail("build/tests/helpers/tensord-fakegpu is missing: run make all")
+    d = daemon_factory(env={"TENSORD_FAKE_ALLOC_MS": str(ALLOC_MS)},
+                       binary="tests/helpers/tensord-fakegpu")
+    c = Raw(d.socket)
+    c.hello()
+    c.close()
+    d.baseline = wait_until(lambda: d.fd_count(), timeout=5)
+    return d
+
+
+def cuda0(d):
+    st = d.stats()
+    return next(x for x in st["devices"] if x["device"] == "cuda:0"), st
+
+
+def settled(d):
+    """cuda:0 holds nothing and the daemon no descriptor beyond its baseline."""
+    def done():
+        dev, st = cuda0(d)
+        return dev["tensors"] == 0 and dev["bytes_used"] == 0 and st["tensors"] == 0
+    assert wait_until(done, timeout=10), (d.stats(), d.read_log()[-3000:])
+    assert wait_until(lambda: d.fd_count() == d.baseline, timeout=10), \
+        (d.fd_count(), d.baseline)
+
+
+def test_later_requests_are_answered_while_the_memory_is_allocated(fake):
+    c = Raw(fake.socket)
+    c.hello()
+    c.send(frame(gpu_create(10, "g/a")) + frame(stats_req(11)))
+    # A second client is served meanwhile too.
+    other = Raw(fake.socket)
+    other.hello()
+    other.stats(req_id=3)
+    other.close()
+    first = c.reply()
+    assert first.id == 11 and first.status == 0, first
+    assert first.body(R_STATS) is not None
+    # cuda:0 is charged (as asked) from the request on.
+    dev = next(x for x in fake.stats()["devices"] if x["device"] == "cuda:0")
+    assert dev["tensors"] == 1 and dev["bytes_used"] == 4096, dev
+    created = reply_with_fds(c)
+    assert created.id == 10 and created.status == 0, created
+    lease = created.body(R_LEASE)
+    assert lease[3][0] == HANDLE_CUDA_VMM_FD, lease
+    assert lease[4][0] == 2 * MiB, lease          # rounded to the fake's granularity
+    dev = next(x for x in fake.stats()["devices"] if x["device"] == "cuda:0")
+    assert dev["bytes_used"] == 2 * MiB, dev
+    # Published once created; the name then serves.
+    r = c.call(publish_req(12, "g/a"))
+    assert r.id == 12 and r.status == 0, r
+    r = c.call(request(13, F_UNLINK, f_bytes(1, "g/a")))
+    assert r.id == 13 and r.status == 0, r
+    c.close()
+    settled(fake)
+
+
+def test_publish_before_the_create_answered_is_refused(fake):
+    c = Raw(fake.socket)
+    c.hello()
+    c.send(frame(gpu_create(1, "g/early")) + frame(publish_req(2, "g/early")))
+    r = c.reply()
+    assert r.id == 2 and r.status == -16, r          # EBUSY, before the create's reply
+    assert "still being allocated" in r.message and "'g/early'" in r.message, r
+    created = reply_with_fds(c)
+    assert created.id == 1 and created.status == 0, created
+    # The same name again while it exists: EEXIST, at once.
+    r = c.call(gpu_create(3, "g/early"))
+    assert r.id == 3 and r.status == -17, r
+    c.close()
+    settled(fake)
+
+
+def test_a_client_gone_mid_allocation_leaks_nothing(fake):
+    for i in range(3):
+        c = Raw(fake.socket)
+        c.hello()
+        c.send(frame(gpu_create(1, "g/gone")))
+        c.sock.shutdown(socket.SHUT_RDWR)
+        c.close()
+    settled(fake)
+    log = fake.read_log()
+    assert "'g/gone': its creator went away while its memory was being allocated" in log, \
+        log[-3000:]
+    # The name is free again, and a create of it completes.
+    c = Raw(fake.socket)
+    c.hello()
+    c.send(frame(gpu_create(5, "g/gone")))
+    created = reply_with_fds(c)
+    assert created.id == 5 and created.status == 0, created
+    c.close()
+    settled(fake)
+
+
+def test_stop_with_an_allocation_in_flight(fake):
+    c = Raw(fake.socket)
+    c.hello()
+    c.send(frame(gpu_create(1, "g/stop", n=1 << 20)))
+    # Charged: the request was taken, the allocation is on the worker.
+    assert wait_until(lambda: cuda0(fake)[0]["tensors"] == 1, timeout=5)
+    fake.proc.send_signal(signal.SIGTERM)
+    assert fake.proc.wait(timeout=20) == 0, fake.read_log()[-3000:]
+    c.close()
+    log = fake.read_log()
+    assert "stopped" in log, log[-3000:]
+    # The fixture checks the exit status and that no sanitizer report was logged.
