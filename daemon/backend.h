@@ -69,6 +69,14 @@ struct backend_ops {
 	const char *(*path)(int device_id);
 
 	/*
+	 * For stats: the GPU memory the driver counts for the daemon on this
+	 * device, its context included, as last measured (after each
+	 * allocation and free); 0 when the daemon holds nothing there or the
+	 * driver cannot say. NULL for backends that cannot tell at all.
+	 */
+	uint64_t (*gpu_bytes)(int device_id);
+
+	/*
 	 * Allocates size bytes (size may be 0) on device_id, populated, so
 	 * that nobody faults later for lack of memory. 0, -ENOSPC, -ENOMEM or
 	 * -ENODEV. May leave *a half-built on failure; release() copes.

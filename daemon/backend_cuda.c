@@ -58,6 +58,7 @@
 #include "common/gpu/gpu_util.h"
 #include "gpu_reaper.h"
 #include "log.h"
+#include "nvml.h"
 
 /* Legacy allocations are rounded to 2 MiB, as NVIDIA advises for IPC. */
 #define CUDA_IPC_GRANULARITY (2ull << 20)
@@ -65,11 +66,13 @@
 struct cuda_dev {
 	CUdevice dev;
 	uint8_t uuid[TD_GPU_UUID_LEN];
-	bool vmm;        /* share through VMM + POSIX fd; read with __atomic_load_n */
-	uint64_t total;  /* bytes of device memory */
-	uint64_t gran;   /* allocation granularity; 0 until the context exists */
-	CUcontext ctx;   /* retained primary context; NULL while no tensor lives here */
-	uint32_t allocs; /* live allocations on this device: the context's users */
+	bool vmm;           /* share through VMM + POSIX fd; read with __atomic_load_n */
+	uint64_t total;     /* bytes of device memory */
+	uint64_t gran;      /* allocation granularity; 0 until the context exists */
+	CUcontext ctx;      /* retained primary context; NULL while no tensor lives here */
+	uint32_t allocs;    /* live allocations on this device: the context's users */
+	uint64_t gpu_bytes; /* measured by cuda_measure(); read with __atomic_load_n */
+	bool unmeasured;    /* cuda_measure() said why it cannot, once */
 };
 
 /* What one allocation holds; a->priv. */
@@ -261,6 +264,41 @@ static bool cuda_dev_put(int ordinal)
 	return true;
 }
 
+/*
+ * Records what the driver counts for the daemon on the device now, its
+ * context included (NVML: cuMemGetInfo cannot see what the context took).
+ * cuda_lock held, after each allocation and free, on the worker.
+ */
+static void cuda_measure(int ordinal)
+{
+	struct cuda_dev *d = &cuda_devs[ordinal];
+	unsigned pid = (unsigned)getpid();
+	uint64_t bytes = 0;
+	char why[200];
+	int r = td_nvml_process_bytes(d->uuid, pid, &bytes, why, sizeof(why));
+
+	if (r == 0 && d->ctx && bytes == 0) {
+		snprintf(why, sizeof(why),
+			 "NVML does not list pid %u (the daemon in a pid namespace of its own?)",
+			 pid);
+		r = -ESRCH;
+	}
+	if (r < 0 && !d->unmeasured) {
+		log_info("cuda: device %d: the daemon's GPU memory, context included, is not "
+			 "known: %s",
+			 ordinal, why);
+		d->unmeasured = true;
+	}
+	__atomic_store_n(&d->gpu_bytes, r == 0 ? bytes : 0, __ATOMIC_RELAXED);
+}
+
+static uint64_t cuda_backend_gpu_bytes(int device_id)
+{
+	if (device_id < 0 || device_id >= cuda_ndevs)
+		return 0;
+	return __atomic_load_n(&cuda_devs[device_id].gpu_bytes, __ATOMIC_RELAXED);
+}
+
 /* Releases a device's primary context, which gives its memory back. Any thread. */
 static void cuda_ctx_drop(CUdevice dev, int ordinal)
 {
@@ -403,6 +441,7 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 	}
 	/* Nothing of ours stays current on a thread that may outlive the context. */
 	cuda_api->CtxSetCurrent(NULL);
+	cuda_measure(device_id);
 	pthread_mutex_unlock(&cuda_lock);
 	return err;
 }
@@ -466,6 +505,7 @@ static void cuda_free_job(void *arg)
 		cuda_ctx_drop(dev, m->ordinal);
 	else
 		cuda_api->CtxSetCurrent(NULL);
+	cuda_measure(m->ordinal);
 	pthread_mutex_unlock(&cuda_lock);
 	free(m);
 }
@@ -513,6 +553,7 @@ const struct backend_ops backend_cuda = {
 	.device_uuid = cuda_backend_device_uuid,
 	.default_capacity = cuda_backend_default_capacity,
 	.path = cuda_backend_path,
+	.gpu_bytes = cuda_backend_gpu_bytes,
 	.alloc = cuda_backend_alloc,
 	.alloc_blocks = true,
 	.export_fd = cuda_backend_export_fd,

@@ -203,6 +203,16 @@ static void render_devices(FILE *f, const struct registry *reg)
 				tensord_device_name(reg->devices[i].device, dev, sizeof(dev)),
 				reg->devices[i].ops->name,
 				(unsigned long long)reg->devices[i].capacity);
+	family(f, "tensord_device_gpu_bytes", "gauge",
+	       "GPU memory the driver counts for the daemon, its contexts included, by device "
+	       "(NVML; 0 when unknown).");
+	for (int i = 0; i < reg->n_devices; i++)
+		if (reg->devices[i].init_rc == 0 && reg->devices[i].ops->gpu_bytes)
+			fprintf(f, "tensord_device_gpu_bytes{device=\"%s\",backend=\"%s\"} %llu\n",
+				tensord_device_name(reg->devices[i].device, dev, sizeof(dev)),
+				reg->devices[i].ops->name,
+				(unsigned long long)reg->devices[i].ops->gpu_bytes(
+					reg->devices[i].device.device_id));
 }
 
 struct owner_use {

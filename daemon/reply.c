@@ -270,6 +270,7 @@ void reply_stats(struct conn *c, uint64_t req_id, const struct registry *reg, un
 		ds[n].bytes_used = d->used;
 		ds[n].bytes_capacity = d->capacity;
 		ds[n].tensors = d->tensors;
+		ds[n].gpu_bytes = d->ops->gpu_bytes ? d->ops->gpu_bytes(d->device.device_id) : 0;
 		pds[n] = &ds[n];
 		n++;
 	}

@@ -532,6 +532,7 @@ int tensord_stats(tensord_client *c, tensord_daemon_stats *ret_stats, size_t siz
 		d->bytes_used = w->bytes_used;
 		d->bytes_capacity = w->bytes_capacity;
 		d->tensors = w->tensors;
+		ret->device_gpu_bytes[ret->n_devices - 1] = w->gpu_bytes;
 	}
 	ret->daemon_fds = s->daemon_fds;
 	ret->host_pool_fds = s->host_pool_fds;

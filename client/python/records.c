@@ -188,11 +188,12 @@ PyObject *td_stats_new(const tensord_daemon_stats *st, const tensord_uid_stats *
 		const tensord_device_stats *ds = &st->devices[i];
 		char dev[32];
 
-		d = Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:I}", "device",
+		d = Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:I,s:K}", "device",
 				  tensord_device_name(ds->device, dev, sizeof(dev)), "backend",
 				  ds->backend, "path", ds->path, "bytes_used",
 				  (unsigned long long)ds->bytes_used, "bytes_capacity",
-				  (unsigned long long)ds->bytes_capacity, "tensors", ds->tensors);
+				  (unsigned long long)ds->bytes_capacity, "tensors", ds->tensors,
+				  "gpu_bytes", (unsigned long long)st->device_gpu_bytes[i]);
 		if (!d || PyList_Append(devs, d) < 0) {
 			Py_XDECREF(d);
 			Py_DECREF(devs);

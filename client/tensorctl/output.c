@@ -219,8 +219,8 @@ void print_stats_json(const tensord_daemon_stats *st, const tensord_uid_stats *u
 		json_field("backend", d->backend, false);
 		json_field("path", d->path, false);
 		printf(", \"bytes_used\": %" PRIu64 ", \"bytes_capacity\": %" PRIu64
-		       ", \"tensors\": %" PRIu32 "}",
-		       d->bytes_used, d->bytes_capacity, d->tensors);
+		       ", \"tensors\": %" PRIu32 ", \"gpu_bytes\": %" PRIu64 "}",
+		       d->bytes_used, d->bytes_capacity, d->tensors, st->device_gpu_bytes[i]);
 	}
 	printf("], \"daemon_fds\": %" PRIu32 ", \"host_pool_fds\": %" PRIu32
 	       ", \"host_pool_bytes\": %" PRIu64 ", \"host_pool_budget\": %" PRIu64
@@ -367,18 +367,22 @@ void print_stats_text(const tensord_daemon_stats *st, const tensord_uid_stats *u
 	       st->host_pool_misses);
 	printf("slabs:    %" PRIu32 " holding %s\n", st->host_slabs,
 	       human(st->host_slab_bytes, used, sizeof(used)));
-	printf("\n%-8s  %-7s  %-8s  %7s  %10s  %10s  %6s\n", "DEVICE", "BACKEND", "PATH", "TENSORS",
-	       "USED", "CAPACITY", "USE");
+	printf("\n%-8s  %-7s  %-8s  %7s  %10s  %10s  %6s  %10s\n", "DEVICE", "BACKEND", "PATH",
+	       "TENSORS", "USED", "CAPACITY", "USE", "GPU MEMORY");
 	for (i = 0; i < st->n_devices; i++) {
 		const tensord_device_stats *d = &st->devices[i];
 		double cap_d = (double)d->bytes_capacity;
+		char gpu[32] = "-";
 
 		snprintf(pct, sizeof(pct), cap_d > 0 ? "%.1f%%" : "-",
 			 cap_d > 0 ? 100.0 * (double)d->bytes_used / cap_d : 0.0);
-		printf("%-8s  %-7.16s  %-8.16s  %7" PRIu32 "  %10s  %10s  %6s\n",
+		/* With its context: what the GPU lost to the daemon (NVML). */
+		if (st->device_gpu_bytes[i])
+			human(st->device_gpu_bytes[i], gpu, sizeof(gpu));
+		printf("%-8s  %-7.16s  %-8.16s  %7" PRIu32 "  %10s  %10s  %6s  %10s\n",
 		       tensord_device_name(d->device, dev, sizeof(dev)), d->backend, d->path,
 		       d->tensors, human(d->bytes_used, used, sizeof(used)),
-		       human(d->bytes_capacity, cap, sizeof(cap)), pct);
+		       human(d->bytes_capacity, cap, sizeof(cap)), pct, gpu);
 	}
 	print_uid_usage(u, n);
 }

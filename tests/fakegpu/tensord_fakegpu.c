@@ -5,13 +5,15 @@
  * two fake devices "cuda:0" and "cuda:1". The integration tests use it to
  * drive GPU creates end to end on a machine without a GPU: the asynchronous
  * reply, a client that goes while its memory is allocated, a stop with an
- * allocation in flight. Nothing is ever mapped: exported descriptors are
- * duplicates of stderr.
+ * allocation in flight, and the GPU memory stats report (NVML's fake counts
+ * 300 MiB per primary context). Nothing is ever mapped: exported
+ * descriptors are duplicates of stderr.
  *
  * TENSORD_FAKE_ALLOC_MS: how long each cuMemCreate takes (default 0).
  */
 #include <stdlib.h>
 
+#include "daemon/nvml.h" /* before fake_gpu.h: its NVML fake too */
 #include "../unit/fake_gpu.h"
 
 int tensord_main(int argc, char **argv);

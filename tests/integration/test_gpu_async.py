@@ -11,6 +11,7 @@ behind is checked through stats and the daemon's descriptors.
 import os
 import signal
 import socket
+import subprocess
 
 import pytest
 
@@ -129,6 +130,38 @@ def test_a_client_gone_mid_allocation_leaks_nothing(fake):
     created = reply_with_fds(c)
     assert created.id == 5 and created.status == 0, created
     c.close()
+    settled(fake)
+
+
+CTX_BYTES = 300 * MiB    # what the fake driver counts for a primary context
+
+
+def test_gpu_memory_with_its_context_in_stats(fake):
+    """stats' gpu_bytes: what the driver (NVML's fake) counts for the daemon
+    on the device, the primary context included; back to 0 when the last
+    tensor went and the daemon released the context."""
+    assert cuda0(fake)[0]["gpu_bytes"] == 0
+    c = Raw(fake.socket)
+    c.hello()
+    c.send(frame(gpu_create(1, "g/m", n=1 << 20)))      # 4 MiB of float32
+    created = reply_with_fds(c)
+    assert created.status == 0, created
+    dev = cuda0(fake)[0]
+    assert dev["gpu_bytes"] == CTX_BYTES + 4 * MiB, dev
+    assert dev["bytes_used"] == 4 * MiB, dev
+    r = subprocess.run([build_path("tensorctl"), "--socket", fake.socket, "stats"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("cuda:0"))
+    assert row.split()[-2:] == ["304.0", "MiB"], row
+    r = subprocess.run([build_path("tensorctl"), "--socket", fake.socket, "stats",
+                        "--prometheus"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert f'tensord_device_gpu_bytes{{device="cuda:0",backend="cuda"}} {CTX_BYTES + 4 * MiB}' \
+        in r.stdout, r.stdout
+    c.close()                                           # unpublished: freed with it
+    assert wait_until(lambda: cuda0(fake)[0]["gpu_bytes"] == 0, timeout=10), cuda0(fake)
+    assert "primary context released" in fake.read_log()
     settled(fake)
 
 

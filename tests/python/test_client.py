@@ -126,6 +126,8 @@ def test_list_and_stats(client):
     assert s["daemon_pid"] > 0
     cpu = [d for d in s["devices"] if d["device"] == "cpu"]
     assert cpu and cpu[0]["bytes_used"] >= 12 and cpu[0]["bytes_capacity"] > 0
+    # Host memory has no GPU figure; the key is there for every device.
+    assert cpu[0]["gpu_bytes"] == 0
 
 
 def test_unlink_keeps_attached_memory(client):

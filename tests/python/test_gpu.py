@@ -161,6 +161,29 @@ def test_stats_report_cuda_path(client):
     print(f"daemon shares cuda:0 through {path}")
 
 
+def cuda0_stats(client):
+    return next(d for d in client.stats()["devices"] if d["device"] == "cuda:0")
+
+
+def test_stats_gpu_bytes_include_the_context(client):
+    """gpu_bytes (NVML): the tensor's rounded bytes plus the daemon's primary
+    context while a tensor lives; 0 once the last one went and the context
+    was released."""
+    import time
+    t = client.create("gpu/ctx", (4 << 20,), "uint8", device="cuda:0")
+    dev = cuda0_stats(client)
+    print(f"daemon on cuda:0: {dev['gpu_bytes']} bytes with the context, "
+          f"{dev['bytes_used']} in tensors")
+    assert dev["bytes_used"] >= 4 << 20, dev
+    assert dev["gpu_bytes"] > dev["bytes_used"], dev       # the context costs something
+    t.release()
+    client.unlink("gpu/ctx")
+    end = time.monotonic() + 10
+    while cuda0_stats(client)["gpu_bytes"] and time.monotonic() < end:
+        time.sleep(0.05)
+    assert cuda0_stats(client)["gpu_bytes"] == 0, cuda0_stats(client)
+
+
 # --- issue 11: the hardware checks ----------------------------------------------
 
 

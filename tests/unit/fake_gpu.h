@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/gpu/cuda_api.h"
+#include "common/gpu/gpu_util.h"
 #include "common/gpu/hip_api.h"
 
 #define FAKE_DEV0 10
@@ -40,6 +41,56 @@ static CUresult fake_set_access_ro_rc;      /* what cuMemSetAccess(PROT_READ) an
 static int fake_hip_cur;                    /* the HIP thread's current device */
 static void (*fake_on_close)(uint64_t ptr); /* called by the IPC close fakes */
 static unsigned fake_alloc_delay_ms;        /* cuMemCreate and cuMemAlloc take this long */
+
+/*
+ * What the fake driver counts as this process's GPU memory per device, for
+ * the NVML fake: FAKE_CTX_BYTES per retained primary context, plus the
+ * bytes of live allocations (by handle or pointer).
+ */
+#define FAKE_CTX_BYTES (300ull << 20)
+#define FAKE_LIVE_MAX 64
+static int fake_ctx_refs[4];
+static struct {
+	uint64_t key; /* VMM handle or device pointer; 0: free slot */
+	int dev;
+	uint64_t size;
+} fake_live[FAKE_LIVE_MAX];
+static uint64_t fake_next_handle = 0x77;
+
+/* Lock held by the caller (fake_lock). */
+static void fake_live_add(uint64_t key, int dev, uint64_t size)
+{
+	for (int i = 0; i < FAKE_LIVE_MAX; i++)
+		if (!fake_live[i].key) {
+			fake_live[i].key = key;
+			fake_live[i].dev = dev;
+			fake_live[i].size = size;
+			return;
+		}
+}
+
+static void fake_live_drop(uint64_t key)
+{
+	for (int i = 0; i < FAKE_LIVE_MAX; i++)
+		if (fake_live[i].key == key) {
+			fake_live[i].key = 0;
+			return;
+		}
+}
+
+/* This process's bytes on ordinal dev, as the fake driver counts them. */
+__attribute__((unused)) static uint64_t fake_process_bytes(int dev)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&fake_lock);
+	n = (uint64_t)fake_ctx_refs[dev] * FAKE_CTX_BYTES;
+	for (int i = 0; i < FAKE_LIVE_MAX; i++)
+		if (fake_live[i].key && fake_live[i].dev == dev)
+			n += fake_live[i].size;
+	pthread_mutex_unlock(&fake_lock);
+	return n;
+}
 
 static void fake_rec(const char *fn, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3)
 {
@@ -128,6 +179,9 @@ static CUresult f_cuDeviceTotalMem(size_t *b, CUdevice d)
 static CUresult f_cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 {
 	REC("cuDevicePrimaryCtxRetain", (uint64_t)d, 0, 0, 0);
+	pthread_mutex_lock(&fake_lock);
+	fake_ctx_refs[d - FAKE_DEV0]++;
+	pthread_mutex_unlock(&fake_lock);
 	*c = (CUcontext)(uintptr_t)(0x1000 + d);
 	return CUDA_SUCCESS;
 }
@@ -135,13 +189,25 @@ static CUresult f_cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 static CUresult f_cuDevicePrimaryCtxRelease(CUdevice d)
 {
 	REC("cuDevicePrimaryCtxRelease", (uint64_t)d, 0, 0, 0);
+	pthread_mutex_lock(&fake_lock);
+	fake_ctx_refs[d - FAKE_DEV0]--;
+	pthread_mutex_unlock(&fake_lock);
 	return CUDA_SUCCESS;
 }
+
+static __thread uintptr_t fake_cur_ctx; /* this thread's current context */
 
 static CUresult f_cuCtxSetCurrent(CUcontext c)
 {
 	REC("cuCtxSetCurrent", U(c), 0, 0, 0);
+	fake_cur_ctx = (uintptr_t)c;
 	return CUDA_SUCCESS;
+}
+
+/* The ordinal of the current context's device; 0 when none is current. */
+static int fake_cur_dev(void)
+{
+	return fake_cur_ctx ? (int)(fake_cur_ctx - 0x1000 - FAKE_DEV0) : 0;
 }
 static CUresult f_cuCtxPushCurrent(CUcontext c)
 {
@@ -166,8 +232,11 @@ static CUresult f_cuMemAlloc(CUdeviceptr *p, size_t n)
 {
 	if (fake_alloc_delay_ms)
 		usleep(fake_alloc_delay_ms * 1000u);
+	pthread_mutex_lock(&fake_lock);
 	*p = fake_next_ptr;
 	fake_next_ptr += n;
+	fake_live_add(*p, fake_cur_dev(), n);
+	pthread_mutex_unlock(&fake_lock);
 	REC("cuMemAlloc", *p, n, 0, 0);
 	return CUDA_SUCCESS;
 }
@@ -175,6 +244,9 @@ static CUresult f_cuMemAlloc(CUdeviceptr *p, size_t n)
 static CUresult f_cuMemFree(CUdeviceptr p)
 {
 	REC("cuMemFree", p, 0, 0, 0);
+	pthread_mutex_lock(&fake_lock);
+	fake_live_drop(p);
+	pthread_mutex_unlock(&fake_lock);
 	return CUDA_SUCCESS;
 }
 static CUresult f_cuMemsetD8(CUdeviceptr p, unsigned char v, size_t n)
@@ -241,7 +313,10 @@ static CUresult f_cuMemCreate(CUmemGenericAllocationHandle *h, size_t n,
 {
 	if (fake_alloc_delay_ms)
 		usleep(fake_alloc_delay_ms * 1000u);
-	*h = 0x77;
+	pthread_mutex_lock(&fake_lock);
+	*h = fake_next_handle++;
+	fake_live_add(*h, p->location.id - FAKE_DEV0, n);
+	pthread_mutex_unlock(&fake_lock);
 	REC("cuMemCreate", n, (uint64_t)p->location.id, (uint64_t)p->requestedHandleTypes, 0);
 	return CUDA_SUCCESS;
 }
@@ -249,6 +324,9 @@ static CUresult f_cuMemCreate(CUmemGenericAllocationHandle *h, size_t n,
 static CUresult f_cuMemRelease(CUmemGenericAllocationHandle h)
 {
 	REC("cuMemRelease", h, 0, 0, 0);
+	pthread_mutex_lock(&fake_lock);
+	fake_live_drop(h);
+	pthread_mutex_unlock(&fake_lock);
 	return CUDA_SUCCESS;
 }
 
@@ -493,6 +571,52 @@ static struct td_hip_api fake_hip = {
 #undef REC
 #undef U
 
+#ifdef TENSORD_NVML_H
+/* --- NVML (daemon/nvml.h), for files that include it first ------------------ */
+static nvmlReturn_t f_nvmlInit(void)
+{
+	return TD_NVML_SUCCESS;
+}
+
+/* A handle is 1 + the ordinal whose UUID formats as uuid. */
+static nvmlReturn_t f_nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *dev)
+{
+	char have[48];
+
+	for (int i = 0; i < fake_ndev; i++)
+		if (strcmp(td_gpu_uuid_format(fake_uuid[i], 16, have, sizeof(have)), uuid) == 0) {
+			*dev = (nvmlDevice_t)(uintptr_t)(i + 1);
+			return TD_NVML_SUCCESS;
+		}
+	return 13; /* NVML_ERROR_NOT_FOUND */
+}
+
+/* This process, with what fake_process_bytes() counts, when that is not 0. */
+static nvmlReturn_t f_nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned int *n,
+							   td_nvml_process_info *infos)
+{
+	uint64_t bytes = fake_process_bytes((int)(uintptr_t)dev - 1);
+
+	if (!bytes) {
+		*n = 0;
+		return TD_NVML_SUCCESS;
+	}
+	if (*n < 1) {
+		*n = 1;
+		return TD_NVML_ERROR_INSUFFICIENT_SIZE;
+	}
+	*n = 1;
+	infos[0] = (td_nvml_process_info){ (unsigned)getpid(), bytes, 0, 0 };
+	return TD_NVML_SUCCESS;
+}
+
+static const struct td_nvml_api fake_nvml = {
+	.Init = f_nvmlInit,
+	.DeviceGetHandleByUUID = f_nvmlDeviceGetHandleByUUID,
+	.DeviceGetComputeRunningProcesses = f_nvmlDeviceGetComputeRunningProcesses,
+};
+#endif
+
 /*
  * Installs both fakes with ndev devices whose UUIDs are all different
  * (byte 0 is 0xA0 + ordinal), and empties the log.
@@ -506,9 +630,14 @@ __attribute__((unused)) static void fake_gpu_install(int ndev)
 	fake_set_access_ro_rc = CUDA_SUCCESS;
 	fake_hip_cur = 0;
 	fake_on_close = NULL;
+	memset(fake_ctx_refs, 0, sizeof(fake_ctx_refs));
+	memset(fake_live, 0, sizeof(fake_live));
 	fake_hip.DeviceGetUuid = f_hipDeviceGetUuid;
 	td_cuda_api_use(&fake_cuda);
 	td_hip_api_use(&fake_hip);
+#ifdef TENSORD_NVML_H
+	td_nvml_api_use(&fake_nvml);
+#endif
 }
 
 /* Back to the real loaders. */
@@ -516,6 +645,9 @@ __attribute__((unused)) static void fake_gpu_remove(void)
 {
 	td_cuda_api_use(NULL);
 	td_hip_api_use(NULL);
+#ifdef TENSORD_NVML_H
+	td_nvml_api_use(NULL);
+#endif
 }
 
 #endif /* TENSORD_FAKE_GPU_H */

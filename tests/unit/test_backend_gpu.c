@@ -27,6 +27,7 @@
 #include "common/gpu/hip_api.h"
 #include "daemon/backend.h"
 #include "daemon/gpu_reaper.h"
+#include "daemon/nvml.h" /* before fake_gpu.h: its NVML fake too */
 #include "fake_gpu.h"
 
 #define MiB (1ull << 20)
@@ -379,6 +380,48 @@ static void test_cuda_alloc_on_the_worker(void **state)
 	assert_int_equal(gpu_reaper_complete(), 0);
 }
 
+/* NVML's fake lists no process: as for a daemon in a pid namespace of its own. */
+static nvmlReturn_t no_processes(nvmlDevice_t dev, unsigned int *n, td_nvml_process_info *infos)
+{
+	*n = 0;
+	return TD_NVML_SUCCESS;
+}
+
+/*
+ * stats' per-device GPU memory: what the driver counts for the daemon
+ * (NVML), context included, measured after each allocation and free; 0
+ * once the last tensor took the context with it, and 0 (unknown) when
+ * NVML does not list the daemon although it holds a context.
+ */
+static void test_cuda_gpu_bytes_include_the_context(void **state)
+{
+	struct backend_alloc a = { .ops = &backend_cuda }, b = { .ops = &backend_cuda };
+	struct td_nvml_api blind = fake_nvml;
+
+	assert_non_null(backend_cuda.gpu_bytes);
+	assert_int_equal(backend_cuda.gpu_bytes(1), 0);
+	assert_int_equal(backend_cuda.alloc(&a, 5 * MiB, 1, "a"), 0);
+	assert_int_equal(backend_cuda.gpu_bytes(1), FAKE_CTX_BYTES + 6 * MiB);
+	assert_int_equal(backend_cuda.gpu_bytes(0), 0);
+	assert_int_equal(backend_cuda.alloc(&b, 1, 1, "b"), 0);
+	assert_int_equal(backend_cuda.gpu_bytes(1), FAKE_CTX_BYTES + 8 * MiB);
+	backend_cuda.release(&a);
+	gpu_reaper_drain();
+	assert_int_equal(backend_cuda.gpu_bytes(1), FAKE_CTX_BYTES + 2 * MiB);
+	backend_cuda.release(&b);
+	gpu_reaper_drain();
+	assert_int_equal(fake_count("cuDevicePrimaryCtxRelease"), 1);
+	assert_int_equal(backend_cuda.gpu_bytes(1), 0);
+
+	blind.DeviceGetComputeRunningProcesses = no_processes;
+	td_nvml_api_use(&blind);
+	assert_int_equal(backend_cuda.alloc(&a, 1, 1, "a"), 0);
+	assert_int_equal(backend_cuda.gpu_bytes(1), 0);
+	backend_cuda.release(&a);
+	gpu_reaper_drain();
+	td_nvml_api_use(&fake_nvml);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -393,6 +436,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_zero_size_allocs, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_hip_alloc, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_cuda_alloc_on_the_worker, fake_setup,
+						fake_teardown),
+		cmocka_unit_test_setup_teardown(test_cuda_gpu_bytes_include_the_context, fake_setup,
 						fake_teardown),
 	};
 
