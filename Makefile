@@ -87,8 +87,8 @@ FAKEGPU_BIN := $(B)/tests/helpers/tensord-fakegpu
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 
-.PHONY: all setup run test test-unit test-integration test-python test-asan bench fuzz install \
-        uninstall clean format format-check
+.PHONY: all setup run test test-unit test-integration test-python test-asan test-tsan bench fuzz \
+        install uninstall clean format format-check
 
 all: $(B)/tensord $(B)/tensorctl $(B)/libtensord.so $(B)/libtensord.a $(B)/tensord.pc \
      $(PY_EXT) $(PY_FILES) $(HELP_BIN) $(FAKEGPU_BIN) $(BENCH_BIN)
@@ -205,6 +205,7 @@ test: setup
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)$(MAKE) --no-print-directory test-unit test-integration test-python
 	$(Q)$(MAKE) --no-print-directory test-asan
+	$(Q)$(MAKE) --no-print-directory test-tsan
 
 test-unit: $(UNIT_BIN)
 	$(Q)set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
@@ -228,6 +229,21 @@ test-asan:
 	$(Q)set -e; for t in $(subst $(B)/,build-asan/,$(UNIT_BIN)); do echo "== $$t"; $$t; done
 	$(Q)ASAN_OPTIONS=detect_leaks=1 TENSORD_BUILD=$(abspath build-asan) TENSORD_SANITIZED=1 \
 		$(PYTEST) -q -rs tests/integration
+
+# The threads (the GPU worker, the host pool's worker, the client's flusher)
+# under ThreadSanitizer: the unit tests that run them, and the daemon over the
+# fake GPU driver and the pool's integration tests. A report fails the run.
+TSAN_UNIT := test_backend_gpu test_client_gpu test_pool
+test-tsan:
+	$(Q)$(MAKE) --no-print-directory B=build-tsan CFLAGS="-O1 -g -fsanitize=thread" \
+		LDFLAGS="-fsanitize=thread" build-tsan/tensord build-tsan/tensorctl \
+		build-tsan/tests/helpers/tdclient build-tsan/tests/helpers/tensord-fakegpu \
+		$(TSAN_UNIT:%=build-tsan/tests/unit/%)
+	$(Q)set -e; for t in $(TSAN_UNIT); do echo "== build-tsan/tests/unit/$$t"; \
+		TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/unit/$$t; done
+	$(Q)TSAN_OPTIONS="halt_on_error=1 exitcode=66" TENSORD_BUILD=$(abspath build-tsan) \
+		TENSORD_SANITIZED=1 $(PYTEST) -q -rs tests/integration/test_gpu_async.py \
+		tests/integration/test_pool.py
 
 run:
 	$(Q)VENV=$(VENV) bash deploy/setup.sh run

@@ -134,6 +134,7 @@ def daemon_factory(tmp_path):
         log = d.read_log() if os.path.exists(d.log_path) else ""
         assert "ERROR: AddressSanitizer" not in log, log
         assert "runtime error:" not in log, log
+        assert "WARNING: ThreadSanitizer" not in log, log
         assert rc == 0, f"tensord exited {rc}:\n{log[-4000:]}"
 
 
