@@ -238,6 +238,7 @@ struct pending_create {
 
 static void pending_unlink(struct pending_create *p)
 {
+	p->cl->n_pending--;
 	if (p->prev)
 		p->prev->next = p->next;
 	else
@@ -297,6 +298,7 @@ static void create_defer(struct client *cl, uint64_t id, struct tensor *t)
 		if (cl->pending)
 			cl->pending->prev = p;
 		cl->pending = p;
+		cl->n_pending++;
 		if (gpu_reaper_submit(create_work, create_done, p) == 0)
 			return;
 		pending_unlink(p);
@@ -315,6 +317,13 @@ static void do_create(struct client *cl, uint64_t id, const Tensord__Create *m)
 	int r;
 
 	r = create_args_from(m, &a, why, sizeof(why));
+	if (r == 0 && cl->n_pending >= DISPATCH_CREATES_IN_FLIGHT) {
+		snprintf(why, sizeof(why),
+			 "tensor '%s': this connection has %u GPU creates still being allocated, "
+			 "the most at once; wait for their replies",
+			 a.name, cl->n_pending);
+		r = -EAGAIN;
+	}
 	if (r == 0)
 		r = registry_create(&cl->srv->reg, &cl->rc, &a, &t, &lease, why, sizeof(why));
 	if (r == -EINPROGRESS) {
@@ -661,5 +670,6 @@ void dispatch_close(struct conn *c, void *ctx)
 	for (struct pending_create *p = cl->pending; p; p = p->next)
 		p->cl = NULL;
 	cl->pending = NULL;
+	cl->n_pending = 0;
 	registry_client_gone(&srv->reg, &cl->rc);
 }

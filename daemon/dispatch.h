@@ -17,6 +17,12 @@
 
 /* Names in one List reply at most: about 1 MiB with the longest names. */
 #define DISPATCH_LIST_PAGE 1024
+/*
+ * GPU creates of one connection whose memory the GPU worker is allocating
+ * at once; past it, EAGAIN. Bounds the worker's queue that one client can
+ * fill (the GPU worker serves every client in turn).
+ */
+#define DISPATCH_CREATES_IN_FLIGHT 16
 
 struct pending_create;
 
@@ -27,6 +33,7 @@ struct client {
 	struct reg_client rc;           /* who it is, and its leases */
 	struct waiter_owner waits;      /* its parked attaches */
 	struct pending_create *pending; /* its creates the GPU worker is allocating */
+	unsigned n_pending;
 	bool hello_done;
 	/* For inspection (inspect.c): */
 	uint64_t connected_ns; /* CLOCK_MONOTONIC at accept */

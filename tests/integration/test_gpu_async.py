@@ -133,6 +133,28 @@ def test_a_client_gone_mid_allocation_leaks_nothing(fake):
     settled(fake)
 
 
+def test_creates_in_flight_per_connection_are_bounded(fake):
+    """At most 16 GPU creates of one connection wait for the worker; the
+    17th and later get EAGAIN at once, naming the tensor; all 16 complete."""
+    c = Raw(fake.socket)
+    c.hello()
+    c.send(b"".join(frame(gpu_create(i, f"g/q{i}", n=1)) for i in range(1, 21)))
+    replies = [reply_with_fds(c) for _ in range(20)]
+    refused = [r for r in replies if r.status != 0]
+    assert [r.id for r in refused] == [17, 18, 19, 20], replies
+    assert all(r.status == -11 and "'g/q" in r.message and "16 GPU creates" in r.message
+               for r in refused), refused
+    # Refusals first: they did not wait behind the worker.
+    assert [r.id for r in replies[:4]] == [17, 18, 19, 20], replies
+    assert sorted(r.id for r in replies if r.status == 0) == list(range(1, 17))
+    # With the replies read, the connection may create again.
+    c.send(frame(gpu_create(21, "g/q21", n=1)))
+    r = reply_with_fds(c)
+    assert r.id == 21 and r.status == 0, r
+    c.close()
+    settled(fake)
+
+
 CTX_BYTES = 300 * MiB    # what the fake driver counts for a primary context
 
 
