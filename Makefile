@@ -165,7 +165,7 @@ UNIT_DEPS_test_slab        := daemon/slab.c common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memlimit.c
 UNIT_DEPS_test_ratelimit   := daemon/ratelimit.c daemon/log.c
 UNIT_DEPS_test_paths       := common/paths.c
-UNIT_DEPS_test_registry    := daemon/registry.c daemon/quota.c daemon/backend_host.c daemon/pool.c \
+UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/quota.c daemon/backend_host.c daemon/pool.c \
                               daemon/slab.c \
                               daemon/memlimit.c common/sys.c \
                               daemon/log.c common/desc.c \

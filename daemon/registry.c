@@ -1,3 +1,8 @@
+/*
+ * The registry (registry.h): the name table, lifetimes, leases,
+ * permissions, publish, attach, unlink and list. Creates are in
+ * registry_create.c; what the two share is in registry_int.h.
+ */
 #include "registry.h"
 
 #include <assert.h>
@@ -10,6 +15,7 @@
 #include "common/desc.h"
 #include "common/hash.h"
 #include "log.h"
+#include "registry_int.h"
 
 #define PERM_READ 4u
 #define PERM_WRITE 2u
@@ -34,7 +40,7 @@ static struct tensor **bucket_of(struct registry *reg, const char *name, size_t 
 	return &reg->buckets[td_hash_name(name, len) & (reg->n_buckets - 1)];
 }
 
-static struct tensor *find_named(struct registry *reg, const char *name, size_t len)
+struct tensor *reg_find_named(struct registry *reg, const char *name, size_t len)
 {
 	for (struct tensor *t = *bucket_of(reg, name, len); t; t = t->hnext)
 		if (t->name_len == len && memcmp(t->name, name, len) == 0)
@@ -42,7 +48,7 @@ static struct tensor *find_named(struct registry *reg, const char *name, size_t 
 	return NULL;
 }
 
-static int grow_buckets(struct registry *reg)
+int reg_grow_buckets(struct registry *reg)
 {
 	size_t n = reg->n_buckets * 2;
 	struct tensor **nb = calloc(n, sizeof(*nb));
@@ -133,10 +139,8 @@ int registry_init(struct registry *reg, uint64_t host_capacity)
 	return 0;
 }
 
-static void create_uncharge(struct registry *reg, const struct tensor *t);
-
 /* t is on its creator's list while the creator lives. */
-static void creator_link(struct reg_client *rc, struct tensor *t)
+void reg_creator_link(struct reg_client *rc, struct tensor *t)
 {
 	t->creator = rc;
 	t->cprev = NULL;
@@ -162,10 +166,10 @@ static void creator_unlink(struct tensor *t)
 	t->creator = NULL;
 }
 
-static void tensor_free(struct registry *reg, struct tensor *t)
+void reg_tensor_free(struct registry *reg, struct tensor *t)
 {
 	creator_unlink(t);
-	create_uncharge(reg, t);
+	reg_create_uncharge(reg, t);
 	if (t->prev)
 		t->prev->next = t->next;
 	else
@@ -187,7 +191,7 @@ void registry_fini(struct registry *reg)
 {
 	while (reg->all) {
 		reg->all->creator = NULL; /* its client may be gone without client_gone() */
-		tensor_free(reg, reg->all);
+		reg_tensor_free(reg, reg->all);
 	}
 	free(reg->buckets);
 	reg->buckets = NULL;
@@ -197,14 +201,49 @@ void registry_fini(struct registry *reg)
 }
 
 /* Removes the name; frees the tensor if no lease holds it. */
-static void tensor_unlink(struct registry *reg, struct tensor *t)
+void reg_tensor_unlink(struct registry *reg, struct tensor *t)
 {
 	if (t->state != TENSORD_STATE_UNLINKED) {
 		unhash(reg, t);
 		t->state = TENSORD_STATE_UNLINKED;
 	}
 	if (t->refcount == 0)
-		tensor_free(reg, t);
+		reg_tensor_free(reg, t);
+}
+
+/* Room for one more name in the table. */
+int reg_name_room(struct registry *reg, const struct tensor *t, char *why, size_t why_len)
+{
+	if (reg->n_named + 1 > reg->n_buckets && reg_grow_buckets(reg) < 0) {
+		snprintf(why, why_len, "tensor '%s': out of memory", t->name);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+/* Puts t in the name table (reg_name_room() made room). */
+void reg_tensor_name(struct registry *reg, struct tensor *t)
+{
+	struct tensor **b = bucket_of(reg, t->name, t->name_len);
+
+	t->hnext = *b;
+	*b = t;
+	reg->n_named++;
+	RB_INSERT(tensor_names, &reg->names, t);
+}
+
+/* Charges t to dev and puts it on the list of live tensors. */
+void reg_tensor_link(struct registry *reg, struct reg_device *dev, struct tensor *t)
+{
+	t->id = reg->next_id++;
+	t->dev = dev;
+	dev->used += t->alloc.size;
+	dev->tensors++;
+	t->next = reg->all;
+	if (reg->all)
+		reg->all->prev = t;
+	reg->all = t;
+	reg->n_tensors++;
 }
 
 void registry_client_init(struct reg_client *rc, uint64_t id, uint32_t uid, uint32_t gid,
@@ -217,8 +256,8 @@ void registry_client_init(struct reg_client *rc, uint64_t id, uint32_t uid, uint
 	rc->pid = pid;
 }
 
-static int lease_add(struct registry *reg, struct reg_client *rc, struct tensor *t,
-		     uint64_t *ret_lease)
+int reg_lease_add(struct registry *reg, struct reg_client *rc, struct tensor *t,
+		  uint64_t *ret_lease)
 {
 	uint32_t slot;
 
@@ -261,7 +300,7 @@ static void lease_drop_slot(struct registry *reg, struct reg_client *rc, uint32_
 	rc->n_leases--;
 	reg->n_leases--;
 	if (--t->refcount == 0 && t->state == TENSORD_STATE_UNLINKED)
-		tensor_free(reg, t);
+		reg_tensor_free(reg, t);
 }
 
 /* The slot of a live lease, or -1. */
@@ -311,10 +350,10 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc)
 				unhash(reg, t);
 				t->state = TENSORD_STATE_UNLINKED;
 			}
-			/* A tensor with no lease left is freed by tensor_unlink(); one
+			/* A tensor with no lease left is freed by reg_tensor_unlink(); one
 			 * leased by others lives on until their last lease. */
 			if (t->refcount == 0)
-				tensor_free(reg, t);
+				reg_tensor_free(reg, t);
 		}
 	}
 	reg->visits += rc->n_slots;
@@ -337,7 +376,7 @@ static bool mode_allows(const struct tensor *t, const struct reg_client *rc, uin
 	return t->mode & perm;
 }
 
-static bool visible_to(const struct tensor *t, const struct reg_client *rc)
+bool reg_visible_to(const struct tensor *t, const struct reg_client *rc)
 {
 	return t->state == TENSORD_STATE_PUBLISHED || t->creator == rc;
 }
@@ -353,7 +392,7 @@ bool registry_may_inspect(const struct tensor *t, const struct reg_client *rc)
  * who may read the tensor (issue 10, item 12). */
 static bool may_see(const struct registry *reg, const struct tensor *t, const struct reg_client *rc)
 {
-	if (!visible_to(t, rc))
+	if (!reg_visible_to(t, rc))
 		return false;
 	return reg->show_all_metadata || t->creator == rc || rc->uid == t->owner_uid ||
 	       mode_allows(t, rc, PERM_READ);
@@ -362,453 +401,16 @@ static bool may_see(const struct registry *reg, const struct tensor *t, const st
 struct tensor *registry_lookup(struct registry *reg, struct reg_client *rc, const char *name,
 			       size_t len)
 {
-	struct tensor *t = find_named(reg, name, len);
+	struct tensor *t = reg_find_named(reg, name, len);
 
 	return t && may_see(reg, t, rc) ? t : NULL;
 }
 
 bool registry_published(struct registry *reg, const char *name, size_t len)
 {
-	struct tensor *t = find_named(reg, name, len);
+	struct tensor *t = reg_find_named(reg, name, len);
 
 	return t && t->state == TENSORD_STATE_PUBLISHED;
-}
-
-/* Whether rc may replace old: it owns it (or is root), and old is no one else's draft. */
-static int replace_check(const struct tensor *old, const struct reg_client *rc, char *why,
-			 size_t why_len)
-{
-	if (!visible_to(old, rc)) {
-		snprintf(why, why_len,
-			 "tensor '%s': already exists, being created by another client", old->name);
-		return -EEXIST;
-	}
-	if (rc->uid != 0 && rc->uid != old->owner_uid) {
-		snprintf(why, why_len,
-			 "tensor '%s': owned by uid %u; only its owner may replace it", old->name,
-			 old->owner_uid);
-		return -EPERM;
-	}
-	return 0;
-}
-
-/* What create can refuse before it allocates anything. */
-static int create_check(struct registry *reg, const struct reg_client *rc,
-			const struct create_args *a, char *why, size_t why_len)
-{
-	const struct tensor *old;
-
-	/* The registry's one name check, where a name enters the table: dispatch
-	 * has checked every name from a peer already, but the table's invariant
-	 * (every name in it is valid) does not rest on that. */
-	int r = td_name_check(a->name, a->name_len, why, why_len);
-
-	if (r < 0)
-		return r;
-	old = find_named(reg, a->name, a->name_len);
-	if (old && a->replace) {
-		r = replace_check(old, rc, why, why_len);
-		if (r < 0)
-			return r;
-	} else if (old) {
-		snprintf(why, why_len, "tensor '%.*s': already exists", (int)a->name_len, a->name);
-		return -EEXIST;
-	}
-	if (a->mode & ~0777u) {
-		snprintf(why, why_len, "tensor '%.*s': mode %o has bits outside 0777",
-			 (int)a->name_len, a->name, a->mode);
-		return -EINVAL;
-	}
-	if (a->flags & ~(uint32_t)(TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION)) {
-		snprintf(why, why_len, "tensor '%.*s': unknown flags 0x%x", (int)a->name_len,
-			 a->name, a->flags);
-		return -EINVAL;
-	}
-	return 0;
-}
-
-/* The device slot a's tensor of nbytes goes to, if it serves it and has room. */
-static int create_device(struct registry *reg, const struct create_args *a, uint64_t nbytes,
-			 struct reg_device **ret_dev, char *why, size_t why_len)
-{
-	struct reg_device *dev = registry_device(reg, a->device);
-
-	if (!dev || dev->init_rc < 0) {
-		char dn[32];
-
-		tensord_device_name(a->device, dn, sizeof(dn));
-		snprintf(why, why_len, "tensor '%.*s': no backend for device %s: %s",
-			 (int)a->name_len, a->name, dn,
-			 dev ? dev->why : "the daemon serves no such device");
-		return -ENODEV;
-	}
-	if (nbytes > dev->capacity - dev->used) {
-		snprintf(why, why_len,
-			 "tensor '%.*s': needs %llu bytes, only %llu of %llu are free on %s",
-			 (int)a->name_len, a->name, (unsigned long long)nbytes,
-			 (unsigned long long)(dev->capacity - dev->used),
-			 (unsigned long long)dev->capacity, dev->ops->name);
-		return -ENOSPC;
-	}
-	*ret_dev = dev;
-	return 0;
-}
-
-/* Whether t goes into a shared slab (no descriptor of its own). */
-static bool goes_to_slab(const struct backend_ops *ops, bool shared, uint64_t nbytes)
-{
-	return shared && ops->alloc_shared && nbytes && nbytes <= ops->shared_max;
-}
-
-/*
- * Counts t against its owner's shares of tensors, bytes and (when it will
- * hold a descriptor of its own) descriptors, and checks that such a
- * descriptor is not one of the reserve. 0, -EDQUOT or -ENOSPC with the
- * reason; nothing is counted on failure.
- */
-static int create_charge(struct registry *reg, struct reg_device *dev, struct tensor *t,
-			 bool shared, char *why, size_t why_len)
-{
-	static const enum quota_kind kinds[] = { QUOTA_TENSORS, QUOTA_BYTES, QUOTA_FDS };
-	uint64_t amount[] = { 1, t->nbytes, 1 };
-	size_t n = t->nbytes && !goes_to_slab(dev->ops, shared, t->nbytes) ? 3 : 2;
-	char reason[200];
-	int r = 0;
-
-	if (!reg->quota)
-		return 0;
-	if (n == 3 && !quota_fd_room(reg->quota, t->owner_uid)) {
-		snprintf(why, why_len,
-			 "tensor '%s': the daemon's descriptors are all in use but the %u "
-			 "it keeps "
-			 "for root (RLIMIT_NOFILE %u)",
-			 t->name, reg->quota->lim.fd_reserve, reg->quota->lim.fd_budget);
-		return -ENOSPC;
-	}
-	for (size_t i = 0; i < n && r == 0; i++) {
-		r = quota_charge(reg->quota, t->owner_uid, kinds[i], amount[i], reason,
-				 sizeof(reason));
-		for (size_t j = i; r < 0 && j-- > 0;)
-			quota_uncharge(reg->quota, t->owner_uid, kinds[j], amount[j]);
-	}
-	if (r < 0) {
-		snprintf(why, why_len, "tensor '%s': %s", t->name, reason);
-		return r;
-	}
-	t->fd_charged = n == 3;
-	return 0;
-}
-
-static void create_uncharge(struct registry *reg, const struct tensor *t)
-{
-	if (!reg->quota)
-		return;
-	quota_uncharge(reg->quota, t->owner_uid, QUOTA_TENSORS, 1);
-	quota_uncharge(reg->quota, t->owner_uid, QUOTA_BYTES, t->nbytes);
-	if (t->fd_charged)
-		quota_uncharge(reg->quota, t->owner_uid, QUOTA_FDS, 1);
-}
-
-static void tensor_fill(struct tensor *t, const struct create_args *a, struct reg_client *rc,
-			uint64_t nbytes)
-{
-	struct timespec ts;
-
-	memcpy(t->name, a->name, a->name_len);
-	t->name[a->name_len] = '\0';
-	t->name_len = a->name_len;
-	t->dtype = a->dtype;
-	t->ndim = a->ndim;
-	if (a->ndim)
-		memcpy(t->shape, a->shape, (size_t)a->ndim * sizeof(int64_t));
-	t->device = a->device;
-	t->nbytes = nbytes;
-	t->state = TENSORD_STATE_CREATED;
-	t->flags = a->flags;
-	t->mode = a->mode ? a->mode : 0600;
-	t->owner_uid = rc->uid;
-	t->owner_gid = rc->gid;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	t->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/*
- * Checks what alloc() or alloc_shared() answered (r) for t's memory *a on
- * dev, where `counted` bytes of dev are charged for t already. On failure
- * releases *a and writes the reason.
- */
-static int alloc_result(struct registry *reg, struct reg_device *dev, const struct tensor *t,
-			struct backend_alloc *a, int r, uint64_t counted, char *why, size_t why_len)
-{
-	a->ops = dev->ops;
-	if (r == -EMFILE || r == -ENFILE) {
-		/* Out of descriptors is the daemon's capacity, not the client's
-		 * file table: never answer EMFILE. */
-		snprintf(why, why_len, "tensor '%s': the daemon has no descriptor left for it (%s)",
-			 t->name, r == -EMFILE ? "RLIMIT_NOFILE" : "the system's file table");
-		r = -ENOSPC;
-	} else if (r < 0) {
-		snprintf(why, why_len, "tensor '%s': allocating %llu bytes on %s failed: %s",
-			 t->name, (unsigned long long)t->nbytes, dev->ops->name,
-			 tensord_strerror(r));
-	} else if (a->size > dev->capacity - dev->used + counted) {
-		/* Rounding to the backend's granularity pushed it over. */
-		snprintf(why, why_len,
-			 "tensor '%s': needs %llu bytes after rounding, only %llu free", t->name,
-			 (unsigned long long)a->size,
-			 (unsigned long long)(dev->capacity - dev->used + counted));
-		r = -ENOSPC;
-	}
-	if (r < 0)
-		dev->ops->release(a);
-	return r;
-}
-
-/* Room for one more name in the table. */
-static int name_room(struct registry *reg, const struct tensor *t, char *why, size_t why_len)
-{
-	if (reg->n_named + 1 > reg->n_buckets && grow_buckets(reg) < 0) {
-		snprintf(why, why_len, "tensor '%s': out of memory", t->name);
-		return -ENOMEM;
-	}
-	return 0;
-}
-
-/*
- * Gets t its memory on dev, and room for its name in the table. On failure
- * releases what it got; the caller frees t.
- */
-static int tensor_alloc(struct registry *reg, struct reg_device *dev, struct tensor *t, bool shared,
-			char *why, size_t why_len)
-{
-	const struct backend_ops *ops = dev->ops;
-	int r;
-
-	if (goes_to_slab(ops, shared, t->nbytes))
-		r = ops->alloc_shared(&t->alloc, t->nbytes, t->owner_uid, t->owner_gid, t->mode);
-	else
-		r = ops->alloc(&t->alloc, t->nbytes, dev->device.device_id, t->name);
-	r = alloc_result(reg, dev, t, &t->alloc, r, 0, why, why_len);
-	if (r < 0)
-		return r;
-	r = name_room(reg, t, why, why_len);
-	if (r < 0)
-		dev->ops->release(&t->alloc);
-	return r;
-}
-
-/* Puts t in the name table (name_room() made room). */
-static void tensor_name(struct registry *reg, struct tensor *t)
-{
-	struct tensor **b = bucket_of(reg, t->name, t->name_len);
-
-	t->hnext = *b;
-	*b = t;
-	reg->n_named++;
-	RB_INSERT(tensor_names, &reg->names, t);
-}
-
-/* Charges t to dev and puts it on the list of live tensors. */
-static void tensor_link(struct registry *reg, struct reg_device *dev, struct tensor *t)
-{
-	t->id = reg->next_id++;
-	t->dev = dev;
-	dev->used += t->alloc.size;
-	dev->tensors++;
-	t->next = reg->all;
-	if (reg->all)
-		reg->all->prev = t;
-	reg->all = t;
-	reg->n_tensors++;
-}
-
-/* Unlinks the tensor a replaces, if there is one (create_check allowed it). */
-static void replace_old(struct registry *reg, const struct reg_client *rc,
-			const struct create_args *a)
-{
-	struct tensor *old = find_named(reg, a->name, a->name_len);
-
-	if (!old)
-		return;
-	log_debug("tensor '%s': replaced by pid %u, %u leases live on", old->name, rc->pid,
-		  old->refcount);
-	tensor_unlink(reg, old);
-}
-
-/*
- * The first half of a create whose memory the GPU worker allocates
- * (registry.h, struct reg_alloc_job): t is charged, linked and (unless it
- * replaces a tensor of its name) named, and pinned without a lease.
- */
-static int create_begin(struct registry *reg, struct reg_client *rc, const struct create_args *a,
-			struct reg_device *dev, struct tensor *t, struct tensor **ret_t, char *why,
-			size_t why_len)
-{
-	int r = name_room(reg, t, why, why_len);
-
-	if (r < 0) {
-		create_uncharge(reg, t);
-		free(t);
-		return r;
-	}
-	t->allocating = true;
-	t->refcount = 1;
-	/* What dev->used counts for it until the rounded size is known. */
-	t->alloc.size = t->nbytes;
-	t->alloc.device_id = dev->device.device_id;
-	creator_link(rc, t);
-	tensor_link(reg, dev, t);
-	/* A tensor it replaces keeps the name, and serves, until the memory is there. */
-	t->name_deferred = a->replace && find_named(reg, a->name, a->name_len);
-	if (!t->name_deferred)
-		tensor_name(reg, t);
-	rc->n_created++;
-	log_debug("tensor '%s': allocating %llu bytes on %s %d off the loop", t->name,
-		  (unsigned long long)t->nbytes, dev->ops->name, dev->device.device_id);
-	*ret_t = t;
-	return -EINPROGRESS;
-}
-
-void registry_alloc_run(struct reg_alloc_job *j)
-{
-	const struct tensor *t = j->t;
-
-	memset(&j->got, 0, sizeof(j->got));
-	j->got.fd = -1;
-	j->rc = t->dev->ops->alloc(&j->got, t->nbytes, t->device.device_id, t->name);
-}
-
-/* Why a finished allocation can no longer become t's, or 0. */
-static int finish_check(struct registry *reg, struct tensor *t, char *why, size_t why_len)
-{
-	struct tensor *old;
-	int r;
-
-	if (!t->creator || t->state != TENSORD_STATE_CREATED) {
-		snprintf(why, why_len, "tensor '%s': %s while its memory was being allocated",
-			 t->name, t->creator ? "unlinked" : "its creator went away");
-		return -ECANCELED;
-	}
-	if (!t->name_deferred)
-		return 0;
-	old = find_named(reg, t->name, t->name_len);
-	if (old) {
-		r = replace_check(old, t->creator, why, why_len);
-		if (r < 0)
-			return r;
-	}
-	return name_room(reg, t, why, why_len);
-}
-
-int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64_t *ret_lease,
-			   char *why, size_t why_len)
-{
-	struct tensor *t = j->t;
-	struct reg_device *dev = t->dev;
-	int r;
-
-	assert(t->allocating && t->refcount > 0);
-	t->allocating = false;
-	r = alloc_result(reg, dev, t, &j->got, j->rc, t->alloc.size, why, why_len);
-	if (r == 0) {
-		r = finish_check(reg, t, why, why_len);
-		if (r < 0)
-			dev->ops->release(&j->got);
-	}
-	if (r == 0 && t->name_deferred) {
-		struct tensor *old = find_named(reg, t->name, t->name_len);
-
-		if (old) {
-			log_debug("tensor '%s': replaced by pid %u, %u leases live on", old->name,
-				  t->creator->pid, old->refcount);
-			tensor_unlink(reg, old);
-		}
-		tensor_name(reg, t);
-		t->name_deferred = false;
-	}
-	if (r == 0) {
-		dev->used += j->got.size - t->alloc.size;
-		t->alloc = j->got;
-		t->refcount--; /* the pin; the lease takes over */
-		r = lease_add(reg, t->creator, t, ret_lease);
-		if (r < 0) {
-			snprintf(why, why_len, "tensor '%s': client holds too many leases (%u)",
-				 t->name, t->creator->n_leases);
-			tensor_unlink(reg, t);
-		}
-		return r;
-	}
-	/* Failed: t goes, with nothing of the allocation (alloc_result released it). */
-	t->refcount--;
-	tensor_unlink(reg, t); /* unhash() passes over a name it never took */
-	return r;
-}
-
-int registry_create(struct registry *reg, struct reg_client *rc, const struct create_args *a,
-		    struct tensor **ret_t, uint64_t *ret_lease, char *why, size_t why_len)
-{
-	char reason[200];
-	struct reg_device *dev;
-	struct tensor *t;
-	uint64_t nbytes;
-	int r;
-
-	r = create_check(reg, rc, a, why, why_len);
-	if (r < 0)
-		return r;
-	if (a->ndim < 0 || a->ndim > TENSORD_NDIM_MAX) {
-		snprintf(why, why_len, "tensor '%.*s': %d dimensions; tensors have 0 to %d",
-			 (int)a->name_len, a->name, (int)a->ndim, TENSORD_NDIM_MAX);
-		return -EINVAL;
-	}
-	t = calloc(1, sizeof(*t) + 2 * (size_t)a->ndim * sizeof(int64_t) + a->name_len + 1);
-	if (!t) {
-		snprintf(why, why_len, "tensor '%.*s': out of memory", (int)a->name_len, a->name);
-		return -ENOMEM;
-	}
-	t->shape = t->dims;
-	t->strides = t->dims + a->ndim;
-	t->name = (char *)(t->dims + 2 * a->ndim);
-	t->alloc.fd = -1;
-	r = td_layout(a->dtype, a->ndim, a->shape, a->strides, t->strides, &nbytes, reason,
-		      sizeof(reason));
-	if (r < 0)
-		snprintf(why, why_len, "tensor '%.*s': %s", (int)a->name_len, a->name, reason);
-	else
-		r = create_device(reg, a, nbytes, &dev, why, why_len);
-	if (r < 0) {
-		free(t);
-		return r;
-	}
-	tensor_fill(t, a, rc, nbytes);
-	r = create_charge(reg, dev, t, a->shared, why, why_len);
-	if (r < 0) {
-		free(t);
-		return r;
-	}
-	if (dev->ops->alloc_blocks && nbytes && !goes_to_slab(dev->ops, a->shared, nbytes))
-		return create_begin(reg, rc, a, dev, t, ret_t, why, why_len);
-	r = tensor_alloc(reg, dev, t, a->shared, why, why_len);
-	if (r < 0) {
-		create_uncharge(reg, t);
-		free(t);
-		return r;
-	}
-	if (a->replace)
-		replace_old(reg, rc, a);
-	creator_link(rc, t);
-	tensor_link(reg, dev, t);
-	tensor_name(reg, t);
-	rc->n_created++;
-	r = lease_add(reg, rc, t, ret_lease);
-	if (r < 0) {
-		snprintf(why, why_len, "tensor '%s': client holds too many leases (%u)", t->name,
-			 rc->n_leases);
-		tensor_unlink(reg, t);
-		return r;
-	}
-	*ret_t = t;
-	return 0;
 }
 
 /*
@@ -843,8 +445,8 @@ int registry_publish(struct registry *reg, struct reg_client *rc, const char *na
 	int r;
 
 	assert(len > 0 && len <= TENSORD_NAME_MAX);
-	t = find_named(reg, name, len);
-	if (!t || !visible_to(t, rc)) {
+	t = reg_find_named(reg, name, len);
+	if (!t || !reg_visible_to(t, rc)) {
 		snprintf(why, why_len, "tensor '%.*s': no such tensor", (int)len, name);
 		return -ENOENT;
 	}
@@ -889,7 +491,7 @@ int registry_attach(struct registry *reg, struct reg_client *rc, const char *nam
 	int r;
 
 	assert(len > 0 && len <= TENSORD_NAME_MAX);
-	t = find_named(reg, name, len);
+	t = reg_find_named(reg, name, len);
 	if (!t || t->state != TENSORD_STATE_PUBLISHED) {
 		snprintf(why, why_len, "tensor '%.*s': no such tensor%s", (int)len, name,
 			 t && t->creator == rc ? " (created but not yet published)" : "");
@@ -900,7 +502,7 @@ int registry_attach(struct registry *reg, struct reg_client *rc, const char *nam
 			 rc->uid);
 		return -EACCES;
 	}
-	r = lease_add(reg, rc, t, ret_lease);
+	r = reg_lease_add(reg, rc, t, ret_lease);
 	if (r < 0) {
 		snprintf(why, why_len, "tensor '%s': client holds too many leases (%u)", t->name,
 			 rc->n_leases);
@@ -917,8 +519,8 @@ int registry_unlink(struct registry *reg, struct reg_client *rc, const char *nam
 	struct tensor *t;
 
 	assert(len > 0 && len <= TENSORD_NAME_MAX);
-	t = find_named(reg, name, len);
-	if (!t || !visible_to(t, rc)) {
+	t = reg_find_named(reg, name, len);
+	if (!t || !reg_visible_to(t, rc)) {
 		snprintf(why, why_len, "tensor '%.*s': no such tensor", (int)len, name);
 		return -ENOENT;
 	}
@@ -928,7 +530,7 @@ int registry_unlink(struct registry *reg, struct reg_client *rc, const char *nam
 		return -EPERM;
 	}
 	log_debug("tensor '%s': unlinked by pid %u, %u leases live", t->name, rc->pid, t->refcount);
-	tensor_unlink(reg, t);
+	reg_tensor_unlink(reg, t);
 	return 0;
 }
 
