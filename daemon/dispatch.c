@@ -430,7 +430,7 @@ static void do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m)
 {
 	struct server *srv = cl->srv;
 	struct waiter_req req = { .req_id = id, .have_id = m->have_id };
-	char why[400];
+	char why[400], reason[200];
 	int r;
 
 	r = check_name(m->name, why, sizeof(why));
@@ -447,20 +447,24 @@ static void do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m)
 	if (cl->waits.n_waiters >= srv->quota.lim.waiters_per_conn) {
 		snprintf(why, sizeof(why),
 			 "tensor '%s': %u attaches already waiting on this connection, the "
-			 "most one "
-			 "may have (--max-waiters-per-conn)",
+			 "most one may have (--max-waiters-per-conn)",
 			 m->name, cl->waits.n_waiters);
 		reply_status(cl->conn, id, -EAGAIN, why);
 		return;
 	}
+	r = quota_charge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, 1, reason, sizeof(reason));
+	if (r < 0) {
+		snprintf(why, sizeof(why), "tensor '%s': %s", m->name, reason);
+		reply_status(cl->conn, id, r, why);
+		return;
+	}
 	memcpy(req.name, m->name, req.name_len + 1);
 	if (waiters_add(&srv->waiters, &cl->waits, &req, m->timeout_ms) < 0) {
+		quota_uncharge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, 1);
 		reply_status(cl->conn, id, -ENOMEM, "out of memory for a waiter");
 		return;
 	}
 	metrics_attach_parked();
-	/* Counted for stats; the limit is per connection. */
-	quota_charge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, 1, NULL, 0);
 	log_debug("conn %llu: waiting for '%s' (%lld ms)", (unsigned long long)cl->conn->id,
 		  req.name, (long long)m->timeout_ms);
 }

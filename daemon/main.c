@@ -40,7 +40,8 @@ static void usage(FILE *f)
 		"               [--max-clients-per-uid N] [--max-tensors-per-uid N] "
 		"[--max-fds-per-uid N]\n"
 		"               [--max-bytes-per-uid SIZE] [--max-waiters-per-conn N]\n"
-		"               [--max-fds-in-flight-per-conn N] [--quota-exempt-uid UID]...\n"
+		"               [--max-waiters-per-uid N] [--max-fds-in-flight-per-conn N]\n"
+		"               [--quota-exempt-uid UID]...\n"
 		"               [--show-all-metadata] [--version]\n"
 		"\n"
 		"  --socket PATH      where to listen (default: $TENSORD_SOCKET,\n"
@@ -70,6 +71,8 @@ static void usage(FILE *f)
 		"                               own (default: half of RLIMIT_NOFILE)\n"
 		"  --max-bytes-per-uid SIZE     bytes one uid may own (default: no share)\n"
 		"  --max-waiters-per-conn N     attaches waiting per connection (default 256)\n"
+		"  --max-waiters-per-uid N      attaches waiting per uid, all its connections\n"
+		"                               (default 16 times the per-connection limit)\n"
 		"  --max-fds-in-flight-per-conn N  descriptors queued or unread per\n"
 		"                               connection (default 64)\n"
 		"  --quota-exempt-uid UID       counted, never refused (repeatable; root\n"
@@ -254,6 +257,9 @@ static int parse_limit(int opt, const char *arg, struct server_config *cfg)
 	case 'W':
 		lim->waiters_per_conn = (uint32_t)v;
 		break;
+	case 'w':
+		lim->per_uid[QUOTA_WAITERS] = v;
+		break;
 	case 'F':
 		lim->fds_in_flight_per_conn = (uint32_t)v;
 		break;
@@ -359,6 +365,7 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	case 'K':
 	case 'T':
 	case 'W':
+	case 'w':
 	case 'F':
 	case 'D':
 	case 'U':
@@ -403,6 +410,7 @@ static const struct option long_opts[] = {
 	{ "max-bytes-per-uid", required_argument, NULL, 'B' },
 	{ "max-fds-per-uid", required_argument, NULL, 'D' },
 	{ "max-waiters-per-conn", required_argument, NULL, 'W' },
+	{ "max-waiters-per-uid", required_argument, NULL, 'w' },
 	{ "max-fds-in-flight-per-conn", required_argument, NULL, 'F' },
 	{ "quota-exempt-uid", required_argument, NULL, 'U' },
 	{ "show-all-metadata", no_argument, NULL, 'S' },
@@ -577,16 +585,17 @@ static void quota_setup(struct server *srv)
 		budget = rl.rlim_cur > 1u << 30 ? 1u << 30 : (unsigned)rl.rlim_cur;
 	quota_default_limits(&lim, budget, srv->cfg.max_clients);
 	quota_init(&srv->quota, &lim);
-	log_info("shares per uid: %llu clients, %llu tensors (%llu with descriptors), "
-		 "%s%llu "
-		 "bytes; per connection %u waiters, %u descriptors in flight; %u of %u "
-		 "descriptors kept for root",
-		 (unsigned long long)lim.per_uid[QUOTA_CLIENTS],
-		 (unsigned long long)lim.per_uid[QUOTA_TENSORS],
-		 (unsigned long long)lim.per_uid[QUOTA_FDS],
-		 lim.per_uid[QUOTA_BYTES] ? "" : "no share of ",
-		 (unsigned long long)lim.per_uid[QUOTA_BYTES], lim.waiters_per_conn,
-		 lim.fds_in_flight_per_conn, lim.fd_reserve, lim.fd_budget);
+	log_info(
+		"shares per uid: %llu clients, %llu tensors (%llu with descriptors), %s%llu bytes, "
+		"%llu waiters; per connection %u waiters, %u descriptors in flight; %u of %u "
+		"descriptors kept for root",
+		(unsigned long long)lim.per_uid[QUOTA_CLIENTS],
+		(unsigned long long)lim.per_uid[QUOTA_TENSORS],
+		(unsigned long long)lim.per_uid[QUOTA_FDS],
+		lim.per_uid[QUOTA_BYTES] ? "" : "no share of ",
+		(unsigned long long)lim.per_uid[QUOTA_BYTES],
+		(unsigned long long)lim.per_uid[QUOTA_WAITERS], lim.waiters_per_conn,
+		lim.fds_in_flight_per_conn, lim.fd_reserve, lim.fd_budget);
 }
 
 /* Everything but the listening socket. 0 or -errno. */

@@ -20,7 +20,7 @@ static const struct {
 	[QUOTA_CLIENTS] = { "--max-clients-per-uid", "connections", -EDQUOT },
 	[QUOTA_TENSORS] = { "--max-tensors-per-uid", "tensors", -EDQUOT },
 	[QUOTA_BYTES] = { "--max-bytes-per-uid", "bytes", -EDQUOT },
-	[QUOTA_WAITERS] = { "--max-waiters-per-conn", "waiting attaches", -EAGAIN },
+	[QUOTA_WAITERS] = { "--max-waiters-per-uid", "waiting attaches", -EAGAIN },
 	[QUOTA_FDS_IN_FLIGHT] = { "--max-fds-in-flight-per-conn", "descriptors in flight",
 				  -EAGAIN },
 	[QUOTA_FDS] = { "--max-fds-per-uid", "tensors with a descriptor of their own", -EDQUOT },
@@ -56,6 +56,9 @@ void quota_default_limits(struct quota_limits *lim, unsigned fd_budget, unsigned
 		lim->per_uid[QUOTA_FDS_IN_FLIGHT] = usable / 4 ? usable / 4 : 1;
 	if (!lim->waiters_per_conn)
 		lim->waiters_per_conn = 256;
+	/* A uid's connections may each wait, not each with every waiter it may have. */
+	if (!lim->per_uid[QUOTA_WAITERS])
+		lim->per_uid[QUOTA_WAITERS] = 16ull * lim->waiters_per_conn;
 	if (!lim->fds_in_flight_per_conn)
 		lim->fds_in_flight_per_conn = 64;
 }

@@ -35,6 +35,7 @@ from conftest import build_path, wait_until
 from hostile import (
     Raw, Reply, frame, request, f_bytes, f_varint, hello_req, create_body, put_req,
     reply_with_fds, decode, rss_kib, F_CREATE, F_ATTACH, F_STAT, F_LIST, F_STATS, F_PUT,
+    IO_TIMEOUT,
 )
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
@@ -426,7 +427,8 @@ def test_item5_list_paged_and_bounded(fair):
 
 def test_item6_waiters_cleanup_is_linear(fair):
     conns, per = 100, 2000
-    d = fair("--max-waiters-per-conn", str(per), "--max-clients-per-uid", "200")
+    d = fair("--max-waiters-per-conn", str(per), "--max-waiters-per-uid", str(conns * per),
+             "--max-clients-per-uid", "200")
     root = raw_as(0, d.socket)
     attackers = [raw_as(ATTACKER, d.socket) for _ in range(conns)]
     for k, c in enumerate(attackers):
@@ -458,6 +460,47 @@ def test_item6_waiters_cleanup_is_linear(fair):
     assert conns * per - 1 <= visited <= conns * per + 2 * conns, visited
     assert usage(stats(root), ATTACKER, U_WAITERS) == 0
     honest_round_trip(d, HONEST, "nobody-waits")
+
+
+def test_waiters_per_uid_are_bounded_across_connections(fair):
+    """--max-waiters-per-uid counts a uid's waiters over all its connections:
+    one uid cannot park unbounded attaches by opening more connections.
+    Past it EAGAIN names the flag; another uid still waits, and a closed
+    connection gives its share back."""
+    d = fair("--max-waiters-per-conn", "10", "--max-waiters-per-uid", "25")
+    root = raw_as(0, d.socket)
+    conns = [raw_as(ATTACKER, d.socket) for _ in range(3)]
+    refused = []
+    for k, c in enumerate(conns):
+        c.send(b"".join(frame(attach_req(100 + i, f"pu/{k}/{i}", timeout_ms=-1))
+                        for i in range(10)))
+    assert wait_until(lambda: usage(stats(root), ATTACKER, U_WAITERS) == 25, timeout=10)
+    # The refusals were answered at once, the waiters' replies wait for a publish.
+    for c in conns:
+        c.sock.settimeout(1.0)
+        try:
+            while True:
+                refused.append(c.reply())
+        except (socket.timeout, TimeoutError):
+            pass
+        c.sock.settimeout(IO_TIMEOUT)
+    assert len(refused) == 5, refused
+    assert all(r.status == -11 and "--max-waiters-per-uid 25" in r.message
+               and "'pu/" in r.message for r in refused), refused
+    assert usage(stats(root), ATTACKER, U_WAITERS) == 25
+    # Another uid is not held back by it.
+    h = raw_as(HONEST, d.socket)
+    h.send(frame(attach_req(7, "pu/honest", timeout_ms=-1)))
+    assert wait_until(lambda: usage(stats(root), HONEST, U_WAITERS) == 1, timeout=10)
+    # Closing a connection gives its ten back: the uid may wait again.
+    conns[0].close()
+    assert wait_until(lambda: usage(stats(root), ATTACKER, U_WAITERS) == 15, timeout=10)
+    c = raw_as(ATTACKER, d.socket)
+    c.send(frame(attach_req(9, "pu/again", timeout_ms=-1)))
+    assert wait_until(lambda: usage(stats(root), ATTACKER, U_WAITERS) == 16, timeout=10)
+    for x in conns[1:] + [c, h]:
+        x.close()
+    assert d.proc.poll() is None
 
 
 def test_item6_close_walks_only_its_own_tensors(fair):
