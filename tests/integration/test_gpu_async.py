@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 from conftest import build_path, wait_until
-from hostile import (F_CREATE, F_UNLINK, R_STATS, Raw, create_body, f_bytes, frame,
+from hostile import (F_CREATE, F_UNLINK, R_STATS, Raw, create_body, decode, f_bytes, frame,
                      reply_with_fds, request, stats_req)
 
 F_PUBLISH = 4
@@ -24,6 +24,20 @@ R_LEASE = 5
 HANDLE_CUDA_VMM_FD = 2
 ALLOC_MS = 400
 MiB = 1 << 20
+
+
+# DeviceStats fields (proto/tensord.proto).
+DS_DEVICE, DS_BYTES_USED, DS_TENSORS = 1, 4, 6
+
+
+def raw_cuda0(reply):
+    """The cuda:0 DeviceStats of a raw stats reply, decoded."""
+    for raw in reply.body(R_STATS).get(6, []):        # StatsReply.devices
+        ds = decode(raw)
+        dev = decode(ds[DS_DEVICE][0])
+        if dev.get(1, [0])[0] == 2 and dev.get(2, [0])[0] == 0:
+            return ds
+    raise AssertionError(f"no cuda:0 in {reply}")
 
 
 def gpu_create(req_id, name, n=1024):
@@ -76,10 +90,10 @@ def test_later_requests_are_answered_while_the_memory_is_allocated(fake):
     other.close()
     first = c.reply()
     assert first.id == 11 and first.status == 0, first
-    assert first.body(R_STATS) is not None
+    # That stats reply was made while the create waited for the worker:
     # cuda:0 is charged (as asked) from the request on.
-    dev = next(x for x in fake.stats()["devices"] if x["device"] == "cuda:0")
-    assert dev["tensors"] == 1 and dev["bytes_used"] == 4096, dev
+    dev = raw_cuda0(first)
+    assert dev[DS_TENSORS][0] == 1 and dev[DS_BYTES_USED][0] == 4096, dev
     created = reply_with_fds(c)
     assert created.id == 10 and created.status == 0, created
     lease = created.body(R_LEASE)
@@ -190,12 +204,16 @@ def test_gpu_memory_with_its_context_in_stats(fake):
 def test_stop_with_an_allocation_in_flight(fake):
     c = Raw(fake.socket)
     c.hello()
-    c.send(frame(gpu_create(1, "g/stop", n=1 << 20)))
-    # Charged: the request was taken, the allocation is on the worker.
-    assert wait_until(lambda: cuda0(fake)[0]["tensors"] == 1, timeout=5)
+    c.send(frame(gpu_create(1, "g/stop", n=1 << 20)) + frame(stats_req(2)))
+    # The stats reply comes while the allocation is on the worker.
+    r = c.reply()
+    assert r.id == 2 and raw_cuda0(r)[DS_TENSORS][0] == 1, r
     fake.proc.send_signal(signal.SIGTERM)
     assert fake.proc.wait(timeout=20) == 0, fake.read_log()[-3000:]
     c.close()
     log = fake.read_log()
-    assert "stopped" in log, log[-3000:]
+    # The allocation completed after the stop began, and was freed.
+    stop = log.index("received SIGTERM")
+    assert log.index("'g/stop': its creator went away", stop) < log.index("stopped", stop), \
+        log[-3000:]
     # The fixture checks the exit status and that no sanitizer report was logged.
