@@ -317,7 +317,8 @@ static void do_create(struct client *cl, uint64_t id, const Tensord__Create *m)
 	int r;
 
 	r = create_args_from(m, &a, why, sizeof(why));
-	if (r == 0 && cl->n_pending >= DISPATCH_CREATES_IN_FLIGHT) {
+	if (r == 0 && a.device.device_type != kDLCPU &&
+	    cl->n_pending >= DISPATCH_CREATES_IN_FLIGHT) {
 		snprintf(why, sizeof(why),
 			 "tensor '%s': this connection has %u GPU creates still being allocated, "
 			 "the most at once; wait for their replies",

@@ -149,11 +149,16 @@ def test_a_client_gone_mid_allocation_leaks_nothing(fake):
 
 def test_creates_in_flight_per_connection_are_bounded(fake):
     """At most 16 GPU creates of one connection wait for the worker; the
-    17th and later get EAGAIN at once, naming the tensor; all 16 complete."""
+    17th and later get EAGAIN at once, naming the tensor; all 16 complete.
+    A host create meanwhile is neither refused nor kept waiting."""
     c = Raw(fake.socket)
     c.hello()
-    c.send(b"".join(frame(gpu_create(i, f"g/q{i}", n=1)) for i in range(1, 21)))
-    replies = [reply_with_fds(c) for _ in range(20)]
+    c.send(b"".join(frame(gpu_create(i, f"g/q{i}", n=1)) for i in range(1, 21))
+           + frame(request(30, F_CREATE, create_body("h/q", [4]))))
+    replies = [reply_with_fds(c) for _ in range(21)]
+    # A host create after them is answered at once, not behind the GPU worker.
+    host = replies.pop(4)
+    assert host.id == 30 and host.status == 0, host
     refused = [r for r in replies if r.status != 0]
     assert [r.id for r in refused] == [17, 18, 19, 20], replies
     assert all(r.status == -11 and "'g/q" in r.message and "16 GPU creates" in r.message
