@@ -178,7 +178,7 @@ UNIT_DEPS_test_quota       := daemon/quota.c
 UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c \
                               client/tensorctl/npy_write.c common/names.c common/desc.c
 UNIT_DEPS_test_gpu_util    := common/gpu/cuda_api.c common/gpu/hip_api.c
-UNIT_DEPS_test_backend_gpu := daemon/backend_cuda.c daemon/backend_hip.c daemon/log.c daemon/gpu_reaper.c \
+UNIT_DEPS_test_backend_gpu := daemon/backend_cuda.c daemon/backend_hip.c daemon/log.c daemon/gpu_worker.c \
                               daemon/nvml.c \
                               common/gpu/cuda_api.c common/gpu/hip_api.c
 UNIT_DEPS_test_import_gpu  := client/lib/import_cuda.c client/lib/import_hip.c client/lib/error.c \

@@ -7,7 +7,7 @@
  *
  * All functions run on the daemon's loop thread, except alloc() of a
  * backend with alloc_blocks, which the registry's caller runs on the GPU
- * worker (gpu_reaper.h). The host backend never blocks; the GPU backends
+ * worker (gpu_worker.h). The host backend never blocks; the GPU backends
  * allocate and zero on the worker and hand their frees to it too, so the
  * loop thread makes only driver calls that do not wait for the device
  * (docs/gpu.md lists them).

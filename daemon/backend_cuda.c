@@ -34,7 +34,7 @@
  * gives the context's own memory (hundreds of MiB) back to the GPU.
  *
  * Threads: alloc() (alloc_blocks) and the frees run on the GPU worker
- * (gpu_reaper.h), one job at a time; they alone touch a device's context
+ * (gpu_worker.h), one job at a time; they alone touch a device's context
  * and its count of allocations, under cuda_lock so that a test calling
  * alloc() directly is safe too. The loop thread only exports descriptors,
  * through the context its allocation recorded (live while the allocation
@@ -56,7 +56,7 @@
 #include "backend.h"
 #include "common/gpu/cuda_api.h"
 #include "common/gpu/gpu_util.h"
-#include "gpu_reaper.h"
+#include "gpu_worker.h"
 #include "log.h"
 #include "nvml.h"
 
@@ -514,7 +514,7 @@ static void cuda_free_job(void *arg)
  * VMM: drops the daemon's reference; the memory lives on while any client
  * still maps it (the driver refcounts it). Legacy: frees, which is why the
  * registry calls this only after the last lease ended. Either way the
- * driver call runs on the reaper's thread, not here: cuMemFree synchronizes
+ * driver call runs on the GPU worker, not here: cuMemFree synchronizes
  * the device, and dropping the device's last tensor tears its context down.
  */
 static void cuda_backend_release(struct backend_alloc *a)
@@ -527,15 +527,15 @@ static void cuda_backend_release(struct backend_alloc *a)
 	}
 	if (!m)
 		return;
-	/* gpu_reaper_run() runs the job here if it cannot queue it: never lost. */
-	gpu_reaper_run(cuda_free_job, m);
+	/* gpu_worker_run() runs the job here if it cannot queue it: never lost. */
+	gpu_worker_run(cuda_free_job, m);
 	a->priv = NULL;
 }
 
 /* At exit, after every allocation was released: forget the devices. */
 static void cuda_backend_fini(void)
 {
-	gpu_reaper_stop();
+	gpu_worker_stop();
 	for (int i = 0; i < cuda_ndevs; i++)
 		if (cuda_devs[i].ctx)
 			cuda_api->DevicePrimaryCtxRelease(cuda_devs[i].dev);

@@ -29,7 +29,7 @@
 #include "backend.h"
 #include "common/gpu/gpu_util.h"
 #include "common/gpu/hip_api.h"
-#include "gpu_reaper.h"
+#include "gpu_worker.h"
 #include "log.h"
 
 #define HIP_GRANULARITY (2ull << 20)
@@ -214,7 +214,7 @@ static int hip_backend_freeze(struct backend_alloc *a)
 	return 0;
 }
 
-/* On the GPU reaper's thread (gpu_reaper.h): hipFree may wait for the device. */
+/* On the GPU GPU worker's thread (gpu_worker.h): hipFree may wait for the device. */
 static void hip_free_job(void *arg)
 {
 	struct hip_mem *m = arg;
@@ -235,14 +235,14 @@ static void hip_backend_release(struct backend_alloc *a)
 	}
 	if (!m)
 		return;
-	gpu_reaper_run(hip_free_job, m);
+	gpu_worker_run(hip_free_job, m);
 	a->priv = NULL;
 }
 
 /* At exit, after every allocation was released: forget the devices. */
 static void hip_backend_fini(void)
 {
-	gpu_reaper_stop();
+	gpu_worker_stop();
 	free(hip_devs);
 	hip_devs = NULL;
 	hip_ndevs = 0;

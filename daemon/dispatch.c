@@ -14,7 +14,7 @@
 #include "backend.h"
 #include "common/desc.h"
 #include "common/gpu/gpu_util.h"
-#include "gpu_reaper.h"
+#include "gpu_worker.h"
 #include "inspect.h"
 #include "log.h"
 #include "metrics.h"
@@ -256,7 +256,7 @@ static void create_work(void *arg)
 	registry_alloc_run(&p->job);
 }
 
-/* Back on the loop (gpu_reaper_complete()): the lease, or why not. */
+/* Back on the loop (gpu_worker_complete()): the lease, or why not. */
 static void create_done(void *arg)
 {
 	struct pending_create *p = arg;
@@ -299,7 +299,7 @@ static void create_defer(struct client *cl, uint64_t id, struct tensor *t)
 			cl->pending->prev = p;
 		cl->pending = p;
 		cl->n_pending++;
-		if (gpu_reaper_submit(create_work, create_done, p) == 0)
+		if (gpu_worker_submit(create_work, create_done, p) == 0)
 			return;
 		pending_unlink(p);
 		free(p);

@@ -19,7 +19,7 @@
 #include "common/sys.h"
 #include "config.h"
 #include "dispatch.h"
-#include "gpu_reaper.h"
+#include "gpu_worker.h"
 #include "log.h"
 #include "metrics.h"
 #include "metrics_http.h"
@@ -144,11 +144,11 @@ static void server_stop(struct server *srv)
 	uv_close((uv_handle_t *)&srv->sigusr2, NULL);
 	uv_close((uv_handle_t *)&srv->spin, NULL);
 	/* Creates still allocating complete after the loop (main()). */
-	gpu_reaper_set_notify(NULL, NULL);
+	gpu_worker_set_notify(NULL, NULL);
 	uv_close((uv_handle_t *)&srv->gpu_done, NULL);
 }
 
-/* The GPU worker's hook (gpu_reaper.h), on its thread: wake the loop. */
+/* The GPU worker's hook (gpu_worker.h), on its thread: wake the loop. */
 static void gpu_notify(void *ctx)
 {
 	uv_async_send(ctx);
@@ -156,7 +156,7 @@ static void gpu_notify(void *ctx)
 
 static void on_gpu_done(uv_async_t *h)
 {
-	gpu_reaper_complete();
+	gpu_worker_complete();
 }
 
 /* SIGUSR1: the state, in total, per device and per client, into the log. */
@@ -624,7 +624,7 @@ static int server_init(struct server *srv)
 	srv->spin.data = srv;
 	srv->spin_ns = (uint64_t)td_spin_budget_us() * 1000;
 	uv_async_init(srv->loop, &srv->gpu_done, on_gpu_done);
-	gpu_reaper_set_notify(gpu_notify, &srv->gpu_done);
+	gpu_worker_set_notify(gpu_notify, &srv->gpu_done);
 	return 0;
 }
 
@@ -635,9 +635,9 @@ static int server_init(struct server *srv)
  */
 static void server_fini(struct server *srv)
 {
-	gpu_reaper_set_notify(NULL, NULL);
-	gpu_reaper_drain();
-	gpu_reaper_complete();
+	gpu_worker_set_notify(NULL, NULL);
+	gpu_worker_drain();
+	gpu_worker_complete();
 	registry_fini(&srv->reg);
 	quota_fini(&srv->quota);
 }

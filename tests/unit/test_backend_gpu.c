@@ -6,7 +6,7 @@
  * driver-free cases are skipped through cmocka with the reason; the GPU
  * behaviour itself is covered by tests/gpu/run.sh. Then, against fake
  * driver tables (fake_gpu.h), the call sequences: allocation, zeroing,
- * export, free (on the GPU reaper's thread), the primary context dropped
+ * export, free (on the GPU GPU worker's thread), the primary context dropped
  * with the last tensor, and the daemon's ordinal found from a client's UUID.
  */
 #include <dlfcn.h>
@@ -26,7 +26,7 @@
 #include "common/gpu/cuda_api.h"
 #include "common/gpu/hip_api.h"
 #include "daemon/backend.h"
-#include "daemon/gpu_reaper.h"
+#include "daemon/gpu_worker.h"
 #include "daemon/nvml.h" /* before fake_gpu.h: its NVML fake too */
 #include "fake_gpu.h"
 
@@ -212,18 +212,18 @@ static void test_cuda_vmm_alloc_and_context(void **state)
 	assert_int_equal(b.size, 4 * MiB);
 	assert_int_equal(fake_count("cuDevicePrimaryCtxRetain"), 1);
 	backend_cuda.release(&a);
-	gpu_reaper_drain();
+	gpu_worker_drain();
 	assert_int_equal(fake_count("cuMemRelease"), 1);
 	assert_int_equal(fake_count("cuDevicePrimaryCtxRelease"), 0);
 	/* The last one gives the context (and its GPU memory) back. */
 	fake_n = 0;
 	backend_cuda.release(&b);
-	gpu_reaper_drain();
+	gpu_worker_drain();
 	assert_calls_in_order((const char *const[]){ "cuCtxSetCurrent", "cuMemRelease",
 						     "cuDevicePrimaryCtxRelease", NULL });
 	k = fake_find("cuDevicePrimaryCtxRelease", 0);
 	assert_int_equal(fake_log[k].a[0], FAKE_DEV0 + 1);
-	/* Both on the reaper's thread: the loop thread never waits for a free. */
+	/* Both on the GPU worker: the loop thread never waits for a free. */
 	assert_false(pthread_equal(fake_log[k].tid, pthread_self()));
 	assert_false(pthread_equal(fake_log[fake_find("cuMemRelease", 0)].tid, pthread_self()));
 	/* And the next allocation retains it again. */
@@ -231,7 +231,7 @@ static void test_cuda_vmm_alloc_and_context(void **state)
 	assert_int_equal(backend_cuda.alloc(&a, 1, 1, "t"), 0);
 	assert_int_equal(fake_count("cuDevicePrimaryCtxRetain"), 1);
 	backend_cuda.release(&a);
-	gpu_reaper_drain();
+	gpu_worker_drain();
 	assert_int_equal(fake_count("cuDevicePrimaryCtxRelease"), 1);
 }
 
@@ -259,7 +259,7 @@ static void test_cuda_ipc_alloc(void **state)
 	assert_int_equal(fd, -1);
 	fake_n = 0;
 	backend_cuda.release(&a);
-	gpu_reaper_drain();
+	gpu_worker_drain();
 	assert_calls_in_order(
 		(const char *const[]){ "cuMemFree", "cuDevicePrimaryCtxRelease", NULL });
 	assert_false(pthread_equal(fake_log[fake_find("cuMemFree", 0)].tid, pthread_self()));
@@ -297,7 +297,7 @@ static void test_hip_alloc(void **state)
 	assert_int_equal(a.handle_kind, TENSORD__HANDLE_KIND__HANDLE_HIP_IPC);
 	fake_n = 0;
 	backend_hip.release(&a);
-	gpu_reaper_drain();
+	gpu_worker_drain();
 	k = fake_find("hipFree", 0);
 	assert_true(k > 0);
 	assert_int_equal(fake_log[k].a[1], 1); /* on its own device */
@@ -339,7 +339,7 @@ static int last_call_by(const char *fn, pthread_t tid)
 /*
  * The blocking calls of an allocation (the context, cuMemCreate, the
  * zeroing and its synchronize) run on the worker; its completion runs where
- * gpu_reaper_complete() is called; the loop's export leaves no context
+ * gpu_worker_complete() is called; the loop's export leaves no context
  * current behind, and neither does the worker.
  */
 static void test_cuda_alloc_on_the_worker(void **state)
@@ -349,11 +349,11 @@ static void test_cuda_alloc_on_the_worker(void **state)
 	struct alloc_job j = { .a = { .ops = &backend_cuda } };
 	int fd = -1, k;
 
-	assert_int_equal(gpu_reaper_submit(alloc_job_run, alloc_job_done, &j), 0);
-	gpu_reaper_drain();
+	assert_int_equal(gpu_worker_submit(alloc_job_run, alloc_job_done, &j), 0);
+	gpu_worker_drain();
 	/* Finished, but its completion waits for the loop. */
 	assert_int_equal(j.done, 0);
-	assert_int_equal(gpu_reaper_complete(), 1);
+	assert_int_equal(gpu_worker_complete(), 1);
 	assert_int_equal(j.done, 1);
 	assert_true(pthread_equal(j.done_on, pthread_self()));
 	assert_int_equal(j.rc, 0);
@@ -375,9 +375,9 @@ static void test_cuda_alloc_on_the_worker(void **state)
 	assert_int_equal(fake_log[last_call_by("cuCtxSetCurrent", pthread_self())].a[0], 0);
 	assert_int_equal(fake_count("cuDevicePrimaryCtxRetain"), 0);
 	backend_cuda.release(&j.a);
-	gpu_reaper_drain();
+	gpu_worker_drain();
 	assert_int_equal(fake_count("cuDevicePrimaryCtxRelease"), 1);
-	assert_int_equal(gpu_reaper_complete(), 0);
+	assert_int_equal(gpu_worker_complete(), 0);
 }
 
 /* NVML's fake lists no process: as for a daemon in a pid namespace of its own. */
@@ -406,10 +406,10 @@ static void test_cuda_gpu_bytes_include_the_context(void **state)
 	assert_int_equal(backend_cuda.alloc(&b, 1, 1, "b"), 0);
 	assert_int_equal(backend_cuda.gpu_bytes(1), FAKE_CTX_BYTES + 8 * MiB);
 	backend_cuda.release(&a);
-	gpu_reaper_drain();
+	gpu_worker_drain();
 	assert_int_equal(backend_cuda.gpu_bytes(1), FAKE_CTX_BYTES + 2 * MiB);
 	backend_cuda.release(&b);
-	gpu_reaper_drain();
+	gpu_worker_drain();
 	assert_int_equal(fake_count("cuDevicePrimaryCtxRelease"), 1);
 	assert_int_equal(backend_cuda.gpu_bytes(1), 0);
 
@@ -418,7 +418,7 @@ static void test_cuda_gpu_bytes_include_the_context(void **state)
 	assert_int_equal(backend_cuda.alloc(&a, 1, 1, "a"), 0);
 	assert_int_equal(backend_cuda.gpu_bytes(1), 0);
 	backend_cuda.release(&a);
-	gpu_reaper_drain();
+	gpu_worker_drain();
 	td_nvml_api_use(&fake_nvml);
 }
 

@@ -1,7 +1,6 @@
 /*
- * The GPU worker ("reaper", after its first job): one thread that runs the
- * driver calls which may block, so that the loop thread never waits for
- * the device. It frees (cuMemFree synchronizes the device, cuMemRelease and
+ * The GPU worker: one thread that runs the driver calls which may block,
+ * so that the loop thread never waits for the device. It frees (cuMemFree synchronizes the device, cuMemRelease and
  * hipFree may wait for it, and dropping a primary context tears it down)
  * and it allocates (retaining a primary context takes hundreds of
  * milliseconds, cuMemCreate and hipMalloc may wait, and zeroing the memory
@@ -9,48 +8,48 @@
  * a backend's per-device state needs no lock when only jobs touch it.
  *
  * A job may have a completion, done(arg), which runs on the thread that
- * calls gpu_reaper_complete() (the daemon's loop, woken by the notify hook)
+ * calls gpu_worker_complete() (the daemon's loop, woken by the notify hook)
  * after fn(arg) returned. Jobs without one are fire-and-forget.
  *
  * Freeing after release() returns is safe for every GPU path: release() is
  * only called once the tensor's last lease is gone, so no client still has
  * the memory open (legacy IPC), and VMM memory is refcounted by the driver.
  */
-#ifndef TENSORD_GPU_REAPER_H
-#define TENSORD_GPU_REAPER_H
+#ifndef TENSORD_GPU_WORKER_H
+#define TENSORD_GPU_WORKER_H
 
 /*
  * Queues fn(arg) for the worker, starting it on first use. Takes ownership
  * of arg, which fn must free. If no thread or no memory can be had, runs
  * fn(arg) here and now: a free must never be lost.
  */
-void gpu_reaper_run(void (*fn)(void *arg), void *arg);
+void gpu_worker_run(void (*fn)(void *arg), void *arg);
 
 /*
- * Queues fn(arg) for the worker, then done(arg) for gpu_reaper_complete().
+ * Queues fn(arg) for the worker, then done(arg) for gpu_worker_complete().
  * arg is the caller's until done runs. Never runs done here: if no thread
- * can be had, fn runs here and done waits for gpu_reaper_complete() all the
+ * can be had, fn runs here and done waits for gpu_worker_complete() all the
  * same, so a caller may finish setting up after this returns. -ENOMEM when
  * nothing was queued (neither fn nor done will run).
  */
-int gpu_reaper_submit(void (*fn)(void *arg), void (*done)(void *arg), void *arg);
+int gpu_worker_submit(void (*fn)(void *arg), void (*done)(void *arg), void *arg);
 
 /*
  * Called on the worker's thread each time a job with a completion finished,
  * with the worker's lock held (so it must be quick and call nothing here:
  * uv_async_send, which wakes the loop). NULL: nobody is told; then only a
- * call to gpu_reaper_complete() runs completions. Once this returns, the
+ * call to gpu_worker_complete() runs completions. Once this returns, the
  * old hook is never called again.
  */
-void gpu_reaper_set_notify(void (*notify)(void *ctx), void *ctx);
+void gpu_worker_set_notify(void (*notify)(void *ctx), void *ctx);
 
 /* Runs the completions of every finished job, in order. Returns how many ran. */
-unsigned gpu_reaper_complete(void);
+unsigned gpu_worker_complete(void);
 
 /* Waits until every job queued so far has run. Any thread but the worker. */
-void gpu_reaper_drain(void);
+void gpu_worker_drain(void);
 
 /* Runs what is queued, then stops the worker (a later run starts it again). */
-void gpu_reaper_stop(void);
+void gpu_worker_stop(void);
 
-#endif /* TENSORD_GPU_REAPER_H */
+#endif /* TENSORD_GPU_WORKER_H */

@@ -1,0 +1,192 @@
+/*
+ * The GPU worker (gpu_worker.h): a FIFO of jobs, one thread that runs them,
+ * and a list of finished jobs whose completions wait for the loop. A plain
+ * pthread rather than libuv's thread pool: the backends that queue frees
+ * know no loop, the jobs must run one at a time and in order (an
+ * allocation and a free on the same device share its context count), and
+ * libuv's pool is shared with file-system work whose latency these calls
+ * should not add to.
+ */
+#include "gpu_worker.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "log.h"
+
+struct job {
+	void (*fn)(void *arg);
+	void (*done)(void *arg); /* NULL: nothing to complete */
+	void *arg;
+	struct job *next;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;             /* a job was queued, one finished, or stop */
+	struct job *head, *tail;         /* queued, not yet started */
+	struct job *fin_head, *fin_tail; /* run, their completion not yet */
+	unsigned running;                /* 1 while the worker runs a job */
+	bool started, stop;
+	pthread_t thread;
+	void (*notify)(void *ctx);
+	void *notify_ctx;
+} worker = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+/*
+ * j ran; lock held. A job with a completion joins the finished list, and
+ * whoever listens is told, under the lock so that after
+ * gpu_worker_set_notify(NULL) returns nobody calls the old hook.
+ */
+static void finished(struct job *j)
+{
+	if (!j->done) {
+		free(j);
+		return;
+	}
+	j->next = NULL;
+	if (worker.fin_tail)
+		worker.fin_tail->next = j;
+	else
+		worker.fin_head = j;
+	worker.fin_tail = j;
+	if (worker.notify)
+		worker.notify(worker.notify_ctx);
+}
+
+static void *worker_main(void *unused)
+{
+	pthread_mutex_lock(&worker.lock);
+	for (;;) {
+		struct job *j = worker.head;
+
+		if (!j) {
+			if (worker.stop)
+				break;
+			pthread_cond_wait(&worker.cond, &worker.lock);
+			continue;
+		}
+		worker.head = j->next;
+		if (!worker.head)
+			worker.tail = NULL;
+		worker.running = 1;
+		pthread_mutex_unlock(&worker.lock);
+		j->fn(j->arg);
+		pthread_mutex_lock(&worker.lock);
+		finished(j);
+		worker.running = 0;
+		pthread_cond_broadcast(&worker.cond);
+	}
+	pthread_mutex_unlock(&worker.lock);
+	return NULL;
+}
+
+/* Lock held. */
+static bool worker_start(void)
+{
+	if (worker.started)
+		return true;
+	worker.stop = false;
+	if (pthread_create(&worker.thread, NULL, worker_main, NULL) != 0) {
+		log_warn("gpu worker: no thread, running GPU driver calls on the loop thread");
+		return false;
+	}
+	worker.started = true;
+	return true;
+}
+
+/* Queues j, or runs it here when no worker can be had. */
+static void enqueue(struct job *j)
+{
+	pthread_mutex_lock(&worker.lock);
+	if (!worker_start()) {
+		pthread_mutex_unlock(&worker.lock);
+		j->fn(j->arg);
+		pthread_mutex_lock(&worker.lock);
+		finished(j);
+		pthread_mutex_unlock(&worker.lock);
+		return;
+	}
+	if (worker.tail)
+		worker.tail->next = j;
+	else
+		worker.head = j;
+	worker.tail = j;
+	pthread_cond_broadcast(&worker.cond);
+	pthread_mutex_unlock(&worker.lock);
+}
+
+void gpu_worker_run(void (*fn)(void *arg), void *arg)
+{
+	struct job *j = malloc(sizeof(*j));
+
+	if (!j) {
+		fn(arg);
+		return;
+	}
+	*j = (struct job){ fn, NULL, arg, NULL };
+	enqueue(j);
+}
+
+int gpu_worker_submit(void (*fn)(void *arg), void (*done)(void *arg), void *arg)
+{
+	struct job *j = malloc(sizeof(*j));
+
+	if (!j)
+		return -ENOMEM;
+	*j = (struct job){ fn, done, arg, NULL };
+	enqueue(j);
+	return 0;
+}
+
+void gpu_worker_set_notify(void (*fn)(void *ctx), void *ctx)
+{
+	pthread_mutex_lock(&worker.lock);
+	worker.notify = fn;
+	worker.notify_ctx = ctx;
+	pthread_mutex_unlock(&worker.lock);
+}
+
+unsigned gpu_worker_complete(void)
+{
+	struct job *j, *next;
+	unsigned n = 0;
+
+	pthread_mutex_lock(&worker.lock);
+	j = worker.fin_head;
+	worker.fin_head = worker.fin_tail = NULL;
+	pthread_mutex_unlock(&worker.lock);
+	for (; j; j = next, n++) {
+		next = j->next;
+		j->done(j->arg);
+		free(j);
+	}
+	return n;
+}
+
+void gpu_worker_drain(void)
+{
+	pthread_mutex_lock(&worker.lock);
+	while (worker.head || worker.running)
+		pthread_cond_wait(&worker.cond, &worker.lock);
+	pthread_mutex_unlock(&worker.lock);
+}
+
+void gpu_worker_stop(void)
+{
+	pthread_mutex_lock(&worker.lock);
+	if (!worker.started) {
+		pthread_mutex_unlock(&worker.lock);
+		return;
+	}
+	worker.stop = true;
+	pthread_cond_broadcast(&worker.cond);
+	pthread_mutex_unlock(&worker.lock);
+	pthread_join(worker.thread, NULL);
+	pthread_mutex_lock(&worker.lock);
+	worker.started = false;
+	worker.stop = false;
+	pthread_mutex_unlock(&worker.lock);
+}
