@@ -86,3 +86,31 @@ def test_mode_reads_octal_and_is_an_int(client):
     assert repr(client.stat("m").mode) == "0o640"
     client.put("d", b"x")
     assert repr(client.stat("d").mode) == "0o600"
+
+
+def stub_typeddicts():
+    """{class name: set of keys} of the TypedDicts in the package's stub."""
+    import ast
+    import os
+    path = os.path.join(os.path.dirname(tensord.__file__), "__init__.pyi")
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and any(
+                getattr(b, "id", None) == "TypedDict" for b in node.bases):
+            out[node.name] = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign)}
+    return out
+
+
+def test_stats_keys_match_the_stub(client):
+    """What stats() returns has exactly the keys tensord.pyi declares, at every
+    level: a key added on one side only fails here."""
+    client.put("sig/stats", np.zeros(4, np.uint8))
+    stub = stub_typeddicts()
+    s = client.stats()
+    assert set(s) == stub["_DaemonStats"]
+    assert s["devices"] and all(set(d) == stub["_DeviceStats"] for d in s["devices"])
+    assert set(s["host_pool"]) == stub["_PoolStats"]
+    assert set(s["host_slabs"]) == stub["_SlabStats"]
+    assert s["uids"] and all(set(u) == stub["_UidStats"] for u in s["uids"])
