@@ -171,7 +171,8 @@ UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/
                               daemon/log.c common/desc.c \
                               common/names.c common/errors.c
 UNIT_DEPS_test_waiters     := daemon/waiters.c
-UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn.c daemon/log.c \
+UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn.c daemon/conn_set.c \
+                              daemon/log.c \
                               daemon/ratelimit.c daemon/sdnotify.c daemon/quota.c common/paths.c \
                               proto/frame.c
 UNIT_DEPS_test_quota       := daemon/quota.c
