@@ -259,7 +259,9 @@ bench: all
 	echo "== pinned to CPU 0"; taskset -c 0 $(PYTHON) bench/py_put.py --sizes 4K,64K; \
 	echo "== unpinned"; $(PYTHON) bench/py_put.py; \
 	$(PYTHON) bench/py_attach.py; \
-	$(PYTHON) bench/py_names.py
+	$(PYTHON) bench/py_names.py; \
+	echo "== GPU create off the loop (fake driver), pinned then unpinned"; \
+	taskset -c 0 $(PYTHON) bench/py_gpu_async.py; $(PYTHON) bench/py_gpu_async.py
 
 # libFuzzer over the frame parser, the Request/Reply decoders and the
 # descriptor checks (needs clang). UBSan findings abort, so they count as crashes.
