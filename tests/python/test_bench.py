@@ -45,3 +45,16 @@ def test_py_names_bench_runs():
     assert re.match(r"py_names: 10 names: +attach p50 +[\d.]+ us +p99 +[\d.]+ us$", lines[0])
     assert re.match(r"py_names: p99 ratio [\d.]+ \(any of 2000 names / 10 names\).*"
                     r"daemon: \d+ descriptors, \d+ slabs, RSS \d+ MiB$", lines[2])
+
+
+def test_py_gpu_async_bench_runs():
+    """The fake-driver daemon's bench prints both rows and the ratios (the
+    figures themselves are not asserted)."""
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "py_gpu_async.py"), "--rounds", "2",
+                        "--alloc-ms", "100"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^  idle baseline: +median +[\d.]+ us, slowest +[\d.]+ us$", r.stdout,
+                     re.M), r.stdout
+    assert re.search(r"^  during the alloc: median +[\d.]+ us, slowest +[\d.]+ us "
+                     r"\([\d.]+x / [\d.]+x the baseline\)$", r.stdout, re.M), r.stdout
