@@ -69,10 +69,10 @@ struct backend_ops {
 	const char *(*path)(int device_id);
 
 	/*
-	 * For stats: the GPU memory the driver counts for the daemon on this
-	 * device, its context included, as last measured (after each
-	 * allocation and free); 0 when the daemon holds nothing there or the
-	 * driver cannot say. NULL for backends that cannot tell at all.
+	 * For stats: the GPU memory the daemon costs this device, its context
+	 * included: the context as the driver counted it when it was made,
+	 * plus the live allocations; 0 when the daemon holds nothing there or
+	 * the driver cannot say. NULL for backends that cannot tell at all.
 	 */
 	uint64_t (*gpu_bytes)(int device_id);
 

@@ -66,13 +66,15 @@
 struct cuda_dev {
 	CUdevice dev;
 	uint8_t uuid[TD_GPU_UUID_LEN];
-	bool vmm;           /* share through VMM + POSIX fd; read with __atomic_load_n */
-	uint64_t total;     /* bytes of device memory */
-	uint64_t gran;      /* allocation granularity; 0 until the context exists */
-	CUcontext ctx;      /* retained primary context; NULL while no tensor lives here */
-	uint32_t allocs;    /* live allocations on this device: the context's users */
-	uint64_t gpu_bytes; /* measured by cuda_measure(); read with __atomic_load_n */
-	bool unmeasured;    /* cuda_measure() said why it cannot, once */
+	bool vmm;             /* share through VMM + POSIX fd; read with __atomic_load_n */
+	uint64_t total;       /* bytes of device memory */
+	uint64_t gran;        /* allocation granularity; 0 until the context exists */
+	CUcontext ctx;        /* retained primary context; NULL while no tensor lives here */
+	uint32_t allocs;      /* live allocations on this device: the context's users */
+	uint64_t ctx_bytes;   /* what the context took, measured as it was made; 0: unknown */
+	uint64_t alloc_bytes; /* rounded sizes of the live allocations */
+	uint64_t gpu_bytes;   /* for stats (cuda_publish()); read with __atomic_load_n */
+	bool unmeasured;      /* why ctx_bytes is unknown was logged, once */
 };
 
 /* What one allocation holds; a->priv. */
@@ -82,6 +84,7 @@ struct cuda_mem {
 	bool vmm;
 	CUmemGenericAllocationHandle handle; /* vmm */
 	CUdeviceptr dptr;                    /* legacy */
+	uint64_t counted;                    /* bytes in the device's alloc_bytes */
 };
 
 static const struct td_cuda_api *cuda_api;
@@ -212,6 +215,51 @@ static void cuda_vmm_prop(int ordinal, CUmemAllocationProp *prop)
 }
 
 /*
+ * The memory the device's primary context took, just made: what the driver
+ * counts for the daemon there before its first allocation (NVML;
+ * cuMemGetInfo needs a context, so it cannot see what making one took).
+ * One NVML call per context, not per allocation. 0 when NVML cannot tell,
+ * logged once per device with the reason. cuda_lock held, on the worker.
+ */
+static void cuda_measure_context(int ordinal)
+{
+	struct cuda_dev *d = &cuda_devs[ordinal];
+	unsigned pid = (unsigned)getpid();
+	uint64_t bytes = 0;
+	char why[200];
+	int r = td_nvml_process_bytes(d->uuid, pid, &bytes, why, sizeof(why));
+
+	if (r == 0 && bytes == 0) {
+		snprintf(why, sizeof(why),
+			 "NVML does not list pid %u (the daemon in a pid namespace of its own?)",
+			 pid);
+		r = -ESRCH;
+	}
+	if (r < 0 && !d->unmeasured) {
+		log_info("cuda: device %d: the daemon's GPU memory, context included, is not "
+			 "known: %s",
+			 ordinal, why);
+		d->unmeasured = true;
+	}
+	d->ctx_bytes = r == 0 ? bytes : 0;
+	if (r == 0)
+		log_debug("cuda: device %d: its primary context took %llu bytes", ordinal,
+			  (unsigned long long)bytes);
+}
+
+/*
+ * What stats show for the device: the context and the live allocations
+ * while the context lives and its size is known, else 0. cuda_lock held.
+ */
+static void cuda_publish(int ordinal)
+{
+	const struct cuda_dev *d = &cuda_devs[ordinal];
+	uint64_t v = d->ctx && d->ctx_bytes ? d->ctx_bytes + d->alloc_bytes : 0;
+
+	__atomic_store_n(&cuda_devs[ordinal].gpu_bytes, v, __ATOMIC_RELAXED);
+}
+
+/*
  * Makes device ordinal's primary context current, retaining it the first
  * time. cuda_lock held; the worker (or a test) only.
  */
@@ -244,6 +292,7 @@ static int cuda_dev_enter(int ordinal)
 		}
 		d->gran = d->vmm ? gran : CUDA_IPC_GRANULARITY;
 		d->ctx = ctx;
+		cuda_measure_context(ordinal);
 		return 0;
 	}
 	return td_cuda_errno(cuda_api->CtxSetCurrent(d->ctx));
@@ -262,34 +311,6 @@ static bool cuda_dev_put(int ordinal)
 		return false;
 	d->ctx = NULL;
 	return true;
-}
-
-/*
- * Records what the driver counts for the daemon on the device now, its
- * context included (NVML: cuMemGetInfo cannot see what the context took).
- * cuda_lock held, after each allocation and free, on the worker.
- */
-static void cuda_measure(int ordinal)
-{
-	struct cuda_dev *d = &cuda_devs[ordinal];
-	unsigned pid = (unsigned)getpid();
-	uint64_t bytes = 0;
-	char why[200];
-	int r = td_nvml_process_bytes(d->uuid, pid, &bytes, why, sizeof(why));
-
-	if (r == 0 && d->ctx && bytes == 0) {
-		snprintf(why, sizeof(why),
-			 "NVML does not list pid %u (the daemon in a pid namespace of its own?)",
-			 pid);
-		r = -ESRCH;
-	}
-	if (r < 0 && !d->unmeasured) {
-		log_info("cuda: device %d: the daemon's GPU memory, context included, is not "
-			 "known: %s",
-			 ordinal, why);
-		d->unmeasured = true;
-	}
-	__atomic_store_n(&d->gpu_bytes, r == 0 ? bytes : 0, __ATOMIC_RELAXED);
 }
 
 static uint64_t cuda_backend_gpu_bytes(int device_id)
@@ -439,9 +460,13 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 		else
 			err = cuda_alloc_ipc(a, m, rounded);
 	}
+	if (err == 0) {
+		m->counted = rounded;
+		cuda_devs[device_id].alloc_bytes += rounded;
+	}
 	/* Nothing of ours stays current on a thread that may outlive the context. */
 	cuda_api->CtxSetCurrent(NULL);
-	cuda_measure(device_id);
+	cuda_publish(device_id);
 	pthread_mutex_unlock(&cuda_lock);
 	return err;
 }
@@ -501,11 +526,12 @@ static void cuda_free_job(void *arg)
 		else if (m->dptr)
 			cuda_api->MemFree(m->dptr);
 	}
+	cuda_devs[m->ordinal].alloc_bytes -= m->counted;
 	if (cuda_dev_put(m->ordinal))
 		cuda_ctx_drop(dev, m->ordinal);
 	else
 		cuda_api->CtxSetCurrent(NULL);
-	cuda_measure(m->ordinal);
+	cuda_publish(m->ordinal);
 	pthread_mutex_unlock(&cuda_lock);
 	free(m);
 }

@@ -204,8 +204,8 @@ static void render_devices(FILE *f, const struct registry *reg)
 				reg->devices[i].ops->name,
 				(unsigned long long)reg->devices[i].capacity);
 	family(f, "tensord_device_gpu_bytes", "gauge",
-	       "GPU memory the driver counts for the daemon, its contexts included, by device "
-	       "(NVML; 0 when unknown).");
+	       "GPU memory the daemon costs, by device: its context (as NVML counted it when "
+	       "made) and its allocations; 0 when none or unknown.");
 	for (int i = 0; i < reg->n_devices; i++)
 		if (reg->devices[i].init_rc == 0 && reg->devices[i].ops->gpu_bytes)
 			fprintf(f, "tensord_device_gpu_bytes{device=\"%s\",backend=\"%s\"} %llu\n",

@@ -6,8 +6,9 @@
  * its header. CUDA itself cannot say: cuMemGetInfo needs a context, so it
  * never sees the memory that creating the context took.
  *
- * Called from the GPU worker only (backend_cuda.c), after each allocation
- * and free; the figure goes to stats as DeviceStats.gpu_bytes.
+ * Called from the GPU worker only (backend_cuda.c), once each time the
+ * daemon makes a device's primary context: what the daemon has on the
+ * device then is the context (DeviceStats.gpu_bytes adds the tensors).
  */
 #ifndef TENSORD_NVML_H
 #define TENSORD_NVML_H

@@ -328,7 +328,7 @@ static PyMethodDef Client_methods[] = {
 	  "Returns a dict of daemon totals: tensors, clients, leases, uptime (seconds), "
 	  "daemon_pid, fds, host_pool, host_slabs; devices,\n"
 	  "a list of dicts with device, backend, path, bytes_used, bytes_capacity, tensors,\n"
-	  "gpu_bytes (GPU memory the driver counts for the daemon, its context included); and\n"
+	  "gpu_bytes (GPU memory the daemon costs the device, its context included); and\n"
 	  "uids, one dict per uid (every uid for root, else the caller's own) with uid, clients,\n"
 	  "tensors, fds, bytes, waiters, fds_in_flight: what it holds against the per-uid "
 	  "shares." },

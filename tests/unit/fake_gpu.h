@@ -597,6 +597,7 @@ static nvmlReturn_t f_nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, uns
 {
 	uint64_t bytes = fake_process_bytes((int)(uintptr_t)dev - 1);
 
+	fake_rec("nvmlDeviceGetComputeRunningProcesses", (uint64_t)(uintptr_t)dev, 0, 0, 0);
 	if (!bytes) {
 		*n = 0;
 		return TD_NVML_SUCCESS;

@@ -388,10 +388,10 @@ static nvmlReturn_t no_processes(nvmlDevice_t dev, unsigned int *n, td_nvml_proc
 }
 
 /*
- * stats' per-device GPU memory: what the driver counts for the daemon
- * (NVML), context included, measured after each allocation and free; 0
- * once the last tensor took the context with it, and 0 (unknown) when
- * NVML does not list the daemon although it holds a context.
+ * stats' per-device GPU memory: the context, as NVML counted the daemon
+ * when it was made, plus the live allocations; 0 once the last tensor took
+ * the context with it, and 0 (unknown) when NVML does not list the daemon
+ * although it holds a context.
  */
 static void test_cuda_gpu_bytes_include_the_context(void **state)
 {
@@ -412,6 +412,8 @@ static void test_cuda_gpu_bytes_include_the_context(void **state)
 	gpu_worker_drain();
 	assert_int_equal(fake_count("cuDevicePrimaryCtxRelease"), 1);
 	assert_int_equal(backend_cuda.gpu_bytes(1), 0);
+	/* NVML was asked once, as the context was made: not per allocation. */
+	assert_int_equal(fake_count("nvmlDeviceGetComputeRunningProcesses"), 1);
 
 	blind.DeviceGetComputeRunningProcesses = no_processes;
 	td_nvml_api_use(&blind);

@@ -94,7 +94,7 @@ class _DeviceStats(TypedDict):
     bytes_used: int
     bytes_capacity: int
     tensors: int
-    gpu_bytes: int  # GPU memory the driver counts for the daemon, its context included
+    gpu_bytes: int  # GPU memory the daemon costs the device, its context included
 
 class _PoolStats(TypedDict):
     fds: int
