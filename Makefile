@@ -170,6 +170,7 @@ UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/
                               daemon/memlimit.c common/sys.c \
                               daemon/log.c common/desc.c \
                               common/names.c common/errors.c
+UNIT_DEPS_test_registry_async := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_waiters     := daemon/waiters.c
 UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn.c daemon/conn_set.c \
                               daemon/log.c \
