@@ -228,11 +228,11 @@ static int tensor_alloc(struct registry *reg, struct reg_device *dev, struct ten
 	return r;
 }
 
-/* Unlinks the tensor a replaces, if there is one (create_check allowed it). */
-static void replace_old(struct registry *reg, const struct reg_client *rc,
-			const struct create_args *a)
+/* Unlinks the tensor of that name rc replaces, if there is one (its check allowed it). */
+static void replace_old(struct registry *reg, const struct reg_client *rc, const char *name,
+			size_t len)
 {
-	struct tensor *old = reg_find_named(reg, a->name, a->name_len);
+	struct tensor *old = reg_find_named(reg, name, len);
 
 	if (!old)
 		return;
@@ -322,13 +322,7 @@ int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64
 			dev->ops->release(&j->got);
 	}
 	if (r == 0 && t->name_deferred) {
-		struct tensor *old = reg_find_named(reg, t->name, t->name_len);
-
-		if (old) {
-			log_debug("tensor '%s': replaced by pid %u, %u leases live on", old->name,
-				  t->creator->pid, old->refcount);
-			reg_tensor_unlink(reg, old);
-		}
+		replace_old(reg, t->creator, t->name, t->name_len);
 		reg_tensor_name(reg, t);
 		t->name_deferred = false;
 	}
@@ -401,7 +395,7 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 		return r;
 	}
 	if (a->replace)
-		replace_old(reg, rc, a);
+		replace_old(reg, rc, a->name, a->name_len);
 	reg_creator_link(rc, t);
 	reg_tensor_link(reg, dev, t);
 	reg_tensor_name(reg, t);
