@@ -23,7 +23,8 @@
 # failure with its reason. Exit: 0 all passed, 1 something failed or could
 # not run, 77 no GPU here (then only the build was checked).
 # Knobs: B=build dir (default build/gpu), CUDA_HOME, USE_DEBS=1 (use the
-# .debs even where the system has the libraries).
+# .debs even where the system has the libraries), PATHS="default ipc" (the
+# sharing paths to run, each on its own: PATHS=ipc runs legacy IPC only).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -153,7 +154,7 @@ if [ "$have_gpu" = 0 ]; then
 fi
 
 # --- run, on both sharing paths ------------------------------------------------
-for path in default ipc; do
+for path in ${PATHS:-default ipc}; do
 	if [ "$path" = ipc ]; then export TENSORD_CUDA_PATH=ipc; else unset TENSORD_CUDA_PATH; fi
 	say "=== sharing path: $path"
 	for u in "${units[@]}"; do
