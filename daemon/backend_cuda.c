@@ -3,8 +3,10 @@
  *
  * Two ways to share, chosen per device at init:
  *  - "cuda-vmm" (preferred): cuMemCreate with a POSIX file descriptor as
- *    its shareable handle. Each client gets its own exported fd over
- *    SCM_RIGHTS; the driver refcounts the physical memory across
+ *    its shareable handle, exported once as the memory is made and kept;
+ *    each client gets a copy of that fd over SCM_RIGHTS (see
+ *    cuda_backend_export_fd() for why not a fresh export per client);
+ *    the driver refcounts the physical memory across
  *    processes, so a client's mapping stays valid even if the daemon dies,
  *    and no pid is involved, so it works across pid namespaces.
  *  - "cuda-ipc" (fallback, where the device lacks VMM or POSIX-fd export,
@@ -36,9 +38,8 @@
  * Threads: alloc() (alloc_blocks) and the frees run on the GPU worker
  * (gpu_worker.h), one job at a time; they alone touch a device's context
  * and its count of allocations, under cuda_lock so that a test calling
- * alloc() directly is safe too. The loop thread only exports descriptors,
- * through the context its allocation recorded (live while the allocation
- * is), and leaves no context current afterwards. docs/gpu.md lists which
+ * alloc() directly is safe too. The loop thread only copies the kept
+ * descriptor and makes no driver call. docs/gpu.md lists which
  * call runs where. The daemon must never fork() after init, as CUDA does
  * not survive it.
  */
@@ -84,6 +85,7 @@ struct cuda_mem {
 	bool vmm;
 	CUmemGenericAllocationHandle handle; /* vmm */
 	CUdeviceptr dptr;                    /* legacy */
+	int fd;                              /* vmm: the one export, kept; else -1 */
 	uint64_t counted;                    /* bytes in the device's alloc_bytes */
 };
 
@@ -388,6 +390,14 @@ static int cuda_alloc_vmm(struct backend_alloc *a, struct cuda_mem *m, uint64_t 
 	err = cuda_vmm_scrub(m->ordinal, m->handle, size);
 	if (err < 0)
 		return err;
+	r = cuda_api->MemExportToShareableHandle(&m->fd, m->handle,
+						 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	if (r != CUDA_SUCCESS) {
+		m->fd = -1;
+		return cuda_alloc_errno(r);
+	}
+	/* The driver does not promise O_CLOEXEC; the daemon never execs, but be tidy. */
+	(void)fcntl(m->fd, F_SETFD, FD_CLOEXEC);
 	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD;
 	return 0;
 }
@@ -440,6 +450,7 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 	m = calloc(1, sizeof(*m));
 	if (!m)
 		return -ENOMEM;
+	m->fd = -1;
 	pthread_mutex_lock(&cuda_lock);
 	err = cuda_dev_enter(device_id);
 	if (err < 0) {
@@ -472,33 +483,30 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 }
 
 /*
- * VMM: a fresh fd per client, exported on demand (as NCCL does) rather
- * than one fd kept per tensor, so the daemon holds no descriptor per GPU
- * tensor and each client's copy is closed by the connection code once
- * sent. The fd cannot carry "read-only": writable is enforced by the
- * client library's cuMemSetAccess. Legacy IPC travels as bytes: -1.
+ * VMM: a copy of the export made with the memory. Exporting per client
+ * (as NCCL does) would keep no descriptor per tensor in the daemon, but
+ * on hardware the export that opens an allocation's shareable file and
+ * the close that drops its last reference cost about 0.5 ms each
+ * (H100, driver 580: tests/gpu/vmm_cost.c, docs/gpu.md), which made every
+ * cold attach cost 1.4 ms. With one export kept, a copy costs a dup and
+ * the client's close is not the last. The descriptor is counted against
+ * the owner's --max-fds-per-uid like a host tensor's memfd. The fd cannot
+ * carry "read-only": writable is enforced by the client library's
+ * cuMemSetAccess. Legacy IPC travels as bytes: -1.
  */
 static int cuda_backend_export_fd(struct backend_alloc *a, bool writable, int *ret_fd)
 {
 	struct cuda_mem *m = a->priv;
-	int fd = -1;
-	CUresult r;
+	int fd;
 
-	if (!m || !m->vmm) {
+	(void)writable;
+	if (!m || !m->vmm || m->fd < 0) {
 		*ret_fd = -1;
 		return 0;
 	}
-	/* An ioctl, not a wait for the device: fine on the loop thread. */
-	r = cuda_api->CtxSetCurrent(m->ctx);
-	if (r == CUDA_SUCCESS)
-		r = cuda_api->MemExportToShareableHandle(
-			&fd, m->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-	/* The worker may release this context once the tensor is gone. */
-	cuda_api->CtxSetCurrent(NULL);
-	if (r != CUDA_SUCCESS)
-		return td_cuda_errno(r);
-	/* The driver does not promise O_CLOEXEC; the daemon never execs, but be tidy. */
-	(void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+	fd = fcntl(m->fd, F_DUPFD_CLOEXEC, 3);
+	if (fd < 0)
+		return -errno;
 	*ret_fd = fd;
 	return 0;
 }
@@ -519,6 +527,9 @@ static void cuda_free_job(void *arg)
 	struct cuda_mem *m = arg;
 	CUdevice dev = cuda_devs[m->ordinal].dev;
 
+	/* The last reference to the shareable file: slow to drop, so here. */
+	if (m->fd >= 0)
+		close(m->fd);
 	pthread_mutex_lock(&cuda_lock);
 	if (cuda_api->CtxSetCurrent(m->ctx) == CUDA_SUCCESS) {
 		if (m->vmm)
