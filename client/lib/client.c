@@ -17,9 +17,16 @@
 #include <unistd.h>
 
 #include "client.h"
+#include "common/gpu/cuda_api.h"
+#include "common/gpu/hip_api.h"
 #include "common/sys.h"
 #include "common/desc.h"
 #include "proto/frame.h"
+
+/* Every live client of this process, for fork() (docs/design.md, "Fork"). */
+static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
+static tensord_client *all_clients;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 void td_client_ref(tensord_client *c)
 {
@@ -42,6 +49,14 @@ void td_client_unref(tensord_client *c)
 {
 	if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
 		return;
+	pthread_mutex_lock(&all_lock);
+	*(c->prev_c ? &c->prev_c->next_c : &all_clients) = c->next_c;
+	if (c->next_c)
+		c->next_c->prev_c = c->prev_c;
+	pthread_mutex_unlock(&all_lock);
+	/* An inherited client's last lease went after its close. */
+	if (c->successor)
+		tensord_close(c->successor);
 	/* Last reference: no thread is inside a call, no lease is alive, so
 	 * the mapping cache holds only parked mappings. */
 	td_relq_stop(&c->conn);
@@ -358,6 +373,11 @@ int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply,
 	struct td_pending p = { .fd = -1 };
 	int r;
 
+	/* Requests that make no lease may be sent from any client handle;
+	 * those that do chose their client before (td_client_current()). */
+	r = td_client_current(&c);
+	if (r < 0)
+		return r;
 	pthread_mutex_lock(&c->lock);
 	if (c->conn.closed) {
 		r = c->conn.err ? c->conn.err : -ENOTCONN;
@@ -425,6 +445,77 @@ int td_send_oneway(tensord_client *c, Tensord__Request *req)
 	return send_frame(&c->conn, req);
 }
 
+/*
+ * fork(). Before it, the forking thread takes the list's lock, then each
+ * client's lock and send lock (in that order, as everywhere), so that the
+ * child copies every client whole; the parent then lets go.
+ */
+static void atfork_prepare(void)
+{
+	pthread_mutex_lock(&all_lock);
+	for (tensord_client *c = all_clients; c; c = c->next_c) {
+		pthread_mutex_lock(&c->lock);
+		pthread_mutex_lock(&c->conn.send_lock);
+	}
+}
+
+static void atfork_parent(void)
+{
+	for (tensord_client *c = all_clients; c; c = c->next_c) {
+		pthread_mutex_unlock(&c->conn.send_lock);
+		pthread_mutex_unlock(&c->lock);
+	}
+	pthread_mutex_unlock(&all_lock);
+}
+
+/*
+ * In the child, c is a copy of its parent's client: it keeps only what its
+ * leases need (the mappings) and lets go of everything else without a word
+ * to the daemon. Only this thread exists here, so nothing is contended.
+ */
+static void forget_parent(tensord_client *c)
+{
+	struct td_conn *conn = &c->conn;
+
+	/* Their holders and waiters were threads of the parent. */
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&conn->send_lock, NULL);
+	pthread_cond_init(&conn->cond, NULL);
+	c->inherited = true;
+	/* The daemon must see the connection end when the parent ends it. */
+	if (conn->fd >= 0)
+		close(conn->fd);
+	conn->fd = -1;
+	for (int i = 0; i < conn->fdq.n; i++)
+		close(conn->fdq.q[i].fd);
+	conn->fdq.n = 0;
+	conn->closed = true;
+	conn->err = -ENOTCONN;
+	snprintf(conn->why, sizeof(conn->why),
+		 "the connection belongs to the process this one "
+		 "was forked from");
+	conn->pending = NULL; /* they live on the stacks of the parent's threads */
+	conn->reading = false;
+	/* The parent's releases, and a flusher that was not copied. */
+	conn->relq.n = 0;
+	conn->relq.running = false;
+	td_mapcache_after_fork(&c->maps);
+}
+
+static void atfork_child(void)
+{
+	if (td_cuda_api_in_use() || td_hip_api_in_use())
+		td_gpu_forked_from = (int)getppid();
+	pthread_mutex_init(&all_lock, NULL);
+	for (tensord_client *c = all_clients; c; c = c->next_c)
+		forget_parent(c);
+}
+
+static void atfork_register(void)
+{
+	pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
 tensord_client *td_client_new(int fd)
 {
 	tensord_client *c = calloc(1, sizeof(*c));
@@ -440,7 +531,54 @@ tensord_client *td_client_new(int fd)
 	pthread_cond_init(&c->conn.cond, NULL);
 	td_mapcache_init(&c->maps, &c->lock);
 	c->conn.fd = fd;
+	pthread_once(&atfork_once, atfork_register);
+	pthread_mutex_lock(&all_lock);
+	c->next_c = all_clients;
+	if (all_clients)
+		all_clients->prev_c = c;
+	all_clients = c;
+	pthread_mutex_unlock(&all_lock);
 	return c;
+}
+
+int td_client_current(tensord_client **pc)
+{
+	tensord_client *c = *pc, *mine;
+	int r;
+
+	while (c->inherited) {
+		bool closed;
+
+		pthread_mutex_lock(&c->lock);
+		closed = c->user_closed;
+		mine = c->successor;
+		pthread_mutex_unlock(&c->lock);
+		if (closed)
+			return td_set_error(-ENOTCONN, "client is closed");
+		if (!mine) {
+			/* Not under c's lock: connecting takes the list's lock,
+			 * which a fork takes before c's. */
+			r = tensord_connect(c->path, &mine);
+			if (r < 0)
+				return td_set_error(r,
+						    "this process (pid %d) was forked from the one "
+						    "that connected, and connecting anew to %s "
+						    "failed: %s",
+						    (int)getpid(), c->path, tensord_last_error());
+			pthread_mutex_lock(&c->lock);
+			if (c->successor || c->user_closed) {
+				/* Another thread was quicker, or closed it. */
+				pthread_mutex_unlock(&c->lock);
+				tensord_close(mine);
+				continue;
+			}
+			c->successor = mine;
+			pthread_mutex_unlock(&c->lock);
+		}
+		c = mine;
+	}
+	*pc = c;
+	return 0;
 }
 
 /* The Hello round trip: both sides speak the same protocol version. */
@@ -478,6 +616,8 @@ int tensord_connect(const char *socket_path, tensord_client **ret_client)
 	r = td_connect_socket(socket_path, path, sizeof(path));
 	if (r >= 0) {
 		c->conn.fd = r;
+		_Static_assert(sizeof(c->path) == sizeof(path), "socket path size");
+		memcpy(c->path, path, sizeof(path));
 		r = hello(c, path);
 	}
 	if (r < 0) {
@@ -491,8 +631,21 @@ int tensord_connect(const char *socket_path, tensord_client **ret_client)
 
 tensord_client *tensord_close(tensord_client *c)
 {
+	tensord_client *mine;
+
 	if (!c)
 		return NULL;
+	if (c->inherited) {
+		/* Never the parent's connection: only this process's own. */
+		pthread_mutex_lock(&c->lock);
+		mine = c->successor;
+		c->successor = NULL;
+		c->user_closed = true;
+		pthread_mutex_unlock(&c->lock);
+		tensord_close(mine);
+		td_client_unref(c);
+		return NULL;
+	}
 	/*
 	 * The daemon frees what this connection leased once it sees EOF. For
 	 * memory it exports itself (legacy CUDA IPC, HIP IPC) that is undefined

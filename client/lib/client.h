@@ -93,10 +93,30 @@ struct td_conn {
 
 struct tensord_client {
 	atomic_uint refs;     /* the user's handle plus one per live lease */
-	pthread_mutex_t lock; /* guards conn (but its fd and send_lock) and maps */
+	pthread_mutex_t lock; /* guards conn (but its fd and send_lock), maps, successor */
 	struct td_conn conn;
 	struct td_mapcache maps;
+	/*
+	 * Fork (docs/design.md, "Fork"). inherited is set in a forked child,
+	 * before any other thread exists there, and never cleared: the client
+	 * then only serves the leases it had, and requests go to successor,
+	 * the child's own connection to path, made on first use.
+	 */
+	char path[108]; /* the socket it connected to */
+	bool inherited;
+	bool user_closed;                /* tensord_close() ran on an inherited client */
+	tensord_client *successor;       /* owned (the user's handle of it); NULL: none yet */
+	tensord_client *prev_c, *next_c; /* every live client of this process (client.c) */
 };
+
+/*
+ * The client that serves requests made on c in this process: c itself,
+ * or, when c was inherited across fork(), the process's own connection to
+ * the same daemon, connected on first use (*pc is replaced). 0 or -errno
+ * with the error set (the new connection failed, or c was closed). Every
+ * public call that takes a client starts with it.
+ */
+int td_client_current(tensord_client **pc);
 
 /*
  * connect.c: connects to socket_path, or with NULL to the first default

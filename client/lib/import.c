@@ -19,6 +19,9 @@
 
 #include "import.h"
 
+/* Set by client.c in a forked child (client.h). */
+int td_gpu_forked_from;
+
 const struct td_importer *const td_importers[] = {
 	&td_importer_memfd, &td_importer_cuda, &td_importer_cuda_ipc, &td_importer_hip, NULL,
 };

@@ -138,6 +138,15 @@ int td_cuda_uuid_of_ordinal(int ordinal, uint8_t uuid[16]);
 int td_hip_ordinal_of_uuid(const uint8_t *uuid, size_t uuid_len, int daemon_id, int *ret_ordinal);
 int td_hip_uuid_of_ordinal(int ordinal, uint8_t uuid[16]);
 
+/*
+ * In a child forked after this library initialised a GPU driver (CUDA or
+ * HIP) in its parent: the parent's pid, else 0. Then no GPU driver call may
+ * be made here: inherited GPU mappings are forgotten, new ones refused.
+ * Set by client.c's fork handler, read without a lock (written before
+ * any other thread of the child exists).
+ */
+extern int td_gpu_forked_from;
+
 /* The importer for a handle kind, or NULL when this library has none. */
 const struct td_importer *td_importer_for(Tensord__HandleKind kind);
 

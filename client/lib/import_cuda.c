@@ -42,7 +42,17 @@ struct td_cuda_map {
 static int td_cuda_load(const struct td_cuda_api **ret_cu)
 {
 	const char *why = NULL;
-	int err = td_cuda_api_get(ret_cu, &why);
+	int err;
+
+	if (td_gpu_forked_from)
+		return td_set_error(
+			-ENODEV,
+			"cannot use CUDA memory in this process: it was forked from "
+			"process %d after tensord initialised CUDA there, and CUDA does "
+			"not survive fork(); start it with the 'spawn' or 'forkserver' "
+			"method instead",
+			td_gpu_forked_from);
+	err = td_cuda_api_get(ret_cu, &why);
 
 	if (err < 0)
 		return td_set_error(err, "cannot use CUDA memory: %s", why);
@@ -410,6 +420,10 @@ static void td_cuda_unmap(struct td_mapping *m)
 
 	if (!p)
 		return;
+	/* Inherited across fork(): the mapping is not ours here, and the
+	 * driver must not be called. Forget it. */
+	if (td_gpu_forked_from)
+		goto out;
 	cu = p->cu;
 	/* Retain once more to get the handle; the extra reference is dropped below. */
 	r = cu->DevicePrimaryCtxRetain(&ctx, p->dev);
@@ -426,6 +440,7 @@ static void td_cuda_unmap(struct td_mapping *m)
 		cu->DevicePrimaryCtxRelease(p->dev);
 	/* The reference map() kept. */
 	cu->DevicePrimaryCtxRelease(p->dev);
+out:
 	free(p);
 	m->priv = NULL;
 	m->base = m->data = NULL;

@@ -41,7 +41,17 @@ static int td_hip_fail(const struct td_hip_api *hip, hipError_t e, const char *w
 static int td_hip_load(const struct td_hip_api **ret_hip)
 {
 	const char *why = NULL;
-	int err = td_hip_api_get(ret_hip, &why);
+	int err;
+
+	if (td_gpu_forked_from)
+		return td_set_error(
+			-ENODEV,
+			"cannot use HIP memory in this process: it was forked from "
+			"process %d after tensord loaded the HIP runtime there, and HIP "
+			"does not survive fork(); start it with the 'spawn' or "
+			"'forkserver' method instead",
+			td_gpu_forked_from);
+	err = td_hip_api_get(ret_hip, &why);
 
 	if (err < 0)
 		return td_set_error(err, "cannot use HIP memory: %s", why);
@@ -225,7 +235,9 @@ static void td_hip_unmap(struct td_mapping *m)
 
 	if (!p)
 		return;
-	(void)td_hip_on_device(p, td_hip_close, NULL);
+	/* Inherited across fork(): forget it without a runtime call. */
+	if (!td_gpu_forked_from)
+		(void)td_hip_on_device(p, td_hip_close, NULL);
 	free(p);
 	m->priv = NULL;
 	m->base = m->data = NULL;

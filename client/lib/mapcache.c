@@ -110,6 +110,13 @@ void td_mapcache_fini(struct td_mapcache *mc)
 	free_list(gone);
 }
 
+void td_mapcache_after_fork(struct td_mapcache *mc)
+{
+	mc->on_park = NULL;
+	mc->on_park_arg = NULL;
+	td_mapcache_fini(mc);
+}
+
 void td_mapcache_share_add(struct td_mapcache *mc, uint64_t id, int fd)
 {
 	pthread_mutex_lock(mc->lock);

@@ -108,6 +108,14 @@ void td_mapcache_mark_published(struct td_mapcache *mc, struct td_mapping *m, bo
 int td_mapcache_revoke(struct td_mapcache *mc);
 
 /*
+ * In a child just forked (client.c's fork handler, before any other thread
+ * exists): closes the descriptors of shared memory, drops parked mappings
+ * and parks no more, so that the child holds only what its inherited
+ * leases map. Takes no lock.
+ */
+void td_mapcache_after_fork(struct td_mapcache *mc);
+
+/*
  * Takes ownership of one reference on m; the last one parks m (see above)
  * or unmaps it (unless it was revoked) and frees it. Never fails, never waits for the daemon; any
  * thread.

@@ -269,7 +269,10 @@ int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32
 {
 	tensord_spec spec = { 0 };
 	size_t elsize;
+	int r = td_client_current(&c);
 
+	if (r < 0)
+		return r;
 	if (!src)
 		return td_set_error(-EINVAL, "tensor '%s': no source", name ? name : "");
 	if (src->ndim < 0 || src->ndim > TENSORD_NDIM_MAX)

@@ -198,6 +198,10 @@ void td_release(tensord_client *c, uint64_t lease_id)
 	struct td_conn *conn = &c->conn;
 	struct td_relq *q = &conn->relq;
 
+	/* A lease inherited across fork() is the parent's to end. */
+	if (c->inherited)
+		return;
+
 	pthread_mutex_lock(&conn->send_lock);
 	if (!q->running) {
 		pthread_mutex_unlock(&conn->send_lock);

@@ -177,6 +177,9 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 	struct td_lease *l;
 	int fd, r;
 
+	r = td_client_current(&c);
+	if (r < 0)
+		return r;
 	r = td_create_rpc(c, name, spec, &rep, &fd);
 	if (r < 0)
 		return r;
@@ -198,6 +201,8 @@ static int attach_lease(tensord_client *c, const char *name, int timeout_ms,
 	int fd, r;
 
 	r = check_name(name);
+	if (r == 0)
+		r = td_client_current(&c);
 	if (r < 0)
 		return r;
 	/* Held across the round trip so that the daemon's "reused" stays true. */
@@ -299,6 +304,8 @@ int tensord_publish(tensord_client *c, const char *name)
 	int r;
 
 	r = check_name(name);
+	if (r == 0)
+		r = td_client_current(&c);
 	if (r < 0)
 		return r;
 	/*

@@ -12,8 +12,24 @@
 #include <stdlib.h>
 #include <time.h>
 
+unsigned td_py_forks;
+
+/*
+ * In a forked child, calls the parent had in flight are not running.
+ * (libtensord itself sends the child's requests over a connection of its
+ * own: docs/design.md, "Fork".)
+ */
+static void forget_parent_calls(ClientObject *self)
+{
+	if (self->forks != td_py_forks) {
+		self->forks = td_py_forks;
+		self->busy = 0;
+	}
+}
+
 tensord_client *td_client_enter(ClientObject *self)
 {
+	forget_parent_calls(self);
 	if (!self->c || self->closing) {
 		PyErr_SetString(PyExc_ValueError, "operation on a closed tensord client");
 		return NULL;
@@ -68,6 +84,7 @@ static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 	}
 	self->c = c;
 	self->path = Py_NewRef(path);
+	self->forks = td_py_forks;
 	return (PyObject *)self;
 }
 
@@ -87,6 +104,7 @@ static PyObject *Client_repr(ClientObject *self)
 
 static PyObject *Client_close(ClientObject *self, PyObject *unused)
 {
+	forget_parent_calls(self);
 	self->closing = true;
 	if (self->busy == 0 && self->c)
 		client_close_now(self);

@@ -8,6 +8,7 @@
 #include "tdpy.h"
 
 #include <errno.h>
+#include <pthread.h>
 
 /* The tensord.Error hierarchy; set once at module init, never freed. */
 static PyObject *Error, *NotFoundError, *ExistsError, *TimedOutError, *AccessDeniedError,
@@ -150,9 +151,18 @@ static int add_errors(PyObject *mod)
 	return 0;
 }
 
+static void count_fork(void)
+{
+	td_py_forks++;
+}
+
 PyMODINIT_FUNC PyInit__tensord(void)
 {
 	PyObject *mod;
+	static bool registered;
+
+	if (!registered && pthread_atfork(NULL, NULL, count_fork) == 0)
+		registered = true;
 
 	if (td_info_type_ready() < 0 || td_inspect_types_ready() < 0 ||
 	    PyType_Ready(&td_ClientType) < 0 || PyType_Ready(&td_TensorType) < 0 ||

@@ -62,7 +62,12 @@ typedef struct {
 	unsigned busy;  /* calls running with the GIL released; guarded by the GIL */
 	bool closing;   /* close() was called; the last busy call closes c */
 	PyObject *path; /* str or None, as passed to connect() */
+	unsigned forks; /* td_py_forks when busy was last right: a forked child
+			   has none of the parent's calls in flight */
 } ClientObject;
+
+/* fork()s this process went through since the module loaded (client.c). */
+extern unsigned td_py_forks;
 
 typedef struct {
 	PyObject_HEAD

@@ -215,6 +215,7 @@ static pthread_once_t td_cuda_once = PTHREAD_ONCE_INIT;
 static struct td_cuda_api td_cuda_global;
 static int td_cuda_status;
 static char td_cuda_why[256];
+static _Atomic bool td_cuda_inited; /* cuInit succeeded in this process */
 
 static void td_cuda_load(void)
 {
@@ -241,6 +242,7 @@ static void td_cuda_load(void)
 	if (api->DriverGetVersion(&api->driver_version) != CUDA_SUCCESS)
 		api->driver_version = 0;
 	td_cuda_status = 0;
+	td_cuda_inited = true;
 }
 
 /* A table installed by td_cuda_api_use(), or NULL. */
@@ -249,6 +251,11 @@ static const struct td_cuda_api *_Atomic td_cuda_forced;
 void td_cuda_api_use(const struct td_cuda_api *api)
 {
 	td_cuda_forced = api;
+}
+
+bool td_cuda_api_in_use(void)
+{
+	return td_cuda_forced || td_cuda_inited;
 }
 
 int td_cuda_api_get(const struct td_cuda_api **ret_api, const char **ret_why)

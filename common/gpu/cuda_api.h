@@ -13,6 +13,7 @@
 #ifndef TENSORD_CUDA_API_H
 #define TENSORD_CUDA_API_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #ifdef TENSORD_HAVE_CUDA_H
@@ -177,6 +178,13 @@ int td_cuda_api_open(struct td_cuda_api *api, const char *soname, char *why, siz
  * use.
  */
 void td_cuda_api_use(const struct td_cuda_api *api);
+
+/*
+ * Whether this process initialised the driver through td_cuda_api_get()
+ * (or uses a table given to td_cuda_api_use()): a child forked from it
+ * must make no driver call. Loads nothing.
+ */
+bool td_cuda_api_in_use(void);
 
 /* Closes what td_cuda_api_open() opened. NULL-safe on api->lib. */
 void td_cuda_api_close(struct td_cuda_api *api);

@@ -143,6 +143,7 @@ static pthread_once_t td_hip_once = PTHREAD_ONCE_INIT;
 static struct td_hip_api td_hip_global;
 static int td_hip_status;
 static char td_hip_why[256];
+static _Atomic bool td_hip_loaded; /* the runtime is loaded in this process */
 
 static void td_hip_load(void)
 {
@@ -171,6 +172,7 @@ static void td_hip_load(void)
 
 		api->runtime_version = major > 0 ? major * 10000000 : 0;
 	}
+	td_hip_loaded = true;
 }
 
 static const struct td_hip_api *_Atomic td_hip_forced;
@@ -178,6 +180,11 @@ static const struct td_hip_api *_Atomic td_hip_forced;
 void td_hip_api_use(const struct td_hip_api *api)
 {
 	td_hip_forced = api;
+}
+
+bool td_hip_api_in_use(void)
+{
+	return td_hip_forced || td_hip_loaded;
 }
 
 int td_hip_api_get(const struct td_hip_api **ret_api, const char **ret_why)

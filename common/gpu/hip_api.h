@@ -13,6 +13,7 @@
 #ifndef TENSORD_HIP_API_H
 #define TENSORD_HIP_API_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #ifdef TENSORD_HAVE_HIP_H
@@ -91,6 +92,9 @@ int td_hip_api_open(struct td_hip_api *api, const char *const *sonames, char *wh
 
 /* As td_cuda_api_use(): later td_hip_api_get() calls return api (NULL: load). For tests. */
 void td_hip_api_use(const struct td_hip_api *api);
+
+/* As td_cuda_api_in_use(), for the HIP runtime. Loads nothing. */
+bool td_hip_api_in_use(void);
 
 /* Closes what td_hip_api_open() opened. */
 void td_hip_api_close(struct td_hip_api *api);

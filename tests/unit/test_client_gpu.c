@@ -5,8 +5,9 @@
  * in tensord_close() with live legacy-IPC and HIP imports, read-only
  * protection of VMM mappings (readers, and the creator after publish), the
  * stream put() copies on, HIP sync and copy_in, zero-size GPU leases, and
- * the UUID a create sends. No driver and no daemon: a socketpair stands in
- * for the connection, and a thread answers as the daemon where one must.
+ * the UUID a create sends, and a forked child that makes no driver call.
+ * No driver and no daemon: a socketpair stands in for the connection, and
+ * a thread answers as the daemon where one must.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -544,6 +546,81 @@ static void test_create_unknown_local_device(void **state)
 	close(sp[1]);
 }
 
+/* --- fork ----------------------------------------------------------------- */
+
+/* In the forked child: a failed check ends it with status 1 and says which. */
+#define CHILD_CHECK(cond)                                                                          \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stderr, "child: %s:%d: %s\n", __FILE__, __LINE__, #cond);          \
+			_exit(1);                                                                  \
+		}                                                                                  \
+	} while (0)
+
+/*
+ * A child forked from a process holding GPU leases makes no driver call:
+ * dropping the inherited handles and closing the inherited client touch
+ * neither the driver nor the parent's socket, and a new GPU request is
+ * refused naming the fork. The parent afterwards unmaps as usual.
+ */
+static void test_forked_child_makes_no_driver_call(void **state)
+{
+	DLManagedTensorVersioned *ipc, *hip, *vmm;
+	struct wire w1, w2, w3;
+	tensord_client *c;
+	uint8_t uuid[16];
+	int sp[2], pfd[2], st;
+	pid_t pid;
+	char b;
+
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+	c = td_client_new(sp[0]);
+	wire_fill(&w1, TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC, kDLCUDA, 0, 16, false);
+	ipc = lease(c, &w1, -1);
+	wire_fill(&w2, TENSORD__HANDLE_KIND__HANDLE_HIP_IPC, kDLROCM, 1, 16, false);
+	w2.info.id = 43;
+	w2.l.lease = 8;
+	hip = lease(c, &w2, -1);
+	wire_fill(&w3, TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD, kDLCUDA, 1, 16, false);
+	w3.info.id = 44;
+	w3.l.lease = 9;
+	assert_int_equal(pipe(pfd), 0);
+	close(pfd[1]);
+	vmm = lease(c, &w3, pfd[0]);
+
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		fake_n = 0;
+		ipc->deleter(ipc);
+		hip->deleter(hip);
+		vmm->deleter(vmm);
+		tensord_close(c);
+		CHILD_CHECK(fake_n == 0);
+		CHILD_CHECK(td_gpu_device_uuid((DLDevice){ kDLCUDA, 0 }, uuid) == -ENODEV);
+		CHILD_CHECK(strstr(tensord_last_error(), "forked from process"));
+		CHILD_CHECK(fake_n == 0);
+		_exit(0);
+	}
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	/* The child sent nothing and did not end the connection. */
+	assert_int_equal(recv(sp[1], &b, 1, MSG_DONTWAIT), -1);
+	assert_int_equal(errno, EAGAIN);
+	/* The parent's handles are its own, as before. */
+	fake_n = 0;
+	ipc->deleter(ipc);
+	hip->deleter(hip);
+	vmm->deleter(vmm);
+	assert_int_equal(fake_count("cuIpcCloseMemHandle"), 1);
+	assert_int_equal(fake_count("hipIpcCloseMemHandle"), 1);
+	assert_int_equal(fake_count("cuMemUnmap"), 1);
+	assert_int_equal(td_gpu_device_uuid((DLDevice){ kDLCUDA, 0 }, uuid), 0);
+	tensord_close(c);
+	close(sp[1]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -560,6 +637,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_hip_sync_and_copy_in, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_put_sends_source_uuid, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_create_unknown_local_device, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_forked_child_makes_no_driver_call, setup,
+						teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
