@@ -428,6 +428,13 @@ static void td_cuda_unmap(struct td_mapping *m)
 	/* Retain once more to get the handle; the extra reference is dropped below. */
 	r = cu->DevicePrimaryCtxRetain(&ctx, p->dev);
 	if (r == CUDA_SUCCESS && cu->CtxPushCurrent(ctx) == CUDA_SUCCESS) {
+		/*
+		 * Consumers (torch, cupy) call the DLPack deleter as soon as
+		 * their array object dies, with kernels that read it possibly
+		 * still queued on any stream of the context: wait for them, as
+		 * torch's own allocator does before cuMemUnmap, or they fault.
+		 */
+		cu->CtxSynchronize();
 		if (p->vmm) {
 			cu->MemUnmap(p->ptr, p->size);
 			cu->MemAddressFree(p->ptr, p->size);

@@ -175,8 +175,14 @@ static hipError_t td_hip_open(struct td_hip_map *p, void *ctx)
 	return p->hip->IpcOpenMemHandle(&p->ptr, o->h, o->flags);
 }
 
+/*
+ * Consumers (torch, cupy) call the DLPack deleter as soon as their array
+ * object dies, with kernels that read it possibly still queued: wait for
+ * the device before the memory goes from under them.
+ */
 static hipError_t td_hip_close(struct td_hip_map *p, void *ctx)
 {
+	(void)p->hip->DeviceSynchronize();
 	return p->hip->IpcCloseMemHandle(p->ptr);
 }
 

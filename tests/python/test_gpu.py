@@ -115,6 +115,75 @@ def test_other_process_reads_gpu_tensor(client, child):
     assert client.stat("gpu/xp").refcount == 0
 
 
+def test_forked_child_with_gpu_leases(client, child):
+    """A process holding GPU leases forks (docs/design.md, "Fork"): the
+    child drops the inherited GPU tensor without a driver call, uses the
+    inherited client for host memory, is refused GPU memory naming the
+    fork, and exits; the parent's GPU tensor and lease are untouched."""
+    w = client.create("gpu/fork", (1024,), "float32", device="cuda:0")
+    torch.from_dlpack(w).fill_(2.0)
+    w.publish()
+    client.put("gpu/fork-host", b"hello")
+    p = child("""
+        import gc, os, numpy as np, torch, tensord
+        c = tensord.connect()
+        t = c.attach("gpu/fork")
+        y = torch.from_dlpack(t)
+        assert float(y.sum()) == 2048.0
+        pid = os.fork()
+        if pid == 0:
+            del t                        # the inherited lease: no driver call, nothing sent
+            gc.collect()
+            with c.attach("gpu/fork-host") as h:
+                assert np.from_dlpack(h).tobytes() == b"hello"
+            try:
+                c.attach("gpu/fork")
+                os._exit(2)
+            except tensord.Error as e:
+                print("child refused:", e.errno, e, flush=True)
+            c.close()
+            os._exit(0)
+        _, st = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(st), flush=True)
+        torch.cuda.synchronize()
+        print("parent sum", float(y.sum()), c.stat("gpu/fork").refcount, flush=True)
+    """)
+    line = p.expect("child refused:")
+    assert "forked from process" in line and str(__import__("errno").ENODEV) in line, line
+    assert p.expect("child exit") == "child exit 0"
+    # The parent's lease (and the test's own creator lease) still count.
+    assert p.expect("parent sum") == "parent sum 2048.0 2"
+    p.finish()
+    w.release()
+    assert client.stat("gpu/fork").refcount == 0
+
+
+def test_release_with_kernels_queued(client, child):
+    """torch frees a from_dlpack tensor's memory (our deleter) as soon as
+    the Python object dies, with kernels that read it still queued: the
+    deleter must wait for them before it unmaps, or they fault."""
+    w = client.create("gpu/queued", (1 << 22,), "float32", device="cuda:0")
+    torch.from_dlpack(w).fill_(1.0)
+    w.publish()
+    p = child("""
+        import torch, tensord
+        c = tensord.connect()
+        for i in range(5):
+            t = c.attach("gpu/queued")
+            y = torch.from_dlpack(t)
+            torch.cuda._sleep(50_000_000)      # keep the stream busy (~25 ms)
+            s = y.sum()                         # queued behind the sleep
+            del y
+            t.release()                         # the last reference: unmap now
+            torch.cuda.synchronize()
+            assert float(s) == float(1 << 22), float(s)
+        print("queued ok", flush=True)
+    """)
+    p.expect("queued ok")
+    p.finish()
+    w.release()
+
+
 def test_killed_reader_releases_gpu_lease(client, child):
     w = client.create("gpu/kill", (1 << 20,), "uint8", device="cuda:0")
     w.publish()

@@ -268,6 +268,10 @@ static void test_close_unmaps_ipc_first(void **state)
 	/* Every legacy handle was closed while the socket was still open... */
 	assert_int_equal(fake_count("cuIpcCloseMemHandle"), 2);
 	assert_int_equal(fake_count("hipIpcCloseMemHandle"), 1);
+	/* ...each after the device's queued work was waited for. */
+	assert_in_range(fake_find("cuCtxSynchronize", 0), 0, fake_find("cuIpcCloseMemHandle", 0));
+	assert_in_range(fake_find("hipDeviceSynchronize", 0), 0,
+			fake_find("hipIpcCloseMemHandle", 0));
 	assert_int_equal(closes_before_eof, 3);
 	/* ...and the daemon saw the end of the connection afterwards. */
 	assert_int_equal(recv(peer_fd, &b, 1, MSG_DONTWAIT), 0);
@@ -281,9 +285,12 @@ static void test_close_unmaps_ipc_first(void **state)
 	hip->deleter(hip);
 	assert_int_equal(fake_count("cuIpcCloseMemHandle"), 0);
 	assert_int_equal(fake_count("hipIpcCloseMemHandle"), 0);
+	fake_n = 0;
 	vmm->deleter(vmm);
 	assert_int_equal(fake_count("cuMemUnmap"), 1);
 	assert_int_equal(fake_count("cuMemAddressFree"), 1);
+	/* Kernels a consumer queued on it finish before the unmap. */
+	assert_in_range(fake_find("cuCtxSynchronize", 0), 0, fake_find("cuMemUnmap", 0));
 	close(peer_fd);
 	fake_on_close = NULL;
 }
