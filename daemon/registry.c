@@ -168,6 +168,7 @@ static void creator_unlink(struct tensor *t)
 
 void reg_tensor_free(struct registry *reg, struct tensor *t)
 {
+	assert(!t->draft && !t->replaces);
 	creator_unlink(t);
 	reg_create_uncharge(reg, t);
 	if (t->prev)
@@ -190,8 +191,15 @@ void reg_tensor_free(struct registry *reg, struct tensor *t)
 void registry_fini(struct registry *reg)
 {
 	while (reg->all) {
-		reg->all->creator = NULL; /* its client may be gone without client_gone() */
-		reg_tensor_free(reg, reg->all);
+		struct tensor *t = reg->all;
+
+		t->creator = NULL; /* its client may be gone without client_gone() */
+		if (t->draft)
+			t->draft->replaces = NULL;
+		if (t->replaces)
+			t->replaces->draft = NULL;
+		t->draft = t->replaces = NULL;
+		reg_tensor_free(reg, t);
 	}
 	free(reg->buckets);
 	reg->buckets = NULL;
@@ -200,15 +208,46 @@ void registry_fini(struct registry *reg)
 			backends[b]->fini();
 }
 
+/*
+ * Takes t's name away. A draft only lets go of the version it would have
+ * replaced; a named tensor with a draft hands the name to it, unpublished
+ * (one name out, one in: the table does not grow).
+ */
+static void name_drop(struct registry *reg, struct tensor *t)
+{
+	struct tensor *d = t->draft;
+
+	if (t->state == TENSORD_STATE_UNLINKED)
+		return;
+	t->state = TENSORD_STATE_UNLINKED;
+	if (t->replaces) {
+		t->replaces->draft = NULL;
+		t->replaces = NULL;
+		return;
+	}
+	unhash(reg, t);
+	if (d) {
+		t->draft = NULL;
+		d->replaces = NULL;
+		reg_tensor_name(reg, d);
+		log_debug("tensor '%s': unlinked; its draft takes the name", d->name);
+	}
+}
+
 /* Removes the name; frees the tensor if no lease holds it. */
 void reg_tensor_unlink(struct registry *reg, struct tensor *t)
 {
-	if (t->state != TENSORD_STATE_UNLINKED) {
-		unhash(reg, t);
-		t->state = TENSORD_STATE_UNLINKED;
-	}
+	name_drop(reg, t);
 	if (t->refcount == 0)
 		reg_tensor_free(reg, t);
+}
+
+struct tensor *reg_view(struct registry *reg, const struct reg_client *rc, const char *name,
+			size_t len)
+{
+	struct tensor *t = reg_find_named(reg, name, len);
+
+	return t && t->draft && t->draft->creator == rc ? t->draft : t;
 }
 
 /* Room for one more name in the table. */
@@ -345,15 +384,11 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc)
 		creator_unlink(t);
 		if (t->state == TENSORD_STATE_CREATED || (t->flags & TENSORD_LIFETIME_CONNECTION)) {
 			log_debug("tensor '%s': unlinked with its creator's connection", t->name);
-			/* Leases of this client still hold it; they are dropped below. */
-			if (t->state != TENSORD_STATE_UNLINKED) {
-				unhash(reg, t);
-				t->state = TENSORD_STATE_UNLINKED;
-			}
-			/* A tensor with no lease left is freed by reg_tensor_unlink(); one
-			 * leased by others lives on until their last lease. */
-			if (t->refcount == 0)
-				reg_tensor_free(reg, t);
+			/* Leases of this client still hold it; they are dropped below.
+			 * One with no lease left is freed now; one leased by others
+			 * lives on until their last lease. A draft goes, and the
+			 * version it would have replaced stays. */
+			reg_tensor_unlink(reg, t);
 		}
 	}
 	reg->visits += rc->n_slots;
@@ -445,7 +480,7 @@ int registry_publish(struct registry *reg, struct reg_client *rc, const char *na
 	int r;
 
 	assert(len > 0 && len <= TENSORD_NAME_MAX);
-	t = reg_find_named(reg, name, len);
+	t = reg_view(reg, rc, name, len);
 	if (!t || !reg_visible_to(t, rc)) {
 		snprintf(why, why_len, "tensor '%.*s': no such tensor", (int)len, name);
 		return -ENOENT;
@@ -475,6 +510,17 @@ int registry_publish(struct registry *reg, struct reg_client *rc, const char *na
 			return r;
 		}
 		move_to_slab(reg, t);
+	}
+	if (t->replaces) {
+		/* The swap: from this step on the name is the new version's. */
+		struct tensor *old = t->replaces;
+
+		log_debug("tensor '%s': replaced by pid %u, %u leases live on", old->name, rc->pid,
+			  old->refcount);
+		old->draft = NULL;
+		t->replaces = NULL;
+		reg_tensor_unlink(reg, old);
+		reg_tensor_name(reg, t);
 	}
 	t->state = TENSORD_STATE_PUBLISHED;
 	log_debug("tensor '%s': published by pid %u", t->name, rc->pid);
@@ -519,7 +565,7 @@ int registry_unlink(struct registry *reg, struct reg_client *rc, const char *nam
 	struct tensor *t;
 
 	assert(len > 0 && len <= TENSORD_NAME_MAX);
-	t = reg_find_named(reg, name, len);
+	t = reg_view(reg, rc, name, len);
 	if (!t || !reg_visible_to(t, rc)) {
 		snprintf(why, why_len, "tensor '%.*s': no such tensor", (int)len, name);
 		return -ENOENT;

@@ -46,10 +46,17 @@ struct tensor {
 	uint32_t mode;
 	uint32_t owner_uid, owner_gid;
 	uint64_t created_ns;
-	uint32_t refcount;            /* live leases, and 1 while allocating */
-	bool fd_charged;              /* counted in its owner's QUOTA_FDS */
-	bool allocating;              /* the GPU worker is getting its memory */
-	bool name_deferred;           /* allocating to replace its name's holder: named after */
+	uint32_t refcount; /* live leases, and 1 while allocating */
+	bool fd_charged;   /* counted in its owner's QUOTA_FDS */
+	bool allocating;   /* the GPU worker is getting its memory */
+	/*
+	 * Replace (docs/design.md, "Replace"): a named tensor's pending new
+	 * version, and the other way round. A draft is in state CREATED and not
+	 * in the name table; its publish gives it the name. Each points at the
+	 * other or is NULL; borrowed both ways.
+	 */
+	struct tensor *draft;
+	struct tensor *replaces;
 	struct reg_client *creator;   /* borrowed; NULL once the creator is gone */
 	struct reg_device *dev;       /* borrowed: the device slot it is charged to */
 	struct backend_alloc alloc;   /* owned */
@@ -169,9 +176,12 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc);
  * while that lease lives. -EINVAL for an invalid name, with the reason;
  * -EDQUOT over rc's uid's share of tensors or bytes; -ENOSPC over capacity
  * or when only the descriptor reserve is left (never -EMFILE).
- * With a->replace, a tensor of that name is unlinked once the new one has
- * its memory (so a refused create leaves it in place): -EPERM unless rc
- * owns it or is root, -EEXIST when another client is still creating it.
+ * With a->replace over a published tensor rc owns (or root), the new one is
+ * that name's draft: the old one stays named until registry_publish() of
+ * the draft swaps them in one step, and a draft that is never published
+ * leaves it as it was. Over rc's own unpublished tensor, that one is
+ * unlinked at once. -EPERM when rc does not own it, -EEXIST when another
+ * client is still creating or replacing it.
  */
 int registry_create(struct registry *reg, struct reg_client *rc, const struct create_args *a,
 		    struct tensor **ret_t, uint64_t *ret_lease, char *why, size_t why_len);
@@ -180,7 +190,7 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
  * For a device whose backend's alloc() blocks (GPU), registry_create()
  * returns -EINPROGRESS instead of 0 once everything but the memory is done:
  * the name is taken (unless it replaces a tensor, which keeps the name
- * until then), capacity and rc's uid's shares are charged, and *ret_t is
+ * until its publish), capacity and rc's uid's shares are charged, and *ret_t is
  * pinned, in state CREATED with t->allocating set, and holds no lease yet.
  * The caller then runs registry_alloc_run() on the GPU worker and
  * registry_create_finish() back on this thread. Meanwhile the tensor may
@@ -200,14 +210,17 @@ void registry_alloc_run(struct reg_alloc_job *j);
  * (*ret_lease) and t keeps j->got. 0, or -errno with the reason, and then t
  * is gone and what was allocated is released: the allocation failed, the
  * memory came out over capacity after rounding, the tensor was unlinked or
- * its creator went meanwhile (-ECANCELED), or the name is now another
- * client's draft (-EEXIST). rc is the creator the caller answers, or NULL
+ * its creator went meanwhile (-ECANCELED). rc is the creator the caller answers, or NULL
  * when it went away (then the result is -ECANCELED).
  */
 int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64_t *ret_lease,
 			   char *why, size_t why_len);
 
-/* Publishes a tensor rc created (sealing it unless mutable), then calls on_publish. */
+/*
+ * Publishes a tensor rc created (sealing it unless mutable), then calls
+ * on_publish. rc's draft of name comes first: publishing it unlinks the
+ * version it replaces and names it, in one step.
+ */
 int registry_publish(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
 		     char *why, size_t why_len);
 
@@ -229,7 +242,12 @@ struct tensor *registry_lease_tensor(struct reg_client *rc, uint64_t lease);
  */
 int registry_release(struct registry *reg, struct reg_client *rc, uint64_t lease);
 
-/* Removes the name; the tensor lives on while leases hold it, else it is freed. */
+/*
+ * Removes the name; the tensor lives on while leases hold it, else it is
+ * freed. rc's draft of name comes first: it is discarded, and the version it
+ * would have replaced stays. Another client's draft of an unlinked name
+ * takes the name, unpublished.
+ */
 int registry_unlink(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
 		    char *why, size_t why_len);
 

@@ -15,7 +15,10 @@
 #include "registry.h"
 #include "registry_int.h"
 
-/* Whether rc may replace old: it owns it (or is root), and old is no one else's draft. */
+/*
+ * Whether rc may replace old: it owns it (or is root), old is no one else's
+ * unpublished tensor, and no one else is replacing it.
+ */
 static int replace_check(const struct tensor *old, const struct reg_client *rc, char *why,
 			 size_t why_len)
 {
@@ -29,6 +32,13 @@ static int replace_check(const struct tensor *old, const struct reg_client *rc, 
 			 "tensor '%s': owned by uid %u; only its owner may replace it", old->name,
 			 old->owner_uid);
 		return -EPERM;
+	}
+	if (old->draft && old->draft->creator != rc) {
+		snprintf(why, why_len,
+			 "tensor '%s': another client is replacing it (its new version is not "
+			 "published yet)",
+			 old->name);
+		return -EEXIST;
 	}
 	return 0;
 }
@@ -228,17 +238,29 @@ static int tensor_alloc(struct registry *reg, struct reg_device *dev, struct ten
 	return r;
 }
 
-/* Unlinks the tensor of that name rc replaces, if there is one (its check allowed it). */
-static void replace_old(struct registry *reg, const struct reg_client *rc, const char *name,
-			size_t len)
+/*
+ * Gives t, a new tensor of a replacing create (its check allowed it), its
+ * place: the draft of the published version of its name, which serves
+ * until t is published (a draft rc had of it before goes); or, over rc's
+ * own unpublished tensor or no tensor at all, the name itself.
+ */
+static void replace_place(struct registry *reg, const struct reg_client *rc, struct tensor *t)
 {
-	struct tensor *old = reg_find_named(reg, name, len);
+	struct tensor *old = reg_find_named(reg, t->name, t->name_len);
 
-	if (!old)
+	if (old && old->state == TENSORD_STATE_PUBLISHED) {
+		if (old->draft)
+			reg_tensor_unlink(reg, old->draft);
+		old->draft = t;
+		t->replaces = old;
+		log_debug("tensor '%s': pid %u makes a new version; the old one serves until "
+			  "it is published",
+			  t->name, rc->pid);
 		return;
-	log_debug("tensor '%s': replaced by pid %u, %u leases live on", old->name, rc->pid,
-		  old->refcount);
-	reg_tensor_unlink(reg, old);
+	}
+	if (old)
+		reg_tensor_unlink(reg, old);
+	reg_tensor_name(reg, t);
 }
 
 /*
@@ -264,9 +286,10 @@ static int create_begin(struct registry *reg, struct reg_client *rc, const struc
 	t->alloc.device_id = dev->device.device_id;
 	reg_creator_link(rc, t);
 	reg_tensor_link(reg, dev, t);
-	/* A tensor it replaces keeps the name, and serves, until the memory is there. */
-	t->name_deferred = a->replace && reg_find_named(reg, a->name, a->name_len);
-	if (!t->name_deferred)
+	/* A published tensor it replaces keeps the name, and serves, until t's publish. */
+	if (a->replace)
+		replace_place(reg, rc, t);
+	else
 		reg_tensor_name(reg, t);
 	rc->n_created++;
 	log_debug("tensor '%s': allocating %llu bytes on %s %d off the loop", t->name,
@@ -285,25 +308,14 @@ void registry_alloc_run(struct reg_alloc_job *j)
 }
 
 /* Why a finished allocation can no longer become t's, or 0. */
-static int finish_check(struct registry *reg, struct tensor *t, char *why, size_t why_len)
+static int finish_check(const struct tensor *t, char *why, size_t why_len)
 {
-	struct tensor *old;
-	int r;
-
 	if (!t->creator || t->state != TENSORD_STATE_CREATED) {
 		snprintf(why, why_len, "tensor '%s': %s while its memory was being allocated",
 			 t->name, t->creator ? "unlinked" : "its creator went away");
 		return -ECANCELED;
 	}
-	if (!t->name_deferred)
-		return 0;
-	old = reg_find_named(reg, t->name, t->name_len);
-	if (old) {
-		r = replace_check(old, t->creator, why, why_len);
-		if (r < 0)
-			return r;
-	}
-	return reg_name_room(reg, t, why, why_len);
+	return 0;
 }
 
 int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64_t *ret_lease,
@@ -317,14 +329,9 @@ int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64
 	t->allocating = false;
 	r = alloc_result(reg, dev, t, &j->got, j->rc, t->alloc.size, why, why_len);
 	if (r == 0) {
-		r = finish_check(reg, t, why, why_len);
+		r = finish_check(t, why, why_len);
 		if (r < 0)
 			dev->ops->release(&j->got);
-	}
-	if (r == 0 && t->name_deferred) {
-		replace_old(reg, t->creator, t->name, t->name_len);
-		reg_tensor_name(reg, t);
-		t->name_deferred = false;
 	}
 	if (r == 0) {
 		dev->used += j->got.size - t->alloc.size;
@@ -340,7 +347,7 @@ int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64
 	}
 	/* Failed: t goes, with nothing of the allocation (alloc_result released it). */
 	t->refcount--;
-	reg_tensor_unlink(reg, t); /* unhash() passes over a name it never took */
+	reg_tensor_unlink(reg, t); /* a draft only lets go of what it replaced */
 	return r;
 }
 
@@ -394,11 +401,12 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 		free(t);
 		return r;
 	}
-	if (a->replace)
-		replace_old(reg, rc, a->name, a->name_len);
 	reg_creator_link(rc, t);
 	reg_tensor_link(reg, dev, t);
-	reg_tensor_name(reg, t);
+	if (a->replace)
+		replace_place(reg, rc, t);
+	else
+		reg_tensor_name(reg, t);
 	rc->n_created++;
 	r = reg_lease_add(reg, rc, t, ret_lease);
 	if (r < 0) {

@@ -13,6 +13,13 @@
 /* The named tensor with exactly these bytes, whoever may see it, or NULL. */
 struct tensor *reg_find_named(struct registry *reg, const char *name, size_t len);
 
+/*
+ * What name means to rc: rc's draft of it if it has one (which only rc
+ * sees), else the named tensor, or NULL.
+ */
+struct tensor *reg_view(struct registry *reg, const struct reg_client *rc, const char *name,
+			size_t len);
+
 /* Room for one more name in the table: 0, or -ENOMEM with the reason. */
 int reg_name_room(struct registry *reg, const struct tensor *t, char *why, size_t why_len);
 

@@ -47,11 +47,14 @@ enum {
 	TENSORD_LIFETIME_CONNECTION = 1u << 1,
 	/*
 	 * tensord_create() and tensord_put() only, never a tensor's flag:
-	 * a tensor of that name the caller owns (root: any) is unlinked in the
-	 * same daemon step that names the new one, so no other client can take
-	 * the name in between; leases on the old one keep its bytes. Until the
-	 * new one is published, attach finds nothing (tensord_put() publishes
-	 * small host tensors in that same step). -EPERM when another uid owns it.
+	 * the new tensor becomes the next version of a published tensor of
+	 * that name the caller owns (root: any). The old one keeps the name
+	 * and serves every attach until the new one is published, which swaps
+	 * them in one daemon step, so the name is never missing; leases on
+	 * the old one keep its bytes. If the new one is never published
+	 * (tensord_unlink() of the name by its creator, a failed put, the
+	 * connection closed), the old one stays as it was. -EPERM when another
+	 * uid owns it, -EEXIST when another client is replacing it.
 	 */
 	TENSORD_REPLACE = 1u << 2,
 };

@@ -389,8 +389,10 @@ def test_socket_0600_refuses_other_uid(daemon_factory, tdclient_for_all):
 
 
 def test_create_replace_keeps_old_leases(daemon, clients):
-    """TENSORD_REPLACE: the name goes to the new tensor in one daemon step;
-    a lease on the old one keeps its bytes; the flag is not a tensor flag."""
+    """TENSORD_REPLACE: the new tensor is a draft until its publish, which
+    gives it the name in one daemon step; until then others attach the old
+    one; a lease on the old one keeps its bytes; the flag is not a tensor
+    flag."""
     a, b = clients(), clients()
     a.ok("create r uint8 16")
     a.ok("fill r 7")
@@ -399,8 +401,10 @@ def test_create_replace_keeps_old_leases(daemon, clients):
     b.ok("attach r 0 old")
     a.err("create r uint8 32", "EEXIST")
     a.ok("create r uint8 32 replace")
-    # The name is the new tensor's now, unpublished: others find nothing yet.
-    b.err("attach r 0", "ENOENT")
+    # Until the publish, the name is the old tensor's: others attach it.
+    b.ok("attach r 0 before")
+    assert b.ok("read before 15") == "7"
+    assert b.kv("stat r")["nbytes"] == "16"
     a.ok("fill r 9")
     a.ok("publish r")
     assert b.ok("read old 0") == "7" and b.ok("read old 15") == "7"

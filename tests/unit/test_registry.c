@@ -162,13 +162,16 @@ static void test_client_gone(void **state)
 	assert_int_equal(reg->n_leases, 0);
 }
 
-/* Replace: checked before anything moves, done in the step that names the new one. */
+/*
+ * Replace: checked before anything moves; the new version is a draft that
+ * only its creator sees, and its publish swaps the name in one step.
+ */
 static void test_replace(void **state)
 {
 	struct registry *reg = *state;
 	struct reg_client a, b, root;
-	struct tensor *old, *t, *t2;
-	uint64_t la, lb, l2;
+	struct tensor *old, *t, *t2, *t3;
+	uint64_t la, lb, l2, l3;
 	bool w;
 	struct create_args r = { .name = "r",
 				 .name_len = 1,
@@ -192,23 +195,142 @@ static void test_replace(void **state)
 	r.shape = &huge;
 	assert_int_equal(registry_create(reg, &a, &r, &t2, &l2, why, sizeof(why)), -ENOSPC);
 	assert_ptr_equal(registry_lookup(reg, &b, "r", 1), old);
-	/* The owner may: the name is the new tensor's; b's lease keeps the old. */
+	/* The owner may: a draft, which nobody else sees; the old one serves. */
 	r.shape = &n;
 	assert_int_equal(registry_create(reg, &a, &r, &t2, &l2, why, sizeof(why)), 0);
+	assert_int_equal(t2->state, TENSORD_STATE_CREATED);
+	assert_int_equal(old->state, TENSORD_STATE_PUBLISHED);
+	assert_ptr_equal(old->draft, t2);
+	assert_ptr_equal(registry_lookup(reg, &b, "r", 1), old);
+	assert_int_equal(registry_attach(reg, &b, "r", 1, &t, &l3, &w, why, sizeof(why)), 0);
+	assert_ptr_equal(t, old);
+	assert_int_equal(registry_release(reg, &b, l3), 0);
+	assert_int_equal(reg->n_named, 1);
+	/* Nobody else may replace it meanwhile, root neither: one draft a name. */
+	assert_int_equal(registry_create(reg, &root, &r, &t3, &l3, why, sizeof(why)), -EEXIST);
+	assert_non_null(strstr(why, "another client is replacing"));
+	/* The publish swaps: the name is the new one's; b's lease keeps the old. */
+	assert_int_equal(registry_publish(reg, &a, "r", 1, why, sizeof(why)), 0);
 	assert_int_equal(old->state, TENSORD_STATE_UNLINKED);
 	assert_int_equal(old->refcount, 2);
+	assert_null(old->draft);
+	assert_null(t2->replaces);
+	assert_int_equal(t2->state, TENSORD_STATE_PUBLISHED);
 	assert_ptr_equal(registry_lookup(reg, &a, "r", 1), t2);
 	assert_int_equal(t2->flags, 0);
 	assert_int_equal(reg->n_named, 1);
-	/* b cannot replace a's unpublished draft; root can replace a's tensor. */
-	assert_int_equal(registry_create(reg, &b, &r, &t, &lb, why, sizeof(why)), -EEXIST);
-	assert_int_equal(registry_publish(reg, &a, "r", 1, why, sizeof(why)), 0);
-	assert_int_equal(registry_create(reg, &root, &r, &t, &lb, why, sizeof(why)), 0);
-	assert_int_equal(t->owner_uid, 0);
+	/* Root can replace a's tensor. */
+	assert_int_equal(registry_create(reg, &root, &r, &t, &l3, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &root, "r", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_lookup(reg, &root, "r", 1)->owner_uid, 0);
 	registry_client_gone(reg, &a);
 	registry_client_gone(reg, &b);
 	registry_client_gone(reg, &root);
-	assert_int_equal(reg->n_tensors, 0);
+	assert_int_equal(reg->n_tensors, 1); /* root's version is persistent */
+}
+
+/* A persistent, published "r" of a, with 4096 bytes. */
+static struct tensor *published_r(struct registry *reg, struct reg_client *a)
+{
+	struct tensor *t;
+	uint64_t l;
+
+	assert_int_equal(create(reg, a, "r", 4096, 0, 0644, &t, &l), 0);
+	assert_int_equal(registry_publish(reg, a, "r", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_release(reg, a, l), 0);
+	return t;
+}
+
+/* A replacing create of "r" by rc: its draft, or what registry_create() said. */
+static int replace_r(struct registry *reg, struct reg_client *rc, struct tensor **ret_t,
+		     uint64_t *ret_lease)
+{
+	int64_t n = 100;
+	struct create_args r = { .name = "r",
+				 .name_len = 1,
+				 .dtype = { kDLUInt, 8, 1 },
+				 .ndim = 1,
+				 .shape = &n,
+				 .device = { kDLCPU, 0 },
+				 .mode = 0644,
+				 .replace = true };
+
+	return registry_create(reg, rc, &r, ret_t, ret_lease, why, sizeof(why));
+}
+
+/* Every way a draft can end before its publish leaves the old version as it was. */
+static void test_replace_draft_fails(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a, other, root;
+	struct tensor *old, *d, *d2;
+	uint64_t l, l2;
+
+	registry_client_init(&a, 1, 1000, 1000, 1);
+	registry_client_init(&other, 2, 1000, 1000, 2); /* same uid, another connection */
+	registry_client_init(&root, 3, 0, 0, 3);
+	old = published_r(reg, &a);
+
+	/* The creator goes before publishing: the draft goes, the old one stays. */
+	assert_int_equal(replace_r(reg, &other, &d, &l), 0);
+	registry_client_gone(reg, &other);
+	assert_null(old->draft);
+	assert_ptr_equal(registry_lookup(reg, &a, "r", 1), old);
+	assert_int_equal(old->state, TENSORD_STATE_PUBLISHED);
+	assert_int_equal(reg->n_tensors, 1);
+
+	/* The creator's unlink discards its draft first, then the old version. */
+	registry_client_init(&other, 4, 1000, 1000, 4);
+	assert_int_equal(replace_r(reg, &other, &d, &l), 0);
+	assert_int_equal(registry_unlink(reg, &other, "r", 1, why, sizeof(why)), 0);
+	assert_int_equal(d->state, TENSORD_STATE_UNLINKED);
+	assert_null(old->draft);
+	assert_int_equal(old->state, TENSORD_STATE_PUBLISHED);
+	assert_int_equal(registry_release(reg, &other, l), 0);
+	assert_int_equal(reg->n_tensors, 1);
+	/* Its publish of a discarded draft finds the old version, not its own. */
+	assert_int_equal(registry_publish(reg, &other, "r", 1, why, sizeof(why)), -EPERM);
+
+	/* A second replacing create by the same client supersedes its first draft. */
+	assert_int_equal(replace_r(reg, &other, &d, &l), 0);
+	assert_int_equal(replace_r(reg, &other, &d2, &l2), 0);
+	assert_int_equal(d->state, TENSORD_STATE_UNLINKED);
+	assert_ptr_equal(old->draft, d2);
+	assert_int_equal(registry_release(reg, &other, l), 0);
+
+	/* Someone else unlinks the published version: the draft takes the name,
+	 * unpublished, and its creator may still publish it. */
+	assert_int_equal(registry_unlink(reg, &root, "r", 1, why, sizeof(why)), 0);
+	assert_int_equal(old->state, TENSORD_STATE_UNLINKED);
+	assert_null(d2->replaces);
+	assert_null(registry_lookup(reg, &a, "r", 1));
+	assert_ptr_equal(registry_lookup(reg, &other, "r", 1), d2);
+	assert_int_equal(registry_publish(reg, &other, "r", 1, why, sizeof(why)), 0);
+	assert_ptr_equal(registry_lookup(reg, &a, "r", 1), d2);
+	assert_int_equal(reg->n_named, 1);
+
+	/* Replacing one's own unpublished tensor replaces it at once. */
+	assert_int_equal(create(reg, &a, "u", 8, 0, 0644, &d, &l), 0);
+	{
+		int64_t n = 16;
+		struct create_args u = { .name = "u",
+					 .name_len = 1,
+					 .dtype = { kDLUInt, 8, 1 },
+					 .ndim = 1,
+					 .shape = &n,
+					 .device = { kDLCPU, 0 },
+					 .replace = true };
+
+		assert_int_equal(registry_create(reg, &a, &u, &d2, &l2, why, sizeof(why)), 0);
+	}
+	assert_int_equal(d->state, TENSORD_STATE_UNLINKED);
+	assert_ptr_equal(registry_lookup(reg, &a, "u", 1), d2);
+	assert_null(d2->replaces);
+
+	registry_client_gone(reg, &a);
+	registry_client_gone(reg, &other);
+	registry_client_gone(reg, &root);
+	assert_int_equal(reg->n_tensors, 1);
 }
 
 static void test_capacity(void **state)
@@ -619,6 +741,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_client_gone, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_capacity, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_replace, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_replace_draft_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_shared_routing_and_capacity, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_publish_moves_small_tensors_into_a_slab, setup,
 						teardown),

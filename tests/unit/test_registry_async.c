@@ -290,8 +290,8 @@ static void test_async_create_fails(void **state)
 	assert_int_equal(dev->used, 0);
 }
 
-/* Replace: the old tensor keeps its name and serves until the new one has
- * its memory, as with a create that allocates at once. */
+/* Replace: the old tensor keeps its name and serves until the new one is
+ * published, as with a create that allocates at once. */
 static void test_async_replace(void **state)
 {
 	struct registry *reg = *state;
@@ -315,11 +315,17 @@ static void test_async_replace(void **state)
 	assert_int_equal(finish_slow(reg, t, &l), -ENOMEM);
 	assert_ptr_equal(registry_lookup(reg, &b, "w", 1), old);
 	assert_int_equal(old->state, TENSORD_STATE_PUBLISHED);
+	assert_null(old->draft);
+	/* A finished one is still a draft: the old one serves until the publish. */
 	assert_int_equal(create_slow(reg, &a, "w", 32, true, &t), -EINPROGRESS);
 	assert_int_equal(finish_slow(reg, t, &l), 0);
-	assert_ptr_equal(registry_lookup(reg, &a, "w", 1), t);
+	assert_ptr_equal(registry_lookup(reg, &b, "w", 1), old);
+	assert_ptr_equal(old->draft, t);
+	assert_int_equal(registry_publish(reg, &a, "w", 1, why, sizeof(why)), 0);
+	assert_ptr_equal(registry_lookup(reg, &b, "w", 1), t);
 	assert_int_equal(old->state, TENSORD_STATE_UNLINKED);
 	assert_int_equal(reg->n_named, 1);
+	assert_int_equal(registry_unlink(reg, &a, "w", 1, why, sizeof(why)), 0);
 	registry_client_gone(reg, &a);
 	registry_client_gone(reg, &b);
 	assert_int_equal(slow_live, 0);
