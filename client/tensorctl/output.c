@@ -324,7 +324,7 @@ const char *iso_time(uint64_t ns, char *buf, size_t len)
  * Writes the characters of s, escaped for the inside of a JSON string, to
  * f. JSON must be UTF-8: a byte that is not part of a valid sequence
  * becomes U+FFFD. Controls (C0, DEL, C1) and the characters a terminal
- * reorders (cp_unsafe()) are written as \\u escapes, so printing the JSON
+ * reorders (cp_unsafe()) are written as \u escapes, so printing the JSON
  * is as safe as printing the text.
  */
 static void json_chars_to(FILE *f, const char *s)

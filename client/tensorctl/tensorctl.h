@@ -66,7 +66,8 @@ int print_prometheus(tensord_client *c);
  * it is; otherwise those characters and stray bytes become C escapes
  * ("\033", "\n", "\377"), as ls and git print odd file names:
  *  QUOTE_TABLE: a name as a word: bare when clean, else "in double quotes",
- *               with \" and \\ escaped too;
+ *               with \" and \\ escaped too (a name holding ', " or \, or
+ *               an empty one, is quoted so as well);
  *  QUOTE_MSG:   a name inside a sentence: 'in single quotes' when clean,
  *               else as QUOTE_TABLE;
  *  QUOTE_TEXT:  a sentence (a daemon message): escaped in place, no quotes.
