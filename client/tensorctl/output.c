@@ -442,7 +442,8 @@ void print_info(const tensord_info *in)
 	printf("state:    %s\n", state_name(in->state));
 	printf("refs:     %" PRIu32 "\n", in->refcount);
 	printf("owner:    %s (uid %" PRIu32 ", gid %" PRIu32 ")\n",
-	       owner_name(in->owner_uid, b2, sizeof(b2)), in->owner_uid, in->owner_gid);
+	       quote(owner_name(in->owner_uid, b2, sizeof(b2)), QUOTE_TABLE, q, sizeof(q)),
+	       in->owner_uid, in->owner_gid);
 	printf("mode:     %04o\n", (unsigned)(in->mode & 07777));
 	printf("flags:    %s, %s\n", in->flags & TENSORD_MUTABLE ? "mutable" : "immutable",
 	       in->flags & TENSORD_LIFETIME_CONNECTION ? "connection lifetime" : "persistent");
