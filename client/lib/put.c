@@ -5,9 +5,11 @@
  * copied device to device by their importer.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "client.h"
@@ -264,6 +266,92 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	return r;
 }
 
+/*
+ * The bytes src's elements occupy relative to its first element: [*lo, *hi).
+ * false when there are none to read (a zero in the shape), or when the
+ * shape is one the daemon will refuse (negative, or too large to
+ * allocate), which is then never read either. -EFAULT when the strides
+ * reach past either end of the address space.
+ */
+static int source_span(const DLTensor *src, size_t elsize, int64_t *lo, int64_t *hi)
+{
+	int64_t step = 1, ext;
+	bool compact_ok = true;
+
+	*lo = 0;
+	*hi = (int64_t)elsize;
+	for (int i = src->ndim - 1; i >= 0; i--) {
+		int64_t n = src->shape[i], st = src->strides ? src->strides[i] : step;
+
+		if (n <= 0 || (!src->strides && !compact_ok))
+			return 0;
+		if (__builtin_mul_overflow(n - 1, st, &ext) ||
+		    __builtin_mul_overflow(ext, (int64_t)elsize, &ext) ||
+		    __builtin_add_overflow(ext < 0 ? *lo : *hi, ext, ext < 0 ? lo : hi))
+			return -EFAULT;
+		compact_ok = !__builtin_mul_overflow(step, n, &step);
+	}
+	return 1;
+}
+
+/*
+ * Checks, before anything is asked of the daemon, that src's bytes lie
+ * where put() may read them. A DLPack producer is foreign code: a NULL
+ * data pointer or a byte_offset of 2^40 would crash the caller in the
+ * copy, and an address that wraps around would store whatever lies
+ * there. -EFAULT, naming the tensor and the reason, when the tensor has
+ * elements and its data pointer is NULL; when byte_offset or the strides
+ * put an element below address 0 or past the end of the address space;
+ * and, for host memory, when a page of the span is not mapped in this
+ * process (msync() answers that from the mappings, touching no page, in
+ * constant time). A span in mapped but unreadable memory (PROT_NONE)
+ * passes: only a copy finds that out.
+ */
+static int check_source(const char *name, const DLTensor *src, size_t elsize, bool host)
+{
+	uintptr_t base, below, first, last, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	int64_t lo, hi;
+	int r;
+
+	if (src->ndim && !src->shape)
+		return td_set_error(-EFAULT,
+				    "tensor '%s': the source has %d dimensions but no shape", name,
+				    src->ndim);
+	r = source_span(src, elsize, &lo, &hi);
+	if (r == 0)
+		return 0;
+	if (r < 0)
+		return td_set_error(-EFAULT,
+				    "tensor '%s': the source's strides span more than the address "
+				    "space",
+				    name);
+	if (!src->data)
+		return td_set_error(-EFAULT,
+				    "tensor '%s': the source's data pointer is NULL, but its "
+				    "elements span %llu bytes",
+				    name, (unsigned long long)((uint64_t)hi - (uint64_t)lo));
+	below = (uintptr_t)0 - (uintptr_t)lo; /* lo <= 0: bytes before the first element */
+	if (src->byte_offset > INTPTR_MAX ||
+	    __builtin_add_overflow((uintptr_t)src->data, (uintptr_t)src->byte_offset, &base) ||
+	    below > base || __builtin_add_overflow(base, (uintptr_t)hi, &last))
+		return td_set_error(
+			-EFAULT,
+			"tensor '%s': the source's byte_offset %llu from data pointer %p "
+			"runs past the end of the address space",
+			name, (unsigned long long)src->byte_offset, src->data);
+	first = base - below;
+	if (host &&
+	    (last > UINTPTR_MAX - page ||
+	     msync((void *)(first & ~(page - 1)),
+		   ((last + page - 1) & ~(page - 1)) - (first & ~(page - 1)), MS_ASYNC) < 0))
+		return td_set_error(-EFAULT,
+				    "tensor '%s': the source's %llu bytes at %p (data pointer %p + "
+				    "byte_offset %llu) are not mapped in this process",
+				    name, (unsigned long long)(last - first), (void *)first,
+				    src->data, (unsigned long long)src->byte_offset);
+	return 0;
+}
+
 int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
 		uint32_t mode)
 {
@@ -280,11 +368,15 @@ int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32
 	elsize = td_dtype_size(src->dtype);
 	if (!elsize)
 		return td_set_error(-EINVAL, "tensor '%s': put needs a dtype of whole bytes", name);
-	if (td_device_is_gpu(src->device.device_type))
-		return put_device(c, name, src, flags, mode, elsize);
-	if (!td_device_host_accessible(src->device.device_type))
+	if (!td_device_is_gpu(src->device.device_type) &&
+	    !td_device_host_accessible(src->device.device_type))
 		return td_set_error(-EINVAL, "tensor '%s': put cannot read device type %d", name,
 				    (int)src->device.device_type);
+	r = check_source(name, src, elsize, !td_device_is_gpu(src->device.device_type));
+	if (r < 0)
+		return r;
+	if (td_device_is_gpu(src->device.device_type))
+		return put_device(c, name, src, flags, mode, elsize);
 	spec.dtype = src->dtype;
 	spec.ndim = src->ndim;
 	spec.shape = src->shape;

@@ -10,6 +10,7 @@
 #include "common/gpu/gpu_util.h"
 #include "tdpy.h"
 
+#include <errno.h>
 #include <string.h>
 
 /* What keeps the source memory alive until the copy is done. */
@@ -63,11 +64,19 @@ static int source_set(struct source *s, const DLTensor *dl)
 			     dl->ndim, TENSORD_NDIM_MAX);
 		return -1;
 	}
+	if (dl->ndim && !dl->shape) {
+		PyErr_Format(
+			PyExc_ValueError,
+			"put() argument 'obj': its DLPack tensor has %d dimensions but no shape",
+			dl->ndim);
+		return -1;
+	}
 	s->dl = *dl;
 	/* GPU sources keep their device: libtensord copies device to device. */
 	s->dl.device = on_gpu ? dl->device : (DLDevice){ kDLCPU, 0 };
-	s->dl.data = dl->data ? (char *)dl->data + dl->byte_offset : NULL;
-	s->dl.byte_offset = 0;
+	/* data and byte_offset stay as the producer gave them: tensord_put()
+	 * checks them (a NULL pointer, an offset that wraps, unmapped memory)
+	 * before it reads a byte, so no pointer is computed from them here. */
 	for (int i = dl->ndim - 1; i >= 0; i--) {
 		s->strides[i] = dl->strides ? dl->strides[i] : step;
 		step *= dl->shape[i] > 1 ? dl->shape[i] : 1;
@@ -285,6 +294,21 @@ static int source_from_buffer(struct source *s, PyObject *obj)
 	return source_set(s, &dl);
 }
 
+/*
+ * td_client_leave() for tensord_put(): -EFAULT means the source's memory
+ * cannot be read (a NULL data pointer, a byte_offset that wraps or points
+ * at nothing; tensord_put() says which, naming the tensor), so the
+ * argument is wrong, not the daemon: ValueError.
+ */
+static int put_leave(ClientObject *self, int rc)
+{
+	if (rc != -EFAULT)
+		return td_client_leave(self, rc);
+	PyErr_Format(PyExc_ValueError, "put() argument 'obj': %s", tensord_last_error());
+	td_client_leave(self, 0);
+	return rc;
+}
+
 PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds)
 {
 	static char *kwlist[] = { "name", "obj", "mutable", "lifetime", "mode", "replace", NULL };
@@ -319,7 +343,7 @@ PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds)
 		return NULL;
 	}
 	Py_BEGIN_ALLOW_THREADS rc = tensord_put(c, name, &s.dl, flags, mode);
-	Py_END_ALLOW_THREADS rc = td_client_leave(self, rc);
+	Py_END_ALLOW_THREADS rc = put_leave(self, rc);
 	source_release(&s);
 	if (rc < 0)
 		return NULL;

@@ -79,73 +79,103 @@ int cmd_stats(tensord_client *c, const struct args *a)
 	return finish_output();
 }
 
+/* Reports why the file path failed, both escaped; EXIT_OP. */
+static int file_error(const char *path, const char *why)
+{
+	char q[QUOTE_MAX];
+
+	fprintf(stderr, "tensorctl: %s: ", quote(path, QUOTE_TABLE, q, sizeof(q)));
+	fputs(quote(why, QUOTE_TEXT, q, sizeof(q)), stderr);
+	fputc('\n', stderr);
+	return EXIT_OP;
+}
+
 /*
- * Maps path into *m; on success release it with npy_unmap(). The fd is
- * closed before returning: the mapping does not need it.
+ * Opens the .npy file path and reads its header into *h; the descriptor,
+ * or -1 after reporting why. A FIFO, a directory or a device is refused
+ * before open() is called on it: opening a FIFO blocks until a writer
+ * comes, opening a device may act on it. The type is checked again on the
+ * descriptor (opened non-blocking), in case the path was swapped between.
  */
-static int map_npy_file(const char *path, struct npy_map *m)
+static int open_npy_file(const char *path, struct npy_header *h)
 {
 	char err[256];
-	int fd, rc;
+	struct stat st;
+	int fd;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		snprintf(err, sizeof(err), "%s", strerror(errno));
-	rc = fd < 0 ? -1 : npy_map_fd(fd, m, err, sizeof(err));
-	if (fd >= 0)
-		close(fd);
-	if (rc < 0) {
-		fprintf(stderr, "tensorctl: %s: %s\n", path, err);
-		return EXIT_OP;
+	if (stat(path, &st) < 0) {
+		file_error(path, strerror(errno));
+		return -1;
 	}
-	return 0;
+	if (npy_regular(&st, err, sizeof(err)) < 0) {
+		file_error(path, err);
+		return -1;
+	}
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0) {
+		file_error(path, strerror(errno));
+		return -1;
+	}
+	if (npy_open_fd(fd, h, err, sizeof(err)) < 0) {
+		file_error(path, err);
+		close(fd);
+		return -1;
+	}
+	return fd;
 }
 
 int cmd_put(tensord_client *c, const struct args *a)
 {
-	const char *name = a->pos[0];
+	const char *name = a->pos[0], *path = a->pos[1];
 	int64_t strides[TENSORD_NDIM_MAX];
 	DLManagedTensorVersioned *t;
-	char saved[512];
-	struct npy_map m;
+	struct npy_header h;
 	tensord_spec spec;
-	int rc;
+	char err[256];
+	int fd, rc;
 
-	if (map_npy_file(a->pos[1], &m) != 0)
+	fd = open_npy_file(path, &h);
+	if (fd < 0)
 		return EXIT_OP;
-	spec = (tensord_spec){ .dtype = m.hdr.dtype,
-			       .ndim = m.hdr.ndim,
-			       .shape = m.hdr.ndim ? m.hdr.shape : NULL,
+	spec = (tensord_spec){ .dtype = h.dtype,
+			       .ndim = h.ndim,
+			       .shape = h.ndim ? h.shape : NULL,
 			       .device = { kDLCPU, 0 },
 			       .flags = a->flags,
 			       .mode = a->mode };
 	/* A Fortran-order file keeps its layout, as column-major strides: still one copy. */
-	if (m.hdr.fortran_order && m.hdr.ndim > 1 && m.hdr.count > 0) {
-		npy_header_strides(&m.hdr, strides);
+	if (h.fortran_order && h.ndim > 1 && h.count > 0) {
+		npy_header_strides(&h, strides);
 		spec.strides = strides;
 	}
 
 	rc = tensord_create(c, name, &spec, &t);
 	if (rc < 0) {
-		npy_unmap(&m);
+		close(fd);
 		if (rc == -EEXIST && !(a->flags & TENSORD_REPLACE))
 			return report(rc, "already exists (put --force replaces a tensor you own)",
 				      name);
 		return op_error(rc, name);
 	}
-	if (m.hdr.data_bytes)
-		memcpy((char *)t->dl_tensor.data + t->dl_tensor.byte_offset, m.data,
-		       (size_t)m.hdr.data_bytes);
-	npy_unmap(&m);
+	/*
+	 * Straight from the page cache into the tensor: one copy. On any
+	 * failure the tensor is dropped unpublished: no unlink (with --force
+	 * that name may still be the old version's, which must stay), since
+	 * the daemon unlinks what a connection created and never published
+	 * when the connection closes, as tensorctl's does when it exits.
+	 */
+	rc = h.data_bytes
+		     ? npy_read_data(fd, &h, (char *)t->dl_tensor.data + t->dl_tensor.byte_offset,
+				     err, sizeof(err))
+		     : 0;
+	close(fd);
+	if (rc < 0) {
+		t->deleter(t);
+		return file_error(path, err);
+	}
 	rc = tensord_publish(c, name);
 	t->deleter(t);
-	if (rc < 0) {
-		/* Keep the reason, then drop the half-made tensor so a retry can reuse the name. */
-		snprintf(saved, sizeof(saved), "%s", errmsg(rc));
-		tensord_unlink(c, name);
-		return report(rc, saved, name);
-	}
-	return 0;
+	return rc < 0 ? op_error(rc, name) : 0;
 }
 
 /*
@@ -167,10 +197,10 @@ static int write_npy_file(const DLTensor *t, const char *name, const char *path)
 	else if ((fd = mkostemp(tmp, O_CLOEXEC)) >= 0 && !(f = fdopen(fd, "wb")))
 		close(fd);
 	if (!f) {
-		fprintf(stderr, "tensorctl: %s: %s\n", path, strerror(errno));
+		rc = errno;
 		if (fd >= 0)
 			unlink(tmp);
-		return EXIT_OP;
+		return file_error(path, strerror(rc));
 	}
 	/* mkstemp makes 0600; give the file the mode numpy's open() would. */
 	if (fd >= 0)
@@ -184,10 +214,10 @@ static int write_npy_file(const DLTensor *t, const char *name, const char *path)
 		unlink(tmp);
 	/* A dtype or device refusal is about the tensor; anything else is about the file. */
 	if (rc == -ENOTSUP)
-		fprintf(stderr, "tensorctl: tensor '%s': %s\n", name, err);
-	else if (rc < 0)
-		fprintf(stderr, "tensorctl: %s: %s\n", path, *err ? err : strerror(-rc));
-	return rc < 0 ? EXIT_OP : 0;
+		return report(rc, err, name);
+	if (rc < 0)
+		return file_error(path, *err ? err : strerror(-rc));
+	return 0;
 }
 
 int cmd_get(tensord_client *c, const struct args *a)

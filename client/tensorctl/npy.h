@@ -16,8 +16,8 @@
  *  - On failure, err (errlen bytes, may be NULL) receives a one-line reason
  *    without the file name ("unsupported dtype '>f4': big-endian"); callers
  *    prefix the name.
- *  - Nothing here allocates memory the caller must free, except the mapping
- *    held by struct npy_map, which npy_unmap() releases.
+ *  - Nothing here allocates memory the caller must free, and nothing maps a
+ *    file: a file that shrinks while it is read is an error, not SIGBUS.
  */
 #ifndef TENSORD_CLIENT_NPY_H
 #define TENSORD_CLIENT_NPY_H
@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 #include <tensord/tensord.h>
 
@@ -88,7 +89,7 @@ int64_t npy_header_size(const void *buf, size_t len, char *err, size_t errlen);
 /*
  * Parses the header at the start of buf (len bytes, at least the whole
  * header; the data may follow or not) into *ret. Pure: no I/O. The data
- * itself is not checked against len; see npy_map_fd() for that.
+ * itself is not checked against len; see npy_open_fd() for that.
  */
 int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *err, size_t errlen);
 
@@ -106,24 +107,29 @@ int npy_read_header(FILE *f, struct npy_header *ret, char *err, size_t errlen);
  */
 void npy_header_strides(const struct npy_header *h, int64_t *strides);
 
-/* A whole .npy file mapped read-only, header parsed and sizes checked. */
-struct npy_map {
-	struct npy_header hdr;
-	void *base;       /* owned: the mapping; NULL when none */
-	size_t size;      /* bytes mapped: the file's size */
-	const void *data; /* borrowed: base + hdr.data_offset, valid until npy_unmap() */
-};
+/*
+ * 0 when st (of the file a user named) is a regular file, else -EINVAL with
+ * what it is in err ("is a FIFO (named pipe), not a regular file"). Lets a
+ * caller refuse a FIFO or a device before an open() that could block or
+ * act on it.
+ */
+int npy_regular(const struct stat *st, char *err, size_t errlen);
 
 /*
- * Maps the .npy file open on fd and checks that it holds all the data its
- * header promises. Borrowed: fd stays the caller's, who may close it as
- * soon as this returns. On success *m owns the mapping: release it with
- * npy_unmap(); on failure there is nothing to release.
+ * Reads and parses the header of the .npy file open on fd into *ret, and
+ * checks that the file is regular and holds all the data the header
+ * promises. Borrowed: fd, only for the call; reads with pread(), so the
+ * file offset does not move. Nothing to release.
  */
-int npy_map_fd(int fd, struct npy_map *m, char *err, size_t errlen);
+int npy_open_fd(int fd, struct npy_header *ret, char *err, size_t errlen);
 
-/* Ends the mapping m owns; safe on a zeroed or already released npy_map. */
-void npy_unmap(struct npy_map *m);
+/*
+ * Reads the data of the file open on fd, whose header npy_open_fd() gave
+ * as h, into dst (h->data_bytes bytes, caller-owned): one copy, straight
+ * from the page cache. A file that shrank since npy_open_fd() is -ENODATA,
+ * "file shrank while reading (N of M bytes)"; dst then holds N bytes.
+ */
+int npy_read_data(int fd, const struct npy_header *h, void *dst, char *err, size_t errlen);
 
 /*
  * Formats a version 1.0 header (preamble included, padded with spaces to

@@ -1,15 +1,22 @@
 /*
  * Reading .npy files: the preamble, the header's Python dict literal (a
  * small hand-written parser that accepts exactly what numpy writes, and
- * refuses the rest with a reason), and whole files mapped read-only.
+ * refuses the rest with a reason), and the data, read with pread() into
+ * the caller's memory.
+ *
+ * Why not mmap: a mapped file that another process truncates turns the
+ * copy into SIGBUS, and the mapping saves nothing, since the data is
+ * copied once either way (page cache to tensor); pread() reports the
+ * shrink as a short read instead.
  */
 #include "npy.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 int64_t npy_header_size(const void *buf, size_t len, char *err, size_t errlen)
 {
@@ -301,49 +308,105 @@ void npy_header_strides(const struct npy_header *h, int64_t *strides)
 	}
 }
 
-int npy_map_fd(int fd, struct npy_map *m, char *err, size_t errlen)
+int npy_regular(const struct stat *st, char *err, size_t errlen)
 {
-	struct stat st;
-	void *base;
-	int rc;
+	const char *what = S_ISFIFO(st->st_mode)   ? "a FIFO (named pipe)"
+			   : S_ISDIR(st->st_mode)  ? "a directory"
+			   : S_ISCHR(st->st_mode)  ? "a character device"
+			   : S_ISBLK(st->st_mode)  ? "a block device"
+			   : S_ISSOCK(st->st_mode) ? "a socket"
+			   : S_ISLNK(st->st_mode)  ? "a symbolic link"
+						   : "of an unknown type";
 
-	memset(m, 0, sizeof(*m));
-	if (fstat(fd, &st) < 0)
-		return npy_fail(-errno, err, errlen, "%s", strerror(errno));
-	if (!S_ISREG(st.st_mode))
-		return npy_fail(-EINVAL, err, errlen, "not a regular file");
-	if (st.st_size == 0)
-		return npy_fail(-ENODATA, err, errlen, "empty file");
-	if ((uint64_t)st.st_size > SIZE_MAX)
-		return npy_fail(-EFBIG, err, errlen, "file too large to map");
-	base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-	if (base == MAP_FAILED)
-		return npy_fail(-errno, err, errlen, "cannot map: %s", strerror(errno));
+	if (S_ISREG(st->st_mode))
+		return 0;
+	return npy_fail(-EINVAL, err, errlen, "is %s, not a regular file", what);
+}
 
-	rc = npy_parse_header(base, (size_t)st.st_size, &m->hdr, err, errlen);
-	if (rc == 0 && m->hdr.data_bytes > (uint64_t)st.st_size - m->hdr.data_offset)
-		rc = npy_fail(-ENODATA, err, errlen,
-			      "truncated: header promises %llu data bytes, file has %llu",
-			      (unsigned long long)m->hdr.data_bytes,
-			      (unsigned long long)((uint64_t)st.st_size - m->hdr.data_offset));
-	if (rc < 0) {
-		munmap(base, (size_t)st.st_size);
-		memset(m, 0, sizeof(*m));
-		return rc;
+/*
+ * Reads n bytes at off into buf, retrying short reads and EINTR. *got:
+ * the bytes read, less than n when the file ended first. 0 or -errno.
+ */
+static int pread_full(int fd, void *buf, size_t n, uint64_t off, size_t *got)
+{
+	ssize_t r;
+
+	for (*got = 0; *got < n; *got += (size_t)r) {
+		r = pread(fd, (char *)buf + *got, n - *got, (off_t)(off + *got));
+		if (r < 0 && errno == EINTR)
+			r = 0;
+		else if (r < 0)
+			return -errno;
+		else if (r == 0)
+			break;
 	}
-	/* The data is read once, front to back, by the copy into the tensor. */
-	madvise(base, (size_t)st.st_size, MADV_SEQUENTIAL);
-	m->base = base;
-	m->size = (size_t)st.st_size;
-	m->data = (const char *)base + m->hdr.data_offset;
 	return 0;
 }
 
-void npy_unmap(struct npy_map *m)
+int npy_open_fd(int fd, struct npy_header *ret, char *err, size_t errlen)
 {
-	if (m->base)
-		munmap(m->base, m->size);
-	m->base = NULL;
-	m->data = NULL;
-	m->size = 0;
+	uint8_t pre[NPY_PREAMBLE_MAX], *buf;
+	struct stat st;
+	int64_t total;
+	size_t got;
+	int rc;
+
+	if (fstat(fd, &st) < 0)
+		return npy_fail(-errno, err, errlen, "%s", strerror(errno));
+	if ((rc = npy_regular(&st, err, errlen)) < 0)
+		return rc;
+	if (st.st_size == 0)
+		return npy_fail(-ENODATA, err, errlen, "empty file");
+	rc = pread_full(fd, pre, sizeof(pre), 0, &got);
+	if (rc < 0)
+		return npy_fail(rc, err, errlen, "read error: %s", strerror(-rc));
+	total = npy_header_size(pre, got, err, errlen);
+	if (total < 0)
+		return (int)total;
+	if ((uint64_t)total > (uint64_t)st.st_size)
+		return npy_fail(-ENODATA, err, errlen,
+				"truncated: header needs %lld bytes, file has %lld",
+				(long long)total, (long long)st.st_size);
+
+	/* Bounded by NPY_HEADER_MAX; freed before returning. */
+	buf = malloc((size_t)total);
+	if (!buf)
+		return npy_fail(-ENOMEM, err, errlen, "out of memory");
+	rc = pread_full(fd, buf, (size_t)total, 0, &got);
+	if (rc < 0)
+		rc = npy_fail(rc, err, errlen, "read error: %s", strerror(-rc));
+	else if (got < (size_t)total)
+		rc = npy_fail(-ENODATA, err, errlen,
+			      "file shrank while reading (%zu of %lld header bytes)", got,
+			      (long long)total);
+	else
+		rc = npy_parse_header(buf, (size_t)total, ret, err, errlen);
+	free(buf);
+	if (rc < 0)
+		return rc;
+	if (ret->data_bytes > (uint64_t)st.st_size - ret->data_offset)
+		return npy_fail(-ENODATA, err, errlen,
+				"truncated: header promises %llu data bytes, file has %llu",
+				(unsigned long long)ret->data_bytes,
+				(unsigned long long)((uint64_t)st.st_size - ret->data_offset));
+	/* The data is read once, front to back. */
+	posix_fadvise(fd, (off_t)ret->data_offset, 0, POSIX_FADV_SEQUENTIAL);
+	return 0;
+}
+
+int npy_read_data(int fd, const struct npy_header *h, void *dst, char *err, size_t errlen)
+{
+	size_t got;
+	int rc;
+
+	if (h->data_bytes > SIZE_MAX)
+		return npy_fail(-EFBIG, err, errlen, "too large for this machine's memory");
+	rc = pread_full(fd, dst, (size_t)h->data_bytes, h->data_offset, &got);
+	if (rc < 0)
+		return npy_fail(rc, err, errlen, "read error: %s", strerror(-rc));
+	if (got < h->data_bytes)
+		return npy_fail(-ENODATA, err, errlen,
+				"file shrank while reading (%zu of %llu bytes)", got,
+				(unsigned long long)h->data_bytes);
+	return 0;
 }

@@ -229,9 +229,20 @@ int print_prometheus(tensord_client *c)
 	char *text;
 	int rc = tensord_metrics(c, &text);
 
+	char q[QUOTE_MAX], *line, *nl;
+
 	if (rc < 0)
 		return op_error(rc, NULL);
-	fputs(text, stdout);
+	/* Line by line: the text format has no byte a terminal acts on but the newline. */
+	for (line = text; *line; line = nl + 1) {
+		nl = strchr(line, '\n');
+		if (nl)
+			*nl = '\0';
+		fputs(quote(line, QUOTE_TEXT, q, sizeof(q)), stdout);
+		if (!nl)
+			break;
+		putchar('\n');
+	}
 	free(text);
 	return finish_output();
 }

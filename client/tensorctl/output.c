@@ -3,6 +3,12 @@
  * people and, with --json, one JSON value for programs; docs/tensorctl.md
  * describes both formats, so a change here is a change of interface.
  * Failures go to stderr, one line each, naming the tensor.
+ *
+ * Names come from argv and from the daemon, messages from the daemon and
+ * the library (which may embed the names), process names from other
+ * users: none of it reaches the terminal raw. quote() escapes what could
+ * move the cursor, recolour or retitle the terminal, or reorder the line,
+ * and json_str() does the same in JSON's own escapes.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -13,6 +19,162 @@
 
 #include "tensorctl.h"
 
+/* --- untrusted text ------------------------------------------------------------- */
+
+/*
+ * The length of the UTF-8 sequence at p (1 to 4 bytes, end excluded) with
+ * its code point in *cp, or 0 when p does not start a valid one: a stray
+ * continuation byte, a truncated sequence, an overlong form, a surrogate,
+ * or a value over U+10FFFF.
+ */
+static size_t utf8_next(const unsigned char *p, const unsigned char *end, uint32_t *cp)
+{
+	static const uint32_t min[5] = { 0, 0, 0x80, 0x800, 0x10000 };
+	size_t n, i;
+	uint32_t c;
+
+	if (p[0] < 0x80) {
+		*cp = p[0];
+		return 1;
+	}
+	if (p[0] >= 0xc2 && p[0] <= 0xdf)
+		n = 2, c = p[0] & 0x1f;
+	else if (p[0] >= 0xe0 && p[0] <= 0xef)
+		n = 3, c = p[0] & 0x0f;
+	else if (p[0] >= 0xf0 && p[0] <= 0xf4)
+		n = 4, c = p[0] & 0x07;
+	else
+		return 0;
+	if ((size_t)(end - p) < n)
+		return 0;
+	for (i = 1; i < n; i++) {
+		if ((p[i] & 0xc0) != 0x80)
+			return 0;
+		c = c << 6 | (p[i] & 0x3f);
+	}
+	if (c < min[n] || (c >= 0xd800 && c <= 0xdfff) || c > 0x10ffff)
+		return 0;
+	*cp = c;
+	return n;
+}
+
+/*
+ * Characters a terminal acts on rather than shows: C0 and C1 controls,
+ * DEL, the line and paragraph separators, and the bidirectional controls
+ * that reorder what follows them (the "Trojan Source" characters).
+ */
+static bool cp_unsafe(uint32_t c)
+{
+	return c < 0x20 || (c >= 0x7f && c <= 0x9f) || c == 0x061c || c == 0x200e || c == 0x200f ||
+	       (c >= 0x2028 && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069);
+}
+
+/* Where quote() writes: buf, len bytes; at full it stops at a character boundary. */
+struct qout {
+	char *buf;
+	size_t len, off;
+	bool full;
+};
+
+static void q_put(struct qout *o, const char *p, size_t n)
+{
+	/* Room is kept for "...", a closing quote and the NUL. */
+	if (o->full || o->off + n + 5 > o->len) {
+		o->full = true;
+		return;
+	}
+	memcpy(o->buf + o->off, p, n);
+	o->off += n;
+}
+
+/* The bytes of one character as C escapes: \n, \t, \r, else octal as git writes them. */
+static void q_escape(struct qout *o, const unsigned char *p, size_t n)
+{
+	char e[4 * 4 + 1];
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		if (p[i] == '\n' || p[i] == '\t' || p[i] == '\r')
+			k += (size_t)snprintf(e + k, sizeof(e) - k, "\\%c",
+					      p[i] == '\n'   ? 'n'
+					      : p[i] == '\t' ? 't'
+							     : 'r');
+		else
+			k += (size_t)snprintf(e + k, sizeof(e) - k, "\\%03o", p[i]);
+	}
+	q_put(o, e, k);
+}
+
+/* Whether s prints as itself: valid UTF-8 without characters cp_unsafe() names. */
+static bool text_clean(const char *s, bool for_name)
+{
+	const unsigned char *p = (const unsigned char *)s, *end = p + strlen(s);
+	uint32_t c;
+	size_t n;
+
+	if (for_name && p == end)
+		return false; /* an empty name is shown as "" */
+	for (; p < end; p += n) {
+		if (!(n = utf8_next(p, end, &c)) || cp_unsafe(c))
+			return false;
+		if (for_name && (c == '"' || c == '\\' || c == '\''))
+			return false;
+	}
+	return true;
+}
+
+const char *quote(const char *s, enum quote_how how, char *buf, size_t len)
+{
+	const unsigned char *p = (const unsigned char *)s, *end = p + strlen(s);
+	struct qout o = { buf, len, 0, false };
+	bool name = how != QUOTE_TEXT;
+	uint32_t c;
+	size_t n;
+
+	if (len < 8) {
+		if (len)
+			buf[0] = '\0';
+		return buf;
+	}
+	if (text_clean(s, name)) {
+		if (how != QUOTE_MSG)
+			return s;
+		snprintf(buf, len, "'%s'", s);
+		if (strlen(s) + 3 > len)
+			snprintf(buf + len - 6, 6, "...'");
+		return buf;
+	}
+	if (name)
+		q_put(&o, "\"", 1);
+	for (; p < end && !o.full; p += n) {
+		n = utf8_next(p, end, &c);
+		if (!n)
+			q_escape(&o, p, n = 1);
+		else if (cp_unsafe(c))
+			q_escape(&o, p, n);
+		else if (name && (c == '"' || c == '\\'))
+			q_put(&o, c == '"' ? "\\\"" : "\\\\", 2);
+		else
+			q_put(&o, (const char *)p, n);
+	}
+	if (o.full) {
+		memcpy(buf + o.off, "...", 3);
+		o.off += 3;
+	}
+	if (name)
+		buf[o.off++] = '"';
+	buf[o.off] = '\0';
+	return buf;
+}
+
+/* Writes s to f through quote(); escaped text longer than QUOTE_MAX is cut with "...". */
+static void fput_quoted(FILE *f, const char *s, enum quote_how how)
+{
+	char buf[QUOTE_MAX];
+
+	fputs(quote(s, how, buf, sizeof(buf)), f);
+}
+
 /* --- failure reports ------------------------------------------------------------ */
 
 static bool json_errors;
@@ -22,28 +184,35 @@ void report_as_json(bool on)
 	json_errors = on;
 }
 
-static void json_str_to(FILE *f, const char *s);
+static void json_chars_to(FILE *f, const char *s);
 
 /*
  * The message is made to name the tensor when there is one, so a user
- * running several commands in a script can tell which failed.
+ * running several commands in a script can tell which failed. Both come
+ * from outside (argv, the daemon): the text line escapes them, the JSON
+ * object has JSON's escapes.
  */
 int report(int rc, const char *msg, const char *name)
 {
-	char line[1024];
+	bool prefix = name && !strstr(msg, name);
+	char q[QUOTE_MAX];
 
-	if (name && !strstr(msg, name))
-		snprintf(line, sizeof(line), "tensor '%s': %s", name, msg);
-	else
-		snprintf(line, sizeof(line), "%s", msg);
 	if (!json_errors) {
-		fprintf(stderr, "tensorctl: %s\n", line);
+		fputs("tensorctl: ", stderr);
+		if (prefix)
+			fprintf(stderr, "tensor %s: ", quote(name, QUOTE_MSG, q, sizeof(q)));
+		fput_quoted(stderr, msg, QUOTE_TEXT);
+		fputc('\n', stderr);
 	} else {
-		fprintf(stderr,
-			"{\"error\": \"%s\", \"errno\": %d, \"message\": ", tensord_err_name(rc),
-			rc < 0 ? -rc : rc);
-		json_str_to(stderr, line);
-		fputs("}\n", stderr);
+		fprintf(stderr, "{\"error\": \"%s\", \"errno\": %d, \"message\": \"",
+			tensord_err_name(rc), rc < 0 ? -rc : rc);
+		if (prefix) {
+			fputs("tensor '", stderr);
+			json_chars_to(stderr, name);
+			fputs("': ", stderr);
+		}
+		json_chars_to(stderr, msg);
+		fputs("\"}\n", stderr);
 	}
 	return rc == -ETIMEDOUT ? EXIT_TIMEOUT : EXIT_OP;
 }
@@ -151,20 +320,39 @@ const char *iso_time(uint64_t ns, char *buf, size_t len)
 
 /* --- JSON ------------------------------------------------------------------------ */
 
-/* Writes s as a JSON string to f. Names are plain ASCII, but backends and paths come from the daemon. */
+/*
+ * Writes the characters of s, escaped for the inside of a JSON string, to
+ * f. JSON must be UTF-8: a byte that is not part of a valid sequence
+ * becomes U+FFFD. Controls (C0, DEL, C1) and the characters a terminal
+ * reorders (cp_unsafe()) are written as \u escapes, so printing the JSON
+ * is as safe as printing the text.
+ */
+static void json_chars_to(FILE *f, const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s, *end = p + strlen(s);
+	uint32_t c;
+	size_t n;
+
+	for (; p < end; p += n) {
+		n = utf8_next(p, end, &c);
+		if (!n) {
+			fputs("\\ufffd", f);
+			n = 1;
+		} else if (c == '"' || c == '\\') {
+			fprintf(f, "\\%c", (int)c);
+		} else if (cp_unsafe(c)) {
+			fprintf(f, "\\u%04" PRIx32, c);
+		} else {
+			fwrite(p, 1, n, f);
+		}
+	}
+}
+
+/* Writes s as a JSON string to f. */
 static void json_str_to(FILE *f, const char *s)
 {
-	const unsigned char *p;
-
 	fputc('"', f);
-	for (p = (const unsigned char *)s; *p; p++) {
-		if (*p == '"' || *p == '\\')
-			fprintf(f, "\\%c", *p);
-		else if (*p < 0x20 || *p == 0x7f)
-			fprintf(f, "\\u%04x", *p);
-		else
-			fputc(*p, f);
-	}
+	json_chars_to(f, s);
 	fputc('"', f);
 }
 
@@ -243,7 +431,9 @@ void print_info(const tensord_info *in)
 {
 	char b1[INTS_MAX], b2[64];
 
-	printf("name:     %s\n", in->name);
+	char q[QUOTE_MAX];
+
+	printf("name:     %s\n", quote(in->name, QUOTE_TABLE, q, sizeof(q)));
 	printf("dtype:    %s\n", tensord_dtype_name(in->dtype, b2, sizeof(b2)));
 	printf("shape:    %s\n", ints(in->shape, in->ndim, false, b1, sizeof(b1)));
 	printf("strides:  %s\n", ints(in->strides, in->ndim, false, b1, sizeof(b1)));
@@ -252,7 +442,8 @@ void print_info(const tensord_info *in)
 	printf("state:    %s\n", state_name(in->state));
 	printf("refs:     %" PRIu32 "\n", in->refcount);
 	printf("owner:    %s (uid %" PRIu32 ", gid %" PRIu32 ")\n",
-	       owner_name(in->owner_uid, b2, sizeof(b2)), in->owner_uid, in->owner_gid);
+	       quote(owner_name(in->owner_uid, b2, sizeof(b2)), QUOTE_TABLE, q, sizeof(q)),
+	       in->owner_uid, in->owner_gid);
 	printf("mode:     %04o\n", (unsigned)(in->mode & 07777));
 	printf("flags:    %s, %s\n", in->flags & TENSORD_MUTABLE ? "mutable" : "immutable",
 	       in->flags & TENSORD_LIFETIME_CONNECTION ? "connection lifetime" : "persistent");
@@ -301,29 +492,54 @@ static const char *ls_cell(const void *rows, size_t row, int col, char *buf, siz
 	}
 }
 
+/* Columns a cell takes: its code points (quote() left only printable ones). */
+static size_t cell_width(const char *s)
+{
+	size_t w = 0;
+
+	for (; *s; s++)
+		w += ((unsigned char)*s & 0xc0) != 0x80;
+	return w;
+}
+
+/* Cell i of col (row 0: the title), quoted: names and process names come from outside. */
+static const char *table_cell(const char *const *titles, const void *rows, size_t i, int col,
+			      table_cell_fn *cell_of, char *buf, size_t len, char *q, size_t qlen)
+{
+	const char *cell = i ? cell_of(rows, i - 1, col, buf, len) : titles[col];
+
+	return quote(cell ? cell : "", QUOTE_TABLE, q, qlen);
+}
+
 void print_table(const char *const *titles, int ncol, unsigned right, const void *rows, size_t n,
 		 table_cell_fn *cell_of)
 {
-	char buf[INTS_MAX];
-	size_t i, w[TABLE_COLS_MAX];
+	char buf[INTS_MAX], q[QUOTE_MAX];
+	size_t i, cw, w[TABLE_COLS_MAX] = { 0 };
 	const char *cell;
 	int k;
 
 	/* Two passes: column widths first, then the rows. */
-	for (k = 0; k < ncol; k++)
-		w[k] = strlen(titles[k]);
-	for (i = 0; i < n; i++)
-		for (k = 0; k < ncol; k++)
-			if ((cell = cell_of(rows, i, k, buf, sizeof(buf))) && strlen(cell) > w[k])
-				w[k] = strlen(cell);
+	for (i = 0; i <= n; i++)
+		for (k = 0; k < ncol; k++) {
+			cw = cell_width(table_cell(titles, rows, i, k, cell_of, buf, sizeof(buf), q,
+						   sizeof(q)));
+			if (cw > w[k])
+				w[k] = cw;
+		}
 	/* Numbers align right, text left; the last column is not padded. */
 	for (i = 0; i <= n; i++) {
 		for (k = 0; k < ncol; k++) {
-			cell = i ? cell_of(rows, i - 1, k, buf, sizeof(buf)) : titles[k];
-			if (k == ncol - 1)
+			cell = table_cell(titles, rows, i, k, cell_of, buf, sizeof(buf), q,
+					  sizeof(q));
+			cw = cell_width(cell);
+			if (k == ncol - 1) {
 				printf("%s\n", cell);
-			else
-				printf(right & (1u << k) ? "%*s  " : "%-*s  ", (int)w[k], cell);
+			} else if (right & (1u << k)) {
+				printf("%*s%s  ", (int)(w[k] - cw), "", cell);
+			} else {
+				printf("%s%*s  ", cell, (int)(w[k] - cw), "");
+			}
 		}
 	}
 }
@@ -351,7 +567,7 @@ static void print_uid_usage(const tensord_uid_stats *u, size_t n)
 
 void print_stats_text(const tensord_daemon_stats *st, const tensord_uid_stats *u, size_t n)
 {
-	char dev[32], used[32], cap[32], pct[16];
+	char dev[32], used[32], cap[32], pct[16], qb[QUOTE_MAX], qp[QUOTE_MAX];
 	uint64_t up = st->uptime_ns / 1000000000u;
 	uint32_t i;
 
@@ -380,8 +596,10 @@ void print_stats_text(const tensord_daemon_stats *st, const tensord_uid_stats *u
 		if (st->device_gpu_bytes[i])
 			human(st->device_gpu_bytes[i], gpu, sizeof(gpu));
 		printf("%-8s  %-7.16s  %-8.16s  %7" PRIu32 "  %10s  %10s  %6s  %10s\n",
-		       tensord_device_name(d->device, dev, sizeof(dev)), d->backend, d->path,
-		       d->tensors, human(d->bytes_used, used, sizeof(used)),
+		       tensord_device_name(d->device, dev, sizeof(dev)),
+		       quote(d->backend, QUOTE_TABLE, qb, sizeof(qb)),
+		       quote(d->path, QUOTE_TABLE, qp, sizeof(qp)), d->tensors,
+		       human(d->bytes_used, used, sizeof(used)),
 		       human(d->bytes_capacity, cap, sizeof(cap)), pct, gpu);
 	}
 	print_uid_usage(u, n);

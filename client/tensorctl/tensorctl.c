@@ -145,17 +145,19 @@ static const char *set_option(struct args *a, unsigned bit, const char *val)
  */
 static int take_positional(struct args *a, const char *arg, const struct command **cmd)
 {
+	char q[QUOTE_MAX];
 	size_t o;
 
 	if (!*cmd) {
 		for (o = 0; o < N_COMMANDS && strcmp(commands[o].name, arg); o++)
 			;
 		if (o == N_COMMANDS)
-			return usage_error(NULL, "unknown command '%s'", arg);
+			return usage_error(NULL, "unknown command %s",
+					   quote(arg, QUOTE_MSG, q, sizeof(q)));
 		*cmd = &commands[o];
 	} else if (a->npos == (*cmd)->max_pos) {
-		return usage_error((*cmd)->usage, "%s: unexpected argument '%s'", (*cmd)->name,
-				   arg);
+		return usage_error((*cmd)->usage, "%s: unexpected argument %s", (*cmd)->name,
+				   quote(arg, QUOTE_MSG, q, sizeof(q)));
 	} else {
 		a->pos[a->npos++] = arg;
 	}
@@ -171,12 +173,13 @@ static int take_option(int argc, char **argv, int *i, struct args *a, const char
 {
 	const char *arg = argv[*i], *eq = strchr(arg, '='), *val = NULL, *why;
 	size_t o, n = eq ? (size_t)(eq - arg) : strlen(arg);
+	char q[QUOTE_MAX];
 
 	for (o = 0; o < N_OPTIONS; o++)
 		if (strlen(options[o].name) == n && strncmp(arg, options[o].name, n) == 0)
 			break;
 	if (o == N_OPTIONS)
-		return usage_error(use, "unknown option '%s'", arg);
+		return usage_error(use, "unknown option %s", quote(arg, QUOTE_MSG, q, sizeof(q)));
 	if (!options[o].has_value && eq)
 		return usage_error(use, "%s takes no value", options[o].name);
 	if (options[o].has_value) {

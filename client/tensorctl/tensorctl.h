@@ -58,6 +58,32 @@ int cmd_clients(tensord_client *c, const struct args *a);
 /* stats --prometheus: the daemon's metrics text, as its --metrics endpoint serves it. */
 int print_prometheus(tensord_client *c);
 
+/* --- output.c: untrusted text --- */
+
+/*
+ * How quote() shows a string from argv or the daemon. Clean text (valid
+ * UTF-8 without controls, DEL, C1 or bidirectional controls) prints as
+ * it is; otherwise those characters and stray bytes become C escapes
+ * ("\033", "\n", "\377"), as ls and git print odd file names:
+ *  QUOTE_TABLE: a name as a word: bare when clean, else "in double quotes",
+ *               with \" and \\ escaped too (a name holding ', " or \, or
+ *               an empty one, is quoted so as well);
+ *  QUOTE_MSG:   a name inside a sentence: 'in single quotes' when clean,
+ *               else as QUOTE_TABLE;
+ *  QUOTE_TEXT:  a sentence (a daemon message): escaped in place, no quotes.
+ */
+enum quote_how { QUOTE_TABLE, QUOTE_MSG, QUOTE_TEXT };
+
+/* Room for any daemon name escaped (255 bytes, 4 each) and then some. */
+#define QUOTE_MAX 1280
+
+/*
+ * s as how says, in buf (len bytes; longer results are cut with "...") or
+ * s itself when it needs no change (never for QUOTE_MSG). Borrowed: the
+ * result, valid while s and buf are.
+ */
+const char *quote(const char *s, enum quote_how how, char *buf, size_t len);
+
 /* --- output.c: failure reports --- */
 
 /*

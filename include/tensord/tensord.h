@@ -246,7 +246,10 @@ TENSORD_API int tensord_attach_legacy(tensord_client *client, const char *name, 
  * Small host tensors travel inside the request (one round trip).
  * flags: TENSORD_MUTABLE, TENSORD_LIFETIME_CONNECTION, TENSORD_REPLACE (put
  * over a name the caller owns). src is borrowed for the call; no lease
- * outlives it.
+ * outlives it. -EFAULT, before anything is sent, when src's bytes cannot
+ * be where it says: a NULL data pointer for a non-empty tensor, a
+ * byte_offset or strides that run past either end of the address space,
+ * or host memory not mapped in this process.
  */
 TENSORD_API int tensord_put(tensord_client *client, const char *name, const DLTensor *src,
 			    uint32_t flags, uint32_t mode);

@@ -350,6 +350,7 @@ def test_hup_usr1_usr2_are_logged_not_fatal(daemon_factory):
     c.close()
 
 
+@pytest.mark.other_uid
 def test_permissions_other_uid(daemon_factory, tdclient_for_all):
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another uid (setpriv)")
@@ -376,6 +377,7 @@ def test_permissions_other_uid(daemon_factory, tdclient_for_all):
         owner.close()
 
 
+@pytest.mark.other_uid
 def test_socket_0600_refuses_other_uid(daemon_factory, tdclient_for_all):
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another uid")
@@ -418,6 +420,7 @@ def test_create_replace_keeps_old_leases(daemon, clients):
     b.err("create fresh uint8 8 replace", "EEXIST")
 
 
+@pytest.mark.other_uid
 def test_replace_by_another_uid_is_refused(daemon_factory, tdclient_for_all):
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another uid")

@@ -38,7 +38,8 @@ from hostile import (
     IO_TIMEOUT,
 )
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
+pytestmark = [pytest.mark.other_uid,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")]
 
 ATTACKER, HONEST, DAEMON_UID = 50001, 50002, 50003
 F_PUBLISH = 4

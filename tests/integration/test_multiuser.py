@@ -39,9 +39,9 @@ PYDIR = next((d for d in (build_path("python"),
 needs_python = pytest.mark.skipif(PYDIR is None, reason="the tensord Python module is not built")
 ATTACKER, VICTIM, HONEST = 4201, 4202, 4203
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.other_uid, pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("setpriv"),
-    reason="needs root and setpriv to act as several uids")
+    reason="needs root and setpriv to act as several uids")]
 
 
 @pytest.fixture

@@ -117,13 +117,19 @@ def test_clients_lists_connections_with_their_counts(daemon, clients):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
+@pytest.mark.other_uid
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
 def test_leases_and_clients_respect_permissions(daemon_factory):
     d = daemon_factory("--mode", "0666", sub=open_dir())
-    bindir = open_dir()  # the checkout may be under a directory nobody cannot enter
+    # Copies nobody can run: the checkout may be under a directory it cannot enter.
+    bindir = open_dir()
     nobody_ctl = shutil.copy(CTL, os.path.join(bindir, "tensorctl"))
-    os.chmod(nobody_ctl, 0o755)
+    nobody_tdclient = shutil.copy(build_path("tests", "helpers", "tdclient"),
+                                  os.path.join(bindir, "tdclient"))
+    for exe in (nobody_ctl, nobody_tdclient):
+        os.chmod(exe, 0o755)
     owner = Client(d.socket)
-    other = Client(d.socket, preexec=as_nobody)
+    other = Client(d.socket, preexec=as_nobody, exe=nobody_tdclient)
     try:
         publish(owner, "priv")               # 0600: nobody may not read it
         publish(owner, "pub", "mode=0644")

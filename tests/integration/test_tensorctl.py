@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.lib import format as npformat
 
-from conftest import build_path
+from conftest import build_path, wait_until
 
 CTL = build_path("tensorctl")
 
@@ -360,3 +360,239 @@ def test_put_force_replaces(daemon, tmp_path):
     assert got.dtype == np.int16 and got.tolist() == [0, 1, 2, 3, 4]
     ok(daemon, "put", "--force", "g", str(tmp_path / "b.npy"))   # nothing to replace
     assert ctl(daemon, "get", "f", "x.npy", "--force")[0] == 2, "only put takes --force"
+
+
+# --- hostile text is escaped (issue 18, item 18) -----------------------------------------
+
+# Names as a user could type them, and the escaped form tensorctl must print.
+HOSTILE = {
+    "csi": (b"\x1b[31mred", r'"\033[31mred"'),
+    "newline": (b"a\nb", r'"a\nb"'),
+    "invalid utf-8": (b"x\xff\xfe", r'"x\377\376"'),
+    "c1 csi": (b"\xc2\x9b2J", r'"\302\2332J"'),
+    "bidi override": ("\u202eevil".encode(), r'"\342\200\256evil"'),
+    "title": (b"\x1b]0;pwned\x07", r'"\033]0;pwned\007"'),
+}
+# What a terminal acts on rather than shows (the newline ends lines).
+UNSAFE = set(range(0x20)) - {0x0a} | set(range(0x7f, 0xa0)) | \
+    {0x061c, 0x200e, 0x200f} | set(range(0x2028, 0x202f)) | set(range(0x2066, 0x206a))
+
+
+def ctl_raw(daemon, *args, socket=None):
+    """tensorctl with bytes arguments; (exit status, stdout bytes, stderr bytes)."""
+    argv = [CTL.encode(), b"--socket", (socket or daemon.socket).encode()] + [
+        a if isinstance(a, bytes) else str(a).encode() for a in args]
+    e = dict(os.environ)
+    e.pop("TENSORD_SOCKET", None)
+    r = subprocess.run(argv, capture_output=True, timeout=30, env=e)
+    return r.returncode, r.stdout, r.stderr
+
+
+def terminal_safe(b, what=""):
+    """b is UTF-8 with no character a terminal acts on but the newline; its text."""
+    text = b.decode("utf-8")      # strict: a stray byte fails here
+    bad = [hex(ord(ch)) for ch in text if ord(ch) in UNSAFE]
+    assert not bad, f"{what}: raw {bad} in {b!r}"
+    return text
+
+
+@pytest.mark.parametrize("kind", HOSTILE, ids=list(HOSTILE))
+def test_hostile_name_in_argv_is_escaped(daemon, tmp_path, kind):
+    name, shown = HOSTILE[kind]
+    f = save(tmp_path / "a.npy", np.ones(3, np.int8))
+    for args in [("rm", name), ("stat", name), ("wait", name, "--timeout", "0"),
+                 ("get", name, str(tmp_path / "o.npy")), ("put", name, f),
+                 ("leases", name), ("put", "--force", name, f)]:
+        rc, out, err = ctl_raw(daemon, *args)
+        assert rc == 1 and out == b"", (args, rc, out, err)
+        text = terminal_safe(err, args[0])
+        assert text.count("\n") == 1 and text.startswith("tensorctl: "), text
+        assert f"tensor {shown}: " in text, text
+    # The JSON errors are JSON, with JSON's escapes; invalid UTF-8 becomes U+FFFD.
+    want = name.decode("utf-8", errors="replace")
+    for args in [("stat", name, "--json"), ("wait", name, "--timeout", "0", "--json"),
+                 ("ls", name, "--json"), ("leases", name, "--json")]:
+        rc, out, err = ctl_raw(daemon, *args)
+        text = terminal_safe(err, args[0])
+        if rc == 0:    # ls PREFIX: a prefix nothing has is an empty list
+            assert json.loads(out) == [] and args[0] in ("ls", "leases"), (args, out)
+            continue
+        e = json.loads(text)
+        assert text.count("\n") == 1 and f"tensor '{want}'" in e["message"], e
+        assert e["error"] == "EINVAL"
+    # A usage error names the argument escaped too.
+    rc, _, err = ctl_raw(daemon, b"bogus" + name)
+    assert rc == 2 and shown[1:-1] in terminal_safe(err)
+    rc, _, err = ctl_raw(daemon, "ls", b"--" + name)
+    assert rc == 2 and shown[1:-1] in terminal_safe(err)
+    # Nothing was made, and an honest user is still served.
+    assert json.loads(ok(daemon, "ls", "--json")) == []
+    ok(daemon, "put", "honest", f)
+    assert ok(daemon, "ls").splitlines()[1].split()[0] == "honest"
+
+
+def test_hostile_file_names_and_headers_are_escaped(daemon, tmp_path):
+    rc, _, err = ctl_raw(daemon, "put", "x", str(tmp_path).encode() + b"/\x1b[2Jmissing.npy")
+    assert rc == 1 and r"\033[2Jmissing.npy" in terminal_safe(err), err
+    # A .npy whose header holds an escape: the reason quotes the file's bytes, escaped.
+    raw = bytearray((tmp_path / "ok.npy").read_bytes() if (tmp_path / "ok.npy").exists()
+                    else open(save(tmp_path / "ok.npy", np.ones(4, np.float32)), "rb").read())
+    i = raw.index(b"<f4")
+    raw[i:i + 3] = b"\x1b[m"
+    (tmp_path / "esc.npy").write_bytes(bytes(raw))
+    rc, _, err = ctl_raw(daemon, "put", "x", str(tmp_path / "esc.npy"))
+    assert rc == 1 and r"\033[m" in terminal_safe(err), err
+    rc, _, err = ctl_raw(daemon, "--socket", b"/tmp/\x1b[31m/none", "ls")
+    assert rc == 1 and r"\033[31m" in terminal_safe(err), err
+
+
+def test_hostile_daemon_strings_are_escaped(daemon, tmp_path):
+    """Whatever the daemon sends (names, process names, backends, messages,
+    metrics) is shown escaped: a relay rewrites the daemon's replies with
+    escapes and stray bytes in place of names it knows, byte for byte."""
+    from relay import Relay
+    comm = open("/proc/self/comm", "rb").read().strip()   # the relay is the daemon's client
+    evil = b"\x1b[2J\x1b[H\xff"
+    relay = Relay(daemon.socket, str(tmp_path / "relay.sock"), replace=[
+        (b"evilname", evil), (b"host", b"\x1b[5m"), (b"memfd", "\u202eab".encode()),
+        (comm, (b"\x1b]0;" + b"\x07" * 16)[:len(comm)])])
+    try:
+        ok(daemon, "put", "evilname", save(tmp_path / "a.npy", np.ones(4, np.float32)))
+        seen = {}
+        for args in [("ls",), ("ls", "--json"), ("stat", "evilname"),
+                     ("stat", "evilname", "--json"), ("stats",), ("stats", "--json"),
+                     ("stats", "--prometheus"), ("leases",), ("leases", "--json"),
+                     ("clients",), ("clients", "--json"), ("stat", "evilname/none"),
+                     ("stat", "evilname/none", "--json"), ("wait", "evilname", "--json")]:
+            rc, out, err = ctl_raw(daemon, *args, socket=relay.path)
+            seen[args] = (rc, terminal_safe(out, args), terminal_safe(err, args))
+            if args[-1] == "--json":
+                if rc == 0:
+                    json.loads(seen[args][1])
+                else:
+                    json.loads(seen[args][2])
+        assert not relay.errors, relay.errors
+    finally:
+        relay.close()
+    # The escapes are there, so the rewrites did reach tensorctl.
+    assert r'"\033[2J\033[H\377"' in seen[("ls",)][1]
+    assert seen[("ls",)][1].splitlines()[1].startswith(r'"\033[2J\033[H\377"  ')
+    assert json.loads(seen[("ls", "--json")][1])[0]["name"] == "\x1b[2J\x1b[H\ufffd"
+    assert r'name:     "\033[2J\033[H\377"' in seen[("stat", "evilname")][1]
+    assert r'"\033[5m"' in seen[("stats",)][1] and r'"\342\200\256ab"' in seen[("stats",)][1]
+    assert r"\033[5m" in seen[("stats", "--prometheus")][1]
+    assert r'"\033]0;' in seen[("clients",)][1]
+    assert json.loads(seen[("clients", "--json")][1])[0]["comm"].startswith("\x1b]0;")
+    rc, _, err = seen[("stat", "evilname/none")]
+    assert rc == 1 and r"'\033[2J\033[H\377/none'" in err, err
+    e = json.loads(seen[("stat", "evilname/none", "--json")][2])
+    assert "'\x1b[2J\x1b[H\ufffd/none'" in e["message"], e
+    assert json.loads(seen[("wait", "evilname", "--json")][1])["name"] == "\x1b[2J\x1b[H\ufffd"
+
+
+# --- put reads only regular files, and reads them (issue 18, item 19) -----------------------
+
+def test_put_refuses_what_is_not_a_regular_file(daemon, tmp_path):
+    """A FIFO with no writer would block open() forever; a directory, a
+    device or a socket is no .npy either. Each is refused, named for what
+    it is, before anything is opened or created. (timeout: a hang guard.)"""
+    fifo = tmp_path / "fifo.npy"
+    os.mkfifo(fifo)
+    sock_path = str(tmp_path / "sock.npy")
+    import socket as socketmod
+    s = socketmod.socket(socketmod.AF_UNIX)
+    s.bind(sock_path)
+    try:
+        for path, what in [(str(fifo), "a FIFO (named pipe)"), (str(tmp_path), "a directory"),
+                           ("/dev/zero", "a character device"), (sock_path, "a socket")]:
+            try:
+                rc, out, err = ctl(daemon, "put", "x", path, timeout=20)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"put of {what} hung")
+            assert rc == 1 and out == "", (path, rc, err)
+            assert err == f"tensorctl: {path}: is {what}, not a regular file\n", err
+            # Also as the target of a symbolic link.
+            link = tmp_path / "link.npy"
+            link.unlink(missing_ok=True)
+            link.symlink_to(path)
+            rc, _, err = ctl(daemon, "put", "x", str(link), timeout=20)
+            assert rc == 1 and f"is {what}" in err, err
+    finally:
+        s.close()
+    assert json.loads(ok(daemon, "stats", "--json"))["tensors"] == 0
+    assert json.loads(ok(daemon, "ls", "--json")) == []
+    ok(daemon, "put", "x", save(tmp_path / "a.npy", np.arange(5, dtype=np.int16)))
+    ok(daemon, "get", "x", str(tmp_path / "o.npy"))
+    assert np.load(tmp_path / "o.npy").tolist() == [0, 1, 2, 3, 4]
+
+
+def truncating_relay(daemon, tmp_path, path, keep):
+    """A relay that cuts the file at path to keep bytes when the Create
+    request passes it: after tensorctl checked the file's size against its
+    header, before it reads the data. Deterministic, and no preload."""
+    from hostile import F_CREATE
+    from relay import Relay
+    cut = []
+
+    def on_request(fields):
+        if F_CREATE in fields:
+            os.truncate(path, keep)
+            cut.append(True)
+
+    relay = Relay(daemon.socket, str(tmp_path / "relay.sock"), on_request=on_request)
+    relay.cut = cut
+    return relay
+
+
+def big_file(tmp_path):
+    a = np.arange(1 << 20, dtype=np.float32)            # 4 MiB of data
+    path = save(tmp_path / "big.npy", a)
+    with open(path, "rb") as f:
+        npformat.read_magic(f)
+        npformat.read_array_header_1_0(f)
+        offset = f.tell()
+    return path, offset, a.nbytes
+
+
+def test_put_of_a_file_truncated_mid_put(daemon, tmp_path):
+    """Another process cuts the file after put checked its size: a clear
+    error naming the file and how much was read, never SIGBUS, and no
+    tensor left half made."""
+    path, offset, nbytes = big_file(tmp_path)
+    relay = truncating_relay(daemon, tmp_path, path, offset + 1000)
+    try:
+        rc, out, err = ctl(daemon, "put", "cut", path, socket=False,
+                           env={"TENSORD_SOCKET": relay.path})
+        assert relay.cut and not relay.errors, relay.errors
+    finally:
+        relay.close()
+    assert rc == 1, f"exit {rc} (-7 is SIGBUS): {err}"
+    assert err == f"tensorctl: {path}: file shrank while reading (1000 of {nbytes} bytes)\n"
+    # The draft went with tensorctl's connection: no tensor, no bytes, no lease.
+    assert wait_until(lambda: daemon.stats().get("tensors") == 0), daemon.stats()
+    st = daemon.stats()
+    assert st["leases"] == 0 and all(d["bytes_used"] == 0 for d in st["devices"]), st
+    assert json.loads(ok(daemon, "ls", "--json")) == []
+    # The name is free, and a whole file goes in.
+    path, _, _ = big_file(tmp_path)
+    ok(daemon, "put", "cut", path)
+    ok(daemon, "get", "cut", str(tmp_path / "o.npy"))
+    assert np.array_equal(np.load(tmp_path / "o.npy"), np.load(path))
+
+
+def test_put_force_of_a_truncated_file_keeps_the_old_version(daemon, tmp_path):
+    old = np.arange(7, dtype=np.int64)
+    ok(daemon, "put", "kept", save(tmp_path / "old.npy", old))
+    path, offset, nbytes = big_file(tmp_path)
+    relay = truncating_relay(daemon, tmp_path, path, offset + 1000)
+    try:
+        rc, _, err = ctl(daemon, "put", "--force", "kept", path, socket=False,
+                         env={"TENSORD_SOCKET": relay.path})
+        assert relay.cut and not relay.errors, relay.errors
+    finally:
+        relay.close()
+    assert rc == 1 and "file shrank while reading" in err, err
+    # The failed replace left the old version in place, attachable.
+    rc, _, err = ctl(daemon, "get", "kept", str(tmp_path / "o.npy"))
+    assert rc == 0, err
+    assert np.load(tmp_path / "o.npy").tolist() == old.tolist()

@@ -3,12 +3,15 @@
  * session. It looks at capsules the way a C consumer would (flags, strides,
  * alignment), runs deleters from a thread that does not hold the GIL, and
  * drives the DLPack C exchange table through the pointer published on the
- * type, as tvm-ffi does.
+ * type, as tvm-ffi does; and hands out capsules with whatever data pointer
+ * and byte_offset a test asks for, as a buggy producer might.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <tensord/dlpack.h>
@@ -250,12 +253,78 @@ static PyObject *exchange_alloc(PyObject *self, PyObject *args)
 	return out;
 }
 
+/* --- hand-made producers, for put()'s checks of what a producer hands over --- */
+
+static long raw_deleted; /* how many raw_capsule tensors were deleted */
+
+struct raw {
+	DLManagedTensorVersioned mt;
+	int64_t shape[1];
+};
+
+static void raw_delete(DLManagedTensorVersioned *mt)
+{
+	raw_deleted++;
+	free(mt);
+}
+
+static void raw_capsule_free(PyObject *cap)
+{
+	DLManagedTensorVersioned *mt;
+
+	/* Deleted here only when nobody consumed it (it still has its name). */
+	if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+		mt = PyCapsule_GetPointer(cap, "dltensor_versioned");
+		mt->deleter(mt);
+	}
+}
+
+/*
+ * raw_capsule(data, nbytes, byte_offset) -> an unused "dltensor_versioned"
+ * capsule of nbytes uint8 on the CPU whose data pointer is the integer
+ * data (0: NULL) and whose byte_offset is as given, checked by nothing:
+ * what a buggy producer could hand over.
+ */
+static PyObject *raw_capsule(PyObject *self, PyObject *args)
+{
+	unsigned long long data, nbytes, byte_offset;
+	struct raw *r;
+	PyObject *cap;
+
+	if (!PyArg_ParseTuple(args, "KKK", &data, &nbytes, &byte_offset))
+		return NULL;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return PyErr_NoMemory();
+	r->shape[0] = (int64_t)nbytes;
+	r->mt.version.major = DLPACK_MAJOR_VERSION;
+	r->mt.version.minor = DLPACK_MINOR_VERSION;
+	r->mt.deleter = raw_delete;
+	r->mt.dl_tensor.data = (void *)(uintptr_t)data;
+	r->mt.dl_tensor.device = (DLDevice){ kDLCPU, 0 };
+	r->mt.dl_tensor.ndim = 1;
+	r->mt.dl_tensor.dtype = (DLDataType){ kDLUInt, 8, 1 };
+	r->mt.dl_tensor.shape = r->shape;
+	r->mt.dl_tensor.byte_offset = byte_offset;
+	cap = PyCapsule_New(&r->mt, "dltensor_versioned", raw_capsule_free);
+	if (!cap)
+		free(r);
+	return cap;
+}
+
+static PyObject *raw_deleted_count(PyObject *self, PyObject *unused)
+{
+	return PyLong_FromLong(raw_deleted);
+}
+
 static PyMethodDef methods[] = {
 	{ "inspect", inspect, METH_O, NULL },
 	{ "consume_in_thread", consume_in_thread, METH_O, NULL },
 	{ "exchange_roundtrip", exchange_roundtrip, METH_O, NULL },
 	{ "exchange_from_py", exchange_from_py, METH_VARARGS, NULL },
 	{ "exchange_alloc", exchange_alloc, METH_VARARGS, NULL },
+	{ "raw_capsule", raw_capsule, METH_VARARGS, NULL },
+	{ "raw_deleted", raw_deleted_count, METH_NOARGS, NULL },
 	{ NULL },
 };
 

@@ -100,6 +100,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.other_uid
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
 def test_other_uid_cannot_read_a_neighbour_or_write_the_slab(daemon_factory):
     sockdir = tempfile.mkdtemp(prefix="tensord-test-")

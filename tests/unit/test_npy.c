@@ -15,6 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -315,8 +318,20 @@ static void test_format_header(void **state)
 			 -ENOTSUP);
 }
 
-/* Writes t to a tmpfile, maps it back; the caller checks and unmaps m. */
-static void write_and_map(const DLTensor *t, struct npy_map *m)
+/* A file read back: its header and its data (malloc'ed, released with unload()). */
+struct loaded {
+	struct npy_header hdr;
+	void *data;
+};
+
+static void unload(struct loaded *m)
+{
+	free(m->data);
+	m->data = NULL;
+}
+
+/* Writes t to a tmpfile, reads it back; the caller checks and unload()s m. */
+static void write_and_read(const DLTensor *t, struct loaded *m)
 {
 	char err[256];
 	FILE *f = tmpfile();
@@ -325,15 +340,19 @@ static void write_and_map(const DLTensor *t, struct npy_map *m)
 	if (npy_write(f, t, err, sizeof(err)) != 0)
 		fail_msg("npy_write: %s", err);
 	assert_int_equal(fflush(f), 0);
-	if (npy_map_fd(fileno(f), m, err, sizeof(err)) != 0)
-		fail_msg("npy_map_fd: %s", err);
+	if (npy_open_fd(fileno(f), &m->hdr, err, sizeof(err)) != 0)
+		fail_msg("npy_open_fd: %s", err);
+	m->data = malloc(m->hdr.data_bytes + 1);
+	assert_non_null(m->data);
+	if (npy_read_data(fileno(f), &m->hdr, m->data, err, sizeof(err)) != 0)
+		fail_msg("npy_read_data: %s", err);
 	fclose(f);
 }
 
 static void test_round_trip_contiguous(void **state)
 {
 	int64_t shape[3] = { 2, 3, 5 };
-	struct npy_map m;
+	struct loaded m;
 	DLTensor t = { 0 };
 	double v[30];
 	int i;
@@ -345,13 +364,12 @@ static void test_round_trip_contiguous(void **state)
 	t.ndim = 3;
 	t.dtype = (DLDataType){ kDLFloat, 64, 1 };
 	t.shape = shape;
-	write_and_map(&t, &m);
+	write_and_read(&t, &m);
 	assert_int_equal(m.hdr.ndim, 3);
 	assert_int_equal(m.hdr.shape[2], 5);
 	assert_int_equal(m.hdr.data_bytes, sizeof(v));
 	assert_memory_equal(m.data, v, sizeof(v));
-	npy_unmap(&m);
-	npy_unmap(&m); /* twice is harmless */
+	unload(&m);
 }
 
 static void test_round_trip_strided(void **state)
@@ -361,7 +379,7 @@ static void test_round_trip_strided(void **state)
 	int64_t bshape[3] = { 2, 1, 2 },
 		bstrides[3] = { 0, 7, 1 }; /* broadcast row, odd unit stride */
 	int32_t a[12], out[12];
-	struct npy_map m;
+	struct loaded m;
 	DLTensor t = { 0 };
 	int i, j;
 
@@ -374,63 +392,63 @@ static void test_round_trip_strided(void **state)
 	t.ndim = 2;
 	t.shape = tshape;
 	t.strides = tstrides;
-	write_and_map(&t, &m);
+	write_and_read(&t, &m);
 	for (i = 0; i < 4; i++)
 		for (j = 0; j < 3; j++)
 			out[i * 3 + j] = a[j * 4 + i];
 	assert_memory_equal(m.data, out, 12 * sizeof(int32_t));
-	npy_unmap(&m);
+	unload(&m);
 
 	t.ndim = 1;
 	t.shape = rshape;
 	t.strides = rstrides;
 	t.byte_offset = 10 * sizeof(int32_t);
-	write_and_map(&t, &m);
+	write_and_read(&t, &m);
 	for (i = 0; i < 5; i++)
 		out[i] = a[10 - 2 * i];
 	assert_memory_equal(m.data, out, 5 * sizeof(int32_t));
-	npy_unmap(&m);
+	unload(&m);
 
 	t.ndim = 3;
 	t.shape = bshape;
 	t.strides = bstrides;
 	t.byte_offset = 0;
-	write_and_map(&t, &m);
+	write_and_read(&t, &m);
 	out[0] = a[0];
 	out[1] = a[1];
 	out[2] = a[0];
 	out[3] = a[1];
 	assert_memory_equal(m.data, out, 4 * sizeof(int32_t));
-	npy_unmap(&m);
+	unload(&m);
 }
 
 static void test_round_trip_edge(void **state)
 {
 	int64_t zshape[2] = { 0, 3 };
 	uint8_t b = 1;
-	struct npy_map m;
+	struct loaded m;
 	DLTensor t = { 0 };
 
 	/* 0-d bool. */
 	t.data = &b;
 	t.device = (DLDevice){ kDLCPU, 0 };
 	t.dtype = (DLDataType){ kDLBool, 8, 1 };
-	write_and_map(&t, &m);
+	write_and_read(&t, &m);
 	assert_int_equal(m.hdr.ndim, 0);
 	assert_int_equal(m.hdr.data_bytes, 1);
 	assert_int_equal(*(const uint8_t *)m.data, 1);
-	npy_unmap(&m);
+	unload(&m);
 
 	/* Zero-size complex, with no data pointer at all. */
 	t.data = NULL;
 	t.ndim = 2;
 	t.shape = zshape;
 	t.dtype = (DLDataType){ kDLComplex, 128, 1 };
-	write_and_map(&t, &m);
+	write_and_read(&t, &m);
 	assert_int_equal(m.hdr.count, 0);
 	assert_int_equal(m.hdr.data_bytes, 0);
 	assert_string_equal(m.hdr.descr, "<c16");
-	npy_unmap(&m);
+	unload(&m);
 }
 
 static void test_write_refusals(void **state)
@@ -458,11 +476,11 @@ static void test_write_refusals(void **state)
 	fclose(f);
 }
 
-static void test_map_truncated(void **state)
+static void test_open_truncated(void **state)
 {
 	int64_t shape[1] = { 100 };
 	char hdr[4096], err[256];
-	struct npy_map m;
+	struct npy_header h;
 	FILE *f = tmpfile();
 	int n;
 
@@ -472,17 +490,60 @@ static void test_map_truncated(void **state)
 	assert_int_equal(fwrite(hdr, 1, (size_t)n, f), (size_t)n);
 	assert_int_equal(fwrite(hdr, 1, 100, f), 100); /* 100 of the 400 data bytes */
 	fflush(f);
-	assert_int_equal(npy_map_fd(fileno(f), &m, err, sizeof(err)), -ENODATA);
+	assert_int_equal(npy_open_fd(fileno(f), &h, err, sizeof(err)), -ENODATA);
 	assert_non_null(strstr(err, "truncated"));
 	assert_non_null(strstr(err, "400"));
-	assert_null(m.base);
 	fclose(f);
 
 	/* An empty file. */
 	f = tmpfile();
-	assert_int_equal(npy_map_fd(fileno(f), &m, err, sizeof(err)), -ENODATA);
+	assert_int_equal(npy_open_fd(fileno(f), &h, err, sizeof(err)), -ENODATA);
 	assert_non_null(strstr(err, "empty"));
 	fclose(f);
+}
+
+/* A file cut short after its header was checked: an error that says so, never SIGBUS. */
+static void test_read_after_shrink(void **state)
+{
+	int64_t shape[1] = { 1000 };
+	char hdr[4096], err[256];
+	float v[1000] = { 0 }, out[1000];
+	struct npy_header h;
+	FILE *f = tmpfile();
+	int n;
+
+	n = npy_format_header((DLDataType){ kDLFloat, 32, 1 }, 1, shape, false, hdr, sizeof(hdr),
+			      err, sizeof(err));
+	assert_true(n > 0);
+	assert_int_equal(fwrite(hdr, 1, (size_t)n, f), (size_t)n);
+	assert_int_equal(fwrite(v, 1, sizeof(v), f), sizeof(v));
+	fflush(f);
+	assert_int_equal(npy_open_fd(fileno(f), &h, err, sizeof(err)), 0);
+	assert_int_equal(ftruncate(fileno(f), n + 1000), 0);
+	assert_int_equal(npy_read_data(fileno(f), &h, out, err, sizeof(err)), -ENODATA);
+	assert_string_equal(err, "file shrank while reading (1000 of 4000 bytes)");
+	fclose(f);
+}
+
+/* FIFOs, directories and devices are named for what they are, on the stat and on the fd. */
+static void test_not_regular(void **state)
+{
+	struct npy_header h;
+	struct stat st;
+	char err[256];
+	int fd;
+
+	assert_int_equal(stat("/dev/null", &st), 0);
+	assert_int_equal(npy_regular(&st, err, sizeof(err)), -EINVAL);
+	assert_string_equal(err, "is a character device, not a regular file");
+	assert_int_equal(stat("/", &st), 0);
+	assert_int_equal(npy_regular(&st, err, sizeof(err)), -EINVAL);
+	assert_string_equal(err, "is a directory, not a regular file");
+	fd = open("/", O_RDONLY);
+	assert_true(fd >= 0);
+	assert_int_equal(npy_open_fd(fd, &h, err, sizeof(err)), -EINVAL);
+	assert_string_equal(err, "is a directory, not a regular file");
+	close(fd);
 }
 
 static void test_read_header_file(void **state)
@@ -530,7 +591,9 @@ int main(void)
 		cmocka_unit_test(test_round_trip_strided),
 		cmocka_unit_test(test_round_trip_edge),
 		cmocka_unit_test(test_write_refusals),
-		cmocka_unit_test(test_map_truncated),
+		cmocka_unit_test(test_open_truncated),
+		cmocka_unit_test(test_read_after_shrink),
+		cmocka_unit_test(test_not_regular),
 		cmocka_unit_test(test_read_header_file),
 	};
 
