@@ -177,6 +177,7 @@ void reg_tensor_free(struct registry *reg, struct tensor *t)
 	if (t->next)
 		t->next->prev = t->prev;
 	if (t->dev) {
+		reg_figures(reg, t, t->state, 0, -(int64_t)t->alloc.size);
 		t->dev->used -= t->alloc.size;
 		t->dev->tensors--;
 	}
@@ -205,6 +206,7 @@ void reg_tensor_unlink(struct registry *reg, struct tensor *t)
 {
 	if (t->state != TENSORD_STATE_UNLINKED) {
 		unhash(reg, t);
+		reg_figures(reg, t, t->state, TENSORD_STATE_UNLINKED, 0);
 		t->state = TENSORD_STATE_UNLINKED;
 	}
 	if (t->refcount == 0)
@@ -244,6 +246,7 @@ void reg_tensor_link(struct registry *reg, struct reg_device *dev, struct tensor
 		reg->all->prev = t;
 	reg->all = t;
 	reg->n_tensors++;
+	reg_figures(reg, t, 0, t->state, (int64_t)t->alloc.size);
 }
 
 void registry_client_init(struct reg_client *rc, uint64_t id, uint32_t uid, uint32_t gid,
@@ -348,6 +351,7 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc)
 			/* Leases of this client still hold it; they are dropped below. */
 			if (t->state != TENSORD_STATE_UNLINKED) {
 				unhash(reg, t);
+				reg_figures(reg, t, t->state, TENSORD_STATE_UNLINKED, 0);
 				t->state = TENSORD_STATE_UNLINKED;
 			}
 			/* A tensor with no lease left is freed by reg_tensor_unlink(); one
@@ -476,6 +480,7 @@ int registry_publish(struct registry *reg, struct reg_client *rc, const char *na
 		}
 		move_to_slab(reg, t);
 	}
+	reg_figures(reg, t, t->state, TENSORD_STATE_PUBLISHED, 0);
 	t->state = TENSORD_STATE_PUBLISHED;
 	log_debug("tensor '%s': published by pid %u", t->name, rc->pid);
 	if (reg->on_publish)

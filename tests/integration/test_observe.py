@@ -186,7 +186,8 @@ def scrape(port):
 
 def test_metrics_move_when_tensors_are_created_and_attached(daemon_factory):
     port = free_port()
-    d = daemon_factory("--metrics", f"127.0.0.1:{port}")
+    # --metrics-per-uid: the endpoint shows the per-uid rows checked below.
+    d = daemon_factory("--metrics", f"127.0.0.1:{port}", "--metrics-per-uid")
     before = parse(scrape(port))
     c = Client(d.socket)
     try:
