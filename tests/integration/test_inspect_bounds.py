@@ -20,9 +20,10 @@ import threading
 
 import pytest
 
-from conftest import wait_until
+from conftest import build_path, wait_until
 from hostile import (
-    Raw, decode, frame, request, f_bytes, f_varint, reply_with_fds, F_ATTACH, F_CREATE,
+    Raw, create_body, decode, frame, request, f_bytes, f_varint, reply_with_fds, F_ATTACH,
+    F_CREATE,
 )
 from test_fairness import as_uid, fair, raw_as, tensor_body  # noqa: F401 (fair: a fixture)
 
@@ -206,10 +207,12 @@ def test_lease_list_of_half_a_million_leases_visits_a_bounded_share_per_page(fai
 
 def test_metrics_scrape_walks_series_not_tensors(fair):
     """uid 65534 owns 65,536 tensors and asks for the metrics 20 times at
-    once: each scrape visits the same few rows it visited with none (the old
-    code walked and sorted every tensor per scrape), the figures count the
-    tensors exactly, and uid 1001's attach is served meanwhile."""
-    d = fair()
+    once, and 12 HTTP scrapers come at once: each scrape visits the same few
+    rows it visited with none (the old code walked and sorted every tensor
+    per scrape), the figures count the tensors exactly, and uid 1001's
+    attach is served meanwhile."""
+    port = free_port()
+    d = fair("--metrics", f"127.0.0.1:{port}")
     root = raw_as(0, d.socket)
     nobody = raw_as(NOBODY, d.socket)
     honest = raw_as(HONEST, d.socket)
@@ -251,6 +254,18 @@ def test_metrics_scrape_walks_series_not_tensors(fair):
         assert r.status == 0 and b"tensord_tensors" in r.body(F_METRICS)[1][0]
     spent = visits(root, "metrics") - before
     assert spent == 21 * per_scrape_few, spent  # the 20, and root's own scrape
+
+    before = visits(root, "metrics")
+    texts = []
+    scrapers = [threading.Thread(target=lambda: texts.append(scrape(port))) for _ in range(12)]
+    for t in scrapers:
+        t.start()
+    r = honest.call(request(3, F_ATTACH, f_bytes(1, b"h/x")))
+    assert r.status == 0, r
+    for t in scrapers:
+        t.join()
+    assert len(texts) == 12 and all("tensord_tensors{" in t for t in texts)
+    assert visits(root, "metrics") - before == 13 * per_scrape_few
     for c in (root, nobody, honest):
         c.close()
 
@@ -328,6 +343,40 @@ def test_metrics_figures_are_those_of_the_state(fair):
     root.close()
 
 
+
+
+def test_metrics_figures_follow_a_gpu_create_to_its_rounded_size(daemon_factory):
+    """A GPU create is counted when it is linked, at the size it asked for,
+    while the worker allocates; then at its rounded size, as the device's
+    bytes are (the old walk summed the same sizes). The fake CUDA driver
+    rounds to its granularity and takes 300 ms per allocation."""
+    if not os.path.exists(build_path("tests/helpers/tensord-fakegpu")):
+        pytest.fail("build/tests/helpers/tensord-fakegpu is missing: run make all")
+    d = daemon_factory(env={"TENSORD_FAKE_ALLOC_MS": "300"},
+                       binary="tests/helpers/tensord-fakegpu")
+    c = Raw(d.socket)
+    c.hello()
+    uid = os.geteuid()
+
+    def figures():
+        s = metrics(c)
+        return (value(s, "tensord_tensors", device="cuda:0", state="created"),
+                owners(s, "tensord_owner_bytes").get(uid, 0),
+                value(s, "tensord_device_used_bytes", device="cuda:0", backend="cuda"))
+
+    c.send(frame(request(11, F_CREATE, create_body(b"g/x", [1000], device=(2, 0)))))
+    assert figures() == (1, 4000, 4000), "in flight: counted at the size asked for"
+    r = reply_with_fds(c)
+    assert r.status == 0, r
+    n, owner_bytes, used = figures()
+    assert n == 1 and used > 4000 and owner_bytes == used, "rounded, both alike"
+    r = c.call(request(12, F_UNLINK, f_bytes(1, b"g/x")))
+    assert r.status == 0, r
+    c.close()
+    c = Raw(d.socket)
+    c.hello()
+    assert wait_until(lambda: figures() == (0, 0, 0), timeout=10)
+    c.close()
 
 
 # --- item 12: idle connections on the metrics endpoint --------------------------------------
