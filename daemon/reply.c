@@ -192,7 +192,6 @@ uint32_t daemon_open_fds(void)
 	if (stat("/proc/self/fd", &st) == 0 && st.st_size > 0)
 		return (uint32_t)st.st_size;
 	dfd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-
 	if (dfd < 0)
 		return 0;
 	while ((got = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
