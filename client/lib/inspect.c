@@ -129,13 +129,19 @@ int tensord_leases(tensord_client *c, const char *name, tensord_lease_holder **r
 		for (size_t i = 0; i < rep->lease_list->n_holders; i++)
 			holder_from_wire(&v[n++], rep->lease_list->holders[i]);
 		/* A page may be empty and say "more"; one that leaves the cursor
-		 * where it was would loop forever. */
+		 * where it was would loop forever. A daemon from before the cursor
+		 * (issue 18) says no cursor and pages by the last entry. */
 		more = rep->lease_list->more;
-		if (more && rep->lease_list->next_conn == ll.after_conn &&
-		    rep->lease_list->next_slot == ll.after_slot)
+		if (more && !rep->lease_list->next_conn && rep->lease_list->n_holders) {
+			ll.after_tensor = v[n - 1].tensor_id;
+			ll.after_conn = v[n - 1].conn_id;
+		} else if (more && rep->lease_list->next_conn == ll.after_conn &&
+			   rep->lease_list->next_slot == ll.after_slot) {
 			r = td_set_error(-EPROTO, "tensord's lease list did not move on");
-		ll.after_conn = rep->lease_list->next_conn;
-		ll.after_slot = rep->lease_list->next_slot;
+		} else {
+			ll.after_conn = rep->lease_list->next_conn;
+			ll.after_slot = rep->lease_list->next_slot;
+		}
 		tensord__reply__free_unpacked(rep, NULL);
 		if (r < 0) {
 			free(v);
