@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/desc.h"
+#include "metrics.h"
 #include "reply.h"
 #include "server.h"
 
@@ -109,7 +110,19 @@ static uint32_t page_limit(uint32_t asked)
 
 /* --- LeaseList ---------------------------------------------------------------- */
 
-/* The leases one connection holds on one tensor. */
+/*
+ * A page walks the connections newest first (the order of srv->conns) and
+ * each one's lease slots in order, from the cursor the request carries
+ * (proto/tensord.proto, LeaseList), and stops after INSPECT_SCAN_MAX slots
+ * or when a lease would need an entry past the page's limit. So a page
+ * costs O(connections + INSPECT_SCAN_MAX) however many leases a client
+ * holds, and allocates two arrays of the page's size. The leases of one
+ * connection on one tensor within the page fold into one entry, found
+ * through a small hash of the page's (connection, tensor) pairs. Nothing is
+ * sorted: libtensord puts the pages together (client/lib/inspect.c).
+ */
+
+/* The leases one connection holds on one tensor, among the slots a page visited. */
 struct holding {
 	const struct tensor *t;  /* borrowed: a lease holds it */
 	const struct client *cl; /* borrowed */
@@ -117,84 +130,110 @@ struct holding {
 	uint32_t count;
 };
 
-static int cmp_holding(const void *a, const void *b)
-{
-	const struct holding *x = a, *y = b;
-	uint64_t cx = x->cl->conn->id, cy = y->cl->conn->id;
+struct lease_page {
+	struct holding *v; /* limit entries */
+	uint32_t *hash;    /* n_hash >= 2 * limit buckets: index + 1 into v; 0: empty */
+	size_t n, limit, n_hash;
+	/* What is done, the cursor: the connections newer than conn, and conn's
+	 * first slot lease slots, or all of them when slot is 0. */
+	uint64_t conn;
+	uint32_t slot;
+	bool more;
+	uint64_t visits;
+};
 
-	if (x->t->id != y->t->id)
-		return x->t->id < y->t->id ? -1 : 1;
-	return cx < cy ? -1 : cx > cy;
-}
-
-/* Whether a lease of conn on t belongs in the answer to m for me. */
-static bool lease_wanted(const struct tensor *t, uint64_t conn_id, const Tensord__LeaseList *m,
-			 size_t name_len, const struct client *me)
+/* Whether a lease on t belongs in the answer to m for me. */
+static bool lease_wanted(const struct tensor *t, const Tensord__LeaseList *m, size_t name_len,
+			 const struct client *me)
 {
 	if (name_len && (t->name_len != name_len || memcmp(t->name, m->name, name_len) != 0))
-		return false;
-	if (t->id < m->after_tensor || (t->id == m->after_tensor && conn_id <= m->after_conn))
 		return false;
 	return registry_may_inspect(t, &me->rc);
 }
 
-/*
- * Every wanted lease as a holding of count 1. On success the caller owns
- * *ret (free() it). 0 or -ENOMEM.
- */
-static int collect_leases(const struct client *me, const Tensord__LeaseList *m,
-			  struct holding **ret, size_t *ret_n)
+static size_t hash_of(const struct tensor *t, const struct client *cl, size_t n_hash)
 {
-	size_t n = 0, cap = 0, name_len = strlen(m->name);
-	struct holding *v = NULL;
+	uint64_t k = (t->id ^ cl->conn->id << 40) * 0x9e3779b97f4a7c15ull;
 
-	for (struct conn *c = me->srv->conns.head; c; c = c->next) {
+	return (size_t)(k >> 32) & (n_hash - 1);
+}
+
+/*
+ * Adds a lease of cl on t to the page: to their entry, or to a new one.
+ * false when that needs an entry past the limit: the page ends before it.
+ */
+static bool page_add(struct lease_page *pg, const struct client *cl, const struct tensor *t,
+		     uint64_t since)
+{
+	size_t b = hash_of(t, cl, pg->n_hash);
+	struct holding *h;
+
+	/* At most limit of the 2 * limit buckets are taken: a free one is near. */
+	for (; pg->hash[b]; b = (b + 1) & (pg->n_hash - 1)) {
+		h = &pg->v[pg->hash[b] - 1];
+		if (h->t == t && h->cl == cl) {
+			h->count++;
+			if (since < h->since)
+				h->since = since;
+			return true;
+		}
+	}
+	if (pg->n == pg->limit)
+		return false;
+	pg->v[pg->n] = (struct holding){ t, cl, since, 1 };
+	pg->hash[b] = (uint32_t)++pg->n;
+	return true;
+}
+
+/* The first connection the cursor leaves to visit, and its first slot there. */
+static struct conn *page_start(struct lease_page *pg, struct conn *c, uint32_t *ret_slot)
+{
+	*ret_slot = 0;
+	if (!pg->conn)
+		return c;
+	/* Newest first: pass those newer than the cursor's connection. */
+	for (; c && c->id > pg->conn; c = c->next)
+		pg->visits++;
+	if (c && c->id == pg->conn) {
+		if (pg->slot)
+			*ret_slot = pg->slot;
+		else
+			c = c->next;
+	}
+	return c;
+}
+
+/*
+ * Walks on from the cursor until the page is full, INSPECT_SCAN_MAX slots
+ * are visited, or every lease is seen; the cursor follows what is done.
+ */
+static void page_fill(struct lease_page *pg, const struct client *me, const Tensord__LeaseList *m)
+{
+	size_t name_len = strlen(m->name), budget = INSPECT_SCAN_MAX;
+	uint32_t s;
+	struct conn *c = page_start(pg, me->srv->conns.head, &s);
+
+	for (; c; c = c->next, s = 0) {
 		const struct client *cl = conn_data(c);
 		const struct reg_client *rc = &cl->rc;
 
-		for (uint32_t s = 0; s < rc->n_slots; s++) {
+		pg->visits++;
+		for (; s < rc->n_slots; s++) {
 			const struct tensor *t = rc->leases[s].t;
 
-			if (!t || !lease_wanted(t, c->id, m, name_len, me))
-				continue;
-			if (n == cap) {
-				size_t ncap = cap ? 2 * cap : 64;
-				struct holding *nv = realloc(v, ncap * sizeof(*nv));
-
-				if (!nv) {
-					free(v);
-					return -ENOMEM;
-				}
-				v = nv;
-				cap = ncap;
+			if (!budget || (t && lease_wanted(t, m, name_len, me) &&
+					!page_add(pg, cl, t, rc->leases[s].since_ns))) {
+				pg->more = true;
+				return;
 			}
-			v[n++] = (struct holding){ t, cl, rc->leases[s].since_ns, 1 };
+			budget--;
+			pg->visits++;
+			pg->conn = c->id;
+			pg->slot = s + 1;
 		}
+		pg->conn = c->id;
+		pg->slot = 0;
 	}
-	*ret = v;
-	*ret_n = n;
-	return 0;
-}
-
-/* Sorts v and folds the leases of one connection on one tensor together. Returns the count. */
-static size_t fold_holdings(struct holding *v, size_t n)
-{
-	size_t out = 0;
-
-	if (n)
-		qsort(v, n, sizeof(*v), cmp_holding);
-	for (size_t i = 0; i < n; i++) {
-		struct holding *last = out ? &v[out - 1] : NULL;
-
-		if (last && last->t == v[i].t && last->cl == v[i].cl) {
-			last->count++;
-			if (v[i].since < last->since)
-				last->since = v[i].since;
-			continue;
-		}
-		v[out++] = v[i];
-	}
-	return out;
 }
 
 static void fill_holder(Tensord__LeaseHolder *h, const struct holding *x, const struct clocks *k)
@@ -213,23 +252,24 @@ static void fill_holder(Tensord__LeaseHolder *h, const struct holding *x, const 
 	h->held_ns = ago(k, x->since);
 }
 
-static void send_holders(struct conn *c, uint64_t req_id, const struct holding *v, size_t n,
-			 bool more)
+static void send_holders(struct conn *c, uint64_t req_id, const struct lease_page *pg)
 {
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
 	Tensord__LeaseListReply lr = TENSORD__LEASE_LIST_REPLY__INIT;
-	Tensord__LeaseHolder **ph = entry_array(n, sizeof(**ph));
+	Tensord__LeaseHolder **ph = entry_array(pg->n, sizeof(**ph));
 	struct clocks k = clocks_now();
 
 	if (!ph) {
 		reply_status(c, req_id, -ENOMEM, "out of memory listing lease holders");
 		return;
 	}
-	for (size_t i = 0; i < n; i++)
-		fill_holder(ph[i], &v[i], &k);
-	lr.n_holders = n;
+	for (size_t i = 0; i < pg->n; i++)
+		fill_holder(ph[i], &pg->v[i], &k);
+	lr.n_holders = pg->n;
 	lr.holders = ph;
-	lr.more = more;
+	lr.more = pg->more;
+	lr.next_conn = pg->more ? pg->conn : 0;
+	lr.next_slot = pg->more ? pg->slot : 0;
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_LEASE_LIST;
 	rep.lease_list = &lr;
@@ -239,9 +279,10 @@ static void send_holders(struct conn *c, uint64_t req_id, const struct holding *
 
 void inspect_leases(struct client *cl, uint64_t req_id, const Tensord__LeaseList *m)
 {
-	size_t len = strlen(m->name), n = 0;
-	uint32_t limit = page_limit(m->limit);
-	struct holding *v = NULL;
+	struct lease_page pg = { .limit = page_limit(m->limit),
+				 .conn = m->after_conn,
+				 .slot = m->after_slot };
+	size_t len = strlen(m->name);
 	char why[300];
 
 	/* The one check of this name from a peer, as dispatch does for the others. */
@@ -249,13 +290,19 @@ void inspect_leases(struct client *cl, uint64_t req_id, const Tensord__LeaseList
 		reply_status(cl->conn, req_id, -EINVAL, why);
 		return;
 	}
-	if (collect_leases(cl, m, &v, &n) < 0) {
+	for (pg.n_hash = 2; pg.n_hash < 2 * pg.limit;)
+		pg.n_hash *= 2;
+	pg.v = malloc(pg.limit * sizeof(*pg.v));
+	pg.hash = calloc(pg.n_hash, sizeof(*pg.hash));
+	if (pg.v && pg.hash) {
+		page_fill(&pg, cl, m);
+		metrics_visits(METRICS_VISITS_LEASE_LIST, pg.visits);
+		send_holders(cl->conn, req_id, &pg);
+	} else {
 		reply_status(cl->conn, req_id, -ENOMEM, "out of memory listing lease holders");
-		return;
 	}
-	n = fold_holdings(v, n);
-	send_holders(cl->conn, req_id, v, n < limit ? n : limit, n > limit);
-	free(v);
+	free(pg.hash);
+	free(pg.v);
 }
 
 /* --- ClientList --------------------------------------------------------------- */

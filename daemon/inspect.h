@@ -7,7 +7,9 @@
  * Who sees what: a client sees the holders of tensors it may read
  * (registry_may_inspect(): owner and root see all); root sees every
  * connection, others only the connections of their own uid. A reply holds
- * at most INSPECT_PAGE_MAX entries and says whether more follow.
+ * at most INSPECT_PAGE_MAX entries and says whether more follow; a LeaseList
+ * page visits at most INSPECT_SCAN_MAX lease slots (and the connections),
+ * so one client's many leases cannot hold up the loop.
  */
 #ifndef TENSORD_INSPECT_H
 #define TENSORD_INSPECT_H
@@ -18,6 +20,8 @@
 #include "proto/tensord.pb-c.h"
 
 #define INSPECT_PAGE_MAX 1024u
+/* Lease slots one LeaseList page visits at most, leased or free, shown or not. */
+#define INSPECT_SCAN_MAX 65536u
 
 /* A client connected: notes when, and its command name from /proc (best effort). */
 void inspect_client_opened(struct client *cl);

@@ -1,14 +1,20 @@
 /*
  * Metrics: the counters (bumped by dispatch.c and reply.c as requests come
- * and go) and the exposition text, built when asked (a scrape or a Metrics
- * request) from the counters and from a walk of the registry and the
- * connections. Gauges are never kept up to date on the hot path; they are
- * computed at scrape time.
+ * and go), the figures of the registry's tensors (kept as tensors come, change
+ * state and go, through the registry's on_figures hook), and the exposition
+ * text, built when asked (a scrape or a Metrics request) from those and from
+ * totals the daemon keeps anyway. A scrape walks series (devices, owner uids,
+ * request kinds), never tensors or connections: its cost does not grow with
+ * what the clients hold, so scrapers cannot stall the loop.
  *
  * Attach latency is the daemon's own time: from decoding the Attach
  * request to queueing the reply with the lease. An attach that waited for
  * a publish is measured from the publish that woke it; the wait itself is
  * not in the histogram (tensord_attach_waits_total counts such attaches).
+ *
+ * Who sees what: per-uid rows (tensord_owner_*) follow the rule of stats,
+ * root sees every uid, others their own; the HTTP endpoint has no peer to
+ * ask, so it shows them only when the operator says so (--metrics-per-uid).
  */
 #include "metrics.h"
 
@@ -19,6 +25,7 @@
 #include <time.h>
 
 #include "dispatch.h"
+#include "log.h"
 #include "pool.h"
 #include "proto/tensord.pb-c.h"
 #include "reply.h"
@@ -38,7 +45,22 @@ static struct {
 	uint64_t attach_waits;
 	uint64_t attach_buckets[METRICS_ATTACH_BUCKETS + 1];
 	uint64_t attach_count, attach_sum_ns;
+	uint64_t visits[METRICS_VISITS_KINDS];
 } m;
+
+/* What one owner uid has: a row of tensord_owner_*. */
+struct owner {
+	uint32_t uid;
+	uint64_t tensors, bytes;
+};
+
+/* The figures of the registry's tensors, kept by on_figures(). */
+static struct {
+	uint64_t by_state[REGISTRY_DEVICES_MAX][4]; /* [device slot][tensord_state] */
+	struct owner *owners;                       /* sorted by uid; never shrinks */
+	size_t n_owners, cap_owners;
+	bool lost; /* an owner could not be counted (out of memory) */
+} fig;
 
 void metrics_request(unsigned kind)
 {
@@ -89,6 +111,79 @@ void metrics_attach_served(void)
 	m.attach_buckets[metrics_attach_bucket(ns)]++;
 	m.attach_count++;
 	m.attach_sum_ns += ns;
+}
+
+void metrics_visits(enum metrics_visits what, uint64_t n)
+{
+	m.visits[what] += n;
+}
+
+/* --- the figures ----------------------------------------------------------------- */
+
+/* uid's row, made when add is set and it has none. NULL: none, or out of memory. */
+static struct owner *owner_of(uint32_t uid, bool add)
+{
+	size_t lo = 0, hi = fig.n_owners;
+
+	/* A few dozen uids: a binary search, and a move when a new one comes. */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (fig.owners[mid].uid == uid)
+			return &fig.owners[mid];
+		if (fig.owners[mid].uid < uid)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (!add)
+		return NULL;
+	if (fig.n_owners == fig.cap_owners) {
+		size_t cap = fig.cap_owners ? 2 * fig.cap_owners : 16;
+		struct owner *nv = realloc(fig.owners, cap * sizeof(*nv));
+
+		if (!nv)
+			return NULL;
+		fig.owners = nv;
+		fig.cap_owners = cap;
+	}
+	memmove(&fig.owners[lo + 1], &fig.owners[lo], (fig.n_owners - lo) * sizeof(*fig.owners));
+	fig.owners[lo] = (struct owner){ .uid = uid };
+	fig.n_owners++;
+	return &fig.owners[lo];
+}
+
+/* registry.h, on_figures: t goes from state `from` to `to` (0: not counted). */
+static void on_figures(void *ctx, const struct tensor *t, int from, int to, int64_t bytes)
+{
+	const struct registry *reg = ctx;
+	struct owner *o;
+
+	if (t->dev) {
+		uint64_t *row = fig.by_state[t->dev - reg->devices];
+
+		if (from)
+			row[(unsigned)from < 4 ? from : 0]--;
+		if (to)
+			row[(unsigned)to < 4 ? to : 0]++;
+	}
+	o = owner_of(t->owner_uid, to && !from);
+	if (!o) {
+		if (to && !from && !fig.lost)
+			log_error("metrics: out of memory counting uid %u: tensord_owner_* are "
+				  "incomplete from now on",
+				  t->owner_uid);
+		fig.lost = fig.lost || (to && !from);
+		return;
+	}
+	o->tensors += (uint64_t)(to != 0) - (uint64_t)(from != 0);
+	o->bytes += (uint64_t)bytes;
+}
+
+void metrics_keep_figures(struct registry *reg)
+{
+	reg->on_figures = on_figures;
+	reg->on_figures_ctx = reg;
 }
 
 /* --- the text ------------------------------------------------------------------ */
@@ -173,19 +268,15 @@ static const char *const state_names[] = { "unknown", "created", "published", "u
 
 static void render_devices(FILE *f, const struct registry *reg)
 {
-	uint64_t by_state[REGISTRY_DEVICES_MAX][4] = { { 0 } };
 	char dev[32];
 
-	for (const struct tensor *t = reg->all; t; t = t->next)
-		if (t->dev)
-			by_state[t->dev - reg->devices][(unsigned)t->state < 4 ? t->state : 0]++;
 	family(f, "tensord_tensors", "gauge",
 	       "Tensors alive (named, or unlinked and still leased), by device and state.");
 	for (int i = 0; i < reg->n_devices; i++)
 		for (int s = 1; s < 4 && reg->devices[i].init_rc == 0; s++)
 			fprintf(f, "tensord_tensors{device=\"%s\",state=\"%s\"} %llu\n",
 				tensord_device_name(reg->devices[i].device, dev, sizeof(dev)),
-				state_names[s], (unsigned long long)by_state[i][s]);
+				state_names[s], (unsigned long long)fig.by_state[i][s]);
 	family(f, "tensord_device_used_bytes", "gauge", "Bytes allocated, by device.");
 	for (int i = 0; i < reg->n_devices; i++)
 		if (reg->devices[i].init_rc == 0)
@@ -215,61 +306,39 @@ static void render_devices(FILE *f, const struct registry *reg)
 					reg->devices[i].device.device_id));
 }
 
-struct owner_use {
-	uint32_t uid;
-	uint64_t bytes, tensors;
-};
+/* Who reads the text: a uid (the rule of stats), or the HTTP endpoint. */
+enum { VIEW_ALL = -1, VIEW_NONE = -2 };
 
-static int cmp_owner(const void *a, const void *b)
+static bool view_shows(int64_t viewer, uint32_t uid)
 {
-	uint32_t x = ((const struct owner_use *)a)->uid, y = ((const struct owner_use *)b)->uid;
-
-	return x < y ? -1 : x > y;
+	return viewer == VIEW_ALL || viewer == 0 || viewer == (int64_t)uid;
 }
 
-/* Bytes and tensors per owner uid, walked from the registry. 0 or -ENOMEM. */
-static int render_owners(FILE *f, const struct registry *reg)
+/* Bytes and tensors per owner uid, the rows viewer may see; none for VIEW_NONE. */
+static void render_owners(FILE *f, int64_t viewer)
 {
-	struct owner_use *v = malloc((reg->n_tensors ? reg->n_tensors : 1) * sizeof(*v));
-	size_t n = 0, out = 0;
-
-	if (!v)
-		return -ENOMEM;
-	for (const struct tensor *t = reg->all; t; t = t->next)
-		v[n++] = (struct owner_use){ t->owner_uid, t->alloc.size, 1 };
-	if (n)
-		qsort(v, n, sizeof(*v), cmp_owner);
-	for (size_t i = 0; i < n; i++) {
-		if (out && v[out - 1].uid == v[i].uid) {
-			v[out - 1].bytes += v[i].bytes;
-			v[out - 1].tensors++;
-		} else {
-			v[out++] = v[i];
-		}
-	}
+	if (viewer == VIEW_NONE)
+		return;
 	family(f, "tensord_owner_bytes", "gauge", "Bytes allocated, by owner uid (all devices).");
-	for (size_t i = 0; i < out; i++)
-		fprintf(f, "tensord_owner_bytes{uid=\"%u\"} %llu\n", v[i].uid,
-			(unsigned long long)v[i].bytes);
+	for (size_t i = 0; i < fig.n_owners; i++)
+		if (fig.owners[i].tensors && view_shows(viewer, fig.owners[i].uid))
+			fprintf(f, "tensord_owner_bytes{uid=\"%u\"} %llu\n", fig.owners[i].uid,
+				(unsigned long long)fig.owners[i].bytes);
 	family(f, "tensord_owner_tensors", "gauge", "Tensors alive, by owner uid.");
-	for (size_t i = 0; i < out; i++)
-		fprintf(f, "tensord_owner_tensors{uid=\"%u\"} %llu\n", v[i].uid,
-			(unsigned long long)v[i].tensors);
-	free(v);
-	return 0;
+	for (size_t i = 0; i < fig.n_owners; i++)
+		if (fig.owners[i].tensors && view_shows(viewer, fig.owners[i].uid))
+			fprintf(f, "tensord_owner_tensors{uid=\"%u\"} %llu\n", fig.owners[i].uid,
+				(unsigned long long)fig.owners[i].tensors);
 }
 
 static void render_clients(FILE *f, const struct server *srv)
 {
-	uint64_t waiters = 0;
-
-	for (struct conn *c = srv->conns.head; c; c = c->next)
-		waiters += ((const struct client *)conn_data(c))->waits.n_waiters;
 	single(f, "tensord_clients", "gauge", "Client connections open.", srv->conns.n);
 	single(f, "tensord_connections_total", "counter", "Client connections accepted.",
 	       m.connections);
 	single(f, "tensord_leases", "gauge", "Leases held by all clients.", srv->reg.n_leases);
-	single(f, "tensord_waiters", "gauge", "Attaches waiting for a publish.", waiters);
+	single(f, "tensord_waiters", "gauge", "Attaches waiting for a publish.",
+	       srv->waiters.n_waiters);
 }
 
 static void render_host(FILE *f)
@@ -299,25 +368,40 @@ static void render_host(FILE *f)
 	single(f, "tensord_host_slab_bytes", "gauge", "Bytes in live slab slots.", slab_bytes);
 }
 
-int metrics_render(const struct server *srv, char **ret, size_t *ret_len)
+static void render_visits(FILE *f)
+{
+	static const char *const what[METRICS_VISITS_KINDS] = { "lease_list", "metrics" };
+
+	family(f, "tensord_inspect_visits_total", "counter",
+	       "Entries inspection visited, by request: lease slots and connections for "
+	       "lease_list, device and owner rows for metrics (work, bounded per request).");
+	for (unsigned k = 0; k < METRICS_VISITS_KINDS; k++)
+		fprintf(f, "tensord_inspect_visits_total{request=\"%s\"} %llu\n", what[k],
+			(unsigned long long)m.visits[k]);
+}
+
+static int render(const struct server *srv, int64_t viewer, char **ret, size_t *ret_len)
 {
 	char *text = NULL;
 	size_t len = 0;
-	FILE *f = open_memstream(&text, &len);
+	FILE *f;
 	int r;
 
+	/* Counted first, so the text counts itself: the rows it walks. */
+	m.visits[METRICS_VISITS_METRICS] += (uint64_t)srv->reg.n_devices + fig.n_owners;
+	f = open_memstream(&text, &len);
 	if (!f)
 		return -ENOMEM;
 	family(f, "tensord_uptime_seconds", "gauge", "Seconds since the daemon started.");
 	fprintf(f, "tensord_uptime_seconds %.3f\n", (double)(now_ns() - srv->start_ns) / 1e9);
 	render_clients(f, srv);
 	render_devices(f, &srv->reg);
-	r = render_owners(f, &srv->reg);
+	render_owners(f, viewer);
 	render_requests(f);
 	render_attach(f);
 	render_host(f);
-	if (ferror(f))
-		r = -ENOMEM;
+	render_visits(f);
+	r = ferror(f) ? -ENOMEM : 0;
 	if (fclose(f) != 0 || r < 0) {
 		free(text);
 		return -ENOMEM;
@@ -327,6 +411,11 @@ int metrics_render(const struct server *srv, char **ret, size_t *ret_len)
 	return 0;
 }
 
+int metrics_render(const struct server *srv, char **ret, size_t *ret_len)
+{
+	return render(srv, srv->cfg.metrics_per_uid ? VIEW_ALL : VIEW_NONE, ret, ret_len);
+}
+
 void metrics_reply(struct conn *c, uint64_t req_id, const struct server *srv)
 {
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
@@ -334,7 +423,7 @@ void metrics_reply(struct conn *c, uint64_t req_id, const struct server *srv)
 	size_t len;
 	char *text;
 
-	if (metrics_render(srv, &text, &len) < 0) {
+	if (render(srv, c->uid, &text, &len) < 0) {
 		reply_status(c, req_id, -ENOMEM, "out of memory rendering metrics");
 		return;
 	}

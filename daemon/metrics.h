@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct registry;
 struct server;
 
 /* Request kinds counted: the Request.body field numbers below this. */
@@ -57,14 +58,37 @@ void metrics_attach_served(void);
 /* The bucket of a duration: 0 .. METRICS_ATTACH_BUCKETS (the last is +Inf). */
 unsigned metrics_attach_bucket(uint64_t ns);
 
+/* Work counted for the loop's sake: entries a request visited. */
+enum metrics_visits {
+	METRICS_VISITS_LEASE_LIST, /* lease slots and connections, for LeaseList */
+	METRICS_VISITS_METRICS,    /* device and owner rows, for a scrape */
+	METRICS_VISITS_KINDS,
+};
+
+/* A request of kind what visited n entries. */
+void metrics_visits(enum metrics_visits what, uint64_t n);
+
 /*
- * The exposition text of srv's state and the counters. On success *ret is
- * malloc'ed and NUL-terminated, owned by the caller (free()), and *ret_len
- * its length. 0 or -ENOMEM.
+ * From now on the figures by device and state and by owner uid are kept as
+ * reg's tensors change (registry.h, on_figures), so a scrape never walks
+ * the tensors. Call once, before reg has any tensor; reg must outlive the
+ * process's scrapes.
+ */
+void metrics_keep_figures(struct registry *reg);
+
+/*
+ * The exposition text of srv's state and the counters, as the HTTP
+ * endpoint serves it: the per-uid families only with --metrics-per-uid
+ * (cfg.metrics_per_uid), since anyone who reaches the endpoint reads it.
+ * On success *ret is malloc'ed and NUL-terminated, owned by the caller
+ * (free()), and *ret_len its length. 0 or -ENOMEM.
  */
 int metrics_render(const struct server *srv, char **ret, size_t *ret_len);
 
-/* Answers a Metrics request on c with the text of srv. */
+/*
+ * Answers a Metrics request on c with the text of srv as c's uid may see
+ * it: the rule of stats, so per-uid rows are root's to see, or one's own.
+ */
 struct conn;
 void metrics_reply(struct conn *c, uint64_t req_id, const struct server *srv);
 

@@ -8,6 +8,15 @@
  * Each connection owns two handles (the stream and its deadline timer) and
  * is freed when both are closed; the stream is shut down before it is
  * closed, so the response is never cut off by a reset.
+ *
+ * Slowloris: connections that open and never finish their request would
+ * take every slot until their deadlines, and a scraper arriving meanwhile
+ * was closed at accept. Now a newcomer past the bounds takes the slot of
+ * the oldest unfinished request (metrics_http_victim()), first among its
+ * own peer's, so a peer can hold only METRICS_HTTP_CONNS_PER_PEER slots and
+ * a scraper that sends its request at once is served. Over TCP the peer is
+ * the address, so local users share 127.0.0.1; the eviction still lets the
+ * newest in, and over a unix socket each uid has its own share.
  */
 #include "metrics_http.h"
 
@@ -18,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,7 +48,9 @@ struct http_conn {
 	uv_shutdown_t sd;
 	int open_handles; /* s and timer; freed when both are closed */
 	bool closing, answered;
-	char *body; /* owned; what is being sent */
+	struct metrics_http_peer peer;
+	uint64_t seq; /* accept order */
+	char *body;   /* owned; what is being sent */
 	char head[256];
 	size_t in_len;
 	struct http_conn *prev, *next;
@@ -52,7 +64,8 @@ static struct {
 	char path[108];
 	metrics_render_fn *render;
 	void *ctx;
-	unsigned n_conns;
+	unsigned n_conns; /* closing ones too, until freed */
+	uint64_t next_seq;
 	struct http_conn *head;
 } ep;
 
@@ -79,6 +92,16 @@ int metrics_http_parse(const char *buf, size_t len)
 	if (q)
 		plen = (size_t)(q - path);
 	return plen == 8 && memcmp(path, "/metrics", 8) == 0 ? 200 : 404;
+}
+
+/* hc goes on the list, where hc_closed() finds it. */
+static void hc_link(struct http_conn *hc)
+{
+	hc->next = ep.head;
+	if (ep.head)
+		ep.head->prev = hc;
+	ep.head = hc;
+	ep.n_conns++;
 }
 
 static void hc_closed(uv_handle_t *h)
@@ -202,6 +225,87 @@ static void on_timeout(uv_timer_t *t)
 	hc_close(t->data);
 }
 
+int metrics_http_victim(const struct metrics_http_slot *v, size_t n,
+			const struct metrics_http_peer *peer)
+{
+	size_t mine = 0;
+	int oldest = -1, oldest_mine = -1;
+
+	for (size_t i = 0; i < n; i++) {
+		bool same = v[i].peer.family == peer->family &&
+			    memcmp(v[i].peer.addr, peer->addr, sizeof(peer->addr)) == 0;
+
+		mine += same;
+		if (v[i].answered)
+			continue;
+		if (oldest < 0 || v[i].seq < v[oldest].seq)
+			oldest = (int)i;
+		if (same && (oldest_mine < 0 || v[i].seq < v[oldest_mine].seq))
+			oldest_mine = (int)i;
+	}
+	if (mine >= METRICS_HTTP_CONNS_PER_PEER)
+		return oldest_mine >= 0 ? oldest_mine : -2;
+	if (n >= METRICS_HTTP_CONNS_MAX)
+		return oldest >= 0 ? oldest : -2;
+	return -1;
+}
+
+/* Who hc's peer is; family 0 when that cannot be told. */
+static void peer_of(struct http_conn *hc)
+{
+	struct sockaddr_storage ss;
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+	int sl = sizeof(ss);
+	uv_os_fd_t fd;
+
+	memset(&hc->peer, 0, sizeof(hc->peer));
+	if (ep.is_unix) {
+		if (uv_fileno(&hc->s.handle, &fd) == 0 &&
+		    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+			hc->peer.family = AF_UNIX;
+			memcpy(hc->peer.addr, &cred.uid, sizeof(cred.uid));
+		}
+		return;
+	}
+	if (uv_tcp_getpeername(&hc->s.tcp, (struct sockaddr *)&ss, &sl) < 0)
+		return;
+	hc->peer.family = ss.ss_family;
+	if (ss.ss_family == AF_INET)
+		memcpy(hc->peer.addr, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+	else if (ss.ss_family == AF_INET6)
+		memcpy(hc->peer.addr, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+}
+
+/*
+ * Makes room for hc, which is not yet on the list: closes the connection
+ * it replaces, if one. false when there is none to close.
+ */
+static bool make_room(struct http_conn *hc)
+{
+	struct metrics_http_slot v[METRICS_HTTP_CONNS_MAX + 1];
+	struct http_conn *who[METRICS_HTTP_CONNS_MAX + 1];
+	size_t n = 0;
+	int i;
+
+	/* Those closing are gone already; at most the limit are not. */
+	for (struct http_conn *c = ep.head; c && n < METRICS_HTTP_CONNS_MAX + 1; c = c->next) {
+		if (c->closing)
+			continue;
+		v[n] = (struct metrics_http_slot){ c->peer, c->answered, c->seq };
+		who[n++] = c;
+	}
+	i = metrics_http_victim(v, n, &hc->peer);
+	if (i == -2)
+		return false;
+	if (i >= 0) {
+		log_debug("metrics: connection %llu closed, unfinished, for a newer one",
+			  (unsigned long long)who[i]->seq);
+		hc_close(who[i]);
+	}
+	return true;
+}
+
 static void on_connection(uv_stream_t *lsn, int status)
 {
 	struct http_conn *hc;
@@ -222,16 +326,20 @@ static void on_connection(uv_stream_t *lsn, int status)
 	uv_timer_init(ep.loop, &hc->timer);
 	hc->s.handle.data = hc->timer.data = hc;
 	hc->open_handles = 2;
-	hc->next = ep.head;
-	if (ep.head)
-		ep.head->prev = hc;
-	ep.head = hc;
-	ep.n_conns++;
-	if (uv_accept(lsn, &hc->s.stream) < 0 || ep.n_conns > METRICS_HTTP_CONNS_MAX) {
-		log_debug("metrics: connection refused (%u open)", ep.n_conns - 1);
+	hc->seq = ++ep.next_seq;
+	if (uv_accept(lsn, &hc->s.stream) < 0) {
+		hc_link(hc);
 		hc_close(hc);
 		return;
 	}
+	peer_of(hc);
+	if (!make_room(hc)) {
+		log_debug("metrics: connection refused: all %u are being answered", ep.n_conns);
+		hc_link(hc);
+		hc_close(hc);
+		return;
+	}
+	hc_link(hc);
 	uv_timer_start(&hc->timer, on_timeout, METRICS_HTTP_TIMEOUT_MS, 0);
 	uv_read_start(&hc->s.stream, on_alloc, on_read);
 }

@@ -28,7 +28,8 @@ static void usage(FILE *f)
 		"usage: tensord [--socket PATH] [--capacity SIZE] [--pool SIZE] [--log-level "
 		"LEVEL]\n"
 		"               [--log-file PATH] [--mode MODE] [--group GROUP] [--max-clients N]\n"
-		"               [--ready-fd FD] [--metrics HOST:PORT|unix:PATH] [--config FILE]\n"
+		"               [--ready-fd FD] [--metrics HOST:PORT|unix:PATH]\n"
+		"               [--metrics-per-uid] [--config FILE]\n"
 		"               [--max-clients-per-uid N] [--max-tensors-per-uid N] "
 		"[--max-fds-per-uid N]\n"
 		"               [--max-bytes-per-uid SIZE] [--max-waiters-per-conn N]\n"
@@ -55,6 +56,8 @@ static void usage(FILE *f)
 		"  --ready-fd FD      write 'R' to FD and close it once listening\n"
 		"  --metrics ADDR     serve Prometheus metrics at http://ADDR/metrics; ADDR is\n"
 		"                     HOST:PORT (e.g. 127.0.0.1:9464) or unix:PATH (default: off)\n"
+		"  --metrics-per-uid  the endpoint also shows each uid's tensors and bytes\n"
+		"                     (default: totals only: anyone who reaches it reads it)\n"
 		"  --config FILE      'key = value' lines, keys as the long options above\n"
 		"                     (default: " DEFAULT_CONFIG " when it exists); flags win\n"
 		"  --max-clients-per-uid N      connections of one uid (default max-clients/4)\n"
@@ -265,6 +268,9 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	case 'S':
 		cfg->show_all_metadata = true;
 		return 0;
+	case 'u':
+		cfg->metrics_per_uid = true;
+		return 0;
 	case 'r':
 		*ready_fd = (int)strtol(arg, &end, 10);
 		if (*end || *ready_fd < 0) {
@@ -289,6 +295,7 @@ static const struct option long_opts[] = {
 	{ "max-clients", required_argument, NULL, 'n' },
 	{ "ready-fd", required_argument, NULL, 'r' },
 	{ "metrics", required_argument, NULL, 'M' },
+	{ "metrics-per-uid", no_argument, NULL, 'u' },
 	{ "max-clients-per-uid", required_argument, NULL, 'K' },
 	{ "max-tensors-per-uid", required_argument, NULL, 'T' },
 	{ "max-bytes-per-uid", required_argument, NULL, 'B' },

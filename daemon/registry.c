@@ -178,6 +178,7 @@ void reg_tensor_free(struct registry *reg, struct tensor *t)
 	if (t->next)
 		t->next->prev = t->prev;
 	if (t->dev) {
+		reg_figures(reg, t, t->state, 0, -(int64_t)t->alloc.size);
 		t->dev->used -= t->alloc.size;
 		t->dev->tensors--;
 	}
@@ -219,6 +220,7 @@ static void name_drop(struct registry *reg, struct tensor *t)
 
 	if (t->state == TENSORD_STATE_UNLINKED)
 		return;
+	reg_figures(reg, t, t->state, TENSORD_STATE_UNLINKED, 0);
 	t->state = TENSORD_STATE_UNLINKED;
 	if (t->replaces) {
 		t->replaces->draft = NULL;
@@ -283,6 +285,7 @@ void reg_tensor_link(struct registry *reg, struct reg_device *dev, struct tensor
 		reg->all->prev = t;
 	reg->all = t;
 	reg->n_tensors++;
+	reg_figures(reg, t, 0, t->state, (int64_t)t->alloc.size);
 }
 
 void registry_client_init(struct reg_client *rc, uint64_t id, uint32_t uid, uint32_t gid,
@@ -522,6 +525,7 @@ int registry_publish(struct registry *reg, struct reg_client *rc, const char *na
 		reg_tensor_unlink(reg, old);
 		reg_tensor_name(reg, t);
 	}
+	reg_figures(reg, t, t->state, TENSORD_STATE_PUBLISHED, 0);
 	t->state = TENSORD_STATE_PUBLISHED;
 	log_debug("tensor '%s': published by pid %u", t->name, rc->pid);
 	if (reg->on_publish)

@@ -116,6 +116,14 @@ struct registry {
 	 */
 	void (*on_publish)(void *ctx, struct tensor *t);
 	void *on_publish_ctx;
+	/*
+	 * Keeps the figures of metrics (metrics_keep_figures()); NULL: none.
+	 * Called as a linked tensor t goes from state `from` to state `to`
+	 * (0: not counted, that is, before it is linked and once it is freed),
+	 * its allocated bytes changing by `bytes`. t is borrowed for the call.
+	 */
+	void (*on_figures)(void *ctx, const struct tensor *t, int from, int to, int64_t bytes);
+	void *on_figures_ctx;
 	/* Per-uid shares of tensors and bytes; borrowed; NULL: not counted. */
 	struct quota *quota;
 	/* list and stat show every tensor to everyone (--show-all-metadata). */

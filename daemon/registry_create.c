@@ -334,6 +334,7 @@ int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64
 			dev->ops->release(&j->got);
 	}
 	if (r == 0) {
+		reg_figures(reg, t, t->state, t->state, (int64_t)(j->got.size - t->alloc.size));
 		dev->used += j->got.size - t->alloc.size;
 		t->alloc = j->got;
 		t->refcount--; /* the pin; the lease takes over */

@@ -45,6 +45,14 @@ int reg_lease_add(struct registry *reg, struct reg_client *rc, struct tensor *t,
 /* Whether rc sees t at all: published, or its own draft. */
 bool reg_visible_to(const struct tensor *t, const struct reg_client *rc);
 
+/* Tells on_figures (registry.h) that t goes from state `from` to `to`, by `bytes`. */
+static inline void reg_figures(struct registry *reg, const struct tensor *t, int from, int to,
+			       int64_t bytes)
+{
+	if (reg->on_figures)
+		reg->on_figures(reg->on_figures_ctx, t, from, to, bytes);
+}
+
 /* Gives back t's per-uid charges (registry_create.c charges them). */
 void reg_create_uncharge(struct registry *reg, const struct tensor *t);
 

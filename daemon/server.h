@@ -35,6 +35,7 @@ struct server_config {
 	unsigned max_clients;
 	struct quota_limits limits; /* per-uid shares; 0: the default */
 	bool show_all_metadata;     /* list/stat show every tensor to everyone */
+	bool metrics_per_uid;       /* the HTTP metrics show every uid's usage */
 };
 
 struct server {

@@ -63,6 +63,43 @@ static int page(tensord_client *c, Tensord__Request *req, Tensord__Reply__BodyCa
 	return 0;
 }
 
+/* By tensor id, then connection: the order tensord_leases() promises. */
+static int cmp_holder(const void *a, const void *b)
+{
+	const tensord_lease_holder *x = a, *y = b;
+
+	if (x->tensor_id != y->tensor_id)
+		return x->tensor_id < y->tensor_id ? -1 : 1;
+	return x->conn_id < y->conn_id ? -1 : x->conn_id > y->conn_id;
+}
+
+/*
+ * A connection's leases on one tensor come as one entry per page that saw
+ * some of them (proto/tensord.proto, LeaseList): sorts v and adds those
+ * entries up. Returns the count left.
+ */
+static size_t fold_holders(tensord_lease_holder *v, size_t n)
+{
+	size_t out = 0;
+
+	if (n)
+		qsort(v, n, sizeof(*v), cmp_holder);
+	for (size_t i = 0; i < n; i++) {
+		tensord_lease_holder *last = out ? &v[out - 1] : NULL;
+
+		if (last && last->tensor_id == v[i].tensor_id && last->conn_id == v[i].conn_id) {
+			last->count += v[i].count;
+			if (v[i].since_ns < last->since_ns) {
+				last->since_ns = v[i].since_ns;
+				last->held_ns = v[i].held_ns;
+			}
+			continue;
+		}
+		v[out++] = v[i];
+	}
+	return out;
+}
+
 int tensord_leases(tensord_client *c, const char *name, tensord_lease_holder **ret_holders,
 		   size_t *ret_count)
 {
@@ -91,16 +128,28 @@ int tensord_leases(tensord_client *c, const char *name, tensord_lease_holder **r
 		}
 		for (size_t i = 0; i < rep->lease_list->n_holders; i++)
 			holder_from_wire(&v[n++], rep->lease_list->holders[i]);
-		/* An empty page that says "more" would loop forever: stop. */
-		more = rep->lease_list->more && rep->lease_list->n_holders;
-		if (more) {
+		/* A page may be empty and say "more"; one that leaves the cursor
+		 * where it was would loop forever. A daemon from before the cursor
+		 * (issue 18) says no cursor and pages by the last entry. */
+		more = rep->lease_list->more;
+		if (more && !rep->lease_list->next_conn && rep->lease_list->n_holders) {
 			ll.after_tensor = v[n - 1].tensor_id;
 			ll.after_conn = v[n - 1].conn_id;
+		} else if (more && rep->lease_list->next_conn == ll.after_conn &&
+			   rep->lease_list->next_slot == ll.after_slot) {
+			r = td_set_error(-EPROTO, "tensord's lease list did not move on");
+		} else {
+			ll.after_conn = rep->lease_list->next_conn;
+			ll.after_slot = rep->lease_list->next_slot;
 		}
 		tensord__reply__free_unpacked(rep, NULL);
+		if (r < 0) {
+			free(v);
+			return r;
+		}
 	}
 	*ret_holders = v;
-	*ret_count = n;
+	*ret_count = fold_holders(v, n);
 	return 0;
 }
 

@@ -364,7 +364,7 @@ static PyMethodDef Client_methods[] = {
 	{ "metrics", (PyCFunction)td_client_metrics, METH_NOARGS,
 	  "metrics($self, /)\n--\n\n"
 	  "Returns a str: the daemon's metrics in the Prometheus text format 0.0.4 (what --metrics "
-	  "serves)." },
+	  "serves, with the per-uid rows stats() shows this uid)." },
 	{ "unlink", (PyCFunction)Client_unlink, METH_VARARGS,
 	  "unlink($self, name, /)\n--\n\n"
 	  "Removes the name; the memory lives until the last lease on it ends." },

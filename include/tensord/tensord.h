@@ -329,9 +329,11 @@ TENSORD_API int tensord_clients(tensord_client *client, tensord_client_info **re
 				size_t *ret_count);
 
 /*
- * The daemon's metrics in the Prometheus text format 0.0.4, the same text
- * its --metrics endpoint serves. On success *ret_text is a malloc'ed,
- * NUL-terminated string owned by the caller, who frees it with free().
+ * The daemon's metrics in the Prometheus text format 0.0.4, the text its
+ * --metrics endpoint serves, with the per-uid rows tensord_stats() would
+ * show the caller (root: every uid; others: their own). On success
+ * *ret_text is a malloc'ed, NUL-terminated string owned by the caller, who
+ * frees it with free().
  */
 TENSORD_API int tensord_metrics(tensord_client *client, char **ret_text);
 
