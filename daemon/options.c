@@ -198,10 +198,10 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 		}
 		return 0;
 	case 'f': {
-		int r = log_open(arg);
+		char why[600];
 
-		if (r < 0) {
-			fprintf(stderr, "tensord: --log-file %s: %s\n", arg, strerror(-r));
+		if (log_open(arg, why, sizeof(why)) < 0) {
+			fprintf(stderr, "tensord: --log-file %s: %s\n", arg, why);
 			return 2;
 		}
 		return 0;
