@@ -165,6 +165,9 @@ UNIT_DEPS_test_slab        := daemon/slab.c common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memlimit.c
 UNIT_DEPS_test_ratelimit   := daemon/ratelimit.c daemon/log.c common/paths.c
 UNIT_DEPS_test_paths       := common/paths.c
+UNIT_DEPS_test_options     := daemon/options.c daemon/config.c daemon/log.c common/paths.c
+UNIT_DEPS_test_config      := daemon/config.c common/paths.c
+UNIT_DEPS_test_log         := daemon/log.c common/paths.c
 UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/quota.c daemon/backend_host.c daemon/pool.c \
                               daemon/slab.c \
                               daemon/memlimit.c common/sys.c \
