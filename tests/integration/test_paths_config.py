@@ -116,7 +116,8 @@ def read(path):
 
 
 def no_sanitizer_report(log):
-    assert "ERROR: AddressSanitizer" not in log and "runtime error:" not in log, log
+    for report in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+        assert report not in log, log
 
 
 @pytest.fixture
