@@ -23,6 +23,7 @@ import shutil
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -307,6 +308,30 @@ def test_group_writable_directory_is_refused_with_the_reason(host):
     text = read(log)
     assert (f"{shared} has mode 0775: others may write in it and it is not sticky" in text), text
     assert "its directory is not safe to use" in text
+
+
+def test_socket_mode_is_exact_under_a_default_acl(daemon_factory, tmp_path):
+    """A default ACL on the directory can take bits the umask at bind()
+    left; the mode asked for is then set on the socket's own inode
+    (through its O_PATH descriptor), never by name."""
+    d = tmp_path / "acl"
+    d.mkdir(mode=0o755)
+    # system.posix_acl_default: version 2; user::rwx, group::---, other::---.
+    acl = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, 0xffffffff)
+                                          for tag, perm in ((0x01, 7), (0x04, 0), (0x20, 0)))
+    try:
+        os.setxattr(d, "system.posix_acl_default", acl)
+    except OSError as e:
+        pytest.skip(f"no POSIX ACLs on {tmp_path}: {e}")
+    probe = socket.socket(socket.AF_UNIX)
+    probe.bind(str(d / "probe"))
+    probe.close()
+    assert os.lstat(d / "probe").st_mode & 0o077 == 0, "the ACL takes group and other bits"
+    metrics = d / "m.sock"
+    daemon = daemon_factory("--mode", "0666", "--metrics", f"unix:{metrics}", sub="acl")
+    assert daemon.socket == str(d / "tensord.sock")
+    for p in (daemon.socket, metrics):
+        assert os.lstat(p).st_mode & 0o7777 == 0o666, p
 
 
 # --- item 15: the log file -------------------------------------------------------
