@@ -300,7 +300,7 @@ static int parse_group(const char *arg, struct server_config *cfg)
 /* One option into cfg. 0, or 2 (the exit status) with the complaint printed. */
 static int parse_option(int opt, const char *arg, struct server_config *cfg, int *ready_fd)
 {
-	uint64_t v;
+	uint64_t v = 0;
 
 	if (number_opt(opt) && opt != 'g' && parse_number(opt, arg, &v))
 		return 2;
