@@ -160,15 +160,18 @@ $(PY_DIR)/%: client/python/tensord/%
 # the list below is the module's dependency graph, checked by the linker.
 UNIT_DEPS_test_frame       := proto/frame.c
 UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c
-UNIT_DEPS_test_pool        := daemon/pool.c daemon/log.c
+UNIT_DEPS_test_pool        := daemon/pool.c daemon/log.c common/paths.c
 UNIT_DEPS_test_slab        := daemon/slab.c common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memlimit.c
-UNIT_DEPS_test_ratelimit   := daemon/ratelimit.c daemon/log.c
+UNIT_DEPS_test_ratelimit   := daemon/ratelimit.c daemon/log.c common/paths.c
 UNIT_DEPS_test_paths       := common/paths.c
+UNIT_DEPS_test_options     := daemon/options.c daemon/config.c daemon/log.c common/paths.c
+UNIT_DEPS_test_config      := daemon/config.c common/paths.c
+UNIT_DEPS_test_log         := daemon/log.c common/paths.c
 UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/quota.c daemon/backend_host.c daemon/pool.c \
                               daemon/slab.c \
                               daemon/memlimit.c common/sys.c \
-                              daemon/log.c common/desc.c \
+                              daemon/log.c common/paths.c common/desc.c \
                               common/names.c common/errors.c
 UNIT_DEPS_test_registry_async := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_waiters     := daemon/waiters.c
@@ -181,7 +184,7 @@ UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c
                               client/tensorctl/npy_write.c common/names.c common/desc.c
 UNIT_DEPS_test_gpu_util    := common/gpu/cuda_api.c common/gpu/hip_api.c
 UNIT_DEPS_test_backend_gpu := daemon/backend_cuda.c daemon/backend_hip.c daemon/log.c daemon/gpu_worker.c \
-                              daemon/nvml.c \
+                              daemon/nvml.c common/paths.c \
                               common/gpu/cuda_api.c common/gpu/hip_api.c
 UNIT_DEPS_test_import_gpu  := client/lib/import_cuda.c client/lib/import_hip.c client/lib/error.c \
                               client/lib/import.c common/gpu/cuda_api.c common/gpu/hip_api.c

@@ -10,6 +10,7 @@
  *            then /run/tensord/tensord.sock (a system service)
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +79,46 @@ bool td_in_private_dir(const char *path, uid_t uid)
 	return n == strlen(dir) && strncmp(path, dir, n) == 0;
 }
 
+const char *td_file_type(mode_t mode)
+{
+	switch (mode & S_IFMT) {
+	case S_IFREG:
+		return "regular file";
+	case S_IFDIR:
+		return "directory";
+	case S_IFLNK:
+		return "symbolic link";
+	case S_IFSOCK:
+		return "socket";
+	case S_IFIFO:
+		return "FIFO";
+	case S_IFCHR:
+		return "character device";
+	case S_IFBLK:
+		return "block device";
+	default:
+		return "file of unknown type";
+	}
+}
+
+/* The private directory checks on st (lstat or fstat of dir). */
+static int private_dir_stat_check(const struct stat *st, const char *dir, uid_t owner, char *why,
+				  size_t len)
+{
+	if (!S_ISDIR(st->st_mode))
+		snprintf(why, len, "%s is not a directory but a %s", dir,
+			 td_file_type(st->st_mode));
+	else if (st->st_uid != owner)
+		snprintf(why, len, "%s is owned by uid %u, not by uid %u", dir,
+			 (unsigned)st->st_uid, (unsigned)owner);
+	else if (st->st_mode & 022)
+		snprintf(why, len, "%s has mode %04o: others may write in it", dir,
+			 (unsigned)(st->st_mode & 07777));
+	else
+		return 0;
+	return -EPERM;
+}
+
 int td_private_dir_check(const char *dir, uid_t owner, char *why, size_t len)
 {
 	struct stat st;
@@ -88,18 +129,79 @@ int td_private_dir_check(const char *dir, uid_t owner, char *why, size_t len)
 		snprintf(why, len, "%s: %s", dir, strerror(e));
 		return e == ENOENT ? -ENOENT : -EPERM;
 	}
-	if (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode))
+	return private_dir_stat_check(&st, dir, owner, why, len);
+}
+
+int td_private_dir_checkat(int fd, const char *dir, uid_t owner, char *why, size_t len)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) < 0) {
+		snprintf(why, len, "%s: %s", dir, strerror(errno));
+		return -EPERM;
+	}
+	return private_dir_stat_check(&st, dir, owner, why, len);
+}
+
+int td_dir_rule(const struct stat *st, const char *dir, uid_t uid, char *why, size_t len)
+{
+	if (!S_ISDIR(st->st_mode))
 		snprintf(why, len, "%s is not a directory but a %s", dir,
-			 S_ISLNK(st.st_mode) ? "symbolic link" : "file");
-	else if (st.st_uid != owner)
-		snprintf(why, len, "%s is owned by uid %u, not by uid %u", dir, (unsigned)st.st_uid,
-			 (unsigned)owner);
-	else if (st.st_mode & 022)
-		snprintf(why, len, "%s has mode %04o: others may write in it", dir,
-			 (unsigned)(st.st_mode & 07777));
+			 td_file_type(st->st_mode));
+	else if (st->st_uid != 0 && st->st_uid != uid)
+		snprintf(why, len,
+			 "%s is owned by uid %u, not by root or uid %u (the daemon's): its owner "
+			 "could swap the daemon's files in it for symbolic links",
+			 dir, (unsigned)st->st_uid, (unsigned)uid);
+	else if ((st->st_mode & 022) && !(st->st_mode & S_ISVTX))
+		snprintf(why, len,
+			 "%s has mode %04o: others may write in it and it is not sticky, so they "
+			 "could swap the daemon's files in it for symbolic links",
+			 dir, (unsigned)(st->st_mode & 07777));
 	else
 		return 0;
 	return -EPERM;
+}
+
+int td_dir_open(const char *dir, uid_t uid, char *why, size_t len)
+{
+	struct stat st;
+	int fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC), r;
+
+	if (fd < 0) {
+		r = -errno;
+		snprintf(why, len, "%s: %s", dir, strerror(-r));
+		return r;
+	}
+	if (fstat(fd, &st) < 0) {
+		r = -errno;
+		snprintf(why, len, "%s: %s", dir, strerror(-r));
+	} else {
+		r = td_dir_rule(&st, dir, uid, why, len);
+	}
+	if (r < 0) {
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+int td_path_split(const char *path, char *dir, size_t dir_len, const char **ret_name)
+{
+	const char *slash = strrchr(path, '/');
+	const char *name = slash ? slash + 1 : path;
+	int n;
+
+	if (!*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+		return -EINVAL;
+	if (!slash)
+		n = snprintf(dir, dir_len, ".");
+	else
+		n = snprintf(dir, dir_len, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+	if (fits(n, dir_len) < 0)
+		return -ENAMETOOLONG;
+	*ret_name = name;
+	return 0;
 }
 
 uid_t td_daemon_uid(void)

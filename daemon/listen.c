@@ -4,6 +4,18 @@
  * set before any client can connect, SO_PEERCRED on each accepted fd, and
  * the accepted fds served by our own recvmsg/sendmsg. Under socket
  * activation the socket comes ready-made from systemd (sdnotify.c).
+ *
+ * The daemon is often root, and a socket path is a name someone else may
+ * be able to change: whoever may write in its directory can swap the
+ * socket for a symbolic link right after bind(), and a chmod or chown by
+ * path would then change the file the link names. So a socket's directory
+ * must pass td_dir_rule() (root's or ours, and closed to others unless
+ * sticky), it is opened once and everything happens through that
+ * descriptor: the socket is bound from inside it, its mode comes from the
+ * umask at bind(), its group is set on an O_PATH descriptor of the entry
+ * after checking that the entry is a socket of ours, and the unlink at stop
+ * goes through it too. server_socket_bind() does this for the metrics
+ * socket as well (metrics_http.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -35,39 +47,226 @@ bool server_socket_is_live(const char *path)
 }
 
 /*
- * The socket's directory, when it is one of the default ones. The private
- * one under /tmp (common/paths.c) is made 0700 and must be ours and closed
- * to others, so that nobody can squat it before us; it is open to search
- * (0711) only while --mode lets others connect. /run/tensord is made for a
- * root daemon. 0, or -errno with the reason logged.
+ * The directory for a socket at path, opened (its descriptor, or -errno
+ * with the reason in why). The private default directory under /tmp
+ * (common/paths.c) is made 0700 and must be ours and closed to others, so
+ * that nobody can squat it before us; it is open to search (0711) only
+ * while mode lets others connect. /run/tensord is made for a root daemon.
+ * Any other directory must pass td_dir_rule().
  */
-static int prepare_dir(const struct server_config *cfg)
+static int open_socket_dir(const char *path, const char *dir, mode_t mode, char *why, size_t len)
 {
-	const char *path = cfg->socket_path;
-	char dir[TD_SOCKET_PATH_MAX], why[400];
+	char reason[400];
 	uid_t me = geteuid();
+	int fd, e;
 
 	if (me == 0 && strcmp(path, TD_SYSTEM_SOCKET) == 0)
 		mkdir("/run/tensord", 0755);
-	if (!td_in_private_dir(path, me))
-		return 0;
-	snprintf(dir, sizeof(dir), "%.*s", (int)(strrchr(path, '/') - path), path);
+	if (!td_in_private_dir(path, me)) {
+		fd = td_dir_open(dir, me, reason, sizeof(reason));
+		if (fd < 0)
+			snprintf(why, len, "socket path %s: refusing its directory: %s", path,
+				 reason);
+		return fd;
+	}
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-		int e = errno;
-
-		log_error("socket directory %s: %s", dir, strerror(e));
+		e = errno;
+		snprintf(why, len, "socket directory %s: %s", dir, strerror(e));
 		return -e;
 	}
-	if (td_private_dir_check(dir, me, why, sizeof(why)) < 0) {
-		log_error("refusing the socket directory: %s; someone else may be squatting it: "
-			  "remove it, or use --socket PATH",
-			  why);
+	/* Opened without following a link, and checked on the descriptor. */
+	fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		e = errno;
+		if (td_private_dir_check(dir, me, reason, sizeof(reason)) == 0)
+			snprintf(reason, sizeof(reason), "%s: %s", dir, strerror(e));
+	} else if (td_private_dir_checkat(fd, dir, me, reason, sizeof(reason)) < 0) {
+		close(fd);
+		fd = -1;
+	}
+	if (fd < 0) {
+		snprintf(why, len,
+			 "refusing the socket directory: %s; someone else may be squatting it: "
+			 "remove it, or use --socket PATH",
+			 reason);
 		return -EPERM;
 	}
-	if (chmod(dir, cfg->socket_mode & 066 ? 0711 : 0700) < 0)
-		log_warn("socket directory %s: chmod for --mode %03o: %s", dir,
-			 (unsigned)cfg->socket_mode, strerror(errno));
-	return 0;
+	if (fchmod(fd, mode & 066 ? 0711 : 0700) < 0)
+		log_warn("socket directory %s: chmod for --mode %03o: %s", dir, (unsigned)mode,
+			 strerror(errno));
+	return fd;
+}
+
+/* Sockets bound by server_socket_bind(), with their directories pinned. */
+static struct bound_socket {
+	bool used;
+	int dirfd; /* owned */
+	char path[TD_SOCKET_PATH_MAX];
+} bound[4];
+
+/*
+ * Binds name in the current directory, which the caller has made the
+ * socket's (pinned) directory: replaces a stale socket there, never a
+ * live one nor anything else. The socket gets mode from the umask. The
+ * bound fd, or -errno with the reason in why.
+ */
+static int bind_here(const char *path, const char *name, mode_t mode, char *why, size_t len)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct stat st;
+	mode_t old;
+	int fd, r;
+
+	if (lstat(name, &st) == 0) {
+		if (!S_ISSOCK(st.st_mode)) {
+			snprintf(why, len, "socket path %s: exists and is a %s; not touching it",
+				 path, td_file_type(st.st_mode));
+			return -EEXIST;
+		}
+		if (server_socket_is_live(name)) {
+			snprintf(why, len, "socket path %s: another tensord is serving it", path);
+			return -EADDRINUSE;
+		}
+		log_info("socket path %s: replacing a stale socket", path);
+		unlink(name);
+	}
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		r = -errno;
+		snprintf(why, len, "socket path %s: socket: %s", path, strerror(-r));
+		return r;
+	}
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", name);
+	/* Nobody can connect before listen(); the mode is final at bind(). */
+	old = umask(~mode & 0777);
+	r = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+	umask(old);
+	if (r < 0) {
+		r = -errno;
+		snprintf(why, len, "socket path %s: bind: %s", path, strerror(-r));
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+/*
+ * After bind: the entry name in dirfd must be a socket of our uid (the
+ * one just bound: nobody else may change the directory); its group and,
+ * where a default ACL on the directory overrode the umask, its mode are
+ * set through an O_PATH descriptor of that very inode, never by name.
+ * 0 or -errno with the reason in why.
+ */
+static int set_owner_and_mode(int dirfd, const char *path, const char *name, mode_t mode, gid_t gid,
+			      char *why, size_t len)
+{
+	struct stat st;
+	char proc[64];
+	int pfd = openat(dirfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC), r = 0;
+
+	if (pfd < 0 || fstat(pfd, &st) < 0) {
+		r = -errno;
+		snprintf(why, len, "socket path %s: after bind: %s", path, strerror(-r));
+	} else if (!S_ISSOCK(st.st_mode) || st.st_uid != geteuid()) {
+		r = -EPERM;
+		snprintf(why, len,
+			 "socket path %s: replaced by a %s of uid %u right after bind; not "
+			 "touching it",
+			 path, td_file_type(st.st_mode), (unsigned)st.st_uid);
+	} else if (gid != (gid_t)-1 && fchownat(pfd, "", (uid_t)-1, gid, AT_EMPTY_PATH) < 0) {
+		r = -errno;
+		snprintf(why, len, "socket path %s: setting group %u: %s", path, (unsigned)gid,
+			 strerror(-r));
+	} else if ((st.st_mode & 07777) != mode) {
+		snprintf(proc, sizeof(proc), "/proc/self/fd/%d", pfd);
+		if (chmod(proc, mode) < 0) {
+			r = -errno;
+			snprintf(why, len, "socket path %s: setting mode %03o: %s", path,
+				 (unsigned)mode, strerror(-r));
+		}
+	}
+	if (pfd >= 0)
+		close(pfd);
+	return r;
+}
+
+int server_socket_bind(const char *path, mode_t mode, gid_t gid, char *why, size_t len)
+{
+	struct bound_socket *b = NULL;
+	char dir[TD_SOCKET_PATH_MAX];
+	const char *name;
+	int dirfd, cwd, fd, r;
+
+	if (strlen(path) >= TD_SOCKET_PATH_MAX) {
+		snprintf(why, len, "socket path %s: longer than %d bytes", path,
+			 TD_SOCKET_PATH_MAX - 1);
+		return -ENAMETOOLONG;
+	}
+	if (td_path_split(path, dir, sizeof(dir), &name) < 0) {
+		snprintf(why, len, "socket path %s: does not end in a file name", path);
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < sizeof(bound) / sizeof(bound[0]) && !b; i++)
+		if (!bound[i].used)
+			b = &bound[i];
+	if (!b) {
+		snprintf(why, len, "socket path %s: too many sockets", path);
+		return -EMFILE;
+	}
+	dirfd = open_socket_dir(path, dir, mode, why, len);
+	if (dirfd < 0)
+		return dirfd;
+	/* bind() takes a path: bind the bare name from inside the pinned
+	 * directory, then go back to where we were. */
+	cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (cwd < 0 || fchdir(dirfd) < 0) {
+		r = -errno;
+		snprintf(why, len, "socket path %s: entering its directory: %s", path,
+			 strerror(-r));
+		if (cwd >= 0)
+			close(cwd);
+		close(dirfd);
+		return r;
+	}
+	fd = bind_here(path, name, mode, why, len);
+	if (fchdir(cwd) < 0)
+		log_warn("socket path %s: returning to the working directory: %s", path,
+			 strerror(errno));
+	close(cwd);
+	if (fd < 0) {
+		close(dirfd);
+		return fd;
+	}
+	r = set_owner_and_mode(dirfd, path, name, mode, gid, why, len);
+	if (r < 0) {
+		if (r != -EPERM)
+			unlinkat(dirfd, name, 0);
+		close(fd);
+		close(dirfd);
+		return r;
+	}
+	b->used = true;
+	b->dirfd = dirfd;
+	snprintf(b->path, sizeof(b->path), "%s", path);
+	return fd;
+}
+
+void server_socket_remove(const char *path)
+{
+	for (size_t i = 0; i < sizeof(bound) / sizeof(bound[0]); i++) {
+		struct bound_socket *b = &bound[i];
+		const char *name = strrchr(b->path, '/');
+		struct stat st;
+
+		if (!b->used || strcmp(b->path, path) != 0)
+			continue;
+		name = name ? name + 1 : b->path;
+		if (fstatat(b->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISSOCK(st.st_mode))
+			unlinkat(b->dirfd, name, 0);
+		close(b->dirfd);
+		b->used = false;
+		return;
+	}
 }
 
 static void on_listen(uv_poll_t *h, int status, int events)
@@ -100,65 +299,23 @@ static void on_listen(uv_poll_t *h, int status, int events)
 	}
 }
 
-/* Binds path itself: replaces a stale socket, never a live one. The fd, or -errno. */
+/* The listening socket at cfg's path. The fd, or -errno with the reason logged. */
 static int bind_socket(const struct server_config *cfg)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	const char *path = cfg->socket_path;
-	mode_t old;
-	int fd, r;
+	char why[600];
+	int fd = server_socket_bind(cfg->socket_path, cfg->socket_mode, cfg->socket_gid, why,
+				    sizeof(why));
+	int r;
 
-	if (strlen(path) >= sizeof(sa.sun_path)) {
-		log_error("socket path %s: longer than %zu bytes", path, sizeof(sa.sun_path) - 1);
-		return -ENAMETOOLONG;
-	}
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	r = prepare_dir(cfg);
-	if (r < 0)
-		return r;
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-
-	if (access(path, F_OK) == 0) {
-		struct stat st;
-
-		if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
-			log_error("socket path %s: exists and is not a socket; not touching it",
-				  path);
-			close(fd);
-			return -EEXIST;
-		}
-		if (server_socket_is_live(path)) {
-			log_error("socket path %s: another tensord is serving it", path);
-			close(fd);
-			return -EADDRINUSE;
-		}
-		log_info("socket path %s: replacing a stale socket", path);
-		unlink(path);
-	}
-	/* Create it 0600, so nobody can connect before the mode is final. */
-	old = umask(0177);
-	r = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-	umask(old);
-	if (r < 0) {
-		r = -errno;
-		log_error("socket path %s: bind: %s", path, strerror(-r));
-		close(fd);
-		return r;
-	}
-	if ((cfg->socket_gid != (gid_t)-1 && chown(path, (uid_t)-1, cfg->socket_gid) < 0) ||
-	    chmod(path, cfg->socket_mode) < 0) {
-		r = -errno;
-		log_error("socket path %s: setting mode/group: %s", path, strerror(-r));
-		close(fd);
-		unlink(path);
-		return r;
+	if (fd < 0) {
+		log_error("%s", why);
+		return fd;
 	}
 	if (listen(fd, 512) < 0) {
 		r = -errno;
+		log_error("socket path %s: listen: %s", cfg->socket_path, strerror(-r));
 		close(fd);
-		unlink(path);
+		server_socket_remove(cfg->socket_path);
 		return r;
 	}
 	return fd;
@@ -229,7 +386,7 @@ void server_unlisten(struct server *srv)
 	close(srv->listen_fd);
 	/* A passed socket belongs to the service manager, which listens on. */
 	if (!srv->socket_inherited)
-		unlink(srv->cfg.socket_path);
+		server_socket_remove(srv->cfg.socket_path);
 	if (srv->reserve_fd >= 0)
 		close(srv->reserve_fd);
 }

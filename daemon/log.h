@@ -6,6 +6,8 @@
 #ifndef TENSORD_LOG_H
 #define TENSORD_LOG_H
 
+#include <stddef.h>
+
 enum log_level {
 	TD_LOG_ERROR = 3, /* syslog numbering */
 	TD_LOG_WARN = 4,
@@ -20,11 +22,17 @@ int log_level_parse(const char *s, int *ret_level);
 
 /*
  * Sends the log (stderr, and so also whatever else writes there) to path,
- * appended, created 0640; log_reopen() opens the same path again, after a
- * rotation moved the old file away (SIGHUP). 0 or -errno; log_reopen()
- * returns 1 when the log is plain stderr and there is nothing to reopen.
+ * appended, created 0640. The daemon may be root and path a name others
+ * could plant, so it is opened without following a symbolic link, in a
+ * directory that passes td_dir_rule() (common/paths.h), and must be a
+ * regular file of root's or the daemon's uid with one name. 0, or -errno
+ * with the reason in why (when why is not NULL).
+ *
+ * log_reopen() opens the same path again, after a rotation moved the old
+ * file away (SIGHUP), logging the reason when it cannot. 0 or -errno; 1
+ * when the log is plain stderr and there is nothing to reopen.
  */
-int log_open(const char *path);
+int log_open(const char *path, char *why, size_t why_len);
 int log_reopen(void);
 
 /* Picks the line format from $JOURNAL_STREAM and stderr. Call once, early. */

@@ -425,37 +425,32 @@ static int listen_tcp(const char *addr, char *why, size_t why_len)
 /* Binds path as the daemon's own socket is bound: stale replaced, mode set before use. */
 static int listen_unix(const char *path, mode_t mode, gid_t gid, char *why, size_t why_len)
 {
-	struct stat st;
-	mode_t old;
-	int r;
+	char reason[600];
+	int fd, r;
 
 	if (!*path || strlen(path) >= sizeof(ep.path)) {
 		snprintf(why, why_len, "unix:%s: the path must be 1 to %zu bytes", path,
 			 sizeof(ep.path) - 1);
 		return -EINVAL;
 	}
-	if (lstat(path, &st) == 0) {
-		if (!S_ISSOCK(st.st_mode) || server_socket_is_live(path)) {
-			snprintf(why, why_len, "unix:%s: %s", path,
-				 S_ISSOCK(st.st_mode) ? "in use" : "exists and is not a socket");
-			return S_ISSOCK(st.st_mode) ? -EADDRINUSE : -EEXIST;
-		}
-		unlink(path);
+	/* Bound as the daemon's own socket is: in a safe directory, never
+	 * chmod'ed or chown'ed by name (listen.c). */
+	fd = server_socket_bind(path, mode, gid, reason, sizeof(reason));
+	if (fd < 0) {
+		snprintf(why, why_len, "%s", reason);
+		return fd;
 	}
 	snprintf(ep.path, sizeof(ep.path), "%s", path);
 	uv_pipe_init(ep.loop, &ep.lsn.pipe, 0);
-	old = umask(0177);
-	r = uv_pipe_bind(&ep.lsn.pipe, path);
-	umask(old);
-	if (r == 0 &&
-	    ((gid != (gid_t)-1 && chown(path, (uid_t)-1, gid) < 0) || chmod(path, mode) < 0))
-		r = -errno;
-	if (r == 0)
+	r = uv_pipe_open(&ep.lsn.pipe, fd);
+	if (r < 0)
+		close(fd);
+	else
 		r = uv_listen(&ep.lsn.stream, 64, on_connection);
 	if (r < 0) {
 		snprintf(why, why_len, "unix:%s: %s", path, uv_strerror(r));
 		uv_close(&ep.lsn.handle, NULL);
-		unlink(path);
+		server_socket_remove(path);
 		return r;
 	}
 	ep.is_unix = true;
@@ -488,7 +483,7 @@ void metrics_http_stop(void)
 	ep.listening = false;
 	uv_close(&ep.lsn.handle, NULL);
 	if (ep.is_unix)
-		unlink(ep.path);
+		server_socket_remove(ep.path);
 	for (hc = ep.head; hc; hc = next) {
 		next = hc->next;
 		hc_close(hc);

@@ -4,9 +4,13 @@
  */
 #include "options.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <grp.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,58 +83,171 @@ static void usage(FILE *f)
 		"$LISTEN_FDS (tensord.socket), journal priorities when stderr is the journal.\n");
 }
 
-/* "512M", "1Gi", "4096": 0 or -EINVAL. K/M/G are decimal, Ki/Mi/Gi binary. */
+/*
+ * Numbers are parsed strictly, the same on the command line and in the
+ * config file: digits only, no sign and no blank (strtoull alone takes
+ * " -1" as 2^64-1 and "-5" as 2^64-5), and within the range of the
+ * variable they land in; anything else is refused with the option, the
+ * value and the range. Each numeric option and its range:
+ */
+enum number_kind { NUM_DECIMAL, NUM_OCTAL, NUM_SIZE };
+
+static const struct number_opt {
+	int opt;
+	enum number_kind kind;
+	const char *what; /* for the message: "not <what> from min to max" */
+	uint64_t min, max;
+} number_opts[] = {
+	{ 'c', NUM_SIZE, "a size", 1, UINT64_MAX },
+	{ 'p', NUM_SIZE, "a size", 0, UINT64_MAX - 1 }, /* UINT64_MAX: the default */
+	{ 'B', NUM_SIZE, "a size", 1, UINT64_MAX },
+	{ 'm', NUM_OCTAL, "an octal mode", 0, 0777 },
+	{ 'n', NUM_DECIMAL, "a number", 1, UINT_MAX },
+	{ 'r', NUM_DECIMAL, "a descriptor", 0, INT_MAX },
+	{ 'K', NUM_DECIMAL, "a number", 1, UINT32_MAX },
+	{ 'T', NUM_DECIMAL, "a number", 1, UINT32_MAX },
+	{ 'D', NUM_DECIMAL, "a number", 1, UINT32_MAX },
+	{ 'W', NUM_DECIMAL, "a number", 1, UINT32_MAX },
+	{ 'w', NUM_DECIMAL, "a number", 1, UINT32_MAX },
+	{ 'F', NUM_DECIMAL, "a number", 1, UINT32_MAX },
+	{ 'U', NUM_DECIMAL, "a uid", 0, UINT32_MAX - 1 }, /* (uid_t)-1 is no uid */
+	{ 'g', NUM_DECIMAL, "a gid", 0, UINT32_MAX - 1 }, /* or a group name */
+};
+
+/* s, all digits of base, into *ret. 0, -EINVAL (not such digits) or -ERANGE. */
+static int parse_digits(const char *s, int base, const char **ret_end, uint64_t *ret)
+{
+	unsigned long long v;
+	char *end;
+
+	if (*s < '0' || *s > (base == 8 ? '7' : '9'))
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, base);
+	if (errno == ERANGE)
+		return -ERANGE;
+	*ret_end = end;
+	*ret = v;
+	return 0;
+}
+
+/* "512M", "1Gi", "4096": K/M/G/T are decimal, Ki/Mi/Gi/Ti binary. 0, -EINVAL or -ERANGE. */
 static int parse_size(const char *s, uint64_t *ret)
 {
-	char *end;
-	unsigned long long v;
-	uint64_t mul = 1;
+	static const struct {
+		const char *suf;
+		uint64_t mul;
+	} sufs[] = {
+		{ "", 1 },
+		{ "K", 1000ull },
+		{ "M", 1000000ull },
+		{ "G", 1000000000ull },
+		{ "Ki", 1ull << 10 },
+		{ "Mi", 1ull << 20 },
+		{ "Gi", 1ull << 30 },
+		{ "KB", 1000ull },
+		{ "MB", 1000000ull },
+		{ "GB", 1000000000ull },
+		{ "T", 1000000000000ull },
+		{ "Ti", 1ull << 40 },
+	};
+	const char *end;
+	uint64_t v;
+	int r = parse_digits(s, 10, &end, &v);
 
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s || *s == '-')
-		return -EINVAL;
-	if (*end) {
-		static const struct {
-			const char *suf;
-			uint64_t mul;
-		} sufs[] = {
-			{ "K", 1000ull },          { "M", 1000000ull },  { "G", 1000000000ull },
-			{ "Ki", 1ull << 10 },      { "Mi", 1ull << 20 }, { "Gi", 1ull << 30 },
-			{ "KB", 1000ull },         { "MB", 1000000ull }, { "GB", 1000000000ull },
-			{ "T", 1000000000000ull }, { "Ti", 1ull << 40 },
-		};
-		size_t i;
-
-		for (i = 0; i < sizeof(sufs) / sizeof(sufs[0]); i++)
-			if (strcmp(end, sufs[i].suf) == 0)
-				break;
-		if (i == sizeof(sufs) / sizeof(sufs[0]))
-			return -EINVAL;
-		mul = sufs[i].mul;
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < sizeof(sufs) / sizeof(sufs[0]); i++) {
+		if (strcmp(end, sufs[i].suf) != 0)
+			continue;
+		if (v && sufs[i].mul > UINT64_MAX / v)
+			return -ERANGE;
+		*ret = v * sufs[i].mul;
+		return 0;
 	}
-	if (v && mul > UINT64_MAX / v)
-		return -EINVAL;
-	*ret = v * mul;
-	return 0;
+	return -EINVAL;
 }
 
 static const char *opt_name(int val);
 
+/* arg for a message: as it is, or quoted and escaped when blanks, control
+ * bytes or an empty string would hide what it was. */
+static const char *shown(const char *arg, char *buf, size_t len)
+{
+	size_t n = 0;
+	bool plain = *arg;
+
+	for (const char *p = arg; *p && plain; p++)
+		plain = isgraph((unsigned char)*p) && *p != '\'';
+	if (plain)
+		return arg;
+	buf[n++] = '\'';
+	for (const unsigned char *p = (const unsigned char *)arg; *p && n + 6 < len; p++) {
+		if (isprint(*p) && *p != '\'' && *p != '\\')
+			buf[n++] = (char)*p;
+		else
+			n += (size_t)snprintf(buf + n, len - n, "\\x%02x", *p);
+	}
+	buf[n++] = '\'';
+	buf[n] = '\0';
+	return buf;
+}
+
+static const struct number_opt *number_opt(int opt)
+{
+	for (size_t i = 0; i < sizeof(number_opts) / sizeof(number_opts[0]); i++)
+		if (number_opts[i].opt == opt)
+			return &number_opts[i];
+	return NULL;
+}
+
+/* Prints why arg is not a value of numeric option opt. Returns 2. */
+static int number_refused(int opt, const char *arg, const char *extra)
+{
+	const struct number_opt *n = number_opt(opt);
+	char buf[160];
+
+	fprintf(stderr, "tensord: --%s %s: %snot %s from ", opt_name(opt),
+		shown(arg, buf, sizeof(buf)), extra, n->what);
+	if (n->kind == NUM_OCTAL)
+		fprintf(stderr, "%#llo to %#llo\n", (unsigned long long)n->min,
+			(unsigned long long)n->max);
+	else if (n->kind == NUM_SIZE)
+		fprintf(stderr,
+			"%llu to %llu bytes (digits and an optional suffix K, M, G, T, "
+			"Ki, Mi, Gi, Ti, KB, MB or GB, e.g. 512Mi or 4G)\n",
+			(unsigned long long)n->min, (unsigned long long)n->max);
+	else
+		fprintf(stderr, "%llu to %llu\n", (unsigned long long)n->min,
+			(unsigned long long)n->max);
+	return 2;
+}
+
+/* The value of numeric option opt, in its range. 0, or 2 with the complaint printed. */
+static int parse_number(int opt, const char *arg, uint64_t *ret)
+{
+	const struct number_opt *n = number_opt(opt);
+	const char *end = "";
+	uint64_t v;
+	int r;
+
+	if (n->kind == NUM_SIZE)
+		r = parse_size(arg, &v);
+	else
+		r = parse_digits(arg, n->kind == NUM_OCTAL ? 8 : 10, &end, &v);
+	if (r == 0 && *end)
+		r = -EINVAL;
+	if (r < 0 || v < n->min || v > n->max)
+		return number_refused(opt, arg, "");
+	*ret = v;
+	return 0;
+}
+
 /* A per-uid or per-connection limit (or an exempt uid) into cfg. 0 or 2. */
-static int parse_limit(int opt, const char *arg, struct server_config *cfg)
+static int parse_limit(int opt, uint64_t v, struct server_config *cfg)
 {
 	struct quota_limits *lim = &cfg->limits;
-	unsigned long long v;
-	char *end;
 
-	errno = 0;
-	v = strtoull(arg, &end, 10);
-	if (errno || end == arg || *end || *arg == '-' || v > UINT32_MAX || (!v && opt != 'U')) {
-		fprintf(stderr, "tensord: --%s %s: not a %s number\n", opt_name(opt), arg,
-			opt == 'U' ? "uid" : "positive");
-		return 2;
-	}
 	switch (opt) {
 	case 'K':
 		lim->per_uid[QUOTA_CLIENTS] = v;
@@ -150,6 +267,9 @@ static int parse_limit(int opt, const char *arg, struct server_config *cfg)
 	case 'F':
 		lim->fds_in_flight_per_conn = (uint32_t)v;
 		break;
+	case 'B':
+		lim->per_uid[QUOTA_BYTES] = v;
+		break;
 	default:
 		if (lim->n_exempt == QUOTA_EXEMPT_MAX) {
 			fprintf(stderr, "tensord: --quota-exempt-uid: at most %d uids\n",
@@ -162,11 +282,31 @@ static int parse_limit(int opt, const char *arg, struct server_config *cfg)
 	return 0;
 }
 
+/* --group: a group's name, else a gid. 0, or 2 with the complaint printed. */
+static int parse_group(const char *arg, struct server_config *cfg)
+{
+	struct group *g = *arg ? getgrnam(arg) : NULL;
+	uint64_t gid;
+
+	if (g) {
+		cfg->socket_gid = g->gr_gid;
+		return 0;
+	}
+	if (!isdigit((unsigned char)*arg))
+		return number_refused('g', arg, "no such group, and ");
+	if (parse_number('g', arg, &gid))
+		return 2;
+	cfg->socket_gid = (gid_t)gid;
+	return 0;
+}
+
 /* One option into cfg. 0, or 2 (the exit status) with the complaint printed. */
 static int parse_option(int opt, const char *arg, struct server_config *cfg, int *ready_fd)
 {
-	char *end;
+	uint64_t v = 0;
 
+	if (number_opt(opt) && opt != 'g' && parse_number(opt, arg, &v))
+		return 2;
 	switch (opt) {
 	case 's':
 		if (strlen(arg) >= sizeof(cfg->socket_path)) {
@@ -177,22 +317,11 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 		snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s", arg);
 		return 0;
 	case 'c':
-		if (parse_size(arg, &cfg->host_capacity) < 0 || !cfg->host_capacity) {
-			fprintf(stderr, "tensord: --capacity %s: not a size (try 512Mi, 4G)\n",
-				arg);
-			return 2;
-		}
+		cfg->host_capacity = v;
 		return 0;
-	case 'p': {
-		uint64_t pool;
-
-		if (parse_size(arg, &pool) < 0) {
-			fprintf(stderr, "tensord: --pool %s: not a size (try 0, 512Mi, 2G)\n", arg);
-			return 2;
-		}
-		backend_host_set_pool(pool);
+	case 'p':
+		backend_host_set_pool(v);
 		return 0;
-	}
 	case 'l':
 		if (log_level_parse(arg, &log_level) < 0) {
 			fprintf(stderr, "tensord: --log-level %s: use error, warn, info or debug\n",
@@ -201,44 +330,21 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 		}
 		return 0;
 	case 'f': {
-		int r = log_open(arg);
+		char why[600];
 
-		if (r < 0) {
-			fprintf(stderr, "tensord: --log-file %s: %s\n", arg, strerror(-r));
+		if (log_open(arg, why, sizeof(why)) < 0) {
+			fprintf(stderr, "tensord: --log-file %s: %s\n", arg, why);
 			return 2;
 		}
 		return 0;
 	}
-	case 'm': {
-		unsigned long m = strtoul(arg, &end, 8);
-
-		if (*end || m > 0777) {
-			fprintf(stderr, "tensord: --mode %s: not an octal mode\n", arg);
-			return 2;
-		}
-		cfg->socket_mode = (mode_t)m;
+	case 'm':
+		cfg->socket_mode = (mode_t)v;
 		return 0;
-	}
-	case 'g': {
-		struct group *g = getgrnam(arg);
-		unsigned long gid = strtoul(arg, &end, 10);
-
-		if (g)
-			cfg->socket_gid = g->gr_gid;
-		else if (!*end)
-			cfg->socket_gid = (gid_t)gid;
-		else {
-			fprintf(stderr, "tensord: --group %s: no such group\n", arg);
-			return 2;
-		}
-		return 0;
-	}
+	case 'g':
+		return parse_group(arg, cfg);
 	case 'n':
-		cfg->max_clients = (unsigned)strtoul(arg, &end, 10);
-		if (*end || !cfg->max_clients) {
-			fprintf(stderr, "tensord: --max-clients %s: not a positive number\n", arg);
-			return 2;
-		}
+		cfg->max_clients = (unsigned)v;
 		return 0;
 	case 'M':
 		/* A config file's value lives only as long as its line. */
@@ -256,15 +362,8 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	case 'F':
 	case 'D':
 	case 'U':
-		return parse_limit(opt, arg, cfg);
 	case 'B':
-		if (parse_size(arg, &cfg->limits.per_uid[QUOTA_BYTES]) < 0 ||
-		    !cfg->limits.per_uid[QUOTA_BYTES]) {
-			fprintf(stderr, "tensord: --max-bytes-per-uid %s: not a size (try 4Gi)\n",
-				arg);
-			return 2;
-		}
-		return 0;
+		return parse_limit(opt, v, cfg);
 	case 'S':
 		cfg->show_all_metadata = true;
 		return 0;
@@ -272,11 +371,7 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 		cfg->metrics_per_uid = true;
 		return 0;
 	case 'r':
-		*ready_fd = (int)strtol(arg, &end, 10);
-		if (*end || *ready_fd < 0) {
-			fprintf(stderr, "tensord: --ready-fd %s: not a descriptor\n", arg);
-			return 2;
-		}
+		*ready_fd = (int)v;
 		return 0;
 	default:
 		usage(stderr);

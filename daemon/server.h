@@ -67,6 +67,16 @@ int server_listen(struct server *srv);
 void server_unlisten(struct server *srv);
 /* Whether a daemon answers at the unix socket path (a stale file refuses). */
 bool server_socket_is_live(const char *path);
+/*
+ * listen.c: a Unix socket bound at path with mode and group gid ((gid_t)-1:
+ * left as is), not yet listening, in a directory checked by td_dir_rule()
+ * and never changed by name (listen.c says why). A stale socket is
+ * replaced, a live one or any other file is not. The fd, or -errno with
+ * the reason, naming the path, in why (-EPERM: an unsafe directory).
+ */
+int server_socket_bind(const char *path, mode_t mode, gid_t gid, char *why, size_t len);
+/* Removes the socket server_socket_bind() made at path, through its directory. */
+void server_socket_remove(const char *path);
 
 static inline uint64_t now_ns(void)
 {

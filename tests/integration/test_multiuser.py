@@ -174,12 +174,13 @@ def py_as(uid, code, *args, timeout=60):
 
 def test_squatted_private_directory_is_refused_by_client_and_daemon(world):
     squat = os.path.dirname(world.private(VICTIM))
-    # The attacker makes the victim's private directory first, open to all,
-    # and serves a tensord of its own in it.
+    # The attacker makes the victim's private directory first, open to all
+    # (sticky, or its own tensord would refuse it: docs/security.md), and
+    # serves a tensord of its own in it.
     r = world.run(ATTACKER, "tensorctl", "--help")   # the binaries are reachable
     assert r.returncode == 0, r.stderr
     subprocess.run(["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}",
-                    "--clear-groups", "mkdir", "-m", "0777", squat], check=True)
+                    "--clear-groups", "mkdir", "-m", "01777", squat], check=True)
     trap = world.daemon(ATTACKER, "--socket", world.private(VICTIM), "--mode", "0666")
 
     # The victim's client, with no settings, refuses to talk to it.

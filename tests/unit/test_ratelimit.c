@@ -52,7 +52,7 @@ static int fresh(void **state)
 {
 	snprintf(path, sizeof(path), "/tmp/tensord-ratelimit-%d.log", (int)getpid());
 	unlink(path);
-	assert_int_equal(log_open(path), 0);
+	assert_int_equal(log_open(path, NULL, 0), 0);
 	ratelimit_flush_all();
 	return 0;
 }
