@@ -35,6 +35,8 @@ import pytest
 from conftest import build_path, wait_until
 
 ATTACKER, HONEST = 4211, 4212
+# Its other uids run copies in bin/ (Host): test_checkout.py runs it from a 0700 checkout.
+pytestmark = pytest.mark.other_uid
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("setpriv"),
     reason="needs root (a root daemon, and other uids played with setpriv)")
