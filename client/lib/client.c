@@ -477,9 +477,11 @@ static void forget_parent(tensord_client *c)
 {
 	struct td_conn *conn = &c->conn;
 
-	/* Their holders and waiters were threads of the parent. */
-	pthread_mutex_init(&c->lock, NULL);
-	pthread_mutex_init(&conn->send_lock, NULL);
+	/* atfork_prepare() took both locks in the thread this child is a copy
+	 * of; the condition variable's waiters were other threads of the
+	 * parent, which the child does not have. */
+	pthread_mutex_unlock(&conn->send_lock);
+	pthread_mutex_unlock(&c->lock);
 	pthread_cond_init(&conn->cond, NULL);
 	c->inherited = true;
 	/* The daemon must see the connection end when the parent ends it. */
@@ -506,9 +508,9 @@ static void atfork_child(void)
 {
 	if (td_cuda_api_in_use() || td_hip_api_in_use())
 		td_gpu_forked_from = (int)getppid();
-	pthread_mutex_init(&all_lock, NULL);
 	for (tensord_client *c = all_clients; c; c = c->next_c)
 		forget_parent(c);
+	pthread_mutex_unlock(&all_lock);
 }
 
 static void atfork_register(void)
