@@ -122,7 +122,7 @@ $(B)/tensord: $(DMN_OBJ)
 
 $(B)/daemon/main-fakegpu.o: daemon/main.c $(B)/proto/tensord.pb-c.h $(B)/.flags
 	@mkdir -p $(@D)
-	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -Dmain=tensord_main -c $< -o $@
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -Dmain=tensord_main -c $< -o $@
 
 $(FAKEGPU_BIN): tests/fakegpu/tensord_fakegpu.c $(B)/daemon/main-fakegpu.o \
 		$(filter-out $(B)/daemon/main.o,$(DMN_OBJ))

@@ -31,7 +31,13 @@
 struct backend_alloc {
 	const struct backend_ops *ops;
 	int device_id; /* the daemon's ordinal */
-	uint64_t size; /* bytes actually allocated (>= what was asked) */
+	uint64_t size; /* bytes actually allocated (>= what was asked); what a lease maps */
+	/*
+	 * Bytes of memory it takes (>= size): what the device's capacity and its
+	 * owner's byte share count. A slab slot takes SLAB_ALIGN-rounded bytes,
+	 * a memfd whole pages, GPU memory its rounded size.
+	 */
+	uint64_t footprint;
 	Tensord__HandleKind handle_kind;
 	int fd; /* owned; -1 when none; closed by ops->release() */
 	uint8_t ipc_handle[BACKEND_IPC_HANDLE_MAX]; /* legacy IPC handle bytes */

@@ -441,6 +441,7 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 	a->ipc_handle_len = 0;
 	a->ipc_offset = 0;
 	a->size = 0;
+	a->footprint = 0;
 	if (device_id < 0 || device_id >= cuda_ndevs)
 		return -ENODEV;
 	a->device_id = device_id;
@@ -466,6 +467,7 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 	err = td_gpu_round_up(size, cuda_devs[device_id].gran, &rounded) < 0 ? -ENOSPC : 0;
 	if (err == 0) {
 		a->size = rounded;
+		a->footprint = rounded;
 		if (cuda_devs[device_id].vmm)
 			err = cuda_alloc_vmm(a, m, rounded);
 		else

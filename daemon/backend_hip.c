@@ -164,6 +164,7 @@ static int hip_backend_alloc(struct backend_alloc *a, uint64_t size, int device_
 	a->ipc_handle_len = 0;
 	a->ipc_offset = 0;
 	a->size = 0;
+	a->footprint = 0;
 	if (device_id < 0 || device_id >= hip_ndevs)
 		return -ENODEV;
 	a->device_id = device_id;
@@ -180,6 +181,7 @@ static int hip_backend_alloc(struct backend_alloc *a, uint64_t size, int device_
 	m->ordinal = device_id;
 	a->priv = m;
 	a->size = rounded;
+	a->footprint = rounded;
 	e = hip_api->Malloc(&m->ptr, rounded);
 	if (e != hipSuccess) {
 		m->ptr = NULL;

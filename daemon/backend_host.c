@@ -59,12 +59,18 @@ static uint64_t default_pool_budget(void)
 	return b < (2ull << 30) ? b : 2ull << 30;
 }
 
+/* The page size: a memfd takes whole pages. */
+static uint64_t host_page = 4096;
+
 static int host_init(char *why, size_t why_len)
 {
 	uint64_t budget = pool_budget == UINT64_MAX ? default_pool_budget() : pool_budget;
 	enum pool_pages pages = pool_pages_default();
+	long page = sysconf(_SC_PAGESIZE);
 	int r = pool_new(budget, pages, &pool);
 
+	if (page > 0)
+		host_page = (uint64_t)page;
 	if (r < 0) {
 		snprintf(why, why_len, "cannot start the memory pool's worker: %s", strerror(-r));
 		return r;
@@ -120,6 +126,8 @@ static int host_alloc(struct backend_alloc *a, uint64_t size, int device_id, con
 
 	a->fd = -1;
 	a->size = size;
+	/* tmpfs takes whole pages. */
+	a->footprint = (size + host_page - 1) & ~(host_page - 1);
 	if (size == 0) {
 		a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_NONE;
 		return 0;
@@ -181,6 +189,8 @@ static int host_alloc_shared(struct backend_alloc *a, uint64_t size, uint32_t ui
 
 	a->fd = -1;
 	a->size = size;
+	/* Its slot: what it takes in the slab. */
+	a->footprint = (size + SLAB_ALIGN - 1) & ~(uint64_t)(SLAB_ALIGN - 1);
 	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_MEMFD;
 	r = slab_alloc(&slabs, &cls, size, &sl, &off);
 	if (r < 0)

@@ -121,6 +121,51 @@ uint64_t memlimit_cgroup(const char *root)
 	return best;
 }
 
+/* The "shmem N" line of a memory.stat file, or UINT64_MAX. */
+static uint64_t read_shmem(const char *file)
+{
+	unsigned long long v = UINT64_MAX;
+	char line[128];
+	FILE *f = fopen(file, "re");
+
+	if (!f)
+		return UINT64_MAX;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "shmem %llu", &v) == 1)
+			break;
+	fclose(f);
+	return v;
+}
+
+uint64_t memlimit_shmem(const char *root)
+{
+	char path[PATH_MAX], line[PATH_MAX];
+	uint64_t v = UINT64_MAX;
+	FILE *f;
+
+	if (snprintf(path, sizeof(path), "%s/proc/self/cgroup", root) >= (int)sizeof(path))
+		return UINT64_MAX;
+	f = fopen(path, "re");
+	if (!f)
+		return UINT64_MAX;
+	while (v == UINT64_MAX && fgets(line, sizeof(line), f)) {
+		char *ctrl = strchr(line, ':'), *cg;
+
+		if (!ctrl || !(cg = strchr(ctrl + 1, ':')))
+			continue;
+		*cg++ = '\0';
+		cg[strcspn(cg, "\n")] = '\0';
+		ctrl++;
+		if (*cg != '/' || (*ctrl && !has_memory(ctrl)))
+			continue;
+		if (snprintf(path, sizeof(path), "%s/sys/fs/cgroup%s%s/memory.stat", root,
+			     *ctrl ? "/memory" : "", strcmp(cg, "/") ? cg : "") < (int)sizeof(path))
+			v = read_shmem(path);
+	}
+	fclose(f);
+	return v;
+}
+
 uint64_t memlimit_bytes(void)
 {
 	long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);

@@ -26,6 +26,7 @@
 
 #include "dispatch.h"
 #include "log.h"
+#include "memlimit.h"
 #include "pool.h"
 #include "proto/tensord.pb-c.h"
 #include "reply.h"
@@ -345,7 +346,7 @@ static void render_host(FILE *f)
 {
 	struct pool *pool = backend_host_pool();
 	struct pool_stats ps = { 0 };
-	uint64_t slab_bytes;
+	uint64_t slab_bytes, shmem;
 	uint32_t slabs;
 
 	if (pool)
@@ -366,6 +367,12 @@ static void render_host(FILE *f)
 	single(f, "tensord_host_slabs", "gauge", "Slab memfds shared by small immutable tensors.",
 	       slabs);
 	single(f, "tensord_host_slab_bytes", "gauge", "Bytes in live slab slots.", slab_bytes);
+	shmem = memlimit_shmem("");
+	if (shmem != UINT64_MAX)
+		single(f, "tensord_host_cgroup_shmem_bytes", "gauge",
+		       "Shared memory charged to the daemon's memory cgroup: its tensors and "
+		       "pool, and pages of freed tensors that clients still map or hold.",
+		       shmem);
 }
 
 static void render_visits(FILE *f)

@@ -36,7 +36,8 @@ static void usage(FILE *f)
 		"               [--metrics-per-uid] [--config FILE]\n"
 		"               [--max-clients-per-uid N] [--max-tensors-per-uid N] "
 		"[--max-fds-per-uid N]\n"
-		"               [--max-bytes-per-uid SIZE] [--max-waiters-per-conn N]\n"
+		"               [--max-bytes-per-uid SIZE] [--max-pinned-bytes-per-uid SIZE]\n"
+		"               [--max-waiters-per-conn N]\n"
 		"               [--max-waiters-per-uid N] [--max-fds-in-flight-per-conn N]\n"
 		"               [--quota-exempt-uid UID]...\n"
 		"               [--show-all-metadata] [--version]\n"
@@ -69,6 +70,10 @@ static void usage(FILE *f)
 		"  --max-fds-per-uid N          of those, tensors with a descriptor of their\n"
 		"                               own (default: half of RLIMIT_NOFILE)\n"
 		"  --max-bytes-per-uid SIZE     bytes one uid may own (default: no share)\n"
+		"  --max-pinned-bytes-per-uid SIZE  bytes of unlinked or replaced tensors\n"
+		"                               one uid's leases may keep alive; past it\n"
+		"                               its attaches are refused (default: as\n"
+		"                               --max-bytes-per-uid)\n"
 		"  --max-waiters-per-conn N     attaches waiting per connection (default 256)\n"
 		"  --max-waiters-per-uid N      attaches waiting per uid, all its connections\n"
 		"                               (default 16 times the per-connection limit)\n"
@@ -101,6 +106,7 @@ static const struct number_opt {
 	{ 'c', NUM_SIZE, "a size", 1, UINT64_MAX },
 	{ 'p', NUM_SIZE, "a size", 0, UINT64_MAX - 1 }, /* UINT64_MAX: the default */
 	{ 'B', NUM_SIZE, "a size", 1, UINT64_MAX },
+	{ 'P', NUM_SIZE, "a size", 1, UINT64_MAX },
 	{ 'm', NUM_OCTAL, "an octal mode", 0, 0777 },
 	{ 'n', NUM_DECIMAL, "a number", 1, UINT_MAX },
 	{ 'r', NUM_DECIMAL, "a descriptor", 0, INT_MAX },
@@ -270,6 +276,9 @@ static int parse_limit(int opt, uint64_t v, struct server_config *cfg)
 	case 'B':
 		lim->per_uid[QUOTA_BYTES] = v;
 		break;
+	case 'P':
+		lim->per_uid[QUOTA_PINNED] = v;
+		break;
 	default:
 		if (lim->n_exempt == QUOTA_EXEMPT_MAX) {
 			fprintf(stderr, "tensord: --quota-exempt-uid: at most %d uids\n",
@@ -363,6 +372,7 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	case 'D':
 	case 'U':
 	case 'B':
+	case 'P':
 		return parse_limit(opt, v, cfg);
 	case 'S':
 		cfg->show_all_metadata = true;
@@ -394,6 +404,7 @@ static const struct option long_opts[] = {
 	{ "max-clients-per-uid", required_argument, NULL, 'K' },
 	{ "max-tensors-per-uid", required_argument, NULL, 'T' },
 	{ "max-bytes-per-uid", required_argument, NULL, 'B' },
+	{ "max-pinned-bytes-per-uid", required_argument, NULL, 'P' },
 	{ "max-fds-per-uid", required_argument, NULL, 'D' },
 	{ "max-waiters-per-conn", required_argument, NULL, 'W' },
 	{ "max-waiters-per-uid", required_argument, NULL, 'w' },

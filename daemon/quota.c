@@ -24,6 +24,9 @@ static const struct {
 	[QUOTA_FDS_IN_FLIGHT] = { "--max-fds-in-flight-per-conn", "descriptors in flight",
 				  -EAGAIN },
 	[QUOTA_FDS] = { "--max-fds-per-uid", "tensors with a descriptor of their own", -EDQUOT },
+	[QUOTA_PINNED] = { "--max-pinned-bytes-per-uid",
+			   "bytes of unlinked or replaced tensors kept alive by its leases",
+			   -EDQUOT },
 };
 
 const char *quota_flag(enum quota_kind kind)
@@ -61,6 +64,10 @@ void quota_default_limits(struct quota_limits *lim, unsigned fd_budget, unsigned
 		lim->per_uid[QUOTA_WAITERS] = 16ull * lim->waiters_per_conn;
 	if (!lim->fds_in_flight_per_conn)
 		lim->fds_in_flight_per_conn = 64;
+	/* What a uid's leases may keep alive of others' unlinked tensors: as
+	 * much as it may own itself, when that is bounded. */
+	if (!lim->per_uid[QUOTA_PINNED])
+		lim->per_uid[QUOTA_PINNED] = lim->per_uid[QUOTA_BYTES];
 }
 
 void quota_init(struct quota *q, const struct quota_limits *lim)
@@ -180,6 +187,14 @@ int quota_charge(struct quota *q, uint32_t uid, enum quota_kind kind, uint64_t n
 	}
 	u->n[kind] += n;
 	return 0;
+}
+
+void quota_add(struct quota *q, uint32_t uid, enum quota_kind kind, uint64_t n)
+{
+	struct uid_usage *u = get(q, uid);
+
+	if (u)
+		u->n[kind] += n;
 }
 
 void quota_uncharge(struct quota *q, uint32_t uid, enum quota_kind kind, uint64_t n)

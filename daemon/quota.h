@@ -23,7 +23,8 @@ enum quota_kind {
 	QUOTA_BYTES,
 	QUOTA_WAITERS,
 	QUOTA_FDS_IN_FLIGHT,
-	QUOTA_FDS, /* descriptors the daemon holds for its tensors */
+	QUOTA_FDS,    /* descriptors the daemon holds for its tensors */
+	QUOTA_PINNED, /* bytes of unlinked tensors its leases keep alive */
 	QUOTA_KINDS,
 };
 
@@ -75,6 +76,14 @@ int quota_charge(struct quota *q, uint32_t uid, enum quota_kind kind, uint64_t n
 
 /* Whether n more of kind would pass, without counting them. */
 bool quota_room(struct quota *q, uint32_t uid, enum quota_kind kind, uint64_t n);
+
+/*
+ * Counts n more of kind for uid whatever its limit: for what a uid comes
+ * to hold without asking (an unlinked tensor it leases). A later charge of
+ * that kind is refused while it is over. Nothing is counted if the table
+ * cannot grow.
+ */
+void quota_add(struct quota *q, uint32_t uid, enum quota_kind kind, uint64_t n);
 
 /* Undoes quota_charge() of n (never below 0). */
 void quota_uncharge(struct quota *q, uint32_t uid, enum quota_kind kind, uint64_t n);

@@ -169,6 +169,7 @@ static void creator_unlink(struct tensor *t)
 void reg_tensor_free(struct registry *reg, struct tensor *t)
 {
 	assert(!t->draft && !t->replaces);
+	free(t->hv);
 	creator_unlink(t);
 	reg_create_uncharge(reg, t);
 	if (t->prev)
@@ -178,8 +179,8 @@ void reg_tensor_free(struct registry *reg, struct tensor *t)
 	if (t->next)
 		t->next->prev = t->prev;
 	if (t->dev) {
-		reg_figures(reg, t, t->state, 0, -(int64_t)t->alloc.size);
-		t->dev->used -= t->alloc.size;
+		reg_figures(reg, t, t->state, 0, -(int64_t)t->alloc.footprint);
+		t->dev->used -= t->alloc.footprint;
 		t->dev->tensors--;
 	}
 	if (t->alloc.ops)
@@ -236,10 +237,79 @@ static void name_drop(struct registry *reg, struct tensor *t)
 	}
 }
 
+/* The entry of uid among t's holders, or NULL. */
+static struct reg_holder *holder_find(struct tensor *t, uint32_t uid)
+{
+	if (t->h0.n && t->h0.uid == uid)
+		return &t->h0;
+	for (uint32_t i = 0; i < t->n_hv; i++)
+		if (t->hv[i].n && t->hv[i].uid == uid)
+			return &t->hv[i];
+	return NULL;
+}
+
+/* One more lease of uid on t. 0 or -ENOMEM. */
+static int holder_add(struct tensor *t, uint32_t uid)
+{
+	struct reg_holder *h = holder_find(t, uid), *nv;
+
+	if (h) {
+		h->n++;
+		return 0;
+	}
+	if (!t->h0.n) {
+		t->h0 = (struct reg_holder){ uid, 1 };
+		return 0;
+	}
+	for (uint32_t i = 0; i < t->n_hv; i++) {
+		if (!t->hv[i].n) {
+			t->hv[i] = (struct reg_holder){ uid, 1 };
+			return 0;
+		}
+	}
+	nv = realloc(t->hv, (t->n_hv + 1) * sizeof(*nv));
+	if (!nv)
+		return -ENOMEM;
+	t->hv = nv;
+	t->hv[t->n_hv++] = (struct reg_holder){ uid, 1 };
+	return 0;
+}
+
+/* One lease of uid on t fewer; its last one gives back what it pinned. */
+static void holder_drop(struct registry *reg, struct tensor *t, uint32_t uid)
+{
+	struct reg_holder *h = holder_find(t, uid);
+
+	if (!h || --h->n || !t->pinned_bytes)
+		return;
+	quota_uncharge(reg->quota, uid, QUOTA_PINNED, t->pinned_bytes);
+}
+
+/*
+ * t was unlinked while leases hold it: from now on its bytes count against
+ * each uid that holds a lease on it, not against its owner, who no longer
+ * names it and must not be starved by others' leases.
+ */
+static void pin_to_holders(struct registry *reg, struct tensor *t)
+{
+	if (!reg->quota || !t->alloc.footprint || t->pinned_bytes || (!t->h0.n && !t->n_hv))
+		return;
+	quota_uncharge(reg->quota, t->owner_uid, QUOTA_BYTES, t->bytes_charged);
+	t->bytes_charged = 0;
+	t->pinned_bytes = t->alloc.footprint;
+	if (t->h0.n)
+		quota_add(reg->quota, t->h0.uid, QUOTA_PINNED, t->pinned_bytes);
+	for (uint32_t i = 0; i < t->n_hv; i++)
+		if (t->hv[i].n)
+			quota_add(reg->quota, t->hv[i].uid, QUOTA_PINNED, t->pinned_bytes);
+}
+
 /* Removes the name; frees the tensor if no lease holds it. */
 void reg_tensor_unlink(struct registry *reg, struct tensor *t)
 {
 	name_drop(reg, t);
+	if (t->refcount)
+		pin_to_holders(reg, t);
 	if (t->refcount == 0)
 		reg_tensor_free(reg, t);
 }
@@ -278,14 +348,14 @@ void reg_tensor_link(struct registry *reg, struct reg_device *dev, struct tensor
 {
 	t->id = reg->next_id++;
 	t->dev = dev;
-	dev->used += t->alloc.size;
+	dev->used += t->alloc.footprint;
 	dev->tensors++;
 	t->next = reg->all;
 	if (reg->all)
 		reg->all->prev = t;
 	reg->all = t;
 	reg->n_tensors++;
-	reg_figures(reg, t, 0, t->state, (int64_t)t->alloc.size);
+	reg_figures(reg, t, 0, t->state, (int64_t)t->alloc.footprint);
 }
 
 void registry_client_init(struct reg_client *rc, uint64_t id, uint32_t uid, uint32_t gid,
@@ -303,18 +373,26 @@ int reg_lease_add(struct registry *reg, struct reg_client *rc, struct tensor *t,
 {
 	uint32_t slot;
 
+	if (reg->quota && holder_add(t, rc->uid) < 0)
+		return -ENOMEM;
 	if (rc->free_head) {
 		slot = rc->free_head - 1;
 		rc->free_head = rc->leases[slot].next_free;
 	} else {
-		if (rc->n_slots >= REGISTRY_LEASES_MAX)
+		if (rc->n_slots >= REGISTRY_LEASES_MAX) {
+			if (reg->quota)
+				holder_drop(reg, t, rc->uid);
 			return -EAGAIN;
+		}
 		if (rc->n_slots == rc->cap_slots) {
 			uint32_t cap = rc->cap_slots ? rc->cap_slots * 2 : 16;
 			struct reg_lease *nl = realloc(rc->leases, cap * sizeof(*nl));
 
-			if (!nl)
+			if (!nl) {
+				if (reg->quota)
+					holder_drop(reg, t, rc->uid);
 				return -ENOMEM;
+			}
 			rc->leases = nl;
 			rc->cap_slots = cap;
 		}
@@ -341,6 +419,8 @@ static void lease_drop_slot(struct registry *reg, struct reg_client *rc, uint32_
 	rc->free_head = slot + 1;
 	rc->n_leases--;
 	reg->n_leases--;
+	if (reg->quota)
+		holder_drop(reg, t, rc->uid);
 	if (--t->refcount == 0 && t->state == TENSORD_STATE_UNLINKED)
 		reg_tensor_free(reg, t);
 }
@@ -460,6 +540,7 @@ bool registry_published(struct registry *reg, const char *name, size_t len)
 static void move_to_slab(struct registry *reg, struct tensor *t)
 {
 	const struct backend_ops *ops = t->alloc.ops;
+	uint64_t was = t->alloc.footprint, now;
 	int r;
 
 	if (!ops->share || t->alloc.share_id || !t->nbytes || t->nbytes > ops->shared_max ||
@@ -469,6 +550,16 @@ static void move_to_slab(struct registry *reg, struct tensor *t)
 	if (r < 0) {
 		log_debug("tensor '%s': keeps its own memfd: %s", t->name, tensord_strerror(r));
 		return;
+	}
+	/* A slot takes less than whole pages: device and owner count the slot. */
+	now = t->alloc.footprint;
+	if (now < was && t->dev) {
+		reg_figures(reg, t, t->state, t->state, -(int64_t)(was - now));
+		t->dev->used -= was - now;
+	}
+	if (reg->quota && now < t->bytes_charged) {
+		quota_uncharge(reg->quota, t->owner_uid, QUOTA_BYTES, t->bytes_charged - now);
+		t->bytes_charged = now;
 	}
 	/* It no longer holds a descriptor against its owner's share. */
 	if (reg->quota && t->fd_charged)
@@ -551,6 +642,17 @@ int registry_attach(struct registry *reg, struct reg_client *rc, const char *nam
 		snprintf(why, why_len, "tensor '%s': mode %03o refuses uid %u", t->name, t->mode,
 			 rc->uid);
 		return -EACCES;
+	}
+	/* A uid that keeps too many unlinked versions alive attaches no more. */
+	if (reg->quota) {
+		char reason[200];
+
+		r = quota_charge(reg->quota, rc->uid, QUOTA_PINNED, 0, reason, sizeof(reason));
+		if (r < 0) {
+			snprintf(why, why_len, "tensor '%s': %s: release old versions first",
+				 t->name, reason);
+			return r;
+		}
 	}
 	r = reg_lease_add(reg, rc, t, ret_lease);
 	if (r < 0) {

@@ -26,6 +26,12 @@
 
 struct reg_client;
 
+/* How many leases one uid holds on a tensor. */
+struct reg_holder {
+	uint32_t uid;
+	uint32_t n; /* 0: the entry is free */
+};
+
 /*
  * One tensor. Its shape, strides and name live in the same allocation,
  * sized to them (a million small tensors cost what they use, not 32
@@ -46,9 +52,21 @@ struct tensor {
 	uint32_t mode;
 	uint32_t owner_uid, owner_gid;
 	uint64_t created_ns;
-	uint32_t refcount; /* live leases, and 1 while allocating */
-	bool fd_charged;   /* counted in its owner's QUOTA_FDS */
-	bool allocating;   /* the GPU worker is getting its memory */
+	uint32_t refcount;      /* live leases, and 1 while allocating */
+	bool fd_charged;        /* counted in its owner's QUOTA_FDS */
+	uint64_t bytes_charged; /* counted in its owner's QUOTA_BYTES: its footprint */
+	/*
+	 * Who holds its leases, by uid (only counted with a quota): h0, then
+	 * hv[0 .. n_hv). Once it is unlinked with leases left, its footprint
+	 * counts against each holder's QUOTA_PINNED (pinned_bytes), no longer
+	 * against its owner's QUOTA_BYTES (docs/security.md, "What a reader
+	 * can pin").
+	 */
+	struct reg_holder h0;
+	struct reg_holder *hv; /* owned */
+	uint32_t n_hv;
+	uint64_t pinned_bytes; /* counted in each holder's QUOTA_PINNED; 0: none */
+	bool allocating;       /* the GPU worker is getting its memory */
 	/*
 	 * Replace (docs/design.md, "Replace"): a named tensor's pending new
 	 * version, and the other way round. A draft is in state CREATED and not

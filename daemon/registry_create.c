@@ -147,6 +147,7 @@ static int create_charge(struct registry *reg, struct reg_device *dev, struct te
 		return r;
 	}
 	t->fd_charged = n == 3;
+	t->bytes_charged = t->nbytes;
 	return 0;
 }
 
@@ -155,7 +156,7 @@ void reg_create_uncharge(struct registry *reg, const struct tensor *t)
 	if (!reg->quota)
 		return;
 	quota_uncharge(reg->quota, t->owner_uid, QUOTA_TENSORS, 1);
-	quota_uncharge(reg->quota, t->owner_uid, QUOTA_BYTES, t->nbytes);
+	quota_uncharge(reg->quota, t->owner_uid, QUOTA_BYTES, t->bytes_charged);
 	if (t->fd_charged)
 		quota_uncharge(reg->quota, t->owner_uid, QUOTA_FDS, 1);
 }
@@ -185,12 +186,16 @@ static void tensor_fill(struct tensor *t, const struct create_args *a, struct re
 
 /*
  * Checks what alloc() or alloc_shared() answered (r) for t's memory *a on
- * dev, where `counted` bytes of dev are charged for t already. On failure
+ * dev, where `counted` bytes of dev are charged for t already, and charges
+ * its owner's byte share with what it takes (its footprint: a slab slot,
+ * whole pages, a GPU's rounding) rather than what was asked. On failure
  * releases *a and writes the reason.
  */
-static int alloc_result(struct registry *reg, struct reg_device *dev, const struct tensor *t,
+static int alloc_result(struct registry *reg, struct reg_device *dev, struct tensor *t,
 			struct backend_alloc *a, int r, uint64_t counted, char *why, size_t why_len)
 {
+	char reason[200];
+
 	a->ops = dev->ops;
 	if (r == -EMFILE || r == -ENFILE) {
 		/* Out of descriptors is the daemon's capacity, not the client's
@@ -202,13 +207,21 @@ static int alloc_result(struct registry *reg, struct reg_device *dev, const stru
 		snprintf(why, why_len, "tensor '%s': allocating %llu bytes on %s failed: %s",
 			 t->name, (unsigned long long)t->nbytes, dev->ops->name,
 			 tensord_strerror(r));
-	} else if (a->size > dev->capacity - dev->used + counted) {
+	} else if (a->footprint > dev->capacity - dev->used + counted) {
 		/* Rounding to the backend's granularity pushed it over. */
 		snprintf(why, why_len,
 			 "tensor '%s': needs %llu bytes after rounding, only %llu free", t->name,
-			 (unsigned long long)a->size,
+			 (unsigned long long)a->footprint,
 			 (unsigned long long)(dev->capacity - dev->used + counted));
 		r = -ENOSPC;
+	} else if (reg->quota && a->footprint > t->bytes_charged) {
+		r = quota_charge(reg->quota, t->owner_uid, QUOTA_BYTES,
+				 a->footprint - t->bytes_charged, reason, sizeof(reason));
+		if (r < 0)
+			snprintf(why, why_len, "tensor '%s': takes %llu bytes: %s", t->name,
+				 (unsigned long long)a->footprint, reason);
+		else
+			t->bytes_charged = a->footprint;
 	}
 	if (r < 0)
 		dev->ops->release(a);
@@ -283,6 +296,7 @@ static int create_begin(struct registry *reg, struct reg_client *rc, const struc
 	t->refcount = 1;
 	/* What dev->used counts for it until the rounded size is known. */
 	t->alloc.size = t->nbytes;
+	t->alloc.footprint = t->nbytes;
 	t->alloc.device_id = dev->device.device_id;
 	reg_creator_link(rc, t);
 	reg_tensor_link(reg, dev, t);
@@ -327,15 +341,16 @@ int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64
 
 	assert(t->allocating && t->refcount > 0);
 	t->allocating = false;
-	r = alloc_result(reg, dev, t, &j->got, j->rc, t->alloc.size, why, why_len);
+	r = alloc_result(reg, dev, t, &j->got, j->rc, t->alloc.footprint, why, why_len);
 	if (r == 0) {
 		r = finish_check(t, why, why_len);
 		if (r < 0)
 			dev->ops->release(&j->got);
 	}
 	if (r == 0) {
-		reg_figures(reg, t, t->state, t->state, (int64_t)(j->got.size - t->alloc.size));
-		dev->used += j->got.size - t->alloc.size;
+		reg_figures(reg, t, t->state, t->state,
+			    (int64_t)(j->got.footprint - t->alloc.footprint));
+		dev->used += j->got.footprint - t->alloc.footprint;
 		t->alloc = j->got;
 		t->refcount--; /* the pin; the lease takes over */
 		r = reg_lease_add(reg, t->creator, t, ret_lease);

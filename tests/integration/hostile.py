@@ -279,8 +279,9 @@ def put_req(req_id, create, data):
                    + f_bytes(2, data))
 
 
-def reply_with_fds(c):
-    """Reads one reply, closing any descriptor that came with it."""
+def reply_with_fds(c, keep=None):
+    """Reads one reply, closing any descriptor that came with it (or, with
+    keep a list, appending it there for the caller to close)."""
     fds, buf, need = [], bytearray(), 8
     while len(buf) < need:
         data, anc, _, _ = c.sock.recvmsg(need - len(buf), socket.CMSG_SPACE(4 * 4))
@@ -292,6 +293,9 @@ def reply_with_fds(c):
         buf += data
         if len(buf) == 8 and need == 8:
             need += struct.unpack_from("<I", buf)[0]
-    for fd in fds:
-        os.close(fd)
+    if keep is not None:
+        keep += fds
+    else:
+        for fd in fds:
+            os.close(fd)
     return Reply(struct.unpack_from("<HH", buf, 4)[1], bytes(buf[8:]))

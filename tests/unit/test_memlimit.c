@@ -1,7 +1,8 @@
 /*
  * memlimit_cgroup() over fake /proc and /sys trees: cgroup v2, v1 with the
  * memory controller alone or in a list, "max", the smallest limit along the
- * path winning, and no cgroup file at all.
+ * path winning, and no cgroup file at all; memlimit_shmem() reads the
+ * daemon's own cgroup's shmem, v2 and v1.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -78,12 +79,28 @@ static void test_no_limit(void **state)
 		    (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE));
 }
 
+static void test_shmem_of_its_own_cgroup(void **state)
+{
+	assert_int_equal(memlimit_shmem(root), UINT64_MAX); /* no /proc/self/cgroup */
+	put_file("/proc/self/cgroup", "0::/system.slice/tensord.service\n");
+	put_file("/sys/fs/cgroup/memory.stat", "anon 1\nshmem 999\n");
+	assert_int_equal(memlimit_shmem(root), UINT64_MAX); /* not the parent's */
+	put_file("/sys/fs/cgroup/system.slice/tensord.service/memory.stat",
+		 "anon 5\nfile 7\nshmem 1048576\nshmem_thp 0\n");
+	assert_int_equal(memlimit_shmem(root), 1048576ull);
+	put_file("/proc/self/cgroup", "9:name=systemd:/\n4:memory:/docker/abc\n0::/\n");
+	put_file("/sys/fs/cgroup/memory/docker/abc/memory.stat",
+		 "cache 10\nshmem 4096\ntotal_shmem 8192\n");
+	assert_int_equal(memlimit_shmem(root), 4096ull);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup(test_v2_smallest_along_the_path, fresh),
 		cmocka_unit_test_setup(test_v1_memory_controller, fresh),
 		cmocka_unit_test_setup(test_no_limit, fresh),
+		cmocka_unit_test_setup(test_shmem_of_its_own_cgroup, fresh),
 	};
 
 	snprintf(root, sizeof(root), "/tmp/tensord-memlimit-%d", (int)getpid());

@@ -18,6 +18,7 @@
 #include "daemon/log.h"
 #include "daemon/quota.h"
 #include "daemon/registry.h"
+#include "daemon/slab.h"
 
 /* The backends this test links: the host backend alone, so the registry is
  * tested without the GPU backends and their driver shims. */
@@ -301,7 +302,7 @@ static void test_replace_draft_fails(void **state)
 	/* Someone else unlinks the published version: the draft takes the name,
 	 * unpublished, and its creator may still publish it. */
 	assert_int_equal(registry_unlink(reg, &root, "r", 1, why, sizeof(why)), 0);
-	old = NULL; /* freed: no lease held it */
+	old = NULL;                          /* freed: no lease held it */
 	assert_int_equal(reg->n_tensors, 1); /* d2 alone */
 	assert_null(d2->replaces);
 	assert_null(registry_lookup(reg, &a, "r", 1));
@@ -622,7 +623,8 @@ static void test_metadata_hidden_from_who_may_not_read(void **state)
 }
 
 /* Per-uid shares of tensors and bytes: EDQUOT naming the flag; what a
- * freed tensor held is given back; an exempt uid is never refused. */
+ * freed tensor held is given back; an exempt uid is never refused. Bytes
+ * are what a tensor takes: whole pages of its memfd. */
 static void test_quota(void **state)
 {
 	struct registry *reg = *state;
@@ -633,21 +635,21 @@ static void test_quota(void **state)
 	uint64_t l;
 
 	lim.per_uid[QUOTA_TENSORS] = 2;
-	lim.per_uid[QUOTA_BYTES] = 1000;
+	lim.per_uid[QUOTA_BYTES] = 3 * 4096;
 	lim.exempt[lim.n_exempt++] = 7;
 	quota_init(&q, &lim);
 	reg->quota = &q;
 	registry_client_init(&a, 1, 1000, 1000, 1);
 	registry_client_init(&b, 2, 7, 7, 2);
-	assert_int_equal(create(reg, &a, "a1", 600, 0, 0, &t, &l), 0);
-	assert_int_equal(create(reg, &a, "a2", 600, 0, 0, &t, &l), -EDQUOT);
+	assert_int_equal(create(reg, &a, "a1", 5000, 0, 0, &t, &l), 0);
+	assert_int_equal(create(reg, &a, "a2", 5000, 0, 0, &t, &l), -EDQUOT);
 	assert_non_null(strstr(why, "--max-bytes-per-uid"));
 	assert_non_null(strstr(why, "'a2'"));
 	assert_int_equal(create(reg, &a, "a2", 100, 0, 0, &t, &l), 0);
 	assert_int_equal(create(reg, &a, "a3", 1, 0, 0, &t, &l), -EDQUOT);
 	assert_non_null(strstr(why, "--max-tensors-per-uid"));
 	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_TENSORS], 2);
-	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 700);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 3 * 4096);
 	for (int i = 0; i < 5; i++) {
 		char name[8];
 
@@ -664,6 +666,149 @@ static void test_quota(void **state)
 	assert_int_equal(quota_get(&q, 7)->n[QUOTA_TENSORS], 0);
 	reg->quota = NULL;
 	quota_fini(&q);
+}
+
+/*
+ * What a tensor takes is what is counted (issue 18, item 7): a 1-byte put
+ * takes a slab slot of SLAB_ALIGN bytes, a 1-byte create a page of its
+ * memfd; the device and the owner's byte share count that, so a byte
+ * share bounds the memory a uid takes, not the sum of its sizes.
+ */
+static void test_footprint_is_counted(void **state)
+{
+	struct registry *reg = *state;
+	struct quota_limits lim = { 0 };
+	struct reg_device *dev = registry_device(reg, (DLDevice){ kDLCPU, 0 });
+	uint64_t used = dev->used, l;
+	int64_t one = 1;
+	struct create_args put1 = { .name = "p/0",
+				    .name_len = 3,
+				    .dtype = { kDLUInt, 8, 1 },
+				    .ndim = 1,
+				    .shape = &one,
+				    .device = { kDLCPU, 0 },
+				    .shared = true };
+	struct reg_client a;
+	struct tensor *t;
+	struct quota q;
+	char name[16];
+	int i, r = 0;
+
+	lim.per_uid[QUOTA_BYTES] = 64 * 1024;
+	quota_init(&q, &lim);
+	reg->quota = &q;
+	registry_client_init(&a, 1, 65534, 65534, 1);
+	assert_int_equal(registry_create(reg, &a, &put1, &t, &l, why, sizeof(why)), 0);
+	assert_int_equal(t->alloc.footprint, SLAB_ALIGN);
+	assert_int_equal(dev->used - used, SLAB_ALIGN);
+	assert_int_equal(quota_get(&q, 65534)->n[QUOTA_BYTES], SLAB_ALIGN);
+	/* 1-byte puts until the share says no: 64 KiB of slots, not 64 Ki puts. */
+	for (i = 1; i < 1000 && r == 0; i++) {
+		snprintf(name, sizeof(name), "p/%d", i);
+		put1.name = name;
+		put1.name_len = strlen(name);
+		r = registry_create(reg, &a, &put1, &t, &l, why, sizeof(why));
+	}
+	assert_int_equal(r, -EDQUOT);
+	assert_non_null(strstr(why, "--max-bytes-per-uid"));
+	/* p/0 .. p/255 fit; p/256 is the first refused. */
+	assert_int_equal(i - 1, 64 * 1024 / SLAB_ALIGN);
+	assert_int_equal(quota_get(&q, 65534)->n[QUOTA_BYTES], 64 * 1024);
+	assert_int_equal(dev->used - used, 64 * 1024);
+	/* A created tensor has a memfd of its own: a whole page. */
+	registry_client_gone(reg, &a);
+	assert_int_equal(create(reg, &a, "c", 1, 0, 0, &t, &l), 0);
+	assert_int_equal(t->alloc.footprint, 4096);
+	assert_int_equal(quota_get(&q, 65534)->n[QUOTA_BYTES], 4096);
+	registry_client_gone(reg, &a);
+	assert_int_equal(quota_get(&q, 65534)->n[QUOTA_BYTES], 0);
+	assert_int_equal(dev->used, used);
+	reg->quota = NULL;
+	quota_fini(&q);
+}
+
+/*
+ * Bytes that only others' leases keep alive count against those others
+ * (issue 18, item 8): an owner under an 8 MiB share replaces a 2 MiB
+ * tensor ten times while a reader keeps a lease on every old version; the
+ * reader's pinned bytes grow instead, and past its pinned share it may
+ * attach nothing more until it lets old versions go.
+ */
+static void test_pinned_bytes_go_to_holders(void **state)
+{
+	struct registry *reg = *state;
+	struct quota_limits lim = { 0 };
+	int64_t n = 2 << 20;
+	struct create_args v = { .name = "w",
+				 .name_len = 1,
+				 .dtype = { kDLUInt, 8, 1 },
+				 .ndim = 1,
+				 .shape = &n,
+				 .device = { kDLCPU, 0 },
+				 .mode = 0644,
+				 .replace = true };
+	uint64_t l, lr[10];
+	struct reg_client owner, reader;
+	struct tensor *t;
+	struct quota q;
+	bool w;
+	int i;
+
+	struct reg_device *dev = registry_device(reg, (DLDevice){ kDLCPU, 0 });
+	uint64_t capacity = dev->capacity;
+
+	dev->capacity = 64 << 20;
+	lim.per_uid[QUOTA_BYTES] = 8 << 20;
+	quota_default_limits(&lim, 1024, 64); /* pinned: as bytes */
+	assert_int_equal(lim.per_uid[QUOTA_PINNED], 8 << 20);
+	quota_init(&q, &lim);
+	reg->quota = &q;
+	registry_client_init(&owner, 1, 1000, 1000, 1);
+	registry_client_init(&reader, 2, 1001, 1001, 2);
+	for (i = 0; i < 10; i++) {
+		assert_int_equal(registry_create(reg, &owner, &v, &t, &l, why, sizeof(why)), 0);
+		assert_int_equal(registry_publish(reg, &owner, "w", 1, why, sizeof(why)), 0);
+		assert_int_equal(registry_release(reg, &owner, l), 0);
+		/* The owner counts what it names (a draft and its predecessor at most). */
+		assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 2 << 20);
+		if (i < 4) {
+			assert_int_equal(registry_attach(reg, &reader, "w", 1, &t, &lr[i], &w, why,
+							 sizeof(why)),
+					 0);
+		} else if (i == 4) {
+			/* Four old versions pinned: 8 MiB, the reader's pinned share. */
+			assert_int_equal(quota_get(&q, 1001)->n[QUOTA_PINNED], 8 << 20);
+			assert_int_equal(registry_attach(reg, &reader, "w", 1, &t, &lr[i], &w, why,
+							 sizeof(why)),
+					 0);
+		} else if (i == 5) {
+			/* Now over it: refused, naming the flag; the owner goes on. */
+			assert_int_equal(quota_get(&q, 1001)->n[QUOTA_PINNED], 10 << 20);
+			assert_int_equal(registry_attach(reg, &reader, "w", 1, &t, &lr[i], &w, why,
+							 sizeof(why)),
+					 -EDQUOT);
+			assert_non_null(strstr(why, "--max-pinned-bytes-per-uid"));
+			assert_non_null(strstr(why, "'w'"));
+		}
+	}
+	/* Letting old versions go gives the pinned bytes back, and frees them. */
+	for (i = 0; i < 5; i++)
+		assert_int_equal(registry_release(reg, &reader, lr[i]), 0);
+	assert_int_equal(quota_get(&q, 1001)->n[QUOTA_PINNED], 0);
+	assert_int_equal(reg->n_tensors, 1);
+	assert_int_equal(registry_attach(reg, &reader, "w", 1, &t, &lr[0], &w, why, sizeof(why)),
+			 0);
+	/* The owner unlinks the last one while the reader holds it: it moves too. */
+	assert_int_equal(registry_unlink(reg, &owner, "w", 1, why, sizeof(why)), 0);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 0);
+	assert_int_equal(quota_get(&q, 1001)->n[QUOTA_PINNED], 2 << 20);
+	registry_client_gone(reg, &reader);
+	assert_int_equal(quota_get(&q, 1001)->n[QUOTA_PINNED], 0);
+	assert_int_equal(reg->n_tensors, 0);
+	registry_client_gone(reg, &owner);
+	reg->quota = NULL;
+	quota_fini(&q);
+	dev->capacity = capacity;
 }
 
 /* A closing client visits the tensors it created and its own lease slots,
@@ -743,6 +888,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_capacity, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_replace, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_replace_draft_fails, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_footprint_is_counted, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pinned_bytes_go_to_holders, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_shared_routing_and_capacity, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_publish_moves_small_tensors_into_a_slab, setup,
 						teardown),

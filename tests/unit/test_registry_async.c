@@ -60,6 +60,7 @@ static int slow_alloc(struct backend_alloc *a, uint64_t size, int dev, const cha
 	if (r < 0)
 		return r;
 	a->size = (size + SLOW_GRAN - 1) / SLOW_GRAN * SLOW_GRAN;
+	a->footprint = a->size;
 	a->priv = malloc(1); /* ASan reports a lost one */
 	slow_live++;
 	return 0;
