@@ -11,6 +11,7 @@
  * fake tree.
  */
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,45 +80,64 @@ static int has_memory(const char *list)
 	return 0;
 }
 
-uint64_t memlimit_cgroup(const char *root)
+/* A memory cgroup of this process: its hierarchy's mount and its path there. */
+struct mem_cgroup {
+	char base[PATH_MAX];
+	char path[PATH_MAX];
+	bool v2;
+};
+
+/*
+ * The memory cgroups /proc/self/cgroup (under root) names: the v2 one
+ * ("0::/path") and the v1 memory controller's, at most one of each, in
+ * the file's order. Returns how many (0 to 2).
+ */
+static int memory_cgroups(const char *root, struct mem_cgroup out[2])
 {
-	char path[PATH_MAX], base[PATH_MAX], line[PATH_MAX];
-	uint64_t best = UINT64_MAX;
+	char path[PATH_MAX], line[PATH_MAX];
+	int n = 0;
 	FILE *f;
 
 	if (snprintf(path, sizeof(path), "%s/proc/self/cgroup", root) >= (int)sizeof(path))
-		return UINT64_MAX;
+		return 0;
 	f = fopen(path, "re");
 	if (!f)
-		return UINT64_MAX;
-	while (fgets(line, sizeof(line), f)) {
+		return 0;
+	while (n < 2 && fgets(line, sizeof(line), f)) {
 		char *ctrl = strchr(line, ':'), *cg;
-		uint64_t v;
+		struct mem_cgroup *m = &out[n];
 
 		if (!ctrl || !(cg = strchr(ctrl + 1, ':')))
 			continue;
 		*cg++ = '\0';
 		cg[strcspn(cg, "\n")] = '\0';
 		ctrl++;
-		if (*cg != '/')
+		if (*cg != '/' || (*ctrl && !has_memory(ctrl)) || (n && out[0].v2 == !*ctrl))
 			continue;
-		if (*ctrl == '\0') { /* v2: "0::/path" */
-			if (snprintf(base, sizeof(base), "%s/sys/fs/cgroup", root) >=
-			    (int)sizeof(base))
-				continue;
-			v = walk_up(base, cg, "memory.max");
-		} else if (has_memory(ctrl)) {
-			if (snprintf(base, sizeof(base), "%s/sys/fs/cgroup/memory", root) >=
-			    (int)sizeof(base))
-				continue;
-			v = walk_up(base, cg, "memory.limit_in_bytes");
-		} else {
+		m->v2 = !*ctrl;
+		if (snprintf(m->base, sizeof(m->base), "%s/sys/fs/cgroup%s", root,
+			     m->v2 ? "" : "/memory") >= (int)sizeof(m->base) ||
+		    snprintf(m->path, sizeof(m->path), "%s", cg) >= (int)sizeof(m->path))
 			continue;
-		}
+		n++;
+	}
+	fclose(f);
+	return n;
+}
+
+uint64_t memlimit_cgroup(const char *root)
+{
+	struct mem_cgroup cg[2];
+	uint64_t best = UINT64_MAX;
+	int n = memory_cgroups(root, cg);
+
+	for (int i = 0; i < n; i++) {
+		uint64_t v = walk_up(cg[i].base, cg[i].path,
+				     cg[i].v2 ? "memory.max" : "memory.limit_in_bytes");
+
 		if (v < best)
 			best = v;
 	}
-	fclose(f);
 	return best;
 }
 
@@ -139,30 +159,16 @@ static uint64_t read_shmem(const char *file)
 
 uint64_t memlimit_shmem(const char *root)
 {
-	char path[PATH_MAX], line[PATH_MAX];
+	struct mem_cgroup cg[2];
+	char path[2 * PATH_MAX + 16];
 	uint64_t v = UINT64_MAX;
-	FILE *f;
+	int n = memory_cgroups(root, cg);
 
-	if (snprintf(path, sizeof(path), "%s/proc/self/cgroup", root) >= (int)sizeof(path))
-		return UINT64_MAX;
-	f = fopen(path, "re");
-	if (!f)
-		return UINT64_MAX;
-	while (v == UINT64_MAX && fgets(line, sizeof(line), f)) {
-		char *ctrl = strchr(line, ':'), *cg;
-
-		if (!ctrl || !(cg = strchr(ctrl + 1, ':')))
-			continue;
-		*cg++ = '\0';
-		cg[strcspn(cg, "\n")] = '\0';
-		ctrl++;
-		if (*cg != '/' || (*ctrl && !has_memory(ctrl)))
-			continue;
-		if (snprintf(path, sizeof(path), "%s/sys/fs/cgroup%s%s/memory.stat", root,
-			     *ctrl ? "/memory" : "", strcmp(cg, "/") ? cg : "") < (int)sizeof(path))
-			v = read_shmem(path);
+	for (int i = 0; i < n && v == UINT64_MAX; i++) {
+		snprintf(path, sizeof(path), "%s%s/memory.stat", cg[i].base,
+			 strcmp(cg[i].path, "/") ? cg[i].path : "");
+		v = read_shmem(path);
 	}
-	fclose(f);
 	return v;
 }
 
