@@ -216,7 +216,7 @@ static int hip_backend_freeze(struct backend_alloc *a)
 	return 0;
 }
 
-/* On the GPU GPU worker's thread (gpu_worker.h): hipFree may wait for the device. */
+/* On the GPU worker's thread (gpu_worker.h): hipFree may wait for the device. */
 static void hip_free_job(void *arg)
 {
 	struct hip_mem *m = arg;

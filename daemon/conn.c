@@ -18,7 +18,7 @@
  * peer has read those (its uid's share of descriptors in flight is capped
  * too). A send refused for lack of descriptors (ETOOMANYREFS, ENOBUFS,
  * EMFILE) keeps the frame queued for set->retry; it never closes the
- * connection (issue 10, items 3 and 7).
+ * connection.
  *
  * What a frame means is not decided here: frames, framing errors and the
  * close go up through set->handlers (see conn.h). Admission, refused and

@@ -31,7 +31,7 @@ struct quota;
 
 /*
  * A descriptor a reply will carry, made only when its frame goes to the
- * socket (issue 10, item 3): a queued reply holds no descriptor. Opaque to
+ * socket: a queued reply holds no descriptor of the daemon's. Opaque to
  * conn.c, which hands it back to conn_handlers.export_fd.
  */
 struct conn_fd_ticket {

@@ -29,11 +29,6 @@ static const struct {
 			   -EDQUOT },
 };
 
-const char *quota_flag(enum quota_kind kind)
-{
-	return kinds[kind].flag;
-}
-
 void quota_default_limits(struct quota_limits *lim, unsigned fd_budget, unsigned max_clients)
 {
 	unsigned usable;

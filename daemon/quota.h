@@ -105,7 +105,4 @@ void quota_each(const struct quota *q, void (*fn)(const struct uid_usage *u, voi
  */
 bool quota_fd_room(const struct quota *q, uint32_t uid);
 
-/* The flag that sets the limit of kind, for messages. */
-const char *quota_flag(enum quota_kind kind);
-
 #endif

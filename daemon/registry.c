@@ -48,7 +48,8 @@ struct tensor *reg_find_named(struct registry *reg, const char *name, size_t len
 	return NULL;
 }
 
-int reg_grow_buckets(struct registry *reg)
+/* Doubles the name table's buckets. 0 or -ENOMEM (the table stays as it was). */
+static int reg_grow_buckets(struct registry *reg)
 {
 	size_t n = reg->n_buckets * 2;
 	struct tensor **nb = calloc(n, sizeof(*nb));
@@ -507,7 +508,7 @@ bool registry_may_inspect(const struct tensor *t, const struct reg_client *rc)
 }
 
 /* What list and stat show: a name, shape and owner tell a lot, so only to
- * who may read the tensor (issue 10, item 12). */
+ * who may read the tensor (--show-all-metadata: every published one). */
 static bool may_see(const struct registry *reg, const struct tensor *t, const struct reg_client *rc)
 {
 	if (!reg_visible_to(t, rc))
@@ -708,9 +709,9 @@ static struct tensor *list_start(struct registry *reg, const char *prefix, size_
 	return t;
 }
 
-int registry_list(struct registry *reg, struct reg_client *rc, const char *prefix, size_t len,
-		  const char *after, size_t limit, struct tensor **ret, size_t *ret_n,
-		  const char **ret_next)
+void registry_list(struct registry *reg, struct reg_client *rc, const char *prefix, size_t len,
+		   const char *after, size_t limit, struct tensor **ret, size_t *ret_n,
+		   const char **ret_next)
 {
 	struct tensor *t = list_start(reg, prefix, len, after), *last = NULL;
 	size_t n = 0, visited = 0;
@@ -730,5 +731,4 @@ int registry_list(struct registry *reg, struct reg_client *rc, const char *prefi
 	}
 	*ret_n = n;
 	*ret_next = t && last ? last->name : NULL;
-	return 0;
 }

@@ -306,11 +306,11 @@ bool registry_published(struct registry *reg, const char *name, size_t len);
  * order, into ret[] (limit entries, the caller's). When more may follow,
  * *ret_next is the name to go on after (borrowed, like the tensors), else
  * NULL. Visits at most REGISTRY_LIST_SCAN_MAX names, from the first after
- * `after`, and allocates nothing. Always 0.
+ * `after`, and allocates nothing.
  */
-int registry_list(struct registry *reg, struct reg_client *rc, const char *prefix, size_t len,
-		  const char *after, size_t limit, struct tensor **ret, size_t *ret_n,
-		  const char **ret_next);
+void registry_list(struct registry *reg, struct reg_client *rc, const char *prefix, size_t len,
+		   const char *after, size_t limit, struct tensor **ret, size_t *ret_n,
+		   const char **ret_next);
 
 /* The device slot for dev, or NULL. */
 struct reg_device *registry_device(struct registry *reg, DLDevice dev);

@@ -6,7 +6,7 @@
  * Each waiter is on two lists: its name's (in a hash map of names, oldest
  * first) and its owner's. A publish visits only the waiters of its name,
  * a closing connection only its own: with hundreds of thousands of waiters
- * parked, neither walks the others (issue 10, item 6).
+ * parked, neither walks the others.
  */
 #include "waiters.h"
 

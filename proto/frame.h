@@ -13,7 +13,12 @@
 #define TD_FRAME_FLAG_FD (1u << 0)
 /* Largest request the daemon accepts: names and shapes are small. */
 #define TD_FRAME_MAX_REQUEST (64u * 1024u)
-/* Largest reply a client accepts: list() of many tensors can be large. */
+/*
+ * Largest reply a client accepts. Replies that could grow with the daemon's
+ * state (List, LeaseList, ClientList, Metrics) are paged or bounded far
+ * below it; the cap bounds what a broken or hostile daemon can make a
+ * client allocate.
+ */
 #define TD_FRAME_MAX_REPLY (256u * 1024u * 1024u)
 
 struct td_frame {

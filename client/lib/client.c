@@ -239,11 +239,6 @@ static int deliver_frames(struct td_conn *conn)
 }
 
 /*
- * One recvmsg into the receive buffer, without the lock (we are the
- * reader). On success *ret_n bytes came, and *ret_fd is the first
- * descriptor with them, owned by the caller, or -1.
- */
-/*
  * The reader polls the socket for a reply before it sleeps in recvmsg(): a
  * reply to most requests comes within a few tens of microseconds, while
  * waking a sleeping thread on another CPU costs about as much again on a
@@ -277,6 +272,11 @@ static ssize_t spin_recv(int fd, struct msghdr *m)
 	return n;
 }
 
+/*
+ * One recvmsg into the receive buffer, without the lock (we are the
+ * reader). On success *ret_n bytes came, and *ret_fd is the first
+ * descriptor with them, owned by the caller, or -1.
+ */
 static int read_some(struct td_conn *conn, int *ret_fd, size_t *ret_n)
 {
 	union {

@@ -130,7 +130,8 @@ int tensord_leases(tensord_client *c, const char *name, tensord_lease_holder **r
 			holder_from_wire(&v[n++], rep->lease_list->holders[i]);
 		/* A page may be empty and say "more"; one that leaves the cursor
 		 * where it was would loop forever. A daemon from before the cursor
-		 * (issue 18) says no cursor and pages by the last entry. */
+		 * (protocol fields next_conn/next_slot) sends none and pages by the
+		 * last entry. */
 		more = rep->lease_list->more;
 		if (more && !rep->lease_list->next_conn && rep->lease_list->n_holders) {
 			ll.after_tensor = v[n - 1].tensor_id;

@@ -7,6 +7,8 @@
  *   tensor.c    the Tensor type and its __dlpack__ producer
  *   exchange.c  the DLPack C exchange table published on the Tensor type
  *   put.c       Client.put(): foreign arrays into daemon tensors
+ *   buffer.c    the buffer protocol and __array__ on Tensor
+ *   inspect.c   Client.leases(), clients() and metrics(), and their records
  *   dlpack.c    lease plumbing that needs no Python (shares, legacy
  *               wrappers, private copies)
  */

@@ -1,5 +1,5 @@
 /*
- * tensorctl: the command-line client of tensord (CONTRACT.md §7).
+ * tensorctl: the command-line client of tensord.
  *
  * It uses only the public libtensord API. Exit status: 0 on success, 1 when
  * an operation fails (the reason on stderr), 2 on a usage error, 124 when
@@ -18,33 +18,25 @@
 
 #include "tensorctl.h"
 
-static const char usage_text[] =
-	"usage: tensorctl [--socket PATH] COMMAND [ARGS] [OPTIONS]\n\n"
-	"  ls [PREFIX] [--json]             list tensors whose name starts with PREFIX\n"
-	"  stat NAME [--json]               describe one tensor\n"
-	"  put NAME FILE.npy [--force] [--mutable] [--mode MODE] [--lifetime "
-	"persistent|connection]\n"
-	"                                   create NAME from a .npy file and publish it\n"
-	"                                   (--force: replace a NAME you own)\n"
-	"  get NAME OUT.npy                 write a tensor to a .npy file (- for stdout)\n"
-	"  rm NAME                          unlink a tensor\n"
-	"  wait NAME [--timeout SEC] [--json]  wait until NAME is published\n"
-	"  stats [--json|--prometheus]      daemon totals, per device; or its metrics text\n"
-	"  leases [NAME] [--json]           who holds leases: pid, user, command, count, since\n"
-	"  clients [--json]                 client connections (root: all; others: their own)\n"
+/* The end of --help, after the commands. */
+static const char usage_tail[] =
 	"--socket PATH (else $TENSORD_SOCKET, else the default path, then\n"
 	"/run/tensord/tensord.sock) picks the daemon; $TENSORD_DAEMON_UID names a daemon\n"
 	"user to trust besides yourself and root;\n"
 	"-h/--help, --version. Options may come before or after the arguments.\n"
 	"exit status: 0 success, 1 operation error, 2 usage error, 124 timed out\n";
 
-/* One command: what runs it, how many positionals and which options it takes. */
+/*
+ * One command: what runs it, how many positionals and which options it
+ * takes, its usage line (for errors and --help) and what it does (--help).
+ */
 struct command {
 	const char *name;
 	int (*run)(tensord_client *c, const struct args *a);
 	int min_pos, max_pos;
 	unsigned opts;
 	const char *usage;
+	const char *help;
 };
 
 static int __attribute__((format(printf, 2, 3)))
@@ -62,20 +54,50 @@ usage_error(const char *cmd_usage, const char *fmt, ...)
 }
 
 static const struct command commands[] = {
-	{ "ls", cmd_ls, 0, 1, OPT_JSON, "ls [PREFIX] [--json]" },
-	{ "stat", cmd_stat, 1, 1, OPT_JSON, "stat NAME [--json]" },
+	{ "ls", cmd_ls, 0, 1, OPT_JSON, "ls [PREFIX] [--json]",
+	  "list tensors whose name starts with PREFIX" },
+	{ "stat", cmd_stat, 1, 1, OPT_JSON, "stat NAME [--json]", "describe one tensor" },
 	{ "put", cmd_put, 2, 2, OPT_MUTABLE | OPT_MODE | OPT_LIFETIME | OPT_FORCE,
 	  "put NAME FILE.npy [--force] [--mutable] [--mode MODE] "
-	  "[--lifetime persistent|connection]" },
-	{ "get", cmd_get, 2, 2, 0, "get NAME OUT.npy" },
-	{ "rm", cmd_rm, 1, 1, 0, "rm NAME" },
-	{ "wait", cmd_wait, 1, 1, OPT_TIMEOUT | OPT_JSON, "wait NAME [--timeout SEC] [--json]" },
-	{ "stats", cmd_stats, 0, 0, OPT_JSON | OPT_PROMETHEUS, "stats [--json|--prometheus]" },
-	{ "leases", cmd_leases, 0, 1, OPT_JSON, "leases [NAME] [--json]" },
-	{ "clients", cmd_clients, 0, 0, OPT_JSON, "clients [--json]" },
+	  "[--lifetime persistent|connection]",
+	  "create NAME from a .npy file and publish it\n(--force: replace a NAME you own)" },
+	{ "get", cmd_get, 2, 2, 0, "get NAME OUT.npy",
+	  "write a tensor to a .npy file (- for stdout)" },
+	{ "rm", cmd_rm, 1, 1, 0, "rm NAME", "unlink a tensor" },
+	{ "wait", cmd_wait, 1, 1, OPT_TIMEOUT | OPT_JSON, "wait NAME [--timeout SEC] [--json]",
+	  "wait until NAME is published" },
+	{ "stats", cmd_stats, 0, 0, OPT_JSON | OPT_PROMETHEUS, "stats [--json|--prometheus]",
+	  "daemon totals, per device; or its metrics text" },
+	{ "leases", cmd_leases, 0, 1, OPT_JSON, "leases [NAME] [--json]",
+	  "who holds leases: pid, user, command, count, since" },
+	{ "clients", cmd_clients, 0, 0, OPT_JSON, "clients [--json]",
+	  "client connections (root: all; others: their own)" },
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+/* --help: every command's usage line and what it does, from the table. */
+static void print_help(FILE *f)
+{
+	fputs("usage: tensorctl [--socket PATH] COMMAND [ARGS] [OPTIONS]\n\n", f);
+	for (size_t i = 0; i < N_COMMANDS; i++) {
+		const char *h = commands[i].help, *nl;
+		int w = (int)strlen(commands[i].usage);
+
+		/* The help in a column; a long usage line gets it on the next line. */
+		fprintf(f, "  %s", commands[i].usage);
+		for (bool first = true; *h; first = false, h = nl ? nl + 1 : h + strlen(h)) {
+			nl = strchr(h, '\n');
+			if (!first || w > 32)
+				fprintf(f, "\n%35s", "");
+			else
+				fprintf(f, "%*s", 33 - w, "");
+			fprintf(f, "%.*s", nl ? (int)(nl - h) : (int)strlen(h), h);
+		}
+		fputc('\n', f);
+	}
+	fputs(usage_tail, f);
+}
 
 /* The options; bit 0 (--socket) is accepted by every command. */
 static const struct {
@@ -223,7 +245,7 @@ static int parse_args(int argc, char **argv, struct args *a, const struct comman
 			if (cmd)
 				printf("usage: tensorctl [--socket PATH] %s\n", cmd->usage);
 			else
-				fputs(usage_text, stdout);
+				print_help(stdout);
 			return 0;
 		} else if (strcmp(arg, "--version") == 0) {
 			printf("tensorctl %s (protocol %d)\n", TENSORD_VERSION,

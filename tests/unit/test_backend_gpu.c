@@ -6,7 +6,7 @@
  * driver-free cases are skipped through cmocka with the reason; the GPU
  * behaviour itself is covered by tests/gpu/run.sh. Then, against fake
  * driver tables (fake_gpu.h), the call sequences: allocation, zeroing,
- * export, free (on the GPU GPU worker's thread), the primary context dropped
+ * export, free (on the GPU worker's thread), the primary context dropped
  * with the last tensor, and the daemon's ordinal found from a client's UUID.
  */
 #include <dlfcn.h>
