@@ -150,10 +150,10 @@ class SDist(sdist):
 ext = Extension(
     "tensord._tensord",
     sources=sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "*.c"))),
-    define_macros=[("_GNU_SOURCE", None)],
+    define_macros=[("_GNU_SOURCE", None), ("TENSORD_VERSION", '"%s"' % version())],
     extra_compile_args=CFLAGS,
     extra_link_args=(pkg_config("libprotobuf-c", "--libs") or ["-lprotobuf-c"]) +
     ["-ldl", "-lpthread"],
 )
 
-setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt, "sdist": SDist})
+setup(version=version(), ext_modules=[ext], cmdclass={"build_ext": BuildExt, "sdist": SDist})

@@ -18,6 +18,7 @@ from ._tensord import (  # noqa: F401
     DLPACK_MAJOR_VERSION,
     DLPACK_MINOR_VERSION,
     PROTOCOL_VERSION,
+    __version__,
     AccessDeniedError,
     Client,
     ClientInfo,
@@ -32,8 +33,6 @@ from ._tensord import (  # noqa: F401
     connect,
     default_socket_path,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AccessDeniedError",
