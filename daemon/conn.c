@@ -158,12 +158,7 @@ void conn_close(struct conn *c)
 	set->handlers->on_close(c, set->ctx);
 	free(c->in);
 	c->in = NULL;
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		set->head = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
+	LIST_REMOVE(c, link);
 	set->n--;
 	uv_poll_stop(&c->poll);
 	uv_close((uv_handle_t *)&c->poll, on_closed);
@@ -171,8 +166,8 @@ void conn_close(struct conn *c)
 
 void conn_close_all(struct conn_set *set)
 {
-	while (set->head)
-		conn_close(set->head);
+	while (!LIST_EMPTY(&set->list))
+		conn_close(LIST_FIRST(&set->list));
 }
 
 void conn_shutdown(struct conn *c)

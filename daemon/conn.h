@@ -9,6 +9,7 @@
 #ifndef TENSORD_CONN_H
 #define TENSORD_CONN_H
 
+#include <sys/queue.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -90,7 +91,7 @@ struct conn_set {
 	unsigned max;                         /* connections served at once */
 	unsigned n;
 	uint64_t next_id;
-	struct conn *head;
+	LIST_HEAD(, conn) list; /* every open connection, newest first */
 	/* Per-uid shares of connections and descriptors in flight; borrowed,
 	 * NULL: not counted. Set by main.c after conn_set_init(). */
 	struct quota *quota;
@@ -144,8 +145,8 @@ struct conn {
 	bool closing;             /* flush what is queued, then close */
 	bool dead;                /* closed; waiting for libuv to let go */
 	struct log_limits limits; /* of the lines this peer can cause (ratelimit.h) */
-	struct conn *prev, *next;
-	max_align_t data[]; /* set->data_size bytes, the layer above's */
+	LIST_ENTRY(conn) link;    /* the set's connections, newest first */
+	max_align_t data[];       /* set->data_size bytes, the layer above's */
 };
 
 void conn_set_init(struct conn_set *set, uv_loop_t *loop, const struct conn_handlers *handlers,

@@ -29,6 +29,7 @@ void conn_set_init(struct conn_set *set, uv_loop_t *loop, const struct conn_hand
 		   void *ctx, size_t data_size, unsigned max)
 {
 	memset(set, 0, sizeof(*set));
+	LIST_INIT(&set->list);
 	set->loop = loop;
 	set->handlers = handlers;
 	set->ctx = ctx;
@@ -209,10 +210,7 @@ void conn_accept(struct conn_set *set, int fd)
 	c->uid = cred.uid;
 	c->gid = cred.gid;
 	c->poll.data = c;
-	c->next = set->head;
-	if (set->head)
-		set->head->prev = c;
-	set->head = c;
+	LIST_INSERT_HEAD(&set->list, c, link);
 	set->n++;
 	log_debug("conn %llu: pid %d uid %u gid %u connected", (unsigned long long)c->id, cred.pid,
 		  cred.uid, cred.gid);
@@ -229,10 +227,10 @@ static void on_retry(uv_timer_t *h)
 	linger_expire(set, false);
 	drain_check(set, false);
 	if (set->n_blocked) {
-		for (c = set->head; c; c = c->next)
-			conn_refresh_in_flight(c);
-		for (c = set->head; c; c = next) {
-			next = c->next;
+		LIST_FOREACH(c, &set->list, link)
+		conn_refresh_in_flight(c);
+		for (c = LIST_FIRST(&set->list); c; c = next) {
+			next = LIST_NEXT(c, link);
 			/* Serving one may close others (a publish answers waiters). */
 			if (c->dead || !c->blocked)
 				continue;

@@ -233,19 +233,13 @@ struct pending_create {
 	struct server *srv;
 	struct client *cl; /* NULL once its connection closed */
 	uint64_t req_id;
-	struct pending_create *prev, *next; /* on cl->pending */
+	LIST_ENTRY(pending_create) link; /* on cl->pending */
 };
 
 static void pending_unlink(struct pending_create *p)
 {
 	p->cl->n_pending--;
-	if (p->prev)
-		p->prev->next = p->next;
-	else
-		p->cl->pending = p->next;
-	if (p->next)
-		p->next->prev = p->prev;
-	p->prev = p->next = NULL;
+	LIST_REMOVE(p, link);
 }
 
 /* On the GPU worker. */
@@ -290,14 +284,10 @@ static void create_defer(struct client *cl, uint64_t id, struct tensor *t)
 	uint64_t lease;
 
 	if (p) {
-		*p = (struct pending_create){ .job = { .t = t },
-					      .srv = cl->srv,
-					      .cl = cl,
-					      .req_id = id,
-					      .next = cl->pending };
-		if (cl->pending)
-			cl->pending->prev = p;
-		cl->pending = p;
+		*p = (struct pending_create){
+			.job = { .t = t }, .srv = cl->srv, .cl = cl, .req_id = id
+		};
+		LIST_INSERT_HEAD(&cl->pending, p, link);
 		cl->n_pending++;
 		if (gpu_worker_submit(create_work, create_done, p) == 0)
 			return;
@@ -672,9 +662,12 @@ void dispatch_close(struct conn *c, void *ctx)
 	quota_uncharge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, cl->waits.n_waiters);
 	waiters_drop_owner(&srv->waiters, &cl->waits);
 	/* Allocations in flight complete without it (create_done()). */
-	for (struct pending_create *p = cl->pending; p; p = p->next)
+	while (!LIST_EMPTY(&cl->pending)) {
+		struct pending_create *p = LIST_FIRST(&cl->pending);
+
+		LIST_REMOVE(p, link);
 		p->cl = NULL;
-	cl->pending = NULL;
+	}
 	cl->n_pending = 0;
 	registry_client_gone(&srv->reg, &cl->rc);
 }

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/queue.h>
 
 #include "conn.h"
 #include "registry.h"
@@ -28,11 +29,11 @@ struct pending_create;
 
 /* One client as the protocol sees it: the conn_data() of its connection. */
 struct client {
-	struct server *srv;             /* borrowed */
-	struct conn *conn;              /* borrowed: the connection this lives in */
-	struct reg_client rc;           /* who it is, and its leases */
-	struct waiter_owner waits;      /* its parked attaches */
-	struct pending_create *pending; /* its creates the GPU worker is allocating */
+	struct server *srv;                  /* borrowed */
+	struct conn *conn;                   /* borrowed: the connection this lives in */
+	struct reg_client rc;                /* who it is, and its leases */
+	struct waiter_owner waits;           /* its parked attaches */
+	LIST_HEAD(, pending_create) pending; /* its creates the GPU worker is allocating */
 	unsigned n_pending;
 	bool hello_done;
 	/* For inspection (inspect.c): */

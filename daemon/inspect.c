@@ -192,13 +192,13 @@ static struct conn *page_start(struct lease_page *pg, struct conn *c, uint32_t *
 	if (!pg->conn)
 		return c;
 	/* Newest first: pass those newer than the cursor's connection. */
-	for (; c && c->id > pg->conn; c = c->next)
+	for (; c && c->id > pg->conn; c = LIST_NEXT(c, link))
 		pg->visits++;
 	if (c && c->id == pg->conn) {
 		if (pg->slot)
 			*ret_slot = pg->slot;
 		else
-			c = c->next;
+			c = LIST_NEXT(c, link);
 	}
 	return c;
 }
@@ -211,9 +211,9 @@ static void page_fill(struct lease_page *pg, const struct client *me, const Tens
 {
 	size_t name_len = strlen(m->name), budget = INSPECT_SCAN_MAX;
 	uint32_t s;
-	struct conn *c = page_start(pg, me->srv->conns.head, &s);
+	struct conn *c = page_start(pg, LIST_FIRST(&me->srv->conns.list), &s);
 
-	for (; c; c = c->next, s = 0) {
+	for (; c; c = LIST_NEXT(c, link), s = 0) {
 		const struct client *cl = conn_data(c);
 		const struct reg_client *rc = &cl->rc;
 
@@ -367,7 +367,7 @@ void inspect_clients(struct client *cl, uint64_t req_id, const Tensord__ClientLi
 		reply_status(cl->conn, req_id, -ENOMEM, "out of memory listing clients");
 		return;
 	}
-	for (struct conn *c = set->head; c && n < set->n; c = c->next)
+	for (struct conn *c = LIST_FIRST(&set->list); c && n < set->n; c = LIST_NEXT(c, link))
 		if (c->id > m->after && (cl->rc.uid == 0 || c->uid == cl->rc.uid))
 			v[n++] = conn_data(c);
 	if (n)

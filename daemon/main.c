@@ -68,6 +68,7 @@ static void log_state(struct server *srv)
 {
 	uint32_t slabs;
 	uint64_t slab_bytes;
+	struct conn *c;
 
 	ratelimit_flush_all();
 	backend_host_slab_stats(&slabs, &slab_bytes);
@@ -83,7 +84,8 @@ static void log_state(struct server *srv)
 				 d->device.device_id, d->tensors, (unsigned long long)d->used,
 				 (unsigned long long)d->capacity);
 	}
-	for (struct conn *c = srv->conns.head; c; c = c->next) {
+	LIST_FOREACH(c, &srv->conns.list, link)
+	{
 		const struct client *cl = conn_data(c);
 
 		log_info("state: conn %llu: pid %u uid %u gid %u: %u leases",

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -53,7 +54,7 @@ struct http_conn {
 	char *body;   /* owned; what is being sent */
 	char head[256];
 	size_t in_len;
-	struct http_conn *prev, *next;
+	LIST_ENTRY(http_conn) link; /* ep.list */
 	char in[METRICS_HTTP_REQUEST_MAX];
 };
 
@@ -66,7 +67,7 @@ static struct {
 	void *ctx;
 	unsigned n_conns; /* closing ones too, until freed */
 	uint64_t next_seq;
-	struct http_conn *head;
+	LIST_HEAD(, http_conn) list; /* every connection, closing ones too */
 } ep;
 
 int metrics_http_parse(const char *buf, size_t len)
@@ -97,10 +98,7 @@ int metrics_http_parse(const char *buf, size_t len)
 /* hc goes on the list, where hc_closed() finds it. */
 static void hc_link(struct http_conn *hc)
 {
-	hc->next = ep.head;
-	if (ep.head)
-		ep.head->prev = hc;
-	ep.head = hc;
+	LIST_INSERT_HEAD(&ep.list, hc, link);
 	ep.n_conns++;
 }
 
@@ -110,12 +108,7 @@ static void hc_closed(uv_handle_t *h)
 
 	if (--hc->open_handles)
 		return;
-	if (hc->prev)
-		hc->prev->next = hc->next;
-	else
-		ep.head = hc->next;
-	if (hc->next)
-		hc->next->prev = hc->prev;
+	LIST_REMOVE(hc, link);
 	ep.n_conns--;
 	free(hc->body);
 	free(hc);
@@ -289,7 +282,8 @@ static bool make_room(struct http_conn *hc)
 	int i;
 
 	/* Those closing are gone already; at most the limit are not. */
-	for (struct http_conn *c = ep.head; c && n < METRICS_HTTP_CONNS_MAX + 1; c = c->next) {
+	for (struct http_conn *c = LIST_FIRST(&ep.list); c && n < METRICS_HTTP_CONNS_MAX + 1;
+	     c = LIST_NEXT(c, link)) {
 		if (c->closing)
 			continue;
 		v[n] = (struct metrics_http_slot){ c->peer, c->answered, c->seq };
@@ -484,8 +478,8 @@ void metrics_http_stop(void)
 	uv_close(&ep.lsn.handle, NULL);
 	if (ep.is_unix)
 		server_socket_remove(ep.path);
-	for (hc = ep.head; hc; hc = next) {
-		next = hc->next;
+	for (hc = LIST_FIRST(&ep.list); hc; hc = next) {
+		next = LIST_NEXT(hc, link);
 		hc_close(hc);
 	}
 }

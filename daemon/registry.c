@@ -101,6 +101,7 @@ int registry_init(struct registry *reg, uint64_t host_capacity)
 {
 	memset(reg, 0, sizeof(*reg));
 	RB_INIT(&reg->names);
+	LIST_INIT(&reg->all);
 	reg->n_buckets = 64;
 	reg->buckets = calloc(reg->n_buckets, sizeof(*reg->buckets));
 	if (!reg->buckets)
@@ -144,26 +145,14 @@ int registry_init(struct registry *reg, uint64_t host_capacity)
 void reg_creator_link(struct reg_client *rc, struct tensor *t)
 {
 	t->creator = rc;
-	t->cprev = NULL;
-	t->cnext = rc->created;
-	if (rc->created)
-		rc->created->cprev = t;
-	rc->created = t;
+	LIST_INSERT_HEAD(&rc->created, t, creator_link);
 }
 
 static void creator_unlink(struct tensor *t)
 {
-	struct reg_client *rc = t->creator;
-
-	if (!rc)
+	if (!t->creator)
 		return;
-	if (t->cprev)
-		t->cprev->cnext = t->cnext;
-	else
-		rc->created = t->cnext;
-	if (t->cnext)
-		t->cnext->cprev = t->cprev;
-	t->cprev = t->cnext = NULL;
+	LIST_REMOVE(t, creator_link);
 	t->creator = NULL;
 }
 
@@ -173,12 +162,7 @@ void reg_tensor_free(struct registry *reg, struct tensor *t)
 	free(t->hv);
 	creator_unlink(t);
 	reg_create_uncharge(reg, t);
-	if (t->prev)
-		t->prev->next = t->next;
-	else
-		reg->all = t->next;
-	if (t->next)
-		t->next->prev = t->prev;
+	LIST_REMOVE(t, all_link);
 	if (t->dev) {
 		reg_figures(reg, t, t->state, 0, -(int64_t)t->alloc.footprint);
 		t->dev->used -= t->alloc.footprint;
@@ -193,8 +177,8 @@ void reg_tensor_free(struct registry *reg, struct tensor *t)
 
 void registry_fini(struct registry *reg)
 {
-	while (reg->all) {
-		struct tensor *t = reg->all;
+	while (!LIST_EMPTY(&reg->all)) {
+		struct tensor *t = LIST_FIRST(&reg->all);
 
 		t->creator = NULL; /* its client may be gone without client_gone() */
 		if (t->draft)
@@ -351,10 +335,7 @@ void reg_tensor_link(struct registry *reg, struct reg_device *dev, struct tensor
 	t->dev = dev;
 	dev->used += t->alloc.footprint;
 	dev->tensors++;
-	t->next = reg->all;
-	if (reg->all)
-		reg->all->prev = t;
-	reg->all = t;
+	LIST_INSERT_HEAD(&reg->all, t, all_link);
 	reg->n_tensors++;
 	reg_figures(reg, t, 0, t->state, (int64_t)t->alloc.footprint);
 }
@@ -363,6 +344,7 @@ void registry_client_init(struct reg_client *rc, uint64_t id, uint32_t uid, uint
 			  uint32_t pid)
 {
 	memset(rc, 0, sizeof(*rc));
+	LIST_INIT(&rc->created);
 	rc->id = id;
 	rc->uid = uid;
 	rc->gid = gid;
@@ -463,7 +445,7 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc)
 	/* Names first: a tensor it created but never published, or created
 	 * with connection lifetime, goes with it. Leases second, so the last
 	 * one frees the memory. Only what rc created and leased is visited. */
-	while ((t = rc->created)) {
+	while ((t = LIST_FIRST(&rc->created))) {
 		reg->visits++;
 		creator_unlink(t);
 		if (t->state == TENSORD_STATE_CREATED || (t->flags & TENSORD_LIFETIME_CONNECTION)) {

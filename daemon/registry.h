@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <sys/queue.h> /* LIST_*: the doubly linked lists of tensors */
+
 #include <tensord/tensord.h>
 #include <uv/tree.h> /* the BSD red-black tree libuv ships: names in order for List */
 
@@ -75,14 +77,14 @@ struct tensor {
 	 */
 	struct tensor *draft;
 	struct tensor *replaces;
-	struct reg_client *creator;   /* borrowed; NULL once the creator is gone */
-	struct reg_device *dev;       /* borrowed: the device slot it is charged to */
-	struct backend_alloc alloc;   /* owned */
-	struct tensor *hnext;         /* hash chain of named tensors */
-	RB_ENTRY(tensor) byname;      /* named tensors in name order */
-	struct tensor *prev, *next;   /* every live tensor */
-	struct tensor *cprev, *cnext; /* the tensors its creator made, while it lives */
-	int64_t dims[];               /* shape, strides, then the name's bytes */
+	struct reg_client *creator;      /* borrowed; NULL once the creator is gone */
+	struct reg_device *dev;          /* borrowed: the device slot it is charged to */
+	struct backend_alloc alloc;      /* owned */
+	struct tensor *hnext;            /* hash chain of named tensors */
+	RB_ENTRY(tensor) byname;         /* named tensors in name order */
+	LIST_ENTRY(tensor) all_link;     /* every live tensor: registry.all */
+	LIST_ENTRY(tensor) creator_link; /* what its creator made, while it lives */
+	int64_t dims[];                  /* shape, strides, then the name's bytes */
 };
 
 /* One device the daemon can allocate on. */
@@ -104,8 +106,8 @@ struct reg_client {
 	uint32_t n_slots, cap_slots;
 	uint32_t free_head; /* 1-based index of the first free slot; 0: none */
 	uint32_t n_leases;
-	uint64_t n_created;     /* tensors it created (create and put), for inspection */
-	struct tensor *created; /* what it created, for its close to walk */
+	uint64_t n_created;          /* tensors it created (create and put), for inspection */
+	LIST_HEAD(, tensor) created; /* what it created, for its close to walk */
 };
 
 struct reg_lease {
@@ -122,7 +124,7 @@ struct registry {
 	struct tensor **buckets;
 	size_t n_buckets; /* power of two */
 	size_t n_named;
-	struct tensor *all; /* every live tensor, named or not */
+	LIST_HEAD(, tensor) all; /* every live tensor, named or not */
 	uint64_t n_tensors;
 	uint64_t n_leases;
 	uint64_t next_id;

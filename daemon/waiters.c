@@ -18,10 +18,12 @@
 
 #include "common/hash.h"
 
-/* The waiters of one name; freed when its last waiter goes. */
+TAILQ_HEAD(waiter_list, waiter);
+
+/* The waiters of one name, oldest first; freed when its last waiter goes. */
 struct waiter_name {
 	struct waiter_name *hnext;
-	struct waiter *head, *tail;
+	struct waiter_list list;
 	size_t len;
 	char name[];
 };
@@ -34,8 +36,8 @@ struct waiter {
 	bool has_timer;
 	bool firing; /* taken off by waiters_wake(), not yet called back */
 	uv_timer_t timer;
-	struct waiter *nprev, *nnext; /* the name's list, or the firing list */
-	struct waiter *oprev, *onext; /* the owner's list */
+	TAILQ_ENTRY(waiter) name_link; /* the name's list, or the firing list */
+	LIST_ENTRY(waiter) owner_link; /* the owner's list */
 };
 
 void waiters_init(struct waiters *ws, uv_loop_t *loop, waiter_done_fn *on_done, void *ctx)
@@ -97,6 +99,7 @@ static struct waiter_name *name_get(struct waiters *ws, const char *name, size_t
 	wn = calloc(1, sizeof(*wn) + len + 1);
 	if (!wn)
 		return NULL;
+	TAILQ_INIT(&wn->list);
 	memcpy(wn->name, name, len);
 	wn->len = len;
 	b = bucket_of(ws, name, len);
@@ -125,18 +128,10 @@ static void unlink_name(struct waiters *ws, struct waiter *w)
 
 	if (!wn)
 		return;
-	if (w->nprev)
-		w->nprev->nnext = w->nnext;
-	else
-		wn->head = w->nnext;
-	if (w->nnext)
-		w->nnext->nprev = w->nprev;
-	else
-		wn->tail = w->nprev;
-	w->nprev = w->nnext = NULL;
+	TAILQ_REMOVE(&wn->list, w, name_link);
 	w->wn = NULL;
 	ws->n_waiters--;
-	if (!wn->head)
+	if (TAILQ_EMPTY(&wn->list))
 		name_remove(ws, wn);
 }
 
@@ -146,13 +141,7 @@ static void unlink_owner(struct waiter *w)
 
 	if (!o)
 		return;
-	if (w->oprev)
-		w->oprev->onext = w->onext;
-	else
-		o->head = w->onext;
-	if (w->onext)
-		w->onext->oprev = w->oprev;
-	w->oprev = w->onext = NULL;
+	LIST_REMOVE(w, owner_link);
 	o->n_waiters--;
 }
 
@@ -209,16 +198,8 @@ int waiters_add(struct waiters *ws, struct waiter_owner *o, const struct waiter_
 		w->has_timer = true;
 		uv_timer_start(&w->timer, on_timeout, (uint64_t)timeout_ms, 0);
 	}
-	w->nprev = wn->tail;
-	if (wn->tail)
-		wn->tail->nnext = w;
-	else
-		wn->head = w;
-	wn->tail = w;
-	w->onext = o->head;
-	if (o->head)
-		o->head->oprev = w;
-	o->head = w;
+	TAILQ_INSERT_TAIL(&wn->list, w, name_link);
+	LIST_INSERT_HEAD(&o->list, w, owner_link);
 	o->n_waiters++;
 	ws->n_waiters++;
 	return 0;
@@ -227,26 +208,27 @@ int waiters_add(struct waiters *ws, struct waiter_owner *o, const struct waiter_
 void waiters_wake(struct waiters *ws, const char *name, size_t len)
 {
 	struct waiter_name *wn = name_find(ws, name, len);
-	struct waiter *w, *firing;
+	struct waiter_list firing = TAILQ_HEAD_INITIALIZER(firing);
+	struct waiter *w;
 
 	if (!wn)
 		return;
 	/* Take the name's whole list off first: answering one waiter may
 	 * close its connection, which drops its owner's waiters. Those still
 	 * to be answered are then only marked (owner NULL), not called back. */
-	firing = wn->head;
-	for (w = firing; w; w = w->nnext) {
+	TAILQ_CONCAT(&firing, &wn->list, name_link);
+	TAILQ_FOREACH(w, &firing, name_link)
+	{
 		w->firing = true;
 		w->wn = NULL;
 		ws->n_waiters--;
 		ws->visits++;
 	}
-	wn->head = wn->tail = NULL;
 	name_remove(ws, wn);
-	while ((w = firing)) {
+	while ((w = TAILQ_FIRST(&firing))) {
 		struct waiter_owner *o = w->owner;
 
-		firing = w->nnext;
+		TAILQ_REMOVE(&firing, w, name_link);
 		unlink_owner(w);
 		if (o)
 			ws->on_done(o, &w->req, 0, ws->ctx);
@@ -258,8 +240,8 @@ void waiters_drop_owner(struct waiters *ws, struct waiter_owner *o)
 {
 	struct waiter *w, *next;
 
-	for (w = o->head; w; w = next) {
-		next = w->onext;
+	for (w = LIST_FIRST(&o->list); w; w = next) {
+		next = LIST_NEXT(w, owner_link);
 		ws->visits++;
 		unlink_owner(w);
 		w->owner = NULL;
@@ -275,7 +257,7 @@ void waiters_drop_all(struct waiters *ws)
 {
 	for (size_t i = 0; i < ws->n_buckets; i++) {
 		while (ws->buckets[i]) {
-			struct waiter *w = ws->buckets[i]->head;
+			struct waiter *w = TAILQ_FIRST(&ws->buckets[i]->list);
 
 			ws->visits++;
 			unlink_owner(w);

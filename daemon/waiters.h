@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include <tensord/tensord.h>
+#include <sys/queue.h>
 #include <uv.h>
 
 struct waiter;
@@ -19,9 +20,9 @@ struct waiter_name;
 
 /* Embedded in whoever waits: one per client connection. */
 struct waiter_owner {
-	void *data;          /* the embedder's; never read here */
-	unsigned n_waiters;  /* its waiters still parked */
-	struct waiter *head; /* those waiters; closing walks only these */
+	void *data;               /* the embedder's; never read here */
+	unsigned n_waiters;       /* its waiters still parked */
+	LIST_HEAD(, waiter) list; /* those waiters; closing walks only these */
 };
 
 /* One parked request, as waiters_add() copies it and on_done gets it back. */

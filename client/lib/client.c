@@ -25,7 +25,7 @@
 
 /* Every live client of this process, for fork() (docs/design.md, "Fork"). */
 static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
-static tensord_client *all_clients;
+static LIST_HEAD(, tensord_client) all_clients = LIST_HEAD_INITIALIZER(all_clients);
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 void td_client_ref(tensord_client *c)
@@ -50,9 +50,7 @@ void td_client_unref(tensord_client *c)
 	if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
 		return;
 	pthread_mutex_lock(&all_lock);
-	*(c->prev_c ? &c->prev_c->next_c : &all_clients) = c->next_c;
-	if (c->next_c)
-		c->next_c->prev_c = c->prev_c;
+	LIST_REMOVE(c, all_link);
 	pthread_mutex_unlock(&all_lock);
 	/* An inherited client's last lease went after its close. */
 	if (c->successor)
@@ -452,8 +450,11 @@ int td_send_oneway(tensord_client *c, Tensord__Request *req)
  */
 static void atfork_prepare(void)
 {
+	tensord_client *c;
+
 	pthread_mutex_lock(&all_lock);
-	for (tensord_client *c = all_clients; c; c = c->next_c) {
+	LIST_FOREACH(c, &all_clients, all_link)
+	{
 		pthread_mutex_lock(&c->lock);
 		pthread_mutex_lock(&c->conn.send_lock);
 	}
@@ -461,7 +462,10 @@ static void atfork_prepare(void)
 
 static void atfork_parent(void)
 {
-	for (tensord_client *c = all_clients; c; c = c->next_c) {
+	tensord_client *c;
+
+	LIST_FOREACH(c, &all_clients, all_link)
+	{
 		pthread_mutex_unlock(&c->conn.send_lock);
 		pthread_mutex_unlock(&c->lock);
 	}
@@ -506,10 +510,12 @@ static void forget_parent(tensord_client *c)
 
 static void atfork_child(void)
 {
+	tensord_client *c;
+
 	if (td_cuda_api_in_use() || td_hip_api_in_use())
 		td_gpu_forked_from = (int)getppid();
-	for (tensord_client *c = all_clients; c; c = c->next_c)
-		forget_parent(c);
+	LIST_FOREACH(c, &all_clients, all_link)
+	forget_parent(c);
 	pthread_mutex_unlock(&all_lock);
 }
 
@@ -535,10 +541,7 @@ tensord_client *td_client_new(int fd)
 	c->conn.fd = fd;
 	pthread_once(&atfork_once, atfork_register);
 	pthread_mutex_lock(&all_lock);
-	c->next_c = all_clients;
-	if (all_clients)
-		all_clients->prev_c = c;
-	all_clients = c;
+	LIST_INSERT_HEAD(&all_clients, c, all_link);
 	pthread_mutex_unlock(&all_lock);
 	return c;
 }

@@ -104,9 +104,9 @@ struct tensord_client {
 	 */
 	char path[108]; /* the socket it connected to */
 	bool inherited;
-	bool user_closed;                /* tensord_close() ran on an inherited client */
-	tensord_client *successor;       /* owned (the user's handle of it); NULL: none yet */
-	tensord_client *prev_c, *next_c; /* every live client of this process (client.c) */
+	bool user_closed;                    /* tensord_close() ran on an inherited client */
+	tensord_client *successor;           /* owned (the user's handle of it); NULL: none yet */
+	LIST_ENTRY(tensord_client) all_link; /* every live client of this process (client.c) */
 };
 
 /*

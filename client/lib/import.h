@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/queue.h>
 
 #include <tensord/tensord.h>
 
@@ -48,11 +49,11 @@ struct td_mapping {
 	bool created_here;               /* this process created it (it may publish) */
 	uint32_t flags;                  /* the tensor's TENSORD_MUTABLE | ... */
 	bool reusable;                   /* a repeat attach of name may reuse it */
-	bool revoked; /* unmapped by tensord_close(): the last unref only frees */
-	struct td_mapping *next;
+	bool revoked;                /* unmapped by tensord_close(): the last unref only frees */
+	LIST_ENTRY(td_mapping) link; /* the cache's list, or one of those going */
 	/* Kept after its last lease (mapcache.h): when, and its place in the parked list. */
 	uint64_t parked_ns; /* 0: some lease uses it */
-	struct td_mapping *park_prev, *park_next;
+	TAILQ_ENTRY(td_mapping) park_link;
 };
 
 struct td_importer {

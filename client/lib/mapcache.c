@@ -23,25 +23,14 @@ void td_mapcache_init(struct td_mapcache *mc, pthread_mutex_t *lock)
 {
 	memset(mc, 0, sizeof(*mc));
 	mc->lock = lock;
-}
-
-/* Lock held. Takes m off the maps list. */
-static void unlist(struct td_mapcache *mc, struct td_mapping *m)
-{
-	for (struct td_mapping **pm = &mc->maps; *pm; pm = &(*pm)->next) {
-		if (*pm == m) {
-			*pm = m->next;
-			break;
-		}
-	}
+	LIST_INIT(&mc->maps);
+	TAILQ_INIT(&mc->parked);
 }
 
 /* Lock held. Takes m off the parked list; it is in use again, or going. */
 static void unpark(struct td_mapcache *mc, struct td_mapping *m)
 {
-	*(m->park_prev ? &m->park_prev->park_next : &mc->park_head) = m->park_next;
-	*(m->park_next ? &m->park_next->park_prev : &mc->park_tail) = m->park_prev;
-	m->park_prev = m->park_next = NULL;
+	TAILQ_REMOVE(&mc->parked, m, park_link);
 	m->parked_ns = 0;
 	mc->n_parked--;
 	mc->parked_bytes -= m->size;
@@ -59,55 +48,58 @@ static void unmap_free(struct td_mapping *m)
 /*
  * Lock held. Moves the parked mappings that are older than TD_PARK_NS at
  * now, or that do not fit the bounds once extra more bytes are parked, to
- * *gone (linked by next), for unmap_free() outside the lock.
+ * gone, for unmap_free() outside the lock.
  */
-static void expire(struct td_mapcache *mc, uint64_t now, uint64_t extra, struct td_mapping **gone)
+static void expire(struct td_mapcache *mc, uint64_t now, uint64_t extra,
+		   struct td_mapping_list *gone)
 {
 	struct td_mapping *m;
 
-	while ((m = mc->park_head) &&
+	while ((m = TAILQ_FIRST(&mc->parked)) &&
 	       (now - m->parked_ns >= TD_PARK_NS || mc->n_parked + (extra > 0) > TD_PARK_MAX ||
 		mc->parked_bytes + extra > TD_PARK_BYTES)) {
 		unpark(mc, m);
-		unlist(mc, m);
-		m->next = *gone;
-		*gone = m;
+		LIST_REMOVE(m, link);
+		LIST_INSERT_HEAD(gone, m, link);
 	}
 }
 
-static void free_list(struct td_mapping *m)
+/* Unmaps and frees every mapping on gone. */
+static void free_list(struct td_mapping_list *gone)
 {
-	while (m) {
-		struct td_mapping *next = m->next;
+	struct td_mapping *m;
 
+	while ((m = LIST_FIRST(gone))) {
+		LIST_REMOVE(m, link);
 		unmap_free(m);
-		m = next;
 	}
 }
 
 uint64_t td_mapcache_sweep(struct td_mapcache *mc)
 {
-	struct td_mapping *gone = NULL;
+	struct td_mapping_list gone = LIST_HEAD_INITIALIZER(gone);
+	struct td_mapping *first;
 	uint64_t due;
 
 	pthread_mutex_lock(mc->lock);
 	expire(mc, mono_ns(), 0, &gone);
-	due = mc->park_head ? mc->park_head->parked_ns + TD_PARK_NS : 0;
+	first = TAILQ_FIRST(&mc->parked);
+	due = first ? first->parked_ns + TD_PARK_NS : 0;
 	pthread_mutex_unlock(mc->lock);
-	free_list(gone);
+	free_list(&gone);
 	return due;
 }
 
 void td_mapcache_fini(struct td_mapcache *mc)
 {
-	struct td_mapping *gone = NULL;
+	struct td_mapping_list gone = LIST_HEAD_INITIALIZER(gone);
 
 	for (int i = 0; i < mc->n_shares; i++)
 		close(mc->shares[i].fd);
 	mc->n_shares = 0;
 	/* No lease is left, so only parked mappings are. */
 	expire(mc, UINT64_MAX / 2 + mono_ns(), 0, &gone);
-	free_list(gone);
+	free_list(&gone);
 }
 
 void td_mapcache_after_fork(struct td_mapcache *mc)
@@ -168,8 +160,7 @@ void td_mapcache_insert(struct td_mapcache *mc, struct td_mapping *m)
 {
 	pthread_mutex_lock(mc->lock);
 	m->refs = 1;
-	m->next = mc->maps;
-	mc->maps = m;
+	LIST_INSERT_HEAD(&mc->maps, m, link);
 	pthread_mutex_unlock(mc->lock);
 }
 
@@ -178,7 +169,8 @@ struct td_mapping *td_mapcache_find_reusable(struct td_mapcache *mc, const char 
 	struct td_mapping *m;
 
 	pthread_mutex_lock(mc->lock);
-	for (m = mc->maps; m; m = m->next) {
+	LIST_FOREACH(m, &mc->maps, link)
+	{
 		if (m->reusable && strcmp(m->name, name) == 0) {
 			if (m->parked_ns)
 				unpark(mc, m);
@@ -195,7 +187,8 @@ struct td_mapping *td_mapcache_find_created(struct td_mapcache *mc, const char *
 	struct td_mapping *m;
 
 	pthread_mutex_lock(mc->lock);
-	for (m = mc->maps; m; m = m->next) {
+	LIST_FOREACH(m, &mc->maps, link)
+	{
 		if (m->created_here && m->writable && strcmp(m->name, name) == 0) {
 			m->refs++;
 			break;
@@ -236,11 +229,11 @@ int td_mapcache_revoke(struct td_mapcache *mc)
 	int n = 0, i = 0;
 
 	pthread_mutex_lock(mc->lock);
-	for (m = mc->maps; m; m = m->next)
-		n += must_revoke(m);
+	LIST_FOREACH(m, &mc->maps, link)
+	n += must_revoke(m);
 	v = n ? malloc((size_t)n * sizeof(*v)) : NULL;
 	/* Without memory for the list, unmap under the lock: it must happen. */
-	for (m = mc->maps; m && n; m = m->next) {
+	for (m = LIST_FIRST(&mc->maps); m && n; m = LIST_NEXT(m, link)) {
 		if (!must_revoke(m))
 			continue;
 		m->revoked = true;
@@ -263,7 +256,8 @@ int td_mapcache_revoke(struct td_mapcache *mc)
 void td_mapcache_unref(struct td_mapcache *mc, struct td_mapping *m)
 {
 	const struct td_importer *imp = td_importer_for(m->handle_kind);
-	struct td_mapping *gone = NULL, parked;
+	struct td_mapping_list gone = LIST_HEAD_INITIALIZER(gone);
+	struct td_mapping parked;
 	void *base = NULL;
 	bool first = false;
 
@@ -279,19 +273,17 @@ void td_mapcache_unref(struct td_mapcache *mc, struct td_mapping *m)
 		base = imp->park(m);
 		parked = *m; /* for unview() after the unlock, when m may be gone */
 		m->parked_ns = now;
-		m->park_prev = mc->park_tail;
-		*(mc->park_tail ? &mc->park_tail->park_next : &mc->park_head) = m;
-		mc->park_tail = m;
+		TAILQ_INSERT_TAIL(&mc->parked, m, park_link);
 		first = mc->n_parked++ == 0;
 		mc->parked_bytes += m->size;
 		m = NULL;
 	} else {
-		unlist(mc, m);
+		LIST_REMOVE(m, link);
 	}
 	pthread_mutex_unlock(mc->lock);
 	if (base)
 		imp->unview(&parked, base);
-	free_list(gone);
+	free_list(&gone);
 	if (m)
 		unmap_free(m);
 	if (first && mc->on_park)

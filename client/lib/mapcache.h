@@ -29,15 +29,16 @@
 #define TD_PARK_NS 1000000000ull
 
 struct td_mapcache {
-	pthread_mutex_t *lock;   /* borrowed: the client's; guards maps and every m->refs */
-	struct td_mapping *maps; /* each mapping whose refs is above 0; no reference of its own */
+	pthread_mutex_t *lock; /* borrowed: the client's; guards maps and every m->refs */
+	/* Each mapping whose refs is above 0, and the parked ones; no reference of its own. */
+	LIST_HEAD(td_mapping_list, td_mapping) maps;
 	struct {
 		uint64_t id; /* the daemon's share id */
 		int fd;      /* owned, read-only; closed by td_mapcache_fini() */
 	} shares[TD_SHARES_MAX];
 	int n_shares;
 	/* Parked mappings, oldest first; each is also on maps, with refs 0. */
-	struct td_mapping *park_head, *park_tail;
+	TAILQ_HEAD(, td_mapping) parked;
 	int n_parked;
 	uint64_t parked_bytes;
 	/* Called, without the lock, when a mapping is parked and none was: the
