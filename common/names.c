@@ -10,6 +10,9 @@
 
 #include <tensord/tensord.h>
 
+#include "common/desc.h"
+#include "common/gpu/gpu_util.h"
+
 /* Names typed by users; the order is the one tensord_dtype_name() prefers. */
 static const struct {
 	const char *name;
@@ -117,4 +120,19 @@ const char *tensord_device_name(DLDevice dev, char *buf, size_t len)
 		break;
 	}
 	return buf;
+}
+
+bool tensord_device_host_accessible(DLDeviceType type)
+{
+	return td_device_host_accessible(type);
+}
+
+bool tensord_device_is_gpu(DLDeviceType type)
+{
+	return td_device_is_gpu(type);
+}
+
+long tensord_put_stream(DLDeviceType type)
+{
+	return td_gpu_put_stream((int)type);
 }

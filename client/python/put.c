@@ -6,8 +6,6 @@
  * the buffer protocol. The copy itself (tensord_put) runs with the GIL
  * released; the source stays alive because we hold its capsule or buffer.
  */
-#include "common/desc.h"
-#include "common/gpu/gpu_util.h"
 #include "tdpy.h"
 
 #include <errno.h>
@@ -48,10 +46,10 @@ static void source_release(struct source *s)
  */
 static int source_set(struct source *s, const DLTensor *dl)
 {
-	bool on_gpu = td_device_is_gpu(dl->device.device_type);
+	bool on_gpu = tensord_device_is_gpu(dl->device.device_type);
 	int64_t step = 1;
 
-	if (!td_device_host_accessible(dl->device.device_type) && !on_gpu) {
+	if (!tensord_device_host_accessible(dl->device.device_type) && !on_gpu) {
 		PyErr_Format(
 			PyExc_BufferError,
 			"put() copies host or GPU memory, and this array is on device type %d; "
@@ -120,14 +118,14 @@ static int source_from_capsule(struct source *s, PyObject *cap)
 /*
  * The keywords put() passes to obj.__dlpack__: max_version (unless
  * without_version: a producer that does not know it), and for a GPU
- * source the stream the copy will run on (td_gpu_put_stream()), so that
+ * source the stream the copy will run on (tensord_put_stream()), so that
  * the producer orders its queued writes before that stream as DLPack asks
  * of it. Host sources get no stream (DLPack: None for kDLCPU). A new
  * reference, or NULL with an exception set.
  */
 static PyObject *dlpack_kwargs(long device_type, bool without_version)
 {
-	long stream = td_gpu_put_stream((int)device_type);
+	long stream = tensord_put_stream(device_type);
 	PyObject *kw = PyDict_New(), *v;
 
 	if (!kw)
@@ -138,7 +136,7 @@ static PyObject *dlpack_kwargs(long device_type, bool without_version)
 			goto fail;
 		Py_DECREF(v);
 	}
-	if (stream != TD_GPU_NO_STREAM) {
+	if (stream != -1L) {
 		v = PyLong_FromLong(stream);
 		if (!v || PyDict_SetItemString(kw, "stream", v) < 0)
 			goto fail;
@@ -185,8 +183,8 @@ static int source_from_dlpack(struct source *s, PyObject *obj)
 
 	if (type == -1 && PyErr_Occurred())
 		return -1;
-	if (!td_device_host_accessible((DLDeviceType)type) &&
-	    !td_device_is_gpu((DLDeviceType)type)) {
+	if (!tensord_device_host_accessible((DLDeviceType)type) &&
+	    !tensord_device_is_gpu((DLDeviceType)type)) {
 		DLTensor probe = { .device = { (DLDeviceType)type, 0 } };
 
 		return source_set(s, &probe);

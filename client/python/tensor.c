@@ -8,7 +8,6 @@
  * (td_tensor_share), so arrays made from a Tensor outlive release() and the
  * Tensor itself. The daemon's lease ends when the last deleter has run.
  */
-#include "common/desc.h"
 #include "tdpy.h"
 
 #include <errno.h>
@@ -130,7 +129,7 @@ static void capsule_dtor_legacy(PyObject *cap)
  * the creator's writes were complete when it published, so any legal value
  * is accepted and none is waited on. The legal values differ between CUDA
  * and ROCm, so this names the two device types rather than asking
- * td_device_is_gpu().
+ * tensord_device_is_gpu().
  */
 static int check_stream(PyObject *stream, DLDevice dev)
 {
@@ -220,7 +219,7 @@ static int export_copy(TensorObject *self, DLManagedTensorVersioned **mt)
 	DLManagedTensorVersioned *src = *mt;
 	int rc;
 
-	if (!td_device_host_accessible(self->info.device.device_type)) {
+	if (!tensord_device_host_accessible(self->info.device.device_type)) {
 		src->deleter(src);
 		PyErr_Format(PyExc_BufferError,
 			     "copy=True is only supported for tensors in host memory; "

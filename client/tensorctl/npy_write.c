@@ -3,7 +3,6 @@
  * byte, then the elements in row-major order whatever the tensor's
  * strides, gathered through a staging buffer.
  */
-#include "common/desc.h"
 #include "npy.h"
 
 #include <errno.h>
@@ -162,7 +161,7 @@ int npy_write(FILE *f, const DLTensor *t, char *err, size_t errlen)
 	int32_t d;
 	int n;
 
-	if (!td_device_host_accessible(t->device.device_type))
+	if (!tensord_device_host_accessible(t->device.device_type))
 		return npy_fail(-ENOTSUP, err, errlen,
 				"tensor is in device memory (type %d); "
 				"only host memory can be written",

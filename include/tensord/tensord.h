@@ -18,6 +18,7 @@
 #ifndef TENSORD_TENSORD_H
 #define TENSORD_TENSORD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -385,6 +386,21 @@ TENSORD_API int tensord_device_parse(const char *s, DLDevice *ret);
 
 /* Writes "cpu", "cuda:0", ... into buf. Returns buf. */
 TENSORD_API const char *tensord_device_name(DLDevice dev, char *buf, size_t len);
+
+/* Whether memory of this device type is addressable from the CPU (kDLCPU and kin). */
+TENSORD_API bool tensord_device_host_accessible(DLDeviceType type);
+
+/* Whether this is a GPU device type tensord serves (kDLCUDA, kDLROCM). */
+TENSORD_API bool tensord_device_is_gpu(DLDeviceType type);
+
+/*
+ * The stream tensord_put() copies a source of this device type on, as
+ * DLPack numbers streams (1 for CUDA's legacy default stream, 0 for ROCm's
+ * null stream), for a producer's __dlpack__(stream=...): the caller must make
+ * that stream wait for its writes before the put. -1 for devices that take
+ * no stream (the host).
+ */
+TENSORD_API long tensord_put_stream(DLDeviceType type);
 
 #ifdef __cplusplus
 }
