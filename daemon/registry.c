@@ -159,6 +159,7 @@ static void creator_unlink(struct tensor *t)
 void reg_tensor_free(struct registry *reg, struct tensor *t)
 {
 	assert(!t->draft && !t->replaces);
+	assert(t->refcount == 0 || !t->creator); /* registry_fini() frees what is leased */
 	free(t->hv);
 	creator_unlink(t);
 	reg_create_uncharge(reg, t);
@@ -203,6 +204,10 @@ void registry_fini(struct registry *reg)
 static void name_drop(struct registry *reg, struct tensor *t)
 {
 	struct tensor *d = t->draft;
+
+	/* A draft and what it replaces point at each other; a draft is never named. */
+	assert(!d || (d->replaces == t && d->state == TENSORD_STATE_CREATED));
+	assert(!t->replaces || (t->replaces->draft == t && t->state != TENSORD_STATE_PUBLISHED));
 
 	if (t->state == TENSORD_STATE_UNLINKED)
 		return;
@@ -265,6 +270,9 @@ static void holder_drop(struct registry *reg, struct tensor *t, uint32_t uid)
 {
 	struct reg_holder *h = holder_find(t, uid);
 
+	/* holder_add() counted every lease while the quota was on. */
+	assert(h && h->n > 0);
+
 	if (!h || --h->n || !t->pinned_bytes)
 		return;
 	quota_uncharge(reg->quota, uid, QUOTA_PINNED, t->pinned_bytes);
@@ -320,6 +328,7 @@ int reg_name_room(struct registry *reg, const struct tensor *t, char *why, size_
 /* Puts t in the name table (reg_name_room() made room). */
 void reg_tensor_name(struct registry *reg, struct tensor *t)
 {
+	assert(t->state != TENSORD_STATE_UNLINKED && !t->replaces && !t->hnext);
 	struct tensor **b = bucket_of(reg, t->name, t->name_len);
 
 	t->hnext = *b;
@@ -397,6 +406,7 @@ static void lease_drop_slot(struct registry *reg, struct reg_client *rc, uint32_
 {
 	struct tensor *t = rc->leases[slot].t;
 
+	assert(t && t->refcount > 0 && rc->n_leases > 0);
 	rc->leases[slot].t = NULL;
 	rc->leases[slot].next_free = rc->free_head;
 	rc->free_head = slot + 1;
@@ -592,6 +602,7 @@ int registry_publish(struct registry *reg, struct reg_client *rc, const char *na
 		/* The swap: from this step on the name is the new version's. */
 		struct tensor *old = t->replaces;
 
+		assert(old->draft == t && old->state == TENSORD_STATE_PUBLISHED);
 		log_debug("tensor '%s': replaced by pid %u, %u leases live on", old->name, rc->pid,
 			  old->refcount);
 		old->draft = NULL;

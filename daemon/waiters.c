@@ -128,6 +128,7 @@ static void unlink_name(struct waiters *ws, struct waiter *w)
 
 	if (!wn)
 		return;
+	assert(!w->firing && ws->n_waiters > 0);
 	TAILQ_REMOVE(&wn->list, w, name_link);
 	w->wn = NULL;
 	ws->n_waiters--;
@@ -141,6 +142,7 @@ static void unlink_owner(struct waiter *w)
 
 	if (!o)
 		return;
+	assert(o->n_waiters > 0);
 	LIST_REMOVE(w, owner_link);
 	o->n_waiters--;
 }

@@ -5,6 +5,7 @@
  * can have requests in flight, and an attach that waits for a publish does
  * not block other threads' calls.
  */
+#include <assert.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -47,7 +48,10 @@ static void conn_free(struct td_conn *conn)
 
 void td_client_unref(tensord_client *c)
 {
-	if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
+	unsigned was = atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel);
+
+	assert(was > 0);
+	if (was != 1)
 		return;
 	pthread_mutex_lock(&all_lock);
 	LIST_REMOVE(c, all_link);

@@ -3,6 +3,7 @@
  * and found by name while any lease uses them; the importer that made one
  * unmaps it when its last lease ends. Unmapping happens outside the lock.
  */
+#include <assert.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@ void td_mapcache_init(struct td_mapcache *mc, pthread_mutex_t *lock)
 /* Lock held. Takes m off the parked list; it is in use again, or going. */
 static void unpark(struct td_mapcache *mc, struct td_mapping *m)
 {
+	assert(m->parked_ns && m->refs == 0 && mc->n_parked > 0);
 	TAILQ_REMOVE(&mc->parked, m, park_link);
 	m->parked_ns = 0;
 	mc->n_parked--;
@@ -262,6 +264,7 @@ void td_mapcache_unref(struct td_mapcache *mc, struct td_mapping *m)
 	bool first = false;
 
 	pthread_mutex_lock(mc->lock);
+	assert(m->refs > 0 && !m->parked_ns);
 	if (--m->refs) {
 		pthread_mutex_unlock(mc->lock);
 		return;
