@@ -32,7 +32,9 @@
 	XX(EAGAIN, "resource limit reached, try again")                                            \
 	XX(ENOTSUP, "not supported")                                                               \
 	XX(ENAMETOOLONG, "name too long")                                                          \
-	XX(ESRCH, "no such lease")
+	XX(ESRCH, "no such lease")                                                                 \
+	XX(ECANCELED, "cancelled: unlinked or its creator gone while it was being made")           \
+	XX(EFAULT, "bad address: the source is not readable memory")
 
 const char *tensord_strerror(int err)
 {

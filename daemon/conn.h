@@ -37,6 +37,7 @@ struct quota;
  */
 struct conn_fd_ticket {
 	uint64_t req_id;
+	unsigned kind; /* the request's (Tensord__Request body case), for its error count */
 	uint64_t lease;
 	bool writable;
 };

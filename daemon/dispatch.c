@@ -78,14 +78,16 @@ static bool travels_as_fd(const struct tensor *t)
  * when the reply is sent (dispatch_export_fd), not now: a client that does
  * not read its replies holds no descriptors of ours.
  */
-static void send_lease(struct client *cl, uint64_t req_id, struct tensor *t, uint64_t lease,
-		       bool writable, uint64_t have_id, const uint64_t *have_shares,
+static void send_lease(struct client *cl, unsigned kind, uint64_t req_id, struct tensor *t,
+		       uint64_t lease, bool writable, uint64_t have_id, const uint64_t *have_shares,
 		       size_t n_have_shares)
 {
 	/* The client already maps this very tensor, or holds the slab it is
 	 * in: send no descriptor. */
 	bool reused = have_id && have_id == t->id;
-	struct conn_fd_ticket tk = { .req_id = req_id, .lease = lease, .writable = writable };
+	struct conn_fd_ticket tk = {
+		.req_id = req_id, .kind = kind, .lease = lease, .writable = writable
+	};
 	bool with_fd = !reused && travels_as_fd(t) &&
 		       !holds_share(t->alloc.share_id, have_shares, n_have_shares);
 
@@ -121,7 +123,7 @@ void dispatch_export_failed(struct conn *c, const struct conn_fd_ticket *tk, int
 		snprintf(why, sizeof(why), "lease %llx was released before its reply was sent",
 			 (unsigned long long)tk->lease);
 	}
-	reply_status(c, tk->req_id, err, why);
+	reply_status(c, tk->kind, tk->req_id, err, why);
 }
 
 static void do_hello(struct client *cl, uint64_t id, const Tensord__Hello *m)
@@ -137,7 +139,7 @@ static void do_hello(struct client *cl, uint64_t id, const Tensord__Hello *m)
 		conn_log_limited(c, TD_LOG_WARN, LOG_KIND_BAD_FRAME,
 				 "conn %llu: pid %u: %s, closing", (unsigned long long)c->id,
 				 cl->rc.pid, why);
-		reply_status(c, id, -EPROTO, why);
+		reply_status(c, TENSORD__REQUEST__BODY_HELLO, id, -EPROTO, why);
 		if (!c->dead)
 			conn_shutdown(c);
 		return;
@@ -266,11 +268,12 @@ static void create_done(void *arg)
 	if (r < 0)
 		log_debug("create (request %llu): %s", (unsigned long long)p->req_id, why);
 	if (cl && r < 0) {
-		reply_status(cl->conn, p->req_id, r, why);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_CREATE, p->req_id, r, why);
 	} else if (cl) {
 		log_debug("tensor '%s': created by pid %u, %llu bytes", t->name, cl->rc.pid,
 			  (unsigned long long)t->nbytes);
-		send_lease(cl, p->req_id, t, lease, true, 0, NULL, 0);
+		send_lease(cl, TENSORD__REQUEST__BODY_CREATE, p->req_id, t, lease, true, 0, NULL,
+			   0);
 	}
 	free(p);
 }
@@ -295,7 +298,7 @@ static void create_defer(struct client *cl, uint64_t id, struct tensor *t)
 		free(p);
 	}
 	registry_create_finish(&cl->srv->reg, &nomem, &lease, why, sizeof(why));
-	reply_status(cl->conn, id, -ENOMEM, why);
+	reply_status(cl->conn, TENSORD__REQUEST__BODY_CREATE, id, -ENOMEM, why);
 }
 
 static void do_create(struct client *cl, uint64_t id, const Tensord__Create *m)
@@ -322,12 +325,12 @@ static void do_create(struct client *cl, uint64_t id, const Tensord__Create *m)
 		return;
 	}
 	if (r < 0) {
-		reply_status(cl->conn, id, r, why);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_CREATE, id, r, why);
 		return;
 	}
 	log_debug("tensor '%s': created by pid %u, %llu bytes", t->name, cl->rc.pid,
 		  (unsigned long long)t->nbytes);
-	send_lease(cl, id, t, lease, true, 0, NULL, 0);
+	send_lease(cl, TENSORD__REQUEST__BODY_CREATE, id, t, lease, true, 0, NULL, 0);
 }
 
 /*
@@ -345,7 +348,8 @@ static void do_put(struct client *cl, uint64_t id, const Tensord__Put *m)
 	int r;
 
 	if (!m->create) {
-		reply_status(cl->conn, id, -EINVAL, "put without a tensor description");
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_PUT, id, -EINVAL,
+			     "put without a tensor description");
 		return;
 	}
 	r = create_args_from(m->create, &a, why, sizeof(why));
@@ -360,7 +364,7 @@ static void do_put(struct client *cl, uint64_t id, const Tensord__Put *m)
 	if (r == 0)
 		r = registry_create(reg, &cl->rc, &a, &t, &lease, why, sizeof(why));
 	if (r < 0) {
-		reply_status(cl->conn, id, r, why);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_PUT, id, r, why);
 		return;
 	}
 	if (m->data.len != t->nbytes) {
@@ -380,7 +384,7 @@ static void do_put(struct client *cl, uint64_t id, const Tensord__Put *m)
 		registry_unlink(reg, &cl->rc, a.name, a.name_len, ignored, sizeof(ignored));
 	}
 	registry_release(reg, &cl->rc, lease);
-	reply_status(cl->conn, id, r, r < 0 ? why : "");
+	reply_status(cl->conn, TENSORD__REQUEST__BODY_PUT, id, r, r < 0 ? why : "");
 }
 
 static void do_publish(struct client *cl, uint64_t id, const Tensord__Publish *m)
@@ -392,7 +396,7 @@ static void do_publish(struct client *cl, uint64_t id, const Tensord__Publish *m
 	if (r == 0)
 		r = registry_publish(&cl->srv->reg, &cl->rc, m->name, strlen(m->name), why,
 				     sizeof(why));
-	reply_status(cl->conn, id, r, r < 0 ? why : "");
+	reply_status(cl->conn, TENSORD__REQUEST__BODY_PUBLISH, id, r, r < 0 ? why : "");
 }
 
 /* name: already checked. */
@@ -408,12 +412,13 @@ static void attach_now(struct client *cl, uint64_t id, const char *name, size_t 
 	r = registry_attach(&cl->srv->reg, &cl->rc, name, len, &t, &lease, &writable, why,
 			    sizeof(why));
 	if (r < 0) {
-		reply_status(cl->conn, id, r, why);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, r, why);
 		return;
 	}
 	log_debug("tensor '%s': attached by pid %u, lease %llx%s", t->name, cl->rc.pid,
 		  (unsigned long long)lease, writable ? ", writable" : "");
-	send_lease(cl, id, t, lease, writable, have_id, have_shares, n_have_shares);
+	send_lease(cl, TENSORD__REQUEST__BODY_ATTACH, id, t, lease, writable, have_id, have_shares,
+		   n_have_shares);
 	metrics_attach_served();
 }
 
@@ -426,7 +431,7 @@ static void do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m)
 
 	r = check_name(m->name, why, sizeof(why));
 	if (r < 0) {
-		reply_status(cl->conn, id, r, why);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, r, why);
 		return;
 	}
 	req.name_len = strlen(m->name);
@@ -440,19 +445,20 @@ static void do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m)
 			 "tensor '%s': %u attaches already waiting on this connection, the "
 			 "most one may have (--max-waiters-per-conn)",
 			 m->name, cl->waits.n_waiters);
-		reply_status(cl->conn, id, -EAGAIN, why);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, -EAGAIN, why);
 		return;
 	}
 	r = quota_charge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, 1, reason, sizeof(reason));
 	if (r < 0) {
 		snprintf(why, sizeof(why), "tensor '%s': %s", m->name, reason);
-		reply_status(cl->conn, id, r, why);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, r, why);
 		return;
 	}
 	memcpy(req.name, m->name, req.name_len + 1);
 	if (waiters_add(&srv->waiters, &cl->waits, &req, m->timeout_ms) < 0) {
 		quota_uncharge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, 1);
-		reply_status(cl->conn, id, -ENOMEM, "out of memory for a waiter");
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, -ENOMEM,
+			     "out of memory for a waiter");
 		return;
 	}
 	metrics_attach_parked();
@@ -474,7 +480,7 @@ void dispatch_waiter_done(struct waiter_owner *o, const struct waiter_req *req, 
 		return;
 	}
 	snprintf(why, sizeof(why), "tensor '%s': not published within the timeout", req->name);
-	reply_status(cl->conn, req->req_id, status, why);
+	reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, req->req_id, status, why);
 }
 
 static void do_release(struct client *cl, const Tensord__Release *m)
@@ -496,7 +502,7 @@ static void do_unlink(struct client *cl, uint64_t id, const Tensord__Unlink *m)
 	if (r == 0)
 		r = registry_unlink(&cl->srv->reg, &cl->rc, m->name, strlen(m->name), why,
 				    sizeof(why));
-	reply_status(cl->conn, id, r, r < 0 ? why : "");
+	reply_status(cl->conn, TENSORD__REQUEST__BODY_UNLINK, id, r, r < 0 ? why : "");
 }
 
 static void do_stat(struct client *cl, uint64_t id, const Tensord__Stat *m)
@@ -507,13 +513,13 @@ static void do_stat(struct client *cl, uint64_t id, const Tensord__Stat *m)
 
 	r = check_name(m->name, why, sizeof(why));
 	if (r < 0) {
-		reply_status(cl->conn, id, r, why);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_STAT, id, r, why);
 		return;
 	}
 	t = registry_lookup(&cl->srv->reg, &cl->rc, m->name, strlen(m->name));
 	if (!t) {
 		snprintf(why, sizeof(why), "tensor '%s': no such tensor", m->name);
-		reply_status(cl->conn, id, -ENOENT, why);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_STAT, id, -ENOENT, why);
 		return;
 	}
 	reply_info(cl->conn, id, t);
@@ -562,7 +568,8 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 		conn_log_limited(c, TD_LOG_WARN, LOG_KIND_BEFORE_HELLO,
 				 "conn %llu: pid %u: request before hello, closing",
 				 (unsigned long long)c->id, cl->rc.pid);
-		reply_status(c, req->id, -EPROTO, "the first request must be hello");
+		reply_status(c, (unsigned)req->body_case, req->id, -EPROTO,
+			     "the first request must be hello");
 		if (!c->dead)
 			conn_shutdown(c);
 		return;
@@ -608,7 +615,7 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 		metrics_reply(c, req->id, cl->srv);
 		break;
 	default:
-		reply_status(c, req->id, -EBADMSG, "unknown request type");
+		reply_status(c, 0, req->id, -EBADMSG, "unknown request type");
 		break;
 	}
 }
@@ -627,7 +634,7 @@ void dispatch_frame(struct conn *c, const uint8_t *payload, size_t len, void *ct
 				 "conn %llu: pid %u sent a malformed request (%zu bytes)",
 				 (unsigned long long)c->id, cl->rc.pid, len);
 		/* The framing is intact, so the connection can go on. */
-		reply_status(c, 0, -EBADMSG, "malformed request: not a tensord.Request message");
+		reply_status(c, 0, 0, -EBADMSG, "malformed request: not a tensord.Request message");
 		return;
 	}
 	dispatch_request(cl, req);
@@ -649,7 +656,7 @@ void dispatch_open(struct conn *c, void *ctx)
 void dispatch_protocol_error(struct conn *c, int status, const char *msg, void *ctx)
 {
 	metrics_request(0);
-	reply_status(c, 0, status, msg);
+	reply_status(c, 0, 0, status, msg);
 }
 
 void dispatch_close(struct conn *c, void *ctx)

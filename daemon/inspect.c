@@ -260,7 +260,8 @@ static void send_holders(struct conn *c, uint64_t req_id, const struct lease_pag
 	struct clocks k = clocks_now();
 
 	if (!ph) {
-		reply_status(c, req_id, -ENOMEM, "out of memory listing lease holders");
+		reply_status(c, TENSORD__REQUEST__BODY_LEASE_LIST, req_id, -ENOMEM,
+			     "out of memory listing lease holders");
 		return;
 	}
 	for (size_t i = 0; i < pg->n; i++)
@@ -287,7 +288,7 @@ void inspect_leases(struct client *cl, uint64_t req_id, const Tensord__LeaseList
 
 	/* The one check of this name from a peer, as dispatch does for the others. */
 	if (len && td_name_check(m->name, len, why, sizeof(why)) < 0) {
-		reply_status(cl->conn, req_id, -EINVAL, why);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_LEASE_LIST, req_id, -EINVAL, why);
 		return;
 	}
 	for (pg.n_hash = 2; pg.n_hash < 2 * pg.limit;)
@@ -299,7 +300,8 @@ void inspect_leases(struct client *cl, uint64_t req_id, const Tensord__LeaseList
 		metrics_visits(METRICS_VISITS_LEASE_LIST, pg.visits);
 		send_holders(cl->conn, req_id, &pg);
 	} else {
-		reply_status(cl->conn, req_id, -ENOMEM, "out of memory listing lease holders");
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_LEASE_LIST, req_id, -ENOMEM,
+			     "out of memory listing lease holders");
 	}
 	free(pg.hash);
 	free(pg.v);
@@ -341,7 +343,8 @@ static void send_clients(struct conn *c, uint64_t req_id, struct client *const *
 	struct clocks k = clocks_now();
 
 	if (!pci) {
-		reply_status(c, req_id, -ENOMEM, "out of memory listing clients");
+		reply_status(c, TENSORD__REQUEST__BODY_CLIENT_LIST, req_id, -ENOMEM,
+			     "out of memory listing clients");
 		return;
 	}
 	for (size_t i = 0; i < n; i++)
@@ -364,7 +367,8 @@ void inspect_clients(struct client *cl, uint64_t req_id, const Tensord__ClientLi
 	size_t n = 0;
 
 	if (!v) {
-		reply_status(cl->conn, req_id, -ENOMEM, "out of memory listing clients");
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_CLIENT_LIST, req_id, -ENOMEM,
+			     "out of memory listing clients");
 		return;
 	}
 	for (struct conn *c = LIST_FIRST(&set->list); c && n < set->n; c = LIST_NEXT(c, link))

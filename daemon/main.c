@@ -221,6 +221,7 @@ static int server_init(struct server *srv)
 	r = registry_init(&srv->reg, srv->cfg.host_capacity);
 	if (r < 0)
 		return r;
+	reply_on_status = metrics_reply_status;
 	metrics_keep_figures(&srv->reg);
 	srv->reg.quota = &srv->quota;
 	srv->reg.show_all_metadata = srv->cfg.show_all_metadata;

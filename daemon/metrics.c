@@ -72,12 +72,14 @@ void metrics_request(unsigned kind)
 	m.requests[m.cur_kind]++;
 }
 
-void metrics_reply_status(int status)
+void metrics_reply_status(unsigned kind, int status)
 {
 	unsigned e = status < 0 ? (unsigned)-status : 0;
 
+	if (kind >= METRICS_KINDS)
+		kind = 0;
 	if (status < 0)
-		m.errors[m.cur_kind][e < METRICS_ERRNOS ? e : METRICS_ERRNOS - 1]++;
+		m.errors[kind][e < METRICS_ERRNOS ? e : METRICS_ERRNOS - 1]++;
 }
 
 void metrics_connection(void)
@@ -431,7 +433,8 @@ void metrics_reply(struct conn *c, uint64_t req_id, const struct server *srv)
 	char *text;
 
 	if (render(srv, c->uid, &text, &len) < 0) {
-		reply_status(c, req_id, -ENOMEM, "out of memory rendering metrics");
+		reply_status(c, TENSORD__REQUEST__BODY_METRICS, req_id, -ENOMEM,
+			     "out of memory rendering metrics");
 		return;
 	}
 	mr.text = text;

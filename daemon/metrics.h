@@ -29,13 +29,18 @@ extern const uint64_t metrics_attach_bounds_ns[METRICS_ATTACH_BUCKETS];
 
 /*
  * A request of this kind (Request.body_case) was decoded, or a frame that
- * was none (0: malformed, unknown, or broken framing). It becomes the
- * current request, whose replies metrics_reply_status() counts.
+ * was none (0: malformed, unknown, or broken framing). An attach is timed
+ * from here (metrics_attach_served()).
  */
 void metrics_request(unsigned kind);
 
-/* A reply with this status went out for the current request; < 0 counts as an error. */
-void metrics_reply_status(int status);
+/*
+ * A status reply went out for a request of kind (0: none could be
+ * decoded); status < 0 counts as an error of that kind. reply_status()
+ * calls it (reply_on_status, set by main.c), for replies sent at once and
+ * for those sent later (a GPU create's, a woken attach's, a failed export's).
+ */
+void metrics_reply_status(unsigned kind, int status);
 
 /* A connection was accepted. */
 void metrics_connection(void);

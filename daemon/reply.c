@@ -16,7 +16,6 @@
 #include <tensord/tensord.h>
 
 #include "log.h"
-#include "metrics.h"
 #include "proto/frame.h"
 #include "proto/tensord.pb-c.h"
 #include "pool.h"
@@ -91,7 +90,9 @@ size_t reply_pack_refusal(uint8_t *buf, size_t cap, int status, const char *msg)
 	return n + TD_FRAME_HEADER;
 }
 
-void reply_status(struct conn *c, uint64_t req_id, int status, const char *msg)
+void (*reply_on_status)(unsigned kind, int status);
+
+void reply_status(struct conn *c, unsigned kind, uint64_t req_id, int status, const char *msg)
 {
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
 
@@ -102,7 +103,8 @@ void reply_status(struct conn *c, uint64_t req_id, int status, const char *msg)
 	rep.id = req_id;
 	rep.status = status;
 	rep.message = (char *)msg;
-	metrics_reply_status(status);
+	if (reply_on_status)
+		reply_on_status(kind, status);
 	reply_send(c, &rep, NULL);
 }
 
@@ -155,7 +157,8 @@ void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t
 	if (!s || !pi) {
 		free(pi);
 		free(s);
-		reply_status(c, req_id, -ENOMEM, "out of memory listing tensors");
+		reply_status(c, TENSORD__REQUEST__BODY_LIST, req_id, -ENOMEM,
+			     "out of memory listing tensors");
 		return;
 	}
 	for (size_t i = 0; i < n; i++) {

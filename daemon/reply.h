@@ -17,9 +17,17 @@
 
 /*
  * A reply that carries only a status: 0 with an empty message for success,
- * or -errno with the one-line reason.
+ * or -errno with the one-line reason. kind is the request's (its
+ * Tensord__Request body case; 0 for one that could not be decoded), which
+ * the error is counted against.
  */
-void reply_status(struct conn *c, uint64_t req_id, int status, const char *msg);
+void reply_status(struct conn *c, unsigned kind, uint64_t req_id, int status, const char *msg);
+
+/*
+ * Called with every status reply_status() sends, and the kind of request it
+ * answers; set by main.c (metrics_reply_status). NULL: nobody counts.
+ */
+extern void (*reply_on_status)(unsigned kind, int status);
 
 /*
  * A lease on t. tk (NULL when no descriptor goes with it: reused, or a

@@ -222,3 +222,36 @@ def test_stop_with_an_allocation_in_flight(fake):
     assert log.index("'g/stop': its creator went away", stop) < log.index("stopped", stop), \
         log[-3000:]
     # The fixture checks the exit status and that no sanitizer report was logged.
+
+
+def error_count(d, request_kind, code):
+    """tensord_errors_total{request=..., code=...} from the metrics text."""
+    r = subprocess.run([build_path("tensorctl"), "--socket", d.socket, "stats",
+                        "--prometheus"], capture_output=True, text=True, timeout=30)
+    want = f'tensord_errors_total{{request="{request_kind}",code="{code}"}} '
+    for line in r.stdout.splitlines():
+        if line.startswith(want):
+            return int(line.split()[-1])
+    return 0
+
+
+def test_a_late_create_error_counts_against_create(fake):
+    """A GPU create answered after later requests were decoded (here: its
+    creator unlinks the name meanwhile, so it is answered ECANCELED) counts
+    its error against create, not against whichever request was decoded
+    last (an unlink, then stats: they used to get it)."""
+    c = Raw(fake.socket)
+    c.hello()
+    c.send(frame(gpu_create(1, "g/gone")) + frame(request(2, F_UNLINK, f_bytes(1, "g/gone"))) +
+           frame(stats_req(3)))
+    seen = {}
+    for _ in range(3):
+        r = reply_with_fds(c)
+        seen[r.id] = r
+    assert seen[2].status == 0 and seen[3].status == 0, seen
+    assert seen[1].status == -125, seen[1]                 # ECANCELED, answered last
+    assert error_count(fake, "create", "ECANCELED") == 1
+    assert error_count(fake, "stats", "ECANCELED") == 0
+    assert error_count(fake, "unlink", "ECANCELED") == 0
+    c.close()
+    settled(fake)
