@@ -1,0 +1,268 @@
+/*
+ * Create and put requests: a Create turned into registry arguments (its
+ * GPU named by UUID becomes the daemon's ordinal), the inline put, and the
+ * GPU creates whose memory the GPU worker allocates (answered when it
+ * completes, perhaps after later requests: clients match replies by id).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "common/desc.h"
+#include "common/gpu/gpu_util.h"
+#include "dispatch_int.h"
+#include "gpu_worker.h"
+#include "log.h"
+#include "reply.h"
+#include "server.h"
+
+/*
+ * A GPU named by UUID (as every client library sends it) becomes the
+ * daemon's own ordinal: processes number GPUs differently. Without a UUID
+ * the ordinal is taken as the daemon's (old clients, HIP without UUIDs).
+ */
+static int device_from(const Tensord__Device *d, const char *name, DLDevice *ret, char *why,
+		       size_t why_len)
+{
+	char ustr[48];
+	int ord = -ENODEV;
+
+	*ret = d ? (DLDevice){ (DLDeviceType)d->type, d->id } : (DLDevice){ kDLCPU, 0 };
+	if (!d || !d->uuid.len)
+		return 0;
+	if (d->uuid.len != TD_GPU_UUID_LEN) {
+		snprintf(why, why_len, "tensor '%s': device uuid of %zu bytes, expected %d", name,
+			 d->uuid.len, TD_GPU_UUID_LEN);
+		return -EINVAL;
+	}
+	for (int b = 0; backends[b] && ord < 0; b++) {
+		if (backends[b]->device_type != (int)d->type)
+			continue;
+		/* A backend without devices: the registry says why (no driver, ...). */
+		if (backends[b]->device_count() <= 0)
+			return 0;
+		ord = backend_ordinal_of_uuid(backends[b], d->uuid.data, d->uuid.len);
+	}
+	if (ord < 0) {
+		snprintf(why, why_len,
+			 "tensor '%s': the client's device %u:%d is %s, which this "
+			 "daemon does not serve",
+			 name, d->type, d->id,
+			 td_gpu_uuid_format(d->uuid.data, d->uuid.len, ustr, sizeof(ustr)));
+		return -ENODEV;
+	}
+	ret->device_id = ord;
+	return 0;
+}
+
+/* Turns a Create into registry arguments. 0, or -EINVAL with the reason. */
+static int create_args_from(const Tensord__Create *m, struct create_args *a, char *why,
+			    size_t why_len)
+{
+	int r = dispatch_check_name(m->name, why, why_len);
+
+	if (r < 0)
+		return r;
+	if (!m->dtype || m->dtype->code > 255 || m->dtype->bits > 255 || m->dtype->lanes > 65535 ||
+	    m->dtype->bits == 0 || m->dtype->lanes == 0) {
+		snprintf(why, why_len, "tensor '%s': missing or out-of-range dtype", m->name);
+		return -EINVAL;
+	}
+	if (m->n_shape > TENSORD_NDIM_MAX) {
+		snprintf(why, why_len, "tensor '%s': %zu dimensions; tensors have 0 to %d", m->name,
+			 m->n_shape, TENSORD_NDIM_MAX);
+		return -EINVAL;
+	}
+	if (m->n_strides && m->n_strides != m->n_shape) {
+		snprintf(why, why_len, "tensor '%s': %zu strides for %zu dimensions", m->name,
+			 m->n_strides, m->n_shape);
+		return -EINVAL;
+	}
+	a->name = m->name;
+	a->name_len = strlen(m->name);
+	a->dtype = (DLDataType){ (uint8_t)m->dtype->code, (uint8_t)m->dtype->bits,
+				 (uint16_t)m->dtype->lanes };
+	a->ndim = (int32_t)m->n_shape;
+	a->shape = m->shape;
+	a->strides = m->n_strides ? m->strides : NULL;
+	a->flags = m->flags;
+	a->mode = m->mode;
+	a->replace = m->replace;
+	return device_from(m->device, m->name, &a->device, why, why_len);
+}
+
+/*
+ * A create whose memory the GPU worker allocates (registry_create()'s
+ * -EINPROGRESS). Its reply is sent when the allocation completes, perhaps
+ * after replies to later requests: clients match replies by id. If the
+ * connection closes first, cl becomes NULL and the completion only frees.
+ */
+struct pending_create {
+	struct reg_alloc_job job;
+	struct server *srv;
+	struct client *cl; /* NULL once its connection closed */
+	uint64_t req_id;
+	LIST_ENTRY(pending_create) link; /* on cl->pending */
+};
+
+static void pending_unlink(struct pending_create *p)
+{
+	p->cl->n_pending--;
+	LIST_REMOVE(p, link);
+}
+
+/* On the GPU worker. */
+static void create_work(void *arg)
+{
+	struct pending_create *p = arg;
+
+	registry_alloc_run(&p->job);
+}
+
+/* Back on the loop (gpu_worker_complete()): the lease, or why not. */
+static void create_done(void *arg)
+{
+	struct pending_create *p = arg;
+	struct client *cl = p->cl;
+	struct tensor *t = p->job.t;
+	char why[400];
+	uint64_t lease;
+	int r;
+
+	if (cl)
+		pending_unlink(p);
+	r = registry_create_finish(&p->srv->reg, &p->job, &lease, why, sizeof(why));
+	if (r < 0)
+		log_debug("create (request %llu): %s", (unsigned long long)p->req_id, why);
+	if (cl && r < 0) {
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_CREATE, p->req_id, r, why);
+	} else if (cl) {
+		log_debug("tensor '%s': created by pid %u, %llu bytes", t->name, cl->rc.pid,
+			  (unsigned long long)t->nbytes);
+		dispatch_send_lease(cl, TENSORD__REQUEST__BODY_CREATE, p->req_id, t, lease, true, 0,
+				    NULL, 0);
+	}
+	free(p);
+}
+
+/* Hands t's allocation to the GPU worker; the reply follows from create_done(). */
+static void create_defer(struct client *cl, uint64_t id, struct tensor *t)
+{
+	struct pending_create *p = calloc(1, sizeof(*p));
+	struct reg_alloc_job nomem = { .t = t, .rc = -ENOMEM, .got = { .fd = -1 } };
+	char why[400];
+	uint64_t lease;
+
+	if (p) {
+		*p = (struct pending_create){
+			.job = { .t = t }, .srv = cl->srv, .cl = cl, .req_id = id
+		};
+		LIST_INSERT_HEAD(&cl->pending, p, link);
+		cl->n_pending++;
+		if (gpu_worker_submit(create_work, create_done, p) == 0)
+			return;
+		pending_unlink(p);
+		free(p);
+	}
+	registry_create_finish(&cl->srv->reg, &nomem, &lease, why, sizeof(why));
+	reply_status(cl->conn, TENSORD__REQUEST__BODY_CREATE, id, -ENOMEM, why);
+}
+
+void dispatch_do_create(struct client *cl, uint64_t id, const Tensord__Create *m)
+{
+	struct create_args a = { 0 };
+	char why[400];
+	struct tensor *t;
+	uint64_t lease;
+	int r;
+
+	r = create_args_from(m, &a, why, sizeof(why));
+	if (r == 0 && a.device.device_type != kDLCPU &&
+	    cl->n_pending >= DISPATCH_CREATES_IN_FLIGHT) {
+		snprintf(why, sizeof(why),
+			 "tensor '%s': this connection has %u GPU creates still being allocated, "
+			 "the most at once; wait for their replies",
+			 a.name, cl->n_pending);
+		r = -EAGAIN;
+	}
+	if (r == 0)
+		r = registry_create(&cl->srv->reg, &cl->rc, &a, &t, &lease, why, sizeof(why));
+	if (r == -EINPROGRESS) {
+		create_defer(cl, id, t);
+		return;
+	}
+	if (r < 0) {
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_CREATE, id, r, why);
+		return;
+	}
+	log_debug("tensor '%s': created by pid %u, %llu bytes", t->name, cl->rc.pid,
+		  (unsigned long long)t->nbytes);
+	dispatch_send_lease(cl, TENSORD__REQUEST__BODY_CREATE, id, t, lease, true, 0, NULL, 0);
+}
+
+/*
+ * Create, write the inline bytes, publish, end the creator's lease: a small
+ * host put in one round trip. On any failure after the create the half-made
+ * tensor is removed again.
+ */
+void dispatch_do_put(struct client *cl, uint64_t id, const Tensord__Put *m)
+{
+	struct registry *reg = &cl->srv->reg;
+	struct create_args a = { 0 };
+	char why[400];
+	struct tensor *t;
+	uint64_t lease;
+	int r;
+
+	if (!m->create) {
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_PUT, id, -EINVAL,
+			     "put without a tensor description");
+		return;
+	}
+	r = create_args_from(m->create, &a, why, sizeof(why));
+	a.shared = !(a.flags & TENSORD_MUTABLE);
+	if (r == 0 && (a.strides || a.device.device_type != kDLCPU)) {
+		snprintf(why, sizeof(why),
+			 "tensor '%s': put with inline bytes makes compact host "
+			 "tensors only",
+			 a.name);
+		r = -EINVAL;
+	}
+	if (r == 0)
+		r = registry_create(reg, &cl->rc, &a, &t, &lease, why, sizeof(why));
+	if (r < 0) {
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_PUT, id, r, why);
+		return;
+	}
+	if (m->data.len != t->nbytes) {
+		snprintf(why, sizeof(why), "tensor '%s': %zu bytes sent for a tensor of %llu",
+			 t->name, m->data.len, (unsigned long long)t->nbytes);
+		r = -EINVAL;
+	} else if (t->nbytes &&
+		   (r = t->alloc.ops->write(&t->alloc, 0, m->data.data, m->data.len)) < 0) {
+		snprintf(why, sizeof(why), "tensor '%s': writing its bytes failed: %s", t->name,
+			 strerror(-r));
+	}
+	if (r == 0)
+		r = registry_publish(reg, &cl->rc, a.name, a.name_len, why, sizeof(why));
+	if (r < 0) {
+		char ignored[8];
+
+		registry_unlink(reg, &cl->rc, a.name, a.name_len, ignored, sizeof(ignored));
+	}
+	registry_release(reg, &cl->rc, lease);
+	reply_status(cl->conn, TENSORD__REQUEST__BODY_PUT, id, r, r < 0 ? why : "");
+}
+
+void dispatch_create_forget(struct client *cl)
+{
+	while (!LIST_EMPTY(&cl->pending)) {
+		struct pending_create *p = LIST_FIRST(&cl->pending);
+
+		LIST_REMOVE(p, link);
+		p->cl = NULL;
+	}
+	cl->n_pending = 0;
+}

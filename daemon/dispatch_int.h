@@ -1,0 +1,38 @@
+/*
+ * What the three parts of request dispatch share, and nothing else
+ * includes: dispatch.c (decoding, the plain requests, connections),
+ * dispatch_create.c (create and put: device UUIDs, the GPU creates the
+ * worker allocates) and dispatch_lease.c (leases going out: the lease
+ * reply and its descriptor, attach and its waiters).
+ */
+#ifndef TENSORD_DISPATCH_INT_H
+#define TENSORD_DISPATCH_INT_H
+
+#include "dispatch.h"
+#include "proto/tensord.pb-c.h"
+
+/* The one check of a name from a peer. 0, or -EINVAL with the reason. */
+int dispatch_check_name(const char *name, char *why, size_t why_len);
+
+/*
+ * Replies to request req_id (of kind, a Tensord__Request body case) with a
+ * lease on t. The descriptor, if one goes with it, is made when the reply
+ * is sent (dispatch_export_fd), not now: a client that does not read its
+ * replies holds no descriptors of ours. have_id and have_shares: what the
+ * client said it maps already (an attach's), so that no descriptor goes.
+ */
+void dispatch_send_lease(struct client *cl, unsigned kind, uint64_t req_id, struct tensor *t,
+			 uint64_t lease, bool writable, uint64_t have_id,
+			 const uint64_t *have_shares, size_t n_have_shares);
+
+/* Create, and the inline put (dispatch_create.c). m is borrowed for the call. */
+void dispatch_do_create(struct client *cl, uint64_t id, const Tensord__Create *m);
+void dispatch_do_put(struct client *cl, uint64_t id, const Tensord__Put *m);
+
+/* cl's connection closed: its GPU creates in flight complete without it. */
+void dispatch_create_forget(struct client *cl);
+
+/* Attach, at once or parked as a waiter (dispatch_lease.c). m is borrowed. */
+void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m);
+
+#endif /* TENSORD_DISPATCH_INT_H */

@@ -1,0 +1,168 @@
+/*
+ * Leases going out: the lease reply and the descriptor made when it is
+ * sent, attach at once or parked as a waiter until a publish (each
+ * connection's and uid's waiters bounded), and the waiter's answer.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dispatch_int.h"
+#include "log.h"
+#include "metrics.h"
+#include "reply.h"
+#include "server.h"
+
+/* Whether the client said it holds the descriptor of share id (a slab). */
+static bool holds_share(uint64_t id, const uint64_t *have, size_t n)
+{
+	for (size_t i = 0; id && i < n; i++)
+		if (have[i] == id)
+			return true;
+	return false;
+}
+
+/* Whether a lease on t comes with a descriptor to map. */
+static bool travels_as_fd(const struct tensor *t)
+{
+	return t->alloc.handle_kind == TENSORD__HANDLE_KIND__HANDLE_MEMFD ||
+	       t->alloc.handle_kind == TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD;
+}
+
+/*
+ * Replies with a lease on t. The descriptor, if one goes with it, is made
+ * when the reply is sent (dispatch_export_fd), not now: a client that does
+ * not read its replies holds no descriptors of ours.
+ */
+void dispatch_send_lease(struct client *cl, unsigned kind, uint64_t req_id, struct tensor *t,
+			 uint64_t lease, bool writable, uint64_t have_id,
+			 const uint64_t *have_shares, size_t n_have_shares)
+{
+	/* The client already maps this very tensor, or holds the slab it is
+	 * in: send no descriptor. */
+	bool reused = have_id && have_id == t->id;
+	struct conn_fd_ticket tk = {
+		.req_id = req_id, .kind = kind, .lease = lease, .writable = writable
+	};
+	bool with_fd = !reused && travels_as_fd(t) &&
+		       !holds_share(t->alloc.share_id, have_shares, n_have_shares);
+
+	reply_lease(cl->conn, req_id, t, lease, writable, reused, with_fd ? &tk : NULL);
+}
+
+int dispatch_export_fd(struct conn *c, const struct conn_fd_ticket *tk, void *ctx)
+{
+	struct client *cl = conn_data(c);
+	struct tensor *t = registry_lease_tensor(&cl->rc, tk->lease);
+	int fd = -1, r;
+
+	/* A client may release a lease before it read the reply that names it. */
+	if (!t)
+		return -ESRCH;
+	r = t->alloc.ops->export_fd(&t->alloc, tk->writable, &fd);
+	if (r == 0 && fd < 0)
+		r = -EPROTO;
+	return r < 0 ? r : fd;
+}
+
+void dispatch_export_failed(struct conn *c, const struct conn_fd_ticket *tk, int err, void *ctx)
+{
+	struct client *cl = conn_data(c);
+	struct tensor *t = registry_lease_tensor(&cl->rc, tk->lease);
+	char why[400];
+
+	if (t) {
+		snprintf(why, sizeof(why), "tensor '%s': exporting its memory failed: %s", t->name,
+			 strerror(-err));
+		registry_release(&cl->srv->reg, &cl->rc, tk->lease);
+	} else {
+		snprintf(why, sizeof(why), "lease %llx was released before its reply was sent",
+			 (unsigned long long)tk->lease);
+	}
+	reply_status(c, tk->kind, tk->req_id, err, why);
+}
+
+/* name: already checked. */
+static void attach_now(struct client *cl, uint64_t id, const char *name, size_t len,
+		       uint64_t have_id, const uint64_t *have_shares, size_t n_have_shares)
+{
+	char why[400];
+	struct tensor *t;
+	uint64_t lease;
+	bool writable;
+	int r;
+
+	r = registry_attach(&cl->srv->reg, &cl->rc, name, len, &t, &lease, &writable, why,
+			    sizeof(why));
+	if (r < 0) {
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, r, why);
+		return;
+	}
+	log_debug("tensor '%s': attached by pid %u, lease %llx%s", t->name, cl->rc.pid,
+		  (unsigned long long)lease, writable ? ", writable" : "");
+	dispatch_send_lease(cl, TENSORD__REQUEST__BODY_ATTACH, id, t, lease, writable, have_id,
+			    have_shares, n_have_shares);
+	metrics_attach_served();
+}
+
+void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m)
+{
+	struct server *srv = cl->srv;
+	struct waiter_req req = { .req_id = id, .have_id = m->have_id };
+	char why[400], reason[200];
+	int r;
+
+	r = dispatch_check_name(m->name, why, sizeof(why));
+	if (r < 0) {
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, r, why);
+		return;
+	}
+	req.name_len = strlen(m->name);
+	if (m->timeout_ms == 0 || registry_published(&srv->reg, m->name, req.name_len)) {
+		attach_now(cl, id, m->name, req.name_len, m->have_id, m->have_shares,
+			   m->n_have_shares);
+		return;
+	}
+	if (cl->waits.n_waiters >= srv->quota.lim.waiters_per_conn) {
+		snprintf(why, sizeof(why),
+			 "tensor '%s': %u attaches already waiting on this connection, the "
+			 "most one may have (--max-waiters-per-conn)",
+			 m->name, cl->waits.n_waiters);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, -EAGAIN, why);
+		return;
+	}
+	r = quota_charge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, 1, reason, sizeof(reason));
+	if (r < 0) {
+		snprintf(why, sizeof(why), "tensor '%s': %s", m->name, reason);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, r, why);
+		return;
+	}
+	memcpy(req.name, m->name, req.name_len + 1);
+	if (waiters_add(&srv->waiters, &cl->waits, &req, m->timeout_ms) < 0) {
+		quota_uncharge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, 1);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, -ENOMEM,
+			     "out of memory for a waiter");
+		return;
+	}
+	metrics_attach_parked();
+	log_debug("conn %llu: waiting for '%s' (%lld ms)", (unsigned long long)cl->conn->id,
+		  req.name, (long long)m->timeout_ms);
+}
+
+void dispatch_waiter_done(struct waiter_owner *o, const struct waiter_req *req, int status,
+			  void *ctx)
+{
+	struct client *cl = o->data;
+	char why[400];
+
+	metrics_attach_woken();
+	quota_uncharge(&cl->srv->quota, cl->rc.uid, QUOTA_WAITERS, 1);
+	if (status == 0) {
+		/* A waiter keeps no share list: the slab's descriptor comes again. */
+		attach_now(cl, req->req_id, req->name, req->name_len, req->have_id, NULL, 0);
+		return;
+	}
+	snprintf(why, sizeof(why), "tensor '%s': not published within the timeout", req->name);
+	reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, req->req_id, status, why);
+}
