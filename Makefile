@@ -174,6 +174,11 @@ UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/
                               daemon/log.c common/paths.c common/desc.c \
                               common/names.c common/errors.c
 UNIT_DEPS_test_registry_async := $(UNIT_DEPS_test_registry)
+UNIT_DEPS_test_figures     := daemon/figures.c daemon/metrics.c daemon/quota.c daemon/backend_host.c \
+                              daemon/pool.c daemon/slab.c daemon/memlimit.c daemon/log.c \
+                              common/sys.c common/paths.c common/names.c common/desc.c \
+                              common/errors.c \
+                              proto/tensord.pb-c.c
 UNIT_DEPS_test_waiters     := daemon/waiters.c
 UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn.c daemon/conn_set.c \
                               daemon/log.c \

@@ -76,7 +76,7 @@ def main():
         print("py_names: p99 ratio %.2f (any of %d names / 10 names); filled in %.1f s "
               "(%.0f puts/s); daemon: %d descriptors, %d slabs, RSS %.0f MiB" %
               (pct(spread, 0.99) / pct(before, 0.99), args.names, fill,
-               (args.names - 10) / fill, s["fds"], s["host_slabs"]["slabs"],
+               (args.names - 10) / fill, s["open_fds"], s["host_slabs"],
                rss_kib(s["daemon_pid"]) / 1024))
         c.close()
 

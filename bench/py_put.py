@@ -98,18 +98,19 @@ def bench_size(client, size, rounds, use_ray):
     for _, fn in vs:  # warm-up: first-touch costs of the source and the pool
         timed(fn, 1)
     times = {name: [] for name, _ in vs}
-    pool0 = client.stats()["host_pool"]
+    pool0 = client.stats()
     for _ in range(rounds):
         for name, fn in vs:
             times[name].append(timed(fn, reps))
-    pool1 = client.stats()["host_pool"]
+    pool1 = client.stats()
     base = statistics.median(times["memcpy"])
     print("put %s (%d rounds x %d, medians)" % (human(size), rounds, reps))
     for name, _ in vs:
         t = statistics.median(times[name])
         print("  %-8s %10.1f us  %8.2f GB/s  %5.2fx memcpy" %
               (name, t * 1e6, size / t / 1e9, base / t))
-    hits, misses = pool1["hits"] - pool0["hits"], pool1["misses"] - pool0["misses"]
+    hits = pool1["host_pool_hits_total"] - pool0["host_pool_hits_total"]
+    misses = pool1["host_pool_misses_total"] - pool0["host_pool_misses_total"]
     if hits + misses:
         # A miss is a put that found no memfd ready: the pool's refill fell behind.
         print("  pool: %d of %d puts found memory ready (%d fell behind the refill)" %

@@ -15,9 +15,11 @@
 
 #include "common/desc.h"
 #include "dispatch_int.h"
+#include "figures.h"
 #include "inspect.h"
 #include "log.h"
 #include "metrics.h"
+#include "prometheus.h"
 #include "proto/tensord.pb-c.h"
 #include "reply.h"
 #include "server.h"
@@ -156,17 +158,13 @@ static void do_list(struct client *cl, uint64_t id, const Tensord__List *m)
 	reply_list(cl->conn, id, v, n, next);
 }
 
-static void do_stats(struct client *cl, uint64_t id)
+static void do_stats(struct client *cl, uint64_t id, const Tensord__Stats *m)
 {
-	struct server *srv = cl->srv;
-	struct stats_fair fair = {
-		.quota = &srv->quota,
-		.viewer_uid = cl->rc.uid,
-		.cleanup_steps = srv->reg.visits + srv->waiters.visits,
-		.fd_waits = srv->conns.fd_waits,
-	};
+	struct figure_set set;
 
-	reply_stats(cl->conn, id, &srv->reg, srv->conns.n, now_ns() - srv->start_ns, &fair);
+	figures_collect(cl->srv, cl->rc.uid, &set);
+	reply_stats(cl->conn, id, &set, m->figures_only);
+	figures_release(&set);
 }
 
 static void dispatch_request(struct client *cl, const Tensord__Request *req)
@@ -209,7 +207,7 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 		do_list(cl, req->id, req->list);
 		break;
 	case TENSORD__REQUEST__BODY_STATS:
-		do_stats(cl, req->id);
+		do_stats(cl, req->id, req->stats);
 		break;
 	case TENSORD__REQUEST__BODY_PUT:
 		dispatch_do_put(cl, req->id, req->put);
@@ -221,7 +219,7 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 		inspect_clients(cl, req->id, req->client_list);
 		break;
 	case TENSORD__REQUEST__BODY_METRICS:
-		metrics_reply(c, req->id, cl->srv);
+		prometheus_reply(c, req->id, cl->srv);
 		break;
 	default:
 		reply_status(c, 0, req->id, -EBADMSG, "unknown request type");
@@ -259,7 +257,7 @@ void dispatch_open(struct conn *c, void *ctx)
 	cl->waits.data = cl;
 	registry_client_init(&cl->rc, c->id, c->uid, c->gid, c->pid);
 	inspect_client_opened(cl);
-	metrics_connection();
+	figure_count(FIG_connections_total, 1);
 }
 
 void dispatch_protocol_error(struct conn *c, int status, const char *msg, void *ctx)

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "dispatch_int.h"
+#include "figures.h"
 #include "log.h"
 #include "metrics.h"
 #include "reply.h"
@@ -145,7 +146,7 @@ void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m
 			     "out of memory for a waiter");
 		return;
 	}
-	metrics_attach_parked();
+	figure_count(FIG_attach_waits_total, 1);
 	log_debug("conn %llu: waiting for '%s' (%lld ms)", (unsigned long long)cl->conn->id,
 		  req.name, (long long)m->timeout_ms);
 }

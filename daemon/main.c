@@ -20,6 +20,7 @@
 #include "metrics.h"
 #include "metrics_http.h"
 #include "options.h"
+#include "prometheus.h"
 #include "sdnotify.h"
 #include "reply.h"
 #include "server.h"
@@ -170,7 +171,7 @@ static void on_frame(struct conn *c, const uint8_t *payload, size_t len, void *c
 /* The metrics endpoint's text: the daemon's state and counters. */
 static int render_metrics(void *ctx, char **ret, size_t *ret_len)
 {
-	return metrics_render(ctx, ret, ret_len);
+	return prometheus_render(ctx, ret, ret_len);
 }
 
 /* How each layer reaches the one above it. */
@@ -190,22 +191,18 @@ static void quota_setup(struct server *srv)
 	struct quota_limits lim = srv->cfg.limits;
 	struct rlimit rl;
 	unsigned budget = 1024;
+	char shares[1024];
 
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
 		budget = rl.rlim_cur > 1u << 30 ? 1u << 30 : (unsigned)rl.rlim_cur;
 	quota_default_limits(&lim, budget, srv->cfg.max_clients);
 	quota_init(&srv->quota, &lim);
+	quota_describe(&lim, shares, sizeof(shares));
 	log_info(
-		"shares per uid: %llu clients, %llu tensors (%llu with descriptors), %s%llu bytes, "
-		"%llu waiters; per connection %u waiters, %u descriptors in flight; %u of %u "
+		"shares per uid: %s; per connection %u waiters, %u descriptors in flight; %u of %u "
 		"descriptors kept for root",
-		(unsigned long long)lim.per_uid[QUOTA_CLIENTS],
-		(unsigned long long)lim.per_uid[QUOTA_TENSORS],
-		(unsigned long long)lim.per_uid[QUOTA_FDS],
-		lim.per_uid[QUOTA_BYTES] ? "" : "no share of ",
-		(unsigned long long)lim.per_uid[QUOTA_BYTES],
-		(unsigned long long)lim.per_uid[QUOTA_WAITERS], lim.waiters_per_conn,
-		lim.fds_in_flight_per_conn, lim.fd_reserve, lim.fd_budget);
+		shares, lim.waiters_per_conn, lim.fds_in_flight_per_conn, lim.fd_reserve,
+		lim.fd_budget);
 }
 
 /* Everything but the listening socket. 0 or -errno. */

@@ -1,10 +1,10 @@
 /*
- * Metrics: counters kept where things happen, and the Prometheus text
- * exposition (format 0.0.4) of them and of the daemon's state. The text is
- * written here by hand: it is a few lines of "name{labels} value", and the
- * only Prometheus client library Debian packages for C-family code
- * (prometheus-cpp) is C++ and brings its own HTTP server thread; none fits
- * a C daemon on one libuv loop (docs/operating.md says more).
+ * Metrics: the counters kept where things happen (requests and error
+ * replies by kind, the attach latency histogram, inspection's visits) and
+ * the figures of the registry's tensors (by device and state, by owner
+ * uid), kept as tensors come, change state and go. A leaf: it reads
+ * nothing else; the collector (figures.c) reads it, and the front ends
+ * render what the collector read.
  *
  * The counters are one set per process (the daemon has one loop thread and
  * one of everything); everything here runs on that thread.
@@ -12,20 +12,55 @@
 #ifndef TENSORD_METRICS_H
 #define TENSORD_METRICS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 struct registry;
-struct server;
 
 /* Request kinds counted: the Request.body field numbers below this. */
 #define METRICS_KINDS 32
 /* Errors counted by errno value below this; larger ones count as the last. */
 #define METRICS_ERRNOS 134
-/* Attach latency buckets (upper bounds, nanoseconds), not counting +Inf. */
+/* Attach latency buckets (upper bounds), not counting +Inf. */
 #define METRICS_ATTACH_BUCKETS 12
+/* Tensor states counted (tensord_state: 1 created, 2 published, 3 unlinked). */
+#define METRICS_STATES 4
+/* Device slots counted (the registry's, REGISTRY_DEVICES_MAX). */
+#define METRICS_DEVICES 16
 
+/* Work counted for the loop's sake: entries a request visited. */
+enum metrics_visits {
+	METRICS_VISITS_LEASE_LIST, /* lease slots and connections, for LeaseList */
+	METRICS_VISITS_METRICS,    /* device and uid rows, for a scrape or stats */
+	METRICS_VISITS_KINDS,
+};
+
+/* What one owner uid has: its tensors and their bytes, all devices. */
+struct metrics_owner {
+	uint32_t uid;
+	uint64_t tensors, bytes;
+};
+
+/* The counters, read-only outside metrics.c. */
+struct metrics {
+	uint64_t requests[METRICS_KINDS];
+	uint64_t errors[METRICS_KINDS][METRICS_ERRNOS];
+	uint64_t attach_buckets[METRICS_ATTACH_BUCKETS + 1]; /* per bucket, +Inf last */
+	uint64_t attach_count, attach_sum_ns;
+	uint64_t visits[METRICS_VISITS_KINDS];
+	/* The registry's tensors, kept through its on_figures hook. */
+	uint64_t by_state[METRICS_DEVICES][METRICS_STATES]; /* [device slot][tensord_state] */
+	const struct metrics_owner *owners; /* sorted by uid; rows of 0 tensors kept */
+	size_t n_owners;
+	bool owners_lost; /* an owner could not be counted (out of memory) */
+};
+
+extern const struct metrics *const metrics;
+
+/* Upper bounds of the attach latency buckets, in nanoseconds and in seconds. */
 extern const uint64_t metrics_attach_bounds_ns[METRICS_ATTACH_BUCKETS];
+extern const double metrics_attach_bounds_s[METRICS_ATTACH_BUCKETS];
 
 /*
  * A request of this kind (Request.body_case) was decoded, or a frame that
@@ -42,16 +77,7 @@ void metrics_request(unsigned kind);
  */
 void metrics_reply_status(unsigned kind, int status);
 
-/* A connection was accepted. */
-void metrics_connection(void);
-
-/* An attach was parked until its name is published. */
-void metrics_attach_parked(void);
-
-/*
- * A parked attach is being answered: it becomes the current request, and
- * its latency is measured from now (the wait is not counted).
- */
+/* A parked attach is being answered: its latency is measured from now (the wait is not counted). */
 void metrics_attach_woken(void);
 
 /*
@@ -63,13 +89,6 @@ void metrics_attach_served(void);
 /* The bucket of a duration: 0 .. METRICS_ATTACH_BUCKETS (the last is +Inf). */
 unsigned metrics_attach_bucket(uint64_t ns);
 
-/* Work counted for the loop's sake: entries a request visited. */
-enum metrics_visits {
-	METRICS_VISITS_LEASE_LIST, /* lease slots and connections, for LeaseList */
-	METRICS_VISITS_METRICS,    /* device and owner rows, for a scrape */
-	METRICS_VISITS_KINDS,
-};
-
 /* A request of kind what visited n entries. */
 void metrics_visits(enum metrics_visits what, uint64_t n);
 
@@ -80,21 +99,5 @@ void metrics_visits(enum metrics_visits what, uint64_t n);
  * process's scrapes.
  */
 void metrics_keep_figures(struct registry *reg);
-
-/*
- * The exposition text of srv's state and the counters, as the HTTP
- * endpoint serves it: the per-uid families only with --metrics-per-uid
- * (cfg.metrics_per_uid), since anyone who reaches the endpoint reads it.
- * On success *ret is malloc'ed and NUL-terminated, owned by the caller
- * (free()), and *ret_len its length. 0 or -ENOMEM.
- */
-int metrics_render(const struct server *srv, char **ret, size_t *ret_len);
-
-/*
- * Answers a Metrics request on c with the text of srv as c's uid may see
- * it: the rule of stats, so per-uid rows are root's to see, or one's own.
- */
-struct conn;
-void metrics_reply(struct conn *c, uint64_t req_id, const struct server *srv);
 
 #endif

@@ -26,6 +26,49 @@
 /* Read when it exists; --config FILE must exist. */
 #define DEFAULT_CONFIG "/etc/tensord.conf"
 
+/* Options of the per-uid shares (quota.def) take values from here on. */
+enum { OPT_QUOTA = 0x200 };
+
+/* --help's lines for the per-uid shares, each description wrapped at 79 columns. */
+static void usage_shares(FILE *f)
+{
+	static const struct {
+		const char *flag, *arg, *usage;
+	} rows[] = {
+#define QUOTA(kind, flag, arg, usage, figure, unit, what, err, help) { flag, #arg, usage },
+#include "quota.def"
+#undef QUOTA
+	};
+
+	fprintf(f, "per-uid shares (a uid past one is refused; 0 is not a value):\n");
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		const char *p = rows[i].usage;
+		int col;
+
+		if (strcmp(rows[i].arg, "NONE") == 0)
+			continue;
+		col = fprintf(f, "  --%s %s", rows[i].flag, rows[i].arg);
+		while (*p) {
+			size_t n = strlen(p);
+
+			/* The longest run of words that fits, from column 31. */
+			if (col > 30)
+				col = fprintf(f, "\n%31s", "") - 1;
+			else
+				col += fprintf(f, "%*s", 31 - col, "");
+			if (n > 48)
+				for (n = 48; n > 0 && p[n] != ' '; n--)
+					;
+			if (n == 0)
+				n = strcspn(p, " ");
+			col += fprintf(f, "%.*s", (int)n, p);
+			p += n + (p[n] == ' ');
+			col = 99; /* what follows starts a new line */
+		}
+		fputc('\n', f);
+	}
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -34,13 +77,9 @@ static void usage(FILE *f)
 		"               [--log-file PATH] [--mode MODE] [--group GROUP] [--max-clients N]\n"
 		"               [--ready-fd FD] [--metrics HOST:PORT|unix:PATH]\n"
 		"               [--metrics-per-uid] [--config FILE]\n"
-		"               [--max-clients-per-uid N] [--max-tensors-per-uid N] "
-		"[--max-fds-per-uid N]\n"
-		"               [--max-bytes-per-uid SIZE] [--max-pinned-bytes-per-uid SIZE]\n"
-		"               [--max-waiters-per-conn N]\n"
-		"               [--max-waiters-per-uid N] [--max-fds-in-flight-per-conn N]\n"
-		"               [--quota-exempt-uid UID]...\n"
-		"               [--show-all-metadata] [--version]\n"
+		"               [--max-waiters-per-conn N] [--max-fds-in-flight-per-conn N]\n"
+		"               [--quota-exempt-uid UID]... [--show-all-metadata] [--version]\n"
+		"               [--max-...-per-uid N|SIZE]...\n"
 		"\n"
 		"  --socket PATH      where to listen (default: $TENSORD_SOCKET,\n"
 		"                     $XDG_RUNTIME_DIR/tensord.sock, /run/tensord/tensord.sock\n"
@@ -65,24 +104,15 @@ static void usage(FILE *f)
 		"                     (default: totals only: anyone who reaches it reads it)\n"
 		"  --config FILE      'key = value' lines, keys as the long options above\n"
 		"                     (default: " DEFAULT_CONFIG " when it exists); flags win\n"
-		"  --max-clients-per-uid N      connections of one uid (default max-clients/4)\n"
-		"  --max-tensors-per-uid N      tensors one uid may own (default 1048576)\n"
-		"  --max-fds-per-uid N          of those, tensors with a descriptor of their\n"
-		"                               own (default: half of RLIMIT_NOFILE)\n"
-		"  --max-bytes-per-uid SIZE     bytes one uid may own (default: no share)\n"
-		"  --max-pinned-bytes-per-uid SIZE  bytes of unlinked or replaced tensors\n"
-		"                               one uid's leases may keep alive; past it\n"
-		"                               its attaches are refused (default: as\n"
-		"                               --max-bytes-per-uid)\n"
 		"  --max-waiters-per-conn N     attaches waiting per connection (default 256)\n"
-		"  --max-waiters-per-uid N      attaches waiting per uid, all its connections\n"
-		"                               (default 16 times the per-connection limit)\n"
 		"  --max-fds-in-flight-per-conn N  descriptors queued or unread per\n"
 		"                               connection (default 64)\n"
 		"  --quota-exempt-uid UID       counted, never refused (repeatable; root\n"
 		"                               is not exempt unless named)\n"
 		"  --show-all-metadata          list/stat show every tensor to every uid\n"
-		"  --version          print the version and exit\n"
+		"  --version          print the version and exit\n");
+	usage_shares(f);
+	fprintf(f,
 		"\n"
 		"Under systemd: readiness through $NOTIFY_SOCKET, a listening socket through\n"
 		"$LISTEN_FDS (tensord.socket), journal priorities when stderr is the journal.\n");
@@ -105,19 +135,20 @@ static const struct number_opt {
 } number_opts[] = {
 	{ 'c', NUM_SIZE, "a size", 1, UINT64_MAX },
 	{ 'p', NUM_SIZE, "a size", 0, UINT64_MAX - 1 }, /* UINT64_MAX: the default */
-	{ 'B', NUM_SIZE, "a size", 1, UINT64_MAX },
-	{ 'P', NUM_SIZE, "a size", 1, UINT64_MAX },
 	{ 'm', NUM_OCTAL, "an octal mode", 0, 0777 },
 	{ 'n', NUM_DECIMAL, "a number", 1, UINT_MAX },
 	{ 'r', NUM_DECIMAL, "a descriptor", 0, INT_MAX },
-	{ 'K', NUM_DECIMAL, "a number", 1, UINT32_MAX },
-	{ 'T', NUM_DECIMAL, "a number", 1, UINT32_MAX },
-	{ 'D', NUM_DECIMAL, "a number", 1, UINT32_MAX },
 	{ 'W', NUM_DECIMAL, "a number", 1, UINT32_MAX },
-	{ 'w', NUM_DECIMAL, "a number", 1, UINT32_MAX },
 	{ 'F', NUM_DECIMAL, "a number", 1, UINT32_MAX },
 	{ 'U', NUM_DECIMAL, "a uid", 0, UINT32_MAX - 1 }, /* (uid_t)-1 is no uid */
 	{ 'g', NUM_DECIMAL, "a gid", 0, UINT32_MAX - 1 }, /* or a group name */
+/* The per-uid shares: counts up to 2^32-1, sizes up to 2^64-1 bytes. */
+#define QUOTA_NUM_N(kind) { OPT_QUOTA + QUOTA_##kind, NUM_DECIMAL, "a number", 1, UINT32_MAX },
+#define QUOTA_NUM_SIZE(kind) { OPT_QUOTA + QUOTA_##kind, NUM_SIZE, "a size", 1, UINT64_MAX },
+#define QUOTA_NUM_NONE(kind)
+#define QUOTA(kind, flag, arg, usage, figure, unit, what, err, help) QUOTA_NUM_##arg(kind)
+#include "quota.def"
+#undef QUOTA
 };
 
 /* s, all digits of base, into *ret. 0, -EINVAL (not such digits) or -ERANGE. */
@@ -254,30 +285,16 @@ static int parse_limit(int opt, uint64_t v, struct server_config *cfg)
 {
 	struct quota_limits *lim = &cfg->limits;
 
+	if (opt >= OPT_QUOTA && opt < OPT_QUOTA + QUOTA_KINDS) {
+		lim->per_uid[opt - OPT_QUOTA] = v;
+		return 0;
+	}
 	switch (opt) {
-	case 'K':
-		lim->per_uid[QUOTA_CLIENTS] = v;
-		break;
-	case 'T':
-		lim->per_uid[QUOTA_TENSORS] = v;
-		break;
-	case 'D':
-		lim->per_uid[QUOTA_FDS] = v;
-		break;
 	case 'W':
 		lim->waiters_per_conn = (uint32_t)v;
 		break;
-	case 'w':
-		lim->per_uid[QUOTA_WAITERS] = v;
-		break;
 	case 'F':
 		lim->fds_in_flight_per_conn = (uint32_t)v;
-		break;
-	case 'B':
-		lim->per_uid[QUOTA_BYTES] = v;
-		break;
-	case 'P':
-		lim->per_uid[QUOTA_PINNED] = v;
 		break;
 	default:
 		if (lim->n_exempt == QUOTA_EXEMPT_MAX) {
@@ -364,15 +381,9 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 			return 2;
 		}
 		return 0;
-	case 'K':
-	case 'T':
 	case 'W':
-	case 'w':
 	case 'F':
-	case 'D':
 	case 'U':
-	case 'B':
-	case 'P':
 		return parse_limit(opt, v, cfg);
 	case 'S':
 		cfg->show_all_metadata = true;
@@ -384,6 +395,8 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 		*ready_fd = (int)v;
 		return 0;
 	default:
+		if (opt >= OPT_QUOTA && opt < OPT_QUOTA + QUOTA_KINDS)
+			return parse_limit(opt, v, cfg);
 		usage(stderr);
 		return 2;
 	}
@@ -401,19 +414,19 @@ static const struct option long_opts[] = {
 	{ "ready-fd", required_argument, NULL, 'r' },
 	{ "metrics", required_argument, NULL, 'M' },
 	{ "metrics-per-uid", no_argument, NULL, 'u' },
-	{ "max-clients-per-uid", required_argument, NULL, 'K' },
-	{ "max-tensors-per-uid", required_argument, NULL, 'T' },
-	{ "max-bytes-per-uid", required_argument, NULL, 'B' },
-	{ "max-pinned-bytes-per-uid", required_argument, NULL, 'P' },
-	{ "max-fds-per-uid", required_argument, NULL, 'D' },
 	{ "max-waiters-per-conn", required_argument, NULL, 'W' },
-	{ "max-waiters-per-uid", required_argument, NULL, 'w' },
 	{ "max-fds-in-flight-per-conn", required_argument, NULL, 'F' },
 	{ "quota-exempt-uid", required_argument, NULL, 'U' },
 	{ "show-all-metadata", no_argument, NULL, 'S' },
 	{ "config", required_argument, NULL, 'C' },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
+#define QUOTA_OPT_N(flag, kind) { flag, required_argument, NULL, OPT_QUOTA + QUOTA_##kind },
+#define QUOTA_OPT_SIZE QUOTA_OPT_N
+#define QUOTA_OPT_NONE(flag, kind)
+#define QUOTA(kind, flag, arg, usage, figure, unit, what, err, help) QUOTA_OPT_##arg(flag, kind)
+#include "quota.def"
+#undef QUOTA
 	{ NULL, 0, NULL, 0 },
 };
 

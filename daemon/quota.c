@@ -17,16 +17,10 @@ static const struct {
 	const char *flag, *what;
 	int err;
 } kinds[QUOTA_KINDS] = {
-	[QUOTA_CLIENTS] = { "--max-clients-per-uid", "connections", -EDQUOT },
-	[QUOTA_TENSORS] = { "--max-tensors-per-uid", "tensors", -EDQUOT },
-	[QUOTA_BYTES] = { "--max-bytes-per-uid", "bytes", -EDQUOT },
-	[QUOTA_WAITERS] = { "--max-waiters-per-uid", "waiting attaches", -EAGAIN },
-	[QUOTA_FDS_IN_FLIGHT] = { "--max-fds-in-flight-per-conn", "descriptors in flight",
-				  -EAGAIN },
-	[QUOTA_FDS] = { "--max-fds-per-uid", "tensors with a descriptor of their own", -EDQUOT },
-	[QUOTA_PINNED] = { "--max-pinned-bytes-per-uid",
-			   "bytes of unlinked or replaced tensors kept alive by its leases",
-			   -EDQUOT },
+#define QUOTA(kind, flag, arg, usage, figure, unit, what, err, help)                               \
+	[QUOTA_##kind] = { "--" flag, what, -err },
+#include "quota.def"
+#undef QUOTA
 };
 
 void quota_default_limits(struct quota_limits *lim, unsigned fd_budget, unsigned max_clients)
@@ -69,6 +63,21 @@ void quota_init(struct quota *q, const struct quota_limits *lim)
 {
 	memset(q, 0, sizeof(*q));
 	q->lim = *lim;
+}
+
+void quota_describe(const struct quota_limits *lim, char *buf, size_t len)
+{
+	size_t n = 0;
+
+	buf[0] = '\0';
+	for (int k = 0; k < QUOTA_KINDS && n < len; k++) {
+		if (lim->per_uid[k])
+			n += (size_t)snprintf(buf + n, len - n, "%s%llu %s", k ? ", " : "",
+					      (unsigned long long)lim->per_uid[k], kinds[k].what);
+		else
+			n += (size_t)snprintf(buf + n, len - n, "%sno limit on %s", k ? ", " : "",
+					      kinds[k].what);
+	}
 }
 
 void quota_fini(struct quota *q)

@@ -17,14 +17,11 @@
 /* Tensors one uid may own by default: bounds the table memory it takes. */
 #define QUOTA_TENSORS_DEFAULT (1u << 20)
 
+/* QUOTA_CLIENTS, QUOTA_TENSORS, ...: one per row of quota.def. */
 enum quota_kind {
-	QUOTA_CLIENTS,
-	QUOTA_TENSORS,
-	QUOTA_BYTES,
-	QUOTA_WAITERS,
-	QUOTA_FDS_IN_FLIGHT,
-	QUOTA_FDS,    /* descriptors the daemon holds for its tensors */
-	QUOTA_PINNED, /* bytes of unlinked tensors its leases keep alive */
+#define QUOTA(kind, flag, arg, usage, figure, unit, what, err, help) QUOTA_##kind,
+#include "quota.def"
+#undef QUOTA
 	QUOTA_KINDS,
 };
 
@@ -61,6 +58,9 @@ struct quota {
 void quota_default_limits(struct quota_limits *lim, unsigned fd_budget, unsigned max_clients);
 
 void quota_init(struct quota *q, const struct quota_limits *lim);
+
+/* lim's per-uid limits in words, for the log: "1024 connections, ..., no limit on bytes". */
+void quota_describe(const struct quota_limits *lim, char *buf, size_t len);
 void quota_fini(struct quota *q);
 
 bool quota_exempt(const struct quota *q, uint32_t uid);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "conn.h"
+#include "proto/tensord.pb-c.h"
 #include "quota.h"
 #include "registry.h"
 
@@ -22,6 +23,12 @@
  * the error is counted against.
  */
 void reply_status(struct conn *c, unsigned kind, uint64_t req_id, int status, const char *msg);
+
+/*
+ * Sends rep (borrowed) and tk, the descriptor that goes with it (NULL:
+ * none); a reply too large for a frame is answered with -EMSGSIZE instead.
+ */
+void reply_send(struct conn *c, const Tensord__Reply *rep, const struct conn_fd_ticket *tk);
 
 /*
  * Called with every status reply_status() sends, and the kind of request it
@@ -48,17 +55,12 @@ void reply_info(struct conn *c, uint64_t req_id, const struct tensor *t);
 void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t n,
 		const char *next);
 
-/* The fair-share part of stats. */
-struct stats_fair {
-	const struct quota *quota; /* borrowed; NULL: no per-uid usage */
-	uint32_t viewer_uid;       /* root sees every uid, others their own */
-	uint64_t cleanup_steps;
-	uint64_t fd_waits;
-};
-
-/* What stats answers. */
-void reply_stats(struct conn *c, uint64_t req_id, const struct registry *reg, unsigned clients,
-		 uint64_t uptime_ns, const struct stats_fair *fair);
+/*
+ * What stats answers: the figures in set; with figures_only false also the
+ * fields StatsReply had before figures, for older clients (reply_stats.c).
+ */
+struct figure_set;
+void reply_stats(struct conn *c, uint64_t req_id, const struct figure_set *set, bool figures_only);
 
 /*
  * Packs a reply carrying only status and msg, with request id 0, as a whole
@@ -66,9 +68,6 @@ void reply_stats(struct conn *c, uint64_t req_id, const struct registry *reg, un
  * refused before they are served (conn_handlers.pack_refusal).
  */
 size_t reply_pack_refusal(uint8_t *buf, size_t cap, int status, const char *msg);
-
-/* Descriptors the daemon holds open, counted without allocating; 0 if unknown. */
-uint32_t daemon_open_fds(void);
 
 /* The answer to a hello of the right version. */
 void reply_hello(struct conn *c, uint64_t req_id);

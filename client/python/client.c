@@ -266,21 +266,21 @@ static PyObject *Client_list(ClientObject *self, PyObject *args, PyObject *kwds)
 
 static PyObject *Client_stats(ClientObject *self, PyObject *unused)
 {
-	tensord_daemon_stats st;
-	tensord_uid_stats *u = NULL;
 	tensord_client *c;
-	PyObject *ret;
-	size_t n = 0;
+	PyObject *json, *ret = NULL;
+	char *text = NULL;
 	int rc;
 
 	if (!(c = td_client_enter(self)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS rc = tensord_stats(c, &st, sizeof(st));
-	if (rc == 0)
-		rc = tensord_uid_usage(c, &u, &n);
+	Py_BEGIN_ALLOW_THREADS rc = tensord_stats_json(c, &text);
 	Py_END_ALLOW_THREADS if (td_client_leave(self, rc) < 0) return NULL;
-	ret = td_stats_new(&st, u, n);
-	free(u);
+	/* The library writes the one shape tensorctl stats --json prints too. */
+	json = PyImport_ImportModule("json");
+	if (json)
+		ret = PyObject_CallMethod(json, "loads", "s", text);
+	Py_XDECREF(json);
+	free(text);
 	return ret;
 }
 
@@ -343,13 +343,12 @@ static PyMethodDef Client_methods[] = {
 	  "name order." },
 	{ "stats", (PyCFunction)Client_stats, METH_NOARGS,
 	  "stats($self, /)\n--\n\n"
-	  "Returns a dict of daemon totals: tensors, clients, leases, uptime (seconds), "
-	  "daemon_pid, fds, host_pool, host_slabs; devices,\n"
-	  "a list of dicts with device, backend, path, bytes_used, bytes_capacity, tensors,\n"
-	  "gpu_bytes (GPU memory the daemon costs the device, its context included); and\n"
-	  "uids, one dict per uid (every uid for root, else the caller's own) with uid, clients,\n"
-	  "tensors, fds, bytes, waiters, fds_in_flight: what it holds against the per-uid "
-	  "shares." },
+	  "Returns the daemon's figures as a dict, the object tensorctl stats --json prints:\n"
+	  "each figure of the daemon by name ('tensors', 'host_pool_hits_total', ...), its\n"
+	  "value or, with labels, a dict by label value ('requests_total': {'attach': 3});\n"
+	  "'devices', a dict per device (device, backend, path, and each device_* figure);\n"
+	  "'uids', a dict per uid (uid, and each uid_* figure; every uid for root, else the\n"
+	  "caller's own). docs/operating.md lists every figure." },
 	{ "leases", (PyCFunction)(void (*)(void))td_client_leases, METH_VARARGS | METH_KEYWORDS,
 	  "leases($self, /, name=None)\n--\n\n"
 	  "Returns a list of LeaseHolder: who holds leases on name (None: on every tensor): one "

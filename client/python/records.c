@@ -1,6 +1,6 @@
 /*
  * What the Client hands back as plain data: the tensord.TensorInfo record
- * (stat(), list()), the stats() dict, and the shape/strides tuples the
+ * (stat(), list()) and the shape/strides tuples the
  * Tensor type shares. Pure conversions of libtensord structs; no calls to
  * the daemon.
  */
@@ -152,64 +152,4 @@ PyObject *td_info_list(const tensord_info *infos, size_t n)
 			PyList_SET_ITEM(list, (Py_ssize_t)i, r);
 	}
 	return list;
-}
-
-/* One dict per uid: what it holds against the daemon's per-uid shares. */
-static PyObject *uid_rows(const tensord_uid_stats *u, size_t n)
-{
-	PyObject *rows = PyList_New(0), *r;
-
-	for (size_t i = 0; rows && i < n; i++) {
-		r = Py_BuildValue("{s:I,s:I,s:K,s:K,s:K,s:I,s:I}", "uid", u[i].uid, "clients",
-				  u[i].clients, "tensors", (unsigned long long)u[i].tensors, "fds",
-				  (unsigned long long)u[i].fds, "bytes",
-				  (unsigned long long)u[i].bytes, "waiters", u[i].waiters,
-				  "fds_in_flight", u[i].fds_in_flight);
-		if (!r || PyList_Append(rows, r) < 0) {
-			Py_XDECREF(r);
-			Py_CLEAR(rows);
-		}
-		Py_XDECREF(r);
-	}
-	return rows;
-}
-
-PyObject *td_stats_new(const tensord_daemon_stats *st, const tensord_uid_stats *u, size_t n_uids)
-{
-	PyObject *devs, *d, *uids;
-
-	if (!(uids = uid_rows(u, n_uids)))
-		return NULL;
-	if (!(devs = PyList_New(0))) {
-		Py_DECREF(uids);
-		return NULL;
-	}
-	for (uint32_t i = 0; i < st->n_devices && i < TENSORD_STATS_DEVICES_MAX; i++) {
-		const tensord_device_stats *ds = &st->devices[i];
-		char dev[32];
-
-		d = Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:I,s:K}", "device",
-				  tensord_device_name(ds->device, dev, sizeof(dev)), "backend",
-				  ds->backend, "path", ds->path, "bytes_used",
-				  (unsigned long long)ds->bytes_used, "bytes_capacity",
-				  (unsigned long long)ds->bytes_capacity, "tensors", ds->tensors,
-				  "gpu_bytes", (unsigned long long)st->device_gpu_bytes[i]);
-		if (!d || PyList_Append(devs, d) < 0) {
-			Py_XDECREF(d);
-			Py_DECREF(devs);
-			Py_DECREF(uids);
-			return NULL;
-		}
-		Py_DECREF(d);
-	}
-	return Py_BuildValue(
-		"{s:K,s:K,s:K,s:d,s:I,s:N,s:I,s:{s:I,s:K,s:K,s:K,s:K},s:{s:I,s:K},s:N}", "tensors",
-		(unsigned long long)st->tensors, "clients", (unsigned long long)st->clients,
-		"leases", (unsigned long long)st->leases, "uptime", (double)st->uptime_ns / 1e9,
-		"daemon_pid", st->daemon_pid, "devices", devs, "fds", st->daemon_fds, "host_pool",
-		"fds", st->host_pool_fds, "bytes", (unsigned long long)st->host_pool_bytes,
-		"budget", (unsigned long long)st->host_pool_budget, "hits",
-		(unsigned long long)st->host_pool_hits, "misses",
-		(unsigned long long)st->host_pool_misses, "host_slabs", "slabs", st->host_slabs,
-		"bytes", (unsigned long long)st->host_slab_bytes, "uids", uids);
 }

@@ -33,7 +33,7 @@ ROOT = os.path.abspath(os.environ.get("TENSORD_SOURCE_DIR") or
 # The repository files an sdist carries in _src/, relative to the root.
 TREE = ["include/tensord/*.h", "proto/tensord.proto", "proto/frame.[ch]", "common/*.[ch]",
         "common/gpu/*.[ch]", "client/lib/*.[ch]", "client/lib/sources.txt", "daemon/*.[ch]",
-        "client/tensorctl/*.[ch]", "VERSION"]
+        "daemon/*.def", "client/tensorctl/*.[ch]", "VERSION"]
 
 
 def tree(*patterns):

@@ -168,9 +168,6 @@ PyObject *td_info_new(const tensord_info *info);
 /* A list of TensorInfo records for list(). Borrowed: infos, only for the call. */
 PyObject *td_info_list(const tensord_info *infos, size_t n);
 
-/* The dict stats() returns. */
-PyObject *td_stats_new(const tensord_daemon_stats *st, const tensord_uid_stats *u, size_t n_uids);
-
 /*
  * A struct sequence of type from n new references in v, which it steals;
  * when any is NULL (a failed conversion) all are released and NULL is

@@ -53,9 +53,9 @@ int cmd_stat(tensord_client *c, const struct args *a)
 
 int cmd_stats(tensord_client *c, const struct args *a)
 {
-	tensord_daemon_stats st;
-	tensord_uid_stats *u = NULL;
-	size_t n = 0;
+	tensord_figure *v;
+	char *json;
+	size_t n;
 	int rc;
 
 	if ((a->seen & OPT_PROMETHEUS) && (a->seen & OPT_JSON)) {
@@ -64,19 +64,20 @@ int cmd_stats(tensord_client *c, const struct args *a)
 	}
 	if (a->seen & OPT_PROMETHEUS)
 		return print_prometheus(c);
-	rc = tensord_stats(c, &st, sizeof(st));
-	if (rc == 0)
-		rc = tensord_uid_usage(c, &u, &n);
+	if (a->seen & OPT_JSON) {
+		rc = tensord_stats_json(c, &json);
+		if (rc < 0)
+			return op_error(rc, NULL);
+		printf("%s\n", json);
+		free(json);
+		return finish_output();
+	}
+	rc = tensord_figures(c, &v, &n);
 	if (rc < 0)
 		return op_error(rc, NULL);
-	if (st.n_devices > TENSORD_STATS_DEVICES_MAX)
-		st.n_devices = TENSORD_STATS_DEVICES_MAX;
-	if (a->seen & OPT_JSON)
-		print_stats_json(&st, u, n);
-	else
-		print_stats_text(&st, u, n);
-	free(u);
-	return finish_output();
+	rc = print_figures_text(v, n);
+	free(v);
+	return rc < 0 ? EXIT_OP : finish_output();
 }
 
 /* Reports why the file path failed, both escaped; EXIT_OP. */

@@ -239,7 +239,7 @@ int finish_output(void)
 /* --- values -------------------------------------------------------------------- */
 
 /* "1.5 KiB": binary units, one decimal above bytes. */
-static const char *human(uint64_t b, char *buf, size_t len)
+const char *human(uint64_t b, char *buf, size_t len)
 {
 	static const char *const units[] = { "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
 	double v = (double)b;
@@ -390,41 +390,6 @@ void json_info(const tensord_info *in, const char *end)
 	       in->created_ns, iso_time(in->created_ns, t, sizeof(t)), in->id, end);
 }
 
-void print_stats_json(const tensord_daemon_stats *st, const tensord_uid_stats *u, size_t n)
-{
-	char dev[32];
-	uint32_t i;
-
-	printf("{\"tensors\": %" PRIu64 ", \"clients\": %" PRIu64 ", \"leases\": %" PRIu64
-	       ", \"uptime_ns\": %" PRIu64 ", \"daemon_pid\": %" PRIu32 ", \"devices\": [",
-	       st->tensors, st->clients, st->leases, st->uptime_ns, st->daemon_pid);
-	for (i = 0; i < st->n_devices; i++) {
-		const tensord_device_stats *d = &st->devices[i];
-
-		printf("%s{", i ? ", " : "");
-		tensord_device_name(d->device, dev, sizeof(dev));
-		json_field("device", dev, true);
-		json_field("backend", d->backend, false);
-		json_field("path", d->path, false);
-		printf(", \"bytes_used\": %" PRIu64 ", \"bytes_capacity\": %" PRIu64
-		       ", \"tensors\": %" PRIu32 ", \"gpu_bytes\": %" PRIu64 "}",
-		       d->bytes_used, d->bytes_capacity, d->tensors, st->device_gpu_bytes[i]);
-	}
-	printf("], \"daemon_fds\": %" PRIu32 ", \"host_pool_fds\": %" PRIu32
-	       ", \"host_pool_bytes\": %" PRIu64 ", \"host_pool_budget\": %" PRIu64
-	       ", \"host_pool_hits\": %" PRIu64 ", \"host_pool_misses\": %" PRIu64
-	       ", \"host_slabs\": %" PRIu32 ", \"host_slab_bytes\": %" PRIu64 ", \"uids\": [",
-	       st->daemon_fds, st->host_pool_fds, st->host_pool_bytes, st->host_pool_budget,
-	       st->host_pool_hits, st->host_pool_misses, st->host_slabs, st->host_slab_bytes);
-	for (size_t k = 0; k < n; k++)
-		printf("%s{\"uid\": %" PRIu32 ", \"clients\": %" PRIu32 ", \"tensors\": %" PRIu64
-		       ", \"fds\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"waiters\": %" PRIu32
-		       ", \"fds_in_flight\": %" PRIu32 "}",
-		       k ? ", " : "", u[k].uid, u[k].clients, u[k].tensors, u[k].fds, u[k].bytes,
-		       u[k].waiters, u[k].fds_in_flight);
-	printf("]}\n");
-}
-
 /* --- text -------------------------------------------------------------------------- */
 
 void print_info(const tensord_info *in)
@@ -547,60 +512,4 @@ void print_table(const char *const *titles, int ncol, unsigned right, const void
 void print_ls_table(const tensord_info *infos, size_t n)
 {
 	print_table(col_title, NCOL, 1u << COL_BYTES | 1u << COL_REFS, infos, n, ls_cell);
-}
-
-/* What each uid holds, one row per uid. */
-static void print_uid_usage(const tensord_uid_stats *u, size_t n)
-{
-	char id[24], bytes[32];
-
-	printf("\n%-10s  %7s  %7s  %8s  %10s  %7s  %9s\n", "USER", "CLIENTS", "TENSORS", "WITH FDS",
-	       "BYTES", "WAITERS", "IN FLIGHT");
-	for (size_t k = 0; k < n; k++) {
-		snprintf(id, sizeof(id), "uid %" PRIu32, u[k].uid);
-		printf("%-10s  %7" PRIu32 "  %7" PRIu64 "  %8" PRIu64 "  %10s  %7" PRIu32
-		       "  %9" PRIu32 "\n",
-		       id, u[k].clients, u[k].tensors, u[k].fds,
-		       human(u[k].bytes, bytes, sizeof(bytes)), u[k].waiters, u[k].fds_in_flight);
-	}
-}
-
-void print_stats_text(const tensord_daemon_stats *st, const tensord_uid_stats *u, size_t n)
-{
-	char dev[32], used[32], cap[32], pct[16], qb[QUOTE_MAX], qp[QUOTE_MAX];
-	uint64_t up = st->uptime_ns / 1000000000u;
-	uint32_t i;
-
-	printf("tensors:  %" PRIu64 "\nclients:  %" PRIu64 "\nleases:   %" PRIu64
-	       "\nuptime:   %" PRIu64 "d %02" PRIu64 "h %02" PRIu64 "m %02" PRIu64
-	       "s\npid:      %" PRIu32 "\n",
-	       st->tensors, st->clients, st->leases, up / 86400, up / 3600 % 24, up / 60 % 60,
-	       up % 60, st->daemon_pid);
-	printf("fds:      %" PRIu32 "\npool:     %s ready in %" PRIu32 " memfds of %s; %" PRIu64
-	       " hits, %" PRIu64 " misses\n",
-	       st->daemon_fds, human(st->host_pool_bytes, used, sizeof(used)), st->host_pool_fds,
-	       human(st->host_pool_budget, cap, sizeof(cap)), st->host_pool_hits,
-	       st->host_pool_misses);
-	printf("slabs:    %" PRIu32 " holding %s\n", st->host_slabs,
-	       human(st->host_slab_bytes, used, sizeof(used)));
-	printf("\n%-8s  %-7s  %-8s  %7s  %10s  %10s  %6s  %10s\n", "DEVICE", "BACKEND", "PATH",
-	       "TENSORS", "USED", "CAPACITY", "USE", "GPU MEMORY");
-	for (i = 0; i < st->n_devices; i++) {
-		const tensord_device_stats *d = &st->devices[i];
-		double cap_d = (double)d->bytes_capacity;
-		char gpu[32] = "-";
-
-		snprintf(pct, sizeof(pct), cap_d > 0 ? "%.1f%%" : "-",
-			 cap_d > 0 ? 100.0 * (double)d->bytes_used / cap_d : 0.0);
-		/* With its context: what the GPU lost to the daemon (NVML). */
-		if (st->device_gpu_bytes[i])
-			human(st->device_gpu_bytes[i], gpu, sizeof(gpu));
-		printf("%-8s  %-7.16s  %-8.16s  %7" PRIu32 "  %10s  %10s  %6s  %10s\n",
-		       tensord_device_name(d->device, dev, sizeof(dev)),
-		       quote(d->backend, QUOTE_TABLE, qb, sizeof(qb)),
-		       quote(d->path, QUOTE_TABLE, qp, sizeof(qp)), d->tensors,
-		       human(d->bytes_used, used, sizeof(used)),
-		       human(d->bytes_capacity, cap, sizeof(cap)), pct, gpu);
-	}
-	print_uid_usage(u, n);
 }

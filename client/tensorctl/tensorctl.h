@@ -139,8 +139,11 @@ const char *iso_time(uint64_t ns, char *buf, size_t len);
 void json_str(const char *s);
 void json_field(const char *key, const char *val, bool first);
 
-/* The stats totals, devices and the n uids' usage, as one JSON object or as text and tables. */
-void print_stats_json(const tensord_daemon_stats *st, const tensord_uid_stats *u, size_t n);
-void print_stats_text(const tensord_daemon_stats *st, const tensord_uid_stats *u, size_t n);
+/* figures.c: the daemon's n figures as text: a line each, then the devices and uids as tables.
+ * 0, or -1 (out of memory, reported). */
+int print_figures_text(const tensord_figure *v, size_t n);
+
+/* b bytes for people: "512 B", "1.5 MiB". Borrowed: buf. */
+const char *human(uint64_t b, char *buf, size_t len);
 
 #endif /* TENSORD_TENSORCTL_H */

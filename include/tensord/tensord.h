@@ -141,6 +141,53 @@ typedef struct tensord_daemon_stats {
 	uint64_t device_gpu_bytes[TENSORD_STATS_DEVICES_MAX];
 } tensord_daemon_stats;
 
+/*
+ * The daemon's figures: every number of its stats and metrics, each a name
+ * and samples (see tensord_figures()). The daemon's table of them is
+ * docs/operating.md's "Metrics"; new figures appear here without a new
+ * library.
+ */
+typedef enum tensord_figure_type {
+	TENSORD_FIGURE_COUNTER = 0, /* only grows while the daemon runs */
+	TENSORD_FIGURE_GAUGE = 1,
+	TENSORD_FIGURE_HISTOGRAM = 2,
+} tensord_figure_type;
+
+typedef enum tensord_figure_scope {
+	TENSORD_SCOPE_DAEMON = 0, /* one sample */
+	TENSORD_SCOPE_DEVICE = 1, /* one per device: labels device, backend, path first */
+	TENSORD_SCOPE_UID = 2,    /* one per uid the caller may see: label uid first */
+} tensord_figure_scope;
+
+typedef enum tensord_figure_unit {
+	TENSORD_UNIT_NUMBER = 0,
+	TENSORD_UNIT_BYTES = 1,
+	TENSORD_UNIT_SECONDS = 2,
+} tensord_figure_unit;
+
+typedef struct tensord_sample {
+	const char *const *values; /* one per label of its figure, in that order */
+	double value;              /* a histogram: the sum of what it observed */
+	/* A histogram's buckets: n_bounds upper bounds (+Inf not among them),
+	 * and n_bounds + 1 counts of observations per bucket, +Inf last (not
+	 * cumulative). 0 and NULL for other figures. */
+	size_t n_bounds;
+	const double *bounds;
+	const uint64_t *counts;
+} tensord_sample;
+
+typedef struct tensord_figure {
+	const char *name; /* "host_pool_hits_total"; in Prometheus "tensord_" + name */
+	const char *help;
+	tensord_figure_type type;
+	tensord_figure_scope scope;
+	tensord_figure_unit unit;
+	size_t n_labels;
+	const char *const *labels; /* label names: the scope's, then its own */
+	size_t n_samples;          /* may be 0 (no device, no uid to show) */
+	const tensord_sample *samples;
+} tensord_figure;
+
 /* What one uid holds in the daemon (see tensord_uid_usage()). */
 typedef struct tensord_uid_stats {
 	uint32_t uid;
@@ -274,9 +321,35 @@ TENSORD_API int tensord_list(tensord_client *client, const char *prefix, tensord
 /*
  * Daemon totals. size: sizeof(*ret_stats) as the caller compiled it; the
  * library writes at most that many bytes (see tensord_daemon_stats).
- * -EINVAL when size is below TENSORD_STATS_SIZE_V1.
+ * -EINVAL when size is below TENSORD_STATS_SIZE_V1. Filled from
+ * tensord_figures() by name; the struct gets no new fields: new figures
+ * are read with tensord_figures() or tensord_stats_json().
  */
 TENSORD_API int tensord_stats(tensord_client *client, tensord_daemon_stats *ret_stats, size_t size);
+
+/*
+ * Every figure of the daemon, as the caller may see it (per-uid figures:
+ * root sees every uid, others their own), in the daemon's order. On
+ * success *ret_figures is one malloc'ed block of *ret_count figures with
+ * everything they point to, owned by the caller, who frees it with free().
+ * -EPROTONOSUPPORT from a daemon older than figures.
+ */
+TENSORD_API int tensord_figures(tensord_client *client, tensord_figure **ret_figures,
+				size_t *ret_count);
+
+/*
+ * The daemon's figures as one JSON object, the shape Python's stats()
+ * returns and `tensorctl stats --json` prints: a figure of the daemon is a
+ * key (its name) with its value, or, with labels of its own, an object
+ * keyed by their values (nested in label order); a histogram is
+ * {"count": n, "sum": s, "buckets": {"<bound>": cumulative count, ...,
+ * "+Inf": n}}; "devices" is a list of one object per device (its device,
+ * backend and path, and each device figure by name), "uids" one per uid
+ * ("uid", and each per-uid figure by name). Numbers are integers but for
+ * figures in seconds. On success *ret_json is a malloc'ed, NUL-terminated
+ * string owned by the caller (free()).
+ */
+TENSORD_API int tensord_stats_json(tensord_client *client, char **ret_json);
 
 /* One connection's leases on one tensor, as tensord_leases() lists them. */
 typedef struct tensord_lease_holder {
@@ -340,7 +413,9 @@ TENSORD_API int tensord_metrics(tensord_client *client, char **ret_text);
 
 /*
  * What each uid holds, against the daemon's per-uid shares: every uid when
- * the caller is root, else the caller's own uid only. On success
+ * the caller is root, else the caller's own uid only. Filled from
+ * tensord_figures() by name; tensord_uid_stats gets no new fields (an array
+ * of it cannot grow): read new per-uid figures with tensord_figures(). On success
  * *ret_usage is a malloc'ed array of *ret_count entries in uid order,
  * owned by the caller, who frees it with free() (also when *ret_count is 0).
  */

@@ -255,10 +255,12 @@ static void do_stats(int argc, char **argv)
 		fail(r);
 		return;
 	}
-	printf("ok tensors=%llu clients=%llu leases=%llu used=%llu capacity=%llu\n",
+	printf("ok tensors=%llu clients=%llu leases=%llu used=%llu capacity=%llu pid=%u "
+	       "dev_tensors=%u pool_budget=%llu\n",
 	       (unsigned long long)st.tensors, (unsigned long long)st.clients,
 	       (unsigned long long)st.leases, (unsigned long long)st.devices[0].bytes_used,
-	       (unsigned long long)st.devices[0].bytes_capacity);
+	       (unsigned long long)st.devices[0].bytes_capacity, st.daemon_pid,
+	       st.devices[0].tensors, (unsigned long long)st.host_pool_budget);
 }
 
 static void do_fork_hold(int argc, char **argv)

@@ -73,7 +73,7 @@ def settled(d):
     """cuda:0 holds nothing and the daemon no descriptor beyond its baseline."""
     def done():
         dev, st = cuda0(d)
-        return dev["tensors"] == 0 and dev["bytes_used"] == 0 and st["tensors"] == 0
+        return sum(dev["device_tensors"].values()) == 0 and dev["device_used_bytes"] == 0 and st["tensors"] == 0
     assert wait_until(done, timeout=10), (d.stats(), d.read_log()[-3000:])
     assert wait_until(lambda: d.fd_count() == d.baseline, timeout=10), \
         (d.fd_count(), d.baseline)
@@ -100,7 +100,7 @@ def test_later_requests_are_answered_while_the_memory_is_allocated(fake):
     assert lease[3][0] == HANDLE_CUDA_VMM_FD, lease
     assert lease[4][0] == 2 * MiB, lease          # rounded to the fake's granularity
     dev = next(x for x in fake.stats()["devices"] if x["device"] == "cuda:0")
-    assert dev["bytes_used"] == 2 * MiB, dev
+    assert dev["device_used_bytes"] == 2 * MiB, dev
     # Published once created; the name then serves.
     r = c.call(publish_req(12, "g/a"))
     assert r.id == 12 and r.status == 0, r
@@ -181,15 +181,15 @@ def test_gpu_memory_with_its_context_in_stats(fake):
     """stats' gpu_bytes: what the driver (NVML's fake) counts for the daemon
     on the device, the primary context included; back to 0 when the last
     tensor went and the daemon released the context."""
-    assert cuda0(fake)[0]["gpu_bytes"] == 0
+    assert cuda0(fake)[0]["device_gpu_bytes"] == 0
     c = Raw(fake.socket)
     c.hello()
     c.send(frame(gpu_create(1, "g/m", n=1 << 20)))      # 4 MiB of float32
     created = reply_with_fds(c)
     assert created.status == 0, created
     dev = cuda0(fake)[0]
-    assert dev["gpu_bytes"] == CTX_BYTES + 4 * MiB, dev
-    assert dev["bytes_used"] == 4 * MiB, dev
+    assert dev["device_gpu_bytes"] == CTX_BYTES + 4 * MiB, dev
+    assert dev["device_used_bytes"] == 4 * MiB, dev
     r = subprocess.run([build_path("tensorctl"), "--socket", fake.socket, "stats"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
@@ -198,10 +198,10 @@ def test_gpu_memory_with_its_context_in_stats(fake):
     r = subprocess.run([build_path("tensorctl"), "--socket", fake.socket, "stats",
                         "--prometheus"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    assert f'tensord_device_gpu_bytes{{device="cuda:0",backend="cuda"}} {CTX_BYTES + 4 * MiB}' \
-        in r.stdout, r.stdout
+    want = f'{{device="cuda:0",backend="cuda",path="cuda-vmm"}} {CTX_BYTES + 4 * MiB}'
+    assert "tensord_device_gpu_bytes" + want in r.stdout, r.stdout
     c.close()                                           # unpublished: freed with it
-    assert wait_until(lambda: cuda0(fake)[0]["gpu_bytes"] == 0, timeout=10), cuda0(fake)
+    assert wait_until(lambda: cuda0(fake)[0]["device_gpu_bytes"] == 0, timeout=10), cuda0(fake)
     assert "primary context released" in fake.read_log()
     settled(fake)
 

@@ -113,9 +113,13 @@ def value(samples, name, **labels):
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
-def owners(samples, name="tensord_owner_tensors"):
-    """{uid: value} of a per-uid family."""
-    return {int(dict(k[1])["uid"]): v for k, v in samples.items() if k[0] == name}
+CPU = dict(device="cpu", backend="host", path="memfd")
+CUDA0 = dict(device="cuda:0", backend="cuda", path="cuda-vmm")
+
+
+def owners(samples, name="tensord_uid_tensors"):
+    """{uid: value} of a per-uid family, for the uids where it is not 0."""
+    return {int(dict(k[1])["uid"]): v for k, v in samples.items() if k[0] == name and v}
 
 
 def visits(c, what):
@@ -240,7 +244,7 @@ def test_metrics_scrape_walks_series_not_tensors(fair):
     assert errors == 0
 
     s = metrics(root)
-    assert value(s, "tensord_tensors", device="cpu", state="created") == n
+    assert value(s, "tensord_device_tensors", **CPU, state="created") == n
     assert owners(s)[NOBODY] == n + 1 and owners(s)[HONEST] == 1
     a = visits(root, "metrics")
     b = visits(root, "metrics")
@@ -252,7 +256,7 @@ def test_metrics_scrape_walks_series_not_tensors(fair):
     assert r.status == 0, r
     for _ in range(20):
         r = nobody.reply()
-        assert r.status == 0 and b"tensord_tensors" in r.body(F_METRICS)[1][0]
+        assert r.status == 0 and b"tensord_device_tensors" in r.body(F_METRICS)[1][0]
     spent = visits(root, "metrics") - before
     assert spent == 21 * per_scrape_few, spent  # the 20, and root's own scrape
 
@@ -276,7 +280,7 @@ def test_metrics_scrape_walks_series_not_tensors(fair):
     assert r.status == 0, r
     for t in scrapers:
         t.join()
-    assert len(texts) == 12 and all("tensord_tensors{" in t for t in texts)
+    assert len(texts) == 12 and all("tensord_device_tensors{" in t for t in texts)
     assert visits(root, "metrics") - before == 13 * per_scrape_few
     for c in (root, nobody, honest):
         c.close()
@@ -317,7 +321,7 @@ def test_metrics_figures_are_those_of_the_state(fair):
     def check(created, published, unlinked):
         s = metrics(root)
         uids, sb = stats_uids(root)
-        got = tuple(value(s, "tensord_tensors", device="cpu", state=st)
+        got = tuple(value(s, "tensord_device_tensors", **CPU, state=st)
                     for st in ("created", "published", "unlinked"))
         assert got == (created, published, unlinked)
         assert sum(got) == sb.get(S_TENSORS, [0])[0]
@@ -328,15 +332,15 @@ def test_metrics_figures_are_those_of_the_state(fair):
         pinned = {HONEST: 1 << 18} if root_holds_big else {}
         for uid, row in uids.items():
             assert owners(s).get(uid, 0) == row.get(U_TENSORS, [0])[0], (uid, row)
-            assert owners(s, "tensord_owner_bytes").get(uid, 0) == \
+            assert owners(s, "tensord_uid_owned_bytes").get(uid, 0) == \
                 row.get(U_BYTES, [0])[0] + pinned.get(uid, 0), (uid, row)
-        assert sum(owners(s, "tensord_owner_bytes").values()) == \
-            value(s, "tensord_device_used_bytes", device="cpu", backend="host")
+        assert sum(owners(s, "tensord_uid_owned_bytes").values()) == \
+            value(s, "tensord_device_used_bytes", **CPU)
         return s
 
     def settled(created, published, unlinked):
         return wait_until(lambda: tuple(
-            value(metrics(root), "tensord_tensors", device="cpu", state=st)
+            value(metrics(root), "tensord_device_tensors", **CPU, state=st)
             for st in ("created", "published", "unlinked")) == (created, published, unlinked),
             timeout=10)
 
@@ -344,7 +348,7 @@ def test_metrics_figures_are_those_of_the_state(fair):
     s = check(4, 3, 1)
     assert owners(s) == {HONEST: 3, NOBODY: 5}
     # Footprints: a 4,000-byte slab slot of 4,096, 256 KiB, a 40-byte memfd's page.
-    assert owners(s, "tensord_owner_bytes")[HONEST] == 4096 + (1 << 18) + 4096
+    assert owners(s, "tensord_uid_owned_bytes")[HONEST] == 4096 + (1 << 18) + 4096
     waiter.close()
     assert wait_until(lambda: value(metrics(root), "tensord_waiters") == 0, timeout=10)
     gone.close()            # its draft and its connection-lifetime tensor go
@@ -382,9 +386,9 @@ def test_metrics_figures_follow_a_gpu_create_to_its_rounded_size(daemon_factory)
 
     def figures():
         s = metrics(c)
-        return (value(s, "tensord_tensors", device="cuda:0", state="created"),
-                owners(s, "tensord_owner_bytes").get(uid, 0),
-                value(s, "tensord_device_used_bytes", device="cuda:0", backend="cuda"))
+        return (value(s, "tensord_device_tensors", **CUDA0, state="created"),
+                owners(s, "tensord_uid_owned_bytes").get(uid, 0),
+                value(s, "tensord_device_used_bytes", **CUDA0))
 
     c.send(frame(request(11, F_CREATE, create_body(b"g/x", [1000], device=(2, 0)))))
     assert figures() == (1, 4000, 4000), "in flight: counted at the size asked for"
@@ -506,7 +510,7 @@ def scrape(port):
 
 def test_metrics_show_another_uids_usage_only_as_stats_does(fair):
     """uid 1001 owns three tensors, uid 65534 one. Over the socket each sees
-    its own row of tensord_owner_* (root every row), exactly the uids its
+    its own row of tensord_uid_* (root every row), exactly the uids its
     stats show; the HTTP endpoint, which has no peer to ask, shows totals
     only, unless started with --metrics-per-uid."""
     port = free_port()
@@ -524,22 +528,22 @@ def test_metrics_show_another_uids_usage_only_as_stats_does(fair):
     assert f'uid="{HONEST}"' not in text, "1001's usage is not 65534's to see"
     s = parse(text)
     assert owners(s) == {NOBODY: 1}
-    assert owners(s, "tensord_owner_bytes") == {NOBODY: 256}      # a slab slot
+    assert owners(s, "tensord_uid_owned_bytes") == {NOBODY: 256}      # a slab slot
     assert set(stats_uids(nobody)[0]) == {NOBODY}, "the same rule as stats"
     # The totals are everyone's to see, as in stats.
-    assert value(s, "tensord_tensors", device="cpu", state="published") == 4
+    assert value(s, "tensord_device_tensors", **CPU, state="published") == 4
 
     s = metrics(honest)
     assert owners(s) == {HONEST: 3}
-    assert owners(s, "tensord_owner_bytes") == {HONEST: 4096 + (1 << 18)}
+    assert owners(s, "tensord_uid_owned_bytes") == {HONEST: 4096 + (1 << 18)}
     s = metrics(root)
     assert owners(s) == {HONEST: 3, NOBODY: 1}
 
     http_text = scrape(port)
-    assert "tensord_owner_" not in http_text and f'uid="{HONEST}"' not in http_text
+    assert "tensord_uid_" not in http_text and f'uid="{HONEST}"' not in http_text
     s = parse(http_text)
-    assert value(s, "tensord_tensors", device="cpu", state="published") == 4
-    assert value(s, "tensord_device_used_bytes", device="cpu", backend="host") == \
+    assert value(s, "tensord_device_tensors", **CPU, state="published") == 4
+    assert value(s, "tensord_device_used_bytes", **CPU) == \
         4096 + (1 << 18) + 256
     for c in (honest, nobody, root):
         c.close()
@@ -552,6 +556,6 @@ def test_metrics_show_another_uids_usage_only_as_stats_does(fair):
     make(nobody, b"nb/a", 3)
     s = parse(scrape(port))
     assert owners(s) == {HONEST: 1, NOBODY: 1}
-    assert owners(s, "tensord_owner_bytes") == {HONEST: 4096, NOBODY: 256}
+    assert owners(s, "tensord_uid_owned_bytes") == {HONEST: 4096, NOBODY: 256}
     honest.close()
     nobody.close()

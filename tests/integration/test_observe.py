@@ -201,9 +201,9 @@ def test_metrics_move_when_tensors_are_created_and_attached(daemon_factory):
         c.ok("attach m/x 0 again")
         c.err("attach m/none 0", "ENOENT")
         after = parse(scrape(port))
-        cpu_pub = dict(device="cpu", state="published")
-        assert value(after, "tensord_tensors", **cpu_pub) == \
-            value(before, "tensord_tensors", **cpu_pub) + 1
+        cpu_pub = dict(device="cpu", backend="host", path="memfd", state="published")
+        assert value(after, "tensord_device_tensors", **cpu_pub) == \
+            value(before, "tensord_device_tensors", **cpu_pub) + 1
         for name, labels, delta in [
                 ("tensord_requests_total", dict(request="attach"), 2),
                 ("tensord_requests_total", dict(request="create"), 1),
@@ -212,10 +212,11 @@ def test_metrics_move_when_tensors_are_created_and_attached(daemon_factory):
                 ("tensord_attach_duration_seconds_bucket", dict(le="+Inf"), 1),
                 ("tensord_leases", {}, 2),
                 ("tensord_clients", {}, 1),
-                ("tensord_owner_tensors", dict(uid=str(os.geteuid())), 1)]:
+                ("tensord_uid_tensors", dict(uid=str(os.geteuid())), 1)]:
             assert value(after, name, **labels) == value(before, name, **labels) + delta, name
-        assert value(after, "tensord_device_used_bytes", device="cpu", backend="host") >= 64
-        assert value(after, "tensord_owner_bytes", uid=str(os.geteuid())) >= 64
+        assert value(after, "tensord_device_used_bytes", device="cpu", backend="host",
+                     path="memfd") >= 64
+        assert value(after, "tensord_uid_owned_bytes", uid=str(os.geteuid())) >= 64
         assert value(after, "tensord_attach_duration_seconds_sum") > 0
 
         # The same families, and the same state, through the socket.
@@ -223,8 +224,8 @@ def test_metrics_move_when_tensors_are_created_and_attached(daemon_factory):
         assert rc == 0, err
         via_ctl = parse(out)
         assert {k[0] for k in via_ctl} == {k[0] for k in after}
-        assert value(via_ctl, "tensord_tensors", **cpu_pub) == \
-            value(after, "tensord_tensors", **cpu_pub)
+        assert value(via_ctl, "tensord_device_tensors", **cpu_pub) == \
+            value(after, "tensord_device_tensors", **cpu_pub)
         assert value(via_ctl, "tensord_leases") == value(after, "tensord_leases")
     finally:
         c.close()

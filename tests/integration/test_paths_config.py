@@ -452,7 +452,7 @@ def test_config_that_is_not_a_small_regular_text_file_is_refused(tmp_path):
         out = subprocess.run([build_path("tensorctl"), "--socket", sock, "stats", "--json"],
                              capture_output=True, text=True, timeout=30, env=clean_env())
         (cpu,) = [d for d in json.loads(out.stdout)["devices"] if d["device"] == "cpu"]
-        assert cpu["bytes_capacity"] == 3 << 20
+        assert cpu["device_capacity_bytes"] == 3 << 20
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
@@ -502,8 +502,8 @@ def test_numbers_at_their_bounds_still_start(daemon_factory):
                        "4294967295", "--quota-exempt-uid", "4294967294", "--mode", "0600",
                        "--group", "0")
     # max-clients landed as 8 (the per-uid default is a quarter of it), not wrapped.
-    assert "shares per uid: 2 clients, 4294967295 tensors" in d.read_log(), d.read_log()
+    assert "shares per uid: 2 connections, 4294967295 tensors" in d.read_log(), d.read_log()
     assert "per connection 4294967295 waiters" in d.read_log()
     (cpu,) = [x for x in d.stats()["devices"] if x["device"] == "cpu"]
-    assert cpu["bytes_capacity"] == 3 << 20
+    assert cpu["device_capacity_bytes"] == 3 << 20
     assert os.lstat(d.socket).st_gid == 0

@@ -21,8 +21,8 @@ def put(d, tmp_path, name, nbytes):
 
 def pool(d):
     s = d.stats()
-    return s["host_pool_fds"], s["host_pool_bytes"], s["host_pool_budget"], \
-        s["host_pool_hits"], s["host_pool_misses"]
+    return s["host_pool_fds"], s["host_pool_bytes"], s["host_pool_budget_bytes"], \
+        s["host_pool_hits_total"], s["host_pool_misses_total"]
 
 
 def test_pool_serves_repeated_sizes_within_its_budget(daemon_factory, tmp_path):

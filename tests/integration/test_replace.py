@@ -50,7 +50,7 @@ def test_create_replace_killed_before_publish(daemon):
     reader.ok("attach r 0 after")
     assert reader.ok("read after 0") == "7" and reader.ok("read after 4095") == "7"
     assert reader.kv("stat r")["nbytes"] == "4096"
-    assert stats(daemon)["devices"][0]["bytes_used"] == base["devices"][0]["bytes_used"] + 0
+    assert stats(daemon)["devices"][0]["device_used_bytes"] == base["devices"][0]["device_used_bytes"] + 0
     reader.close()
     owner.close()
 

@@ -244,7 +244,7 @@ def test_config_file_sets_options_and_flags_override_it(tmp_path):
     try:
         st = json.loads(ctl(str(sock), "stats", "--json").stdout)
         (cpu,) = [d for d in st["devices"] if d["device"] == "cpu"]
-        assert cpu["bytes_capacity"] == 5 << 20      # the flag, not the file's 3Mi
+        assert cpu["device_capacity_bytes"] == 5 << 20      # the flag, not the file's 3Mi
     finally:
         assert stop(proc) == 0
     log.close()

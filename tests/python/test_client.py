@@ -122,12 +122,12 @@ def test_list_and_stats(client):
     s = client.stats()
     assert s["tensors"] == 3
     assert s["clients"] >= 1
-    assert s["uptime"] > 0
+    assert s["uptime_seconds"] > 0
     assert s["daemon_pid"] > 0
     cpu = [d for d in s["devices"] if d["device"] == "cpu"]
-    assert cpu and cpu[0]["bytes_used"] >= 12 and cpu[0]["bytes_capacity"] > 0
+    assert cpu and cpu[0]["device_used_bytes"] >= 12 and cpu[0]["device_capacity_bytes"] > 0
     # Host memory has no GPU figure; the key is there for every device.
-    assert cpu[0]["gpu_bytes"] == 0
+    assert cpu[0]["device_gpu_bytes"] == 0
 
 
 def test_unlink_keeps_attached_memory(client):

@@ -245,20 +245,20 @@ def test_stats_gpu_bytes_include_the_context(client, daemon):
     dev = cuda0_stats(client)
     print(f"daemon on cuda:0: {dev['gpu_bytes']} bytes with the context, "
           f"{dev['bytes_used']} in tensors")
-    assert dev["bytes_used"] >= 4 << 20, dev
-    if dev["gpu_bytes"] == 0:
+    assert dev["device_used_bytes"] >= 4 << 20, dev
+    if dev["device_gpu_bytes"] == 0:
         why = [line for line in daemon.read_log().splitlines()
                if "GPU memory, context included, is not known" in line]
         assert why, (dev, daemon.read_log()[-2000:])
         print("NVML gives no figure here:", why[0])
     else:
-        assert dev["gpu_bytes"] > dev["bytes_used"], dev   # the context costs something
+        assert dev["device_gpu_bytes"] > dev["device_used_bytes"], dev   # the context costs something
     t.release()
     client.unlink("gpu/ctx")
     end = time.monotonic() + 10
-    while cuda0_stats(client)["gpu_bytes"] and time.monotonic() < end:
+    while cuda0_stats(client)["device_gpu_bytes"] and time.monotonic() < end:
         time.sleep(0.05)
-    assert cuda0_stats(client)["gpu_bytes"] == 0, cuda0_stats(client)
+    assert cuda0_stats(client)["device_gpu_bytes"] == 0, cuda0_stats(client)
 
 
 # --- issue 11: the hardware checks ----------------------------------------------

@@ -189,8 +189,8 @@ while True:
 
     def settled():
         s = client.stats()
-        return (s["tensors"], s["leases"], s["devices"][0]["bytes_used"]) == (
-            base["tensors"], base["leases"], base["devices"][0]["bytes_used"])
+        return (s["tensors"], s["leases"], s["devices"][0]["device_used_bytes"]) == (
+            base["tensors"], base["leases"], base["devices"][0]["device_used_bytes"])
 
     deadline = time.monotonic() + 20
     while not settled() and time.monotonic() < deadline:
@@ -201,4 +201,4 @@ while True:
     while daemon.fd_count() != base_fds and time.monotonic() < deadline:
         time.sleep(0.05)
     assert daemon.fd_count() == base_fds
-    assert client.stats()["host_pool"]["hits"] > 0, "the pool served some of the puts"
+    assert client.stats()["host_pool_hits_total"] > 0, "the pool served some of the puts"

@@ -57,7 +57,7 @@ def test_clients_and_metrics(client):
     assert client.clients()[0].tensors_created == 1
     parser = pytest.importorskip("prometheus_client.parser")
     fams = {f.name: f for f in parser.text_string_to_metric_families(client.metrics())}
-    [s] = [s for s in fams["tensord_tensors"].samples if s.labels["state"] == "published"]
+    [s] = [s for s in fams["tensord_device_tensors"].samples if s.labels["state"] == "published"]
     assert s.value == 1
 
 
@@ -69,13 +69,13 @@ def test_stats_report_what_this_uid_holds(client):
         return rows[os.geteuid()]
 
     before = mine()
-    assert before["clients"] >= 1
+    assert before["uid_clients"] >= 1
     client.put("uids/small", np.zeros(1024, np.float32))     # into a slab
     client.put("uids/large", np.zeros(1 << 16, np.float32))  # a memfd of its own
     after = mine()
-    assert after["tensors"] == before["tensors"] + 2
-    assert after["bytes"] == before["bytes"] + 4096 + (1 << 18)
-    assert after["fds"] == before["fds"] + 1
+    assert after["uid_tensors"] == before["uid_tensors"] + 2
+    assert after["uid_bytes"] == before["uid_bytes"] + 4096 + (1 << 18)
+    assert after["uid_fds"] == before["uid_fds"] + 1
     client.unlink("uids/small")
     client.unlink("uids/large")
-    assert mine()["tensors"] == before["tensors"]
+    assert mine()["uid_tensors"] == before["uid_tensors"]

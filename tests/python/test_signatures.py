@@ -1,8 +1,10 @@
 """Every public function and method of the extension has a text signature
 (inspect.signature, help(), IDEs), matching what the call accepts; and
 TensorInfo.mode shows itself in octal while staying an int."""
+import ast
 import inspect
 import json
+import os
 import pickle
 
 import numpy as np
@@ -88,29 +90,15 @@ def test_mode_reads_octal_and_is_an_int(client):
     assert repr(client.stat("d").mode) == "0o600"
 
 
-def stub_typeddicts():
-    """{class name: set of keys} of the TypedDicts in the package's stub."""
-    import ast
-    import os
+def test_stats_is_typed_as_the_figures_dict(client):
+    """stats() returns what the stub says: a dict of figures by name (the
+    daemon defines them, so the stub fixes no keys; test_figures.py checks
+    they match the daemon's table)."""
     path = os.path.join(os.path.dirname(tensord.__file__), "__init__.pyi")
     with open(path) as f:
         tree = ast.parse(f.read())
-    out = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and any(
-                getattr(b, "id", None) == "TypedDict" for b in node.bases):
-            out[node.name] = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign)}
-    return out
-
-
-def test_stats_keys_match_the_stub(client):
-    """What stats() returns has exactly the keys tensord.pyi declares, at every
-    level: a key added on one side only fails here."""
-    client.put("sig/stats", np.zeros(4, np.uint8))
-    stub = stub_typeddicts()
+    [alias] = [n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "_Stats"]
+    assert ast.unparse(alias.value) == "dict[str, Any]"
     s = client.stats()
-    assert set(s) == stub["_DaemonStats"]
-    assert s["devices"] and all(set(d) == stub["_DeviceStats"] for d in s["devices"])
-    assert set(s["host_pool"]) == stub["_PoolStats"]
-    assert set(s["host_slabs"]) == stub["_SlabStats"]
-    assert s["uids"] and all(set(u) == stub["_UidStats"] for u in s["uids"])
+    assert isinstance(s, dict) and all(isinstance(k, str) for k in s)
+    assert isinstance(s["devices"], list) and isinstance(s["uids"], list)

@@ -22,9 +22,9 @@ def test_100k_names_with_few_descriptors_and_mappings(client, daemon):
         client.put("many/%06d" % i, base + i)
     s = client.stats()
     assert s["tensors"] >= n
-    assert s["fds"] < 1024, s["fds"]
-    assert 1 <= s["host_slabs"]["slabs"] < 16, s["host_slabs"]
-    assert s["host_slabs"]["bytes"] >= n * 4096
+    assert s["open_fds"] < 1024, s["open_fds"]
+    assert 1 <= s["host_slabs"] < 16, s["host_slabs"]
+    assert s["host_slab_bytes"] >= n * 4096
     infos = client.list("many/")
     assert len(infos) == n and infos[12345].name == "many/012345"
     worst = 0
@@ -36,12 +36,12 @@ def test_100k_names_with_few_descriptors_and_mappings(client, daemon):
             worst = max(worst, len(os.listdir("/proc/self/fd")),
                         sum(1 for _ in open("/proc/self/maps")))
     assert worst < 1024, worst
-    assert client.stats()["fds"] < 1024
+    assert client.stats()["open_fds"] < 1024
     del a  # the last array holds its lease
     for i in range(n):
         client.unlink("many/%06d" % i)
     s = client.stats()
-    assert s["host_slabs"] == {"slabs": 0, "bytes": 0}, s
+    assert (s["host_slabs"], s["host_slab_bytes"]) == (0, 0), s
 
 
 def test_slot_is_zeroed_and_tensors_stay_apart(client):
@@ -123,15 +123,15 @@ def test_created_small_tensors_move_into_slabs(client, child):
     the daemon holding no descriptor of their own: publish copies them into
     their owner's slab. Another process reads every byte the creator wrote."""
     n = 5000
-    before = client.stats()["fds"]
+    before = client.stats()["open_fds"]
     for i in range(n):
         w = client.create("made/%04d" % i, (1024,), "float32")
         np.from_dlpack(w)[:] = np.arange(1024, dtype=np.float32) + i
         w.publish()
         w.release()
     s = client.stats()
-    assert s["fds"] < before + 64, (before, s["fds"])
-    assert s["host_slabs"]["bytes"] >= n * 4096
+    assert s["open_fds"] < before + 64, (before, s["open_fds"])
+    assert s["host_slab_bytes"] >= n * 4096
     p = child("""
         import numpy as np, tensord
         c = tensord.connect()
@@ -145,7 +145,7 @@ def test_created_small_tensors_move_into_slabs(client, child):
     # uid's count of tensors with a descriptor grows by one (the daemon's own
     # descriptor count would also move as the child's connection closes).
     def own_fds():
-        return {r["uid"]: r for r in client.stats()["uids"]}[os.geteuid()]["fds"]
+        return {r["uid"]: r for r in client.stats()["uids"]}[os.geteuid()]["uid_fds"]
 
     fds = own_fds()
     with client.create("made/mutable", (1024,), "float32", mutable=True) as w:

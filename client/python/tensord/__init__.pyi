@@ -1,7 +1,7 @@
 """Type stubs for tensord, the Python client of the tensord daemon."""
 import os
 from types import TracebackType
-from typing import Any, ClassVar, Final, Literal, Sequence, SupportsIndex, TypedDict, final
+from typing import Any, ClassVar, Final, Literal, Sequence, SupportsIndex, final
 
 __all__ = [
     "AccessDeniedError",
@@ -87,46 +87,11 @@ class TensorInfo(tuple[Any, ...]):
     @property
     def id(self) -> int: ...
 
-class _DeviceStats(TypedDict):
-    device: str
-    backend: str
-    path: str
-    bytes_used: int
-    bytes_capacity: int
-    tensors: int
-    gpu_bytes: int  # GPU memory the daemon costs the device, its context included
-
-class _PoolStats(TypedDict):
-    fds: int
-    bytes: int
-    budget: int
-    hits: int
-    misses: int
-
-class _SlabStats(TypedDict):
-    slabs: int
-    bytes: int
-
-class _UidStats(TypedDict):
-    uid: int
-    clients: int
-    tensors: int
-    fds: int
-    bytes: int
-    waiters: int
-    fds_in_flight: int
-
-class _DaemonStats(TypedDict):
-    tensors: int
-    clients: int
-    leases: int
-    uptime: float
-    daemon_pid: int
-    devices: list[_DeviceStats]
-    fds: int
-    host_pool: _PoolStats
-    host_slabs: _SlabStats
-    uids: list[_UidStats]
+# The daemon's figures, the object `tensorctl stats --json` prints: each
+# daemon figure by name (an int, a float for seconds, or a dict by label
+# value), "devices" and "uids" lists of dicts. The daemon defines the figures
+# (docs/operating.md, "Metrics"), so the keys are not fixed here.
+_Stats = dict[str, Any]
 
 @final
 class Tensor:
@@ -283,8 +248,8 @@ class Client:
         """Describes one tensor."""
     def list(self, prefix: str = "") -> list[TensorInfo]:
         """Describes every tensor whose name starts with prefix."""
-    def stats(self) -> _DaemonStats:
-        """Daemon totals."""
+    def stats(self) -> _Stats:
+        """The daemon's figures, as `tensorctl stats --json` prints them."""
     def leases(self, name: str | None = None) -> list[LeaseHolder]:
         """Who holds leases on name (None: every tensor the caller may read)."""
     def clients(self) -> list[ClientInfo]:

@@ -1,0 +1,224 @@
+/*
+ * tensorctl stats: the daemon's figures as text, written from what they
+ * say of themselves (name, unit, scope, labels), so a figure the daemon
+ * adds shows here without a new tensorctl. The daemon's figures first, a
+ * line each; then a table of the devices and one of the uids, a column per
+ * figure. --json prints libtensord's tensord_stats_json() instead.
+ *
+ * Every string from the daemon (names, label values) is printed through
+ * quote(): the daemon is trusted to serve memory, not to write to a
+ * terminal.
+ */
+#include <ctype.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensorctl.h"
+
+/* v as its unit says: "1.5 MiB", "12.0 us", "0d 01h 02m 03s", "42". */
+static const char *amount(const tensord_figure *f, double v, char *buf, size_t len)
+{
+	if (f->unit == TENSORD_UNIT_BYTES)
+		return human(v > 0 ? (uint64_t)v : 0, buf, len);
+	if (f->unit == TENSORD_UNIT_SECONDS) {
+		uint64_t s = v > 0 ? (uint64_t)v : 0;
+
+		if (v < 1e-3)
+			snprintf(buf, len, "%.1f us", v * 1e6);
+		else if (v < 1)
+			snprintf(buf, len, "%.1f ms", v * 1e3);
+		else if (v < 60)
+			snprintf(buf, len, "%.3f s", v);
+		else
+			snprintf(buf, len,
+				 "%" PRIu64 "d %02" PRIu64 "h %02" PRIu64 "m %02" PRIu64 "s",
+				 s / 86400, s / 3600 % 24, s / 60 % 60, s % 60);
+		return buf;
+	}
+	snprintf(buf, len, "%.0f", v);
+	return buf;
+}
+
+/* A histogram's sample: how many it observed, and their mean. */
+static const char *observed(const tensord_figure *f, const tensord_sample *s, char *buf, size_t len)
+{
+	uint64_t n = 0;
+	char mean[32];
+
+	for (size_t b = 0; s->counts && b <= s->n_bounds; b++)
+		n += s->counts[b];
+	if (!n)
+		snprintf(buf, len, "none observed");
+	else
+		snprintf(buf, len, "%" PRIu64 " observed, mean %s", n,
+			 amount(f, s->value / (double)n, mean, sizeof(mean)));
+	return buf;
+}
+
+/* A figure of the daemon: its value, or "label=value ..." of its samples that are not 0. */
+static void daemon_line(const tensord_figure *f)
+{
+	char q[QUOTE_MAX], v[64];
+	bool any = false;
+
+	printf("%-26s", quote(f->name, QUOTE_TABLE, q, sizeof(q)));
+	for (size_t j = 0; j < f->n_samples; j++) {
+		const tensord_sample *s = &f->samples[j];
+
+		if (f->type == TENSORD_FIGURE_HISTOGRAM)
+			observed(f, s, v, sizeof(v));
+		else if (f->n_labels && s->value == 0)
+			continue;
+		else
+			amount(f, s->value, v, sizeof(v));
+		printf(" ");
+		for (size_t l = 0; l < f->n_labels; l++)
+			printf("%s%s", l ? "/" : "",
+			       quote(s->values[l], QUOTE_TABLE, q, sizeof(q)));
+		printf("%s%s", f->n_labels ? "=" : "", v);
+		any = true;
+	}
+	printf("%s\n", any ? "" : f->n_labels ? " none" : " -");
+}
+
+/* The rows of a table: the first width label values of every sample of scope, once each. */
+struct rows {
+	const char *const **key;
+	size_t n;
+};
+
+static bool same_row(const char *const *a, const char *const *b, size_t width)
+{
+	for (size_t l = 0; l < width; l++)
+		if (strcmp(a[l], b[l]) != 0)
+			return false;
+	return true;
+}
+
+static int rows_of(const tensord_figure *v, size_t n, tensord_figure_scope scope, size_t width,
+		   struct rows *r)
+{
+	size_t cap = 0;
+
+	r->key = NULL;
+	r->n = 0;
+	for (size_t i = 0; i < n; i++)
+		for (size_t j = 0; v[i].scope == scope && j < v[i].n_samples; j++) {
+			const char *const *k = v[i].samples[j].values;
+			bool seen = false;
+
+			for (size_t e = 0; e < r->n && !seen; e++)
+				seen = same_row(r->key[e], k, width);
+			if (seen)
+				continue;
+			if (r->n == cap) {
+				const char *const **nk;
+
+				cap = cap ? 2 * cap : 16;
+				nk = realloc(r->key, cap * sizeof(*nk));
+				if (!nk) {
+					free(r->key);
+					return -1;
+				}
+				r->key = nk;
+			}
+			r->key[r->n++] = k;
+		}
+	return 0;
+}
+
+/* What a table's cells are read from (print_table()'s rows). */
+struct table {
+	struct rows r;
+	size_t width;                              /* key columns */
+	const tensord_figure *col[TABLE_COLS_MAX]; /* the figure of each column past them */
+};
+
+/* The cell of figure f on row key: its samples there added up (a histogram: observations). */
+static const char *table_cell(const void *rows, size_t i, int col, char *buf, size_t len)
+{
+	const struct table *t = rows;
+	const tensord_figure *f = t->col[col];
+	const char *const *key = t->r.key[i];
+	double sum = 0;
+	bool any = false;
+
+	if ((size_t)col < t->width)
+		return key[col];
+	for (size_t j = 0; j < f->n_samples; j++) {
+		const tensord_sample *s = &f->samples[j];
+
+		if (!same_row(s->values, key, t->width))
+			continue;
+		any = true;
+		if (f->type == TENSORD_FIGURE_HISTOGRAM)
+			for (size_t b = 0; s->counts && b <= s->n_bounds; b++)
+				sum += (double)s->counts[b];
+		else
+			sum += s->value;
+	}
+	if (!any)
+		return "-";
+	if (f->type == TENSORD_FIGURE_HISTOGRAM) {
+		snprintf(buf, len, "%.0f", sum);
+		return buf;
+	}
+	return amount(f, sum, buf, len);
+}
+
+/*
+ * One table: the key columns (keys[], width of them), then a column per
+ * figure of scope, headed by its name without prefix, in capitals; as many
+ * as a table holds. 0, or -1 out of memory.
+ */
+static int table(const tensord_figure *v, size_t n, tensord_figure_scope scope,
+		 const char *const *keys, size_t width, const char *prefix)
+{
+	char titles_buf[TABLE_COLS_MAX][64];
+	const char *titles[TABLE_COLS_MAX];
+	struct table t = { .width = width };
+	size_t cols = width;
+	unsigned right = 0;
+
+	for (size_t k = 0; k < width; k++)
+		titles[k] = keys[k];
+	for (size_t i = 0; i < n && cols < TABLE_COLS_MAX; i++) {
+		const char *name = v[i].name;
+
+		if (v[i].scope != scope)
+			continue;
+		if (strncmp(name, prefix, strlen(prefix)) == 0 && name[strlen(prefix)])
+			name += strlen(prefix);
+		snprintf(titles_buf[cols], sizeof(titles_buf[cols]), "%s", name);
+		for (char *p = titles_buf[cols]; *p; p++)
+			*p = (char)toupper((unsigned char)*p);
+		titles[cols] = titles_buf[cols];
+		t.col[cols] = &v[i];
+		right |= 1u << cols;
+		cols++;
+	}
+	if (rows_of(v, n, scope, width, &t.r) < 0)
+		return -1;
+	printf("\n");
+	print_table(titles, (int)cols, right, &t, t.r.n, table_cell);
+	free(t.r.key);
+	return 0;
+}
+
+int print_figures_text(const tensord_figure *v, size_t n)
+{
+	static const char *const device_keys[] = { "DEVICE", "BACKEND", "PATH" };
+	static const char *const uid_keys[] = { "UID" };
+
+	for (size_t i = 0; i < n; i++)
+		if (v[i].scope == TENSORD_SCOPE_DAEMON)
+			daemon_line(&v[i]);
+	if (table(v, n, TENSORD_SCOPE_DEVICE, device_keys, 3, "device_") < 0 ||
+	    table(v, n, TENSORD_SCOPE_UID, uid_keys, 1, "uid_") < 0) {
+		fprintf(stderr, "tensorctl: stats: out of memory\n");
+		return -1;
+	}
+	return 0;
+}
