@@ -168,7 +168,9 @@ UNIT_DEPS_test_paths       := common/paths.c
 UNIT_DEPS_test_options     := daemon/options.c daemon/config.c daemon/log.c common/paths.c
 UNIT_DEPS_test_config      := daemon/config.c common/paths.c
 UNIT_DEPS_test_log         := daemon/log.c common/paths.c
+# A daemon module may count a figure (figure_count()): its test links metrics.c, the counters' home.
 UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/quota.c daemon/backend_host.c daemon/pool.c \
+                              daemon/metrics.c \
                               daemon/slab.c \
                               daemon/memlimit.c common/sys.c \
                               daemon/log.c common/paths.c common/desc.c \
@@ -179,9 +181,9 @@ UNIT_DEPS_test_figures     := daemon/figures.c daemon/metrics.c daemon/quota.c d
                               common/sys.c common/paths.c common/names.c common/desc.c \
                               common/errors.c \
                               proto/tensord.pb-c.c
-UNIT_DEPS_test_waiters     := daemon/waiters.c
+UNIT_DEPS_test_waiters     := daemon/waiters.c daemon/metrics.c daemon/log.c common/paths.c
 UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn.c daemon/conn_set.c \
-                              daemon/log.c \
+                              daemon/log.c daemon/metrics.c \
                               daemon/ratelimit.c daemon/sdnotify.c daemon/quota.c common/paths.c \
                               proto/frame.c
 UNIT_DEPS_test_quota       := daemon/quota.c

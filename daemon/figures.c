@@ -29,13 +29,6 @@
 #include "proto/tensord.pb-c.h"
 #include "server.h"
 
-static uint64_t counted[FIG_COUNT]; /* figures.def's COUNTED */
-
-void figure_count(enum figure_id id, uint64_t n)
-{
-	counted[id] += n;
-}
-
 /* --- samples ---------------------------------------------------------------------- */
 
 /* A new sample of f, zeroed but for its figure; NULL when out of memory (set->lost). */
@@ -114,7 +107,7 @@ static void emit_uid(struct figures_ctx *x, const struct figure *f, uint32_t uid
 
 /* --- rows with one value per scope row ------------------------------------------------- */
 
-#define COUNTED counted[f->id]
+#define COUNTED metrics->counted[f->id]
 
 #define READ_DAEMON(expr) emit(x, f, (double)(expr))
 #define READ_DEVICE(expr)                                                                          \

@@ -105,7 +105,11 @@ void figures_collect(const struct server *srv, int64_t viewer, struct figure_set
 
 void figures_release(struct figure_set *set);
 
-/* The figure's counter (figures.def's COUNTED): n more. */
+/*
+ * The figure's counter (figures.def's COUNTED): n more. Kept by metrics.c
+ * with the other counters, so a module that counts links metrics.c alone,
+ * not the collector.
+ */
 void figure_count(enum figure_id id, uint64_t n);
 
 /* Descriptors this process holds, counted without allocating; 0 if unknown. */

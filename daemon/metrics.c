@@ -81,6 +81,11 @@ void metrics_attach_served(void)
 	m.attach_sum_ns += ns;
 }
 
+void figure_count(enum figure_id id, uint64_t n)
+{
+	m.counted[id] += n;
+}
+
 void metrics_visits(enum metrics_visits what, uint64_t n)
 {
 	m.visits[what] += n;

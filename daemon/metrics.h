@@ -2,7 +2,8 @@
  * Metrics: the counters kept where things happen (requests and error
  * replies by kind, the attach latency histogram, inspection's visits) and
  * the figures of the registry's tensors (by device and state, by owner
- * uid), kept as tensors come, change state and go. A leaf: it reads
+ * uid), kept as tensors come, change state and go; and the counters of
+ * the figures that are counted where things happen (figure_count()). A leaf: it reads
  * nothing else; the collector (figures.c) reads it, and the front ends
  * render what the collector read.
  *
@@ -15,6 +16,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "figures.h"
 
 struct registry;
 
@@ -49,6 +52,7 @@ struct metrics {
 	uint64_t attach_buckets[METRICS_ATTACH_BUCKETS + 1]; /* per bucket, +Inf last */
 	uint64_t attach_count, attach_sum_ns;
 	uint64_t visits[METRICS_VISITS_KINDS];
+	uint64_t counted[FIG_COUNT]; /* figures.def's COUNTED: figure_count() */
 	/* The registry's tensors, kept through its on_figures hook. */
 	uint64_t by_state[METRICS_DEVICES][METRICS_STATES]; /* [device slot][tensord_state] */
 	const struct metrics_owner *owners; /* sorted by uid; rows of 0 tensors kept */
