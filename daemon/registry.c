@@ -14,6 +14,7 @@
 
 #include "common/desc.h"
 #include "common/hash.h"
+#include "figures.h"
 #include "log.h"
 #include "registry_int.h"
 
@@ -609,6 +610,7 @@ int registry_publish(struct registry *reg, struct reg_client *rc, const char *na
 		t->replaces = NULL;
 		reg_tensor_unlink(reg, old);
 		reg_tensor_name(reg, t);
+		figure_count(FIG_replaces_total, 1);
 	}
 	reg_figures(reg, t, t->state, TENSORD_STATE_PUBLISHED, 0);
 	t->state = TENSORD_STATE_PUBLISHED;
