@@ -50,12 +50,15 @@ def test_attach_never_finds_the_name_missing(client, child, n):
         print("missing", missing, "seen", seen, flush=True)
     """)
     reader.expect("ready")
+    before = client.stats()["replaces_total"]
     for v in range(1, 21):
         client.put("v", np.full(n, v, np.int32), replace=True)
     line = reader.expect("missing")
     reader.finish()
     assert line.split()[1] == "0", line
     assert version(client, "v") == (20, n * 4)
+    # Each publish that swapped a name counts once.
+    assert client.stats()["replaces_total"] == before + 20
 
 
 def test_put_replace_from_a_source_that_faults(client):
@@ -79,6 +82,8 @@ def test_put_replace_from_a_source_that_faults(client):
         libc.mprotect(addr + size // 2, 65536, mmap.PROT_READ | mmap.PROT_WRITE)
     assert version(client, "f") == (3, 4 << 20)
     assert client.stats()["tensors"] == 1
+    replaced = client.stats()["replaces_total"]
     # And a put that works still replaces it.
     client.put("f", src, replace=True)
     assert version(client, "f") == (4, size)
+    assert client.stats()["replaces_total"] == replaced + 1, "the failed put swapped nothing"
