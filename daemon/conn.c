@@ -24,6 +24,7 @@
  * close go up through set->handlers (see conn.h). Admission, refused and
  * drained sockets and the retry timer are the set's, in conn_set.c.
  */
+#include <assert.h>
 #include <errno.h>
 #include <linux/sockios.h>
 #include <stdlib.h>
@@ -141,6 +142,8 @@ void conn_close(struct conn *c)
 	/* Queued replies hold tickets, not descriptors: nothing to close. */
 	for (o = c->out_head; o; o = next) {
 		next = o->next;
+		if (o->tk != &o->tk1)
+			free(o->tk);
 		free(o);
 	}
 	c->out_head = c->out_tail = NULL;
@@ -180,17 +183,28 @@ void conn_shutdown(struct conn *c)
 }
 
 /* Whether one more descriptor may go to c's peer now. */
-static bool conn_fd_room(struct conn *c)
+/*
+ * Whether n more descriptors may go to c now, within the connection's and
+ * its uid's limits. A frame with more than a whole limit goes alone: when
+ * nothing is in flight on the connection, or for its uid.
+ */
+static bool conn_fd_room(struct conn *c, unsigned n)
 {
 	struct quota *q = c->set->quota;
+	unsigned lim = c->set->fds_per_conn;
+	const struct uid_usage *u;
 
-	if (c->set->fds_per_conn && c->fds_in_flight >= c->set->fds_per_conn)
+	if (lim && c->fds_in_flight + n > lim)
 		conn_refresh_in_flight(c);
-	if (c->set->fds_per_conn && c->fds_in_flight >= c->set->fds_per_conn)
+	if (lim && c->fds_in_flight + n > lim && !(n > lim && !c->fds_in_flight))
 		return false;
-	if (q && !quota_room(q, c->uid, QUOTA_FDS_IN_FLIGHT, 1)) {
+	if (q && !quota_room(q, c->uid, QUOTA_FDS_IN_FLIGHT, n)) {
 		conn_refresh_in_flight(c);
-		return quota_room(q, c->uid, QUOTA_FDS_IN_FLIGHT, 1);
+		if (quota_room(q, c->uid, QUOTA_FDS_IN_FLIGHT, n))
+			return true;
+		u = quota_get(q, c->uid);
+		return n > q->lim.per_uid[QUOTA_FDS_IN_FLIGHT] &&
+		       (!u || !u->n[QUOTA_FDS_IN_FLIGHT]);
 	}
 	return true;
 }
@@ -202,56 +216,78 @@ static void outbuf_pop(struct conn *c)
 	c->out_head = o->next;
 	if (!c->out_head)
 		c->out_tail = NULL;
-	if (o->has_ticket && o->off == 0)
-		c->fds_queued--;
+	if (o->n_fds && o->off == 0)
+		c->fds_queued -= o->n_fds;
 	c->out_bytes -= o->len - o->off;
+	if (o->tk != &o->tk1)
+		free(o->tk);
 	free(o);
 }
 
 /*
- * The descriptor for the head frame, made now. >= 0; 1 when the frame was
- * dropped (its request is answered otherwise) or c closed; or -EMFILE
- * (try later). Sets *fd.
+ * The descriptors of the head frame, made now, into fds[] (o->n_fds). 0; 1
+ * when the frame was dropped (its request is answered otherwise) or c
+ * closed; or -EMFILE (try later, nothing held).
  */
-static int conn_export(struct conn *c, struct outbuf *o, int *fd)
+static int conn_export(struct conn *c, struct outbuf *o, int *fds)
 {
-	struct conn_fd_ticket tk = o->tk;
-	int r = c->set->handlers->export_fd(c, &tk, c->set->ctx);
+	struct conn_fd_ticket *tks = o->tk, one;
+	size_t n = o->n_tk, i;
+	int r = 0;
 
-	if (r >= 0) {
-		*fd = r;
-		return 0;
+	size_t k = 0;
+
+	for (i = 0; i < n; i++) {
+		if (tks[i].no_fd)
+			continue;
+		r = c->set->handlers->export_fd(c, &tks[i], c->set->ctx);
+		if (r < 0)
+			break;
+		fds[k++] = r;
 	}
+	if (i == n)
+		return 0;
+	for (size_t j = 0; j < k; j++)
+		close(fds[j]);
 	if (r == -EMFILE || r == -ENFILE)
 		return -EMFILE;
+	/* The frame goes; its tickets live on until they are answered. */
+	if (tks == &o->tk1) {
+		one = o->tk1;
+		tks = &one;
+	} else {
+		o->tk = &o->tk1; /* so that outbuf_pop() leaves them */
+	}
 	outbuf_pop(c);
-	c->set->handlers->export_failed(c, &tk, r, c->set->ctx);
+	c->set->handlers->export_failed(c, tks, n, i, r, c->set->ctx);
+	if (tks != &one)
+		free(tks);
 	return 1;
 }
 
-/* One sendmsg of the head frame, with fd (-1: none). Bytes sent or -errno. */
-static ssize_t conn_send_head(struct conn *c, struct outbuf *o, int fd)
+/* One sendmsg of the head frame, with its n_fds descriptors fds[]. Bytes sent or -errno. */
+static ssize_t conn_send_head(struct conn *c, struct outbuf *o, const int *fds, unsigned n_fds)
 {
 	struct iovec iov = { o->data + o->off, o->len - o->off };
 	union {
-		char buf[CMSG_SPACE(sizeof(int))];
+		char buf[CMSG_SPACE(CONN_FDS_PER_FRAME * sizeof(int))];
 		struct cmsghdr align;
 	} u;
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
 	ssize_t n;
 
-	/* The descriptor rides with the first byte of its frame only. */
-	if (fd >= 0) {
+	/* The descriptors ride with the first byte of their frame only. */
+	if (n_fds) {
 		struct cmsghdr *cm;
 
 		memset(&u, 0, sizeof(u));
 		m.msg_control = u.buf;
-		m.msg_controllen = sizeof(u.buf);
+		m.msg_controllen = CMSG_SPACE(n_fds * sizeof(int));
 		cm = CMSG_FIRSTHDR(&m);
 		cm->cmsg_level = SOL_SOCKET;
 		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+		cm->cmsg_len = CMSG_LEN(n_fds * sizeof(int));
+		memcpy(CMSG_DATA(cm), fds, n_fds * sizeof(int));
 	}
 	do
 		n = sendmsg(c->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -265,22 +301,22 @@ static int conn_flush_queue(struct conn *c)
 {
 	while (c->out_head && !c->dead) {
 		struct outbuf *o = c->out_head;
-		bool with_fd = o->has_ticket && o->off == 0;
-		int fd = -1, r;
+		unsigned n_fds = o->off == 0 ? o->n_fds : 0;
+		int fds[CONN_FDS_PER_FRAME], r;
 		ssize_t n;
 
-		if (with_fd) {
-			if (!conn_fd_room(c))
+		if (o->off == 0 && o->n_tk) {
+			if (!conn_fd_room(c, n_fds))
 				return conn_block(c);
-			r = conn_export(c, o, &fd);
+			r = conn_export(c, o, fds);
 			if (r == -EMFILE)
 				return conn_block(c);
 			if (r > 0)
 				continue;
 		}
-		n = conn_send_head(c, o, fd);
-		if (fd >= 0)
-			close(fd);
+		n = conn_send_head(c, o, fds, n_fds);
+		for (unsigned i = 0; i < n_fds; i++)
+			close(fds[i]);
 		if (n == -EAGAIN || n == -EWOULDBLOCK)
 			return 0;
 		/* Out of descriptors in flight (the kernel's per-user limit when
@@ -289,12 +325,11 @@ static int conn_flush_queue(struct conn *c)
 			return conn_block(c);
 		if (n < 0)
 			return (int)n;
-		if (with_fd) {
-			c->fds_queued--;
-			c->fds_in_flight++;
+		if (n_fds) {
+			c->fds_queued -= n_fds;
+			c->fds_in_flight += n_fds;
 			if (c->set->quota)
-				quota_charge(c->set->quota, c->uid, QUOTA_FDS_IN_FLIGHT, 1, NULL,
-					     0);
+				quota_add(c->set->quota, c->uid, QUOTA_FDS_IN_FLIGHT, n_fds);
 		}
 		o->off += (size_t)n;
 		c->out_bytes -= (size_t)n;
@@ -313,15 +348,31 @@ int conn_flush(struct conn *c)
 	c->flushing = true;
 	r = conn_flush_queue(c);
 	c->flushing = false;
+	/* Replies the socket did not take at once are gone now: tell the
+	 * layer above, which may have held some back (watch events). */
+	if (r == 0 && !c->out_head && c->backlog && !c->dead) {
+		c->backlog = false;
+		if (c->set->handlers->on_drained)
+			c->set->handlers->on_drained(c, c->set->ctx);
+	} else if (c->out_head) {
+		c->backlog = true;
+	}
 	return r;
 }
 
 int conn_send(struct conn *c, const ProtobufCMessage *msg, const struct conn_fd_ticket *tk)
 {
+	return conn_send_fds(c, msg, tk, tk ? 1 : 0);
+}
+
+int conn_send_fds(struct conn *c, const ProtobufCMessage *msg, const struct conn_fd_ticket *tks,
+		  size_t n_tk)
+{
 	size_t plen = protobuf_c_message_get_packed_size(msg);
 	struct outbuf *o;
 	int r;
 
+	assert(n_tk <= CONN_FDS_PER_FRAME);
 	if (c->dead)
 		return -ENOTCONN;
 	if (plen > TD_FRAME_MAX_REPLY)
@@ -341,15 +392,26 @@ int conn_send(struct conn *c, const ProtobufCMessage *msg, const struct conn_fd_
 		conn_close(c);
 		return -ENOMEM;
 	}
-	td_frame_header(o->data, (uint32_t)plen, tk ? TD_FRAME_FLAG_FD : 0);
+	o->tk = &o->tk1;
+	if (n_tk > 1 && !(o->tk = malloc(n_tk * sizeof(*o->tk)))) {
+		free(o);
+		log_warn("conn %llu: out of memory for a reply, closing",
+			 (unsigned long long)c->id);
+		conn_close(c);
+		return -ENOMEM;
+	}
+	o->n_fds = 0;
+	for (size_t i = 0; i < n_tk; i++)
+		o->n_fds += !tks[i].no_fd;
+	td_frame_header(o->data, (uint32_t)plen,
+			o->n_fds ? TD_FRAME_FLAG_FD | (uint16_t)((o->n_fds - 1) << 8) : 0);
 	protobuf_c_message_pack(msg, o->data + TD_FRAME_HEADER);
 	o->len = TD_FRAME_HEADER + plen;
 	o->off = 0;
-	o->has_ticket = tk != NULL;
-	if (tk) {
-		o->tk = *tk;
-		c->fds_queued++;
-	}
+	o->n_tk = (unsigned)n_tk;
+	if (n_tk)
+		memcpy(o->tk, tks, n_tk * sizeof(*tks));
+	c->fds_queued += o->n_fds;
 	o->next = NULL;
 	if (c->out_tail)
 		c->out_tail->next = o;

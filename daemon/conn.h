@@ -24,6 +24,8 @@
 /* Replies queued for one client past which it is disconnected: only a
  * client that stopped reading while its waiters were answered gets here. */
 #define CONN_OUT_MAX (16u << 20)
+/* Descriptors one reply frame carries at most (one sendmsg: SCM_MAX_FD is 253). */
+#define CONN_FDS_PER_FRAME 240u
 /* Refused connections kept open (for their error reply to be read) at once. */
 #define CONN_LINGER_MAX 64
 
@@ -40,6 +42,9 @@ struct conn_fd_ticket {
 	unsigned kind; /* the request's (Tensord__Request body case), for its error count */
 	uint64_t lease;
 	bool writable;
+	/* The frame names this lease without a descriptor of its own: only
+	 * export_failed sees it, to end it with the others of the frame. */
+	bool no_fd;
 };
 
 /*
@@ -67,14 +72,21 @@ struct conn_handlers {
 	 * The last callback for c; conn_send() refuses from here on.
 	 */
 	void (*on_close)(struct conn *c, void *ctx);
+	/* Everything queued for c was sent, after some had to wait. May be NULL. */
+	void (*on_drained)(struct conn *c, void *ctx);
 	/*
 	 * The descriptor for tk, as its frame is about to be sent: >= 0 (conn.c
 	 * closes it once sent), -EMFILE or -ENFILE (tried again later), or
 	 * another -errno: the frame is dropped and export_failed answers it.
 	 */
 	int (*export_fd)(struct conn *c, const struct conn_fd_ticket *tk, void *ctx);
-	/* The reply for tk could not be sent: answer its request with err. */
-	void (*export_failed)(struct conn *c, const struct conn_fd_ticket *tk, int err, void *ctx);
+	/*
+	 * The reply that carried the n descriptors of tks[] could not be sent
+	 * (tks[failed]'s export failed with err): answer its request with err.
+	 * Called once per frame; tks is borrowed for the call.
+	 */
+	void (*export_failed)(struct conn *c, const struct conn_fd_ticket *tks, size_t n,
+			      size_t failed, int err, void *ctx);
 	/*
 	 * Packs a reply frame carrying only status and msg (request id 0) into
 	 * buf, for a connection refused before it is served. The frame's
@@ -122,8 +134,10 @@ struct conn_drain {
 struct outbuf {
 	struct outbuf *next;
 	size_t len, off;
-	bool has_ticket; /* a descriptor rides with the first byte */
-	struct conn_fd_ticket tk;
+	unsigned n_tk;             /* leases the frame hands over (tickets) */
+	unsigned n_fds;            /* of those, descriptors that ride with the first byte */
+	struct conn_fd_ticket *tk; /* n_tk of them: &tk1, or owned when more than one */
+	struct conn_fd_ticket tk1;
 	uint8_t data[];
 };
 
@@ -143,6 +157,7 @@ struct conn {
 	bool blocked;             /* sending waits for the retry timer */
 	bool drain;               /* at close: descriptors in flight; keep the socket */
 	bool flushing;            /* in conn_flush(): conn_send() only queues */
+	bool backlog;             /* replies waited in the queue since the last on_drained */
 	bool closing;             /* flush what is queued, then close */
 	bool dead;                /* closed; waiting for libuv to let go */
 	struct log_limits limits; /* of the lines this peer can cause (ratelimit.h) */
@@ -171,6 +186,13 @@ static inline void *conn_data(struct conn *c)
  * and c is closed.
  */
 int conn_send(struct conn *c, const ProtobufCMessage *msg, const struct conn_fd_ticket *tk);
+
+/*
+ * As conn_send(), with the n descriptors (at most CONN_FDS_PER_FRAME) the
+ * tickets tks[] name (copied) riding with the one frame.
+ */
+int conn_send_fds(struct conn *c, const ProtobufCMessage *msg, const struct conn_fd_ticket *tks,
+		  size_t n);
 
 /* Stops the retry timer and closes lingering refused connections (shutdown). */
 void conn_set_fini(struct conn_set *set);

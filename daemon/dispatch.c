@@ -23,6 +23,7 @@
 #include "proto/tensord.pb-c.h"
 #include "reply.h"
 #include "server.h"
+#include "watch.h"
 
 /*
  * Requests are unpacked into a bump arena that is reset after each one,
@@ -87,11 +88,16 @@ static void do_publish(struct client *cl, uint64_t id, const Tensord__Publish *m
 	char why[400];
 	int r;
 
+	struct tensor *t;
+
 	r = dispatch_check_name(m->name, why, sizeof(why));
 	if (r == 0)
-		r = registry_publish(&cl->srv->reg, &cl->rc, m->name, strlen(m->name), why,
+		r = registry_publish(&cl->srv->reg, &cl->rc, m->name, strlen(m->name), &t, why,
 				     sizeof(why));
-	reply_status(cl->conn, TENSORD__REQUEST__BODY_PUBLISH, id, r, r < 0 ? why : "");
+	if (r < 0)
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_PUBLISH, id, r, why);
+	else
+		reply_published(cl->conn, id, t);
 }
 
 static void do_release(struct client *cl, const Tensord__Release *m)
@@ -110,10 +116,36 @@ static void do_unlink(struct client *cl, uint64_t id, const Tensord__Unlink *m)
 	int r;
 
 	r = dispatch_check_name(m->name, why, sizeof(why));
-	if (r == 0)
+	if (r == 0 && m->tx)
+		r = registry_tx_unlink(&cl->srv->reg, &cl->rc, m->tx, m->name, strlen(m->name), why,
+				       sizeof(why));
+	else if (r == 0)
 		r = registry_unlink(&cl->srv->reg, &cl->rc, m->name, strlen(m->name), why,
 				    sizeof(why));
 	reply_status(cl->conn, TENSORD__REQUEST__BODY_UNLINK, id, r, r < 0 ? why : "");
+}
+
+static void do_commit(struct client *cl, uint64_t id, const Tensord__Commit *m)
+{
+	uint32_t published = 0, unlinked = 0;
+	uint64_t commit = 0;
+	char why[600];
+	int r;
+
+	r = registry_tx_commit(&cl->srv->reg, &cl->rc, m->tx, &commit, &published, &unlinked, why,
+			       sizeof(why));
+	if (r < 0)
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_COMMIT, id, r, why);
+	else
+		reply_commit(cl->conn, id, commit, published, unlinked);
+}
+
+static void do_abort(struct client *cl, uint64_t id, const Tensord__Abort *m)
+{
+	char why[200];
+	int r = registry_tx_abort(&cl->srv->reg, &cl->rc, m->tx, why, sizeof(why));
+
+	reply_status(cl->conn, TENSORD__REQUEST__BODY_ABORT, id, r, r < 0 ? why : "");
 }
 
 static void do_stat(struct client *cl, uint64_t id, const Tensord__Stat *m)
@@ -212,6 +244,24 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 	case TENSORD__REQUEST__BODY_PUT:
 		dispatch_do_put(cl, req->id, req->put);
 		break;
+	case TENSORD__REQUEST__BODY_COMMIT:
+		do_commit(cl, req->id, req->commit);
+		break;
+	case TENSORD__REQUEST__BODY_ABORT:
+		do_abort(cl, req->id, req->abort);
+		break;
+	case TENSORD__REQUEST__BODY_ATTACH_MANY:
+		dispatch_do_attach_many(cl, req->id, req->attach_many);
+		break;
+	case TENSORD__REQUEST__BODY_CANCEL:
+		dispatch_do_cancel(cl, req->id, req->cancel);
+		break;
+	case TENSORD__REQUEST__BODY_WATCH:
+		dispatch_do_watch(cl, req->id, req->watch);
+		break;
+	case TENSORD__REQUEST__BODY_UNWATCH:
+		dispatch_do_unwatch(cl, req->id, req->unwatch);
+		break;
 	case TENSORD__REQUEST__BODY_LEASE_LIST:
 		inspect_leases(cl, req->id, req->lease_list);
 		break;
@@ -248,6 +298,26 @@ void dispatch_frame(struct conn *c, const uint8_t *payload, size_t len, void *ct
 	arena.used = 0;
 }
 
+static const char *change_name(const void *v, size_t i, size_t *ret_len)
+{
+	const struct reg_change *c = &((const struct reg_change *)v)[i];
+
+	*ret_len = c->name_len;
+	return c->name;
+}
+
+void dispatch_on_commit(void *ctx, const struct reg_change *v, size_t n, bool lost)
+{
+	struct server *srv = ctx;
+
+	for (size_t i = 0; i < n; i++)
+		if (v[i].kind == REG_PUBLISHED)
+			waiters_wake(&srv->waiters, v[i].name, v[i].name_len, v[i].generation);
+	if (n)
+		waiters_wake_sets(&srv->waiters, v, n, change_name);
+	watch_on_commit(srv, v, n, lost);
+}
+
 void dispatch_open(struct conn *c, void *ctx)
 {
 	struct client *cl = conn_data(c);
@@ -255,9 +325,15 @@ void dispatch_open(struct conn *c, void *ctx)
 	cl->srv = ctx;
 	cl->conn = c;
 	cl->waits.data = cl;
+	LIST_INIT(&cl->watches);
 	registry_client_init(&cl->rc, c->id, c->uid, c->gid, c->pid);
 	inspect_client_opened(cl);
 	figure_count(FIG_connections_total, 1);
+}
+
+void dispatch_drained(struct conn *c, void *ctx)
+{
+	watch_drained(conn_data(c));
 }
 
 void dispatch_protocol_error(struct conn *c, int status, const char *msg, void *ctx)
@@ -275,6 +351,7 @@ void dispatch_close(struct conn *c, void *ctx)
 		  cl->rc.pid, cl->rc.n_leases);
 	quota_uncharge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, cl->waits.n_waiters);
 	waiters_drop_owner(&srv->waiters, &cl->waits);
+	watch_client_gone(cl);
 	/* Allocations in flight complete without it (create_done()). */
 	dispatch_create_forget(cl);
 	registry_client_gone(&srv->reg, &cl->rc);

@@ -24,8 +24,12 @@
  * fill (the GPU worker serves every client in turn).
  */
 #define DISPATCH_CREATES_IN_FLIGHT 16
+/* Members of one AttachMany at most, and leases per frame of its reply. */
+#define DISPATCH_SET_MAX 65536u
+#define DISPATCH_SET_PART 240u
 
 struct pending_create;
+struct watcher;
 
 /* One client as the protocol sees it: the conn_data() of its connection. */
 struct client {
@@ -35,6 +39,7 @@ struct client {
 	struct waiter_owner waits;           /* its parked attaches */
 	LIST_HEAD(, pending_create) pending; /* its creates the GPU worker is allocating */
 	unsigned n_pending;
+	LIST_HEAD(, watcher) watches; /* its watchers (watch.c), owned */
 	bool hello_done;
 	/* For inspection (inspect.c): */
 	uint64_t connected_ns; /* CLOCK_MONOTONIC at accept */
@@ -55,8 +60,21 @@ void dispatch_close(struct conn *c, void *ctx);
 /* conn_handlers.export_fd: the descriptor of a lease reply, made as it is sent.
  */
 int dispatch_export_fd(struct conn *c, const struct conn_fd_ticket *tk, void *ctx);
-/* conn_handlers.export_failed: ends the lease and answers with err. */
-void dispatch_export_failed(struct conn *c, const struct conn_fd_ticket *tk, int err, void *ctx);
+/* conn_handlers.export_failed: ends the leases of the frame and answers with err. */
+void dispatch_export_failed(struct conn *c, const struct conn_fd_ticket *tks, size_t n,
+			    size_t failed, int err, void *ctx);
+
+/* conn_handlers.on_drained: watches send what they held back. */
+void dispatch_drained(struct conn *c, void *ctx);
+
+/*
+ * registry.on_commit (ctx: the struct server): wakes the waiters of the
+ * names published, the set waiters the changes touch, and tells watches.
+ */
+void dispatch_on_commit(void *ctx, const struct reg_change *v, size_t n, bool lost);
+
+/* waiter_ready_fn: whether a touched set waiter's set is ready (dispatch_set.c). */
+bool dispatch_set_ready(struct waiter_owner *o, const struct waiter_req *req, void *ctx);
 
 /* waiter_done_fn: answers a parked attach, with a lease or -ETIMEDOUT. */
 void dispatch_waiter_done(struct waiter_owner *o, const struct waiter_req *req, int status,

@@ -90,6 +90,7 @@ static int create_args_from(const Tensord__Create *m, struct create_args *a, cha
 	a->flags = m->flags;
 	a->mode = m->mode;
 	a->replace = m->replace;
+	a->tx = m->tx;
 	return device_from(m->device, m->name, &a->device, why, why_len);
 }
 
@@ -245,15 +246,28 @@ void dispatch_do_put(struct client *cl, uint64_t id, const Tensord__Put *m)
 		snprintf(why, sizeof(why), "tensor '%s': writing its bytes failed: %s", t->name,
 			 strerror(-r));
 	}
-	if (r == 0)
-		r = registry_publish(reg, &cl->rc, a.name, a.name_len, why, sizeof(why));
+	/* A member of a transaction waits for its commit. */
+	if (r == 0 && !a.tx)
+		r = registry_publish(reg, &cl->rc, a.name, a.name_len, &t, why, sizeof(why));
 	if (r < 0) {
 		char ignored[8];
 
-		registry_unlink(reg, &cl->rc, a.name, a.name_len, ignored, sizeof(ignored));
+		if (t->tx)
+			registry_tx_discard(reg, t);
+		else
+			registry_unlink(reg, &cl->rc, a.name, a.name_len, ignored, sizeof(ignored));
+		registry_release(reg, &cl->rc, lease);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_PUT, id, r, why);
+		return;
 	}
+	if (a.tx) {
+		registry_release(reg, &cl->rc, lease);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_PUT, id, 0, "");
+		return;
+	}
+	/* The tensor is named, so the lease's end cannot free it before the reply. */
+	reply_published(cl->conn, id, t);
 	registry_release(reg, &cl->rc, lease);
-	reply_status(cl->conn, TENSORD__REQUEST__BODY_PUT, id, r, r < 0 ? why : "");
 }
 
 void dispatch_create_forget(struct client *cl)

@@ -25,6 +25,9 @@ void dispatch_send_lease(struct client *cl, unsigned kind, uint64_t req_id, stru
 			 uint64_t lease, bool writable, uint64_t have_id,
 			 const uint64_t *have_shares, size_t n_have_shares);
 
+/* Whether a lease on t comes with a descriptor to map (unless the client holds it). */
+bool dispatch_lease_has_fd(const struct tensor *t);
+
 /* Create, and the inline put (dispatch_create.c). m is borrowed for the call. */
 void dispatch_do_create(struct client *cl, uint64_t id, const Tensord__Create *m);
 void dispatch_do_put(struct client *cl, uint64_t id, const Tensord__Put *m);
@@ -34,5 +37,22 @@ void dispatch_create_forget(struct client *cl);
 
 /* Attach, at once or parked as a waiter (dispatch_lease.c). m is borrowed. */
 void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m);
+
+/*
+ * One more waiter for cl, within --max-waiters-per-conn and its uid's
+ * share: 0, or -errno and request id (of kind) answered, naming what.
+ */
+int dispatch_waiter_charge(struct client *cl, unsigned kind, uint64_t id, const char *what);
+
+/* AttachMany and Cancel (dispatch_set.c). m is borrowed. */
+void dispatch_do_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMany *m);
+void dispatch_do_cancel(struct client *cl, uint64_t id, const Tensord__Cancel *m);
+
+/* A parked AttachMany is done (status 0: its set is ready). req is borrowed. */
+void dispatch_set_done(struct client *cl, const struct waiter_req *req, int status);
+
+/* Watches (watch.c). */
+void dispatch_do_watch(struct client *cl, uint64_t id, const Tensord__Watch *m);
+void dispatch_do_unwatch(struct client *cl, uint64_t id, const Tensord__Unwatch *m);
 
 #endif /* TENSORD_DISPATCH_INT_H */

@@ -24,8 +24,7 @@ static bool holds_share(uint64_t id, const uint64_t *have, size_t n)
 	return false;
 }
 
-/* Whether a lease on t comes with a descriptor to map. */
-static bool travels_as_fd(const struct tensor *t)
+bool dispatch_lease_has_fd(const struct tensor *t)
 {
 	return t->alloc.handle_kind == TENSORD__HANDLE_KIND__HANDLE_MEMFD ||
 	       t->alloc.handle_kind == TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD;
@@ -46,7 +45,7 @@ void dispatch_send_lease(struct client *cl, unsigned kind, uint64_t req_id, stru
 	struct conn_fd_ticket tk = {
 		.req_id = req_id, .kind = kind, .lease = lease, .writable = writable
 	};
-	bool with_fd = !reused && travels_as_fd(t) &&
+	bool with_fd = !reused && dispatch_lease_has_fd(t) &&
 		       !holds_share(t->alloc.share_id, have_shares, n_have_shares);
 
 	reply_lease(cl->conn, req_id, t, lease, writable, reused, with_fd ? &tk : NULL);
@@ -67,20 +66,24 @@ int dispatch_export_fd(struct conn *c, const struct conn_fd_ticket *tk, void *ct
 	return r < 0 ? r : fd;
 }
 
-void dispatch_export_failed(struct conn *c, const struct conn_fd_ticket *tk, int err, void *ctx)
+void dispatch_export_failed(struct conn *c, const struct conn_fd_ticket *tks, size_t n,
+			    size_t failed, int err, void *ctx)
 {
 	struct client *cl = conn_data(c);
+	const struct conn_fd_ticket *tk = &tks[failed];
 	struct tensor *t = registry_lease_tensor(&cl->rc, tk->lease);
 	char why[400];
 
-	if (t) {
+	if (t)
 		snprintf(why, sizeof(why), "tensor '%s': exporting its memory failed: %s", t->name,
 			 strerror(-err));
-		registry_release(&cl->srv->reg, &cl->rc, tk->lease);
-	} else {
+	else
 		snprintf(why, sizeof(why), "lease %llx was released before its reply was sent",
 			 (unsigned long long)tk->lease);
-	}
+	/* Every lease the frame names goes: its client never learns of them.
+	 * For a set, the client drops the parts it had, releasing theirs. */
+	for (size_t i = 0; i < n; i++)
+		registry_release(&cl->srv->reg, &cl->rc, tks[i].lease);
 	reply_status(c, tk->kind, tk->req_id, err, why);
 }
 
@@ -107,11 +110,33 @@ static void attach_now(struct client *cl, uint64_t id, const char *name, size_t 
 	metrics_attach_served();
 }
 
+int dispatch_waiter_charge(struct client *cl, unsigned kind, uint64_t id, const char *what)
+{
+	struct server *srv = cl->srv;
+	char why[500], reason[200];
+	int r;
+
+	if (cl->waits.n_waiters >= srv->quota.lim.waiters_per_conn) {
+		snprintf(why, sizeof(why),
+			 "%s: %u attaches already waiting on this connection, the "
+			 "most one may have (--max-waiters-per-conn)",
+			 what, cl->waits.n_waiters);
+		reply_status(cl->conn, kind, id, -EAGAIN, why);
+		return -EAGAIN;
+	}
+	r = quota_charge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, 1, reason, sizeof(reason));
+	if (r < 0) {
+		snprintf(why, sizeof(why), "%s: %s", what, reason);
+		reply_status(cl->conn, kind, id, r, why);
+	}
+	return r;
+}
+
 void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m)
 {
 	struct server *srv = cl->srv;
 	struct waiter_req req = { .req_id = id, .have_id = m->have_id };
-	char why[400], reason[200];
+	char why[400], what[300];
 	int r;
 
 	r = dispatch_check_name(m->name, why, sizeof(why));
@@ -120,25 +145,28 @@ void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m
 		return;
 	}
 	req.name_len = strlen(m->name);
-	if (m->timeout_ms == 0 || registry_published(&srv->reg, m->name, req.name_len)) {
+	req.after = m->after;
+	if (registry_generation(&srv->reg, m->name, req.name_len) > m->after) {
 		attach_now(cl, id, m->name, req.name_len, m->have_id, m->have_shares,
 			   m->n_have_shares);
 		return;
 	}
-	if (cl->waits.n_waiters >= srv->quota.lim.waiters_per_conn) {
-		snprintf(why, sizeof(why),
-			 "tensor '%s': %u attaches already waiting on this connection, the "
-			 "most one may have (--max-waiters-per-conn)",
-			 m->name, cl->waits.n_waiters);
-		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, -EAGAIN, why);
+	if (m->timeout_ms == 0 && m->after &&
+	    registry_published(&srv->reg, m->name, req.name_len)) {
+		snprintf(why, sizeof(why), "tensor '%s': no generation newer than %llu yet",
+			 m->name, (unsigned long long)m->after);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, -ETIMEDOUT, why);
 		return;
 	}
-	r = quota_charge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, 1, reason, sizeof(reason));
-	if (r < 0) {
-		snprintf(why, sizeof(why), "tensor '%s': %s", m->name, reason);
-		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, r, why);
+	if (m->timeout_ms == 0) {
+		attach_now(cl, id, m->name, req.name_len, m->have_id, m->have_shares,
+			   m->n_have_shares);
 		return;
 	}
+	snprintf(what, sizeof(what), "tensor '%s'", m->name);
+	r = dispatch_waiter_charge(cl, TENSORD__REQUEST__BODY_ATTACH, id, what);
+	if (r < 0)
+		return;
 	memcpy(req.name, m->name, req.name_len + 1);
 	if (waiters_add(&srv->waiters, &cl->waits, &req, m->timeout_ms) < 0) {
 		quota_uncharge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, 1);
@@ -159,11 +187,24 @@ void dispatch_waiter_done(struct waiter_owner *o, const struct waiter_req *req, 
 
 	metrics_attach_woken();
 	quota_uncharge(&cl->srv->quota, cl->rc.uid, QUOTA_WAITERS, 1);
+	if (req->set) {
+		dispatch_set_done(cl, req, status);
+		return;
+	}
 	if (status == 0) {
 		/* A waiter keeps no share list: the slab's descriptor comes again. */
 		attach_now(cl, req->req_id, req->name, req->name_len, req->have_id, NULL, 0);
 		return;
 	}
-	snprintf(why, sizeof(why), "tensor '%s': not published within the timeout", req->name);
+	if (status == -ECANCELED)
+		snprintf(why, sizeof(why), "tensor '%s': the wait was cancelled", req->name);
+	else if (req->after)
+		snprintf(why, sizeof(why),
+			 "tensor '%s': no generation newer than %llu within the "
+			 "timeout",
+			 req->name, (unsigned long long)req->after);
+	else
+		snprintf(why, sizeof(why), "tensor '%s': not published within the timeout",
+			 req->name);
 	reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, req->req_id, status, why);
 }

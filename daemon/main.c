@@ -135,12 +135,6 @@ static void raise_fd_limit(void)
 	}
 }
 
-/* The registry tells the waiters when a name is published. */
-static void on_publish(void *ctx, struct tensor *t)
-{
-	waiters_wake(ctx, t->name, t->name_len);
-}
-
 /*
  * Polling after a request. Waking a sleeping process on another CPU costs
  * tens of microseconds on a VM, more than serving an attach; a client that
@@ -180,6 +174,7 @@ static const struct conn_handlers conn_handlers = {
 	.on_frame = on_frame,
 	.on_protocol_error = dispatch_protocol_error,
 	.on_close = dispatch_close,
+	.on_drained = dispatch_drained,
 	.export_fd = dispatch_export_fd,
 	.export_failed = dispatch_export_failed,
 	.pack_refusal = reply_pack_refusal,
@@ -227,8 +222,9 @@ static int server_init(struct server *srv)
 	srv->conns.quota = &srv->quota;
 	srv->conns.fds_per_conn = srv->quota.lim.fds_in_flight_per_conn;
 	waiters_init(&srv->waiters, srv->loop, dispatch_waiter_done, srv);
-	srv->reg.on_publish = on_publish;
-	srv->reg.on_publish_ctx = &srv->waiters;
+	srv->waiters.set_ready = dispatch_set_ready;
+	srv->reg.on_commit = dispatch_on_commit;
+	srv->reg.on_commit_ctx = srv;
 	uv_idle_init(srv->loop, &srv->spin);
 	srv->spin.data = srv;
 	srv->spin_ns = (uint64_t)td_spin_budget_us() * 1000;

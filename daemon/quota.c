@@ -53,6 +53,8 @@ void quota_default_limits(struct quota_limits *lim, unsigned fd_budget, unsigned
 		lim->per_uid[QUOTA_WAITERS] = 16ull * lim->waiters_per_conn;
 	if (!lim->fds_in_flight_per_conn)
 		lim->fds_in_flight_per_conn = 64;
+	if (!lim->per_uid[QUOTA_WATCHES])
+		lim->per_uid[QUOTA_WATCHES] = 64;
 	/* What a uid's leases may keep alive of others' unlinked tensors: as
 	 * much as it may own itself, when that is bounded. */
 	if (!lim->per_uid[QUOTA_PINNED])

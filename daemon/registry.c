@@ -108,6 +108,7 @@ int registry_init(struct registry *reg, uint64_t host_capacity)
 	if (!reg->buckets)
 		return -ENOMEM;
 	reg->next_id = 1;
+	reg_versions_init(reg);
 
 	for (int b = 0; backends[b]; b++) {
 		const struct backend_ops *ops = backends[b];
@@ -160,6 +161,7 @@ static void creator_unlink(struct tensor *t)
 void reg_tensor_free(struct registry *reg, struct tensor *t)
 {
 	assert(!t->draft && !t->replaces);
+	reg_tx_remove(t);
 	assert(t->refcount == 0 || !t->creator); /* registry_fini() frees what is leased */
 	free(t->hv);
 	creator_unlink(t);
@@ -192,6 +194,7 @@ void registry_fini(struct registry *reg)
 	}
 	free(reg->buckets);
 	reg->buckets = NULL;
+	reg_versions_fini(reg);
 	for (int b = 0; backends[b]; b++)
 		if (backends[b]->fini)
 			backends[b]->fini();
@@ -456,6 +459,7 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc)
 	/* Names first: a tensor it created but never published, or created
 	 * with connection lifetime, goes with it. Leases second, so the last
 	 * one frees the memory. Only what rc created and leased is visited. */
+	reg_tx_client_gone(reg, rc);
 	while ((t = LIST_FIRST(&rc->created))) {
 		reg->visits++;
 		creator_unlink(t);
@@ -464,10 +468,14 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc)
 			/* Leases of this client still hold it; they are dropped below.
 			 * One with no lease left is freed now; one leased by others
 			 * lives on until their last lease. A draft goes, and the
-			 * version it would have replaced stays. */
+			 * version it would have replaced stays. The names it had
+			 * published go in one commit step. */
+			if (t->state == TENSORD_STATE_PUBLISHED)
+				reg_step_unlinked(reg, t);
 			reg_tensor_unlink(reg, t);
 		}
 	}
+	reg_step_end(reg);
 	reg->visits += rc->n_slots;
 	for (uint32_t s = 0; s < rc->n_slots; s++)
 		if (rc->leases[s].t)
@@ -477,15 +485,31 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc)
 	rc->n_slots = rc->cap_slots = rc->free_head = 0;
 }
 
+bool registry_mode_allows(uint32_t owner_uid, uint32_t owner_gid, uint32_t mode, uint32_t uid,
+			  uint32_t gid, uint32_t perm)
+{
+	if (uid == 0)
+		return true;
+	if (uid == owner_uid)
+		return mode & (perm << 6);
+	if (gid == owner_gid)
+		return mode & (perm << 3);
+	return mode & perm;
+}
+
 static bool mode_allows(const struct tensor *t, const struct reg_client *rc, uint32_t perm)
 {
-	if (rc->uid == 0)
-		return true;
-	if (rc->uid == t->owner_uid)
-		return t->mode & (perm << 6);
-	if (rc->gid == t->owner_gid)
-		return t->mode & (perm << 3);
-	return t->mode & perm;
+	return registry_mode_allows(t->owner_uid, t->owner_gid, t->mode, rc->uid, rc->gid, perm);
+}
+
+bool registry_may_read(const struct tensor *t, const struct reg_client *rc)
+{
+	return mode_allows(t, rc, PERM_READ);
+}
+
+bool reg_may_unlink(const struct tensor *t, const struct reg_client *rc)
+{
+	return rc->uid == 0 || rc->uid == t->owner_uid || mode_allows(t, rc, PERM_WRITE);
 }
 
 bool reg_visible_to(const struct tensor *t, const struct reg_client *rc)
@@ -516,6 +540,13 @@ struct tensor *registry_lookup(struct registry *reg, struct reg_client *rc, cons
 	struct tensor *t = reg_find_named(reg, name, len);
 
 	return t && may_see(reg, t, rc) ? t : NULL;
+}
+
+uint64_t registry_generation(struct registry *reg, const char *name, size_t len)
+{
+	struct tensor *t = reg_find_named(reg, name, len);
+
+	return t && t->state == TENSORD_STATE_PUBLISHED ? t->generation : 0;
 }
 
 bool registry_published(struct registry *reg, const char *name, size_t len)
@@ -561,8 +592,58 @@ static void move_to_slab(struct registry *reg, struct tensor *t)
 	t->fd_charged = false;
 }
 
+int reg_publish_ready(struct registry *reg, struct tensor *t, char *why, size_t why_len)
+{
+	int r;
+
+	if (t->allocating) {
+		snprintf(why, why_len,
+			 "tensor '%s': its memory is still being allocated; publish after create "
+			 "answered",
+			 t->name);
+		return -EBUSY;
+	}
+	if (t->flags & TENSORD_MUTABLE)
+		return 0;
+	r = t->alloc.ops->freeze(&t->alloc);
+	if (r < 0) {
+		snprintf(why, why_len,
+			 "tensor '%s': cannot make it immutable: %s (a writable shared "
+			 "mapping of it still exists, e.g. in a forked child)",
+			 t->name, tensord_strerror(r));
+		return r;
+	}
+	move_to_slab(reg, t);
+	return 0;
+}
+
+void reg_publish_now(struct registry *reg, struct tensor *t)
+{
+	uint64_t replaced_gen = 0;
+
+	assert(t->state == TENSORD_STATE_CREATED && !t->allocating && !t->tx);
+	if (t->replaces) {
+		/* The swap: from this step on the name is the new version's. */
+		struct tensor *old = t->replaces;
+
+		assert(old->draft == t && old->state == TENSORD_STATE_PUBLISHED);
+		log_debug("tensor '%s': replaced, %u leases live on", old->name, old->refcount);
+		old->draft = NULL;
+		t->replaces = NULL;
+		replaced_gen = old->generation;
+		reg_tensor_unlink(reg, old);
+		reg_tensor_name(reg, t);
+		figure_count(FIG_replaces_total, 1);
+	}
+	reg_figures(reg, t, t->state, TENSORD_STATE_PUBLISHED, 0);
+	t->state = TENSORD_STATE_PUBLISHED;
+	reg_step_published(reg, t, replaced_gen);
+	log_debug("tensor '%s': published, generation %llu, commit %llu", t->name,
+		  (unsigned long long)t->generation, (unsigned long long)t->commit);
+}
+
 int registry_publish(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
-		     char *why, size_t why_len)
+		     struct tensor **ret_t, char *why, size_t why_len)
 {
 	struct tensor *t;
 	int r;
@@ -581,42 +662,23 @@ int registry_publish(struct registry *reg, struct reg_client *rc, const char *na
 		snprintf(why, why_len, "tensor '%s': only its creator may publish it", t->name);
 		return -EPERM;
 	}
-	if (t->allocating) {
+	if (t->tx) {
 		snprintf(why, why_len,
-			 "tensor '%s': its memory is still being allocated; publish after create "
-			 "answered",
-			 t->name);
+			 "tensor '%s': a member of transaction %u, published by its commit",
+			 t->name, reg_tx_id(t->tx));
 		return -EBUSY;
 	}
-	if (!(t->flags & TENSORD_MUTABLE)) {
-		r = t->alloc.ops->freeze(&t->alloc);
-		if (r < 0) {
-			snprintf(why, why_len,
-				 "tensor '%s': cannot make it immutable: %s (a writable shared "
-				 "mapping of it still exists, e.g. in a forked child)",
-				 t->name, tensord_strerror(r));
-			return r;
-		}
-		move_to_slab(reg, t);
+	if (reg_step_reserve(reg, 1) < 0) {
+		snprintf(why, why_len, "tensor '%s': out of memory", t->name);
+		return -ENOMEM;
 	}
-	if (t->replaces) {
-		/* The swap: from this step on the name is the new version's. */
-		struct tensor *old = t->replaces;
-
-		assert(old->draft == t && old->state == TENSORD_STATE_PUBLISHED);
-		log_debug("tensor '%s': replaced by pid %u, %u leases live on", old->name, rc->pid,
-			  old->refcount);
-		old->draft = NULL;
-		t->replaces = NULL;
-		reg_tensor_unlink(reg, old);
-		reg_tensor_name(reg, t);
-		figure_count(FIG_replaces_total, 1);
-	}
-	reg_figures(reg, t, t->state, TENSORD_STATE_PUBLISHED, 0);
-	t->state = TENSORD_STATE_PUBLISHED;
-	log_debug("tensor '%s': published by pid %u", t->name, rc->pid);
-	if (reg->on_publish)
-		reg->on_publish(reg->on_publish_ctx, t);
+	r = reg_publish_ready(reg, t, why, why_len);
+	if (r < 0)
+		return r;
+	reg_publish_now(reg, t);
+	if (ret_t)
+		*ret_t = t;
+	reg_step_end(reg);
 	return 0;
 }
 
@@ -672,13 +734,26 @@ int registry_unlink(struct registry *reg, struct reg_client *rc, const char *nam
 		snprintf(why, why_len, "tensor '%.*s': no such tensor", (int)len, name);
 		return -ENOENT;
 	}
-	if (rc->uid != 0 && rc->uid != t->owner_uid && !mode_allows(t, rc, PERM_WRITE)) {
+	if (!reg_may_unlink(t, rc)) {
 		snprintf(why, why_len, "tensor '%s': owned by uid %u, mode %03o refuses uid %u",
 			 t->name, t->owner_uid, t->mode, rc->uid);
 		return -EPERM;
 	}
+	if (t->tx) {
+		snprintf(why, why_len,
+			 "tensor '%s': a member of transaction %u; abort it to discard the member",
+			 t->name, reg_tx_id(t->tx));
+		return -EBUSY;
+	}
+	if (t->state == TENSORD_STATE_PUBLISHED && reg_step_reserve(reg, 1) < 0) {
+		snprintf(why, why_len, "tensor '%s': out of memory", t->name);
+		return -ENOMEM;
+	}
 	log_debug("tensor '%s': unlinked by pid %u, %u leases live", t->name, rc->pid, t->refcount);
+	if (t->state == TENSORD_STATE_PUBLISHED)
+		reg_step_unlinked(reg, t);
 	reg_tensor_unlink(reg, t);
+	reg_step_end(reg);
 	return 0;
 }
 

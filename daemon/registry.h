@@ -25,8 +25,11 @@
 #define REGISTRY_DEVICES_MAX TENSORD_STATS_DEVICES_MAX
 /* Leases one client may hold at once; past it, create and attach fail. */
 #define REGISTRY_LEASES_MAX (1u << 18)
+/* Unlinked names whose last generation is remembered (the oldest goes first). */
+#define REGISTRY_TOMBS_MAX (1u << 16)
 
 struct reg_client;
+struct reg_tx;
 
 /* How many leases one uid holds on a tensor. */
 struct reg_holder {
@@ -77,6 +80,11 @@ struct tensor {
 	 */
 	struct tensor *draft;
 	struct tensor *replaces;
+	/* Its generation of the name and the commit that published it; 0 before. */
+	uint64_t generation, commit;
+	/* The transaction it is a member of (borrowed; NULL: none), and its place there. */
+	struct reg_tx *tx;
+	TAILQ_ENTRY(tensor) tx_link;
 	struct reg_client *creator;      /* borrowed; NULL once the creator is gone */
 	struct reg_device *dev;          /* borrowed: the device slot it is charged to */
 	struct backend_alloc alloc;      /* owned */
@@ -108,6 +116,8 @@ struct reg_client {
 	uint32_t n_leases;
 	uint64_t n_created;          /* tensors it created (create and put), for inspection */
 	LIST_HEAD(, tensor) created; /* what it created, for its close to walk */
+	LIST_HEAD(, reg_tx) txs;     /* its open transactions (txn.c), owned */
+	unsigned n_txs;
 };
 
 struct reg_lease {
@@ -118,6 +128,21 @@ struct reg_lease {
 };
 
 RB_HEAD(tensor_names, tensor);
+RB_HEAD(reg_tombs, reg_tomb);
+TAILQ_HEAD(reg_tomb_age, reg_tomb);
+
+/* One change a commit step made: a name published or unlinked. */
+enum reg_change_kind { REG_PUBLISHED = 1, REG_UNLINKED = 2 };
+
+struct reg_change {
+	enum reg_change_kind kind;
+	uint64_t generation; /* published: the new one; unlinked: the last one */
+	uint64_t commit;
+	uint32_t owner_uid, owner_gid, mode; /* who may read it */
+	const struct tensor *tensor;         /* published: the tensor; unlinked: NULL */
+	size_t name_len;
+	char name[TENSORD_NAME_MAX + 1];
+};
 
 struct registry {
 	struct tensor_names names; /* named tensors in name order (List) */
@@ -131,11 +156,26 @@ struct registry {
 	struct reg_device devices[REGISTRY_DEVICES_MAX];
 	int n_devices;
 	/*
-	 * Called when a tensor becomes published, so waiters can be woken; set
-	 * by main.c. t is borrowed: valid during the call. NULL: nobody cares.
+	 * Versions (commit.c): the next commit id, the floor every name the
+	 * daemon does not remember starts its generations above, the
+	 * tombstones of unlinked names, and the changes of the step under way.
 	 */
-	void (*on_publish)(void *ctx, struct tensor *t);
-	void *on_publish_ctx;
+	uint64_t next_commit, gen_floor;
+	struct reg_tombs tombs;
+	struct reg_tomb_age tomb_age;
+	size_t n_tombs, tombs_max;
+	struct reg_change *changes; /* owned */
+	size_t n_changes, cap_changes;
+	uint64_t step_commit; /* the step's commit id; 0 until it takes one */
+	bool step_lost;       /* a change of the step could not be kept (out of memory) */
+	/*
+	 * Called at the end of each step that published or unlinked names,
+	 * with its changes in order (v and the tensors in it borrowed for the
+	 * call; lost: some could not be kept). Set by main.c; NULL: nobody
+	 * listens. It may call the registry (a woken attach takes its lease).
+	 */
+	void (*on_commit)(void *ctx, const struct reg_change *v, size_t n, bool lost);
+	void *on_commit_ctx;
 	/*
 	 * Keeps the figures of metrics (metrics_keep_figures()); NULL: none.
 	 * Called as a linked tensor t goes from state `from` to state `to`
@@ -163,7 +203,13 @@ struct create_args {
 	uint32_t mode; /* 0: 0600 */
 	bool replace;  /* unlink a tensor of this name rc owns, in the same step */
 	bool shared;   /* immutable and written by the daemon: may share a slab */
+	uint32_t tx;   /* nonzero: a member of rc's transaction tx (registry_tx_commit()) */
 };
+
+/* Transactions one client may have open at once. */
+#define REGISTRY_TX_PER_CLIENT 16
+/* Members and staged unlinks of one transaction, at most. */
+#define REGISTRY_TX_MEMBERS_MAX (1u << 16)
 
 /*
  * Sets up the registry and initialises every backend. host_capacity 0:
@@ -245,12 +291,14 @@ int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64
 			   char *why, size_t why_len);
 
 /*
- * Publishes a tensor rc created (sealing it unless mutable), then calls
- * on_publish. rc's draft of name comes first: publishing it unlinks the
- * version it replaces and names it, in one step.
+ * Publishes a tensor rc created (sealing it unless mutable) as the name's
+ * next generation, in a commit step of its own (on_commit hears of it).
+ * rc's draft of name comes first: publishing it unlinks the version it
+ * replaces and names it, in one step. *ret_t (may be NULL) is the tensor
+ * published, borrowed as registry_lookup()'s.
  */
 int registry_publish(struct registry *reg, struct reg_client *rc, const char *name, size_t len,
-		     char *why, size_t why_len);
+		     struct tensor **ret_t, char *why, size_t why_len);
 
 /*
  * A new lease on a published tensor, held in rc's ledger; *ret_t is
@@ -295,8 +343,21 @@ struct tensor *registry_lookup(struct registry *reg, struct reg_client *rc, cons
  */
 bool registry_may_inspect(const struct tensor *t, const struct reg_client *rc);
 
+/* Whether rc may read t (attach it): root, or t's mode for rc. */
+bool registry_may_read(const struct tensor *t, const struct reg_client *rc);
+
+/*
+ * Whether uid (of group gid) may do perm (4 read, 2 write) to a tensor of
+ * that owner and mode: root always, else by the owner, group or other bits.
+ */
+bool registry_mode_allows(uint32_t owner_uid, uint32_t owner_gid, uint32_t mode, uint32_t uid,
+			  uint32_t gid, uint32_t perm);
+
 /* Whether a tensor of that name is published (whatever its mode). */
 bool registry_published(struct registry *reg, const char *name, size_t len);
+
+/* The generation of the published tensor of that name (whatever its mode); 0: none. */
+uint64_t registry_generation(struct registry *reg, const char *name, size_t len);
 
 /* Names one List visits at most, shown or not: a page costs bounded work. */
 #define REGISTRY_LIST_SCAN_MAX 65536
@@ -313,6 +374,53 @@ bool registry_published(struct registry *reg, const char *name, size_t len);
 void registry_list(struct registry *reg, struct reg_client *rc, const char *prefix, size_t len,
 		   const char *after, size_t limit, struct tensor **ret, size_t *ret_n,
 		   const char **ret_next);
+
+/*
+ * Transactions (docs/design.md, "Transactions"): a create with a->tx makes
+ * a member of rc's transaction tx, made on first use (as a create with
+ * a->replace: a draft, or a new name held unpublished), which neither
+ * publish nor unlink touch.
+ *
+ * registry_tx_unlink() stages an unlink of a published name rc may
+ * unlink, for the commit. -ENOENT, -EPERM, -EINVAL (the name is a member
+ * of the same transaction), or the limits of reg_tx_get().
+ */
+int registry_tx_unlink(struct registry *reg, struct reg_client *rc, uint32_t tx, const char *name,
+		       size_t len, char *why, size_t why_len);
+
+/*
+ * Commits rc's transaction tx: every member published and every staged
+ * name unlinked, in one step, with one commit id (*ret_commit; 0 for an
+ * empty transaction, which takes none), on_commit hearing of them all at
+ * once. A member that cannot be published (still allocating, cannot be
+ * sealed) or a staged name that is gone or no longer rc's to unlink fails
+ * it: -errno naming it, and the transaction is aborted. Either way the
+ * transaction is over. -ENOENT: no such transaction.
+ */
+int registry_tx_commit(struct registry *reg, struct reg_client *rc, uint32_t tx,
+		       uint64_t *ret_commit, uint32_t *ret_published, uint32_t *ret_unlinked,
+		       char *why, size_t why_len);
+
+/* Discards t, a member whose put failed, from its transaction, which goes on. */
+void registry_tx_discard(struct registry *reg, struct tensor *t);
+
+/* Discards every member of rc's transaction tx and forgets it. -ENOENT: none. */
+int registry_tx_abort(struct registry *reg, struct reg_client *rc, uint32_t tx, char *why,
+		      size_t why_len);
+
+/*
+ * The tombstone of name: its last generation and the commit that unlinked
+ * it. false when the name is published, or was never, or was forgotten.
+ */
+bool registry_tomb(struct registry *reg, const char *name, size_t len, uint64_t *ret_generation,
+		   uint64_t *ret_commit);
+
+/* The newest commit that unlinked a remembered name under prefix; 0: none. */
+uint64_t registry_tombs_newest(struct registry *reg, const char *prefix, size_t len);
+
+/* Calls fn with an unlinked change for each remembered name under prefix, in name order. */
+void registry_tombs_each(struct registry *reg, const char *prefix, size_t len,
+			 void (*fn)(void *arg, const struct reg_change *c), void *arg);
 
 /* The device slot for dev, or NULL. */
 struct reg_device *registry_device(struct registry *reg, DLDevice dev);

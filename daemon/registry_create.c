@@ -57,6 +57,11 @@ static int create_check(struct registry *reg, const struct reg_client *rc,
 	if (r < 0)
 		return r;
 	old = reg_find_named(reg, a->name, a->name_len);
+	if (old && (old->tx || (old->draft && old->draft->creator == rc && old->draft->tx))) {
+		snprintf(why, why_len, "tensor '%s': a new version is a member of transaction %u",
+			 old->name, reg_tx_id(old->tx ? old->tx : old->draft->tx));
+		return -EEXIST;
+	}
 	if (old && a->replace) {
 		r = replace_check(old, rc, why, why_len);
 		if (r < 0)
@@ -282,8 +287,8 @@ static void replace_place(struct registry *reg, const struct reg_client *rc, str
  * replaces a tensor of its name) named, and pinned without a lease.
  */
 static int create_begin(struct registry *reg, struct reg_client *rc, const struct create_args *a,
-			struct reg_device *dev, struct tensor *t, struct tensor **ret_t, char *why,
-			size_t why_len)
+			struct reg_tx *tx, struct reg_device *dev, struct tensor *t,
+			struct tensor **ret_t, char *why, size_t why_len)
 {
 	int r = reg_name_room(reg, t, why, why_len);
 
@@ -305,6 +310,8 @@ static int create_begin(struct registry *reg, struct reg_client *rc, const struc
 		replace_place(reg, rc, t);
 	else
 		reg_tensor_name(reg, t);
+	if (tx)
+		reg_tx_add(tx, t);
 	rc->n_created++;
 	log_debug("tensor '%s': allocating %llu bytes on %s %d off the loop", t->name,
 		  (unsigned long long)t->nbytes, dev->ops->name, dev->device.device_id);
@@ -370,6 +377,7 @@ int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64
 int registry_create(struct registry *reg, struct reg_client *rc, const struct create_args *a,
 		    struct tensor **ret_t, uint64_t *ret_lease, char *why, size_t why_len)
 {
+	struct reg_tx *tx = NULL;
 	char reason[200];
 	struct reg_device *dev;
 	struct tensor *t;
@@ -377,6 +385,8 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 	int r;
 
 	r = create_check(reg, rc, a, why, why_len);
+	if (r == 0 && a->tx)
+		r = reg_tx_get(rc, a->tx, true, &tx, why, why_len);
 	if (r < 0)
 		return r;
 	if (a->ndim < 0 || a->ndim > TENSORD_NDIM_MAX) {
@@ -410,7 +420,7 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 		return r;
 	}
 	if (dev->ops->alloc_blocks && nbytes && !goes_to_slab(dev->ops, a->shared, nbytes))
-		return create_begin(reg, rc, a, dev, t, ret_t, why, why_len);
+		return create_begin(reg, rc, a, tx, dev, t, ret_t, why, why_len);
 	r = tensor_alloc(reg, dev, t, a->shared, why, why_len);
 	if (r < 0) {
 		reg_create_uncharge(reg, t);
@@ -423,6 +433,8 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 		replace_place(reg, rc, t);
 	else
 		reg_tensor_name(reg, t);
+	if (tx)
+		reg_tx_add(tx, t);
 	rc->n_created++;
 	r = reg_lease_add(reg, rc, t, ret_lease);
 	if (r < 0) {

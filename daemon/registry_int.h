@@ -42,6 +42,9 @@ void reg_creator_link(struct reg_client *rc, struct tensor *t);
 int reg_lease_add(struct registry *reg, struct reg_client *rc, struct tensor *t,
 		  uint64_t *ret_lease);
 
+/* Whether rc may unlink t: root, its owner, or its mode's write bit for rc. */
+bool reg_may_unlink(const struct tensor *t, const struct reg_client *rc);
+
 /* Whether rc sees t at all: published, or its own draft. */
 bool reg_visible_to(const struct tensor *t, const struct reg_client *rc);
 
@@ -52,6 +55,65 @@ static inline void reg_figures(struct registry *reg, const struct tensor *t, int
 	if (reg->on_figures)
 		reg->on_figures(reg->on_figures_ctx, t, from, to, bytes);
 }
+
+/* commit.c: versions and commit steps (docs/design.md, "Versions, sets and watches"). */
+void reg_versions_init(struct registry *reg);
+void reg_versions_fini(struct registry *reg);
+
+/* Room for n more changes in this step: 0 or -ENOMEM. */
+int reg_step_reserve(struct registry *reg, size_t n);
+
+/* The commit id of this step, taken on first use. */
+uint64_t reg_step_commit(struct registry *reg);
+
+/*
+ * t was just published in this step: its generation (one more than
+ * replaced_gen, the generation of the version it replaced, or, for 0, than
+ * the name's tombstone or the floor) and the step's commit id.
+ */
+void reg_step_published(struct registry *reg, struct tensor *t, uint64_t replaced_gen);
+
+/* t, published, is losing its name for good in this step: its tombstone and change. */
+void reg_step_unlinked(struct registry *reg, const struct tensor *t);
+
+/* The step is over: on_commit hears of its changes. */
+void reg_step_end(struct registry *reg);
+
+/*
+ * What a publish of t needs before the step that publishes it: its memory
+ * allocated, and frozen (sealed) unless it is mutable. 0 or -errno with the
+ * reason; nothing is published either way.
+ */
+int reg_publish_ready(struct registry *reg, struct tensor *t, char *why, size_t why_len);
+
+/*
+ * Publishes t (ready, and no member of a transaction any more) in this
+ * step: takes the name from the version it replaces, if any, and gives t
+ * its generation and the step's commit. Cannot fail (reg_step_reserve()
+ * made room for its change).
+ */
+void reg_publish_now(struct registry *reg, struct tensor *t);
+
+/* txn.c: transactions. */
+uint32_t reg_tx_id(const struct reg_tx *tx);
+
+/*
+ * rc's transaction id, made if make is set and it has none. 0, or -errno
+ * with the reason (-ENOENT: none and !make; -EAGAIN: rc has
+ * REGISTRY_TX_PER_CLIENT open; -E2BIG: it has REGISTRY_TX_MEMBERS_MAX
+ * members and staged names; -ENOMEM).
+ */
+int reg_tx_get(struct reg_client *rc, uint32_t id, bool make, struct reg_tx **ret_tx, char *why,
+	       size_t why_len);
+
+/* t, just created in its place, becomes a member of tx. */
+void reg_tx_add(struct reg_tx *tx, struct tensor *t);
+
+/* t leaves its transaction (it is freed, or was published). */
+void reg_tx_remove(struct tensor *t);
+
+/* rc is gone: every transaction of its ends, its members discarded. */
+void reg_tx_client_gone(struct registry *reg, struct reg_client *rc);
 
 /* Gives back t's per-uid charges (registry_create.c charges them). */
 void reg_create_uncharge(struct registry *reg, const struct tensor *t);

@@ -16,14 +16,6 @@
 #include "proto/tensord.pb-c.h"
 #include "pool.h"
 
-/* Storage that a TensorInfo points into while it is packed. */
-struct info_store {
-	Tensord__TensorInfo info;
-	Tensord__DType dtype;
-	Tensord__Device device;
-	uint8_t uuid[16];
-};
-
 static void fill_info(struct info_store *s, const struct tensor *t)
 {
 	tensord__tensor_info__init(&s->info);
@@ -56,11 +48,19 @@ static void fill_info(struct info_store *s, const struct tensor *t)
 	s->info.flags = t->flags;
 	s->info.created_ns = t->created_ns;
 	s->info.id = t->id;
+	s->info.generation = t->generation;
+	s->info.commit = t->commit;
 }
 
 void reply_send(struct conn *c, const Tensord__Reply *rep, const struct conn_fd_ticket *tk)
 {
-	if (conn_send(c, &rep->base, tk) == -EMSGSIZE) {
+	reply_send_fds(c, rep, tk, tk ? 1 : 0);
+}
+
+void reply_send_fds(struct conn *c, const Tensord__Reply *rep, const struct conn_fd_ticket *tks,
+		    size_t n)
+{
+	if (conn_send_fds(c, &rep->base, tks, n) == -EMSGSIZE) {
 		Tensord__Reply err = TENSORD__REPLY__INIT;
 
 		err.id = rep->id;
@@ -103,29 +103,37 @@ void reply_status(struct conn *c, unsigned kind, uint64_t req_id, int status, co
 	reply_send(c, &rep, NULL);
 }
 
+void reply_fill_lease(struct reply_lease_store *s, const struct tensor *t, uint64_t lease,
+		      bool writable, bool reused)
+{
+	Tensord__Lease *l = &s->lease;
+
+	tensord__lease__init(l);
+	fill_info(&s->info, t);
+	l->lease = lease;
+	l->info = &s->info.info;
+	l->handle = (Tensord__HandleKind)t->alloc.handle_kind;
+	l->map_size = t->alloc.size;
+	l->writable = writable;
+	l->reused = reused;
+	if (t->alloc.ipc_handle_len) {
+		l->ipc_handle.data = (uint8_t *)t->alloc.ipc_handle;
+		l->ipc_handle.len = t->alloc.ipc_handle_len;
+	}
+	l->ipc_offset = t->alloc.ipc_offset;
+	l->share_id = t->alloc.share_id;
+}
+
 void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64_t lease,
 		 bool writable, bool reused, const struct conn_fd_ticket *tk)
 {
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
-	Tensord__Lease l = TENSORD__LEASE__INIT;
-	struct info_store s;
+	struct reply_lease_store s;
 
-	fill_info(&s, t);
-	l.lease = lease;
-	l.info = &s.info;
-	l.handle = (Tensord__HandleKind)t->alloc.handle_kind;
-	l.map_size = t->alloc.size;
-	l.writable = writable;
-	l.reused = reused;
-	if (t->alloc.ipc_handle_len) {
-		l.ipc_handle.data = (uint8_t *)t->alloc.ipc_handle;
-		l.ipc_handle.len = t->alloc.ipc_handle_len;
-	}
-	l.ipc_offset = t->alloc.ipc_offset;
-	l.share_id = t->alloc.share_id;
+	reply_fill_lease(&s, t, lease, writable, reused);
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_LEASE;
-	rep.lease = &l;
+	rep.lease = &s.lease;
 	reply_send(c, &rep, tk);
 }
 
@@ -138,6 +146,34 @@ void reply_info(struct conn *c, uint64_t req_id, const struct tensor *t)
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_INFO;
 	rep.info = &s.info;
+	reply_send(c, &rep, NULL);
+}
+
+void reply_published(struct conn *c, uint64_t req_id, const struct tensor *t)
+{
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	Tensord__Published pr = TENSORD__PUBLISHED__INIT;
+
+	pr.generation = t->generation;
+	pr.commit = t->commit;
+	rep.id = req_id;
+	rep.body_case = TENSORD__REPLY__BODY_PUBLISHED;
+	rep.published = &pr;
+	reply_send(c, &rep, NULL);
+}
+
+void reply_commit(struct conn *c, uint64_t req_id, uint64_t commit, uint32_t published,
+		  uint32_t unlinked)
+{
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	Tensord__CommitReply cr = TENSORD__COMMIT_REPLY__INIT;
+
+	cr.commit = commit;
+	cr.published = published;
+	cr.unlinked = unlinked;
+	rep.id = req_id;
+	rep.body_case = TENSORD__REPLY__BODY_COMMIT;
+	rep.commit = &cr;
 	reply_send(c, &rep, NULL);
 }
 

@@ -30,11 +30,33 @@ void reply_status(struct conn *c, unsigned kind, uint64_t req_id, int status, co
  */
 void reply_send(struct conn *c, const Tensord__Reply *rep, const struct conn_fd_ticket *tk);
 
+/* As reply_send(), with the n descriptors tks[] name (one frame carries them all). */
+void reply_send_fds(struct conn *c, const Tensord__Reply *rep, const struct conn_fd_ticket *tks,
+		    size_t n);
+
 /*
  * Called with every status reply_status() sends, and the kind of request it
  * answers; set by main.c (metrics_reply_status). NULL: nobody counts.
  */
 extern void (*reply_on_status)(unsigned kind, int status);
+
+/* Storage that a TensorInfo points into while it is packed. */
+struct info_store {
+	Tensord__TensorInfo info;
+	Tensord__DType dtype;
+	Tensord__Device device;
+	uint8_t uuid[16];
+};
+
+/* Storage a Lease points into while it is packed. */
+struct reply_lease_store {
+	Tensord__Lease lease;
+	struct info_store info;
+};
+
+/* Fills s with a lease on t (borrowed: s points into t until it is packed). */
+void reply_fill_lease(struct reply_lease_store *s, const struct tensor *t, uint64_t lease,
+		      bool writable, bool reused);
 
 /*
  * A lease on t. tk (NULL when no descriptor goes with it: reused, or a
@@ -43,6 +65,13 @@ extern void (*reply_on_status)(unsigned kind, int status);
  */
 void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64_t lease,
 		 bool writable, bool reused, const struct conn_fd_ticket *tk);
+
+/* What a publish (or a put that published) answers: t's generation and commit. */
+void reply_published(struct conn *c, uint64_t req_id, const struct tensor *t);
+
+/* What a commit answers. */
+void reply_commit(struct conn *c, uint64_t req_id, uint64_t commit, uint32_t published,
+		  uint32_t unlinked);
 
 /* What stat answers. t is borrowed. */
 void reply_info(struct conn *c, uint64_t req_id, const struct tensor *t);

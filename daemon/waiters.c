@@ -1,12 +1,15 @@
 /*
  * Waiters of attach-with-timeout. A publish wakes the waiters for its name
- * through waiters_wake() (main.c hooks it to the registry's on_publish), so
+ * through waiters_wake() (dispatch hooks it to the registry's commits), so
  * nothing polls; a waiter with a timeout also holds a one-shot loop timer.
  *
- * Each waiter is on two lists: its name's (in a hash map of names, oldest
- * first) and its owner's. A publish visits only the waiters of its name,
- * a closing connection only its own: with hundreds of thousands of waiters
- * parked, neither walks the others.
+ * Each waiter of one name is on two lists: its name's (in a hash map of
+ * names, oldest first) and its owner's. A publish visits only the waiters
+ * of its name, a closing connection only its own: with hundreds of
+ * thousands of waiters parked, neither walks the others. Set waiters
+ * (AttachMany) are on one list of their own, which every commit walks
+ * (they wait on prefixes as well as names); they count against the same
+ * limits.
  */
 #include "waiters.h"
 
@@ -17,8 +20,6 @@
 #include <string.h>
 
 #include "common/hash.h"
-
-TAILQ_HEAD(waiter_list, waiter);
 
 /* The waiters of one name, oldest first; freed when its last waiter goes. */
 struct waiter_name {
@@ -32,6 +33,7 @@ struct waiter {
 	struct waiters *ws;         /* borrowed */
 	struct waiter_owner *owner; /* borrowed; NULL once dropped while firing */
 	struct waiter_name *wn;     /* borrowed; NULL once taken off by a wake */
+	bool on_sets;               /* a set waiter, on ws->sets */
 	struct waiter_req req;
 	bool has_timer;
 	bool firing; /* taken off by waiters_wake(), not yet called back */
@@ -46,6 +48,7 @@ void waiters_init(struct waiters *ws, uv_loop_t *loop, waiter_done_fn *on_done, 
 	ws->loop = loop;
 	ws->on_done = on_done;
 	ws->ctx = ctx;
+	TAILQ_INIT(&ws->sets);
 }
 
 static struct waiter_name **bucket_of(struct waiters *ws, const char *name, size_t len)
@@ -121,11 +124,17 @@ static void name_remove(struct waiters *ws, struct waiter_name *wn)
 	free(wn);
 }
 
-/* Takes w off its name's list; the name goes with its last waiter. */
+/* Takes w off its name's list (the name goes with its last waiter), or off the sets. */
 static void unlink_name(struct waiters *ws, struct waiter *w)
 {
 	struct waiter_name *wn = w->wn;
 
+	if (w->on_sets) {
+		TAILQ_REMOVE(&ws->sets, w, name_link);
+		w->on_sets = false;
+		ws->n_waiters--;
+		return;
+	}
 	if (!wn)
 		return;
 	assert(!w->firing && ws->n_waiters > 0);
@@ -152,9 +161,16 @@ static void waiter_free_cb(uv_handle_t *h)
 	free(h->data);
 }
 
+/* w's timer, when it has a timeout. */
+static void waiter_arm(struct waiters *ws, struct waiter *w, int64_t timeout_ms);
+
+static void waiter_free_cb(uv_handle_t *h);
+
 /* The memory goes once libuv lets go of the timer, if there is one. */
 static void waiter_free(struct waiter *w)
 {
+	free(w->req.set);
+	w->req.set = NULL;
 	if (w->has_timer) {
 		uv_timer_stop(&w->timer);
 		uv_close((uv_handle_t *)&w->timer, waiter_free_cb);
@@ -194,12 +210,8 @@ int waiters_add(struct waiters *ws, struct waiter_owner *o, const struct waiter_
 	w->owner = o;
 	w->wn = wn;
 	w->req = *req;
-	if (timeout_ms > 0) {
-		uv_timer_init(ws->loop, &w->timer);
-		w->timer.data = w;
-		w->has_timer = true;
-		uv_timer_start(&w->timer, on_timeout, (uint64_t)timeout_ms, 0);
-	}
+	w->req.set = NULL;
+	waiter_arm(ws, w, timeout_ms);
 	TAILQ_INSERT_TAIL(&wn->list, w, name_link);
 	LIST_INSERT_HEAD(&o->list, w, owner_link);
 	o->n_waiters++;
@@ -207,35 +219,155 @@ int waiters_add(struct waiters *ws, struct waiter_owner *o, const struct waiter_
 	return 0;
 }
 
-void waiters_wake(struct waiters *ws, const char *name, size_t len)
+static void waiter_arm(struct waiters *ws, struct waiter *w, int64_t timeout_ms)
 {
-	struct waiter_name *wn = name_find(ws, name, len);
-	struct waiter_list firing = TAILQ_HEAD_INITIALIZER(firing);
+	if (timeout_ms > 0) {
+		uv_timer_init(ws->loop, &w->timer);
+		w->timer.data = w;
+		w->has_timer = true;
+		uv_timer_start(&w->timer, on_timeout, (uint64_t)timeout_ms, 0);
+	}
+}
+
+int waiters_add_set(struct waiters *ws, struct waiter_owner *o, const struct waiter_req *req,
+		    int64_t timeout_ms)
+{
+	struct waiter *w = calloc(1, sizeof(*w));
+
+	if (!w) {
+		free(w);
+		free(req->set);
+		return -ENOMEM;
+	}
+	w->ws = ws;
+	w->owner = o;
+	w->req = *req;
+	w->on_sets = true;
+	waiter_arm(ws, w, timeout_ms);
+	TAILQ_INSERT_TAIL(&ws->sets, w, name_link);
+	LIST_INSERT_HEAD(&o->list, w, owner_link);
+	o->n_waiters++;
+	ws->n_waiters++;
+	return 0;
+}
+
+/* Answers the waiters on the firing list (taken off their lists already), in order. */
+static void fire(struct waiters *ws, struct waiter_list *firing)
+{
 	struct waiter *w;
 
-	if (!wn)
-		return;
-	/* Take the name's whole list off first: answering one waiter may
-	 * close its connection, which drops its owner's waiters. Those still
-	 * to be answered are then only marked (owner NULL), not called back. */
-	TAILQ_CONCAT(&firing, &wn->list, name_link);
-	TAILQ_FOREACH(w, &firing, name_link)
-	{
-		w->firing = true;
-		w->wn = NULL;
-		ws->n_waiters--;
-		ws->visits++;
-	}
-	name_remove(ws, wn);
-	while ((w = TAILQ_FIRST(&firing))) {
+	while ((w = TAILQ_FIRST(firing))) {
 		struct waiter_owner *o = w->owner;
 
-		TAILQ_REMOVE(&firing, w, name_link);
+		TAILQ_REMOVE(firing, w, name_link);
 		unlink_owner(w);
 		if (o)
 			ws->on_done(o, &w->req, 0, ws->ctx);
 		waiter_free(w);
 	}
+}
+
+void waiters_wake(struct waiters *ws, const char *name, size_t len, uint64_t generation)
+{
+	struct waiter_name *wn = name_find(ws, name, len);
+	struct waiter_list firing = TAILQ_HEAD_INITIALIZER(firing);
+	struct waiter *w, *next;
+
+	if (!wn)
+		return;
+	/* Take the waiters to answer off first: answering one waiter may
+	 * close its connection, which drops its owner's waiters. Those still
+	 * to be answered are then only marked (owner NULL), not called back.
+	 * A waiter for a generation newer than this one stays. */
+	for (w = TAILQ_FIRST(&wn->list); w; w = next) {
+		next = TAILQ_NEXT(w, name_link);
+		ws->visits++;
+		if (w->req.after >= generation)
+			continue;
+		TAILQ_REMOVE(&wn->list, w, name_link);
+		TAILQ_INSERT_TAIL(&firing, w, name_link);
+		w->firing = true;
+		w->wn = NULL;
+		ws->n_waiters--;
+	}
+	if (TAILQ_EMPTY(&wn->list))
+		name_remove(ws, wn);
+	fire(ws, &firing);
+}
+
+/* a (NUL-terminated) against name (len bytes), as strcmp would order them. */
+static int cmp_len(const char *a, const char *name, size_t len)
+{
+	int c = strncmp(a, name, len);
+
+	return c ? c : a[len] != '\0';
+}
+
+/* Whether name (len bytes) is one set waits on. */
+static bool set_touched(const struct waiter_set *s, const char *name, size_t len)
+{
+	size_t lo = 0, hi = s->n_names;
+
+	if (!s->n_names)
+		return len >= s->prefix_len && memcmp(name, s->prefix, s->prefix_len) == 0;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = cmp_len(s->name[mid], name, len);
+
+		if (c == 0)
+			return true;
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return false;
+}
+
+void waiters_wake_sets(struct waiters *ws, const void *v, size_t n,
+		       const char *(*name_of)(const void *v, size_t i, size_t *ret_len))
+{
+	struct waiter_list firing = TAILQ_HEAD_INITIALIZER(firing);
+	struct waiter *w, *next;
+
+	for (w = TAILQ_FIRST(&ws->sets); w; w = next) {
+		bool touched = false;
+
+		next = TAILQ_NEXT(w, name_link);
+		for (size_t i = 0; i < n && !touched; i++) {
+			size_t len;
+			const char *name = name_of(v, i, &len);
+
+			ws->visits++;
+			touched = set_touched(w->req.set, name, len);
+		}
+		if (!touched || (ws->set_ready && !ws->set_ready(w->owner, &w->req, ws->ctx)))
+			continue;
+		TAILQ_REMOVE(&ws->sets, w, name_link);
+		TAILQ_INSERT_TAIL(&firing, w, name_link);
+		w->on_sets = false;
+		w->firing = true;
+		ws->n_waiters--;
+	}
+	fire(ws, &firing);
+}
+
+int waiters_cancel(struct waiters *ws, struct waiter_owner *o, uint64_t req_id)
+{
+	struct waiter *w;
+
+	LIST_FOREACH(w, &o->list, owner_link)
+	{
+		ws->visits++;
+		if (w->req.req_id != req_id || w->firing)
+			continue;
+		unlink_name(ws, w);
+		unlink_owner(w);
+		ws->on_done(o, &w->req, -ECANCELED, ws->ctx);
+		waiter_free(w);
+		return 0;
+	}
+	return -ENOENT;
 }
 
 void waiters_drop_owner(struct waiters *ws, struct waiter_owner *o)
@@ -257,10 +389,18 @@ void waiters_drop_owner(struct waiters *ws, struct waiter_owner *o)
 
 void waiters_drop_all(struct waiters *ws)
 {
+	struct waiter *w;
+
+	while ((w = TAILQ_FIRST(&ws->sets))) {
+		ws->visits++;
+		unlink_owner(w);
+		w->owner = NULL;
+		unlink_name(ws, w);
+		waiter_free(w);
+	}
 	for (size_t i = 0; i < ws->n_buckets; i++) {
 		while (ws->buckets[i]) {
-			struct waiter *w = TAILQ_FIRST(&ws->buckets[i]->list);
-
+			w = TAILQ_FIRST(&ws->buckets[i]->list);
 			ws->visits++;
 			unlink_owner(w);
 			w->owner = NULL;

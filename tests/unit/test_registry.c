@@ -27,9 +27,10 @@ const struct backend_ops *const backends[] = { &backend_host, NULL };
 static char why[512];
 static int published;
 
-static void on_pub(void *ctx, struct tensor *t)
+static void on_pub(void *ctx, const struct reg_change *v, size_t n, bool lost)
 {
-	published++;
+	for (size_t i = 0; i < n; i++)
+		published += v[i].kind == REG_PUBLISHED;
 }
 
 static int setup(void **state)
@@ -37,7 +38,7 @@ static int setup(void **state)
 	static struct registry reg;
 
 	assert_int_equal(registry_init(&reg, 1 << 20), 0);
-	reg.on_publish = on_pub;
+	reg.on_commit = on_pub;
 	published = 0;
 	*state = &reg;
 	return 0;
@@ -83,13 +84,13 @@ static void test_state_machine(void **state)
 	assert_null(registry_lookup(reg, &b, "x", 1));
 	assert_non_null(registry_lookup(reg, &a, "x", 1));
 	assert_int_equal(registry_attach(reg, &b, "x", 1, &t2, &lb, &w, why, sizeof(why)), -ENOENT);
-	assert_int_equal(registry_publish(reg, &b, "x", 1, why, sizeof(why)), -ENOENT);
-	assert_int_equal(registry_publish(reg, &a, "x", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &b, "x", 1, NULL, why, sizeof(why)), -ENOENT);
+	assert_int_equal(registry_publish(reg, &a, "x", 1, NULL, why, sizeof(why)), 0);
 	assert_int_equal(published, 1);
 	assert_int_equal(t->state, TENSORD_STATE_PUBLISHED);
 	/* Immutable: the memfd is sealed against writes now. */
 	assert_true(fcntl(t->alloc.fd, F_GET_SEALS) & F_SEAL_WRITE);
-	assert_int_equal(registry_publish(reg, &b, "x", 1, why, sizeof(why)), -EPERM);
+	assert_int_equal(registry_publish(reg, &b, "x", 1, NULL, why, sizeof(why)), -EPERM);
 	assert_int_equal(registry_attach(reg, &b, "x", 1, &t2, &lb, &w, why, sizeof(why)), 0);
 	assert_ptr_equal(t, t2);
 	assert_false(w);
@@ -121,7 +122,7 @@ static void test_lease_ids_are_not_reused_blindly(void **state)
 
 	registry_client_init(&a, 1, 0, 0, 1);
 	assert_int_equal(create(reg, &a, "y", 16, 0, 0, &t, &l1), 0);
-	assert_int_equal(registry_publish(reg, &a, "y", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &a, "y", 1, NULL, why, sizeof(why)), 0);
 	assert_int_equal(registry_attach(reg, &a, "y", 1, &t, &l2, &w, why, sizeof(why)), 0);
 	assert_int_equal(registry_release(reg, &a, l2), 0);
 	assert_int_equal(registry_attach(reg, &a, "y", 1, &t, &l3, &w, why, sizeof(why)), 0);
@@ -147,9 +148,9 @@ static void test_client_gone(void **state)
 	registry_client_init(&a, 1, 0, 0, 1);
 	registry_client_init(&b, 2, 0, 0, 2);
 	assert_int_equal(create(reg, &a, "persist", 16, 0, 0, &t, &l), 0);
-	assert_int_equal(registry_publish(reg, &a, "persist", 7, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &a, "persist", 7, NULL, why, sizeof(why)), 0);
 	assert_int_equal(create(reg, &a, "conn", 16, TENSORD_LIFETIME_CONNECTION, 0, &t, &l), 0);
-	assert_int_equal(registry_publish(reg, &a, "conn", 4, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &a, "conn", 4, NULL, why, sizeof(why)), 0);
 	assert_int_equal(registry_attach(reg, &b, "conn", 4, &t, &l, &w, why, sizeof(why)), 0);
 	assert_int_equal(create(reg, &a, "draft", 16, 0, 0, &t, &l), 0);
 	registry_client_gone(reg, &a);
@@ -186,7 +187,7 @@ static void test_replace(void **state)
 	registry_client_init(&b, 2, 1001, 1001, 2);
 	registry_client_init(&root, 3, 0, 0, 3);
 	assert_int_equal(create(reg, &a, "r", 4096, 0, 0666, &old, &la), 0);
-	assert_int_equal(registry_publish(reg, &a, "r", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &a, "r", 1, NULL, why, sizeof(why)), 0);
 	assert_int_equal(registry_attach(reg, &b, "r", 1, &t, &lb, &w, why, sizeof(why)), 0);
 	/* Another uid may not, whatever the mode: the tensor stays. */
 	r.shape = &n;
@@ -211,7 +212,7 @@ static void test_replace(void **state)
 	assert_int_equal(registry_create(reg, &root, &r, &t3, &l3, why, sizeof(why)), -EEXIST);
 	assert_non_null(strstr(why, "another client is replacing"));
 	/* The publish swaps: the name is the new one's; b's lease keeps the old. */
-	assert_int_equal(registry_publish(reg, &a, "r", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &a, "r", 1, NULL, why, sizeof(why)), 0);
 	assert_int_equal(old->state, TENSORD_STATE_UNLINKED);
 	assert_int_equal(old->refcount, 2);
 	assert_null(old->draft);
@@ -222,7 +223,7 @@ static void test_replace(void **state)
 	assert_int_equal(reg->n_named, 1);
 	/* Root can replace a's tensor. */
 	assert_int_equal(registry_create(reg, &root, &r, &t, &l3, why, sizeof(why)), 0);
-	assert_int_equal(registry_publish(reg, &root, "r", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &root, "r", 1, NULL, why, sizeof(why)), 0);
 	assert_int_equal(registry_lookup(reg, &root, "r", 1)->owner_uid, 0);
 	registry_client_gone(reg, &a);
 	registry_client_gone(reg, &b);
@@ -237,7 +238,7 @@ static struct tensor *published_r(struct registry *reg, struct reg_client *a)
 	uint64_t l;
 
 	assert_int_equal(create(reg, a, "r", 4096, 0, 0644, &t, &l), 0);
-	assert_int_equal(registry_publish(reg, a, "r", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, a, "r", 1, NULL, why, sizeof(why)), 0);
 	assert_int_equal(registry_release(reg, a, l), 0);
 	return t;
 }
@@ -290,7 +291,7 @@ static void test_replace_draft_fails(void **state)
 	assert_int_equal(registry_release(reg, &other, l), 0);
 	assert_int_equal(reg->n_tensors, 1);
 	/* Its publish of a discarded draft finds the old version, not its own. */
-	assert_int_equal(registry_publish(reg, &other, "r", 1, why, sizeof(why)), -EPERM);
+	assert_int_equal(registry_publish(reg, &other, "r", 1, NULL, why, sizeof(why)), -EPERM);
 
 	/* A second replacing create by the same client supersedes its first draft. */
 	assert_int_equal(replace_r(reg, &other, &d, &l), 0);
@@ -307,7 +308,7 @@ static void test_replace_draft_fails(void **state)
 	assert_null(d2->replaces);
 	assert_null(registry_lookup(reg, &a, "r", 1));
 	assert_ptr_equal(registry_lookup(reg, &other, "r", 1), d2);
-	assert_int_equal(registry_publish(reg, &other, "r", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &other, "r", 1, NULL, why, sizeof(why)), 0);
 	assert_ptr_equal(registry_lookup(reg, &a, "r", 1), d2);
 	assert_int_equal(reg->n_named, 1);
 
@@ -411,7 +412,7 @@ static void test_publish_moves_small_tensors_into_a_slab(void **state)
 		bytes[i] = (uint8_t)(i * 7 + 3);
 	assert_int_equal(pwrite(t->alloc.fd, bytes, sizeof(bytes), 0), (ssize_t)sizeof(bytes));
 
-	assert_int_equal(registry_publish(reg, &a, "small", 5, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &a, "small", 5, NULL, why, sizeof(why)), 0);
 	assert_true(t->alloc.share_id != 0);
 	assert_int_equal(t->alloc.fd, -1); /* no descriptor of its own any more */
 	assert_int_equal(t->alloc.ops->export_fd(&t->alloc, false, &fd), 0);
@@ -422,8 +423,8 @@ static void test_publish_moves_small_tensors_into_a_slab(void **state)
 	assert_int_equal(reg->devices[0].used, 2 * 4096 + 128 * 1024);
 
 	/* Mutable, or too large for a slab: it keeps its memfd. */
-	assert_int_equal(registry_publish(reg, &a, "mut", 3, why, sizeof(why)), 0);
-	assert_int_equal(registry_publish(reg, &a, "big", 3, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &a, "mut", 3, NULL, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &a, "big", 3, NULL, why, sizeof(why)), 0);
 	assert_true(m->alloc.fd >= 0 && m->alloc.share_id == 0);
 	assert_true(big->alloc.fd >= 0 && big->alloc.share_id == 0);
 	assert_int_equal(registry_unlink(reg, &a, "small", 5, why, sizeof(why)), 0);
@@ -475,7 +476,7 @@ static void test_permissions(void **state)
 	registry_client_init(&other, 3, 1002, 200, 3);
 	registry_client_init(&root, 4, 0, 0, 4);
 	assert_int_equal(create(reg, &owner, "p", 8, TENSORD_MUTABLE, 0640, &t, &l), 0);
-	assert_int_equal(registry_publish(reg, &owner, "p", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &owner, "p", 1, NULL, why, sizeof(why)), 0);
 	assert_int_equal(registry_attach(reg, &group, "p", 1, &t, &l, &w, why, sizeof(why)), 0);
 	assert_false(w); /* group may read, not write */
 	assert_int_equal(registry_attach(reg, &other, "p", 1, &t, &l, &w, why, sizeof(why)),
@@ -507,8 +508,9 @@ static void test_list_sorted_by_prefix(void **state)
 	registry_client_init(&a, 1, 0, 0, 1);
 	for (int i = 0; i < 4; i++) {
 		assert_int_equal(create(reg, &a, names[i], 1, 0, 0, &t, &l), 0);
-		assert_int_equal(
-			registry_publish(reg, &a, names[i], strlen(names[i]), why, sizeof(why)), 0);
+		assert_int_equal(registry_publish(reg, &a, names[i], strlen(names[i]), NULL, why,
+						  sizeof(why)),
+				 0);
 	}
 	registry_list(reg, &a, "m/", 2, "", 8, v, &n, &more);
 	assert_int_equal(n, 3);
@@ -601,9 +603,9 @@ static void test_metadata_hidden_from_who_may_not_read(void **state)
 	registry_client_init(&other, 2, 1001, 1001, 2);
 	registry_client_init(&root, 3, 0, 0, 3);
 	assert_int_equal(create(reg, &owner, "priv", 8, 0, 0600, &t, &l), 0);
-	assert_int_equal(registry_publish(reg, &owner, "priv", 4, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &owner, "priv", 4, NULL, why, sizeof(why)), 0);
 	assert_int_equal(create(reg, &owner, "pub", 8, 0, 0644, &t, &l), 0);
-	assert_int_equal(registry_publish(reg, &owner, "pub", 3, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &owner, "pub", 3, NULL, why, sizeof(why)), 0);
 	assert_null(registry_lookup(reg, &other, "priv", 4));
 	assert_non_null(registry_lookup(reg, &other, "pub", 3));
 	assert_non_null(registry_lookup(reg, &owner, "priv", 4));
@@ -767,7 +769,7 @@ static void test_pinned_bytes_go_to_holders(void **state)
 	registry_client_init(&reader, 2, 1001, 1001, 2);
 	for (i = 0; i < 10; i++) {
 		assert_int_equal(registry_create(reg, &owner, &v, &t, &l, why, sizeof(why)), 0);
-		assert_int_equal(registry_publish(reg, &owner, "w", 1, why, sizeof(why)), 0);
+		assert_int_equal(registry_publish(reg, &owner, "w", 1, NULL, why, sizeof(why)), 0);
 		assert_int_equal(registry_release(reg, &owner, l), 0);
 		/* The owner counts what it names (a draft and its predecessor at most). */
 		assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 2 << 20);
@@ -826,8 +828,8 @@ static void test_client_gone_walks_only_its_own(void **state)
 	for (int i = 0; i < 2000; i++) {
 		snprintf(name, sizeof(name), "keep/%d", i);
 		assert_int_equal(create(reg, &a, name, 0, 0, 0, &t, &l), 0);
-		assert_int_equal(registry_publish(reg, &a, name, strlen(name), why, sizeof(why)),
-				 0);
+		assert_int_equal(
+			registry_publish(reg, &a, name, strlen(name), NULL, why, sizeof(why)), 0);
 		assert_int_equal(registry_release(reg, &a, l), 0);
 	}
 	for (int i = 0; i < 3; i++) {
@@ -864,7 +866,8 @@ static void test_list_scan_is_bounded(void **state)
 		snprintf(name, sizeof(name), "s/%06d", i);
 		assert_int_equal(create(reg, &owner, name, 0, 0, 0600, &t, &l), 0);
 		assert_int_equal(
-			registry_publish(reg, &owner, name, strlen(name), why, sizeof(why)), 0);
+			registry_publish(reg, &owner, name, strlen(name), NULL, why, sizeof(why)),
+			0);
 	}
 	while (next) {
 		registry_list(reg, &other, "s/", 2, after, 16, v, &n, &next);

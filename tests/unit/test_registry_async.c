@@ -104,9 +104,10 @@ const struct backend_ops *const backends[] = { &backend_host, &backend_slow, NUL
 static char why[512];
 static int published;
 
-static void on_pub(void *ctx, struct tensor *t)
+static void on_pub(void *ctx, const struct reg_change *v, size_t n, bool lost)
 {
-	published++;
+	for (size_t i = 0; i < n; i++)
+		published += v[i].kind == REG_PUBLISHED;
 }
 
 static int setup(void **state)
@@ -114,7 +115,7 @@ static int setup(void **state)
 	static struct registry reg;
 
 	assert_int_equal(registry_init(&reg, 1 << 20), 0);
-	reg.on_publish = on_pub;
+	reg.on_commit = on_pub;
 	published = 0;
 	*state = &reg;
 	return 0;
@@ -184,7 +185,7 @@ static void test_async_create(void **state)
 	assert_int_equal(dev->tensors, 1);
 	assert_ptr_equal(registry_lookup(reg, &a, "g", 1), t);
 	assert_int_equal(create_slow(reg, &b, "g", 16, false, &t2), -EEXIST);
-	assert_int_equal(registry_publish(reg, &a, "g", 1, why, sizeof(why)), -EBUSY);
+	assert_int_equal(registry_publish(reg, &a, "g", 1, NULL, why, sizeof(why)), -EBUSY);
 	assert_non_null(strstr(why, "still being allocated"));
 	assert_int_equal(registry_attach(reg, &b, "g", 1, &t2, &lb, &w, why, sizeof(why)), -ENOENT);
 	/* Done: the lease, and the rounded size charged instead of the asked. */
@@ -196,7 +197,7 @@ static void test_async_create(void **state)
 	assert_int_equal(t->alloc.size, 4 << 20);
 	assert_int_equal(dev->used, 4 << 20);
 	assert_ptr_equal(t->alloc.ops, &backend_slow);
-	assert_int_equal(registry_publish(reg, &a, "g", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &a, "g", 1, NULL, why, sizeof(why)), 0);
 	assert_int_equal(registry_attach(reg, &b, "g", 1, &t2, &lb, &w, why, sizeof(why)), 0);
 	assert_int_equal(registry_unlink(reg, &a, "g", 1, why, sizeof(why)), 0);
 	registry_client_gone(reg, &a);
@@ -306,7 +307,7 @@ static void test_async_replace(void **state)
 	registry_client_init(&b, 2, 1000, 1000, 2);
 	assert_int_equal(create_slow(reg, &a, "w", 16, false, &old), -EINPROGRESS);
 	assert_int_equal(finish_slow(reg, old, &l), 0);
-	assert_int_equal(registry_publish(reg, &a, "w", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &a, "w", 1, NULL, why, sizeof(why)), 0);
 	assert_int_equal(create_slow(reg, &a, "w", 32, true, &t), -EINPROGRESS);
 	assert_int_equal(registry_attach(reg, &b, "w", 1, &seen, &lb, &w, why, sizeof(why)), 0);
 	assert_ptr_equal(seen, old);
@@ -322,7 +323,7 @@ static void test_async_replace(void **state)
 	assert_int_equal(finish_slow(reg, t, &l), 0);
 	assert_ptr_equal(registry_lookup(reg, &b, "w", 1), old);
 	assert_ptr_equal(old->draft, t);
-	assert_int_equal(registry_publish(reg, &a, "w", 1, why, sizeof(why)), 0);
+	assert_int_equal(registry_publish(reg, &a, "w", 1, NULL, why, sizeof(why)), 0);
 	assert_ptr_equal(registry_lookup(reg, &b, "w", 1), t);
 	assert_int_equal(old->state, TENSORD_STATE_UNLINKED);
 	assert_int_equal(reg->n_named, 1);

@@ -78,10 +78,10 @@ static void test_wake_answers_oldest_first(void **state)
 	add(ws, &b, 2, "y", 0);
 	add(ws, &a, 3, "x", 60000);
 	assert_int_equal(a.n_waiters, 2);
-	waiters_wake(ws, "xx", 2);
-	waiters_wake(ws, "", 0);
+	waiters_wake(ws, "xx", 2, 1);
+	waiters_wake(ws, "", 0, 1);
 	assert_int_equal(n_calls, 0);
-	waiters_wake(ws, "x", 1);
+	waiters_wake(ws, "x", 1, 1);
 	assert_int_equal(n_calls, 2);
 	assert_ptr_equal(calls[0].o, &a);
 	assert_int_equal(calls[0].req_id, 1);
@@ -90,7 +90,7 @@ static void test_wake_answers_oldest_first(void **state)
 	assert_int_equal(a.n_waiters, 0);
 	assert_int_equal(b.n_waiters, 1);
 	/* Done means gone: a second publish finds nobody. */
-	waiters_wake(ws, "x", 1);
+	waiters_wake(ws, "x", 1, 1);
 	assert_int_equal(n_calls, 2);
 }
 
@@ -105,7 +105,7 @@ static void test_timeout(void **state)
 	assert_int_equal(calls[0].req_id, 7);
 	assert_int_equal(calls[0].status, -ETIMEDOUT);
 	assert_int_equal(a.n_waiters, 1);
-	waiters_wake(ws, "slow", 4);
+	waiters_wake(ws, "slow", 4, 1);
 	assert_int_equal(n_calls, 1);
 }
 
@@ -118,7 +118,7 @@ static void test_drop_owner(void **state)
 	add(ws, &a, 3, "y", 0);
 	waiters_drop_owner(ws, &a);
 	assert_int_equal(a.n_waiters, 0);
-	waiters_wake(ws, "y", 1);
+	waiters_wake(ws, "y", 1, 1);
 	assert_int_equal(n_calls, 0);
 	uv_run(ws->loop, UV_RUN_DEFAULT);
 	assert_int_equal(n_calls, 1);
@@ -137,7 +137,7 @@ static void test_drop_while_firing(void **state)
 	add(ws, &a, 3, "x", 60000);
 	add(ws, &a, 4, "other", 60000);
 	drop_on_call = &a;
-	waiters_wake(ws, "x", 1);
+	waiters_wake(ws, "x", 1, 1);
 	assert_int_equal(n_calls, 2);
 	assert_int_equal(calls[0].req_id, 1);
 	assert_int_equal(calls[1].req_id, 2);
@@ -161,11 +161,11 @@ static void test_work_is_linear_in_what_is_touched(void **state)
 	add(ws, &a, 2, "x", 60000);
 	add(ws, &a, 3, "y", 0);
 	before = ws->visits;
-	waiters_wake(ws, "x", 1);
+	waiters_wake(ws, "x", 1, 1);
 	assert_int_equal(n_calls, 2);
 	assert_int_equal(ws->visits - before, 2);
 	before = ws->visits;
-	waiters_wake(ws, "nobody", 6);
+	waiters_wake(ws, "nobody", 6, 1);
 	assert_int_equal(ws->visits - before, 0);
 	before = ws->visits;
 	waiters_drop_owner(ws, &a);
@@ -173,7 +173,7 @@ static void test_work_is_linear_in_what_is_touched(void **state)
 	assert_int_equal(a.n_waiters, 0);
 	/* b's waiters are all still there, four per name. */
 	before = ws->visits;
-	waiters_wake(ws, "other/7", 7);
+	waiters_wake(ws, "other/7", 7, 1);
 	assert_int_equal(n_calls, 6);
 	assert_int_equal(ws->visits - before, 4);
 	assert_int_equal(b.n_waiters, 1996);

@@ -1,0 +1,34 @@
+/*
+ * Watches (watch.c): what dispatch and the connections tell them. Their
+ * requests are dispatch_do_watch() and dispatch_do_unwatch()
+ * (dispatch_int.h).
+ */
+#ifndef TENSORD_WATCH_H
+#define TENSORD_WATCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "registry.h"
+
+/* Events a watcher queues when the Watch asked for no size, and the most it may ask. */
+#define WATCH_QUEUE_DEFAULT 1024u
+#define WATCH_QUEUE_MAX 65536u
+/* Events in one Events reply at most. */
+#define WATCH_BATCH 256
+/* A watcher sends while its connection has fewer reply bytes than this unread. */
+#define WATCH_OUT_LIMIT (1u << 20)
+
+struct client;
+struct server;
+
+/* A commit step's changes (registry.on_commit, through dispatch): queued and sent. */
+void watch_on_commit(struct server *srv, const struct reg_change *v, size_t n, bool lost);
+
+/* cl's connection sent what it had queued: its watchers send what they held back. */
+void watch_drained(struct client *cl);
+
+/* cl's connection closed: its watchers go. */
+void watch_client_gone(struct client *cl);
+
+#endif
