@@ -95,6 +95,11 @@ typedef struct tensord_info {
 	uint32_t flags;      /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION */
 	uint64_t created_ns; /* CLOCK_REALTIME, nanoseconds */
 	uint64_t id;         /* unique for the daemon's life; never reused */
+	/* Appended in ABI 1 (libtensord.so.1): this publish's generation of
+	 * the name (1, 2, ...; never reused for the name while the daemon
+	 * runs) and the daemon-wide commit that published it; 0 before publish. */
+	uint64_t generation;
+	uint64_t commit;
 } tensord_info;
 
 #define TENSORD_STATS_DEVICES_MAX 16
@@ -304,6 +309,210 @@ TENSORD_API int tensord_put(tensord_client *client, const char *name, const DLTe
 
 /* Removes the name; memory lives until the last lease ends. -ENOENT, -EPERM. */
 TENSORD_API int tensord_unlink(tensord_client *client, const char *name);
+
+/*
+ * Versions, sets, waits and watches (docs/design.md, "Versions, sets and
+ * watches"). Every publish of a name makes its next generation; every
+ * step that changes names (a publish, an unlink, a transaction's commit)
+ * takes the next daemon-wide commit id.
+ */
+typedef struct tensord_version {
+	uint64_t generation; /* of the name: 1, 2, ... */
+	uint64_t commit;     /* daemon-wide */
+} tensord_version;
+
+/* tensord_publish(); *ret_version (NULL: not wanted) gets the generation and commit made. */
+TENSORD_API int tensord_publish_version(tensord_client *client, const char *name,
+					tensord_version *ret_version);
+
+/* tensord_put(); *ret_version (NULL: not wanted) gets the generation and commit made. */
+TENSORD_API int tensord_put_version(tensord_client *client, const char *name, const DLTensor *src,
+				    uint32_t flags, uint32_t mode, tensord_version *ret_version);
+
+/*
+ * tensord_attach() of a generation of name newer than after (0: any): at
+ * once when one is published, else waits for one (timeout_ms as
+ * tensord_attach(): 0 fails at once, with -ETIMEDOUT when the name is
+ * published but not newer; -1 waits forever).
+ */
+TENSORD_API int tensord_attach_after(tensord_client *client, const char *name, uint64_t after,
+				     int timeout_ms, DLManagedTensorVersioned **ret_tensor);
+
+/*
+ * A transaction: creates, puts and unlinks staged on one connection and
+ * made visible by tensord_tx_commit() in one daemon step with one commit
+ * id, or not at all (tensord_tx_abort(), a failed commit, the connection
+ * closed). A transaction is used from one thread at a time. Up to 16 are
+ * open per client.
+ */
+typedef struct tensord_tx tensord_tx;
+
+/* A new transaction on client (no round trip). On success *ret_tx is the caller's. */
+TENSORD_API int tensord_tx_begin(tensord_client *client, tensord_tx **ret_tx);
+
+/*
+ * tensord_create() as a member of tx: the caller writes it through
+ * *ret_tensor (the caller's, as tensord_create()'s), and the commit
+ * publishes it. TENSORD_REPLACE in spec->flags makes it the next version
+ * of a published name. The transaction holds a reference to the client.
+ */
+TENSORD_API int tensord_tx_create(tensord_tx *tx, const char *name, const tensord_spec *spec,
+				  DLManagedTensorVersioned **ret_tensor);
+
+/* tensord_put() as a member of tx (src borrowed for the call). */
+TENSORD_API int tensord_tx_put(tensord_tx *tx, const char *name, const DLTensor *src,
+			       uint32_t flags, uint32_t mode);
+
+/* Stages the unlink of a published name, checked now and done at the commit. */
+TENSORD_API int tensord_tx_unlink(tensord_tx *tx, const char *name);
+
+/*
+ * Publishes every member and unlinks every staged name in one daemon step;
+ * *ret_commit (may be NULL) gets the commit id (0 when nothing was
+ * staged). On failure (a member that cannot be published, a staged name
+ * gone) nothing is visible and the transaction is aborted. Either way tx
+ * is over (its handle stays valid for tensord_tx_free()). Tensors the
+ * caller holds from tensord_tx_create() stay valid (their leases).
+ */
+TENSORD_API int tensord_tx_commit(tensord_tx *tx, uint64_t *ret_commit);
+
+/* Discards every member and staged unlink; tx is over. */
+TENSORD_API int tensord_tx_abort(tensord_tx *tx);
+
+/* Frees tx, aborting it when it is still open. NULL-safe; returns NULL. */
+TENSORD_API tensord_tx *tensord_tx_free(tensord_tx *tx);
+
+/* One tensor of tensord_put_many(): its name and source (both borrowed for the call). */
+typedef struct tensord_put_item {
+	const char *name;
+	const DLTensor *src;
+} tensord_put_item;
+
+/*
+ * Puts n tensors as one transaction (one commit, *ret_commit, may be
+ * NULL), their requests pipelined: far fewer round trips than n puts.
+ * flags and mode as tensord_put()'s, for every item.
+ */
+TENSORD_API int tensord_put_many(tensord_client *client, const tensord_put_item *items, size_t n,
+				 uint32_t flags, uint32_t mode, uint64_t *ret_commit);
+
+/* The tensors of one tensord_attach_many(), all leased in one daemon step. */
+typedef struct tensord_set {
+	uint64_t commit; /* the newest commit among the members */
+	size_t n;
+	const char *const *names; /* n names, in name order */
+	/* n tensors, each the caller's (its deleter runs once, as tensord_attach()'s);
+	 * tensord_set_free() runs the deleter of every entry not set to NULL. */
+	DLManagedTensorVersioned **tensors;
+} tensord_set;
+
+/*
+ * Leases a set in one daemon step: the n_names names (names, each checked),
+ * or, with names NULL, every published name under prefix the caller may
+ * read. after (0: any): only once a commit newer than it touched the set
+ * (published or unlinked one of its names). timeout_ms: 0 does not wait
+ * (-ENOENT naming a listed name not published; -ETIMEDOUT when nothing
+ * newer than after); -1 waits forever (for every listed name, and for a
+ * newer commit); else up to that long (-ETIMEDOUT). On success *ret_set is
+ * the caller's, freed with tensord_set_free().
+ */
+TENSORD_API int tensord_attach_many(tensord_client *client, const char *const *names,
+				    size_t n_names, const char *prefix, uint64_t after,
+				    int timeout_ms, tensord_set **ret_set);
+
+/* Runs the deleters of set's tensors left in it and frees it. NULL-safe; returns NULL. */
+TENSORD_API tensord_set *tensord_set_free(tensord_set *set);
+
+/* What a watch reports. */
+typedef enum tensord_event_kind {
+	TENSORD_EVENT_PUBLISHED = 0, /* name's generation, in commit */
+	TENSORD_EVENT_UNLINKED = 1,  /* name's generation unlinked, in commit */
+	TENSORD_EVENT_LAGGED = 2,    /* events were dropped or coalesced before the next one */
+} tensord_event_kind;
+
+typedef struct tensord_event {
+	tensord_event_kind kind;
+	uint64_t generation;
+	uint64_t commit;
+	char name[TENSORD_NAME_MAX + 1]; /* "" for lagged */
+} tensord_event;
+
+typedef struct tensord_watch tensord_watch;
+
+/*
+ * Watches the names under prefix ("" or NULL: all) that the caller may
+ * read: every commit after this call returns is reported, in order per
+ * name. after (nonzero): first the current state of names committed after
+ * that id. queue: events the daemon keeps for a watcher that does not read
+ * (0: 1,024; at most 65,536); past it they are coalesced (the newest per
+ * name) and a lagged event says so. The library keeps as many. On success
+ * *ret_watch is the caller's (tensord_watch_close()).
+ */
+TENSORD_API int tensord_watch_start(tensord_client *client, const char *prefix, uint64_t after,
+				    uint32_t queue, tensord_watch **ret_watch);
+
+/*
+ * The next event into *ret_event: waits up to timeout_ms (-1 forever; 0:
+ * -EAGAIN at once when none is there). -ETIMEDOUT, or -errno when the
+ * connection failed.
+ */
+TENSORD_API int tensord_watch_next(tensord_watch *watch, int timeout_ms,
+				   tensord_event *ret_event);
+
+/* Ends the watch. NULL-safe; returns NULL. */
+TENSORD_API tensord_watch *tensord_watch_close(tensord_watch *watch);
+
+/*
+ * Event loops (asyncio and the like) drive waits without a thread each:
+ * start the operation, poll the client's descriptor for reading, call
+ * tensord_poll() when it is readable, and finish the operation once
+ * tensord_op_done() says so. tensord_poll() also queues watch events, for
+ * tensord_watch_next(watch, 0, ...). A client driven so should not also
+ * wait in blocking calls from other threads.
+ */
+typedef struct tensord_op tensord_op;
+
+/* The descriptor to poll for reading. */
+TENSORD_API int tensord_fd(tensord_client *client);
+
+/*
+ * Reads what the daemon sent, without blocking, and completes operations
+ * and queues watch events with it: the number of operations completed, or
+ * -errno when the connection failed (every operation then completes with
+ * that error).
+ */
+TENSORD_API int tensord_poll(tensord_client *client);
+
+/* Starts tensord_attach_after() (after 0: a plain attach); never blocks. */
+TENSORD_API int tensord_attach_start(tensord_client *client, const char *name, uint64_t after,
+				     int timeout_ms, tensord_op **ret_op);
+
+/* Starts tensord_attach_many(); never blocks. */
+TENSORD_API int tensord_attach_many_start(tensord_client *client, const char *const *names,
+					  size_t n_names, const char *prefix, uint64_t after,
+					  int timeout_ms, tensord_op **ret_op);
+
+/* Whether op has its answer. */
+TENSORD_API bool tensord_op_done(const tensord_op *op);
+
+/*
+ * Asks the daemon to answer op with -ECANCELED now (a wait it parked is
+ * dropped); op still completes through tensord_poll() (with its result,
+ * if that came first). 0 or -errno.
+ */
+TENSORD_API int tensord_op_cancel(tensord_op *op);
+
+/* The result of a done attach op, as tensord_attach_after()'s; frees op. */
+TENSORD_API int tensord_attach_finish(tensord_op *op, DLManagedTensorVersioned **ret_tensor);
+
+/* The result of a done attach_many op, as tensord_attach_many()'s; frees op. */
+TENSORD_API int tensord_attach_many_finish(tensord_op *op, tensord_set **ret_set);
+
+/*
+ * Abandons op, done or not: a wait still parked is cancelled, and what it
+ * brings is released when it comes. NULL-safe; returns NULL.
+ */
+TENSORD_API tensord_op *tensord_op_free(tensord_op *op);
 
 /* Describes one tensor. -ENOENT (also for one the caller may not read). */
 TENSORD_API int tensord_stat(tensord_client *client, const char *name, tensord_info *ret_info);

@@ -150,7 +150,7 @@ def test_unknown_request_types(hd):
         (12, f_varint(1, 12) + f_bytes(50, b"hello")),    # unknown, length-delimited
         (13, f_varint(1, 13)),                            # oneof not set
         (0, b""),                                         # empty request
-        (14, f_varint(1, 14) + f_bytes(15, b"")),         # body field past the oneof
+        (14, f_varint(1, 14) + f_bytes(19, b"")),         # a body field no request has
     ]
     for req_id, payload in cases:
         r = c.call(payload)
