@@ -6,7 +6,8 @@
  * Input: bytes accumulate in c->in until a whole frame is there; the frame
  * length is checked against TD_FRAME_MAX_REQUEST from the header alone,
  * before anything is allocated for the payload. Clients never send file
- * descriptors: any that arrive are closed and the connection is dropped.
+ * descriptors: any that arrive are closed and the connection is dropped,
+ * and so is a frame whose header counts some (proto/frame.h).
  *
  * Output: replies go out at once when the socket takes them; what it does
  * not take is queued, and while more than CONN_OUT_HIGH bytes are queued we
@@ -341,7 +342,8 @@ int conn_send(struct conn *c, const ProtobufCMessage *msg, const struct conn_fd_
 		conn_close(c);
 		return -ENOMEM;
 	}
-	td_frame_header(o->data, (uint32_t)plen, tk ? TD_FRAME_FLAG_FD : 0);
+	/* A ticket is one descriptor, sent with the frame's first byte. */
+	td_frame_header(o->data, (uint32_t)plen, tk ? 1 : 0);
 	protobuf_c_message_pack(msg, o->data + TD_FRAME_HEADER);
 	o->len = TD_FRAME_HEADER + plen;
 	o->off = 0;
@@ -403,12 +405,18 @@ void conn_process(struct conn *c)
 
 	while (!c->dead && !c->closing && !conn_backlogged(c)) {
 		struct td_frame f;
-		long n = td_frame_parse(c->in + off, c->in_len - off, TD_FRAME_MAX_REQUEST, &f);
+		long n = td_frame_parse(c->in + off, c->in_len - off, TD_FRAME_MAX_REQUEST,
+					TD_FRAME_MAX_FDS_REQUEST, &f);
 
 		if (n == 0)
 			break;
 		if (n == -EMSGSIZE) {
 			conn_protocol_error(c, -EMSGSIZE, "frame larger than 65536 bytes");
+			return;
+		}
+		if (n == -ETOOMANYREFS) {
+			conn_protocol_error(c, -EPROTO,
+					    "frame counting descriptors; tensord accepts none");
 			return;
 		}
 		if (n < 0) {

@@ -206,16 +206,21 @@ static int deliver_frames(struct td_conn *conn)
 
 	for (;;) {
 		struct td_frame f;
-		long n = td_frame_parse(rx->buf + off, rx->len - off, TD_FRAME_MAX_REPLY, &f);
+		long n = td_frame_parse(rx->buf + off, rx->len - off, TD_FRAME_MAX_REPLY,
+					TD_FRAME_MAX_FDS_REPLY, &f);
 		Tensord__Reply *rep;
 		int fd = -1, st;
 
 		if (n == 0)
 			break;
+		if (n == -ETOOMANYREFS)
+			return td_set_error(-EPROTO,
+					    "tensord sent a frame that counts more descriptors "
+					    "than a reply carries");
 		if (n < 0)
 			return td_set_error((int)n, "tensord sent a bad frame: %s",
 					    tensord_strerror((int)n));
-		if (f.flags & TD_FRAME_FLAG_FD) {
+		if (f.n_fds) {
 			fd = fdq_take(&conn->fdq, rx->pos + off);
 			if (fd < 0)
 				return td_set_error(-EPROTO,
