@@ -68,12 +68,17 @@ void td_client_unref(tensord_client *c)
 	free(c);
 }
 
-/* Marks the connection dead and wakes every waiter. Lock held. */
-static void conn_lost(struct td_conn *conn, int err)
+/*
+ * Marks the connection dead and wakes every waiter; why (NULL: none) is
+ * what calls on it report from now on. The first reason stays. Lock held.
+ */
+static void conn_lost(struct td_conn *conn, int err, const char *why)
 {
 	if (!conn->closed) {
 		conn->closed = true;
 		conn->err = err;
+		if (why)
+			snprintf(conn->why, sizeof(conn->why), "%s", why);
 	}
 	pthread_cond_broadcast(&conn->cond);
 }
@@ -187,11 +192,8 @@ static int hand_over(struct td_conn *conn, Tensord__Reply *rep, int fd)
 		return 0;
 	}
 	/* An id 0 error is the daemon closing us for a protocol error. */
-	if (rep->id == 0 && rep->status < 0) {
-		td_set_error(rep->status, "%s", rep->message);
-		snprintf(conn->why, sizeof(conn->why), "%s", rep->message);
-		st = rep->status;
-	}
+	if (rep->id == 0 && rep->status < 0)
+		st = td_set_error(rep->status, "tensord closed the connection: %s", rep->message);
 	tensord__reply__free_unpacked(rep, NULL);
 	if (fd >= 0)
 		close(fd);
@@ -366,8 +368,9 @@ static int wait_reply(tensord_client *c, struct td_pending *p)
 			if (r == 0)
 				r = deliver_frames(conn);
 		}
+		/* The reader's reason is every waiter's. */
 		if (r < 0)
-			conn_lost(conn, r);
+			conn_lost(conn, r, tensord_last_error());
 		pthread_cond_broadcast(&conn->cond);
 	}
 	if (!p->done)
@@ -401,7 +404,7 @@ int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply,
 
 	pthread_mutex_lock(&c->lock);
 	if (r < 0)
-		conn_lost(&c->conn, r);
+		conn_lost(&c->conn, r, tensord_last_error());
 	else
 		r = wait_reply(c, &p);
 	for (struct td_pending **pp = &c->conn.pending; *pp; pp = &(*pp)->next) {
@@ -419,7 +422,7 @@ int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply,
 			close(p.fd);
 		/* The reader that saw the failure may have been another thread. */
 		if (c->conn.why[0])
-			return td_set_error(r, "tensord closed the connection: %s", c->conn.why);
+			return td_set_error(r, "%s", c->conn.why);
 		return td_set_error(r, "connection to tensord lost: %s", tensord_strerror(r));
 	}
 	if (p.reply->status < 0) {
@@ -668,7 +671,7 @@ tensord_client *tensord_close(tensord_client *c)
 	 */
 	td_mapcache_revoke(&c->maps);
 	pthread_mutex_lock(&c->lock);
-	conn_lost(&c->conn, -ENOTCONN);
+	conn_lost(&c->conn, -ENOTCONN, NULL);
 	/* Wakes a reader blocked in recvmsg; the daemon sees EOF and ends
 	 * every lease of this connection. */
 	shutdown(c->conn.fd, SHUT_RDWR);

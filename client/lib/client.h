@@ -83,7 +83,7 @@ struct td_conn {
 	bool reading;        /* some thread is receiving for everyone */
 	bool closed;         /* tensord_close() ran, or the connection died */
 	int err;             /* why it died: -ECONNRESET, -EPROTO, ... */
-	char why[256];       /* the daemon's reason when it closed us with one, else "" */
+	char why[256];       /* why it died, as calls report it; "" after tensord_close() */
 	uint64_t next_id;
 	struct td_pending *pending; /* borrowed: each lives on its td_rpc() caller's stack */
 	struct td_rbuf rx;
