@@ -268,6 +268,7 @@ static int deliver_frames(struct td_conn *conn)
 		Tensord__Reply *rep;
 		int fd = -1;
 
+		/* 0: the rest is still arriving (errors: check_counts() saw them). */
 		if (n <= 0)
 			break;
 		if (f.n_fds)
