@@ -198,6 +198,7 @@ UNIT_DEPS_test_backend_gpu := daemon/backend_cuda.c daemon/backend_hip.c daemon/
 UNIT_DEPS_test_import_gpu  := client/lib/import_cuda.c client/lib/import_hip.c client/lib/error.c \
                               client/lib/import.c common/gpu/cuda_api.c common/gpu/hip_api.c
 UNIT_DEPS_test_client_gpu  := $(LIB_SRC) proto/tensord.pb-c.c
+UNIT_DEPS_test_client_frames := $(LIB_SRC) proto/tensord.pb-c.c
 
 .SECONDEXPANSION:
 $(B)/tests/unit/%: tests/unit/%.c $$(call obj,$$(UNIT_DEPS_$$*))

@@ -6,7 +6,8 @@
  * Input: bytes accumulate in c->in until a whole frame is there; the frame
  * length is checked against TD_FRAME_MAX_REQUEST from the header alone,
  * before anything is allocated for the payload. Clients never send file
- * descriptors: any that arrive are closed and the connection is dropped.
+ * descriptors: any that arrive are closed and the connection is dropped,
+ * and so is a frame whose header counts some (proto/frame.h).
  *
  * Output: replies go out at once when the socket takes them; what it does
  * not take is queued, and while more than CONN_OUT_HIGH bytes are queued we
@@ -400,11 +401,11 @@ int conn_send_fds(struct conn *c, const ProtobufCMessage *msg, const struct conn
 		conn_close(c);
 		return -ENOMEM;
 	}
+	/* The descriptors are counted in the header and sent with the first byte. */
 	o->n_fds = 0;
 	for (size_t i = 0; i < n_tk; i++)
 		o->n_fds += !tks[i].no_fd;
-	td_frame_header(o->data, (uint32_t)plen,
-			o->n_fds ? TD_FRAME_FLAG_FD | (uint16_t)((o->n_fds - 1) << 8) : 0);
+	td_frame_header(o->data, (uint32_t)plen, o->n_fds);
 	protobuf_c_message_pack(msg, o->data + TD_FRAME_HEADER);
 	o->len = TD_FRAME_HEADER + plen;
 	o->off = 0;
@@ -465,12 +466,18 @@ void conn_process(struct conn *c)
 
 	while (!c->dead && !c->closing && !conn_backlogged(c)) {
 		struct td_frame f;
-		long n = td_frame_parse(c->in + off, c->in_len - off, TD_FRAME_MAX_REQUEST, &f);
+		long n = td_frame_parse(c->in + off, c->in_len - off, TD_FRAME_MAX_REQUEST,
+					TD_FRAME_MAX_FDS_REQUEST, &f);
 
 		if (n == 0)
 			break;
 		if (n == -EMSGSIZE) {
 			conn_protocol_error(c, -EMSGSIZE, "frame larger than 65536 bytes");
+			return;
+		}
+		if (n == -ETOOMANYREFS) {
+			conn_protocol_error(c, -EPROTO,
+					    "frame counting descriptors; tensord accepts none");
 			return;
 		}
 		if (n < 0) {

@@ -34,11 +34,18 @@ void td_client_ref(tensord_client *c)
 	atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
 }
 
+/* Closes every descriptor in q. */
+static void fdq_clear(struct td_fdq *q)
+{
+	for (int i = 0; i < q->n; i++)
+		close(q->fd[i]);
+	q->n = 0;
+}
+
 /* Frees what conn owns; it may be half-built (fd -1, nothing received). */
 static void conn_free(struct td_conn *conn)
 {
-	for (int i = 0; i < conn->fdq.n; i++)
-		close(conn->fdq.q[i].fd);
+	fdq_clear(&conn->fdq);
 	if (conn->fd >= 0)
 		close(conn->fd);
 	free(conn->rx.buf);
@@ -68,12 +75,17 @@ void td_client_unref(tensord_client *c)
 	free(c);
 }
 
-/* Marks the connection dead and wakes every waiter. Lock held. */
-static void conn_lost(struct td_conn *conn, int err)
+/*
+ * Marks the connection dead and wakes every waiter; why (NULL: none) is
+ * what calls on it report from now on. The first reason stays. Lock held.
+ */
+static void conn_lost(struct td_conn *conn, int err, const char *why)
 {
 	if (!conn->closed) {
 		conn->closed = true;
 		conn->err = err;
+		if (why)
+			snprintf(conn->why, sizeof(conn->why), "%s", why);
 	}
 	pthread_cond_broadcast(&conn->cond);
 }
@@ -130,40 +142,30 @@ static int send_frame(struct td_conn *conn, Tensord__Request *req)
 }
 
 /*
- * Queues fd, which came with the stream bytes [start, end).
- * Takes ownership of fd: it is queued, or closed when the queue is full.
+ * Moves the descriptors in got, in their order, behind those in q. Takes
+ * ownership of them: queued, or closed with q's on -EPROTO.
  */
-static int fdq_push(struct td_fdq *q, int fd, uint64_t start, uint64_t end)
+static int fdq_append(struct td_fdq *q, struct td_fdq *got)
 {
-	if (q->n == TD_FDQ) {
-		close(fd);
-		return td_set_error(-EPROTO, "tensord sent too many descriptors");
+	if (q->n + got->n > TD_FDQ) {
+		fdq_clear(got);
+		fdq_clear(q);
+		return td_set_error(-EPROTO, "tensord sent more descriptors than its frames count");
 	}
-	q->q[q->n].start = start;
-	q->q[q->n].end = end;
-	q->q[q->n].fd = fd;
-	q->n++;
+	memcpy(q->fd + q->n, got->fd, sizeof(int) * (size_t)got->n);
+	q->n += got->n;
+	got->n = 0;
 	return 0;
 }
 
-/*
- * Takes the descriptor that came with the frame starting at stream offset
- * pos, and closes strays before it. Returns it owned by the caller, or -1.
- */
-static int fdq_take(struct td_fdq *q, uint64_t pos)
+/* The oldest descriptor in q, which must hold one; the caller owns it. */
+static int fdq_take(struct td_fdq *q)
 {
-	int fd = -1, j = 0;
+	int fd = q->fd[0];
 
-	for (int i = 0; i < q->n; i++) {
-		if (fd < 0 && q->q[i].start <= pos && pos < q->q[i].end) {
-			fd = q->q[i].fd;
-		} else if (q->q[i].end <= pos) {
-			close(q->q[i].fd); /* stray: no frame claimed it */
-		} else {
-			q->q[j++] = q->q[i];
-		}
-	}
-	q->n = j;
+	assert(q->n > 0);
+	q->n--;
+	memmove(q->fd, q->fd + 1, sizeof(int) * (size_t)q->n);
 	return fd;
 }
 
@@ -187,40 +189,90 @@ static int hand_over(struct td_conn *conn, Tensord__Reply *rep, int fd)
 		return 0;
 	}
 	/* An id 0 error is the daemon closing us for a protocol error. */
-	if (rep->id == 0 && rep->status < 0) {
-		td_set_error(rep->status, "%s", rep->message);
-		snprintf(conn->why, sizeof(conn->why), "%s", rep->message);
-		st = rep->status;
-	}
+	if (rep->id == 0 && rep->status < 0)
+		st = td_set_error(rep->status, "tensord closed the connection: %s", rep->message);
 	tensord__reply__free_unpacked(rep, NULL);
 	if (fd >= 0)
 		close(fd);
 	return st;
 }
 
-/* Delivers every complete frame in the receive buffer. Lock held. */
-static int deliver_frames(struct td_conn *conn)
+/* A reply's descriptor goes to its waiter, which has room for one. */
+_Static_assert(TD_FRAME_MAX_FDS_REPLY == 1, "struct td_pending holds one descriptor");
+
+/* Parses the frame at buf; a bad header is the connection's end. */
+static long parse_reply(const uint8_t *buf, size_t len, struct td_frame *f)
 {
-	struct td_rbuf *rx = &conn->rx;
+	long n = td_frame_parse(buf, len, TD_FRAME_MAX_REPLY, TD_FRAME_MAX_FDS_REPLY, f);
+
+	if (n == -ETOOMANYREFS)
+		return td_set_error(-EPROTO,
+				    "tensord sent a frame that counts more descriptors than the %u "
+				    "a reply carries",
+				    TD_FRAME_MAX_FDS_REPLY);
+	if (n < 0)
+		return td_set_error((int)n, "tensord sent a bad frame: %s",
+				    tensord_strerror((int)n));
+	return n;
+}
+
+/*
+ * Checks, before any frame is handed over, that the descriptors queued are
+ * exactly those the received frames count. They ride with their frame's
+ * first byte, so every frame begun in the buffer has its own here; a frame
+ * whose header is not all there yet may have up to the most a reply
+ * carries. Then each frame finds its own at the head of the queue.
+ */
+static int check_counts(const struct td_rbuf *rx, const struct td_fdq *q)
+{
+	unsigned want = 0, slack = 0;
 	size_t off = 0;
 
 	for (;;) {
 		struct td_frame f;
-		long n = td_frame_parse(rx->buf + off, rx->len - off, TD_FRAME_MAX_REPLY, &f);
-		Tensord__Reply *rep;
-		int fd = -1, st;
+		long n = parse_reply(rx->buf + off, rx->len - off, &f);
 
+		if (n < 0)
+			return (int)n;
+		want += f.n_fds; /* the arriving frame's too, once its header is here */
 		if (n == 0)
 			break;
-		if (n < 0)
-			return td_set_error((int)n, "tensord sent a bad frame: %s",
-					    tensord_strerror((int)n));
-		if (f.flags & TD_FRAME_FLAG_FD) {
-			fd = fdq_take(&conn->fdq, rx->pos + off);
-			if (fd < 0)
-				return td_set_error(-EPROTO,
-						    "tensord sent a frame without its descriptor");
-		}
+		off += (size_t)n;
+	}
+	if (rx->len - off > 0 && rx->len - off < TD_FRAME_HEADER)
+		slack = TD_FRAME_MAX_FDS_REPLY;
+	if ((unsigned)q->n < want || (unsigned)q->n > want + slack)
+		return td_set_error(-EPROTO,
+				    "tensord sent %d descriptor%s with frames that count %u", q->n,
+				    q->n == 1 ? "" : "s", want);
+	return 0;
+}
+
+/*
+ * Delivers every complete frame in the receive buffer, each with the
+ * descriptors its header counts, taken from the head of conn->fdq. Lock
+ * held. On an error the caller closes every descriptor still queued.
+ */
+static int deliver_frames(struct td_conn *conn)
+{
+	struct td_rbuf *rx = &conn->rx;
+	size_t off = 0;
+	int r;
+
+	r = check_counts(rx, &conn->fdq);
+	if (r < 0)
+		return r;
+	for (;;) {
+		struct td_frame f;
+		long n = parse_reply(rx->buf + off, rx->len - off, &f);
+		Tensord__Reply *rep;
+		int fd = -1;
+
+		/* 0: the rest is still arriving (errors: check_counts() saw them). */
+		if (n <= 0)
+			break;
+		if (f.n_fds)
+			fd = fdq_take(&conn->fdq);
 		rep = tensord__reply__unpack(NULL, f.len, f.payload);
 		off += (size_t)n;
 		if (!rep) {
@@ -228,14 +280,13 @@ static int deliver_frames(struct td_conn *conn)
 				close(fd);
 			return td_set_error(-EBADMSG, "tensord sent a malformed reply");
 		}
-		st = hand_over(conn, rep, fd);
-		if (st < 0)
-			return st;
+		r = hand_over(conn, rep, fd);
+		if (r < 0)
+			return r;
 	}
 	if (off) {
 		memmove(rx->buf, rx->buf + off, rx->len - off);
 		rx->len -= off;
-		rx->pos += off;
 	}
 	return 0;
 }
@@ -276,20 +327,26 @@ static ssize_t spin_recv(int fd, struct msghdr *m)
 
 /*
  * One recvmsg into the receive buffer, without the lock (we are the
- * reader). On success *ret_n bytes came, and *ret_fd is the first
- * descriptor with them, owned by the caller, or -1.
+ * reader). On success *ret_n bytes came, and got holds the descriptors
+ * that came with them, owned by the caller. Its control room holds one
+ * frame's descriptors: a frame's ride with its first byte in one sendmsg,
+ * and one recvmsg never brings two sendmsg's worth (proto/frame.h), so a
+ * truncated control message (MSG_CTRUNC) means the daemon sent more than
+ * a frame may carry, and fails with -EPROTO, every descriptor closed.
  */
-static int read_some(struct td_conn *conn, int *ret_fd, size_t *ret_n)
+static int read_some(struct td_conn *conn, struct td_fdq *got, size_t *ret_n)
 {
 	union {
-		char buf[CMSG_SPACE(sizeof(int) * 4)];
+		char buf[CMSG_SPACE(sizeof(int) * TD_FRAME_MAX_FDS_REPLY)];
 		struct cmsghdr align;
 	} u;
 	struct td_rbuf *rx = &conn->rx;
 	struct iovec iov;
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+	bool lost = false;
 	ssize_t n;
 
+	got->n = 0;
 	if (rx->cap - rx->len < 4096) {
 		size_t cap = rx->cap ? rx->cap * 2 : 16384;
 		uint8_t *nb;
@@ -306,15 +363,11 @@ static int read_some(struct td_conn *conn, int *ret_fd, size_t *ret_n)
 	iov.iov_len = rx->cap - rx->len;
 	m.msg_control = u.buf;
 	m.msg_controllen = sizeof(u.buf);
-	*ret_fd = -1;
 	n = spin_recv(conn->fd, &m);
 	while (n < 0 && (errno == EINTR || errno == EAGAIN))
 		n = recvmsg(conn->fd, &m, MSG_CMSG_CLOEXEC);
 	if (n < 0)
 		return td_set_error(-ECONNRESET, "connection to tensord lost: %s", strerror(errno));
-	if (n == 0)
-		return td_set_error(-ECONNRESET,
-				    "connection to tensord lost: the daemon closed it");
 	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
 		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
 			continue;
@@ -324,12 +377,23 @@ static int read_some(struct td_conn *conn, int *ret_fd, size_t *ret_n)
 			int fd;
 
 			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-			if (*ret_fd < 0)
-				*ret_fd = fd;
-			else
-				close(fd); /* the daemon sends one per frame */
+			if (got->n < TD_FDQ) {
+				got->fd[got->n++] = fd;
+			} else {
+				close(fd);
+				lost = true;
+			}
 		}
 	}
+	if (lost || (m.msg_flags & MSG_CTRUNC)) {
+		fdq_clear(got);
+		return td_set_error(-EPROTO,
+				    "tensord sent more descriptors at once than a frame may carry "
+				    "(MSG_CTRUNC)");
+	}
+	if (n == 0)
+		return td_set_error(-ECONNRESET,
+				    "connection to tensord lost: the daemon closed it");
 	*ret_n = (size_t)n;
 	return 0;
 }
@@ -346,23 +410,25 @@ static int wait_reply(tensord_client *c, struct td_pending *p)
 		}
 		conn->reading = true;
 		pthread_mutex_unlock(&c->lock);
-		int fd = -1, r;
+		struct td_fdq got;
 		size_t n = 0;
+		int r;
 
-		r = read_some(conn, &fd, &n);
+		r = read_some(conn, &got, &n);
 		pthread_mutex_lock(&c->lock);
 		conn->reading = false;
 		if (r == 0) {
-			uint64_t start = conn->rx.pos + conn->rx.len;
-
-			if (fd >= 0)
-				r = fdq_push(&conn->fdq, fd, start, start + n);
+			r = fdq_append(&conn->fdq, &got);
 			conn->rx.len += n;
 			if (r == 0)
 				r = deliver_frames(conn);
 		}
-		if (r < 0)
-			conn_lost(conn, r);
+		/* No frame will take what is queued: close it now (PipeWire's
+		 * rule), and the reader's reason is every waiter's. */
+		if (r < 0) {
+			fdq_clear(&conn->fdq);
+			conn_lost(conn, r, tensord_last_error());
+		}
 		pthread_cond_broadcast(&conn->cond);
 	}
 	if (!p->done)
@@ -396,7 +462,7 @@ int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply,
 
 	pthread_mutex_lock(&c->lock);
 	if (r < 0)
-		conn_lost(&c->conn, r);
+		conn_lost(&c->conn, r, tensord_last_error());
 	else
 		r = wait_reply(c, &p);
 	for (struct td_pending **pp = &c->conn.pending; *pp; pp = &(*pp)->next) {
@@ -414,7 +480,7 @@ int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply,
 			close(p.fd);
 		/* The reader that saw the failure may have been another thread. */
 		if (c->conn.why[0])
-			return td_set_error(r, "tensord closed the connection: %s", c->conn.why);
+			return td_set_error(r, "%s", c->conn.why);
 		return td_set_error(r, "connection to tensord lost: %s", tensord_strerror(r));
 	}
 	if (p.reply->status < 0) {
@@ -496,9 +562,7 @@ static void forget_parent(tensord_client *c)
 	if (conn->fd >= 0)
 		close(conn->fd);
 	conn->fd = -1;
-	for (int i = 0; i < conn->fdq.n; i++)
-		close(conn->fdq.q[i].fd);
-	conn->fdq.n = 0;
+	fdq_clear(&conn->fdq);
 	conn->closed = true;
 	conn->err = -ENOTCONN;
 	snprintf(conn->why, sizeof(conn->why),
@@ -663,7 +727,7 @@ tensord_client *tensord_close(tensord_client *c)
 	 */
 	td_mapcache_revoke(&c->maps);
 	pthread_mutex_lock(&c->lock);
-	conn_lost(&c->conn, -ENOTCONN);
+	conn_lost(&c->conn, -ENOTCONN, NULL);
 	/* Wakes a reader blocked in recvmsg; the daemon sees EOF and ends
 	 * every lease of this connection. */
 	shutdown(c->conn.fd, SHUT_RDWR);

@@ -19,6 +19,7 @@
 #include "mapcache.h"
 #include "proto/tensord.pb-c.h"
 
+/* Descriptors one connection may hold unclaimed; see struct td_fdq. */
 #define TD_FDQ 8
 
 /* A request waiting for its reply; lives on the stack of td_rpc(). */
@@ -37,15 +38,17 @@ struct td_pending {
 struct td_rbuf {
 	uint8_t *buf; /* owned */
 	size_t len, cap;
-	uint64_t pos; /* stream offset of buf[0] */
 };
 
-/* Descriptors that came with received bytes, not yet matched to a frame. */
+/*
+ * Descriptors received and not yet taken by a frame, in arrival order.
+ * Each frame takes the n_fds its header counts from the head (PipeWire's
+ * n_fds, proto/frame.h). Once a read's frames are delivered, what is left
+ * belongs to the frame still arriving, at most TD_FRAME_MAX_FDS_REPLY, and
+ * one read brings at most what read_some()'s control room holds.
+ */
 struct td_fdq {
-	struct {
-		uint64_t start, end; /* stream bytes of the read that brought it */
-		int fd;              /* owned */
-	} q[TD_FDQ];
+	int fd[TD_FDQ]; /* owned: fd[0] .. fd[n - 1], oldest first */
 	int n;
 };
 
@@ -83,7 +86,7 @@ struct td_conn {
 	bool reading;        /* some thread is receiving for everyone */
 	bool closed;         /* tensord_close() ran, or the connection died */
 	int err;             /* why it died: -ECONNRESET, -EPROTO, ... */
-	char why[256];       /* the daemon's reason when it closed us with one, else "" */
+	char why[256];       /* why it died, as calls report it; "" after tensord_close() */
 	uint64_t next_id;
 	struct td_pending *pending; /* borrowed: each lives on its td_rpc() caller's stack */
 	struct td_rbuf rx;

@@ -115,31 +115,49 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	size_t off = 0;
 
-	/* Request-sized frames, the daemon's view. */
+	/* Request-sized frames, the daemon's view: no descriptors. */
 	while (off < size) {
 		struct td_frame f;
-		long n = td_frame_parse(data + off, size - off, TD_FRAME_MAX_REQUEST, &f);
+		long n = td_frame_parse(data + off, size - off, TD_FRAME_MAX_REQUEST,
+					TD_FRAME_MAX_FDS_REQUEST, &f);
 
-		if (n <= 0)
+		if (n <= 0) {
+			/* A frame still arriving: its header is known, or none. */
+			CHECK(n < 0 || !f.payload);
+			CHECK(n < 0 || f.n_fds == 0);
 			break;
+		}
 		CHECK((size_t)n <= size - off && (size_t)n == TD_FRAME_HEADER + f.len);
 		CHECK(f.len <= TD_FRAME_MAX_REQUEST && f.version == TENSORD_PROTOCOL_VERSION);
 		CHECK(f.payload == data + off + TD_FRAME_HEADER);
+		CHECK(f.n_fds == 0 && !(f.flags & (TD_FRAME_FLAG_FD | TD_FRAME_FDS_EXTRA)));
 		decode(f.payload, f.len);
 		off += (size_t)n;
 	}
-	/* The client's limit differs; the header it writes parses back. */
-	td_frame_parse(data, size, TD_FRAME_MAX_REPLY, NULL);
-	if (size >= 4) {
+	/* The client's limits differ; every count a header can hold parses. */
+	td_frame_parse(data, size, TD_FRAME_MAX_REPLY, TD_FRAME_MAX_FDS_REPLY, NULL);
+	if (size >= TD_FRAME_HEADER) {
+		struct td_frame f;
+		long n = td_frame_parse(data, size, TD_FRAME_MAX_REPLY, TD_FRAME_FDS_COUNTABLE, &f);
+
+		CHECK(n != -ETOOMANYREFS || (data[7] && !(data[6] & TD_FRAME_FLAG_FD)));
+		CHECK(n < 0 || f.n_fds <= TD_FRAME_FDS_COUNTABLE);
+	}
+	/* The header it writes parses back, its count included. */
+	if (size >= 6) {
 		uint8_t hdr[TD_FRAME_HEADER];
 		uint32_t plen;
+		unsigned n_fds = (data[4] | data[5] << 8) % (TD_FRAME_FDS_COUNTABLE + 1);
 		struct td_frame f;
 
 		memcpy(&plen, data, sizeof(plen));
 		plen %= TD_FRAME_MAX_REQUEST + 1;
-		td_frame_header(hdr, plen, 0);
-		CHECK(td_frame_parse(hdr, sizeof(hdr), TD_FRAME_MAX_REQUEST, &f) ==
-		      (plen ? 0 : (long)TD_FRAME_HEADER));
+		td_frame_header(hdr, plen, n_fds);
+		CHECK(td_frame_parse(hdr, sizeof(hdr), TD_FRAME_MAX_REQUEST, TD_FRAME_FDS_COUNTABLE,
+				     &f) == (plen ? 0 : (long)TD_FRAME_HEADER));
+		CHECK(f.len == plen && f.n_fds == n_fds);
+		/* Up to one descriptor, the bytes a peer without counts wrote. */
+		CHECK(n_fds > 1 || (hdr[6] == n_fds && hdr[7] == 0));
 	}
 	/* The whole input as one payload too, framing aside. */
 	decode(data, size);

@@ -73,6 +73,19 @@ def stats_req(req_id):
     return request(req_id, F_STATS, b"")
 
 
+def fd_flags(n_fds):
+    """Frame flags that count n_fds descriptors (proto/frame.h): bit 0 for
+    some, bits 8-15 for how many beyond the first."""
+    return 1 | (n_fds - 1) << 8 if n_fds else 0
+
+
+def n_fds_of(flags):
+    """The descriptor count of frame flags; None when they hold none validly."""
+    if flags & 1:
+        return 1 + (flags >> 8)
+    return None if flags >> 8 else 0
+
+
 def frame(payload, version=VERSION, flags=0, length=None):
     if length is None:
         length = len(payload)

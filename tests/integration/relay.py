@@ -2,8 +2,9 @@
 moment in the middle of a command, or a daemon that says odd things.
 
 It listens on its own unix socket, opens a connection to the daemon for
-each client, and forwards whole frames both ways with the descriptors that
-came with them (a Create reply's memfd). A test may act on each request
+each client, and forwards whole frames both ways, each with the
+descriptors its header counts (a Create reply's memfd), taken in arrival
+order as the client does. A test may act on each request
 before it is forwarded (on_request: called with the request's decoded
 fields, hostile.decode), and may rewrite the daemon's replies byte for
 byte (replace: pairs of equal length, so every protobuf length stays
@@ -14,7 +15,7 @@ import socket
 import struct
 import threading
 
-from hostile import decode
+from hostile import decode, n_fds_of
 
 HEADER = struct.Struct("<IHH")   # length, version, flags
 
@@ -60,20 +61,26 @@ class Relay:
                 buf += data
                 fds += got
                 while len(buf) >= HEADER.size:
-                    n = HEADER.size + HEADER.unpack_from(buf)[0]
+                    length, _, flags = HEADER.unpack_from(buf)
+                    n = HEADER.size + length
                     if len(buf) < n:
                         break
                     frame, buf = buf[:n], buf[n:]
+                    count = n_fds_of(flags)
+                    if count is None or count > len(fds):
+                        raise ValueError(f"frame counts {count} descriptors, {len(fds)} came")
                     if requests and self.on_request:
                         self.on_request(decode(frame[HEADER.size:]))
                     if not requests:
                         for old, new in self.replace:
                             frame = frame.replace(old, new)
-                    if fds:
-                        socket.send_fds(dst, [frame], fds)
-                        for fd in fds:
-                            os.close(fd)
-                        fds = []
+                    mine, fds = fds[:count], fds[count:]
+                    if mine:
+                        try:
+                            socket.send_fds(dst, [frame], mine)
+                        finally:
+                            for fd in mine:
+                                os.close(fd)
                     else:
                         dst.sendall(frame)
         except OSError:

@@ -1,7 +1,7 @@
 """Hostile input against a real tensord: random bytes, oversized and
 truncated frames, garbage protobuf, unknown requests, wrong versions,
-requests before hello, descriptors sent to the daemon, and shapes built to
-overflow. After each the daemon serves a well-behaved client and its
+requests before hello, descriptors sent to the daemon or counted in a
+frame's header, and shapes built to overflow. After each the daemon serves a well-behaved client and its
 descriptors return to their baseline (hostile.py)."""
 import errno
 import os
@@ -15,6 +15,7 @@ from hostile import hd  # noqa: F401 (the fixture)
 from hostile import (
     f_varint, f_bytes, F_UNLINK, request, hello_req, stats_req, frame, Raw, rss_kib,
     settle_fds, healthy, create_req, create_body, put_req, MAX_REQUEST, F_ATTACH, F_STAT, F_LIST,
+    fd_flags,
 )
 
 
@@ -254,6 +255,39 @@ def test_unexpected_fds(hd, tmp_path):
         os.close(r)
         os.close(w)
     # The daemon closed every descriptor it was handed.
+    healthy(hd, hd.baseline)
+
+
+@pytest.mark.parametrize("after_hello", [False, True])
+@pytest.mark.parametrize("flags,fds", [
+    (fd_flags(1), 0),          # counts one, none attached
+    (fd_flags(1), 1),          # counts one, one attached
+    (fd_flags(3), 3),          # counts three, three attached
+    (fd_flags(256), 0),        # the most a header can count
+    (0x0100, 0),               # more beyond the first, with no first
+], ids=["one-none", "one-one", "three-three", "256", "extra-only"])
+def test_frames_counting_fds(hd, tmp_path, after_hello, flags, fds):
+    """A request whose header counts descriptors is refused from the header
+    (tensord accepts none), whatever came with it; each one that came is
+    closed."""
+    path = tmp_path / "some_file"
+    path.write_bytes(b"x")
+    files = [open(path, "rb") for _ in range(fds)]
+    try:
+        c = Raw(hd.socket)
+        if after_hello:
+            c.hello()
+        data = frame(stats_req(2), flags=flags)
+        if fds:
+            socket.send_fds(c.sock, [data], [f.fileno() for f in files])
+        else:
+            c.send(data)
+        r = c.expect_error_and_close(-errno.EPROTO)
+        assert "descriptors" in r.message, r
+        c.close()
+    finally:
+        for f in files:
+            f.close()
     healthy(hd, hd.baseline)
 
 
