@@ -33,8 +33,10 @@
 	XX(ENOTSUP, "not supported")                                                               \
 	XX(ENAMETOOLONG, "name too long")                                                          \
 	XX(ESRCH, "no such lease")                                                                 \
-	XX(ECANCELED, "cancelled: unlinked or its creator gone while it was being made")           \
-	XX(EFAULT, "bad address: the source is not readable memory")
+	XX(ECANCELED, "cancelled (a wait, or a create whose tensor or creator went)")              \
+	XX(EFAULT, "bad address: the source is not readable memory")                               \
+	XX(EPROTONOSUPPORT, "the daemon is older than this library")                               \
+	XX(E2BIG, "too many: past a limit")
 
 const char *tensord_strerror(int err)
 {

@@ -232,6 +232,7 @@ static void serve(struct client *cl, uint64_t id, const struct waiter_set *s,
 				.no_fd = !dispatch_lease_has_fd(t) ||
 					 share_known(share, sent, n_sent),
 			};
+			st[k].lease.fd = !tk[n_tk - 1].no_fd;
 			if (!tk[n_tk - 1].no_fd && share)
 				sent[n_sent++] = share;
 		}

@@ -38,8 +38,11 @@
 #define TD_FRAME_FDS_COUNTABLE 256u
 /* Clients never send descriptors. */
 #define TD_FRAME_MAX_FDS_REQUEST 0u
-/* A reply that hands over memory carries one (proto/tensord.proto). */
-#define TD_FRAME_MAX_FDS_REPLY 1u
+/*
+ * A reply that hands over memory carries one; a part of an AttachMany
+ * reply one per lease it holds at most (daemon/conn.h, CONN_FDS_PER_FRAME).
+ */
+#define TD_FRAME_MAX_FDS_REPLY 240u
 /* Largest request the daemon accepts: names and shapes are small. */
 #define TD_FRAME_MAX_REQUEST (64u * 1024u)
 /*

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -147,7 +148,7 @@ static int send_frame(struct td_conn *conn, Tensord__Request *req)
  */
 static int fdq_append(struct td_fdq *q, struct td_fdq *got)
 {
-	if (q->n + got->n > TD_FDQ) {
+	if (q->n + got->n > (int)TD_FDQ) {
 		fdq_clear(got);
 		fdq_clear(q);
 		return td_set_error(-EPROTO, "tensord sent more descriptors than its frames count");
@@ -169,12 +170,28 @@ static int fdq_take(struct td_fdq *q)
 	return fd;
 }
 
+static void close_fds(int *fds, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		close(fds[i]);
+}
+
+/* p is answered: counted for tensord_poll() when an operation waits on it. Lock held. */
+static void pending_done(struct td_conn *conn, struct td_pending *p)
+{
+	p->done = true;
+	if (p->async)
+		conn->completed++;
+}
+
 /*
- * Hands rep to the thread waiting for its id, or drops it. Takes ownership
- * of rep and of fd (-1 when none): moved to the waiter, or freed and
- * closed. Returns the status of an id 0 error, else 0. Lock held.
+ * Hands rep to the request waiting for its id (a watch's events to the
+ * watch), or drops it. Takes ownership of rep and of the n descriptors
+ * fds[] (an array of the caller's): moved to the waiter, or freed and
+ * closed. Returns the status of an id 0 error, -EPROTO for descriptors a
+ * reply of its kind cannot have, else 0. Lock held.
  */
-static int hand_over(struct td_conn *conn, Tensord__Reply *rep, int fd)
+static int hand_over(struct td_conn *conn, Tensord__Reply *rep, int *fds, unsigned n)
 {
 	struct td_pending *p;
 	int st = 0;
@@ -182,23 +199,54 @@ static int hand_over(struct td_conn *conn, Tensord__Reply *rep, int fd)
 	for (p = conn->pending; p; p = p->next)
 		if (p->id == rep->id && !p->done)
 			break;
+	if (p && p->multi && rep->status == 0 &&
+	    rep->body_case == TENSORD__REPLY__BODY_ATTACH_MANY) {
+		struct td_part *part = calloc(1, sizeof(*part));
+		int *own = n ? malloc(n * sizeof(int)) : NULL;
+
+		if (!part || (n && !own)) {
+			free(part);
+			free(own);
+			close_fds(fds, n);
+			tensord__reply__free_unpacked(rep, NULL);
+			return td_set_error(-ENOMEM, "out of memory for a reply");
+		}
+		if (n)
+			memcpy(own, fds, n * sizeof(int));
+		*part = (struct td_part){ .reply = rep, .fds = own, .n_fds = n };
+		if (!p->tail)
+			p->tail = &p->parts;
+		*p->tail = part;
+		p->tail = &part->next;
+		if (!rep->attach_many->more)
+			pending_done(conn, p);
+		return 0;
+	}
+	if (n > 1) {
+		close_fds(fds, n);
+		tensord__reply__free_unpacked(rep, NULL);
+		return td_set_error(-EPROTO,
+				    "tensord sent %u descriptors with a reply that carries "
+				    "one",
+				    n);
+	}
 	if (p) {
-		p->done = true;
 		p->reply = rep;
-		p->fd = fd;
+		p->fd = n ? fds[0] : -1;
+		pending_done(conn, p);
+		return 0;
+	}
+	if (rep->id && n == 0 && td_watch_deliver(conn, rep)) {
+		tensord__reply__free_unpacked(rep, NULL);
 		return 0;
 	}
 	/* An id 0 error is the daemon closing us for a protocol error. */
 	if (rep->id == 0 && rep->status < 0)
 		st = td_set_error(rep->status, "tensord closed the connection: %s", rep->message);
 	tensord__reply__free_unpacked(rep, NULL);
-	if (fd >= 0)
-		close(fd);
+	close_fds(fds, n);
 	return st;
 }
-
-/* A reply's descriptor goes to its waiter, which has room for one. */
-_Static_assert(TD_FRAME_MAX_FDS_REPLY == 1, "struct td_pending holds one descriptor");
 
 /* Parses the frame at buf; a bad header is the connection's end. */
 static long parse_reply(const uint8_t *buf, size_t len, struct td_frame *f)
@@ -265,22 +313,21 @@ static int deliver_frames(struct td_conn *conn)
 	for (;;) {
 		struct td_frame f;
 		long n = parse_reply(rx->buf + off, rx->len - off, &f);
+		int fds[TD_FRAME_MAX_FDS_REPLY];
 		Tensord__Reply *rep;
-		int fd = -1;
 
 		/* 0: the rest is still arriving (errors: check_counts() saw them). */
 		if (n <= 0)
 			break;
-		if (f.n_fds)
-			fd = fdq_take(&conn->fdq);
+		for (unsigned i = 0; i < f.n_fds; i++)
+			fds[i] = fdq_take(&conn->fdq);
 		rep = tensord__reply__unpack(NULL, f.len, f.payload);
 		off += (size_t)n;
 		if (!rep) {
-			if (fd >= 0)
-				close(fd);
+			close_fds(fds, f.n_fds);
 			return td_set_error(-EBADMSG, "tensord sent a malformed reply");
 		}
-		r = hand_over(conn, rep, fd);
+		r = hand_over(conn, rep, fds, f.n_fds);
 		if (r < 0)
 			return r;
 	}
@@ -334,7 +381,7 @@ static ssize_t spin_recv(int fd, struct msghdr *m)
  * truncated control message (MSG_CTRUNC) means the daemon sent more than
  * a frame may carry, and fails with -EPROTO, every descriptor closed.
  */
-static int read_some(struct td_conn *conn, struct td_fdq *got, size_t *ret_n)
+static int read_some(struct td_conn *conn, struct td_fdq *got, size_t *ret_n, bool block)
 {
 	union {
 		char buf[CMSG_SPACE(sizeof(int) * TD_FRAME_MAX_FDS_REPLY)];
@@ -363,8 +410,16 @@ static int read_some(struct td_conn *conn, struct td_fdq *got, size_t *ret_n)
 	iov.iov_len = rx->cap - rx->len;
 	m.msg_control = u.buf;
 	m.msg_controllen = sizeof(u.buf);
-	n = spin_recv(conn->fd, &m);
-	while (n < 0 && (errno == EINTR || errno == EAGAIN))
+	if (!block) {
+		do
+			n = recvmsg(conn->fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+		while (n < 0 && errno == EINTR);
+		if (n < 0 && errno == EAGAIN)
+			return -EAGAIN; /* nothing there: no error set */
+	} else {
+		n = spin_recv(conn->fd, &m);
+	}
+	while (block && n < 0 && (errno == EINTR || errno == EAGAIN))
 		n = recvmsg(conn->fd, &m, MSG_CMSG_CLOEXEC);
 	if (n < 0)
 		return td_set_error(-ECONNRESET, "connection to tensord lost: %s", strerror(errno));
@@ -377,7 +432,7 @@ static int read_some(struct td_conn *conn, struct td_fdq *got, size_t *ret_n)
 			int fd;
 
 			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-			if (got->n < TD_FDQ) {
+			if (got->n < (int)TD_FDQ) {
 				got->fd[got->n++] = fd;
 			} else {
 				close(fd);
@@ -398,42 +453,149 @@ static int read_some(struct td_conn *conn, struct td_fdq *got, size_t *ret_n)
 	return 0;
 }
 
+/*
+ * One read for everyone, as the reader, and delivery of what it brought:
+ * 0, -EAGAIN when nothing was there (block false), or -errno and the
+ * connection is lost. Lock held, dropped while reading.
+ */
+static int read_once(tensord_client *c, bool block)
+{
+	struct td_conn *conn = &c->conn;
+	struct td_fdq got;
+	size_t n = 0;
+	int r;
+
+	conn->reading = true;
+	pthread_mutex_unlock(&c->lock);
+	r = read_some(conn, &got, &n, block);
+	pthread_mutex_lock(&c->lock);
+	conn->reading = false;
+	if (r == 0) {
+		r = fdq_append(&conn->fdq, &got);
+		conn->rx.len += n;
+		if (r == 0)
+			r = deliver_frames(conn);
+	}
+	/* No frame will take what is queued: close it now (PipeWire's rule),
+	 * and the reader's reason is every waiter's. */
+	if (r < 0 && r != -EAGAIN) {
+		fdq_clear(&conn->fdq);
+		conn_lost(conn, r, tensord_last_error());
+	}
+	pthread_cond_broadcast(&conn->cond);
+	return r;
+}
+
 /* Waits for p to be answered, reading for everyone when nobody else is. Lock held. */
 static int wait_reply(tensord_client *c, struct td_pending *p)
 {
 	struct td_conn *conn = &c->conn;
 
 	while (!p->done && !conn->closed) {
-		if (conn->reading) {
+		if (conn->reading)
 			pthread_cond_wait(&conn->cond, &c->lock);
-			continue;
-		}
-		conn->reading = true;
-		pthread_mutex_unlock(&c->lock);
-		struct td_fdq got;
-		size_t n = 0;
-		int r;
-
-		r = read_some(conn, &got, &n);
-		pthread_mutex_lock(&c->lock);
-		conn->reading = false;
-		if (r == 0) {
-			r = fdq_append(&conn->fdq, &got);
-			conn->rx.len += n;
-			if (r == 0)
-				r = deliver_frames(conn);
-		}
-		/* No frame will take what is queued: close it now (PipeWire's
-		 * rule), and the reader's reason is every waiter's. */
-		if (r < 0) {
-			fdq_clear(&conn->fdq);
-			conn_lost(conn, r, tensord_last_error());
-		}
-		pthread_cond_broadcast(&conn->cond);
+		else
+			read_once(c, true);
 	}
 	if (!p->done)
 		return conn->err ? conn->err : -ENOTCONN;
 	return 0;
+}
+
+int td_rpc_start(tensord_client *c, Tensord__Request *req, struct td_pending *p)
+{
+	int r;
+
+	p->fd = -1;
+	p->tail = &p->parts;
+	pthread_mutex_lock(&c->lock);
+	if (c->conn.closed) {
+		r = c->conn.err ? c->conn.err : -ENOTCONN;
+		pthread_mutex_unlock(&c->lock);
+		return td_set_error(r, "client is closed: %s", tensord_strerror(r));
+	}
+	p->id = ++c->conn.next_id;
+	p->next = c->conn.pending;
+	c->conn.pending = p;
+	/* Its events may come in the read that brings its reply. */
+	if (p->watch) {
+		td_watch_set_id(p->watch, p->id);
+		td_watch_register(&c->conn, p->watch);
+	}
+	pthread_mutex_unlock(&c->lock);
+
+	req->id = p->id;
+	r = send_frame(&c->conn, req);
+	if (r < 0) {
+		pthread_mutex_lock(&c->lock);
+		conn_lost(&c->conn, r, tensord_last_error());
+		pthread_mutex_unlock(&c->lock);
+		td_rpc_end(c, p);
+		td_pending_clear(p);
+		return td_set_error(r, "%s", c->conn.why[0] ? c->conn.why : tensord_strerror(r));
+	}
+	return 0;
+}
+
+int td_rpc_wait(tensord_client *c, struct td_pending *p)
+{
+	int r;
+
+	pthread_mutex_lock(&c->lock);
+	r = wait_reply(c, p);
+	pthread_mutex_unlock(&c->lock);
+	return r;
+}
+
+int td_rpc_end(tensord_client *c, struct td_pending *p)
+{
+	int r = 0;
+
+	pthread_mutex_lock(&c->lock);
+	for (struct td_pending **pp = &c->conn.pending; *pp; pp = &(*pp)->next) {
+		if (*pp == p) {
+			*pp = p->next;
+			break;
+		}
+	}
+	if (!p->done)
+		r = c->conn.err ? c->conn.err : -ENOTCONN;
+	pthread_mutex_unlock(&c->lock);
+	if (r < 0) {
+		/* The reader that saw the failure may have been another thread. */
+		if (c->conn.why[0])
+			return td_set_error(r, "%s", c->conn.why);
+		return td_set_error(r, "connection to tensord lost: %s", tensord_strerror(r));
+	}
+	if (p->reply && p->reply->status < 0) {
+		r = p->reply->status;
+		return td_set_error(r, "%s",
+				    p->reply->message[0] ? p->reply->message : tensord_strerror(r));
+	}
+	if (!p->reply && !p->parts)
+		return td_set_error(-EPROTO, "tensord answered request %llu with nothing",
+				    (unsigned long long)p->id);
+	return 0;
+}
+
+void td_pending_clear(struct td_pending *p)
+{
+	struct td_part *part;
+
+	if (p->reply)
+		tensord__reply__free_unpacked(p->reply, NULL);
+	p->reply = NULL;
+	if (p->fd >= 0)
+		close(p->fd);
+	p->fd = -1;
+	while ((part = p->parts)) {
+		p->parts = part->next;
+		close_fds(part->fds, part->n_fds);
+		free(part->fds);
+		tensord__reply__free_unpacked(part->reply, NULL);
+		free(part);
+	}
+	p->tail = &p->parts;
 }
 
 int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply, int *ret_fd)
@@ -446,49 +608,13 @@ int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply,
 	r = td_client_current(&c);
 	if (r < 0)
 		return r;
-	pthread_mutex_lock(&c->lock);
-	if (c->conn.closed) {
-		r = c->conn.err ? c->conn.err : -ENOTCONN;
-		pthread_mutex_unlock(&c->lock);
-		return td_set_error(r, "client is closed: %s", tensord_strerror(r));
-	}
-	p.id = ++c->conn.next_id;
-	p.next = c->conn.pending;
-	c->conn.pending = &p;
-	pthread_mutex_unlock(&c->lock);
-
-	req->id = p.id;
-	r = send_frame(&c->conn, req);
-
-	pthread_mutex_lock(&c->lock);
+	r = td_rpc_start(c, req, &p);
 	if (r < 0)
-		conn_lost(&c->conn, r, tensord_last_error());
-	else
-		r = wait_reply(c, &p);
-	for (struct td_pending **pp = &c->conn.pending; *pp; pp = &(*pp)->next) {
-		if (*pp == &p) {
-			*pp = p.next;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&c->lock);
-
+		return r;
+	td_rpc_wait(c, &p);
+	r = td_rpc_end(c, &p);
 	if (r < 0) {
-		if (p.reply)
-			tensord__reply__free_unpacked(p.reply, NULL);
-		if (p.fd >= 0)
-			close(p.fd);
-		/* The reader that saw the failure may have been another thread. */
-		if (c->conn.why[0])
-			return td_set_error(r, "%s", c->conn.why);
-		return td_set_error(r, "connection to tensord lost: %s", tensord_strerror(r));
-	}
-	if (p.reply->status < 0) {
-		r = p.reply->status;
-		td_set_error(r, "%s", p.reply->message[0] ? p.reply->message : tensord_strerror(r));
-		tensord__reply__free_unpacked(p.reply, NULL);
-		if (p.fd >= 0)
-			close(p.fd);
+		td_pending_clear(&p);
 		return r;
 	}
 	*ret_reply = p.reply;
@@ -497,6 +623,65 @@ int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply,
 	else if (p.fd >= 0)
 		close(p.fd);
 	return 0;
+}
+
+int td_wait_event(tensord_client *c, int timeout_ms)
+{
+	struct td_conn *conn = &c->conn;
+	int r = 0;
+
+	pthread_mutex_lock(&c->lock);
+	if (conn->closed) {
+		r = conn->err ? conn->err : -ENOTCONN;
+	} else if (conn->reading) {
+		/* The reader delivers for us, and wakes us when it did. */
+		if (timeout_ms < 0) {
+			pthread_cond_wait(&conn->cond, &c->lock);
+		} else {
+			struct timespec ts;
+
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += timeout_ms / 1000;
+			ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+			if (ts.tv_nsec >= 1000000000) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000;
+			}
+			pthread_cond_timedwait(&conn->cond, &c->lock, &ts);
+		}
+	} else {
+		struct pollfd pfd = { .fd = conn->fd, .events = POLLIN };
+		int n;
+
+		conn->reading = true;
+		pthread_mutex_unlock(&c->lock);
+		n = poll(&pfd, 1, timeout_ms);
+		pthread_mutex_lock(&c->lock);
+		conn->reading = false;
+		if (n > 0)
+			read_once(c, false);
+		pthread_cond_broadcast(&conn->cond);
+		if (conn->closed)
+			r = conn->err ? conn->err : -ENOTCONN;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return r;
+}
+
+int td_poll(tensord_client *c)
+{
+	struct td_conn *conn = &c->conn;
+	unsigned before;
+	int r = 0;
+
+	pthread_mutex_lock(&c->lock);
+	before = conn->completed;
+	/* Another thread reading delivers for us; so does a gone connection. */
+	while (!conn->reading && !conn->closed && r == 0)
+		r = read_once(c, false);
+	r = conn->closed ? (conn->err ? conn->err : -ENOTCONN) : (int)(conn->completed - before);
+	pthread_mutex_unlock(&c->lock);
+	return r;
 }
 
 int td_send_oneway(tensord_client *c, Tensord__Request *req)

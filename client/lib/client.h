@@ -17,19 +17,40 @@
 #include "import.h"
 #include "lease.h"
 #include "mapcache.h"
+#include "proto/frame.h"
 #include "proto/tensord.pb-c.h"
 
 /* Descriptors one connection may hold unclaimed; see struct td_fdq. */
-#define TD_FDQ 8
+#define TD_FDQ (2 * TD_FRAME_MAX_FDS_REPLY)
 
-/* A request waiting for its reply; lives on the stack of td_rpc(). */
+/* One frame of a reply that comes in parts (AttachMany). */
+struct td_part {
+	Tensord__Reply *reply; /* owned */
+	int *fds;              /* owned: n_fds descriptors in the frame's order */
+	unsigned n_fds;
+	struct td_part *next;
+};
+
+/*
+ * A request waiting for its reply: on the stack of td_rpc(), or in an
+ * operation (tensord_op) for event loops. Guarded by the client's lock.
+ */
 struct td_pending {
 	uint64_t id;
 	bool done;
-	Tensord__Reply *reply; /* owned once done; NULL if the connection died */
+	bool multi;            /* answered in parts (td_part) until one says no more */
+	bool async;            /* an operation's: counted by tensord_poll() when done */
+	bool abandoned;        /* its operation went: what it brings is let go */
+	Tensord__Reply *reply; /* owned once done; NULL if the connection died or, multi, OK */
 	int fd;                /* owned once done; -1 when none */
+	struct td_part *parts; /* multi: owned, in order */
+	struct td_part **tail;
+	struct td_watch_q *watch; /* a Watch's queue, registered under the request's id */
 	struct td_pending *next;
 };
+
+/* A watch's events as they came (stats.c's neighbour watch.c). */
+struct td_watch_q;
 
 /*
  * Received bytes not yet parsed. Only the reader touches it: the thread
@@ -88,7 +109,9 @@ struct td_conn {
 	int err;             /* why it died: -ECONNRESET, -EPROTO, ... */
 	char why[256];       /* why it died, as calls report it; "" after tensord_close() */
 	uint64_t next_id;
-	struct td_pending *pending; /* borrowed: each lives on its td_rpc() caller's stack */
+	struct td_pending *pending; /* borrowed: a td_rpc() caller's, or an operation's */
+	struct td_watch_q *watches; /* borrowed: each its watch's (watch.c) */
+	unsigned completed;         /* async requests answered: tensord_poll() counts them */
 	struct td_rbuf rx;
 	struct td_fdq fdq;
 	struct td_relq relq; /* guarded by send_lock, not by the client's lock */
@@ -96,6 +119,7 @@ struct td_conn {
 
 struct tensord_client {
 	atomic_uint refs;     /* the user's handle plus one per live lease */
+	atomic_uint next_tx;  /* the last transaction id given out */
 	pthread_mutex_t lock; /* guards conn (but its fd and send_lock), maps, successor */
 	struct td_conn conn;
 	struct td_mapcache maps;
@@ -140,13 +164,97 @@ int td_connect_socket(const char *socket_path, char *ret_path, size_t len);
 int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply, int *ret_fd);
 
 /*
+ * The halves of td_rpc(), for requests answered in parts, pipelined, or
+ * completed by an event loop. td_rpc_start() sets req's id, registers p
+ * (zeroed by the caller but for multi and async; it must stay where it is
+ * until td_rpc_end()) and sends. 0 or -errno with the error set (p is not
+ * registered then). c must be the client td_client_current() chose.
+ */
+int td_rpc_start(tensord_client *c, Tensord__Request *req, struct td_pending *p);
+
+/* Waits until p is answered (reading for everyone when nobody else is). 0 or -errno. Lock not held. */
+int td_rpc_wait(tensord_client *c, struct td_pending *p);
+
+/*
+ * Unregisters p, answered or not, and says how it ended: 0, the reply's
+ * negative status (error set), or the connection's error. What p holds
+ * stays the caller's (td_pending_clear()). Lock not held.
+ */
+int td_rpc_end(tensord_client *c, struct td_pending *p);
+
+/* Frees what p holds: its reply, descriptor and parts. */
+void td_pending_clear(struct td_pending *p);
+
+/*
+ * Reads what the socket has without blocking and delivers it, unless
+ * another thread is the reader. The number of async requests answered
+ * meanwhile, or -errno when the connection is gone.
+ */
+int td_poll(tensord_client *c);
+
+/*
+ * A watch registers its queue with the connection: frames with its id
+ * (past the Watch reply) are its events. Lock held for both.
+ */
+void td_watch_register(struct td_conn *conn, struct td_watch_q *q);
+void td_watch_unregister(struct td_conn *conn, struct td_watch_q *q);
+
+/* watch.c: events arrived for the watch with id (Lock held); true when one has it. */
+bool td_watch_deliver(struct td_conn *conn, const Tensord__Reply *rep);
+
+/* watch.c: q takes id (the Watch request's). Lock held. */
+void td_watch_set_id(struct td_watch_q *q, uint64_t id);
+
+/*
+ * Waits until something arrives for anyone (delivered, by this thread as
+ * the reader or by another), or timeout_ms passes (-1: no limit). 0 or the
+ * connection's -errno. Lock not held.
+ */
+int td_wait_event(tensord_client *c, int timeout_ms);
+
+/*
  * The Create round trip of tensord_create(), without mapping anything: on
  * success *ret_reply is a Lease reply (with its tensor), owned by the
  * caller (tensord__reply__free_unpacked), and so is *ret_fd (-1 when
  * none). The lease it grants is the caller's to end (td_lease_end).
  */
-int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
+int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec, uint32_t tx,
 		  Tensord__Reply **ret_reply, int *ret_fd);
+
+/* The parts of a Create request, all pointing into the caller's arguments. */
+struct create_msg {
+	Tensord__Create cr;
+	Tensord__DType dt;
+	Tensord__Device dev;
+	uint8_t uuid[16];
+};
+
+/* A Create request ready to send (td_rpc_start()), for pipelining. */
+struct td_create_req {
+	Tensord__Request req;
+	struct create_msg m;
+};
+
+/* Fills cm with the create of name (spec and name borrowed while cm is used). 0 or -errno. */
+int td_create_msg(struct td_create_req *cm, const char *name, const tensord_spec *spec,
+		  uint32_t tx);
+
+/* A Put request ready to send. */
+struct td_put_msg {
+	Tensord__Request req;
+	Tensord__Put put;
+	struct create_msg m;
+};
+
+/*
+ * Fills pm with the put of name's len bytes (all borrowed while pm is
+ * used); -EMSGSIZE when they do not fit in one request.
+ */
+int td_put_msg(struct td_put_msg *pm, const char *name, const tensord_spec *spec, uint32_t tx,
+	       const void *data, size_t len);
+
+/* The generation and commit a Published reply carries into *ret (NULL: not wanted); else zeros. */
+void td_version_from_reply(const Tensord__Reply *rep, tensord_version *ret);
 
 /*
  * Create + write + publish in one round trip, the bytes inline (len bytes,
@@ -154,8 +262,70 @@ int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
  * in one request, -EBADMSG from a daemon that knows no Put; in both cases
  * nothing was created.
  */
-int td_put_rpc(tensord_client *c, const char *name, const tensord_spec *spec, const void *data,
-	       size_t len);
+int td_put_rpc(tensord_client *c, const char *name, const tensord_spec *spec, uint32_t tx,
+	       const void *data, size_t len, tensord_version *ret_version);
+
+/*
+ * put.c: tensord_put() as a member of transaction tx (0: none, then
+ * *ret_version, when not NULL, gets what the publish made). A failure in
+ * a transaction leaves the member staged or not; the caller aborts.
+ */
+int td_put(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags, uint32_t mode,
+	   uint32_t tx, tensord_version *ret_version);
+
+/*
+ * put.c: for tensord_put_many(): checks src as tensord_put() does and
+ * fills *spec (a host spec); *ret_nbytes its compact size. 0 or -errno.
+ */
+int td_put_check(const char *name, const DLTensor *src, uint32_t flags, uint32_t mode,
+		 tensord_spec *spec, uint64_t *ret_nbytes);
+
+/* put.c: src's bytes, row-major compact, gathered into buf (room for all of them). */
+void td_put_gather(const DLTensor *src, uint8_t *buf);
+
+/* put.c: src's bytes written through fd, the memfd of name's new tensor. 0 or -errno, set. */
+int td_put_write(int fd, const char *name, const DLTensor *src);
+
+/*
+ * sets.c: a member of transaction tx created as tensord_create() creates
+ * (c chosen already); *ret_tensor is the caller's.
+ */
+int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const tensord_spec *spec,
+		     DLManagedTensorVersioned **ret_tensor);
+
+/* An Attach request ready to send, and the mapping it may reuse. */
+struct td_attach_req {
+	Tensord__Request req;
+	Tensord__Attach at;
+	uint64_t have_shares[TD_SHARES_MAX];
+	struct td_mapping *pinned; /* a reference, or NULL: the caller's */
+};
+
+/* requests.c: fills am (name borrowed while it is used). 0 or -errno. */
+int td_attach_msg(tensord_client *c, struct td_attach_req *am, const char *name, uint64_t after,
+		  int timeout_ms);
+
+/*
+ * requests.c: the lease an attach's reply grants. Takes ownership of rep,
+ * fd and the reference on pinned, as td_lease_from_reply().
+ */
+int td_attach_reply(tensord_client *c, const char *name, Tensord__Reply *rep, int fd,
+		    struct td_mapping *pinned, struct td_lease **ret_lease);
+
+/* The creator's own view of a tensor, readied for its publish (or commit). */
+struct td_own_view {
+	struct td_mapping *mine; /* a reference, or NULL: no view of ours */
+	const struct td_importer *imp;
+};
+
+/* requests.c: readies it (GPU writes waited for, made private unless mutable). 0 or -errno. */
+int td_own_view_prepare(tensord_client *c, const char *name, struct td_own_view *v);
+
+/* requests.c: after the publish (published) or its failure; drops the reference. */
+void td_own_view_done(tensord_client *c, struct td_own_view *v, bool published);
+
+/* The most bytes a put sends inline (in its request) rather than through a descriptor. */
+#define TD_PUT_INLINE_MAX (60u * 1024u)
 
 /*
  * Ends a lease: queues its Release for the flusher or the next request

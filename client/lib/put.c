@@ -75,7 +75,7 @@ struct fd_writer {
 
 #define GATHER_MAX (1u << 20)
 /* Host tensors up to this size travel inside the Put request (frames are 64 KiB). */
-#define PUT_INLINE_MAX (60u * 1024u)
+#define PUT_INLINE_MAX TD_PUT_INLINE_MAX
 
 static int write_all(struct fd_writer *w, const uint8_t *p, size_t n)
 {
@@ -112,16 +112,23 @@ static int write_run(void *ctx, const uint8_t *p, size_t n)
 	return 0;
 }
 
+/* Where a put goes: a transaction (0: none), and what its publish made. */
+struct put_to {
+	uint32_t tx;
+	tensord_version *version;
+};
+
 /*
  * Publishes what put() filled in (when r is 0), or removes the half-made
- * tensor; ends the creator's lease either way. Returns the first error.
+ * tensor; ends the creator's lease either way. Returns the first error. In
+ * a transaction the commit publishes, and the caller aborts on failure.
  */
 static int publish_or_discard(tensord_client *c, const char *name, DLManagedTensorVersioned *t,
-			      int r)
+			      int r, const struct put_to *to)
 {
-	if (r == 0)
-		r = tensord_publish(c, name);
-	if (r < 0) {
+	if (r == 0 && !to->tx)
+		r = tensord_publish_version(c, name, to->version);
+	if (r < 0 && !to->tx) {
 		char saved[512];
 
 		snprintf(saved, sizeof(saved), "%s", tensord_last_error());
@@ -134,7 +141,7 @@ static int publish_or_discard(tensord_client *c, const char *name, DLManagedTens
 
 /* put() of device memory: contiguous sources only, one device-side copy. */
 static int put_device(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
-		      uint32_t mode, size_t elsize)
+		      uint32_t mode, size_t elsize, const struct put_to *to)
 {
 	tensord_spec spec = { .dtype = src->dtype,
 			      .ndim = src->ndim,
@@ -159,7 +166,8 @@ static int put_device(tensord_client *c, const char *name, const DLTensor *src, 
 		expect *= src->shape[i];
 		n *= (uint64_t)src->shape[i];
 	}
-	r = tensord_create(c, name, &spec, &t);
+	r = to->tx ? td_tx_create_raw(c, to->tx, name, &spec, &t)
+		   : tensord_create(c, name, &spec, &t);
 	if (r < 0)
 		return r;
 	m = td_tensor_mapping(t);
@@ -169,7 +177,10 @@ static int put_device(tensord_client *c, const char *name, const DLTensor *src, 
 				 name);
 	else if (n)
 		r = imp->copy_in(m, (const uint8_t *)src->data + src->byte_offset, n);
-	return publish_or_discard(c, name, t, r);
+	/* A member's copy must be done before the commit seals it. */
+	if (r == 0 && to->tx && imp && imp->sync)
+		r = imp->sync(m);
+	return publish_or_discard(c, name, t, r, to);
 }
 
 /* Appends runs to a buffer that has room for all of them. */
@@ -189,7 +200,7 @@ static int gather_run(void *ctx, const uint8_t *p, size_t n)
  */
 static int put_inline(tensord_client *c, const char *name, const DLTensor *src,
 		      const tensord_spec *spec, const int64_t *sstrides, size_t elsize,
-		      uint64_t nbytes)
+		      uint64_t nbytes, const struct put_to *to)
 {
 	uint8_t stack[4096], *buf = stack, *end;
 	int r;
@@ -201,7 +212,7 @@ static int put_inline(tensord_client *c, const char *name, const DLTensor *src,
 	end = buf;
 	for_each_run((const uint8_t *)src->data + src->byte_offset, src->ndim, src->shape, sstrides,
 		     elsize, gather_run, &end);
-	r = td_put_rpc(c, name, spec, buf, nbytes);
+	r = td_put_rpc(c, name, spec, to->tx, buf, nbytes, to->version);
 	if (buf != stack)
 		free(buf);
 	return r == -EMSGSIZE || r == -EBADMSG ? 1 : r;
@@ -216,7 +227,7 @@ static int put_inline(tensord_client *c, const char *name, const DLTensor *src,
  * times the copy itself.
  */
 static int put_host(tensord_client *c, const char *name, const DLTensor *src,
-		    const tensord_spec *spec, size_t elsize)
+		    const tensord_spec *spec, size_t elsize, const struct put_to *to)
 {
 	int64_t cstrides[TENSORD_NDIM_MAX];
 	const int64_t *sstrides = src->strides ? src->strides : cstrides;
@@ -233,10 +244,10 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 		    __builtin_mul_overflow(nbytes, (uint64_t)src->shape[i], &nbytes))
 			nbytes = UINT64_MAX;
 	}
-	r = put_inline(c, name, src, spec, sstrides, elsize, nbytes);
+	r = put_inline(c, name, src, spec, sstrides, elsize, nbytes, to);
 	if (r <= 0)
 		return r;
-	r = td_create_rpc(c, name, spec, &rep, &w.fd);
+	r = td_create_rpc(c, name, spec, to->tx, &rep, &w.fd);
 	if (r < 0)
 		return r;
 	lease = rep->lease->lease;
@@ -255,15 +266,51 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	free(w.buf);
 	if (w.fd >= 0)
 		close(w.fd);
-	if (r == 0)
-		r = tensord_publish(c, name);
-	if (r < 0) {
+	if (r == 0 && !to->tx)
+		r = tensord_publish_version(c, name, to->version);
+	if (r < 0 && !to->tx) {
 		snprintf(saved, sizeof(saved), "%s", tensord_last_error());
 		tensord_unlink(c, name);
 		td_set_error(r, "%s", saved);
 	}
 	td_lease_end(c, lease);
 	return r;
+}
+
+int td_put_write(int fd, const char *name, const DLTensor *src)
+{
+	size_t elsize = td_dtype_size(src->dtype);
+	int64_t cstrides[TENSORD_NDIM_MAX];
+	struct fd_writer w = { .fd = fd };
+	uint64_t step = 1;
+	int r;
+
+	for (int i = src->ndim - 1; i >= 0; i--) {
+		cstrides[i] = (int64_t)step;
+		step *= (uint64_t)src->shape[i];
+	}
+	r = for_each_run((const uint8_t *)src->data + src->byte_offset, src->ndim, src->shape,
+			 src->strides ? src->strides : cstrides, elsize, write_run, &w);
+	if (r == 0)
+		r = flush_gathered(&w);
+	free(w.buf);
+	if (r < 0)
+		td_set_error(r, "tensor '%s': writing its bytes failed: %s", name, strerror(-r));
+	return r;
+}
+
+void td_put_gather(const DLTensor *src, uint8_t *buf)
+{
+	size_t elsize = td_dtype_size(src->dtype);
+	int64_t cstrides[TENSORD_NDIM_MAX];
+	uint64_t step = 1;
+
+	for (int i = src->ndim - 1; i >= 0; i--) {
+		cstrides[i] = (int64_t)step;
+		step *= (uint64_t)src->shape[i];
+	}
+	for_each_run((const uint8_t *)src->data + src->byte_offset, src->ndim, src->shape,
+		     src->strides ? src->strides : cstrides, elsize, gather_run, &buf);
 }
 
 /*
@@ -352,15 +399,13 @@ static int check_source(const char *name, const DLTensor *src, size_t elsize, bo
 	return 0;
 }
 
-int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
-		uint32_t mode)
+int td_put_check(const char *name, const DLTensor *src, uint32_t flags, uint32_t mode,
+		 tensord_spec *spec, uint64_t *ret_nbytes)
 {
-	tensord_spec spec = { 0 };
 	size_t elsize;
-	int r = td_client_current(&c);
+	uint64_t nbytes;
+	int r;
 
-	if (r < 0)
-		return r;
 	if (!src)
 		return td_set_error(-EINVAL, "tensor '%s': no source", name ? name : "");
 	if (src->ndim < 0 || src->ndim > TENSORD_NDIM_MAX)
@@ -375,13 +420,46 @@ int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32
 	r = check_source(name, src, elsize, !td_device_is_gpu(src->device.device_type));
 	if (r < 0)
 		return r;
+	*spec = (tensord_spec){ .dtype = src->dtype,
+				.ndim = src->ndim,
+				.shape = src->shape,
+				.device = (DLDevice){ kDLCPU, 0 },
+				.flags = flags,
+				.mode = mode };
+	nbytes = elsize;
+	for (int i = 0; i < src->ndim; i++)
+		if (src->shape[i] < 0 ||
+		    __builtin_mul_overflow(nbytes, (uint64_t)src->shape[i], &nbytes))
+			nbytes = UINT64_MAX;
+	*ret_nbytes = nbytes;
+	return 0;
+}
+
+int td_put(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags, uint32_t mode,
+	   uint32_t tx, tensord_version *ret_version)
+{
+	struct put_to to = { .tx = tx, .version = ret_version };
+	tensord_spec spec;
+	uint64_t nbytes;
+	int r = td_client_current(&c);
+
+	if (r == 0)
+		r = td_put_check(name, src, flags, mode, &spec, &nbytes);
+	if (r < 0)
+		return r;
 	if (td_device_is_gpu(src->device.device_type))
-		return put_device(c, name, src, flags, mode, elsize);
-	spec.dtype = src->dtype;
-	spec.ndim = src->ndim;
-	spec.shape = src->shape;
-	spec.device = (DLDevice){ kDLCPU, 0 };
-	spec.flags = flags;
-	spec.mode = mode;
-	return put_host(c, name, src, &spec, elsize);
+		return put_device(c, name, src, flags, mode, td_dtype_size(src->dtype), &to);
+	return put_host(c, name, src, &spec, td_dtype_size(src->dtype), &to);
+}
+
+int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
+		uint32_t mode)
+{
+	return td_put(c, name, src, flags, mode, 0, NULL);
+}
+
+int tensord_put_version(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
+			uint32_t mode, tensord_version *ret_version)
+{
+	return td_put(c, name, src, flags, mode, 0, ret_version);
 }

@@ -50,14 +50,6 @@ static int lease_reply(tensord_client *c, const char *name, const char *op, Tens
 	return r;
 }
 
-/* The parts of a Create request, all pointing into the caller's arguments. */
-struct create_msg {
-	Tensord__Create cr;
-	Tensord__DType dt;
-	Tensord__Device dev;
-	uint8_t uuid[16];
-};
-
 /*
  * A GPU travels as its UUID (the daemon numbers its GPUs its own way);
  * the ordinal goes along for messages and for HIP devices without UUIDs.
@@ -116,7 +108,7 @@ static int create_msg_fill(struct create_msg *m, const char *name, const tensord
 	return 0;
 }
 
-int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
+int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec, uint32_t tx,
 		  Tensord__Reply **ret_reply, int *ret_fd)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
@@ -127,6 +119,7 @@ int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
 	r = create_msg_fill(&m, name, spec);
 	if (r < 0)
 		return r;
+	m.cr.tx = tx;
 	req.body_case = TENSORD__REQUEST__BODY_CREATE;
 	req.create = &m.cr;
 	r = td_rpc(c, &req, &rep, &fd);
@@ -144,29 +137,64 @@ int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
 	return 0;
 }
 
-int td_put_rpc(tensord_client *c, const char *name, const tensord_spec *spec, const void *data,
-	       size_t len)
+int td_put_msg(struct td_put_msg *pm, const char *name, const tensord_spec *spec, uint32_t tx,
+	       const void *data, size_t len)
 {
-	Tensord__Request req = TENSORD__REQUEST__INIT;
-	Tensord__Put put = TENSORD__PUT__INIT;
-	struct create_msg m;
+	int r = create_msg_fill(&pm->m, name, spec);
+
+	if (r < 0)
+		return r;
+	tensord__request__init(&pm->req);
+	tensord__put__init(&pm->put);
+	pm->m.cr.tx = tx;
+	pm->put.create = &pm->m.cr;
+	pm->put.data.data = (uint8_t *)data;
+	pm->put.data.len = len;
+	pm->req.body_case = TENSORD__REQUEST__BODY_PUT;
+	pm->req.put = &pm->put;
+	if (tensord__request__get_packed_size(&pm->req) > TD_FRAME_MAX_REQUEST)
+		return td_set_error(-EMSGSIZE, "tensor '%s': %zu bytes do not fit in one request",
+				    name, len);
+	return 0;
+}
+
+int td_create_msg(struct td_create_req *cm, const char *name, const tensord_spec *spec, uint32_t tx)
+{
+	int r = create_msg_fill(&cm->m, name, spec);
+
+	if (r < 0)
+		return r;
+	tensord__request__init(&cm->req);
+	cm->m.cr.tx = tx;
+	cm->req.body_case = TENSORD__REQUEST__BODY_CREATE;
+	cm->req.create = &cm->m.cr;
+	return 0;
+}
+
+void td_version_from_reply(const Tensord__Reply *rep, tensord_version *ret)
+{
+	if (!ret)
+		return;
+	*ret = (tensord_version){ 0 };
+	if (rep->body_case == TENSORD__REPLY__BODY_PUBLISHED)
+		*ret = (tensord_version){ rep->published->generation, rep->published->commit };
+}
+
+int td_put_rpc(tensord_client *c, const char *name, const tensord_spec *spec, uint32_t tx,
+	       const void *data, size_t len, tensord_version *ret_version)
+{
+	struct td_put_msg pm;
 	Tensord__Reply *rep;
 	int r;
 
-	r = create_msg_fill(&m, name, spec);
+	r = td_put_msg(&pm, name, spec, tx, data, len);
 	if (r < 0)
 		return r;
-	put.create = &m.cr;
-	put.data.data = (uint8_t *)data;
-	put.data.len = len;
-	req.body_case = TENSORD__REQUEST__BODY_PUT;
-	req.put = &put;
-	if (tensord__request__get_packed_size(&req) > TD_FRAME_MAX_REQUEST)
-		return td_set_error(-EMSGSIZE, "tensor '%s': %zu bytes do not fit in one request",
-				    name, len);
-	r = td_rpc(c, &req, &rep, NULL);
-	if (r == 0)
+	r = td_rpc(c, &pm.req, &rep, NULL);
+	if (r == 0) {
+		td_version_from_reply(rep, ret_version);
 		tensord__reply__free_unpacked(rep, NULL);
+	}
 	return r;
 }
 
@@ -180,7 +208,7 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 	r = td_client_current(&c);
 	if (r < 0)
 		return r;
-	r = td_create_rpc(c, name, spec, &rep, &fd);
+	r = td_create_rpc(c, name, spec, 0, &rep, &fd);
 	if (r < 0)
 		return r;
 	r = lease_reply(c, name, "create", rep, fd, NULL, true, &l);
@@ -189,45 +217,67 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 	return td_lease_handle(l, ret_tensor);
 }
 
+int td_attach_msg(tensord_client *c, struct td_attach_req *am, const char *name, uint64_t after,
+		  int timeout_ms)
+{
+	int r = check_name(name);
+
+	if (r < 0)
+		return r;
+	tensord__request__init(&am->req);
+	tensord__attach__init(&am->at);
+	/* Held across the round trip so that the daemon's "reused" stays true. */
+	am->pinned = td_mapcache_find_reusable(&c->maps, name);
+	am->at.name = (char *)name;
+	am->at.timeout_ms = timeout_ms;
+	am->at.after = after;
+	am->at.have_id = am->pinned ? am->pinned->id : 0;
+	am->at.n_have_shares = td_mapcache_share_ids(&c->maps, am->have_shares, TD_SHARES_MAX);
+	am->at.have_shares = am->have_shares;
+	am->req.body_case = TENSORD__REQUEST__BODY_ATTACH;
+	am->req.attach = &am->at;
+	return 0;
+}
+
+int td_attach_reply(tensord_client *c, const char *name, Tensord__Reply *rep, int fd,
+		    struct td_mapping *pinned, struct td_lease **ret_lease)
+{
+	return lease_reply(c, name, "attach", rep, fd, pinned, false, ret_lease);
+}
+
 /* An attach round trip. On success *ret_lease is the caller's, as from lease_reply(). */
-static int attach_lease(tensord_client *c, const char *name, int timeout_ms,
+static int attach_lease(tensord_client *c, const char *name, uint64_t after, int timeout_ms,
 			struct td_lease **ret_lease)
 {
-	Tensord__Request req = TENSORD__REQUEST__INIT;
-	Tensord__Attach at = TENSORD__ATTACH__INIT;
-	uint64_t have_shares[TD_SHARES_MAX];
-	struct td_mapping *pinned;
+	struct td_attach_req am;
 	Tensord__Reply *rep;
 	int fd, r;
 
-	r = check_name(name);
+	r = td_client_current(&c);
 	if (r == 0)
-		r = td_client_current(&c);
+		r = td_attach_msg(c, &am, name, after, timeout_ms);
 	if (r < 0)
 		return r;
-	/* Held across the round trip so that the daemon's "reused" stays true. */
-	pinned = td_mapcache_find_reusable(&c->maps, name);
-	at.name = (char *)name;
-	at.timeout_ms = timeout_ms;
-	at.have_id = pinned ? pinned->id : 0;
-	at.n_have_shares = td_mapcache_share_ids(&c->maps, have_shares, TD_SHARES_MAX);
-	at.have_shares = have_shares;
-	req.body_case = TENSORD__REQUEST__BODY_ATTACH;
-	req.attach = &at;
-	r = td_rpc(c, &req, &rep, &fd);
+	r = td_rpc(c, &am.req, &rep, &fd);
 	if (r < 0) {
-		if (pinned)
-			td_mapcache_unref(&c->maps, pinned);
+		if (am.pinned)
+			td_mapcache_unref(&c->maps, am.pinned);
 		return r;
 	}
-	return lease_reply(c, name, "attach", rep, fd, pinned, false, ret_lease);
+	return lease_reply(c, name, "attach", rep, fd, am.pinned, false, ret_lease);
 }
 
 int tensord_attach(tensord_client *c, const char *name, int timeout_ms,
 		   DLManagedTensorVersioned **ret_tensor)
 {
+	return tensord_attach_after(c, name, 0, timeout_ms, ret_tensor);
+}
+
+int tensord_attach_after(tensord_client *c, const char *name, uint64_t after, int timeout_ms,
+			 DLManagedTensorVersioned **ret_tensor)
+{
 	struct td_lease *l;
-	int r = attach_lease(c, name, timeout_ms, &l);
+	int r = attach_lease(c, name, after, timeout_ms, &l);
 
 	if (r < 0)
 		return r;
@@ -238,7 +288,7 @@ int tensord_attach_legacy(tensord_client *c, const char *name, int timeout_ms,
 			  DLManagedTensor **ret_tensor)
 {
 	struct td_lease *l;
-	int r = attach_lease(c, name, timeout_ms, &l);
+	int r = attach_lease(c, name, 0, timeout_ms, &l);
 
 	if (r < 0)
 		return r;
@@ -254,6 +304,27 @@ static int simple_rpc(tensord_client *c, Tensord__Request *req)
 	if (r == 0)
 		tensord__reply__free_unpacked(rep, NULL);
 	return r;
+}
+
+static int prepare_own_view(tensord_client *c, const char *name, struct td_mapping **ret_mine,
+			    const struct td_importer **ret_imp);
+
+int td_own_view_prepare(tensord_client *c, const char *name, struct td_own_view *v)
+{
+	return prepare_own_view(c, name, &v->mine, &v->imp);
+}
+
+void td_own_view_done(tensord_client *c, struct td_own_view *v, bool published)
+{
+	if (!v->mine)
+		return;
+	if (!published && v->imp && v->imp->make_shared)
+		v->imp->make_shared(v->mine);
+	else if (published && !(v->mine->flags & TENSORD_MUTABLE))
+		/* New handles on the creator's lease say read-only now. */
+		td_mapcache_mark_published(&c->maps, v->mine, v->imp != NULL);
+	td_mapcache_unref(&c->maps, v->mine);
+	v->mine = NULL;
 }
 
 /*
@@ -297,10 +368,16 @@ static int prepare_own_view(tensord_client *c, const char *name, struct td_mappi
 
 int tensord_publish(tensord_client *c, const char *name)
 {
+	return tensord_publish_version(c, name, NULL);
+}
+
+int tensord_publish_version(tensord_client *c, const char *name, tensord_version *ret_version)
+{
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Publish pub = TENSORD__PUBLISH__INIT;
 	const struct td_importer *imp;
 	struct td_mapping *mine;
+	Tensord__Reply *rep;
 	int r;
 
 	r = check_name(name);
@@ -321,7 +398,11 @@ int tensord_publish(tensord_client *c, const char *name)
 	pub.name = (char *)name;
 	req.body_case = TENSORD__REQUEST__BODY_PUBLISH;
 	req.publish = &pub;
-	r = simple_rpc(c, &req);
+	r = td_rpc(c, &req, &rep, NULL);
+	if (r == 0) {
+		td_version_from_reply(rep, ret_version);
+		tensord__reply__free_unpacked(rep, NULL);
+	}
 	if (mine) {
 		if (r < 0 && imp && imp->make_shared)
 			imp->make_shared(mine);

@@ -456,8 +456,7 @@ TENSORD_API int tensord_watch_start(tensord_client *client, const char *prefix, 
  * -EAGAIN at once when none is there). -ETIMEDOUT, or -errno when the
  * connection failed.
  */
-TENSORD_API int tensord_watch_next(tensord_watch *watch, int timeout_ms,
-				   tensord_event *ret_event);
+TENSORD_API int tensord_watch_next(tensord_watch *watch, int timeout_ms, tensord_event *ret_event);
 
 /* Ends the watch. NULL-safe; returns NULL. */
 TENSORD_API tensord_watch *tensord_watch_close(tensord_watch *watch);

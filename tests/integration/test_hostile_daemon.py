@@ -23,7 +23,8 @@ from hostile import (
 )
 from test_core import Client
 
-COUNT_ABOVE = "more descriptors than the 1 a reply carries"
+COUNT_ABOVE = "more descriptors than the 240 a reply carries"
+ONE_KIND = "2 descriptors with a reply that carries one"
 
 
 def reply(req_id, body_field, body=b""):
@@ -87,8 +88,11 @@ class FakeDaemon:
 def send_with_fds(n_fds_counted, n_sent, flags=None):
     """An answer: a Stats reply whose header counts n_fds_counted (or has
     these raw flags), sent in one message with n_sent descriptors."""
+    # One figure (StatsReply.figures = 60): "tensors", a sample of 0.
+    figures = f_bytes(60, f_bytes(1, b"tensors") + f_bytes(7, b""))
+
     def answer(conn, req_id):
-        data = frame(reply(req_id, R_STATS),
+        data = frame(reply(req_id, R_STATS, figures),
                      flags=fd_flags(n_fds_counted) if flags is None else flags)
         fds = [os.memfd_create("hostile", os.MFD_CLOEXEC) for _ in range(min(n_sent, 1))]
         try:
@@ -110,8 +114,8 @@ def fd_count(pid):
     (send_with_fds(1, 0), "sent 0 descriptors with frames that count 1"),      # (a)
     (send_with_fds(1, 2), "sent 2 descriptors with frames that count 1"),      # (b)
     (send_with_fds(0, 1), "sent 1 descriptor with frames that count 0"),
-    (send_with_fds(1, 16), "MSG_CTRUNC"),                                      # (c)
-    (send_with_fds(2, 2), COUNT_ABOVE),
+    (send_with_fds(1, 250), "MSG_CTRUNC"),                                     # (c)
+    (send_with_fds(2, 2), ONE_KIND),
     (send_with_fds(256, 0), COUNT_ABOVE),
     (send_with_fds(0, 1, flags=0x0100), COUNT_ABOVE),   # beyond the first, no first
 ], ids=["counted-none-came", "two-for-one", "uncounted", "ctrunc", "count-2", "count-256",
