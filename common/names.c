@@ -11,7 +11,7 @@
 #include <tensord/tensord.h>
 
 #include "common/desc.h"
-#include "common/gpu/gpu_util.h"
+#include "gpu/gpu_util.h"
 
 /* Names typed by users; the order is the one tensord_dtype_name() prefers. */
 static const struct {

@@ -18,8 +18,8 @@
 #include <unistd.h>
 
 #include "client.h"
-#include "common/gpu/cuda_api.h"
-#include "common/gpu/hip_api.h"
+#include "gpu/cuda/cuda_api.h"
+#include "gpu/hip/hip_api.h"
 #include "common/sys.h"
 #include "common/desc.h"
 #include "proto/frame.h"

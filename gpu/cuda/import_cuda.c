@@ -23,9 +23,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client.h"
-#include "common/gpu/cuda_api.h"
-#include "common/gpu/gpu_util.h"
+#include "client/lib/client.h"
+#include "gpu/cuda/cuda_api.h"
+#include "gpu/gpu_util.h"
 
 /* The importer's state for one mapping; m->priv. */
 struct td_cuda_map {

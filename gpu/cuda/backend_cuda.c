@@ -54,11 +54,11 @@
 
 #include <tensord/dlpack.h>
 
-#include "backend.h"
-#include "common/gpu/cuda_api.h"
-#include "common/gpu/gpu_util.h"
-#include "gpu_worker.h"
-#include "log.h"
+#include "daemon/backend.h"
+#include "gpu/cuda/cuda_api.h"
+#include "gpu/gpu_util.h"
+#include "daemon/gpu_worker.h"
+#include "daemon/log.h"
 #include "nvml.h"
 
 /* Legacy allocations are rounded to 2 MiB, as NVIDIA advises for IPC. */

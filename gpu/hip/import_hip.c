@@ -19,9 +19,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client.h"
-#include "common/gpu/gpu_util.h"
-#include "common/gpu/hip_api.h"
+#include "client/lib/client.h"
+#include "gpu/gpu_util.h"
+#include "gpu/hip/hip_api.h"
 
 struct td_hip_map {
 	const struct td_hip_api *hip;

@@ -26,11 +26,11 @@
 
 #include <tensord/dlpack.h>
 
-#include "backend.h"
-#include "common/gpu/gpu_util.h"
-#include "common/gpu/hip_api.h"
-#include "gpu_worker.h"
-#include "log.h"
+#include "daemon/backend.h"
+#include "gpu/gpu_util.h"
+#include "gpu/hip/hip_api.h"
+#include "daemon/gpu_worker.h"
+#include "daemon/log.h"
 
 #define HIP_GRANULARITY (2ull << 20)
 
