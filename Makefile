@@ -167,7 +167,8 @@ $(PY_DIR)/%: client/python/tensord/%
 # Each unit test links its module and what that module needs, nothing more:
 # the list below is the module's dependency graph, checked by the linker.
 UNIT_DEPS_test_frame       := proto/frame.c
-UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c
+UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c gpu/vendor.c
+UNIT_DEPS_test_gpu_vendor  := gpu/vendor.c common/names.c common/desc.c common/errors.c
 UNIT_DEPS_test_pool        := daemon/pool.c daemon/log.c common/paths.c
 UNIT_DEPS_test_slab        := daemon/slab.c common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memlimit.c
@@ -180,7 +181,7 @@ UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/
                               daemon/slab.c \
                               daemon/memlimit.c common/sys.c \
                               daemon/log.c common/paths.c common/desc.c \
-                              common/names.c common/errors.c
+                              common/names.c common/errors.c gpu/vendor.c
 UNIT_DEPS_test_registry_async := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_waiters     := daemon/waiters.c
 UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn.c daemon/conn_set.c \
@@ -189,7 +190,8 @@ UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn
                               proto/frame.c
 UNIT_DEPS_test_quota       := daemon/quota.c
 UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c \
-                              client/tensorctl/npy_write.c common/names.c common/desc.c
+                              client/tensorctl/npy_write.c common/names.c common/desc.c \
+                              gpu/vendor.c
 UNIT_DEPS_test_gpu_util    := $(GPU_API_SRC)
 UNIT_DEPS_test_backend_gpu := $(GPU_DMN_SRC) daemon/log.c daemon/gpu_worker.c common/paths.c \
                               $(GPU_API_SRC)

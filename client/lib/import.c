@@ -22,9 +22,14 @@
 /* Set by client.c in a forked child (client.h). */
 int td_gpu_forked_from;
 
+/* Host memory, then each GPU handle kind's importer as gpu/vendor.h says. */
+#define TD_IMPORTER(id, kind, fd, importer) &importer,
 const struct td_importer *const td_importers[] = {
-	&td_importer_memfd, &td_importer_cuda, &td_importer_cuda_ipc, &td_importer_hip, NULL,
+	&td_importer_memfd,
+	TD_GPU_HANDLES(TD_IMPORTER) /* one per GPU handle kind */
+	NULL,
 };
+#undef TD_IMPORTER
 
 const struct td_importer *td_importer_for(Tensord__HandleKind kind)
 {
@@ -34,22 +39,40 @@ const struct td_importer *td_importer_for(Tensord__HandleKind kind)
 	return NULL;
 }
 
+/* Each GPU vendor's device numbering, by its device type. */
+static const struct gpu_numbering {
+	int device_type;
+	int (*ordinal_of_uuid)(const uint8_t *uuid, size_t uuid_len, int daemon_id,
+			       int *ret_ordinal);
+	int (*uuid_of_ordinal)(int ordinal, uint8_t uuid[16]);
+	bool (*in_use)(void);
+} gpu_numbering[] = {
+#define GPU_NUMBERING(id, ...)                                                                     \
+	{ TD_GPU_TYPE_##id, td_##id##_ordinal_of_uuid, td_##id##_uuid_of_ordinal,                  \
+	  td_##id##_api_in_use },
+	TD_GPU_VENDORS(GPU_NUMBERING)
+#undef GPU_NUMBERING
+};
+
+static const struct gpu_numbering *gpu_numbering_of(DLDeviceType type)
+{
+	for (size_t i = 0; i < sizeof(gpu_numbering) / sizeof(gpu_numbering[0]); i++)
+		if (gpu_numbering[i].device_type == (int)type)
+			return &gpu_numbering[i];
+	return NULL;
+}
+
 int td_gpu_local_device(DLDevice daemon_dev, const uint8_t *uuid, size_t uuid_len,
 			DLDevice *ret_local)
 {
+	const struct gpu_numbering *g = gpu_numbering_of(daemon_dev.device_type);
 	int ord, r;
 
-	switch (daemon_dev.device_type) {
-	case kDLCUDA:
-		r = td_cuda_ordinal_of_uuid(uuid, uuid_len, daemon_dev.device_id, &ord);
-		break;
-	case kDLROCM:
-		r = td_hip_ordinal_of_uuid(uuid, uuid_len, daemon_dev.device_id, &ord);
-		break;
-	default:
+	if (!g) {
 		*ret_local = daemon_dev;
 		return 0;
 	}
+	r = g->ordinal_of_uuid(uuid, uuid_len, daemon_dev.device_id, &ord);
 	if (r < 0)
 		return r;
 	*ret_local = (DLDevice){ daemon_dev.device_type, ord };
@@ -58,14 +81,17 @@ int td_gpu_local_device(DLDevice daemon_dev, const uint8_t *uuid, size_t uuid_le
 
 int td_gpu_device_uuid(DLDevice local, uint8_t uuid[16])
 {
-	switch (local.device_type) {
-	case kDLCUDA:
-		return td_cuda_uuid_of_ordinal(local.device_id, uuid);
-	case kDLROCM:
-		return td_hip_uuid_of_ordinal(local.device_id, uuid);
-	default:
-		return -ENOENT;
-	}
+	const struct gpu_numbering *g = gpu_numbering_of(local.device_type);
+
+	return g ? g->uuid_of_ordinal(local.device_id, uuid) : -ENOENT;
+}
+
+bool td_gpu_in_use(void)
+{
+	for (size_t i = 0; i < sizeof(gpu_numbering) / sizeof(gpu_numbering[0]); i++)
+		if (gpu_numbering[i].in_use())
+			return true;
+	return false;
 }
 
 /* The descriptor a mapping keeps for make_private() and view(), stored in priv. */

@@ -14,6 +14,7 @@
 
 #include <tensord/tensord.h>
 
+#include "gpu/vendor.h"
 #include "proto/tensord.pb-c.h" /* Tensord__HandleKind */
 
 /* What the daemon said about the memory of one lease. Borrowed for the call. */
@@ -122,22 +123,34 @@ struct td_importer {
  * each their own way (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES).
  *
  * td_gpu_local_device: the device this process sees as the daemon's
- * daemon_dev (kDLCUDA or kDLROCM) with uuid (uuid_len 16; HIP devices may
- * have none, then the ordinal is kept). 0 or -ENODEV (error set).
+ * daemon_dev (a GPU vendor's, gpu/vendor.h) with uuid (uuid_len 16; HIP
+ * devices may have none, then the ordinal is kept); other devices stay as
+ * they are. 0 or -ENODEV (error set).
  *
  * td_gpu_device_uuid: the UUID of this process's device local. 0,
- * -ENOENT when it has none the daemon could match (HIP without UUIDs: the
- * ordinal is all there is), or -ENODEV (error set).
+ * -ENOENT when it has none the daemon could match (not a GPU; HIP without
+ * UUIDs: the ordinal is all there is), or -ENODEV (error set).
  */
 int td_gpu_local_device(DLDevice daemon_dev, const uint8_t *uuid, size_t uuid_len,
 			DLDevice *ret_local);
 int td_gpu_device_uuid(DLDevice local, uint8_t uuid[16]);
 
-/* The same per vendor (import_cuda.c, import_hip.c); daemon_id only names it in errors. */
-int td_cuda_ordinal_of_uuid(const uint8_t *uuid, size_t uuid_len, int daemon_id, int *ret_ordinal);
-int td_cuda_uuid_of_ordinal(int ordinal, uint8_t uuid[16]);
-int td_hip_ordinal_of_uuid(const uint8_t *uuid, size_t uuid_len, int daemon_id, int *ret_ordinal);
-int td_hip_uuid_of_ordinal(int ordinal, uint8_t uuid[16]);
+/*
+ * The same per vendor, td_<id>_ordinal_of_uuid() and td_<id>_uuid_of_ordinal()
+ * (gpu/<id>/import_<id>.c); daemon_id only names the device in errors. And
+ * whether this process loaded the vendor's driver (its shim's
+ * td_<id>_api_in_use()).
+ */
+#define TD_GPU_CLIENT_DECLARE(id, ...)                                                             \
+	int td_##id##_ordinal_of_uuid(const uint8_t *uuid, size_t uuid_len, int daemon_id,         \
+				      int *ret_ordinal);                                           \
+	int td_##id##_uuid_of_ordinal(int ordinal, uint8_t uuid[16]);                              \
+	bool td_##id##_api_in_use(void);
+TD_GPU_VENDORS(TD_GPU_CLIENT_DECLARE)
+#undef TD_GPU_CLIENT_DECLARE
+
+/* Whether this process loaded any GPU vendor's driver: a child forked from it must not call one. */
+bool td_gpu_in_use(void);
 
 /*
  * In a child forked after this library initialised a GPU driver (CUDA or
@@ -155,9 +168,11 @@ const struct td_importer *td_importer_for(Tensord__HandleKind kind);
 extern const struct td_importer *const td_importers[];
 
 extern const struct td_importer td_importer_memfd;
-extern const struct td_importer td_importer_cuda;
-extern const struct td_importer td_importer_cuda_ipc;
-extern const struct td_importer td_importer_hip;
+
+/* The GPU vendors' importers, as gpu/vendor.h names them (td_importer_cuda, ...). */
+#define TD_IMPORTER_DECLARE(id, kind, fd, importer) extern const struct td_importer importer;
+TD_GPU_HANDLES(TD_IMPORTER_DECLARE)
+#undef TD_IMPORTER_DECLARE
 
 /* Sets the calling thread's tensord_last_error() text; returns err. */
 int td_set_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

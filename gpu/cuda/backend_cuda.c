@@ -584,8 +584,7 @@ static void cuda_backend_fini(void)
 }
 
 const struct backend_ops backend_cuda = {
-	.name = "cuda",
-	.device_type = kDLCUDA,
+	BACKEND_GPU_VENDOR(cuda),
 	.init = cuda_backend_init,
 	.fini = cuda_backend_fini,
 	.device_count = cuda_backend_device_count,

@@ -251,8 +251,7 @@ static void hip_backend_fini(void)
 }
 
 const struct backend_ops backend_hip = {
-	.name = "hip",
-	.device_type = kDLROCM,
+	BACKEND_GPU_VENDOR(hip),
 	.init = hip_backend_init,
 	.fini = hip_backend_fini,
 	.device_count = hip_backend_device_count,
