@@ -193,6 +193,7 @@ UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c
                               client/tensorctl/npy_write.c common/names.c common/desc.c \
                               gpu/vendor.c
 UNIT_DEPS_test_gpu_util    := $(GPU_API_SRC)
+UNIT_DEPS_test_gpu_driver  := gpu/driver.c
 UNIT_DEPS_test_backend_gpu := $(GPU_DMN_SRC) daemon/log.c daemon/gpu_worker.c common/paths.c \
                               $(GPU_API_SRC)
 UNIT_DEPS_test_import_gpu  := $(GPU_IMP_SRC) client/lib/error.c client/lib/import.c $(GPU_API_SRC)
