@@ -197,7 +197,8 @@ UNIT_DEPS_test_gpu_driver  := gpu/driver.c
 UNIT_DEPS_test_backend_gpu := $(GPU_DMN_SRC) daemon/backend_gpu.c daemon/log.c daemon/gpu_worker.c \
                               common/paths.c \
                               $(GPU_API_SRC)
-UNIT_DEPS_test_import_gpu  := $(GPU_IMP_SRC) client/lib/error.c client/lib/import.c $(GPU_API_SRC)
+UNIT_DEPS_test_import_gpu  := $(GPU_IMP_SRC) client/lib/import_gpu.c client/lib/error.c client/lib/import.c \
+                              $(GPU_API_SRC)
 UNIT_DEPS_test_client_gpu  := $(LIB_SRC) proto/tensord.pb-c.c
 
 .SECONDEXPANSION:

@@ -1,5 +1,7 @@
 /*
- * The importer table, and the host (memfd) importer.
+ * The importer table, and the host (memfd) importer. The GPU importers
+ * are in their vendors' folders (gpu/<id>/import_<id>.c), on what they
+ * share (import_gpu.c).
  *
  * Writable leases (the creator's, and attaches of mutable tensors by those
  * allowed to write) map the memfd MAP_SHARED. Everyone else maps it
@@ -19,9 +21,6 @@
 
 #include "import.h"
 
-/* Set by client.c in a forked child (client.h). */
-int td_gpu_forked_from;
-
 /* Host memory, then each GPU handle kind's importer as gpu/vendor.h says. */
 #define TD_IMPORTER(id, kind, fd, importer) &importer,
 const struct td_importer *const td_importers[] = {
@@ -37,61 +36,6 @@ const struct td_importer *td_importer_for(Tensord__HandleKind kind)
 		if (td_importers[i]->handle_kind == kind)
 			return td_importers[i];
 	return NULL;
-}
-
-/* Each GPU vendor's device numbering, by its device type. */
-static const struct gpu_numbering {
-	int device_type;
-	int (*ordinal_of_uuid)(const uint8_t *uuid, size_t uuid_len, int daemon_id,
-			       int *ret_ordinal);
-	int (*uuid_of_ordinal)(int ordinal, uint8_t uuid[16]);
-	bool (*in_use)(void);
-} gpu_numbering[] = {
-#define GPU_NUMBERING(id, ...)                                                                     \
-	{ TD_GPU_TYPE_##id, td_##id##_ordinal_of_uuid, td_##id##_uuid_of_ordinal,                  \
-	  td_##id##_api_in_use },
-	TD_GPU_VENDORS(GPU_NUMBERING)
-#undef GPU_NUMBERING
-};
-
-static const struct gpu_numbering *gpu_numbering_of(DLDeviceType type)
-{
-	for (size_t i = 0; i < sizeof(gpu_numbering) / sizeof(gpu_numbering[0]); i++)
-		if (gpu_numbering[i].device_type == (int)type)
-			return &gpu_numbering[i];
-	return NULL;
-}
-
-int td_gpu_local_device(DLDevice daemon_dev, const uint8_t *uuid, size_t uuid_len,
-			DLDevice *ret_local)
-{
-	const struct gpu_numbering *g = gpu_numbering_of(daemon_dev.device_type);
-	int ord, r;
-
-	if (!g) {
-		*ret_local = daemon_dev;
-		return 0;
-	}
-	r = g->ordinal_of_uuid(uuid, uuid_len, daemon_dev.device_id, &ord);
-	if (r < 0)
-		return r;
-	*ret_local = (DLDevice){ daemon_dev.device_type, ord };
-	return 0;
-}
-
-int td_gpu_device_uuid(DLDevice local, uint8_t uuid[16])
-{
-	const struct gpu_numbering *g = gpu_numbering_of(local.device_type);
-
-	return g ? g->uuid_of_ordinal(local.device_id, uuid) : -ENOENT;
-}
-
-bool td_gpu_in_use(void)
-{
-	for (size_t i = 0; i < sizeof(gpu_numbering) / sizeof(gpu_numbering[0]); i++)
-		if (gpu_numbering[i].in_use())
-			return true;
-	return false;
 }
 
 /* The descriptor a mapping keeps for make_private() and view(), stored in priv. */

@@ -130,24 +130,12 @@ struct td_importer {
  * td_gpu_device_uuid: the UUID of this process's device local. 0,
  * -ENOENT when it has none the daemon could match (not a GPU; HIP without
  * UUIDs: the ordinal is all there is), or -ENODEV (error set).
+ *
+ * Both, and the GPU importers, are in import_gpu.c.
  */
 int td_gpu_local_device(DLDevice daemon_dev, const uint8_t *uuid, size_t uuid_len,
 			DLDevice *ret_local);
 int td_gpu_device_uuid(DLDevice local, uint8_t uuid[16]);
-
-/*
- * The same per vendor, td_<id>_ordinal_of_uuid() and td_<id>_uuid_of_ordinal()
- * (gpu/<id>/import_<id>.c); daemon_id only names the device in errors. And
- * whether this process loaded the vendor's driver (its shim's
- * td_<id>_api_in_use()).
- */
-#define TD_GPU_CLIENT_DECLARE(id, ...)                                                             \
-	int td_##id##_ordinal_of_uuid(const uint8_t *uuid, size_t uuid_len, int daemon_id,         \
-				      int *ret_ordinal);                                           \
-	int td_##id##_uuid_of_ordinal(int ordinal, uint8_t uuid[16]);                              \
-	bool td_##id##_api_in_use(void);
-TD_GPU_VENDORS(TD_GPU_CLIENT_DECLARE)
-#undef TD_GPU_CLIENT_DECLARE
 
 /* Whether this process loaded any GPU vendor's driver: a child forked from it must not call one. */
 bool td_gpu_in_use(void);

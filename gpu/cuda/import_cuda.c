@@ -1,14 +1,12 @@
 /*
  * Importers for CUDA memory: td_importer_cuda for HANDLE_CUDA_VMM_FD (a
  * POSIX fd exported by cuMemExportToShareableHandle) and
- * td_importer_cuda_ipc for HANDLE_CUDA_IPC (legacy cuIpcMemHandle bytes).
- *
- * libcuda is loaded on the first GPU import (td_cuda_api_get(), once per
- * process), so programs that only use host tensors never load it.
- *
- * The daemon names the device by UUID; we map it on whichever local
- * ordinal has that UUID, because CUDA_VISIBLE_DEVICES may renumber GPUs
- * differently in each process.
+ * td_importer_cuda_ipc for HANDLE_CUDA_IPC (legacy cuIpcMemHandle bytes),
+ * on what every vendor's importers share (client/lib/import_gpu.h:
+ * loading libcuda on the first GPU import, the device by UUID, the legacy
+ * IPC import, unmap after a wait, sync and copy_in). What is CUDA's own is
+ * here: the VMM import and its read-only protection, and the driver calls
+ * td_cuda_client gives the shared code.
  *
  * All driver calls run with the device's primary context pushed and popped
  * again, so the application's current context (torch, cupy and the CUDA
@@ -23,46 +21,42 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client/lib/client.h"
+#include "client/lib/import_gpu.h"
 #include "gpu/cuda/cuda_api.h"
-#include "gpu/gpu_util.h"
 
-/* The importer's state for one mapping; m->priv. */
+/* The importer's state for one mapping; m->priv. g.ptr: VMM's reserved range, or the opened pointer. */
 struct td_cuda_map {
-	const struct td_cuda_api *cu;
+	struct td_gpu_map g;
 	CUdevice dev;
-	int ordinal;     /* this process's number for dev */
-	CUdeviceptr ptr; /* VMM: the reserved range; legacy: the opened pointer */
-	size_t size;     /* VMM: bytes reserved and mapped */
+	size_t size; /* VMM: bytes reserved and mapped */
 	bool vmm;
 	bool ro_enforced; /* VMM read-only mapping honoured by the driver */
 };
 
-/* Loads libcuda (once) and says why not in the thread's error. */
-static int td_cuda_load(const struct td_cuda_api **ret_cu)
+static int td_cuda_get(const void **ret_api, const char **ret_why)
 {
-	const char *why = NULL;
-	int err;
+	const struct td_cuda_api *cu;
+	int err = td_cuda_api_get(&cu, ret_why);
 
-	if (td_gpu_forked_from)
-		return td_set_error(
-			-ENODEV,
-			"cannot use CUDA memory in this process: it was forked from "
-			"process %d after tensord initialised CUDA there, and CUDA does "
-			"not survive fork(); start it with the 'spawn' or 'forkserver' "
-			"method instead",
-			td_gpu_forked_from);
-	err = td_cuda_api_get(ret_cu, &why);
-
-	if (err < 0)
-		return td_set_error(err, "cannot use CUDA memory: %s", why);
-	return 0;
+	if (err == 0)
+		*ret_api = cu;
+	return err;
 }
 
-/* Fills uuids[i] for each of this process's n devices (at most TD_GPU_MAX_DEVICES). */
-static int td_cuda_uuids(const struct td_cuda_api *cu, uint8_t (*uuids)[TD_GPU_UUID_LEN],
-			 int *ret_n)
+static int td_cuda_errno_of(int r)
 {
+	return td_cuda_errno((CUresult)r);
+}
+
+static const char *td_cuda_strerror_of(const void *api, int r, char *buf, size_t len)
+{
+	return td_cuda_strerror(api, (CUresult)r, buf, len);
+}
+
+static int td_cuda_uuids(const void *api, uint8_t (*uuids)[TD_GPU_UUID_LEN], int *ret_n,
+			 bool *ret_have)
+{
+	const struct td_cuda_api *cu = api;
 	char err[128];
 	int n = 0;
 	CUresult r;
@@ -86,76 +80,34 @@ static int td_cuda_uuids(const struct td_cuda_api *cu, uint8_t (*uuids)[TD_GPU_U
 		memcpy(uuids[i], u.bytes, TD_GPU_UUID_LEN);
 	}
 	*ret_n = n;
+	*ret_have = true;
 	return 0;
 }
 
-int td_cuda_ordinal_of_uuid(const uint8_t *uuid, size_t uuid_len, int daemon_id, int *ret_ordinal)
+static int td_cuda_not_seen(int daemon_id, const char *uuid, int n)
 {
-	uint8_t uuids[TD_GPU_MAX_DEVICES][TD_GPU_UUID_LEN];
-	const struct td_cuda_api *cu;
-	char ustr[48];
-	int n = 0, ord, err;
-
-	err = td_cuda_load(&cu);
-	if (err == 0)
-		err = td_cuda_uuids(cu, uuids, &n);
-	if (err < 0)
-		return err;
-	ord = td_gpu_uuid_find(uuid, uuid_len, (const uint8_t(*)[TD_GPU_UUID_LEN])uuids, n);
-	if (ord < 0)
-		return td_set_error(-ENODEV,
-				    "the daemon's cuda:%d is %s, which this process does not see "
-				    "(%d CUDA devices here; check CUDA_VISIBLE_DEVICES)",
-				    daemon_id,
-				    td_gpu_uuid_format(uuid, uuid_len, ustr, sizeof(ustr)), n);
-	*ret_ordinal = ord;
-	return 0;
+	return td_set_error(-ENODEV,
+			    "the daemon's cuda:%d is %s, which this process does not see "
+			    "(%d CUDA devices here; check CUDA_VISIBLE_DEVICES)",
+			    daemon_id, uuid, n);
 }
 
-int td_cuda_uuid_of_ordinal(int ordinal, uint8_t uuid[TD_GPU_UUID_LEN])
+/* p's CUdevice, from its ordinal. 0 or -ENODEV (error set). */
+static int td_cuda_device(struct td_cuda_map *p)
 {
-	uint8_t uuids[TD_GPU_MAX_DEVICES][TD_GPU_UUID_LEN];
-	const struct td_cuda_api *cu;
-	int n = 0, err;
-
-	err = td_cuda_load(&cu);
-	if (err == 0)
-		err = td_cuda_uuids(cu, uuids, &n);
-	if (err < 0)
-		return err;
-	if (ordinal < 0 || ordinal >= n)
-		return td_set_error(-ENODEV,
-				    "cuda:%d: this process sees %d CUDA devices "
-				    "(check CUDA_VISIBLE_DEVICES)",
-				    ordinal, n);
-	memcpy(uuid, uuids[ordinal], TD_GPU_UUID_LEN);
-	return 0;
-}
-
-/*
- * The local ordinal of the daemon's device d->uuid, and its CUdevice.
- * 0 or -ENODEV (error set).
- */
-static int td_cuda_find_device(const struct td_cuda_api *cu, const struct td_import_desc *d,
-			       CUdevice *ret_dev, int *ret_ordinal)
-{
+	const struct td_cuda_api *cu = p->g.api;
 	char err[128];
-	int ord, rc;
 	CUresult r;
 
-	rc = td_cuda_ordinal_of_uuid(d->uuid, d->uuid_len, d->device.device_id, &ord);
-	if (rc < 0)
-		return rc;
-	r = cu->DeviceGet(ret_dev, ord);
+	r = cu->DeviceGet(&p->dev, p->g.ordinal);
 	if (r != CUDA_SUCCESS)
-		return td_set_error(-ENODEV, "cuDeviceGet(%d): %s", ord,
+		return td_set_error(-ENODEV, "cuDeviceGet(%d): %s", p->g.ordinal,
 				    td_cuda_strerror(cu, r, err, sizeof(err)));
-	*ret_ordinal = ord;
 	return 0;
 }
 
-/* Retains dev's primary context and pushes it. 0 or -errno (error set). */
-static int td_cuda_enter(const struct td_cuda_api *cu, CUdevice dev)
+/* Retains dev's primary context and pushes it. 0 or -errno (error set when report). */
+static int td_cuda_enter(const struct td_cuda_api *cu, CUdevice dev, bool report)
 {
 	CUcontext ctx;
 	char err[128];
@@ -168,6 +120,8 @@ static int td_cuda_enter(const struct td_cuda_api *cu, CUdevice dev)
 			return 0;
 		cu->DevicePrimaryCtxRelease(dev);
 	}
+	if (!report)
+		return td_cuda_errno(r);
 	return td_set_error(td_cuda_errno(r), "CUDA context: %s",
 			    td_cuda_strerror(cu, r, err, sizeof(err)));
 }
@@ -182,12 +136,39 @@ static void td_cuda_leave(const struct td_cuda_api *cu, CUdevice dev, bool keep_
 		cu->DevicePrimaryCtxRelease(dev);
 }
 
-static int td_cuda_fail(const struct td_cuda_api *cu, CUresult r, const char *what)
+/* For the shared code: the primary context pushed, and gone again with its reference. */
+static int td_cuda_scope_enter(struct td_gpu_map *g, struct td_gpu_scope *s, const char *what)
 {
-	char err[128];
+	return td_cuda_enter(g->api, ((struct td_cuda_map *)g)->dev, what != NULL);
+}
 
-	return td_set_error(td_cuda_errno(r), "%s: %s", what,
-			    td_cuda_strerror(cu, r, err, sizeof(err)));
+static void td_cuda_scope_leave(struct td_gpu_map *g, struct td_gpu_scope *s)
+{
+	td_cuda_leave(g->api, ((struct td_cuda_map *)g)->dev, false);
+}
+
+/* The runtime and the frameworks queue their work in the primary context. */
+static int td_cuda_synchronize(struct td_gpu_map *g)
+{
+	const struct td_cuda_api *cu = g->api;
+
+	return cu->CtxSynchronize();
+}
+
+/*
+ * Unified addressing lets cuMemcpyAsync find both sides. DLPack numbers
+ * CUDA's streams as the driver does: 1 is CU_STREAM_LEGACY.
+ */
+static int td_cuda_copy(struct td_gpu_map *g, void *dst, const void *src, size_t n, long stream)
+{
+	const struct td_cuda_api *cu = g->api;
+	CUstream st = (CUstream)(uintptr_t)stream;
+	CUresult r;
+
+	r = cu->MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n, st);
+	if (r == CUDA_SUCCESS)
+		r = cu->StreamSynchronize(st);
+	return r;
 }
 
 /*
@@ -198,18 +179,19 @@ static int td_cuda_fail(const struct td_cuda_api *cu, CUresult r, const char *wh
  */
 static CUresult td_cuda_set_access(struct td_cuda_map *p, bool writable)
 {
+	const struct td_cuda_api *cu = p->g.api;
 	CUmemAccessDesc acc;
 	CUresult r;
 
 	memset(&acc, 0, sizeof(acc));
 	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	acc.location.id = p->ordinal;
+	acc.location.id = p->g.ordinal;
 	acc.flags = writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
-	r = p->cu->MemSetAccess(p->ptr, p->size, &acc, 1);
+	r = cu->MemSetAccess(p->g.ptr, p->size, &acc, 1);
 	p->ro_enforced = !writable && r == CUDA_SUCCESS;
 	if (!writable && (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE)) {
 		acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-		r = p->cu->MemSetAccess(p->ptr, p->size, &acc, 1);
+		r = cu->MemSetAccess(p->g.ptr, p->size, &acc, 1);
 	}
 	return r;
 }
@@ -223,8 +205,9 @@ static CUresult td_cuda_set_access(struct td_cuda_map *p, bool writable)
 static int td_cuda_vmm_map(struct td_cuda_map *p, CUmemGenericAllocationHandle h, uint64_t size,
 			   bool writable)
 {
-	const struct td_cuda_api *cu = p->cu;
+	const struct td_cuda_api *cu = p->g.api;
 	CUmemAllocationProp prop;
+	CUdeviceptr ptr = 0;
 	size_t gran = 0;
 	CUresult r;
 	int err;
@@ -236,7 +219,7 @@ static int td_cuda_vmm_map(struct td_cuda_map *p, CUmemGenericAllocationHandle h
 	prop.location.id = p->dev;
 	r = cu->MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 	if (r != CUDA_SUCCESS) {
-		err = td_cuda_fail(cu, r, "cuMemGetAllocationGranularity");
+		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemGetAllocationGranularity");
 		goto out_release;
 	}
 	if (size == 0 || size > SIZE_MAX || gran == 0 || size % gran != 0) {
@@ -246,14 +229,15 @@ static int td_cuda_vmm_map(struct td_cuda_map *p, CUmemGenericAllocationHandle h
 				   (unsigned long long)size, gran);
 		goto out_release;
 	}
-	r = cu->MemAddressReserve(&p->ptr, size, gran, 0, 0);
+	r = cu->MemAddressReserve(&ptr, size, gran, 0, 0);
+	p->g.ptr = ptr;
 	if (r != CUDA_SUCCESS) {
-		err = td_cuda_fail(cu, r, "cuMemAddressReserve");
+		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemAddressReserve");
 		goto out_release;
 	}
-	r = cu->MemMap(p->ptr, size, 0, h, 0);
+	r = cu->MemMap(ptr, size, 0, h, 0);
 	if (r != CUDA_SUCCESS) {
-		err = td_cuda_fail(cu, r, "cuMemMap");
+		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemMap");
 		goto out_free;
 	}
 	/* The mapping keeps the memory alive; our handle is no longer needed. */
@@ -262,15 +246,15 @@ static int td_cuda_vmm_map(struct td_cuda_map *p, CUmemGenericAllocationHandle h
 
 	r = td_cuda_set_access(p, writable);
 	if (r != CUDA_SUCCESS) {
-		err = td_cuda_fail(cu, r, "cuMemSetAccess");
-		cu->MemUnmap(p->ptr, size);
-		cu->MemAddressFree(p->ptr, size);
+		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemSetAccess");
+		cu->MemUnmap(ptr, size);
+		cu->MemAddressFree(ptr, size);
 		return err;
 	}
 	return 0;
 
 out_free:
-	cu->MemAddressFree(p->ptr, size);
+	cu->MemAddressFree(ptr, size);
 out_release:
 	cu->MemRelease(h);
 	return err;
@@ -282,12 +266,14 @@ static int td_cuda_map_vmm(struct td_mapping *m, int fd, const struct td_import_
 	const struct td_cuda_api *cu;
 	CUmemGenericAllocationHandle h;
 	struct td_cuda_map *p;
+	const void *api;
 	int err, ordinal;
 	CUresult r;
 
-	err = td_cuda_load(&cu);
+	err = td_gpu_load(&td_cuda_client, &api);
 	if (err < 0)
 		goto out_close;
+	cu = api;
 	if (fd < 0) {
 		err = td_set_error(-EPROTO, "CUDA lease came without a descriptor");
 		goto out_close;
@@ -297,17 +283,20 @@ static int td_cuda_map_vmm(struct td_mapping *m, int fd, const struct td_import_
 				   "this CUDA driver has no cuMemImportFromShareableHandle");
 		goto out_close;
 	}
-	p = calloc(1, sizeof(*p));
+	err = td_gpu_ordinal_of_uuid(&td_cuda_client, d->uuid, d->uuid_len, d->device.device_id,
+				     &ordinal);
+	if (err < 0)
+		goto out_close;
+	p = (struct td_cuda_map *)td_gpu_map_new(&td_cuda_client, api, ordinal);
 	if (!p) {
 		err = td_set_error(-ENOMEM, "out of memory");
 		goto out_close;
 	}
-	p->cu = cu;
 	p->vmm = true;
-	err = td_cuda_find_device(cu, d, &p->dev, &ordinal);
+	err = td_cuda_device(p);
 	if (err < 0)
 		goto out_free;
-	err = td_cuda_enter(cu, p->dev);
+	err = td_cuda_enter(cu, p->dev, true);
 	if (err < 0)
 		goto out_free;
 	r = cu->MemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
@@ -316,20 +305,15 @@ static int td_cuda_map_vmm(struct td_mapping *m, int fd, const struct td_import_
 	close(fd);
 	fd = -1;
 	if (r != CUDA_SUCCESS) {
-		err = td_cuda_fail(cu, r, "cuMemImportFromShareableHandle");
+		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemImportFromShareableHandle");
 		td_cuda_leave(cu, p->dev, false);
 		goto out_free;
 	}
-	p->ordinal = ordinal;
 	err = td_cuda_vmm_map(p, h, d->map_size, d->writable);
 	td_cuda_leave(cu, p->dev, err == 0);
 	if (err < 0)
 		goto out_free;
-	m->base = (void *)(uintptr_t)p->ptr;
-	m->data = (char *)m->base + d->ipc_offset;
-	m->size = d->map_size;
-	m->device = (DLDevice){ kDLCUDA, ordinal };
-	m->priv = p;
+	td_gpu_mapped(m, &p->g, d);
 	return 0;
 
 out_free:
@@ -340,166 +324,73 @@ out_close:
 	return err;
 }
 
-/* HANDLE_CUDA_IPC. Takes ownership of fd (there should be none). */
-static int td_cuda_map_ipc(struct td_mapping *m, int fd, const struct td_import_desc *d)
+/* HANDLE_CUDA_IPC: opened on the device's primary context, which the mapping keeps. */
+static int td_cuda_ipc_open(struct td_gpu_map *g, const uint8_t *handle, uint64_t map_size)
 {
-	const struct td_cuda_api *cu;
-	CUdeviceptr base = 0;
-	struct td_cuda_map *p;
+	struct td_cuda_map *p = (struct td_cuda_map *)g;
+	const struct td_cuda_api *cu = g->api;
+	CUdeviceptr base = 0, ptr = 0;
 	CUipcMemHandle h;
 	size_t range = 0;
-	int err, ordinal;
 	CUresult r;
+	int err;
 
-	if (fd >= 0)
-		close(fd);
-	err = td_cuda_load(&cu);
+	memcpy(&h, handle, sizeof(h));
+	err = td_cuda_device(p);
 	if (err < 0)
 		return err;
-	if (!d->ipc_handle || d->ipc_handle_len != sizeof(h))
-		return td_set_error(-EPROTO, "CUDA IPC handle of %zu bytes, expected %zu",
-				    d->ipc_handle_len, sizeof(h));
-	if (d->ipc_offset > d->map_size)
-		return td_set_error(-EPROTO, "CUDA IPC offset %llu beyond %llu bytes",
-				    (unsigned long long)d->ipc_offset,
-				    (unsigned long long)d->map_size);
-	memcpy(&h, d->ipc_handle, sizeof(h));
-	p = calloc(1, sizeof(*p));
-	if (!p)
-		return td_set_error(-ENOMEM, "out of memory");
-	p->cu = cu;
-	err = td_cuda_find_device(cu, d, &p->dev, &ordinal);
+	err = td_cuda_enter(cu, p->dev, true);
 	if (err < 0)
-		goto out_free;
-	p->ordinal = ordinal;
-	err = td_cuda_enter(cu, p->dev);
-	if (err < 0)
-		goto out_free;
-	r = cu->IpcOpenMemHandle(&p->ptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+		return err;
+	r = cu->IpcOpenMemHandle(&ptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 	if (r != CUDA_SUCCESS) {
-		err = td_cuda_fail(cu, r, "cuIpcOpenMemHandle");
+		err = td_gpu_fail(&td_cuda_client, g->api, r, "cuIpcOpenMemHandle");
 		td_cuda_leave(cu, p->dev, false);
-		goto out_free;
+		return err;
 	}
 	/* Never trust the size we were told over what the driver mapped. */
-	r = cu->MemGetAddressRange(&base, &range, p->ptr);
-	if (r != CUDA_SUCCESS || range < d->map_size) {
-		err = r != CUDA_SUCCESS ? td_cuda_fail(cu, r, "cuMemGetAddressRange")
-					: td_set_error(-EPROTO,
-						       "CUDA IPC mapping has %zu bytes, "
-						       "the daemon said %llu",
-						       range, (unsigned long long)d->map_size);
-		cu->IpcCloseMemHandle(p->ptr);
+	r = cu->MemGetAddressRange(&base, &range, ptr);
+	if (r != CUDA_SUCCESS || range < map_size) {
+		err = r != CUDA_SUCCESS
+			      ? td_gpu_fail(&td_cuda_client, g->api, r, "cuMemGetAddressRange")
+			      : td_set_error(-EPROTO,
+					     "CUDA IPC mapping has %zu bytes, "
+					     "the daemon said %llu",
+					     range, (unsigned long long)map_size);
+		cu->IpcCloseMemHandle(ptr);
 		td_cuda_leave(cu, p->dev, false);
-		goto out_free;
+		return err;
 	}
 	td_cuda_leave(cu, p->dev, true);
-	m->base = (void *)(uintptr_t)p->ptr;
-	m->data = (char *)m->base + d->ipc_offset;
-	m->size = d->map_size;
-	m->device = (DLDevice){ kDLCUDA, ordinal };
-	m->priv = p;
+	g->ptr = ptr;
 	return 0;
-
-out_free:
-	free(p);
-	return err;
 }
 
-/*
- * Undoes either map. Runs on any thread: pushes the primary context for
- * the calls (it is still retained by the mapping), then drops that
- * reference. Errors cannot be reported and leave nothing to retry.
- */
-static void td_cuda_unmap(struct td_mapping *m)
+static int td_cuda_map_ipc(struct td_mapping *m, int fd, const struct td_import_desc *d)
 {
-	struct td_cuda_map *p = m->priv;
-	const struct td_cuda_api *cu;
-	CUcontext ctx;
-	CUresult r;
+	return td_gpu_map_ipc(&td_cuda_client, m, fd, d);
+}
 
-	if (!p)
-		return;
-	/* Inherited across fork(): the mapping is not ours here, and the
-	 * driver must not be called. Forget it. */
-	if (td_gpu_forked_from)
-		goto out;
-	cu = p->cu;
-	/* Retain once more to get the handle; the extra reference is dropped below. */
-	r = cu->DevicePrimaryCtxRetain(&ctx, p->dev);
-	if (r == CUDA_SUCCESS && cu->CtxPushCurrent(ctx) == CUDA_SUCCESS) {
-		/*
-		 * Consumers (torch, cupy) call the DLPack deleter as soon as
-		 * their array object dies, with kernels that read it possibly
-		 * still queued on any stream of the context: wait for them, as
-		 * torch's own allocator does before cuMemUnmap, or they fault.
-		 */
-		cu->CtxSynchronize();
-		if (p->vmm) {
-			cu->MemUnmap(p->ptr, p->size);
-			cu->MemAddressFree(p->ptr, p->size);
-		} else {
-			cu->IpcCloseMemHandle(p->ptr);
-		}
-		cu->CtxPopCurrent(&ctx);
+/* VMM: the range unmapped and given back; legacy: the IPC handle closed. */
+static void td_cuda_release(struct td_gpu_map *g)
+{
+	struct td_cuda_map *p = (struct td_cuda_map *)g;
+	const struct td_cuda_api *cu = g->api;
+
+	if (p->vmm) {
+		cu->MemUnmap(g->ptr, p->size);
+		cu->MemAddressFree(g->ptr, p->size);
+	} else {
+		cu->IpcCloseMemHandle(g->ptr);
 	}
-	if (r == CUDA_SUCCESS)
-		cu->DevicePrimaryCtxRelease(p->dev);
-	/* The reference map() kept. */
-	cu->DevicePrimaryCtxRelease(p->dev);
-out:
-	free(p);
-	m->priv = NULL;
-	m->base = m->data = NULL;
 }
 
-/*
- * Publish by the creator: the runtime and frameworks write through the
- * device's primary context, so synchronizing it waits for every stream's
- * queued work on this tensor (and, conservatively, any other).
- */
-static int td_cuda_sync(struct td_mapping *m)
+/* The reference on the primary context that map() kept. */
+static void td_cuda_drop(struct td_gpu_map *g)
 {
-	struct td_cuda_map *p = m->priv;
-	CUresult r;
-	int err;
+	const struct td_cuda_api *cu = g->api;
 
-	if (!p)
-		return 0;
-	err = td_cuda_enter(p->cu, p->dev);
-	if (err < 0)
-		return err;
-	r = p->cu->CtxSynchronize();
-	td_cuda_leave(p->cu, p->dev, false);
-	if (r != CUDA_SUCCESS)
-		return td_cuda_fail(p->cu, r, "synchronizing the device before publish");
-	return 0;
-}
-
-/*
- * Unified addressing lets cuMemcpyAsync find both sides: device to device,
- * on the legacy default stream, which put() asked the producer to order its
- * writes before (td_gpu_put_stream()); then waits for that stream.
- */
-static int td_cuda_copy_in(struct td_mapping *m, const void *src, uint64_t n)
-{
-	struct td_cuda_map *p = m->priv;
-	CUresult r;
-	int err;
-
-	if (!p)
-		return td_set_error(-EINVAL, "tensor '%s' is not mapped", m->name);
-	err = td_cuda_enter(p->cu, p->dev);
-	if (err < 0)
-		return err;
-	r = p->cu->MemcpyAsync((CUdeviceptr)(uintptr_t)m->data, (CUdeviceptr)(uintptr_t)src,
-			       (size_t)n, CU_STREAM_LEGACY);
-	if (r == CUDA_SUCCESS)
-		r = p->cu->StreamSynchronize(CU_STREAM_LEGACY);
-	td_cuda_leave(p->cu, p->dev, false);
-	if (r != CUDA_SUCCESS)
-		return td_cuda_fail(p->cu, r, "copying device memory into the tensor");
-	return 0;
+	cu->DevicePrimaryCtxRelease(((struct td_cuda_map *)g)->dev);
 }
 
 /*
@@ -516,15 +407,15 @@ static int td_cuda_protect(struct td_mapping *m, bool writable)
 
 	if (!p || !p->vmm)
 		return 0;
-	err = td_cuda_enter(p->cu, p->dev);
+	err = td_cuda_enter(p->g.api, p->dev, true);
 	if (err < 0)
 		return err;
 	r = td_cuda_set_access(p, writable);
-	td_cuda_leave(p->cu, p->dev, false);
+	td_cuda_leave(p->g.api, p->dev, false);
 	if (r != CUDA_SUCCESS)
-		return td_cuda_fail(p->cu, r,
-				    writable ? "cuMemSetAccess (read-write again)"
-					     : "cuMemSetAccess (read-only at publish)");
+		return td_gpu_fail(&td_cuda_client, p->g.api, r,
+				   writable ? "cuMemSetAccess (read-write again)"
+					    : "cuMemSetAccess (read-only at publish)");
 	return 0;
 }
 
@@ -538,23 +429,45 @@ static int td_cuda_make_shared(struct td_mapping *m)
 	return td_cuda_protect(m, true);
 }
 
+const struct td_gpu_client td_cuda_client = {
+	.device_type = TD_GPU_TYPE_cuda,
+	.visible_env = "CUDA_VISIBLE_DEVICES",
+	.loaded = "initialised CUDA",
+	.ordinal_fallback = false,
+	.map_size = sizeof(struct td_cuda_map),
+	.ipc_handle_len = sizeof(CUipcMemHandle),
+	.get = td_cuda_get,
+	.in_use = td_cuda_api_in_use,
+	.errno_of = td_cuda_errno_of,
+	.strerror = td_cuda_strerror_of,
+	.uuids = td_cuda_uuids,
+	.not_seen = td_cuda_not_seen,
+	.enter = td_cuda_scope_enter,
+	.leave = td_cuda_scope_leave,
+	.synchronize = td_cuda_synchronize,
+	.copy = td_cuda_copy,
+	.ipc_open = td_cuda_ipc_open,
+	.release = td_cuda_release,
+	.drop = td_cuda_drop,
+};
+
 const struct td_importer td_importer_cuda = {
 	.handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD,
 	.map = td_cuda_map_vmm,
-	.unmap = td_cuda_unmap,
+	.unmap = td_gpu_unmap,
 	.make_private = td_cuda_make_private,
 	.make_shared = td_cuda_make_shared,
-	.sync = td_cuda_sync,
-	.copy_in = td_cuda_copy_in,
+	.sync = td_gpu_sync,
+	.copy_in = td_gpu_copy_in,
 };
 
 const struct td_importer td_importer_cuda_ipc = {
 	.handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC,
 	.unmap_before_close = true,
 	.map = td_cuda_map_ipc,
-	.unmap = td_cuda_unmap,
+	.unmap = td_gpu_unmap,
 	/* Legacy IPC has no read-only mapping: the DLPack flag is all there is. */
 	.make_private = NULL,
-	.sync = td_cuda_sync,
-	.copy_in = td_cuda_copy_in,
+	.sync = td_gpu_sync,
+	.copy_in = td_gpu_copy_in,
 };
