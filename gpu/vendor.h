@@ -6,16 +6,19 @@
  * types the CPU can read and which are GPUs, the streams of DLPack, which
  * handle kinds carry a descriptor, the daemon's backend table, the client
  * library's importer table and device numbering, Python's device names and
- * stream rule. No other file outside a vendor's folder names a vendor.
+ * stream rule. Outside gpu/<id>/, no code names a vendor but these rows
+ * (comments give examples) and the schema's HandleKind values.
  *
  * A row of TD_GPU_VENDORS: X(id, DL, name, device, put_stream, streams,
  * host types...)
  *   id          the vendor's folder, gpu/<id>/, and the names of what it
- *               defines there: its driver shim td_<id>_api_*() (<id>_api.c,
- *               linked into both sides), the daemon's backend_<id> (a
- *               struct backend_ops, "<id>" in stats), and the client's
- *               td_<id>_client (what client/lib/import_gpu.c needs of the
- *               driver)
+ *               defines there: its driver shim td_<id>_api_*() in
+ *               <id>_api.[ch] (linked into both sides), the daemon's
+ *               backend_<id> (a struct backend_ops, "<id>" in stats) in
+ *               backend_<id>.c (it and any other file of the folder go
+ *               into the daemon), and the client library's td_<id>_client
+ *               (what client/lib/import_gpu.h needs of the driver) with its
+ *               importers in import_<id>.c (import_*.c go into libtensord)
  *   DL          its DLPack device type is kDL<DL>
  *   name        what messages call it ("CUDA")
  *   device      its devices' name: "<device>:N", in C, tensorctl and Python
@@ -84,7 +87,8 @@ extern const struct td_gpu_handle td_gpu_handles[];
 /*
  * Each vendor's device type by its id, for initializers that a row's
  * fields cannot be (C reads no object in a constant expression):
- * TD_GPU_TYPE_cuda is kDLCUDA. And by its DLPack name: TD_GPU_DL_CUDA.
+ * TD_GPU_TYPE_cuda is kDLCUDA. And by its DLPack name, as the tests spell
+ * it: TD_GPU_DL_CUDA.
  */
 #define TD_GPU_TYPE_ENUM(id, dl, ...) TD_GPU_TYPE_##id = kDL##dl,
 #define TD_GPU_DL_ENUM(id, dl, ...) TD_GPU_DL_##dl = kDL##dl,
