@@ -13,7 +13,8 @@
 #
 # Where things are (docs/design.md has the longer map):
 #   proto/            wire schema and frame codec
-#   common/           descriptors, names, errors, socket path; common/gpu/ driver shims
+#   common/           descriptors, names, errors, socket path
+#   gpu/              the GPU vendors, one folder each (gpu/cuda/, gpu/hip/)
 #   daemon/           tensord
 #   client/lib/       libtensord          client/tensorctl/  tensorctl
 #   client/python/    the Python package  tests/unit/        one binary per module
@@ -60,15 +61,22 @@ endif
 PB_OBJ  := $(B)/proto/tensord.pb-c.o
 obj      = $(patsubst %.c,$(B)/%.o,$(1))
 
-# libtensord: one list, shared with client/python/setup.py.
-LIB_SRC := $(filter %.c,$(shell cat client/lib/sources.txt))
+# libtensord: one list (its lines may be patterns), shared with client/python/setup.py.
+LIB_SRC := $(wildcard $(filter %.c,$(shell cat client/lib/sources.txt)))
 LIB_OBJ := $(call obj,$(LIB_SRC)) $(PB_OBJ)
+
+# The GPU vendors, a folder each (gpu/<id>/): its shim (<id>_api.c) goes into
+# both sides, its importers (import_*.c) into libtensord, the rest into the
+# daemon; gpu/*.c is what the vendors share. No vendor is named here.
+GPU_API_SRC := $(wildcard gpu/*.c gpu/*/*_api.c)
+GPU_IMP_SRC := $(wildcard gpu/*/import_*.c)
+GPU_DMN_SRC := $(filter-out $(GPU_API_SRC) $(GPU_IMP_SRC),$(wildcard gpu/*/*.c))
 
 # What both sides share, and the daemon.
 COMMON_OBJ := $(call obj,common/desc.c common/names.c common/errors.c common/paths.c common/sys.c \
                           proto/frame.c)
-GPU_OBJ    := $(call obj,common/gpu/cuda_api.c common/gpu/hip_api.c)
-DMN_OBJ    := $(call obj,$(wildcard daemon/*.c)) $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ)
+GPU_OBJ    := $(call obj,$(GPU_API_SRC))
+DMN_OBJ    := $(call obj,$(wildcard daemon/*.c) $(GPU_DMN_SRC)) $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ)
 
 CTL_OBJ := $(call obj,$(wildcard client/tensorctl/*.c))
 
@@ -159,7 +167,8 @@ $(PY_DIR)/%: client/python/tensord/%
 # Each unit test links its module and what that module needs, nothing more:
 # the list below is the module's dependency graph, checked by the linker.
 UNIT_DEPS_test_frame       := proto/frame.c
-UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c
+UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c gpu/vendor.c
+UNIT_DEPS_test_gpu_vendor  := gpu/vendor.c common/names.c common/desc.c common/errors.c
 UNIT_DEPS_test_pool        := daemon/pool.c daemon/log.c common/paths.c
 UNIT_DEPS_test_slab        := daemon/slab.c common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memlimit.c
@@ -175,13 +184,13 @@ UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/
                               daemon/slab.c \
                               daemon/memlimit.c common/sys.c \
                               daemon/log.c common/paths.c common/desc.c \
-                              common/names.c common/errors.c
+                              common/names.c common/errors.c gpu/vendor.c
 UNIT_DEPS_test_registry_async := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_versions    := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_figures     := daemon/figures.c daemon/metrics.c daemon/quota.c daemon/backend_host.c \
                               daemon/pool.c daemon/slab.c daemon/memlimit.c daemon/log.c \
                               common/sys.c common/paths.c common/names.c common/desc.c \
-                              common/errors.c \
+                              common/errors.c gpu/vendor.c \
                               proto/tensord.pb-c.c
 UNIT_DEPS_test_waiters     := daemon/waiters.c daemon/metrics.c daemon/log.c common/paths.c
 UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn.c daemon/conn_set.c \
@@ -190,13 +199,15 @@ UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn
                               proto/frame.c
 UNIT_DEPS_test_quota       := daemon/quota.c
 UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c \
-                              client/tensorctl/npy_write.c common/names.c common/desc.c
-UNIT_DEPS_test_gpu_util    := common/gpu/cuda_api.c common/gpu/hip_api.c
-UNIT_DEPS_test_backend_gpu := daemon/backend_cuda.c daemon/backend_hip.c daemon/log.c daemon/gpu_worker.c \
-                              daemon/nvml.c common/paths.c \
-                              common/gpu/cuda_api.c common/gpu/hip_api.c
-UNIT_DEPS_test_import_gpu  := client/lib/import_cuda.c client/lib/import_hip.c client/lib/error.c \
-                              client/lib/import.c common/gpu/cuda_api.c common/gpu/hip_api.c
+                              client/tensorctl/npy_write.c common/names.c common/desc.c \
+                              gpu/vendor.c
+UNIT_DEPS_test_gpu_util    := $(GPU_API_SRC)
+UNIT_DEPS_test_gpu_driver  := gpu/driver.c
+UNIT_DEPS_test_backend_gpu := $(GPU_DMN_SRC) daemon/backend_gpu.c daemon/log.c daemon/gpu_worker.c \
+                              common/paths.c \
+                              $(GPU_API_SRC)
+UNIT_DEPS_test_import_gpu  := $(GPU_IMP_SRC) client/lib/import_gpu.c client/lib/error.c client/lib/import.c \
+                              $(GPU_API_SRC)
 UNIT_DEPS_test_client_gpu  := $(LIB_SRC) proto/tensord.pb-c.c
 UNIT_DEPS_test_client_frames := $(LIB_SRC) proto/tensord.pb-c.c
 
@@ -350,7 +361,7 @@ endif
 
 # Our C, laid out by .clang-format (dlpack.h is DLPack's own, kept as it is).
 FORMAT_SRC := $(filter-out include/tensord/dlpack.h, \
-	$(wildcard daemon/*.[ch] client/*/*.[ch] common/*.[ch] common/gpu/*.[ch] proto/*.[ch] \
+	$(wildcard daemon/*.[ch] client/*/*.[ch] common/*.[ch] gpu/*.[ch] gpu/*/*.[ch] proto/*.[ch] \
 		   include/tensord/*.h tests/unit/*.[ch] tests/integration/*.c tests/python/*.c \
 		   tests/gpu/*.c tests/fuzz/*.c tests/fakegpu/*.c bench/*.c))
 

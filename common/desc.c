@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/vendor.h"
+
 static bool name_char_ok(unsigned char ch)
 {
 	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
@@ -177,11 +179,10 @@ int td_layout(DLDataType dt, int32_t ndim, const int64_t *shape, const int64_t *
 
 bool td_device_host_accessible(DLDeviceType type)
 {
-	return type == kDLCPU || type == kDLCUDAHost || type == kDLROCMHost ||
-	       type == kDLCUDAManaged;
+	return type == kDLCPU || td_gpu_host_type(type);
 }
 
 bool td_device_is_gpu(DLDeviceType type)
 {
-	return type == kDLCUDA || type == kDLROCM;
+	return td_gpu_vendor_of(type) != NULL;
 }

@@ -39,12 +39,13 @@ uint64_t td_dtype_size(DLDataType dt);
 
 /*
  * Whether the CPU can read memory of this device type through its plain
- * address: host memory, pinned host memory and managed memory. The one
- * answer to that question for put(), the Python module and tensorctl.
+ * address: host memory, and a GPU vendor's pinned host memory and managed
+ * memory (its row's host types, gpu/vendor.h). The one answer to that
+ * question for put(), the Python module and tensorctl.
  */
 bool td_device_host_accessible(DLDeviceType type);
 
-/* Whether tensord allocates on this device type itself (cuda:N, rocm:N). */
+/* Whether tensord allocates on this device type itself: a GPU vendor's (cuda:N, rocm:N). */
 bool td_device_is_gpu(DLDeviceType type);
 
 /* Writes a printable, quoted form of an untrusted name (escapes odd bytes). */

@@ -11,7 +11,7 @@
 #include <tensord/tensord.h>
 
 #include "common/desc.h"
-#include "common/gpu/gpu_util.h"
+#include "gpu/vendor.h"
 
 /* Names typed by users; the order is the one tensord_dtype_name() prefers. */
 static const struct {
@@ -67,8 +67,10 @@ const char *tensord_dtype_name(DLDataType dt, char *buf, size_t len)
 	return buf;
 }
 
+/* Devices are "cpu" and each GPU vendor's "<device>:N" (gpu/vendor.h); "<device>" is N = 0. */
 int tensord_device_parse(const char *s, DLDevice *ret)
 {
+	const struct td_gpu_vendor *v;
 	const char *num;
 	char *end;
 	long id;
@@ -80,15 +82,10 @@ int tensord_device_parse(const char *s, DLDevice *ret)
 		*ret = (DLDevice){ kDLCPU, 0 };
 		return 0;
 	}
-	if (strncmp(s, "cuda", 4) == 0) {
-		type = kDLCUDA;
-		num = s + 4;
-	} else if (strncmp(s, "rocm", 4) == 0) {
-		type = kDLROCM;
-		num = s + 4;
-	} else {
+	v = td_gpu_vendor_named(s, &num);
+	if (!v)
 		return -EINVAL;
-	}
+	type = v->device_type;
 	if (*num == '\0') {
 		*ret = (DLDevice){ type, 0 };
 		return 0;
@@ -105,20 +102,14 @@ int tensord_device_parse(const char *s, DLDevice *ret)
 
 const char *tensord_device_name(DLDevice dev, char *buf, size_t len)
 {
-	switch (dev.device_type) {
-	case kDLCPU:
+	const struct td_gpu_vendor *v = td_gpu_vendor_of(dev.device_type);
+
+	if (dev.device_type == kDLCPU)
 		snprintf(buf, len, "cpu");
-		break;
-	case kDLCUDA:
-		snprintf(buf, len, "cuda:%d", dev.device_id);
-		break;
-	case kDLROCM:
-		snprintf(buf, len, "rocm:%d", dev.device_id);
-		break;
-	default:
+	else if (v)
+		snprintf(buf, len, "%s:%d", v->device, dev.device_id);
+	else
 		snprintf(buf, len, "device(%d,%d)", (int)dev.device_type, dev.device_id);
-		break;
-	}
 	return buf;
 }
 
@@ -135,4 +126,9 @@ bool tensord_device_is_gpu(DLDeviceType type)
 long tensord_put_stream(DLDeviceType type)
 {
 	return td_gpu_put_stream((int)type);
+}
+
+bool tensord_stream_valid(DLDeviceType type, long stream)
+{
+	return td_gpu_stream_valid((int)type, stream);
 }

@@ -1,8 +1,8 @@
 /*
- * Memory backends. Each device family (host, CUDA, HIP) is one
+ * Memory backends. Each device family (host, each GPU vendor) is one
  * struct backend_ops; the registry and the protocol only ever talk
  * to this table, so adding a device touches neither. Which backends exist is
- * decided at link time (backends[] in backend.c), never by #ifdef
+ * decided at link time (backends[] in backend.c, from gpu/vendor.h), never by #ifdef
  * elsewhere.
  *
  * All functions run on the daemon's loop thread, except alloc() of a
@@ -23,6 +23,7 @@
 
 #include <tensord/dlpack.h>
 
+#include "gpu/vendor.h"
 #include "proto/tensord.pb-c.h" /* Tensord__HandleKind: how a handle travels */
 
 #define BACKEND_IPC_HANDLE_MAX 64
@@ -166,12 +167,21 @@ static inline int backend_ordinal_of_uuid(const struct backend_ops *ops, const u
 	return -ENODEV;
 }
 
-/* NULL-terminated; the first entry is the host backend. */
+/* NULL-terminated; the first entry is the host backend, then one per GPU vendor. */
 extern const struct backend_ops *const backends[];
 
 extern const struct backend_ops backend_host;
-extern const struct backend_ops backend_cuda;
-extern const struct backend_ops backend_hip;
+
+/* Each GPU vendor's, backend_<id> (gpu/<id>/backend_<id>.c), e.g. backend_cuda. */
+#define BACKEND_GPU_DECLARE(id, ...) extern const struct backend_ops backend_##id;
+TD_GPU_VENDORS(BACKEND_GPU_DECLARE)
+#undef BACKEND_GPU_DECLARE
+
+/*
+ * The fields of a GPU vendor's backend_ops that its row in gpu/vendor.h
+ * says: the name is the vendor's id, the device type its DLPack type.
+ */
+#define BACKEND_GPU_VENDOR(id) .name = #id, .device_type = TD_GPU_TYPE_##id
 
 /*
  * The host backend's memory pool (pool.h): its budget in bytes, set before

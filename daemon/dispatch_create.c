@@ -11,7 +11,7 @@
 
 #include "backend.h"
 #include "common/desc.h"
-#include "common/gpu/gpu_util.h"
+#include "gpu/gpu_util.h"
 #include "dispatch_int.h"
 #include "gpu_worker.h"
 #include "log.h"

@@ -10,6 +10,7 @@
 
 #include "dispatch_int.h"
 #include "figures.h"
+#include "gpu/vendor.h"
 #include "log.h"
 #include "metrics.h"
 #include "reply.h"
@@ -24,10 +25,11 @@ static bool holds_share(uint64_t id, const uint64_t *have, size_t n)
 	return false;
 }
 
+/* Whether a lease on t comes with a descriptor to map: host memory, or as its GPU vendor says. */
 bool dispatch_lease_has_fd(const struct tensor *t)
 {
 	return t->alloc.handle_kind == TENSORD__HANDLE_KIND__HANDLE_MEMFD ||
-	       t->alloc.handle_kind == TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD;
+	       td_gpu_handle_fd(t->alloc.handle_kind);
 }
 
 /*

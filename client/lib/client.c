@@ -19,8 +19,6 @@
 #include <unistd.h>
 
 #include "client.h"
-#include "common/gpu/cuda_api.h"
-#include "common/gpu/hip_api.h"
 #include "common/sys.h"
 #include "common/desc.h"
 #include "proto/frame.h"
@@ -765,7 +763,7 @@ static void atfork_child(void)
 {
 	tensord_client *c;
 
-	if (td_cuda_api_in_use() || td_hip_api_in_use())
+	if (td_gpu_in_use())
 		td_gpu_forked_from = (int)getppid();
 	LIST_FOREACH(c, &all_clients, all_link)
 	forget_parent(c);

@@ -1,5 +1,7 @@
 /*
- * The importer table, and the host (memfd) importer.
+ * The importer table, and the host (memfd) importer. The GPU importers
+ * are in their vendors' folders (gpu/<id>/import_<id>.c), on what they
+ * share (import_gpu.c).
  *
  * Writable leases (the creator's, and attaches of mutable tensors by those
  * allowed to write) map the memfd MAP_SHARED. Everyone else maps it
@@ -19,12 +21,14 @@
 
 #include "import.h"
 
-/* Set by client.c in a forked child (client.h). */
-int td_gpu_forked_from;
-
+/* Host memory, then each GPU handle kind's importer as gpu/vendor.h says. */
+#define TD_IMPORTER(id, kind, fd, importer) &importer,
 const struct td_importer *const td_importers[] = {
-	&td_importer_memfd, &td_importer_cuda, &td_importer_cuda_ipc, &td_importer_hip, NULL,
+	&td_importer_memfd,
+	TD_GPU_HANDLES(TD_IMPORTER) /* one per GPU handle kind */
+	NULL,
 };
+#undef TD_IMPORTER
 
 const struct td_importer *td_importer_for(Tensord__HandleKind kind)
 {
@@ -32,40 +36,6 @@ const struct td_importer *td_importer_for(Tensord__HandleKind kind)
 		if (td_importers[i]->handle_kind == kind)
 			return td_importers[i];
 	return NULL;
-}
-
-int td_gpu_local_device(DLDevice daemon_dev, const uint8_t *uuid, size_t uuid_len,
-			DLDevice *ret_local)
-{
-	int ord, r;
-
-	switch (daemon_dev.device_type) {
-	case kDLCUDA:
-		r = td_cuda_ordinal_of_uuid(uuid, uuid_len, daemon_dev.device_id, &ord);
-		break;
-	case kDLROCM:
-		r = td_hip_ordinal_of_uuid(uuid, uuid_len, daemon_dev.device_id, &ord);
-		break;
-	default:
-		*ret_local = daemon_dev;
-		return 0;
-	}
-	if (r < 0)
-		return r;
-	*ret_local = (DLDevice){ daemon_dev.device_type, ord };
-	return 0;
-}
-
-int td_gpu_device_uuid(DLDevice local, uint8_t uuid[16])
-{
-	switch (local.device_type) {
-	case kDLCUDA:
-		return td_cuda_uuid_of_ordinal(local.device_id, uuid);
-	case kDLROCM:
-		return td_hip_uuid_of_ordinal(local.device_id, uuid);
-	default:
-		return -ENOENT;
-	}
 }
 
 /* The descriptor a mapping keeps for make_private() and view(), stored in priv. */

@@ -14,6 +14,7 @@
 
 #include <tensord/tensord.h>
 
+#include "gpu/vendor.h"
 #include "proto/tensord.pb-c.h" /* Tensord__HandleKind */
 
 /* What the daemon said about the memory of one lease. Borrowed for the call. */
@@ -122,22 +123,22 @@ struct td_importer {
  * each their own way (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES).
  *
  * td_gpu_local_device: the device this process sees as the daemon's
- * daemon_dev (kDLCUDA or kDLROCM) with uuid (uuid_len 16; HIP devices may
- * have none, then the ordinal is kept). 0 or -ENODEV (error set).
+ * daemon_dev (a GPU vendor's, gpu/vendor.h) with uuid (uuid_len 16; HIP
+ * devices may have none, then the ordinal is kept); other devices stay as
+ * they are. 0 or -ENODEV (error set).
  *
  * td_gpu_device_uuid: the UUID of this process's device local. 0,
- * -ENOENT when it has none the daemon could match (HIP without UUIDs: the
- * ordinal is all there is), or -ENODEV (error set).
+ * -ENOENT when it has none the daemon could match (not a GPU; HIP without
+ * UUIDs: the ordinal is all there is), or -ENODEV (error set).
+ *
+ * Both, and the GPU importers, are in import_gpu.c.
  */
 int td_gpu_local_device(DLDevice daemon_dev, const uint8_t *uuid, size_t uuid_len,
 			DLDevice *ret_local);
 int td_gpu_device_uuid(DLDevice local, uint8_t uuid[16]);
 
-/* The same per vendor (import_cuda.c, import_hip.c); daemon_id only names it in errors. */
-int td_cuda_ordinal_of_uuid(const uint8_t *uuid, size_t uuid_len, int daemon_id, int *ret_ordinal);
-int td_cuda_uuid_of_ordinal(int ordinal, uint8_t uuid[16]);
-int td_hip_ordinal_of_uuid(const uint8_t *uuid, size_t uuid_len, int daemon_id, int *ret_ordinal);
-int td_hip_uuid_of_ordinal(int ordinal, uint8_t uuid[16]);
+/* Whether this process loaded any GPU vendor's driver: a child forked from it must not call one. */
+bool td_gpu_in_use(void);
 
 /*
  * In a child forked after this library initialised a GPU driver (CUDA or
@@ -155,9 +156,11 @@ const struct td_importer *td_importer_for(Tensord__HandleKind kind);
 extern const struct td_importer *const td_importers[];
 
 extern const struct td_importer td_importer_memfd;
-extern const struct td_importer td_importer_cuda;
-extern const struct td_importer td_importer_cuda_ipc;
-extern const struct td_importer td_importer_hip;
+
+/* The GPU vendors' importers, as gpu/vendor.h names them (td_importer_cuda, ...). */
+#define TD_IMPORTER_DECLARE(id, kind, fd, importer) extern const struct td_importer importer;
+TD_GPU_HANDLES(TD_IMPORTER_DECLARE)
+#undef TD_IMPORTER_DECLARE
 
 /* Sets the calling thread's tensord_last_error() text; returns err. */
 int td_set_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -8,6 +8,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 int td_parse_flags(PyObject *mutable_, PyObject *lifetime, PyObject *mode, uint32_t *flags,
@@ -145,15 +146,52 @@ int td_parse_dtype(PyObject *o, DLDataType *ret)
 	return rc < 0 ? -1 : 0;
 }
 
+/* DLPack numbers its device types from 1 (kDLCPU); they are far below this. */
+#define DEVICE_TYPES_MAX 64
+
+/*
+ * "'cpu', 'cuda:N' or 'rocm:N'": the devices tensord_device_parse() takes,
+ * named as the library names them: the host, then each device type it
+ * serves as a GPU. Returns buf.
+ */
+static const char *device_choices(char *buf, size_t len)
+{
+	char names[DEVICE_TYPES_MAX][32];
+	size_t off = 0;
+	int n = 0;
+
+	snprintf(names[n++], sizeof(names[0]), "cpu");
+	for (int t = kDLCPU + 1; t < DEVICE_TYPES_MAX; t++) {
+		char *colon;
+
+		if (!tensord_device_is_gpu((DLDeviceType)t))
+			continue;
+		tensord_device_name((DLDevice){ (DLDeviceType)t, 0 }, names[n], sizeof(names[0]));
+		colon = strchr(names[n], ':');
+		if (colon)
+			snprintf(colon, sizeof(names[0]) - (size_t)(colon - names[n]), ":N");
+		n++;
+	}
+	buf[0] = '\0';
+	for (int i = 0; i < n && off < len; i++)
+		off += (size_t)snprintf(buf + off, len - off, "%s'%s'",
+					i == 0       ? ""
+					: i == n - 1 ? " or "
+						     : ", ",
+					names[i]);
+	return buf;
+}
+
 int td_parse_device(PyObject *o, DLDevice *ret)
 {
 	PyObject *s = PyUnicode_Check(o) ? Py_NewRef(o) : PyObject_Str(o);
 	const char *txt = s ? PyUnicode_AsUTF8(s) : NULL;
 	int rc = txt ? tensord_device_parse(txt, ret) : -1;
+	char choices[256];
 
 	if (txt && rc < 0)
-		PyErr_Format(PyExc_ValueError, "unknown device %R: use 'cpu', 'cuda:N' or 'rocm:N'",
-			     o);
+		PyErr_Format(PyExc_ValueError, "unknown device %R: use %s", o,
+			     device_choices(choices, sizeof(choices)));
 	Py_XDECREF(s);
 	return rc < 0 ? -1 : 0;
 }

@@ -32,8 +32,8 @@ ROOT = os.path.abspath(os.environ.get("TENSORD_SOURCE_DIR") or
 
 # The repository files an sdist carries in _src/, relative to the root.
 TREE = ["include/tensord/*.h", "proto/tensord.proto", "proto/frame.[ch]", "common/*.[ch]",
-        "common/gpu/*.[ch]", "client/lib/*.[ch]", "client/lib/sources.txt", "daemon/*.[ch]",
-        "daemon/*.def", "client/tensorctl/*.[ch]", "VERSION"]
+        "gpu/*.[ch]", "gpu/*/*.[ch]", "client/lib/*.[ch]", "client/lib/sources.txt",
+        "daemon/*.[ch]", "daemon/*.def", "client/tensorctl/*.[ch]", "VERSION"]
 
 
 def tree(*patterns):
@@ -42,10 +42,9 @@ def tree(*patterns):
 
 
 def lib_sources():
-    """libtensord's C files, as client/lib/sources.txt lists them."""
+    """libtensord's C files, as client/lib/sources.txt lists them (a line may be a pattern)."""
     with open(os.path.join(ROOT, "client", "lib", "sources.txt")) as f:
-        return [os.path.join(ROOT, line.strip()) for line in f
-                if line.strip() and not line.startswith("#")]
+        return tree(*[line.strip() for line in f if line.strip() and not line.startswith("#")])
 
 
 def version():
@@ -55,9 +54,12 @@ def version():
 
 
 def daemon_sources():
-    """What the Makefile links into tensord: daemon/, the shared common code, the GPU shims."""
+    """What the Makefile links into tensord: daemon/, the shared common code, and of
+    each GPU vendor's folder everything but its importers (libtensord's)."""
     common = ["common/%s.c" % m for m in ("desc", "names", "errors", "paths", "sys")]
-    return tree("daemon/*.c", "proto/frame.c", "common/gpu/*.c", *common)
+    gpu = [p for p in tree("gpu/*.c", "gpu/*/*.c")
+           if not os.path.basename(p).startswith("import_")]
+    return tree("daemon/*.c", "proto/frame.c", *common) + gpu
 
 
 def pkg_config(pkg, *args):

@@ -127,9 +127,9 @@ static void capsule_dtor_legacy(PyObject *cap)
  * The stream rules of the array API standard. Host memory takes only None
  * (or -1, "do not synchronise"). For GPU tensors nothing needs ordering:
  * the creator's writes were complete when it published, so any legal value
- * is accepted and none is waited on. The legal values differ between CUDA
- * and ROCm, so this names the two device types rather than asking
- * tensord_device_is_gpu().
+ * is accepted and none is waited on. The legal values differ between GPU
+ * vendors (CUDA's 0 is ambiguous, ROCm's 1 and 2 are not streams), so the
+ * library's vendor table decides: tensord_stream_valid().
  */
 static int check_stream(PyObject *stream, DLDevice dev)
 {
@@ -148,11 +148,7 @@ static int check_stream(PyObject *stream, DLDevice dev)
 		PyErr_Clear();
 		s = LONG_MAX;
 	}
-	if (s == -1)
-		return 0;
-	if (dev.device_type == kDLCUDA && s >= 1)
-		return 0;
-	if (dev.device_type == kDLROCM && (s == 0 || s > 2))
+	if (tensord_stream_valid(dev.device_type, s))
 		return 0;
 	PyErr_Format(PyExc_ValueError, "stream %R is not valid for a tensor on device type %d",
 		     stream, (int)dev.device_type);

@@ -685,6 +685,14 @@ TENSORD_API bool tensord_device_is_gpu(DLDeviceType type);
  */
 TENSORD_API long tensord_put_stream(DLDeviceType type);
 
+/*
+ * Whether a consumer may pass stream to __dlpack__(stream=...) of a tensor
+ * on this device type, by DLPack's rules: -1 ("do not synchronise") always;
+ * for a GPU its own stream numbers (1 and 2 for CUDA's default streams, 0
+ * for ROCm's) and any stream handle above 2; nothing else.
+ */
+TENSORD_API bool tensord_stream_valid(DLDeviceType type, long stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,7 +13,7 @@
  */
 #include <stdlib.h>
 
-#include "daemon/nvml.h" /* before fake_gpu.h: its NVML fake too */
+#include "gpu/cuda/nvml.h" /* before fake_gpu.h: its NVML fake too */
 #include "../unit/fake_gpu.h"
 
 int tensord_main(int argc, char **argv);

@@ -18,9 +18,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/gpu/cuda_api.h"
-#include "common/gpu/gpu_util.h"
-#include "common/gpu/hip_api.h"
+#include "gpu/cuda/cuda_api.h"
+#include "gpu/gpu_util.h"
+#include "gpu/hip/hip_api.h"
 
 #define FAKE_DEV0 10
 #define FAKE_MAX_CALLS 512
@@ -572,7 +572,7 @@ static struct td_hip_api fake_hip = {
 #undef U
 
 #ifdef TENSORD_NVML_H
-/* --- NVML (daemon/nvml.h), for files that include it first ------------------ */
+/* --- NVML (gpu/cuda/nvml.h), for files that include it first ------------------ */
 static nvmlReturn_t f_nvmlInit(void)
 {
 	return TD_NVML_SUCCESS;

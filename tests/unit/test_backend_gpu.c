@@ -1,6 +1,6 @@
 /*
- * Unit tests for the daemon's GPU backends (daemon/backend_cuda.c,
- * backend_hip.c) on a machine without a GPU: init says -ENODEV and why,
+ * Unit tests for the daemon's GPU backends (gpu/cuda/backend_cuda.c,
+ * gpu/hip/backend_hip.c) on a machine without a GPU: init says -ENODEV and why,
  * every other call on a backend without devices fails cleanly or does
  * nothing, and every ops table is complete. Where a driver is present the
  * driver-free cases are skipped through cmocka with the reason; the GPU
@@ -25,11 +25,11 @@
 
 #include <cmocka.h>
 
-#include "common/gpu/cuda_api.h"
-#include "common/gpu/hip_api.h"
+#include "gpu/cuda/cuda_api.h"
+#include "gpu/hip/hip_api.h"
 #include "daemon/backend.h"
 #include "daemon/gpu_worker.h"
-#include "daemon/nvml.h" /* before fake_gpu.h: its NVML fake too */
+#include "gpu/cuda/nvml.h" /* before fake_gpu.h: its NVML fake too */
 #include "fake_gpu.h"
 
 #define MiB (1ull << 20)

@@ -28,7 +28,7 @@
 #include <cmocka.h>
 
 #include "client/lib/client.h"
-#include "common/gpu/gpu_util.h"
+#include "gpu/gpu_util.h"
 #include "fake_gpu.h"
 #include "proto/frame.h"
 

@@ -1,5 +1,5 @@
 /*
- * Unit tests for the GPU driver shims (common/gpu/): the pure helpers
+ * Unit tests for the GPU driver shims (gpu/<vendor>/): the pure helpers
  * (granularity rounding, UUID -> local ordinal, error mapping, the HIP IPC
  * flag) and the run-time loaders given a library that is not there. None
  * of this needs a GPU or a driver.
@@ -18,9 +18,9 @@
 
 #include <cmocka.h>
 
-#include "common/gpu/cuda_api.h"
-#include "common/gpu/gpu_util.h"
-#include "common/gpu/hip_api.h"
+#include "gpu/cuda/cuda_api.h"
+#include "gpu/gpu_util.h"
+#include "gpu/hip/hip_api.h"
 
 #define MiB (1ull << 20)
 

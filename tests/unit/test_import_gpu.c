@@ -1,6 +1,6 @@
 /*
- * Unit tests for the client library's GPU importers (client/lib/
- * import_cuda.c, import_hip.c) on a machine without a GPU: map() fails
+ * Unit tests for the client library's GPU importers (gpu/cuda/
+ * import_cuda.c, gpu/hip/import_hip.c) on a machine without a GPU: map() fails
  * with the reason and still closes the descriptor it owns, and the
  * importer tables are complete. Where a driver is present the driver-free
  * cases are skipped through cmocka with the reason.
@@ -20,8 +20,8 @@
 #include <cmocka.h>
 
 #include "client/lib/import.h"
-#include "common/gpu/cuda_api.h"
-#include "common/gpu/hip_api.h"
+#include "gpu/cuda/cuda_api.h"
+#include "gpu/hip/hip_api.h"
 
 #define MiB (1ull << 20)
 

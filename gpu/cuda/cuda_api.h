@@ -7,8 +7,8 @@
  * (TENSORD_HAVE_CUDA_H unset). When it is present, cuda_api.c checks at
  * compile time that our declarations match the toolkit's.
  *
- * Shared by the daemon (daemon/backend_cuda.c) and the client library
- * (client/lib/import_cuda.c); compiled into both from common/gpu/.
+ * Shared by the daemon (gpu/cuda/backend_cuda.c) and the client library
+ * (gpu/cuda/import_cuda.c); compiled into both.
  */
 #ifndef TENSORD_CUDA_API_H
 #define TENSORD_CUDA_API_H

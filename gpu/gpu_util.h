@@ -1,7 +1,7 @@
 /*
  * Small pure helpers shared by the GPU backends (daemon) and the GPU
- * importers (client library). No driver calls here, so the unit tests can
- * check them on a machine without a GPU.
+ * importers (client library) of every vendor. No driver calls here, so the
+ * unit tests can check them on a machine without a GPU.
  */
 #ifndef TENSORD_GPU_UTIL_H
 #define TENSORD_GPU_UTIL_H
@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "gpu/vendor.h" /* the vendors, and the stream put() copies on (td_gpu_put_stream()) */
 
 #define TD_GPU_UUID_LEN 16
 
@@ -93,33 +95,6 @@ static inline const char *td_gpu_uuid_format(const uint8_t *uuid, size_t len, ch
 		 u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12],
 		 u[13], u[14], u[15]);
 	return buf;
-}
-
-/* DLPack device types, numbered as in dlpack.h (this header includes none). */
-#define TD_GPU_DL_CUDA 2
-#define TD_GPU_DL_ROCM 10
-/* "No stream": what td_gpu_put_stream() says for devices that take none. */
-#define TD_GPU_NO_STREAM (-1L)
-
-/*
- * The stream put() copies on, as DLPack numbers streams for the device
- * type: tensord passes it to the producer's __dlpack__(stream=...), so the
- * producer orders its queued writes before that stream (DLPack's consumer
- * stream), copies on it and waits for it. CUDA: 1, the legacy default
- * stream (0 is ambiguous in DLPack and -1 means "do not synchronise");
- * ROCm: 0, the default (null) stream. TD_GPU_NO_STREAM for the host and
- * other devices: pass stream=None.
- */
-static inline long td_gpu_put_stream(int device_type)
-{
-	switch (device_type) {
-	case TD_GPU_DL_CUDA:
-		return 1;
-	case TD_GPU_DL_ROCM:
-		return 0;
-	default:
-		return TD_GPU_NO_STREAM;
-	}
 }
 
 #endif /* TENSORD_GPU_UTIL_H */

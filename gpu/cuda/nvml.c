@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "common/gpu/gpu_util.h"
+#include "gpu/gpu_util.h"
 
 #define NVML_LIBNAME "libnvidia-ml.so.1"
 /* Processes listed per GPU at most: the daemon's own entry is what counts. */

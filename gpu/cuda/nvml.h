@@ -2,7 +2,7 @@
  * How much GPU memory the driver counts for this process on one device,
  * its primary context included: NVIDIA's management library (NVML,
  * libnvidia-ml.so.1, shipped with the driver), loaded at run time like
- * libcuda (common/gpu/cuda_api.h), so the daemon neither links it nor needs
+ * libcuda (gpu/cuda/cuda_api.h), so the daemon neither links it nor needs
  * its header. CUDA itself cannot say: cuMemGetInfo needs a context, so it
  * never sees the memory that creating the context took.
  *

@@ -1,5 +1,6 @@
 /*
- * Run-time loading of the HIP runtime. See hip_api.h.
+ * Run-time loading of the HIP runtime. See hip_api.h; gpu/driver.h does
+ * the loading that every vendor's shim shares.
  *
  * HIP symbols carry ELF versions (hipIpcGetMemHandle@@hip_4.2); plain
  * dlsym resolves the default version, which is the ABI our prototypes
@@ -7,12 +8,12 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "gpu/driver.h"
 #include "hip_api.h"
 
 #ifdef TENSORD_HAVE_HIP_H
@@ -32,14 +33,11 @@ static const char *const td_hip_libnames[] = {
 	"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so", NULL,
 };
 
-static const struct td_hip_sym {
-	const char *name;
-	size_t offset;
-	int optional;
-} td_hip_syms[] = {
+/* opt 1: an optional entry point (its own group: NULL when missing). */
+static const struct td_gpu_sym td_hip_syms[] = {
 #define SYM(field, opt)                                                                            \
 	{                                                                                          \
-		"hip" #field, offsetof(struct td_hip_api, field), opt                              \
+		"hip" #field, NULL, offsetof(struct td_hip_api, field), opt                        \
 	}
 	SYM(RuntimeGetVersion, 0),
 	SYM(GetErrorName, 0),
@@ -66,30 +64,13 @@ static const struct td_hip_sym {
 int td_hip_api_open(struct td_hip_api *api, const char *const *sonames, char *why, size_t why_len)
 {
 	memset(api, 0, sizeof(*api));
-	for (int i = 0; sonames[i] && !api->lib; i++) {
-		api->lib = dlopen(sonames[i], RTLD_NOW | RTLD_LOCAL);
-		if (api->lib) {
-			api->libname = sonames[i];
-		} else {
-			/* Keep the last reason; dlerror() names the library. */
-			const char *e = dlerror();
-
-			snprintf(why, why_len, "%s", e ? e : sonames[i]);
-		}
-	}
+	api->lib = td_gpu_dlopen(sonames, &api->libname, why, why_len);
 	if (!api->lib)
 		return -ENODEV;
-	for (size_t i = 0; i < sizeof(td_hip_syms) / sizeof(td_hip_syms[0]); i++) {
-		void *fn = dlsym(api->lib, td_hip_syms[i].name);
-
-		if (!fn && !td_hip_syms[i].optional) {
-			snprintf(why, why_len, "%s: no symbol %s", api->libname,
-				 td_hip_syms[i].name);
-			td_hip_api_close(api);
-			return -ENODEV;
-		}
-		/* POSIX guarantees function pointers survive a trip through void *. */
-		memcpy((char *)api + td_hip_syms[i].offset, &fn, sizeof(fn));
+	if (td_gpu_dlsym(api->lib, api->libname, td_hip_syms,
+			 sizeof(td_hip_syms) / sizeof(td_hip_syms[0]), api, "", why, why_len) < 0) {
+		td_hip_api_close(api);
+		return -ENODEV;
 	}
 	return 0;
 }
@@ -139,25 +120,25 @@ const char *td_hip_strerror(const struct td_hip_api *api, hipError_t e, char *bu
 	return buf;
 }
 
-static pthread_once_t td_hip_once = PTHREAD_ONCE_INIT;
+/* The process-wide table, loaded by the first td_hip_api_get(). */
 static struct td_hip_api td_hip_global;
-static int td_hip_status;
-static char td_hip_why[256];
-static _Atomic bool td_hip_loaded; /* the runtime is loaded in this process */
+static struct td_gpu_driver td_hip_driver = { .once = PTHREAD_ONCE_INIT, .table = &td_hip_global };
 
+/* Loaded means the runtime is loaded in this process. */
 static void td_hip_load(void)
 {
+	struct td_gpu_driver *d = &td_hip_driver;
 	struct td_hip_api *api = &td_hip_global;
 
 	if (access(TD_HIP_KFD, F_OK) != 0) {
-		snprintf(td_hip_why, sizeof(td_hip_why),
+		snprintf(d->why, sizeof(d->why),
 			 "%s: %s (no amdgpu driver), libamdhip64 not loaded", TD_HIP_KFD,
 			 strerror(errno));
-		td_hip_status = -ENODEV;
+		d->status = -ENODEV;
 		return;
 	}
-	td_hip_status = td_hip_api_open(api, td_hip_libnames, td_hip_why, sizeof(td_hip_why));
-	if (td_hip_status < 0)
+	d->status = td_hip_api_open(api, td_hip_libnames, d->why, sizeof(d->why));
+	if (d->status < 0)
 		return;
 	if (api->RuntimeGetVersion(&api->runtime_version) != hipSuccess)
 		api->runtime_version = 0;
@@ -172,35 +153,25 @@ static void td_hip_load(void)
 
 		api->runtime_version = major > 0 ? major * 10000000 : 0;
 	}
-	td_hip_loaded = true;
+	d->loaded = true;
 }
-
-static const struct td_hip_api *_Atomic td_hip_forced;
 
 void td_hip_api_use(const struct td_hip_api *api)
 {
-	td_hip_forced = api;
+	td_gpu_driver_use(&td_hip_driver, api);
 }
 
 bool td_hip_api_in_use(void)
 {
-	return td_hip_forced || td_hip_loaded;
+	return td_gpu_driver_in_use(&td_hip_driver);
 }
 
 int td_hip_api_get(const struct td_hip_api **ret_api, const char **ret_why)
 {
-	const struct td_hip_api *forced = td_hip_forced;
+	const void *table;
+	int r = td_gpu_driver_get(&td_hip_driver, td_hip_load, &table, ret_why);
 
-	if (forced) {
-		*ret_api = forced;
-		return 0;
-	}
-	pthread_once(&td_hip_once, td_hip_load);
-	if (td_hip_status < 0) {
-		if (ret_why)
-			*ret_why = td_hip_why;
-		return td_hip_status;
-	}
-	*ret_api = &td_hip_global;
-	return 0;
+	if (r == 0)
+		*ret_api = table;
+	return r;
 }

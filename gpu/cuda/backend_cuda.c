@@ -5,12 +5,13 @@
  *  - "cuda-vmm" (preferred): cuMemCreate with a POSIX file descriptor as
  *    its shareable handle, exported once as the memory is made and kept;
  *    each client gets a copy of that fd over SCM_RIGHTS (see
- *    cuda_backend_export_fd() for why not a fresh export per client);
+ *    cuda_alloc_vmm() for why not a fresh export per client);
  *    the driver refcounts the physical memory across
  *    processes, so a client's mapping stays valid even if the daemon dies,
  *    and no pid is involved, so it works across pid namespaces.
  *  - "cuda-ipc" (fallback, where the device lacks VMM or POSIX-fd export,
- *    attributes 102 / 103): cuMemAlloc + cuIpcGetMemHandle. The 64 handle
+ *    attributes 102 / 103): cuMemAlloc + cuIpcGetMemHandle (the legacy IPC
+ *    export every vendor shares, daemon/backend_gpu.h). The 64 handle
  *    bytes travel in the reply. The daemon is then the exporter: freeing
  *    while a client still has the handle open is undefined behaviour, so
  *    release() must only run after every lease (and so every client
@@ -24,7 +25,7 @@
  * device memory.
  *
  * Immutability: GPU memory cannot be write-protected from the daemon, so
- * freeze() does nothing. The client library maps immutable VMM tensors with
+ * freeze() does nothing (gpu_freeze()). The client library maps immutable VMM tensors with
  * cuMemSetAccess(PROT_READ) for readers, and re-protects the creator's own
  * mapping so at publish; legacy IPC has only the DLPack read-only flag. A
  * client that bypasses the library can write.
@@ -54,21 +55,20 @@
 
 #include <tensord/dlpack.h>
 
-#include "backend.h"
-#include "common/gpu/cuda_api.h"
-#include "common/gpu/gpu_util.h"
-#include "gpu_worker.h"
-#include "log.h"
+#include "daemon/backend_gpu.h"
+#include "daemon/gpu_worker.h"
+#include "daemon/log.h"
+#include "gpu/cuda/cuda_api.h"
+#include "gpu/gpu_util.h"
 #include "nvml.h"
 
 /* Legacy allocations are rounded to 2 MiB, as NVIDIA advises for IPC. */
 #define CUDA_IPC_GRANULARITY (2ull << 20)
 
+/* What CUDA keeps of a device besides its UUID and size (cuda_gpu). */
 struct cuda_dev {
 	CUdevice dev;
-	uint8_t uuid[TD_GPU_UUID_LEN];
 	bool vmm;             /* share through VMM + POSIX fd; read with __atomic_load_n */
-	uint64_t total;       /* bytes of device memory */
 	uint64_t gran;        /* allocation granularity; 0 until the context exists */
 	CUcontext ctx;        /* retained primary context; NULL while no tensor lives here */
 	uint32_t allocs;      /* live allocations on this device: the context's users */
@@ -78,20 +78,21 @@ struct cuda_dev {
 	bool unmeasured;      /* why ctx_bytes is unknown was logged, once */
 };
 
-/* What one allocation holds; a->priv. */
+/*
+ * What one allocation holds; a->priv. g.fd is VMM's one export, kept; g.ptr
+ * the legacy allocation.
+ */
 struct cuda_mem {
-	int ordinal;
+	struct gpu_mem g;
 	CUcontext ctx; /* the device's primary context, held while this lives */
 	bool vmm;
 	CUmemGenericAllocationHandle handle; /* vmm */
-	CUdeviceptr dptr;                    /* legacy */
-	int fd;                              /* vmm: the one export, kept; else -1 */
 	uint64_t counted;                    /* bytes in the device's alloc_bytes */
 };
 
 static const struct td_cuda_api *cuda_api;
-static struct cuda_dev *cuda_devs;
-static int cuda_ndevs;
+static struct gpu_devs cuda_gpu;
+static struct cuda_dev cuda_devs[TD_GPU_MAX_DEVICES];
 /* Guards each device's ctx, allocs, gran and vmm against the loop's readers of vmm. */
 static pthread_mutex_t cuda_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -126,13 +127,11 @@ static int cuda_backend_init(char *why, size_t why_len)
 	}
 	if (n > TD_GPU_MAX_DEVICES)
 		n = TD_GPU_MAX_DEVICES;
-	cuda_devs = calloc((size_t)n, sizeof(*cuda_devs));
-	if (!cuda_devs) {
-		snprintf(why, why_len, "out of memory");
-		return -ENOMEM;
-	}
+	memset(&cuda_gpu, 0, sizeof(cuda_gpu));
+	memset(cuda_devs, 0, sizeof(cuda_devs));
 	for (int i = 0; i < n; i++) {
 		struct cuda_dev *d = &cuda_devs[i];
+		struct gpu_dev *g = &cuda_gpu.dev[i];
 		int has_vmm = 0, has_fd = 0;
 		size_t total = 0;
 		CUuuid u;
@@ -142,13 +141,11 @@ static int cuda_backend_init(char *why, size_t why_len)
 			r = cuda_api->DeviceGetUuid(&u, d->dev);
 		if (r == CUDA_SUCCESS)
 			r = cuda_api->DeviceTotalMem(&total, d->dev);
-		if (r != CUDA_SUCCESS) {
-			free(cuda_devs);
-			cuda_devs = NULL;
+		if (r != CUDA_SUCCESS)
 			return cuda_backend_fail(why, why_len, r, "device query");
-		}
-		memcpy(d->uuid, u.bytes, sizeof(d->uuid));
-		d->total = total;
+		memcpy(g->uuid, u.bytes, sizeof(g->uuid));
+		g->has_uuid = true;
+		g->total = total;
 		/* A failed attribute query reads as "unsupported": fall back, don't fail. */
 		if (cuda_api->DeviceGetAttribute(
 			    &has_vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
@@ -164,43 +161,33 @@ static int cuda_backend_init(char *why, size_t why_len)
 			char ustr[48];
 
 			log_debug("cuda: device %d is %s, %llu bytes, vmm %d, posix fd %d%s", i,
-				  td_gpu_uuid_format(d->uuid, sizeof(d->uuid), ustr, sizeof(ustr)),
-				  (unsigned long long)d->total, has_vmm, has_fd,
+				  td_gpu_uuid_format(g->uuid, sizeof(g->uuid), ustr, sizeof(ustr)),
+				  (unsigned long long)g->total, has_vmm, has_fd,
 				  force_ipc ? ", legacy IPC forced by TENSORD_CUDA_PATH" : "");
 		}
 	}
-	cuda_ndevs = n;
+	cuda_gpu.n = n;
 	return 0;
 }
 
 static int cuda_backend_device_count(void)
 {
-	return cuda_ndevs;
+	return cuda_gpu.n;
 }
 
 static int cuda_backend_device_uuid(int device_id, uint8_t uuid[16])
 {
-	if (device_id < 0 || device_id >= cuda_ndevs)
-		return -ENODEV;
-	memcpy(uuid, cuda_devs[device_id].uuid, TD_GPU_UUID_LEN);
-	return 0;
+	return gpu_device_uuid(&cuda_gpu, device_id, uuid);
 }
 
-/*
- * Half of the device's memory, as for host memory: the GPU is shared with
- * the processes that compute on it, and the daemon's tensors should not
- * starve them unless --capacity says so.
- */
 static uint64_t cuda_backend_default_capacity(int device_id)
 {
-	if (device_id < 0 || device_id >= cuda_ndevs)
-		return 0;
-	return cuda_devs[device_id].total / 2;
+	return gpu_default_capacity(&cuda_gpu, device_id);
 }
 
 static const char *cuda_backend_path(int device_id)
 {
-	if (device_id < 0 || device_id >= cuda_ndevs)
+	if (device_id < 0 || device_id >= cuda_gpu.n)
 		return "none";
 	/* The worker may find out at the first allocation that VMM is missing. */
 	return __atomic_load_n(&cuda_devs[device_id].vmm, __ATOMIC_RELAXED) ? "cuda-vmm"
@@ -229,7 +216,7 @@ static void cuda_measure_context(int ordinal)
 	unsigned pid = (unsigned)getpid();
 	uint64_t bytes = 0;
 	char why[200];
-	int r = td_nvml_process_bytes(d->uuid, pid, &bytes, why, sizeof(why));
+	int r = td_nvml_process_bytes(cuda_gpu.dev[ordinal].uuid, pid, &bytes, why, sizeof(why));
 
 	if (r == 0 && bytes == 0) {
 		snprintf(why, sizeof(why),
@@ -317,7 +304,7 @@ static bool cuda_dev_put(int ordinal)
 
 static uint64_t cuda_backend_gpu_bytes(int device_id)
 {
-	if (device_id < 0 || device_id >= cuda_ndevs)
+	if (device_id < 0 || device_id >= cuda_gpu.n)
 		return 0;
 	return __atomic_load_n(&cuda_devs[device_id].gpu_bytes, __ATOMIC_RELAXED);
 }
@@ -333,9 +320,7 @@ static void cuda_ctx_drop(CUdevice dev, int ordinal)
 /* Out of device memory is "no space" to the user, not a host malloc failure. */
 static int cuda_alloc_errno(CUresult r)
 {
-	int err = td_cuda_errno(r);
-
-	return err == -ENOMEM ? -ENOSPC : err;
+	return gpu_alloc_errno(td_cuda_errno(r));
 }
 
 /*
@@ -376,82 +361,100 @@ out_free:
 	return err;
 }
 
+/*
+ * VMM: the memory, zeroed, and its one export, kept until the free: each
+ * lease gets a copy of it (gpu_export_fd()). Exporting per client (as NCCL
+ * does) would keep no descriptor per tensor in the daemon, but on hardware
+ * the export that opens an allocation's shareable file and the close that
+ * drops its last reference cost about 0.5 ms each (H100, driver 580:
+ * tests/gpu/vmm_cost.c, docs/gpu.md), which made every cold attach cost
+ * 1.4 ms. With one export kept, a copy costs a dup and the client's close
+ * is not the last. The descriptor is counted against the owner's
+ * --max-fds-per-uid like a host tensor's memfd. The fd cannot carry
+ * "read-only": writable is enforced by the client library's
+ * cuMemSetAccess.
+ */
 static int cuda_alloc_vmm(struct backend_alloc *a, struct cuda_mem *m, uint64_t size)
 {
 	CUmemAllocationProp prop;
 	CUresult r;
 	int err;
 
-	cuda_vmm_prop(m->ordinal, &prop);
+	cuda_vmm_prop(m->g.ordinal, &prop);
 	r = cuda_api->MemCreate(&m->handle, size, &prop, 0);
 	if (r != CUDA_SUCCESS)
 		return cuda_alloc_errno(r);
 	m->vmm = true;
-	err = cuda_vmm_scrub(m->ordinal, m->handle, size);
+	err = cuda_vmm_scrub(m->g.ordinal, m->handle, size);
 	if (err < 0)
 		return err;
-	r = cuda_api->MemExportToShareableHandle(&m->fd, m->handle,
+	r = cuda_api->MemExportToShareableHandle(&m->g.fd, m->handle,
 						 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
 	if (r != CUDA_SUCCESS) {
-		m->fd = -1;
+		m->g.fd = -1;
 		return cuda_alloc_errno(r);
 	}
 	/* The driver does not promise O_CLOEXEC; the daemon never execs, but be tidy. */
-	(void)fcntl(m->fd, F_SETFD, FD_CLOEXEC);
+	(void)fcntl(m->g.fd, F_SETFD, FD_CLOEXEC);
 	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD;
 	return 0;
 }
 
-static int cuda_alloc_ipc(struct backend_alloc *a, struct cuda_mem *m, uint64_t size)
+/* Legacy IPC (gpu_ipc_alloc()), with the device's context current. */
+static int cuda_ipc_alloc(uint64_t *ret_ptr, uint64_t size)
+{
+	CUdeviceptr p = 0;
+	CUresult r = cuda_api->MemAlloc(&p, size);
+
+	*ret_ptr = p;
+	return td_cuda_errno(r);
+}
+
+static int cuda_ipc_zero(uint64_t ptr, uint64_t size)
+{
+	return td_cuda_errno(cuda_api->MemsetD8(ptr, 0, size));
+}
+
+static int cuda_ipc_sync(void)
+{
+	return td_cuda_errno(cuda_api->CtxSynchronize());
+}
+
+static int cuda_ipc_handle(uint8_t *handle, uint64_t ptr)
 {
 	CUipcMemHandle h;
-	CUresult r;
+	CUresult r = cuda_api->IpcGetMemHandle(&h, ptr);
 
-	r = cuda_api->MemAlloc(&m->dptr, size);
-	if (r != CUDA_SUCCESS) {
-		m->dptr = 0;
-		return cuda_alloc_errno(r);
-	}
-	r = cuda_api->MemsetD8(m->dptr, 0, size);
 	if (r == CUDA_SUCCESS)
-		r = cuda_api->CtxSynchronize();
-	/* The handle names the base of the allocation, which is ours: offset 0. */
-	if (r == CUDA_SUCCESS)
-		r = cuda_api->IpcGetMemHandle(&h, m->dptr);
-	if (r != CUDA_SUCCESS)
-		return cuda_alloc_errno(r);
-	_Static_assert(sizeof(h) <= BACKEND_IPC_HANDLE_MAX, "IPC handle size");
-	memcpy(a->ipc_handle, &h, sizeof(h));
-	a->ipc_handle_len = sizeof(h);
-	a->ipc_offset = 0;
-	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC;
-	return 0;
+		memcpy(handle, &h, sizeof(h));
+	return td_cuda_errno(r);
 }
+
+_Static_assert(sizeof(CUipcMemHandle) <= BACKEND_IPC_HANDLE_MAX, "IPC handle size");
+
+static const struct gpu_ipc_ops cuda_ipc = {
+	.handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC,
+	.handle_len = sizeof(CUipcMemHandle),
+	.alloc = cuda_ipc_alloc,
+	.zero = cuda_ipc_zero,
+	.sync = cuda_ipc_sync,
+	.handle = cuda_ipc_handle,
+};
+
+static void cuda_free(struct gpu_mem *g);
 
 static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device_id,
 			      const char *name)
 {
+	int err = gpu_alloc_begin(a, &cuda_gpu, device_id);
 	struct cuda_mem *m;
 	uint64_t rounded;
-	int err;
 
-	a->fd = -1;
-	a->priv = NULL;
-	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_NONE;
-	a->ipc_handle_len = 0;
-	a->ipc_offset = 0;
-	a->size = 0;
-	a->footprint = 0;
-	if (device_id < 0 || device_id >= cuda_ndevs)
-		return -ENODEV;
-	a->device_id = device_id;
-	/* A zero-size tensor has nothing to map (HANDLE_NONE). */
-	if (size == 0)
-		return 0;
-	m = calloc(1, sizeof(*m));
+	if (err < 0 || size == 0)
+		return err;
+	m = gpu_mem_new(sizeof(*m), device_id, cuda_free);
 	if (!m)
 		return -ENOMEM;
-	m->fd = -1;
 	pthread_mutex_lock(&cuda_lock);
 	err = cuda_dev_enter(device_id);
 	if (err < 0) {
@@ -461,7 +464,6 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 	}
 	/* From here release() undoes what is done, the context's reference included. */
 	cuda_devs[device_id].allocs++;
-	m->ordinal = device_id;
 	m->ctx = cuda_devs[device_id].ctx;
 	a->priv = m;
 	err = td_gpu_round_up(size, cuda_devs[device_id].gran, &rounded) < 0 ? -ENOSPC : 0;
@@ -471,7 +473,7 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 		if (cuda_devs[device_id].vmm)
 			err = cuda_alloc_vmm(a, m, rounded);
 		else
-			err = cuda_alloc_ipc(a, m, rounded);
+			err = gpu_ipc_alloc(&cuda_ipc, a, &m->g, rounded);
 	}
 	if (err == 0) {
 		m->counted = rounded;
@@ -485,107 +487,46 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 }
 
 /*
- * VMM: a copy of the export made with the memory. Exporting per client
- * (as NCCL does) would keep no descriptor per tensor in the daemon, but
- * on hardware the export that opens an allocation's shareable file and
- * the close that drops its last reference cost about 0.5 ms each
- * (H100, driver 580: tests/gpu/vmm_cost.c, docs/gpu.md), which made every
- * cold attach cost 1.4 ms. With one export kept, a copy costs a dup and
- * the client's close is not the last. The descriptor is counted against
- * the owner's --max-fds-per-uid like a host tensor's memfd. The fd cannot
- * carry "read-only": writable is enforced by the client library's
- * cuMemSetAccess. Legacy IPC travels as bytes: -1.
+ * On the worker (gpu_release()), after the kept export was closed: VMM
+ * drops the daemon's reference, and the memory lives on while any client
+ * still maps it (the driver refcounts it); legacy IPC frees, which
+ * synchronizes the device. Then gives back m's hold on the device's
+ * context, releasing the context with the device's last allocation, which
+ * tears it down.
  */
-static int cuda_backend_export_fd(struct backend_alloc *a, bool writable, int *ret_fd)
+static void cuda_free(struct gpu_mem *g)
 {
-	struct cuda_mem *m = a->priv;
-	int fd;
+	struct cuda_mem *m = (struct cuda_mem *)g;
+	CUdevice dev = cuda_devs[g->ordinal].dev;
 
-	(void)writable;
-	if (!m || !m->vmm || m->fd < 0) {
-		*ret_fd = -1;
-		return 0;
-	}
-	fd = fcntl(m->fd, F_DUPFD_CLOEXEC, 3);
-	if (fd < 0)
-		return -errno;
-	*ret_fd = fd;
-	return 0;
-}
-
-static int cuda_backend_freeze(struct backend_alloc *a)
-{
-	/* Not enforceable from here; see the comment at the top of the file. */
-	return 0;
-}
-
-/*
- * Frees m's memory and gives back its hold on the device's context,
- * releasing the context with the device's last allocation. On the worker:
- * these calls may wait for the device.
- */
-static void cuda_free_job(void *arg)
-{
-	struct cuda_mem *m = arg;
-	CUdevice dev = cuda_devs[m->ordinal].dev;
-
-	/* The last reference to the shareable file: slow to drop, so here. */
-	if (m->fd >= 0)
-		close(m->fd);
 	pthread_mutex_lock(&cuda_lock);
 	if (cuda_api->CtxSetCurrent(m->ctx) == CUDA_SUCCESS) {
 		if (m->vmm)
 			cuda_api->MemRelease(m->handle);
-		else if (m->dptr)
-			cuda_api->MemFree(m->dptr);
+		else if (g->ptr)
+			cuda_api->MemFree(g->ptr);
 	}
-	cuda_devs[m->ordinal].alloc_bytes -= m->counted;
-	if (cuda_dev_put(m->ordinal))
-		cuda_ctx_drop(dev, m->ordinal);
+	cuda_devs[g->ordinal].alloc_bytes -= m->counted;
+	if (cuda_dev_put(g->ordinal))
+		cuda_ctx_drop(dev, g->ordinal);
 	else
 		cuda_api->CtxSetCurrent(NULL);
-	cuda_publish(m->ordinal);
+	cuda_publish(g->ordinal);
 	pthread_mutex_unlock(&cuda_lock);
-	free(m);
-}
-
-/*
- * VMM: drops the daemon's reference; the memory lives on while any client
- * still maps it (the driver refcounts it). Legacy: frees, which is why the
- * registry calls this only after the last lease ended. Either way the
- * driver call runs on the GPU worker, not here: cuMemFree synchronizes
- * the device, and dropping the device's last tensor tears its context down.
- */
-static void cuda_backend_release(struct backend_alloc *a)
-{
-	struct cuda_mem *m = a->priv;
-
-	if (a->fd >= 0) {
-		close(a->fd);
-		a->fd = -1;
-	}
-	if (!m)
-		return;
-	/* gpu_worker_run() runs the job here if it cannot queue it: never lost. */
-	gpu_worker_run(cuda_free_job, m);
-	a->priv = NULL;
 }
 
 /* At exit, after every allocation was released: forget the devices. */
 static void cuda_backend_fini(void)
 {
 	gpu_worker_stop();
-	for (int i = 0; i < cuda_ndevs; i++)
+	for (int i = 0; i < cuda_gpu.n; i++)
 		if (cuda_devs[i].ctx)
 			cuda_api->DevicePrimaryCtxRelease(cuda_devs[i].dev);
-	free(cuda_devs);
-	cuda_devs = NULL;
-	cuda_ndevs = 0;
+	cuda_gpu.n = 0;
 }
 
 const struct backend_ops backend_cuda = {
-	.name = "cuda",
-	.device_type = kDLCUDA,
+	BACKEND_GPU_VENDOR(cuda),
 	.init = cuda_backend_init,
 	.fini = cuda_backend_fini,
 	.device_count = cuda_backend_device_count,
@@ -595,7 +536,7 @@ const struct backend_ops backend_cuda = {
 	.gpu_bytes = cuda_backend_gpu_bytes,
 	.alloc = cuda_backend_alloc,
 	.alloc_blocks = true,
-	.export_fd = cuda_backend_export_fd,
-	.freeze = cuda_backend_freeze,
-	.release = cuda_backend_release,
+	.export_fd = gpu_export_fd,
+	.freeze = gpu_freeze,
+	.release = gpu_release,
 };

@@ -1,5 +1,6 @@
 /*
- * Run-time loading of the CUDA driver API. See cuda_api.h.
+ * Run-time loading of the CUDA driver API. See cuda_api.h; gpu/driver.h
+ * does the loading that every vendor's shim shares.
  *
  * Symbols are looked up by their exported, versioned names (cuMemAlloc_v2,
  * cuIpcOpenMemHandle_v2, ...) with plain dlsym rather than through
@@ -9,11 +10,11 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cuda_api.h"
+#include "gpu/driver.h"
 
 #ifdef TENSORD_HAVE_CUDA_H
 /*
@@ -51,17 +52,13 @@ _Static_assert(CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE == 804, "errors");
 _Static_assert(CUDA_ERROR_NOT_SUPPORTED == 801 && CUDA_ERROR_NOT_PERMITTED == 800, "errors");
 #endif
 
+/* Groups of entry points: the VMM ones are there all together or not at all. */
 enum { SYM_REQUIRED, SYM_VMM };
 
-static const struct td_cuda_sym {
-	const char *name;
-	const char *alt; /* older name with the same prototype, or NULL */
-	size_t offset;
-	int kind;
-} td_cuda_syms[] = {
-#define SYM(field, name, alt, kind)                                                                \
+static const struct td_gpu_sym td_cuda_syms[] = {
+#define SYM(field, name, alt, group)                                                               \
 	{                                                                                          \
-		name, alt, offsetof(struct td_cuda_api, field), kind                               \
+		name, alt, offsetof(struct td_cuda_api, field), group                              \
 	}
 	SYM(Init, "cuInit", NULL, SYM_REQUIRED),
 	SYM(DriverGetVersion, "cuDriverGetVersion", NULL, SYM_REQUIRED),
@@ -110,46 +107,17 @@ static const struct td_cuda_sym {
 
 int td_cuda_api_open(struct td_cuda_api *api, const char *soname, char *why, size_t why_len)
 {
-	int vmm_missing = 0;
+	const char *const sonames[] = { soname, NULL };
 
 	memset(api, 0, sizeof(*api));
-	api->lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
-	if (!api->lib) {
-		/* dlerror() already names the library. */
-		const char *e = dlerror();
-
-		snprintf(why, why_len, "%s", e ? e : soname);
+	api->lib = td_gpu_dlopen(sonames, NULL, why, why_len);
+	if (!api->lib)
 		return -ENODEV;
-	}
-	for (size_t i = 0; i < sizeof(td_cuda_syms) / sizeof(td_cuda_syms[0]); i++) {
-		const struct td_cuda_sym *s = &td_cuda_syms[i];
-		void *fn = dlsym(api->lib, s->name);
-
-		if (!fn && s->alt)
-			fn = dlsym(api->lib, s->alt);
-		if (!fn && s->kind == SYM_REQUIRED) {
-			snprintf(why, why_len, "%s: no symbol %s (driver too old)", soname,
-				 s->name);
-			td_cuda_api_close(api);
-			return -ENODEV;
-		}
-		if (!fn)
-			vmm_missing = 1;
-		/* POSIX guarantees function pointers survive a trip through void *. */
-		memcpy((char *)api + s->offset, &fn, sizeof(fn));
-	}
-	/* VMM is all or nothing: a partial set would fail half-way through an import. */
-	if (vmm_missing) {
-		api->MemGetAllocationGranularity = NULL;
-		api->MemCreate = NULL;
-		api->MemRelease = NULL;
-		api->MemExportToShareableHandle = NULL;
-		api->MemImportFromShareableHandle = NULL;
-		api->MemAddressReserve = NULL;
-		api->MemAddressFree = NULL;
-		api->MemMap = NULL;
-		api->MemUnmap = NULL;
-		api->MemSetAccess = NULL;
+	if (td_gpu_dlsym(api->lib, soname, td_cuda_syms,
+			 sizeof(td_cuda_syms) / sizeof(td_cuda_syms[0]), api, " (driver too old)",
+			 why, why_len) < 0) {
+		td_cuda_api_close(api);
+		return -ENODEV;
 	}
 	return 0;
 }
@@ -211,20 +179,20 @@ const char *td_cuda_strerror(const struct td_cuda_api *api, CUresult r, char *bu
 }
 
 /* The process-wide table, loaded by the first td_cuda_api_get(). */
-static pthread_once_t td_cuda_once = PTHREAD_ONCE_INIT;
 static struct td_cuda_api td_cuda_global;
-static int td_cuda_status;
-static char td_cuda_why[256];
-static _Atomic bool td_cuda_inited; /* cuInit succeeded in this process */
+static struct td_gpu_driver td_cuda_driver = { .once = PTHREAD_ONCE_INIT,
+					       .table = &td_cuda_global };
 
+/* Loaded means cuInit succeeded in this process. */
 static void td_cuda_load(void)
 {
+	struct td_gpu_driver *d = &td_cuda_driver;
 	struct td_cuda_api *api = &td_cuda_global;
 	char err[128];
 	CUresult r;
 
-	td_cuda_status = td_cuda_api_open(api, TD_CUDA_LIBNAME, td_cuda_why, sizeof(td_cuda_why));
-	if (td_cuda_status < 0)
+	d->status = td_cuda_api_open(api, TD_CUDA_LIBNAME, d->why, sizeof(d->why));
+	if (d->status < 0)
 		return;
 	/*
 	 * A stub libcuda (CUDA_ERROR_STUB_LIBRARY) or a driver with no GPU
@@ -234,44 +202,33 @@ static void td_cuda_load(void)
 	 */
 	r = api->Init(0);
 	if (r != CUDA_SUCCESS) {
-		snprintf(td_cuda_why, sizeof(td_cuda_why), "%s: cuInit: %s", TD_CUDA_LIBNAME,
+		snprintf(d->why, sizeof(d->why), "%s: cuInit: %s", TD_CUDA_LIBNAME,
 			 td_cuda_strerror(api, r, err, sizeof(err)));
-		td_cuda_status = -ENODEV;
+		d->status = -ENODEV;
 		return;
 	}
 	if (api->DriverGetVersion(&api->driver_version) != CUDA_SUCCESS)
 		api->driver_version = 0;
-	td_cuda_status = 0;
-	td_cuda_inited = true;
+	d->status = 0;
+	d->loaded = true;
 }
-
-/* A table installed by td_cuda_api_use(), or NULL. */
-static const struct td_cuda_api *_Atomic td_cuda_forced;
 
 void td_cuda_api_use(const struct td_cuda_api *api)
 {
-	td_cuda_forced = api;
+	td_gpu_driver_use(&td_cuda_driver, api);
 }
 
 bool td_cuda_api_in_use(void)
 {
-	return td_cuda_forced || td_cuda_inited;
+	return td_gpu_driver_in_use(&td_cuda_driver);
 }
 
 int td_cuda_api_get(const struct td_cuda_api **ret_api, const char **ret_why)
 {
-	const struct td_cuda_api *forced = td_cuda_forced;
+	const void *table;
+	int r = td_gpu_driver_get(&td_cuda_driver, td_cuda_load, &table, ret_why);
 
-	if (forced) {
-		*ret_api = forced;
-		return 0;
-	}
-	pthread_once(&td_cuda_once, td_cuda_load);
-	if (td_cuda_status < 0) {
-		if (ret_why)
-			*ret_why = td_cuda_why;
-		return td_cuda_status;
-	}
-	*ret_api = &td_cuda_global;
-	return 0;
+	if (r == 0)
+		*ret_api = table;
+	return r;
 }

@@ -1,0 +1,138 @@
+/*
+ * What the GPU importers share (import_gpu.c). A vendor's importers
+ * (gpu/<id>/import_<id>.c) describe their driver in a struct
+ * td_gpu_client; this does what is the same for every vendor:
+ *  - loading the driver on the first GPU import (once per process; refused
+ *    in a child forked after the parent loaded it: the driver does not
+ *    survive fork());
+ *  - this process's device for the daemon's, by UUID (each process numbers
+ *    GPUs its own way), and the UUID of one of its own;
+ *  - the legacy IPC import: the handle checked, opened on that device;
+ *  - unmapping, which first waits for the work queued on the device:
+ *    torch and cupy call the DLPack deleter as soon as an array object
+ *    dies, with kernels that read it possibly still queued;
+ *  - the creator's sync at publish and put()'s device-to-device copy on
+ *    the stream the vendor's row names (gpu/vendor.h).
+ * Every driver call runs with the device made current on the calling
+ * thread and the thread's previous state restored afterwards, so the
+ * application's choice of device or context is left alone.
+ */
+#ifndef TENSORD_CLIENT_IMPORT_GPU_H
+#define TENSORD_CLIENT_IMPORT_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu/gpu_util.h"
+#include "import.h"
+
+struct td_gpu_client;
+
+/* A GPU importer's m->priv; a vendor's own mapping state starts with it. */
+struct td_gpu_map {
+	const struct td_gpu_client *gc;
+	const void *api; /* the vendor's driver table */
+	int ordinal;     /* this process's number of the device */
+	uint64_t ptr;    /* where the memory starts in this process (a device address) */
+};
+
+/* What enter() changed on the calling thread, for leave() to restore. */
+struct td_gpu_scope {
+	int prev_device; /* the thread's device before (HIP); -1: none to restore */
+};
+
+/*
+ * A vendor's driver as the shared code needs it. Driver results are ints
+ * (CUresult, hipError_t), 0 for success; the rest returns 0 or -errno.
+ */
+struct td_gpu_client {
+	int device_type;         /* TD_GPU_TYPE_<id>: its row in gpu/vendor.h */
+	const char *visible_env; /* what renumbers its devices: "CUDA_VISIBLE_DEVICES" */
+	const char *loaded;      /* what fork() breaks: "initialised CUDA" */
+	/* Devices without a UUID (on either side) are matched by ordinal (HIP). */
+	bool ordinal_fallback;
+	size_t map_size;       /* of its mapping state, which starts with struct td_gpu_map */
+	size_t ipc_handle_len; /* of a legacy IPC handle; 0 without legacy IPC */
+
+	/* Its shim's td_<id>_api_get() and td_<id>_api_in_use(). */
+	int (*get)(const void **ret_api, const char **ret_why);
+	bool (*in_use)(void);
+	/* A driver result as -errno, and as text ("CUDA_ERROR_X (...)"); api may be NULL. */
+	int (*errno_of)(int r);
+	const char *(*strerror)(const void *api, int r, char *buf, size_t len);
+
+	/*
+	 * Fills uuids[i] for each of this process's devices, at most
+	 * TD_GPU_MAX_DEVICES, their number in *ret_n; *ret_have false when the
+	 * driver reports no UUIDs. 0 or -errno (error set).
+	 */
+	int (*uuids)(const void *api, uint8_t (*uuids)[TD_GPU_UUID_LEN], int *ret_n,
+		     bool *ret_have);
+	/*
+	 * Says that the daemon's device daemon_id, of UUID uuid (as text), is
+	 * none of this process's n: sets the error, returns -ENODEV.
+	 */
+	int (*not_seen)(int daemon_id, const char *uuid, int n);
+
+	/*
+	 * Makes p's device current on this thread (CUDA: pushes its primary
+	 * context, retained), saving in s what leave() restores. 0, or -errno
+	 * with nothing left to restore; the error is set only when what (the
+	 * caller's operation) is not NULL.
+	 */
+	int (*enter)(struct td_gpu_map *p, struct td_gpu_scope *s, const char *what);
+	void (*leave)(struct td_gpu_map *p, struct td_gpu_scope *s);
+	/* Between enter() and leave(): waits for every stream of the device. */
+	int (*synchronize)(struct td_gpu_map *p);
+	/*
+	 * Between enter() and leave(): copies n bytes device to device on
+	 * stream, DLPack's number for the vendor's streams, and waits for it.
+	 */
+	int (*copy)(struct td_gpu_map *p, void *dst, const void *src, size_t n, long stream);
+	/*
+	 * Opens the legacy IPC handle (ipc_handle_len bytes) on p's device into
+	 * p->ptr: at least map_size bytes. 0 or -errno (error set). NULL
+	 * without legacy IPC.
+	 */
+	int (*ipc_open)(struct td_gpu_map *p, const uint8_t *handle, uint64_t map_size);
+	/* Between enter() and leave(), the device idle: gives the memory at p->ptr back. */
+	void (*release)(struct td_gpu_map *p);
+	/* After release(): lets go of what the mapping held of the device. NULL: nothing. */
+	void (*drop)(struct td_gpu_map *p);
+};
+
+/* Each vendor's, td_<id>_client (gpu/<id>/import_<id>.c). */
+#define TD_GPU_CLIENT_DECLARE(id, ...) extern const struct td_gpu_client td_##id##_client;
+TD_GPU_VENDORS(TD_GPU_CLIENT_DECLARE)
+#undef TD_GPU_CLIENT_DECLARE
+
+/* Loads gc's driver into *ret_api, or says why not in the thread's error (-ENODEV). */
+int td_gpu_load(const struct td_gpu_client *gc, const void **ret_api);
+
+/*
+ * This process's ordinal of the daemon's device daemon_id with uuid
+ * (uuid_len 16). 0 or -ENODEV (error set).
+ */
+int td_gpu_ordinal_of_uuid(const struct td_gpu_client *gc, const uint8_t *uuid, size_t uuid_len,
+			   int daemon_id, int *ret_ordinal);
+
+/* Sets the error "what: <gc's words for driver result r>"; returns r as -errno. */
+int td_gpu_fail(const struct td_gpu_client *gc, const void *api, int r, const char *what);
+
+/* A zeroed mapping state of gc->map_size bytes for ordinal, or NULL. */
+struct td_gpu_map *td_gpu_map_new(const struct td_gpu_client *gc, const void *api, int ordinal);
+
+/* Fills m from the opened p (base p->ptr, the tensor at d's offset); m owns p from here. */
+void td_gpu_mapped(struct td_mapping *m, struct td_gpu_map *p, const struct td_import_desc *d);
+
+/* importer.map for legacy IPC handles of gc's devices. Takes ownership of fd (there should be none). */
+int td_gpu_map_ipc(const struct td_gpu_client *gc, struct td_mapping *m, int fd,
+		   const struct td_import_desc *d);
+
+/* importer.unmap, .sync and .copy_in of every GPU importer. */
+void td_gpu_unmap(struct td_mapping *m);
+int td_gpu_sync(struct td_mapping *m);
+int td_gpu_copy_in(struct td_mapping *m, const void *src, uint64_t n);
+
+#endif /* TENSORD_CLIENT_IMPORT_GPU_H */

@@ -1,0 +1,473 @@
+/*
+ * Importers for CUDA memory: td_importer_cuda for HANDLE_CUDA_VMM_FD (a
+ * POSIX fd exported by cuMemExportToShareableHandle) and
+ * td_importer_cuda_ipc for HANDLE_CUDA_IPC (legacy cuIpcMemHandle bytes),
+ * on what every vendor's importers share (client/lib/import_gpu.h:
+ * loading libcuda on the first GPU import, the device by UUID, the legacy
+ * IPC import, unmap after a wait, sync and copy_in). What is CUDA's own is
+ * here: the VMM import and its read-only protection, and the driver calls
+ * td_cuda_client gives the shared code.
+ *
+ * All driver calls run with the device's primary context pushed and popped
+ * again, so the application's current context (torch, cupy and the CUDA
+ * runtime all use the primary context too) is left as it was, on whatever
+ * thread we run. Each mapping holds a reference on the primary context
+ * until unmap().
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/lib/import_gpu.h"
+#include "gpu/cuda/cuda_api.h"
+
+/* The importer's state for one mapping; m->priv. g.ptr: VMM's reserved range, or the opened pointer. */
+struct td_cuda_map {
+	struct td_gpu_map g;
+	CUdevice dev;
+	size_t size; /* VMM: bytes reserved and mapped */
+	bool vmm;
+	bool ro_enforced; /* VMM read-only mapping honoured by the driver */
+};
+
+static int td_cuda_get(const void **ret_api, const char **ret_why)
+{
+	const struct td_cuda_api *cu;
+	int err = td_cuda_api_get(&cu, ret_why);
+
+	if (err == 0)
+		*ret_api = cu;
+	return err;
+}
+
+static int td_cuda_errno_of(int r)
+{
+	return td_cuda_errno((CUresult)r);
+}
+
+static const char *td_cuda_strerror_of(const void *api, int r, char *buf, size_t len)
+{
+	return td_cuda_strerror(api, (CUresult)r, buf, len);
+}
+
+static int td_cuda_uuids(const void *api, uint8_t (*uuids)[TD_GPU_UUID_LEN], int *ret_n,
+			 bool *ret_have)
+{
+	const struct td_cuda_api *cu = api;
+	char err[128];
+	int n = 0;
+	CUresult r;
+
+	r = cu->DeviceGetCount(&n);
+	if (r != CUDA_SUCCESS)
+		return td_set_error(td_cuda_errno(r), "cuDeviceGetCount: %s",
+				    td_cuda_strerror(cu, r, err, sizeof(err)));
+	if (n > TD_GPU_MAX_DEVICES)
+		n = TD_GPU_MAX_DEVICES;
+	for (int i = 0; i < n; i++) {
+		CUdevice dev;
+		CUuuid u;
+
+		r = cu->DeviceGet(&dev, i);
+		if (r == CUDA_SUCCESS)
+			r = cu->DeviceGetUuid(&u, dev);
+		if (r != CUDA_SUCCESS)
+			return td_set_error(td_cuda_errno(r), "CUDA device %d: %s", i,
+					    td_cuda_strerror(cu, r, err, sizeof(err)));
+		memcpy(uuids[i], u.bytes, TD_GPU_UUID_LEN);
+	}
+	*ret_n = n;
+	*ret_have = true;
+	return 0;
+}
+
+static int td_cuda_not_seen(int daemon_id, const char *uuid, int n)
+{
+	return td_set_error(-ENODEV,
+			    "the daemon's cuda:%d is %s, which this process does not see "
+			    "(%d CUDA devices here; check CUDA_VISIBLE_DEVICES)",
+			    daemon_id, uuid, n);
+}
+
+/* p's CUdevice, from its ordinal. 0 or -ENODEV (error set). */
+static int td_cuda_device(struct td_cuda_map *p)
+{
+	const struct td_cuda_api *cu = p->g.api;
+	char err[128];
+	CUresult r;
+
+	r = cu->DeviceGet(&p->dev, p->g.ordinal);
+	if (r != CUDA_SUCCESS)
+		return td_set_error(-ENODEV, "cuDeviceGet(%d): %s", p->g.ordinal,
+				    td_cuda_strerror(cu, r, err, sizeof(err)));
+	return 0;
+}
+
+/* Retains dev's primary context and pushes it. 0 or -errno (error set when report). */
+static int td_cuda_enter(const struct td_cuda_api *cu, CUdevice dev, bool report)
+{
+	CUcontext ctx;
+	char err[128];
+	CUresult r;
+
+	r = cu->DevicePrimaryCtxRetain(&ctx, dev);
+	if (r == CUDA_SUCCESS) {
+		r = cu->CtxPushCurrent(ctx);
+		if (r == CUDA_SUCCESS)
+			return 0;
+		cu->DevicePrimaryCtxRelease(dev);
+	}
+	if (!report)
+		return td_cuda_errno(r);
+	return td_set_error(td_cuda_errno(r), "CUDA context: %s",
+			    td_cuda_strerror(cu, r, err, sizeof(err)));
+}
+
+/* Pops what td_cuda_enter() pushed; keeps the reference when keep_ref. */
+static void td_cuda_leave(const struct td_cuda_api *cu, CUdevice dev, bool keep_ref)
+{
+	CUcontext popped;
+
+	cu->CtxPopCurrent(&popped);
+	if (!keep_ref)
+		cu->DevicePrimaryCtxRelease(dev);
+}
+
+/* For the shared code: the primary context pushed, and gone again with its reference. */
+static int td_cuda_scope_enter(struct td_gpu_map *g, struct td_gpu_scope *s, const char *what)
+{
+	return td_cuda_enter(g->api, ((struct td_cuda_map *)g)->dev, what != NULL);
+}
+
+static void td_cuda_scope_leave(struct td_gpu_map *g, struct td_gpu_scope *s)
+{
+	td_cuda_leave(g->api, ((struct td_cuda_map *)g)->dev, false);
+}
+
+/* The runtime and the frameworks queue their work in the primary context. */
+static int td_cuda_synchronize(struct td_gpu_map *g)
+{
+	const struct td_cuda_api *cu = g->api;
+
+	return cu->CtxSynchronize();
+}
+
+/*
+ * Unified addressing lets cuMemcpyAsync find both sides. DLPack numbers
+ * CUDA's streams as the driver does: 1 is CU_STREAM_LEGACY.
+ */
+static int td_cuda_copy(struct td_gpu_map *g, void *dst, const void *src, size_t n, long stream)
+{
+	const struct td_cuda_api *cu = g->api;
+	CUstream st = (CUstream)(uintptr_t)stream;
+	CUresult r;
+
+	r = cu->MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n, st);
+	if (r == CUDA_SUCCESS)
+		r = cu->StreamSynchronize(st);
+	return r;
+}
+
+/*
+ * Grants this device read-only (writable false) or read-write access to
+ * p's VMM range. A driver that cannot map device memory read-only gets a
+ * read-write mapping instead: the DLPack read-only flag still tells
+ * consumers not to write (docs/gpu.md); ro_enforced says which it was.
+ */
+static CUresult td_cuda_set_access(struct td_cuda_map *p, bool writable)
+{
+	const struct td_cuda_api *cu = p->g.api;
+	CUmemAccessDesc acc;
+	CUresult r;
+
+	memset(&acc, 0, sizeof(acc));
+	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	acc.location.id = p->g.ordinal;
+	acc.flags = writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
+	r = cu->MemSetAccess(p->g.ptr, p->size, &acc, 1);
+	p->ro_enforced = !writable && r == CUDA_SUCCESS;
+	if (!writable && (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE)) {
+		acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+		r = cu->MemSetAccess(p->g.ptr, p->size, &acc, 1);
+	}
+	return r;
+}
+
+/*
+ * Reserves an address range, maps the imported allocation into it and
+ * grants this device access: read-only unless writable. Takes ownership
+ * of h: on success the mapping holds the memory, on failure it is
+ * released.
+ */
+static int td_cuda_vmm_map(struct td_cuda_map *p, CUmemGenericAllocationHandle h, uint64_t size,
+			   bool writable)
+{
+	const struct td_cuda_api *cu = p->g.api;
+	CUmemAllocationProp prop;
+	CUdeviceptr ptr = 0;
+	size_t gran = 0;
+	CUresult r;
+	int err;
+
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = p->dev;
+	r = cu->MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+	if (r != CUDA_SUCCESS) {
+		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemGetAllocationGranularity");
+		goto out_release;
+	}
+	if (size == 0 || size > SIZE_MAX || gran == 0 || size % gran != 0) {
+		err = td_set_error(-EINVAL,
+				   "CUDA allocation of %llu bytes does not fit the "
+				   "device's granularity of %zu bytes",
+				   (unsigned long long)size, gran);
+		goto out_release;
+	}
+	r = cu->MemAddressReserve(&ptr, size, gran, 0, 0);
+	p->g.ptr = ptr;
+	if (r != CUDA_SUCCESS) {
+		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemAddressReserve");
+		goto out_release;
+	}
+	r = cu->MemMap(ptr, size, 0, h, 0);
+	if (r != CUDA_SUCCESS) {
+		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemMap");
+		goto out_free;
+	}
+	/* The mapping keeps the memory alive; our handle is no longer needed. */
+	cu->MemRelease(h);
+	p->size = size;
+
+	r = td_cuda_set_access(p, writable);
+	if (r != CUDA_SUCCESS) {
+		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemSetAccess");
+		cu->MemUnmap(ptr, size);
+		cu->MemAddressFree(ptr, size);
+		return err;
+	}
+	return 0;
+
+out_free:
+	cu->MemAddressFree(ptr, size);
+out_release:
+	cu->MemRelease(h);
+	return err;
+}
+
+/* HANDLE_CUDA_VMM_FD. Takes ownership of fd. */
+static int td_cuda_map_vmm(struct td_mapping *m, int fd, const struct td_import_desc *d)
+{
+	const struct td_cuda_api *cu;
+	CUmemGenericAllocationHandle h;
+	struct td_cuda_map *p;
+	const void *api;
+	int err, ordinal;
+	CUresult r;
+
+	err = td_gpu_load(&td_cuda_client, &api);
+	if (err < 0)
+		goto out_close;
+	cu = api;
+	if (fd < 0) {
+		err = td_set_error(-EPROTO, "CUDA lease came without a descriptor");
+		goto out_close;
+	}
+	if (!td_cuda_api_has_vmm(cu)) {
+		err = td_set_error(-ENODEV,
+				   "this CUDA driver has no cuMemImportFromShareableHandle");
+		goto out_close;
+	}
+	err = td_gpu_ordinal_of_uuid(&td_cuda_client, d->uuid, d->uuid_len, d->device.device_id,
+				     &ordinal);
+	if (err < 0)
+		goto out_close;
+	p = (struct td_cuda_map *)td_gpu_map_new(&td_cuda_client, api, ordinal);
+	if (!p) {
+		err = td_set_error(-ENOMEM, "out of memory");
+		goto out_close;
+	}
+	p->vmm = true;
+	err = td_cuda_device(p);
+	if (err < 0)
+		goto out_free;
+	err = td_cuda_enter(cu, p->dev, true);
+	if (err < 0)
+		goto out_free;
+	r = cu->MemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
+					     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	/* The imported handle does not need the descriptor any more. */
+	close(fd);
+	fd = -1;
+	if (r != CUDA_SUCCESS) {
+		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemImportFromShareableHandle");
+		td_cuda_leave(cu, p->dev, false);
+		goto out_free;
+	}
+	err = td_cuda_vmm_map(p, h, d->map_size, d->writable);
+	td_cuda_leave(cu, p->dev, err == 0);
+	if (err < 0)
+		goto out_free;
+	td_gpu_mapped(m, &p->g, d);
+	return 0;
+
+out_free:
+	free(p);
+out_close:
+	if (fd >= 0)
+		close(fd);
+	return err;
+}
+
+/* HANDLE_CUDA_IPC: opened on the device's primary context, which the mapping keeps. */
+static int td_cuda_ipc_open(struct td_gpu_map *g, const uint8_t *handle, uint64_t map_size)
+{
+	struct td_cuda_map *p = (struct td_cuda_map *)g;
+	const struct td_cuda_api *cu = g->api;
+	CUdeviceptr base = 0, ptr = 0;
+	CUipcMemHandle h;
+	size_t range = 0;
+	CUresult r;
+	int err;
+
+	memcpy(&h, handle, sizeof(h));
+	err = td_cuda_device(p);
+	if (err < 0)
+		return err;
+	err = td_cuda_enter(cu, p->dev, true);
+	if (err < 0)
+		return err;
+	r = cu->IpcOpenMemHandle(&ptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+	if (r != CUDA_SUCCESS) {
+		err = td_gpu_fail(&td_cuda_client, g->api, r, "cuIpcOpenMemHandle");
+		td_cuda_leave(cu, p->dev, false);
+		return err;
+	}
+	/* Never trust the size we were told over what the driver mapped. */
+	r = cu->MemGetAddressRange(&base, &range, ptr);
+	if (r != CUDA_SUCCESS || range < map_size) {
+		err = r != CUDA_SUCCESS
+			      ? td_gpu_fail(&td_cuda_client, g->api, r, "cuMemGetAddressRange")
+			      : td_set_error(-EPROTO,
+					     "CUDA IPC mapping has %zu bytes, "
+					     "the daemon said %llu",
+					     range, (unsigned long long)map_size);
+		cu->IpcCloseMemHandle(ptr);
+		td_cuda_leave(cu, p->dev, false);
+		return err;
+	}
+	td_cuda_leave(cu, p->dev, true);
+	g->ptr = ptr;
+	return 0;
+}
+
+static int td_cuda_map_ipc(struct td_mapping *m, int fd, const struct td_import_desc *d)
+{
+	return td_gpu_map_ipc(&td_cuda_client, m, fd, d);
+}
+
+/* VMM: the range unmapped and given back; legacy: the IPC handle closed. */
+static void td_cuda_release(struct td_gpu_map *g)
+{
+	struct td_cuda_map *p = (struct td_cuda_map *)g;
+	const struct td_cuda_api *cu = g->api;
+
+	if (p->vmm) {
+		cu->MemUnmap(g->ptr, p->size);
+		cu->MemAddressFree(g->ptr, p->size);
+	} else {
+		cu->IpcCloseMemHandle(g->ptr);
+	}
+}
+
+/* The reference on the primary context that map() kept. */
+static void td_cuda_drop(struct td_gpu_map *g)
+{
+	const struct td_cuda_api *cu = g->api;
+
+	cu->DevicePrimaryCtxRelease(((struct td_cuda_map *)g)->dev);
+}
+
+/*
+ * Publish of an immutable tensor by its creator: GPU memory has no private
+ * copy to fall back on, so the creator's own mapping becomes read-only
+ * instead (a later write through it faults on the device; docs/gpu.md).
+ * make_shared() undoes it when the publish failed.
+ */
+static int td_cuda_protect(struct td_mapping *m, bool writable)
+{
+	struct td_cuda_map *p = m->priv;
+	CUresult r;
+	int err;
+
+	if (!p || !p->vmm)
+		return 0;
+	err = td_cuda_enter(p->g.api, p->dev, true);
+	if (err < 0)
+		return err;
+	r = td_cuda_set_access(p, writable);
+	td_cuda_leave(p->g.api, p->dev, false);
+	if (r != CUDA_SUCCESS)
+		return td_gpu_fail(&td_cuda_client, p->g.api, r,
+				   writable ? "cuMemSetAccess (read-write again)"
+					    : "cuMemSetAccess (read-only at publish)");
+	return 0;
+}
+
+static int td_cuda_make_private(struct td_mapping *m)
+{
+	return td_cuda_protect(m, false);
+}
+
+static int td_cuda_make_shared(struct td_mapping *m)
+{
+	return td_cuda_protect(m, true);
+}
+
+const struct td_gpu_client td_cuda_client = {
+	.device_type = TD_GPU_TYPE_cuda,
+	.visible_env = "CUDA_VISIBLE_DEVICES",
+	.loaded = "initialised CUDA",
+	.ordinal_fallback = false,
+	.map_size = sizeof(struct td_cuda_map),
+	.ipc_handle_len = sizeof(CUipcMemHandle),
+	.get = td_cuda_get,
+	.in_use = td_cuda_api_in_use,
+	.errno_of = td_cuda_errno_of,
+	.strerror = td_cuda_strerror_of,
+	.uuids = td_cuda_uuids,
+	.not_seen = td_cuda_not_seen,
+	.enter = td_cuda_scope_enter,
+	.leave = td_cuda_scope_leave,
+	.synchronize = td_cuda_synchronize,
+	.copy = td_cuda_copy,
+	.ipc_open = td_cuda_ipc_open,
+	.release = td_cuda_release,
+	.drop = td_cuda_drop,
+};
+
+const struct td_importer td_importer_cuda = {
+	.handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD,
+	.map = td_cuda_map_vmm,
+	.unmap = td_gpu_unmap,
+	.make_private = td_cuda_make_private,
+	.make_shared = td_cuda_make_shared,
+	.sync = td_gpu_sync,
+	.copy_in = td_gpu_copy_in,
+};
+
+const struct td_importer td_importer_cuda_ipc = {
+	.handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC,
+	.unmap_before_close = true,
+	.map = td_cuda_map_ipc,
+	.unmap = td_gpu_unmap,
+	/* Legacy IPC has no read-only mapping: the DLPack flag is all there is. */
+	.make_private = NULL,
+	.sync = td_gpu_sync,
+	.copy_in = td_gpu_copy_in,
+};
