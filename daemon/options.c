@@ -104,7 +104,7 @@ static void usage(FILE *f)
 		"                     (default: totals only: anyone who reaches it reads it)\n"
 		"  --config FILE      'key = value' lines, keys as the long options above\n"
 		"                     (default: " DEFAULT_CONFIG " when it exists); flags win\n"
-		"  --max-waiters-per-conn N     attaches waiting per connection (default 256)\n"
+		"  --max-waiters-per-conn N     attaches waiting per connection (default 1024)\n"
 		"  --max-fds-in-flight-per-conn N  descriptors queued or unread per\n"
 		"                               connection (default 64)\n"
 		"  --quota-exempt-uid UID       counted, never refused (repeatable; root\n"

@@ -47,7 +47,7 @@ void quota_default_limits(struct quota_limits *lim, unsigned fd_budget, unsigned
 	if (!lim->per_uid[QUOTA_FDS_IN_FLIGHT])
 		lim->per_uid[QUOTA_FDS_IN_FLIGHT] = usable / 4 ? usable / 4 : 1;
 	if (!lim->waiters_per_conn)
-		lim->waiters_per_conn = 256;
+		lim->waiters_per_conn = 1024;
 	/* A uid's connections may each wait, not each with every waiter it may have. */
 	if (!lim->per_uid[QUOTA_WAITERS])
 		lim->per_uid[QUOTA_WAITERS] = 16ull * lim->waiters_per_conn;

@@ -464,4 +464,6 @@ void td_info_from_wire(tensord_info *info, const Tensord__TensorInfo *w)
 	info->flags = w->flags;
 	info->created_ns = w->created_ns;
 	info->id = w->id;
+	info->generation = w->generation;
+	info->commit = w->commit;
 }

@@ -128,7 +128,7 @@ static PyObject *Client_exit(ClientObject *self, PyObject *args)
 /* How long one wait of attach lasts before Python's signal handlers get a turn. */
 #define ATTACH_SLICE_MS 100
 
-static double now_ms(void)
+double td_now_ms(void)
 {
 	struct timespec ts;
 
@@ -142,42 +142,71 @@ static double now_ms(void)
  * once: -EINTR with the handler's exception set. ms: as tensord_attach().
  * Called and returns with the GIL held; waits without it.
  */
-static int attach_interruptibly(tensord_client *c, const char *name, int ms,
+static int attach_interruptibly(tensord_client *c, const char *name, uint64_t after, int ms,
 				DLManagedTensorVersioned **ret)
 {
-	double deadline = now_ms() + ms;
+	double deadline = td_now_ms() + ms;
 	int rc;
 
 	for (;;) {
 		int slice = ms;
 
 		if (ms < 0 || ms > ATTACH_SLICE_MS) {
-			double left = deadline - now_ms();
+			double left = deadline - td_now_ms();
 
 			slice = ms < 0 || left > ATTACH_SLICE_MS ? ATTACH_SLICE_MS
 								 : (left > 1 ? (int)left : 1);
 		}
-		Py_BEGIN_ALLOW_THREADS rc = tensord_attach(c, name, slice, ret);
+		Py_BEGIN_ALLOW_THREADS rc = tensord_attach_after(c, name, after, slice, ret);
 		Py_END_ALLOW_THREADS if (rc != -ETIMEDOUT || slice == ms ||
-					 (ms >= 0 && now_ms() >= deadline)) return rc;
+					 (ms >= 0 && td_now_ms() >= deadline)) return rc;
 		if (PyErr_CheckSignals() < 0)
 			return -EINTR;
 	}
 }
 
+int td_parse_after(PyObject *o, uint64_t *ret)
+{
+	unsigned long long v;
+
+	*ret = 0;
+	if (o == Py_None)
+		return 0;
+	v = PyLong_AsUnsignedLongLong(o);
+	if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+		PyErr_Clear();
+		PyErr_Format(PyExc_ValueError, "after must be None or an int >= 0, not %R", o);
+		return -1;
+	}
+	*ret = v;
+	return 0;
+}
+
+int td_parse_wait(PyObject *timeout, PyObject *after, int *ms, uint64_t *ret_after)
+{
+	if (td_parse_after(after, ret_after) < 0 || td_parse_timeout(timeout, ms) < 0)
+		return -1;
+	/* Waiting for something newer: None waits for it, however long. */
+	if (after != Py_None && timeout == Py_None)
+		*ms = -1;
+	return 0;
+}
+
 static PyObject *Client_attach(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = { "name", "timeout", NULL };
-	PyObject *timeout = Py_None;
+	static char *kwlist[] = { "name", "timeout", "after", NULL };
+	PyObject *timeout = Py_None, *after_o = Py_None;
 	DLManagedTensorVersioned *mt = NULL;
 	tensord_client *c;
 	const char *name;
+	uint64_t after;
 	int ms, rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|O:attach", kwlist, &name, &timeout) ||
-	    td_parse_timeout(timeout, &ms) < 0 || !(c = td_client_enter(self)))
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|O$O:attach", kwlist, &name, &timeout,
+					 &after_o) ||
+	    td_parse_wait(timeout, after_o, &ms, &after) < 0 || !(c = td_client_enter(self)))
 		return NULL;
-	rc = attach_interruptibly(c, name, ms, &mt);
+	rc = attach_interruptibly(c, name, after, ms, &mt);
 	if (rc == -EINTR) {
 		td_client_leave(self, 0);
 		return NULL; /* the signal handler's exception (KeyboardInterrupt) */
@@ -309,22 +338,27 @@ static PyObject *Client_get_path(ClientObject *self, void *unused)
 
 static PyMethodDef Client_methods[] = {
 	{ "attach", (PyCFunction)(void (*)(void))Client_attach, METH_VARARGS | METH_KEYWORDS,
-	  "attach($self, /, name, timeout=None)\n--\n\n"
+	  "attach($self, /, name, timeout=None, *, after=None)\n--\n\n"
 	  "Returns a Tensor: attaches the published tensor `name`, zero copy. With timeout=None it "
 	  "fails at once\n"
 	  "(FileNotFoundError) when the name is not published; with a number of seconds it waits\n"
 	  "that long for a publish (TimeoutError after), and math.inf waits forever. The Tensor\n"
-	  "is read-only unless the tensor was created mutable and the caller may write it." },
-	{ "create", (PyCFunction)(void (*)(void))Client_create, METH_VARARGS | METH_KEYWORDS,
-	  "create($self, /, name, shape, dtype, device='cpu', mutable=False,\n"
-	  "       lifetime='persistent', mode=None, strides=None, *, replace=False)\n--\n\n"
-	  "Returns a Tensor: allocates a tensor in the daemon and returns it writable to the "
-	  "caller; nobody else\n"
-	  "sees it until Tensor.publish(). dtype is a name such as 'float32' (numpy and torch\n"
-	  "dtypes are accepted too); strides are in elements (default row-major compact);\n"
-	  "lifetime='connection' unlinks it when this client's connection closes; mode is\n"
-	  "permission bits as for files (default 0o600). replace=True takes over the name of\n"
-	  "a tensor the caller owns (see put)." },
+	  "is read-only unless the tensor was created mutable and the caller may write it.\n"
+	  "after: a generation; a newer one is attached at once when published, else waited for\n"
+	  "(then timeout=None waits forever, 0 does not wait: TimeoutError)." },
+	TD_SETS_METHODS{
+		"create", (PyCFunction)(void (*)(void))Client_create, METH_VARARGS | METH_KEYWORDS,
+		"create($self, /, name, shape, dtype, device='cpu', mutable=False,\n"
+		"       lifetime='persistent', mode=None, strides=None, *, replace=False)\n--\n\n"
+		"Returns a Tensor: allocates a tensor in the daemon and returns it writable to the "
+		"caller; nobody else\n"
+		"sees it until Tensor.publish(). dtype is a name such as 'float32' (numpy and "
+		"torch\n"
+		"dtypes are accepted too); strides are in elements (default row-major compact);\n"
+		"lifetime='connection' unlinks it when this client's connection closes; mode is\n"
+		"permission bits as for files (default 0o600). replace=True takes over the name "
+		"of\n"
+		"a tensor the caller owns (see put)." },
 	{ "put", (PyCFunction)(void (*)(void))td_client_put, METH_VARARGS | METH_KEYWORDS,
 	  "put($self, /, name, obj, mutable=False, lifetime='persistent', mode=None, *,\n"
 	  "    replace=False)\n--\n\n"

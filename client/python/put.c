@@ -11,23 +11,12 @@
 #include <errno.h>
 #include <string.h>
 
-/* What keeps the source memory alive until the copy is done. */
-struct source {
-	DLManagedTensorVersioned *versioned; /* owned: consumed capsule contents, or NULL */
-	DLManagedTensor *legacy;             /* likewise */
-	Py_buffer view;                      /* owned when have_view */
-	bool have_view;
-	DLTensor dl;                     /* what tensord_put reads; points into the above */
-	int64_t shape[TENSORD_NDIM_MAX]; /* for buffers, whose shape is Py_ssize_t */
-	int64_t strides[TENSORD_NDIM_MAX];
-};
-
 /*
  * Ends what s holds: the consumed tensor and the buffer view. Called with
  * the GIL held: a producer's deleter may need it (numpy's does). An
  * exception already set is kept.
  */
-static void source_release(struct source *s)
+void td_source_release(struct td_source *s)
 {
 	td_exc_state saved = td_exc_save();
 
@@ -44,7 +33,7 @@ static void source_release(struct source *s)
  * Checks dl and points s->dl at its memory with strides filled. Borrowed:
  * dl, only for the call; the memory stays alive through what s holds.
  */
-static int source_set(struct source *s, const DLTensor *dl)
+static int source_set(struct td_source *s, const DLTensor *dl)
 {
 	bool on_gpu = tensord_device_is_gpu(dl->device.device_type);
 	int64_t step = 1;
@@ -88,7 +77,7 @@ static int source_set(struct source *s, const DLTensor *dl)
  * delete. Once renamed, s owns the tensor even if a later check fails;
  * source_release() ends it.
  */
-static int source_from_capsule(struct source *s, PyObject *cap)
+static int source_from_capsule(struct td_source *s, PyObject *cap)
 {
 	if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
 		s->versioned = PyCapsule_GetPointer(cap, "dltensor_versioned");
@@ -175,7 +164,7 @@ static long dlpack_device_type(PyObject *obj)
  * are refused before asking, so that a producer is never asked to
  * synchronise for nothing.
  */
-static int source_from_dlpack(struct source *s, PyObject *obj)
+static int source_from_dlpack(struct td_source *s, PyObject *obj)
 {
 	long type = dlpack_device_type(obj);
 	PyObject *meth, *cap = NULL, *kw;
@@ -259,7 +248,7 @@ unsupported:
 }
 
 /* The buffer view is held in s, even on failure, until source_release(). */
-static int source_from_buffer(struct source *s, PyObject *obj)
+static int source_from_buffer(struct td_source *s, PyObject *obj)
 {
 	Py_buffer *v = &s->view;
 	DLTensor dl = { 0 };
@@ -298,7 +287,7 @@ static int source_from_buffer(struct source *s, PyObject *obj)
  * at nothing; tensord_put() says which, naming the tensor), so the
  * argument is wrong, not the daemon: ValueError.
  */
-static int put_leave(ClientObject *self, int rc)
+int td_put_leave(ClientObject *self, int rc)
 {
 	if (rc != -EFAULT)
 		return td_client_leave(self, rc);
@@ -311,7 +300,8 @@ PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds)
 {
 	static char *kwlist[] = { "name", "obj", "mutable", "lifetime", "mode", "replace", NULL };
 	PyObject *obj, *mutable_o = NULL, *lifetime_o = NULL, *mode_o = NULL;
-	struct source s = { 0 };
+	struct td_source s = { 0 };
+	tensord_version v;
 	tensord_client *c;
 	const char *name;
 	uint32_t flags, mode;
@@ -323,27 +313,29 @@ PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds)
 		return NULL;
 	if (replace)
 		flags |= TENSORD_REPLACE;
-
-	if (PyCapsule_CheckExact(obj))
-		rc = source_from_capsule(&s, obj);
-	else if (PyObject_HasAttrString(obj, "__dlpack__"))
-		rc = source_from_dlpack(&s, obj);
-	else if (PyObject_CheckBuffer(obj))
-		rc = source_from_buffer(&s, obj);
-	else {
-		PyErr_Format(PyExc_TypeError,
-			     "put() needs a DLPack producer or a buffer, not %.100s",
-			     Py_TYPE(obj)->tp_name);
-		rc = -1;
-	}
+	rc = td_source_from(&s, obj);
 	if (rc < 0 || !(c = td_client_enter(self))) {
-		source_release(&s);
+		td_source_release(&s);
 		return NULL;
 	}
-	Py_BEGIN_ALLOW_THREADS rc = tensord_put(c, name, &s.dl, flags, mode);
-	Py_END_ALLOW_THREADS rc = put_leave(self, rc);
-	source_release(&s);
+	Py_BEGIN_ALLOW_THREADS rc = tensord_put_version(c, name, &s.dl, flags, mode, &v);
+	Py_END_ALLOW_THREADS rc = td_put_leave(self, rc);
+	td_source_release(&s);
 	if (rc < 0)
 		return NULL;
-	Py_RETURN_NONE;
+	return PyLong_FromUnsignedLongLong(v.generation);
+}
+
+int td_source_from(struct td_source *s, PyObject *obj)
+{
+	memset(s, 0, sizeof(*s));
+	if (PyCapsule_CheckExact(obj))
+		return source_from_capsule(s, obj);
+	if (PyObject_HasAttrString(obj, "__dlpack__"))
+		return source_from_dlpack(s, obj);
+	if (PyObject_CheckBuffer(obj))
+		return source_from_buffer(s, obj);
+	PyErr_Format(PyExc_TypeError, "put() needs a DLPack producer or a buffer, not %.100s",
+		     Py_TYPE(obj)->tp_name);
+	return -1;
 }

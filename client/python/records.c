@@ -22,16 +22,18 @@ static PyStructSequence_Field info_fields[] = {
 	{ "lifetime", "'persistent' or 'connection'" },
 	{ "created", "creation time, seconds since the epoch" },
 	{ "id", "unique for the daemon's life" },
+	{ "generation", "this publish's generation of the name: 1, 2, ...; 0 before publish" },
+	{ "commit", "the daemon-wide commit that published it; 0 before publish" },
 	{ NULL, NULL },
 };
 
 static PyStructSequence_Desc info_desc = {
 	"tensord.TensorInfo",
 	"TensorInfo(name, dtype, shape, strides, device, nbytes, state, refcount, owner_uid, "
-	"owner_gid, mode, mutable, lifetime, created, id)\n\n"
+	"owner_gid, mode, mutable, lifetime, created, id, generation, commit)\n\n"
 	"One tensor as the daemon describes it; returned by Client.stat() and Client.list().",
 	info_fields,
-	15,
+	17,
 };
 
 PyTypeObject td_InfoType;
@@ -118,7 +120,7 @@ PyObject *td_info_new(const tensord_info *in)
 {
 	static const char *const states[] = { "?", "created", "published", "unlinked" };
 	char dtype[64], device[32];
-	PyObject *v[15];
+	PyObject *v[17];
 
 	v[0] = PyUnicode_FromString(in->name);
 	v[1] = PyUnicode_FromString(tensord_dtype_name(in->dtype, dtype, sizeof(dtype)));
@@ -136,7 +138,9 @@ PyObject *td_info_new(const tensord_info *in)
 									     : "persistent");
 	v[13] = PyFloat_FromDouble((double)in->created_ns / 1e9);
 	v[14] = PyLong_FromUnsignedLongLong(in->id);
-	return td_record_new(&td_InfoType, v, 15);
+	v[15] = PyLong_FromUnsignedLongLong(in->generation);
+	v[16] = PyLong_FromUnsignedLongLong(in->commit);
+	return td_record_new(&td_InfoType, v, 17);
 }
 
 PyObject *td_info_list(const tensord_info *infos, size_t n)

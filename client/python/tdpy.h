@@ -220,6 +220,82 @@ int td_exchange_api_publish(void);
 /* Client.put(). Returns a new reference (None), or NULL with an exception set. */
 PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds);
 
+/* What keeps a put()'s source memory alive until the copy is done (put.c). */
+struct td_source {
+	DLManagedTensorVersioned *versioned; /* owned: consumed capsule contents, or NULL */
+	DLManagedTensor *legacy;             /* likewise */
+	Py_buffer view;                      /* owned when have_view */
+	bool have_view;
+	DLTensor dl;                     /* what tensord_put reads; points into the above */
+	int64_t shape[TENSORD_NDIM_MAX]; /* for buffers, whose shape is Py_ssize_t */
+	int64_t strides[TENSORD_NDIM_MAX];
+};
+
+/*
+ * The source of obj (a DLPack producer or capsule, or a buffer) into *s,
+ * which holds what keeps it alive even on failure: release it with
+ * td_source_release() (GIL held) either way. 0, or -1 with an exception.
+ */
+int td_source_from(struct td_source *s, PyObject *obj);
+void td_source_release(struct td_source *s);
+
+/* td_client_leave() for a put: -EFAULT (an unreadable source) is a ValueError. */
+int td_put_leave(ClientObject *self, int rc);
+
+/* CLOCK_MONOTONIC in milliseconds (client.c). */
+double td_now_ms(void);
+
+/* after=: None (0) or an int >= 0 into *ret. 0 or -1 with an exception. */
+int td_parse_after(PyObject *o, uint64_t *ret);
+
+/* timeout= and after= of a wait: *ms as td_parse_timeout(), but None waits forever with after. */
+int td_parse_wait(PyObject *timeout, PyObject *after, int *ms, uint64_t *ret_after);
+
+/* sets.c: Client methods and the types (Event, Transaction, Watch, _Op) onto mod. */
+PyObject *td_client_transaction(ClientObject *self, PyObject *unused);
+PyObject *td_client_put_many(ClientObject *self, PyObject *args, PyObject *kwds);
+PyObject *td_client_attach_many(ClientObject *self, PyObject *args, PyObject *kwds);
+PyObject *td_client_watch(ClientObject *self, PyObject *args, PyObject *kwds);
+PyObject *td_client_attach_start(ClientObject *self, PyObject *args);
+PyObject *td_client_attach_many_start(ClientObject *self, PyObject *args);
+PyObject *td_client_poll(ClientObject *self, PyObject *unused);
+PyObject *td_client_fileno(ClientObject *self, PyObject *unused);
+int td_sets_types_ready(PyObject *mod);
+
+/* The Client methods sets.c provides, for client.c's table. */
+#define TD_SETS_METHODS                                                                            \
+	{ "transaction", (PyCFunction)td_client_transaction, METH_NOARGS,                          \
+	  "transaction($self, /)\n--\n\n"                                                          \
+	  "A Transaction: puts, creates and unlinks made visible by its commit() in one\n"         \
+	  "daemon step, with one commit id, or not at all. A context manager: leaving the\n"       \
+	  "block commits, an exception aborts." },                                                 \
+		{ "put_many", (PyCFunction)(void (*)(void))td_client_put_many,                     \
+		  METH_VARARGS | METH_KEYWORDS,                                                    \
+		  "put_many($self, mapping, /, *, mutable=False, lifetime='persistent', "          \
+		  "mode=None, replace=False)\n--\n\n"                                              \
+		  "Puts every name -> array of mapping as one commit; returns the commit id." },   \
+		{ "attach_many", (PyCFunction)(void (*)(void))td_client_attach_many,               \
+		  METH_VARARGS | METH_KEYWORDS,                                                    \
+		  "attach_many($self, names_or_prefix, /, *, after=None, timeout=None)\n--\n\n"    \
+		  "Returns dict name -> Tensor, leased in one daemon step: a str is a prefix\n"    \
+		  "(every name under it), anything else an iterable of names (a missing name:\n"   \
+		  "NotFoundError naming it, unless waiting). after: a commit id; at once if a\n"   \
+		  "newer commit touched those names, else waits for one (timeout=None: "           \
+		  "forever)." },                                                                   \
+		{ "watch", (PyCFunction)(void (*)(void))td_client_watch,                           \
+		  METH_VARARGS | METH_KEYWORDS,                                                    \
+		  "watch($self, /, prefix='', *, after=None, queue=None)\n--\n\n"                  \
+		  "A Watch: an iterator of Event(kind, name, generation, commit) for the names\n"  \
+		  "under prefix you may read, live from when watch() returns. after: a commit\n"   \
+		  "id; first the current state of names committed after it. queue: events kept\n"  \
+		  "for a watch that is not read (default 1024), then coalesced: 'lagged'." },      \
+		{ "fileno", (PyCFunction)td_client_fileno, METH_NOARGS,                            \
+		  "fileno($self, /)\n--\n\nThe connection's descriptor (for event loops)." },      \
+		{ "_poll", (PyCFunction)td_client_poll, METH_NOARGS, NULL },                       \
+		{ "_attach_start", (PyCFunction)td_client_attach_start, METH_VARARGS, NULL },      \
+		{ "_attach_many_start", (PyCFunction)td_client_attach_many_start, METH_VARARGS,    \
+		  NULL },
+
 /* --- dlpack.c: no Python in here, so all of it is safe on any thread. --- */
 
 /*

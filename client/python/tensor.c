@@ -301,6 +301,7 @@ static PyObject *Tensor_release(TensorObject *self, PyObject *unused)
 
 static PyObject *Tensor_publish(TensorObject *self, PyObject *unused)
 {
+	tensord_version v;
 	tensord_client *c;
 	int rc;
 
@@ -309,12 +310,24 @@ static PyObject *Tensor_publish(TensorObject *self, PyObject *unused)
 				    "only tensors from Client.create() can be published");
 	if (!(c = td_client_enter(self->client)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS rc = tensord_publish(c, self->info.name);
+	Py_BEGIN_ALLOW_THREADS rc = tensord_publish_version(c, self->info.name, &v);
 	Py_END_ALLOW_THREADS if (td_client_leave(self->client, rc) < 0) return NULL;
 	self->info.state = TENSORD_STATE_PUBLISHED;
+	self->info.generation = v.generation;
+	self->info.commit = v.commit;
 	if (!(self->info.flags & TENSORD_MUTABLE))
 		self->readonly = true;
-	Py_RETURN_NONE;
+	return PyLong_FromUnsignedLongLong(v.generation);
+}
+
+static PyObject *Tensor_get_generation(TensorObject *self, void *unused)
+{
+	return PyLong_FromUnsignedLongLong(self->info.generation);
+}
+
+static PyObject *Tensor_get_commit(TensorObject *self, void *unused)
+{
+	return PyLong_FromUnsignedLongLong(self->info.commit);
 }
 
 static PyObject *Tensor_enter(TensorObject *self, PyObject *unused)
@@ -411,7 +424,8 @@ static PyMethodDef Tensor_methods[] = {
 	  "publish($self, /)\n--\n\n"
 	  "Makes a tensor from Client.create() visible to every attach. Unless it was created\n"
 	  "mutable it becomes immutable: later exports are read-only, and writes through arrays\n"
-	  "made before land in a private copy that nobody else sees." },
+	  "made before land in a private copy that nobody else sees. Returns the name's new\n"
+	  "generation." },
 	{ "release", (PyCFunction)Tensor_release, METH_NOARGS,
 	  "release($self, /)\n--\n\n"
 	  "Ends this object's lease. Arrays made from it keep their own and stay valid until\n"
@@ -441,6 +455,10 @@ static PyGetSetDef Tensor_getset[] = {
 	  "True when exports are read-only (attached immutable tensors, or after publish).", NULL },
 	{ "mutable", (getter)Tensor_get_mutable, NULL, "Created with mutable=True.", NULL },
 	{ "released", (getter)Tensor_get_released, NULL, "True after release().", NULL },
+	{ "generation", (getter)Tensor_get_generation, NULL,
+	  "The generation of its name this tensor is (1, 2, ...); 0 while unpublished.", NULL },
+	{ "commit", (getter)Tensor_get_commit, NULL,
+	  "The daemon-wide commit that published it; 0 while unpublished.", NULL },
 	{ NULL },
 };
 

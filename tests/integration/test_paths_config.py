@@ -154,6 +154,7 @@ def ready_link(name):
 
 for name in names:
     ready_link(name)
+print("ready", flush=True)
 while not os.path.exists(stop):
     for _ in range(2000):
         for name in names:
@@ -189,6 +190,10 @@ class Racer:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", RACER, str(ATTACKER), mode, host.secret, self.stop_file]
             + names, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+        # Racing from the first daemon on: a loaded machine may take a while
+        # to start a Python process, and a test must not finish first.
+        line = self.proc.stdout.readline()
+        assert line.strip() == "ready", (line, self.proc.stderr.read())
 
     def finish(self):
         open(self.stop_file, "w").close()

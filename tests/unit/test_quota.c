@@ -48,7 +48,7 @@ static void test_defaults(void **state)
 	assert_int_equal(lim.per_uid[QUOTA_TENSORS], QUOTA_TENSORS_DEFAULT);
 	assert_int_equal(lim.per_uid[QUOTA_FDS], (1024 - 64) / 2);
 	assert_int_equal(lim.per_uid[QUOTA_BYTES], 0);
-	assert_int_equal(lim.waiters_per_conn, 256);
+	assert_int_equal(lim.waiters_per_conn, 1024);
 	assert_int_equal(lim.fds_in_flight_per_conn, 64);
 	assert_int_equal(lim.per_uid[QUOTA_FDS_IN_FLIGHT], (1024 - 64) / 4);
 	/* Flags given stay as given. */

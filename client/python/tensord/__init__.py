@@ -23,6 +23,7 @@ from ._tensord import (  # noqa: F401
     Client,
     ClientInfo,
     Error,
+    Event,
     ExistsError,
     LeaseHolder,
     NoDaemonError,
@@ -30,6 +31,8 @@ from ._tensord import (  # noqa: F401
     Tensor,
     TensorInfo,
     TimedOutError,
+    Transaction,
+    Watch,
     connect,
     default_socket_path,
 )
@@ -39,6 +42,7 @@ __all__ = [
     "Client",
     "ClientInfo",
     "Error",
+    "Event",
     "ExistsError",
     "LeaseHolder",
     "NoDaemonError",
@@ -46,6 +50,8 @@ __all__ = [
     "Tensor",
     "TensorInfo",
     "TimedOutError",
+    "Transaction",
+    "Watch",
     "connect",
     "default_socket_path",
 ]

@@ -1,13 +1,25 @@
 """Type stubs for tensord, the Python client of the tensord daemon."""
 import os
 from types import TracebackType
-from typing import Any, ClassVar, Final, Literal, Sequence, SupportsIndex, final
+from typing import (
+    Any,
+    ClassVar,
+    Final,
+    Iterable,
+    Iterator,
+    Literal,
+    Mapping,
+    Sequence,
+    SupportsIndex,
+    final,
+)
 
 __all__ = [
     "AccessDeniedError",
     "Client",
     "ClientInfo",
     "Error",
+    "Event",
     "ExistsError",
     "LeaseHolder",
     "NoDaemonError",
@@ -15,6 +27,8 @@ __all__ = [
     "Tensor",
     "TensorInfo",
     "TimedOutError",
+    "Transaction",
+    "Watch",
     "connect",
     "default_socket_path",
 ]
@@ -55,7 +69,7 @@ class TensorInfo(tuple[Any, ...]):
     n_unnamed_fields: ClassVar[int]
     __match_args__: Final = ("name", "dtype", "shape", "strides", "device", "nbytes", "state",
                              "refcount", "owner_uid", "owner_gid", "mode", "mutable",
-                             "lifetime", "created", "id")
+                             "lifetime", "created", "id", "generation", "commit")
     @property
     def name(self) -> str: ...
     @property
@@ -86,6 +100,29 @@ class TensorInfo(tuple[Any, ...]):
     def created(self) -> float: ...
     @property
     def id(self) -> int: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def commit(self) -> int: ...
+
+_EventKind = Literal["published", "unlinked", "lagged"]
+
+@final
+class Event(tuple[Any, ...]):
+    """One change a watch reports."""
+
+    n_fields: ClassVar[int]
+    n_sequence_fields: ClassVar[int]
+    n_unnamed_fields: ClassVar[int]
+    __match_args__: Final = ("kind", "name", "generation", "commit")
+    @property
+    def kind(self) -> _EventKind: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def commit(self) -> int: ...
 
 # The daemon's figures, the object `tensorctl stats --json` prints: each
 # daemon figure by name (an int, a float for seconds, or a dict by label
@@ -118,6 +155,10 @@ class Tensor:
     def mutable(self) -> bool: ...
     @property
     def released(self) -> bool: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def commit(self) -> int: ...
     def __dlpack__(
         self,
         *,
@@ -129,7 +170,7 @@ class Tensor:
         """Exports the tensor as a DLPack capsule (versioned when max_version >= (1, 0))."""
     def __dlpack_device__(self) -> tuple[int, int]:
         """(device type, device id) as DLPack numbers them."""
-    def publish(self) -> None:
+    def publish(self) -> int:
         """Makes a created tensor visible; immutable unless created mutable."""
     def release(self) -> None:
         """Ends this object's lease; arrays made from it stay valid."""
@@ -226,10 +267,33 @@ class Client:
         mode: int | None = None,
         *,
         replace: bool = False,
-    ) -> None:
-        """Copies a DLPack producer or buffer into a new tensor and publishes it."""
-    def attach(self, name: str, timeout: float | None = None) -> Tensor:
-        """Attaches a published tensor, zero copy; waits up to timeout seconds."""
+    ) -> int:
+        """Copies a DLPack producer or buffer into a new tensor and publishes it;
+        returns the name's new generation."""
+    def attach(self, name: str, timeout: float | None = None, *,
+               after: int | None = None) -> Tensor:
+        """Attaches a published tensor, zero copy; waits up to timeout seconds.
+        after: a generation; a newer one is attached, or waited for."""
+    def transaction(self) -> Transaction:
+        """Puts, creates and unlinks made visible together by commit()."""
+    def put_many(
+        self,
+        mapping: Mapping[str, Any],
+        *,
+        mutable: bool = False,
+        lifetime: _Lifetime = "persistent",
+        mode: int | None = None,
+        replace: bool = False,
+    ) -> int:
+        """Puts every name -> array as one commit; returns the commit id."""
+    def attach_many(self, names_or_prefix: str | Iterable[str], *, after: int | None = None,
+                    timeout: float | None = None) -> dict[str, Tensor]:
+        """Attaches a set in one daemon step: a prefix (str) or names."""
+    def watch(self, prefix: str = "", *, after: int | None = None,
+              queue: int | None = None) -> Watch:
+        """Events for the names under prefix, live from when watch() returns."""
+    def fileno(self) -> int:
+        """The connection's descriptor (for event loops)."""
     def create(
         self,
         name: str,
@@ -261,6 +325,70 @@ class Client:
     def close(self) -> None:
         """Closes the connection."""
     def __enter__(self) -> Client: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+@final
+class Transaction:
+    """Staged changes made visible in one daemon step by commit()."""
+
+    @property
+    def commit_id(self) -> int | None: ...
+    def put(
+        self,
+        name: str,
+        obj: Any,
+        mutable: bool = False,
+        lifetime: _Lifetime = "persistent",
+        mode: int | None = None,
+        *,
+        replace: bool = False,
+    ) -> None:
+        """Stages a put, as Client.put()."""
+    def create(
+        self,
+        name: str,
+        shape: SupportsIndex | Sequence[SupportsIndex],
+        dtype: _DType,
+        device: str = "cpu",
+        mutable: bool = False,
+        lifetime: _Lifetime = "persistent",
+        mode: int | None = None,
+        strides: Sequence[SupportsIndex] | None = None,
+        *,
+        replace: bool = False,
+    ) -> Tensor:
+        """Stages a create, as Client.create()."""
+    def unlink(self, name: str, /) -> None:
+        """Stages the unlink of a published name."""
+    def commit(self) -> int:
+        """Publishes and unlinks everything staged in one step; the commit id."""
+    def abort(self) -> None:
+        """Discards everything staged."""
+    def __enter__(self) -> Transaction: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool: ...
+
+@final
+class Watch(Iterator[Event]):
+    """An iterator of Event for the names under a prefix."""
+
+    def __next__(self) -> Event: ...
+    def next(self, timeout: float | None = None) -> Event:
+        """The next Event, waiting up to timeout seconds."""
+    def poll(self) -> Event | None:
+        """The next Event if one is there, else None."""
+    def close(self) -> None:
+        """Ends the watch."""
+    def __enter__(self) -> Watch: ...
     def __exit__(
         self,
         exc_type: type[BaseException] | None,

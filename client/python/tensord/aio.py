@@ -1,0 +1,251 @@
+"""tensord for asyncio: the same client, every call a coroutine.
+
+    import asyncio, tensord.aio
+
+    async def main():
+        async with await tensord.aio.connect() as c:
+            gen = await c.put("frame", array)
+            t = await c.attach("frame", after=gen - 1)        # waits for a newer one
+            async for ev in c.watch("frames/"):
+                ...
+
+Waits (attach with a timeout or after=, attach_many, watch) are driven by
+the event loop itself: the connection's descriptor is registered with
+loop.add_reader(), and each wait is an operation libtensord completes when
+its answer is read. No thread waits; a thousand waits cost a thousand
+small objects. Cancelling a task (or its timeout) cancels the wait in the
+daemon. Calls that never wait (put, create, stat, transactions, ...) are
+one round trip each and run inline.
+
+An AsyncClient owns its connection: use it from its event loop's thread.
+"""
+import asyncio
+import math
+
+from . import _tensord
+
+__all__ = ["AsyncClient", "AsyncWatch", "connect"]
+
+
+async def connect(path=None):
+    """An AsyncClient connected to the daemon at path (None: the default)."""
+    return AsyncClient(_tensord.connect(path))
+
+
+def _seconds(timeout):
+    return None if timeout is None or timeout == math.inf else timeout
+
+
+class AsyncClient:
+    """A tensord.Client for asyncio. Awaitable methods mirror Client's."""
+
+    def __init__(self, client):
+        self._c = client
+        self._loop = asyncio.get_running_loop()
+        self._waits = {}       # op -> future, for the waits in flight
+        self._watches = set()  # AsyncWatch objects with a reader registered
+        self._reading = False
+
+    # --- the reader ---------------------------------------------------------------------
+
+    def _want_reader(self):
+        if not self._reading and not self._c.closed:
+            self._loop.add_reader(self._c.fileno(), self._readable)
+            self._reading = True
+
+    def _drop_reader(self):
+        if self._reading and not self._waits and not self._watches:
+            try:
+                self._loop.remove_reader(self._c.fileno())
+            except (ValueError, OSError):
+                pass
+            self._reading = False
+
+    def _readable(self):
+        try:
+            self._c._poll()
+        except BaseException as e:  # noqa: BLE001 -- the connection is gone: every wait fails
+            for op, fut in list(self._waits.items()):
+                if not fut.done():
+                    fut.set_exception(e)
+            self._waits.clear()
+            for w in list(self._watches):
+                w._wake()
+            self._drop_reader()
+            return
+        self._settle()
+
+    def _settle(self):
+        """Completes the futures of the operations answered (by any read)."""
+        for op, fut in list(self._waits.items()):
+            if not op.done:
+                continue
+            del self._waits[op]
+            if fut.done():
+                continue
+            try:
+                fut.set_result(op.result())
+            except BaseException as e:  # noqa: BLE001 -- the wait's own error
+                fut.set_exception(e)
+        for w in list(self._watches):
+            w._wake()
+        self._drop_reader()
+
+    async def _wait(self, op):
+        fut = self._loop.create_future()
+        self._waits[op] = fut
+        self._want_reader()
+        self._settle()  # answered already (read by an earlier call)?
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            # The daemon drops the wait; what its answer brings is let go.
+            self._waits.pop(op, None)
+            op.cancel()
+            self._drop_reader()
+            raise
+
+    def _inline(self, fn, *args, **kwargs):
+        """A call that never waits: one round trip, then whatever it read for others."""
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if self._waits or self._watches:
+                self._settle()
+
+    # --- waits --------------------------------------------------------------------------
+
+    async def attach(self, name, timeout=None, *, after=None):
+        """Client.attach(); with after= or a timeout the wait runs on the event loop."""
+        if after is None and timeout is None:
+            return self._inline(self._c.attach, name)
+        t = _seconds(timeout)
+        if after is None and t is not None and t <= 0:
+            return self._inline(self._c.attach, name, 0)
+        op = self._c._attach_start(name, after, t)
+        return await self._wait(op)
+
+    async def attach_many(self, names_or_prefix, *, after=None, timeout=None):
+        """Client.attach_many(): a dict name -> Tensor, waiting on the event loop."""
+        if after is None and timeout is None:
+            return self._inline(self._c.attach_many, names_or_prefix)
+        op = self._c._attach_many_start(names_or_prefix, after, _seconds(timeout))
+        return await self._wait(op)
+
+    def watch(self, prefix="", *, after=None, queue=None):
+        """An async iterator of Event, live from when watch() returns."""
+        kw = {} if queue is None else {"queue": queue}
+        return AsyncWatch(self, self._inline(self._c.watch, prefix, after=after, **kw))
+
+    # --- calls that never wait ------------------------------------------------------------
+
+    async def put(self, *args, **kwargs):
+        return self._inline(self._c.put, *args, **kwargs)
+
+    async def put_many(self, *args, **kwargs):
+        return self._inline(self._c.put_many, *args, **kwargs)
+
+    async def create(self, *args, **kwargs):
+        return self._inline(self._c.create, *args, **kwargs)
+
+    async def stat(self, *args, **kwargs):
+        return self._inline(self._c.stat, *args, **kwargs)
+
+    async def list(self, *args, **kwargs):
+        return self._inline(self._c.list, *args, **kwargs)
+
+    async def unlink(self, *args, **kwargs):
+        return self._inline(self._c.unlink, *args, **kwargs)
+
+    async def stats(self):
+        return self._inline(self._c.stats)
+
+    async def leases(self, *args, **kwargs):
+        return self._inline(self._c.leases, *args, **kwargs)
+
+    async def clients(self):
+        return self._inline(self._c.clients)
+
+    async def metrics(self):
+        return self._inline(self._c.metrics)
+
+    def transaction(self):
+        """A Transaction (its calls are single round trips: use them as is)."""
+        return self._inline(self._c.transaction)
+
+    @property
+    def client(self):
+        """The blocking Client underneath (same connection)."""
+        return self._c
+
+    @property
+    def closed(self):
+        return self._c.closed
+
+    async def close(self):
+        for op, fut in list(self._waits.items()):
+            op.cancel()
+            if not fut.done():
+                fut.cancel()
+        self._waits.clear()
+        for w in list(self._watches):
+            w._close_now()
+        self._drop_reader()
+        self._c.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+
+class AsyncWatch:
+    """Client.watch() as an async iterator; also an async context manager."""
+
+    def __init__(self, client, watch):
+        self._ac = client
+        self._w = watch
+        self._event = asyncio.Event()
+        client._watches.add(self)
+        client._want_reader()
+
+    def _wake(self):
+        self._event.set()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self._w is None:
+            raise StopAsyncIteration
+        while True:
+            ev = self._w.poll()       # what was read already, or what the socket holds
+            self._ac._settle()
+            if ev is not None:
+                return ev
+            self._event.clear()
+            await self._event.wait()
+            if self._w is None:
+                raise StopAsyncIteration
+
+    async def next(self, timeout=None):
+        """The next Event, waiting up to timeout seconds (TimeoutError after)."""
+        return await asyncio.wait_for(self.__anext__(), _seconds(timeout))
+
+    def _close_now(self):
+        w, self._w = self._w, None
+        self._ac._watches.discard(self)
+        self._event.set()
+        if w is not None:
+            w.close()
+
+    async def close(self):
+        self._close_now()
+        self._ac._drop_reader()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
