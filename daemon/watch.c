@@ -320,7 +320,7 @@ void dispatch_do_watch(struct client *cl, uint64_t id, const Tensord__Watch *m)
 	watches.n++;
 	/* The reply first: every event after it belongs to the watch. */
 	reply_status(cl->conn, TENSORD__REQUEST__BODY_WATCH, id, 0, "");
-	if (m->after)
+	if (m->replay)
 		replay(w, m->after);
 	flush(w);
 	log_debug("conn %llu: watching '%s' (queue %u)", (unsigned long long)cl->conn->id,

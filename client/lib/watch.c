@@ -102,8 +102,8 @@ static bool pop(struct td_watch_q *q, tensord_event *ev)
 	return true;
 }
 
-int tensord_watch_start(tensord_client *c, const char *prefix, uint64_t after, uint32_t queue,
-			tensord_watch **ret_watch)
+int tensord_watch_start(tensord_client *c, const char *prefix, bool replay, uint64_t after,
+			uint32_t queue, tensord_watch **ret_watch)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Watch wm = TENSORD__WATCH__INIT;
@@ -134,6 +134,7 @@ int tensord_watch_start(tensord_client *c, const char *prefix, uint64_t after, u
 	w->q.cap = queue;
 	w->c = c;
 	wm.prefix = (char *)prefix;
+	wm.replay = replay;
 	wm.after = after;
 	wm.queue = queue;
 	req.body_case = TENSORD__REQUEST__BODY_WATCH;

@@ -622,7 +622,8 @@ PyObject *td_client_watch(ClientObject *self, PyObject *args, PyObject *kwds)
 	}
 	w->client = (ClientObject *)Py_NewRef(self);
 	w->w = NULL;
-	Py_BEGIN_ALLOW_THREADS rc = tensord_watch_start(c, prefix, after, queue, &w->w);
+	Py_BEGIN_ALLOW_THREADS rc =
+		tensord_watch_start(c, prefix, after_o != Py_None, after, queue, &w->w);
 	Py_END_ALLOW_THREADS if (td_client_leave(self, rc) < 0)
 	{
 		Py_DECREF(w);

@@ -442,14 +442,14 @@ typedef struct tensord_watch tensord_watch;
 /*
  * Watches the names under prefix ("" or NULL: all) that the caller may
  * read: every commit after this call returns is reported, in order per
- * name. after (nonzero): first the current state of names committed after
- * that id. queue: events the daemon keeps for a watcher that does not read
+ * name. replay: first the current state of names committed after the
+ * commit id after (0: every name). queue: events the daemon keeps for a watcher that does not read
  * (0: 1,024; at most 65,536); past it they are coalesced (the newest per
  * name) and a lagged event says so. The library keeps as many. On success
  * *ret_watch is the caller's (tensord_watch_close()).
  */
-TENSORD_API int tensord_watch_start(tensord_client *client, const char *prefix, uint64_t after,
-				    uint32_t queue, tensord_watch **ret_watch);
+TENSORD_API int tensord_watch_start(tensord_client *client, const char *prefix, bool replay,
+				    uint64_t after, uint32_t queue, tensord_watch **ret_watch);
 
 /*
  * The next event into *ret_event: waits up to timeout_ms (-1 forever; 0:

@@ -34,7 +34,7 @@ import pytest
 from conftest import build_path, wait_until
 from hostile import (
     Raw, Reply, frame, request, f_bytes, f_varint, hello_req, create_body, put_req,
-    reply_with_fds, decode, rss_kib, F_CREATE, F_ATTACH, F_STAT, F_LIST, F_STATS, F_PUT,
+    reply_with_fds, decode, rss_kib, F_CREATE, F_ATTACH, F_STAT, F_LIST, F_STATS, F_PUT, F_UNLINK,
     IO_TIMEOUT,
 )
 
@@ -656,3 +656,51 @@ def test_stats_per_uid_visible_to_root_and_owner(fair):
     # The table of uids: a row per uid, its uid first.
     firsts = [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
     assert str(ATTACKER) in firsts and str(HONEST) not in firsts, p.stdout
+
+
+# --- watches see only what their uid may read (issue 20) ---------------------------------------
+
+F_WATCH, R_EVENTS = 16, 12
+
+
+def watch_events(c, want, timeout=10):
+    """The events of c's watch (request id 50) until want of them came: (kind, name) pairs."""
+    got, end = [], time.monotonic() + timeout
+    c.sock.settimeout(timeout)
+    while len(got) < want and time.monotonic() < end:
+        r = c.reply()
+        if r.id != 50:
+            continue
+        body = r.body(R_EVENTS) or {}
+        for ev in body.get(1, []):
+            e = decode(ev)
+            got.append((e.get(1, [0])[0], e.get(2, [b""])[0].decode()))
+    return got
+
+
+def test_watch_events_follow_what_the_uid_may_read(fair):
+    """A watcher of another uid hears of tensors whose mode lets it read
+    them, and of nothing else: names, generations and commits of tensors
+    it may not read never reach it. Watches count against its uid's share."""
+    d = fair("--max-watches-per-uid", "2")
+    owner = raw_as(HONEST, d.socket)
+    spy = raw_as(ATTACKER, d.socket)
+    r = spy.call(request(50, F_WATCH, f_bytes(1, b"w/")))
+    assert r.status == 0, r
+    make_tensor(owner, "w/secret", 4, mode=0o600)
+    make_tensor(owner, "w/open", 4, mode=0o644)
+    owner_watch = raw_as(HONEST, d.socket)
+    # Watch.replay (4) from commit 0: the current state of every name.
+    assert owner_watch.call(request(50, F_WATCH, f_bytes(1, b"w/") + f_varint(4, 1))).status == 0
+    # The owner's watch sees both; the spy only the open one.
+    assert sorted(watch_events(owner_watch, 2)) == [(0, "w/open"), (0, "w/secret")]
+    assert watch_events(spy, 1) == [(0, "w/open")]
+    owner.call(request(13, F_UNLINK, f_bytes(1, b"w/secret")))
+    owner.call(request(14, F_UNLINK, f_bytes(1, b"w/open")))
+    assert watch_events(spy, 1) == [(1, "w/open")], "the secret's unlink is not the spy's to see"
+    # The uid's share of watches: two, then EAGAIN naming the flag.
+    assert spy.call(request(51, F_WATCH, f_bytes(1, b"x/"))).status == 0
+    r = spy.call(request(52, F_WATCH, f_bytes(1, b"y/")))
+    assert r.status == -errno.EAGAIN and "--max-watches-per-uid" in r.message, r
+    for c in (owner, spy, owner_watch):
+        c.close()
