@@ -99,30 +99,55 @@ struct members {
 	int err;             /* -EACCES for a listed name rc may not read (why says which) */
 };
 
+/* The members under s's prefix, in pages of the list's, at most DISPATCH_SET_MAX visited. */
+static int resolve_prefix(struct registry *reg, struct reg_client *rc, const struct waiter_set *s,
+			  struct members *m)
+{
+	struct tensor *page[DISPATCH_LIST_PAGE];
+	char after[TENSORD_NAME_MAX + 1] = "";
+	size_t cap = 0, visited = 0;
+	const char *next;
+
+	do {
+		size_t n;
+
+		registry_list(reg, rc, s->prefix, s->prefix_len, after, DISPATCH_LIST_PAGE, page,
+			      &n, &next);
+		visited += n;
+		for (size_t i = 0; i < n; i++) {
+			if (page[i]->state != TENSORD_STATE_PUBLISHED ||
+			    !registry_may_read(page[i], rc))
+				continue;
+			if (m->n == cap) {
+				struct tensor **nv;
+
+				cap = cap ? 2 * cap : 64;
+				nv = realloc(m->v, cap * sizeof(*nv));
+				if (!nv)
+					return -ENOMEM;
+				m->v = nv;
+			}
+			m->v[m->n++] = page[i];
+		}
+		if (next)
+			snprintf(after, sizeof(after), "%s", next);
+	} while (next && visited < DISPATCH_SET_MAX);
+	m->touched = registry_tombs_newest(reg, s->prefix, s->prefix_len);
+	return 0;
+}
+
 /* The members of s as rc may read them now, into *m (free m->v). 0 or -ENOMEM. */
 static int resolve(struct registry *reg, struct reg_client *rc, const struct waiter_set *s,
 		   struct members *m, char *why, size_t why_len)
 {
-	size_t cap = s->n_names ? s->n_names : DISPATCH_SET_MAX;
-	const char *next;
 	uint64_t gen, commit;
 
 	memset(m, 0, sizeof(*m));
-	m->v = malloc((cap ? cap : 1) * sizeof(*m->v));
-	if (!m->v)
+	/* Unpublished tensors of rc's own are no members. */
+	if (!s->n_names && resolve_prefix(reg, rc, s, m) < 0)
 		return -ENOMEM;
-	if (!s->n_names) {
-		size_t n;
-
-		/* One page of the prefix in name order: at most DISPATCH_SET_MAX
-		 * names visited; unpublished ones of rc's own are left out. */
-		registry_list(reg, rc, s->prefix, s->prefix_len, "", cap, m->v, &n, &next);
-		for (size_t i = 0; i < n; i++)
-			if (m->v[i]->state == TENSORD_STATE_PUBLISHED &&
-			    registry_may_read(m->v[i], rc))
-				m->v[m->n++] = m->v[i];
-		m->touched = registry_tombs_newest(reg, s->prefix, s->prefix_len);
-	}
+	if (s->n_names && !(m->v = malloc(s->n_names * sizeof(*m->v))))
+		return -ENOMEM;
 	for (size_t i = 0; i < s->n_names; i++) {
 		struct tensor *t = registry_lookup(reg, rc, s->name[i], strlen(s->name[i]));
 
@@ -266,6 +291,7 @@ static int try_now(struct client *cl, uint64_t id, const struct waiter_set *s, u
 	int r = resolve(&cl->srv->reg, &cl->rc, s, &m, why, sizeof(why));
 
 	if (r < 0) {
+		free(m.v);
 		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, id, r,
 			     "attach_many: out of memory");
 		return 0;
@@ -330,8 +356,10 @@ bool dispatch_set_ready(struct waiter_owner *o, const struct waiter_req *req, vo
 	char why[400];
 	bool yes;
 
-	if (resolve(&cl->srv->reg, &cl->rc, req->set, &m, why, sizeof(why)) < 0)
+	if (resolve(&cl->srv->reg, &cl->rc, req->set, &m, why, sizeof(why)) < 0) {
+		free(m.v);
 		return true; /* answered with the error */
+	}
 	yes = ready(req->set, &m, req->after, true);
 	free(m.v);
 	return yes;

@@ -241,8 +241,11 @@ static PyMethodDef Tx_methods[] = {
 	  "the commit id (0 when nothing was staged). On failure nothing is visible." },
 	{ "abort", (PyCFunction)Tx_abort, METH_NOARGS,
 	  "abort($self, /)\n--\n\nDiscards every member and staged unlink." },
-	{ "__enter__", (PyCFunction)Tx_enter, METH_NOARGS, NULL },
-	{ "__exit__", (PyCFunction)Tx_exit, METH_VARARGS, NULL },
+	{ "__enter__", (PyCFunction)Tx_enter, METH_NOARGS,
+	  "__enter__($self, /)\n--\n\nReturns self." },
+	{ "__exit__", (PyCFunction)Tx_exit, METH_VARARGS,
+	  "__exit__($self, /, *exc_info)\n--\n\nCommits, or aborts when an exception leaves "
+	  "the block." },
 	{ NULL },
 };
 
@@ -583,8 +586,10 @@ static PyMethodDef Watch_methods[] = {
 	  "poll($self, /)\n--\n\nThe next Event if one is there, else None (no wait)." },
 	{ "close", (PyCFunction)Watch_close, METH_NOARGS,
 	  "close($self, /)\n--\n\nEnds the watch." },
-	{ "__enter__", (PyCFunction)Watch_enter, METH_NOARGS, NULL },
-	{ "__exit__", (PyCFunction)Watch_exit, METH_VARARGS, NULL },
+	{ "__enter__", (PyCFunction)Watch_enter, METH_NOARGS,
+	  "__enter__($self, /)\n--\n\nReturns self." },
+	{ "__exit__", (PyCFunction)Watch_exit, METH_VARARGS,
+	  "__exit__($self, /, *exc_info)\n--\n\nCalls close()." },
 	{ NULL },
 };
 

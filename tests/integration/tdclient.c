@@ -13,8 +13,19 @@
  *   stats                     close
  *   fork-hold NAME            (forks a child that keeps the mapping, for EBUSY)
  *   exit
+ *
+ * Versions, sets and watches (each tensor of a set holds one int64 value in
+ * every element, and commands that read a set check that):
+ *   putmany PREFIX COUNT ELEMS VALUE [replace]   one commit: COUNT tensors
+ *   tx begin | tx put NAME ELEMS VALUE [replace] | tx unlink NAME | tx commit | tx abort
+ *   many PREFIX AFTER TIMEOUT_MS  attach_many of a prefix: "ok n=N commit=C value=V"
+ *   after NAME AFTER TIMEOUT_MS   attach_after: "ok generation=G value=V"
+ *   async NAME AFTER TIMEOUT_MS [cancel]  the same through tensord_attach_start and
+ *                                 tensord_poll (cancel: cancelled after 50 ms)
+ *   watch PREFIX N TIMEOUT_MS     N events of a new watch: "ok kind:name:gen ..."
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -281,6 +292,201 @@ static void do_close(int argc, char **argv)
 	printf("ok\n");
 }
 
+/* An int64 array of elems values v, as a DLTensor over buf (the caller's). */
+static DLTensor int64s(int64_t *buf, int64_t *shape, int64_t elems, int64_t v)
+{
+	for (int64_t i = 0; i < elems; i++)
+		buf[i] = v;
+	*shape = elems;
+	return (DLTensor){ .data = buf,
+			   .device = { kDLCPU, 0 },
+			   .ndim = 1,
+			   .dtype = { kDLInt, 64, 1 },
+			   .shape = shape };
+}
+
+/* The value every element of t holds, or -1 when they differ. */
+static int64_t value_of(const DLManagedTensorVersioned *t)
+{
+	const int64_t *p =
+		(const int64_t *)((const uint8_t *)t->dl_tensor.data + t->dl_tensor.byte_offset);
+	int64_t n = t->dl_tensor.ndim ? t->dl_tensor.shape[0] : 1;
+
+	for (int64_t i = 1; i < n; i++)
+		if (p[i] != p[0])
+			return -1;
+	return n ? p[0] : 0;
+}
+
+static void do_putmany(int argc, char **argv)
+{
+	int count = atoi(argv[2]);
+	int64_t elems = atoll(argv[3]), v = atoll(argv[4]);
+	bool replace = argc > 5 && !strcmp(argv[5], "replace");
+	tensord_put_item *items = calloc((size_t)count, sizeof(*items));
+	int64_t *bufs = calloc((size_t)(count * elems + 1), sizeof(int64_t));
+	int64_t *shapes = calloc((size_t)count, sizeof(int64_t));
+	DLTensor *src = calloc((size_t)count, sizeof(*src));
+	char(*names)[64] = calloc((size_t)count, sizeof(*names));
+	uint64_t commit = 0;
+	int r;
+
+	for (int i = 0; i < count; i++) {
+		snprintf(names[i], sizeof(names[i]), "%s%d", argv[1], i);
+		src[i] = int64s(bufs + i * elems, &shapes[i], elems, v);
+		items[i] = (tensord_put_item){ names[i], &src[i] };
+	}
+	r = tensord_put_many(client, items, (size_t)count, replace ? TENSORD_REPLACE : 0, 0,
+			     &commit);
+	if (r < 0)
+		fail(r);
+	else
+		printf("ok commit=%llu\n", (unsigned long long)commit);
+	free(names);
+	free(src);
+	free(shapes);
+	free(bufs);
+	free(items);
+}
+
+static tensord_tx *tx;
+
+static void do_tx(int argc, char **argv)
+{
+	uint64_t commit = 0;
+	int r;
+
+	if (!strcmp(argv[1], "begin")) {
+		r = tensord_tx_begin(client, &tx);
+	} else if (!strcmp(argv[1], "put") && argc >= 5) {
+		int64_t elems = atoll(argv[3]), shape;
+		int64_t *buf = calloc((size_t)elems + 1, sizeof(*buf));
+		DLTensor src = int64s(buf, &shape, elems, atoll(argv[4]));
+
+		r = tensord_tx_put(tx, argv[2], &src,
+				   argc > 5 && !strcmp(argv[5], "replace") ? TENSORD_REPLACE : 0,
+				   0);
+		free(buf);
+	} else if (!strcmp(argv[1], "unlink") && argc >= 3) {
+		r = tensord_tx_unlink(tx, argv[2]);
+	} else if (!strcmp(argv[1], "commit")) {
+		r = tensord_tx_commit(tx, &commit);
+		tx = tensord_tx_free(tx);
+		if (r == 0) {
+			printf("ok commit=%llu\n", (unsigned long long)commit);
+			return;
+		}
+	} else if (!strcmp(argv[1], "abort")) {
+		r = tensord_tx_abort(tx);
+		tx = tensord_tx_free(tx);
+	} else {
+		printf("err EINVAL tx begin|put|unlink|commit|abort\n");
+		return;
+	}
+	done(r);
+}
+
+static void do_many(int argc, char **argv)
+{
+	tensord_set *s;
+	int64_t v = -2;
+	int r = tensord_attach_many(client, NULL, 0, argv[1], strtoull(argv[2], NULL, 10),
+				    atoi(argv[3]), &s);
+
+	if (r < 0) {
+		fail(r);
+		return;
+	}
+	for (size_t i = 0; i < s->n; i++) {
+		int64_t x = value_of(s->tensors[i]);
+
+		v = i == 0 ? x : (x == v ? v : -1); /* -1: a mixed set */
+	}
+	printf("ok n=%zu commit=%llu value=%lld\n", s->n, (unsigned long long)s->commit,
+	       (long long)v);
+	tensord_set_free(s);
+}
+
+static void print_attached(DLManagedTensorVersioned *t)
+{
+	tensord_info info;
+
+	tensord_tensor_info(t, &info);
+	printf("ok generation=%llu value=%lld\n", (unsigned long long)info.generation,
+	       (long long)value_of(t));
+	t->deleter(t);
+}
+
+static void do_after(int argc, char **argv)
+{
+	DLManagedTensorVersioned *t;
+	int r = tensord_attach_after(client, argv[1], strtoull(argv[2], NULL, 10), atoi(argv[3]),
+				     &t);
+
+	if (r < 0)
+		fail(r);
+	else
+		print_attached(t);
+}
+
+static void do_async(int argc, char **argv)
+{
+	DLManagedTensorVersioned *t;
+	bool cancel = argc > 4 && !strcmp(argv[4], "cancel");
+	int polls = 0, r;
+	tensord_op *op;
+	struct pollfd pfd;
+
+	r = tensord_attach_start(client, argv[1], strtoull(argv[2], NULL, 10), atoi(argv[3]), &op);
+	if (r < 0) {
+		fail(r);
+		return;
+	}
+	pfd = (struct pollfd){ .fd = tensord_fd(client), .events = POLLIN };
+	while (!tensord_op_done(op)) {
+		int n = poll(&pfd, 1, 50);
+
+		if (n == 0 && cancel && polls++ == 0)
+			tensord_op_cancel(op);
+		if (n > 0 && tensord_poll(client) < 0)
+			break;
+	}
+	r = tensord_attach_finish(op, &t);
+	if (r < 0)
+		fail(r);
+	else
+		print_attached(t);
+}
+
+static void do_watch(int argc, char **argv)
+{
+	static const char *const kinds[] = { "published", "unlinked", "lagged" };
+	int n = atoi(argv[2]), r = 0;
+	tensord_watch *w;
+	tensord_event ev;
+	char line[4096] = "ok";
+	size_t len = 2;
+
+	r = tensord_watch_start(client, argv[1], false, 0, 0, &w);
+	if (r < 0) {
+		fail(r);
+		return;
+	}
+	printf("ok watching\n"); /* the test commits after this line */
+	for (int i = 0; i < n && r == 0; i++) {
+		r = tensord_watch_next(w, atoi(argv[3]), &ev);
+		if (r == 0 && len < sizeof(line) - 300)
+			len += (size_t)snprintf(line + len, sizeof(line) - len, " %s:%s:%llu",
+						kinds[ev.kind], ev.name,
+						(unsigned long long)ev.generation);
+	}
+	tensord_watch_close(w);
+	if (r < 0)
+		fail(r);
+	else
+		printf("%s\n", line);
+}
+
 static void do_exit(int argc, char **argv)
 {
 	printf("ok\n");
@@ -301,6 +507,9 @@ static const struct {
 	{ "unlink", 1, do_unlink },   { "stat", 1, do_stat },
 	{ "stats", 1, do_stats },     { "fork-hold", 1, do_fork_hold },
 	{ "close", 1, do_close },     { "exit", 1, do_exit },
+	{ "putmany", 5, do_putmany }, { "tx", 2, do_tx },
+	{ "many", 4, do_many },       { "after", 4, do_after },
+	{ "async", 4, do_async },     { "watch", 4, do_watch },
 };
 
 static void cmd(char *line)
