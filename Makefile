@@ -28,6 +28,8 @@ VENV    ?= .venv
 PYTHON  ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 # The one version string: tensord --version, tensorctl --version, tensord.pc.
 VERSION := $(shell cat VERSION)
+# The library's ABI: bumped when a public struct changes (tensord_info grew in 1).
+SOVER   := 1
 PKGS    := libuv libprotobuf-c
 
 ifeq ($(V),1)
@@ -143,7 +145,7 @@ $(B)/libtensord.a: $(LIB_OBJ)
 
 $(B)/libtensord.so: $(LIB_OBJ)
 	@echo "  LD  $@"
-	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libtensord.so.0 -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libtensord.so.$(SOVER) -o $@ $^ $(LDLIBS)
 
 $(B)/tensorctl: $(CTL_OBJ) $(B)/libtensord.a
 	@echo "  LD  $@"
@@ -334,8 +336,8 @@ install: $(INSTALL_BUILT)
 	install -m 755 $(B)/tensord $(B)/tensorctl $(D)$(BINDIR)/
 	install -m 644 $(B)/libtensord.a $(D)$(LIBDIR)/
 	install -m 755 $(B)/libtensord.so $(D)$(LIBDIR)/libtensord.so.$(VERSION)
-	ln -sf libtensord.so.$(VERSION) $(D)$(LIBDIR)/libtensord.so.0
-	ln -sf libtensord.so.0 $(D)$(LIBDIR)/libtensord.so
+	ln -sf libtensord.so.$(VERSION) $(D)$(LIBDIR)/libtensord.so.$(SOVER)
+	ln -sf libtensord.so.$(SOVER) $(D)$(LIBDIR)/libtensord.so
 	install -m 644 include/tensord/tensord.h include/tensord/dlpack.h $(D)$(INCLUDEDIR)/tensord/
 	$(SUBST) deploy/tensord.pc.in > $(D)$(LIBDIR)/pkgconfig/tensord.pc
 	$(SUBST) deploy/systemd/tensord.service.in > $(D)$(UNITDIR)/tensord.service
@@ -350,7 +352,7 @@ endif
 
 uninstall:
 	rm -f $(addprefix $(D)$(BINDIR)/,tensord tensorctl)
-	rm -f $(addprefix $(D)$(LIBDIR)/,libtensord.a libtensord.so libtensord.so.0 \
+	rm -f $(addprefix $(D)$(LIBDIR)/,libtensord.a libtensord.so libtensord.so.$(SOVER) \
 		libtensord.so.$(VERSION) pkgconfig/tensord.pc)
 	rm -f $(addprefix $(D)$(UNITDIR)/,tensord.service tensord.socket) $(D)$(SYSUSERSDIR)/tensord.conf
 	rm -f $(foreach m,$(MAN_PAGES),$(D)$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(notdir $(m)))
