@@ -5,8 +5,8 @@ Four measurements; in each, one round runs every variant once, in turn
 
   attach   attach_many of 256 names (+ the releases) vs 256 attach() +
            release(), 4 KiB and 64 KiB tensors             (target >= 10x)
-  put      put_many of 256 x 64 KiB (replace=True: one commit) vs 256
-           put(replace=True)                               (target >= 2x)
+  put      put_many of 256 tensors (replace=True: one commit) vs 256
+           put(replace=True), 4 KiB and 64 KiB  (target >= 2x at 64 KiB)
   watch    a watcher in another process: from the writer's put() start to
            the event arriving there (and to the watcher holding the new
            tensor), p50/p99, next to the p50 of one attach round trip
@@ -385,7 +385,8 @@ def main():
                 for size in (4 << 10, 64 << 10):
                     bench_attach(c, args.names, size, args.rounds, reps)
             if "put" in parts:
-                bench_put(c, args.names, 64 << 10, args.rounds, max(1, reps // 2))
+                for size in (4 << 10, 64 << 10):
+                    bench_put(c, args.names, size, args.rounds, max(1, reps // 2))
             if "watch" in parts:
                 bench_watch(c, sock, args.rounds, samples)
             if "sync" in parts:
