@@ -100,7 +100,11 @@ def test_frame_stream_example(daemon):
         assert int(hi) == last and int(seen) + int(skipped) == frames, out
         got[kind] = (int(seen), int(skipped))
     assert set(got) == {"fast", "slow"}, out
-    assert got["slow"][1] >= frames // 2, out       # ~20 ms a frame: most skipped
-    assert got["fast"][1] <= frames // 4, out       # follows nearly every one
+    # The slow one sees at most one frame per 20 ms: most are skipped. The fast
+    # one skips 1-5% on an idle 2-vCPU machine, ~40% with both CPUs busy
+    # elsewhere: the bounds leave room for a loaded CI machine.
+    assert got["slow"][1] >= frames // 2, out
+    assert got["fast"][1] <= frames // 2, out
+    assert got["fast"][0] >= 4 * got["slow"][0], out
     with tensord.connect(daemon.socket) as c:
         assert c.list("cam/") == []
