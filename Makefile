@@ -278,8 +278,9 @@ run:
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)PYTHON=$(PYTHON) bash deploy/demo.sh $(B)
 
-# C attach latency, then Python put and attach next to their peers, each run
-# both pinned to one CPU (no cross-CPU wake-ups) and unpinned.
+# C attach latency, then Python put and attach next to their peers, then sets,
+# versions and watches (bench/py_sets.py), each run both pinned to one CPU (no
+# cross-CPU wake-ups) and unpinned.
 bench: all
 	$(Q)set -e; for b in $(BENCH_BIN); do $$b; done
 	$(Q)set -e; export TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python; \
@@ -287,6 +288,8 @@ bench: all
 	echo "== unpinned"; $(PYTHON) bench/py_put.py; \
 	$(PYTHON) bench/py_attach.py; \
 	$(PYTHON) bench/py_names.py; \
+	echo "== sets, versions, watches: pinned to CPU 0, then unpinned"; \
+	taskset -c 0 $(PYTHON) bench/py_sets.py; $(PYTHON) bench/py_sets.py; \
 	echo "== GPU create off the loop (fake driver), pinned then unpinned"; \
 	taskset -c 0 $(PYTHON) bench/py_gpu_async.py; $(PYTHON) bench/py_gpu_async.py
 

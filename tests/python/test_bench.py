@@ -1,4 +1,4 @@
-"""bench/py_attach.py and bench/py_put.py run and print their figures."""
+"""The Python benchmarks in bench/ run and print their figures."""
 import os
 import re
 import subprocess
@@ -58,3 +58,33 @@ def test_py_gpu_async_bench_runs():
                      re.M), r.stdout
     assert re.search(r"^  during the alloc: median +[\d.]+ us, slowest +[\d.]+ us "
                      r"\([\d.]+x / [\d.]+x the baseline\)$", r.stdout, re.M), r.stdout
+
+
+def test_py_sets_bench_runs(daemon):
+    """bench/py_sets.py --quick: every part runs and prints its figures (the
+    figures and the targets met or missed are not asserted)."""
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "py_sets.py"), "--socket",
+                        daemon.socket, "--quick", "--no-ray"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    num = r"[\d.]+"
+    for size in ("4 KiB", "64 KiB"):
+        assert re.search(r"^py_sets: attach 16 x %s: attach_many +%s us, "
+                         r"16 attach\+release +%s us: +%sx \(target >= 10x: (met|MISSED)\)$"
+                         % (size, num, num, num), out, re.M), out
+    for size in ("4 KiB", "64 KiB"):
+        assert re.search(r"^py_sets: put 16 x %s: put_many +%s us, 16 put +%s us: +%sx "
+                         r"\(target >= 2x: (met|MISSED)\)$" % (size, num, num, num), out,
+                         re.M), out
+    assert re.search(r"^py_sets: put\(\) start -> watcher woken: p50 +%s us +p99 +%s us; "
+                     r"-> watcher holds it: p50 +%s us +p99 +%s us$" % ((num,) * 4), out,
+                     re.M), out
+    assert re.search(r"^py_sets: attach\+release round trip: p50 +%s us +p99 +%s us; woken p50 "
+                     r"= %sx attach \(target <= 2x: (met|MISSED)\)" % ((num,) * 3), out,
+                     re.M), out
+    assert re.search(r"^py_sets: weight sync 8 x 64 KiB \(512 KiB\), 3 commits, 3 readers", out,
+                     re.M), out
+    assert re.search(r"^  tensord  tx.put +%s / +%s ms; commit -> 3 hold it +%s / +%s ms; "
+                     r"tx.put start +-> held +%s / +%s ms$" % ((num,) * 6), out, re.M), out
+    assert "ray: skipped (--no-ray)" in out

@@ -1,5 +1,6 @@
-"""The example in docs/python.md runs as written."""
+"""The examples in docs/python.md and client/python/examples/ run as written."""
 import os
+import re
 import subprocess
 import sys
 
@@ -55,3 +56,55 @@ def test_readme_python_example_runs_twice(daemon):
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == "32.0"
+
+
+EXAMPLES = os.path.join(HERE, "..", "..", "client", "python", "examples")
+
+
+def run_example(daemon, name, *args):
+    env = dict(os.environ, TENSORD_SOCKET=daemon.socket)
+    r = subprocess.run([sys.executable, os.path.join(EXAMPLES, name)] + list(args), env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_weight_sync_example(daemon):
+    """Three rollouts follow the trainer's commits: whole sets, never mixed."""
+    out = run_example(daemon, "weight_sync.py")
+    m = re.search(r"^trainer: (\d+) steps of (\d+) tensors .* last commit (\d+)$", out, re.M)
+    assert m and m.group(1) == "20" and m.group(2) == "64", out
+    rollouts = re.findall(r"^rollout (\d): (\d+) sets, (\d+) commits, steps (\d+)\.\.(\d+), "
+                          r"(\d+) mixed, (\d+) missing$", out, re.M)
+    assert sorted(r[0] for r in rollouts) == ["0", "1", "2"], out
+    for _, sets, commits, first, last, mixed, missing in rollouts:
+        assert int(commits) >= 2 and int(sets) == int(commits), out
+        assert (mixed, missing) == ("0", "0"), out
+        assert int(last) == 20 and 1 <= int(first) <= 20, out
+    with tensord.connect(daemon.socket) as c:
+        assert c.list("ws/") == []
+
+
+def test_frame_stream_example(daemon):
+    """The fast consumer sees nearly every frame, the slow one the newest."""
+    out = run_example(daemon, "frame_stream.py")
+    m = re.search(r"^producer: (\d+) frames in [\d.]+ s \(\d+ Hz\), last generation (\d+)$",
+                  out, re.M)
+    assert m, out
+    frames, last = int(m.group(1)), int(m.group(2))
+    got = {}
+    for kind, seen, skipped, hi, inc, ok in re.findall(
+            r"^(fast|slow): (\d+) frames, (\d+) skipped, generations \d+\.\.(\d+) "
+            r"(strictly increasing|NOT increasing), (contents ok|.*)$", out, re.M):
+        assert (inc, ok) == ("strictly increasing", "contents ok"), out
+        assert int(hi) == last and int(seen) + int(skipped) == frames, out
+        got[kind] = (int(seen), int(skipped))
+    assert set(got) == {"fast", "slow"}, out
+    # The slow one sees at most one frame per 20 ms: most are skipped. The fast
+    # one skips 1-5% on an idle 2-vCPU machine, ~40% with both CPUs busy
+    # elsewhere: the bounds leave room for a loaded CI machine.
+    assert got["slow"][1] >= frames // 2, out
+    assert got["fast"][1] <= frames // 2, out
+    assert got["fast"][0] >= 4 * got["slow"][0], out
+    with tensord.connect(daemon.socket) as c:
+        assert c.list("cam/") == []

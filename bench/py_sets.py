@@ -1,0 +1,398 @@
+"""Sets, versions and watches from Python, each next to its baseline in one run.
+
+Four measurements; in each, one round runs every variant once, in turn
+(A B A B ...), and the medians of the rounds are printed with their ratio:
+
+  attach   attach_many of 256 names (+ the releases) vs 256 attach() +
+           release(), 4 KiB and 64 KiB tensors             (target >= 10x)
+  put      put_many of 256 tensors (replace=True: one commit) vs 256
+           put(replace=True), 4 KiB and 64 KiB  (target >= 2x at 64 KiB)
+  watch    a watcher in another process: from the writer's put() start to
+           the event arriving there (and to the watcher holding the new
+           tensor), p50/p99, next to the p50 of one attach round trip
+           measured in the same rounds                     (target <= 2x)
+  sync     weight sync: one writer republishes 256 x 4 MiB float32 (1 GiB)
+           as one commit, 20 times; three reader processes wait for each
+           next commit (attach_many(prefix, after=last)) and hold the new
+           set, dropping the old. Reported: the commit returning -> all
+           three holding it (p50/p99), and publish start -> all three
+           holding it. Next to it, the same hand-off with Ray (ray.put of
+           the dict of arrays; three actors given the ObjectRef), when ray
+           imports (skipped with the reason if not)        (target >= 2x Ray)
+
+Timestamps cross processes as time.perf_counter_ns() values (CLOCK_MONOTONIC,
+one clock for the machine). Pin with `taskset -c 0` to see round trips
+without cross-CPU wake-ups (the daemon and the processes this starts inherit
+the affinity).
+
+Uses the daemon at --socket (or $TENSORD_SOCKET); with neither, starts its
+own from $TENSORD_BUILD (default: build/) on a temporary socket.
+
+    PYTHONPATH=build/python python3 bench/py_sets.py [--parts attach,put,watch,sync]
+        [--rounds 7] [--quick] [--no-ray]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import tensord
+from benchutil import daemon_socket
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def human(n):
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k and n % k == 0:
+            return "%d %s" % (n // k, unit)
+    return "%d B" % n
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def timed(fn, reps):
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def interleaved(variants, rounds, reps):
+    """Median seconds per call of each variant, A B A B ... by rounds."""
+    for _, fn in variants:  # warm-up
+        fn()
+    times = {name: [] for name, _ in variants}
+    for _ in range(rounds):
+        for name, fn in variants:
+            times[name].append(timed(fn, reps))
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def verdict(ok):
+    return "met" if ok else "MISSED"
+
+
+# --- 1. attach_many vs single attaches ----------------------------------------------------
+
+def bench_attach(c, n, size, rounds, reps):
+    prefix = "bench/sets/attach/%d/" % size
+    names = ["%s%04d" % (prefix, i) for i in range(n)]
+    c.put_many({x: np.ones(size // 4, np.float32) for x in names}, replace=True)
+
+    def many():
+        s = c.attach_many(names)
+        for t in s.values():
+            t.release()
+
+    def singles():
+        for x in names:
+            c.attach(x).release()
+
+    m = interleaved([("many", many), ("single", singles)], rounds, reps)
+    ratio = m["single"] / m["many"]
+    print("py_sets: attach %d x %s: attach_many %8.1f us, %d attach+release %8.1f us: "
+          "%5.1fx (target >= 10x: %s)" % (n, human(size), m["many"] * 1e6, n,
+                                           m["single"] * 1e6, ratio, verdict(ratio >= 10)),
+          flush=True)
+    for x in names:
+        c.unlink(x)
+
+
+# --- 2. put_many vs puts ------------------------------------------------------------------
+
+def bench_put(c, n, size, rounds, reps):
+    a = {"bench/sets/putmany/%04d" % i: np.ones(size // 4, np.float32) for i in range(n)}
+    b = {"bench/sets/puts/%04d" % i: np.ones(size // 4, np.float32) for i in range(n)}
+
+    def many():
+        c.put_many(a, replace=True)
+
+    def singles():
+        for x, arr in b.items():
+            c.put(x, arr, replace=True)
+
+    m = interleaved([("many", many), ("single", singles)], rounds, reps)
+    ratio = m["single"] / m["many"]
+    print("py_sets: put %d x %s: put_many %8.1f us, %d put %8.1f us: %5.1fx "
+          "(target >= 2x: %s)" % (n, human(size), m["many"] * 1e6, n, m["single"] * 1e6,
+                                  ratio, verdict(ratio >= 2)), flush=True)
+    for x in list(a) + list(b):
+        c.unlink(x)
+
+
+# --- 3. publish -> watcher woken ----------------------------------------------------------
+
+WATCHED = "bench/sets/watch/x"
+
+
+def role_watcher(sock):
+    """Another process: for each event, stamps its arrival and the moment it
+    holds the new tensor; answers "woken held" on stdout."""
+    with tensord.connect(sock) as c:
+        with c.watch(WATCHED) as w:
+            print("ready", flush=True)
+            for ev in w:
+                woken = time.perf_counter_ns()
+                if ev.kind != "published":
+                    continue
+                with c.attach(WATCHED, after=ev.generation - 1):
+                    held = time.perf_counter_ns()
+                print(woken, held, flush=True)
+
+
+def spawn(role, sock, *extra):
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", role,
+                             "--socket", sock] + [str(x) for x in extra],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def bench_watch(c, sock, rounds, samples):
+    arr = np.zeros(1024, np.int64)  # 8 KiB
+    c.put(WATCHED, arr, replace=True)
+    c.put("bench/sets/watch/rtt", np.zeros(1024, np.int64), replace=True)
+    w = spawn("watcher", sock)
+    assert w.stdout.readline().strip() == "ready"
+    woken, held, rtt = [], [], []
+
+    def wake_once():
+        t0 = time.perf_counter_ns()
+        c.put(WATCHED, arr, replace=True)
+        a, b = map(int, w.stdout.readline().split())
+        return a - t0, b - t0
+
+    for _ in range(20):  # warm-up
+        wake_once()
+    for _ in range(rounds):
+        for _ in range(samples):
+            a, b = wake_once()
+            woken.append(a)
+            held.append(b)
+        for _ in range(samples):
+            t0 = time.perf_counter_ns()
+            c.attach("bench/sets/watch/rtt").release()
+            rtt.append(time.perf_counter_ns() - t0)
+    w.stdin.close()
+    w.kill()
+    w.wait()
+    r50 = pct(rtt, 0.5)
+    ratio = pct(woken, 0.5) / r50
+    print("py_sets: put() start -> watcher woken: p50 %6.1f us  p99 %7.1f us; "
+          "-> watcher holds it: p50 %6.1f us  p99 %7.1f us" %
+          (pct(woken, 0.5) / 1e3, pct(woken, 0.99) / 1e3, pct(held, 0.5) / 1e3,
+           pct(held, 0.99) / 1e3), flush=True)
+    print("py_sets: attach+release round trip: p50 %6.1f us  p99 %7.1f us; woken p50 = "
+          "%.2fx attach (target <= 2x: %s) (%d samples each)" %
+          (r50 / 1e3, pct(rtt, 0.99) / 1e3, ratio, verdict(ratio <= 2), len(rtt)), flush=True)
+    c.unlink(WATCHED)
+    c.unlink("bench/sets/watch/rtt")
+
+
+# --- 4. weight sync -----------------------------------------------------------------------
+
+SYNC = "bench/sets/sync/"
+
+
+def role_reader(sock, n):
+    """Another process: waits for each next commit of the set, holds it (the old
+    set released at once), answers "commit held_ns" on stdout."""
+    n = int(n)
+    last, cur = 0, {}
+    with tensord.connect(sock) as c:
+        print("ready", flush=True)
+        while True:
+            try:
+                s = c.attach_many(SYNC, after=last, timeout=1)
+            except tensord.TimedOutError:
+                continue
+            held = time.perf_counter_ns()
+            for t in cur.values():   # promptly: each set is 1 GiB
+                t.release()
+            cur = s
+            commits = {t.commit for t in s.values()}
+            assert len(s) == n and len(commits) == 1, (len(s), commits)
+            last = commits.pop()
+            print(last, held, flush=True)
+
+
+def ray_reader_class():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Reader:
+        def __init__(self):
+            self.cur = None
+
+        def take(self, state):  # the ObjectRef is resolved before the call runs
+            held = time.perf_counter_ns()
+            self.cur = state    # holds the new set; the old one goes
+            assert len(state) > 0
+            return held
+
+        def drop(self):
+            self.cur = None
+
+    return Reader
+
+
+def bench_sync(c, sock, n, size, commits, readers, use_ray):
+    names = ["%s%04d" % (SYNC, i) for i in range(n)]
+    src = {x: np.ones(size // 4, np.float32) for x in names}
+    total = n * size
+    procs = [spawn("reader", sock, n) for _ in range(readers)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    actors = []
+    if use_ray:
+        import ray
+        Reader = ray_reader_class()
+        actors = [Reader.remote() for _ in range(readers)]
+        ray.get([a.drop.remote() for a in actors])
+    res = {"td_pub": [], "td_hand": [], "td_e2e": [], "ray_pub": [], "ray_hand": [],
+           "ray_e2e": []}
+
+    def td_once(k):
+        for a in src.values():
+            a[0] = k  # marks the version (untimed)
+        # Staged in a transaction (the copies), then the commit alone: the readers
+        # may hold the set before commit() returns, so the hand-off is timed from
+        # the commit request, as Ray's from ray.put() returning.
+        t0 = time.perf_counter_ns()
+        tx = c.transaction()
+        for x, a in src.items():
+            tx.put(x, a, replace=True)
+        t1 = time.perf_counter_ns()
+        commit = tx.commit()
+        held = []
+        for p in procs:
+            got, ns = map(int, p.stdout.readline().split())
+            assert got == commit, (got, commit)
+            held.append(ns)
+        return t1 - t0, max(held) - t1, max(held) - t0
+
+    def ray_once(k):
+        import ray
+        for a in src.values():
+            a[0] = k
+        t0 = time.perf_counter_ns()
+        ref = ray.put(src)
+        t1 = time.perf_counter_ns()
+        held = ray.get([a.take.remote(ref) for a in actors])
+        del ref
+        return t1 - t0, max(held) - t1, max(held) - t0
+
+    td_once(-1)  # warm-up: first-touch costs of the pool, the store, the actors
+    if use_ray:
+        ray_once(-1)
+    for k in range(commits):
+        for key, v in zip(("td_pub", "td_hand", "td_e2e"), td_once(k)):
+            res[key].append(v)
+        if use_ray:
+            for key, v in zip(("ray_pub", "ray_hand", "ray_e2e"), ray_once(k)):
+                res[key].append(v)
+    for p in procs:
+        p.kill()
+        p.wait()
+    if use_ray:
+        import ray
+        ray.get([a.drop.remote() for a in actors])
+        for a in actors:
+            ray.kill(a)
+
+    def ms(key, q):
+        return pct(res[key], q) / 1e6
+
+    print("py_sets: weight sync %d x %s (%s), %d commits, %d readers (p50 / p99):" %
+          (n, human(size), human(total), commits, readers))
+    print("  tensord  tx.put   %8.2f / %8.2f ms; commit -> %d hold it %8.3f / %8.3f ms; "
+          "tx.put start   -> held %8.2f / %8.2f ms" %
+          (ms("td_pub", .5), ms("td_pub", .99), readers, ms("td_hand", .5),
+           ms("td_hand", .99), ms("td_e2e", .5), ms("td_e2e", .99)))
+    if use_ray:
+        print("  ray      ray.put  %8.2f / %8.2f ms; put    -> %d hold it %8.3f / %8.3f ms; "
+              "ray.put start  -> held %8.2f / %8.2f ms" %
+              (ms("ray_pub", .5), ms("ray_pub", .99), readers, ms("ray_hand", .5),
+               ms("ray_hand", .99), ms("ray_e2e", .5), ms("ray_e2e", .99)))
+        hand = ms("ray_hand", .5) / ms("td_hand", .5)
+        e2e = ms("ray_e2e", .5) / ms("td_e2e", .5)
+        print("  ratio    hand-off p50 %.1fx Ray (target >= 2x: %s); publish start -> held "
+              "p50 %.2fx Ray (target >= 2x: %s)" % (hand, verdict(hand >= 2), e2e,
+                                                     verdict(e2e >= 2)), flush=True)
+    for x in names:
+        c.unlink(x)
+
+
+def init_ray(args):
+    if args.no_ray:
+        print("ray: skipped (--no-ray)")
+        return False
+    try:
+        import ray
+        ray.init(num_cpus=args.readers, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=min(8 << 30, max(1 << 30, 6 * args.sync_tensors
+                                                      * args.sync_size)))
+        return True
+    except Exception as e:  # noqa: BLE001 - any failure means: no ray here
+        print("ray: skipped (%s: %s)" % (type(e).__name__, e))
+        return False
+
+
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(s):
+    s = s.strip().upper().rstrip("IB")
+    return int(s[:-1]) * UNITS[s[-1]] if s[-1] in UNITS else int(s)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--socket", default=os.environ.get("TENSORD_SOCKET"))
+    ap.add_argument("--parts", default="attach,put,watch,sync")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--names", type=int, default=256)
+    ap.add_argument("--sync-tensors", type=int, default=256)
+    ap.add_argument("--sync-size", type=parse_size, default=4 << 20)
+    ap.add_argument("--commits", type=int, default=20)
+    ap.add_argument("--readers", type=int, default=3)
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: few names, small sets, 2 rounds (figures meaningless)")
+    ap.add_argument("--no-ray", action="store_true")
+    ap.add_argument("--daemon-args", default="", help="extra tensord arguments")
+    ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.role == "watcher":
+        return role_watcher(args.socket)
+    if args.role == "reader":
+        return role_reader(args.socket, *args.rest)
+    reps, samples = 10, 200
+    if args.quick:
+        args.rounds, args.names, args.sync_tensors, args.sync_size = 2, 16, 8, 64 << 10
+        args.commits, reps, samples = 3, 2, 20
+    parts = args.parts.split(",")
+    use_ray = "sync" in parts and init_ray(args)
+    with daemon_socket(args.socket, args.daemon_args.split()) as sock:
+        with tensord.connect(sock) as c:
+            if "attach" in parts:
+                for size in (4 << 10, 64 << 10):
+                    bench_attach(c, args.names, size, args.rounds, reps)
+            if "put" in parts:
+                for size in (4 << 10, 64 << 10):
+                    bench_put(c, args.names, size, args.rounds, max(1, reps // 2))
+            if "watch" in parts:
+                bench_watch(c, sock, args.rounds, samples)
+            if "sync" in parts:
+                bench_sync(c, sock, args.sync_tensors, args.sync_size, args.commits,
+                           args.readers, use_ray)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
