@@ -13,6 +13,7 @@
 #include "common/desc.h"
 #include "gpu/gpu_util.h"
 #include "dispatch_int.h"
+#include "figures.h"
 #include "gpu_worker.h"
 #include "log.h"
 #include "reply.h"
@@ -246,6 +247,8 @@ void dispatch_do_put(struct client *cl, uint64_t id, const Tensord__Put *m)
 		snprintf(why, sizeof(why), "tensor '%s': writing its bytes failed: %s", t->name,
 			 strerror(-r));
 	}
+	if (r == 0)
+		figure_count(FIG_inline_puts_total, 1);
 	/* A member of a transaction waits for its commit. */
 	if (r == 0 && !a.tx)
 		r = registry_publish(reg, &cl->rc, a.name, a.name_len, &t, why, sizeof(why));

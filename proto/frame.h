@@ -43,8 +43,15 @@
  * reply one per lease it holds at most (daemon/conn.h, CONN_FDS_PER_FRAME).
  */
 #define TD_FRAME_MAX_FDS_REPLY 240u
-/* Largest request the daemon accepts: names and shapes are small. */
-#define TD_FRAME_MAX_REQUEST (64u * 1024u)
+/*
+ * Largest request the daemon accepts, and says so in its Hello reply
+ * (max_frame): names and shapes are small, but a put of up to 64 KiB
+ * carries its bytes inline. Every daemon accepts TD_FRAME_MIN_REQUEST
+ * (tensord 0.1 accepted exactly that and said nothing), so a client sends
+ * more only to a daemon that said it may.
+ */
+#define TD_FRAME_MAX_REQUEST (128u * 1024u)
+#define TD_FRAME_MIN_REQUEST (64u * 1024u)
 /*
  * Largest reply a client accepts. Replies that could grow with the daemon's
  * state (List, LeaseList, ClientList, Metrics) are paged or bounded far

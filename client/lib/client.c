@@ -121,8 +121,10 @@ static int send_frame(struct td_conn *conn, Tensord__Request *req)
 	size_t plen = tensord__request__get_packed_size(req), len, rel;
 	int r;
 
-	if (plen > TD_FRAME_MAX_REQUEST)
-		return td_set_error(-EMSGSIZE, "request of %zu bytes is too large", plen);
+	if (plen > conn->max_request)
+		return td_set_error(-EMSGSIZE,
+				    "request of %zu bytes is larger than tensord takes (%u bytes)",
+				    plen, conn->max_request);
 	len = TD_FRAME_HEADER + plen;
 	if (REL_ROOM + len > sizeof(stack)) {
 		buf = malloc(REL_ROOM + len);
@@ -524,6 +526,15 @@ int td_rpc_start(tensord_client *c, Tensord__Request *req, struct td_pending *p)
 
 	req->id = p->id;
 	r = send_frame(&c->conn, req);
+	if (r == -EMSGSIZE) {
+		/* Refused before a byte was sent: the connection is as it was. */
+		char why[256];
+
+		snprintf(why, sizeof(why), "%s", tensord_last_error());
+		td_rpc_end(c, p);
+		td_pending_clear(p);
+		return td_set_error(r, "%s", why);
+	}
 	if (r < 0) {
 		pthread_mutex_lock(&c->lock);
 		conn_lost(&c->conn, r, tensord_last_error());
@@ -790,6 +801,7 @@ tensord_client *td_client_new(int fd)
 	pthread_cond_init(&c->conn.cond, NULL);
 	td_mapcache_init(&c->maps, &c->lock);
 	c->conn.fd = fd;
+	c->conn.max_request = TD_FRAME_MIN_REQUEST;
 	pthread_once(&atfork_once, atfork_register);
 	pthread_mutex_lock(&all_lock);
 	LIST_INSERT_HEAD(&all_clients, c, all_link);
@@ -855,6 +867,10 @@ static int hello(tensord_client *c, const char *path)
 	if (rep->body_case != TENSORD__REPLY__BODY_HELLO ||
 	    rep->hello->version != TENSORD_PROTOCOL_VERSION)
 		r = td_set_error(-EPROTO, "tensord at %s speaks another protocol version", path);
+	else if (rep->hello->max_frame > TD_FRAME_MIN_REQUEST)
+		c->conn.max_request = rep->hello->max_frame < TD_FRAME_MAX_REQUEST
+					      ? rep->hello->max_frame
+					      : TD_FRAME_MAX_REQUEST;
 	tensord__reply__free_unpacked(rep, NULL);
 	return r;
 }

@@ -109,6 +109,7 @@ struct td_conn {
 	int err;             /* why it died: -ECONNRESET, -EPROTO, ... */
 	char why[256];       /* why it died, as calls report it; "" after tensord_close() */
 	uint64_t next_id;
+	uint32_t max_request;       /* the largest request frame the daemon takes (its Hello) */
 	struct td_pending *pending; /* borrowed: a td_rpc() caller's, or an operation's */
 	struct td_watch_q *watches; /* borrowed: each its watch's (watch.c) */
 	unsigned completed;         /* async requests answered: tensord_poll() counts them */
@@ -248,10 +249,11 @@ struct td_put_msg {
 
 /*
  * Fills pm with the put of name's len bytes (all borrowed while pm is
- * used); -EMSGSIZE when they do not fit in one request.
+ * used); -EMSGSIZE when they do not fit in one request of max bytes (the
+ * connection's max_request).
  */
 int td_put_msg(struct td_put_msg *pm, const char *name, const tensord_spec *spec, uint32_t tx,
-	       const void *data, size_t len);
+	       const void *data, size_t len, uint32_t max);
 
 /* The generation and commit a Published reply carries into *ret (NULL: not wanted); else zeros. */
 void td_version_from_reply(const Tensord__Reply *rep, tensord_version *ret);
@@ -282,6 +284,9 @@ int td_put_check(const char *name, const DLTensor *src, uint32_t flags, uint32_t
 
 /* put.c: src's bytes, row-major compact, gathered into buf (room for all of them). */
 void td_put_gather(const DLTensor *src, uint8_t *buf);
+
+/* put.c: src's bytes when they already lie row-major compact (nothing to gather), else NULL. */
+const uint8_t *td_put_compact(const DLTensor *src);
 
 /* put.c: src's bytes written through fd, the memfd of name's new tensor. 0 or -errno, set. */
 int td_put_write(int fd, const char *name, const DLTensor *src);
@@ -325,7 +330,7 @@ int td_own_view_prepare(tensord_client *c, const char *name, struct td_own_view 
 void td_own_view_done(tensord_client *c, struct td_own_view *v, bool published);
 
 /* The most bytes a put sends inline (in its request) rather than through a descriptor. */
-#define TD_PUT_INLINE_MAX (60u * 1024u)
+#define TD_PUT_INLINE_MAX (64u * 1024u)
 
 /*
  * Ends a lease: queues its Release for the flusher or the next request

@@ -203,16 +203,20 @@ static int put_inline(tensord_client *c, const char *name, const DLTensor *src,
 		      uint64_t nbytes, const struct put_to *to)
 {
 	uint8_t stack[4096], *buf = stack, *end;
+	const uint8_t *bytes = td_put_compact(src);
 	int r;
 
 	if (nbytes > PUT_INLINE_MAX)
 		return 1;
-	if (nbytes > sizeof(stack) && !(buf = malloc(nbytes)))
-		return td_set_error(-ENOMEM, "out of memory");
-	end = buf;
-	for_each_run((const uint8_t *)src->data + src->byte_offset, src->ndim, src->shape, sstrides,
-		     elsize, gather_run, &end);
-	r = td_put_rpc(c, name, spec, to->tx, buf, nbytes, to->version);
+	if (!bytes) {
+		if (nbytes > sizeof(stack) && !(buf = malloc(nbytes)))
+			return td_set_error(-ENOMEM, "out of memory");
+		end = buf;
+		for_each_run((const uint8_t *)src->data + src->byte_offset, src->ndim, src->shape,
+			     sstrides, elsize, gather_run, &end);
+		bytes = buf;
+	}
+	r = td_put_rpc(c, name, spec, to->tx, bytes, nbytes, to->version);
 	if (buf != stack)
 		free(buf);
 	return r == -EMSGSIZE || r == -EBADMSG ? 1 : r;
@@ -311,6 +315,18 @@ void td_put_gather(const DLTensor *src, uint8_t *buf)
 	}
 	for_each_run((const uint8_t *)src->data + src->byte_offset, src->ndim, src->shape,
 		     src->strides ? src->strides : cstrides, elsize, gather_run, &buf);
+}
+
+const uint8_t *td_put_compact(const DLTensor *src)
+{
+	int64_t expect = 1;
+
+	for (int i = src->ndim - 1; src->strides && i >= 0; i--) {
+		if (src->shape[i] > 1 && src->strides[i] != expect)
+			return NULL;
+		expect *= src->shape[i];
+	}
+	return (const uint8_t *)src->data + src->byte_offset;
 }
 
 /*

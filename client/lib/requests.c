@@ -138,7 +138,7 @@ int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
 }
 
 int td_put_msg(struct td_put_msg *pm, const char *name, const tensord_spec *spec, uint32_t tx,
-	       const void *data, size_t len)
+	       const void *data, size_t len, uint32_t max)
 {
 	int r = create_msg_fill(&pm->m, name, spec);
 
@@ -152,7 +152,7 @@ int td_put_msg(struct td_put_msg *pm, const char *name, const tensord_spec *spec
 	pm->put.data.len = len;
 	pm->req.body_case = TENSORD__REQUEST__BODY_PUT;
 	pm->req.put = &pm->put;
-	if (tensord__request__get_packed_size(&pm->req) > TD_FRAME_MAX_REQUEST)
+	if (tensord__request__get_packed_size(&pm->req) > max)
 		return td_set_error(-EMSGSIZE, "tensor '%s': %zu bytes do not fit in one request",
 				    name, len);
 	return 0;
@@ -187,7 +187,7 @@ int td_put_rpc(tensord_client *c, const char *name, const tensord_spec *spec, ui
 	Tensord__Reply *rep;
 	int r;
 
-	r = td_put_msg(&pm, name, spec, tx, data, len);
+	r = td_put_msg(&pm, name, spec, tx, data, len, c->conn.max_request);
 	if (r < 0)
 		return r;
 	r = td_rpc(c, &pm.req, &rep, NULL);

@@ -244,7 +244,7 @@ struct put_slot {
 		struct td_create_req create;
 	} m;
 	bool inline_bytes;
-	uint8_t *buf; /* owned: the inline bytes */
+	uint8_t *buf; /* owned: the inline bytes, until the request is sent */
 	const tensord_put_item *item;
 };
 
@@ -293,11 +293,17 @@ static int put_send(tensord_client *c, uint32_t tx, struct put_slot *s,
 	if (r < 0)
 		return r;
 	if (nbytes <= TD_PUT_INLINE_MAX) {
-		s->buf = malloc(nbytes ? nbytes : 1);
-		if (!s->buf)
-			return td_set_error(-ENOMEM, "out of memory");
-		td_put_gather(item->src, s->buf);
-		r = td_put_msg(&s->m.put, item->name, &spec, tx, s->buf, nbytes);
+		const uint8_t *bytes = td_put_compact(item->src);
+
+		if (!bytes) {
+			s->buf = malloc(nbytes ? nbytes : 1);
+			if (!s->buf)
+				return td_set_error(-ENOMEM, "out of memory");
+			td_put_gather(item->src, s->buf);
+			bytes = s->buf;
+		}
+		r = td_put_msg(&s->m.put, item->name, &spec, tx, bytes, nbytes,
+			       c->conn.max_request);
 		s->inline_bytes = r == 0;
 		if (r == -EMSGSIZE)
 			r = 0; /* a long name and shape: a create after all */
@@ -306,10 +312,10 @@ static int put_send(tensord_client *c, uint32_t tx, struct put_slot *s,
 		r = td_create_msg(&s->m.create, item->name, &spec, tx);
 	if (r == 0)
 		r = td_rpc_start(c, s->inline_bytes ? &s->m.put.req : &s->m.create.req, &s->p);
-	if (r < 0) {
-		free(s->buf);
-		s->buf = NULL;
-	}
+	/* The request went out packed: its bytes are not needed again, and
+	 * one buffer reused item after item stays warm in the cache. */
+	free(s->buf);
+	s->buf = NULL;
 	return r;
 }
 

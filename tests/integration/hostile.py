@@ -22,7 +22,7 @@ import pytest
 from conftest import wait_until
 
 VERSION = 1
-MAX_REQUEST = 65536
+MAX_REQUEST = 128 * 1024
 
 # Request body field numbers (proto/tensord.proto).
 F_HELLO, F_CREATE, F_ATTACH, F_RELEASE, F_UNLINK, F_STAT, F_LIST, F_STATS, F_PUT = \

@@ -17,8 +17,8 @@ import textwrap
 import numpy as np
 import pytest
 
-# 64 B and 60 KiB travel inside the Put request; 1 MiB is created, then copied.
-SIZES = [64, 60 * 1024, 1 << 20]
+# 64 B and 64 KiB travel inside the Put request; 1 MiB is created, then copied.
+SIZES = [64, 64 * 1024, 1 << 20]
 
 CHILD = r"""
 import importlib.util, json, sys

@@ -132,6 +132,40 @@ def test_put_many_is_one_commit(client):
     assert {i.generation for i in client.list("pm/")} == {2}
 
 
+def test_puts_of_up_to_64_kib_travel_inline_into_slabs(client):
+    """A put of up to 64 KiB (a slab slot) is one Put request whose bytes the
+    daemon writes into a slab: compact and strided sources, alone and in
+    put_many."""
+    st = client.stats()
+    before, inline = st["host_slab_bytes"], st["inline_puts_total"]
+    big = np.arange(16384, dtype=np.float32)  # exactly 64 KiB
+    strided = np.arange(32768, dtype=np.float32)[::2]  # 64 KiB, gathered
+    client.put("in/one", big)
+    client.put_many({"in/many": big + 1, "in/strided": strided})
+    st = client.stats()
+    assert st["inline_puts_total"] - inline == 3
+    assert st["host_slab_bytes"] - before == 3 * 65536
+    for name, want in (("in/one", big), ("in/many", big + 1), ("in/strided", strided)):
+        with client.attach(name) as t:
+            assert np.array_equal(np.from_dlpack(t), want), name
+    # One byte more: a memfd of its own, not a slab slot.
+    client.put("in/over", np.zeros(65537, np.uint8))
+    st = client.stats()
+    assert st["inline_puts_total"] - inline == 3
+    assert st["host_slab_bytes"] - before == 3 * 65536
+
+
+def test_a_request_too_large_is_refused_and_the_client_goes_on(client):
+    """attach_many of names that do not fit in one request (128 KiB) fails
+    naming the size, sends nothing, and leaves the connection working."""
+    names = [f"big/{i:05d}/" + "x" * 200 for i in range(1000)]
+    with pytest.raises(tensord.Error, match="larger than tensord takes"):
+        client.attach_many(names)
+    assert client.put("big/after", full(2, 7)) == 1
+    with client.attach("big/after") as t:
+        assert value(t) == 7
+
+
 # --- waiting for newer ---------------------------------------------------------------------
 
 def test_attach_after_a_generation(client, daemon):
