@@ -66,6 +66,10 @@ static const struct command commands[] = {
 	{ "rm", cmd_rm, 1, 1, 0, "rm NAME", "unlink a tensor" },
 	{ "wait", cmd_wait, 1, 1, OPT_TIMEOUT | OPT_JSON, "wait NAME [--timeout SEC] [--json]",
 	  "wait until NAME is published" },
+	{ "watch", cmd_watch, 0, 1, OPT_AFTER | OPT_QUEUE | OPT_JSON,
+	  "watch [PREFIX] [--after COMMIT] [--queue N] [--json]",
+	  "print a line per publish and unlink under PREFIX until\ninterrupted (--after: first "
+	  "the names committed since)" },
 	{ "stats", cmd_stats, 0, 0, OPT_JSON | OPT_PROMETHEUS, "stats [--json|--prometheus]",
 	  "daemon totals, per device; or its metrics text" },
 	{ "leases", cmd_leases, 0, 1, OPT_JSON, "leases [NAME] [--json]",
@@ -113,6 +117,8 @@ static const struct {
 	{ "--timeout", OPT_TIMEOUT, true },
 	{ "--prometheus", OPT_PROMETHEUS, false },
 	{ "--force", OPT_FORCE, false },
+	{ "--after", OPT_AFTER, true },
+	{ "--queue", OPT_QUEUE, true },
 };
 
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
@@ -120,6 +126,7 @@ static const struct {
 /* Stores one option's value in a; NULL, or why the value is wrong. */
 static const char *set_option(struct args *a, unsigned bit, const char *val)
 {
+	unsigned long long ull;
 	unsigned long v;
 	char *end;
 	double d;
@@ -144,6 +151,19 @@ static const char *set_option(struct args *a, unsigned bit, const char *val)
 		return end == val || *end || errno || v > 0777 || val[0] == '-'
 			       ? "--mode takes an octal mode such as 0640"
 			       : NULL;
+	case OPT_AFTER:
+	case OPT_QUEUE:
+		errno = 0;
+		ull = strtoull(val, &end, 10);
+		if (end == val || *end || errno || val[0] == '-' ||
+		    (bit == OPT_QUEUE && (ull < 1 || ull > 65536)))
+			return bit == OPT_AFTER ? "--after takes a commit id (a number)"
+						: "--queue takes a number of events, 1 to 65536";
+		if (bit == OPT_AFTER)
+			a->after = ull;
+		else
+			a->queue = (uint32_t)ull;
+		return NULL;
 	case OPT_LIFETIME:
 		a->flags &= ~(uint32_t)TENSORD_LIFETIME_CONNECTION;
 		if (strcmp(val, "connection") == 0)

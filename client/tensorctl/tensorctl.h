@@ -27,6 +27,8 @@ enum {
 	OPT_TIMEOUT = 16,
 	OPT_FORCE = 32,
 	OPT_PROMETHEUS = 64,
+	OPT_AFTER = 128,
+	OPT_QUEUE = 256,
 };
 
 struct args {
@@ -37,6 +39,8 @@ struct args {
 	uint32_t flags; /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION | TENSORD_REPLACE */
 	uint32_t mode;
 	int timeout_ms; /* -1: forever */
+	uint64_t after; /* watch --after: a commit id; 0: none */
+	uint32_t queue; /* watch --queue: events kept for it; 0: the default */
 };
 
 /*
@@ -51,6 +55,9 @@ int cmd_put(tensord_client *c, const struct args *a);
 int cmd_get(tensord_client *c, const struct args *a);
 int cmd_rm(tensord_client *c, const struct args *a);
 int cmd_wait(tensord_client *c, const struct args *a);
+
+/* --- watch.c: events under a prefix, a line each, until interrupted --- */
+int cmd_watch(tensord_client *c, const struct args *a);
 
 /* --- observe.c: who holds what, who is connected, the metrics text --- */
 int cmd_leases(tensord_client *c, const struct args *a);
