@@ -80,8 +80,7 @@ int cmd_stats(tensord_client *c, const struct args *a)
 	return rc < 0 ? EXIT_OP : finish_output();
 }
 
-/* Reports why the file path failed, both escaped; EXIT_OP. */
-static int file_error(const char *path, const char *why)
+int file_error(const char *path, const char *why)
 {
 	char q[QUOTE_MAX];
 
@@ -92,15 +91,14 @@ static int file_error(const char *path, const char *why)
 }
 
 /*
- * Opens the .npy file path and reads its header into *h; the descriptor,
- * or -1 after reporting why. A FIFO, a directory or a device is refused
- * before open() is called on it: opening a FIFO blocks until a writer
- * comes, opening a device may act on it. The type is checked again on the
- * descriptor (opened non-blocking), in case the path was swapped between.
+ * A FIFO, a directory or a device is refused before open() is called on
+ * it: opening a FIFO blocks until a writer comes, opening a device may act
+ * on it. The type is checked again on the descriptor (opened
+ * non-blocking), in case the path was swapped between.
  */
-static int open_npy_file(const char *path, struct npy_header *h)
+int open_regular(const char *path)
 {
-	char err[256];
+	char err[256] = "";
 	struct stat st;
 	int fd;
 
@@ -117,6 +115,24 @@ static int open_npy_file(const char *path, struct npy_header *h)
 		file_error(path, strerror(errno));
 		return -1;
 	}
+	if (fstat(fd, &st) < 0)
+		snprintf(err, sizeof(err), "%s", strerror(errno));
+	if (err[0] || npy_regular(&st, err, sizeof(err)) < 0) {
+		file_error(path, err);
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Opens the .npy file path and reads its header into *h; the descriptor, or -1 after reporting why. */
+static int open_npy_file(const char *path, struct npy_header *h)
+{
+	char err[256];
+	int fd = open_regular(path);
+
+	if (fd < 0)
+		return -1;
 	if (npy_open_fd(fd, h, err, sizeof(err)) < 0) {
 		file_error(path, err);
 		close(fd);
@@ -135,6 +151,8 @@ int cmd_put(tensord_client *c, const struct args *a)
 	char err[256];
 	int fd, rc;
 
+	if (is_checkpoint(path))
+		return cmd_put_checkpoint(c, a);
 	fd = open_npy_file(path, &h);
 	if (fd < 0)
 		return EXIT_OP;

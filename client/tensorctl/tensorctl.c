@@ -57,10 +57,11 @@ static const struct command commands[] = {
 	{ "ls", cmd_ls, 0, 1, OPT_JSON, "ls [PREFIX] [--json]",
 	  "list tensors whose name starts with PREFIX" },
 	{ "stat", cmd_stat, 1, 1, OPT_JSON, "stat NAME [--json]", "describe one tensor" },
-	{ "put", cmd_put, 2, 2, OPT_MUTABLE | OPT_MODE | OPT_LIFETIME | OPT_FORCE,
-	  "put NAME FILE.npy [--force] [--mutable] [--mode MODE] "
-	  "[--lifetime persistent|connection]",
-	  "create NAME from a .npy file and publish it\n(--force: replace a NAME you own)" },
+	{ "put", cmd_put, 2, 2, OPT_MUTABLE | OPT_MODE | OPT_LIFETIME | OPT_FORCE | OPT_JSON,
+	  "put NAME FILE.npy | put PREFIX FILE.npz|FILE.safetensors [--json] [--force] "
+	  "[--mutable] [--mode MODE] [--lifetime persistent|connection]",
+	  "create NAME from a .npy file and publish it; or every array\nof a checkpoint as "
+	  "PREFIX+its name, in one commit\n(--force: replace tensors you own)" },
 	{ "get", cmd_get, 2, 2, 0, "get NAME OUT.npy",
 	  "write a tensor to a .npy file (- for stdout)" },
 	{ "rm", cmd_rm, 1, 1, 0, "rm NAME", "unlink a tensor" },
@@ -286,6 +287,8 @@ static int parse_args(int argc, char **argv, struct args *a, const struct comman
 					   options[o].name);
 	if (a->npos < cmd->min_pos)
 		return usage_error(cmd->usage, "%s: missing arguments", cmd->name);
+	if (cmd->run == cmd_put && (a->seen & OPT_JSON) && !is_checkpoint(a->pos[1]))
+		return usage_error(cmd->usage, "put: --json is for .npz and .safetensors files");
 	*ret_cmd = cmd;
 	return 0;
 }

@@ -56,6 +56,21 @@ int cmd_get(tensord_client *c, const struct args *a);
 int cmd_rm(tensord_client *c, const struct args *a);
 int cmd_wait(tensord_client *c, const struct args *a);
 
+/*
+ * --- checkpoint.c: put PREFIX FILE.npz | FILE.safetensors, one commit ---
+ * Whether path names a checkpoint put reads as a set (by its extension).
+ */
+bool is_checkpoint(const char *path);
+int cmd_put_checkpoint(tensord_client *c, const struct args *a);
+
+/*
+ * commands.c, for the file readers: opens path for reading when it is a
+ * regular file; the descriptor, or -1 after reporting why. file_error()
+ * reports why path failed (both escaped) and returns EXIT_OP.
+ */
+int open_regular(const char *path);
+int file_error(const char *path, const char *why);
+
 /* --- watch.c: events under a prefix, a line each, until interrupted --- */
 int cmd_watch(tensord_client *c, const struct args *a);
 
