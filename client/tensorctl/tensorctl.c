@@ -320,6 +320,8 @@ int main(int argc, char **argv)
 		return rc;
 
 	report_as_json(a.seen & OPT_JSON);
+	if (cmd->run == cmd_watch && watch_block_signals() < 0)
+		return report(-errno, strerror(errno), NULL);
 	rc = tensord_connect(a.socket, &c);
 	if (rc < 0)
 		return connect_failed(rc, a.socket);

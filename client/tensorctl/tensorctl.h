@@ -73,6 +73,9 @@ int file_error(const char *path, const char *why);
 
 /* --- watch.c: events under a prefix, a line each, until interrupted --- */
 int cmd_watch(tensord_client *c, const struct args *a);
+/* Blocks SIGINT and SIGTERM, for cmd_watch's signalfd: called before connecting, so that
+ * libtensord's threads inherit the mask. 0 or -1 (errno). */
+int watch_block_signals(void);
 
 /* --- observe.c: who holds what, who is connected, the metrics text --- */
 int cmd_leases(tensord_client *c, const struct args *a);

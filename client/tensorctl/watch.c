@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -59,6 +60,27 @@ static int drain(tensord_watch *w, bool json)
 	return rc == -EAGAIN ? 0 : op_error(rc, NULL);
 }
 
+/*
+ * SIGINT and SIGTERM, blocked in every thread (main() calls this before
+ * libtensord starts any), are read from a signalfd.
+ */
+static sigset_t stop_signals(void)
+{
+	sigset_t sigs;
+
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGTERM);
+	return sigs;
+}
+
+int watch_block_signals(void)
+{
+	sigset_t sigs = stop_signals();
+
+	return pthread_sigmask(SIG_BLOCK, &sigs, NULL) == 0 ? 0 : -1;
+}
+
 int cmd_watch(tensord_client *c, const struct args *a)
 {
 	const char *prefix = a->npos ? a->pos[0] : "";
@@ -69,11 +91,8 @@ int cmd_watch(tensord_client *c, const struct args *a)
 	sigset_t sigs;
 	int rc, sfd;
 
-	sigemptyset(&sigs);
-	sigaddset(&sigs, SIGINT);
-	sigaddset(&sigs, SIGTERM);
-	if (sigprocmask(SIG_BLOCK, &sigs, NULL) < 0 ||
-	    (sfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK)) < 0)
+	sigs = stop_signals();
+	if ((sfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK)) < 0)
 		return report(-errno, strerror(errno), NULL);
 
 	rc = tensord_watch_start(c, prefix, a->after, a->queue, &w);
