@@ -54,6 +54,7 @@ struct checkpoint {
 	struct array *v;
 	size_t n, cap;
 	char err[512];
+	int rc; /* of the failure err describes */
 };
 
 /* Reads the bytes of a into dst (a->nbytes); 0, or -errno with the reason in cp->err. */
@@ -85,6 +86,8 @@ fail(struct checkpoint *cp, int rc, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(cp->err, sizeof(cp->err), fmt, ap);
 	va_end(ap);
+	/* A damaged or short file is a malformed one: an errno tensord_err_name() names. */
+	cp->rc = rc == -EIO || rc == -ENODATA ? -EBADMSG : rc;
 	return rc;
 }
 
@@ -574,7 +577,7 @@ static int publish_all(tensord_client *c, const struct args *a, struct checkpoin
 		t->deleter(t);
 		if (rc < 0) {
 			tensord_tx_free(tx); /* aborts: nothing of it shows */
-			return file_error(cp->path, cp->err);
+			return report_file(cp->rc, cp->path, cp->err);
 		}
 	}
 	rc = tensord_tx_commit(tx, &commit);
@@ -617,7 +620,7 @@ int cmd_put_checkpoint(tensord_client *c, const struct args *a)
 				rc = fail(&cp, -EINVAL, "array %s is there twice",
 					  aq(cp.v[i].array, q, sizeof(q)));
 	}
-	rc = rc < 0 ? file_error(cp.path, cp.err)
+	rc = rc < 0 ? report_file(cp.rc, cp.path, cp.err)
 		    : publish_all(c, a, &cp, kind == CKPT_NPZ ? npz_read : st_read);
 	for (size_t i = 0; i < cp.n; i++)
 		free(cp.v[i].array);

@@ -80,14 +80,10 @@ int cmd_stats(tensord_client *c, const struct args *a)
 	return rc < 0 ? EXIT_OP : finish_output();
 }
 
-int file_error(const char *path, const char *why)
+/* Reports why the file path failed; EXIT_OP. */
+static int file_error(const char *path, const char *why)
 {
-	char q[QUOTE_MAX];
-
-	fprintf(stderr, "tensorctl: %s: ", quote(path, QUOTE_TABLE, q, sizeof(q)));
-	fputs(quote(why, QUOTE_TEXT, q, sizeof(q)), stderr);
-	fputc('\n', stderr);
-	return EXIT_OP;
+	return report_file(-EINVAL, path, why);
 }
 
 /*
@@ -103,7 +99,7 @@ int open_regular(const char *path)
 	int fd;
 
 	if (stat(path, &st) < 0) {
-		file_error(path, strerror(errno));
+		report_file(-errno, path, strerror(errno));
 		return -1;
 	}
 	if (npy_regular(&st, err, sizeof(err)) < 0) {
@@ -112,7 +108,7 @@ int open_regular(const char *path)
 	}
 	fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
 	if (fd < 0) {
-		file_error(path, strerror(errno));
+		report_file(-errno, path, strerror(errno));
 		return -1;
 	}
 	if (fstat(fd, &st) < 0)

@@ -217,6 +217,16 @@ int report(int rc, const char *msg, const char *name)
 	return rc == -ETIMEDOUT ? EXIT_TIMEOUT : EXIT_OP;
 }
 
+int report_file(int rc, const char *path, const char *why)
+{
+	char q[QUOTE_MAX], msg[QUOTE_MAX + 1024];
+
+	/* The text line escapes the path as a name; JSON has its own escapes. */
+	snprintf(msg, sizeof(msg), "%s: %s",
+		 json_errors ? path : quote(path, QUOTE_TABLE, q, sizeof(q)), why);
+	return report(rc ? rc : -EINVAL, msg, NULL);
+}
+
 const char *errmsg(int rc)
 {
 	return *tensord_last_error() ? tensord_last_error() : tensord_strerror(rc);

@@ -65,11 +65,9 @@ int cmd_put_checkpoint(tensord_client *c, const struct args *a);
 
 /*
  * commands.c, for the file readers: opens path for reading when it is a
- * regular file; the descriptor, or -1 after reporting why. file_error()
- * reports why path failed (both escaped) and returns EXIT_OP.
+ * regular file; the descriptor, or -1 after reporting why.
  */
 int open_regular(const char *path);
-int file_error(const char *path, const char *why);
 
 /* --- watch.c: events under a prefix, a line each, until interrupted --- */
 int cmd_watch(tensord_client *c, const struct args *a);
@@ -127,6 +125,12 @@ int report(int rc, const char *msg, const char *name);
 
 /* Whether report() writes JSON (--json was given). */
 void report_as_json(bool on);
+
+/*
+ * Reports that the file path failed (rc a negative errno, 0: -EINVAL) for
+ * the reason why, as report() does: "tensorctl: PATH: why", or JSON.
+ */
+int report_file(int rc, const char *path, const char *why);
 
 /* report(errmsg(rc), name). */
 int op_error(int rc, const char *name);

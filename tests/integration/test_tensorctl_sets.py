@@ -4,7 +4,6 @@ generation and commit; `put PREFIX FILE.npz|FILE.safetensors` publishes
 every array of a checkpoint in one commit, and a bad checkpoint exits 1
 with a reason and leaves nothing behind."""
 import json
-import os
 import signal
 import struct
 import subprocess
@@ -388,7 +387,13 @@ def test_put_checkpoint_usage(daemon, tmp_path):
     f = save(tmp_path / "a.npy", np.ones(2))
     rc, _, err = ctl(daemon, "put", "x", f, "--json")
     assert rc == 2 and "--json" in err
-    (tmp_path / "e.npz").write_bytes(open(save(tmp_path / "x", np.ones(1)), "rb").read()[:0])
     np.savez(tmp_path / "empty.npz")
     rc, _, err = ctl(daemon, "put", "e/", str(tmp_path / "empty.npz"))
     assert rc == 1 and "no arrays" in err
+    # With --json a failure is a JSON object on stderr, as for the other commands.
+    rc, out, err = ctl(daemon, "put", "e/", str(tmp_path / "missing.safetensors"), "--json")
+    assert rc == 1 and out == ""
+    assert json.loads(err)["error"] == "ENOENT" and "missing.safetensors" in err
+    (tmp_path / "t.safetensors").write_bytes(b"\x05" + b"\0" * 7 + b"{abc}")
+    rc, out, err = ctl(daemon, "put", "e/", str(tmp_path / "t.safetensors"), "--json")
+    assert rc == 1 and json.loads(err)["error"] == "EINVAL"
