@@ -20,11 +20,20 @@ from conftest import build_path
 from test_tensorctl import ctl, ok, save
 
 CTL = build_path("tensorctl")
+# The Python module of this build, to attach what tensorctl put; a
+# sanitizer build (make test-asan) has none, and `tensorctl get` stands in.
 sys.path.insert(0, build_path("python"))
-import tensord  # noqa: E402
+try:
+    import tensord
+except ImportError:
+    tensord = None
 
 
-def attached_bytes(daemon, name):
+def attached_bytes(daemon, name, tmp_path):
+    if tensord is None:
+        out = tmp_path / "attached.npy"
+        ok(daemon, "get", name, str(out))
+        return np.load(out).tobytes()
     c = tensord.connect(daemon.socket)
     try:
         t = c.attach(name, timeout=0)
@@ -177,7 +186,7 @@ def arrays():
             "empty": np.zeros((0, 3), np.uint16)}
 
 
-def check_set(daemon, prefix, want, extra=()):
+def check_set(daemon, tmp_path, prefix, want, extra=()):
     listed = {t["name"]: t for t in listing(daemon, prefix)}
     assert sorted(listed) == sorted([prefix + k for k in want] + [prefix + k for k in extra])
     commits = {t["commit"] for t in listed.values()}
@@ -185,7 +194,7 @@ def check_set(daemon, prefix, want, extra=()):
     for k, a in want.items():
         t = listed[prefix + k]
         assert t["shape"] == list(a.shape) and t["dtype"] == a.dtype.name
-        assert attached_bytes(daemon, prefix + k) == np.ascontiguousarray(a).tobytes()
+        assert attached_bytes(daemon, prefix + k, tmp_path) == np.ascontiguousarray(a).tobytes()
     return listed
 
 
@@ -196,7 +205,7 @@ def test_put_npz_is_one_commit(daemon, tmp_path, compressed):
     (np.savez_compressed if compressed else np.savez)(path, **want)
     out = json.loads(ok(daemon, "put", "ck/", str(path), "--json"))
     assert out["tensors"] == sorted("ck/" + k for k in want)
-    listed = check_set(daemon, "ck/", want)
+    listed = check_set(daemon, tmp_path, "ck/", want)
     assert out["commit"] == listed["ck/scale"]["commit"]
 
 
@@ -245,7 +254,7 @@ def test_put_safetensors_is_one_commit(daemon, tmp_path):
     path.write_bytes(safetensors_bytes(entries, meta={"format": "pt"}, pad=5))
     out = json.loads(ok(daemon, "put", "st/", str(path), "--json"))
     assert out["tensors"] == sorted("st/" + k for k in entries)
-    listed = check_set(daemon, "st/", want, extra=["t.bf16"])
+    listed = check_set(daemon, tmp_path, "st/", want, extra=["t.bf16"])
     assert listed["st/t.bf16"]["dtype"] == "bfloat16"
     assert listed["st/t.bf16"]["shape"] == [2, 4]
     # bfloat16 has no buffer format: its bytes through torch, where there is torch.
@@ -253,7 +262,7 @@ def test_put_safetensors_is_one_commit(daemon, tmp_path):
         import torch
     except ImportError:
         torch = None
-    if torch is not None:
+    if torch is not None and tensord is not None:
         c = tensord.connect(daemon.socket)
         try:
             t = torch.from_dlpack(c.attach("st/t.bf16", timeout=0))
@@ -270,12 +279,12 @@ def test_put_force_replaces_the_set_in_one_commit(daemon, tmp_path):
     np.savez(tmp_path / "one.npz", **one)
     np.savez(tmp_path / "two.npz", **two)
     ok(daemon, "put", "s/", str(tmp_path / "one.npz"))
-    first = check_set(daemon, "s/", one)
+    first = check_set(daemon, tmp_path, "s/", one)
     rc, _, err = ctl(daemon, "put", "s/", str(tmp_path / "two.npz"))
     assert rc == 1 and "already exists" in err and "--force" in err
-    check_set(daemon, "s/", one)                # untouched
+    check_set(daemon, tmp_path, "s/", one)                # untouched
     out = json.loads(ok(daemon, "put", "s/", str(tmp_path / "two.npz"), "--force", "--json"))
-    second = check_set(daemon, "s/", two)
+    second = check_set(daemon, tmp_path, "s/", two)
     assert out["commit"] == second["s/a"]["commit"] > first["s/a"]["commit"]
     assert all(t["generation"] == 2 for t in second.values())
 
