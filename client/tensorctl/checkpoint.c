@@ -162,7 +162,10 @@ static int by_offset(const void *x, const void *y)
 {
 	const struct array *a = x, *b = y;
 
-	return a->offset < b->offset ? -1 : a->offset > b->offset ? 1 : 0;
+	/* An empty array shares its offset with the next one: it goes first. */
+	if (a->offset != b->offset)
+		return a->offset < b->offset ? -1 : 1;
+	return a->nbytes < b->nbytes ? -1 : a->nbytes > b->nbytes ? 1 : 0;
 }
 
 /* --- .npz: libzip -------------------------------------------------------------------- */
