@@ -147,6 +147,14 @@ def test_watch_lagged_with_a_tiny_queue(daemon, tmp_path):
     assert rc == 0, err
 
 
+def test_watch_ends_with_status_1_when_the_daemon_goes(daemon):
+    w = Watcher(daemon, "x/")
+    daemon.stop()
+    rc = w.p.wait(timeout=10)
+    err = w.p.stderr.read()
+    assert rc == 1 and err.startswith("tensorctl: "), err
+
+
 def test_watch_errors(daemon):
     rc, _, err = ctl(daemon, "watch", "bad prefix!")
     assert rc == 1 and err.startswith("tensorctl: ") and "prefix" in err
