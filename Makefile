@@ -81,6 +81,9 @@ GPU_OBJ    := $(call obj,$(GPU_API_SRC))
 DMN_OBJ    := $(call obj,$(wildcard daemon/*.c) $(GPU_DMN_SRC)) $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ)
 
 CTL_OBJ := $(call obj,$(wildcard client/tensorctl/*.c))
+# tensorctl alone reads checkpoints: .npz with libzip, .safetensors's header with jansson.
+CTL_PKGS := libzip jansson
+$(CTL_OBJ): CFLAGS += $(shell pkg-config --cflags $(CTL_PKGS) 2>/dev/null)
 
 PY_SUFFIX := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
 PY_INC    := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
@@ -149,7 +152,7 @@ $(B)/libtensord.so: $(LIB_OBJ)
 
 $(B)/tensorctl: $(CTL_OBJ) $(B)/libtensord.a
 	@echo "  LD  $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(shell pkg-config --libs $(CTL_PKGS) 2>/dev/null)
 
 $(B)/tensord.pc: deploy/tensord.pc.in VERSION
 	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g; s|@VERSION@|$(VERSION)|g' $< > $@

@@ -8,10 +8,12 @@ set -euo pipefail
 need_deb=()
 have_deb() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed'; }
 
+# libzip-dev, libjansson-dev: tensorctl reads .npz (zip) and .safetensors
+# (a JSON header) checkpoints with them.
 # libamdhip64-dev: HIP headers, so the ROCm backend is compiled against the
 # real API (about 80 MB installed with its 7 dependencies; the runtime is
 # only dlopen'ed, and only where /dev/kfd exists).
-for p in libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev \
+for p in libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libzip-dev libjansson-dev \
          pkg-config clang clang-format libclang-rt-14-dev util-linux libamdhip64-dev; do
 	have_deb "$p" || need_deb+=("$p")
 done

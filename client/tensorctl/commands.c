@@ -80,32 +80,26 @@ int cmd_stats(tensord_client *c, const struct args *a)
 	return rc < 0 ? EXIT_OP : finish_output();
 }
 
-/* Reports why the file path failed, both escaped; EXIT_OP. */
+/* Reports why the file path failed; EXIT_OP. */
 static int file_error(const char *path, const char *why)
 {
-	char q[QUOTE_MAX];
-
-	fprintf(stderr, "tensorctl: %s: ", quote(path, QUOTE_TABLE, q, sizeof(q)));
-	fputs(quote(why, QUOTE_TEXT, q, sizeof(q)), stderr);
-	fputc('\n', stderr);
-	return EXIT_OP;
+	return report_file(-EINVAL, path, why);
 }
 
 /*
- * Opens the .npy file path and reads its header into *h; the descriptor,
- * or -1 after reporting why. A FIFO, a directory or a device is refused
- * before open() is called on it: opening a FIFO blocks until a writer
- * comes, opening a device may act on it. The type is checked again on the
- * descriptor (opened non-blocking), in case the path was swapped between.
+ * A FIFO, a directory or a device is refused before open() is called on
+ * it: opening a FIFO blocks until a writer comes, opening a device may act
+ * on it. The type is checked again on the descriptor (opened
+ * non-blocking), in case the path was swapped between.
  */
-static int open_npy_file(const char *path, struct npy_header *h)
+int open_regular(const char *path)
 {
-	char err[256];
+	char err[256] = "";
 	struct stat st;
 	int fd;
 
 	if (stat(path, &st) < 0) {
-		file_error(path, strerror(errno));
+		report_file(-errno, path, strerror(errno));
 		return -1;
 	}
 	if (npy_regular(&st, err, sizeof(err)) < 0) {
@@ -114,9 +108,27 @@ static int open_npy_file(const char *path, struct npy_header *h)
 	}
 	fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
 	if (fd < 0) {
-		file_error(path, strerror(errno));
+		report_file(-errno, path, strerror(errno));
 		return -1;
 	}
+	if (fstat(fd, &st) < 0)
+		snprintf(err, sizeof(err), "%s", strerror(errno));
+	if (err[0] || npy_regular(&st, err, sizeof(err)) < 0) {
+		file_error(path, err);
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Opens the .npy file path and reads its header into *h; the descriptor, or -1 after reporting why. */
+static int open_npy_file(const char *path, struct npy_header *h)
+{
+	char err[256];
+	int fd = open_regular(path);
+
+	if (fd < 0)
+		return -1;
 	if (npy_open_fd(fd, h, err, sizeof(err)) < 0) {
 		file_error(path, err);
 		close(fd);
@@ -135,6 +147,8 @@ int cmd_put(tensord_client *c, const struct args *a)
 	char err[256];
 	int fd, rc;
 
+	if (is_checkpoint(path))
+		return cmd_put_checkpoint(c, a);
 	fd = open_npy_file(path, &h);
 	if (fd < 0)
 		return EXIT_OP;

@@ -217,6 +217,16 @@ int report(int rc, const char *msg, const char *name)
 	return rc == -ETIMEDOUT ? EXIT_TIMEOUT : EXIT_OP;
 }
 
+int report_file(int rc, const char *path, const char *why)
+{
+	char q[QUOTE_MAX], msg[QUOTE_MAX + 1024];
+
+	/* The text line escapes the path as a name; JSON has its own escapes. */
+	snprintf(msg, sizeof(msg), "%s: %s",
+		 json_errors ? path : quote(path, QUOTE_TABLE, q, sizeof(q)), why);
+	return report(rc ? rc : -EINVAL, msg, NULL);
+}
+
 const char *errmsg(int rc)
 {
 	return *tensord_last_error() ? tensord_last_error() : tensord_strerror(rc);
@@ -382,12 +392,13 @@ void json_info(const tensord_info *in, const char *end)
 	       ", \"state\": \"%s\", \"refcount\": %" PRIu32 ", \"owner_uid\": %" PRIu32
 	       ", \"owner_gid\": %" PRIu32 ", \"mode\": \"%04o\", \"mutable\": %s"
 	       ", \"lifetime\": \"%s\", \"created_ns\": %" PRIu64 ", \"created\": \"%s\""
-	       ", \"id\": %" PRIu64 "}%s",
+	       ", \"id\": %" PRIu64 ", \"generation\": %" PRIu64 ", \"commit\": %" PRIu64 "}%s",
 	       in->nbytes, in->byte_offset, state_name(in->state), in->refcount, in->owner_uid,
 	       in->owner_gid, (unsigned)(in->mode & 07777),
 	       in->flags & TENSORD_MUTABLE ? "true" : "false",
 	       in->flags & TENSORD_LIFETIME_CONNECTION ? "connection" : "persistent",
-	       in->created_ns, iso_time(in->created_ns, t, sizeof(t)), in->id, end);
+	       in->created_ns, iso_time(in->created_ns, t, sizeof(t)), in->id, in->generation,
+	       in->commit, end);
 }
 
 /* --- text -------------------------------------------------------------------------- */
@@ -414,6 +425,8 @@ void print_info(const tensord_info *in)
 	       in->flags & TENSORD_LIFETIME_CONNECTION ? "connection lifetime" : "persistent");
 	printf("created:  %s\n", iso_time(in->created_ns, b2, sizeof(b2)));
 	printf("id:       %" PRIu64 "\n", in->id);
+	printf("gen:      %" PRIu64 "\n", in->generation);
+	printf("commit:   %" PRIu64 "\n", in->commit);
 }
 
 enum {
@@ -423,13 +436,15 @@ enum {
 	COL_DEVICE,
 	COL_BYTES,
 	COL_STATE,
+	COL_GEN,
+	COL_COMMIT,
 	COL_REFS,
 	COL_OWNER,
 	NCOL
 };
 
-static const char *const col_title[NCOL] = { "NAME",  "DTYPE", "SHAPE", "DEVICE",
-					     "BYTES", "STATE", "REFS",  "OWNER" };
+static const char *const col_title[NCOL] = { "NAME",  "DTYPE", "SHAPE",  "DEVICE", "BYTES",
+					     "STATE", "GEN",   "COMMIT", "REFS",   "OWNER" };
 
 /* The text of one table cell, in buf or static. */
 static const char *ls_cell(const void *rows, size_t row, int col, char *buf, size_t len)
@@ -449,6 +464,13 @@ static const char *ls_cell(const void *rows, size_t row, int col, char *buf, siz
 		return human(in->nbytes, buf, len);
 	case COL_STATE:
 		return state_name(in->state);
+	case COL_GEN:
+	case COL_COMMIT:
+		/* 0 before publish: shown as "-", as nothing was published yet. */
+		if (!(col == COL_GEN ? in->generation : in->commit))
+			return "-";
+		snprintf(buf, len, "%" PRIu64, col == COL_GEN ? in->generation : in->commit);
+		return buf;
 	case COL_REFS:
 		snprintf(buf, len, "%" PRIu32, in->refcount);
 		return buf;
@@ -511,5 +533,7 @@ void print_table(const char *const *titles, int ncol, unsigned right, const void
 
 void print_ls_table(const tensord_info *infos, size_t n)
 {
-	print_table(col_title, NCOL, 1u << COL_BYTES | 1u << COL_REFS, infos, n, ls_cell);
+	print_table(col_title, NCOL,
+		    1u << COL_BYTES | 1u << COL_GEN | 1u << COL_COMMIT | 1u << COL_REFS, infos, n,
+		    ls_cell);
 }

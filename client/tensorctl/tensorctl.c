@@ -57,15 +57,20 @@ static const struct command commands[] = {
 	{ "ls", cmd_ls, 0, 1, OPT_JSON, "ls [PREFIX] [--json]",
 	  "list tensors whose name starts with PREFIX" },
 	{ "stat", cmd_stat, 1, 1, OPT_JSON, "stat NAME [--json]", "describe one tensor" },
-	{ "put", cmd_put, 2, 2, OPT_MUTABLE | OPT_MODE | OPT_LIFETIME | OPT_FORCE,
-	  "put NAME FILE.npy [--force] [--mutable] [--mode MODE] "
-	  "[--lifetime persistent|connection]",
-	  "create NAME from a .npy file and publish it\n(--force: replace a NAME you own)" },
+	{ "put", cmd_put, 2, 2, OPT_MUTABLE | OPT_MODE | OPT_LIFETIME | OPT_FORCE | OPT_JSON,
+	  "put NAME FILE.npy | put PREFIX FILE.npz|FILE.safetensors [--json] [--force] "
+	  "[--mutable] [--mode MODE] [--lifetime persistent|connection]",
+	  "create NAME from a .npy file and publish it; or every array\nof a checkpoint as "
+	  "PREFIX+its name, in one commit\n(--force: replace tensors you own)" },
 	{ "get", cmd_get, 2, 2, 0, "get NAME OUT.npy",
 	  "write a tensor to a .npy file (- for stdout)" },
 	{ "rm", cmd_rm, 1, 1, 0, "rm NAME", "unlink a tensor" },
 	{ "wait", cmd_wait, 1, 1, OPT_TIMEOUT | OPT_JSON, "wait NAME [--timeout SEC] [--json]",
 	  "wait until NAME is published" },
+	{ "watch", cmd_watch, 0, 1, OPT_AFTER | OPT_QUEUE | OPT_JSON,
+	  "watch [PREFIX] [--after COMMIT] [--queue N] [--json]",
+	  "print a line per publish and unlink under PREFIX until\ninterrupted (--after: first "
+	  "the names committed since)" },
 	{ "stats", cmd_stats, 0, 0, OPT_JSON | OPT_PROMETHEUS, "stats [--json|--prometheus]",
 	  "daemon totals, per device; or its metrics text" },
 	{ "leases", cmd_leases, 0, 1, OPT_JSON, "leases [NAME] [--json]",
@@ -113,6 +118,8 @@ static const struct {
 	{ "--timeout", OPT_TIMEOUT, true },
 	{ "--prometheus", OPT_PROMETHEUS, false },
 	{ "--force", OPT_FORCE, false },
+	{ "--after", OPT_AFTER, true },
+	{ "--queue", OPT_QUEUE, true },
 };
 
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
@@ -120,6 +127,7 @@ static const struct {
 /* Stores one option's value in a; NULL, or why the value is wrong. */
 static const char *set_option(struct args *a, unsigned bit, const char *val)
 {
+	unsigned long long ull;
 	unsigned long v;
 	char *end;
 	double d;
@@ -144,6 +152,19 @@ static const char *set_option(struct args *a, unsigned bit, const char *val)
 		return end == val || *end || errno || v > 0777 || val[0] == '-'
 			       ? "--mode takes an octal mode such as 0640"
 			       : NULL;
+	case OPT_AFTER:
+	case OPT_QUEUE:
+		errno = 0;
+		ull = strtoull(val, &end, 10);
+		if (end == val || *end || errno || val[0] == '-' ||
+		    (bit == OPT_QUEUE && (ull < 1 || ull > 65536)))
+			return bit == OPT_AFTER ? "--after takes a commit id (a number)"
+						: "--queue takes a number of events, 1 to 65536";
+		if (bit == OPT_AFTER)
+			a->after = ull;
+		else
+			a->queue = (uint32_t)ull;
+		return NULL;
 	case OPT_LIFETIME:
 		a->flags &= ~(uint32_t)TENSORD_LIFETIME_CONNECTION;
 		if (strcmp(val, "connection") == 0)
@@ -266,6 +287,8 @@ static int parse_args(int argc, char **argv, struct args *a, const struct comman
 					   options[o].name);
 	if (a->npos < cmd->min_pos)
 		return usage_error(cmd->usage, "%s: missing arguments", cmd->name);
+	if (cmd->run == cmd_put && (a->seen & OPT_JSON) && !is_checkpoint(a->pos[1]))
+		return usage_error(cmd->usage, "put: --json is for .npz and .safetensors files");
 	*ret_cmd = cmd;
 	return 0;
 }
@@ -297,6 +320,8 @@ int main(int argc, char **argv)
 		return rc;
 
 	report_as_json(a.seen & OPT_JSON);
+	if (cmd->run == cmd_watch && watch_block_signals() < 0)
+		return report(-errno, strerror(errno), NULL);
 	rc = tensord_connect(a.socket, &c);
 	if (rc < 0)
 		return connect_failed(rc, a.socket);

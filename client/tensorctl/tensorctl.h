@@ -27,6 +27,8 @@ enum {
 	OPT_TIMEOUT = 16,
 	OPT_FORCE = 32,
 	OPT_PROMETHEUS = 64,
+	OPT_AFTER = 128,
+	OPT_QUEUE = 256,
 };
 
 struct args {
@@ -37,6 +39,8 @@ struct args {
 	uint32_t flags; /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION | TENSORD_REPLACE */
 	uint32_t mode;
 	int timeout_ms; /* -1: forever */
+	uint64_t after; /* watch --after: a commit id; 0: none */
+	uint32_t queue; /* watch --queue: events kept for it; 0: the default */
 };
 
 /*
@@ -51,6 +55,25 @@ int cmd_put(tensord_client *c, const struct args *a);
 int cmd_get(tensord_client *c, const struct args *a);
 int cmd_rm(tensord_client *c, const struct args *a);
 int cmd_wait(tensord_client *c, const struct args *a);
+
+/*
+ * --- checkpoint.c: put PREFIX FILE.npz | FILE.safetensors, one commit ---
+ * Whether path names a checkpoint put reads as a set (by its extension).
+ */
+bool is_checkpoint(const char *path);
+int cmd_put_checkpoint(tensord_client *c, const struct args *a);
+
+/*
+ * commands.c, for the file readers: opens path for reading when it is a
+ * regular file; the descriptor, or -1 after reporting why.
+ */
+int open_regular(const char *path);
+
+/* --- watch.c: events under a prefix, a line each, until interrupted --- */
+int cmd_watch(tensord_client *c, const struct args *a);
+/* Blocks SIGINT and SIGTERM, for cmd_watch's signalfd: called before connecting, so that
+ * libtensord's threads inherit the mask. 0 or -1 (errno). */
+int watch_block_signals(void);
 
 /* --- observe.c: who holds what, who is connected, the metrics text --- */
 int cmd_leases(tensord_client *c, const struct args *a);
@@ -102,6 +125,12 @@ int report(int rc, const char *msg, const char *name);
 
 /* Whether report() writes JSON (--json was given). */
 void report_as_json(bool on);
+
+/*
+ * Reports that the file path failed (rc a negative errno, 0: -EINVAL) for
+ * the reason why, as report() does: "tensorctl: PATH: why", or JSON.
+ */
+int report_file(int rc, const char *path, const char *why);
 
 /* report(errmsg(rc), name). */
 int op_error(int rc, const char *name);

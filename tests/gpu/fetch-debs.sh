@@ -3,7 +3,8 @@
 # tests/gpu/run.sh needs on a GPU machine that has no package registry:
 #
 #   tests/gpu/debs/*.deb      libuv, protobuf-c (library, headers, compiler
-#                             and the compiler's C++ libraries), cmocka
+#                             and the compiler's C++ libraries), cmocka,
+#                             libzip and jansson (tensorctl's checkpoints)
 #   tests/gpu/debs/root/      the same, unpacked with dpkg -x
 #   tests/gpu/debs/pregen/    tensord.pb-c.[ch] made here, for when the
 #                             packaged protoc-c cannot run there (another
@@ -20,13 +21,15 @@ here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 out=$here/debs
 pkgs=(libuv1 libuv1-dev libprotobuf-c1 libprotobuf-c-dev protobuf-c-compiler
-      libprotoc32 libprotobuf32 libcmocka0 libcmocka-dev)
+      libprotoc32 libprotobuf32 libcmocka0 libcmocka-dev libzip4 libzip-dev libjansson4
+      libjansson-dev)
 
 rm -rf "$out"
 mkdir -p "$out/root" "$out/pregen" "$out/wheels"
 cd "$out"
 # apt-get download fetches exactly these packages, no dependency resolution:
-# the list above is the closure beyond libc, libstdc++ and zlib.
+# the list above is the closure beyond libc, libstdc++ and zlib (and
+# libzip's libbz2 and libssl3, which GPU machines' distributions carry).
 apt-get download "${pkgs[@]}"
 for d in ./*.deb; do
 	dpkg -x "$d" root

@@ -56,16 +56,16 @@ else
 fi
 
 # --- libuv / protobuf-c / cmocka: the system's, else the unpacked .debs ------
-if [ "${USE_DEBS:-0}" != 1 ] && pkg-config --exists libuv libprotobuf-c cmocka 2>/dev/null &&
+if [ "${USE_DEBS:-0}" != 1 ] && pkg-config --exists libuv libprotobuf-c cmocka libzip jansson 2>/dev/null &&
    command -v protoc-c >/dev/null; then
-	say "using the system's libuv, protobuf-c and cmocka"
+	say "using the system's libuv, protobuf-c, cmocka, libzip and jansson"
 elif [ -f "$root/usr/include/uv.h" ] && [ -f "$root/usr/include/cmocka.h" ]; then
 	lib=$root/usr/lib/x86_64-linux-gnu
 	say "using libuv / protobuf-c / cmocka from $root"
 	# The Makefile appends its own flags to these (make's += on environment variables).
 	export CPPFLAGS="-I$root/usr/include"
 	export LDFLAGS="-L$lib -Wl,-rpath,$lib"
-	export LDLIBS="-luv -lprotobuf-c"
+	export LDLIBS="-luv -lprotobuf-c -lzip -ljansson"
 	export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 	export PATH="$root/usr/bin:$PATH"
 	if ! protoc-c --version >/dev/null 2>&1; then

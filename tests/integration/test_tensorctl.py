@@ -138,7 +138,7 @@ def test_ls_table_and_json(daemon, tmp_path):
     out = ok(daemon, "ls")
     lines = out.splitlines()
     assert lines[0].split() == ["NAME", "DTYPE", "SHAPE", "DEVICE", "BYTES", "STATE",
-                                "REFS", "OWNER"]
+                                "GEN", "COMMIT", "REFS", "OWNER"]
     assert len(lines) == 4
     row = lines[1].split()
     assert row[:4] == ["model/inputs/0", "float32", "(4,8)", "cpu"]
@@ -151,7 +151,8 @@ def test_ls_table_and_json(daemon, tmp_path):
     assert [t["name"] for t in listed] == ["model/inputs/0", "model/inputs/1"]
     t = listed[0]
     for key in ["dtype", "shape", "strides", "device", "nbytes", "state", "refcount",
-                "owner_uid", "mode", "mutable", "lifetime", "created_ns", "id"]:
+                "owner_uid", "mode", "mutable", "lifetime", "created_ns", "id",
+                "generation", "commit"]:
         assert key in t
     assert t["owner_uid"] == os.getuid() and t["state"] == "published"
     # Options may come first, too.

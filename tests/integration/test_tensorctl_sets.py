@@ -1,0 +1,418 @@
+"""tensorctl and versions (issue 20): `watch` prints the events under a
+prefix while other clients put, replace and unlink; `ls`/`stat` show
+generation and commit; `put PREFIX FILE.npz|FILE.safetensors` publishes
+every array of a checkpoint in one commit, and a bad checkpoint exits 1
+with a reason and leaves nothing behind."""
+import json
+import signal
+import struct
+import subprocess
+import queue
+import sys
+import threading
+import time
+import zipfile
+
+import numpy as np
+import pytest
+
+from conftest import build_path
+from test_tensorctl import ctl, ok, save
+
+CTL = build_path("tensorctl")
+# The Python module of this build, to attach what tensorctl put; a
+# sanitizer build (make test-asan) has none, and `tensorctl get` stands in.
+sys.path.insert(0, build_path("python"))
+try:
+    import tensord
+except ImportError:
+    tensord = None
+
+
+def attached_bytes(daemon, name, tmp_path):
+    if tensord is None:
+        out = tmp_path / "attached.npy"
+        ok(daemon, "get", name, str(out))
+        return np.load(out).tobytes()
+    c = tensord.connect(daemon.socket)
+    try:
+        t = c.attach(name, timeout=0)
+        return bytes(memoryview(t))
+    finally:
+        c.close()
+
+
+def listing(daemon, prefix=""):
+    return json.loads(ok(daemon, "ls", prefix, "--json"))
+
+
+class Watcher:
+    """tensorctl watch in the background, its lines read as they come; live
+    (its Watch answered) when the constructor returns."""
+
+    def __init__(self, daemon, *args):
+        self.p = subprocess.Popen([CTL, "--socket", daemon.socket, "watch", *args],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        deadline = time.monotonic() + 10
+        while watches(daemon) < 1:
+            assert time.monotonic() < deadline and self.p.poll() is None, "watch not live"
+            time.sleep(0.01)
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def line(self, timeout=10):
+        line = self.lines.get(timeout=timeout)
+        assert line is not None, "tensorctl watch ended"
+        return line
+
+    def stop(self, sig=signal.SIGINT):
+        self.p.send_signal(sig)
+        rc = self.p.wait(timeout=10)
+        self.reader.join(timeout=10)
+        rest = []
+        while not self.lines.empty():
+            rest.append(self.lines.get())
+        return rc, [r for r in rest if r is not None], self.p.stderr.read()
+
+
+def watches(daemon):
+    st = json.loads(ok(daemon, "stats", "--json"))
+    return sum(u.get("uid_watches", 0) for u in st.get("uids", []))
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_watch_prints_events_in_order(daemon, tmp_path, as_json):
+    f = save(tmp_path / "a.npy", np.ones(4, np.float32))
+    ok(daemon, "put", "m/before", f)     # committed before the watch: not printed
+    w = Watcher(daemon, "m/", *(["--json"] if as_json else []))
+    try:
+        ok(daemon, "put", "m/sync", f)
+        first = w.line()
+        ok(daemon, "put", "m/x", f)
+        ok(daemon, "put", "elsewhere", f)                 # not under the prefix
+        ok(daemon, "put", "m/x", f, "--force")
+        ok(daemon, "rm", "m/x")
+        got = [first] + [w.line() for _ in range(3)]
+    finally:
+        rc, rest, err = w.stop(signal.SIGINT)
+    assert rc == 0, err
+    assert rest == [] and err == ""
+    info = {t["name"]: t for t in listing(daemon)}
+    if as_json:
+        ev = [json.loads(line) for line in got]
+        assert [set(e) for e in ev] == [{"kind", "name", "generation", "commit"}] * 4
+        assert [(e["kind"], e["name"], e["generation"]) for e in ev] == [
+            ("published", "m/sync", 1), ("published", "m/x", 1), ("published", "m/x", 2),
+            ("unlinked", "m/x", 2)]
+        commits = [e["commit"] for e in ev]
+        assert commits == sorted(commits) and len(set(commits)) == 4
+        assert ev[0]["commit"] == info["m/sync"]["commit"]
+    else:
+        assert got[0] == f"published m/sync gen 1 commit {info['m/sync']['commit']}"
+        assert [line.split()[:4] for line in got[1:]] == [
+            ["published", "m/x", "gen", "1"], ["published", "m/x", "gen", "2"],
+            ["unlinked", "m/x", "gen", "2"]]
+
+
+def test_watch_after_replays_and_sigterm_ends_it(daemon, tmp_path):
+    f = save(tmp_path / "a.npy", np.ones(4, np.float32))
+    ok(daemon, "put", "r/a", f)
+    since = listing(daemon, "r/")[0]["commit"]
+    ok(daemon, "put", "r/b", f)
+    ok(daemon, "rm", "r/a")
+    w = Watcher(daemon, "r/", "--after", str(since), "--json")
+    try:
+        ev = [json.loads(w.line()) for _ in range(2)]
+    finally:
+        rc, _, err = w.stop(signal.SIGTERM)
+    assert rc == 0, err
+    assert [(e["kind"], e["name"]) for e in ev] == [("published", "r/b"), ("unlinked", "r/a")]
+
+
+def test_watch_lagged_with_a_tiny_queue(daemon, tmp_path):
+    f = save(tmp_path / "a.npy", np.ones(4, np.float32))
+    for i in range(5):
+        ok(daemon, "put", f"l/{i}", f)
+    w = Watcher(daemon, "l/", "--after", "1", "--queue", "2")
+    try:
+        assert w.line() == "lagged"
+    finally:
+        rc, _, err = w.stop()
+    assert rc == 0, err
+
+
+def test_watch_ends_with_status_1_when_the_daemon_goes(daemon):
+    w = Watcher(daemon, "x/")
+    daemon.stop()
+    rc = w.p.wait(timeout=10)
+    err = w.p.stderr.read()
+    assert rc == 1 and err.startswith("tensorctl: "), err
+
+
+def test_watch_errors(daemon):
+    rc, _, err = ctl(daemon, "watch", "bad prefix!")
+    assert rc == 1 and err.startswith("tensorctl: ") and "prefix" in err
+    rc, _, err = ctl(daemon, "watch", "x", "--after", "soon")
+    assert rc == 2 and "--after" in err
+    rc, _, err = ctl(daemon, "watch", "x", "--queue", "0")
+    assert rc == 2 and "--queue" in err
+
+
+def test_ls_and_stat_show_generation_and_commit(daemon, tmp_path):
+    f = save(tmp_path / "a.npy", np.ones(4, np.float32))
+    ok(daemon, "put", "g", f)
+    one = json.loads(ok(daemon, "stat", "g", "--json"))
+    ok(daemon, "put", "other", f)
+    ok(daemon, "put", "g", f, "--force")
+    two = json.loads(ok(daemon, "stat", "g", "--json"))
+    assert one["generation"] == 1 and two["generation"] == 2
+    assert two["commit"] > one["commit"] > 0
+    stat = ok(daemon, "stat", "g")
+    assert "gen:      2\n" in stat and f"commit:   {two['commit']}\n" in stat
+    lines = ok(daemon, "ls", "g").splitlines()
+    head = lines[0].split()
+    row = lines[1].split()
+    # BYTES is two words ("16 B"): the row has one more.
+    assert row[head.index("GEN") + 1] == "2"
+    assert row[head.index("COMMIT") + 1] == str(two["commit"])
+
+
+# --- checkpoints ---------------------------------------------------------------------
+
+def arrays():
+    rng = np.random.default_rng(7)
+    return {"layer0/weight": rng.standard_normal((8, 4)).astype(np.float32),
+            "layer0/bias": np.arange(4, dtype=np.int64),
+            "scale": np.array(1.5, np.float64),
+            "mask": np.array([True, False, True]),
+            "empty": np.zeros((0, 3), np.uint16)}
+
+
+def check_set(daemon, tmp_path, prefix, want, extra=()):
+    listed = {t["name"]: t for t in listing(daemon, prefix)}
+    assert sorted(listed) == sorted([prefix + k for k in want] + [prefix + k for k in extra])
+    commits = {t["commit"] for t in listed.values()}
+    assert len(commits) == 1 and commits.pop() > 0, listed
+    for k, a in want.items():
+        t = listed[prefix + k]
+        assert t["shape"] == list(a.shape) and t["dtype"] == a.dtype.name
+        assert attached_bytes(daemon, prefix + k, tmp_path) == np.ascontiguousarray(a).tobytes()
+    return listed
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["savez", "savez_compressed"])
+def test_put_npz_is_one_commit(daemon, tmp_path, compressed):
+    want = arrays()
+    path = tmp_path / "ckpt.npz"
+    (np.savez_compressed if compressed else np.savez)(path, **want)
+    out = json.loads(ok(daemon, "put", "ck/", str(path), "--json"))
+    assert out["tensors"] == sorted("ck/" + k for k in want)
+    listed = check_set(daemon, tmp_path, "ck/", want)
+    assert out["commit"] == listed["ck/scale"]["commit"]
+
+
+def test_put_npz_fortran_and_text_output(daemon, tmp_path):
+    a = np.asfortranarray(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    np.savez(tmp_path / "f.npz", a=a)
+    out = ok(daemon, "put", "f/", str(tmp_path / "f.npz"))
+    commit = listing(daemon, "f/")[0]["commit"]
+    assert out == f"commit {commit}: 1 tensor\n"
+    info = json.loads(ok(daemon, "stat", "f/a", "--json"))
+    assert info["strides"] == [1, 2, 6]
+    ok(daemon, "get", "f/a", str(tmp_path / "out.npy"))
+    assert np.array_equal(np.load(tmp_path / "out.npy"), a)
+
+
+def safetensors_bytes(entries, meta=None, pad=0):
+    """A .safetensors file by hand: 8-byte little-endian header length, the JSON
+    header, then the data. entries: name -> (dtype, shape, bytes)."""
+    header, data = {}, b""
+    for name, (dt, shape, raw) in entries.items():
+        header[name] = {"dtype": dt, "shape": list(shape),
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    if meta is not None:
+        header["__metadata__"] = meta
+    h = json.dumps(header).encode() + b" " * pad
+    return struct.pack("<Q", len(h)) + h + data
+
+
+ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64,
+             "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+             "U16": np.uint16, "U32": np.uint32, "U64": np.uint64, "BOOL": np.bool_}
+
+
+def test_put_safetensors_is_one_commit(daemon, tmp_path):
+    rng = np.random.default_rng(3)
+    # An empty array first: it shares offset 0 with the next one.
+    want = {"a.empty": np.zeros((0, 3), np.float32)}
+    entries = {"a.empty": ("F32", (0, 3), b"")}
+    for code, dt in ST_DTYPES.items():
+        a = (rng.integers(0, 2, (3, 5)) if dt == np.bool_
+             else rng.integers(0, 100, (3, 5))).astype(dt)
+        want[f"t.{code.lower()}"] = a
+        entries[f"t.{code.lower()}"] = (code, a.shape, a.tobytes())
+    bf16 = bytes(range(16))  # 8 bfloat16 values, compared as bytes
+    entries["t.bf16"] = ("BF16", (2, 4), bf16)
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(safetensors_bytes(entries, meta={"format": "pt"}, pad=5))
+    out = json.loads(ok(daemon, "put", "st/", str(path), "--json"))
+    assert out["tensors"] == sorted("st/" + k for k in entries)
+    listed = check_set(daemon, tmp_path, "st/", want, extra=["t.bf16"])
+    assert listed["st/t.bf16"]["dtype"] == "bfloat16"
+    assert listed["st/t.bf16"]["shape"] == [2, 4]
+    # bfloat16 has no buffer format: its bytes through torch, where there is torch.
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and tensord is not None:
+        c = tensord.connect(daemon.socket)
+        try:
+            t = torch.from_dlpack(c.attach("st/t.bf16", timeout=0))
+            assert t.dtype == torch.bfloat16
+            assert t.contiguous().view(torch.uint8).numpy().tobytes() == bf16
+        finally:
+            c.close()
+    assert out["commit"] == listed["st/t.f32"]["commit"]
+
+
+def test_put_force_replaces_the_set_in_one_commit(daemon, tmp_path):
+    one = {"a": np.ones(3, np.float32), "b": np.zeros(2, np.int32)}
+    two = {"a": np.full(3, 2, np.float32), "b": np.full(2, 7, np.int32)}
+    np.savez(tmp_path / "one.npz", **one)
+    np.savez(tmp_path / "two.npz", **two)
+    ok(daemon, "put", "s/", str(tmp_path / "one.npz"))
+    first = check_set(daemon, tmp_path, "s/", one)
+    rc, _, err = ctl(daemon, "put", "s/", str(tmp_path / "two.npz"))
+    assert rc == 1 and "already exists" in err and "--force" in err
+    check_set(daemon, tmp_path, "s/", one)                # untouched
+    out = json.loads(ok(daemon, "put", "s/", str(tmp_path / "two.npz"), "--force", "--json"))
+    second = check_set(daemon, tmp_path, "s/", two)
+    assert out["commit"] == second["s/a"]["commit"] > first["s/a"]["commit"]
+    assert all(t["generation"] == 2 for t in second.values())
+
+
+def test_put_checkpoint_options(daemon, tmp_path):
+    np.savez(tmp_path / "o.npz", x=np.ones(2, np.int8))
+    ok(daemon, "put", "o/", str(tmp_path / "o.npz"), "--mutable", "--mode", "0640")
+    info = json.loads(ok(daemon, "stat", "o/x", "--json"))
+    assert info["mutable"] is True and info["mode"] == "0640"
+
+
+def corrupt_safetensors():
+    good = {"x": ("F32", (2,), np.ones(2, np.float32).tobytes()),
+            "y": ("I8", (3,), bytes(3))}
+    g = safetensors_bytes(good)
+    hlen = struct.unpack("<Q", g[:8])[0]
+
+    def with_header(h, data=b"\0" * 11):
+        h = json.dumps(h).encode()
+        return struct.pack("<Q", len(h)) + h + data
+
+    return {
+        "header too long": (struct.pack("<Q", 1 << 40) + g[8:], "too long"),
+        "header past the end": (struct.pack("<Q", hlen + 100) + g[8:], "truncated"),
+        "not json": (struct.pack("<Q", 5) + b"{abc}", "malformed header"),
+        "bad dtype": (with_header({"x": {"dtype": "F8_E4M3", "shape": [2],
+                                         "data_offsets": [0, 2]}}, b"\0\0"),
+                      "unsupported dtype"),
+        "offsets past the data": (with_header({"x": {"dtype": "F32", "shape": [2],
+                                                     "data_offsets": [0, 8]},
+                                               "y": {"dtype": "I8", "shape": [3],
+                                                     "data_offsets": [8, 11]}}, b"\0" * 9),
+                                  "not inside"),
+        "size not shape": (with_header({"x": {"dtype": "F32", "shape": [3],
+                                              "data_offsets": [0, 8]},
+                                        "y": {"dtype": "I8", "shape": [3],
+                                              "data_offsets": [8, 11]}}),
+                           "need"),
+        "overlapping": (with_header({"x": {"dtype": "F32", "shape": [2],
+                                           "data_offsets": [0, 8]},
+                                     "y": {"dtype": "I8", "shape": [3],
+                                           "data_offsets": [6, 9]}}),
+                        "tile"),
+        "bad name": (with_header({"x y": {"dtype": "I8", "shape": [11],
+                                          "data_offsets": [0, 11]}}),
+                     "cannot be in a tensor name"),
+        "negative shape": (with_header({"x": {"dtype": "I8", "shape": [-1],
+                                              "data_offsets": [0, 11]}}),
+                           "negative"),
+    }
+
+
+@pytest.mark.parametrize("case", list(corrupt_safetensors()))
+def test_corrupt_safetensors_leaves_nothing(daemon, tmp_path, case):
+    raw, why = corrupt_safetensors()[case]
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(raw)
+    rc, out, err = ctl(daemon, "put", "bad/", str(path))
+    assert rc == 1 and out == ""
+    assert err.startswith(f"tensorctl: {path}: ") and why in err, err
+    assert listing(daemon) == []
+
+
+def test_bad_npz_leaves_nothing(daemon, tmp_path):
+    good = tmp_path / "good.npz"
+    np.savez(good, a=np.ones(4, np.float32), b=np.ones(1000, np.float64))
+    cases = {}
+    # Not a zip at all.
+    (tmp_path / "notzip.npz").write_bytes(b"hello, not a zip file")
+    cases["notzip.npz"] = "not a readable .npz"
+    # A member that is not a .npy.
+    with zipfile.ZipFile(tmp_path / "txt.npz", "w") as z:
+        z.writestr("a.npy", open(save(tmp_path / "a.npy", np.ones(2)), "rb").read())
+        z.writestr("readme.txt", "hi")
+    cases["txt.npz"] = "not a .npy array"
+    # A member whose .npy data is short.
+    raw = open(save(tmp_path / "b.npy", np.ones(100)), "rb").read()
+    with zipfile.ZipFile(tmp_path / "short.npz", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("ok.npy", open(tmp_path / "a.npy", "rb").read())
+        z.writestr("short.npy", raw[:-8])
+    cases["short.npz"] = "truncated"
+    # A big-endian member, refused as put refuses it.
+    with zipfile.ZipFile(tmp_path / "be.npz", "w") as z:
+        z.writestr("ok.npy", open(tmp_path / "a.npy", "rb").read())
+        z.writestr("be.npy", open(save(tmp_path / "be.npy", np.ones(3, ">f4")), "rb").read())
+    cases["be.npz"] = "big-endian"
+    # A bad name for a tensor.
+    with zipfile.ZipFile(tmp_path / "name.npz", "w") as z:
+        z.writestr("bad name.npy", open(tmp_path / "a.npy", "rb").read())
+    cases["name.npz"] = "cannot be in a tensor name"
+    # A corrupted deflate stream (a byte flipped inside the compressed data).
+    np.savez_compressed(tmp_path / "crc.npz", a=np.arange(100000, dtype=np.int64))
+    b = bytearray((tmp_path / "crc.npz").read_bytes())
+    b[len(b) // 2] ^= 0xff
+    (tmp_path / "crc.npz").write_bytes(bytes(b))
+    cases["crc.npz"] = "member 'a'"
+    for name, why in cases.items():
+        rc, out, err = ctl(daemon, "put", "bad/", str(tmp_path / name))
+        assert rc == 1 and out == "", (name, err)
+        assert err.startswith("tensorctl: ") and why in err, (name, err)
+        assert listing(daemon) == [], name
+    # A name over 255 bytes after the prefix.
+    rc, _, err = ctl(daemon, "put", "p" * 255, str(good))
+    assert rc == 1 and "over 255 bytes" in err
+    assert listing(daemon) == []
+
+
+def test_put_checkpoint_usage(daemon, tmp_path):
+    f = save(tmp_path / "a.npy", np.ones(2))
+    rc, _, err = ctl(daemon, "put", "x", f, "--json")
+    assert rc == 2 and "--json" in err
+    np.savez(tmp_path / "empty.npz")
+    rc, _, err = ctl(daemon, "put", "e/", str(tmp_path / "empty.npz"))
+    assert rc == 1 and "no arrays" in err
+    # With --json a failure is a JSON object on stderr, as for the other commands.
+    rc, out, err = ctl(daemon, "put", "e/", str(tmp_path / "missing.safetensors"), "--json")
+    assert rc == 1 and out == ""
+    assert json.loads(err)["error"] == "ENOENT" and "missing.safetensors" in err
+    (tmp_path / "t.safetensors").write_bytes(b"\x05" + b"\0" * 7 + b"{abc}")
+    rc, out, err = ctl(daemon, "put", "e/", str(tmp_path / "t.safetensors"), "--json")
+    assert rc == 1 and json.loads(err)["error"] == "EINVAL"
