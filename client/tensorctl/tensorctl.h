@@ -39,7 +39,7 @@ struct args {
 	uint32_t flags; /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION | TENSORD_REPLACE */
 	uint32_t mode;
 	int timeout_ms; /* -1: forever */
-	uint64_t after; /* watch --after: a commit id; 0: none */
+	uint64_t after; /* watch --after: a commit id (0: replay every name); seen says if given */
 	uint32_t queue; /* watch --queue: events kept for it; 0: the default */
 };
 

@@ -95,7 +95,7 @@ int cmd_watch(tensord_client *c, const struct args *a)
 	if ((sfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK)) < 0)
 		return report(-errno, strerror(errno), NULL);
 
-	rc = tensord_watch_start(c, prefix, a->after, a->queue, &w);
+	rc = tensord_watch_start(c, prefix, (a->seen & OPT_AFTER) != 0, a->after, a->queue, &w);
 	if (rc < 0) {
 		close(sfd);
 		return op_error(rc, NULL);

@@ -135,6 +135,19 @@ def test_watch_after_replays_and_sigterm_ends_it(daemon, tmp_path):
     assert [(e["kind"], e["name"]) for e in ev] == [("published", "r/b"), ("unlinked", "r/a")]
 
 
+def test_watch_after_0_replays_every_name(daemon, tmp_path):
+    f = save(tmp_path / "a.npy", np.ones(4, np.float32))
+    ok(daemon, "put", "z/a", f)
+    ok(daemon, "put", "z/b", f)
+    w = Watcher(daemon, "z/", "--after", "0", "--json")
+    try:
+        ev = [json.loads(w.line()) for _ in range(2)]
+    finally:
+        rc, _, err = w.stop(signal.SIGTERM)
+    assert rc == 0, err
+    assert [(e["kind"], e["name"]) for e in ev] == [("published", "z/a"), ("published", "z/b")]
+
+
 def test_watch_lagged_with_a_tiny_queue(daemon, tmp_path):
     f = save(tmp_path / "a.npy", np.ones(4, np.float32))
     for i in range(5):
