@@ -40,7 +40,7 @@ ${CC:-cc} -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$st/libcuda.so.1" "$st/stub
 	{ say "FAIL: stub libcuda"; exit 1; }
 # shellcheck disable=SC2086 # word splitting of the flags is wanted
 ${CC:-cc} -o "$st/gpu_suite" "$st/gpu_suite.o" "$B/libtensord.a" ${LDFLAGS:-} \
-	${LDLIBS:--luv -lprotobuf-c} -L"$st" -l:libcuda.so.1 -Wl,-rpath,"$top/$st" -ldl -lpthread ||
+	${LDLIBS:--luv -lprotobuf-c} -L"$st" -l:libcuda.so.1 -Wl,-rpath,"$(cd "$st" && pwd)" -ldl -lpthread ||
 	{ say "FAIL: link"; exit 1; }
 [ -x "$B/tensord" ] || { say "FAIL: no $B/tensord"; exit 1; }
 
