@@ -42,6 +42,14 @@ struct td_mapping {
 	uint64_t size;     /* bytes mapped at base */
 	uint64_t file_off; /* where base is in the file (host memory) */
 	bool writable;
+	/*
+	 * A write through this mapping is refused by the OS or the driver (a
+	 * CUDA VMM mapping granted PROT_READ). False for writable mappings, for
+	 * legacy IPC and HIP (no read-only mappings), for host memory (a private
+	 * copy-on-write mapping: a stray write stays in this process) and where
+	 * the driver refused PROT_READ and the importer fell back to read-write.
+	 */
+	bool ro_enforced;
 	DLDevice device; /* as this process numbers it */
 	unsigned refs;   /* leases using it; guarded by the client's lock */
 	void *priv;      /* the importer's own state */

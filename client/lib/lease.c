@@ -196,6 +196,16 @@ int tensord_tensor_info(const DLManagedTensorVersioned *t, tensord_info *ret_inf
 	return 0;
 }
 
+int tensord_tensor_read_only_enforced(const DLManagedTensorVersioned *t)
+{
+	struct td_lease *l = lease_of(t);
+
+	if (!l)
+		return td_set_error(-EINVAL, "not a tensor made by libtensord");
+	/* A private view (l->view) is a writable copy-on-write mapping. */
+	return l->map && !l->view && l->map->ro_enforced ? 1 : 0;
+}
+
 /*
  * Takes ownership of fd and of the reference on pinned (either may be
  * absent): closes the one and drops the other.

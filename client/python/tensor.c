@@ -397,6 +397,13 @@ static PyObject *Tensor_get_readonly(TensorObject *self, void *unused)
 	return PyBool_FromLong(self->readonly);
 }
 
+/* libtensord's answer; False for a released tensor and one it did not make. */
+static PyObject *Tensor_get_read_only_enforced(TensorObject *self, void *unused)
+{
+	return PyBool_FromLong(self->mt && self->named &&
+			       tensord_tensor_read_only_enforced(self->mt) == 1);
+}
+
 static PyObject *Tensor_get_mutable(TensorObject *self, void *unused)
 {
 	return PyBool_FromLong(self->info.flags & TENSORD_MUTABLE);
@@ -453,6 +460,12 @@ static PyGetSetDef Tensor_getset[] = {
 	{ "nbytes", (getter)Tensor_get_nbytes, NULL, "Bytes of the allocation.", NULL },
 	{ "readonly", (getter)Tensor_get_readonly, NULL,
 	  "True when exports are read-only (attached immutable tensors, or after publish).", NULL },
+	{ "read_only_enforced", (getter)Tensor_get_read_only_enforced, NULL,
+	  "True when a write through this tensor's memory is refused by the driver here\n"
+	  "(an immutable CUDA tensor mapped read-only over CUDA VMM). False for mutable\n"
+	  "tensors, legacy CUDA IPC and HIP, drivers that refused a read-only mapping, and\n"
+	  "host tensors (an immutable host tensor's stray write lands in a private copy).",
+	  NULL },
 	{ "mutable", (getter)Tensor_get_mutable, NULL, "Created with mutable=True.", NULL },
 	{ "released", (getter)Tensor_get_released, NULL, "True after release().", NULL },
 	{ "generation", (getter)Tensor_get_generation, NULL,

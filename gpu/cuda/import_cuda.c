@@ -314,6 +314,7 @@ static int td_cuda_map_vmm(struct td_mapping *m, int fd, const struct td_import_
 	if (err < 0)
 		goto out_free;
 	td_gpu_mapped(m, &p->g, d);
+	m->ro_enforced = p->ro_enforced;
 	return 0;
 
 out_free:
@@ -412,6 +413,7 @@ static int td_cuda_protect(struct td_mapping *m, bool writable)
 		return err;
 	r = td_cuda_set_access(p, writable);
 	td_cuda_leave(p->g.api, p->dev, false);
+	m->ro_enforced = p->ro_enforced;
 	if (r != CUDA_SUCCESS)
 		return td_gpu_fail(&td_cuda_client, p->g.api, r,
 				   writable ? "cuMemSetAccess (read-write again)"

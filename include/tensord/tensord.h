@@ -646,6 +646,21 @@ TENSORD_API int tensord_share(DLManagedTensorVersioned *t, DLManagedTensorVersio
  */
 TENSORD_API int tensord_tensor_info(const DLManagedTensorVersioned *t, tensord_info *ret_info);
 
+/*
+ * Whether a write through t's data pointer is refused by the hardware or
+ * the OS here, now: 1 when t's mapping is read-only (an immutable CUDA
+ * tensor attached, or created and published, over CUDA VMM, where the
+ * driver granted PROT_READ access; a write faults on the device), 0 when
+ * it is not. 0 for mutable tensors; for legacy CUDA IPC and HIP (no
+ * read-only device mappings: the DLPack READ_ONLY flag is all there is);
+ * where the driver refused PROT_READ and the library fell back to a
+ * read-write mapping; and for host tensors, whose immutable attaches are
+ * private copy-on-write mappings: a stray write is not refused but stays in
+ * this process, never reaching the shared bytes (docs/gpu.md, "Read-only").
+ * t must come from this library (borrowed for the call); -EINVAL if not.
+ */
+TENSORD_API int tensord_tensor_read_only_enforced(const DLManagedTensorVersioned *t);
+
 /* "no such tensor", "tensor exists", ... for -ENOENT or ENOENT alike. */
 TENSORD_API const char *tensord_strerror(int err);
 

@@ -16,6 +16,25 @@
  *                                   alive, then check what the handle is
  * Roles are started with posix_spawn (fork + exec), never plain fork:
  * CUDA does not survive fork.
+ *
+ * Every process the suite starts (roles and the daemon) goes through
+ *   --bounded SECONDS PPID PROGRAM ARGS...
+ * which asks for SIGKILL when its parent dies (PR_SET_PDEATHSIG, then
+ * getppid() against PPID for the race), sets alarm(SECONDS) and execs
+ * PROGRAM, which keeps both: no child outlives the orchestrator however it
+ * ends (kill -9 included), and a hung child ends on its own. A failed CHECK
+ * kills the test's children and releases its tensors before returning
+ * (test_cleanup()); an exit() stops the daemon (atexit). Knobs:
+ * GPU_SUITE_CHILD_TIMEOUT (s, default 120), GPU_SUITE_TIMEOUT (s, the whole
+ * run, default 480).
+ *
+ *   gpu_suite --selftest MODE PATH/TO/tensord
+ * checks that machinery without a GPU (host tensors only, no CUDA call; run
+ * by tests/gpu/run.sh selftest): MODE "check" fails a CHECK on purpose
+ * with a holder child and leases alive, "hang" lets a child's alarm end
+ * it, "exit" calls exit() mid-test, "orphan" waits to be killed with -9.
+ * It prints "info pid N" for each process it starts, for the caller to
+ * check that none is left.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,6 +46,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,7 +59,11 @@
 extern char **environ;
 
 static int failures;
+static bool no_cuda; /* --selftest and its children: no CUDA call at all */
 
+static void test_cleanup(void);
+
+/* A failed check ends the test: its children are killed and its tensors released first. */
 #define CHECK(cond, ...)                                                                           \
 	do {                                                                                       \
 		if (!(cond)) {                                                                     \
@@ -46,6 +71,7 @@ static int failures;
 			printf(__VA_ARGS__);                                                       \
 			printf("\n");                                                              \
 			failures++;                                                                \
+			test_cleanup();                                                            \
 			return;                                                                    \
 		}                                                                                  \
 	} while (0)
@@ -81,6 +107,8 @@ static void cuda_enter(int ordinal)
 	CUdevice dev;
 	CUcontext ctx;
 
+	if (no_cuda)
+		return;
 	CU(cuInit(0));
 	CU(cuDeviceGet(&dev, ordinal));
 	CU(cuDevicePrimaryCtxRetain(&ctx, dev));
@@ -182,7 +210,7 @@ static int create(tensord_client *c, const char *name, DLDevice dev, int64_t n, 
 
 /*
  * Commands: "attach NAME" (answers the read-only flag, the device as this
- * process numbers it and that device's UUID), "check NAME SEED" (whole
+ * process numbers it, that device's UUID and whether read-only is enforced), "check NAME SEED" (whole
  * tensor against the pattern), "create NAME BYTES SEED" (create on this
  * process's cuda:0, fill, publish), "write NAME" (try to overwrite it),
  * "quit". Answers "ok ..." or "bad ...".
@@ -205,11 +233,12 @@ static int reader(const char *sock)
 				continue;
 			}
 			snprintf(names[n], sizeof(names[n]), "%s", name);
-			printf("ok ro=%d dev=%d:%d uuid=%s\n",
+			printf("ok ro=%d dev=%d:%d uuid=%s enf=%d\n",
 			       !!(held[n]->flags & DLPACK_FLAG_BITMASK_READ_ONLY),
 			       held[n]->dl_tensor.device.device_type,
 			       held[n]->dl_tensor.device.device_id,
-			       uuid_hex(held[n]->dl_tensor.device.device_id));
+			       uuid_hex(held[n]->dl_tensor.device.device_id),
+			       tensord_tensor_read_only_enforced(held[n]) == 1);
 			n++;
 		} else if (sscanf(line, "create %255s %d %d", name, &bytes, &seed) == 3 && n < 16) {
 			if (create(c, name, (DLDevice){ kDLCUDA, 0 }, bytes, 0, &held[n]) < 0) {
@@ -329,7 +358,8 @@ static int bench(const char *sock, const char *name, int n)
 /*
  * The creator of an immutable tensor writes through its own view after
  * publish: on the VMM path the view is read-only by then. Prints "denied
- * ERROR" or "ok wrote", then waits for a line on stdin and exits.
+ * ERROR enf=E" or "ok wrote enf=E" (E: read-only enforced, 0 or 1), then
+ * waits for a line on stdin and exits.
  */
 static int creator_writes(const char *sock, const char *name)
 {
@@ -349,7 +379,7 @@ static int creator_writes(const char *sock, const char *name)
 		return 1;
 	}
 	try_write(t, n, out, sizeof(out));
-	printf("%s\n", out);
+	printf("%s enf=%d\n", out, tensord_tensor_read_only_enforced(t) == 1);
 	fflush(stdout);
 	/* The tensor must outlive the check: hold the lease until told. */
 	if (!fgets(line, sizeof(line), stdin))
@@ -403,11 +433,192 @@ static int close_live(const char *sock, const char *name, int seed)
 
 static char self_exe[4096];
 static char sock_path[256];
+static char sock_dir[64];
+static pid_t daemon_pid;
 
 struct child {
 	pid_t pid;
 	FILE *in, *out;
+	int slot; /* in kids[] */
 };
+
+/* ---- children and tensors a failed test must not leave behind ------------ */
+
+#define MAX_KIDS 64
+#define MAX_OWNED 64
+
+/* The live children (pid 0: a free slot) and the orchestrator's live tensors. */
+static struct child kids[MAX_KIDS];
+static DLManagedTensorVersioned *owned[MAX_OWNED];
+static bool tracking; /* the orchestrator: create() records what it made */
+
+static unsigned env_seconds(const char *var, unsigned dflt)
+{
+	const char *v = getenv(var);
+
+	return v && atoi(v) > 0 ? (unsigned)atoi(v) : dflt;
+}
+
+static unsigned child_timeout(void)
+{
+	return env_seconds("GPU_SUITE_CHILD_TIMEOUT", 120);
+}
+
+static unsigned suite_timeout(void)
+{
+	return env_seconds("GPU_SUITE_TIMEOUT", 480);
+}
+
+static void own(DLManagedTensorVersioned *t)
+{
+	for (int i = 0; tracking && i < MAX_OWNED; i++)
+		if (!owned[i]) {
+			owned[i] = t;
+			return;
+		}
+}
+
+/* Runs t's deleter, and forgets it. */
+static void drop_t(DLManagedTensorVersioned *t)
+{
+	for (int i = 0; i < MAX_OWNED; i++)
+		if (owned[i] == t)
+			owned[i] = NULL;
+	t->deleter(t);
+}
+
+static int attach_t(tensord_client *c, const char *name, DLManagedTensorVersioned **t)
+{
+	int r = tensord_attach(c, name, 5000, t);
+
+	if (r == 0)
+		own(*t);
+	return r;
+}
+
+/* SIGKILLs and reaps every live child. */
+static void kill_kids(void)
+{
+	for (int i = 0; i < MAX_KIDS; i++) {
+		if (kids[i].pid <= 0)
+			continue;
+		kill(kids[i].pid, SIGKILL);
+		fclose(kids[i].in);
+		fclose(kids[i].out);
+		waitpid(kids[i].pid, NULL, 0);
+		kids[i].pid = 0;
+	}
+}
+
+static int live_kids(void)
+{
+	int n = 0;
+
+	for (int i = 0; i < MAX_KIDS; i++)
+		n += kids[i].pid > 0;
+	return n;
+}
+
+/* What a failed CHECK does before its return: no child, no lease left of the test. */
+static void test_cleanup(void)
+{
+	if (!tracking)
+		return;
+	kill_kids();
+	for (int i = 0; i < MAX_OWNED; i++)
+		if (owned[i])
+			drop_t(owned[i]);
+}
+
+/* Stops the daemon: SIGTERM, then SIGKILL after 5 s. Its exit status, or -1. */
+static int stop_daemon(void)
+{
+	int st = -1;
+
+	if (daemon_pid <= 0)
+		return -1;
+	kill(daemon_pid, SIGTERM);
+	for (int i = 0; i < 500; i++) {
+		if (waitpid(daemon_pid, &st, WNOHANG) == daemon_pid)
+			break;
+		if (i == 499) {
+			printf("FAIL daemon ignored SIGTERM for 5 s: killed\n");
+			kill(daemon_pid, SIGKILL);
+			waitpid(daemon_pid, &st, 0);
+		}
+		usleep(10000);
+	}
+	daemon_pid = 0;
+	return st;
+}
+
+/* atexit: every exit() of the orchestrator (CU() failures included) stops all it started. */
+static void stop_everything(void)
+{
+	kill_kids();
+	stop_daemon();
+	if (sock_dir[0]) {
+		unlink(sock_path);
+		rmdir(sock_dir);
+		sock_dir[0] = '\0';
+	}
+	fflush(stdout);
+}
+
+/* The whole run took too long: say so and end; PR_SET_PDEATHSIG ends the children. */
+static void on_suite_timeout(int sig)
+{
+	static const char msg[] = "FAIL the suite ran past GPU_SUITE_TIMEOUT: stopped\n";
+
+	(void)sig;
+	if (write(1, msg, sizeof(msg) - 1) < 0) {
+		/* Nothing more to do: exiting anyway. */
+	}
+	if (daemon_pid > 0)
+		kill(daemon_pid, SIGKILL);
+	_exit(124);
+}
+
+/*
+ * The child side of --bounded: argv is "--bounded SECONDS PPID PROGRAM
+ * ARGS...". Returns only on failure.
+ */
+static int bounded_exec(int argc, char **argv)
+{
+	if (argc < 5)
+		return 2;
+	/* Killed when the parent dies; it may have died before this call. */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != (pid_t)atol(argv[3]))
+		return 2;
+	/* Kept across execve: the program ends by SIGALRM when it overruns. */
+	alarm((unsigned)atoi(argv[2]));
+	execve(argv[4], argv + 4, environ);
+	fprintf(stderr, "gpu_suite: exec %s: %s\n", argv[4], strerror(errno));
+	return 127;
+}
+
+/* posix_spawn of prog (argv[0] ignored) through --bounded. */
+static int spawn_bounded(pid_t *ret_pid, const char *prog, char *const argv[],
+			 const posix_spawn_file_actions_t *fa, char *const envp[], unsigned seconds)
+{
+	char secs[16], ppid[24], *args[40];
+	int n = 0, r;
+
+	snprintf(secs, sizeof(secs), "%u", seconds);
+	snprintf(ppid, sizeof(ppid), "%ld", (long)getpid());
+	args[n++] = self_exe;
+	args[n++] = "--bounded";
+	args[n++] = secs;
+	args[n++] = ppid;
+	args[n++] = (char *)prog;
+	for (int i = 1; argv[i] && n < 39; i++)
+		args[n++] = argv[i];
+	args[n] = NULL;
+	r = posix_spawn(ret_pid, self_exe, fa, NULL, args, envp);
+	if (r == 0 && no_cuda)
+		printf("info pid %ld %s\n", (long)*ret_pid, prog == self_exe ? argv[1] : prog);
+	return r;
+}
 
 /*
  * environ with CUDA_VISIBLE_DEVICES set to visible (NULL: unset). Static
@@ -449,7 +660,7 @@ static struct child spawn_role_env(char *const argv[], char *const envp[])
 	posix_spawn_file_actions_init(&fa);
 	posix_spawn_file_actions_adddup2(&fa, to[0], 0);
 	posix_spawn_file_actions_adddup2(&fa, from[1], 1);
-	if (posix_spawn(&ch.pid, self_exe, &fa, NULL, argv, envp) != 0)
+	if (spawn_bounded(&ch.pid, self_exe, argv, &fa, envp, child_timeout()) != 0)
 		exit(2);
 	posix_spawn_file_actions_destroy(&fa);
 	close(to[0]);
@@ -457,6 +668,13 @@ static struct child spawn_role_env(char *const argv[], char *const envp[])
 	ch.in = fdopen(to[1], "w");
 	ch.out = fdopen(from[0], "r");
 	setvbuf(ch.in, NULL, _IOLBF, 0);
+	for (ch.slot = 0; ch.slot < MAX_KIDS && kids[ch.slot].pid > 0; ch.slot++)
+		;
+	if (ch.slot == MAX_KIDS) {
+		printf("FAIL more than %d live children\n", MAX_KIDS);
+		exit(2);
+	}
+	kids[ch.slot] = ch;
 	return ch;
 }
 
@@ -478,11 +696,14 @@ static int finish(struct child *ch, bool kill9)
 {
 	int st;
 
+	if (kids[ch->slot].pid != ch->pid)
+		return -1; /* already ended by test_cleanup() */
 	if (kill9)
 		kill(ch->pid, SIGKILL);
 	fclose(ch->in);
 	fclose(ch->out);
 	waitpid(ch->pid, &st, 0);
+	kids[ch->slot].pid = 0;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
@@ -516,8 +737,11 @@ static int create(tensord_client *c, const char *name, DLDevice dev, int64_t n, 
 		.device = dev,
 		.flags = flags,
 	};
+	int r = tensord_create(c, name, &spec, t);
 
-	return tensord_create(c, name, &spec, t);
+	if (r == 0)
+		own(*t);
+	return r;
 }
 
 static const DLDevice cuda0 = { kDLCUDA, 0 };
@@ -576,8 +800,8 @@ static void test_write_read(tensord_client *c, uint64_t base)
 	finish(&r, false);
 	CHECK(leases_back(c, base + 2), "leases %llu, want %llu", (unsigned long long)leases(c),
 	      (unsigned long long)base + 2);
-	a->deleter(a);
-	m->deleter(m);
+	drop_t(a);
+	drop_t(m);
 	CHECK(leases_back(c, base), "leases %llu", (unsigned long long)leases(c));
 	printf("PASS reader_exit_releases\n");
 }
@@ -628,10 +852,10 @@ static void test_read_other_process_writes(tensord_client *c, uint64_t base)
 
 	ans = ask(&w, "create gpu/theirs 1000003 4");
 	CHECK(strcmp(ans, "ok created") == 0, "%s", ans);
-	CHECK(tensord_attach(c, "gpu/theirs", 5000, &t) == 0, "%s", tensord_last_error());
+	CHECK(attach_t(c, "gpu/theirs", &t) == 0, "%s", tensord_last_error());
 	CHECK(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY, "not read-only");
 	CHECK(verify(t, 1000003, 4) == 0, "bytes differ");
-	t->deleter(t);
+	drop_t(t);
 	fprintf(w.in, "quit\n");
 	finish(&w, false);
 	CHECK(leases_back(c, base), "leases %llu", (unsigned long long)leases(c));
@@ -666,7 +890,7 @@ static void test_other_visible_devices(void)
 	snprintf(want, sizeof(want), "ok ro=1 dev=2:%d uuid=%s", visible == order ? n - 1 : 0,
 		 mine);
 	printf("info reader with CUDA_VISIBLE_DEVICES=%s: %s\n", visible, ans);
-	CHECK(strcmp(ans, want) == 0, "want '%s', got '%s'", want, ans);
+	CHECK(strncmp(ans, want, strlen(want)) == 0, "want '%s', got '%s'", want, ans);
 	ans = ask(&r, "check gpu/basic 1");
 	CHECK(strcmp(ans, "ok") == 0, "%s", ans);
 	fprintf(r.in, "quit\n");
@@ -688,72 +912,95 @@ static bool legacy_ipc(tensord_client *c)
 	return false;
 }
 
+/* Puts gpu/basic back as the tests after a landed write expect it. */
+static void restore_basic(tensord_client *c)
+{
+	DLManagedTensorVersioned *t;
+
+	tensord_unlink(c, "gpu/basic");
+	CHECK(create(c, "gpu/basic", cuda0, (3 << 20) + 17, 0, &t) == 0, "%s",
+	      tensord_last_error());
+	fill(t, (3u << 20) + 17, 1);
+	CHECK(tensord_publish(c, "gpu/basic") == 0, "%s", tensord_last_error());
+	drop_t(t);
+}
+
 /*
  * A reader of an immutable tensor writes anyway, in a process of its own
- * (a denied write leaves that process's CUDA context unusable). On the VMM
- * path the driver refuses it and the bytes stay; legacy IPC cannot map
- * read-only, so there the write lands: the gap docs/gpu.md states.
+ * (a denied write leaves that process's CUDA context unusable). Where the
+ * reader's mapping enforces read-only (VMM, the driver granted PROT_READ:
+ * "enf=1") the driver refuses it and the bytes stay; legacy IPC cannot map
+ * read-only, and a driver may refuse PROT_READ (the importer then maps
+ * read-write): there the write lands, the gap docs/gpu.md states.
  */
 static void test_reader_cannot_write(tensord_client *c, uint64_t base)
 {
 	struct child r = spawn_role((char *[]){ self_exe, "--reader", sock_path, NULL });
-	bool ipc = legacy_ipc(c);
+	bool ipc = legacy_ipc(c), enf;
 	DLManagedTensorVersioned *t;
+	char attach_ans[512];
 	const char *ans;
 
 	ans = ask(&r, "attach gpu/basic");
+	snprintf(attach_ans, sizeof(attach_ans), "%s", ans);
 	CHECK(strncmp(ans, "ok ro=1", 7) == 0, "%s", ans);
+	enf = strstr(attach_ans, " enf=1") != NULL;
 	ans = ask(&r, "write gpu/basic");
-	printf("info reader write on %s: %s\n", ipc ? "cuda-ipc" : "cuda-vmm", ans);
+	printf("info reader write on %s (read-only enforced: %d): %s\n",
+	       ipc ? "cuda-ipc" : "cuda-vmm", enf, ans);
 	fprintf(r.in, "quit\n");
 	finish(&r, false);
+	CHECK(!(ipc && enf), "legacy IPC claims enforced read-only: %s", attach_ans);
 	CHECK(leases_back(c, base), "leases %llu", (unsigned long long)leases(c));
-	CHECK(tensord_attach(c, "gpu/basic", 5000, &t) == 0, "%s", tensord_last_error());
-	if (ipc) {
-		CHECK(strcmp(ans, "ok wrote") == 0, "%s", ans);
-		t->deleter(t);
-		/* Put the pattern back for the tests after this one. */
-		tensord_unlink(c, "gpu/basic");
-		CHECK(create(c, "gpu/basic", cuda0, (3 << 20) + 17, 0, &t) == 0, "%s",
-		      tensord_last_error());
-		fill(t, (3u << 20) + 17, 1);
-		CHECK(tensord_publish(c, "gpu/basic") == 0, "%s", tensord_last_error());
-		t->deleter(t);
-		printf("PASS reader_write_lands_on_legacy_ipc (documented gap)\n");
+	CHECK(attach_t(c, "gpu/basic", &t) == 0, "%s", tensord_last_error());
+	if (!enf) {
+		CHECK(!ipc || strcmp(ans, "ok wrote") == 0, "%s", ans);
+		int before = failures;
+
+		drop_t(t);
+		restore_basic(c);
+		if (failures != before)
+			return;
+		printf("PASS reader_write_not_refused_on_%s (read-only not enforced: documented "
+		       "gap)\n",
+		       ipc ? "legacy_ipc" : "vmm_without_prot_read");
 		return;
 	}
 	CHECK(strncmp(ans, "denied ", 7) == 0, "the reader's write was not refused: %s", ans);
 	CHECK(verify(t, nbytes_of(t), 1) == 0, "the bytes changed");
-	t->deleter(t);
+	drop_t(t);
 	printf("PASS reader_cannot_write_immutable\n");
 }
 
-/* The creator's own view after publish (VMM: re-protected read-only). */
+/* The creator's own view after publish (VMM: re-protected read-only where the driver can). */
 static void test_creator_cannot_write(tensord_client *c, uint64_t base)
 {
 	struct child w =
 		spawn_role((char *[]){ self_exe, "--creator-writes", sock_path, "gpu/own", NULL });
-	bool ipc = legacy_ipc(c);
+	bool ipc = legacy_ipc(c), enf;
 	DLManagedTensorVersioned *t;
 	char line[128] = "";
 
 	CHECK(fgets(line, sizeof(line), w.out), "creator said nothing");
 	line[strcspn(line, "\n")] = '\0';
+	enf = strstr(line, " enf=1") != NULL;
 	printf("info creator write after publish on %s: %s\n", ipc ? "cuda-ipc" : "cuda-vmm", line);
-	CHECK(tensord_attach(c, "gpu/own", 5000, &t) == 0, "%s", tensord_last_error());
-	if (ipc) {
-		CHECK(strcmp(line, "ok wrote") == 0, "%s", line);
+	CHECK(!(ipc && enf), "legacy IPC claims enforced read-only: %s", line);
+	CHECK(attach_t(c, "gpu/own", &t) == 0, "%s", tensord_last_error());
+	if (!enf) {
+		CHECK(!ipc || strncmp(line, "ok wrote", 8) == 0, "%s", line);
 	} else {
 		CHECK(strncmp(line, "denied ", 7) == 0, "the creator's write was not refused: %s",
 		      line);
 		CHECK(verify(t, 1 << 20, 9) == 0, "the bytes changed");
 	}
-	t->deleter(t);
+	drop_t(t);
 	fprintf(w.in, "quit\n");
 	finish(&w, false);
 	tensord_unlink(c, "gpu/own");
 	CHECK(leases_back(c, base), "leases %llu", (unsigned long long)leases(c));
-	printf("PASS creator_view_after_publish (%s)\n", ipc ? "documented gap" : "read-only");
+	printf("PASS creator_view_after_publish (%s)\n",
+	       enf ? "read-only" : "read-only not enforced: documented gap");
 }
 
 /*
@@ -772,7 +1019,7 @@ static void test_close_with_live_import(tensord_client *c, uint64_t base)
 	CHECK(create(c, "gpu/closing", cuda0, 5 << 20, 0, &t) == 0, "%s", tensord_last_error());
 	fill(t, 5 << 20, 6);
 	CHECK(tensord_publish(c, "gpu/closing") == 0, "%s", tensord_last_error());
-	t->deleter(t);
+	drop_t(t);
 	ch = spawn_role(
 		(char *[]){ self_exe, "--close-live", sock_path, "gpu/closing", "6", NULL });
 	CHECK(fgets(line, sizeof(line), ch.out) && strncmp(line, "closed", 6) == 0, "child: %s",
@@ -802,9 +1049,10 @@ static void bench_one(tensord_client *c, const char *name, DLDevice dev, int64_t
 	if (create(c, name, dev, n, 0, &t) < 0 || tensord_publish(c, name) < 0) {
 		printf("FAIL bench %s: %s\n", name, tensord_last_error());
 		failures++;
+		test_cleanup();
 		return;
 	}
-	t->deleter(t);
+	drop_t(t);
 	b = spawn_role((char *[]){ self_exe, "--bench", sock_path, (char *)name, "50", NULL });
 	if (!fgets(line, sizeof(line), b.out))
 		snprintf(line, sizeof(line), "failed\n");
@@ -814,28 +1062,46 @@ static void bench_one(tensord_client *c, const char *name, DLDevice dev, int64_t
 	tensord_unlink(c, name);
 }
 
-static int run_daemon(const char *tensord_bin, pid_t *ret_pid)
+/* Starts the daemon (bounded, killed with us), stopped at exit by stop_everything(). */
+static int run_daemon(const char *tensord_bin)
 {
 	posix_spawn_file_actions_t fa;
 	char dir[] = "/tmp/tensord-gpu-XXXXXX";
-	int p[2];
+	int p[2], r;
 	char ok = 0;
 
 	if (!mkdtemp(dir) || pipe(p) < 0)
 		return -1;
+	snprintf(sock_dir, sizeof(sock_dir), "%s", dir);
 	snprintf(sock_path, sizeof(sock_path), "%s/s", dir);
 	posix_spawn_file_actions_init(&fa);
+	/* Before the dup2: p[0] may be descriptor 3 itself. */
+	posix_spawn_file_actions_addclose(&fa, p[0]);
 	posix_spawn_file_actions_adddup2(&fa, p[1], 3);
-	if (posix_spawn(ret_pid, tensord_bin, &fa, NULL,
-			(char *[]){ (char *)tensord_bin, "--socket", sock_path, "--ready-fd", "3",
-				    "--log-level", "info", NULL },
-			environ) != 0)
-		return -1;
+	r = spawn_bounded(&daemon_pid, tensord_bin,
+			  (char *[]){ (char *)tensord_bin, "--socket", sock_path, "--ready-fd", "3",
+				      "--log-level", "info", NULL },
+			  &fa, environ, suite_timeout() + 60);
+	posix_spawn_file_actions_destroy(&fa);
 	close(p[1]);
-	if (read(p[0], &ok, 1) != 1 || ok != 'R')
+	if (r != 0) {
+		daemon_pid = 0;
+		close(p[0]);
 		return -1;
+	}
+	r = read(p[0], &ok, 1) == 1 && ok == 'R' ? 0 : -1;
 	close(p[0]);
-	return 0;
+	return r;
+}
+
+/* What every run does first: output as it happens, a deadline, cleanup on exit. */
+static void orchestrator_setup(void)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	tracking = true;
+	atexit(stop_everything);
+	signal(SIGALRM, on_suite_timeout);
+	alarm(suite_timeout());
 }
 
 static int orchestrate(const char *tensord_bin)
@@ -844,10 +1110,10 @@ static int orchestrate(const char *tensord_bin)
 	size_t free0, free1, total;
 	tensord_client *c;
 	uint64_t base;
-	pid_t daemon;
 	int st;
 
-	if (run_daemon(tensord_bin, &daemon) < 0) {
+	orchestrator_setup();
+	if (run_daemon(tensord_bin) < 0) {
 		printf("FAIL daemon did not start\n");
 		return 1;
 	}
@@ -860,7 +1126,7 @@ static int orchestrate(const char *tensord_bin)
 		printf("FAIL create on cuda:0: %s\n", tensord_last_error());
 		return 1;
 	}
-	t->deleter(t);
+	drop_t(t);
 	tensord_unlink(c, "gpu/warmup");
 	usleep(100000);
 	CU(cuMemGetInfo(&free0, &total));
@@ -894,9 +1160,119 @@ static int orchestrate(const char *tensord_bin)
 		printf("FAIL gpu memory not back: free %zu before, %zu after\n", free0, free1);
 		failures++;
 	}
+	if (live_kids()) {
+		printf("FAIL %d children still running at the end\n", live_kids());
+		failures++;
+	}
 	tensord_close(c);
-	kill(daemon, SIGTERM);
-	waitpid(daemon, &st, 0);
+	st = stop_daemon();
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		printf("FAIL daemon exit status %d\n", st);
+		failures++;
+	}
+	printf("%s: %d failure(s)\n", failures ? "FAILED" : "OK", failures);
+	return failures ? 1 : 0;
+}
+
+/* ---- --selftest: the cleanup machinery, no GPU needed --------------------- */
+
+/* Fails a CHECK on purpose while a holder child and a lease of our own are alive. */
+static void selftest_failing_check(tensord_client *c, uint64_t base)
+{
+	struct child h =
+		spawn_role((char *[]){ self_exe, "--hold", sock_path, "self/t", "3", NULL });
+	DLManagedTensorVersioned *t;
+	char line[64] = "";
+
+	CHECK(fgets(line, sizeof(line), h.out) && strncmp(line, "held", 4) == 0, "holder: %s",
+	      line);
+	CHECK(attach_t(c, "self/t", &t) == 0, "%s", tensord_last_error());
+	/* The holder's 3 leases and ours are alive: this fails. */
+	CHECK(leases(c) == base, "deliberate failure (self-test): leases %llu, base %llu",
+	      (unsigned long long)leases(c), (unsigned long long)base);
+	printf("FAIL self-test: the deliberate CHECK passed\n");
+	failures++;
+}
+
+static int selftest(const char *mode, const char *tensord_bin)
+{
+	DLManagedTensorVersioned *t;
+	tensord_client *c;
+	uint64_t base;
+	char line[64] = "";
+	struct child h;
+	double t0;
+	int st;
+
+	no_cuda = true;
+	setenv("TENSORD_GPU_SUITE_NO_CUDA", "1", 1);
+	orchestrator_setup();
+	printf("info orchestrator %ld\n", (long)getpid());
+	if (run_daemon(tensord_bin) < 0) {
+		printf("FAIL daemon did not start\n");
+		return 1;
+	}
+
+	c = connect_or_die(sock_path);
+	if (create(c, "self/t", (DLDevice){ kDLCPU, 0 }, 4096, 0, &t) < 0 ||
+	    tensord_publish(c, "self/t") < 0) {
+		printf("FAIL host tensor: %s\n", tensord_last_error());
+		return 1;
+	}
+	drop_t(t);
+	base = leases(c);
+	if (strcmp(mode, "check") == 0) {
+		t0 = now_us();
+		selftest_failing_check(c, base);
+		if (failures == 1 && live_kids() == 0 && leases_back(c, base)) {
+			printf("PASS selftest_failed_check_cleans_up (%.0f ms; children and leases "
+			       "gone)\n",
+			       (now_us() - t0) / 1e3);
+			failures = 0;
+		} else {
+			printf("FAIL selftest: failures %d, live children %d, leases %llu, base "
+			       "%llu\n",
+			       failures, live_kids(), (unsigned long long)leases(c),
+			       (unsigned long long)base);
+			failures = 1;
+		}
+	} else if (strcmp(mode, "hang") == 0) {
+		/* GPU_SUITE_CHILD_TIMEOUT (set short by the caller) ends a hung holder. */
+		h = spawn_role((char *[]){ self_exe, "--hold", sock_path, "self/t", "1", NULL });
+		t0 = now_us();
+		if (!fgets(line, sizeof(line), h.out) || strncmp(line, "held", 4) != 0) {
+			printf("FAIL holder: %s\n", line);
+			failures++;
+		}
+		while (fgets(line, sizeof(line), h.out))
+			;
+		st = finish(&h, false);
+		printf("info hung holder ended after %.1f s, status %d\n", (now_us() - t0) / 1e6,
+		       st);
+		if (st == 128 + SIGALRM && leases_back(c, base)) {
+			printf("PASS selftest_hung_child_ends_on_its_alarm\n");
+		} else {
+			printf("FAIL selftest: hung holder status %d\n", st);
+			failures++;
+		}
+	} else if (strcmp(mode, "exit") == 0 || strcmp(mode, "orphan") == 0) {
+		h = spawn_role((char *[]){ self_exe, "--hold", sock_path, "self/t", "2", NULL });
+		if (!fgets(line, sizeof(line), h.out) || strncmp(line, "held", 4) != 0)
+			printf("FAIL holder: %s\n", line);
+		if (strcmp(mode, "exit") == 0) {
+			/* As CU() does on a driver error: atexit must stop everything. */
+			printf("info exit() mid-test\n");
+			exit(3);
+		}
+		printf("info waiting to be killed\n");
+		for (;;)
+			pause();
+	} else {
+		printf("FAIL unknown self-test mode %s\n", mode);
+		return 2;
+	}
+	tensord_close(c);
+	st = stop_daemon();
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
 		printf("FAIL daemon exit status %d\n", st);
 		failures++;
@@ -912,7 +1288,10 @@ int main(int argc, char **argv)
 	if (n <= 0)
 		return 2;
 	self_exe[n] = '\0';
+	if (argc >= 2 && strcmp(argv[1], "--bounded") == 0)
+		return bounded_exec(argc, argv);
 	signal(SIGPIPE, SIG_IGN);
+	no_cuda = getenv("TENSORD_GPU_SUITE_NO_CUDA") != NULL;
 	if (argc == 3 && strcmp(argv[1], "--reader") == 0)
 		return reader(argv[2]);
 	if (argc == 5 && strcmp(argv[1], "--hold") == 0)
@@ -925,8 +1304,10 @@ int main(int argc, char **argv)
 		return creator_writes(argv[2], argv[3]);
 	if (argc == 5 && strcmp(argv[1], "--close-live") == 0)
 		return close_live(argv[2], argv[3], atoi(argv[4]));
+	if (argc == 4 && strcmp(argv[1], "--selftest") == 0)
+		return selftest(argv[2], argv[3]);
 	if (argc == 2)
 		return orchestrate(argv[1]);
-	fprintf(stderr, "usage: %s PATH/TO/tensord\n", argv[0]);
+	fprintf(stderr, "usage: %s PATH/TO/tensord | --selftest MODE PATH/TO/tensord\n", argv[0]);
 	return 2;
 }

@@ -7,6 +7,14 @@
 # tree; docs/gpu.md, "Hardware runs", has the exact carry list and command).
 #
 #   bash tests/gpu/run.sh            build, then run everything
+#   bash tests/gpu/run.sh probe      (or PROBE=1) no build: print what the full
+#                                    run needs and what this machine has (driver,
+#                                    GPU, toolkit, Python.h, gcc, libcuda.so.1,
+#                                    torch, cupy, ...); exit 0 when all is there,
+#                                    1 when something is missing; a few seconds
+#   bash tests/gpu/run.sh selftest   build the daemon and library, then
+#                                    tests/gpu/selftest.sh (no GPU needed: the
+#                                    suite's timeouts and cleanup)
 #
 # What runs, each once with the default sharing path (cuda-vmm where the GPU
 # has it) and once with TENSORD_CUDA_PATH=ipc (legacy CUDA IPC):
@@ -24,8 +32,20 @@
 # not run, 77 no GPU here (then only the build was checked).
 # Knobs: B=build dir (default build/gpu), CUDA_HOME, USE_DEBS=1 (use the
 # .debs even where the system has the libraries), PATHS="default ipc" (the
-# sharing paths to run, each on its own: PATHS=ipc runs legacy IPC only).
+# sharing paths to run, each on its own: PATHS=ipc runs legacy IPC only),
+# STEP_TIMEOUT=240 (seconds for each step of a path: each unit test binary,
+# gpu_suite, the pytest run; a step past it is killed with its process group
+# and fails), GPU_SUITE_CHILD_TIMEOUT (s, each child gpu_suite starts).
+# Without a GPU the build check also runs tests/gpu/selftest.sh.
 set -uo pipefail
+mode=${1:-all}
+[ "${PROBE:-0}" = 1 ] && mode=probe
+case $mode in all | probe | selftest) ;; *)
+	echo "usage: $0 [probe|selftest]" >&2
+	exit 2
+	;;
+esac
+STEP_TIMEOUT=${STEP_TIMEOUT:-240}
 
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
@@ -44,6 +64,88 @@ summary() {
 	for r in "${results[@]}"; do echo "  $r" >&2; done
 	exit "$1"
 }
+
+# step NAME CMD...: runs CMD bounded by STEP_TIMEOUT (the whole process
+# group, then SIGKILL 10 s later), recording PASS or FAIL with the reason.
+step() {
+	local name=$1 rc
+	shift
+	timeout -k 10 "$STEP_TIMEOUT" "$@"
+	rc=$?
+	if [ "$rc" = 0 ]; then
+		pass "$name"
+	elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+		fail "$name (ran past STEP_TIMEOUT=${STEP_TIMEOUT}s: killed)"
+	else
+		fail "$name (exit $rc)"
+	fi
+}
+
+# --- probe: what the full run needs, and what is here; no build -----------------
+probe() {
+	local miss=0 v d cu
+	have() { printf '  %-22s %s\n' "$1" "$2" >&2; }
+	missing() { printf '  %-22s MISSING: %s\n' "$1" "$2" >&2; miss=1; }
+	say "probe: $(uname -srm), $(nproc) CPUs, $(df -h . | awk 'NR == 2 { print $4 }') free here"
+	if command -v nvidia-smi >/dev/null && v=$(nvidia-smi -L 2>&1); then
+		have "GPU" "$(echo "$v" | head -4 | tr '\n' ';')"
+		have "driver" "$(nvidia-smi --query-gpu=driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
+	else
+		missing "GPU" "nvidia-smi -L failed (${v:-no nvidia-smi}): the run only builds (exit 77)"
+	fi
+	cu=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / { print $NF; exit }')
+	for d in /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/lib/wsl/lib; do
+		[ -z "$cu" ] && [ -e "$d/libcuda.so.1" ] && cu=$d/libcuda.so.1
+	done
+	if [ -n "$cu" ]; then
+		have "libcuda.so.1" "$cu -> $(readlink -f "$cu")"
+		if echo 'int main(void) { return 0; }' |
+			${CC:-cc} -x c - -l:libcuda.so.1 -L"$(dirname "$cu")" -o /tmp/td-probe-$$ 2>/dev/null; then
+			have "-l:libcuda.so.1" "links"
+		else
+			missing "-l:libcuda.so.1" "does not link (run.sh falls back to the toolkit's stubs)"
+		fi
+		rm -f /tmp/td-probe-$$
+	else
+		missing "libcuda.so.1" "not in ldconfig -p nor the usual folders"
+	fi
+	d=${CUDA_HOME:-}
+	if [ -z "$d" ]; then
+		for d in /usr/local/cuda /usr/local/cuda-* "$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")")"; do
+			[ -f "$d/include/cuda.h" ] && break
+		done
+	fi
+	if [ -f "$d/include/cuda.h" ]; then
+		have "toolkit (cuda.h)" "$d, CUDA_VERSION $(awk '/#define CUDA_VERSION / { print $3 }' "$d/include/cuda.h")"
+	else
+		missing "toolkit (cuda.h)" "none in /usr/local/cuda*, nvcc's prefix or CUDA_HOME"
+	fi
+	have "nvcc" "$( (command -v nvcc || ls "$d/bin/nvcc" 2>/dev/null) | head -1) $("${d}/bin/nvcc" --version 2>/dev/null | awk '/release/ { print $5 $6 }')"
+	have "cc" "$(${CC:-cc} --version 2>&1 | head -1) (the build uses -Werror)"
+	have "python3" "$(command -v python3) $(python3 -V 2>&1)"
+	v=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
+	if [ -f "$v/Python.h" ]; then have "Python.h" "$v"; else missing "Python.h" "not in '$v'"; fi
+	v=$(python3 -c 'import pytest; print(pytest.__version__)' 2>/dev/null)
+	if [ -n "$v" ]; then have "pytest" "$v"
+	elif ls "$debs"/wheels/*.whl >/dev/null 2>&1; then have "pytest" "from $debs/wheels"
+	else missing "pytest" "not importable and no $debs/wheels"; fi
+	v=$(timeout 60 python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -1)
+	case $v in *"available True"*) have "torch" "$v" ;; *) missing "torch" "$v" ;; esac
+	v=$(timeout 60 python3 -c 'import cupy; print(cupy.__version__, "devices", cupy.cuda.runtime.getDeviceCount())' 2>&1 | tail -1)
+	case $v in *devices*) have "cupy" "$v" ;; *) missing "cupy" "$v" ;; esac
+	if pkg-config --exists libuv libprotobuf-c cmocka 2>/dev/null && command -v protoc-c >/dev/null; then
+		have "libuv/protobuf-c/cmocka" "the system's"
+	elif [ -f "$root/usr/include/uv.h" ] && [ -f "$root/usr/include/cmocka.h" ]; then
+		have "libuv/protobuf-c/cmocka" "from $root"
+	else
+		missing "libuv/protobuf-c/cmocka" "neither the system's nor $root (carry tests/gpu/debs)"
+	fi
+	have "paths" "PATHS='${PATHS:-default ipc}', STEP_TIMEOUT=${STEP_TIMEOUT}s per step"
+	if [ "$miss" = 0 ]; then say "probe: everything the full run needs is here"
+	else say "probe: something is missing (above): the full run would fail or only build"; fi
+	exit "$miss"
+}
+[ "$mode" = probe ] && probe
 
 # --- is there a GPU? Without one, build only, and say so (exit 77). ---------
 have_gpu=0
@@ -147,8 +249,13 @@ if [ -n "$CUDA_HOME" ]; then
 		[ -x "$B/gpu_suite" ] || fail "gpu_suite did not build"
 	fi
 fi
+if [ "$mode" = selftest ] || { [ "$have_gpu" = 0 ] && [ -n "$CUDA_HOME" ]; }; then
+	# The suite's timeouts and cleanup, without a GPU (tests/gpu/selftest.sh).
+	step "gpu_suite selftest (no GPU)" env CUDA_HOME="$CUDA_HOME" bash "$here/selftest.sh" "$B"
+	[ "$mode" = selftest ] && summary "$status"
+fi
 if [ "$have_gpu" = 0 ]; then
-	say "SKIPPED: no GPU here; the build above is all that was checked"
+	say "SKIPPED: no GPU here; the build and the self-test above are all that was checked"
 	[ "$status" = 0 ] && exit 77
 	summary 1
 fi
@@ -158,19 +265,21 @@ for path in ${PATHS:-default ipc}; do
 	if [ "$path" = ipc ]; then export TENSORD_CUDA_PATH=ipc; else unset TENSORD_CUDA_PATH; fi
 	say "=== sharing path: $path"
 	for u in "${units[@]}"; do
-		if "$B/tests/unit/$u"; then pass "unit/$u/$path"; else fail "unit/$u/$path"; fi
+		step "unit/$u/$path" "$B/tests/unit/$u"
 	done
 	if [ -x "$B/gpu_suite" ]; then
-		if "$B/gpu_suite" "$B/tensord"; then pass "gpu_suite/$path"
-		else fail "gpu_suite/$path"; fi
+		step "gpu_suite/$path" env GPU_SUITE_TIMEOUT=$((STEP_TIMEOUT - 20)) \
+			"$B/gpu_suite" "$B/tensord"
 	fi
 	if [ "$have_py" = 1 ]; then
 		log=$B/pytest-$path.log
 		TENSORD_BUILD=$top/$B PYTHONPATH="$top/$B/python:$pylib${PYTHONPATH:+:$PYTHONPATH}" \
-			python3 -m pytest -rs -v -s -p no:cacheprovider \
+			timeout -k 10 "$STEP_TIMEOUT" python3 -m pytest -rs -v -s -p no:cacheprovider \
 			tests/python/test_gpu.py tests/python/test_gpu_args.py 2>&1 | tee "$log"
 		rc=${PIPESTATUS[0]}
-		if [ "$rc" != 0 ]; then
+		if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+			fail "python/$path (ran past STEP_TIMEOUT=${STEP_TIMEOUT}s: killed)"
+		elif [ "$rc" != 0 ]; then
 			fail "python/$path (pytest exit $rc)"
 		elif grep -Eq '^SKIPPED|[0-9]+ skipped' "$log"; then
 			fail "python/$path: tests were skipped on a GPU machine (see SKIPPED lines above)"

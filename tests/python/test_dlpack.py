@@ -118,6 +118,28 @@ def test_readonly_and_writable(client):
         assert np.from_dlpack(rw).flags.writeable
 
 
+def test_read_only_enforced_is_false_for_host_tensors(client):
+    """Host memory is never write-refused: an immutable attach is a private
+    copy-on-write mapping, so a stray write stays in this process."""
+    client.put("ro", np.arange(3.0))
+    client.put("rw", np.zeros(3), mutable=True)
+    with client.attach("ro") as ro, client.attach("rw") as rw:
+        assert ro.readonly and not ro.read_only_enforced
+        assert not rw.readonly and not rw.read_only_enforced
+        # What "not enforced" means for host memory: a write through the
+        # memory (ctypes ignores numpy's flag) stays private.
+        import ctypes
+        ctypes.c_double.from_address(np.from_dlpack(ro).ctypes.data).value = 42.0
+        with client.attach("ro") as again:
+            assert np.from_dlpack(again)[0] == 0.0
+    w = client.create("c", (4,), "uint8")
+    assert not w.read_only_enforced
+    w.publish()
+    assert w.readonly and not w.read_only_enforced
+    w.release()
+    assert not w.read_only_enforced
+
+
 def test_legacy_capsule_of_readonly_tensor_is_exported(t):
     """H2: exported anyway (JAX only asks for legacy capsules); see docs/python.md."""
     assert "dltensor" in repr(t.__dlpack__())

@@ -189,6 +189,9 @@ static void test_lease_device_is_local(void **state)
 	assert_int_equal(info.device.device_id, 1);
 	assert_int_equal((uintptr_t)t->dl_tensor.data, 0x20000000);
 	assert_true(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+	/* Legacy IPC cannot map read-only: the flag is all there is. */
+	assert_int_equal(tensord_tensor_read_only_enforced(t), 0);
+	assert_int_equal(tensord_tensor_read_only_enforced(NULL), -EINVAL);
 	/* The handle was opened with our device's primary context pushed. */
 	i = fake_find("cuDevicePrimaryCtxRetain", 0);
 	assert_true(i >= 0);
@@ -340,6 +343,7 @@ static void test_vmm_reader_read_only(void **state)
 	map_vmm(&m, 0, false);
 	assert_int_equal(last_access(1), CU_MEM_ACCESS_FLAGS_PROT_READ);
 	assert_int_equal(m.device.device_id, 1);
+	assert_true(m.ro_enforced);
 	td_importer_cuda.unmap(&m);
 	/* A driver that cannot map read-only: read-write, and it says so. */
 	fake_n = 0;
@@ -347,6 +351,7 @@ static void test_vmm_reader_read_only(void **state)
 	map_vmm(&m, 1, false);
 	assert_int_equal(fake_count("cuMemSetAccess"), 2);
 	assert_int_equal(last_access(0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	assert_false(m.ro_enforced);
 	td_importer_cuda.unmap(&m);
 }
 
@@ -357,9 +362,11 @@ static void test_vmm_creator_protected_at_publish(void **state)
 
 	map_vmm(&m, 0, true);
 	assert_int_equal(last_access(1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	assert_false(m.ro_enforced);
 	fake_n = 0;
 	assert_int_equal(td_importer_cuda.make_private(&m), 0);
 	assert_int_equal(last_access(1), CU_MEM_ACCESS_FLAGS_PROT_READ);
+	assert_true(m.ro_enforced);
 	/* With our device's context pushed, and popped again. */
 	push = fake_find("cuCtxPushCurrent", 0);
 	assert_true(push >= 0 && push < fake_find("cuMemSetAccess", 0));
@@ -367,6 +374,14 @@ static void test_vmm_creator_protected_at_publish(void **state)
 	/* A failed publish makes it writable again. */
 	assert_int_equal(td_importer_cuda.make_shared(&m), 0);
 	assert_int_equal(last_access(1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	assert_false(m.ro_enforced);
+	td_importer_cuda.unmap(&m);
+	/* A driver refusing PROT_READ at publish: read-write, and it says so. */
+	map_vmm(&m, 0, true);
+	fake_set_access_ro_rc = CUDA_ERROR_NOT_SUPPORTED;
+	assert_int_equal(td_importer_cuda.make_private(&m), 0);
+	assert_int_equal(last_access(1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	assert_false(m.ro_enforced);
 	td_importer_cuda.unmap(&m);
 	/* Legacy IPC has nothing to re-protect. */
 	assert_null(td_importer_cuda_ipc.make_private);
