@@ -472,7 +472,11 @@ void conn_process(struct conn *c)
 		if (n == 0)
 			break;
 		if (n == -EMSGSIZE) {
-			conn_protocol_error(c, -EMSGSIZE, "frame larger than 65536 bytes");
+			char why[64];
+
+			snprintf(why, sizeof(why), "frame larger than %u bytes",
+				 TD_FRAME_MAX_REQUEST);
+			conn_protocol_error(c, -EMSGSIZE, why);
 			return;
 		}
 		if (n == -ETOOMANYREFS) {

@@ -233,10 +233,23 @@ tensord_tx *tensord_tx_free(tensord_tx *tx)
 
 /* --- put_many ----------------------------------------------------------------------- */
 
-/* Requests in flight at once: their replies fit the daemon's queue many times over. */
-#define PUT_WINDOW 256
+/*
+ * Flow control. Requests go out while earlier answers are unread, so the
+ * daemon must be able to take them while this thread is not reading: it
+ * stops reading a client that has not read its replies' descriptors
+ * (--max-fds-in-flight-per-conn, 64 by default) or 4 MiB of replies, and a
+ * send that finds the socket full would then wait forever. So at most
+ * PUT_WINDOW requests are unanswered (below the default descriptor cap, so
+ * the daemon keeps reading), and at most PUT_BYTES_IN_FLIGHT bytes of them
+ * (two inline puts of 64 KiB and change). Even with a lower cap that much
+ * fits in a Unix socket's buffer (208 KiB by default, each frame charged
+ * its payload and about 1 KiB). Past either bound the oldest answer is
+ * read first, and the next request goes out as each answer comes in.
+ */
+#define PUT_WINDOW 32
+#define PUT_BYTES_IN_FLIGHT (160u * 1024u)
 
-/* One item's request in flight. */
+/* One item's request, readied, then in flight. */
 struct put_slot {
 	struct td_pending p;
 	union {
@@ -244,7 +257,9 @@ struct put_slot {
 		struct td_create_req create;
 	} m;
 	bool inline_bytes;
-	uint8_t *buf; /* owned: the inline bytes, until the request is sent */
+	bool on_device; /* copied on the device when its turn comes, not pipelined */
+	uint8_t *buf;   /* owned: the inline bytes, until the request is sent */
+	size_t cost;    /* the request's bytes on the wire */
 	const tensord_put_item *item;
 };
 
@@ -279,9 +294,9 @@ static int put_finish(tensord_client *c, struct put_slot *s, int r)
 	return r;
 }
 
-/* Sends item's request in s: inline bytes when they fit, else a create. */
-static int put_send(tensord_client *c, uint32_t tx, struct put_slot *s,
-		    const tensord_put_item *item, uint32_t flags, uint32_t mode)
+/* Readies item's request in s: inline bytes when they fit, else a create. */
+static int put_prepare(tensord_client *c, uint32_t tx, struct put_slot *s,
+		       const tensord_put_item *item, uint32_t flags, uint32_t mode)
 {
 	tensord_spec spec;
 	uint64_t nbytes;
@@ -289,6 +304,10 @@ static int put_send(tensord_client *c, uint32_t tx, struct put_slot *s,
 
 	memset(s, 0, sizeof(*s));
 	s->item = item;
+	if (item->src && td_device_is_gpu(item->src->device.device_type)) {
+		s->on_device = true;
+		return 0;
+	}
 	r = td_put_check(item->name, item->src, flags, mode, &spec, &nbytes);
 	if (r < 0)
 		return r;
@@ -311,7 +330,21 @@ static int put_send(tensord_client *c, uint32_t tx, struct put_slot *s,
 	if (r == 0 && !s->inline_bytes)
 		r = td_create_msg(&s->m.create, item->name, &spec, tx);
 	if (r == 0)
-		r = td_rpc_start(c, s->inline_bytes ? &s->m.put.req : &s->m.create.req, &s->p);
+		s->cost = TD_FRAME_HEADER +
+			  tensord__request__get_packed_size(s->inline_bytes ? &s->m.put.req
+									    : &s->m.create.req);
+	if (r < 0) {
+		free(s->buf);
+		s->buf = NULL;
+	}
+	return r;
+}
+
+/* Sends what put_prepare() readied. */
+static int put_start(tensord_client *c, struct put_slot *s)
+{
+	int r = td_rpc_start(c, s->inline_bytes ? &s->m.put.req : &s->m.create.req, &s->p);
+
 	/* The request went out packed: its bytes are not needed again, and
 	 * one buffer reused item after item stays warm in the cache. */
 	free(s->buf);
@@ -322,7 +355,9 @@ static int put_send(tensord_client *c, uint32_t tx, struct put_slot *s,
 int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n, uint32_t flags,
 		     uint32_t mode, uint64_t *ret_commit)
 {
-	struct put_slot *slots;
+	struct put_slot *slots, *s;
+	size_t oldest = 0, next = 0, bytes = 0;
+	bool ready = false; /* slots[next % PUT_WINDOW] is readied, not yet sent */
 	tensord_tx *tx = NULL;
 	int r = td_client_current(&c);
 
@@ -334,34 +369,44 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 	if (!slots)
 		return td_set_error(-ENOMEM, "out of memory");
 	r = tensord_tx_begin(c, &tx);
-	for (size_t at = 0; r == 0 && at < n; at += PUT_WINDOW) {
-		size_t w = n - at < PUT_WINDOW ? n - at : PUT_WINDOW, sent = 0;
-
-		/* The window's requests go out back to back, then their answers come in. */
-		for (; sent < w && r == 0; sent++) {
-			const tensord_put_item *it = &items[at + sent];
-
-			if (it->src && td_device_is_gpu(it->src->device.device_type))
-				slots[sent].item =
-					NULL; /* copied on the device below, one by one */
-			else
-				r = put_send(c, tx->id, &slots[sent], it, flags, mode);
+	while (oldest < next || (r == 0 && next < n)) {
+		if (r == 0 && next < n && next - oldest < PUT_WINDOW) {
+			s = &slots[next % PUT_WINDOW];
+			if (!ready) {
+				r = put_prepare(c, tx->id, s, &items[next], flags, mode);
+				ready = r == 0;
+				if (r < 0)
+					continue;
+			}
+			/* The first in flight always goes: it fits in any request. */
+			if (oldest == next || bytes + s->cost <= PUT_BYTES_IN_FLIGHT) {
+				if (!s->on_device && (r = put_start(c, s)) < 0)
+					continue;
+				ready = false;
+				bytes += s->cost;
+				next++;
+				continue;
+			}
 		}
-		if (r < 0)
-			sent--; /* the one that failed was never sent */
-		for (size_t i = 0; i < sent; i++) {
+		/* Full, or nothing more to send: the oldest answer. */
+		s = &slots[oldest % PUT_WINDOW];
+		if (s->on_device) {
+			if (r == 0)
+				r = td_put(c, s->item->name, s->item->src, flags, mode, tx->id,
+					   NULL);
+		} else {
 			int ri;
 
-			if (!slots[i].item) {
-				ri = r == 0 ? td_put(c, items[at + i].name, items[at + i].src,
-						     flags, mode, tx->id, NULL)
-					    : 0;
-			} else {
-				td_rpc_wait(c, &slots[i].p);
-				ri = put_finish(c, &slots[i], r);
-			}
+			td_rpc_wait(c, &s->p);
+			ri = put_finish(c, s, r);
 			r = r < 0 ? r : ri;
 		}
+		bytes -= s->cost;
+		oldest++;
+	}
+	if (ready) {
+		/* Readied, then an answer failed: never sent. */
+		free(slots[next % PUT_WINDOW].buf);
 	}
 	if (r == 0)
 		r = tensord_tx_commit(tx, ret_commit);

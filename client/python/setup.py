@@ -10,7 +10,9 @@ needs (TREE); TENSORD_SOURCE_DIR points elsewhere.
 
 The programs link protobuf-c and libuv statically when their static
 libraries are installed (Debian's libprotobuf-c-dev and libuv1-dev ship
-them; TENSORD_STATIC=0 links them dynamically). The extension cannot:
+them; TENSORD_STATIC=0 links them dynamically); tensorctl also needs
+libzip-dev (linked dynamically: Debian ships no archive) and
+libjansson-dev (static when its archive is there). The extension cannot:
 Debian's libprotobuf-c.a is not position-independent, so it links
 libprotobuf-c.so.1, which `auditwheel repair` copies into the wheel for a
 manylinux tag (docs/python.md).
@@ -98,6 +100,11 @@ CFLAGS = ["-std=c11", "-fvisibility=hidden", "-Wno-cast-function-type",
     pkg_config("libuv", "--cflags") + gpu_flags()
 PROTOBUF_C = link_args("libprotobuf-c", ["libprotobuf-c.a"], "-lprotobuf-c")
 LIBUV = link_args("libuv", ["libuv_a.a", "libuv.a"], "-luv")
+# tensorctl reads .npz checkpoints with libzip (Debian ships no archive of
+# it: libzip.so.4) and .safetensors headers with jansson.
+CTL_CFLAGS = pkg_config("libzip", "--cflags") + pkg_config("jansson", "--cflags")
+CTL_LIBS = (pkg_config("libzip", "--libs") or ["-lzip"]) + \
+    link_args("jansson", ["libjansson.a"], "-ljansson")
 SYSLIBS = ["-ldl", "-lpthread", "-lrt", "-lm"]
 
 
@@ -121,15 +128,15 @@ class BuildExt(build_ext):
     def build_programs(self):
         out = os.path.join(os.path.abspath(self.build_lib), "tensord", "bin")
         pb = os.path.join(self.gen, "tensord.pb-c.c")
-        programs = [("tensord", daemon_sources() + [pb], PROTOBUF_C + LIBUV),
+        programs = [("tensord", daemon_sources() + [pb], PROTOBUF_C + LIBUV, []),
                     ("tensorctl", tree("client/tensorctl/*.c") + lib_sources() + [pb],
-                     PROTOBUF_C)]
-        for name, srcs, libs in programs:
+                     PROTOBUF_C + CTL_LIBS, CTL_CFLAGS)]
+        for name, srcs, libs, cflags in programs:
             objs = self.compiler.compile(
                 srcs, output_dir=os.path.join(self.build_temp, name),
                 include_dirs=[os.path.join(ROOT, "include"), ROOT, os.path.dirname(self.gen)],
                 macros=[("_GNU_SOURCE", None), ("TENSORD_VERSION", '"%s"' % version())],
-                extra_postargs=CFLAGS + ["-O2"])
+                extra_postargs=CFLAGS + cflags + ["-O2"])
             self.compiler.link_executable(objs, name, output_dir=out,
                                           extra_postargs=libs + SYSLIBS)
             if self.inplace:   # pip install -e: next to the package sources

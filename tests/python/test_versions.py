@@ -155,6 +155,32 @@ def test_puts_of_up_to_64_kib_travel_inline_into_slabs(client):
     assert st["host_slab_bytes"] - before == 3 * 65536
 
 
+def test_put_many_never_deadlocks_on_a_daemon_that_stops_reading(daemon_factory):
+    """A daemon stops reading a client holding unread descriptors; put_many
+    keeps few enough bytes unanswered that its sends never wait on it.
+    Large members (a create, whose reply has a descriptor) mixed with 64 KiB
+    ones (inline requests): this hung before flow control. In a child, so a
+    hang fails the test instead of stopping the suite."""
+    d = daemon_factory("--max-fds-in-flight-per-conn", "2")
+    code = textwrap.dedent("""
+        import sys, numpy as np, tensord
+        c = tensord.connect(sys.argv[1])
+        arrays = {}
+        for i in range(120):
+            n = 16384 if i % 2 else 65536  # 64 KiB inline, 256 KiB created
+            arrays[f"fc/{i:03d}"] = np.full(n, i, np.float32)
+        for step in range(3):
+            commit = c.put_many(arrays, replace=True)
+        s = c.attach_many("fc/")
+        assert len(s) == 120 and {t.commit for t in s.values()} == {commit}
+        assert all(int(np.from_dlpack(t)[0]) == int(n[3:]) for n, t in s.items())
+        print("ok", commit)
+    """)
+    r = subprocess.run([sys.executable, "-c", code, d.socket], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr
+
+
 def test_a_request_too_large_is_refused_and_the_client_goes_on(client):
     """attach_many of names that do not fit in one request (128 KiB) fails
     naming the size, sends nothing, and leaves the connection working."""
