@@ -110,6 +110,13 @@ def fd_count(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def started(c):
+    """c's descriptors once it runs tdclient: until its exec, the forked
+    child also holds subprocess's error pipe."""
+    c.err("ready?", "EINVAL")
+    return fd_count(c.p.pid)
+
+
 @pytest.mark.parametrize("answer,why", [
     (send_with_fds(1, 0), "sent 0 descriptors with frames that count 1"),      # (a)
     (send_with_fds(1, 2), "sent 2 descriptors with frames that count 1"),      # (b)
@@ -124,7 +131,7 @@ def test_client_refuses_fd_mismatch(tmp_path, answer, why):
     fake = FakeDaemon(str(tmp_path / "fake.sock"), answer)
     c = Client(None, connect=False)
     try:
-        before = fd_count(c.p.pid)
+        before = started(c)
         c.ok("connect " + str(tmp_path / "fake.sock"))
         connected = fd_count(c.p.pid)
         out = c.err("stats", "EPROTO")
@@ -149,7 +156,7 @@ def test_client_takes_counted_fd(tmp_path, n_fds):
     fake = FakeDaemon(str(tmp_path / "fake.sock"), send_with_fds(n_fds, n_fds))
     c = Client(None, connect=False)
     try:
-        before = fd_count(c.p.pid)
+        before = started(c)
         c.ok("connect " + str(tmp_path / "fake.sock"))
         connected = fd_count(c.p.pid)
         for _ in range(3):
