@@ -77,6 +77,8 @@ echo "== to run tensord and tensorctl from any shell (the README's commands):"
 echo "     export PATH=$B:\$PATH      # or: make install (PREFIX=/usr/local)"
 if [ -n "$daemon" ] && [ -t 0 ] && [ "${TENSORD_DEMO_EXIT:-0}" != 1 ]; then
 	echo "== tensord keeps running in the foreground; Ctrl-C stops it"
+	# Ctrl-C reaches the daemon and this shell together: whichever ends the
+	# wait, finish (the trap's or this call) says the daemon stopped.
 	wait "$daemon" || true
-	daemon=
+	finish 0
 fi
