@@ -97,6 +97,19 @@ HELP_SRC  := $(wildcard tests/integration/*.c)
 HELP_BIN  := $(HELP_SRC:tests/integration/%.c=$(B)/tests/helpers/%)
 # The daemon over the unit tests' fake GPU driver (tests/fakegpu/).
 FAKEGPU_BIN := $(B)/tests/helpers/tensord-fakegpu
+# The GPU driver double (tests/gpudouble/, docs/gpu.md): a libcuda.so.1,
+# libnvidia-ml.so.1 and libamdhip64.so.6 that move real memory between
+# processes, selected with LD_LIBRARY_PATH=$(DBL_DIR). Always plain flags:
+# sanitized and plain programs alike load them.
+DBL_DIR  := $(B)/gpudouble
+DBL_LIBS := $(DBL_DIR)/libcuda.so.1 $(DBL_DIR)/libnvidia-ml.so.1
+DBL_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -Wshadow -fPIC -fvisibility=hidden -I. \
+              -D_GNU_SOURCE
+# The hardware suite (tests/gpu/gpu_suite.c, a CUDA program: needs cuda.h),
+# linked against the double here; tests/gpu/run.sh links it with the real driver.
+ifneq ($(wildcard $(CUDA_HOME)/include/cuda.h),)
+GPU_SUITE := $(B)/tests/gpu/gpu_suite
+endif
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 
@@ -104,7 +117,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
         install uninstall clean format format-check
 
 all: $(B)/tensord $(B)/tensorctl $(B)/libtensord.so $(B)/libtensord.a $(B)/tensord.pc \
-     $(PY_EXT) $(PY_FILES) $(HELP_BIN) $(FAKEGPU_BIN) $(BENCH_BIN)
+     $(PY_EXT) $(PY_FILES) $(HELP_BIN) $(FAKEGPU_BIN) $(BENCH_BIN) $(DBL_LIBS) $(GPU_SUITE)
 
 setup:
 	$(Q)VENV=$(VENV) bash deploy/setup.sh test
@@ -142,6 +155,21 @@ $(FAKEGPU_BIN): tests/fakegpu/tensord_fakegpu.c $(B)/daemon/main-fakegpu.o \
 	@mkdir -p $(@D)
 	@echo "  LD  $@"
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+DBL_CORE := tests/gpudouble/core.c tests/gpudouble/double.h gpu/cuda/cuda_api.h gpu/cuda/nvml.h \
+            gpu/hip/hip_api.h
+$(DBL_DIR)/libcuda.so.1: tests/gpudouble/cuda.c $(DBL_CORE)
+$(DBL_DIR)/libnvidia-ml.so.1: tests/gpudouble/nvml.c $(DBL_CORE)
+$(DBL_LIBS):
+	@mkdir -p $(@D)
+	@echo "  LD  $@"
+	$(Q)$(CC) $(DBL_CFLAGS) -shared -Wl,-soname,$(@F) -o $@ $(filter %.c,$^) -lpthread
+
+$(GPU_SUITE): tests/gpu/gpu_suite.c $(B)/libtensord.a $(DBL_DIR)/libcuda.so.1
+	@mkdir -p $(@D)
+	@echo "  LD  $@"
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(B)/libtensord.a \
+		-L$(DBL_DIR) -l:libcuda.so.1 $(LDLIBS)
 
 $(B)/libtensord.a: $(LIB_OBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
@@ -371,7 +399,7 @@ endif
 FORMAT_SRC := $(filter-out include/tensord/dlpack.h, \
 	$(wildcard daemon/*.[ch] client/*/*.[ch] common/*.[ch] gpu/*.[ch] gpu/*/*.[ch] proto/*.[ch] \
 		   include/tensord/*.h tests/unit/*.[ch] tests/integration/*.c tests/python/*.c \
-		   tests/gpu/*.c tests/fuzz/*.c tests/fakegpu/*.c bench/*.c))
+		   tests/gpu/*.c tests/fuzz/*.c tests/fakegpu/*.c tests/gpudouble/*.[ch] bench/*.c))
 
 format:
 	clang-format -i $(FORMAT_SRC)

@@ -36,7 +36,9 @@
  * It prints "info pid N" for each process it starts, for the caller to
  * check that none is left.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -209,11 +211,55 @@ static int create(tensord_client *c, const char *name, DLDevice dev, int64_t n, 
 		  DLManagedTensorVersioned **t);
 
 /*
+ * Defect 2 of issue 21, as a consumer meets it: a read queued on a stream,
+ * then the only lease dropped before the stream ran (torch and cupy call
+ * the deleter as soon as the array dies). The library must wait for the
+ * device before it unmaps; otherwise the queued read faults. Answers "ok"
+ * or "bad ...".
+ */
+static void queued_read(tensord_client *c, const char *name, int seed)
+{
+	DLManagedTensorVersioned *t;
+	const char *err = "?";
+	CUstream s;
+	CUresult r;
+	size_t n, bad = 0;
+	uint8_t *buf;
+
+	if (tensord_attach(c, name, 5000, &t) < 0) {
+		printf("bad attach: %s\n", tensord_last_error());
+		return;
+	}
+	n = nbytes_of(t);
+	buf = calloc(1, n);
+	CU(cuStreamCreate(&s, 0));
+	r = cuMemcpyDtoHAsync(buf, dptr_of(t), n, s);
+	t->deleter(t); /* the last lease in this process: the mapping goes */
+	if (r == CUDA_SUCCESS)
+		r = cuStreamSynchronize(s);
+	for (size_t i = 0; i < n && !bad && r == CUDA_SUCCESS; i++)
+		if (buf[i] != pattern(i, seed))
+			bad = i + 1;
+	free(buf);
+	if (r != CUDA_SUCCESS) {
+		cuGetErrorName(r, &err);
+		printf("bad the queued read failed: %s\n", err);
+	} else if (bad) {
+		printf("bad byte %zu\n", bad - 1);
+	} else {
+		cuStreamDestroy(s);
+		printf("ok\n");
+	}
+}
+
+/*
  * Commands: "attach NAME" (answers the read-only flag, the device as this
  * process numbers it, that device's UUID and whether read-only is enforced), "check NAME SEED" (whole
  * tensor against the pattern), "create NAME BYTES SEED" (create on this
  * process's cuda:0, fill, publish), "write NAME" (try to overwrite it),
- * "quit". Answers "ok ..." or "bad ...".
+ * "queued NAME SEED" (attach NAME again, queue a read of it on a stream of
+ * its own, drop that lease at once as torch drops a temporary, then wait
+ * for the stream and check what it read), "quit". Answers "ok ..." or "bad ...".
  */
 static int reader(const char *sock)
 {
@@ -279,6 +325,8 @@ static int reader(const char *sock)
 				printf("bad byte %zu\n", bad - 1);
 			else
 				printf("ok\n");
+		} else if (sscanf(line, "queued %255s %d", name, &seed) == 2) {
+			queued_read(c, name, seed);
 		} else if (strncmp(line, "quit", 4) == 0) {
 			break;
 		}
@@ -898,6 +946,19 @@ static void test_other_visible_devices(void)
 	printf("PASS other_cuda_visible_devices\n");
 }
 
+/* A reader drops its only lease of gpu/basic with a read still queued (queued_read()). */
+static void test_release_with_work_queued(tensord_client *c, uint64_t base)
+{
+	struct child r = spawn_role((char *[]){ self_exe, "--reader", sock_path, NULL });
+	const char *ans = ask(&r, "queued gpu/basic 1");
+
+	fprintf(r.in, "quit\n");
+	finish(&r, false);
+	CHECK(strcmp(ans, "ok") == 0, "%s", ans);
+	CHECK(leases_back(c, base), "leases %llu", (unsigned long long)leases(c));
+	printf("PASS release_with_work_queued\n");
+}
+
 /* Whether the daemon shares cuda:0 through legacy IPC (no read-only mappings). */
 static bool legacy_ipc(tensord_client *c)
 {
@@ -1135,6 +1196,7 @@ static int orchestrate(const char *tensord_bin)
 	test_write_read(c, base);
 	test_read_other_process_writes(c, base);
 	test_other_visible_devices();
+	test_release_with_work_queued(c, base);
 	test_reader_cannot_write(c, base);
 	test_creator_cannot_write(c, base);
 	test_close_with_live_import(c, base);
