@@ -25,7 +25,8 @@
 #      baseline, cold/warm attach latency next to host attach
 #   3. tests/python/test_gpu.py and test_gpu_args.py   torch and cupy
 #      from_dlpack across processes, put() from a side stream, latency next
-#      to a torch.multiprocessing CUDA hand-off
+#      to a torch.multiprocessing CUDA hand-off; test_gpu_driver.py, the
+#      Python paths with the driver API (what CI runs over the double)
 # On a machine with a GPU nothing may be skipped: a missing Python.h,
 # cmocka, pytest, torch, cupy or cuda.h, or any test pytest skips, is a
 # failure with its reason. Exit: 0 all passed, 1 something failed or could
@@ -274,8 +275,10 @@ for path in ${PATHS:-default ipc}; do
 	if [ "$have_py" = 1 ]; then
 		log=$B/pytest-$path.log
 		TENSORD_BUILD=$top/$B PYTHONPATH="$top/$B/python:$pylib${PYTHONPATH:+:$PYTHONPATH}" \
+			TENSORD_GPU_DRIVER=system \
 			timeout -k 10 "$STEP_TIMEOUT" python3 -m pytest -rs -v -s -p no:cacheprovider \
-			tests/python/test_gpu.py tests/python/test_gpu_args.py 2>&1 | tee "$log"
+			tests/python/test_gpu.py tests/python/test_gpu_args.py \
+			tests/python/test_gpu_driver.py 2>&1 | tee "$log"
 		rc=${PIPESTATUS[0]}
 		if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
 			fail "python/$path (ran past STEP_TIMEOUT=${STEP_TIMEOUT}s: killed)"
