@@ -322,7 +322,10 @@ bench: all
 	echo "== sets, versions, watches: pinned to CPU 0, then unpinned"; \
 	taskset -c 0 $(PYTHON) bench/py_sets.py; $(PYTHON) bench/py_sets.py; \
 	echo "== GPU create off the loop (fake driver), pinned then unpinned"; \
-	taskset -c 0 $(PYTHON) bench/py_gpu_async.py; $(PYTHON) bench/py_gpu_async.py
+	taskset -c 0 $(PYTHON) bench/py_gpu_async.py; $(PYTHON) bench/py_gpu_async.py; \
+	echo "== GPU attach and put over the driver double, pinned then unpinned"; \
+	export LD_LIBRARY_PATH=$(abspath $(DBL_DIR)); \
+	taskset -c 0 $(PYTHON) bench/py_gpu_double.py; $(PYTHON) bench/py_gpu_double.py
 
 # libFuzzer over the frame parser, the Request/Reply decoders and the
 # descriptor checks (needs clang). UBSan findings abort, so they count as crashes.

@@ -1,0 +1,109 @@
+"""GPU attach and put over the driver double, next to host memory.
+
+Over the double (tests/gpudouble/: a libcuda.so.1 whose device memory is
+host memory, selected with LD_LIBRARY_PATH, which `make bench` sets), what
+is measured is tensord's own cost on the GPU paths: the lease, the mapping
+cache, the DLPack capsule. Hardware adds the driver's (tests/gpu/run.sh
+prints the same figures on a GPU, next to a torch.multiprocessing hand-off).
+
+1. Warm attach: attach + DLPack capsule + release of a 1 MiB tensor this
+   process already maps (the mapping cache hit), cuda:0 next to cpu.
+   Target: GPU <= 1.5x host.
+2. put() of a 16 MiB CUDA tensor next to a device-to-device copy of the
+   same bytes (cuMemcpyDtoD into a buffer of its own: the floor).
+
+Rounds interleave the variants (A B A B); figures are medians.
+
+    LD_LIBRARY_PATH=build/gpudouble python3 bench/py_gpu_double.py [--rounds 9]
+"""
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+
+
+def start(tmp):
+    build = os.environ.get("TENSORD_BUILD") or os.path.join(HERE, "..", "build")
+    sock = os.path.join(tmp, "tensord.sock")
+    r, w = os.pipe()
+    p = subprocess.Popen([os.path.join(build, "tensord"), "--socket", sock, "--ready-fd", str(w),
+                          "--log-level", "warn"], pass_fds=(w,), stderr=subprocess.DEVNULL)
+    os.close(w)
+    if os.read(r, 1) != b"R":
+        sys.exit("tensord did not start")
+    os.close(r)
+    return p, sock
+
+
+def warm_attach_us(c, name, n):
+    t = c.attach(name)  # keeps the mapping cached
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        x = c.attach(name)
+        x.__dlpack__(max_version=(1, 0))
+        x.release()
+        times.append(time.perf_counter() - t0)
+    t.release()
+    return statistics.median(times) * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args()
+    if "gpudouble" not in os.environ.get("LD_LIBRARY_PATH", ""):
+        sys.exit("run with LD_LIBRARY_PATH=<build>/gpudouble (make bench does)")
+    import cudrv
+    import tensord
+
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("TD_GPU_DOUBLE_DIR", os.path.join(tmp, "double"))
+        d, sock = start(tmp)
+        try:
+            c = tensord.connect(sock)
+            for dev in ("cpu", "cuda:0"):
+                t = c.create(f"b/{dev}", (1 << 20,), "uint8", device=dev)
+                t.publish()
+                t.release()
+            big = c.create("b/src", (16 << 20,), "uint8", device="cuda:0")
+            cudrv.write(big, bytes(16 << 20))
+            big.publish()
+            ptr, _, cap = cudrv.pointer(big)
+            dst = ctypes.c_uint64()
+            cudrv.ok(cudrv.cu.cuMemAlloc_v2(ctypes.byref(dst), cudrv.P(16 << 20)), "cuMemAlloc")
+            host, gpu, put, d2d = [], [], [], []
+            for i in range(args.rounds):
+                host.append(warm_attach_us(c, "b/cpu", 300))
+                gpu.append(warm_attach_us(c, "b/cuda:0", 300))
+                t0 = time.perf_counter()
+                c.put(f"b/put{i}", big)
+                put.append(time.perf_counter() - t0)
+                c.unlink(f"b/put{i}")
+                t0 = time.perf_counter()
+                cudrv.ok(cudrv.cu.cuMemcpyDtoD_v2(dst, cudrv.P(ptr), cudrv.P(16 << 20)), "DtoD")
+                cudrv.ok(cudrv.cu.cuCtxSynchronize(), "sync")
+                d2d.append(time.perf_counter() - t0)
+            del cap
+            h, g = statistics.median(host), statistics.median(gpu)
+            p, f = statistics.median(put), statistics.median(d2d)
+            print(f"gpu double: warm attach+capsule+release 1 MiB: cpu {h:.1f} us, "
+                  f"cuda:0 {g:.1f} us, ratio {g / h:.2f}x (target <= 1.5x)")
+            print(f"gpu double: put 16 MiB cuda:0 {p * 1e3:.2f} ms ({(16 << 20) / p / 1e9:.2f} GB/s), "
+                  f"device-to-device copy {f * 1e3:.2f} ms ({(16 << 20) / f / 1e9:.2f} GB/s), "
+                  f"ratio {p / f:.2f}x")
+            c.close()
+        finally:
+            d.terminate()
+            d.wait()
+
+
+if __name__ == "__main__":
+    main()
