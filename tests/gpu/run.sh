@@ -12,6 +12,13 @@
 #                                    GPU, toolkit, Python.h, gcc, libcuda.so.1,
 #                                    torch, cupy, ...); exit 0 when all is there,
 #                                    1 when something is missing; a few seconds
+#   bash tests/gpu/run.sh double     the full run without a GPU, over the driver
+#                                    double (tests/gpudouble/, docs/gpu.md): the
+#                                    same build and steps, gpu_suite linked
+#                                    against the double, test_gpu_driver.py for
+#                                    Python (torch and cupy need hardware); the
+#                                    double's report must hold no violation. A
+#                                    dry run of the carry list on any machine
 #   bash tests/gpu/run.sh selftest   build the daemon and library, then
 #                                    tests/gpu/selftest.sh (no GPU needed: the
 #                                    suite's timeouts and cleanup)
@@ -41,8 +48,8 @@
 set -uo pipefail
 mode=${1:-all}
 [ "${PROBE:-0}" = 1 ] && mode=probe
-case $mode in all | probe | selftest) ;; *)
-	echo "usage: $0 [probe|selftest]" >&2
+case $mode in all | probe | selftest | double) ;; *)
+	echo "usage: $0 [probe|selftest|double]" >&2
 	exit 2
 	;;
 esac
@@ -150,7 +157,11 @@ probe() {
 
 # --- is there a GPU? Without one, build only, and say so (exit 77). ---------
 have_gpu=0
-if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+use_double=0
+if [ "$mode" = double ]; then
+	use_double=1
+	say "over the driver double (tests/gpudouble/): no GPU is used"
+elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
 	have_gpu=1
 	nvidia-smi -L >&2
 	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >&2 || true
@@ -225,17 +236,37 @@ fi
 # --- build ---------------------------------------------------------------------
 units=(test_client_gpu test_backend_gpu test_import_gpu test_gpu_util)
 say "building in $B (CUDA_HOME=${CUDA_HOME:-none})"
-if ! make -j"$(nproc)" B="$B" "$B/tensord" "$B/libtensord.a" "${units[@]/#/$B/tests/unit/}"; then
-	fail "build (daemon, library or GPU unit tests)"
-	summary 1
+dbl=("$B/gpudouble/libcuda.so.1" "$B/gpudouble/libnvidia-ml.so.1")
+[ "$use_double" = 1 ] || dbl=()
+targets=("$B/tensord" "$B/libtensord.a" "${units[@]/#/$B/tests/unit/}" "${dbl[@]}")
+werror=
+if ! make -j"$(nproc)" B="$B" "${targets[@]}"; then
+	# A compiler newer than ours may warn where ours does not (-Werror):
+	# build again with warnings as warnings, and say so in the summary.
+	say "the build failed; trying again with WERROR= (warnings not errors)"
+	werror="WERROR="
+	if ! make -j"$(nproc)" B="$B" WERROR= "${targets[@]}"; then
+		fail "build (daemon, library or GPU unit tests)"
+		summary 1
+	fi
+	fail "build only without -Werror (see the warnings above; the run goes on)"
 fi
-if [ "$have_py" = 1 ] && ! make -j"$(nproc)" B="$B" all >/dev/null; then
+# shellcheck disable=SC2086 # $werror is empty or one word
+if [ "$have_py" = 1 ] && ! make -j"$(nproc)" B="$B" $werror all >/dev/null; then
 	fail "build of the Python extension"
 	have_py=0
 fi
 if [ -n "$CUDA_HOME" ]; then
-	suite_cc=(${CC:-cc} -std=c11 -O2 -g -Wall -Wextra -Werror -Iinclude -isystem "$CUDA_HOME/include")
-	if [ "$have_gpu" = 0 ]; then
+	suite_werror=-Werror
+	[ -n "$werror" ] && suite_werror=-Wno-error
+	suite_cc=(${CC:-cc} -std=c11 -O2 -g -Wall -Wextra "$suite_werror" -Iinclude -isystem "$CUDA_HOME/include")
+	if [ "$use_double" = 1 ]; then
+		rm -f "$B/gpu_suite"
+		# shellcheck disable=SC2086 # word splitting of the flags is wanted
+		"${suite_cc[@]}" tests/gpu/gpu_suite.c "$B/libtensord.a" ${LDFLAGS:-} \
+			${LDLIBS:--luv -lprotobuf-c} -L"$B/gpudouble" -l:libcuda.so.1 -ldl -lpthread \
+			-o "$B/gpu_suite" || fail "gpu_suite did not build against the double"
+	elif [ "$have_gpu" = 0 ]; then
 		# No driver to link against here: prove that it compiles.
 		"${suite_cc[@]}" -c tests/gpu/gpu_suite.c -o "$B/gpu_suite.o" ||
 			fail "gpu_suite did not compile"
@@ -255,13 +286,19 @@ if [ "$mode" = selftest ] || { [ "$have_gpu" = 0 ] && [ -n "$CUDA_HOME" ]; }; th
 	step "gpu_suite selftest (no GPU)" env CUDA_HOME="$CUDA_HOME" bash "$here/selftest.sh" "$B"
 	[ "$mode" = selftest ] && summary "$status"
 fi
-if [ "$have_gpu" = 0 ]; then
+if [ "$use_double" = 1 ]; then
+	export LD_LIBRARY_PATH="$top/$B/gpudouble${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+	export TD_GPU_DOUBLE_DIR="$top/$B/double" TD_GPU_DOUBLE_LEAKS=tensord
+	rm -rf "$TD_GPU_DOUBLE_DIR"
+elif [ "$have_gpu" = 0 ]; then
 	say "SKIPPED: no GPU here; the build and the self-test above are all that was checked"
 	[ "$status" = 0 ] && exit 77
 	summary 1
 fi
 
 # --- run, on both sharing paths ------------------------------------------------
+pytests=(tests/python/test_gpu.py tests/python/test_gpu_args.py tests/python/test_gpu_driver.py)
+[ "$use_double" = 1 ] && pytests=(tests/python/test_gpu_args.py tests/python/test_gpu_driver.py)
 for path in ${PATHS:-default ipc}; do
 	if [ "$path" = ipc ]; then export TENSORD_CUDA_PATH=ipc; else unset TENSORD_CUDA_PATH; fi
 	say "=== sharing path: $path"
@@ -275,10 +312,9 @@ for path in ${PATHS:-default ipc}; do
 	if [ "$have_py" = 1 ]; then
 		log=$B/pytest-$path.log
 		TENSORD_BUILD=$top/$B PYTHONPATH="$top/$B/python:$pylib${PYTHONPATH:+:$PYTHONPATH}" \
-			TENSORD_GPU_DRIVER=system \
+			TENSORD_GPU_DRIVER=$([ "$use_double" = 1 ] && echo double || echo system) \
 			timeout -k 10 "$STEP_TIMEOUT" python3 -m pytest -rs -v -s -p no:cacheprovider \
-			tests/python/test_gpu.py tests/python/test_gpu_args.py \
-			tests/python/test_gpu_driver.py 2>&1 | tee "$log"
+			"${pytests[@]}" 2>&1 | tee "$log"
 		rc=${PIPESTATUS[0]}
 		if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
 			fail "python/$path (ran past STEP_TIMEOUT=${STEP_TIMEOUT}s: killed)"
@@ -291,4 +327,11 @@ for path in ${PATHS:-default ipc}; do
 		fi
 	fi
 done
+if [ "$use_double" = 1 ]; then
+	if grep -E ' violation: | leak at exit' "$TD_GPU_DOUBLE_DIR/report" 2>/dev/null; then
+		fail "the double reported the violations or leaks above ($TD_GPU_DOUBLE_DIR/report)"
+	else
+		pass "double report: no violation, no daemon leak"
+	fi
+fi
 summary "$status"

@@ -15,6 +15,7 @@ import textwrap
 import os
 import pytest
 
+import tensord
 from conftest import Child, HERE, ROOT
 
 BUILD = os.environ.get("TENSORD_BUILD") or os.path.join(ROOT, "build")
@@ -46,12 +47,15 @@ class Gpu:
         if not SYSTEM:
             self.env.update(LD_LIBRARY_PATH=DOUBLE, TD_GPU_DOUBLE_DIR=str(self.dir),
                             TD_GPU_DOUBLE_LEAKS="tensord")
-        denv = dict(self.env)
-        if path == "ipc":
-            denv["TENSORD_CUDA_PATH"] = "ipc"
-        self.path = path
+        # "default" where run.sh exported TENSORD_CUDA_PATH=ipc for its ipc pass.
+        denv = dict(self.env, TENSORD_CUDA_PATH="ipc" if path == "ipc" else "default")
         self.daemon = daemon_factory(env=denv)
         self.children = []
+        with tensord.connect(self.daemon.socket) as c:
+            paths = [d["path"] for d in c.stats()["devices"] if d["device"] == "cuda:0"]
+        assert paths, f"the daemon serves no cuda:0: {self.daemon.read_log()[-2000:]}"
+        # What the daemon chose: cuda-vmm, or cuda-ipc (forced, or a GPU without VMM).
+        self.path = "vmm" if paths[0] == "cuda-vmm" else "ipc"
 
     def child(self, code, **env):
         c = Child(PRELUDE + textwrap.dedent(code), self.daemon.socket, dict(self.env, **env))
