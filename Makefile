@@ -285,7 +285,7 @@ test-python: all
 test-asan:
 	$(Q)$(MAKE) --no-print-directory B=build-asan SANITIZE=1 \
 		build-asan/tensord build-asan/tensorctl \
-		$(subst $(B)/,build-asan/,$(UNIT_BIN) $(HELP_BIN) $(FAKEGPU_BIN))
+		$(subst $(B)/,build-asan/,$(UNIT_BIN) $(HELP_BIN) $(FAKEGPU_BIN) $(DBL_LIBS))
 	$(Q)set -e; for t in $(subst $(B)/,build-asan/,$(UNIT_BIN)); do echo "== $$t"; $$t; done
 	$(Q)ASAN_OPTIONS=detect_leaks=1 TENSORD_BUILD=$(abspath build-asan) TENSORD_SANITIZED=1 \
 		$(PYTEST) -q -rs tests/integration
