@@ -105,7 +105,7 @@ FAKEGPU_BIN := $(B)/tests/helpers/tensord-fakegpu
 # processes, selected with LD_LIBRARY_PATH=$(DBL_DIR). Always plain flags:
 # sanitized and plain programs alike load them.
 DBL_DIR  := $(B)/gpudouble
-DBL_LIBS := $(DBL_DIR)/libcuda.so.1 $(DBL_DIR)/libnvidia-ml.so.1
+DBL_LIBS := $(DBL_DIR)/libcuda.so.1 $(DBL_DIR)/libnvidia-ml.so.1 $(DBL_DIR)/libamdhip64.so.6
 DBL_CFLAGS := -std=c11 -O2 -g -Wall -Wextra $(WERROR) -Wshadow -fPIC -fvisibility=hidden -I. \
               -D_GNU_SOURCE
 # The hardware suite (tests/gpu/gpu_suite.c, a CUDA program: needs cuda.h),
@@ -163,6 +163,7 @@ DBL_CORE := tests/gpudouble/core.c tests/gpudouble/double.h gpu/cuda/cuda_api.h 
             gpu/hip/hip_api.h
 $(DBL_DIR)/libcuda.so.1: tests/gpudouble/cuda.c $(DBL_CORE)
 $(DBL_DIR)/libnvidia-ml.so.1: tests/gpudouble/nvml.c $(DBL_CORE)
+$(DBL_DIR)/libamdhip64.so.6: tests/gpudouble/hip.c $(DBL_CORE)
 $(DBL_LIBS):
 	@mkdir -p $(@D)
 	@echo "  LD  $@"

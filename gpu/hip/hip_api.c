@@ -120,6 +120,13 @@ const char *td_hip_strerror(const struct td_hip_api *api, hipError_t e, char *bu
 	return buf;
 }
 
+const char *td_hip_kfd_path(void)
+{
+	const char *p = getenv("TENSORD_HIP_KFD");
+
+	return p && *p ? p : TD_HIP_KFD;
+}
+
 /* The process-wide table, loaded by the first td_hip_api_get(). */
 static struct td_hip_api td_hip_global;
 static struct td_gpu_driver td_hip_driver = { .once = PTHREAD_ONCE_INIT, .table = &td_hip_global };
@@ -129,11 +136,11 @@ static void td_hip_load(void)
 {
 	struct td_gpu_driver *d = &td_hip_driver;
 	struct td_hip_api *api = &td_hip_global;
+	const char *kfd = td_hip_kfd_path();
 
-	if (access(TD_HIP_KFD, F_OK) != 0) {
+	if (access(kfd, F_OK) != 0) {
 		snprintf(d->why, sizeof(d->why),
-			 "%s: %s (no amdgpu driver), libamdhip64 not loaded", TD_HIP_KFD,
-			 strerror(errno));
+			 "%s: %s (no amdgpu driver), libamdhip64 not loaded", kfd, strerror(errno));
 		d->status = -ENODEV;
 		return;
 	}

@@ -76,10 +76,17 @@ struct td_hip_api {
 #define TD_HIP_KFD "/dev/kfd"
 
 /*
+ * The node td_hip_api_get() checks: $TENSORD_HIP_KFD when set and not
+ * empty (so a test can run the HIP path over the driver double, which
+ * needs no amdgpu driver), else TD_HIP_KFD. Borrowed from the environment.
+ */
+const char *td_hip_kfd_path(void);
+
+/*
  * Loads libamdhip64 once per process (thread-safe). Loading the runtime
- * is heavy (it pulls in HSA), so it is skipped when /dev/kfd is missing.
- * 0 and the table, valid for the life of the process; or -ENODEV and
- * *ret_why (mentions libamdhip64 or /dev/kfd). ret_why may be NULL.
+ * is heavy (it pulls in HSA), so it is skipped when td_hip_kfd_path() is
+ * missing. 0 and the table, valid for the life of the process; or -ENODEV
+ * and *ret_why (mentions libamdhip64 or that node). ret_why may be NULL.
  */
 int td_hip_api_get(const struct td_hip_api **ret_api, const char **ret_why);
 

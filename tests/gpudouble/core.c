@@ -271,8 +271,8 @@ enum dbl_err dbl_check(const char *fn)
 		if (!fork_reported) {
 			fork_reported = true;
 			dbl_report("violation: %s in a child forked after its parent used the "
-				   "driver (CUDA does not survive fork)",
-				   fn);
+				   "driver (%s does not survive fork)",
+				   fn, strcmp(vendor, "hip") == 0 ? "HIP" : "CUDA");
 		}
 		return DBL_NOT_INITIALIZED;
 	}

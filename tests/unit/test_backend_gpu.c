@@ -91,15 +91,15 @@ static void test_hip_init_without_device(void **state)
 	int rc;
 
 	rc = backend_hip.init(why, sizeof(why));
-	if (access(TD_HIP_KFD, F_OK) == 0) {
-		print_message("      skipped: %s exists here; init returned %d (%s)\n", TD_HIP_KFD,
-			      rc, why);
+	if (access(td_hip_kfd_path(), F_OK) == 0) {
+		print_message("      skipped: %s exists here; init returned %d (%s)\n",
+			      td_hip_kfd_path(), rc, why);
 		assert_true(rc == 0 || rc == -ENODEV);
 		backend_hip.fini();
 		skip();
 	}
 	assert_int_equal(rc, -ENODEV);
-	assert_non_null(strstr(why, TD_HIP_KFD));
+	assert_non_null(strstr(why, td_hip_kfd_path()));
 	assert_non_null(strstr(why, "libamdhip64"));
 	check_backend_without_devices(&backend_hip);
 }

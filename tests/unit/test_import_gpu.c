@@ -2,8 +2,9 @@
  * Unit tests for the client library's GPU importers (gpu/cuda/
  * import_cuda.c, gpu/hip/import_hip.c) on a machine without a GPU: map() fails
  * with the reason and still closes the descriptor it owns, and the
- * importer tables are complete. Where a driver is present the driver-free
- * cases are skipped through cmocka with the reason.
+ * importer tables are complete. Where libcuda is present the CUDA
+ * driver-free case is skipped through cmocka with the reason; the HIP one
+ * points TENSORD_HIP_KFD at a missing node, so it runs everywhere.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -83,8 +84,26 @@ static void test_import_without_driver(void **state)
 	assert_int_equal(fcntl(p[1], F_GETFD), -1);
 }
 
+/* TENSORD_HIP_KFD names the node the HIP loader checks; unset or empty: /dev/kfd. */
+static void test_hip_kfd_path(void **state)
+{
+	assert_int_equal(unsetenv("TENSORD_HIP_KFD"), 0);
+	assert_string_equal(td_hip_kfd_path(), TD_HIP_KFD);
+	assert_int_equal(setenv("TENSORD_HIP_KFD", "", 1), 0);
+	assert_string_equal(td_hip_kfd_path(), TD_HIP_KFD);
+	assert_int_equal(setenv("TENSORD_HIP_KFD", "/run/tensord-test/kfd", 1), 0);
+	assert_string_equal(td_hip_kfd_path(), "/run/tensord-test/kfd");
+	assert_int_equal(unsetenv("TENSORD_HIP_KFD"), 0);
+}
+
+/*
+ * The loader checks the node TENSORD_HIP_KFD names, pointed here at one
+ * that cannot exist, so this runs on AMD machines too: libamdhip64 is not
+ * loaded, and the reason names that node.
+ */
 static void test_import_hip_without_device(void **state)
 {
+	static const char missing[] = "/nonexistent/tensord-test-kfd";
 	struct td_import_desc d = {
 		.handle_kind = TENSORD__HANDLE_KIND__HANDLE_HIP_IPC,
 		.map_size = 2 * MiB,
@@ -92,14 +111,13 @@ static void test_import_hip_without_device(void **state)
 	};
 	struct td_mapping m;
 
-	if (access(TD_HIP_KFD, F_OK) == 0) {
-		print_message("      skipped: %s exists here\n", TD_HIP_KFD);
-		skip();
-	}
+	assert_int_equal(setenv("TENSORD_HIP_KFD", missing, 1), 0);
 	memset(&m, 0, sizeof(m));
 	d.handle_kind = TENSORD__HANDLE_KIND__HANDLE_HIP_IPC;
 	assert_int_equal(td_importer_hip.map(&m, -1, &d), -ENODEV);
-	assert_non_null(strstr(tensord_last_error(), TD_HIP_KFD));
+	assert_non_null(strstr(tensord_last_error(), missing));
+	assert_non_null(strstr(tensord_last_error(), "libamdhip64 not loaded"));
+	assert_int_equal(unsetenv("TENSORD_HIP_KFD"), 0);
 }
 
 int main(void)
@@ -107,6 +125,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_importer_tables_complete),
 		cmocka_unit_test(test_import_without_driver),
+		cmocka_unit_test(test_hip_kfd_path),
 		cmocka_unit_test(test_import_hip_without_device),
 	};
 
