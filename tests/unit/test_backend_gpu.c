@@ -333,6 +333,40 @@ static void test_hip_alloc(void **state)
 	assert_false(pthread_equal(fake_log[k].tid, pthread_self()));
 }
 
+/* What a worker timer saw: how often it ran, and on which thread. */
+struct timer_probe {
+	int runs;
+	pthread_t tid;
+};
+
+static void timer_probe_run(void *arg)
+{
+	struct timer_probe *p = arg;
+
+	p->tid = pthread_self();
+	__atomic_add_fetch(&p->runs, 1, __ATOMIC_SEQ_CST);
+}
+
+/*
+ * gpu_worker_run_after(): a timer runs once, on the worker, when it falls
+ * due; gpu_worker_drain() does not wait for it; gpu_worker_stop() drops a
+ * timer not yet due without running it.
+ */
+static void test_worker_timers(void **state)
+{
+	struct timer_probe soon = { 0 }, late = { 0 };
+
+	assert_int_equal(gpu_worker_run_after(60000ull * 1000000, timer_probe_run, &late), 0);
+	assert_int_equal(gpu_worker_run_after(20ull * 1000000, timer_probe_run, &soon), 0);
+	gpu_worker_drain();
+	for (int i = 0; i < 500 && !__atomic_load_n(&soon.runs, __ATOMIC_SEQ_CST); i++)
+		usleep(10000);
+	gpu_worker_stop();
+	assert_int_equal(soon.runs, 1);
+	assert_false(pthread_equal(soon.tid, pthread_self()));
+	assert_int_equal(late.runs, 0);
+}
+
 /* What an asynchronous create does (dispatch.c): alloc() as a job on the worker. */
 struct alloc_job {
 	struct backend_alloc a;
@@ -460,6 +494,7 @@ int main(void)
 		cmocka_unit_test(test_cuda_init_without_driver),
 		cmocka_unit_test(test_hip_init_without_device),
 		cmocka_unit_test(test_backend_tables_complete),
+		cmocka_unit_test(test_worker_timers),
 		cmocka_unit_test_setup_teardown(test_uuid_to_daemon_ordinal, fake_setup,
 						fake_teardown),
 		cmocka_unit_test_setup_teardown(test_cuda_vmm_alloc_and_context, fake_setup,
