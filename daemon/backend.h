@@ -77,9 +77,11 @@ struct backend_ops {
 
 	/*
 	 * For stats: the GPU memory the daemon costs this device, its context
-	 * included: the context as the driver counted it when it was made,
-	 * plus the live allocations; 0 when the daemon holds nothing there or
-	 * the driver cannot say. NULL for backends that cannot tell at all.
+	 * included: the context as the driver counted it when it was made
+	 * (also while it is held after the device's last tensor went, see
+	 * backend_gpu_set_context_hold()), plus the live allocations; 0 when
+	 * the daemon holds nothing there or the driver cannot say. NULL for
+	 * backends that cannot tell at all.
 	 */
 	uint64_t (*gpu_bytes)(int device_id);
 
@@ -189,6 +191,17 @@ TD_GPU_VENDORS(BACKEND_GPU_DECLARE)
  * physical memory, at most 2 GiB. 0 keeps no memory ready.
  */
 void backend_host_set_pool(uint64_t budget);
+
+/*
+ * How long a GPU backend keeps a device's context after the device's last
+ * tensor went (--gpu-context-hold), in milliseconds: a create within that
+ * time finds the context still there instead of making a new one, which
+ * on hardware costs hundreds of milliseconds. Without a call, 5000. 0
+ * releases the context with the last tensor. Set before the registry
+ * initialises the backends (a later call is safe, from any thread, and
+ * applies to the holds that start or end after it).
+ */
+void backend_gpu_set_context_hold(uint64_t ms);
 
 /* Borrowed: the host backend's pool, NULL before init and after fini. */
 struct pool *backend_host_pool(void);

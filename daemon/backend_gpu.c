@@ -10,6 +10,21 @@
 #include "backend_gpu.h"
 #include "gpu_worker.h"
 
+/* --gpu-context-hold in milliseconds; set from the options, read on the worker. */
+static uint64_t gpu_context_hold_ms = 5000;
+
+void backend_gpu_set_context_hold(uint64_t ms)
+{
+	__atomic_store_n(&gpu_context_hold_ms, ms, __ATOMIC_RELAXED);
+}
+
+uint64_t gpu_context_hold_ns(void)
+{
+	uint64_t ms = __atomic_load_n(&gpu_context_hold_ms, __ATOMIC_RELAXED);
+
+	return ms > UINT64_MAX / 1000000ull ? UINT64_MAX : ms * 1000000ull;
+}
+
 int gpu_device_uuid(const struct gpu_devs *g, int device_id, uint8_t uuid[16])
 {
 	if (device_id < 0 || device_id >= g->n)

@@ -11,7 +11,9 @@
  *  - a lease's descriptor, a copy of the one export an allocation keeps;
  *  - freeze(), which GPU memory cannot honour from here;
  *  - the free, which always runs on the GPU worker (gpu_worker.h), so that
- *    the loop thread never waits for a device.
+ *    the loop thread never waits for a device;
+ *  - how long a device's context outlives its last tensor
+ *    (backend_gpu_set_context_hold(), backend.h).
  */
 #ifndef TENSORD_BACKEND_GPU_H
 #define TENSORD_BACKEND_GPU_H
@@ -118,6 +120,9 @@ int gpu_export_fd(struct backend_alloc *a, bool writable, int *ret_fd);
  * rest, and a client that bypasses the library can write.
  */
 int gpu_freeze(struct backend_alloc *a);
+
+/* backend_gpu_set_context_hold()'s value in nanoseconds (default 5 s). Any thread. */
+uint64_t gpu_context_hold_ns(void);
 
 /*
  * backend_ops.release: hands a's memory to the GPU worker, which closes

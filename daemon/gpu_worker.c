@@ -1,6 +1,7 @@
 /*
  * The GPU worker (gpu_worker.h): a FIFO of jobs, one thread that runs them,
- * and a list of finished jobs whose completions wait for the loop. A plain
+ * a list of timers that join the FIFO when they fall due, and a list of
+ * finished jobs whose completions wait for the loop. A plain
  * pthread rather than libuv's thread pool: the backends that queue frees
  * know no loop, the jobs must run one at a time and in order (an
  * allocation and a free on the same device share its context count), and
@@ -12,7 +13,9 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "log.h"
 
@@ -20,6 +23,7 @@ struct job {
 	void (*fn)(void *arg);
 	void (*done)(void *arg); /* NULL: nothing to complete */
 	void *arg;
+	uint64_t due_ns; /* a timer's: when it joins the queue (CLOCK_MONOTONIC) */
 	struct job *next;
 };
 
@@ -27,6 +31,7 @@ static struct {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;             /* a job was queued, one finished, or stop */
 	struct job *head, *tail;         /* queued, not yet started */
+	struct job *timers;              /* not yet due, the soonest first */
 	struct job *fin_head, *fin_tail; /* run, their completion not yet */
 	unsigned running;                /* 1 while the worker runs a job */
 	bool started, stop;
@@ -56,16 +61,62 @@ static void finished(struct job *j)
 		worker.notify(worker.notify_ctx);
 }
 
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Lock held. Appends j to the queue. */
+static void queue(struct job *j)
+{
+	j->next = NULL;
+	if (worker.tail)
+		worker.tail->next = j;
+	else
+		worker.head = j;
+	worker.tail = j;
+}
+
+/* Lock held. Moves the timers due by now to the queue, in the order they fall due. */
+static void timers_due(uint64_t now)
+{
+	while (worker.timers && worker.timers->due_ns <= now) {
+		struct job *j = worker.timers;
+
+		worker.timers = j->next;
+		queue(j);
+	}
+}
+
+/* Lock held. Sleeps until something is queued, the stop, or the soonest timer. */
+static void worker_wait(void)
+{
+	struct timespec until;
+
+	if (!worker.timers) {
+		pthread_cond_wait(&worker.cond, &worker.lock);
+		return;
+	}
+	until.tv_sec = (time_t)(worker.timers->due_ns / 1000000000ull);
+	until.tv_nsec = (long)(worker.timers->due_ns % 1000000000ull);
+	pthread_cond_clockwait(&worker.cond, &worker.lock, CLOCK_MONOTONIC, &until);
+}
+
 static void *worker_main(void *unused)
 {
 	pthread_mutex_lock(&worker.lock);
 	for (;;) {
-		struct job *j = worker.head;
+		struct job *j;
 
+		timers_due(mono_ns());
+		j = worker.head;
 		if (!j) {
 			if (worker.stop)
 				break;
-			pthread_cond_wait(&worker.cond, &worker.lock);
+			worker_wait();
 			continue;
 		}
 		worker.head = j->next;
@@ -109,11 +160,7 @@ static void enqueue(struct job *j)
 		pthread_mutex_unlock(&worker.lock);
 		return;
 	}
-	if (worker.tail)
-		worker.tail->next = j;
-	else
-		worker.head = j;
-	worker.tail = j;
+	queue(j);
 	pthread_cond_broadcast(&worker.cond);
 	pthread_mutex_unlock(&worker.lock);
 }
@@ -126,8 +173,32 @@ void gpu_worker_run(void (*fn)(void *arg), void *arg)
 		fn(arg);
 		return;
 	}
-	*j = (struct job){ fn, NULL, arg, NULL };
+	*j = (struct job){ fn, NULL, arg, 0, NULL };
 	enqueue(j);
+}
+
+int gpu_worker_run_after(uint64_t delay_ns, void (*fn)(void *arg), void *arg)
+{
+	struct job *j = malloc(sizeof(*j)), **at;
+	uint64_t now = mono_ns();
+
+	if (!j)
+		return -ENOMEM;
+	*j = (struct job){ fn, NULL, arg, delay_ns > UINT64_MAX - now ? UINT64_MAX : now + delay_ns,
+			   NULL };
+	pthread_mutex_lock(&worker.lock);
+	if (!worker_start()) {
+		pthread_mutex_unlock(&worker.lock);
+		free(j);
+		return -EAGAIN;
+	}
+	for (at = &worker.timers; *at && (*at)->due_ns <= j->due_ns; at = &(*at)->next)
+		;
+	j->next = *at;
+	*at = j;
+	pthread_cond_broadcast(&worker.cond);
+	pthread_mutex_unlock(&worker.lock);
+	return 0;
 }
 
 int gpu_worker_submit(void (*fn)(void *arg), void (*done)(void *arg), void *arg)
@@ -136,7 +207,7 @@ int gpu_worker_submit(void (*fn)(void *arg), void (*done)(void *arg), void *arg)
 
 	if (!j)
 		return -ENOMEM;
-	*j = (struct job){ fn, done, arg, NULL };
+	*j = (struct job){ fn, done, arg, 0, NULL };
 	enqueue(j);
 	return 0;
 }
@@ -188,5 +259,12 @@ void gpu_worker_stop(void)
 	pthread_mutex_lock(&worker.lock);
 	worker.started = false;
 	worker.stop = false;
+	/* Timers not yet due never run (gpu_worker.h). */
+	while (worker.timers) {
+		struct job *j = worker.timers;
+
+		worker.timers = j->next;
+		free(j);
+	}
 	pthread_mutex_unlock(&worker.lock);
 }

@@ -18,12 +18,26 @@
 #ifndef TENSORD_GPU_WORKER_H
 #define TENSORD_GPU_WORKER_H
 
+#include <stdint.h>
+
 /*
  * Queues fn(arg) for the worker, starting it on first use. Takes ownership
  * of arg, which fn must free. If no thread or no memory can be had, runs
  * fn(arg) here and now: a free must never be lost.
  */
 void gpu_worker_run(void (*fn)(void *arg), void *arg);
+
+/*
+ * A timer: queues fn(arg) for the worker once delay_ns have passed
+ * (CLOCK_MONOTONIC), behind whatever was queued by then; it runs on the
+ * worker like any job, so what it does needs no more care than a job.
+ * The worker sleeps until the soonest timer. gpu_worker_drain() does not
+ * wait for timers, and gpu_worker_stop() drops those not yet due without
+ * running them: arg stays the caller's (fn must not free it) and must
+ * need nothing done at the stop that the caller does not do itself.
+ * 0, or -ENOMEM or -EAGAIN (no thread) when nothing was queued.
+ */
+int gpu_worker_run_after(uint64_t delay_ns, void (*fn)(void *arg), void *arg);
 
 /*
  * Queues fn(arg) for the worker, then done(arg) for gpu_worker_complete().
@@ -46,10 +60,13 @@ void gpu_worker_set_notify(void (*notify)(void *ctx), void *ctx);
 /* Runs the completions of every finished job, in order. Returns how many ran. */
 unsigned gpu_worker_complete(void);
 
-/* Waits until every job queued so far has run. Any thread but the worker. */
+/* Waits until every job queued so far has run (not the timers not yet due). Any thread but the worker. */
 void gpu_worker_drain(void);
 
-/* Runs what is queued, then stops the worker (a later run starts it again). */
+/*
+ * Runs what is queued (and the timers due by then), then stops the worker
+ * and drops the timers not yet due (a later run starts it again).
+ */
 void gpu_worker_stop(void);
 
 #endif /* TENSORD_GPU_WORKER_H */

@@ -75,6 +75,7 @@ static void usage(FILE *f)
 		"usage: tensord [--socket PATH] [--capacity SIZE] [--pool SIZE] [--log-level "
 		"LEVEL]\n"
 		"               [--log-file PATH] [--mode MODE] [--group GROUP] [--max-clients N]\n"
+		"               [--gpu-context-hold MS]\n"
 		"               [--ready-fd FD] [--metrics HOST:PORT|unix:PATH]\n"
 		"               [--metrics-per-uid] [--config FILE]\n"
 		"               [--max-waiters-per-conn N] [--max-fds-in-flight-per-conn N]\n"
@@ -92,6 +93,9 @@ static void usage(FILE *f)
 		"large\n"
 		"                     tensors; 0 keeps none (default: 1/16 of physical\n"
 		"                     memory, at most 2Gi)\n"
+		"  --gpu-context-hold MS  milliseconds a GPU keeps the daemon's context after\n"
+		"                     its last tensor went, so that the next create need not\n"
+		"                     make a new one; 0 releases it at once (default 5000)\n"
 		"  --log-level LEVEL  error, warn, info (default) or debug\n"
 		"  --log-file PATH    append the log to PATH instead of stderr; SIGHUP reopens it\n"
 		"  --mode MODE        socket permissions, octal (default 0600)\n"
@@ -142,6 +146,7 @@ static const struct number_opt {
 	{ 'F', NUM_DECIMAL, "a number", 1, UINT32_MAX },
 	{ 'U', NUM_DECIMAL, "a uid", 0, UINT32_MAX - 1 }, /* (uid_t)-1 is no uid */
 	{ 'g', NUM_DECIMAL, "a gid", 0, UINT32_MAX - 1 }, /* or a group name */
+	{ 'H', NUM_DECIMAL, "a number of milliseconds", 0, UINT32_MAX },
 /* The per-uid shares: counts up to 2^32-1, sizes up to 2^64-1 bytes. */
 #define QUOTA_NUM_N(kind) { OPT_QUOTA + QUOTA_##kind, NUM_DECIMAL, "a number", 1, UINT32_MAX },
 #define QUOTA_NUM_SIZE(kind) { OPT_QUOTA + QUOTA_##kind, NUM_SIZE, "a size", 1, UINT64_MAX },
@@ -348,6 +353,9 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	case 'p':
 		backend_host_set_pool(v);
 		return 0;
+	case 'H':
+		backend_gpu_set_context_hold(v);
+		return 0;
 	case 'l':
 		if (log_level_parse(arg, &log_level) < 0) {
 			fprintf(stderr, "tensord: --log-level %s: use error, warn, info or debug\n",
@@ -406,6 +414,7 @@ static const struct option long_opts[] = {
 	{ "socket", required_argument, NULL, 's' },
 	{ "capacity", required_argument, NULL, 'c' },
 	{ "pool", required_argument, NULL, 'p' },
+	{ "gpu-context-hold", required_argument, NULL, 'H' },
 	{ "log-level", required_argument, NULL, 'l' },
 	{ "log-file", required_argument, NULL, 'f' },
 	{ "mode", required_argument, NULL, 'm' },

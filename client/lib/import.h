@@ -50,6 +50,15 @@ struct td_mapping {
 	 * the driver refused PROT_READ and the importer fell back to read-write.
 	 */
 	bool ro_enforced;
+	/*
+	 * CUDA VMM: how many of this process's other devices were given the
+	 * same access as the one that owns the memory (those the driver says
+	 * can reach it), so that a peer copy (torch's .to("cuda:1")) may read
+	 * it; 0 for other memory. peers_refused: the driver refused access for
+	 * them, so only the owner has it.
+	 */
+	unsigned peers;
+	bool peers_refused;
 	DLDevice device; /* as this process numbers it */
 	unsigned refs;   /* leases using it; guarded by the client's lock */
 	void *priv;      /* the importer's own state */

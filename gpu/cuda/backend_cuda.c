@@ -33,8 +33,13 @@
  * Contexts: the daemon retains each device's primary context on the first
  * allocation on that device (not at start-up, so an idle daemon costs no
  * GPU memory on GPUs nobody uses), makes it current before every driver
- * call, and releases it when the device's last allocation is freed, which
- * gives the context's own memory (hundreds of MiB) back to the GPU.
+ * call, and releases it once the device has had no allocation for the
+ * hold (--gpu-context-hold, default 5 s; 0: with the last allocation),
+ * which gives the context's own memory (hundreds of MiB) back to the GPU.
+ * The hold is there for bursts (create, free, create, ...): making a
+ * context costs hundreds of milliseconds on hardware, which a create
+ * after each free would pay again. A timer on the worker
+ * (gpu_worker_run_after()) ends the hold; the stop ends it at once.
  *
  * Threads: alloc() (alloc_blocks) and the frees run on the GPU worker
  * (gpu_worker.h), one job at a time; they alone touch a device's context
@@ -51,6 +56,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <tensord/dlpack.h>
@@ -70,12 +76,14 @@ struct cuda_dev {
 	CUdevice dev;
 	bool vmm;             /* share through VMM + POSIX fd; read with __atomic_load_n */
 	uint64_t gran;        /* allocation granularity; 0 until the context exists */
-	CUcontext ctx;        /* retained primary context; NULL while no tensor lives here */
+	CUcontext ctx;        /* retained primary context; NULL until a tensor, and after a hold */
 	uint32_t allocs;      /* live allocations on this device: the context's users */
 	uint64_t ctx_bytes;   /* what the context took, measured as it was made; 0: unknown */
 	uint64_t alloc_bytes; /* rounded sizes of the live allocations */
 	uint64_t gpu_bytes;   /* for stats (cuda_publish()); read with __atomic_load_n */
 	bool unmeasured;      /* why ctx_bytes is unknown was logged, once */
+	uint64_t idle_since;  /* CLOCK_MONOTONIC ns when allocs last fell to 0 */
+	bool hold_armed;      /* a cuda_hold_expired() timer waits on the worker */
 };
 
 /*
@@ -238,7 +246,8 @@ static void cuda_measure_context(int ordinal)
 
 /*
  * What stats show for the device: the context and the live allocations
- * while the context lives and its size is known, else 0. cuda_lock held.
+ * while the context lives (held idle too: it is memory the daemon costs)
+ * and its size is known, else 0. cuda_lock held.
  */
 static void cuda_publish(int ordinal)
 {
@@ -287,21 +296,6 @@ static int cuda_dev_enter(int ordinal)
 	return td_cuda_errno(cuda_api->CtxSetCurrent(d->ctx));
 }
 
-/*
- * One allocation on ordinal is gone. Returns true when it was the last one:
- * the caller then owns the device's reference on the primary context and
- * must release it (cuda_ctx_drop()). cuda_lock held.
- */
-static bool cuda_dev_put(int ordinal)
-{
-	struct cuda_dev *d = &cuda_devs[ordinal];
-
-	if (--d->allocs || !d->ctx)
-		return false;
-	d->ctx = NULL;
-	return true;
-}
-
 static uint64_t cuda_backend_gpu_bytes(int device_id)
 {
 	if (device_id < 0 || device_id >= cuda_gpu.n)
@@ -309,12 +303,76 @@ static uint64_t cuda_backend_gpu_bytes(int device_id)
 	return __atomic_load_n(&cuda_devs[device_id].gpu_bytes, __ATOMIC_RELAXED);
 }
 
-/* Releases a device's primary context, which gives its memory back. Any thread. */
-static void cuda_ctx_drop(CUdevice dev, int ordinal)
+static uint64_t cuda_now_ns(void)
 {
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * Releases device ordinal's primary context, which gives its memory back;
+ * when says when, for the log. cuda_lock held; on the worker (the stop's
+ * too).
+ */
+static void cuda_ctx_release(int ordinal, const char *when)
+{
+	struct cuda_dev *d = &cuda_devs[ordinal];
+
 	cuda_api->CtxSetCurrent(NULL);
-	cuda_api->DevicePrimaryCtxRelease(dev);
-	log_debug("cuda: device %d has no tensor left; primary context released", ordinal);
+	cuda_api->DevicePrimaryCtxRelease(d->dev);
+	d->ctx = NULL;
+	cuda_publish(ordinal);
+	log_debug("cuda: device %d: primary context released %s", ordinal, when);
+}
+
+static void cuda_hold_expired(void *arg);
+
+/*
+ * Device ordinal's last allocation went: keep its context for the hold,
+ * ending it with a timer on the worker, or release it now when the hold is
+ * 0 or no timer can be had. A timer already waiting finds the new
+ * idle_since and waits on. cuda_lock held.
+ */
+static void cuda_dev_idle(int ordinal)
+{
+	struct cuda_dev *d = &cuda_devs[ordinal];
+	uint64_t hold = gpu_context_hold_ns();
+
+	d->idle_since = cuda_now_ns();
+	if (d->hold_armed)
+		return;
+	if (hold == 0 || gpu_worker_run_after(hold, cuda_hold_expired, d) < 0) {
+		cuda_ctx_release(ordinal, "with its last tensor");
+		return;
+	}
+	d->hold_armed = true;
+}
+
+/*
+ * The timer of cuda_dev_idle(), on the worker: releases the context if the
+ * device has had no allocation for the whole hold since its last one
+ * went, waits for the rest of it if a burst came meanwhile, and does
+ * nothing if allocations live there again (their last free arms a new
+ * one).
+ */
+static void cuda_hold_expired(void *arg)
+{
+	struct cuda_dev *d = arg;
+	int ordinal = (int)(d - cuda_devs);
+	uint64_t hold = gpu_context_hold_ns(), idle;
+
+	pthread_mutex_lock(&cuda_lock);
+	d->hold_armed = false;
+	if (d->ctx && d->allocs == 0) {
+		idle = cuda_now_ns() - d->idle_since;
+		if (idle >= hold || gpu_worker_run_after(hold - idle, cuda_hold_expired, d) < 0)
+			cuda_ctx_release(ordinal, "after the hold without a tensor");
+		else
+			d->hold_armed = true;
+	}
+	pthread_mutex_unlock(&cuda_lock);
 }
 
 /* Out of device memory is "no space" to the user, not a host malloc failure. */
@@ -491,13 +549,12 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
  * drops the daemon's reference, and the memory lives on while any client
  * still maps it (the driver refcounts it); legacy IPC frees, which
  * synchronizes the device. Then gives back m's hold on the device's
- * context, releasing the context with the device's last allocation, which
- * tears it down.
+ * context; with the device's last allocation the context's hold starts
+ * (cuda_dev_idle()).
  */
 static void cuda_free(struct gpu_mem *g)
 {
 	struct cuda_mem *m = (struct cuda_mem *)g;
-	CUdevice dev = cuda_devs[g->ordinal].dev;
 
 	pthread_mutex_lock(&cuda_lock);
 	if (cuda_api->CtxSetCurrent(m->ctx) == CUDA_SUCCESS) {
@@ -507,17 +564,34 @@ static void cuda_free(struct gpu_mem *g)
 			cuda_api->MemFree(g->ptr);
 	}
 	cuda_devs[g->ordinal].alloc_bytes -= m->counted;
-	if (cuda_dev_put(g->ordinal))
-		cuda_ctx_drop(dev, g->ordinal);
-	else
-		cuda_api->CtxSetCurrent(NULL);
+	/* Nothing of ours stays current on the worker, held context or not. */
+	cuda_api->CtxSetCurrent(NULL);
+	if (--cuda_devs[g->ordinal].allocs == 0 && cuda_devs[g->ordinal].ctx)
+		cuda_dev_idle(g->ordinal);
 	cuda_publish(g->ordinal);
 	pthread_mutex_unlock(&cuda_lock);
 }
 
-/* At exit, after every allocation was released: forget the devices. */
+/* On the worker, at the stop: the contexts held idle go now, their holds' timers with them. */
+static void cuda_release_held(void *unused)
+{
+	pthread_mutex_lock(&cuda_lock);
+	for (int i = 0; i < cuda_gpu.n; i++)
+		if (cuda_devs[i].ctx && cuda_devs[i].allocs == 0)
+			cuda_ctx_release(i, "at the stop");
+	pthread_mutex_unlock(&cuda_lock);
+}
+
+/*
+ * At exit, after every allocation was released (their frees queued on the
+ * worker): release the contexts held idle on the worker, stop it (which
+ * drops the holds' timers), forget the devices. A context whose
+ * allocations were never released is released here.
+ */
 static void cuda_backend_fini(void)
 {
+	if (cuda_gpu.n)
+		gpu_worker_run(cuda_release_held, NULL);
 	gpu_worker_stop();
 	for (int i = 0; i < cuda_gpu.n; i++)
 		if (cuda_devs[i].ctx)

@@ -69,6 +69,8 @@ static const struct td_gpu_sym td_cuda_syms[] = {
 	SYM(DeviceGetAttribute, "cuDeviceGetAttribute", NULL, SYM_REQUIRED),
 	/* _v2 (CUDA 11.4) gives MIG instances their own UUID. */
 	SYM(DeviceGetUuid, "cuDeviceGetUuid_v2", "cuDeviceGetUuid", SYM_REQUIRED),
+	/* Which of this process's devices may be given access to a VMM mapping. */
+	SYM(DeviceCanAccessPeer, "cuDeviceCanAccessPeer", NULL, SYM_REQUIRED),
 	SYM(DeviceTotalMem, "cuDeviceTotalMem_v2", NULL, SYM_REQUIRED),
 	SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", NULL, SYM_REQUIRED),
 	SYM(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease",

@@ -113,6 +113,7 @@ struct td_cuda_api {
 	CUresult (*DeviceGet)(CUdevice *dev, int ordinal);
 	CUresult (*DeviceGetAttribute)(int *value, CUdevice_attribute attr, CUdevice dev);
 	CUresult (*DeviceGetUuid)(CUuuid *uuid, CUdevice dev);
+	CUresult (*DeviceCanAccessPeer)(int *can, CUdevice dev, CUdevice peer);
 	CUresult (*DeviceTotalMem)(size_t *bytes, CUdevice dev);
 	CUresult (*DevicePrimaryCtxRetain)(CUcontext *ctx, CUdevice dev);
 	CUresult (*DevicePrimaryCtxRelease)(CUdevice dev);

@@ -5,7 +5,8 @@
  * on what every vendor's importers share (client/lib/import_gpu.h:
  * loading libcuda on the first GPU import, the device by UUID, the legacy
  * IPC import, unmap after a wait, sync and copy_in). What is CUDA's own is
- * here: the VMM import and its read-only protection, and the driver calls
+ * here: the VMM import, its access for this process's devices that can
+ * reach the memory and its read-only protection, and the driver calls
  * td_cuda_client gives the shared code.
  *
  * All driver calls run with the device's primary context pushed and popped
@@ -30,8 +31,17 @@ struct td_cuda_map {
 	CUdevice dev;
 	size_t size; /* VMM: bytes reserved and mapped */
 	bool vmm;
-	bool ro_enforced; /* VMM read-only mapping honoured by the driver */
+	bool ro_enforced;   /* VMM read-only mapping honoured by the driver */
+	bool peers_refused; /* VMM: the driver refused access for the peers; the owner alone has it */
+	/*
+	 * VMM: this process's devices given access to the range (bit i:
+	 * ordinal i), the owner's and those of its peers that can reach it.
+	 * Every later change of access covers the same set.
+	 */
+	uint64_t access;
 };
+
+_Static_assert(TD_GPU_MAX_DEVICES <= 64, "a device's bit in td_cuda_map.access");
 
 static int td_cuda_get(const void **ret_api, const char **ret_why)
 {
@@ -172,26 +182,89 @@ static int td_cuda_copy(struct td_gpu_map *g, void *dst, const void *src, size_t
 }
 
 /*
- * Grants this device read-only (writable false) or read-write access to
- * p's VMM range. A driver that cannot map device memory read-only gets a
- * read-write mapping instead: the DLPack read-only flag still tells
- * consumers not to write (docs/gpu.md); ro_enforced says which it was.
+ * The owner's device and every other device of this process that can reach
+ * its memory (cuDeviceCanAccessPeer), as bits of their ordinals. A peer copy
+ * (torch's .to("cuda:1"), cudaMemcpyPeer) reads the range from the other
+ * device, which faults unless that device was given access too. A failed
+ * query leaves that device out.
  */
-static CUresult td_cuda_set_access(struct td_cuda_map *p, bool writable)
+static uint64_t td_cuda_reach(struct td_cuda_map *p)
 {
 	const struct td_cuda_api *cu = p->g.api;
-	CUmemAccessDesc acc;
-	CUresult r;
+	uint64_t reach = 1ull << p->g.ordinal;
+	int n = 0;
 
-	memset(&acc, 0, sizeof(acc));
-	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	acc.location.id = p->g.ordinal;
-	acc.flags = writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
-	r = cu->MemSetAccess(p->g.ptr, p->size, &acc, 1);
-	p->ro_enforced = !writable && r == CUDA_SUCCESS;
-	if (!writable && (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE)) {
-		acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-		r = cu->MemSetAccess(p->g.ptr, p->size, &acc, 1);
+	if (cu->DeviceGetCount(&n) != CUDA_SUCCESS)
+		return reach;
+	if (n > TD_GPU_MAX_DEVICES)
+		n = TD_GPU_MAX_DEVICES;
+	for (int i = 0; i < n; i++) {
+		CUdevice peer;
+		int can = 0;
+
+		if (i == p->g.ordinal || cu->DeviceGet(&peer, i) != CUDA_SUCCESS)
+			continue;
+		if (cu->DeviceCanAccessPeer(&can, peer, p->dev) == CUDA_SUCCESS && can)
+			reach |= 1ull << i;
+	}
+	return reach;
+}
+
+/* One cuMemSetAccess giving flags to the devices in set, the owner's first. */
+static CUresult td_cuda_grant(struct td_cuda_map *p, uint64_t set, CUmemAccess_flags flags)
+{
+	const struct td_cuda_api *cu = p->g.api;
+	CUmemAccessDesc acc[TD_GPU_MAX_DEVICES];
+	size_t n = 0;
+
+	memset(acc, 0, sizeof(acc));
+	acc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	acc[n].location.id = p->g.ordinal;
+	acc[n++].flags = flags;
+	for (int i = 0; i < TD_GPU_MAX_DEVICES; i++) {
+		if (i == p->g.ordinal || !(set >> i & 1))
+			continue;
+		acc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		acc[n].location.id = i;
+		acc[n++].flags = flags;
+	}
+	return cu->MemSetAccess(p->g.ptr, p->size, acc, n);
+}
+
+/*
+ * Grants read-only (writable false) or read-write access to p's VMM range
+ * to the devices in p->access. Two fallbacks, tried in this order:
+ *  - at the map (narrow), a driver that refuses the peers' access gets the
+ *    owner's alone (peers_refused); a later re-protection never narrows,
+ *    as a peer left out would keep the access it had;
+ *  - a driver that cannot map device memory read-only gets a read-write
+ *    mapping instead: the DLPack read-only flag still tells consumers not
+ *    to write (docs/gpu.md); ro_enforced says which it was.
+ * So read-only for the owner alone is preferred to read-write for all:
+ * the promise to the tensor's other readers comes first.
+ */
+static CUresult td_cuda_set_access(struct td_cuda_map *p, bool writable, bool narrow)
+{
+	const uint64_t owner = 1ull << p->g.ordinal;
+	const uint64_t sets[2] = { p->access, owner };
+	int nsets = narrow && p->access != owner ? 2 : 1;
+	CUresult r = CUDA_ERROR_INVALID_VALUE;
+
+	p->ro_enforced = false;
+	for (int ro = !writable; ro >= 0; ro--) {
+		for (int i = 0; i < nsets; i++) {
+			r = td_cuda_grant(p, sets[i],
+					  ro ? CU_MEM_ACCESS_FLAGS_PROT_READ
+					     : CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+			if (r == CUDA_SUCCESS) {
+				p->peers_refused = p->peers_refused || i > 0;
+				p->access = sets[i];
+				p->ro_enforced = ro;
+				return r;
+			}
+		}
+		if (r != CUDA_ERROR_NOT_SUPPORTED && r != CUDA_ERROR_INVALID_VALUE)
+			break;
 	}
 	return r;
 }
@@ -244,7 +317,8 @@ static int td_cuda_vmm_map(struct td_cuda_map *p, CUmemGenericAllocationHandle h
 	cu->MemRelease(h);
 	p->size = size;
 
-	r = td_cuda_set_access(p, writable);
+	p->access = td_cuda_reach(p);
+	r = td_cuda_set_access(p, writable, true);
 	if (r != CUDA_SUCCESS) {
 		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemSetAccess");
 		cu->MemUnmap(ptr, size);
@@ -315,6 +389,8 @@ static int td_cuda_map_vmm(struct td_mapping *m, int fd, const struct td_import_
 		goto out_free;
 	td_gpu_mapped(m, &p->g, d);
 	m->ro_enforced = p->ro_enforced;
+	m->peers = (unsigned)__builtin_popcountll(p->access) - 1;
+	m->peers_refused = p->peers_refused;
 	return 0;
 
 out_free:
@@ -397,8 +473,9 @@ static void td_cuda_drop(struct td_gpu_map *g)
 /*
  * Publish of an immutable tensor by its creator: GPU memory has no private
  * copy to fall back on, so the creator's own mapping becomes read-only
- * instead (a later write through it faults on the device; docs/gpu.md).
- * make_shared() undoes it when the publish failed.
+ * instead (a later write through it faults on the device; docs/gpu.md),
+ * for every device the map gave access. make_shared() undoes it when the
+ * publish failed.
  */
 static int td_cuda_protect(struct td_mapping *m, bool writable)
 {
@@ -411,7 +488,7 @@ static int td_cuda_protect(struct td_mapping *m, bool writable)
 	err = td_cuda_enter(p->g.api, p->dev, true);
 	if (err < 0)
 		return err;
-	r = td_cuda_set_access(p, writable);
+	r = td_cuda_set_access(p, writable, false);
 	td_cuda_leave(p->g.api, p->dev, false);
 	m->ro_enforced = p->ro_enforced;
 	if (r != CUDA_SUCCESS)

@@ -140,9 +140,10 @@ typedef struct tensord_daemon_stats {
 	uint32_t reserved0;
 	uint64_t host_slab_bytes; /* bytes in their live slots */
 	/* Appended in version 3: per device (as devices[i]), the GPU memory the
-	 * daemon costs it: its primary context (as NVML counted it when made)
-	 * plus its allocations; 0 for host memory, when it holds nothing, or
-	 * when unknown. */
+	 * daemon costs it: its primary context (as NVML counted it when made;
+	 * also while the daemon holds it after the last tensor went, see
+	 * tensord(8) --gpu-context-hold) plus its allocations; 0 for host
+	 * memory, when it holds nothing, or when unknown. */
 	uint64_t device_gpu_bytes[TENSORD_STATS_DEVICES_MAX];
 } tensord_daemon_stats;
 

@@ -48,20 +48,25 @@ def publish_req(req_id, name):
     return request(req_id, F_PUBLISH, f_bytes(1, name))
 
 
-@pytest.fixture
-def fake(daemon_factory):
+def start_fake(daemon_factory, *args):
     """The fake-GPU daemon, each cuMemCreate taking ALLOC_MS."""
     if os.environ.get("TENSORD_TEST_DAEMON"):
         pytest.skip("needs the fake-GPU daemon this test starts")
     if not os.path.exists(build_path("tests/helpers/tensord-fakegpu")):
         pytest.fail("build/tests/helpers/tensord-fakegpu is missing: run make all")
-    d = daemon_factory(env={"TENSORD_FAKE_ALLOC_MS": str(ALLOC_MS)},
+    d = daemon_factory(*args, env={"TENSORD_FAKE_ALLOC_MS": str(ALLOC_MS)},
                        binary="tests/helpers/tensord-fakegpu")
     c = Raw(d.socket)
     c.hello()
     c.close()
     d.baseline = wait_until(lambda: d.fd_count(), timeout=5)
     return d
+
+
+@pytest.fixture
+def fake(daemon_factory):
+    """The fake-GPU daemon with the default --gpu-context-hold (5 s)."""
+    return start_fake(daemon_factory)
 
 
 def cuda0(d):
@@ -177,10 +182,15 @@ def test_creates_in_flight_per_connection_are_bounded(fake):
 CTX_BYTES = 300 * MiB    # what the fake driver counts for a primary context
 
 
-def test_gpu_memory_with_its_context_in_stats(fake):
+HOLD_MS = 2000
+
+
+def test_gpu_memory_with_its_context_in_stats(daemon_factory):
     """stats' gpu_bytes: what the driver (NVML's fake) counts for the daemon
-    on the device, the primary context included; back to 0 when the last
-    tensor went and the daemon released the context."""
+    on the device, the primary context included; the context alone while
+    the daemon holds it after the last tensor went (--gpu-context-hold),
+    and back to 0 once the hold passed and the daemon released it."""
+    fake = start_fake(daemon_factory, "--gpu-context-hold", str(HOLD_MS))
     assert cuda0(fake)[0]["device_gpu_bytes"] == 0
     c = Raw(fake.socket)
     c.hello()
@@ -201,9 +211,35 @@ def test_gpu_memory_with_its_context_in_stats(fake):
     want = f'{{device="cuda:0",backend="cuda",path="cuda-vmm"}} {CTX_BYTES + 4 * MiB}'
     assert "tensord_device_gpu_bytes" + want in r.stdout, r.stdout
     c.close()                                           # unpublished: freed with it
+    # Held idle after the free (on the worker): the context alone, still
+    # memory the daemon costs. Without the hold it would go straight to 0.
+    assert wait_until(lambda: cuda0(fake)[0]["device_gpu_bytes"] == CTX_BYTES, timeout=10), \
+        cuda0(fake)
+    assert cuda0(fake)[0]["device_used_bytes"] == 0
     assert wait_until(lambda: cuda0(fake)[0]["device_gpu_bytes"] == 0, timeout=10), cuda0(fake)
-    assert "primary context released" in fake.read_log()
+    assert "primary context released after the hold without a tensor" in fake.read_log()
     settled(fake)
+
+
+def test_gpu_context_kept_between_bursts_and_released_at_the_stop(fake):
+    """Create, free, create within the hold: the context made once (one
+    NVML measurement, logged as it is made); the stop releases it at once."""
+    for i in range(3):
+        c = Raw(fake.socket)
+        c.hello()
+        c.send(frame(gpu_create(1, f"g/burst{i}", n=1 << 20)))
+        created = reply_with_fds(c)
+        assert created.status == 0, created
+        c.close()                                       # unpublished: freed with it
+        assert wait_until(lambda: cuda0(fake)[0]["device_gpu_bytes"] == CTX_BYTES, timeout=10), \
+            cuda0(fake)
+    log = fake.read_log()
+    assert log.count("its primary context took") == 1, log[-3000:]
+    assert "primary context released" not in log
+    fake.proc.send_signal(signal.SIGTERM)
+    assert fake.proc.wait(timeout=20) == 0, fake.read_log()[-3000:]
+    log = fake.read_log()
+    assert log.count("primary context released at the stop") == 1, log[-3000:]
 
 
 def test_stop_with_an_allocation_in_flight(fake):

@@ -237,7 +237,8 @@ def cuda0_stats(client):
 def test_stats_gpu_bytes_include_the_context(client, daemon):
     """gpu_bytes (NVML): the tensor's rounded bytes plus the daemon's primary
     context while a tensor lives; 0 once the last one went and the context
-    was released. Where NVML cannot tell (no libnvidia-ml, or a container
+    was released after its hold (--gpu-context-hold, 5 s by default: the
+    wait below allows 10). Where NVML cannot tell (no libnvidia-ml, or a container
     whose pid namespace NVML does not see), the daemon must say why in its
     log instead, and the test prints that."""
     import time

@@ -38,6 +38,8 @@ static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER; /* calls come from
 static int fake_ndev = 2;
 static uint8_t fake_uuid[4][16];
 static CUresult fake_set_access_ro_rc;      /* what cuMemSetAccess(PROT_READ) answers */
+static CUresult fake_set_access_peers_rc;   /* what cuMemSetAccess for several devices answers */
+static unsigned fake_peer_ok;               /* bit i: ordinal i reaches the others' memory */
 static int fake_hip_cur;                    /* the HIP thread's current device */
 static void (*fake_on_close)(uint64_t ptr); /* called by the IPC close fakes */
 static unsigned fake_alloc_delay_ms;        /* cuMemCreate and cuMemAlloc take this long */
@@ -167,6 +169,17 @@ static CUresult f_cuDeviceGetUuid(CUuuid *u, CUdevice d)
 	if (d < FAKE_DEV0 || d >= FAKE_DEV0 + fake_ndev)
 		return CUDA_ERROR_INVALID_DEVICE;
 	memcpy(u->bytes, fake_uuid[d - FAKE_DEV0], 16);
+	return CUDA_SUCCESS;
+}
+
+/* Whether dev can reach peer's memory: bit (dev's ordinal) of fake_peer_ok. Records both. */
+static CUresult f_cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+	REC("cuDeviceCanAccessPeer", (uint64_t)dev, (uint64_t)peer, 0, 0);
+	if (dev < FAKE_DEV0 || dev >= FAKE_DEV0 + fake_ndev || peer < FAKE_DEV0 ||
+	    peer >= FAKE_DEV0 + fake_ndev)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*can = dev != peer && (fake_peer_ok >> (dev - FAKE_DEV0) & 1);
 	return CUDA_SUCCESS;
 }
 
@@ -373,13 +386,26 @@ static CUresult f_cuMemUnmap(CUdeviceptr p, size_t n)
 	return CUDA_SUCCESS;
 }
 
-/* Records ptr, size, the location's id and the access flags. */
+/*
+ * Records ptr, size, the number of descriptors and what it answered, then
+ * one "cuMemSetAccess.desc" entry per descriptor: its location's type, id
+ * and flags, and its index. Several devices at once answer
+ * fake_set_access_peers_rc; PROT_READ for any answers fake_set_access_ro_rc.
+ */
 static CUresult f_cuMemSetAccess(CUdeviceptr p, size_t n, const CUmemAccessDesc *d, size_t c)
 {
-	REC("cuMemSetAccess", p, n, (uint64_t)d->location.id, (uint64_t)d->flags);
-	if (d->flags == CU_MEM_ACCESS_FLAGS_PROT_READ)
-		return fake_set_access_ro_rc;
-	return CUDA_SUCCESS;
+	CUresult rc = CUDA_SUCCESS;
+
+	for (size_t i = 0; i < c && rc == CUDA_SUCCESS; i++)
+		if (d[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ)
+			rc = fake_set_access_ro_rc;
+	if (c > 1 && fake_set_access_peers_rc != CUDA_SUCCESS)
+		rc = fake_set_access_peers_rc;
+	REC("cuMemSetAccess", p, n, c, (uint64_t)rc);
+	for (size_t i = 0; i < c; i++)
+		REC("cuMemSetAccess.desc", (uint64_t)d[i].location.type, (uint64_t)d[i].location.id,
+		    (uint64_t)d[i].flags, i);
+	return rc;
 }
 
 static const struct td_cuda_api fake_cuda = {
@@ -392,6 +418,7 @@ static const struct td_cuda_api fake_cuda = {
 	.DeviceGet = f_cuDeviceGet,
 	.DeviceGetAttribute = f_cuDeviceGetAttribute,
 	.DeviceGetUuid = f_cuDeviceGetUuid,
+	.DeviceCanAccessPeer = f_cuDeviceCanAccessPeer,
 	.DeviceTotalMem = f_cuDeviceTotalMem,
 	.DevicePrimaryCtxRetain = f_cuDevicePrimaryCtxRetain,
 	.DevicePrimaryCtxRelease = f_cuDevicePrimaryCtxRelease,
@@ -620,7 +647,8 @@ static const struct td_nvml_api fake_nvml = {
 
 /*
  * Installs both fakes with ndev devices whose UUIDs are all different
- * (byte 0 is 0xA0 + ordinal), and empties the log.
+ * (byte 0 is 0xA0 + ordinal), each reaching the others' memory
+ * (cuDeviceCanAccessPeer), and empties the log.
  */
 __attribute__((unused)) static void fake_gpu_install(int ndev)
 {
@@ -629,6 +657,8 @@ __attribute__((unused)) static void fake_gpu_install(int ndev)
 		memset(fake_uuid[i], 0xA0 + i, sizeof(fake_uuid[i]));
 	fake_n = 0;
 	fake_set_access_ro_rc = CUDA_SUCCESS;
+	fake_set_access_peers_rc = CUDA_SUCCESS;
+	fake_peer_ok = ~0u;
 	fake_hip_cur = 0;
 	fake_on_close = NULL;
 	memset(fake_ctx_refs, 0, sizeof(fake_ctx_refs));

@@ -7,7 +7,8 @@
  * behaviour itself is covered by tests/gpu/run.sh. Then, against fake
  * driver tables (fake_gpu.h), the call sequences: allocation, zeroing,
  * export, free (on the GPU worker's thread), the primary context dropped
- * with the last tensor, and the daemon's ordinal found from a client's UUID.
+ * with the last tensor (hold 0) or kept for --gpu-context-hold after it and
+ * released at the stop, and the daemon's ordinal found from a client's UUID.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -129,6 +130,8 @@ static int fake_setup(void **state)
 {
 	char why[160] = "";
 
+	/* Contexts go with the last tensor unless a test holds them (--gpu-context-hold). */
+	backend_gpu_set_context_hold(0);
 	fake_gpu_install(2);
 	unsetenv("TENSORD_CUDA_PATH");
 	assert_int_equal(backend_cuda.init(why, sizeof(why)), 0);
@@ -333,6 +336,40 @@ static void test_hip_alloc(void **state)
 	assert_false(pthread_equal(fake_log[k].tid, pthread_self()));
 }
 
+/* What a worker timer saw: how often it ran, and on which thread. */
+struct timer_probe {
+	int runs;
+	pthread_t tid;
+};
+
+static void timer_probe_run(void *arg)
+{
+	struct timer_probe *p = arg;
+
+	p->tid = pthread_self();
+	__atomic_add_fetch(&p->runs, 1, __ATOMIC_SEQ_CST);
+}
+
+/*
+ * gpu_worker_run_after(): a timer runs once, on the worker, when it falls
+ * due; gpu_worker_drain() does not wait for it; gpu_worker_stop() drops a
+ * timer not yet due without running it.
+ */
+static void test_worker_timers(void **state)
+{
+	struct timer_probe soon = { 0 }, late = { 0 };
+
+	assert_int_equal(gpu_worker_run_after(60000ull * 1000000, timer_probe_run, &late), 0);
+	assert_int_equal(gpu_worker_run_after(20ull * 1000000, timer_probe_run, &soon), 0);
+	gpu_worker_drain();
+	for (int i = 0; i < 500 && !__atomic_load_n(&soon.runs, __ATOMIC_SEQ_CST); i++)
+		usleep(10000);
+	gpu_worker_stop();
+	assert_int_equal(soon.runs, 1);
+	assert_false(pthread_equal(soon.tid, pthread_self()));
+	assert_int_equal(late.runs, 0);
+}
+
 /* What an asynchronous create does (dispatch.c): alloc() as a job on the worker. */
 struct alloc_job {
 	struct backend_alloc a;
@@ -410,6 +447,116 @@ static void test_cuda_alloc_on_the_worker(void **state)
 	assert_int_equal(gpu_worker_complete(), 0);
 }
 
+/* fake_count() while the worker may be recording calls. */
+static int count_locked(const char *fn)
+{
+	int n;
+
+	pthread_mutex_lock(&fake_lock);
+	n = fake_count(fn);
+	pthread_mutex_unlock(&fake_lock);
+	return n;
+}
+
+static void sleep_ms(unsigned ms)
+{
+	usleep(ms * 1000u);
+}
+
+/*
+ * With a hold, the device's context outlives its last tensor: a burst of
+ * creates and frees retains it once and releases it never, stats count it
+ * while it is held, and the stop releases it, on the worker.
+ */
+static void test_cuda_context_held_between_bursts(void **state)
+{
+	struct backend_alloc a = { .ops = &backend_cuda }, b = { .ops = &backend_cuda };
+	int k;
+
+	backend_gpu_set_context_hold(60000);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(backend_cuda.alloc(&a, 1, 1, "a"), 0);
+		backend_cuda.release(&a);
+		gpu_worker_drain();
+	}
+	assert_int_equal(backend_cuda.alloc(&b, 3 * MiB, 1, "b"), 0);
+	assert_int_equal(fake_count("cuDevicePrimaryCtxRetain"), 1);
+	assert_int_equal(fake_count("cuMemCreate"), 4);
+	assert_int_equal(backend_cuda.gpu_bytes(1), FAKE_CTX_BYTES + 4 * MiB);
+	backend_cuda.release(&b);
+	gpu_worker_drain();
+	assert_int_equal(fake_count("cuMemRelease"), 4);
+	assert_int_equal(fake_count("cuDevicePrimaryCtxRelease"), 0);
+	/* Held idle: still memory the daemon costs the GPU. */
+	assert_int_equal(backend_cuda.gpu_bytes(1), FAKE_CTX_BYTES);
+	assert_int_equal(fake_ctx_refs[1], 1);
+	/* No context left current on the worker meanwhile. */
+	k = last_call_by("cuCtxSetCurrent", fake_log[fake_find("cuMemRelease", 0)].tid);
+	assert_int_equal(fake_log[k].a[0], 0);
+
+	/* The stop does not wait for the hold: the context goes, on the worker. */
+	backend_cuda.fini();
+	assert_int_equal(fake_count("cuDevicePrimaryCtxRelease"), 1);
+	k = fake_find("cuDevicePrimaryCtxRelease", 0);
+	assert_int_equal(fake_log[k].a[0], FAKE_DEV0 + 1);
+	assert_false(pthread_equal(fake_log[k].tid, pthread_self()));
+	assert_int_equal(fake_ctx_refs[1], 0);
+	assert_int_equal(fake_ctx_refs[0], 0);
+}
+
+/*
+ * After the hold passes with no tensor on the device, exactly one release,
+ * on the worker; a create and free in the meantime start the hold again.
+ */
+static void test_cuda_context_released_after_the_hold(void **state)
+{
+	struct backend_alloc a = { .ops = &backend_cuda };
+	struct fake_call released;
+	int k, refs;
+
+	backend_gpu_set_context_hold(400);
+	assert_int_equal(backend_cuda.alloc(&a, 1, 0, "a"), 0);
+	backend_cuda.release(&a);
+	gpu_worker_drain();
+	sleep_ms(250);
+	/* A second burst within the hold: the same context, and the hold starts over. */
+	assert_int_equal(backend_cuda.alloc(&a, 1, 0, "a"), 0);
+	backend_cuda.release(&a);
+	gpu_worker_drain();
+	assert_int_equal(count_locked("cuDevicePrimaryCtxRetain"), 1);
+	sleep_ms(250);
+	/* 500 ms after the first free, 250 after the last: still held. */
+	assert_int_equal(count_locked("cuDevicePrimaryCtxRelease"), 0);
+	assert_int_equal(backend_cuda.gpu_bytes(0), FAKE_CTX_BYTES);
+	for (int i = 0; i < 500 && count_locked("cuDevicePrimaryCtxRelease") == 0; i++)
+		sleep_ms(10);
+	assert_int_equal(count_locked("cuDevicePrimaryCtxRelease"), 1);
+	/* Nothing more, however long it stays idle. */
+	sleep_ms(500);
+	pthread_mutex_lock(&fake_lock);
+	k = fake_find("cuDevicePrimaryCtxRelease", 0);
+	released = fake_log[k];
+	refs = fake_ctx_refs[0];
+	pthread_mutex_unlock(&fake_lock);
+	assert_int_equal(count_locked("cuDevicePrimaryCtxRelease"), 1);
+	assert_int_equal(released.a[0], FAKE_DEV0 + 0);
+	assert_false(pthread_equal(released.tid, pthread_self()));
+	assert_int_equal(refs, 0);
+	assert_int_equal(backend_cuda.gpu_bytes(0), 0);
+	/* The next create makes a new one. */
+	assert_int_equal(backend_cuda.alloc(&a, 1, 0, "a"), 0);
+	assert_int_equal(count_locked("cuDevicePrimaryCtxRetain"), 2);
+	backend_cuda.release(&a);
+	gpu_worker_drain();
+	/* Hold 0: released with the last tensor, as without a hold. */
+	backend_gpu_set_context_hold(0);
+	assert_int_equal(backend_cuda.alloc(&a, 1, 0, "a"), 0);
+	backend_cuda.release(&a);
+	gpu_worker_drain();
+	assert_int_equal(count_locked("cuDevicePrimaryCtxRetain"), 2);
+	assert_int_equal(count_locked("cuDevicePrimaryCtxRelease"), 1);
+}
+
 /* NVML's fake lists no process: as for a daemon in a pid namespace of its own. */
 static nvmlReturn_t no_processes(nvmlDevice_t dev, unsigned int *n, td_nvml_process_info *infos)
 {
@@ -460,6 +607,7 @@ int main(void)
 		cmocka_unit_test(test_cuda_init_without_driver),
 		cmocka_unit_test(test_hip_init_without_device),
 		cmocka_unit_test(test_backend_tables_complete),
+		cmocka_unit_test(test_worker_timers),
 		cmocka_unit_test_setup_teardown(test_uuid_to_daemon_ordinal, fake_setup,
 						fake_teardown),
 		cmocka_unit_test_setup_teardown(test_cuda_vmm_alloc_and_context, fake_setup,
@@ -471,6 +619,10 @@ int main(void)
 						fake_teardown),
 		cmocka_unit_test_setup_teardown(test_cuda_gpu_bytes_include_the_context, fake_setup,
 						fake_teardown),
+		cmocka_unit_test_setup_teardown(test_cuda_context_held_between_bursts, fake_setup,
+						fake_teardown),
+		cmocka_unit_test_setup_teardown(test_cuda_context_released_after_the_hold,
+						fake_setup, fake_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

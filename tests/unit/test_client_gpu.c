@@ -4,6 +4,7 @@
  * the daemon's cuda:1 and the other way round), the order of driver calls
  * in tensord_close() with live legacy-IPC and HIP imports, read-only
  * protection of VMM mappings (readers, and the creator after publish), the
+ * same access for this process's other devices that can reach the memory, the
  * stream put() copies on, HIP sync and copy_in, zero-size GPU leases, and
  * the UUID a create sends, and a forked child that makes no driver call.
  * No driver and no daemon: a socketpair stands in for the connection, and
@@ -300,19 +301,62 @@ static void test_close_unmaps_ipc_first(void **state)
 
 /* --- read-only VMM mappings ------------------------------------------------ */
 
-/* The last cuMemSetAccess call's flags, checking its range and device. */
-static uint64_t last_access(int local_ordinal)
+/* Index of the last cuMemSetAccess call the fake driver accepted. */
+static int last_granted(void)
 {
-	int i = -1;
+	for (int k = fake_n - 1; k >= 0; k--)
+		if (strcmp(fake_log[k].fn, "cuMemSetAccess") == 0 &&
+		    fake_log[k].a[3] == CUDA_SUCCESS)
+			return k;
+	fail_msg("no cuMemSetAccess was accepted");
+	return -1;
+}
 
-	for (int k = 0; k < fake_n; k++)
-		if (strcmp(fake_log[k].fn, "cuMemSetAccess") == 0)
-			i = k;
-	assert_true(i >= 0);
-	assert_int_equal(fake_log[i].a[0], 0x30000000);
-	assert_int_equal(fake_log[i].a[1], 2 * MiB);
-	assert_int_equal(fake_log[i].a[2], (uint64_t)local_ordinal);
-	return fake_log[i].a[3];
+/*
+ * The cuMemSetAccess call at log index k: the mapping's range, the owner's
+ * descriptor first (this process's ordinal owner), then each other device
+ * once, all with the same flags. Returns those flags; *ret_devs gets the
+ * ordinals it covered (bit i: ordinal i).
+ */
+static uint64_t access_at(int k, int owner, uint64_t *ret_devs)
+{
+	uint64_t flags, devs = 0;
+	int n;
+
+	assert_true(k >= 0);
+	assert_string_equal(fake_log[k].fn, "cuMemSetAccess");
+	assert_int_equal(fake_log[k].a[0], 0x30000000);
+	assert_int_equal(fake_log[k].a[1], 2 * MiB);
+	n = (int)fake_log[k].a[2];
+	assert_true(n >= 1 && k + n < fake_n);
+	assert_int_equal(fake_log[k + 1].a[1], (uint64_t)owner);
+	flags = fake_log[k + 1].a[2];
+	for (int i = 0; i < n; i++) {
+		const struct fake_call *d = &fake_log[k + 1 + i];
+
+		assert_string_equal(d->fn, "cuMemSetAccess.desc");
+		assert_int_equal(d->a[0], CU_MEM_LOCATION_TYPE_DEVICE);
+		assert_int_equal(d->a[2], flags);
+		assert_int_equal(d->a[3], (uint64_t)i);
+		assert_true(d->a[1] < 4);
+		assert_false(devs & (1ull << d->a[1]));
+		devs |= 1ull << d->a[1];
+	}
+	*ret_devs = devs;
+	return flags;
+}
+
+/*
+ * The flags of the last access granted, checking its range and that it
+ * covered the owner (this process's ordinal owner) and its peer: the fake's
+ * two devices reach each other unless a test says otherwise.
+ */
+static uint64_t last_access(int owner)
+{
+	uint64_t devs, flags = access_at(last_granted(), owner, &devs);
+
+	assert_int_equal(devs, 3);
+	return flags;
 }
 
 static void map_vmm(struct td_mapping *m, int daemon_ordinal, bool writable)
@@ -349,7 +393,8 @@ static void test_vmm_reader_read_only(void **state)
 	fake_n = 0;
 	fake_set_access_ro_rc = CUDA_ERROR_NOT_SUPPORTED;
 	map_vmm(&m, 1, false);
-	assert_int_equal(fake_count("cuMemSetAccess"), 2);
+	/* Read-only for both devices, then for the owner alone, then read-write for both. */
+	assert_int_equal(fake_count("cuMemSetAccess"), 3);
 	assert_int_equal(last_access(0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
 	assert_false(m.ro_enforced);
 	td_importer_cuda.unmap(&m);
@@ -364,7 +409,9 @@ static void test_vmm_creator_protected_at_publish(void **state)
 	assert_int_equal(last_access(1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
 	assert_false(m.ro_enforced);
 	fake_n = 0;
+	/* Read-only for the peer too (last_access() checks both devices). */
 	assert_int_equal(td_importer_cuda.make_private(&m), 0);
+	assert_int_equal(fake_count("cuMemSetAccess"), 1);
 	assert_int_equal(last_access(1), CU_MEM_ACCESS_FLAGS_PROT_READ);
 	assert_true(m.ro_enforced);
 	/* With our device's context pushed, and popped again. */
@@ -385,6 +432,149 @@ static void test_vmm_creator_protected_at_publish(void **state)
 	td_importer_cuda.unmap(&m);
 	/* Legacy IPC has nothing to re-protect. */
 	assert_null(td_importer_cuda_ipc.make_private);
+}
+
+/*
+ * A peer copy (torch's .to("cuda:1")) reads the memory from another device
+ * of this process: every device that can reach the owner gets the owner's
+ * access, in the same cuMemSetAccess call.
+ */
+static void test_vmm_access_for_peers(void **state)
+{
+	struct td_mapping m;
+	uint64_t devs;
+	int k;
+
+	/* Our two devices reach each other: one call, both devices, read-only. */
+	map_vmm(&m, 0, false);
+	assert_int_equal(fake_count("cuMemSetAccess"), 1);
+	k = fake_find("cuMemSetAccess", 0);
+	assert_int_equal(fake_log[k].a[2], 2);
+	assert_int_equal(access_at(k, 1, &devs), CU_MEM_ACCESS_FLAGS_PROT_READ);
+	assert_int_equal(devs, 3);
+	assert_true(m.ro_enforced);
+	assert_int_equal(m.peers, 1);
+	assert_false(m.peers_refused);
+	/* Asked whether our device 0 reaches the owner, our 1, as CUdevices. */
+	k = fake_find("cuDeviceCanAccessPeer", 0);
+	assert_true(k >= 0);
+	assert_int_equal(fake_log[k].a[0], FAKE_DEV0 + 0);
+	assert_int_equal(fake_log[k].a[1], FAKE_DEV0 + 1);
+	assert_int_equal(fake_count("cuDeviceCanAccessPeer"), 1);
+	td_importer_cuda.unmap(&m);
+
+	/* Writable: read-write for both. */
+	fake_n = 0;
+	map_vmm(&m, 1, true);
+	assert_int_equal(fake_count("cuMemSetAccess"), 1);
+	assert_int_equal(access_at(fake_find("cuMemSetAccess", 0), 0, &devs),
+			 CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	assert_int_equal(devs, 3);
+	assert_int_equal(m.peers, 1);
+	td_importer_cuda.unmap(&m);
+
+	/* No peer can reach the owner: the owner alone, and nothing was refused. */
+	fake_n = 0;
+	fake_peer_ok = 0;
+	map_vmm(&m, 0, false);
+	assert_int_equal(fake_count("cuMemSetAccess"), 1);
+	k = fake_find("cuMemSetAccess", 0);
+	assert_int_equal(fake_log[k].a[2], 1);
+	assert_int_equal(access_at(k, 1, &devs), CU_MEM_ACCESS_FLAGS_PROT_READ);
+	assert_int_equal(devs, 2);
+	assert_true(m.ro_enforced);
+	assert_int_equal(m.peers, 0);
+	assert_false(m.peers_refused);
+	td_importer_cuda.unmap(&m);
+
+	/* Three devices, ordinal 2 unable to reach the owner (our 1): 1 and 0 only. */
+	fake_n = 0;
+	fake_ndev = 3;
+	fake_peer_ok = ~(1u << 2);
+	map_vmm(&m, 0, true);
+	assert_int_equal(fake_count("cuMemSetAccess"), 1);
+	assert_int_equal(access_at(fake_find("cuMemSetAccess", 0), 1, &devs),
+			 CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	assert_int_equal(devs, 3);
+	assert_int_equal(m.peers, 1);
+	td_importer_cuda.unmap(&m);
+}
+
+/*
+ * The driver refuses access for several devices: the mapping falls back to
+ * the owner alone and says so. Publish re-protects exactly the devices the
+ * map gave access, never fewer: a peer left out would keep writing.
+ */
+static void test_vmm_peers_refused(void **state)
+{
+	struct td_mapping m;
+	uint64_t devs;
+
+	fake_set_access_peers_rc = CUDA_ERROR_INVALID_DEVICE;
+	map_vmm(&m, 0, false);
+	assert_int_equal(fake_count("cuMemSetAccess"), 2);
+	assert_int_equal(access_at(last_granted(), 1, &devs), CU_MEM_ACCESS_FLAGS_PROT_READ);
+	assert_int_equal(devs, 2);
+	assert_true(m.ro_enforced);
+	assert_int_equal(m.peers, 0);
+	assert_true(m.peers_refused);
+	td_importer_cuda.unmap(&m);
+
+	/* A creator whose peers were refused: publish protects the owner alone. */
+	map_vmm(&m, 0, true);
+	assert_true(m.peers_refused);
+	fake_n = 0;
+	assert_int_equal(td_importer_cuda.make_private(&m), 0);
+	assert_int_equal(fake_count("cuMemSetAccess"), 1);
+	assert_int_equal(access_at(last_granted(), 1, &devs), CU_MEM_ACCESS_FLAGS_PROT_READ);
+	assert_int_equal(devs, 2);
+	assert_true(m.ro_enforced);
+	assert_int_equal(td_importer_cuda.make_shared(&m), 0);
+	assert_int_equal(access_at(last_granted(), 1, &devs), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	assert_int_equal(devs, 2);
+	td_importer_cuda.unmap(&m);
+
+	/* Granted at the map, refused at publish: the publish fails, nothing narrowed. */
+	fake_set_access_peers_rc = CUDA_SUCCESS;
+	map_vmm(&m, 0, true);
+	assert_int_equal(m.peers, 1);
+	fake_set_access_peers_rc = CUDA_ERROR_INVALID_DEVICE;
+	fake_n = 0;
+	assert_true(td_importer_cuda.make_private(&m) < 0);
+	assert_non_null(strstr(tensord_last_error(), "read-only at publish"));
+	assert_int_equal(fake_count("cuMemSetAccess"), 1);
+	assert_int_equal(fake_log[fake_find("cuMemSetAccess", 0)].a[2], 2);
+	assert_false(m.ro_enforced);
+	td_importer_cuda.unmap(&m);
+}
+
+/* A driver that refuses PROT_READ: read-write for the owner and its peer alike. */
+static void test_vmm_read_only_fallback_with_peers(void **state)
+{
+	struct td_mapping m;
+	uint64_t devs;
+
+	fake_set_access_ro_rc = CUDA_ERROR_NOT_SUPPORTED;
+	map_vmm(&m, 0, false);
+	assert_int_equal(access_at(last_granted(), 1, &devs), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	assert_int_equal(devs, 3);
+	assert_false(m.ro_enforced);
+	assert_int_equal(m.peers, 1);
+	assert_false(m.peers_refused);
+	td_importer_cuda.unmap(&m);
+
+	/* The creator at publish: read-only refused for both, read-write for both. */
+	map_vmm(&m, 0, true);
+	fake_n = 0;
+	assert_int_equal(td_importer_cuda.make_private(&m), 0);
+	assert_int_equal(fake_count("cuMemSetAccess"), 2);
+	assert_int_equal(access_at(fake_find("cuMemSetAccess", 0), 1, &devs),
+			 CU_MEM_ACCESS_FLAGS_PROT_READ);
+	assert_int_equal(devs, 3);
+	assert_int_equal(last_access(1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	assert_false(m.ro_enforced);
+	assert_int_equal(m.peers, 1);
+	td_importer_cuda.unmap(&m);
 }
 
 /* --- streams: sync at publish, copy_in for put() ---------------------------- */
@@ -654,6 +844,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_close_unmaps_ipc_first, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_vmm_reader_read_only, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_vmm_creator_protected_at_publish, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_vmm_access_for_peers, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_vmm_peers_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_vmm_read_only_fallback_with_peers, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_cuda_copy_in_on_put_stream, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hip_sync_and_copy_in, setup, teardown),

@@ -26,11 +26,16 @@
 
 #include "daemon/options.h"
 
-/* The one call options.c makes into the host backend: recorded here. */
-static uint64_t pool_set;
+/* The calls options.c makes into the backends: recorded here. */
+static uint64_t pool_set, hold_set;
 void backend_host_set_pool(uint64_t budget)
 {
 	pool_set = budget;
+}
+
+void backend_gpu_set_context_hold(uint64_t ms)
+{
+	hold_set = ms;
 }
 
 static char dir[64], conf[96], errpath[96];
@@ -55,6 +60,7 @@ static int parse_argv(int n, const char *const *args)
 	memset(&cfg, 0, sizeof(cfg));
 	ready_fd = -1;
 	pool_set = 12345;
+	hold_set = 12345;
 	fflush(stderr);
 	saved = dup(STDERR_FILENO);
 	fd = open(errpath, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -122,6 +128,10 @@ static uint64_t got_pool(void)
 {
 	return pool_set;
 }
+static uint64_t got_hold(void)
+{
+	return hold_set;
+}
 static uint64_t got_bytes(void)
 {
 	return cfg.limits.per_uid[QUOTA_BYTES];
@@ -176,6 +186,7 @@ static uint64_t got_gid(void)
 static const struct numopt numopts[] = {
 	{ "capacity", SIZE, 1, UINT64_MAX, "1", U64, got_capacity, false },
 	{ "pool", SIZE, 0, UINT64_MAX - 1, "0", "18446744073709551614", got_pool, false },
+	{ "gpu-context-hold", DEC, 0, UINT32_MAX, "0", U32, got_hold, false },
 	{ "max-bytes-per-uid", SIZE, 1, UINT64_MAX, "1", U64, got_bytes, false },
 	{ "mode", OCT, 0, 0777, "0", "0777", got_mode, false },
 	{ "max-clients", DEC, 1, UINT_MAX, "1", U32, got_max_clients, false },
