@@ -224,6 +224,7 @@ UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/
                               common/names.c common/errors.c gpu/vendor.c
 UNIT_DEPS_test_registry_async := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_versions    := $(UNIT_DEPS_test_registry)
+UNIT_DEPS_test_quarantine  := $(UNIT_DEPS_test_registry) daemon/quarantine.c
 UNIT_DEPS_test_figures     := daemon/figures.c daemon/metrics.c daemon/quota.c daemon/backend_host.c \
                               daemon/pool.c daemon/slab.c daemon/memlimit.c daemon/log.c \
                               common/sys.c common/paths.c common/names.c common/desc.c \

@@ -42,6 +42,10 @@
 
 #define IN_CHUNK 4096u
 
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77 /* Linux 6.5; the C library's headers may predate it */
+#endif
+
 static void on_poll(uv_poll_t *h, int status, int events);
 void conn_process(struct conn *c);
 
@@ -166,6 +170,16 @@ void conn_close(struct conn *c)
 	set->n--;
 	uv_poll_stop(&c->poll);
 	uv_close((uv_handle_t *)&c->poll, on_closed);
+}
+
+int conn_peer_pidfd(const struct conn *c)
+{
+	int fd = -1;
+	socklen_t len = sizeof(fd);
+
+	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) < 0)
+		return -errno;
+	return fd;
 }
 
 void conn_close_all(struct conn_set *set)

@@ -210,6 +210,14 @@ static inline struct log_peer conn_peer(const struct conn *c)
 		log_limited((level), (kind), &(c)->limits, &peer_, __VA_ARGS__);                   \
 	} while (0)
 
+/*
+ * A pidfd of the process that connected c (SO_PEERPIDFD, Linux 6.5: the
+ * very process, never one that reused its pid), the caller's to close; or
+ * -errno: -ENOPROTOOPT on older kernels, -ESRCH or -EINVAL when that
+ * process is gone. Valid until on_close(c) returns.
+ */
+int conn_peer_pidfd(const struct conn *c);
+
 /* Flushes what is queued, then closes. */
 void conn_shutdown(struct conn *c);
 

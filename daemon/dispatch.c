@@ -346,6 +346,7 @@ void dispatch_close(struct conn *c, void *ctx)
 {
 	struct client *cl = conn_data(c);
 	struct server *srv = cl->srv;
+	struct reg_hold *hold;
 
 	log_debug("conn %llu: pid %u closed, dropping %u leases", (unsigned long long)c->id,
 		  cl->rc.pid, cl->rc.n_leases);
@@ -354,5 +355,23 @@ void dispatch_close(struct conn *c, void *ctx)
 	watch_client_gone(cl);
 	/* Allocations in flight complete without it (create_done()). */
 	dispatch_create_forget(cl);
+	/*
+	 * Its legacy IPC leases may still be open in its process: tensord_close()
+	 * releases them before its socket shuts, so any still held means the
+	 * connection ended some other way (the daemon closed it, the process
+	 * died, the socket was shut from outside). Their memory stays until that
+	 * process has exited (docs/gpu.md).
+	 */
+	hold = registry_client_hold(&srv->reg, &cl->rc);
 	registry_client_gone(&srv->reg, &cl->rc);
+	if (!hold)
+		return;
+	conn_log_limited(
+		c, TD_LOG_INFO, LOG_KIND_QUARANTINE,
+		"conn %llu: pid %u: connection ended holding %u legacy IPC lease%s it may "
+		"still have open: their memory (%llu bytes) is kept until the process exits",
+		(unsigned long long)c->id, hold->pid, hold->n, hold->n == 1 ? "" : "s",
+		(unsigned long long)hold->bytes);
+	quarantine_add(&srv->quarantine, hold,
+		       quota_fd_room(&srv->quota, c->uid) ? conn_peer_pidfd(c) : -EMFILE);
 }

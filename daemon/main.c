@@ -42,6 +42,8 @@ static void server_stop(struct server *srv)
 	waiters_drop_all(&srv->waiters);
 	conn_close_all(&srv->conns);
 	conn_set_fini(&srv->conns);
+	/* The daemon's exit frees its GPU memory anyway: nothing waits for clients. */
+	quarantine_fini(&srv->quarantine);
 	uv_close((uv_handle_t *)&srv->sigterm, NULL);
 	uv_close((uv_handle_t *)&srv->sigint, NULL);
 	uv_close((uv_handle_t *)&srv->sighup, NULL);
@@ -222,6 +224,7 @@ static int server_init(struct server *srv)
 	srv->conns.quota = &srv->quota;
 	srv->conns.fds_per_conn = srv->quota.lim.fds_in_flight_per_conn;
 	waiters_init(&srv->waiters, srv->loop, dispatch_waiter_done, srv);
+	quarantine_init(&srv->quarantine, srv->loop, &srv->reg, &srv->quota);
 	srv->waiters.set_ready = dispatch_set_ready;
 	srv->reg.on_commit = dispatch_on_commit;
 	srv->reg.on_commit_ctx = srv;

@@ -15,6 +15,7 @@ static const char *const kind_names[LOG_KIND_N] = {
 	[LOG_KIND_BEFORE_HELLO] = "request before hello",
 	[LOG_KIND_BAD_FRAME] = "malformed request",
 	[LOG_KIND_REFUSED_ACCEPT] = "refused connection",
+	[LOG_KIND_QUARANTINE] = "memory kept past a connection",
 };
 
 /* The limits over all connections, one bucket per kind. */

@@ -103,6 +103,7 @@ int registry_init(struct registry *reg, uint64_t host_capacity)
 	memset(reg, 0, sizeof(*reg));
 	RB_INIT(&reg->names);
 	LIST_INIT(&reg->all);
+	LIST_INIT(&reg->holds);
 	reg->n_buckets = 64;
 	reg->buckets = calloc(reg->n_buckets, sizeof(*reg->buckets));
 	if (!reg->buckets)
@@ -163,6 +164,7 @@ void reg_tensor_free(struct registry *reg, struct tensor *t)
 	assert(!t->draft && !t->replaces);
 	reg_tx_remove(t);
 	assert(t->refcount == 0 || !t->creator); /* registry_fini() frees what is leased */
+	assert(t->holds == 0);                   /* registry_fini() ends the holds first */
 	free(t->hv);
 	creator_unlink(t);
 	reg_create_uncharge(reg, t);
@@ -181,6 +183,8 @@ void reg_tensor_free(struct registry *reg, struct tensor *t)
 
 void registry_fini(struct registry *reg)
 {
+	while (!LIST_EMPTY(&reg->holds))
+		registry_hold_end(reg, LIST_FIRST(&reg->holds));
 	while (!LIST_EMPTY(&reg->all)) {
 		struct tensor *t = LIST_FIRST(&reg->all);
 
@@ -406,7 +410,8 @@ int reg_lease_add(struct registry *reg, struct reg_client *rc, struct tensor *t,
 	return 0;
 }
 
-static void lease_drop_slot(struct registry *reg, struct reg_client *rc, uint32_t slot)
+/* Empties rc's lease slot; returns its tensor, whose reference the caller now has. */
+static struct tensor *slot_take(struct registry *reg, struct reg_client *rc, uint32_t slot)
 {
 	struct tensor *t = rc->leases[slot].t;
 
@@ -416,10 +421,21 @@ static void lease_drop_slot(struct registry *reg, struct reg_client *rc, uint32_
 	rc->free_head = slot + 1;
 	rc->n_leases--;
 	reg->n_leases--;
+	return t;
+}
+
+/* A reference of uid's on t goes; the last one of an unlinked tensor frees it. */
+static void tensor_let_go(struct registry *reg, struct tensor *t, uint32_t uid)
+{
 	if (reg->quota)
-		holder_drop(reg, t, rc->uid);
+		holder_drop(reg, t, uid);
 	if (--t->refcount == 0 && t->state == TENSORD_STATE_UNLINKED)
 		reg_tensor_free(reg, t);
+}
+
+static void lease_drop_slot(struct registry *reg, struct reg_client *rc, uint32_t slot)
+{
+	tensor_let_go(reg, slot_take(reg, rc, slot), rc->uid);
 }
 
 /* The slot of a live lease, or -1. */
@@ -483,6 +499,63 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc)
 	free(rc->leases);
 	rc->leases = NULL;
 	rc->n_slots = rc->cap_slots = rc->free_head = 0;
+}
+
+struct reg_hold *registry_client_hold(struct registry *reg, struct reg_client *rc)
+{
+	struct reg_hold *h;
+	uint32_t n = 0, k = 0;
+
+	for (uint32_t s = 0; s < rc->n_slots; s++)
+		n += rc->leases[s].t && td_gpu_handle_ipc(rc->leases[s].t->alloc.handle_kind);
+	reg->visits += rc->n_slots;
+	if (!n)
+		return NULL;
+	h = malloc(sizeof(*h) + n * sizeof(h->t[0]));
+	if (!h) {
+		log_error("conn %llu: pid %u: out of memory to keep the memory of %u legacy IPC "
+			  "leases past the connection: it is freed now, while the process may "
+			  "still have it open",
+			  (unsigned long long)rc->id, rc->pid, n);
+		return NULL;
+	}
+	h->conn_id = rc->id;
+	h->uid = rc->uid;
+	h->pid = rc->pid;
+	h->bytes = 0;
+	h->n = n;
+	for (uint32_t s = 0; s < rc->n_slots; s++) {
+		struct tensor *t = rc->leases[s].t;
+
+		if (!t || !td_gpu_handle_ipc(t->alloc.handle_kind))
+			continue;
+		/* The lease's reference and its uid's holder count go to the hold. */
+		slot_take(reg, rc, s);
+		assert(t->dev);
+		if (t->holds++ == 0) {
+			t->dev->quarantined += t->alloc.footprint;
+			h->bytes += t->alloc.footprint;
+		}
+		h->t[k++] = t;
+	}
+	LIST_INSERT_HEAD(&reg->holds, h, link);
+	reg->n_holds++;
+	return h;
+}
+
+void registry_hold_end(struct registry *reg, struct reg_hold *h)
+{
+	LIST_REMOVE(h, link);
+	reg->n_holds--;
+	for (uint32_t i = 0; i < h->n; i++) {
+		struct tensor *t = h->t[i];
+
+		assert(t->holds > 0 && t->refcount >= t->holds);
+		if (--t->holds == 0)
+			t->dev->quarantined -= t->alloc.footprint;
+		tensor_let_go(reg, t, h->uid);
+	}
+	free(h);
 }
 
 bool registry_mode_allows(uint32_t owner_uid, uint32_t owner_gid, uint32_t mode, uint32_t uid,

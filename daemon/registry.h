@@ -72,6 +72,7 @@ struct tensor {
 	uint32_t n_hv;
 	uint64_t pinned_bytes; /* counted in each holder's QUOTA_PINNED; 0: none */
 	bool allocating;       /* the GPU worker is getting its memory */
+	uint32_t holds;        /* of refcount, the references of reg_holds (quarantined) */
 	/*
 	 * Replace (docs/design.md, "Replace"): a named tensor's pending new
 	 * version, and the other way round. A draft is in state CREATED and not
@@ -104,6 +105,7 @@ struct reg_device {
 	uint64_t capacity;
 	uint64_t used;
 	uint32_t tensors;
+	uint64_t quarantined; /* of used, the footprints of tensors a reg_hold keeps */
 };
 
 /* A client's view: who it is and the leases it holds. Embedded in a conn. */
@@ -125,6 +127,25 @@ struct reg_lease {
 	uint32_t gen;
 	uint32_t next_free;
 	uint64_t since_ns; /* CLOCK_MONOTONIC when the lease began */
+};
+
+/*
+ * Leases kept past their connection (docs/gpu.md, "When a connection ends
+ * with legacy IPC leases"). With legacy IPC (td_gpu_handle_ipc()) the
+ * daemon is the exporter, and no driver counts a client's open handle: a
+ * lease on such memory still held when its connection ends may still be
+ * open in the client's process. Its tensor keeps its memory, as the lease
+ * did (a reference, its uid's holder count), until registry_hold_end(),
+ * which the caller runs once that process has exited (quarantine.c).
+ * Owned by the registry (registry.holds).
+ */
+struct reg_hold {
+	uint64_t conn_id;
+	uint32_t uid, pid;         /* the client's, as its reg_client said */
+	uint64_t bytes;            /* what it put in quarantine: footprints no hold kept before */
+	LIST_ENTRY(reg_hold) link; /* registry.holds */
+	uint32_t n;
+	struct tensor *t[]; /* n: one per lease, each a reference on its tensor */
 };
 
 RB_HEAD(tensor_names, tensor);
@@ -188,6 +209,8 @@ struct registry {
 	struct quota *quota;
 	/* list and stat show every tensor to everyone (--show-all-metadata). */
 	bool show_all_metadata;
+	LIST_HEAD(, reg_hold) holds; /* owned: every hold not yet ended */
+	uint32_t n_holds;
 	uint64_t visits; /* tensors and slots a closing client visited: work, for stats */
 };
 
@@ -218,7 +241,7 @@ struct create_args {
  */
 int registry_init(struct registry *reg, uint64_t host_capacity);
 
-/* Frees every tensor, whatever its leases. */
+/* Ends every hold left, then frees every tensor, whatever its leases. */
 void registry_fini(struct registry *reg);
 
 void registry_client_init(struct reg_client *rc, uint64_t id, uint32_t uid, uint32_t gid,
@@ -230,6 +253,22 @@ void registry_client_init(struct reg_client *rc, uint64_t id, uint32_t uid, uint
  * borrowed through rc's leases may be freed.
  */
 void registry_client_gone(struct registry *reg, struct reg_client *rc);
+
+/*
+ * Before registry_client_gone(rc): moves rc's leases on legacy IPC memory
+ * into a new hold (struct reg_hold), so that their tensors keep their
+ * memory after rc is gone; its other leases are left for the close. The
+ * hold, borrowed until registry_hold_end() (or registry_fini()), or NULL
+ * when rc holds no such lease; out of memory too, which is logged, and
+ * the leases then end with the others.
+ */
+struct reg_hold *registry_client_hold(struct registry *reg, struct reg_client *rc);
+
+/*
+ * The process of h's client has exited: ends h, whose tensors are let go
+ * as its leases would have been (those nothing else holds are freed).
+ */
+void registry_hold_end(struct registry *reg, struct reg_hold *h);
 
 /*
  * The calls below that take why return 0 or -errno and, on failure, write a

@@ -6,6 +6,8 @@
  * Layers, bottom up (each calls down by name, and up only through the
  * callbacks main.c sets):
  *   registry.c, backend_*.c   tensors, leases, memory; no sockets, no loop
+ *   quarantine.c              ended connections' legacy IPC memory, until their
+ *                             processes exit; the registry and the loop, no sockets
  *   conn.c, listen.c          sockets and frames; up through conn_handlers
  *   waiters.c                 parked attaches and their timers; up through on_done
  *   reply.c, dispatch.c       the protocol: requests in, replies out
@@ -22,6 +24,7 @@
 #include <uv.h>
 
 #include "conn.h"
+#include "quarantine.h"
 #include "quota.h"
 #include "registry.h"
 #include "waiters.h"
@@ -45,6 +48,8 @@ struct server {
 	struct conn_set conns;
 	struct waiters waiters;
 	struct quota quota; /* what each uid holds, and its limits */
+	/* Legacy IPC memory of ended connections, kept until their processes exit. */
+	struct quarantine quarantine;
 	int listen_fd;
 	bool socket_inherited; /* passed by systemd: not ours to unlink */
 	int reserve_fd;        /* spare descriptor for shedding clients at EMFILE */

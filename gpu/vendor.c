@@ -87,3 +87,11 @@ bool td_gpu_handle_fd(int kind)
 			return h->fd;
 	return false;
 }
+
+bool td_gpu_handle_ipc(int kind)
+{
+	for (const struct td_gpu_handle *h = td_gpu_handles; h->vendor; h++)
+		if (h->kind == kind)
+			return !h->fd;
+	return false;
+}

@@ -33,8 +33,9 @@
  * A row of TD_GPU_HANDLES, one per Tensord__HandleKind of GPU memory:
  * X(id, kind, fd, importer): vendor id's memory travels as
  * TENSORD__HANDLE_KIND__<kind>, with a descriptor in the lease's frame
- * when fd is true, and the client library maps it with importer (a struct
- * td_importer of gpu/<id>/import_<id>.c).
+ * when fd is true (else it is a legacy IPC handle, td_gpu_handle_ipc()),
+ * and the client library maps it with importer (a struct td_importer of
+ * gpu/<id>/import_<id>.c).
  */
 #ifndef TENSORD_GPU_VENDOR_H
 #define TENSORD_GPU_VENDOR_H
@@ -130,5 +131,16 @@ bool td_gpu_stream_valid(int device_type, long stream);
 
 /* Whether a lease of a GPU handle kind carries a descriptor (false for kinds not in the table). */
 bool td_gpu_handle_fd(int kind);
+
+/*
+ * Whether kind is a legacy IPC handle (HANDLE_CUDA_IPC, HANDLE_HIP_IPC):
+ * the rows without a descriptor, whose bytes name memory inside the
+ * exporting process, the daemon. No kernel or driver counts an importer's
+ * mapping of it, so the daemon must not free that memory while a client
+ * process may still have it open (docs/gpu.md, "Who owns what"). A handle
+ * with a descriptor (CUDA VMM) is refcounted by the driver. False for
+ * kinds not in the table.
+ */
+bool td_gpu_handle_ipc(int kind);
 
 #endif /* TENSORD_GPU_VENDOR_H */

@@ -800,6 +800,7 @@ tensord_client *td_client_new(int fd)
 	pthread_mutex_init(&c->conn.send_lock, NULL);
 	pthread_cond_init(&c->conn.cond, NULL);
 	td_mapcache_init(&c->maps, &c->lock);
+	LIST_INIT(&c->ipc_leases);
 	c->conn.fd = fd;
 	c->conn.max_request = TD_FRAME_MIN_REQUEST;
 	pthread_once(&atfork_once, atfork_register);
@@ -922,9 +923,14 @@ tensord_client *tensord_close(tensord_client *c)
 	 * The daemon frees what this connection leased once it sees EOF. For
 	 * memory it exports itself (legacy CUDA IPC, HIP IPC) that is undefined
 	 * behaviour while we still have it open, so close those handles first;
-	 * leases still alive then point at unmapped memory (docs/gpu.md).
+	 * leases still alive then point at unmapped memory (docs/gpu.md). Then
+	 * release those leases, and send every Release still queued: a legacy
+	 * IPC lease the daemon finds held at EOF is one it must assume still
+	 * open, and it keeps that memory until this process exits.
 	 */
 	td_mapcache_revoke(&c->maps);
+	td_lease_release_ipc(c);
+	td_relq_flush(&c->conn);
 	pthread_mutex_lock(&c->lock);
 	conn_lost(&c->conn, -ENOTCONN, NULL);
 	/* Wakes a reader blocked in recvmsg; the daemon sees EOF and ends

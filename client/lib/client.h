@@ -124,6 +124,8 @@ struct tensord_client {
 	pthread_mutex_t lock; /* guards conn (but its fd and send_lock), maps, successor */
 	struct td_conn conn;
 	struct td_mapcache maps;
+	/* Leases on memory the daemon exports itself, for tensord_close() (lease.c). */
+	LIST_HEAD(, td_lease) ipc_leases;
 	/*
 	 * Fork (docs/design.md, "Fork"). inherited is set in a forked child,
 	 * before any other thread exists there, and never cleared: the client
@@ -344,6 +346,9 @@ void td_relq_start(struct td_conn *conn, struct td_mapcache *maps);
 
 /* Stops and joins the flusher; queued releases are dropped (the connection ends them). */
 void td_relq_stop(struct td_conn *conn);
+
+/* Sends the queued releases now (tensord_close(), before the socket shuts). */
+void td_relq_flush(struct td_conn *conn);
 
 /*
  * Encodes the queued releases as frames ending exactly at end (the room

@@ -32,6 +32,15 @@ struct td_lease {
 				   NULL when it uses map itself */
 	bool readonly;
 	tensord_info info; /* shape and strides the handles point into */
+	/*
+	 * On memory the daemon exports itself (its mapping's importer says
+	 * unmap_before_close): listed in c->ipc_leases until it ends, so that
+	 * tensord_close() can release it once it unmapped the memory. Both
+	 * guarded by c->lock.
+	 */
+	bool ipc_listed;
+	bool released_by_close; /* tensord_close() released it: the deleter sends nothing */
+	LIST_ENTRY(td_lease) ipc_link;
 };
 
 struct td_handle {
@@ -63,6 +72,27 @@ void td_lease_end(tensord_client *c, uint64_t lease_id)
 	send_release(c, lease_id);
 }
 
+void td_lease_release_ipc(tensord_client *c)
+{
+	uint64_t ids[TD_RELQ_MAX];
+	struct td_lease *l;
+	int n;
+
+	/* In batches, so that no send happens under the client's lock. */
+	do {
+		n = 0;
+		pthread_mutex_lock(&c->lock);
+		while (n < TD_RELQ_MAX && (l = LIST_FIRST(&c->ipc_leases))) {
+			LIST_REMOVE(l, ipc_link);
+			l->released_by_close = true;
+			ids[n++] = l->lease_id;
+		}
+		pthread_mutex_unlock(&c->lock);
+		for (int i = 0; i < n; i++)
+			td_release(c, ids[i]);
+	} while (n == TD_RELQ_MAX);
+}
+
 /*
  * Ends a lease the daemon granted (0: none) for a reply we could not use,
  * or it would live until close; keeps the calling thread's error message.
@@ -83,15 +113,25 @@ static int end_granted(tensord_client *c, uint64_t lease_id, int err)
 /* Takes ownership of one reference on l; the last one ends the lease. */
 static void lease_unref(struct td_lease *l)
 {
+	bool released = false;
+
 	if (atomic_fetch_sub_explicit(&l->refs, 1, memory_order_acq_rel) != 1)
 		return;
+	if (l->ipc_listed) {
+		pthread_mutex_lock(&l->c->lock);
+		released = l->released_by_close;
+		if (!released)
+			LIST_REMOVE(l, ipc_link);
+		pthread_mutex_unlock(&l->c->lock);
+	}
 	/* Unmap before the daemon may free: with legacy GPU IPC handles the
 	 * exporter freeing memory an importer still has open is undefined. */
 	if (l->view)
 		td_importer_for(l->map->handle_kind)->unview(l->map, l->view);
 	if (l->map)
 		td_mapcache_unref(&l->c->maps, l->map);
-	send_release(l->c, l->lease_id);
+	if (!released)
+		send_release(l->c, l->lease_id);
 	td_client_unref(l->c);
 	l->magic = 0;
 	free(l);
@@ -410,6 +450,12 @@ int td_lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
 	l->lease_id = w->lease;
 	l->map = m;
 	l->readonly = !w->writable;
+	if (m && td_importer_for(m->handle_kind)->unmap_before_close) {
+		pthread_mutex_lock(&c->lock);
+		LIST_INSERT_HEAD(&c->ipc_leases, l, ipc_link);
+		l->ipc_listed = true;
+		pthread_mutex_unlock(&c->lock);
+	}
 	*ret_lease = l;
 	return 0;
 fail:

@@ -44,6 +44,17 @@ struct td_mapping *td_tensor_mapping(const DLManagedTensorVersioned *t);
 /* Ends a lease that no td_lease holds (one-way Release; no reply). */
 void td_lease_end(tensord_client *c, uint64_t lease_id);
 
+/*
+ * For tensord_close(), after td_mapcache_revoke() closed every IPC handle:
+ * releases every live lease on memory the daemon exports itself (legacy
+ * CUDA IPC, HIP IPC), so that the daemon frees that memory at once. A
+ * legacy IPC lease still held when a connection ends is one whose handle
+ * may still be open, which the daemon keeps until this process exits
+ * (docs/gpu.md). Their deleters later send nothing. Queues the Releases
+ * (td_release()); the caller flushes them before the socket shuts.
+ */
+void td_lease_release_ipc(tensord_client *c);
+
 /* Fills a tensord_info from the wire form. w is borrowed for the call. */
 void td_info_from_wire(tensord_info *info, const Tensord__TensorInfo *w);
 

@@ -193,6 +193,14 @@ void td_relq_stop(struct td_conn *conn)
 	q->running = false;
 }
 
+void td_relq_flush(struct td_conn *conn)
+{
+	pthread_mutex_lock(&conn->send_lock);
+	if (conn->relq.n)
+		flush_locked(conn);
+	pthread_mutex_unlock(&conn->send_lock);
+}
+
 void td_release(tensord_client *c, uint64_t lease_id)
 {
 	struct td_conn *conn = &c->conn;

@@ -9,8 +9,13 @@
  * 300 MiB per primary context). Nothing is ever mapped: exported
  * descriptors are duplicates of stderr.
  *
+ * Every free of device memory (cuMemFree, cuMemRelease, hipFree) writes
+ * "fakegpu: <call> 0x<address or handle>" to stderr, the daemon's log, so a
+ * test sees when the memory really went (test_gpu_quarantine.py).
+ *
  * TENSORD_FAKE_ALLOC_MS: how long each cuMemCreate takes (default 0).
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "gpu/cuda/nvml.h" /* before fake_gpu.h: its NVML fake too */
@@ -18,11 +23,18 @@
 
 int tensord_main(int argc, char **argv);
 
+/* On the GPU worker: one write, so the line is never cut by the daemon's own. */
+static void log_free(const char *fn, uint64_t key)
+{
+	fprintf(stderr, "fakegpu: %s 0x%llx\n", fn, (unsigned long long)key);
+}
+
 int main(int argc, char **argv)
 {
 	const char *ms = getenv("TENSORD_FAKE_ALLOC_MS");
 
 	fake_gpu_install(2);
+	fake_on_free = log_free;
 	fake_alloc_delay_ms = ms ? (unsigned)strtoul(ms, NULL, 10) : 0;
 	return tensord_main(argc, argv);
 }

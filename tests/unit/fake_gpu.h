@@ -42,7 +42,9 @@ static CUresult fake_set_access_peers_rc;   /* what cuMemSetAccess for several d
 static unsigned fake_peer_ok;               /* bit i: ordinal i reaches the others' memory */
 static int fake_hip_cur;                    /* the HIP thread's current device */
 static void (*fake_on_close)(uint64_t ptr); /* called by the IPC close fakes */
-static unsigned fake_alloc_delay_ms;        /* cuMemCreate and cuMemAlloc take this long */
+/* Called by the fakes that free memory (cuMemFree, cuMemRelease, hipFree) with their name. */
+static void (*fake_on_free)(const char *fn, uint64_t key);
+static unsigned fake_alloc_delay_ms; /* cuMemCreate and cuMemAlloc take this long */
 
 /*
  * What the fake driver counts as this process's GPU memory per device, for
@@ -260,6 +262,8 @@ static CUresult f_cuMemFree(CUdeviceptr p)
 	pthread_mutex_lock(&fake_lock);
 	fake_live_drop(p);
 	pthread_mutex_unlock(&fake_lock);
+	if (fake_on_free)
+		fake_on_free("cuMemFree", p);
 	return CUDA_SUCCESS;
 }
 static CUresult f_cuMemsetD8(CUdeviceptr p, unsigned char v, size_t n)
@@ -340,6 +344,8 @@ static CUresult f_cuMemRelease(CUmemGenericAllocationHandle h)
 	pthread_mutex_lock(&fake_lock);
 	fake_live_drop(h);
 	pthread_mutex_unlock(&fake_lock);
+	if (fake_on_free)
+		fake_on_free("cuMemRelease", h);
 	return CUDA_SUCCESS;
 }
 
@@ -513,6 +519,8 @@ static hipError_t f_hipMalloc(void **p, size_t n)
 static hipError_t f_hipFree(void *p)
 {
 	REC("hipFree", U(p), (uint64_t)fake_hip_cur, 0, 0);
+	if (fake_on_free)
+		fake_on_free("hipFree", U(p));
 	return hipSuccess;
 }
 static hipError_t f_hipMemset(void *p, int v, size_t n)
@@ -661,6 +669,7 @@ __attribute__((unused)) static void fake_gpu_install(int ndev)
 	fake_peer_ok = ~0u;
 	fake_hip_cur = 0;
 	fake_on_close = NULL;
+	fake_on_free = NULL;
 	memset(fake_ctx_refs, 0, sizeof(fake_ctx_refs));
 	memset(fake_live, 0, sizeof(fake_live));
 	fake_hip.DeviceGetUuid = f_hipDeviceGetUuid;

@@ -231,6 +231,45 @@ static void test_zero_size_gpu_lease(void **state)
 static int peer_fd = -1;
 static int closes_before_eof;
 
+/*
+ * Reads what the client sent on fd until its end: every frame must be a
+ * Release, whose leases go to ids[] (at most max). Their number.
+ */
+static int read_releases(int fd, uint64_t *ids, int max)
+{
+	uint8_t buf[4096];
+	size_t len = 0, off = 0;
+	ssize_t n;
+	int k = 0;
+
+	while ((n = recv(fd, buf + len, sizeof(buf) - len, 0)) > 0)
+		len += (size_t)n;
+	assert_int_equal(n, 0);
+	while (off < len) {
+		uint32_t plen;
+		Tensord__Request *req;
+
+		assert_true(len - off >= TD_FRAME_HEADER);
+		memcpy(&plen, buf + off, sizeof(plen));
+		assert_true(len - off - TD_FRAME_HEADER >= plen);
+		req = tensord__request__unpack(NULL, plen, buf + off + TD_FRAME_HEADER);
+		assert_non_null(req);
+		assert_int_equal(req->body_case, TENSORD__REQUEST__BODY_RELEASE);
+		assert_true(k < max);
+		ids[k++] = req->release->lease;
+		tensord__request__free_unpacked(req, NULL);
+		off += TD_FRAME_HEADER + plen;
+	}
+	return k;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
 /* Called by the fake cuIpcCloseMemHandle / hipIpcCloseMemHandle. */
 static void check_daemon_still_connected(uint64_t ptr)
 {
@@ -248,7 +287,7 @@ static void test_close_unmaps_ipc_first(void **state)
 	struct wire w1, w2, w3;
 	tensord_client *c;
 	int sp[2], pfd[2];
-	char b;
+	uint64_t ids[8];
 
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
 	peer_fd = sp[1];
@@ -260,8 +299,10 @@ static void test_close_unmaps_ipc_first(void **state)
 	w1.info.id = 43;
 	ipc2 = lease(c, &w1, -1);
 	wire_fill(&w2, TENSORD__HANDLE_KIND__HANDLE_HIP_IPC, kDLROCM, 1, 16, false);
+	w2.l.lease = 9;
 	hip = lease(c, &w2, -1);
 	wire_fill(&w3, TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD, kDLCUDA, 1, 16, false);
+	w3.l.lease = 10;
 	assert_int_equal(pipe(pfd), 0);
 	close(pfd[1]);
 	vmm = lease(c, &w3, pfd[0]);
@@ -277,8 +318,17 @@ static void test_close_unmaps_ipc_first(void **state)
 	assert_in_range(fake_find("hipDeviceSynchronize", 0), 0,
 			fake_find("hipIpcCloseMemHandle", 0));
 	assert_int_equal(closes_before_eof, 3);
-	/* ...and the daemon saw the end of the connection afterwards. */
-	assert_int_equal(recv(peer_fd, &b, 1, MSG_DONTWAIT), 0);
+	/*
+	 * ...then those leases were released, and the daemon saw the end of the
+	 * connection afterwards: a legacy IPC lease still held at the end would
+	 * be kept until this process exits. The VMM lease ends with the
+	 * connection, as before.
+	 */
+	assert_int_equal(read_releases(peer_fd, ids, 8), 3);
+	qsort(ids, 3, sizeof(ids[0]), cmp_u64);
+	assert_int_equal(ids[0], 7);
+	assert_int_equal(ids[1], 8);
+	assert_int_equal(ids[2], 9);
 	/* VMM mappings are the driver's to refcount: left alone. */
 	assert_int_equal(fake_count("cuMemUnmap"), 0);
 
@@ -297,6 +347,42 @@ static void test_close_unmaps_ipc_first(void **state)
 	assert_in_range(fake_find("cuCtxSynchronize", 0), 0, fake_find("cuMemUnmap", 0));
 	close(peer_fd);
 	fake_on_close = NULL;
+}
+
+/* Releases deleters queued just before the close reach the daemon before its end. */
+static void test_close_sends_queued_releases(void **state)
+{
+	DLManagedTensorVersioned *vmm;
+	tensord_client *c;
+	struct wire w;
+	int sp[2], pfd[2];
+	uint64_t ids[4];
+
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+	c = td_client_new(sp[0]);
+	td_relq_start(&c->conn, &c->maps);
+	wire_fill(&w, TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD, kDLCUDA, 1, 16, false);
+	w.l.lease = 11;
+	assert_int_equal(pipe(pfd), 0);
+	close(pfd[1]);
+	vmm = lease(c, &w, pfd[0]);
+	/* Queued for the flusher (up to 1 ms), then the close at once. */
+	vmm->deleter(vmm);
+	tensord_close(c);
+	assert_int_equal(read_releases(sp[1], ids, 4), 1);
+	assert_int_equal(ids[0], 11);
+	close(sp[1]);
+}
+
+/* The daemon's rule (td_gpu_handle_ipc()) and the client's importers agree on legacy IPC. */
+static void test_ipc_kinds_agree(void **state)
+{
+	for (const struct td_gpu_handle *h = td_gpu_handles; h->vendor; h++) {
+		const struct td_importer *imp = td_importer_for(h->kind);
+
+		assert_non_null(imp);
+		assert_int_equal(imp->unmap_before_close, td_gpu_handle_ipc(h->kind));
+	}
 }
 
 /* --- read-only VMM mappings ------------------------------------------------ */
@@ -842,6 +928,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_lease_device_is_local, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_zero_size_gpu_lease, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_close_unmaps_ipc_first, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_close_sends_queued_releases, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_ipc_kinds_agree, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_vmm_reader_read_only, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_vmm_creator_protected_at_publish, setup,
 						teardown),

@@ -81,6 +81,8 @@ static void test_handles(void **state)
 		assert_int_not_equal(h->kind, TENSORD__HANDLE_KIND__HANDLE_NONE);
 		assert_int_not_equal(h->kind, TENSORD__HANDLE_KIND__HANDLE_MEMFD);
 		assert_int_equal(td_gpu_handle_fd(h->kind), h->fd);
+		/* A GPU handle without a descriptor is a legacy IPC handle. */
+		assert_int_equal(td_gpu_handle_ipc(h->kind), !h->fd);
 		for (const struct td_gpu_handle *g = td_gpu_handles; g->vendor; g++)
 			assert_true(g == h || g->kind != h->kind);
 	}
@@ -92,6 +94,13 @@ static void test_handles(void **state)
 	assert_true(td_gpu_handle_fd(TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD));
 	assert_false(td_gpu_handle_fd(TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC));
 	assert_false(td_gpu_handle_fd(TENSORD__HANDLE_KIND__HANDLE_HIP_IPC));
+	/* Memory the daemon exports itself: legacy CUDA IPC and HIP IPC only. */
+	assert_true(td_gpu_handle_ipc(TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC));
+	assert_true(td_gpu_handle_ipc(TENSORD__HANDLE_KIND__HANDLE_HIP_IPC));
+	assert_false(td_gpu_handle_ipc(TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD));
+	assert_false(td_gpu_handle_ipc(TENSORD__HANDLE_KIND__HANDLE_MEMFD));
+	assert_false(td_gpu_handle_ipc(TENSORD__HANDLE_KIND__HANDLE_NONE));
+	assert_false(td_gpu_handle_ipc(1000));
 }
 
 /* "<device>:N" both ways for every vendor, and "<device>" alone is N = 0. */
