@@ -207,6 +207,7 @@ UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c gpu/v
 UNIT_DEPS_test_gpu_vendor  := gpu/vendor.c common/names.c common/desc.c common/errors.c
 UNIT_DEPS_test_pool        := daemon/pool.c daemon/log.c common/paths.c
 UNIT_DEPS_test_slab        := daemon/slab.c common/sys.c
+UNIT_DEPS_test_sys         := common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memlimit.c
 UNIT_DEPS_test_ratelimit   := daemon/ratelimit.c daemon/log.c common/paths.c
 UNIT_DEPS_test_paths       := common/paths.c
