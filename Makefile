@@ -313,15 +313,18 @@ run:
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)PYTHON=$(PYTHON) bash deploy/demo.sh $(B)
 
-# C attach latency, then Python put and attach next to their peers, then sets,
-# versions and watches (bench/py_sets.py), each run both pinned to one CPU (no
-# cross-CPU wake-ups) and unpinned.
+# C attach latency, then Python put and attach next to their peers, polling
+# adaptive next to off under confinement and CPU hogs (bench/py_spin.py), then
+# sets, versions and watches (bench/py_sets.py), each run both pinned to one
+# CPU (no cross-CPU wake-ups) and unpinned.
 bench: all
 	$(Q)set -e; for b in $(BENCH_BIN); do $$b; done
 	$(Q)set -e; export TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python; \
 	echo "== pinned to CPU 0"; taskset -c 0 $(PYTHON) bench/py_put.py --sizes 4K,64K; \
 	echo "== unpinned"; $(PYTHON) bench/py_put.py; \
 	$(PYTHON) bench/py_attach.py; \
+	echo "== polling: adaptive next to off, unpinned, confined after start, in a cpuset, under CPU hogs"; \
+	$(PYTHON) bench/py_spin.py --fixed; \
 	$(PYTHON) bench/py_names.py; \
 	echo "== sets, versions, watches: pinned to CPU 0, then unpinned"; \
 	taskset -c 0 $(PYTHON) bench/py_sets.py; $(PYTHON) bench/py_sets.py; \
