@@ -208,6 +208,7 @@ UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c gpu/v
 UNIT_DEPS_test_gpu_vendor  := gpu/vendor.c common/names.c common/desc.c common/errors.c
 UNIT_DEPS_test_pool        := daemon/pool.c daemon/log.c common/paths.c
 UNIT_DEPS_test_slab        := daemon/slab.c common/sys.c
+UNIT_DEPS_test_sys         := common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memlimit.c
 UNIT_DEPS_test_ratelimit   := daemon/ratelimit.c daemon/log.c common/paths.c
 UNIT_DEPS_test_paths       := common/paths.c
@@ -314,15 +315,18 @@ run:
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)PYTHON=$(PYTHON) bash deploy/demo.sh $(B)
 
-# C attach latency, then Python put and attach next to their peers, then sets,
-# versions and watches (bench/py_sets.py), each run both pinned to one CPU (no
-# cross-CPU wake-ups) and unpinned.
+# C attach latency, then Python put and attach next to their peers, polling
+# adaptive next to off under confinement and CPU hogs (bench/py_spin.py), then
+# sets, versions and watches (bench/py_sets.py), each run both pinned to one
+# CPU (no cross-CPU wake-ups) and unpinned.
 bench: all
 	$(Q)set -e; for b in $(BENCH_BIN); do $$b; done
 	$(Q)set -e; export TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python; \
 	echo "== pinned to CPU 0"; taskset -c 0 $(PYTHON) bench/py_put.py --sizes 4K,64K; \
 	echo "== unpinned"; $(PYTHON) bench/py_put.py; \
 	$(PYTHON) bench/py_attach.py; \
+	echo "== polling: adaptive next to off, unpinned, confined after start, in a cpuset, under CPU hogs"; \
+	$(PYTHON) bench/py_spin.py --fixed; \
 	$(PYTHON) bench/py_names.py; \
 	echo "== sets, versions, watches: pinned to CPU 0, then unpinned"; \
 	taskset -c 0 $(PYTHON) bench/py_sets.py; $(PYTHON) bench/py_sets.py; \

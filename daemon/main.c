@@ -49,7 +49,7 @@ static void server_stop(struct server *srv)
 	uv_close((uv_handle_t *)&srv->sighup, NULL);
 	uv_close((uv_handle_t *)&srv->sigusr1, NULL);
 	uv_close((uv_handle_t *)&srv->sigusr2, NULL);
-	uv_close((uv_handle_t *)&srv->spin, NULL);
+	uv_close((uv_handle_t *)&srv->spin_idle, NULL);
 	/* Creates still allocating complete after the loop (main()). */
 	gpu_worker_set_notify(NULL, NULL);
 	uv_close((uv_handle_t *)&srv->gpu_done, NULL);
@@ -140,28 +140,60 @@ static void raise_fd_limit(void)
 /*
  * Polling after a request. Waking a sleeping process on another CPU costs
  * tens of microseconds on a VM, more than serving an attach; a client that
- * sends its next request within td_spin_budget_us() of the last reply
- * finds the loop awake (common/sys.c says when it is 0).
+ * sends its next request within the spin budget of the last one finds the
+ * loop awake. srv->spin decides the budget (0 while the loop's thread is
+ * confined to one CPU, or backing off: common/sys.h) and learns how each
+ * poll ended: a request came (a hit), the budget ran out (a miss), or a
+ * gap between two iterations of the loop shows that the thread lost its
+ * CPU meanwhile. Iterations that serve a frame re-arm the poll and take
+ * their time from there, so only polling counts in the gaps.
  */
-
 static void on_spin(uv_idle_t *h)
 {
 	struct server *srv = h->data;
+	uint64_t now = now_ns();
 
-	if (now_ns() >= srv->spin_until)
+	if (now - srv->spin_seen > TD_SPIN_LOST_NS || now >= srv->spin_until) {
+		td_spin_record(&srv->spin,
+			       now - srv->spin_seen > TD_SPIN_LOST_NS ? TD_SPIN_LOST : TD_SPIN_MISS,
+			       now);
 		uv_idle_stop(h);
+		return;
+	}
+	srv->spin_seen = now;
+	srv->spin_polled = true;
 }
 
 static void on_frame(struct conn *c, const uint8_t *payload, size_t len, void *ctx)
 {
 	struct server *srv = ctx;
+	bool spinning = uv_is_active((uv_handle_t *)&srv->spin_idle);
+	uint64_t now;
+	unsigned us;
 
-	dispatch_frame(c, payload, len, ctx);
-	if (srv->spin_ns && !srv->stopping) {
-		srv->spin_until = now_ns() + srv->spin_ns;
-		if (!uv_is_active((uv_handle_t *)&srv->spin))
-			uv_idle_start(&srv->spin, on_spin);
+	/* A frame read in a later iteration than the one that armed the
+	 * poll came while the loop polled. */
+	if (spinning && srv->spin_polled) {
+		now = now_ns();
+		td_spin_record(&srv->spin,
+			       now - srv->spin_seen > TD_SPIN_LOST_NS ? TD_SPIN_LOST : TD_SPIN_HIT,
+			       now);
 	}
+	dispatch_frame(c, payload, len, ctx);
+	if (srv->stopping)
+		return;
+	now = now_ns();
+	us = td_spin_budget_us(&srv->spin, now);
+	if (us == 0) {
+		if (spinning)
+			uv_idle_stop(&srv->spin_idle);
+		return;
+	}
+	srv->spin_until = now + (uint64_t)us * 1000;
+	srv->spin_seen = now;
+	srv->spin_polled = false;
+	if (!spinning)
+		uv_idle_start(&srv->spin_idle, on_spin);
 }
 
 /* The metrics endpoint's text: the daemon's state and counters. */
@@ -228,9 +260,9 @@ static int server_init(struct server *srv)
 	srv->waiters.set_ready = dispatch_set_ready;
 	srv->reg.on_commit = dispatch_on_commit;
 	srv->reg.on_commit_ctx = srv;
-	uv_idle_init(srv->loop, &srv->spin);
-	srv->spin.data = srv;
-	srv->spin_ns = (uint64_t)td_spin_budget_us() * 1000;
+	uv_idle_init(srv->loop, &srv->spin_idle);
+	srv->spin_idle.data = srv;
+	td_spin_init(&srv->spin);
 	uv_async_init(srv->loop, &srv->gpu_done, on_gpu_done);
 	gpu_worker_set_notify(gpu_notify, &srv->gpu_done);
 	return 0;

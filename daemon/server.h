@@ -23,6 +23,7 @@
 
 #include <uv.h>
 
+#include "common/sys.h"
 #include "conn.h"
 #include "quarantine.h"
 #include "quota.h"
@@ -58,10 +59,16 @@ struct server {
 	uv_signal_t sighup, sigusr1, sigusr2; /* logged, never fatal */
 	uint64_t start_ns;
 	bool stopping;
-	/* After a request, the loop polls instead of sleeping for spin_ns
-	 * (0: never), so the next request of a busy client needs no wake-up. */
-	uv_idle_t spin;
-	uint64_t spin_ns, spin_until;
+	/* After a request, the loop polls instead of sleeping until
+	 * spin_until, so the next request of a busy client needs no wake-up;
+	 * spin says whether and how long (common/sys.h). spin_seen: when the
+	 * poll was armed or the loop last came round while polling;
+	 * spin_polled: it came round since the poll was armed, so a frame
+	 * read now came while polling, not in the batch that armed it. */
+	uv_idle_t spin_idle;
+	struct td_spin spin;
+	uint64_t spin_until, spin_seen;
+	bool spin_polled;
 	/* The GPU worker finished a job: run completions (creates) on the loop. */
 	uv_async_t gpu_done;
 };

@@ -342,7 +342,9 @@ static int deliver_frames(struct td_conn *conn)
  * The reader polls the socket for a reply before it sleeps in recvmsg(): a
  * reply to most requests comes within a few tens of microseconds, while
  * waking a sleeping thread on another CPU costs about as much again on a
- * VM. How long: td_spin_budget_us() (common/sys.c).
+ * VM. Whether and how long: the connection's td_spin (common/sys.h),
+ * which stops polling while this thread is confined to one CPU or while
+ * polls keep missing. Only the reader touches it.
  */
 static uint64_t mono_ns(void)
 {
@@ -352,24 +354,51 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* recvmsg() without sleeping for up to the spin budget; -1 with EAGAIN when nothing came. */
-static ssize_t spin_recv(int fd, struct msghdr *m)
+/*
+ * recvmsg() without sleeping for up to the spin budget; -1 with EAGAIN when
+ * nothing came. Stops early, and backs off, when a gap between two looks
+ * at the clock shows that this thread lost its CPU meanwhile.
+ */
+static ssize_t spin_recv(struct td_conn *conn, struct msghdr *m)
 {
-	unsigned us = td_spin_budget_us();
-	uint64_t end;
+	uint64_t now = mono_ns(), end;
+	unsigned us = td_spin_budget_us(&conn->spin, now);
+	enum td_spin_outcome how;
 	ssize_t n;
 
 	if (us == 0) {
 		errno = EAGAIN;
 		return -1;
 	}
-	end = mono_ns() + (uint64_t)us * 1000;
-	do {
-		n = recvmsg(fd, m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-		if (n >= 0 || (errno != EAGAIN && errno != EINTR))
+	end = now + (uint64_t)us * 1000;
+	/* A reply already there on the first look is no poll's merit. */
+	n = recvmsg(conn->fd, m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+	if (n >= 0 || (errno != EAGAIN && errno != EINTR))
+		return n;
+	for (;;) {
+		uint64_t t = mono_ns();
+
+		if (t - now > TD_SPIN_LOST_NS) {
+			now = t;
+			how = TD_SPIN_LOST;
+			break;
+		}
+		now = t;
+		if (now >= end) {
+			how = TD_SPIN_MISS;
+			break;
+		}
+		n = recvmsg(conn->fd, m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+		if (n >= 0) {
+			td_spin_record(&conn->spin, TD_SPIN_HIT, now);
 			return n;
-	} while (mono_ns() < end);
-	return n;
+		}
+		if (errno != EAGAIN && errno != EINTR)
+			return n;
+	}
+	td_spin_record(&conn->spin, how, now);
+	errno = EAGAIN;
+	return -1;
 }
 
 /*
@@ -417,7 +446,7 @@ static int read_some(struct td_conn *conn, struct td_fdq *got, size_t *ret_n, bo
 		if (n < 0 && errno == EAGAIN)
 			return -EAGAIN; /* nothing there: no error set */
 	} else {
-		n = spin_recv(conn->fd, &m);
+		n = spin_recv(conn, &m);
 	}
 	while (block && n < 0 && (errno == EINTR || errno == EAGAIN))
 		n = recvmsg(conn->fd, &m, MSG_CMSG_CLOEXEC);
@@ -803,6 +832,7 @@ tensord_client *td_client_new(int fd)
 	LIST_INIT(&c->ipc_leases);
 	c->conn.fd = fd;
 	c->conn.max_request = TD_FRAME_MIN_REQUEST;
+	td_spin_init(&c->conn.spin);
 	pthread_once(&atfork_once, atfork_register);
 	pthread_mutex_lock(&all_lock);
 	LIST_INSERT_HEAD(&all_clients, c, all_link);

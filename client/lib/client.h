@@ -14,6 +14,7 @@
 
 #include <tensord/tensord.h>
 
+#include "common/sys.h"
 #include "import.h"
 #include "lease.h"
 #include "mapcache.h"
@@ -116,6 +117,7 @@ struct td_conn {
 	struct td_rbuf rx;
 	struct td_fdq fdq;
 	struct td_relq relq; /* guarded by send_lock, not by the client's lock */
+	struct td_spin spin; /* how long to poll for a reply: the reader's alone */
 };
 
 struct tensord_client {

@@ -34,6 +34,27 @@ def test_py_put_bench_runs(daemon):
                              re.M), out
 
 
+def test_py_spin_bench_runs():
+    """Every condition prints both cycles with the ratios, or says why the
+    cpuset was skipped (the figures themselves are not asserted)."""
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "py_spin.py"), "--rounds", "1",
+                        "--seconds", "0.02", "--fixed"],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert re.match(r"py_spin: us per cycle, medians of 1 interleaved rounds", out), out
+    for cond in ("unpinned", "pinned", "cpuset", "hogs"):
+        if cond == "cpuset" and re.search(r"^  cpuset +skipped: no cgroup cpuset could be made "
+                                          r"\(.+\)$", out, re.M):
+            continue
+        for cycle in ("attach", "put 4K"):
+            assert re.search(r"^  %s +%s +[\d.]+( +[\d.]+){4} +[\d.]+x +[\d.]+x$" % (cond, cycle),
+                             out, re.M), out
+    assert re.search(r"^ +the adaptive daemon polled: \d+ hit, \d+ missed, \d+ lost the CPU, "
+                     r"\d+ back-offs; at the end 1 CPUs, budget 0 us$", out, re.M), out
+
+
 def test_py_names_bench_runs():
     r = subprocess.run([sys.executable, os.path.join(BENCH, "py_names.py"), "--names", "2000",
                         "--samples", "400", "--rounds", "2"],
