@@ -18,7 +18,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 import tensord
-from benchutil import daemon_socket
+from benchutil import daemon_socket, print_floors
 
 NAME = "bench/py_attach"
 
@@ -103,6 +103,7 @@ def main():
             print(f"py_attach: 1 client:   {n / dt:10,.0f} attach+from_dlpack+release/s "
                   f"({dt / n * 1e6:.1f} us each, {args.size} B tensor)")
             versus_shm(sock, args.size, args.seconds)
+            print_floors("py_attach")
 
             ctx = mp.get_context("spawn")
             start, out = ctx.Barrier(args.procs), ctx.Queue()
