@@ -14,11 +14,13 @@ def test_py_attach_bench_runs(daemon):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 4
     assert re.match(r"py_attach: 1 client: +[\d,]+ attach\+from_dlpack\+release/s", lines[0])
     assert re.match(r"py_attach: tensord [\d.]+ us, SharedMemory\(name\)\+view\+close [\d.]+ us "
                     r".*: [\d.]+x shm$", lines[1])
-    assert re.match(r"py_attach: 2 clients: +[\d,]+ attach\+from_dlpack\+release/s", lines[2])
+    assert re.match(r"py_attach: kernel floor here: socket round trip [\d.]+ us, descriptor round "
+                    r"trip [\d.]+ us, mmap\+touch\+munmap 4 KiB [\d.]+ us$", lines[2])
+    assert re.match(r"py_attach: 2 clients: +[\d,]+ attach\+from_dlpack\+release/s", lines[3])
 
 
 def test_py_put_bench_runs(daemon):
