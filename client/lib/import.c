@@ -12,8 +12,19 @@
  * keeps, so such a write shows in no other lease either, and a repeat
  * attach needs no descriptor from the daemon. Mapping never touches the
  * pages, so an attach costs the same for 4 KiB and for 1 GiB.
+ *
+ * Unless the mapping is still clean: when no page of it was copied by a
+ * stray write (memfd_clean(), from /proc/self/pagemap), a further lease
+ * uses the same mapping. A process holding a million leases of a few
+ * tensors then holds a few mappings, not a million (vm.max_map_count is
+ * 65530 by default). The price: a stray write through one lease shows in
+ * the other leases of the same tensor that this process holds at that
+ * moment (never in another process, never in a later attach, which finds
+ * the mapping no longer clean and gets a view of its own).
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -137,6 +148,61 @@ static int memfd_view(struct td_mapping *m, void **ret_base)
 	return 0;
 }
 
+/*
+ * Above this, a lease gets a view without looking: reading the page map
+ * costs 8 bytes a page, while a view costs one mmap whatever its size.
+ */
+#define CLEAN_CHECK_MAX (4ull << 20)
+
+/* /proc/self/pagemap of this process, opened again after a fork; -1 when unreadable. */
+static int pagemap_fd(void)
+{
+	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+	static pid_t owner;
+	static int fd = -1;
+	pid_t me = getpid();
+	int r;
+
+	pthread_mutex_lock(&lock);
+	if (owner != me) {
+		/* A child's copy names the parent's pages: never read through it. */
+		if (fd >= 0 && owner)
+			close(fd);
+		fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+		owner = me;
+	}
+	r = fd;
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+#define PM_PRESENT (1ull << 63)
+#define PM_SWAPPED (1ull << 62)
+#define PM_FILE (1ull << 61) /* a page of the file, or shared anonymous memory */
+
+/*
+ * A private page that a write copied is anonymous: present without the
+ * file bit, or swapped out. Pages never touched are absent, and clean.
+ */
+static bool memfd_clean(const struct td_mapping *m)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), n = (m->size + page - 1) / page;
+	uint64_t e[CLEAN_CHECK_MAX / 4096];
+	int fd;
+
+	if (!m->base || m->writable || m->size > CLEAN_CHECK_MAX || n > sizeof(e) / sizeof(e[0]))
+		return false;
+	fd = pagemap_fd();
+	if (fd < 0 ||
+	    pread(fd, e, n * sizeof(e[0]), (off_t)((uintptr_t)m->base / page * sizeof(e[0]))) !=
+		    (ssize_t)(n * sizeof(e[0])))
+		return false;
+	for (uint64_t i = 0; i < n; i++)
+		if ((e[i] & PM_SWAPPED) || ((e[i] & PM_PRESENT) && !(e[i] & PM_FILE)))
+			return false;
+	return true;
+}
+
 static void memfd_unview(struct td_mapping *m, void *base)
 {
 	munmap(base, (size_t)m->size);
@@ -161,6 +227,7 @@ const struct td_importer td_importer_memfd = {
 	.make_private = memfd_make_private,
 	.make_shared = memfd_make_shared,
 	.view = memfd_view,
+	.clean = memfd_clean,
 	.unview = memfd_unview,
 	.park = memfd_park,
 };

@@ -67,6 +67,7 @@ struct td_mapping {
 	bool created_here;               /* this process created it (it may publish) */
 	uint32_t flags;                  /* the tensor's TENSORD_MUTABLE | ... */
 	bool reusable;                   /* a repeat attach of name may reuse it */
+	bool in_slab;                    /* a window of shared memory (a slab) */
 	bool revoked;                /* unmapped by tensord_close(): the last unref only frees */
 	LIST_ENTRY(td_mapping) link; /* the cache's list, or one of those going */
 	/* Kept after its last lease (mapcache.h): when, and its place in the parked list. */
@@ -117,6 +118,14 @@ struct td_importer {
 	 * mappings, GPU memory).
 	 */
 	int (*view)(struct td_mapping *m, void **ret_base);
+	/*
+	 * Whether every byte of m still shows the shared memory: no stray
+	 * write made a private copy of any of its pages. A further lease may
+	 * then use m itself instead of a view (so a process holding many
+	 * leases of one tensor holds one mapping). False when not known or
+	 * too costly to find out. NULL: never.
+	 */
+	bool (*clean)(const struct td_mapping *m);
 	/* Undoes view(). Never fails; may run on any thread. */
 	void (*unview)(struct td_mapping *m, void *base);
 	/*

@@ -305,7 +305,10 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const
 	m->writable = w->writable;
 	m->created_here = created;
 	m->flags = info->flags;
-	m->reusable = !w->share_id; /* a tensor in a slab: a window per lease */
+	/* A tensor in a slab has no descriptor of its own for a view: its window
+	 * is reused only while clean (td_mapcache_find_reusable()). */
+	m->reusable = true;
+	m->in_slab = w->share_id != 0;
 	snprintf(m->name, sizeof(m->name), "%s", info->name);
 	td_mapcache_insert(mc, m);
 	*ret_map = m;
@@ -376,9 +379,10 @@ static int lease_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const 
 
 /*
  * A reused private mapping gets a view of its own for this lease (see
- * td_importer.view), so no lease ever sees another's stray writes. On
- * failure drops the reference on m. On success *ret_view is owned by the
- * lease (NULL: it uses m itself).
+ * td_importer.view), unless no stray write has touched it (its importer's
+ * clean()): then the lease shares it, so many leases of one tensor cost
+ * one mapping. On failure drops the reference on m. On success *ret_view
+ * is owned by the lease (NULL: it uses m itself).
  */
 static int lease_view(struct td_mapcache *mc, struct td_mapping *m, bool reused, void **ret_view)
 {
@@ -389,7 +393,7 @@ static int lease_view(struct td_mapcache *mc, struct td_mapping *m, bool reused,
 	if (!m || !reused || m->writable)
 		return 0;
 	imp = td_importer_for(m->handle_kind);
-	if (!imp || !imp->view)
+	if (!imp || !imp->view || (imp->clean && imp->clean(m)))
 		return 0;
 	r = imp->view(m, ret_view);
 	if (r < 0)

@@ -166,6 +166,21 @@ void td_mapcache_insert(struct td_mapcache *mc, struct td_mapping *m)
 	pthread_mutex_unlock(mc->lock);
 }
 
+/*
+ * A slab window has no descriptor of its own to make a view from, so it
+ * is reused only while no stray write has touched it; a fresh window is
+ * mapped otherwise. Lock held.
+ */
+static bool clean_enough(const struct td_mapping *m)
+{
+	const struct td_importer *imp;
+
+	if (!m->in_slab)
+		return true;
+	imp = td_importer_for(m->handle_kind);
+	return imp && imp->clean && imp->clean(m);
+}
+
 struct td_mapping *td_mapcache_find_reusable(struct td_mapcache *mc, const char *name)
 {
 	struct td_mapping *m;
@@ -173,7 +188,7 @@ struct td_mapping *td_mapcache_find_reusable(struct td_mapcache *mc, const char 
 	pthread_mutex_lock(mc->lock);
 	LIST_FOREACH(m, &mc->maps, link)
 	{
-		if (m->reusable && strcmp(m->name, name) == 0) {
+		if (m->reusable && strcmp(m->name, name) == 0 && clean_enough(m)) {
 			if (m->parked_ns)
 				unpark(mc, m);
 			m->refs++;
@@ -213,8 +228,8 @@ void td_mapcache_mark_published(struct td_mapcache *mc, struct td_mapping *m, bo
 static bool parkable(const struct td_mapcache *mc, const struct td_mapping *m,
 		     const struct td_importer *imp)
 {
-	return mc->on_park && imp && imp->park && m->reusable && !m->writable && !m->revoked &&
-	       m->size <= TD_PARK_BYTES;
+	return mc->on_park && imp && imp->park && m->reusable && !m->in_slab && !m->writable &&
+	       !m->revoked && m->size <= TD_PARK_BYTES;
 }
 
 /* Needs unmapping before the daemon may free it, and is still mapped. Lock held. */
