@@ -325,6 +325,7 @@ bench: all
 	echo "== pinned to CPU 0"; taskset -c 0 $(PYTHON) bench/py_put.py --sizes 4K,64K; \
 	echo "== unpinned"; $(PYTHON) bench/py_put.py; \
 	$(PYTHON) bench/py_attach.py; \
+	$(PYTHON) bench/py_leases.py; \
 	echo "== polling: adaptive next to off, unpinned, confined after start, in a cpuset, under CPU hogs"; \
 	$(PYTHON) bench/py_spin.py --fixed; \
 	$(PYTHON) bench/py_names.py; \
