@@ -319,7 +319,7 @@ run:
 bench: all
 	$(Q)set -e; for b in $(BENCH_BIN); do $$b; done
 	$(Q)set -e; export TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python; \
-	echo "== pinned to CPU 0"; taskset -c 0 $(PYTHON) bench/py_put.py --sizes 4K,64K; \
+	echo "== pinned to CPU 0"; taskset -c 0 $(PYTHON) bench/py_put.py --sizes 4K,64K,64M,1G; \
 	echo "== unpinned"; $(PYTHON) bench/py_put.py; \
 	$(PYTHON) bench/py_attach.py; \
 	$(PYTHON) bench/py_names.py; \
