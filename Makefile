@@ -215,7 +215,8 @@ UNIT_DEPS_test_options     := daemon/options.c daemon/config.c daemon/log.c comm
 UNIT_DEPS_test_config      := daemon/config.c common/paths.c
 UNIT_DEPS_test_log         := daemon/log.c common/paths.c
 # A daemon module may count a figure (figure_count()): its test links metrics.c, the counters' home.
-UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/commit.c daemon/txn.c \
+UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/registry_reserve.c \
+                              daemon/commit.c daemon/txn.c \
                               daemon/quota.c daemon/backend_host.c daemon/pool.c \
                               daemon/metrics.c \
                               daemon/slab.c \
@@ -224,6 +225,7 @@ UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/
                               common/names.c common/errors.c gpu/vendor.c
 UNIT_DEPS_test_registry_async := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_versions    := $(UNIT_DEPS_test_registry)
+UNIT_DEPS_test_reserve     := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_figures     := daemon/figures.c daemon/metrics.c daemon/quota.c daemon/backend_host.c \
                               daemon/pool.c daemon/slab.c daemon/memlimit.c daemon/log.c \
                               common/sys.c common/paths.c common/names.c common/desc.c \
