@@ -31,6 +31,14 @@ struct td_import_desc {
 	const uint8_t *ipc_handle;
 	size_t ipc_handle_len;
 	uint64_t ipc_offset;
+	/*
+	 * Host memory this process mapped already, shared and writable, from
+	 * the same descriptor (the client's reserve, premapped_len bytes at
+	 * premapped, MADV_DONTFORK): map() takes it over instead of mapping
+	 * anew. NULL: none.
+	 */
+	void *premapped;
+	uint64_t premapped_len;
 };
 
 /* One mapped allocation in this process. */
