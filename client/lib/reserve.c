@@ -42,6 +42,8 @@
 #define TD_RESERVE_RETRY_MAX_MS 200u
 #define TD_RESERVE_REFUSED_MS 1000u
 #define TD_RESERVE_DEFAULT (2ull << 30)
+/* Bytes populated per call (and per hold of the mmap lock). */
+#define TD_RESERVE_POPULATE_STEP (4ull << 20)
 
 static uint64_t mono_ns(void)
 {
@@ -269,6 +271,31 @@ static void give_back(tensord_client *c, struct td_reserve_slot *s)
 }
 
 /*
+ * Fills the page tables of n bytes at p. Every page is up to date (the
+ * daemon wrote its zeroes), so a read fault maps 16 of them, writable: a
+ * shared mapping of tmpfs needs no write notification. A step at a time:
+ * each holds the process's mmap lock for reading, and a put unmapping its
+ * reserve meanwhile waits for the step, not for the whole populate.
+ */
+static void populate(void *p, uint64_t n)
+{
+	for (uint64_t off = 0; off < n; off += TD_RESERVE_POPULATE_STEP) {
+		uint8_t *at = (uint8_t *)p + off;
+		size_t len =
+			(size_t)(n - off < TD_RESERVE_POPULATE_STEP ? n - off
+								    : TD_RESERVE_POPULATE_STEP);
+
+		if (madvise(at, len, MADV_POPULATE_READ) < 0) {
+			const volatile uint8_t *b = at;
+			long page = sysconf(_SC_PAGESIZE);
+
+			for (size_t o = 0; o < len; o += (size_t)page)
+				(void)b[o];
+		}
+	}
+}
+
+/*
  * Unlocked: asks the daemon for a reserve of class cls and maps it, its
  * page tables filled. 0 and the slot ready, or the daemon's -errno.
  */
@@ -310,20 +337,8 @@ static int make_one(tensord_client *c, uint64_t cls)
 	r->making.base = p == MAP_FAILED ? NULL : p;
 	s = r->making;
 	pthread_mutex_unlock(&c->lock);
-	if (e == 0) {
-		/*
-		 * Every page is up to date (the daemon wrote its zeroes), so a
-		 * read fault maps 16 of them, writable: a shared mapping of
-		 * tmpfs needs no write notification.
-		 */
-		if (madvise(p, (size_t)s.size, MADV_POPULATE_READ) < 0) {
-			const volatile uint8_t *b = p;
-			long page = sysconf(_SC_PAGESIZE);
-
-			for (uint64_t o = 0; o < s.size; o += (uint64_t)page)
-				(void)b[o];
-		}
-	}
+	if (e == 0)
+		populate(p, s.size);
 	pthread_mutex_lock(&c->lock);
 	r->making = (struct td_reserve_slot){ .fd = -1 };
 	if (e == 0 && !r->stop && r->n_ready < TD_RESERVE_SLOTS) {
