@@ -9,6 +9,7 @@ warm memory (memcpy speed, the ceiling):
   put         c.put(name, array): create, copy, publish (the unlinks are not timed)
   cfp         the zero-copy producer path: c.create(), np.copyto into
               np.from_dlpack() of it, publish(), release()
+  put/nr, cfp/nr  the same on a client that keeps no reserve (--without-reserve)
   ray         ray.put(array) (when ray imports; skipped with the reason if not)
   vineyard    vineyard client.put(array) (when vineyard imports and a vineyardd
               socket is given with --vineyard-socket or $VINEYARD_IPC_SOCKET)
@@ -54,7 +55,7 @@ def human(n):
     return "%d B" % n
 
 
-def variants(client, src, peers, skip):
+def variants(client, src, peers, skip, plain=None):
     warm = np.empty_like(src)
     warm.fill(1)
     seq = iter(range(1 << 62))
@@ -92,6 +93,26 @@ def variants(client, src, peers, skip):
     put.cleanup = cleanup
     cfp.cleanup = cleanup
     out = [("memcpy", memcpy), ("shm", shm), ("put", put), ("cfp", cfp)]
+    if plain is not None:
+        # The same calls on a client that keeps no reserve (TENSORD_RESERVE=0).
+        def put_nr():
+            name = "bench/put/%d" % next(seq)
+            plain.put(name, src)
+            done.append(name)
+
+        def cfp_nr():
+            name = "bench/put/%d" % next(seq)
+            w = plain.create(name, src.shape, "float32")
+            a = np.from_dlpack(w)
+            np.copyto(a, src)
+            del a
+            w.publish()
+            w.release()
+            done.append(name)
+
+        put_nr.cleanup = cleanup
+        cfp_nr.cleanup = cleanup
+        out += [("put/nr", put_nr), ("cfp/nr", cfp_nr)]
     if "ray" in peers:
         import ray
 
@@ -133,9 +154,9 @@ def figure(stats, name):
     return stats.get(name, 0)
 
 
-def bench_size(client, size, rounds, peers, gap, skip):
+def bench_size(client, size, rounds, peers, gap, skip, plain=None):
     src = np.ones(size // 4, np.float32)
-    vs = variants(client, src, peers, skip)
+    vs = variants(client, src, peers, skip, plain)
     reps = max(1, min(2000, (64 << 20) // size))
     for _, fn in vs:  # warm-up: first-touch costs of the source and the pool
         timed(fn, 1, gap)
@@ -152,7 +173,7 @@ def bench_size(client, size, rounds, peers, gap, skip):
     for name, _ in vs:
         t = med[name]
         peers_txt = "".join("  %5.2fx %s" % (med[p] / t, p) for p in ("ray", "vineyard")
-                            if p in med and name in ("put", "cfp"))
+                            if p in med and name in ("put", "cfp", "put/nr", "cfp/nr"))
         print("  %-8s %10.1f us  %8.2f GB/s  %5.2fx memcpy%s" %
               (name, t * 1e6, size / t / 1e9, base / t, peers_txt))
     if "put" in med and "cfp" in med:
@@ -163,7 +184,7 @@ def bench_size(client, size, rounds, peers, gap, skip):
         # A miss is a create that found no memfd ready: the pool's refill fell behind.
         print("  pool: %d of %d creates found memory ready (%d fell behind the refill)" %
               (hits, hits + misses, misses))
-    rh = figure(s1, "host_reserve_hits_total") - figure(s0, "host_reserve_hits_total")
+    rh = figure(s1, "host_reserve_creates_total") - figure(s0, "host_reserve_creates_total")
     if rh:
         print("  reserve: %d creates wrote into memory this process had mapped ahead" % rh)
     return times
@@ -208,6 +229,9 @@ def main():
                     help="idle time before every timed call, the same for each variant")
     ap.add_argument("--skip", default="", help="variants to leave out, comma-separated")
     ap.add_argument("--vineyard-socket", default=os.environ.get("VINEYARD_IPC_SOCKET"))
+    ap.add_argument("--without-reserve", action="store_true",
+                    help="also time put and cfp on a client with TENSORD_RESERVE=0 (put/nr, "
+                         "cfp/nr): the reserve's effect, A/B in the same rounds")
     ap.add_argument("--daemon-args", default="", help="extra tensord arguments")
     args = ap.parse_args()
     skip = set(s for s in args.skip.split(",") if s)
@@ -218,9 +242,16 @@ def main():
     print("shmem_enabled: %s; CPUs: %s" % (shmem_policy(),
                                           "%d of %d" % (len(cpus), os.cpu_count())))
     with daemon_socket(args.socket, args.daemon_args.split()) as sock:
+        plain = None
+        if args.without_reserve:
+            os.environ["TENSORD_RESERVE"] = "0"  # read when a client connects
+            plain = tensord.connect(sock)
+            del os.environ["TENSORD_RESERVE"]
         with tensord.connect(sock) as c:
             for s in args.sizes.split(","):
-                bench_size(c, parse_size(s), args.rounds, peers, args.gap_ms / 1e3, skip)
+                bench_size(c, parse_size(s), args.rounds, peers, args.gap_ms / 1e3, skip, plain)
+        if plain is not None:
+            plain.close()
 
 
 if __name__ == "__main__":

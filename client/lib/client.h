@@ -148,6 +148,8 @@ struct td_reserve {
 		unsigned backoff_ms;
 	} want[TD_RESERVE_SLOTS];
 	struct td_reserve_slot making; /* being mapped: fork's child closes its fd */
+	unsigned writing;              /* slots taken whose copy is not done yet */
+	uint64_t hold_until;           /* no new reserve before (CLOCK_MONOTONIC); 0: none */
 	bool started;                  /* the thread runs */
 	bool stop;                     /* tensord_close(), or a forked child */
 	bool off;                      /* the daemon keeps no reserves */
@@ -273,6 +275,12 @@ void td_reserve_init(struct td_reserve *r);
  * with td_reserve_slot_free(). Lock not held.
  */
 bool td_reserve_take(tensord_client *c, uint64_t nbytes, struct td_reserve_slot *ret);
+
+/*
+ * The copy into a slot td_reserve_take() gave is done (a put's, before its
+ * publish; a create's, at its publish): the thread may make the next one.
+ */
+void td_reserve_written(tensord_client *c);
 
 /* Unmaps and closes s (a taken slot's reserve is the daemon's to free). */
 void td_reserve_slot_free(struct td_reserve_slot *s);

@@ -442,6 +442,11 @@ int td_lease_from_reserve(tensord_client *c, const Tensord__Lease *w, struct td_
 	return r;
 }
 
+struct td_mapping *td_lease_mapping(const struct td_lease *l)
+{
+	return l->map;
+}
+
 int td_lease_handle(struct td_lease *l, DLManagedTensorVersioned **ret_tensor)
 {
 	DLManagedTensorVersioned *h;

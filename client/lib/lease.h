@@ -36,6 +36,9 @@ struct td_reserve_slot;
 int td_lease_from_reserve(tensord_client *c, const Tensord__Lease *w, struct td_reserve_slot *rs,
 			  struct td_lease **ret_lease);
 
+/* The mapping l uses (NULL for zero-size tensors). Borrowed: valid while l lives. */
+struct td_mapping *td_lease_mapping(const struct td_lease *l);
+
 /*
  * Takes ownership of l. On success *ret_tensor holds it, and its deleter
  * ends it; on failure l is ended here.

@@ -321,7 +321,10 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	in_reserve = td_reserve_take(c, nbytes, &rs);
 	r = td_create_rpc(c, name, spec, to->tx, rs.id, &rep, &w.fd);
 	if (r < 0) {
-		td_reserve_slot_free(&rs);
+		if (in_reserve) {
+			td_reserve_slot_free(&rs);
+			td_reserve_written(c);
+		}
 		return r;
 	}
 	lease = rep->lease->lease;
@@ -330,9 +333,10 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 		/* The tensor's memfd is the reserve's: write it as mapped. */
 		w.fd = rs.fd;
 		rs.fd = -1;
-	} else {
+	} else if (rs.base) {
 		/* The daemon freed it: it did not fit. */
 		td_reserve_slot_free(&rs);
+		td_reserve_written(c);
 	}
 	if (rep->lease->handle != TENSORD__HANDLE_KIND__HANDLE_NONE && w.fd < 0)
 		r = td_set_error(-EPROTO, "tensor '%s': tensord sent no descriptor to write", name);
@@ -352,7 +356,10 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	if (w.fd >= 0)
 		close(w.fd);
 	/* No shared writable mapping may be left when the daemon seals it. */
-	td_reserve_slot_free(&rs);
+	if (rs.base) {
+		td_reserve_slot_free(&rs);
+		td_reserve_written(c);
+	}
 	if (r == 0 && !to->tx)
 		r = tensord_publish_version(c, name, to->version);
 	if (r < 0 && !to->tx) {

@@ -230,16 +230,27 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 	reserved = td_reserve_take(c, host_nbytes(spec), &rs);
 	r = td_create_rpc(c, name, spec, 0, rs.id, &rep, &fd);
 	if (r < 0) {
-		td_reserve_slot_free(&rs);
+		if (reserved) {
+			td_reserve_slot_free(&rs);
+			td_reserve_written(c);
+		}
 		return r;
 	}
 	if (reserved && rep->lease->reserve == rs.id && fd < 0) {
 		r = td_lease_from_reserve(c, rep->lease, &rs, &l);
 		tensord__reply__free_unpacked(rep, NULL);
 		td_reserve_slot_free(&rs);
+		/* Its publish says when the filling is done (tensord_publish()). */
+		if (r == 0)
+			td_lease_mapping(l)->filling = true;
+		else
+			td_reserve_written(c);
 	} else {
 		/* The daemon freed the reserve: it did not fit. */
-		td_reserve_slot_free(&rs);
+		if (reserved) {
+			td_reserve_slot_free(&rs);
+			td_reserve_written(c);
+		}
 		r = lease_reply(c, name, "create", rep, fd, NULL, true, &l);
 	}
 	if (r < 0)
@@ -432,6 +443,11 @@ int tensord_publish_version(tensord_client *c, const char *name, tensord_version
 	if (r == 0) {
 		td_version_from_reply(rep, ret_version);
 		tensord__reply__free_unpacked(rep, NULL);
+	}
+	if (mine && mine->filling) {
+		/* Filled: the reserve thread may make the next one. */
+		mine->filling = false;
+		td_reserve_written(c);
 	}
 	if (mine) {
 		if (r < 0 && imp && imp->make_shared)

@@ -42,6 +42,13 @@
 #define TD_RESERVE_RETRY_MAX_MS 200u
 #define TD_RESERVE_REFUSED_MS 1000u
 #define TD_RESERVE_DEFAULT (2ull << 30)
+/*
+ * After a take, the next reserve waits until the copy into this one is
+ * done (td_reserve_written()), at most this long: making it meanwhile (the
+ * daemon zeroing memory, this thread populating) would take memory
+ * bandwidth from that copy, which it measurably slows.
+ */
+#define TD_RESERVE_HOLD_NS (100ull * 1000000ull)
 /* Bytes populated per call (and per hold of the mmap lock). */
 #define TD_RESERVE_POPULATE_STEP (4ull << 20)
 
@@ -193,6 +200,8 @@ bool td_reserve_take(tensord_client *c, uint64_t nbytes, struct td_reserve_slot 
 	if (i >= 0) {
 		slot_remove(r, i, ret);
 		got = true;
+		r->writing++;
+		r->hold_until = now + TD_RESERVE_HOLD_NS;
 	}
 	/* Without a thread nothing is made: slower, never wrong. */
 	if (!r->started && w->creates >= TD_RESERVE_CREATES)
@@ -202,12 +211,29 @@ bool td_reserve_take(tensord_client *c, uint64_t nbytes, struct td_reserve_slot 
 	return got;
 }
 
+void td_reserve_written(tensord_client *c)
+{
+	struct td_reserve *r = &c->reserve;
+
+	pthread_mutex_lock(&c->lock);
+	if (r->writing && --r->writing == 0) {
+		r->hold_until = 0;
+		pthread_cond_signal(&r->cond);
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
 /*
  * Lock held. The class to make a reserve of now, or 0; *due (if not 0)
- * gets the earliest time something will be due: a retry, an expiry.
+ * gets the earliest time something will be due: a retry, an expiry, the
+ * end of a hold.
  */
 static uint64_t next_class(struct td_reserve *r, uint64_t now, uint64_t *due)
 {
+	if (now < r->hold_until) {
+		*due = !*due || r->hold_until < *due ? r->hold_until : *due;
+		return 0;
+	}
 	for (int i = 0; i < TD_RESERVE_SLOTS; i++) {
 		struct td_reserve_want *w = &r->want[i];
 		bool have = false;
@@ -337,8 +363,10 @@ static int make_one(tensord_client *c, uint64_t cls)
 	r->making.base = p == MAP_FAILED ? NULL : p;
 	s = r->making;
 	pthread_mutex_unlock(&c->lock);
-	if (e == 0)
+	if (e == 0) {
 		populate(p, s.size);
+		(void)madvise(p, (size_t)s.size, MADV_RANDOM);
+	}
 	pthread_mutex_lock(&c->lock);
 	r->making = (struct td_reserve_slot){ .fd = -1 };
 	if (e == 0 && !r->stop && r->n_ready < TD_RESERVE_SLOTS) {
