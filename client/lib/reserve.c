@@ -36,7 +36,7 @@
 /* A class counts as in use after this many creates, each within the idle time of the last. */
 #define TD_RESERVE_CREATES 2
 /* A slot, or a wanted class, nobody took for this long goes. */
-#define TD_RESERVE_IDLE_NS (2000ull * 1000000ull)
+#define TD_RESERVE_IDLE_NS (5000ull * 1000000ull)
 /* How long to wait after the daemon had nothing ready (doubling), or refused. */
 #define TD_RESERVE_RETRY_MS 5u
 #define TD_RESERVE_RETRY_MAX_MS 200u
