@@ -49,6 +49,12 @@
  * bandwidth from that copy, which it measurably slows.
  */
 #define TD_RESERVE_HOLD_NS (100ull * 1000000ull)
+/*
+ * Classes up to this size keep two reserves ready, so that a put right
+ * after a put (or a create right after a put) of the same size finds one
+ * while the thread makes the next; larger ones keep one.
+ */
+#define TD_RESERVE_TWO_MAX (128ull << 20)
 /* Bytes populated per call (and per hold of the mmap lock). */
 #define TD_RESERVE_POPULATE_STEP (4ull << 20)
 
@@ -236,14 +242,15 @@ static uint64_t next_class(struct td_reserve *r, uint64_t now, uint64_t *due)
 	}
 	for (int i = 0; i < TD_RESERVE_SLOTS; i++) {
 		struct td_reserve_want *w = &r->want[i];
-		bool have = false;
+		int have = 0;
 
 		if (!w->cls || w->creates < TD_RESERVE_CREATES ||
 		    now - w->last_ns >= TD_RESERVE_IDLE_NS)
 			continue;
-		for (int k = 0; k < r->n_ready && !have; k++)
-			have = fits(r->ready[k].size, w->cls);
-		if (have || r->n_ready >= TD_RESERVE_SLOTS || r->ready_bytes + w->cls > r->budget)
+		for (int k = 0; k < r->n_ready; k++)
+			have += fits(r->ready[k].size, w->cls);
+		if (have >= (w->cls <= TD_RESERVE_TWO_MAX ? 2 : 1) ||
+		    r->n_ready >= TD_RESERVE_SLOTS || r->ready_bytes + w->cls > r->budget)
 			continue;
 		if (now < w->retry_ns) {
 			if (!*due || w->retry_ns < *due)

@@ -105,16 +105,17 @@ def test_reserve_is_charged_while_held_and_given_back(client, daemon):
     assert figures(client)["reserves"] == 0, "one create of a size reserves nothing"
     c.put("p/1", np.ones(N, np.uint8))
     c.unlink("p/1")
-    ready(client)
+    # Two of a size this small (a put right after a put finds one).
+    ready(client, 2)
     held = figures(client)
-    assert held["reserves"] == 1
-    assert held["reserve_bytes"] == N
+    assert held["reserves"] == 2
+    assert held["reserve_bytes"] == 2 * N
     # Charged as memory of the uid's: the host's bytes, the uid's bytes and
-    # descriptors, and one descriptor of the daemon's (beside c's socket).
-    assert held["used"] == base["used"] + N
-    assert held["uid_bytes"] == base["uid_bytes"] + N
-    assert held["uid_fds"] == base["uid_fds"] + 1
-    assert wait_until(lambda: daemon.fd_count() == fds + 2, 20)
+    # descriptors, and a descriptor of the daemon's each (beside c's socket).
+    assert held["used"] == base["used"] + 2 * N
+    assert held["uid_bytes"] == base["uid_bytes"] + 2 * N
+    assert held["uid_fds"] == base["uid_fds"] + 2
+    assert wait_until(lambda: daemon.fd_count() == fds + 3, 20)
     c.close()
     assert wait_until(lambda: figures(client) == base, 20), (figures(client), base)
     assert wait_until(lambda: daemon.fd_count() == fds, 20)
@@ -141,7 +142,7 @@ def test_kill9_of_a_client_holding_a_reserve_leaves_nothing(child, client, daemo
     """)
     p.expect("put")
     ready(client)
-    assert figures(client)["reserve_bytes"] == N
+    assert figures(client)["reserve_bytes"] >= N
     p.proc.send_signal(signal.SIGKILL)
     p.proc.wait()
     assert wait_until(lambda: figures(client) == base, 20), (figures(client), base)
