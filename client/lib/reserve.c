@@ -42,6 +42,8 @@
 #define TD_RESERVE_RETRY_MAX_MS 200u
 #define TD_RESERVE_REFUSED_MS 1000u
 #define TD_RESERVE_DEFAULT (2ull << 30)
+/* What the daemon lets one connection hold in reserves (REGISTRY_RESERVE_BYTES_MAX). */
+#define TD_RESERVE_CONN_MAX (2ull << 30)
 /*
  * After a take, the next reserve waits until the copy into this one is
  * done (td_reserve_written()), at most this long: making it meanwhile (the
@@ -84,8 +86,20 @@ static bool fits(uint64_t size, uint64_t nbytes)
 	return nbytes <= size && nbytes > size - size / 9;
 }
 
-/* TENSORD_RESERVE: bytes, with K, M, G (binary) suffixes; unset: the default. */
+/*
+ * TENSORD_RESERVE: bytes, with K, M, G (binary) suffixes; unset: the
+ * default. At most what the daemon lets one connection hold.
+ */
+static uint64_t budget_asked(void);
+
 static uint64_t budget_from_env(void)
+{
+	uint64_t v = budget_asked();
+
+	return v < TD_RESERVE_CONN_MAX ? v : TD_RESERVE_CONN_MAX;
+}
+
+static uint64_t budget_asked(void)
 {
 	const char *e = getenv("TENSORD_RESERVE");
 	char *end;
@@ -210,8 +224,10 @@ bool td_reserve_take(tensord_client *c, uint64_t nbytes, struct td_reserve_slot 
 		r->hold_until = now + TD_RESERVE_HOLD_NS;
 	}
 	/* Without a thread nothing is made: slower, never wrong. */
-	if (!r->started && w->creates >= TD_RESERVE_CREATES)
+	if (!r->started && w->creates >= TD_RESERVE_CREATES) {
 		r->started = pthread_create(&r->thread, NULL, reserver, c) == 0;
+		r->off = !r->started;
+	}
 	pthread_cond_signal(&r->cond);
 	pthread_mutex_unlock(&c->lock);
 	return got;
