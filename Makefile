@@ -216,7 +216,8 @@ UNIT_DEPS_test_options     := daemon/options.c daemon/config.c daemon/log.c comm
 UNIT_DEPS_test_config      := daemon/config.c common/paths.c
 UNIT_DEPS_test_log         := daemon/log.c common/paths.c
 # A daemon module may count a figure (figure_count()): its test links metrics.c, the counters' home.
-UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/commit.c daemon/txn.c \
+UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/registry_reserve.c \
+                              daemon/commit.c daemon/txn.c \
                               daemon/quota.c daemon/backend_host.c daemon/pool.c \
                               daemon/metrics.c \
                               daemon/slab.c \
@@ -226,6 +227,7 @@ UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/
 UNIT_DEPS_test_registry_async := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_versions    := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_quarantine  := $(UNIT_DEPS_test_registry) daemon/quarantine.c
+UNIT_DEPS_test_reserve     := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_figures     := daemon/figures.c daemon/metrics.c daemon/quota.c daemon/backend_host.c \
                               daemon/pool.c daemon/slab.c daemon/memlimit.c daemon/log.c \
                               common/sys.c common/paths.c common/names.c common/desc.c \
@@ -322,7 +324,7 @@ run:
 bench: all
 	$(Q)set -e; for b in $(BENCH_BIN); do $$b; done
 	$(Q)set -e; export TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python; \
-	echo "== pinned to CPU 0"; taskset -c 0 $(PYTHON) bench/py_put.py --sizes 4K,64K; \
+	echo "== pinned to CPU 0"; taskset -c 0 $(PYTHON) bench/py_put.py --sizes 4K,64K,64M,1G; \
 	echo "== unpinned"; $(PYTHON) bench/py_put.py; \
 	$(PYTHON) bench/py_attach.py; \
 	$(PYTHON) bench/py_leases.py; \

@@ -6,8 +6,20 @@ warm memory (memcpy speed, the ceiling):
 
   memcpy      np.copyto into an array that is already allocated and touched
   shm         multiprocessing.shared_memory: create + copy + close + unlink
-  tensord     c.put(name, array): create, copy, publish (the unlinks are not timed)
+  put         c.put(name, array): create, copy, publish (the unlinks are not timed)
+  cfp         the zero-copy producer path: c.create(), np.copyto into
+              np.from_dlpack() of it, publish(), release()
+  put/nr, cfp/nr  the same on a client that keeps no reserve (--without-reserve)
   ray         ray.put(array) (when ray imports; skipped with the reason if not)
+  vineyard    vineyard client.put(array) (when vineyard imports and a vineyardd
+              socket is given with --vineyard-socket or $VINEYARD_IPC_SOCKET)
+
+Nothing is installed: a peer that is missing is skipped with the reason.
+Before each timed call the process sleeps --gap-ms (default 0), the same
+for every variant: a producer that computes between puts gives background
+work (the daemon's pool, the library's reserve) that time; with 0 every
+variant runs back to back, and background work competes with the timed
+calls (on one CPU, with all of them).
 
 Pin with `taskset -c 0` to see round trips without cross-CPU wake-ups (the
 daemon this starts inherits the affinity).
@@ -43,8 +55,7 @@ def human(n):
     return "%d B" % n
 
 
-
-def variants(client, src, use_ray):
+def variants(client, src, peers, skip, plain=None):
     warm = np.empty_like(src)
     warm.fill(1)
     seq = iter(range(1 << 62))
@@ -65,56 +76,117 @@ def variants(client, src, use_ray):
         client.put(name, src)
         done.append(name)
 
+    def cfp():
+        name = "bench/put/%d" % next(seq)
+        w = client.create(name, src.shape, "float32")
+        a = np.from_dlpack(w)
+        np.copyto(a, src)
+        del a
+        w.publish()
+        w.release()
+        done.append(name)
+
     def cleanup():  # untimed: the unlinks of the puts just timed
         while done:
             client.unlink(done.pop())
 
     put.cleanup = cleanup
-    out = [("memcpy", memcpy), ("shm", shm), ("tensord", put)]
-    if use_ray:
+    cfp.cleanup = cleanup
+    out = [("memcpy", memcpy), ("shm", shm), ("put", put), ("cfp", cfp)]
+    if plain is not None:
+        # The same calls on a client that keeps no reserve (TENSORD_RESERVE=0).
+        def put_nr():
+            name = "bench/put/%d" % next(seq)
+            plain.put(name, src)
+            done.append(name)
+
+        def cfp_nr():
+            name = "bench/put/%d" % next(seq)
+            w = plain.create(name, src.shape, "float32")
+            a = np.from_dlpack(w)
+            np.copyto(a, src)
+            del a
+            w.publish()
+            w.release()
+            done.append(name)
+
+        put_nr.cleanup = cleanup
+        cfp_nr.cleanup = cleanup
+        out += [("put/nr", put_nr), ("cfp/nr", cfp_nr)]
+    if "ray" in peers:
         import ray
 
         def rayput():
             ray.put(src)
 
         out.append(("ray", rayput))
-    return out
+    if "vineyard" in peers:
+        vc = peers["vineyard"]
+        ids = []
+
+        def vput():
+            ids.append(vc.put(src))
+
+        def vcleanup():
+            if ids:
+                vc.delete(ids)
+                ids.clear()
+
+        vput.cleanup = vcleanup
+        out.append(("vineyard", vput))
+    return [(n, f) for n, f in out if n not in skip]
 
 
-def timed(fn, reps):
-    t0 = time.perf_counter()
+def timed(fn, reps, gap):
+    total = 0.0
     for _ in range(reps):
+        if gap:
+            time.sleep(gap)
+        t0 = time.perf_counter()
         fn()
-    t = (time.perf_counter() - t0) / reps
+        total += time.perf_counter() - t0
     if hasattr(fn, "cleanup"):
         fn.cleanup()
-    return t
+    return total / reps
 
 
-def bench_size(client, size, rounds, use_ray):
+def figure(stats, name):
+    return stats.get(name, 0)
+
+
+def bench_size(client, size, rounds, peers, gap, skip, plain=None):
     src = np.ones(size // 4, np.float32)
-    vs = variants(client, src, use_ray)
+    vs = variants(client, src, peers, skip, plain)
     reps = max(1, min(2000, (64 << 20) // size))
     for _, fn in vs:  # warm-up: first-touch costs of the source and the pool
-        timed(fn, 1)
+        timed(fn, 1, gap)
     times = {name: [] for name, _ in vs}
-    pool0 = client.stats()
+    s0 = client.stats()
     for _ in range(rounds):
         for name, fn in vs:
-            times[name].append(timed(fn, reps))
-    pool1 = client.stats()
-    base = statistics.median(times["memcpy"])
-    print("put %s (%d rounds x %d, medians)" % (human(size), rounds, reps))
+            times[name].append(timed(fn, reps, gap))
+    s1 = client.stats()
+    med = {name: statistics.median(t) for name, t in times.items()}
+    base = med["memcpy"]
+    print("put %s (%d rounds x %d, medians, gap %g ms)" % (human(size), rounds, reps,
+                                                        gap * 1e3))
     for name, _ in vs:
-        t = statistics.median(times[name])
-        print("  %-8s %10.1f us  %8.2f GB/s  %5.2fx memcpy" %
-              (name, t * 1e6, size / t / 1e9, base / t))
-    hits = pool1["host_pool_hits_total"] - pool0["host_pool_hits_total"]
-    misses = pool1["host_pool_misses_total"] - pool0["host_pool_misses_total"]
+        t = med[name]
+        peers_txt = "".join("  %5.2fx %s" % (med[p] / t, p) for p in ("ray", "vineyard")
+                            if p in med and name in ("put", "cfp", "put/nr", "cfp/nr"))
+        print("  %-8s %10.1f us  %8.2f GB/s  %5.2fx memcpy%s" %
+              (name, t * 1e6, size / t / 1e9, base / t, peers_txt))
+    if "put" in med and "cfp" in med:
+        print("  cfp/put  %5.2fx (create + fill + publish over put)" % (med["put"] / med["cfp"]))
+    hits = figure(s1, "host_pool_hits_total") - figure(s0, "host_pool_hits_total")
+    misses = figure(s1, "host_pool_misses_total") - figure(s0, "host_pool_misses_total")
     if hits + misses:
-        # A miss is a put that found no memfd ready: the pool's refill fell behind.
-        print("  pool: %d of %d puts found memory ready (%d fell behind the refill)" %
+        # A miss is a create that found no memfd ready: the pool's refill fell behind.
+        print("  pool: %d of %d creates found memory ready (%d fell behind the refill)" %
               (hits, hits + misses, misses))
+    rh = figure(s1, "host_reserve_creates_total") - figure(s0, "host_reserve_creates_total")
+    if rh:
+        print("  reserve: %d creates wrote into memory this process had mapped ahead" % rh)
     return times
 
 
@@ -130,27 +202,56 @@ def shmem_policy():
         return "unknown"
 
 
+def find_peers(vineyard_socket):
+    peers = {}
+    try:
+        import ray
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        peers["ray"] = ray
+    except Exception as e:  # noqa: BLE001 - any failure means: no ray here
+        print("ray: skipped (%s: %s)" % (type(e).__name__, e))
+    try:
+        import vineyard
+        if not vineyard_socket:
+            raise RuntimeError("no vineyardd socket (--vineyard-socket, $VINEYARD_IPC_SOCKET)")
+        peers["vineyard"] = vineyard.connect(vineyard_socket)
+    except Exception as e:  # noqa: BLE001 - any failure means: no vineyard here
+        print("vineyard: skipped (%s: %s)" % (type(e).__name__, e))
+    return peers
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--socket", default=os.environ.get("TENSORD_SOCKET"))
     ap.add_argument("--sizes", default="4K,64M,1G")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--gap-ms", type=float, default=0.0,
+                    help="idle time before every timed call, the same for each variant")
+    ap.add_argument("--skip", default="", help="variants to leave out, comma-separated")
+    ap.add_argument("--vineyard-socket", default=os.environ.get("VINEYARD_IPC_SOCKET"))
+    ap.add_argument("--without-reserve", action="store_true",
+                    help="also time put and cfp on a client with TENSORD_RESERVE=0 (put/nr, "
+                         "cfp/nr): the reserve's effect, A/B in the same rounds")
     ap.add_argument("--daemon-args", default="", help="extra tensord arguments")
     args = ap.parse_args()
-    try:
-        import ray
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-        use_ray = True
-    except Exception as e:  # noqa: BLE001 - any failure means: no ray here
-        print("ray: skipped (%s: %s)" % (type(e).__name__, e))
-        use_ray = False
+    skip = set(s for s in args.skip.split(",") if s)
+    peers = find_peers(args.vineyard_socket)
     # The pool uses huge pages when this allows them ("advise" and up): a large
     # put then costs a lookup per 2 MiB instead of per 4 KiB (docs/design.md).
-    print("shmem_enabled: %s" % shmem_policy())
+    cpus = os.sched_getaffinity(0)
+    print("shmem_enabled: %s; CPUs: %s" % (shmem_policy(),
+                                          "%d of %d" % (len(cpus), os.cpu_count())))
     with daemon_socket(args.socket, args.daemon_args.split()) as sock:
+        plain = None
+        if args.without_reserve:
+            os.environ["TENSORD_RESERVE"] = "0"  # read when a client connects
+            plain = tensord.connect(sock)
+            del os.environ["TENSORD_RESERVE"]
         with tensord.connect(sock) as c:
             for s in args.sizes.split(","):
-                bench_size(c, parse_size(s), args.rounds, use_ray)
+                bench_size(c, parse_size(s), args.rounds, peers, args.gap_ms / 1e3, skip, plain)
+        if plain is not None:
+            plain.close()
 
 
 if __name__ == "__main__":

@@ -114,6 +114,24 @@ struct backend_ops {
 	uint64_t shared_max;
 
 	/*
+	 * Memory for a reserve (docs/design.md, "The reserve"): at least size
+	 * bytes (a size class), all allocated and zeroed, never handed out
+	 * before, which its client may write through its descriptor but not
+	 * grow. Ready memory only, so that it never blocks: -EAGAIN when none
+	 * is ready (a later call may find some). May leave *a half-built on
+	 * failure; release() copes. NULL: the backend keeps no reserves (GPUs).
+	 */
+	int (*reserve)(struct backend_alloc *a, uint64_t size);
+
+	/*
+	 * Makes *a, the memory of a tensor of size bytes (0 < size <= r->size),
+	 * out of reserve r, which it takes over whatever the result (r->fd is
+	 * -1 afterwards): trimmed and sealed as alloc() leaves its memory. 0,
+	 * or -errno with *a half-built (release() copes). NULL with reserve.
+	 */
+	int (*adopt)(struct backend_alloc *a, struct backend_alloc *r, uint64_t size);
+
+	/*
 	 * Moves a frozen allocation of 1 .. shared_max bytes into shared
 	 * memory of that owner and mode, as alloc_shared() would have placed
 	 * it: copies its bytes there and frees its own memory. 0, or -errno

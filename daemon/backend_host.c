@@ -15,8 +15,11 @@
  * - Tensors of POOL_MIN_SIZE and up take a memfd that the pool's worker
  *   allocated ahead of time (pool.h), so the loop thread neither allocates
  *   their pages nor frees them: every host memfd is closed on the worker.
+ * - A reserve (docs/design.md, "The reserve") is a ready pool memfd handed
+ *   to one client before any create names it, sealed against growing; the
+ *   create that names it adopts it as its tensor's memfd.
  * - Besides the pool's ready memfds, the daemon holds one descriptor per
- *   live host tensor.
+ *   live host tensor and one per reserve.
  * The daemon itself never maps the memory.
  */
 #include <errno.h>
@@ -176,6 +179,47 @@ seal:
 	return 0;
 }
 
+/* A ready pool memfd of size's class, for a reserve: the client writes it, never grows it. */
+static int host_reserve(struct backend_alloc *a, uint64_t size)
+{
+	uint64_t c = pool_class_size(size);
+	int fd;
+
+	a->fd = -1;
+	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_MEMFD;
+	if (!pool || !c)
+		return -EAGAIN;
+	fd = pool_take(pool, c);
+	if (fd < 0)
+		return fd == -ENOENT ? -EAGAIN : fd;
+	a->fd = fd;
+	a->size = c;
+	a->footprint = c;
+	/* Its client holds a writable descriptor: a larger file would be
+	 * memory nobody charged. Shrinking it only costs the client. */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_GROW) < 0 || fchmod(fd, 0600) < 0)
+		return -errno;
+	return 0;
+}
+
+static int host_adopt(struct backend_alloc *a, struct backend_alloc *r, uint64_t size)
+{
+	a->fd = r->fd;
+	r->fd = -1;
+	a->size = size;
+	a->footprint = (size + host_page - 1) & ~(host_page - 1);
+	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_MEMFD;
+	/* The excess goes, at most an eighth: its pages leave the client's
+	 * mapping too. A reserve its client shrank below size cannot grow back. */
+	if (size < r->size && ftruncate(a->fd, (off_t)size) < 0)
+		return -errno;
+	if (fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
+		return -errno;
+	if (lseek(a->fd, 0, SEEK_END) != (off_t)size)
+		return -EPERM;
+	return 0;
+}
+
 static void host_release(struct backend_alloc *a);
 
 /* Small immutable tensors share a slab with others of their owner and mode. */
@@ -312,6 +356,8 @@ const struct backend_ops backend_host = {
 	.default_capacity = host_default_capacity,
 	.path = host_path,
 	.alloc = host_alloc,
+	.reserve = host_reserve,
+	.adopt = host_adopt,
 	.alloc_shared = host_alloc_shared,
 	.shared_max = SLAB_MAX_ALLOC,
 	.share = host_share,

@@ -41,6 +41,7 @@ struct conn_fd_ticket {
 	uint64_t req_id;
 	unsigned kind; /* the request's (Tensord__Request body case), for its error count */
 	uint64_t lease;
+	uint64_t reserve; /* nonzero: the descriptor is this reserve's, not lease's */
 	bool writable;
 	/* The frame names this lease without a descriptor of its own: only
 	 * export_failed sees it, to end it with the others of the frame. */

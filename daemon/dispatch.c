@@ -271,6 +271,12 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 	case TENSORD__REQUEST__BODY_METRICS:
 		prometheus_reply(c, req->id, cl->srv);
 		break;
+	case TENSORD__REQUEST__BODY_RESERVE:
+		dispatch_do_reserve(cl, req->id, req->reserve);
+		break;
+	case TENSORD__REQUEST__BODY_UNRESERVE:
+		dispatch_do_unreserve(cl, req->unreserve);
+		break;
 	default:
 		reply_status(c, 0, req->id, -EBADMSG, "unknown request type");
 		break;

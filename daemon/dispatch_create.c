@@ -92,6 +92,7 @@ static int create_args_from(const Tensord__Create *m, struct create_args *a, cha
 	a->mode = m->mode;
 	a->replace = m->replace;
 	a->tx = m->tx;
+	a->reserve = m->reserve;
 	return device_from(m->device, m->name, &a->device, why, why_len);
 }
 
@@ -199,9 +200,43 @@ void dispatch_do_create(struct client *cl, uint64_t id, const Tensord__Create *m
 		reply_status(cl->conn, TENSORD__REQUEST__BODY_CREATE, id, r, why);
 		return;
 	}
-	log_debug("tensor '%s': created by pid %u, %llu bytes", t->name, cl->rc.pid,
-		  (unsigned long long)t->nbytes);
+	log_debug("tensor '%s': created by pid %u, %llu bytes%s", t->name, cl->rc.pid,
+		  (unsigned long long)t->nbytes, t->from_reserve ? ", in its reserve" : "");
+	if (t->from_reserve) {
+		/* The client holds the memfd already: its reserve's. */
+		figure_count(FIG_host_reserve_creates_total, 1);
+		reply_lease(cl->conn, id, t, lease, true, false, a.reserve, NULL);
+		return;
+	}
 	dispatch_send_lease(cl, TENSORD__REQUEST__BODY_CREATE, id, t, lease, true, 0, NULL, 0);
+}
+
+void dispatch_do_reserve(struct client *cl, uint64_t id, const Tensord__Reserve *m)
+{
+	struct conn_fd_ticket tk = { .req_id = id, .kind = TENSORD__REQUEST__BODY_RESERVE };
+	struct reg_reserve *rs;
+	char why[300];
+	int r;
+
+	r = registry_reserve(&cl->srv->reg, &cl->rc, m->size, &rs, why, sizeof(why));
+	if (r < 0) {
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_RESERVE, id, r, why);
+		return;
+	}
+	/* Its descriptor is made when the reply goes (dispatch_export_fd). */
+	tk.reserve = rs->id;
+	tk.writable = true;
+	reply_reserve(cl->conn, id, rs->id, rs->alloc.size, &tk);
+}
+
+void dispatch_do_unreserve(struct client *cl, const Tensord__Unreserve *m)
+{
+	/* One-way, as Release. */
+	if (registry_unreserve(&cl->srv->reg, &cl->rc, m->id) < 0)
+		conn_log_limited(cl->conn, TD_LOG_WARN, LOG_KIND_BAD_RELEASE,
+				 "conn %llu: pid %u gave back unknown reserve %llu, ignoring",
+				 (unsigned long long)cl->conn->id, cl->rc.pid,
+				 (unsigned long long)m->id);
 }
 
 /*

@@ -32,6 +32,10 @@ bool dispatch_lease_has_fd(const struct tensor *t);
 void dispatch_do_create(struct client *cl, uint64_t id, const Tensord__Create *m);
 void dispatch_do_put(struct client *cl, uint64_t id, const Tensord__Put *m);
 
+/* Reserve and Unreserve (dispatch_create.c; docs/design.md, "The reserve"). m is borrowed. */
+void dispatch_do_reserve(struct client *cl, uint64_t id, const Tensord__Reserve *m);
+void dispatch_do_unreserve(struct client *cl, const Tensord__Unreserve *m);
+
 /* cl's connection closed: its GPU creates in flight complete without it. */
 void dispatch_create_forget(struct client *cl);
 

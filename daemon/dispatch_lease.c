@@ -50,15 +50,27 @@ void dispatch_send_lease(struct client *cl, unsigned kind, uint64_t req_id, stru
 	bool with_fd = !reused && dispatch_lease_has_fd(t) &&
 		       !holds_share(t->alloc.share_id, have_shares, n_have_shares);
 
-	reply_lease(cl->conn, req_id, t, lease, writable, reused, with_fd ? &tk : NULL);
+	reply_lease(cl->conn, req_id, t, lease, writable, reused, 0, with_fd ? &tk : NULL);
 }
 
 int dispatch_export_fd(struct conn *c, const struct conn_fd_ticket *tk, void *ctx)
 {
 	struct client *cl = conn_data(c);
-	struct tensor *t = registry_lease_tensor(&cl->rc, tk->lease);
+	struct tensor *t;
 	int fd = -1, r;
 
+	if (tk->reserve) {
+		/* A client may name a reserve in a Create before its reply went. */
+		struct reg_reserve *rs = registry_reserve_find(&cl->rc, tk->reserve);
+
+		if (!rs)
+			return -ESRCH;
+		r = rs->alloc.ops->export_fd(&rs->alloc, true, &fd);
+		if (r == 0 && fd < 0)
+			r = -EPROTO;
+		return r < 0 ? r : fd;
+	}
+	t = registry_lease_tensor(&cl->rc, tk->lease);
 	/* A client may release a lease before it read the reply that names it. */
 	if (!t)
 		return -ESRCH;
@@ -76,6 +88,15 @@ void dispatch_export_failed(struct conn *c, const struct conn_fd_ticket *tks, si
 	struct tensor *t = registry_lease_tensor(&cl->rc, tk->lease);
 	char why[400];
 
+	if (tk->reserve) {
+		/* Its client never learns of it: it goes. */
+		snprintf(why, sizeof(why), "reserve %llu: %s", (unsigned long long)tk->reserve,
+			 err == -ESRCH ? "gone before its reply was sent"
+				       : "exporting its memory failed");
+		registry_unreserve(&cl->srv->reg, &cl->rc, tk->reserve);
+		reply_status(c, tk->kind, tk->req_id, err, why);
+		return;
+	}
 	if (t)
 		snprintf(why, sizeof(why), "tensor '%s': exporting its memory failed: %s", t->name,
 			 strerror(-err));

@@ -48,7 +48,7 @@ struct pool;
  * instead of per 4 KiB, which is what brings a large put near memcpy speed.
  */
 enum pool_pages {
-	POOL_PAGES_SMALL,  /* fallocate(): 4 KiB pages ("never", "deny") */
+	POOL_PAGES_SMALL,  /* zeroes written: 4 KiB pages ("never", "deny") */
 	POOL_PAGES_ADVISE, /* map, MADV_HUGEPAGE, MADV_POPULATE_WRITE ("advise") */
 	POOL_PAGES_HUGE,   /* fallocate(); the kernel picks huge pages itself
 			    * ("always", "within_size", "force") */

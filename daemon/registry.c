@@ -362,6 +362,7 @@ void registry_client_init(struct reg_client *rc, uint64_t id, uint32_t uid, uint
 {
 	memset(rc, 0, sizeof(*rc));
 	LIST_INIT(&rc->created);
+	LIST_INIT(&rc->reserves);
 	rc->id = id;
 	rc->uid = uid;
 	rc->gid = gid;
@@ -475,6 +476,7 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc)
 	/* Names first: a tensor it created but never published, or created
 	 * with connection lifetime, goes with it. Leases second, so the last
 	 * one frees the memory. Only what rc created and leased is visited. */
+	reg_reserves_drop(reg, rc);
 	reg_tx_client_gone(reg, rc);
 	while ((t = LIST_FIRST(&rc->created))) {
 		reg->visits++;

@@ -31,6 +31,15 @@
 struct reg_client;
 struct reg_tx;
 
+/*
+ * Reserves (docs/design.md, "The reserve"): ready host memory a connection
+ * keeps mapped for its next creates. At most this many per connection, of
+ * at most this many bytes in all, each of REGISTRY_RESERVE_MIN bytes or more.
+ */
+#define REGISTRY_RESERVES_MAX 4
+#define REGISTRY_RESERVE_BYTES_MAX (2ull << 30)
+#define REGISTRY_RESERVE_MIN (1u << 20)
+
 /* How many leases one uid holds on a tensor. */
 struct reg_holder {
 	uint32_t uid;
@@ -73,6 +82,7 @@ struct tensor {
 	uint64_t pinned_bytes; /* counted in each holder's QUOTA_PINNED; 0: none */
 	bool allocating;       /* the GPU worker is getting its memory */
 	uint32_t holds;        /* of refcount, the references of reg_holds (quarantined) */
+	bool from_reserve;     /* its memory was the reserve its create named */
 	/*
 	 * Replace (docs/design.md, "Replace"): a named tensor's pending new
 	 * version, and the other way round. A draft is in state CREATED and not
@@ -108,6 +118,19 @@ struct reg_device {
 	uint64_t quarantined; /* of used, the footprints of tensors a reg_hold keeps */
 };
 
+/*
+ * One reserve: a ready memfd of the host backend that only its connection
+ * has a descriptor of, charged to that connection's uid (bytes, a
+ * descriptor) and to the host's capacity until a create takes it, the
+ * connection gives it back, or the connection closes.
+ */
+struct reg_reserve {
+	uint64_t id; /* the connection's name for it: 1, 2, ... */
+	struct reg_device *dev;
+	struct backend_alloc alloc; /* owned */
+	LIST_ENTRY(reg_reserve) link;
+};
+
 /* A client's view: who it is and the leases it holds. Embedded in a conn. */
 struct reg_client {
 	uint64_t id;
@@ -120,6 +143,10 @@ struct reg_client {
 	LIST_HEAD(, tensor) created; /* what it created, for its close to walk */
 	LIST_HEAD(, reg_tx) txs;     /* its open transactions (txn.c), owned */
 	unsigned n_txs;
+	LIST_HEAD(, reg_reserve) reserves; /* owned */
+	unsigned n_reserves;
+	uint64_t reserved_bytes;
+	uint64_t next_reserve; /* the last reserve id given out */
 };
 
 struct reg_lease {
@@ -212,6 +239,9 @@ struct registry {
 	LIST_HEAD(, reg_hold) holds; /* owned: every hold not yet ended */
 	uint32_t n_holds;
 	uint64_t visits; /* tensors and slots a closing client visited: work, for stats */
+	/* Reserves held by all clients, and their bytes. */
+	uint32_t n_reserves;
+	uint64_t reserve_bytes;
 };
 
 struct create_args {
@@ -227,7 +257,31 @@ struct create_args {
 	bool replace;  /* unlink a tensor of this name rc owns, in the same step */
 	bool shared;   /* immutable and written by the daemon: may share a slab */
 	uint32_t tx;   /* nonzero: a member of rc's transaction tx (registry_tx_commit()) */
+	/* Nonzero: rc's reserve of that id, which the create consumes whatever
+	 * happens: the tensor's memory when it fits (t->from_reserve), else freed. */
+	uint64_t reserve;
 };
+
+/*
+ * A reserve for rc of at least size bytes (the host pool's size class of
+ * it), ready memory that only rc will get a descriptor of: allocated and
+ * zeroed, writable, sealed against growing. *ret is borrowed: valid until
+ * a create names it, registry_unreserve() of it, or rc's close. -EINVAL for
+ * a size outside REGISTRY_RESERVE_MIN .. REGISTRY_RESERVE_BYTES_MAX;
+ * -EAGAIN when rc holds REGISTRY_RESERVES_MAX reserves or as many bytes,
+ * or when the pool has no memory of that class ready (it is wanted then:
+ * ask again later); -ENOSPC over the host's capacity or when only the
+ * descriptor reserve is left; -EDQUOT over the uid's share of bytes or
+ * descriptors.
+ */
+int registry_reserve(struct registry *reg, struct reg_client *rc, uint64_t size,
+		     struct reg_reserve **ret, char *why, size_t why_len);
+
+/* rc's reserve of that id, or NULL. Borrowed, as registry_reserve()'s. */
+struct reg_reserve *registry_reserve_find(struct reg_client *rc, uint64_t id);
+
+/* Frees rc's reserve of that id: 0, or -ESRCH when rc has none such. */
+int registry_unreserve(struct registry *reg, struct reg_client *rc, uint64_t id);
 
 /* Transactions one client may have open at once. */
 #define REGISTRY_TX_PER_CLIENT 16

@@ -234,19 +234,36 @@ static int alloc_result(struct registry *reg, struct reg_device *dev, struct ten
 }
 
 /*
- * Gets t its memory on dev, and room for its name in the table. On failure
- * releases what it got; the caller frees t.
+ * Whether t's memory may be reserve res (NULL: none): the same device, a
+ * memfd of its own, and a size that leaves at most an ninth of it unused.
+ */
+static bool fits_reserve(const struct reg_reserve *res, const struct reg_device *dev,
+			 const struct tensor *t, bool shared)
+{
+	return res && res->alloc.fd >= 0 && res->dev == dev && dev->ops->adopt &&
+	       !goes_to_slab(dev->ops, shared, t->nbytes) && t->nbytes <= res->alloc.size &&
+	       t->nbytes > res->alloc.size - res->alloc.size / 9;
+}
+
+/*
+ * Gets t its memory on dev (reserve res's when it fits, which it then takes
+ * over), and room for its name in the table. On failure releases what it
+ * got; the caller frees t.
  */
 static int tensor_alloc(struct registry *reg, struct reg_device *dev, struct tensor *t, bool shared,
-			char *why, size_t why_len)
+			struct reg_reserve *res, char *why, size_t why_len)
 {
 	const struct backend_ops *ops = dev->ops;
 	int r;
 
-	if (goes_to_slab(ops, shared, t->nbytes))
+	if (goes_to_slab(ops, shared, t->nbytes)) {
 		r = ops->alloc_shared(&t->alloc, t->nbytes, t->owner_uid, t->owner_gid, t->mode);
-	else
+	} else if (fits_reserve(res, dev, t, shared)) {
+		r = ops->adopt(&t->alloc, &res->alloc, t->nbytes);
+		t->from_reserve = r == 0;
+	} else {
 		r = ops->alloc(&t->alloc, t->nbytes, dev->device.device_id, t->name);
+	}
 	r = alloc_result(reg, dev, t, &t->alloc, r, 0, why, why_len);
 	if (r < 0)
 		return r;
@@ -374,8 +391,9 @@ int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64
 	return r;
 }
 
-int registry_create(struct registry *reg, struct reg_client *rc, const struct create_args *a,
-		    struct tensor **ret_t, uint64_t *ret_lease, char *why, size_t why_len)
+static int create_one(struct registry *reg, struct reg_client *rc, const struct create_args *a,
+		      struct reg_reserve *res, struct tensor **ret_t, uint64_t *ret_lease,
+		      char *why, size_t why_len)
 {
 	struct reg_tx *tx = NULL;
 	char reason[200];
@@ -421,7 +439,7 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 	}
 	if (dev->ops->alloc_blocks && nbytes && !goes_to_slab(dev->ops, a->shared, nbytes))
 		return create_begin(reg, rc, a, tx, dev, t, ret_t, why, why_len);
-	r = tensor_alloc(reg, dev, t, a->shared, why, why_len);
+	r = tensor_alloc(reg, dev, t, a->shared, res, why, why_len);
 	if (r < 0) {
 		reg_create_uncharge(reg, t);
 		free(t);
@@ -445,4 +463,23 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 	}
 	*ret_t = t;
 	return 0;
+}
+
+int registry_create(struct registry *reg, struct reg_client *rc, const struct create_args *a,
+		    struct tensor **ret_t, uint64_t *ret_lease, char *why, size_t why_len)
+{
+	/* The reserve a create names is consumed whatever happens: off rc's
+	 * list and uncharged now, the tensor's memory or freed below. */
+	struct reg_reserve *res = reg_reserve_take(reg, rc, a->reserve);
+	int r = create_one(reg, rc, a, res, ret_t, ret_lease, why, why_len);
+
+	/* A reserve never costs its own client a create: room it holds for
+	 * later creates goes to this one. */
+	if ((r == -EDQUOT || r == -ENOSPC) && reg_reserves_drop(reg, rc)) {
+		log_debug("conn %llu: pid %u gave up its reserves to make room for a create",
+			  (unsigned long long)rc->id, rc->pid);
+		r = create_one(reg, rc, a, res, ret_t, ret_lease, why, why_len);
+	}
+	reg_reserve_free(reg, rc, res);
+	return r;
 }

@@ -118,4 +118,13 @@ void reg_tx_client_gone(struct registry *reg, struct reg_client *rc);
 /* Gives back t's per-uid charges (registry_create.c charges them). */
 void reg_create_uncharge(struct registry *reg, const struct tensor *t);
 
+/* registry_reserve.c: rc's reserve of that id, off rc's list and uncharged; the caller owns it. */
+struct reg_reserve *reg_reserve_take(struct registry *reg, struct reg_client *rc, uint64_t id);
+
+/* Frees r (taken, or still on its client's list: then taken first). */
+void reg_reserve_free(struct registry *reg, struct reg_client *rc, struct reg_reserve *r);
+
+/* Frees every reserve rc holds: its close, or room for a create. Returns how many. */
+unsigned reg_reserves_drop(struct registry *reg, struct reg_client *rc);
+
 #endif /* TENSORD_REGISTRY_INT_H */

@@ -125,15 +125,30 @@ void reply_fill_lease(struct reply_lease_store *s, const struct tensor *t, uint6
 }
 
 void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64_t lease,
-		 bool writable, bool reused, const struct conn_fd_ticket *tk)
+		 bool writable, bool reused, uint64_t reserve, const struct conn_fd_ticket *tk)
 {
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
 	struct reply_lease_store s;
 
 	reply_fill_lease(&s, t, lease, writable, reused);
+	s.lease.reserve = reserve;
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_LEASE;
 	rep.lease = &s.lease;
+	reply_send(c, &rep, tk);
+}
+
+void reply_reserve(struct conn *c, uint64_t req_id, uint64_t id, uint64_t size,
+		   const struct conn_fd_ticket *tk)
+{
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	Tensord__ReserveReply rr = TENSORD__RESERVE_REPLY__INIT;
+
+	rr.id = id;
+	rr.size = size;
+	rep.id = req_id;
+	rep.body_case = TENSORD__REPLY__BODY_RESERVE;
+	rep.reserve = &rr;
 	reply_send(c, &rep, tk);
 }
 

@@ -59,12 +59,18 @@ void reply_fill_lease(struct reply_lease_store *s, const struct tensor *t, uint6
 		      bool writable, bool reused);
 
 /*
- * A lease on t. tk (NULL when no descriptor goes with it: reused, or a
- * handle kind that travels as bytes) names the descriptor, made when the
- * frame is sent (conn_handlers.export_fd). t is borrowed.
+ * A lease on t. tk (NULL when no descriptor goes with it: reused, the
+ * client's reserve, or a handle kind that travels as bytes) names the
+ * descriptor, made when the frame is sent (conn_handlers.export_fd).
+ * reserve: nonzero when t's memory is the client's reserve of that id. t
+ * is borrowed.
  */
 void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64_t lease,
-		 bool writable, bool reused, const struct conn_fd_ticket *tk);
+		 bool writable, bool reused, uint64_t reserve, const struct conn_fd_ticket *tk);
+
+/* What Reserve answers: the reserve's id and size; tk names its descriptor. */
+void reply_reserve(struct conn *c, uint64_t req_id, uint64_t id, uint64_t size,
+		   const struct conn_fd_ticket *tk);
 
 /* What a publish (or a put that published) answers: t's generation and commit. */
 void reply_published(struct conn *c, uint64_t req_id, const struct tensor *t);

@@ -68,8 +68,10 @@ void td_client_unref(tensord_client *c)
 	/* Last reference: no thread is inside a call, no lease is alive, so
 	 * the mapping cache holds only parked mappings. */
 	td_relq_stop(&c->conn);
+	td_reserve_stop(c);
 	conn_free(&c->conn);
 	td_mapcache_fini(&c->maps);
+	pthread_cond_destroy(&c->reserve.cond);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
 }
@@ -797,6 +799,7 @@ static void forget_parent(tensord_client *c)
 	conn->relq.n = 0;
 	conn->relq.running = false;
 	td_mapcache_after_fork(&c->maps);
+	td_reserve_after_fork(&c->reserve);
 }
 
 static void atfork_child(void)
@@ -830,6 +833,7 @@ tensord_client *td_client_new(int fd)
 	pthread_cond_init(&c->conn.cond, NULL);
 	td_mapcache_init(&c->maps, &c->lock);
 	LIST_INIT(&c->ipc_leases);
+	td_reserve_init(&c->reserve);
 	c->conn.fd = fd;
 	c->conn.max_request = TD_FRAME_MIN_REQUEST;
 	td_spin_init(&c->conn.spin);
@@ -967,6 +971,8 @@ tensord_client *tensord_close(tensord_client *c)
 	 * every lease of this connection. */
 	shutdown(c->conn.fd, SHUT_RDWR);
 	pthread_mutex_unlock(&c->lock);
+	/* Its round trips fail now; the daemon freed its reserves at EOF. */
+	td_reserve_stop(c);
 	td_client_unref(c);
 	return NULL;
 }

@@ -67,6 +67,24 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 		close(fd);
 		return td_set_error(-EPROTO, "tensord sent a bad mapping size");
 	}
+	if (d->premapped) {
+		/* The reserve, its page tables filled: a fork() copies it from
+		 * now on, as any creator's mapping (docs/design.md, "Fork"). */
+		if (lead || d->premapped_len < d->map_size || !d->writable ||
+		    madvise(d->premapped, (size_t)d->premapped_len, MADV_DOFORK) < 0) {
+			close(fd);
+			return td_set_error(-EPROTO,
+					    "tensord put a tensor in a reserve that cannot "
+					    "hold it");
+		}
+		m->base = d->premapped;
+		m->data = d->premapped;
+		m->size = d->premapped_len;
+		m->file_off = 0;
+		m->device = (DLDevice){ kDLCPU, 0 };
+		m->priv = (void *)(intptr_t)(fd + 1);
+		return 0;
+	}
 	/* A creator's mapping is about to be filled: populating it in one call
 	 * costs a fraction of one page fault per 4 KiB during the copy. An
 	 * attach is left to fault, so attaching stays O(1) in size. A tensor

@@ -31,6 +31,14 @@ struct td_import_desc {
 	const uint8_t *ipc_handle;
 	size_t ipc_handle_len;
 	uint64_t ipc_offset;
+	/*
+	 * Host memory this process mapped already, shared and writable, from
+	 * the same descriptor (the client's reserve, premapped_len bytes at
+	 * premapped, MADV_DONTFORK): map() takes it over instead of mapping
+	 * anew. NULL: none.
+	 */
+	void *premapped;
+	uint64_t premapped_len;
 };
 
 /* One mapped allocation in this process. */
@@ -65,10 +73,11 @@ struct td_mapping {
 	/* Set by the client library, not by importers: */
 	char name[TENSORD_NAME_MAX + 1]; /* the tensor's name when mapped */
 	bool created_here;               /* this process created it (it may publish) */
-	uint32_t flags;                  /* the tensor's TENSORD_MUTABLE | ... */
-	bool reusable;                   /* a repeat attach of name may reuse it */
-	bool in_slab;                    /* a window of shared memory (a slab) */
-	bool revoked;                /* unmapped by tensord_close(): the last unref only frees */
+	bool filling;  /* its create took the client's reserve; its publish ends the filling */
+	uint32_t flags; /* the tensor's TENSORD_MUTABLE | ... */
+	bool reusable;  /* a repeat attach of name may reuse it */
+	bool in_slab;   /* a window of shared memory (a slab) */
+	bool revoked;   /* unmapped by tensord_close(): the last unref only frees */
 	LIST_ENTRY(td_mapping) link; /* the cache's list, or one of those going */
 	/* Kept after its last lease (mapcache.h): when, and its place in the parked list. */
 	uint64_t parked_ns; /* 0: some lease uses it */

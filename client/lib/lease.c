@@ -265,7 +265,8 @@ static void drop(struct td_mapcache *mc, int fd, struct td_mapping *pinned)
  * On success *ret_map is a new reference; release with td_mapcache_unref().
  */
 static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const tensord_info *info,
-			  int fd, bool created, struct td_mapping **ret_map)
+			  int fd, bool created, const struct td_reserve_slot *rs,
+			  struct td_mapping **ret_map)
 {
 	const struct td_importer *imp = td_importer_for(w->handle);
 	struct td_import_desc d = {
@@ -280,6 +281,8 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const
 		.ipc_handle = w->ipc_handle.data,
 		.ipc_handle_len = w->ipc_handle.len,
 		.ipc_offset = w->ipc_offset,
+		.premapped = rs ? rs->base : NULL,
+		.premapped_len = rs ? rs->size : 0,
 	};
 	struct td_mapping *m;
 	int r;
@@ -344,7 +347,7 @@ static int share_fd(struct td_mapcache *mc, uint64_t id, int fd)
  */
 static int lease_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const tensord_info *info,
 			 int fd, struct td_mapping *pinned, bool created,
-			 struct td_mapping **ret_map)
+			 const struct td_reserve_slot *rs, struct td_mapping **ret_map)
 {
 	struct td_mapping *m = NULL;
 	int r = 0;
@@ -367,7 +370,7 @@ static int lease_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const 
 					 "shared memory %llu, which we do not hold",
 					 info->name, (unsigned long long)w->share_id);
 		else
-			r = import_mapping(mc, w, info, fd, created, &m);
+			r = import_mapping(mc, w, info, fd, created, rs, &m);
 		fd = -1;
 	}
 	drop(mc, fd, pinned);
@@ -419,8 +422,8 @@ static int lease_device(const Tensord__Lease *w, const struct td_mapping *m, DLD
 	return td_gpu_local_device(*dev, wd ? wd->uuid.data : NULL, wd ? wd->uuid.len : 0, dev);
 }
 
-int td_lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
-			struct td_mapping *pinned, bool created, struct td_lease **ret_lease)
+static int lease_from(tensord_client *c, const Tensord__Lease *w, int fd, struct td_mapping *pinned,
+		      bool created, const struct td_reserve_slot *rs, struct td_lease **ret_lease)
 {
 	struct td_lease *l = calloc(1, sizeof(*l));
 	struct td_mapping *m = NULL;
@@ -433,7 +436,7 @@ int td_lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
 		goto fail;
 	}
 	td_info_from_wire(&l->info, w->info);
-	r = lease_mapping(&c->maps, w, &l->info, fd, pinned, created, &m);
+	r = lease_mapping(&c->maps, w, &l->info, fd, pinned, created, rs, &m);
 	if (r < 0)
 		goto fail;
 	r = lease_view(&c->maps, m, w->reused, &l->view);
@@ -466,6 +469,32 @@ fail:
 	end_granted(c, w->lease, r);
 	free(l);
 	return r;
+}
+
+int td_lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
+			struct td_mapping *pinned, bool created, struct td_lease **ret_lease)
+{
+	return lease_from(c, w, fd, pinned, created, NULL, ret_lease);
+}
+
+int td_lease_from_reserve(tensord_client *c, const Tensord__Lease *w, struct td_reserve_slot *rs,
+			  struct td_lease **ret_lease)
+{
+	int fd = rs->fd;
+	int r;
+
+	/* The lease's mapping takes over the slot's, the descriptor with it. */
+	rs->fd = -1;
+	r = lease_from(c, w, fd, NULL, true, rs, ret_lease);
+	/* A failure never got as far as taking the mapping over. */
+	if (r == 0)
+		rs->base = NULL;
+	return r;
+}
+
+struct td_mapping *td_lease_mapping(const struct td_lease *l)
+{
+	return l->map;
 }
 
 int td_lease_handle(struct td_lease *l, DLManagedTensorVersioned **ret_tensor)

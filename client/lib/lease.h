@@ -27,6 +27,19 @@ int td_lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
 			struct td_mapping *pinned, bool created, struct td_lease **ret_lease);
 
 /*
+ * The same for the reply to a Create that named reserve rs and got it
+ * (w->reserve): the lease maps the tensor where rs is mapped. Takes
+ * ownership of rs's mapping and descriptor; on failure what is left in
+ * rs (base not NULL) is the caller's to free (td_reserve_slot_free()).
+ */
+struct td_reserve_slot;
+int td_lease_from_reserve(tensord_client *c, const Tensord__Lease *w, struct td_reserve_slot *rs,
+			  struct td_lease **ret_lease);
+
+/* The mapping l uses (NULL for zero-size tensors). Borrowed: valid while l lives. */
+struct td_mapping *td_lease_mapping(const struct td_lease *l);
+
+/*
  * Takes ownership of l. On success *ret_tensor holds it, and its deleter
  * ends it; on failure l is ended here.
  */

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -222,13 +224,116 @@ static int put_inline(tensord_client *c, const char *name, const DLTensor *src,
 	return r == -EMSGSIZE || r == -EBADMSG ? 1 : r;
 }
 
+static int source_span(const DLTensor *src, size_t elsize, int64_t *lo, int64_t *hi);
+
+/* PROCMAP_QUERY (Linux 6.11, <linux/fs.h>): one mapping of this process, by address. */
+struct td_procmap_query {
+	uint64_t size;
+	uint64_t query_flags;
+	uint64_t query_addr;
+	uint64_t vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
+	uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+	uint64_t vma_name_addr, build_id_addr;
+};
+#define TD_PROCMAP_QUERY _IOWR('f', 17, struct td_procmap_query)
+#define TD_PROCMAP_QUERY_VMA_READABLE 0x01
+
 /*
- * put() of host memory: create, write the bytes through the descriptor,
- * publish. Nothing is mapped here: pwrite() costs the kernel a page-cache
- * lookup per 4 KiB, while a mapping costs a page-table entry per 4 KiB to
- * set up and, at publish, to tear down again (the creator's view must stop
- * being shared before the daemon seals the memfd), which on a VM is several
- * times the copy itself.
+ * The same from the text of /proc/self/maps, for kernels before 6.11
+ * (no PROCMAP_QUERY): a read of every line, so it costs about a
+ * microsecond per mapping of the process, once per put into a reserve.
+ */
+static int span_readable_text(int fd, uintptr_t a, uintptr_t end)
+{
+	char buf[8192], *line, *nl;
+	size_t have = 0;
+	ssize_t k;
+
+	while (a < end && (k = read(fd, buf + have, sizeof(buf) - 1 - have)) > 0) {
+		have += (size_t)k;
+		buf[have] = 0;
+		for (line = buf; (nl = strchr(line, '\n')); line = nl + 1) {
+			unsigned long lo, hi;
+			char perm[5];
+
+			*nl = 0;
+			if (sscanf(line, "%lx-%lx %4s", &lo, &hi, perm) != 3 || hi <= a)
+				continue;
+			if (lo > a || perm[0] != 'r')
+				return 0;
+			a = hi;
+			if (a >= end)
+				return 1;
+		}
+		have = strlen(line);
+		memmove(buf, line, have);
+	}
+	return a >= end;
+}
+
+/*
+ * 1 when every byte of [p, p + n) lies in readable mappings of this
+ * process, 0 when some does not, -errno when it cannot tell. A copy by
+ * memcpy() from such memory would crash the caller (SIGSEGV), where
+ * pwrite() answers -EFAULT.
+ */
+static int span_readable(const uint8_t *p, uint64_t n)
+{
+	static bool no_query; /* this kernel has no PROCMAP_QUERY */
+	uintptr_t a = (uintptr_t)p, end = a + n;
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC), r = 1;
+
+	if (fd < 0)
+		return -errno;
+	while (!__atomic_load_n(&no_query, __ATOMIC_RELAXED) && a < end && r == 1) {
+		struct td_procmap_query q = { .size = sizeof(q), .query_addr = a };
+
+		int e = ioctl(fd, TD_PROCMAP_QUERY, &q) < 0 ? errno : 0;
+
+		if (e == ENOTTY || e == EINVAL)
+			__atomic_store_n(&no_query, true, __ATOMIC_RELAXED);
+		else if (e)
+			r = e == ENOENT ? 0 : -e;
+		else if (!(q.vma_flags & TD_PROCMAP_QUERY_VMA_READABLE) || q.vma_end <= a)
+			r = 0;
+		else
+			a = (uintptr_t)q.vma_end;
+	}
+	if (r == 1 && a < end)
+		r = span_readable_text(fd, a, end);
+	close(fd);
+	return r;
+}
+
+/*
+ * Copies src's bytes into a reserve of this process's (mapped at base)
+ * when every byte of the source can be read without a fault; 1 when it
+ * cannot tell or some byte cannot be read: then the caller writes them
+ * with pwrite(), which turns a bad source into -EFAULT.
+ */
+static int copy_to_reserve(const DLTensor *src, const int64_t *sstrides, size_t elsize,
+			   uint8_t *base)
+{
+	int64_t lo, hi;
+	const uint8_t *first = (const uint8_t *)src->data + src->byte_offset;
+
+	if (source_span(src, elsize, &lo, &hi) != 1 ||
+	    span_readable(first + lo, (uint64_t)(hi - lo)) != 1)
+		return 1;
+	for_each_run(first, src->ndim, src->shape, sstrides, elsize, gather_run, &base);
+	return 0;
+}
+
+/*
+ * put() of host memory: create, copy the bytes, publish. Into the
+ * client's reserve when one of the size is ready (docs/design.md, "The
+ * reserve"): memory this process mapped, its page tables filled, before
+ * it was asked for, so the copy is one memcpy and the unmap before the
+ * seal. Else through the descriptor: pwrite() costs the kernel a
+ * page-cache lookup per 4 KiB, where mapping the new memfd here would
+ * cost a page-table entry per 4 KiB to set up and, at publish, to tear
+ * down again (the creator's view must stop being shared before the
+ * daemon seals the memfd).
  */
 static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 		    const tensord_spec *spec, size_t elsize, const struct put_to *to)
@@ -236,7 +341,9 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	int64_t cstrides[TENSORD_NDIM_MAX];
 	const int64_t *sstrides = src->strides ? src->strides : cstrides;
 	struct fd_writer w = { .fd = -1 };
+	struct td_reserve_slot rs = { .fd = -1 };
 	uint64_t lease, nbytes = elsize;
+	bool in_reserve;
 	Tensord__Reply *rep;
 	char saved[512];
 	int r;
@@ -251,14 +358,32 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	r = put_inline(c, name, src, spec, sstrides, elsize, nbytes, to);
 	if (r <= 0)
 		return r;
-	r = td_create_rpc(c, name, spec, to->tx, &rep, &w.fd);
-	if (r < 0)
+	in_reserve = td_reserve_take(c, nbytes, &rs);
+	r = td_create_rpc(c, name, spec, to->tx, rs.id, &rep, &w.fd);
+	if (r < 0) {
+		if (in_reserve) {
+			td_reserve_slot_free(&rs);
+			td_reserve_written(c);
+		}
 		return r;
+	}
 	lease = rep->lease->lease;
+	in_reserve = in_reserve && rep->lease->reserve == rs.id && w.fd < 0;
+	if (in_reserve) {
+		/* The tensor's memfd is the reserve's: write it as mapped. */
+		w.fd = rs.fd;
+		rs.fd = -1;
+	} else if (rs.base) {
+		/* The daemon freed it: it did not fit. */
+		td_reserve_slot_free(&rs);
+		td_reserve_written(c);
+	}
 	if (rep->lease->handle != TENSORD__HANDLE_KIND__HANDLE_NONE && w.fd < 0)
 		r = td_set_error(-EPROTO, "tensor '%s': tensord sent no descriptor to write", name);
 	tensord__reply__free_unpacked(rep, NULL);
-	if (r == 0 && w.fd >= 0) {
+	if (r == 0 && in_reserve && copy_to_reserve(src, sstrides, elsize, rs.base) == 0) {
+		/* Written. */
+	} else if (r == 0 && w.fd >= 0) {
 		r = for_each_run((const uint8_t *)src->data + src->byte_offset, src->ndim,
 				 src->shape, sstrides, elsize, write_run, &w);
 		if (r == 0)
@@ -270,6 +395,11 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	free(w.buf);
 	if (w.fd >= 0)
 		close(w.fd);
+	/* No shared writable mapping may be left when the daemon seals it. */
+	if (rs.base) {
+		td_reserve_slot_free(&rs);
+		td_reserve_written(c);
+	}
 	if (r == 0 && !to->tx)
 		r = tensord_publish_version(c, name, to->version);
 	if (r < 0 && !to->tx) {

@@ -109,7 +109,7 @@ static int create_msg_fill(struct create_msg *m, const char *name, const tensord
 }
 
 int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec, uint32_t tx,
-		  Tensord__Reply **ret_reply, int *ret_fd)
+		  uint64_t reserve, Tensord__Reply **ret_reply, int *ret_fd)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	struct create_msg m;
@@ -120,6 +120,7 @@ int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
 	if (r < 0)
 		return r;
 	m.cr.tx = tx;
+	m.cr.reserve = reserve;
 	req.body_case = TENSORD__REQUEST__BODY_CREATE;
 	req.create = &m.cr;
 	r = td_rpc(c, &req, &rep, &fd);
@@ -198,20 +199,60 @@ int td_put_rpc(tensord_client *c, const char *name, const tensord_spec *spec, ui
 	return r;
 }
 
+/* The bytes of a host tensor of spec (0 when spec is no valid host spec: the daemon says why). */
+static uint64_t host_nbytes(const tensord_spec *spec)
+{
+	int64_t strides[TENSORD_NDIM_MAX];
+	uint64_t nbytes;
+	char why[8];
+
+	if (!spec || spec->device.device_type != kDLCPU || spec->ndim < 0 ||
+	    spec->ndim > TENSORD_NDIM_MAX || (spec->ndim && !spec->shape) ||
+	    td_layout(spec->dtype, spec->ndim, spec->shape, spec->strides, strides, &nbytes, why,
+		      sizeof(why)) < 0)
+		return 0;
+	return nbytes;
+}
+
 int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec,
 		   DLManagedTensorVersioned **ret_tensor)
 {
+	struct td_reserve_slot rs = { .fd = -1 };
 	Tensord__Reply *rep;
 	struct td_lease *l;
+	bool reserved;
 	int fd, r;
 
 	r = td_client_current(&c);
 	if (r < 0)
 		return r;
-	r = td_create_rpc(c, name, spec, 0, &rep, &fd);
-	if (r < 0)
+	/* A large host tensor goes where this process mapped memory ahead. */
+	reserved = td_reserve_take(c, host_nbytes(spec), &rs);
+	r = td_create_rpc(c, name, spec, 0, rs.id, &rep, &fd);
+	if (r < 0) {
+		if (reserved) {
+			td_reserve_slot_free(&rs);
+			td_reserve_written(c);
+		}
 		return r;
-	r = lease_reply(c, name, "create", rep, fd, NULL, true, &l);
+	}
+	if (reserved && rep->lease->reserve == rs.id && fd < 0) {
+		r = td_lease_from_reserve(c, rep->lease, &rs, &l);
+		tensord__reply__free_unpacked(rep, NULL);
+		td_reserve_slot_free(&rs);
+		/* Its publish says when the filling is done (tensord_publish()). */
+		if (r == 0)
+			td_lease_mapping(l)->filling = true;
+		else
+			td_reserve_written(c);
+	} else {
+		/* The daemon freed the reserve: it did not fit. */
+		if (reserved) {
+			td_reserve_slot_free(&rs);
+			td_reserve_written(c);
+		}
+		r = lease_reply(c, name, "create", rep, fd, NULL, true, &l);
+	}
 	if (r < 0)
 		return r;
 	return td_lease_handle(l, ret_tensor);
@@ -402,6 +443,11 @@ int tensord_publish_version(tensord_client *c, const char *name, tensord_version
 	if (r == 0) {
 		td_version_from_reply(rep, ret_version);
 		tensord__reply__free_unpacked(rep, NULL);
+	}
+	if (mine && mine->filling) {
+		/* Filled: the reserve thread may make the next one. */
+		mine->filling = false;
+		td_reserve_written(c);
 	}
 	if (mine) {
 		if (r < 0 && imp && imp->make_shared)

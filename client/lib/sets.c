@@ -67,7 +67,7 @@ int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const ten
 	struct td_lease *l;
 	int fd, r;
 
-	r = td_create_rpc(c, name, spec, tx, &rep, &fd);
+	r = td_create_rpc(c, name, spec, tx, 0, &rep, &fd);
 	if (r < 0)
 		return r;
 	r = td_lease_from_reply(c, rep->lease, fd, NULL, true, &l);

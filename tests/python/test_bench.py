@@ -31,9 +31,10 @@ def test_py_put_bench_runs(daemon):
     out = r.stdout
     for size in ("4 KiB", "2 MiB"):
         block = out[out.index("put %s" % size):]
-        for name in ("memcpy", "shm", "tensord"):
-            assert re.search(r"^  %-8s +[\d.]+ us +[\d.]+ GB/s +[\d.]+x memcpy$" % name, block,
-                             re.M), out
+        for name in ("memcpy", "shm", "put", "cfp"):
+            assert re.search(r"^  %-8s +[\d.]+ us +[\d.]+ GB/s +[\d.]+x memcpy( +[\d.]+x \w+)*$"
+                             % name, block, re.M), out
+        assert re.search(r"^  cfp/put +[\d.]+x", block, re.M), out
 
 
 def test_py_spin_bench_runs():
