@@ -73,7 +73,7 @@ struct td_mapping {
 	/* Set by the client library, not by importers: */
 	char name[TENSORD_NAME_MAX + 1]; /* the tensor's name when mapped */
 	bool created_here;               /* this process created it (it may publish) */
-	bool filling;  /* its create took the client's reserve; its publish ends the filling */
+	bool filling;   /* its create took the client's reserve; its publish ends the filling */
 	uint32_t flags; /* the tensor's TENSORD_MUTABLE | ... */
 	bool reusable;  /* a repeat attach of name may reuse it */
 	bool in_slab;   /* a window of shared memory (a slab) */
