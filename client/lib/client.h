@@ -151,6 +151,8 @@ struct td_reserve {
 	} want[TD_RESERVE_SLOTS];
 	struct td_reserve_slot making; /* being mapped: fork's child closes its fd */
 	unsigned writing;              /* slots taken whose copy is not done yet */
+	struct td_copy *job;           /* borrowed: a copy the thread may help with; NULL: none */
+	pthread_cond_t helped;         /* with the client's lock: a helper left a copy */
 	uint64_t hold_until;           /* no new reserve before (CLOCK_MONOTONIC); 0: none */
 	bool started;                  /* the thread runs */
 	bool stop;                     /* tensord_close(), or a forked child */
@@ -285,6 +287,13 @@ bool td_reserve_take(tensord_client *c, uint64_t nbytes, struct td_reserve_slot 
  * publish; a create's, at its publish): the thread may make the next one.
  */
 void td_reserve_written(tensord_client *c);
+
+/*
+ * Copies n bytes from src (readable: the caller checked) to dst, with the
+ * help of the reserve's thread when n is large, that thread idle and this
+ * process may run on two CPUs or more. Lock not held.
+ */
+void td_reserve_copy(tensord_client *c, uint8_t *dst, const uint8_t *src, size_t n);
 
 /* Unmaps and closes s (a taken slot's reserve is the daemon's to free). */
 void td_reserve_slot_free(struct td_reserve_slot *s);

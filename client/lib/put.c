@@ -311,8 +311,8 @@ static int span_readable(const uint8_t *p, uint64_t n)
  * cannot tell or some byte cannot be read: then the caller writes them
  * with pwrite(), which turns a bad source into -EFAULT.
  */
-static int copy_to_reserve(const DLTensor *src, const int64_t *sstrides, size_t elsize,
-			   uint8_t *base)
+static int copy_to_reserve(tensord_client *c, const DLTensor *src, const int64_t *sstrides,
+			   size_t elsize, uint8_t *base, uint64_t nbytes)
 {
 	int64_t lo, hi;
 	const uint8_t *first = (const uint8_t *)src->data + src->byte_offset;
@@ -320,7 +320,11 @@ static int copy_to_reserve(const DLTensor *src, const int64_t *sstrides, size_t 
 	if (source_span(src, elsize, &lo, &hi) != 1 ||
 	    span_readable(first + lo, (uint64_t)(hi - lo)) != 1)
 		return 1;
-	for_each_run(first, src->ndim, src->shape, sstrides, elsize, gather_run, &base);
+	/* A compact source is one run, which two threads may share. */
+	if (td_put_compact(src))
+		td_reserve_copy(c, base, first, (size_t)nbytes);
+	else
+		for_each_run(first, src->ndim, src->shape, sstrides, elsize, gather_run, &base);
 	return 0;
 }
 
@@ -381,7 +385,8 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	if (rep->lease->handle != TENSORD__HANDLE_KIND__HANDLE_NONE && w.fd < 0)
 		r = td_set_error(-EPROTO, "tensor '%s': tensord sent no descriptor to write", name);
 	tensord__reply__free_unpacked(rep, NULL);
-	if (r == 0 && in_reserve && copy_to_reserve(src, sstrides, elsize, rs.base) == 0) {
+	if (r == 0 && in_reserve &&
+	    copy_to_reserve(c, src, sstrides, elsize, rs.base, nbytes) == 0) {
 		/* Written. */
 	} else if (r == 0 && w.fd >= 0) {
 		r = for_each_run((const uint8_t *)src->data + src->byte_offset, src->ndim,
