@@ -217,6 +217,7 @@ UNIT_DEPS_test_config      := daemon/config.c common/paths.c
 UNIT_DEPS_test_log         := daemon/log.c common/paths.c
 # A daemon module may count a figure (figure_count()): its test links metrics.c, the counters' home.
 UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/registry_reserve.c \
+                              daemon/registry_bind.c \
                               daemon/commit.c daemon/txn.c \
                               daemon/quota.c daemon/backend_host.c daemon/pool.c \
                               daemon/metrics.c \

@@ -42,6 +42,7 @@ struct conn_fd_ticket {
 	unsigned kind; /* the request's (Tensord__Request body case), for its error count */
 	uint64_t lease;
 	uint64_t reserve; /* nonzero: the descriptor is this reserve's, not lease's */
+	bool page;        /* the descriptor is the connection's binding page */
 	bool writable;
 	/* The frame names this lease without a descriptor of its own: only
 	 * export_failed sees it, to end it with the others of the frame. */

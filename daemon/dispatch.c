@@ -277,6 +277,9 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 	case TENSORD__REQUEST__BODY_UNRESERVE:
 		dispatch_do_unreserve(cl, req->unreserve);
 		break;
+	case TENSORD__REQUEST__BODY_BIND_PAGE:
+		dispatch_do_bind_page(cl, req->id);
+		break;
 	default:
 		reply_status(c, 0, req->id, -EBADMSG, "unknown request type");
 		break;

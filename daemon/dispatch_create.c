@@ -145,7 +145,7 @@ static void create_done(void *arg)
 		log_debug("tensor '%s': created by pid %u, %llu bytes", t->name, cl->rc.pid,
 			  (unsigned long long)t->nbytes);
 		dispatch_send_lease(cl, TENSORD__REQUEST__BODY_CREATE, p->req_id, t, lease, true, 0,
-				    NULL, 0);
+				    NULL, 0, false);
 	}
 	free(p);
 }
@@ -205,10 +205,11 @@ void dispatch_do_create(struct client *cl, uint64_t id, const Tensord__Create *m
 	if (t->from_reserve) {
 		/* The client holds the memfd already: its reserve's. */
 		figure_count(FIG_host_reserve_creates_total, 1);
-		reply_lease(cl->conn, id, t, lease, true, false, a.reserve, NULL);
+		reply_lease(cl->conn, id, t, lease, true, false, a.reserve, 0, 0, NULL);
 		return;
 	}
-	dispatch_send_lease(cl, TENSORD__REQUEST__BODY_CREATE, id, t, lease, true, 0, NULL, 0);
+	dispatch_send_lease(cl, TENSORD__REQUEST__BODY_CREATE, id, t, lease, true, 0, NULL, 0,
+			    false);
 }
 
 void dispatch_do_reserve(struct client *cl, uint64_t id, const Tensord__Reserve *m)

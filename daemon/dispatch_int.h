@@ -20,10 +20,15 @@ int dispatch_check_name(const char *name, char *why, size_t why_len);
  * is sent (dispatch_export_fd), not now: a client that does not read its
  * replies holds no descriptors of ours. have_id and have_shares: what the
  * client said it maps already (an attach's), so that no descriptor goes.
+ * bind: the attach asked for a binding (registry_bind()), given where
+ * it can be (host memory).
  */
 void dispatch_send_lease(struct client *cl, unsigned kind, uint64_t req_id, struct tensor *t,
 			 uint64_t lease, bool writable, uint64_t have_id,
-			 const uint64_t *have_shares, size_t n_have_shares);
+			 const uint64_t *have_shares, size_t n_have_shares, bool bind);
+
+/* BindPage: this connection's binding page and its descriptor. */
+void dispatch_do_bind_page(struct client *cl, uint64_t id);
 
 /* Whether a lease on t comes with a descriptor to map (unless the client holds it). */
 bool dispatch_lease_has_fd(const struct tensor *t);

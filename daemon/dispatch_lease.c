@@ -4,6 +4,7 @@
  * connection's and uid's waiters bounded), and the waiter's answer.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,7 @@ bool dispatch_lease_has_fd(const struct tensor *t)
  */
 void dispatch_send_lease(struct client *cl, unsigned kind, uint64_t req_id, struct tensor *t,
 			 uint64_t lease, bool writable, uint64_t have_id,
-			 const uint64_t *have_shares, size_t n_have_shares)
+			 const uint64_t *have_shares, size_t n_have_shares, bool bind)
 {
 	/* The client already maps this very tensor, or holds the slab it is
 	 * in: send no descriptor. */
@@ -49,8 +50,33 @@ void dispatch_send_lease(struct client *cl, unsigned kind, uint64_t req_id, stru
 	};
 	bool with_fd = !reused && dispatch_lease_has_fd(t) &&
 		       !holds_share(t->alloc.share_id, have_shares, n_have_shares);
+	uint32_t slot = 0;
+	uint64_t gen = 0;
 
-	reply_lease(cl->conn, req_id, t, lease, writable, reused, 0, with_fd ? &tk : NULL);
+	/* Host memory only: a GPU import costs far more than the round trip. */
+	if (bind && t->alloc.handle_kind == TENSORD__HANDLE_KIND__HANDLE_MEMFD &&
+	    !registry_bind(&cl->rc, lease, &slot, &gen))
+		slot = 0;
+	reply_lease(cl->conn, req_id, t, lease, writable, reused, 0, slot, gen,
+		    with_fd ? &tk : NULL);
+}
+
+void dispatch_do_bind_page(struct client *cl, uint64_t id)
+{
+	struct conn_fd_ticket tk = { .req_id = id,
+				     .kind = TENSORD__REQUEST__BODY_BIND_PAGE,
+				     .page = true };
+	uint32_t words;
+	char why[300];
+	int fd, r;
+
+	r = registry_bind_page(&cl->rc, &fd, &words, why, sizeof(why));
+	if (r < 0) {
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_BIND_PAGE, id, r, why);
+		return;
+	}
+	/* Its descriptor is duplicated when the reply goes (dispatch_export_fd). */
+	reply_bind_page(cl->conn, id, words, &tk);
 }
 
 int dispatch_export_fd(struct conn *c, const struct conn_fd_ticket *tk, void *ctx)
@@ -59,6 +85,17 @@ int dispatch_export_fd(struct conn *c, const struct conn_fd_ticket *tk, void *ct
 	struct tensor *t;
 	int fd = -1, r;
 
+	if (tk->page) {
+		uint32_t words;
+		char why[300];
+
+		/* The page lives as long as its connection: it is there. */
+		r = registry_bind_page(&cl->rc, &fd, &words, why, sizeof(why));
+		if (r < 0)
+			return r;
+		fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+		return fd < 0 ? -errno : fd;
+	}
 	if (tk->reserve) {
 		/* A client may name a reserve in a Create before its reply went. */
 		struct reg_reserve *rs = registry_reserve_find(&cl->rc, tk->reserve);
@@ -88,6 +125,11 @@ void dispatch_export_failed(struct conn *c, const struct conn_fd_ticket *tks, si
 	struct tensor *t = registry_lease_tensor(&cl->rc, tk->lease);
 	char why[400];
 
+	if (tk->page) {
+		reply_status(c, tk->kind, tk->req_id, err,
+			     "binding page: duplicating its descriptor failed");
+		return;
+	}
 	if (tk->reserve) {
 		/* Its client never learns of it: it goes. */
 		snprintf(why, sizeof(why), "reserve %llu: %s", (unsigned long long)tk->reserve,
@@ -112,7 +154,8 @@ void dispatch_export_failed(struct conn *c, const struct conn_fd_ticket *tks, si
 
 /* name: already checked. */
 static void attach_now(struct client *cl, uint64_t id, const char *name, size_t len,
-		       uint64_t have_id, const uint64_t *have_shares, size_t n_have_shares)
+		       uint64_t have_id, const uint64_t *have_shares, size_t n_have_shares,
+		       bool bind)
 {
 	char why[400];
 	struct tensor *t;
@@ -129,7 +172,7 @@ static void attach_now(struct client *cl, uint64_t id, const char *name, size_t 
 	log_debug("tensor '%s': attached by pid %u, lease %llx%s", t->name, cl->rc.pid,
 		  (unsigned long long)lease, writable ? ", writable" : "");
 	dispatch_send_lease(cl, TENSORD__REQUEST__BODY_ATTACH, id, t, lease, writable, have_id,
-			    have_shares, n_have_shares);
+			    have_shares, n_have_shares, bind);
 	metrics_attach_served();
 }
 
@@ -158,7 +201,7 @@ int dispatch_waiter_charge(struct client *cl, unsigned kind, uint64_t id, const 
 void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m)
 {
 	struct server *srv = cl->srv;
-	struct waiter_req req = { .req_id = id, .have_id = m->have_id };
+	struct waiter_req req = { .req_id = id, .have_id = m->have_id, .bind = m->bind };
 	char why[400], what[300];
 	int r;
 
@@ -171,7 +214,7 @@ void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m
 	req.after = m->after;
 	if (registry_generation(&srv->reg, m->name, req.name_len) > m->after) {
 		attach_now(cl, id, m->name, req.name_len, m->have_id, m->have_shares,
-			   m->n_have_shares);
+			   m->n_have_shares, m->bind);
 		return;
 	}
 	if (m->timeout_ms == 0 && m->after &&
@@ -183,7 +226,7 @@ void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m
 	}
 	if (m->timeout_ms == 0) {
 		attach_now(cl, id, m->name, req.name_len, m->have_id, m->have_shares,
-			   m->n_have_shares);
+			   m->n_have_shares, m->bind);
 		return;
 	}
 	snprintf(what, sizeof(what), "tensor '%s'", m->name);
@@ -216,7 +259,8 @@ void dispatch_waiter_done(struct waiter_owner *o, const struct waiter_req *req, 
 	}
 	if (status == 0) {
 		/* A waiter keeps no share list: the slab's descriptor comes again. */
-		attach_now(cl, req->req_id, req->name, req->name_len, req->have_id, NULL, 0);
+		attach_now(cl, req->req_id, req->name, req->name_len, req->have_id, NULL, 0,
+			   req->bind);
 		return;
 	}
 	if (status == -ECANCELED)

@@ -166,6 +166,8 @@ void reg_tensor_free(struct registry *reg, struct tensor *t)
 	assert(t->refcount == 0 || !t->creator); /* registry_fini() frees what is leased */
 	assert(t->holds == 0);                   /* registry_fini() ends the holds first */
 	free(t->hv);
+	/* Only registry_fini() frees a tensor that is still bound. */
+	reg_bindings_detach(t);
 	creator_unlink(t);
 	reg_create_uncharge(reg, t);
 	LIST_REMOVE(t, all_link);
@@ -219,6 +221,8 @@ static void name_drop(struct registry *reg, struct tensor *t)
 
 	if (t->state == TENSORD_STATE_UNLINKED)
 		return;
+	/* Before anyone hears of it: no attach that starts later uses a binding. */
+	reg_bindings_clear(t);
 	reg_figures(reg, t, t->state, TENSORD_STATE_UNLINKED, 0);
 	t->state = TENSORD_STATE_UNLINKED;
 	if (t->replaces) {
@@ -404,6 +408,7 @@ int reg_lease_add(struct registry *reg, struct reg_client *rc, struct tensor *t,
 	rc->leases[slot].gen++;
 	rc->leases[slot].next_free = 0;
 	rc->leases[slot].since_ns = mono_ns();
+	rc->leases[slot].bind_slot = 0;
 	rc->n_leases++;
 	reg->n_leases++;
 	t->refcount++;
@@ -417,6 +422,7 @@ static struct tensor *slot_take(struct registry *reg, struct reg_client *rc, uin
 	struct tensor *t = rc->leases[slot].t;
 
 	assert(t && t->refcount > 0 && rc->n_leases > 0);
+	reg_binding_end(rc, slot);
 	rc->leases[slot].t = NULL;
 	rc->leases[slot].next_free = rc->free_head;
 	rc->free_head = slot + 1;
@@ -498,6 +504,7 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc)
 	for (uint32_t s = 0; s < rc->n_slots; s++)
 		if (rc->leases[s].t)
 			lease_drop_slot(reg, rc, s);
+	reg_page_free(rc);
 	free(rc->leases);
 	rc->leases = NULL;
 	rc->n_slots = rc->cap_slots = rc->free_head = 0;

@@ -103,7 +103,9 @@ struct tensor {
 	RB_ENTRY(tensor) byname;         /* named tensors in name order */
 	LIST_ENTRY(tensor) all_link;     /* every live tensor: registry.all */
 	LIST_ENTRY(tensor) creator_link; /* what its creator made, while it lives */
-	int64_t dims[];                  /* shape, strides, then the name's bytes */
+	LIST_HEAD(, reg_binding)
+	bindings;       /* slots bound to it while it is named (registry_bind.c) */
+	int64_t dims[]; /* shape, strides, then the name's bytes */
 };
 
 /* One device the daemon can allocate on. */
@@ -147,13 +149,15 @@ struct reg_client {
 	unsigned n_reserves;
 	uint64_t reserved_bytes;
 	uint64_t next_reserve; /* the last reserve id given out */
+	struct reg_page *page; /* its binding page (registry_bind.c), owned; NULL: none */
 };
 
 struct reg_lease {
 	struct tensor *t; /* NULL when the slot is free */
 	uint32_t gen;
 	uint32_t next_free;
-	uint64_t since_ns; /* CLOCK_MONOTONIC when the lease began */
+	uint64_t since_ns;  /* CLOCK_MONOTONIC when the lease began */
+	uint32_t bind_slot; /* its slot of the client's binding page; 0: not bound */
 };
 
 /*
@@ -410,6 +414,38 @@ struct tensor *registry_lease_tensor(struct reg_client *rc, uint64_t lease);
 /* Ends one lease; it may free its tensor. -ESRCH when rc holds no such lease.
  */
 int registry_release(struct registry *reg, struct reg_client *rc, uint64_t lease);
+
+/*
+ * Binding pages (registry_bind.c; docs/design.md, "Attach without a round
+ * trip"): REG_PAGE_WORDS 64-bit words, word 0 counting clears, word i the
+ * generation of slot i's binding or 0.
+ */
+#define REG_PAGE_WORDS 8192u
+
+/*
+ * rc's binding page, made on first use: *ret_fd is borrowed (the page's
+ * own descriptor, sealed so that only the daemon's mapping writes it).
+ * 0, or -errno with the reason in why (-ENOTSUP: the kernel cannot seal it).
+ */
+int registry_bind_page(struct reg_client *rc, int *ret_fd, uint32_t *ret_words, char *why,
+		       size_t why_len);
+
+/*
+ * Binds rc's lease (just granted, on a published tensor) to a free slot of
+ * rc's page and writes the slot's new generation. false (not bound): no
+ * page, no free slot, or no memory; the lease is valid either way.
+ */
+bool registry_bind(struct reg_client *rc, uint64_t lease, uint32_t *ret_slot, uint64_t *ret_gen);
+
+/*
+ * t's refcount as clients see it (stat, list): its leases, each bound one
+ * counted as the local leases its client serves from it (the client's half
+ * of its page), not as one.
+ */
+uint32_t registry_refcount(const struct tensor *t);
+
+/* Bindings rc's page holds now. */
+uint32_t registry_bindings(const struct reg_client *rc);
 
 /*
  * Removes the name; the tensor lives on while leases hold it, else it is

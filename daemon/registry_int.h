@@ -127,4 +127,16 @@ void reg_reserve_free(struct registry *reg, struct reg_client *rc, struct reg_re
 /* Frees every reserve rc holds: its close, or room for a create. Returns how many. */
 unsigned reg_reserves_drop(struct registry *reg, struct reg_client *rc);
 
+/* registry_bind.c: t's name no longer means t: every slot bound to it is cleared, its client woken. */
+void reg_bindings_clear(struct tensor *t);
+
+/* t goes while bound (registry_fini()): its slots are freed. */
+void reg_bindings_detach(struct tensor *t);
+
+/* The lease in rc's slot lease_slot ends: its binding, if any, goes (no wake: rc let go). */
+void reg_binding_end(struct reg_client *rc, uint32_t lease_slot);
+
+/* rc is gone, its leases ended: its page is unmapped and closed. */
+void reg_page_free(struct reg_client *rc);
+
 #endif /* TENSORD_REGISTRY_INT_H */

@@ -41,7 +41,7 @@ static void fill_info(struct info_store *s, const struct tensor *t)
 	s->info.nbytes = t->nbytes;
 	s->info.byte_offset = 0;
 	s->info.state = (Tensord__State)t->state;
-	s->info.refcount = t->refcount;
+	s->info.refcount = registry_refcount(t);
 	s->info.owner_uid = t->owner_uid;
 	s->info.owner_gid = t->owner_gid;
 	s->info.mode = t->mode;
@@ -125,16 +125,32 @@ void reply_fill_lease(struct reply_lease_store *s, const struct tensor *t, uint6
 }
 
 void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64_t lease,
-		 bool writable, bool reused, uint64_t reserve, const struct conn_fd_ticket *tk)
+		 bool writable, bool reused, uint64_t reserve, uint32_t bind_slot,
+		 uint64_t bind_gen, const struct conn_fd_ticket *tk)
 {
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
 	struct reply_lease_store s;
 
 	reply_fill_lease(&s, t, lease, writable, reused);
 	s.lease.reserve = reserve;
+	s.lease.bind_slot = bind_slot;
+	s.lease.bind_gen = bind_gen;
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_LEASE;
 	rep.lease = &s.lease;
+	reply_send(c, &rep, tk);
+}
+
+void reply_bind_page(struct conn *c, uint64_t req_id, uint32_t words,
+		     const struct conn_fd_ticket *tk)
+{
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	Tensord__BindPageReply br = TENSORD__BIND_PAGE_REPLY__INIT;
+
+	br.slots = words;
+	rep.id = req_id;
+	rep.body_case = TENSORD__REPLY__BODY_BIND_PAGE;
+	rep.bind_page = &br;
 	reply_send(c, &rep, tk);
 }
 

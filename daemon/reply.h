@@ -63,10 +63,15 @@ void reply_fill_lease(struct reply_lease_store *s, const struct tensor *t, uint6
  * client's reserve, or a handle kind that travels as bytes) names the
  * descriptor, made when the frame is sent (conn_handlers.export_fd).
  * reserve: nonzero when t's memory is the client's reserve of that id. t
- * is borrowed.
+ * is borrowed. bind_slot, bind_gen: the lease's binding (registry_bind()), 0 for none.
  */
 void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64_t lease,
-		 bool writable, bool reused, uint64_t reserve, const struct conn_fd_ticket *tk);
+		 bool writable, bool reused, uint64_t reserve, uint32_t bind_slot,
+		 uint64_t bind_gen, const struct conn_fd_ticket *tk);
+
+/* What BindPage answers: the page's size in words; tk names its descriptor. */
+void reply_bind_page(struct conn *c, uint64_t req_id, uint32_t words,
+		     const struct conn_fd_ticket *tk);
 
 /* What Reserve answers: the reserve's id and size; tk names its descriptor. */
 void reply_reserve(struct conn *c, uint64_t req_id, uint64_t id, uint64_t size,

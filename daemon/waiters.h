@@ -45,6 +45,7 @@ struct waiter_set {
 struct waiter_req {
 	uint64_t req_id;
 	uint64_t have_id;
+	bool bind; /* Attach: bind the lease (Attach.bind) */
 	/* Nonzero: only something newer: a generation of name (Attach), a
 	 * commit that touched the set (AttachMany). */
 	uint64_t after;

@@ -69,6 +69,7 @@ void td_client_unref(tensord_client *c)
 	 * the mapping cache holds only parked mappings. */
 	td_relq_stop(&c->conn);
 	td_reserve_stop(c);
+	td_bindings_fini(c);
 	conn_free(&c->conn);
 	td_mapcache_fini(&c->maps);
 	pthread_cond_destroy(&c->reserve.cond);
@@ -801,6 +802,7 @@ static void forget_parent(tensord_client *c)
 	conn->relq.running = false;
 	td_mapcache_after_fork(&c->maps);
 	td_reserve_after_fork(&c->reserve);
+	td_bindings_after_fork(c);
 }
 
 static void atfork_child(void)
@@ -809,6 +811,7 @@ static void atfork_child(void)
 
 	if (td_gpu_in_use())
 		td_gpu_forked_from = (int)getppid();
+	atomic_fetch_add(&td_forks, 1);
 	LIST_FOREACH(c, &all_clients, all_link)
 	forget_parent(c);
 	pthread_mutex_unlock(&all_lock);
@@ -965,6 +968,8 @@ tensord_client *tensord_close(tensord_client *c)
 	 */
 	td_mapcache_revoke(&c->maps);
 	td_lease_release_ipc(c);
+	/* Bindings no local lease uses end now; the daemon ends the rest at EOF. */
+	td_bindings_close(c);
 	td_relq_flush(&c->conn);
 	pthread_mutex_lock(&c->lock);
 	conn_lost(&c->conn, -ENOTCONN, NULL);

@@ -14,6 +14,7 @@
 
 #include <tensord/tensord.h>
 
+#include "bindings.h"
 #include "common/sys.h"
 #include "import.h"
 #include "lease.h"
@@ -170,6 +171,7 @@ struct tensord_client {
 	/* Leases on memory the daemon exports itself, for tensord_close() (lease.c). */
 	LIST_HEAD(, td_lease) ipc_leases;
 	struct td_reserve reserve;
+	struct td_bindings binds; /* attach without a round trip (bindings.c) */
 	/*
 	 * Fork (docs/design.md, "Fork"). inherited is set in a forked child,
 	 * before any other thread exists there, and never cleared: the client

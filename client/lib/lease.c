@@ -41,6 +41,8 @@ struct td_lease {
 	bool ipc_listed;
 	bool released_by_close; /* tensord_close() released it: the deleter sends nothing */
 	LIST_ENTRY(td_lease) ipc_link;
+	/* A local lease (lease_id 0): served from this binding, one reference on it. */
+	struct td_binding *binding;
 };
 
 struct td_handle {
@@ -130,7 +132,9 @@ static void lease_unref(struct td_lease *l)
 		td_importer_for(l->map->handle_kind)->unview(l->map, l->view);
 	if (l->map)
 		td_mapcache_unref(&l->c->maps, l->map);
-	if (!released)
+	if (l->binding)
+		td_binding_local_end(l->binding);
+	else if (!released)
 		send_release(l->c, l->lease_id);
 	td_client_unref(l->c);
 	l->magic = 0;
@@ -490,6 +494,51 @@ int td_lease_from_reserve(tensord_client *c, const Tensord__Lease *w, struct td_
 	if (r == 0)
 		rs->base = NULL;
 	return r;
+}
+
+int td_lease_local(tensord_client *c, struct td_binding *b, const tensord_info *info,
+		   struct td_mapping *m, bool readonly, bool need_view, struct td_lease **ret_lease)
+{
+	struct td_lease *l = calloc(1, sizeof(*l));
+	int r;
+
+	if (!l) {
+		r = td_set_error(-ENOMEM, "out of memory");
+		goto fail;
+	}
+	if (need_view) {
+		r = td_importer_for(m->handle_kind)->view(m, &l->view);
+		if (r < 0)
+			goto fail;
+	}
+	l->magic = LEASE_MAGIC;
+	atomic_init(&l->refs, 0);
+	l->c = c;
+	td_client_ref(c);
+	l->map = m;
+	l->readonly = readonly;
+	l->info = *info;
+	l->binding = b;
+	*ret_lease = l;
+	return 0;
+fail:
+	free(l);
+	if (m)
+		td_mapcache_unref(&c->maps, m);
+	td_binding_local_end(b);
+	return r;
+}
+
+uint64_t td_lease_bind(struct td_lease *l, struct td_binding *b, tensord_info *ret_info,
+		       bool *ret_writable)
+{
+	uint64_t id = l->lease_id;
+
+	l->lease_id = 0;
+	l->binding = b;
+	*ret_info = l->info;
+	*ret_writable = !l->readonly;
+	return id;
 }
 
 struct td_mapping *td_lease_mapping(const struct td_lease *l)

@@ -36,6 +36,25 @@ struct td_reserve_slot;
 int td_lease_from_reserve(tensord_client *c, const Tensord__Lease *w, struct td_reserve_slot *rs,
 			  struct td_lease **ret_lease);
 
+/*
+ * A local lease (bindings.c): one served from binding b without asking the
+ * daemon, on mapping m (NULL for zero-size), through a private view of its
+ * own when need_view. Takes ownership of one reference on b and one on m:
+ * kept by the lease, or dropped on failure.
+ */
+struct td_binding;
+int td_lease_local(tensord_client *c, struct td_binding *b, const tensord_info *info,
+		   struct td_mapping *m, bool readonly, bool need_view,
+		   struct td_lease **ret_lease);
+
+/*
+ * l, just made from a bound attach, becomes b's first local lease (b then
+ * holds one reference from l). Returns the daemon's lease, which is b's
+ * from now on; *ret_info and *ret_writable are l's.
+ */
+uint64_t td_lease_bind(struct td_lease *l, struct td_binding *b, tensord_info *ret_info,
+		       bool *ret_writable);
+
 /* The mapping l uses (NULL for zero-size tensors). Borrowed: valid while l lives. */
 struct td_mapping *td_lease_mapping(const struct td_lease *l);
 

@@ -286,26 +286,48 @@ int td_attach_reply(tensord_client *c, const char *name, Tensord__Reply *rep, in
 	return lease_reply(c, name, "attach", rep, fd, pinned, false, ret_lease);
 }
 
-/* An attach round trip. On success *ret_lease is the caller's, as from lease_reply(). */
+/*
+ * An attach: served from a binding when this process has one for name (no
+ * round trip), else a round trip that asks for one. On success *ret_lease
+ * is the caller's, as from lease_reply().
+ */
 static int attach_lease(tensord_client *c, const char *name, uint64_t after, int timeout_ms,
 			struct td_lease **ret_lease)
 {
 	struct td_attach_req am;
 	Tensord__Reply *rep;
+	uint32_t slot = 0;
+	uint64_t gen = 0;
 	int fd, r;
 
 	r = td_client_current(&c);
 	if (r == 0)
-		r = td_attach_msg(c, &am, name, after, timeout_ms);
+		r = check_name(name);
 	if (r < 0)
 		return r;
+	if (after == 0) {
+		r = td_binding_attach(c, name, ret_lease);
+		if (r != 0)
+			return r < 0 ? r : 0;
+	}
+	r = td_attach_msg(c, &am, name, after, timeout_ms);
+	if (r < 0)
+		return r;
+	am.at.bind = td_bindings_ready(c);
 	r = td_rpc(c, &am.req, &rep, &fd);
 	if (r < 0) {
 		if (am.pinned)
 			td_mapcache_unref(&c->maps, am.pinned);
 		return r;
 	}
-	return lease_reply(c, name, "attach", rep, fd, am.pinned, false, ret_lease);
+	if (rep->body_case == TENSORD__REPLY__BODY_LEASE) {
+		slot = rep->lease->bind_slot;
+		gen = rep->lease->bind_gen;
+	}
+	r = lease_reply(c, name, "attach", rep, fd, am.pinned, false, ret_lease);
+	if (r == 0 && slot)
+		td_binding_adopt(c, *ret_lease, slot, gen);
+	return r;
 }
 
 int tensord_attach(tensord_client *c, const char *name, int timeout_ms,
