@@ -7,6 +7,10 @@
  *   warm: this process already holds one lease, so an attach reuses the
  *         mapping: one round trip, no descriptor, no mmap.
  *
+ * Each twice: with attaches served from a binding after the first (no
+ * round trip, docs/design.md "Attach without a round trip"), and with
+ * TENSORD_BIND=0 (every attach a round trip), on two clients of one daemon.
+ *
  * Starts its own daemon (build/tensord next to this binary's build tree,
  * or $TENSORD_BIN). Prints figures; asserts nothing about time.
  */
@@ -109,7 +113,7 @@ static pid_t start_daemon(const char *bin, const char *sock)
 }
 
 static int bench_tensor(tensord_client *c, const char *name, int64_t bytes, int iters, double *v,
-			double base)
+			double base, const char *how)
 {
 	tensord_spec sp = {
 		.dtype = { kDLUInt, 8, 1 }, .ndim = 1, .shape = &bytes, .device = { kDLCPU, 0 }
@@ -140,8 +144,8 @@ static int bench_tensor(tensord_client *c, const char *name, int64_t bytes, int 
 		t->deleter(t);
 		v[i] = now_us() - t0;
 	}
-	snprintf(label, sizeof(label), "attach+release %s cold",
-		 bytes >= (1 << 30) ? "1 GiB" : "4 KiB");
+	snprintf(label, sizeof(label), "attach+release %s cold %s",
+		 bytes >= (1 << 30) ? "1 GiB" : "4 KiB", how);
 	report(label, v, iters, base);
 
 	r = tensord_attach(c, name, 0, &hold);
@@ -156,8 +160,8 @@ static int bench_tensor(tensord_client *c, const char *name, int64_t bytes, int 
 		v[i] = now_us() - t0;
 	}
 	hold->deleter(hold);
-	snprintf(label, sizeof(label), "attach+release %s warm",
-		 bytes >= (1 << 30) ? "1 GiB" : "4 KiB");
+	snprintf(label, sizeof(label), "attach+release %s warm %s",
+		 bytes >= (1 << 30) ? "1 GiB" : "4 KiB", how);
 	report(label, v, iters, base);
 	return tensord_unlink(c, name);
 }
@@ -167,7 +171,7 @@ int main(int argc, char **argv)
 	char sock[108], bin[4096];
 	const char *env = getenv("TENSORD_BIN");
 	double *v = malloc(ITERS * sizeof(double)), base;
-	tensord_client *c;
+	tensord_client *c, *rt;
 	pid_t daemon;
 	int r;
 
@@ -192,6 +196,8 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	r = tensord_connect(sock, &c);
+	if (r == 0)
+		r = tensord_connect(sock, &rt);
 	if (r < 0) {
 		fprintf(stderr, "connect: %s\n", tensord_last_error());
 		kill(daemon, SIGTERM);
@@ -201,11 +207,23 @@ int main(int argc, char **argv)
 	printf("tensord attach benchmark, %d iterations each\n", ITERS);
 	base = bare_round_trip(v, ITERS);
 	report("bare unix-socket round trip", v, ITERS, 0);
-	if (bench_tensor(c, "bench/4k", 4096, ITERS, v, base) < 0 ||
-	    bench_tensor(c, "bench/1g", INT64_C(1) << 30, ITERS, v, base) < 0) {
+	/* Read by each client at its first attach. */
+	setenv("TENSORD_BIND", "0", 1);
+	r = bench_tensor(rt, "bench/4k", 4096, ITERS, v, base, "(round trip)");
+	unsetenv("TENSORD_BIND");
+	if (r == 0)
+		r = bench_tensor(c, "bench/4k", 4096, ITERS, v, base, "(bound)");
+	setenv("TENSORD_BIND", "0", 1);
+	if (r == 0)
+		r = bench_tensor(rt, "bench/1g", INT64_C(1) << 30, ITERS, v, base, "(round trip)");
+	unsetenv("TENSORD_BIND");
+	if (r == 0)
+		r = bench_tensor(c, "bench/1g", INT64_C(1) << 30, ITERS, v, base, "(bound)");
+	if (r < 0) {
 		fprintf(stderr, "benchmark failed: %s\n", tensord_last_error());
 		r = 1;
 	}
+	tensord_close(rt);
 	tensord_close(c);
 	kill(daemon, SIGTERM);
 	waitpid(daemon, NULL, 0);

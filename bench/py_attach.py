@@ -78,8 +78,26 @@ def versus_shm(sock, size, seconds, rounds=5):
         m.unlink()
 
 
-def worker(socket, seconds, start, out):
-    out.put(cycles(socket, seconds, start))
+def worker(socket, seconds, start, out, shm=None, size=0):
+    if shm:
+        start.wait()
+        out.put(shm_cycles(shm, size, seconds))
+    else:
+        out.put(cycles(socket, seconds, start))
+
+
+def concurrent(sock, procs, seconds, shm=None, size=0):
+    """procs processes cycling at once: tensord's, or SharedMemory's (shm: its name)."""
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Barrier(procs), ctx.Queue()
+    ps = [ctx.Process(target=worker, args=(sock, seconds, start, out, shm, size))
+          for _ in range(procs)]
+    for p in ps:
+        p.start()
+    results = [out.get() for _ in ps]
+    for p in ps:
+        p.join()
+    return sum(n / dt for n, dt in results)
 
 
 
@@ -105,19 +123,22 @@ def main():
             versus_shm(sock, args.size, args.seconds)
             print_floors("py_attach")
 
-            ctx = mp.get_context("spawn")
-            start, out = ctx.Barrier(args.procs), ctx.Queue()
-            ps = [ctx.Process(target=worker, args=(sock, args.seconds, start, out))
-                  for _ in range(args.procs)]
-            for p in ps:
-                p.start()
-            results = [out.get() for _ in ps]
-            for p in ps:
-                p.join()
-            total = sum(n / dt for n, dt in results)
+            # Interleaved: tensord, SharedMemory, tensord, SharedMemory.
+            m = shared_memory.SharedMemory(create=True, size=args.size)
+            try:
+                td, sh = [], []
+                for _ in range(2):
+                    td.append(concurrent(sock, args.procs, args.seconds / 2))
+                    sh.append(concurrent(sock, args.procs, args.seconds / 2, m.name,
+                                         args.size))
+            finally:
+                m.close()
+                m.unlink()
+            total, peer = statistics.median(td), statistics.median(sh)
             print(f"py_attach: {args.procs} clients:  {total:10,.0f} "
                   f"attach+from_dlpack+release/s in total "
-                  f"({total / args.procs:,.0f} per client)")
+                  f"({total / args.procs:,.0f} per client); SharedMemory(name)+view+close "
+                  f"{peer:,.0f}/s: {total / peer:.2f}x shm")
 
 
 if __name__ == "__main__":
