@@ -48,8 +48,68 @@ struct td_binding {
 	unsigned forks;          /* td_forks when made: in a child the page is not mapped */
 	struct td_mapping *map;  /* one reference; NULL for zero-size */
 	bool writable;
+	bool listed;         /* in the table (guarded by the client's lock, as idle) */
+	uint64_t idle_since; /* CLOCK_MONOTONIC; 0: some local lease uses it */
+	TAILQ_ENTRY(td_binding) idle_link;
 	tensord_info info;
 };
+
+static void binding_free(struct td_binding *b);
+static void drop_list(struct td_binding *gone);
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* b is used again, or leaves the table. Lock held. */
+static void idle_end(struct td_bindings *bs, struct td_binding *b)
+{
+	if (!b->idle_since)
+		return;
+	TAILQ_REMOVE(&bs->idle, b, idle_link);
+	bs->n_idle--;
+	b->idle_since = 0;
+}
+
+/* Takes b, just out of its bucket, out of the table onto *gone. Lock held. */
+static void unlist(struct td_bindings *bs, struct td_binding *b, struct td_binding **gone)
+{
+	idle_end(bs, b);
+	b->listed = false;
+	b->hnext = *gone;
+	*gone = b;
+	bs->n--;
+}
+
+static struct td_binding **bucket(struct td_bindings *bs, uint64_t hash)
+{
+	return &bs->tab[hash & (bs->cap - 1)];
+}
+
+/* Takes b (listed) out of its bucket and the table, onto *gone. Lock held. */
+static void unlist_one(struct td_bindings *bs, struct td_binding *b, struct td_binding **gone)
+{
+	struct td_binding **pp = bucket(bs, b->hash);
+
+	while (*pp != b)
+		pp = &(*pp)->hnext;
+	*pp = b->hnext;
+	unlist(bs, b, gone);
+}
+
+/* Idle bindings past their time, or past the most kept, leave the table. Lock held. */
+static void idle_expire(struct td_bindings *bs, uint64_t now, struct td_binding **gone)
+{
+	struct td_binding *b;
+
+	while ((b = TAILQ_FIRST(&bs->idle)) &&
+	       (bs->n_idle > TD_BIND_IDLE_MAX || now - b->idle_since >= TD_BIND_IDLE_NS))
+		unlist_one(bs, b, gone);
+}
 
 /* The count of slots the daemon cleared: word 0's low half, a futex. */
 static const _Atomic uint32_t *clears_word(const struct td_bindings *bs)
@@ -72,17 +132,47 @@ atomic_uint td_forks;
 
 void td_binding_local_end(struct td_binding *b)
 {
-	if (atomic_load_explicit(&td_forks, memory_order_relaxed) == b->forks)
-		atomic_fetch_sub_explicit(b->count, 1, memory_order_relaxed);
-	td_binding_unref(b);
+	tensord_client *c = b->c;
+	struct td_bindings *bs = &c->binds;
+	struct td_binding *gone = NULL;
+	unsigned left;
+	bool wake = false;
+
+	if (atomic_load_explicit(&td_forks, memory_order_relaxed) != b->forks) {
+		td_binding_unref(b); /* a forked child's: no page, no table here */
+		return;
+	}
+	atomic_fetch_sub_explicit(b->count, 1, memory_order_relaxed);
+	pthread_mutex_lock(&c->lock);
+	left = atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) - 1;
+	/* The table's reference alone is left: b waits idle for the next attach. */
+	if (left == 1 && b->listed) {
+		b->idle_since = mono_ns();
+		TAILQ_INSERT_TAIL(&bs->idle, b, idle_link);
+		bs->n_idle++;
+		idle_expire(bs, b->idle_since, &gone);
+		wake = bs->watcher_long && bs->thread_on;
+		bs->watcher_long = false;
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (wake)
+		syscall(SYS_futex, clears_word(bs), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+	drop_list(gone);
+	/* Out of the table already: this was the last reference. */
+	if (left == 0)
+		binding_free(b);
 }
 
 void td_binding_unref(struct td_binding *b)
 {
+	if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1)
+		binding_free(b);
+}
+
+static void binding_free(struct td_binding *b)
+{
 	tensord_client *c = b->c;
 
-	if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
-		return;
 	/* The table's reference goes last: no local lease is left to count. */
 	if (b->map)
 		td_mapcache_unref(&c->maps, b->map);
@@ -117,9 +207,7 @@ static void unlist_if(struct td_bindings *bs,
 				continue;
 			}
 			*pp = b->hnext;
-			b->hnext = *gone;
-			*gone = b;
-			bs->n--;
+			unlist(bs, b, gone);
 		}
 	}
 }
@@ -168,17 +256,30 @@ static void *watcher(void *arg)
 	pthread_mutex_unlock(&c->lock);
 	while (!atomic_load(&bs->stop)) {
 		struct timespec ts = { 10, 0 };
-		struct td_binding *gone = NULL;
-
+		struct td_binding *gone = NULL, *oldest;
+		uint64_t t, now_ns;
 		uint32_t now;
 
+		pthread_mutex_lock(&c->lock);
+		oldest = TAILQ_FIRST(&bs->idle);
+		if (oldest) {
+			now_ns = mono_ns();
+			t = oldest->idle_since + TD_BIND_IDLE_NS;
+			t = (t > now_ns ? t - now_ns : 0) + 1000000;
+			ts.tv_sec = (time_t)(t / 1000000000ull);
+			ts.tv_nsec = (long)(t % 1000000000ull);
+		}
+		bs->watcher_long = !oldest;
+		pthread_mutex_unlock(&c->lock);
 		syscall(SYS_futex, clears_word(bs), FUTEX_WAIT, seen, &ts, NULL, 0);
 		now = clears_now(bs);
-		if (now == seen)
-			continue;
 		pthread_mutex_lock(&c->lock);
-		if (bs->state == TD_BIND_ON)
-			gone = sweep_locked(bs);
+		if (bs->state == TD_BIND_ON) {
+			if (now != seen)
+				gone = sweep_locked(bs);
+			idle_expire(bs, mono_ns(), &gone);
+		}
+		bs->watcher_long = false;
 		pthread_mutex_unlock(&c->lock);
 		seen = now;
 		drop_list(gone);
@@ -263,6 +364,7 @@ bool td_bindings_ready(tensord_client *c)
 		return on;
 	}
 	bs->state = TD_BIND_SETTING;
+	TAILQ_INIT(&bs->idle);
 	pthread_mutex_unlock(&c->lock);
 
 	env = getenv("TENSORD_BIND");
@@ -286,11 +388,6 @@ bool td_bindings_ready(tensord_client *c)
 	r = bs->state == TD_BIND_ON;
 	pthread_mutex_unlock(&c->lock);
 	return r;
-}
-
-static struct td_binding **bucket(struct td_bindings *bs, uint64_t hash)
-{
-	return &bs->tab[hash & (bs->cap - 1)];
 }
 
 static struct td_binding *find(struct td_bindings *bs, uint64_t hash, const char *name)
@@ -352,6 +449,7 @@ int td_binding_attach(tensord_client *c, const char *name, struct td_lease **ret
 	if (b && !holds(bs, b))
 		b = NULL;
 	if (b) {
+		idle_end(bs, b);
 		atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
 		atomic_fetch_add_explicit(b->count, 1, memory_order_relaxed);
 		m = b->map;
@@ -409,14 +507,13 @@ void td_binding_adopt(tensord_client *c, struct td_lease *l, uint32_t slot, uint
 	for (pp = bucket(bs, b->hash); (old = *pp); pp = &old->hnext) {
 		if (old->hash == b->hash && strcmp(old->info.name, b->info.name) == 0) {
 			*pp = old->hnext;
-			old->hnext = NULL;
-			gone = old;
-			bs->n--;
+			unlist(bs, old, &gone);
 			break;
 		}
 	}
 	b->hnext = *bucket(bs, b->hash);
 	*bucket(bs, b->hash) = b;
+	b->listed = true;
 	bs->n++;
 	pthread_mutex_unlock(&c->lock);
 	drop_list(gone);

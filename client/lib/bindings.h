@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/queue.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -18,6 +19,15 @@ struct td_binding;
 struct td_lease;
 struct td_mapping;
 
+/*
+ * Idle bindings (no local lease uses them) keep their lease and mapping for
+ * the next attach, at most this many, each for at most TD_BIND_IDLE_NS
+ * after its last local lease ended: a process that attached many names
+ * once each holds few mappings, and one that stopped attaching holds none.
+ */
+#define TD_BIND_IDLE_MAX 64
+#define TD_BIND_IDLE_NS 1000000000ull
+
 enum td_bind_state { TD_BIND_UNTRIED, TD_BIND_SETTING, TD_BIND_ON, TD_BIND_OFF };
 
 /* One client's bindings. Guarded by the client's lock, but stop. */
@@ -25,11 +35,14 @@ struct td_bindings {
 	enum td_bind_state state;
 	const _Atomic uint64_t *words; /* the page, mapped read-only; NULL: none */
 	uint32_t n_words;
-	uint32_t seen;           /* the page's clear count when last swept */
-	struct td_binding **tab; /* hash buckets of the bindings listed; owned */
-	uint32_t cap, n;         /* buckets, bindings listed */
-	bool thread_on;          /* the watcher thread runs */
-	atomic_bool stop;        /* the watcher is to stop */
+	uint32_t seen;                 /* the page's clear count when last swept */
+	struct td_binding **tab;       /* hash buckets of the bindings listed; owned */
+	uint32_t cap, n;               /* buckets, bindings listed */
+	TAILQ_HEAD(, td_binding) idle; /* listed and unused, oldest first */
+	uint32_t n_idle;
+	bool watcher_long; /* the watcher sleeps without a deadline: wake it for one */
+	bool thread_on;    /* the watcher thread runs */
+	atomic_bool stop;  /* the watcher is to stop */
 	pthread_t thread;
 };
 
