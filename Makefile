@@ -306,11 +306,12 @@ test-tsan:
 	$(Q)$(MAKE) --no-print-directory B=build-tsan CFLAGS="-O1 -g -fsanitize=thread" \
 		LDFLAGS="-fsanitize=thread" build-tsan/tensord build-tsan/tensorctl \
 		build-tsan/tests/helpers/tdclient build-tsan/tests/helpers/tensord-fakegpu \
+		build-tsan/tests/helpers/bind_stress \
 		$(TSAN_UNIT:%=build-tsan/tests/unit/%)
 	$(Q)set -e; for t in $(TSAN_UNIT); do echo "== build-tsan/tests/unit/$$t"; \
 		TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/unit/$$t; done
 	$(Q)TSAN_OPTIONS="halt_on_error=1 exitcode=66" TENSORD_BUILD=$(abspath build-tsan) \
-		TENSORD_SANITIZED=1 $(PYTEST) -q -rs tests/integration/test_gpu_async.py \
+		TENSORD_SANITIZED=1 $(PYTEST) -q -rs tests/integration/test_gpu_async.py tests/integration/test_bindings_threads.py \
 		tests/integration/test_pool.py
 
 run:

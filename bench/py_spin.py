@@ -20,7 +20,9 @@ the rounds, in microseconds per cycle.
   hogs      a busy-looping process on every CPU (each confined to its own)
 
 The attach cycle is attach + numpy.from_dlpack + release of a 4 KiB
-tensor; the put cycle is put(replace=True) of 4 KiB. Beside them, the
+tensor, each attach a round trip (TENSORD_BIND=0: a repeat attach is
+otherwise served in the process, docs/design.md "Attach without a round
+trip", and polls nothing); the put cycle is put(replace=True) of 4 KiB. Beside them, the
 kernel floor: a bare Unix-socket round trip (16 bytes) between two Python
 processes that sleep in recv(), under the same condition. The ratio
 adaptive/off above 1 would mean polling hurt (beyond the noise off'/off).
@@ -38,6 +40,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+# Polling is what is measured: every attach a round trip (see above).
+os.environ["TENSORD_BIND"] = "0"
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAME = "bench/py_spin"

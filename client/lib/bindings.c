@@ -287,9 +287,16 @@ static void *watcher(void *arg)
 	return NULL;
 }
 
-static void watcher_stop(struct td_bindings *bs)
+static void watcher_stop(tensord_client *c)
 {
-	if (!bs->thread_on)
+	struct td_bindings *bs = &c->binds;
+	bool on;
+
+	pthread_mutex_lock(&c->lock);
+	on = bs->thread_on;
+	bs->thread_on = false;
+	pthread_mutex_unlock(&c->lock);
+	if (!on)
 		return;
 	atomic_store(&bs->stop, true);
 	/* A wake that comes before the watcher waits is lost: wake until it is gone. */
@@ -306,7 +313,6 @@ static void watcher_stop(struct td_bindings *bs)
 		if (pthread_timedjoin_np(bs->thread, NULL, &until) != ETIMEDOUT)
 			break;
 	}
-	bs->thread_on = false;
 }
 
 /* Asks for the page and maps it: 0, or -errno (attaches take round trips). */
@@ -524,7 +530,7 @@ void td_bindings_close(tensord_client *c)
 	struct td_bindings *bs = &c->binds;
 	struct td_binding *gone = NULL;
 
-	watcher_stop(bs);
+	watcher_stop(c);
 	pthread_mutex_lock(&c->lock);
 	if (bs->state == TD_BIND_ON || bs->state == TD_BIND_UNTRIED)
 		bs->state = TD_BIND_OFF;
