@@ -163,7 +163,7 @@ static size_t hash_of(const struct tensor *t, const struct client *cl, size_t n_
  * false when that needs an entry past the limit: the page ends before it.
  */
 static bool page_add(struct lease_page *pg, const struct client *cl, const struct tensor *t,
-		     uint64_t since)
+		     uint64_t since, uint32_t weight)
 {
 	size_t b = hash_of(t, cl, pg->n_hash);
 	struct holding *h;
@@ -172,7 +172,7 @@ static bool page_add(struct lease_page *pg, const struct client *cl, const struc
 	for (; pg->hash[b]; b = (b + 1) & (pg->n_hash - 1)) {
 		h = &pg->v[pg->hash[b] - 1];
 		if (h->t == t && h->cl == cl) {
-			h->count++;
+			h->count += weight;
 			if (since < h->since)
 				h->since = since;
 			return true;
@@ -180,7 +180,7 @@ static bool page_add(struct lease_page *pg, const struct client *cl, const struc
 	}
 	if (pg->n == pg->limit)
 		return false;
-	pg->v[pg->n] = (struct holding){ t, cl, since, 1 };
+	pg->v[pg->n] = (struct holding){ t, cl, since, weight };
 	pg->hash[b] = (uint32_t)++pg->n;
 	return true;
 }
@@ -222,7 +222,8 @@ static void page_fill(struct lease_page *pg, const struct client *me, const Tens
 			const struct tensor *t = rc->leases[s].t;
 
 			if (!budget || (t && lease_wanted(t, m, name_len, me) &&
-					!page_add(pg, cl, t, rc->leases[s].since_ns))) {
+					!page_add(pg, cl, t, rc->leases[s].since_ns,
+						  registry_lease_weight(rc, s)))) {
 				pg->more = true;
 				return;
 			}
@@ -264,9 +265,11 @@ static void send_holders(struct conn *c, uint64_t req_id, const struct lease_pag
 			     "out of memory listing lease holders");
 		return;
 	}
+	/* A binding no local lease uses (idle, docs/design.md "Attach without a
+	 * round trip") holds no handle: it is not listed. */
 	for (size_t i = 0; i < pg->n; i++)
-		fill_holder(ph[i], &pg->v[i], &k);
-	lr.n_holders = pg->n;
+		if (pg->v[i].count)
+			fill_holder(ph[lr.n_holders++], &pg->v[i], &k);
 	lr.holders = ph;
 	lr.more = pg->more;
 	lr.next_conn = pg->more ? pg->conn : 0;

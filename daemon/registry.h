@@ -444,6 +444,12 @@ bool registry_bind(struct reg_client *rc, uint64_t lease, uint32_t *ret_slot, ui
  */
 uint32_t registry_refcount(const struct tensor *t);
 
+/*
+ * How many leases rc's lease in slot lease_slot stands for: 1, or for a
+ * bound one the local leases its client says it serves (0 when idle).
+ */
+uint32_t registry_lease_weight(const struct reg_client *rc, uint32_t lease_slot);
+
 /* Bindings rc's page holds now. */
 uint32_t registry_bindings(const struct reg_client *rc);
 

@@ -223,6 +223,17 @@ void reg_bindings_detach(struct tensor *t)
 		slot_free(b->rc->page, (uint32_t)(b - b->rc->page->b));
 }
 
+uint32_t registry_lease_weight(const struct reg_client *rc, uint32_t lease_slot)
+{
+	uint32_t s = rc->leases[lease_slot].bind_slot;
+	uint64_t local;
+
+	if (!s)
+		return 1;
+	local = atomic_load_explicit(&rc->page->words[REG_PAGE_WORDS + s], memory_order_relaxed);
+	return local > INT32_MAX ? INT32_MAX : (uint32_t)local;
+}
+
 uint32_t registry_refcount(const struct tensor *t)
 {
 	int64_t n = t->refcount;

@@ -337,18 +337,23 @@ static int page_open(tensord_client *c, const _Atomic uint64_t **ret_words, uint
 			close(fd);
 		return -EPROTO;
 	}
-	/* The daemon's half read-only, ours (the counts) writable. */
+	/*
+	 * The daemon's half read-only, ours (the counts) writable. A forked
+	 * child has no page (it makes its own connection, client.c): no fork
+	 * between the mmap and MADV_DONTFORK, as fork takes the client's lock.
+	 */
+	pthread_mutex_lock(&c->lock);
 	p = mmap(NULL, 2 * (size_t)n * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	close(fd);
-	if (p == MAP_FAILED)
-		return -errno;
-	if (mprotect(p, (size_t)n * sizeof(uint64_t), PROT_READ) < 0) {
+	r = p == MAP_FAILED ? -errno : 0;
+	if (r == 0 && (madvise(p, 2 * (size_t)n * sizeof(uint64_t), MADV_DONTFORK) < 0 ||
+		       mprotect(p, (size_t)n * sizeof(uint64_t), PROT_READ) < 0)) {
 		r = -errno;
 		munmap(p, 2 * (size_t)n * sizeof(uint64_t));
-		return r;
 	}
-	/* A forked child has no page: it makes its own connection (client.c). */
-	madvise(p, 2 * (size_t)n * sizeof(uint64_t), MADV_DONTFORK);
+	pthread_mutex_unlock(&c->lock);
+	close(fd);
+	if (r < 0)
+		return r;
 	*ret_words = p;
 	*ret_n = n;
 	return 0;

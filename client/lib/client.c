@@ -795,7 +795,16 @@ static void forget_parent(tensord_client *c)
 	snprintf(conn->why, sizeof(conn->why),
 		 "the connection belongs to the process this one "
 		 "was forked from");
-	conn->pending = NULL; /* they live on the stacks of the parent's threads */
+	/* They live on the stacks of the parent's threads, which the child's
+	 * memory copies: a descriptor a reply brought them is closed here. */
+	for (struct td_pending *p = conn->pending; p; p = p->next) {
+		if (p->done && p->fd >= 0)
+			close(p->fd);
+		for (struct td_part *part = p->parts; part; part = part->next)
+			for (unsigned i = 0; i < part->n_fds; i++)
+				close(part->fds[i]);
+	}
+	conn->pending = NULL;
 	conn->reading = false;
 	/* The parent's releases, and a flusher that was not copied. */
 	conn->relq.n = 0;

@@ -276,7 +276,11 @@ TENSORD_API int tensord_publish(tensord_client *client, const char *name);
  * caller may write it. -EACCES when its mode refuses the caller.
  * On success *ret_tensor is owned by the caller and holds one lease; its
  * deleter ends it and must run exactly once, from any thread, also after
- * tensord_close().
+ * tensord_close(). A name this client attached before, and which still
+ * means the same tensor, is attached without asking the daemon (well under
+ * 2 us); an unlink or replace that returned before the call is always seen
+ * (docs/design.md, "Attach without a round trip"; TENSORD_BIND=0 turns it
+ * off).
  */
 TENSORD_API int tensord_attach(tensord_client *client, const char *name, int timeout_ms,
 			       DLManagedTensorVersioned **ret_tensor);
