@@ -19,10 +19,14 @@
  * destination is cleared, fetched once more and compared with what the
  * target wrote, so a figure is never of bytes that did not arrive.
  *
+ * Then two lines about the path itself: a GET while the target stops
+ * progressing, and a GET of target memory outside the registered region
+ * (TCP serves both ways: docs/remote.md says what follows from that).
+ *
  * UCX_TLS defaults to tcp (the link the issue's targets name); set it to
  * compare others (UCX_TLS=sm, UCX_TLS=rc, ...). The lanes UCX chose are
- * printed. Usage: ucx_get [--max SIZE_MIB] (the largest size, default 1024).
- * Prints figures; fails only when a GET fails or bytes differ.
+ * printed. Usage: ucx_get [--max SIZE_MIB] (the largest size, default
+ * 1024). Prints figures; fails only when a GET fails or bytes differ.
  */
 #include <errno.h>
 #include <signal.h>
@@ -44,6 +48,9 @@
 #define BW_ROUNDS_1G 5
 #define BLOB_MAX (1u << 20)
 #define STALL_MS 300
+
+/* Memory of the target that no registration covers (see bench_outside()). */
+static const char outside[32] = "not registered, never exported";
 /* Everything must be over by then: a wedged peer ends the run, not the machine's day. */
 #define DEADLINE_S 600
 
@@ -246,7 +253,7 @@ static int run_target(int fd, size_t size)
 	ucp_address_t *addr = NULL;
 	size_t addr_len, rkey_len;
 	void *rkey = NULL;
-	uint64_t raddr, *w;
+	uint64_t raddr[2], *w;
 	ucs_status_t st;
 	int rc = 1;
 
@@ -266,8 +273,9 @@ static int run_target(int fd, size_t size)
 		fprintf(stderr, "ucx_get: target: ucp_rkey_pack: %s\n", ucs_status_string(st));
 		goto out;
 	}
-	raddr = (uint64_t)(uintptr_t)s.buf;
-	if (send_blob(fd, addr, addr_len) < 0 || send_blob(fd, &raddr, sizeof(raddr)) < 0 ||
+	raddr[0] = (uint64_t)(uintptr_t)s.buf;
+	raddr[1] = (uint64_t)(uintptr_t)outside;
+	if (send_blob(fd, addr, addr_len) < 0 || send_blob(fd, raddr, sizeof(raddr)) < 0 ||
 	    send_blob(fd, rkey, rkey_len) < 0) {
 		fprintf(stderr, "ucx_get: target: sending the address and key: %s\n",
 			strerror(errno));
@@ -304,6 +312,7 @@ struct initiator {
 	ucp_ep_h ep;
 	ucp_rkey_h rkey;
 	uint64_t raddr;
+	uint64_t outside;      /* the address of the target's unregistered `outside` */
 	ucs_status_t ep_error; /* set by the endpoint's error handler */
 };
 
@@ -492,6 +501,41 @@ static int bench_stall(struct initiator *in, int fd)
 	return 0;
 }
 
+/*
+ * A GET, with the buffer's key, of target memory that no registration
+ * covers. Over TCP UCX 1.13 serves it: its software GET reads the address
+ * the request names and checks no key. That is why tensord's daemons never
+ * enable UCP_FEATURE_RMA (docs/remote.md). On RDMA the adapter refuses it.
+ */
+static void bench_outside(struct initiator *in)
+{
+	char got[sizeof(outside)] = { 0 };
+	ucp_request_param_t prm = { 0 };
+	ucs_status_ptr_t req = ucp_get_nbx(in->ep, got, sizeof(got), in->outside, in->rkey, &prm);
+	ucs_status_t st = UCS_OK;
+	double t0 = now_s();
+
+	if (UCS_PTR_IS_ERR(req)) {
+		st = UCS_PTR_STATUS(req);
+	} else if (req != NULL) {
+		while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS && now_s() - t0 < 2)
+			ucp_worker_progress(in->s.worker);
+		if (st == UCS_INPROGRESS) {
+			ucp_request_cancel(in->s.worker, req);
+			while (ucp_request_check_status(req) == UCS_INPROGRESS)
+				ucp_worker_progress(in->s.worker);
+		}
+		ucp_request_free(req);
+	}
+	if (st == UCS_OK && memcmp(got, outside, sizeof(got)) == 0)
+		printf("ucx_get: GET outside the registered region with its key: served "
+		       "(\"%.*s\"): this path checks no key\n",
+		       (int)sizeof(got) - 1, got);
+	else
+		printf("ucx_get: GET outside the registered region with its key: refused (%s)\n",
+		       st == UCS_OK ? "other bytes" : ucs_status_string(st));
+}
+
 static int run_initiator(int fd, size_t size)
 {
 	struct initiator in = { 0 };
@@ -506,12 +550,13 @@ static int run_initiator(int fd, size_t size)
 	addr = recv_blob(fd, &addr_len);
 	raddr = addr ? recv_blob(fd, &raddr_len) : NULL;
 	rkey = raddr ? recv_blob(fd, &rkey_len) : NULL;
-	if (!rkey || raddr_len != sizeof(in.raddr)) {
+	if (!rkey || raddr_len != 2 * sizeof(uint64_t)) {
 		fprintf(stderr, "ucx_get: initiator: no address and key from the target (it said "
 				"why above, or died)\n");
 		goto out;
 	}
 	memcpy(&in.raddr, raddr, sizeof(in.raddr));
+	memcpy(&in.outside, (char *)raddr + sizeof(in.raddr), sizeof(in.outside));
 	ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
 			       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
 			       UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -557,6 +602,7 @@ static int run_initiator(int fd, size_t size)
 		goto out;
 	if (bench_stall(&in, fd) < 0)
 		goto out;
+	bench_outside(&in); /* last: on RDMA a refused GET fails the endpoint */
 	rc = 0;
 out:
 	if (in.ep_error != UCS_OK)
