@@ -19,6 +19,10 @@
  * destination is cleared, fetched once more and compared with what the
  * target wrote, so a figure is never of bytes that did not arrive.
  *
+ * Then the same sizes as active messages (bench_am(): the initiator asks,
+ * the target answers with one ucp_am_send_nbx() of its registered buffer),
+ * the path docs/remote.md chooses for the daemons instead of GET.
+ *
  * Then two lines about the path itself: a GET while the target stops
  * progressing, and a GET of target memory outside the registered region
  * (TCP serves both ways: docs/remote.md says what follows from that).
@@ -30,6 +34,7 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -197,7 +202,8 @@ static int side_init(struct side *s, const char *who, size_t size)
 		return -1;
 	}
 	params.field_mask = UCP_PARAM_FIELD_FEATURES;
-	params.features = UCP_FEATURE_RMA;
+	/* RMA for the GETs; AM for the same transfers as active messages. */
+	params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
 	st = ucp_init(&params, config, &s->ctx);
 	ucp_config_release(config);
 	if (st != UCS_OK) {
@@ -241,6 +247,54 @@ static void side_fini(struct side *s)
 }
 
 /*
+ * The active-message path tensord's daemons will take instead of GET
+ * (docs/remote.md): the initiator asks for n bytes (AM_ASK, header: n),
+ * the target answers with one ucp_am_send_nbx() of its registered buffer
+ * (AM_DATA), which UCX sends eagerly when small and by rendezvous when
+ * large, and the initiator receives it into its own registered memory.
+ */
+enum { AM_ASK = 1, AM_DATA = 2 };
+
+struct target_am {
+	ucp_ep_h reply_ep; /* borrowed from UCX: the asker's endpoint */
+	uint64_t want;     /* bytes asked for and not sent yet; 0 when none */
+};
+
+static ucs_status_t on_ask(void *arg, const void *header, size_t header_len, void *data, size_t len,
+			   const ucp_am_recv_param_t *param)
+{
+	struct target_am *t = arg;
+
+	if (header_len != sizeof(uint64_t) || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
+		return UCS_OK;
+	memcpy(&t->want, header, sizeof(t->want));
+	t->reply_ep = param->reply_ep;
+	return UCS_OK;
+}
+
+/* Sends what was asked for (called outside the callback); UCS_OK or the error. */
+static ucs_status_t target_answer(struct side *s, struct target_am *t)
+{
+	ucp_request_param_t prm = { 0 };
+	ucs_status_ptr_t req;
+	ucs_status_t st = UCS_OK;
+	size_t n = t->want <= s->size ? (size_t)t->want : s->size;
+
+	t->want = 0;
+	prm.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+	prm.memh = s->memh; /* the registration made once: UCX registers nothing more */
+	req = ucp_am_send_nbx(t->reply_ep, AM_DATA, NULL, 0, s->buf, n, &prm);
+	if (UCS_PTR_IS_ERR(req))
+		return UCS_PTR_STATUS(req);
+	if (req != NULL) {
+		while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS)
+			ucp_worker_progress(s->worker);
+		ucp_request_free(req);
+	}
+	return st;
+}
+
+/*
  * The target: send the worker address, the buffer's address and the packed
  * remote key, then progress until the initiator goes away (EOF on fd). A
  * byte 'p' from it makes the target stop progressing for STALL_MS, as a
@@ -281,8 +335,27 @@ static int run_target(int fd, size_t size)
 			strerror(errno));
 		goto out;
 	}
+	struct target_am am = { 0 };
+	ucp_am_handler_param_t hp = { 0 };
+
+	hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+			UCP_AM_HANDLER_PARAM_FIELD_ARG;
+	hp.id = AM_ASK;
+	hp.cb = on_ask;
+	hp.arg = &am;
+	st = ucp_worker_set_am_recv_handler(s.worker, &hp);
+	if (st != UCS_OK) {
+		fprintf(stderr, "ucx_get: target: setting the active-message handler: %s\n",
+			ucs_status_string(st));
+		goto out;
+	}
 	for (unsigned n = 0;; n++) {
 		ucp_worker_progress(s.worker);
+		if (am.want > 0 && (st = target_answer(&s, &am)) != UCS_OK) {
+			fprintf(stderr, "ucx_get: target: sending the asked bytes: %s\n",
+				ucs_status_string(st));
+			goto out;
+		}
 		if ((n & 1023) == 0) {
 			char c;
 			ssize_t r = recv(fd, &c, 1, MSG_DONTWAIT);
@@ -314,6 +387,10 @@ struct initiator {
 	uint64_t raddr;
 	uint64_t outside;      /* the address of the target's unregistered `outside` */
 	ucs_status_t ep_error; /* set by the endpoint's error handler */
+	/* The active-message path: the answer's receive, and whether it is over. */
+	ucs_status_ptr_t am_req; /* a rendezvous receive in flight, or NULL */
+	bool am_done;
+	size_t am_len;
 };
 
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
@@ -406,6 +483,122 @@ static const char *size_name(size_t n, char *buf, size_t len)
 	else
 		snprintf(buf, len, "%zu B", n);
 	return buf;
+}
+
+static ucs_status_t on_data(void *arg, const void *header, size_t header_len, void *data,
+			    size_t len, const ucp_am_recv_param_t *param)
+{
+	struct initiator *in = arg;
+	ucp_request_param_t prm = { 0 };
+
+	in->am_len = len;
+	if (len > in->s.size) {
+		in->am_done = true; /* more than asked for: counted as a failure below */
+		return UCS_OK;
+	}
+	if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+		/* Large: UCX fetches it into our memory (RDMA: a GET by our adapter). */
+		prm.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+		prm.memh = in->s.memh;
+		in->am_req = ucp_am_recv_data_nbx(in->s.worker, data, in->s.buf, len, &prm);
+		if (in->am_req == NULL || UCS_PTR_IS_ERR(in->am_req))
+			in->am_done = true;
+		return UCS_INPROGRESS;
+	}
+	memcpy(in->s.buf, data, len); /* small: it came with the message */
+	in->am_done = true;
+	return UCS_OK;
+}
+
+/* Asks the target for n bytes by active message and waits for them. UCS_OK or the error. */
+static ucs_status_t am_fetch(struct initiator *in, size_t n)
+{
+	ucp_request_param_t prm = { 0 };
+	uint64_t want = n;
+	ucs_status_ptr_t req;
+	ucs_status_t st = UCS_OK;
+
+	in->am_done = false;
+	in->am_req = NULL;
+	prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+	prm.flags = UCP_AM_SEND_FLAG_REPLY;
+	req = ucp_am_send_nbx(in->ep, AM_ASK, &want, sizeof(want), NULL, 0, &prm);
+	if (UCS_PTR_IS_ERR(req))
+		return UCS_PTR_STATUS(req);
+	while (!in->am_done || (req != NULL && ucp_request_check_status(req) == UCS_INPROGRESS)) {
+		ucp_worker_progress(in->s.worker);
+		if (in->am_req != NULL && !UCS_PTR_IS_ERR(in->am_req) &&
+		    ucp_request_check_status(in->am_req) != UCS_INPROGRESS) {
+			st = ucp_request_check_status(in->am_req);
+			ucp_request_free(in->am_req);
+			in->am_req = NULL;
+			in->am_done = true;
+		}
+		if (in->ep_error != UCS_OK)
+			return in->ep_error;
+	}
+	if (req != NULL)
+		ucp_request_free(req);
+	if (UCS_PTR_IS_ERR(in->am_req))
+		st = UCS_PTR_STATUS(in->am_req);
+	if (st == UCS_OK && in->am_len != n)
+		st = UCS_ERR_MESSAGE_TRUNCATED;
+	return st;
+}
+
+/* The same sizes by active message: latency, bandwidth, and the bytes checked. */
+static int bench_am(struct initiator *in, size_t size)
+{
+	static const size_t lat[] = { 8, 4096 };
+	static double v[LAT_ITERS];
+	char name[32];
+
+	for (size_t k = 0; k < sizeof(lat) / sizeof(lat[0]); k++) {
+		size_t n = lat[k];
+
+		for (int i = 0; i < LAT_WARMUP + LAT_ITERS; i++) {
+			double t0 = now_s();
+			ucs_status_t st = am_fetch(in, n);
+
+			if (st != UCS_OK) {
+				fprintf(stderr, "ucx_get: %zu-byte active message %d: %s\n", n, i,
+					ucs_status_string(st));
+				return -1;
+			}
+			if (i >= LAT_WARMUP)
+				v[i - LAT_WARMUP] = now_s() - t0;
+		}
+		qsort(v, LAT_ITERS, sizeof(v[0]), cmp_d);
+		printf("ucx_get: am %s p50 %.1f us p99 %.1f us (ask + answer, %d round trips)\n",
+		       size_name(n, name, 32), v[LAT_ITERS / 2] * 1e6,
+		       v[LAT_ITERS * 99 / 100] * 1e6, LAT_ITERS);
+		memset(in->s.buf, 0, n);
+		if (am_fetch(in, n) != UCS_OK || check_bytes(in, n) < 0)
+			return -1;
+	}
+	for (size_t n = 64u << 20; n <= size && n <= (1u << 30); n <<= 4) {
+		int rounds = n < (1u << 30) ? BW_ROUNDS_64M : BW_ROUNDS_1G;
+		double bw[16];
+
+		if (am_fetch(in, n) != UCS_OK) /* warm-up, not counted */
+			return -1;
+		for (int i = 0; i < rounds; i++) {
+			double t0 = now_s();
+
+			if (am_fetch(in, n) != UCS_OK) {
+				fprintf(stderr, "ucx_get: %zu-byte active message failed\n", n);
+				return -1;
+			}
+			bw[i] = (double)n / (now_s() - t0) / 1e9;
+		}
+		qsort(bw, (size_t)rounds, sizeof(bw[0]), cmp_d);
+		printf("ucx_get: am %s %.2f GB/s (median of %d rounds; min %.2f, max %.2f)\n",
+		       size_name(n, name, 32), bw[rounds / 2], rounds, bw[0], bw[rounds - 1]);
+		memset(in->s.buf, 0, n);
+		if (am_fetch(in, n) != UCS_OK || check_bytes(in, n) < 0)
+			return -1;
+	}
+	return 0;
 }
 
 /* Clears the first n bytes, fetches them once more and compares: 0 or -1 (said why). */
@@ -545,8 +738,21 @@ static int run_initiator(int fd, size_t size)
 	ucs_status_t st;
 	int rc = 1;
 
+	ucp_am_handler_param_t hp = { 0 };
+
 	if (side_init(&in.s, "initiator", size) < 0)
 		goto out;
+	hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+			UCP_AM_HANDLER_PARAM_FIELD_ARG;
+	hp.id = AM_DATA;
+	hp.cb = on_data;
+	hp.arg = &in;
+	st = ucp_worker_set_am_recv_handler(in.s.worker, &hp);
+	if (st != UCS_OK) {
+		fprintf(stderr, "ucx_get: initiator: setting the active-message handler: %s\n",
+			ucs_status_string(st));
+		goto out;
+	}
 	addr = recv_blob(fd, &addr_len);
 	raddr = addr ? recv_blob(fd, &raddr_len) : NULL;
 	rkey = raddr ? recv_blob(fd, &rkey_len) : NULL;
@@ -599,6 +805,8 @@ static int run_initiator(int fd, size_t size)
 	if (size >= (64u << 20) && bench_bandwidth(&in, 64u << 20, BW_ROUNDS_64M) < 0)
 		goto out;
 	if (size >= (1u << 30) && bench_bandwidth(&in, 1u << 30, BW_ROUNDS_1G) < 0)
+		goto out;
+	if (bench_am(&in, size) < 0)
 		goto out;
 	if (bench_stall(&in, fd) < 0)
 		goto out;
