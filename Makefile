@@ -81,7 +81,12 @@ GPU_DMN_SRC := $(filter-out $(GPU_API_SRC) $(GPU_IMP_SRC),$(wildcard gpu/*/*.c))
 COMMON_OBJ := $(call obj,common/desc.c common/names.c common/errors.c common/paths.c common/sys.c \
                           proto/frame.c)
 GPU_OBJ    := $(call obj,$(GPU_API_SRC))
-DMN_OBJ    := $(call obj,$(wildcard daemon/*.c) $(GPU_DMN_SRC)) $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ)
+# Peering with other nodes (docs/remote.md) is not wired into the daemon
+# yet: its modules are built and unit-tested, not linked into tensord, so
+# the daemon does not need libcrypto before it uses it.
+PEER_SRC   := daemon/peer_auth.c
+DMN_OBJ    := $(call obj,$(filter-out $(PEER_SRC),$(wildcard daemon/*.c)) $(GPU_DMN_SRC)) \
+              $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ)
 
 CTL_OBJ := $(call obj,$(wildcard client/tensorctl/*.c))
 # tensorctl alone reads checkpoints: .npz with libzip, .safetensors's header with jansson.
@@ -113,14 +118,30 @@ DBL_CFLAGS := -std=c11 -O2 -g -Wall -Wextra $(WERROR) -Wshadow -fPIC -fvisibilit
 ifneq ($(wildcard $(CUDA_HOME)/include/cuda.h),)
 GPU_SUITE := $(B)/tests/gpu/gpu_suite
 endif
-BENCH_SRC := $(wildcard bench/*.c)
+# UCX (libucp: docs/remote.md), found with pkg-config ('ucx'; Debian's
+# libucx-dev, which deploy/setup.sh installs). Only what needs it is left
+# out where it is missing: today bench/ucx_get, the GET baseline.
+UCX_PKG := ucx
+UCX_OK  := $(shell pkg-config --exists $(UCX_PKG) 2>/dev/null && echo 1)
+UCX_MISSING := UCX not found (pkg-config $(UCX_PKG): no $(UCX_PKG).pc; Debian: libucx-dev, which \
+               deploy/setup.sh installs)
+UCX_BENCH_SRC := $(wildcard bench/ucx_get.c)
+BENCH_SRC := $(filter-out $(UCX_BENCH_SRC),$(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
+ifeq ($(UCX_OK),1)
+UCX_BENCH_BIN := $(UCX_BENCH_SRC:bench/%.c=$(B)/bench/%)
+endif
 
 .PHONY: all setup run test test-unit test-integration test-python test-asan test-tsan bench fuzz \
-        install uninstall clean format format-check
+        install uninstall clean format format-check ucx-note
 
 all: $(B)/tensord $(B)/tensorctl $(B)/libtensord.so $(B)/libtensord.a $(B)/tensord.pc \
-     $(PY_EXT) $(PY_FILES) $(HELP_BIN) $(FAKEGPU_BIN) $(BENCH_BIN) $(DBL_LIBS) $(GPU_SUITE)
+     $(PY_EXT) $(PY_FILES) $(HELP_BIN) $(FAKEGPU_BIN) $(BENCH_BIN) $(UCX_BENCH_BIN) $(DBL_LIBS) \
+     $(GPU_SUITE) $(if $(UCX_OK),,ucx-note)
+
+# Said once per `make` where UCX is missing; nothing else of the build needs it.
+ucx-note:
+	@echo "note: $(UCX_MISSING): $(UCX_BENCH_SRC) is not built"
 
 setup:
 	$(Q)VENV=$(VENV) bash deploy/setup.sh test
@@ -240,6 +261,8 @@ UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn
                               daemon/ratelimit.c daemon/sdnotify.c daemon/quota.c common/paths.c \
                               proto/frame.c
 UNIT_DEPS_test_quota       := daemon/quota.c
+UNIT_DEPS_test_peer_auth   := daemon/peer_auth.c
+$(B)/tests/unit/test_peer_auth: LDLIBS += $(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
 UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c \
                               client/tensorctl/npy_write.c common/names.c common/desc.c \
                               gpu/vendor.c
@@ -267,6 +290,14 @@ $(B)/tests/helpers/%: tests/integration/%.c $(B)/libtensord.a
 $(B)/bench/%: bench/%.c $(B)/libtensord.a
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# The UCX GET baseline links UCX only (no libtensord): it is what remote
+# attach is compared with.
+$(UCX_BENCH_BIN): $(B)/bench/%: bench/%.c $(B)/.flags
+	@mkdir -p $(@D)
+	@echo "  LD  $@"
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(shell pkg-config --cflags $(UCX_PKG)) $(LDFLAGS) -o $@ $< \
+		$(shell pkg-config --libs $(UCX_PKG))
 
 test: setup
 	$(Q)$(MAKE) --no-print-directory format-check
@@ -319,12 +350,15 @@ run:
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)PYTHON=$(PYTHON) bash deploy/demo.sh $(B)
 
-# C attach latency, then Python put and attach next to their peers, polling
-# adaptive next to off under confinement and CPU hogs (bench/py_spin.py), then
-# sets, versions and watches (bench/py_sets.py), each run both pinned to one
-# CPU (no cross-CPU wake-ups) and unpinned.
+# C attach latency, the UCX GET baseline over TCP loopback (bench/ucx_get.c:
+# what remote attach is compared with, docs/remote.md), then Python put and
+# attach next to their peers, polling adaptive next to off under confinement
+# and CPU hogs (bench/py_spin.py), then sets, versions and watches
+# (bench/py_sets.py), each run both pinned to one CPU (no cross-CPU
+# wake-ups) and unpinned.
 bench: all
 	$(Q)set -e; for b in $(BENCH_BIN); do $$b; done
+	$(Q)$(if $(UCX_OK),$(UCX_BENCH_BIN),echo "ucx_get: skipped: $(UCX_MISSING)")
 	$(Q)set -e; export TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python; \
 	echo "== pinned to CPU 0"; taskset -c 0 $(PYTHON) bench/py_put.py --sizes 4K,64K,64M,1G; \
 	echo "== unpinned"; $(PYTHON) bench/py_put.py; \

@@ -13,8 +13,14 @@ have_deb() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok install
 # libamdhip64-dev: HIP headers, so the ROCm backend is compiled against the
 # real API (about 80 MB installed with its 7 dependencies; the runtime is
 # only dlopen'ed, and only where /dev/kfd exists).
+# libucx-dev: UCX (libucp), the transport between daemons on different
+# nodes (docs/remote.md); bench/ucx_get.c measures it. Debian's 1.13 build
+# has TCP, shared memory and verbs (RDMA), not CUDA.
+# libssl-dev: libcrypto's HMAC-SHA256, with which daemons authenticate
+# each other (daemon/peer_auth.c).
 for p in libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libzip-dev libjansson-dev \
-         pkg-config clang clang-format libclang-rt-14-dev util-linux libamdhip64-dev; do
+         pkg-config clang clang-format libclang-rt-14-dev util-linux libamdhip64-dev libucx-dev \
+         libssl-dev; do
 	have_deb "$p" || need_deb+=("$p")
 done
 
