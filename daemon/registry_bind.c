@@ -44,18 +44,27 @@ struct reg_binding {
 	struct reg_client *rc;        /* borrowed: the page's */
 	uint32_t lease_slot;          /* its lease: rc->leases[lease_slot] */
 	uint32_t next_free;           /* 1-based: the next free slot; 0: none */
+	uint32_t slot;                /* its own number */
 	LIST_ENTRY(reg_binding) link; /* t->bindings */
 };
+
+/* Slots live in chunks that never move: tensors' lists link into them. */
+#define CHUNK 256u
 
 struct reg_page {
 	int fd;
 	_Atomic uint64_t *words; /* 2 * REG_PAGE_WORDS, mapped shared; word 0 counts clears */
-	struct reg_binding *b;   /* b[i] is slot i (b[0] unused) */
-	uint32_t n, cap;         /* slots handed out at least once; room in b */
-	uint32_t free_head;      /* 1-based; 0: none */
+	struct reg_binding *chunk[REG_PAGE_WORDS / CHUNK]; /* slot s: chunk[s / CHUNK][s % CHUNK] */
+	uint32_t n;         /* slots handed out at least once (slot 0 is never one) */
+	uint32_t free_head; /* 1-based; 0: none */
 	uint32_t live;
 	uint64_t next_gen;
 };
+
+static struct reg_binding *slot_of(struct reg_page *p, uint32_t s)
+{
+	return &p->chunk[s / CHUNK][s % CHUNK];
+}
 
 /* The futex in word 0: the low 32 bits (both sides are little-endian here, as the wire is). */
 static _Atomic uint32_t *clears_word(struct reg_page *p)
@@ -130,7 +139,7 @@ int registry_bind_page(struct reg_client *rc, int *ret_fd, uint32_t *ret_words, 
 static void slot_clear(struct reg_page *p, uint32_t s)
 {
 	atomic_store_explicit(&p->words[s], 0, memory_order_release);
-	p->b[s].cleared = true;
+	slot_of(p, s)->cleared = true;
 	atomic_fetch_add_explicit(clears_word(p), 1, memory_order_release);
 	/* No one waiting costs one syscall. */
 	syscall(SYS_futex, clears_word(p), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
@@ -140,7 +149,7 @@ static void slot_clear(struct reg_page *p, uint32_t s)
 /* Slot s is free again: its lease ended. */
 static void slot_free(struct reg_page *p, uint32_t s)
 {
-	struct reg_binding *b = &p->b[s];
+	struct reg_binding *b = slot_of(p, s);
 
 	atomic_store_explicit(&p->words[s], 0, memory_order_release);
 	atomic_store_explicit(&p->words[REG_PAGE_WORDS + s], 0, memory_order_relaxed);
@@ -166,27 +175,20 @@ bool registry_bind(struct reg_client *rc, uint64_t lease, uint32_t *ret_slot, ui
 		return false;
 	if (p->free_head) {
 		s = p->free_head;
-		p->free_head = p->b[s].next_free;
+		p->free_head = slot_of(p, s)->next_free;
 	} else {
 		if (p->n + 1 >= REG_PAGE_WORDS)
 			return false; /* full: this attach is not bound */
-		if (p->n + 2 > p->cap) {
-			uint32_t cap = p->cap ? p->cap * 2 : 64;
-			struct reg_binding *nb;
-
-			if (cap > REG_PAGE_WORDS)
-				cap = REG_PAGE_WORDS;
-			nb = realloc(p->b, cap * sizeof(*nb));
-			if (!nb)
+		if (!p->chunk[(p->n + 1) / CHUNK]) {
+			p->chunk[(p->n + 1) / CHUNK] = calloc(CHUNK, sizeof(struct reg_binding));
+			if (!p->chunk[(p->n + 1) / CHUNK])
 				return false;
-			p->b = nb;
-			p->cap = cap;
 		}
 		s = ++p->n;
 	}
-	p->b[s] = (struct reg_binding){ .t = t, .rc = rc, .lease_slot = ls };
+	*slot_of(p, s) = (struct reg_binding){ .t = t, .rc = rc, .lease_slot = ls, .slot = s };
 	atomic_store_explicit(&p->words[REG_PAGE_WORDS + s], 0, memory_order_relaxed);
-	LIST_INSERT_HEAD(&t->bindings, &p->b[s], link);
+	LIST_INSERT_HEAD(&t->bindings, slot_of(p, s), link);
 	rc->leases[ls].bind_slot = s;
 	p->live++;
 	*ret_gen = ++p->next_gen;
@@ -203,7 +205,7 @@ void reg_bindings_clear(struct tensor *t)
 	LIST_FOREACH(b, &t->bindings, link)
 	{
 		if (!b->cleared)
-			slot_clear(b->rc->page, (uint32_t)(b - b->rc->page->b));
+			slot_clear(b->rc->page, b->slot);
 	}
 }
 
@@ -220,7 +222,7 @@ void reg_bindings_detach(struct tensor *t)
 	struct reg_binding *b;
 
 	while ((b = LIST_FIRST(&t->bindings)))
-		slot_free(b->rc->page, (uint32_t)(b - b->rc->page->b));
+		slot_free(b->rc->page, b->slot);
 }
 
 uint32_t registry_lease_weight(const struct reg_client *rc, uint32_t lease_slot)
@@ -242,9 +244,8 @@ uint32_t registry_refcount(const struct tensor *t)
 	/* A bound lease counts as the local leases its client says it serves. */
 	LIST_FOREACH(b, &t->bindings, link)
 	{
-		uint64_t local = atomic_load_explicit(
-			&b->rc->page->words[REG_PAGE_WORDS + (b - b->rc->page->b)],
-			memory_order_relaxed);
+		uint64_t local = atomic_load_explicit(&b->rc->page->words[REG_PAGE_WORDS + b->slot],
+						      memory_order_relaxed);
 
 		n += (int64_t)(local > INT32_MAX ? INT32_MAX : local) - 1;
 	}
@@ -260,7 +261,8 @@ void reg_page_free(struct reg_client *rc)
 	/* Its leases ended first (registry_client_gone()), and with them its slots. */
 	munmap((void *)p->words, 2 * REG_PAGE_WORDS * sizeof(uint64_t));
 	close(p->fd);
-	free(p->b);
+	for (uint32_t i = 0; i < REG_PAGE_WORDS / CHUNK; i++)
+		free(p->chunk[i]);
 	free(p);
 	rc->page = NULL;
 }

@@ -9,7 +9,9 @@
  *
  * Every version of a name holds one int64 value in every element; a reader
  * checks each tensor it attaches is whole and never older than one it saw
- * before. Prints "ok attaches=N missing=M" or "err ..." and exits 0 or 1.
+ * before. First, many names bound at once (more slots than the daemon's
+ * first chunk of them), half unlinked while held. Prints "ok attaches=N
+ * missing=M ..." or "err ..." and exits 0 or 1.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -102,6 +104,53 @@ static void *reader(void *arg)
 	return NULL;
 }
 
+#define MANY 600
+
+/* MANY names bound at once on rc, held; half of them unlinked, then all let go. */
+static int many_bound(tensord_client *wc)
+{
+	static DLManagedTensorVersioned *held[MANY][2];
+	char name[32];
+
+	for (int i = 0; i < MANY; i++) {
+		snprintf(name, sizeof(name), "many/%d", i);
+		if (put(wc, name, i, false) < 0)
+			return fail("put", name), -1;
+		/* The first a round trip that binds, the second served from it. */
+		for (int k = 0; k < 2; k++)
+			if (tensord_attach(rc, name, 0, &held[i][k]) < 0)
+				return fail("attach", name), -1;
+	}
+	for (int i = 0; i < MANY; i += 2) {
+		snprintf(name, sizeof(name), "many/%d", i);
+		if (tensord_unlink(wc, name) < 0)
+			return fail("unlink", name), -1;
+	}
+	for (int i = 0; i < MANY; i++) {
+		DLManagedTensorVersioned *t;
+		int r;
+
+		snprintf(name, sizeof(name), "many/%d", i);
+		if (*(const int64_t *)held[i][1]->dl_tensor.data != i)
+			return fail("wrong bytes", name), -1;
+		r = tensord_attach(rc, name, 0, &t);
+		if (i % 2 == 0 && r != -ENOENT)
+			return fail("attached after its unlink", name), -1;
+		if (i % 2 && r < 0)
+			return fail("attach", name), -1;
+		if (r == 0)
+			t->deleter(t);
+		held[i][0]->deleter(held[i][0]);
+		held[i][1]->deleter(held[i][1]);
+	}
+	for (int i = 1; i < MANY; i += 2) {
+		snprintf(name, sizeof(name), "many/%d", i);
+		if (tensord_unlink(wc, name) < 0)
+			return fail("unlink", name), -1;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	pthread_t th[READERS];
@@ -117,6 +166,8 @@ int main(int argc, char **argv)
 		printf("err connect: %s\n", tensord_last_error());
 		return 1;
 	}
+	if (many_bound(wc) < 0)
+		return 1;
 	for (int k = 0; k < NAMES; k++) {
 		char name[32];
 

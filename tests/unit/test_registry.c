@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -880,6 +881,71 @@ static void test_list_scan_is_bounded(void **state)
 	registry_client_gone(reg, &owner);
 }
 
+/*
+ * Binding pages (registry_bind.c): more slots than one chunk of them, each
+ * word holding its generation while the name means its tensor; an unlink
+ * or a replace clears exactly the slots of what lost its name, and counts
+ * the clears; a release frees the slot; the client's counts stand in for a
+ * bound lease in the refcount.
+ */
+static void test_bindings(void **state)
+{
+	struct registry *reg = *state;
+	enum { N = 600 };
+	static uint64_t lease[N], gen[N];
+	static uint32_t slot[N];
+	const _Atomic uint64_t *w;
+	struct reg_client a, b;
+	struct tensor *t, *v[N];
+	uint32_t words;
+	char name[32];
+	uint64_t l;
+	bool wr;
+	int fd;
+
+	registry_client_init(&a, 1, 0, 0, 1);
+	registry_client_init(&b, 2, 0, 0, 2);
+	assert_false(registry_bind(&b, 1, &slot[0], &gen[0])); /* no page yet */
+	assert_int_equal(registry_bind_page(&b, &fd, &words, why, sizeof(why)), 0);
+	assert_int_equal(words, REG_PAGE_WORDS);
+	w = mmap(NULL, 2 * (size_t)words * 8, PROT_READ, MAP_SHARED, fd, 0);
+	assert_true(w != MAP_FAILED);
+	for (int i = 0; i < N; i++) {
+		snprintf(name, sizeof(name), "b/%d", i);
+		assert_int_equal(create(reg, &a, name, 16, 0, 0, &t, &l), 0);
+		assert_int_equal(
+			registry_publish(reg, &a, name, strlen(name), NULL, why, sizeof(why)), 0);
+		registry_release(reg, &a, l);
+		assert_int_equal(registry_attach(reg, &b, name, strlen(name), &v[i], &lease[i], &wr,
+						 why, sizeof(why)),
+				 0);
+		assert_true(registry_bind(&b, lease[i], &slot[i], &gen[i]));
+		assert_false(registry_bind(&b, lease[i], &slot[i], &l)); /* once */
+		assert_int_equal(w[slot[i]], gen[i]);
+	}
+	assert_int_equal(registry_bindings(&b), N);
+	/* Idle: the client counts no local lease on it. */
+	assert_int_equal(registry_refcount(v[7]), 0);
+	/* Unlink every third: exactly those words go to 0, one clear each. */
+	for (int i = 0; i < N; i += 3) {
+		snprintf(name, sizeof(name), "b/%d", i);
+		assert_int_equal(registry_unlink(reg, &a, name, strlen(name), why, sizeof(why)), 0);
+	}
+	assert_int_equal((uint32_t)w[0], (N + 2) / 3);
+	for (int i = 0; i < N; i++)
+		assert_int_equal(w[slot[i]], i % 3 ? gen[i] : 0);
+	/* The leases still hold what was unlinked; releasing frees slot and tensor. */
+	assert_int_equal(reg->n_tensors, N);
+	for (int i = 0; i < N; i += 3)
+		assert_int_equal(registry_release(reg, &b, lease[i]), 0);
+	assert_int_equal(reg->n_tensors, N - (N + 2) / 3);
+	assert_int_equal(registry_bindings(&b), N - (N + 2) / 3);
+	registry_client_gone(reg, &b);
+	assert_int_equal(reg->n_leases, 0);
+	munmap((void *)w, 2 * (size_t)words * 8);
+	registry_client_gone(reg, &a);
+}
+
 int main(void)
 {
 	log_level = TD_LOG_ERROR;
@@ -907,6 +973,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_client_gone_walks_only_its_own, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_list_scan_is_bounded, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_bindings, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
