@@ -54,6 +54,15 @@
  */
 #define TD_RESERVE_HOLD_NS (100ull * 1000000ull)
 /*
+ * A class that still has a reserve ready gets its next one only after
+ * this long without a take or a copy into one: a producer that creates
+ * two tensors back to back (a put, then a create) would otherwise find
+ * the thread, and the daemon's pool behind it, zeroing and populating the
+ * next reserve while it fills the second. A class with none ready gets
+ * one as soon as the hold ends, as before.
+ */
+#define TD_RESERVE_QUIET_NS (10ull * 1000000ull)
+/*
  * Classes up to this size keep two reserves ready, so that a put right
  * after a put (or a create right after a put) of the same size finds one
  * while the thread makes the next; larger ones keep one.
@@ -311,6 +320,7 @@ bool td_reserve_take(tensord_client *c, uint64_t nbytes, struct td_reserve_slot 
 		r->writing++;
 		r->hold_until = now + TD_RESERVE_HOLD_NS;
 	}
+	r->busy_ns = now;
 	/* Without a thread nothing is made: slower, never wrong. */
 	if (!r->started && w->creates >= TD_RESERVE_CREATES) {
 		r->started = pthread_create(&r->thread, NULL, reserver, c) == 0;
@@ -328,6 +338,7 @@ void td_reserve_written(tensord_client *c)
 	pthread_mutex_lock(&c->lock);
 	if (r->writing && --r->writing == 0) {
 		r->hold_until = 0;
+		r->busy_ns = mono_ns();
 		pthread_cond_signal(&r->cond);
 	}
 	pthread_mutex_unlock(&c->lock);
@@ -356,9 +367,13 @@ static uint64_t next_class(struct td_reserve *r, uint64_t now, uint64_t *due)
 		if (have >= (w->cls <= TD_RESERVE_TWO_MAX ? 2 : 1) ||
 		    r->n_ready >= TD_RESERVE_SLOTS || r->ready_bytes + w->cls > r->budget)
 			continue;
-		if (now < w->retry_ns) {
-			if (!*due || w->retry_ns < *due)
-				*due = w->retry_ns;
+		uint64_t at = have && r->busy_ns + TD_RESERVE_QUIET_NS > w->retry_ns
+				      ? r->busy_ns + TD_RESERVE_QUIET_NS
+				      : w->retry_ns;
+
+		if (now < at) {
+			if (!*due || at < *due)
+				*due = at;
 			continue;
 		}
 		return w->cls;
