@@ -59,7 +59,11 @@
  * two tensors back to back (a put, then a create) would otherwise find
  * the thread, and the daemon's pool behind it, zeroing and populating the
  * next reserve while it fills the second. A class with none ready gets
- * one as soon as the hold ends, as before.
+ * one as soon as the hold ends, unless the process runs on one CPU: there
+ * the thread's work runs instead of the caller's, so it waits for the
+ * same quiet, which the caller's next call (a create's release, the next
+ * put) would otherwise pay for. Only takes that found a reserve count, so
+ * a stream of creates that find none waits at most this long.
  */
 #define TD_RESERVE_QUIET_NS (10ull * 1000000ull)
 /*
@@ -319,8 +323,8 @@ bool td_reserve_take(tensord_client *c, uint64_t nbytes, struct td_reserve_slot 
 		got = true;
 		r->writing++;
 		r->hold_until = now + TD_RESERVE_HOLD_NS;
+		r->busy_ns = now;
 	}
-	r->busy_ns = now;
 	/* Without a thread nothing is made: slower, never wrong. */
 	if (!r->started && w->creates >= TD_RESERVE_CREATES) {
 		r->started = pthread_create(&r->thread, NULL, reserver, c) == 0;
@@ -351,6 +355,8 @@ void td_reserve_written(tensord_client *c)
  */
 static uint64_t next_class(struct td_reserve *r, uint64_t now, uint64_t *due)
 {
+	bool one_cpu = !two_cpus();
+
 	if (now < r->hold_until) {
 		*due = !*due || r->hold_until < *due ? r->hold_until : *due;
 		return 0;
@@ -367,7 +373,7 @@ static uint64_t next_class(struct td_reserve *r, uint64_t now, uint64_t *due)
 		if (have >= (w->cls <= TD_RESERVE_TWO_MAX ? 2 : 1) ||
 		    r->n_ready >= TD_RESERVE_SLOTS || r->ready_bytes + w->cls > r->budget)
 			continue;
-		uint64_t at = have && r->busy_ns + TD_RESERVE_QUIET_NS > w->retry_ns
+		uint64_t at = (have || one_cpu) && r->busy_ns + TD_RESERVE_QUIET_NS > w->retry_ns
 				      ? r->busy_ns + TD_RESERVE_QUIET_NS
 				      : w->retry_ns;
 
@@ -509,6 +515,28 @@ static int make_one(tensord_client *c, uint64_t cls)
 	return e;
 }
 
+/*
+ * On one CPU the thread's work (a Reserve round trip, populating) runs
+ * instead of the caller's, and a thread that wakes preempts the one
+ * running: signalled by a put's unmap or a create's publish, it took the
+ * CPU before that call returned (a pinned put or publish of 64 MiB paid
+ * 3-5 ms for it). SCHED_BATCH keeps the same share of the CPU but never
+ * preempts on waking; with two CPUs or more it goes back to SCHED_OTHER,
+ * so that a helper for a shared copy (td_reserve_copy()) is not held back
+ * behind other work. Only a thread that started SCHED_OTHER is touched
+ * (a real-time caller's policy is inherited and kept); both switches are
+ * allowed without privilege.
+ */
+static void background(int *policy)
+{
+	struct sched_param sp = { 0 };
+	int want = two_cpus() ? SCHED_OTHER : SCHED_BATCH;
+
+	if ((*policy == SCHED_OTHER || *policy == SCHED_BATCH) && *policy != want &&
+	    pthread_setschedparam(pthread_self(), want, &sp) == 0)
+		*policy = want;
+}
+
 static void wait_until(struct td_reserve *r, pthread_mutex_t *lock, uint64_t due)
 {
 	struct timespec ts = { .tv_sec = (time_t)(due / 1000000000ull),
@@ -525,7 +553,11 @@ static void *reserver(void *arg)
 	tensord_client *c = arg;
 	struct td_reserve *r = &c->reserve;
 	struct td_reserve_slot gone[TD_RESERVE_SLOTS];
+	struct sched_param sp;
+	int policy;
 
+	if (pthread_getschedparam(pthread_self(), &policy, &sp) != 0)
+		policy = -1;
 	pthread_mutex_lock(&c->lock);
 	while (!r->stop && !c->conn.closed) {
 		uint64_t now = mono_ns(), due = 0, cls;
@@ -544,6 +576,7 @@ static void *reserver(void *arg)
 			continue;
 		}
 		pthread_mutex_unlock(&c->lock);
+		background(&policy);
 		for (int i = 0; i < n; i++)
 			give_back(c, &gone[i]);
 		e = cls ? make_one(c, cls) : 0;
