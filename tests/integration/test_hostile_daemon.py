@@ -6,7 +6,8 @@ carries. The call fails with EPROTO and says why, every descriptor the
 client received is closed at once (its /proc/PID/fd is counted), and the
 client neither crashes nor leaks: it exits 0, which under ASan
 (`make test-asan`) includes LeakSanitizer's verdict. An honest reply with
-a counted descriptor goes through.
+a counted descriptor goes through. A reserve whose memfd is smaller than
+the size its reply names is given back unread, not read into SIGBUS.
 
 The fake daemon answers Hello as tensord does and the next request (a
 Stats) with the frame and descriptors of the case, then keeps the
