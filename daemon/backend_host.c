@@ -189,7 +189,7 @@ static int host_reserve(struct backend_alloc *a, uint64_t size)
 	a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_MEMFD;
 	if (!pool || !c)
 		return -EAGAIN;
-	fd = pool_take(pool, c);
+	fd = pool_take_reserve(pool, c);
 	if (fd < 0)
 		return fd == -ENOENT ? -EAGAIN : fd;
 	a->fd = fd;

@@ -489,7 +489,7 @@ static void want(struct pool *p, uint64_t c)
 	p->wanted_ns[0] = now_mono_ns();
 }
 
-int pool_take(struct pool *p, uint64_t size)
+static int take(struct pool *p, uint64_t size, bool copy_follows)
 {
 	uint64_t c = pool_class_size(size);
 	int fd = -ENOENT;
@@ -499,7 +499,8 @@ int pool_take(struct pool *p, uint64_t size)
 	pthread_mutex_lock(&p->lock);
 	want(p, c);
 	p->starved = false;
-	p->last_take_ns = now_mono_ns();
+	if (copy_follows)
+		p->last_take_ns = now_mono_ns();
 	for (size_t i = 0; i < p->n_ready; i++) {
 		if (p->ready[i].size == c) {
 			fd = p->ready[i].fd;
@@ -522,6 +523,16 @@ int pool_take(struct pool *p, uint64_t size)
 		return r;
 	}
 	return fd;
+}
+
+int pool_take(struct pool *p, uint64_t size)
+{
+	return take(p, size, true);
+}
+
+int pool_take_reserve(struct pool *p, uint64_t size)
+{
+	return take(p, size, false);
 }
 
 void pool_discard(struct pool *p, int fd)

@@ -92,6 +92,17 @@ void pool_free(struct pool *p);
  */
 int pool_take(struct pool *p, uint64_t size);
 
+/*
+ * pool_take() for a client's reserve (docs/design.md, "The reserve"):
+ * nothing is copied into it when it is taken (its client maps it and
+ * reads every page; a copy comes only when a later create names it), so
+ * the take does not defer the class's refill by POOL_QUIET_NS.
+ * The refill then runs while the client is between calls, not 50 ms
+ * later, when a producer that pauses about that long (py_put --gap-ms 50)
+ * was filling its next tensor on the same CPU.
+ */
+int pool_take_reserve(struct pool *p, uint64_t size);
+
 /* Takes ownership of fd: the worker closes it. */
 void pool_discard(struct pool *p, int fd);
 

@@ -155,6 +155,7 @@ struct td_reserve {
 	struct td_copy *job;           /* borrowed: a copy the thread may help with; NULL: none */
 	pthread_cond_t helped;         /* with the client's lock: a helper left a copy */
 	uint64_t hold_until;           /* no new reserve before (CLOCK_MONOTONIC); 0: none */
+	uint64_t busy_ns;              /* the last take, or end of a copy (CLOCK_MONOTONIC) */
 	bool started;                  /* the thread runs */
 	bool stop;                     /* tensord_close(), or a forked child */
 	bool off;                      /* the daemon keeps no reserves */

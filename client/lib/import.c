@@ -55,6 +55,20 @@ static int priv_fd(const struct td_mapping *m)
 	return (int)(intptr_t)m->priv - 1;
 }
 
+/*
+ * MADV_RANDOM on a creator's mapping, as on a reserve: unmapping a
+ * mapping without it marks every page it maps accessed
+ * (vma_has_recency() in the kernel's unmap). The creator's view after
+ * publish is read-faulted back in when the creator reads its tensor, and
+ * unmapped at its release: 64 MiB read 1 B per 4 KiB, then unmapped, took
+ * 3.5-4.7 ms to unmap without it and 1.4-1.7 ms with it (a C loop on this
+ * VM; the reads cost the same). Advice only: a failure changes nothing.
+ */
+static void no_recency(void *p, size_t len)
+{
+	(void)madvise(p, len, MADV_RANDOM);
+}
+
 static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *d)
 {
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
@@ -99,6 +113,8 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 		return td_set_error(-e, "mmap of %llu bytes failed: %s", (unsigned long long)len,
 				    strerror(e));
 	}
+	if (d->populate)
+		no_recency(p, (size_t)len);
 	m->base = p;
 	m->data = (uint8_t *)p + lead;
 	m->size = len;
@@ -136,6 +152,8 @@ static int memfd_remap(struct td_mapping *m, int flags)
 	if (p == MAP_FAILED)
 		return td_set_error(-errno, "tensor '%s': remapping failed: %s", m->name,
 				    strerror(errno));
+	/* A new mapping: the advice of the one it replaced did not carry over. */
+	no_recency(p, (size_t)m->size);
 	return 0;
 }
 

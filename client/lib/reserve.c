@@ -26,14 +26,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "client.h"
-
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22 /* Linux 5.14 */
-#endif
 
 /* A class counts as in use after this many creates, each within the idle time of the last. */
 #define TD_RESERVE_CREATES 2
@@ -53,6 +50,19 @@
  * bandwidth from that copy, which it measurably slows.
  */
 #define TD_RESERVE_HOLD_NS (100ull * 1000000ull)
+/*
+ * A class that still has a reserve ready gets its next one only after
+ * this long without a take or a copy into one: a producer that creates
+ * two tensors back to back (a put, then a create) would otherwise find
+ * the thread, and the daemon's pool behind it, zeroing and populating the
+ * next reserve while it fills the second. A class with none ready gets
+ * one as soon as the hold ends, unless the process runs on one CPU: there
+ * the thread's work runs instead of the caller's, so it waits for the
+ * same quiet, which the caller's next call (a create's release, the next
+ * put) would otherwise pay for. Only takes that found a reserve count, so
+ * a stream of creates that find none waits at most this long.
+ */
+#define TD_RESERVE_QUIET_NS (10ull * 1000000ull)
 /*
  * Classes up to this size keep two reserves ready, so that a put right
  * after a put (or a create right after a put) of the same size finds one
@@ -310,6 +320,7 @@ bool td_reserve_take(tensord_client *c, uint64_t nbytes, struct td_reserve_slot 
 		got = true;
 		r->writing++;
 		r->hold_until = now + TD_RESERVE_HOLD_NS;
+		r->busy_ns = now;
 	}
 	/* Without a thread nothing is made: slower, never wrong. */
 	if (!r->started && w->creates >= TD_RESERVE_CREATES) {
@@ -328,6 +339,7 @@ void td_reserve_written(tensord_client *c)
 	pthread_mutex_lock(&c->lock);
 	if (r->writing && --r->writing == 0) {
 		r->hold_until = 0;
+		r->busy_ns = mono_ns();
 		pthread_cond_signal(&r->cond);
 	}
 	pthread_mutex_unlock(&c->lock);
@@ -340,6 +352,8 @@ void td_reserve_written(tensord_client *c)
  */
 static uint64_t next_class(struct td_reserve *r, uint64_t now, uint64_t *due)
 {
+	bool one_cpu = !two_cpus();
+
 	if (now < r->hold_until) {
 		*due = !*due || r->hold_until < *due ? r->hold_until : *due;
 		return 0;
@@ -356,9 +370,13 @@ static uint64_t next_class(struct td_reserve *r, uint64_t now, uint64_t *due)
 		if (have >= (w->cls <= TD_RESERVE_TWO_MAX ? 2 : 1) ||
 		    r->n_ready >= TD_RESERVE_SLOTS || r->ready_bytes + w->cls > r->budget)
 			continue;
-		if (now < w->retry_ns) {
-			if (!*due || w->retry_ns < *due)
-				*due = w->retry_ns;
+		uint64_t at = (have || one_cpu) && r->busy_ns + TD_RESERVE_QUIET_NS > w->retry_ns
+				      ? r->busy_ns + TD_RESERVE_QUIET_NS
+				      : w->retry_ns;
+
+		if (now < at) {
+			if (!*due || at < *due)
+				*due = at;
 			continue;
 		}
 		return w->cls;
@@ -410,28 +428,31 @@ static void give_back(tensord_client *c, struct td_reserve_slot *s)
 /*
  * Fills the page tables of n bytes at p. Every page is up to date (the
  * daemon wrote its zeroes), so a read fault maps 16 of them, writable: a
- * shared mapping of tmpfs needs no write notification. A step at a time:
- * each holds the process's mmap lock for reading, and a put unmapping its
- * reserve meanwhile waits for the step, not for the whole populate.
+ * shared mapping of tmpfs needs no write notification. By reading a byte
+ * of each page rather than with MADV_POPULATE_READ, which walks every page
+ * through get_user_pages after each fault: 64 MiB took 2.2-2.8 ms so
+ * against 3.7 ms (a C loop on this VM), CPU time that on one CPU is the
+ * caller's. No read can fault where MADV_POPULATE_READ would have
+ * failed: the memfd was checked to be as large as the mapping, and every
+ * page of a pool memfd exists (written, populated or fallocated by the
+ * daemon), so none is allocated here. A step at a time, helping with a
+ * copy between steps.
  */
 static void populate(tensord_client *c, void *p, uint64_t n)
 {
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+
 	for (uint64_t off = 0; off < n; off += TD_RESERVE_POPULATE_STEP) {
 		pthread_mutex_lock(&c->lock);
 		help(c);
 		pthread_mutex_unlock(&c->lock);
-		uint8_t *at = (uint8_t *)p + off;
+		const volatile uint8_t *at = (const uint8_t *)p + off;
 		size_t len =
 			(size_t)(n - off < TD_RESERVE_POPULATE_STEP ? n - off
 								    : TD_RESERVE_POPULATE_STEP);
 
-		if (madvise(at, len, MADV_POPULATE_READ) < 0) {
-			const volatile uint8_t *b = at;
-			long page = sysconf(_SC_PAGESIZE);
-
-			for (size_t o = 0; o < len; o += (size_t)page)
-				(void)b[o];
-		}
+		for (size_t o = 0; o < len; o += page)
+			(void)at[o];
 	}
 }
 
@@ -446,6 +467,7 @@ static int make_one(tensord_client *c, uint64_t cls)
 	Tensord__Reserve rq = TENSORD__RESERVE__INIT;
 	struct td_reserve_slot s = { .fd = -1 };
 	Tensord__Reply *rep;
+	struct stat st;
 	void *p;
 	int e;
 
@@ -465,6 +487,11 @@ static int make_one(tensord_client *c, uint64_t cls)
 	s.id = rep->reserve->id;
 	s.size = rep->reserve->size;
 	tensord__reply__free_unpacked(rep, NULL);
+	/* populate() reads every page: one past the memfd's end would be SIGBUS. */
+	if (fstat(s.fd, &st) < 0 || st.st_size < 0 || (uint64_t)st.st_size < s.size) {
+		give_back(c, &s);
+		return -EPROTO;
+	}
 	/* No fork between the mapping and MADV_DONTFORK: fork takes this lock. */
 	pthread_mutex_lock(&c->lock);
 	r->making = s;
@@ -494,6 +521,28 @@ static int make_one(tensord_client *c, uint64_t cls)
 	return e;
 }
 
+/*
+ * On one CPU the thread's work (a Reserve round trip, populating) runs
+ * instead of the caller's, and a thread that wakes preempts the one
+ * running: signalled by a put's unmap or a create's publish, it took the
+ * CPU before that call returned (a pinned put or publish of 64 MiB paid
+ * 3-5 ms for it). SCHED_BATCH keeps the same share of the CPU but never
+ * preempts on waking; with two CPUs or more it goes back to SCHED_OTHER,
+ * so that a helper for a shared copy (td_reserve_copy()) is not held back
+ * behind other work. Only a thread that started SCHED_OTHER is touched
+ * (a real-time caller's policy is inherited and kept); both switches are
+ * allowed without privilege.
+ */
+static void background(int *policy)
+{
+	struct sched_param sp = { 0 };
+	int want = two_cpus() ? SCHED_OTHER : SCHED_BATCH;
+
+	if ((*policy == SCHED_OTHER || *policy == SCHED_BATCH) && *policy != want &&
+	    pthread_setschedparam(pthread_self(), want, &sp) == 0)
+		*policy = want;
+}
+
 static void wait_until(struct td_reserve *r, pthread_mutex_t *lock, uint64_t due)
 {
 	struct timespec ts = { .tv_sec = (time_t)(due / 1000000000ull),
@@ -510,7 +559,11 @@ static void *reserver(void *arg)
 	tensord_client *c = arg;
 	struct td_reserve *r = &c->reserve;
 	struct td_reserve_slot gone[TD_RESERVE_SLOTS];
+	struct sched_param sp;
+	int policy;
 
+	if (pthread_getschedparam(pthread_self(), &policy, &sp) != 0)
+		policy = -1;
 	pthread_mutex_lock(&c->lock);
 	while (!r->stop && !c->conn.closed) {
 		uint64_t now = mono_ns(), due = 0, cls;
@@ -529,6 +582,7 @@ static void *reserver(void *arg)
 			continue;
 		}
 		pthread_mutex_unlock(&c->lock);
+		background(&policy);
 		for (int i = 0; i < n; i++)
 			give_back(c, &gone[i]);
 		e = cls ? make_one(c, cls) : 0;

@@ -6,7 +6,8 @@ carries. The call fails with EPROTO and says why, every descriptor the
 client received is closed at once (its /proc/PID/fd is counted), and the
 client neither crashes nor leaks: it exits 0, which under ASan
 (`make test-asan`) includes LeakSanitizer's verdict. An honest reply with
-a counted descriptor goes through.
+a counted descriptor goes through. A reserve whose memfd is smaller than
+the size its reply names is given back unread, not read into SIGBUS.
 
 The fake daemon answers Hello as tensord does and the next request (a
 Stats) with the frame and descriptors of the case, then keeps the
@@ -21,6 +22,7 @@ import pytest
 from hostile import (
     f_bytes, f_varint, fd_flags, frame, decode, F_HELLO, R_HELLO, R_STATS, VERSION, MAX_REQUEST,
 )
+from conftest import wait_until
 from test_core import Client
 
 COUNT_ABOVE = "more descriptors than the 240 a reply carries"
@@ -48,6 +50,7 @@ class FakeDaemon:
     def __init__(self, path, answer):
         self.answer = answer
         self.errors = []
+        self.requests = []  # every request but Hello, decoded, in order
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         os.chmod(path, 0o600)
@@ -74,6 +77,7 @@ class FakeDaemon:
                             + f_varint(3, MAX_REQUEST)
                         conn.sendall(frame(reply(req_id, R_HELLO, body)))
                     else:
+                        self.requests.append(fields)
                         self.answer(conn, req_id)
             except Exception as e:  # the test reads self.errors
                 self.errors.append(e)
@@ -169,3 +173,48 @@ def test_client_takes_counted_fd(tmp_path, n_fds):
     finally:
         c.close()
         fake.close()
+
+
+def test_client_survives_a_reserve_smaller_than_it_says(tmp_path):
+    """A Reserve reply whose memfd is smaller than the size it names: the
+    library populates a reserve by reading every page, and a read past the
+    memfd's end is SIGBUS. The client checks first: it gives the reserve
+    back (Unreserve), asks for no more, and goes on serving."""
+    F_STATS_REQ, F_RESERVE, F_UNRESERVE = 10, 23, 24
+    fakes = []
+
+    def answer(conn, req_id):
+        fields = fakes[0].requests[-1]
+        if F_RESERVE in fields:
+            fd = os.memfd_create("hostile", os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(fd, 4096)  # and says 4 MiB
+                body = f_varint(1, 7) + f_varint(2, 4 << 20)
+                socket.send_fds(conn, [frame(reply(req_id, 23, body), flags=fd_flags(1))], [fd])
+            finally:
+                os.close(fd)
+        elif F_UNRESERVE in fields:
+            pass  # one-way: no reply
+        elif F_STATS_REQ in fields:
+            figures = f_bytes(60, f_bytes(1, b"tensors") + f_bytes(7, b""))
+            conn.sendall(frame(reply(req_id, R_STATS, figures)))
+        else:  # the creates: refused with ENOSPC (status, sint32 zigzag)
+            conn.sendall(frame(f_varint(1, req_id) + f_varint(2, 2 * 28 - 1)))
+
+    fakes.append(FakeDaemon(str(tmp_path / "fake.sock"), answer))
+    asked = lambda kind: sum(kind in f for f in fakes[0].requests)  # noqa: E731
+    c = Client(None, connect=False)
+    try:
+        c.ok("connect " + str(tmp_path / "fake.sock"))
+        # Two creates of one size class make the library want a reserve of it.
+        for i in range(2):
+            c.err("create t%d uint8 %d" % (i, 4 << 20), "ENOSPC")
+        assert wait_until(lambda: asked(F_UNRESERVE) == 1, 10), fakes[0].requests
+        assert c.ok("stats").startswith("tensors=0")
+        assert asked(F_RESERVE) == 1, "it asked again"
+        c.ok("close")
+        c.ok("exit")
+        assert c.p.wait(timeout=30) == 0
+    finally:
+        c.close()
+        fakes[0].close()

@@ -288,3 +288,55 @@ def test_reserve_off_makes_none(child, client, daemon):
     """, env={"TENSORD_RESERVE": "0"})
     assert p.expect("reserves") == "reserves 0"
     p.finish()
+
+
+def test_on_one_cpu_reserves_are_still_made_by_a_batch_thread(child):
+    """Confined to one CPU, the reserve's thread runs SCHED_BATCH (it never
+    preempts the caller on waking) and still makes reserves that puts use;
+    given two CPUs again, it goes back to SCHED_OTHER."""
+    p = child(f"""
+        import os, numpy as np, tensord, time
+
+        def policies():
+            out = {{}}
+            for tid in os.listdir("/proc/self/task"):
+                try:
+                    out[int(tid)] = os.sched_getscheduler(int(tid))
+                except OSError:
+                    pass
+            return out
+
+        def wait_reserve(c, n):
+            end = time.monotonic() + 20
+            while c.stats()["host_reserves"] < n and time.monotonic() < end:
+                time.sleep(0.01)
+            return c.stats()["host_reserves"] >= n
+
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, cpus[:1])  # this thread, and the ones it starts
+        c = tensord.connect()
+        for i in range(2):
+            c.put("b/%d" % i, np.ones({N}, np.uint8))
+        print("ready", wait_reserve(c, 1), flush=True)
+        before = c.stats()["host_reserve_creates_total"]
+        c.put("b/x", np.ones({N}, np.uint8))
+        print("used", c.stats()["host_reserve_creates_total"] - before, flush=True)
+        print("batch", sum(p == os.SCHED_BATCH for p in policies().values()), flush=True)
+        if len(cpus) < 2:
+            print("other", 0, flush=True)
+        else:
+            for tid in policies():
+                os.sched_setaffinity(tid, cpus)
+            # A put takes a reserve; making the next one reads the CPUs again.
+            c.put("b/y", np.ones({N}, np.uint8))
+            wait_reserve(c, 1)
+            c.put("b/z", np.ones({N}, np.uint8))
+            wait_reserve(c, 1)
+            print("other", sum(p == os.SCHED_BATCH for p in policies().values()), flush=True)
+        c.close()
+    """)
+    assert p.expect("ready") == "ready True"
+    assert p.expect("used") == "used 1"
+    assert p.expect("batch") == "batch 1"
+    assert p.expect("other") == "other 0"
+    p.finish()

@@ -111,6 +111,32 @@ static void test_take_refill_hit(void **state)
 	pool_free(p);
 }
 
+static void test_reserve_take_refills_at_once(void **state)
+{
+	struct pool *p;
+	struct pool_stats st;
+	int fd;
+
+	(void)state;
+	assert_int_equal(pool_new(64 * MiB, POOL_PAGES_SMALL, &p), 0);
+	/* Wanted by a reserve's take as by any other. */
+	assert_int_equal(pool_take_reserve(p, 4 * MiB), -ENOENT);
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.ready_fds, POOL_READY_PER_CLASS);
+	/* No copy follows a reserve's take, so no take was ever "recent": the
+	 * class, one short, is refilled now, not POOL_QUIET_NS later. */
+	fd = pool_take_reserve(p, 4 * MiB);
+	assert_true(fd >= 0);
+	check_fresh(fd, 4 * MiB);
+	close(fd);
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.ready_fds, POOL_READY_PER_CLASS);
+	assert_int_equal(st.hits, 1);
+	pool_free(p);
+}
+
 static void test_budget_bounds_refill(void **state)
 {
 	struct pool *p;
@@ -233,6 +259,7 @@ int main(void)
 		cmocka_unit_test_prestate(test_take_refill_hit, &pages_small),
 		cmocka_unit_test_prestate(test_take_refill_hit, &pages_advise),
 		cmocka_unit_test_prestate(test_take_refill_hit, &pages_huge),
+		cmocka_unit_test(test_reserve_take_refills_at_once),
 		cmocka_unit_test(test_budget_bounds_refill),
 		cmocka_unit_test(test_trim_and_discard),
 		cmocka_unit_test(test_forgets_unwanted_classes),
