@@ -65,6 +65,7 @@ struct peer_conn {
 	struct peer_auth auth;
 	uint64_t other_instance;
 	uint64_t last_rx_ns, hb_seq;
+	uint64_t rx, tx; /* bytes, before it is known whose connection it is included */
 	char addr[PEER_ADDR_MAX];
 	size_t in_len;
 	uint8_t in[TD_FRAME_HEADER + PEER_FRAME_MAX];
@@ -203,7 +204,7 @@ pc_close(struct peer_conn *pc, enum close_kind kind, const char *fmt, ...)
 		figure_count(FIG_peer_auth_failures_total, 1);
 		log_limited(TD_LOG_WARN, LOG_KIND_PEER_REFUSED, NULL, NULL,
 			    "peer connection %s %s%s%s: refused: %s", pc->dialler ? "to" : "from",
-			    pc->addr, p ? " " : "", p ? p->name : "", reason);
+			    p ? p->name : "", p ? " at " : "", pc->addr, reason);
 	} else if (kind == CLOSE_LOST) {
 		log_at(p && p->up == pc ? TD_LOG_WARN : TD_LOG_INFO, "peer %s (%s): %s",
 		       p ? p->name : "?", pc->addr, reason);
@@ -280,6 +281,7 @@ static void pc_send(struct peer_conn *pc, const Tensord__PeerFrame *f)
 		pc_close(pc, CLOSE_LOST, "cannot send: %s", uv_strerror(r));
 		return;
 	}
+	pc->tx += w->len;
 	if (pc->peer)
 		pc->peer->bytes_out += w->len;
 }
@@ -324,6 +326,10 @@ static void pc_up(struct peer_conn *pc, const char *name)
 		pc_close(pc, CLOSE_QUIET, "too many peers (%d)", PEER_KNOWN_MAX);
 		return;
 	}
+	if (!pc->peer) { /* accepted: its handshake's bytes count from now */
+		p->bytes_in += pc->rx;
+		p->bytes_out += pc->tx;
+	}
 	pc->peer = p;
 	if (pc->counted_unauth) {
 		set->n_unauth--;
@@ -354,7 +360,8 @@ static void pc_up(struct peer_conn *pc, const char *name)
 	p->connects++;
 	figure_count(FIG_peer_connects_total, 1);
 	p->backoff_ms = PEER_REDIAL_MIN_MS;
-	snprintf(p->addr, sizeof(p->addr), "%s", pc->addr);
+	if (!p->configured) /* a configured one shows what it is dialled at */
+		snprintf(p->addr, sizeof(p->addr), "%s", pc->addr);
 	uv_timer_stop(&p->redial);
 	set_state(p, PEER_UP);
 	set->n_up++;
@@ -528,6 +535,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 		return;
 	}
 	pc->in_len += (size_t)n;
+	pc->rx += (uint64_t)n;
 	if (pc->peer)
 		pc->peer->bytes_in += (uint64_t)n;
 	while (!pc->closing && (got = td_frame_parse(pc->in, pc->in_len, PEER_FRAME_MAX, 0, &fr))) {
