@@ -7,6 +7,8 @@ log line naming the address and the reason while clients are still
 served; kill -9 and SIGSTOP of one daemon show as down on the other within
 seconds, and it comes back up; a secret file others may read stops the
 start with the file and the reason."""
+import hashlib
+import hmac
 import json
 import os
 import signal
@@ -14,6 +16,8 @@ import socket
 import struct
 import subprocess
 import time
+
+import pytest
 
 from conftest import build_path, wait_until
 
@@ -287,6 +291,184 @@ def test_kill_and_stop_reported_down_then_up_again(daemon_factory, tmp_path):
         os.kill(b.pid, signal.SIGCONT)
     assert wait_until(lambda: state_is(a, "node-b", "up"), timeout=15), peers(a)
     assert wait_until(lambda: state_is(b, "node-a", "up"), timeout=15), peers(b)
+
+
+def test_random_bytes_on_the_peer_port(daemon_factory, tmp_path):
+    """Random byte strings, alone and after a valid frame header or a valid
+    Hello: every connection is closed, the daemon lives and serves."""
+    import random
+    rng = random.Random(23)
+    port = free_port()
+    a = daemon_factory("--node-name", "node-a", "--peer-listen", "127.0.0.1:%d" % port,
+                       "--peer-secret-file", secret_file(tmp_path, "peer.key"), sub="a")
+    for i in range(150):
+        junk = bytes(rng.getrandbits(8) for _ in range(rng.choice([1, 7, 8, 9, 64, 700, 5000])))
+        prefix = [b"", struct.pack("<IHH", len(junk), 1, 0), frame(hello("node-x"))][i % 3]
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        try:
+            s.sendall(prefix + junk)
+            s.shutdown(socket.SHUT_WR)
+            assert closed(s, timeout=6), i
+        except OSError:  # closed (and reset: unread bytes) before all was sent
+            pass
+        finally:
+            s.close()
+    assert a.alive() and peers(a) == {}
+    s = a.stats()
+    assert s["peer_auth_failures_total"] == 150 and s["peers_up"] == 0, s
+
+
+# --- an independent implementation of the handshake -------------------------------
+#
+# docs/remote.md and daemon/peer_auth.h, written again from the text: a
+# daemon that accepts these proofs and whose proofs these checks accept
+# follows the documented transcript, not just its own code.
+
+def read_varint(b, i):
+    n = shift = 0
+    while True:
+        c = b[i]
+        i += 1
+        n |= (c & 0x7F) << shift
+        shift += 7
+        if not c & 0x80:
+            return n, i
+
+
+def fields(b):
+    """A protobuf message's fields: {number: value} (bytes or int)."""
+    out, i = {}, 0
+    while i < len(b):
+        key, i = read_varint(b, i)
+        if key & 7 == 0:
+            out[key >> 3], i = read_varint(b, i)
+        else:
+            n, i = read_varint(b, i)
+            out[key >> 3] = b[i:i + n]
+            i += n
+    return out
+
+
+def recv_frame(s):
+    head = b""
+    while len(head) < 8:
+        chunk = s.recv(8 - len(head))
+        if not chunk:
+            return None
+        head += chunk
+    n, version, flags = struct.unpack("<IHH", head)
+    assert version == 1 and flags == 0 and n <= 4096
+    body = b""
+    while len(body) < n:
+        chunk = s.recv(n - len(body))
+        assert chunk
+        body += chunk
+    return fields(body)
+
+
+def mac(secret, label, name_d, nonce_d, name_l, nonce_l):
+    t = label + b"\0" + bytes([len(name_d)]) + name_d + bytes([len(name_l)]) + name_l + \
+        nonce_d + nonce_l
+    return hmac.new(secret, t, hashlib.sha256).digest()
+
+
+LABEL_D, LABEL_L = b"tensord-peer-v1 dialler", b"tensord-peer-v1 listener"
+
+
+class FakePeer:
+    """A node that speaks the handshake from Python."""
+
+    def __init__(self, name, key_path):
+        self.name = name.encode()
+        self.secret = open(key_path, "rb").read().rstrip(b" \t\r\n")
+
+    def dial(self, port, daemon_name):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        nonce = os.urandom(32)
+        s.sendall(frame(fbytes(1, fint(1, 1) + fbytes(2, self.name) + fint(3, 77) +
+                               fbytes(4, nonce))))
+        h = fields(recv_frame(s)[1])
+        assert h[2] == daemon_name.encode() and len(h[4]) == 32
+        # The listener's proof, checked here as docs/remote.md defines it.
+        assert h[5] == mac(self.secret, LABEL_L, self.name, nonce, h[2], h[4])
+        s.sendall(frame(proof(mac(self.secret, LABEL_D, self.name, nonce, h[2], h[4]))))
+        return s
+
+    def answer(self, s, daemon_name):
+        """The listener's side, on a connection the daemon dialled."""
+        h = fields(recv_frame(s)[1])
+        assert h[2] == daemon_name.encode() and 5 not in h
+        nonce = os.urandom(32)
+        s.sendall(frame(fbytes(1, fint(1, 1) + fbytes(2, self.name) + fint(3, 77) +
+                               fbytes(4, nonce) +
+                               fbytes(5, mac(self.secret, LABEL_L, h[2], h[4], self.name,
+                                             nonce)))))
+        p = fields(recv_frame(s)[2])
+        assert p[1] == mac(self.secret, LABEL_D, h[2], h[4], self.name, nonce)
+
+
+def closed(s, timeout=5):
+    s.settimeout(timeout)
+    try:
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                return True
+            # heartbeats are fine; keep reading
+    except socket.timeout:
+        return False
+
+
+def open_for(s, seconds):
+    """Whether s stays open for that long (heartbeats may arrive)."""
+    s.settimeout(0.2)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            if s.recv(4096) == b"":
+                return False
+        except socket.timeout:
+            pass
+    return True
+
+
+@pytest.mark.parametrize("fake", ["node-a", "node-z"])
+def test_two_connections_one_pair_keeps_the_smaller_names(daemon_factory, tmp_path, fake):
+    """The daemon node-m and a Python node each dial the other; both
+    connections authenticate. The one dialled by the smaller name stays,
+    the other is closed, and the peer stays up throughout."""
+    key = secret_file(tmp_path, "peer.key")
+    me = FakePeer(fake, key)
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(4)
+    lsock.settimeout(10)
+    port = free_port()
+    d = daemon_factory("--node-name", "node-m", "--peer-listen", "127.0.0.1:%d" % port,
+                       "--peer", "%s=127.0.0.1:%d" % (fake, lsock.getsockname()[1]),
+                       "--peer-secret-file", key, sub="m")
+    accepted, _ = lsock.accept()   # the daemon's dial, held before its handshake
+    dialled = me.dial(port, "node-m")
+    p = wait_until(lambda: state_is(d, fake, "up"), timeout=5)
+    assert p and not p["dialled"] and p["connects"] == 1, peers(d)
+    me.answer(accepted, "node-m")
+    if fake < "node-m":
+        # Dialled by node-a (this side): the daemon's own dial goes.
+        assert closed(accepted), "the daemon kept its own dial"
+        assert open_for(dialled, 1.0)
+        assert wait_until(lambda: peer(d, fake)["connects"] == 1) and not peer(d, fake)["dialled"]
+    else:
+        # Dialled by node-m (the daemon): the one this side dialled goes.
+        assert closed(dialled), "the daemon kept the connection node-z dialled"
+        assert open_for(accepted, 1.0)
+        assert wait_until(lambda: peer(d, fake)["connects"] == 2 and peer(d, fake)["dialled"])
+    p = peer(d, fake)
+    assert p["state"] == "up" and p["error"] == "" and p["instance"] == "%016x" % 77
+    s = d.stats()
+    assert s["peers_up"] == 1 and s["peer_lost_total"] == 0 and s["peer_auth_failures_total"] == 0
+    for c in (accepted, dialled, lsock):
+        c.close()
+    assert wait_until(lambda: peer(d, fake)["state"] != "up", timeout=5)
 
 
 # --- start-up --------------------------------------------------------------------
