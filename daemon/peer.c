@@ -655,7 +655,8 @@ static void on_connected(uv_connect_t *req, int status)
 		return;
 	}
 	pc->phase = PC_HELLO;
-	set_state(pc->peer, PEER_AUTHENTICATING);
+	if (!pc->peer->up) /* it may have come up meanwhile, over a connection it dialled */
+		set_state(pc->peer, PEER_AUTHENTICATING);
 	start_reading(pc);
 	send_hello(pc, NULL);
 }

@@ -11,10 +11,12 @@ import hashlib
 import hmac
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -316,6 +318,29 @@ def test_random_bytes_on_the_peer_port(daemon_factory, tmp_path):
     assert a.alive() and peers(a) == {}
     s = a.stats()
     assert s["peer_auth_failures_total"] == 150 and s["peers_up"] == 0, s
+
+
+@pytest.mark.other_uid
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and setpriv to ask as another uid")
+def test_peer_list_for_root_and_the_daemons_uid_only(daemon_factory, tmp_path):
+    world = tempfile.mkdtemp(prefix="tensord-peers-")
+    try:
+        os.chmod(world, 0o755)
+        shutil.copy(CTL, world)
+        port = free_port()
+        d = daemon_factory("--mode", "0666", "--node-name", "node-a", "--peer-listen",
+                           "127.0.0.1:%d" % port, "--peer", "node-b=127.0.0.1:%d" % free_port(),
+                           "--peer-secret-file", secret_file(tmp_path, "peer.key"),
+                           sub=os.path.join(world, "d"))
+        r = subprocess.run(["setpriv", "--reuid=4301", "--regid=4301", "--clear-groups",
+                            os.path.join(world, "tensorctl"), "--socket", d.socket, "peers"],
+                           capture_output=True, text=True, timeout=30, cwd="/")
+        assert r.returncode == 1 and r.stdout == "", r
+        assert "peers are shown to root and to the daemon's uid (0) only" in r.stderr, r.stderr
+        assert list(peers(d)) == ["node-b"]  # root
+    finally:
+        shutil.rmtree(world, ignore_errors=True)
 
 
 # --- an independent implementation of the handshake -------------------------------
