@@ -95,6 +95,14 @@ static void log_state(struct server *srv)
 		log_info("state: conn %llu: pid %u uid %u gid %u: %u leases",
 			 (unsigned long long)c->id, c->pid, c->uid, c->gid, cl->rc.n_leases);
 	}
+	for (unsigned i = 0; i < srv->peers.n_peers; i++) {
+		const struct peer *p = srv->peers.peers[i];
+
+		log_info("state: peer %s (%s): %s, %llu connects, %llu failures%s%s", p->name,
+			 p->addr, peer_state_name(p->state), (unsigned long long)p->connects,
+			 (unsigned long long)p->failures, p->error[0] ? "; last error: " : "",
+			 p->error);
+	}
 }
 
 /*
