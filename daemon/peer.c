@@ -811,8 +811,14 @@ int peer_set_start(struct peer_set *set, uv_loop_t *loop, const struct peer_conf
 
 	LIST_INIT(&set->conns);
 	set->loop = loop;
-	if (!peer_config_on(cfg))
+	if (!peer_config_on(cfg)) {
+		if (cfg->secret_file)
+			log_warn(
+				"--peer-secret-file %s: not read, ignoring: peering is off without "
+				"--peer-listen or --peer",
+				cfg->secret_file);
 		return 0;
+	}
 	if (!cfg->secret_file) {
 		snprintf(why, why_len,
 			 "--peer-secret-file is required with --peer-listen and --peer");

@@ -532,6 +532,13 @@ def test_secret_file_refused_at_start(tmp_path):
     assert "--peer n2=[::1" in err and "not HOST[:PORT]" in err, err
 
 
+def test_secret_file_alone_is_not_read(daemon_factory, tmp_path):
+    d = daemon_factory("--peer-secret-file", str(tmp_path / "absent.key"))
+    assert "--peer-secret-file %s: not read, ignoring: peering is off" % (tmp_path / "absent.key") \
+        in d.read_log()
+    assert tcp_sockets(d.pid) == [] and peers(d) == {}
+
+
 def test_peering_off_changes_nothing(daemon):
     rc, out, err = ctl(daemon, "peers")
     assert rc == 0 and out.startswith("peering is off"), (out, err)
