@@ -81,12 +81,13 @@ GPU_DMN_SRC := $(filter-out $(GPU_API_SRC) $(GPU_IMP_SRC),$(wildcard gpu/*/*.c))
 COMMON_OBJ := $(call obj,common/desc.c common/names.c common/errors.c common/paths.c common/sys.c \
                           proto/frame.c)
 GPU_OBJ    := $(call obj,$(GPU_API_SRC))
-# Peering with other nodes (docs/remote.md) is not wired into the daemon
-# yet: its modules are built and unit-tested, not linked into tensord, so
-# the daemon does not need libcrypto before it uses it.
-PEER_SRC   := daemon/peer_auth.c
-DMN_OBJ    := $(call obj,$(filter-out $(PEER_SRC),$(wildcard daemon/*.c)) $(GPU_DMN_SRC)) \
-              $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ)
+# Peering with other nodes (docs/remote.md: daemon/peer*.c) has a wire
+# schema of its own (proto/peer.proto) and needs libcrypto (the HMAC of
+# peer_auth.c); the daemon calls libcrypto only when peering is on.
+PEER_PB_OBJ := $(B)/proto/peer.pb-c.o
+CRYPTO_LIBS := $(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
+DMN_OBJ    := $(call obj,$(wildcard daemon/*.c) $(GPU_DMN_SRC)) \
+              $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ) $(PEER_PB_OBJ)
 
 CTL_OBJ := $(call obj,$(wildcard client/tensorctl/*.c))
 # tensorctl alone reads checkpoints: .npz with libzip, .safetensors's header with jansson.
@@ -154,6 +155,15 @@ $(B)/proto/tensord.pb-c.c $(B)/proto/tensord.pb-c.h: proto/tensord.proto
 $(PB_OBJ): $(B)/proto/tensord.pb-c.c
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-shadow -c $< -o $@
 
+$(B)/proto/peer.pb-c.c $(B)/proto/peer.pb-c.h: proto/peer.proto
+	@mkdir -p $(@D)
+	$(Q)protoc-c --proto_path=proto --c_out=$(B)/proto $<
+
+$(PEER_PB_OBJ): $(B)/proto/peer.pb-c.c
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-shadow -c $< -o $@
+
+$(B)/daemon/peer.o: $(B)/proto/peer.pb-c.h
+
 $(B)/%.o: %.c $(B)/proto/tensord.pb-c.h $(B)/.flags
 	@mkdir -p $(@D)
 	@echo "  CC  $<"
@@ -168,7 +178,7 @@ FORCE:
 # --- binaries and libraries -------------------------------------------------
 $(B)/tensord: $(DMN_OBJ)
 	@echo "  LD  $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CRYPTO_LIBS)
 
 $(B)/daemon/main-fakegpu.o: daemon/main.c $(B)/proto/tensord.pb-c.h $(B)/.flags
 	@mkdir -p $(@D)
@@ -178,7 +188,7 @@ $(FAKEGPU_BIN): tests/fakegpu/tensord_fakegpu.c $(B)/daemon/main-fakegpu.o \
 		$(filter-out $(B)/daemon/main.o,$(DMN_OBJ))
 	@mkdir -p $(@D)
 	@echo "  LD  $@"
-	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CRYPTO_LIBS)
 
 DBL_CORE := tests/gpudouble/core.c tests/gpudouble/double.h gpu/cuda/cuda_api.h gpu/cuda/nvml.h \
             gpu/hip/hip_api.h
@@ -233,7 +243,9 @@ UNIT_DEPS_test_sys         := common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memlimit.c
 UNIT_DEPS_test_ratelimit   := daemon/ratelimit.c daemon/log.c common/paths.c
 UNIT_DEPS_test_paths       := common/paths.c
-UNIT_DEPS_test_options     := daemon/options.c daemon/config.c daemon/log.c common/paths.c
+UNIT_DEPS_test_options     := daemon/options.c daemon/config.c daemon/log.c common/paths.c \
+                              daemon/peer_auth.c
+$(B)/tests/unit/test_options: LDLIBS += $(CRYPTO_LIBS)
 UNIT_DEPS_test_config      := daemon/config.c common/paths.c
 UNIT_DEPS_test_log         := daemon/log.c common/paths.c
 # A daemon module may count a figure (figure_count()): its test links metrics.c, the counters' home.
@@ -262,7 +274,7 @@ UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn
                               proto/frame.c
 UNIT_DEPS_test_quota       := daemon/quota.c
 UNIT_DEPS_test_peer_auth   := daemon/peer_auth.c
-$(B)/tests/unit/test_peer_auth: LDLIBS += $(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
+$(B)/tests/unit/test_peer_auth: LDLIBS += $(CRYPTO_LIBS)
 UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c \
                               client/tensorctl/npy_write.c common/names.c common/desc.c \
                               gpu/vendor.c

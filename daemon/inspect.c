@@ -382,3 +382,58 @@ void inspect_clients(struct client *cl, uint64_t req_id, const Tensord__ClientLi
 	send_clients(cl->conn, req_id, v, n < limit ? n : limit, n > limit);
 	free(v);
 }
+
+/* --- PeerList ------------------------------------------------------------------ */
+
+void inspect_peers(struct client *cl, uint64_t req_id)
+{
+	const struct peer_set *set = &cl->srv->peers;
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	Tensord__PeerListReply pr = TENSORD__PEER_LIST_REPLY__INIT;
+	Tensord__PeerInfo **pi;
+	uid_t self = geteuid();
+
+	if (cl->rc.uid != 0 && cl->rc.uid != self) {
+		char msg[96];
+
+		snprintf(msg, sizeof(msg),
+			 "peers are shown to root and to the daemon's uid (%u) only",
+			 (unsigned)self);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_PEER_LIST, req_id, -EPERM, msg);
+		return;
+	}
+	pi = entry_array(set->n_peers, sizeof(**pi));
+	if (!pi) {
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_PEER_LIST, req_id, -ENOMEM,
+			     "out of memory listing peers");
+		return;
+	}
+	for (unsigned i = 0; i < set->n_peers; i++) {
+		const struct peer *p = set->peers[i];
+		Tensord__PeerInfo *w = pi[i];
+
+		tensord__peer_info__init(w);
+		w->name = (char *)p->name;
+		w->address = (char *)p->addr;
+		w->state = (char *)peer_state_name(p->state);
+		w->error = (char *)p->error;
+		w->since_ns = p->since_ns;
+		w->instance = p->instance;
+		w->bytes_in = p->bytes_in;
+		w->bytes_out = p->bytes_out;
+		w->connects = p->connects;
+		w->failures = p->failures;
+		w->configured = p->configured;
+		w->dialled = p->state == PEER_UP && p->up_dialled;
+	}
+	pr.node = (char *)(set->on ? set->self : "");
+	pr.instance = set->on ? set->instance : 0;
+	pr.listen = (char *)(set->on ? set->listen_addr : "");
+	pr.n_peers = set->n_peers;
+	pr.peers = pi;
+	rep.id = req_id;
+	rep.body_case = TENSORD__REPLY__BODY_PEER_LIST;
+	rep.peer_list = &pr;
+	conn_send(cl->conn, &rep.base, NULL);
+	free(pi);
+}

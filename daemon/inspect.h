@@ -35,4 +35,11 @@ void inspect_leases(struct client *cl, uint64_t req_id, const Tensord__LeaseList
 /* Answers a ClientList request. m is borrowed for the call. */
 void inspect_clients(struct client *cl, uint64_t req_id, const Tensord__ClientList *m);
 
+/*
+ * Answers a PeerList request: root and the daemon's own uid see every
+ * peer's state; anyone else gets EPERM (peer addresses and their failures
+ * describe the operator's network, not the caller's tensors).
+ */
+void inspect_peers(struct client *cl, uint64_t req_id);
+
 #endif

@@ -37,6 +37,7 @@ static void server_stop(struct server *srv)
 	sdnotify("STOPPING=1\nSTATUS=stopping: %u clients, %llu tensors", srv->conns.n,
 		 (unsigned long long)srv->reg.n_tensors);
 	server_unlisten(srv);
+	peer_set_stop(&srv->peers);
 	metrics_http_stop();
 	ratelimit_flush_all();
 	waiters_drop_all(&srv->waiters);
@@ -93,6 +94,14 @@ static void log_state(struct server *srv)
 
 		log_info("state: conn %llu: pid %u uid %u gid %u: %u leases",
 			 (unsigned long long)c->id, c->pid, c->uid, c->gid, cl->rc.n_leases);
+	}
+	for (unsigned i = 0; i < srv->peers.n_peers; i++) {
+		const struct peer *p = srv->peers.peers[i];
+
+		log_info("state: peer %s (%s): %s, %llu connects, %llu failures%s%s", p->name,
+			 p->addr, peer_state_name(p->state), (unsigned long long)p->connects,
+			 (unsigned long long)p->failures, p->error[0] ? "; last error: " : "",
+			 p->error);
 	}
 }
 
@@ -299,6 +308,17 @@ int main(int argc, char **argv)
 		log_error("registry: %s", strerror(-r));
 		return 1;
 	}
+	/* Before the socket: a bad secret file or peer port is refused with nothing made. */
+	{
+		char why[600];
+
+		r = peer_set_start(&srv.peers, srv.loop, &srv.cfg.peer, why, sizeof(why));
+		if (r < 0) {
+			fprintf(stderr, "tensord: %s\n", why);
+			sdnotify("STATUS=%s\nERRNO=%d", why, -r);
+			return 1;
+		}
+	}
 	r = server_listen(&srv);
 	if (r < 0) {
 		fprintf(stderr, "tensord: cannot listen on %s: %s\n", srv.cfg.socket_path,
@@ -345,8 +365,11 @@ int main(int argc, char **argv)
 	uv_run(srv.loop, UV_RUN_DEFAULT);
 
 	server_fini(&srv);
+	peer_set_fini(&srv.peers);
 	uv_loop_close(srv.loop);
 	log_info("stopped");
 	free((char *)srv.cfg.metrics_addr);
+	free(srv.cfg.peer.listen);
+	free(srv.cfg.peer.secret_file);
 	return 0;
 }

@@ -22,12 +22,20 @@
 #include "backend.h"
 #include "config.h"
 #include "log.h"
+#include "peer.h"
+#include "peer_auth.h"
 
 /* Read when it exists; --config FILE must exist. */
 #define DEFAULT_CONFIG "/etc/tensord.conf"
 
-/* Options of the per-uid shares (quota.def) take values from here on. */
-enum { OPT_QUOTA = 0x200 };
+/* Peering's options (docs/remote.md); the per-uid shares (quota.def) take values from OPT_QUOTA on. */
+enum {
+	OPT_NODE_NAME = 0x100,
+	OPT_PEER_LISTEN,
+	OPT_PEER,
+	OPT_PEER_SECRET,
+	OPT_QUOTA = 0x200,
+};
 
 /* --help's lines for the per-uid shares, each description wrapped at 79 columns. */
 static void usage_shares(FILE *f)
@@ -81,6 +89,8 @@ static void usage(FILE *f)
 		"               [--max-waiters-per-conn N] [--max-fds-in-flight-per-conn N]\n"
 		"               [--quota-exempt-uid UID]... [--show-all-metadata] [--version]\n"
 		"               [--max-...-per-uid N|SIZE]...\n"
+		"               [--node-name NAME] [--peer-listen ADDR:PORT]\n"
+		"               [--peer NAME=HOST[:PORT]]... [--peer-secret-file PATH]\n"
 		"\n"
 		"  --socket PATH      where to listen (default: $TENSORD_SOCKET,\n"
 		"                     $XDG_RUNTIME_DIR/tensord.sock, /run/tensord/tensord.sock\n"
@@ -114,7 +124,19 @@ static void usage(FILE *f)
 		"  --quota-exempt-uid UID       counted, never refused (repeatable; root\n"
 		"                               is not exempt unless named)\n"
 		"  --show-all-metadata          list/stat show every tensor to every uid\n"
-		"  --version          print the version and exit\n");
+		"  --version          print the version and exit\n"
+		"peering with other nodes' daemons (docs/remote.md; off unless --peer-listen\n"
+		"or --peer is given):\n"
+		"  --node-name NAME   this node's name: 1-63 bytes of [A-Za-z0-9._-] (default:\n"
+		"                     $NODE_NAME, else the host name)\n"
+		"  --peer-listen ADDR:PORT  accept peers' control connections (TCP) there;\n"
+		"                     ADDR numeric ([::] style for IPv6, empty for every\n"
+		"                     address), PORT default 7439\n"
+		"  --peer NAME=HOST[:PORT]  a peer to dial (repeatable); HOST may be a DNS\n"
+		"                     name, resolved again at each dial\n"
+		"  --peer-secret-file PATH  the secret shared by every peer: at least 32\n"
+		"                     bytes, a regular file of this uid or root, mode 0600 or\n"
+		"                     0400; required with --peer-listen and --peer\n");
 	usage_shares(f);
 	fprintf(f,
 		"\n"
@@ -331,6 +353,174 @@ static int parse_group(const char *arg, struct server_config *cfg)
 	return 0;
 }
 
+/*
+ * "HOST[:PORT]": HOST a name, an IPv4 address or a bracketed IPv6 one
+ * (empty only where empty_ok), PORT 1-65535, PEER_DEFAULT_PORT when none.
+ * 0 or -EINVAL.
+ */
+static int parse_hostport(const char *s, char *host, size_t host_len, uint16_t *port, bool empty_ok)
+{
+	const char *h = s, *colon, *end;
+	size_t n;
+
+	*port = PEER_DEFAULT_PORT;
+	if (*s == '[') {
+		end = strchr(s, ']');
+		if (!end)
+			return -EINVAL;
+		h = s + 1;
+		n = (size_t)(end - h);
+		colon = end[1] == ':' ? end + 1 : NULL;
+		if (end[1] && !colon)
+			return -EINVAL;
+	} else {
+		colon = strchr(s, ':');
+		if (colon && strchr(colon + 1, ':'))
+			return -EINVAL; /* an IPv6 address goes in brackets */
+		n = colon ? (size_t)(colon - s) : strlen(s);
+	}
+	if (n >= host_len || (n == 0 && !empty_ok))
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++)
+		if (!isgraph((unsigned char)h[i]) || h[i] == '/' || h[i] == '[' || h[i] == ']')
+			return -EINVAL;
+	memcpy(host, h, n);
+	host[n] = '\0';
+	if (colon) {
+		uint64_t v;
+		const char *e;
+
+		if (parse_digits(colon + 1, 10, &e, &v) < 0 || *e || v == 0 || v > 65535)
+			return -EINVAL;
+		*port = (uint16_t)v;
+	}
+	return 0;
+}
+
+/* --node-name, --peer-listen, --peer, --peer-secret-file into pc. 0, or 2 with the complaint printed. */
+static int parse_peer_option(int opt, const char *arg, struct peer_config *pc)
+{
+	char buf[160];
+	const char *eq;
+	struct peer_config_entry *e;
+
+	switch (opt) {
+	case OPT_NODE_NAME:
+		if (!peer_name_valid(arg, strlen(arg))) {
+			fprintf(stderr,
+				"tensord: --node-name %s: not 1-%d bytes of [A-Za-z0-9._-]\n",
+				shown(arg, buf, sizeof(buf)), PEER_NAME_MAX);
+			return 2;
+		}
+		snprintf(pc->node_name, sizeof(pc->node_name), "%s", arg);
+		return 0;
+	case OPT_PEER_LISTEN:
+		if (parse_hostport(arg, pc->listen_host, sizeof(pc->listen_host), &pc->listen_port,
+				   true) < 0) {
+			fprintf(stderr,
+				"tensord: --peer-listen %s: not ADDR:PORT (an IP address, [IPv6] "
+				"or nothing for every address; a port from 1 to 65535)\n",
+				shown(arg, buf, sizeof(buf)));
+			return 2;
+		}
+		free(pc->listen);
+		pc->listen = strdup(arg);
+		break;
+	case OPT_PEER:
+		eq = strchr(arg, '=');
+		if (!eq || !peer_name_valid(arg, (size_t)(eq - arg))) {
+			fprintf(stderr,
+				"tensord: --peer %s: not NAME=HOST[:PORT] with NAME 1-%d bytes of "
+				"[A-Za-z0-9._-]\n",
+				shown(arg, buf, sizeof(buf)), PEER_NAME_MAX);
+			return 2;
+		}
+		for (unsigned i = 0; i < pc->n_peers; i++)
+			if (strlen(pc->peers[i].name) == (size_t)(eq - arg) &&
+			    memcmp(pc->peers[i].name, arg, (size_t)(eq - arg)) == 0) {
+				fprintf(stderr, "tensord: --peer %s: peer %s is named twice\n",
+					shown(arg, buf, sizeof(buf)), pc->peers[i].name);
+				return 2;
+			}
+		if (pc->n_peers == PEER_CONFIG_MAX) {
+			fprintf(stderr, "tensord: --peer %s: at most %d peers\n",
+				shown(arg, buf, sizeof(buf)), PEER_CONFIG_MAX);
+			return 2;
+		}
+		e = &pc->peers[pc->n_peers];
+		if (parse_hostport(eq + 1, e->host, sizeof(e->host), &e->port, false) < 0) {
+			fprintf(stderr,
+				"tensord: --peer %s: '%s' is not HOST[:PORT] (a name, an IPv4 "
+				"address or [IPv6]; a port from 1 to 65535)\n",
+				shown(arg, buf, sizeof(buf)), eq + 1);
+			return 2;
+		}
+		memcpy(e->name, arg, (size_t)(eq - arg));
+		e->name[eq - arg] = '\0';
+		pc->n_peers++;
+		return 0;
+	default:
+		free(pc->secret_file);
+		pc->secret_file = strdup(arg);
+		if (!pc->secret_file)
+			break;
+		return 0;
+	}
+	if (opt == OPT_PEER_LISTEN && pc->listen)
+		return 0;
+	fprintf(stderr, "tensord: --%s: out of memory\n", opt_name(opt));
+	return 2;
+}
+
+/*
+ * With peering on: a node name ($NODE_NAME or the host name by default),
+ * a secret file, and no peer of this node's own name. 0, or 2 with the
+ * complaint printed. The secret file itself is read at start (peer.c).
+ */
+static int check_peering(struct peer_config *pc)
+{
+	const char *from = "--node-name";
+	char host[256], buf[160];
+
+	if (!peer_config_on(pc))
+		return 0;
+	if (!pc->node_name[0]) {
+		const char *env = getenv("NODE_NAME");
+
+		if (env && *env) {
+			from = "$NODE_NAME";
+			snprintf(host, sizeof(host), "%s", env);
+		} else {
+			from = "the host name";
+			if (gethostname(host, sizeof(host)) < 0)
+				host[0] = '\0';
+			host[sizeof(host) - 1] = '\0';
+		}
+		if (!peer_name_valid(host, strlen(host))) {
+			fprintf(stderr,
+				"tensord: node name %s (%s) is not 1-%d bytes of [A-Za-z0-9._-]; "
+				"give one with --node-name\n",
+				shown(host, buf, sizeof(buf)), from, PEER_NAME_MAX);
+			return 2;
+		}
+		snprintf(pc->node_name, sizeof(pc->node_name), "%s", host);
+	}
+	if (!pc->secret_file) {
+		fprintf(stderr,
+			"tensord: --peer-listen and --peer need --peer-secret-file PATH, the "
+			"secret every peer shares (docs/remote.md, \"Authentication\")\n");
+		return 2;
+	}
+	for (unsigned i = 0; i < pc->n_peers; i++)
+		if (strcmp(pc->peers[i].name, pc->node_name) == 0) {
+			fprintf(stderr,
+				"tensord: --peer %s=%s: that is this node's own name (%s)\n",
+				pc->peers[i].name, pc->peers[i].host, from);
+			return 2;
+		}
+	return 0;
+}
+
 /* One option into cfg. 0, or 2 (the exit status) with the complaint printed. */
 static int parse_option(int opt, const char *arg, struct server_config *cfg, int *ready_fd)
 {
@@ -402,6 +592,11 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	case 'r':
 		*ready_fd = (int)v;
 		return 0;
+	case OPT_NODE_NAME:
+	case OPT_PEER_LISTEN:
+	case OPT_PEER:
+	case OPT_PEER_SECRET:
+		return parse_peer_option(opt, arg, &cfg->peer);
 	default:
 		if (opt >= OPT_QUOTA && opt < OPT_QUOTA + QUOTA_KINDS)
 			return parse_limit(opt, v, cfg);
@@ -428,6 +623,10 @@ static const struct option long_opts[] = {
 	{ "quota-exempt-uid", required_argument, NULL, 'U' },
 	{ "show-all-metadata", no_argument, NULL, 'S' },
 	{ "config", required_argument, NULL, 'C' },
+	{ "node-name", required_argument, NULL, OPT_NODE_NAME },
+	{ "peer-listen", required_argument, NULL, OPT_PEER_LISTEN },
+	{ "peer", required_argument, NULL, OPT_PEER },
+	{ "peer-secret-file", required_argument, NULL, OPT_PEER_SECRET },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
 #define QUOTA_OPT_N(flag, kind) { flag, required_argument, NULL, OPT_QUOTA + QUOTA_##kind },
@@ -533,6 +732,8 @@ int options_parse(int argc, char **argv, struct server_config *cfg, int *ready_f
 		if (parse_option(flags[i].opt, flags[i].arg, cfg, ready_fd))
 			r = 2;
 	free(flags);
+	if (r < 0 && check_peering(&cfg->peer))
+		r = 2;
 	if (r < 0 && !cfg->socket_path[0]) {
 		if (tensord_default_socket_path(cfg->socket_path, sizeof(cfg->socket_path)) < 0) {
 			fprintf(stderr, "tensord: default socket path too long; use --socket\n");

@@ -16,6 +16,7 @@ static const char *const kind_names[LOG_KIND_N] = {
 	[LOG_KIND_BAD_FRAME] = "malformed request",
 	[LOG_KIND_REFUSED_ACCEPT] = "refused connection",
 	[LOG_KIND_QUARANTINE] = "memory kept past a connection",
+	[LOG_KIND_PEER_REFUSED] = "refused peer connection",
 };
 
 /* The limits over all connections, one bucket per kind. */

@@ -25,6 +25,7 @@ enum log_kind {
 	LOG_KIND_BAD_FRAME,      /* framing broken, bad version, undecodable request */
 	LOG_KIND_REFUSED_ACCEPT, /* a connection refused (client limit, no descriptors) */
 	LOG_KIND_QUARANTINE,     /* a connection ended holding legacy IPC leases */
+	LOG_KIND_PEER_REFUSED,   /* a peer connection refused (handshake, framing, resolving) */
 	LOG_KIND_N,
 };
 

@@ -25,6 +25,7 @@
 
 #include "common/sys.h"
 #include "conn.h"
+#include "peer.h"
 #include "quarantine.h"
 #include "quota.h"
 #include "registry.h"
@@ -40,6 +41,7 @@ struct server_config {
 	struct quota_limits limits; /* per-uid shares; 0: the default */
 	bool show_all_metadata;     /* list/stat show every tensor to everyone */
 	bool metrics_per_uid;       /* the HTTP metrics show every uid's usage */
+	struct peer_config peer;    /* peering (peer.h); off unless --peer-listen or --peer */
 };
 
 struct server {
@@ -51,6 +53,8 @@ struct server {
 	struct quota quota; /* what each uid holds, and its limits */
 	/* Legacy IPC memory of ended connections, kept until their processes exit. */
 	struct quarantine quarantine;
+	/* The other nodes' daemons (peer.c); set->on is false while peering is off. */
+	struct peer_set peers;
 	int listen_fd;
 	bool socket_inherited; /* passed by systemd: not ours to unlink */
 	int reserve_fd;        /* spare descriptor for shedding clients at EMFILE */

@@ -204,6 +204,51 @@ int tensord_clients(tensord_client *c, tensord_client_info **ret_clients, size_t
 	return 0;
 }
 
+int tensord_peers(tensord_client *c, char *node, tensord_peer_info **ret_peers, size_t *ret_count)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__PeerList pl = TENSORD__PEER_LIST__INIT;
+	tensord_peer_info *v;
+	Tensord__Reply *rep;
+	size_t n;
+	int r;
+
+	req.body_case = TENSORD__REQUEST__BODY_PEER_LIST;
+	req.peer_list = &pl;
+	r = page(c, &req, TENSORD__REPLY__BODY_PEER_LIST, "peers", &rep);
+	if (r < 0)
+		return r;
+	n = rep->peer_list->n_peers;
+	v = calloc(n ? n : 1, sizeof(*v));
+	if (!v) {
+		tensord__reply__free_unpacked(rep, NULL);
+		return td_set_error(-ENOMEM, "out of memory for %zu peers", n);
+	}
+	for (size_t i = 0; i < n; i++) {
+		const Tensord__PeerInfo *w = rep->peer_list->peers[i];
+		tensord_peer_info *p = &v[i];
+
+		snprintf(p->name, sizeof(p->name), "%s", w->name);
+		snprintf(p->address, sizeof(p->address), "%s", w->address);
+		snprintf(p->state, sizeof(p->state), "%s", w->state);
+		snprintf(p->error, sizeof(p->error), "%s", w->error);
+		p->since_ns = w->since_ns;
+		p->instance = w->instance;
+		p->bytes_in = w->bytes_in;
+		p->bytes_out = w->bytes_out;
+		p->connects = w->connects;
+		p->failures = w->failures;
+		p->configured = w->configured;
+		p->dialled = w->dialled;
+	}
+	if (node)
+		snprintf(node, 64, "%s", rep->peer_list->node);
+	tensord__reply__free_unpacked(rep, NULL);
+	*ret_peers = v;
+	*ret_count = n;
+	return 0;
+}
+
 int tensord_metrics(tensord_client *c, char **ret_text)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;

@@ -394,6 +394,12 @@ static PyMethodDef Client_methods[] = {
 	  "Returns a list of ClientInfo: the daemon's client connections, this one included: all "
 	  "of them for root, those of\n"
 	  "the caller's uid for anyone else." },
+	{ "peers", (PyCFunction)td_client_peers, METH_NOARGS,
+	  "peers($self, /)\n--\n\n"
+	  "Returns a list of PeerInfo: the other nodes' daemons this one peers with, and their "
+	  "state\n"
+	  "(docs/operating.md, \"Peers\"). Root and the daemon's own uid only: PermissionError "
+	  "for others." },
 	{ "metrics", (PyCFunction)td_client_metrics, METH_NOARGS,
 	  "metrics($self, /)\n--\n\n"
 	  "Returns a str: the daemon's metrics in the Prometheus text format 0.0.4 (what --metrics "

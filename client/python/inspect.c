@@ -1,7 +1,7 @@
 /*
- * Inspection from Python: Client.leases(), Client.clients() and
- * Client.metrics(), and the tensord.LeaseHolder and tensord.ClientInfo
- * records they return (named tuples, like TensorInfo).
+ * Inspection from Python: Client.leases(), Client.clients(),
+ * Client.peers() and Client.metrics(), and the tensord.LeaseHolder,
+ * tensord.ClientInfo and tensord.PeerInfo records they return (named tuples, like TensorInfo).
  */
 #include "tdpy.h"
 
@@ -55,7 +55,32 @@ static PyStructSequence_Desc client_desc = {
 	12,
 };
 
-PyTypeObject td_LeaseHolderType, td_ClientInfoType;
+static PyStructSequence_Field peer_fields[] = {
+	{ "name", "the peer's node name" },
+	{ "address", "HOST:PORT it is dialled at, or where it connected from" },
+	{ "state", "'connecting', 'authenticating', 'up', 'down' or 'refused'" },
+	{ "error", "the last error; '' when none" },
+	{ "since", "when the state last changed, seconds since the epoch" },
+	{ "instance", "its daemon's random id, new at each start; 0 before it authenticated" },
+	{ "bytes_in", "bytes received from it (control channel)" },
+	{ "bytes_out", "bytes sent to it" },
+	{ "connects", "connections that came up" },
+	{ "failures", "dials that failed, handshakes refused, connections lost" },
+	{ "configured", "named with --peer (else it dialled in)" },
+	{ "dialled", "up over the connection this daemon dialled" },
+	{ NULL, NULL },
+};
+
+static PyStructSequence_Desc peer_desc = {
+	"tensord.PeerInfo",
+	"PeerInfo(name, address, state, error, since, instance, bytes_in, bytes_out, connects, "
+	"failures, configured, dialled)\n\n"
+	"One peer of the daemon (another node's tensord); returned by Client.peers().",
+	peer_fields,
+	12,
+};
+
+PyTypeObject td_LeaseHolderType, td_ClientInfoType, td_PeerInfoType;
 
 int td_inspect_types_ready(void)
 {
@@ -64,6 +89,9 @@ int td_inspect_types_ready(void)
 		return -1;
 	if (td_ClientInfoType.tp_name == NULL &&
 	    PyStructSequence_InitType2(&td_ClientInfoType, &client_desc) < 0)
+		return -1;
+	if (td_PeerInfoType.tp_name == NULL &&
+	    PyStructSequence_InitType2(&td_PeerInfoType, &peer_desc) < 0)
 		return -1;
 	return 0;
 }
@@ -165,6 +193,43 @@ PyObject *td_client_clients(ClientObject *self, PyObject *unused)
 	Py_BEGIN_ALLOW_THREADS rc = tensord_clients(c, &v, &n);
 	Py_END_ALLOW_THREADS if (td_client_leave(self, rc) < 0) return NULL;
 	list = record_list(v, n, sizeof(*v), client_make);
+	free(v);
+	return list;
+}
+
+static PyObject *peer_make(const void *q)
+{
+	const tensord_peer_info *p = q;
+	PyObject *v[12];
+
+	v[0] = PyUnicode_FromString(p->name);
+	v[1] = PyUnicode_FromString(p->address);
+	v[2] = PyUnicode_FromString(p->state);
+	v[3] = PyUnicode_FromString(p->error);
+	v[4] = PyFloat_FromDouble((double)p->since_ns / 1e9);
+	v[5] = PyLong_FromUnsignedLongLong(p->instance);
+	v[6] = PyLong_FromUnsignedLongLong(p->bytes_in);
+	v[7] = PyLong_FromUnsignedLongLong(p->bytes_out);
+	v[8] = PyLong_FromUnsignedLongLong(p->connects);
+	v[9] = PyLong_FromUnsignedLongLong(p->failures);
+	v[10] = PyBool_FromLong(p->configured);
+	v[11] = PyBool_FromLong(p->dialled);
+	return td_record_new(&td_PeerInfoType, v, 12);
+}
+
+PyObject *td_client_peers(ClientObject *self, PyObject *unused)
+{
+	tensord_peer_info *v = NULL;
+	tensord_client *c;
+	PyObject *list;
+	size_t n = 0;
+	int rc;
+
+	if (!(c = td_client_enter(self)))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS rc = tensord_peers(c, NULL, &v, &n);
+	Py_END_ALLOW_THREADS if (td_client_leave(self, rc) < 0) return NULL;
+	list = record_list(v, n, sizeof(*v), peer_make);
 	free(v);
 	return list;
 }

@@ -176,6 +176,7 @@ PyMODINIT_FUNC PyInit__tensord(void)
 	    PyModule_AddObjectRef(mod, "TensorInfo", (PyObject *)&td_InfoType) < 0 ||
 	    PyModule_AddObjectRef(mod, "LeaseHolder", (PyObject *)&td_LeaseHolderType) < 0 ||
 	    PyModule_AddObjectRef(mod, "ClientInfo", (PyObject *)&td_ClientInfoType) < 0 ||
+	    PyModule_AddObjectRef(mod, "PeerInfo", (PyObject *)&td_PeerInfoType) < 0 ||
 	    PyModule_AddIntConstant(mod, "DLPACK_MAJOR_VERSION", DLPACK_MAJOR_VERSION) < 0 ||
 	    PyModule_AddIntConstant(mod, "DLPACK_MINOR_VERSION", DLPACK_MINOR_VERSION) < 0 ||
 	    PyModule_AddIntConstant(mod, "PROTOCOL_VERSION", TENSORD_PROTOCOL_VERSION) < 0 ||

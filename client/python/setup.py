@@ -33,7 +33,7 @@ ROOT = os.path.abspath(os.environ.get("TENSORD_SOURCE_DIR") or
                        (BUNDLED if os.path.isdir(BUNDLED) else os.path.join(HERE, "..", "..")))
 
 # The repository files an sdist carries in _src/, relative to the root.
-TREE = ["include/tensord/*.h", "proto/tensord.proto", "proto/frame.[ch]", "common/*.[ch]",
+TREE = ["include/tensord/*.h", "proto/tensord.proto", "proto/peer.proto", "proto/frame.[ch]", "common/*.[ch]",
         "gpu/*.[ch]", "gpu/*/*.[ch]", "client/lib/*.[ch]", "client/lib/sources.txt",
         "daemon/*.[ch]", "daemon/*.def", "client/tensorctl/*.[ch]", "VERSION"]
 
@@ -61,10 +61,7 @@ def daemon_sources():
     common = ["common/%s.c" % m for m in ("desc", "names", "errors", "paths", "sys")]
     gpu = [p for p in tree("gpu/*.c", "gpu/*/*.c")
            if not os.path.basename(p).startswith("import_")]
-    # Peering (docs/remote.md) is not linked into tensord yet: PEER_SRC in the Makefile.
-    peer = {"daemon/peer_auth.c"}
-    return [p for p in tree("daemon/*.c", "proto/frame.c", *common)
-            if not any(p.endswith(q) for q in peer)] + gpu
+    return tree("daemon/*.c", "proto/frame.c", *common) + gpu
 
 
 def pkg_config(pkg, *args):
@@ -108,6 +105,8 @@ LIBUV = link_args("libuv", ["libuv_a.a", "libuv.a"], "-luv")
 CTL_CFLAGS = pkg_config("libzip", "--cflags") + pkg_config("jansson", "--cflags")
 CTL_LIBS = (pkg_config("libzip", "--libs") or ["-lzip"]) + \
     link_args("jansson", ["libjansson.a"], "-ljansson")
+# The daemon's peering (docs/remote.md) authenticates with libcrypto's HMAC.
+CRYPTO = pkg_config("libcrypto", "--libs") or ["-lcrypto"]
 SYSLIBS = ["-ldl", "-lpthread", "-lrt", "-lm"]
 
 
@@ -118,9 +117,9 @@ class BuildExt(build_ext):
     def run(self):
         self.gen = os.path.join(os.path.abspath(self.build_temp), "proto")
         os.makedirs(self.gen, exist_ok=True)
-        subprocess.check_call(["protoc-c", "--proto_path=" + os.path.join(ROOT, "proto"),
-                               "--c_out=" + self.gen,
-                               os.path.join(ROOT, "proto", "tensord.proto")])
+        for proto in ("tensord.proto", "peer.proto"):
+            subprocess.check_call(["protoc-c", "--proto_path=" + os.path.join(ROOT, "proto"),
+                                   "--c_out=" + self.gen, os.path.join(ROOT, "proto", proto)])
         for ext in self.extensions:
             ext.sources = [os.path.join(HERE, p) for p in ext.sources] + lib_sources() + \
                 [os.path.join(self.gen, "tensord.pb-c.c")]
@@ -131,7 +130,8 @@ class BuildExt(build_ext):
     def build_programs(self):
         out = os.path.join(os.path.abspath(self.build_lib), "tensord", "bin")
         pb = os.path.join(self.gen, "tensord.pb-c.c")
-        programs = [("tensord", daemon_sources() + [pb], PROTOBUF_C + LIBUV, []),
+        peer_pb = os.path.join(self.gen, "peer.pb-c.c")
+        programs = [("tensord", daemon_sources() + [pb, peer_pb], PROTOBUF_C + LIBUV + CRYPTO, []),
                     ("tensorctl", tree("client/tensorctl/*.c") + lib_sources() + [pb],
                      PROTOBUF_C + CTL_LIBS, CTL_CFLAGS)]
         for name, srcs, libs, cflags in programs:

@@ -177,13 +177,14 @@ PyObject *td_record_new(PyTypeObject *type, PyObject **v, int n);
 
 /* --- inspect.c: Client.leases(), clients(), metrics() and their records. */
 
-extern PyTypeObject td_LeaseHolderType, td_ClientInfoType;
+extern PyTypeObject td_LeaseHolderType, td_ClientInfoType, td_PeerInfoType;
 
-/* Initialises both record types once; 0 or -1. */
+/* Initialises the record types once; 0 or -1. */
 int td_inspect_types_ready(void);
 
 PyObject *td_client_leases(ClientObject *self, PyObject *args, PyObject *kwds);
 PyObject *td_client_clients(ClientObject *self, PyObject *unused);
+PyObject *td_client_peers(ClientObject *self, PyObject *unused);
 PyObject *td_client_metrics(ClientObject *self, PyObject *unused);
 
 /* A tuple of Python ints from v[0..n). */

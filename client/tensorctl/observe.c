@@ -222,6 +222,94 @@ int cmd_clients(tensord_client *c, const struct args *a)
 	return finish_output();
 }
 
+/* --- peers --------------------------------------------------------------------- */
+
+enum {
+	PC_PEER,
+	PC_STATE,
+	PC_ADDRESS,
+	PC_SINCE,
+	PC_CONNECTS,
+	PC_FAILURES,
+	PC_IN,
+	PC_OUT,
+	PC_ERROR,
+	PC_N
+};
+
+static const char *const peer_titles[PC_N] = { "PEER",     "STATE",     "ADDRESS",
+					       "SINCE",    "CONNECTS",  "FAILURES",
+					       "BYTES-IN", "BYTES-OUT", "LAST ERROR" };
+
+static const char *peer_cell(const void *rows, size_t i, int col, char *buf, size_t len)
+{
+	const tensord_peer_info *p = (const tensord_peer_info *)rows + i;
+
+	switch (col) {
+	case PC_PEER:
+		return p->name;
+	case PC_STATE:
+		return p->state;
+	case PC_ADDRESS:
+		return *p->address ? p->address : "-";
+	case PC_SINCE:
+		return iso_secs(p->since_ns, buf, len);
+	case PC_CONNECTS:
+		return u64(p->connects, buf, len);
+	case PC_FAILURES:
+		return u64(p->failures, buf, len);
+	case PC_IN:
+		return u64(p->bytes_in, buf, len);
+	case PC_OUT:
+		return u64(p->bytes_out, buf, len);
+	default:
+		return *p->error ? p->error : "-";
+	}
+}
+
+static void json_peer(const tensord_peer_info *p, const char *end)
+{
+	char t[48];
+
+	putchar('{');
+	json_field("name", p->name, true);
+	json_field("address", p->address, false);
+	json_field("state", p->state, false);
+	json_field("error", p->error, false);
+	printf(", \"since_ns\": %" PRIu64 ", \"since\": \"%s\", \"instance\": \"%016" PRIx64
+	       "\", \"bytes_in\": %" PRIu64 ", \"bytes_out\": %" PRIu64 ", \"connects\": %" PRIu64
+	       ", \"failures\": %" PRIu64 ", \"configured\": %s, \"dialled\": %s}%s",
+	       p->since_ns, iso_time(p->since_ns, t, sizeof(t)), p->instance, p->bytes_in,
+	       p->bytes_out, p->connects, p->failures, p->configured ? "true" : "false",
+	       p->dialled ? "true" : "false", end);
+}
+
+int cmd_peers(tensord_client *c, const struct args *a)
+{
+	tensord_peer_info *v = NULL;
+	char node[64];
+	size_t n = 0;
+	int rc;
+
+	rc = tensord_peers(c, node, &v, &n);
+	if (rc < 0)
+		return op_error(rc, NULL);
+	if (a->seen & OPT_JSON) {
+		putchar('[');
+		for (size_t i = 0; i < n; i++)
+			json_peer(&v[i], i + 1 < n ? ",\n " : "");
+		puts("]");
+	} else if (!*node) {
+		puts("peering is off (the daemon was started without --peer-listen or --peer)");
+	} else {
+		print_table(peer_titles, PC_N,
+			    1u << PC_CONNECTS | 1u << PC_FAILURES | 1u << PC_IN | 1u << PC_OUT, v,
+			    n, peer_cell);
+	}
+	free(v);
+	return finish_output();
+}
+
 /* --- stats --prometheus ---------------------------------------------------------- */
 
 int print_prometheus(tensord_client *c)

@@ -77,6 +77,9 @@ static const struct command commands[] = {
 	  "who holds leases: pid, user, command, count, since" },
 	{ "clients", cmd_clients, 0, 0, OPT_JSON, "clients [--json]",
 	  "client connections (root: all; others: their own)" },
+	{ "peers", cmd_peers, 0, 0, OPT_JSON, "peers [--json]",
+	  "other nodes' daemons this one peers with: state, last\nerror, traffic (root and the "
+	  "daemon's uid only)" },
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))

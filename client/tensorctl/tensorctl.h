@@ -78,6 +78,7 @@ int watch_block_signals(void);
 /* --- observe.c: who holds what, who is connected, the metrics text --- */
 int cmd_leases(tensord_client *c, const struct args *a);
 int cmd_clients(tensord_client *c, const struct args *a);
+int cmd_peers(tensord_client *c, const struct args *a);
 /* stats --prometheus: the daemon's metrics text, as its --metrics endpoint serves it. */
 int print_prometheus(tensord_client *c);
 

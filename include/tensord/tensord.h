@@ -615,6 +615,34 @@ typedef struct tensord_client_info {
 TENSORD_API int tensord_clients(tensord_client *client, tensord_client_info **ret_clients,
 				size_t *ret_count);
 
+/* One peer of the daemon (another node's tensord), as tensord_peers() lists it. */
+typedef struct tensord_peer_info {
+	char name[64];     /* the peer's node name */
+	char address[272]; /* HOST:PORT it is dialled at, or where it connected from */
+	char state[16];    /* "connecting", "authenticating", "up", "down", "refused" */
+	char error[320];   /* the last error ("authentication failed: ..."); "" when none */
+	uint64_t since_ns; /* CLOCK_REALTIME of the last change of state */
+	uint64_t
+		instance; /* its daemon's random id, new at each start; 0 before it authenticated */
+	uint64_t bytes_in;
+	uint64_t bytes_out;
+	uint64_t connects; /* connections that came up */
+	uint64_t failures; /* dials that failed, handshakes refused, connections lost */
+	bool configured;   /* named with --peer; else it dialled in */
+	bool dialled;      /* up over the connection this daemon dialled */
+} tensord_peer_info;
+
+/*
+ * The daemon's peers (docs/remote.md), in the order the daemon came to know
+ * them, and in node (at least 64 bytes, may be NULL) this daemon's own
+ * node name, "" while peering is off (then *ret_count is 0). Only root and
+ * the daemon's own uid may ask: anyone else gets -EPERM. On success
+ * *ret_peers is a malloc'ed array of *ret_count entries owned by the
+ * caller, who frees it with free() (also when *ret_count is 0).
+ */
+TENSORD_API int tensord_peers(tensord_client *client, char *node, tensord_peer_info **ret_peers,
+			      size_t *ret_count);
+
 /*
  * The daemon's metrics in the Prometheus text format 0.0.4, the text its
  * --metrics endpoint serves, with the per-uid rows tensord_stats() would

@@ -4,9 +4,10 @@
 #
 #   tests/gpu/debs/*.deb      libuv, protobuf-c (library, headers, compiler
 #                             and the compiler's C++ libraries), cmocka,
-#                             libzip and jansson (tensorctl's checkpoints)
+#                             libzip and jansson (tensorctl's checkpoints),
+#                             libssl-dev and libssl3 (the daemon's libcrypto)
 #   tests/gpu/debs/root/      the same, unpacked with dpkg -x
-#   tests/gpu/debs/pregen/    tensord.pb-c.[ch] made here, for when the
+#   tests/gpu/debs/pregen/    tensord.pb-c.[ch], peer.pb-c.[ch] made here, for when the
 #                             packaged protoc-c cannot run there (another
 #                             glibc or libstdc++)
 #   tests/gpu/debs/wheels/    pytest and its pure-Python dependencies
@@ -22,20 +23,21 @@ top=$(cd "$here/../.." && pwd)
 out=$here/debs
 pkgs=(libuv1 libuv1-dev libprotobuf-c1 libprotobuf-c-dev protobuf-c-compiler
       libprotoc32 libprotobuf32 libcmocka0 libcmocka-dev libzip4 libzip-dev libjansson4
-      libjansson-dev)
+      libjansson-dev libssl-dev libssl3)
 
 rm -rf "$out"
 mkdir -p "$out/root" "$out/pregen" "$out/wheels"
 cd "$out"
 # apt-get download fetches exactly these packages, no dependency resolution:
 # the list above is the closure beyond libc, libstdc++ and zlib (and
-# libzip's libbz2 and libssl3, which GPU machines' distributions carry).
+# libzip's libbz2, which GPU machines' distributions carry).
 apt-get download "${pkgs[@]}"
 for d in ./*.deb; do
 	dpkg -x "$d" root
 done
 
-protoc-c --proto_path="$top/proto" --c_out=pregen "$top/proto/tensord.proto"
+protoc-c --proto_path="$top/proto" --c_out=pregen "$top/proto/tensord.proto" \
+	"$top/proto/peer.proto"
 
 # Pure-Python wheels (py3-none-any), which run.sh unzips when the GPU
 # machine lacks pytest. pip evaluates dependency markers for the Python it

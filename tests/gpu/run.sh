@@ -141,7 +141,7 @@ probe() {
 	case $v in *"available True"*) have "torch" "$v" ;; *) missing "torch" "$v" ;; esac
 	v=$(timeout 60 python3 -c 'import cupy; print(cupy.__version__, "devices", cupy.cuda.runtime.getDeviceCount())' 2>&1 | tail -1)
 	case $v in *devices*) have "cupy" "$v" ;; *) missing "cupy" "$v" ;; esac
-	if pkg-config --exists libuv libprotobuf-c cmocka 2>/dev/null && command -v protoc-c >/dev/null; then
+	if pkg-config --exists libuv libprotobuf-c cmocka libcrypto 2>/dev/null && command -v protoc-c >/dev/null; then
 		have "libuv/protobuf-c/cmocka" "the system's"
 	elif [ -f "$root/usr/include/uv.h" ] && [ -f "$root/usr/include/cmocka.h" ]; then
 		have "libuv/protobuf-c/cmocka" "from $root"
@@ -170,16 +170,17 @@ else
 fi
 
 # --- libuv / protobuf-c / cmocka: the system's, else the unpacked .debs ------
-if [ "${USE_DEBS:-0}" != 1 ] && pkg-config --exists libuv libprotobuf-c cmocka libzip jansson 2>/dev/null &&
+if [ "${USE_DEBS:-0}" != 1 ] && pkg-config --exists libuv libprotobuf-c cmocka libzip jansson libcrypto 2>/dev/null &&
    command -v protoc-c >/dev/null; then
-	say "using the system's libuv, protobuf-c, cmocka, libzip and jansson"
+	say "using the system's libuv, protobuf-c, cmocka, libzip, jansson and libcrypto"
 elif [ -f "$root/usr/include/uv.h" ] && [ -f "$root/usr/include/cmocka.h" ]; then
 	lib=$root/usr/lib/x86_64-linux-gnu
 	say "using libuv / protobuf-c / cmocka from $root"
 	# The Makefile appends its own flags to these (make's += on environment variables).
-	export CPPFLAGS="-I$root/usr/include"
+	# OpenSSL's headers (peering's libcrypto) keep their configuration under the multiarch path.
+	export CPPFLAGS="-I$root/usr/include -I$root/usr/include/x86_64-linux-gnu"
 	export LDFLAGS="-L$lib -Wl,-rpath,$lib"
-	export LDLIBS="-luv -lprotobuf-c -lzip -ljansson"
+	export LDLIBS="-luv -lprotobuf-c -lzip -ljansson -lcrypto"
 	export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 	export PATH="$root/usr/bin:$PATH"
 	if ! protoc-c --version >/dev/null 2>&1; then
@@ -187,8 +188,8 @@ elif [ -f "$root/usr/include/uv.h" ] && [ -f "$root/usr/include/cmocka.h" ]; the
 		# newer than the .proto so make keeps them.
 		say "the packaged protoc-c does not run here; using $debs/pregen"
 		mkdir -p "$B/proto"
-		cp "$debs"/pregen/tensord.pb-c.[ch] "$B/proto/"
-		touch "$B"/proto/tensord.pb-c.[ch]
+		cp "$debs"/pregen/tensord.pb-c.[ch] "$debs"/pregen/peer.pb-c.[ch] "$B/proto/"
+		touch "$B"/proto/tensord.pb-c.[ch] "$B"/proto/peer.pb-c.[ch]
 	fi
 else
 	fail "prerequisites: no libuv/protobuf-c/cmocka on this machine and no $root (run tests/gpu/fetch-debs.sh on a Debian 12 machine and carry tests/gpu/debs)"

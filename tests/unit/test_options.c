@@ -76,6 +76,9 @@ static int parse_argv(int n, const char *const *args)
 	close(fd);
 	free((char *)cfg.metrics_addr);
 	cfg.metrics_addr = NULL;
+	free(cfg.peer.listen);
+	free(cfg.peer.secret_file);
+	cfg.peer.listen = cfg.peer.secret_file = NULL;
 	return r;
 }
 
@@ -385,6 +388,96 @@ static void test_sizes_and_groups(void **state)
 	}
 }
 
+/* Peering's options (docs/remote.md): where they land, defaults, refusals. */
+static void test_peer_options(void **state)
+{
+	const char *on[] = { "--node-name",
+			     "n1",
+			     "--peer-listen",
+			     "127.0.0.1:7000",
+			     "--peer",
+			     "b=host.example:7001",
+			     "--peer",
+			     "c=[::1]",
+			     "--peer-secret-file",
+			     "/etc/tensord/peer.key" };
+	const char *own[] = { "--node-name", "n1", "--peer", "n1=h", "--peer-secret-file", "/k" };
+	const char *twice[] = { "--peer", "b=h", "--peer", "b=i", "--peer-secret-file", "/k" };
+	const char *nosecret[] = { "--node-name", "n1", "--peer-listen", ":7439" };
+	const char *envname[] = { "--peer-listen", ":7439", "--peer-secret-file", "/k" };
+	static const struct {
+		const char *flag, *value, *says;
+	} bad[] = {
+		{ "peer", "b", "--peer b: not NAME=HOST[:PORT]" },
+		{ "peer", "=h", "--peer =h: not NAME=HOST[:PORT]" },
+		{ "peer", "b c=h", "not NAME=HOST[:PORT]" },
+		{ "peer", "b=", "'' is not HOST[:PORT]" },
+		{ "peer", "b=h:0", "'h:0' is not HOST[:PORT]" },
+		{ "peer", "b=h:65536", "'h:65536' is not HOST[:PORT]" },
+		{ "peer", "b=::1", "'::1' is not HOST[:PORT]" },
+		{ "peer", "b=[::1", "'[::1' is not HOST[:PORT]" },
+		{ "peer", "b=h:-1", "is not HOST[:PORT]" },
+		{ "peer-listen", "1.2.3.4:99999", "--peer-listen 1.2.3.4:99999: not ADDR:PORT" },
+		{ "peer-listen", "1.2.3.4:", "not ADDR:PORT" },
+		{ "node-name", "a/b", "--node-name a/b: not 1-63 bytes" },
+		{ "node-name", "a123456789012345678901234567890123456789012345678901234567890123",
+		  "not 1-63 bytes" },
+	};
+
+	(void)state;
+	write_conf("");
+	assert_int_equal(parse_argv(10, on), -1);
+	assert_string_equal(cfg.peer.node_name, "n1");
+	assert_string_equal(cfg.peer.listen_host, "127.0.0.1");
+	assert_int_equal(cfg.peer.listen_port, 7000);
+	assert_int_equal(cfg.peer.n_peers, 2);
+	assert_string_equal(cfg.peer.peers[0].name, "b");
+	assert_string_equal(cfg.peer.peers[0].host, "host.example");
+	assert_int_equal(cfg.peer.peers[0].port, 7001);
+	assert_string_equal(cfg.peer.peers[1].name, "c");
+	assert_string_equal(cfg.peer.peers[1].host, "::1");
+	assert_int_equal(cfg.peer.peers[1].port, 7439);
+
+	/* In the file: a line per peer, and the flags' peers after them. */
+	write_conf("node-name = n2\npeer = x=h1\npeer = y=h2:9\npeer-secret-file = /k\n");
+	assert_int_equal(parse_argv(0, NULL), -1);
+	assert_int_equal(cfg.peer.n_peers, 2);
+	assert_string_equal(cfg.peer.peers[1].host, "h2");
+	assert_int_equal(cfg.peer.peers[1].port, 9);
+	assert_string_equal(cfg.peer.node_name, "n2");
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		assert_int_equal(parse_flag(bad[i].flag, bad[i].value), 2);
+		if (!strstr(err, bad[i].says))
+			fail_msg("--%s %s: said '%s', not '%s'", bad[i].flag, bad[i].value, err,
+				 bad[i].says);
+	}
+	write_conf("");
+	assert_int_equal(parse_argv(6, own), 2);
+	assert_non_null(strstr(err, "--peer n1=h: that is this node's own name"));
+	assert_int_equal(parse_argv(6, twice), 2);
+	assert_non_null(strstr(err, "peer b is named twice"));
+	assert_int_equal(parse_argv(4, nosecret), 2);
+	assert_non_null(strstr(err, "need --peer-secret-file PATH"));
+
+	/* The node's name: $NODE_NAME by default, checked as a flag's would be. */
+	setenv("NODE_NAME", "from-env", 1);
+	assert_int_equal(parse_argv(4, envname), -1);
+	assert_string_equal(cfg.peer.node_name, "from-env");
+	assert_int_equal(cfg.peer.listen_port, 7439);
+	assert_string_equal(cfg.peer.listen_host, "");
+	setenv("NODE_NAME", "no good", 1);
+	assert_int_equal(parse_argv(4, envname), 2);
+	assert_non_null(strstr(err, "node name 'no good' ($NODE_NAME) is not 1-63 bytes"));
+	unsetenv("NODE_NAME");
+
+	/* Peering off: nothing of it is checked or set. */
+	assert_int_equal(parse_flag("capacity", "1G"), -1);
+	assert_int_equal(cfg.peer.n_peers, 0);
+	assert_null(cfg.peer.listen);
+	assert_string_equal(cfg.peer.node_name, "");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -392,6 +485,7 @@ int main(void)
 		cmocka_unit_test(test_every_numeric_option_in_the_config_file),
 		cmocka_unit_test(test_issue_examples),
 		cmocka_unit_test(test_sizes_and_groups),
+		cmocka_unit_test(test_peer_options),
 	};
 	char cmd[128];
 	int r;

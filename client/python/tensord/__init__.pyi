@@ -24,6 +24,7 @@ __all__ = [
     "LeaseHolder",
     "NoDaemonError",
     "NotFoundError",
+    "PeerInfo",
     "Tensor",
     "TensorInfo",
     "TimedOutError",
@@ -252,6 +253,41 @@ class ClientInfo(tuple[Any, ...]):
     def requests(self) -> int: ...
 
 @final
+class PeerInfo(tuple[Any, ...]):
+    """One peer of the daemon: another node's tensord."""
+
+    n_fields: ClassVar[int]
+    n_sequence_fields: ClassVar[int]
+    n_unnamed_fields: ClassVar[int]
+    __match_args__: Final = ("name", "address", "state", "error", "since", "instance",
+                             "bytes_in", "bytes_out", "connects", "failures", "configured",
+                             "dialled")
+    @property
+    def name(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def error(self) -> str: ...
+    @property
+    def since(self) -> float: ...
+    @property
+    def instance(self) -> int: ...
+    @property
+    def bytes_in(self) -> int: ...
+    @property
+    def bytes_out(self) -> int: ...
+    @property
+    def connects(self) -> int: ...
+    @property
+    def failures(self) -> int: ...
+    @property
+    def configured(self) -> bool: ...
+    @property
+    def dialled(self) -> bool: ...
+
+@final
 class Client:
     """A connection to a tensord daemon; thread-safe; a context manager."""
 
@@ -320,6 +356,8 @@ class Client:
         """Who holds leases on name (None: every tensor the caller may read)."""
     def clients(self) -> list[ClientInfo]:
         """Client connections: all for root, the caller's uid's for others."""
+    def peers(self) -> list[PeerInfo]:
+        """Other nodes' daemons this one peers with: root and the daemon's uid only."""
     def metrics(self) -> str:
         """The daemon's metrics, Prometheus text format 0.0.4."""
     def unlink(self, name: str) -> None:

@@ -1,0 +1,888 @@
+/*
+ * Peering: the control connections to other nodes' daemons (peer.h).
+ *
+ * Each connection is a libuv TCP stream (peers pass no descriptors, so
+ * libuv's own reads and writes serve, unlike the clients' sockets). Its
+ * life: the dialler connects and sends its Hello; the listener answers
+ * with its Hello and proof; the dialler checks that proof and sends its
+ * own; the listener checks it. Either side closes at the first thing out
+ * of order: a frame whose header is wrong or too long, one that does not
+ * decode, anything but a Hello first, a second Hello, a wrong proof, a
+ * name that is this node's own, a handshake that takes over
+ * PEER_HANDSHAKE_MS. Those closes are logged with the address and the
+ * reason, rate-limited (a stranger can cause them at will), and counted
+ * (peer_auth_failures_total). The other side is told nothing: the
+ * connection just ends.
+ *
+ * Once up, each side sends a heartbeat every PEER_HEARTBEAT_MS, and a
+ * connection that brought nothing for PEER_HEARTBEAT_MISSES of them is
+ * closed as lost (a peer killed or cut off without a FIN); TCP keepalive
+ * is on as well.
+ */
+#include "peer.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include <tensord/tensord.h>
+
+#include "log.h"
+#include "figures.h"
+#include "proto/frame.h"
+#include "proto/peer.pb-c.h"
+#include "ratelimit.h"
+#include "server.h"
+
+/* The peer protocol's version, in each Hello. */
+#define PEER_PROTOCOL 1
+
+enum pc_phase {
+	PC_CONNECTING, /* dialler: TCP connect under way */
+	PC_HELLO,      /* waiting for the other side's Hello */
+	PC_PROOF,      /* listener: waiting for the dialler's Proof */
+	PC_UP,
+};
+
+struct peer_conn {
+	struct peer_set *set;
+	struct peer *peer; /* the dialled peer; for an accepted one, set once it authenticated */
+	uint64_t id;
+	bool dialler;
+	bool closing;
+	bool counted_unauth; /* counted in set->n_unauth */
+	enum pc_phase phase;
+	uv_tcp_t tcp;
+	uv_connect_t connect_req;
+	uv_timer_t timer; /* the handshake's deadline, then the heartbeat */
+	int open_handles; /* freed when both are closed */
+	struct peer_auth auth;
+	uint64_t other_instance;
+	uint64_t last_rx_ns, hb_seq;
+	uint64_t rx, tx; /* bytes, before it is known whose connection it is included */
+	char addr[PEER_ADDR_MAX];
+	size_t in_len;
+	uint8_t in[TD_FRAME_HEADER + PEER_FRAME_MAX];
+	LIST_ENTRY(peer_conn) link;
+};
+
+struct peer_write {
+	uv_write_t req;
+	struct peer_conn *pc;
+	size_t len;
+	uint8_t buf[];
+};
+
+const char *peer_state_name(enum peer_state s)
+{
+	switch (s) {
+	case PEER_CONNECTING:
+		return "connecting";
+	case PEER_AUTHENTICATING:
+		return "authenticating";
+	case PEER_UP:
+		return "up";
+	case PEER_DOWN:
+		return "down";
+	case PEER_REFUSED:
+		return "refused";
+	}
+	return "?";
+}
+
+static uint64_t wall_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void set_state(struct peer *p, enum peer_state s)
+{
+	if (p->state != s)
+		p->since_ns = wall_ns();
+	p->state = s;
+}
+
+static void set_error(struct peer *p, const char *reason)
+{
+	snprintf(p->error, sizeof(p->error), "%s", reason);
+}
+
+/* --- peers ------------------------------------------------------------------- */
+
+static void on_redial(uv_timer_t *t);
+
+static struct peer *peer_find(struct peer_set *set, const char *name)
+{
+	for (unsigned i = 0; i < set->n_peers; i++)
+		if (strcmp(set->peers[i]->name, name) == 0)
+			return set->peers[i];
+	return NULL;
+}
+
+static struct peer *peer_add(struct peer_set *set, const char *name)
+{
+	struct peer *p;
+
+	if (set->n_peers == PEER_KNOWN_MAX)
+		return NULL;
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->set = set;
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	p->state = PEER_DOWN;
+	p->since_ns = wall_ns();
+	p->backoff_ms = PEER_REDIAL_MIN_MS;
+	uv_timer_init(set->loop, &p->redial);
+	p->redial.data = p;
+	set->peers[set->n_peers++] = p;
+	return p;
+}
+
+/* A configured peer is dialled again after its back-off, which then doubles. */
+static void schedule_redial(struct peer *p)
+{
+	if (!p->configured || p->set->stopping || p->up || p->dial || p->resolving)
+		return;
+	uv_timer_start(&p->redial, on_redial, p->backoff_ms, 0);
+	p->backoff_ms =
+		p->backoff_ms >= PEER_REDIAL_MAX_MS / 2 ? PEER_REDIAL_MAX_MS : p->backoff_ms * 2;
+}
+
+/* --- connections: closing ------------------------------------------------------ */
+
+static void pc_free(uv_handle_t *h)
+{
+	struct peer_conn *pc = h->data;
+
+	if (--pc->open_handles == 0) {
+		peer_auth_fini(&pc->auth);
+		free(pc);
+	}
+}
+
+enum close_kind {
+	CLOSE_REFUSED, /* the handshake failed: counted, rate-limited warning */
+	CLOSE_LOST,    /* a dial that failed, or an up connection that ended */
+	CLOSE_QUIET,   /* a duplicate, or the daemon stopping */
+};
+
+/*
+ * Closes pc for reason (a sentence fragment: "wrong proof"), and says so
+ * in the log and, where this node knows whose connection it was, on the
+ * peer. Safe to call twice; pc is freed once its handles have closed.
+ */
+static void __attribute__((format(printf, 3, 4)))
+pc_close(struct peer_conn *pc, enum close_kind kind, const char *fmt, ...)
+{
+	struct peer_set *set = pc->set;
+	struct peer *p = pc->peer;
+	char reason[PEER_ERROR_MAX - 32];
+	va_list ap;
+
+	if (pc->closing)
+		return;
+	pc->closing = true;
+	va_start(ap, fmt);
+	vsnprintf(reason, sizeof(reason), fmt, ap);
+	va_end(ap);
+	if (pc->counted_unauth) {
+		set->n_unauth--;
+		pc->counted_unauth = false;
+	}
+	if (kind == CLOSE_REFUSED) {
+		set->auth_failures++;
+		figure_count(FIG_peer_auth_failures_total, 1);
+		log_limited(TD_LOG_WARN, LOG_KIND_PEER_REFUSED, NULL, NULL,
+			    "peer connection %s %s%s%s: refused: %s", pc->dialler ? "to" : "from",
+			    p ? p->name : "", p ? " at " : "", pc->addr, reason);
+	} else if (kind == CLOSE_LOST) {
+		log_at(p && p->up == pc ? TD_LOG_WARN : TD_LOG_INFO, "peer %s (%s): %s",
+		       p ? p->name : "?", pc->addr, reason);
+	} else {
+		log_debug("peer %s (%s): closed: %s", p ? p->name : "?", pc->addr, reason);
+	}
+	if (p && p->up == pc) {
+		p->up = NULL;
+		set->n_up--;
+		if (kind != CLOSE_QUIET) {
+			figure_count(FIG_peer_lost_total, 1);
+			p->failures++;
+			set_state(p, PEER_DOWN);
+			snprintf(p->error, sizeof(p->error), "connection lost: %s", reason);
+		}
+		schedule_redial(p);
+	} else if (p && p->dial == pc) {
+		p->dial = NULL;
+		if (kind != CLOSE_QUIET && !p->up) {
+			p->failures++;
+			set_state(p, kind == CLOSE_REFUSED ? PEER_REFUSED : PEER_DOWN);
+			if (kind == CLOSE_REFUSED)
+				snprintf(p->error, sizeof(p->error), "authentication failed: %s",
+					 reason);
+			else
+				set_error(p, reason);
+		}
+		schedule_redial(p);
+	}
+	LIST_REMOVE(pc, link);
+	uv_timer_stop(&pc->timer);
+	uv_close((uv_handle_t *)&pc->timer, pc_free);
+	uv_close((uv_handle_t *)&pc->tcp, pc_free);
+}
+
+/* --- connections: writing ------------------------------------------------------ */
+
+static void on_written(uv_write_t *req, int status)
+{
+	struct peer_write *w = (struct peer_write *)req;
+
+	if (status < 0 && status != UV_ECANCELED && !w->pc->closing)
+		pc_close(w->pc, CLOSE_LOST, "cannot send: %s", uv_strerror(status));
+	free(w);
+}
+
+/* Sends one frame; on failure pc is closed. */
+static void pc_send(struct peer_conn *pc, const Tensord__PeerFrame *f)
+{
+	size_t n = tensord__peer_frame__get_packed_size(f);
+	struct peer_write *w;
+	uv_buf_t b;
+	int r;
+
+	if (pc->closing)
+		return;
+	if (uv_stream_get_write_queue_size((uv_stream_t *)&pc->tcp) > PEER_OUT_MAX) {
+		pc_close(pc, CLOSE_LOST, "it stopped reading (%u bytes queued)", PEER_OUT_MAX);
+		return;
+	}
+	w = malloc(sizeof(*w) + TD_FRAME_HEADER + n);
+	if (!w) {
+		pc_close(pc, CLOSE_LOST, "out of memory for a frame of %zu bytes", n);
+		return;
+	}
+	w->pc = pc;
+	w->len = TD_FRAME_HEADER + n;
+	td_frame_header(w->buf, (uint32_t)n, 0);
+	tensord__peer_frame__pack(f, w->buf + TD_FRAME_HEADER);
+	b = uv_buf_init((char *)w->buf, (unsigned)w->len);
+	r = uv_write(&w->req, (uv_stream_t *)&pc->tcp, &b, 1, on_written);
+	if (r < 0) {
+		free(w);
+		pc_close(pc, CLOSE_LOST, "cannot send: %s", uv_strerror(r));
+		return;
+	}
+	pc->tx += w->len;
+	if (pc->peer)
+		pc->peer->bytes_out += w->len;
+}
+
+static void send_hello(struct peer_conn *pc, const uint8_t *proof)
+{
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerHello h = TENSORD__PEER_HELLO__INIT;
+
+	h.version = PEER_PROTOCOL;
+	h.name = pc->set->self;
+	h.instance = pc->set->instance;
+	h.nonce.data = (uint8_t *)peer_auth_nonce(&pc->auth);
+	h.nonce.len = PEER_AUTH_NONCE_LEN;
+	if (proof) {
+		h.proof.data = (uint8_t *)proof;
+		h.proof.len = PEER_AUTH_MAC_LEN;
+	}
+	f.body_case = TENSORD__PEER_FRAME__BODY_HELLO;
+	f.hello = &h;
+	pc_send(pc, &f);
+}
+
+/* --- connections: the handshake ------------------------------------------------ */
+
+static void on_timer(uv_timer_t *t);
+
+/*
+ * pc has authenticated: it becomes its peer's connection, unless the peer
+ * has one already, in which case the one dialled by the node with the
+ * smaller name survives (both sides pick the same one).
+ */
+static void pc_up(struct peer_conn *pc, const char *name)
+{
+	struct peer_set *set = pc->set;
+	struct peer *p = pc->peer ? pc->peer : peer_find(set, name);
+	bool keep_dialled;
+
+	if (!p)
+		p = peer_add(set, name);
+	if (!p) {
+		pc_close(pc, CLOSE_QUIET, "too many peers (%d)", PEER_KNOWN_MAX);
+		return;
+	}
+	if (!pc->peer) { /* accepted: its handshake's bytes count from now */
+		p->bytes_in += pc->rx;
+		p->bytes_out += pc->tx;
+	}
+	pc->peer = p;
+	if (pc->counted_unauth) {
+		set->n_unauth--;
+		pc->counted_unauth = false;
+	}
+	if (p->up) {
+		keep_dialled = strcmp(set->self, p->name) < 0;
+		if (pc->dialler != keep_dialled) {
+			if (p->dial == pc)
+				p->dial = NULL;
+			pc_close(pc, CLOSE_QUIET,
+				 "a second connection; keeping the one dialled by %s",
+				 keep_dialled ? set->self : p->name);
+			return;
+		}
+		pc_close(p->up, CLOSE_QUIET, "a second connection; keeping the one dialled by %s",
+			 keep_dialled ? set->self : p->name);
+	}
+	if (p->dial == pc)
+		p->dial = NULL;
+	if (p->instance && p->instance != pc->other_instance)
+		log_info("peer %s: a new instance (%016" PRIx64 ", was %016" PRIx64
+			 "): the daemon restarted",
+			 p->name, pc->other_instance, p->instance);
+	p->instance = pc->other_instance;
+	p->up = pc;
+	p->up_dialled = pc->dialler;
+	p->connects++;
+	figure_count(FIG_peer_connects_total, 1);
+	p->backoff_ms = PEER_REDIAL_MIN_MS;
+	if (!p->configured) /* a configured one shows what it is dialled at */
+		snprintf(p->addr, sizeof(p->addr), "%s", pc->addr);
+	uv_timer_stop(&p->redial);
+	set_state(p, PEER_UP);
+	set->n_up++;
+	pc->phase = PC_UP;
+	pc->last_rx_ns = now_ns();
+	uv_timer_start(&pc->timer, on_timer, PEER_HEARTBEAT_MS, PEER_HEARTBEAT_MS);
+	log_info("peer %s: up (%s, %s, instance %016" PRIx64 ")", p->name, pc->addr,
+		 pc->dialler ? "dialled" : "accepted", p->instance);
+}
+
+/* Why set_peer refused a Hello's name or nonce. */
+static const char *hello_refusal(int r)
+{
+	return r == -ELOOP    ? "its Hello names this node itself"
+	       : r == -EINVAL ? "its Hello's node name is not 1-63 bytes of [A-Za-z0-9._-]"
+			      : "its Hello's nonce is not 32 bytes";
+}
+
+static void on_hello(struct peer_conn *pc, const Tensord__PeerHello *h)
+{
+	uint8_t proof[PEER_AUTH_MAC_LEN];
+	size_t name_len = strlen(h->name);
+	int r;
+
+	if (h->version != PEER_PROTOCOL) {
+		pc_close(pc, CLOSE_REFUSED, "peer protocol %u, this node speaks %d", h->version,
+			 PEER_PROTOCOL);
+		return;
+	}
+	if (!pc->dialler) {
+		r = peer_auth_init(&pc->auth, PEER_AUTH_LISTENER, pc->set->self, pc->set->secret,
+				   pc->set->secret_len);
+		if (r < 0) {
+			pc_close(pc, CLOSE_QUIET, "cannot start the handshake: %s", strerror(-r));
+			return;
+		}
+	}
+	r = peer_auth_set_peer(&pc->auth, h->name, name_len, h->nonce.data, h->nonce.len);
+	if (r < 0) {
+		pc_close(pc, CLOSE_REFUSED, "%s", hello_refusal(r));
+		return;
+	}
+	pc->other_instance = h->instance;
+	if (pc->dialler) {
+		if (strcmp(h->name, pc->peer->name) != 0) {
+			pc_close(pc, CLOSE_REFUSED, "it answered as node '%s', not '%s'", h->name,
+				 pc->peer->name);
+			return;
+		}
+		r = peer_auth_verify(&pc->auth, h->proof.data, h->proof.len);
+		if (r < 0) {
+			pc_close(pc, CLOSE_REFUSED, "%s",
+				 r == -EACCES   ? "its proof is wrong (not the same secret?)"
+				 : r == -EPROTO ? "its Hello carries no proof of 32 bytes"
+						: "cannot compute the proof");
+			return;
+		}
+		if (peer_auth_prove(&pc->auth, proof) < 0) {
+			pc_close(pc, CLOSE_QUIET, "cannot compute the proof");
+			return;
+		}
+		{
+			Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+			Tensord__PeerProof pf = TENSORD__PEER_PROOF__INIT;
+
+			pf.proof.data = proof;
+			pf.proof.len = sizeof(proof);
+			f.body_case = TENSORD__PEER_FRAME__BODY_PROOF;
+			f.proof = &pf;
+			pc_send(pc, &f);
+		}
+		if (!pc->closing)
+			pc_up(pc, h->name);
+		return;
+	}
+	if (h->proof.len) {
+		pc_close(pc, CLOSE_REFUSED, "the dialler's Hello carries a proof");
+		return;
+	}
+	if (peer_auth_prove(&pc->auth, proof) < 0) {
+		pc_close(pc, CLOSE_QUIET, "cannot compute the proof");
+		return;
+	}
+	send_hello(pc, proof);
+	pc->phase = PC_PROOF;
+}
+
+static void on_proof(struct peer_conn *pc, const Tensord__PeerProof *m)
+{
+	int r = peer_auth_verify(&pc->auth, m->proof.data, m->proof.len);
+
+	if (r < 0) {
+		pc_close(pc, CLOSE_REFUSED, "%s",
+			 r == -EACCES ? "its proof is wrong (not the same secret?)"
+				      : "its proof is not 32 bytes");
+		return;
+	}
+	pc_up(pc, pc->auth.other);
+}
+
+static const char *body_name(Tensord__PeerFrame__BodyCase c)
+{
+	switch (c) {
+	case TENSORD__PEER_FRAME__BODY_HELLO:
+		return "a Hello";
+	case TENSORD__PEER_FRAME__BODY_PROOF:
+		return "a Proof";
+	case TENSORD__PEER_FRAME__BODY_HEARTBEAT:
+		return "a heartbeat";
+	default:
+		return "a frame of no known kind";
+	}
+}
+
+/* One whole frame's payload. */
+static void on_frame(struct peer_conn *pc, const uint8_t *payload, size_t len)
+{
+	Tensord__PeerFrame *f = tensord__peer_frame__unpack(NULL, len, payload);
+	Tensord__PeerFrame__BodyCase c;
+
+	if (!f) {
+		pc_close(pc, pc->phase == PC_UP ? CLOSE_LOST : CLOSE_REFUSED,
+			 "a frame of %zu bytes that does not decode", len);
+		return;
+	}
+	c = f->body_case;
+	pc->last_rx_ns = now_ns();
+	if (pc->phase == PC_HELLO && c == TENSORD__PEER_FRAME__BODY_HELLO)
+		on_hello(pc, f->hello);
+	else if (pc->phase == PC_PROOF && c == TENSORD__PEER_FRAME__BODY_PROOF)
+		on_proof(pc, f->proof);
+	else if (pc->phase == PC_UP && c == TENSORD__PEER_FRAME__BODY_HEARTBEAT)
+		; /* last_rx_ns is all it is for */
+	else if (pc->phase == PC_UP)
+		pc_close(pc, CLOSE_LOST, "%s after the handshake", body_name(c));
+	else
+		pc_close(pc, CLOSE_REFUSED, "%s when %s was due", body_name(c),
+			 pc->phase == PC_HELLO ? "a Hello" : "a Proof");
+	tensord__peer_frame__free_unpacked(f, NULL);
+}
+
+/* --- connections: reading ------------------------------------------------------ */
+
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+	struct peer_conn *pc = h->data;
+
+	*buf = uv_buf_init((char *)pc->in + pc->in_len, (unsigned)(sizeof(pc->in) - pc->in_len));
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+	struct peer_conn *pc = s->data;
+	enum close_kind lost = pc->phase == PC_UP ? CLOSE_LOST : CLOSE_REFUSED;
+	struct td_frame fr;
+	long got;
+
+	if (n == 0 || pc->closing)
+		return;
+	if (n < 0) {
+		if (n == UV_EOF && pc->in_len)
+			pc_close(pc, lost,
+				 "it closed the connection in the middle of a frame "
+				 "(%zu bytes of it came)",
+				 pc->in_len);
+		else if (n == UV_EOF)
+			pc_close(pc, lost, "it closed the connection%s",
+				 pc->phase == PC_UP ? "" : " during the handshake");
+		else
+			pc_close(pc, lost, "%s", uv_strerror((int)n));
+		return;
+	}
+	pc->in_len += (size_t)n;
+	pc->rx += (uint64_t)n;
+	if (pc->peer)
+		pc->peer->bytes_in += (uint64_t)n;
+	while (!pc->closing && (got = td_frame_parse(pc->in, pc->in_len, PEER_FRAME_MAX, 0, &fr))) {
+		if (got < 0) {
+			if (got == -EMSGSIZE)
+				pc_close(pc, lost, "a frame of %u bytes, more than %u", fr.len,
+					 PEER_FRAME_MAX);
+			else if (got == -EPROTO)
+				pc_close(pc, lost,
+					 "a frame header of version %u (not a tensord "
+					 "peer?)",
+					 fr.version);
+			else
+				pc_close(pc, lost, "a frame header counting descriptors");
+			return;
+		}
+		on_frame(pc, fr.payload, fr.len);
+		if (pc->closing)
+			return;
+		pc->in_len -= (size_t)got;
+		memmove(pc->in, pc->in + got, pc->in_len);
+	}
+}
+
+/* --- connections: timers, making them ------------------------------------------ */
+
+static void on_timer(uv_timer_t *t)
+{
+	struct peer_conn *pc = t->data;
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerHeartbeat hb = TENSORD__PEER_HEARTBEAT__INIT;
+
+	if (pc->phase != PC_UP) {
+		pc_close(pc, pc->phase == PC_CONNECTING ? CLOSE_LOST : CLOSE_REFUSED,
+			 "no %s within %d ms",
+			 pc->phase == PC_CONNECTING ? "connection" : "completed handshake",
+			 PEER_HANDSHAKE_MS);
+		return;
+	}
+	if (now_ns() - pc->last_rx_ns >
+	    (uint64_t)PEER_HEARTBEAT_MISSES * PEER_HEARTBEAT_MS * 1000000ull) {
+		pc_close(pc, CLOSE_LOST, "no heartbeat for %d ms",
+			 PEER_HEARTBEAT_MISSES * PEER_HEARTBEAT_MS);
+		return;
+	}
+	hb.seq = ++pc->hb_seq;
+	f.body_case = TENSORD__PEER_FRAME__BODY_HEARTBEAT;
+	f.heartbeat = &hb;
+	pc_send(pc, &f);
+}
+
+static struct peer_conn *pc_new(struct peer_set *set, bool dialler)
+{
+	struct peer_conn *pc = calloc(1, sizeof(*pc));
+
+	if (!pc)
+		return NULL;
+	pc->set = set;
+	pc->id = ++set->next_conn_id;
+	pc->dialler = dialler;
+	uv_tcp_init(set->loop, &pc->tcp);
+	uv_timer_init(set->loop, &pc->timer);
+	pc->tcp.data = pc->timer.data = pc;
+	pc->open_handles = 2;
+	pc->counted_unauth = true;
+	set->n_unauth++;
+	LIST_INSERT_HEAD(&set->conns, pc, link);
+	uv_timer_start(&pc->timer, on_timer, PEER_HANDSHAKE_MS, 0);
+	return pc;
+}
+
+static void sockaddr_text(const struct sockaddr *sa, char *out, size_t len)
+{
+	char ip[INET6_ADDRSTRLEN] = "?";
+
+	if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)sa;
+
+		uv_ip6_name(s6, ip, sizeof(ip));
+		snprintf(out, len, "[%s]:%u", ip, ntohs(s6->sin6_port));
+	} else if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *s4 = (const struct sockaddr_in *)sa;
+
+		uv_ip4_name(s4, ip, sizeof(ip));
+		snprintf(out, len, "%s:%u", ip, ntohs(s4->sin_port));
+	} else {
+		snprintf(out, len, "?");
+	}
+}
+
+static void start_reading(struct peer_conn *pc)
+{
+	int r;
+
+	uv_tcp_nodelay(&pc->tcp, 1);
+	uv_tcp_keepalive(&pc->tcp, 1, 10);
+	r = uv_read_start((uv_stream_t *)&pc->tcp, on_alloc, on_read);
+	if (r < 0)
+		pc_close(pc, CLOSE_LOST, "cannot read: %s", uv_strerror(r));
+}
+
+static void on_connected(uv_connect_t *req, int status)
+{
+	struct peer_conn *pc = req->data;
+	int r;
+
+	if (pc->closing)
+		return;
+	if (status < 0) {
+		pc_close(pc, CLOSE_LOST, "cannot connect to %s: %s", pc->addr, uv_strerror(status));
+		return;
+	}
+	r = peer_auth_init(&pc->auth, PEER_AUTH_DIALLER, pc->set->self, pc->set->secret,
+			   pc->set->secret_len);
+	if (r < 0) {
+		pc_close(pc, CLOSE_LOST, "cannot start the handshake: %s", strerror(-r));
+		return;
+	}
+	pc->phase = PC_HELLO;
+	if (!pc->peer->up) /* it may have come up meanwhile, over a connection it dialled */
+		set_state(pc->peer, PEER_AUTHENTICATING);
+	start_reading(pc);
+	send_hello(pc, NULL);
+}
+
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *ai)
+{
+	struct peer *p = req->data;
+	struct peer_set *set = p->set;
+	struct peer_conn *pc;
+	int r;
+
+	p->resolving = false;
+	if (set->stopping || p->up) {
+		uv_freeaddrinfo(ai);
+		return;
+	}
+	if (status < 0 || !ai) {
+		p->failures++;
+		set_state(p, PEER_DOWN);
+		snprintf(p->error, sizeof(p->error), "cannot resolve %.200s: %s", p->host,
+			 uv_strerror(status));
+		log_limited(TD_LOG_WARN, LOG_KIND_PEER_REFUSED, NULL, NULL, "peer %s: %s", p->name,
+			    p->error);
+		uv_freeaddrinfo(ai);
+		schedule_redial(p);
+		return;
+	}
+	pc = pc_new(set, true);
+	if (!pc) {
+		uv_freeaddrinfo(ai);
+		set_error(p, "out of memory");
+		schedule_redial(p);
+		return;
+	}
+	pc->peer = p;
+	p->dial = pc;
+	sockaddr_text(ai->ai_addr, pc->addr, sizeof(pc->addr));
+	pc->connect_req.data = pc;
+	r = uv_tcp_connect(&pc->connect_req, &pc->tcp, ai->ai_addr, on_connected);
+	uv_freeaddrinfo(ai);
+	if (r < 0)
+		pc_close(pc, CLOSE_LOST, "cannot connect to %s: %s", pc->addr, uv_strerror(r));
+}
+
+static void peer_dial(struct peer *p)
+{
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+	char port[8];
+	int r;
+
+	if (p->set->stopping || p->up || p->dial || p->resolving)
+		return;
+	set_state(p, PEER_CONNECTING);
+	snprintf(port, sizeof(port), "%u", p->port);
+	p->gai.data = p;
+	/* Resolved again at each dial: a peer's DNS name may move. */
+	r = uv_getaddrinfo(p->set->loop, &p->gai, on_resolved, p->host, port, &hints);
+	if (r < 0) {
+		set_state(p, PEER_DOWN);
+		snprintf(p->error, sizeof(p->error), "cannot resolve %.200s: %s", p->host,
+			 uv_strerror(r));
+		schedule_redial(p);
+		return;
+	}
+	p->resolving = true;
+}
+
+static void on_redial(uv_timer_t *t)
+{
+	peer_dial(t->data);
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+	struct peer_set *set = server->data;
+	struct sockaddr_storage ss;
+	int len = sizeof(ss);
+	struct peer_conn *pc;
+
+	if (status < 0 || set->stopping)
+		return;
+	pc = pc_new(set, false);
+	if (!pc) {
+		uv_tcp_t *t = malloc(sizeof(*t));
+
+		/* Take it off the backlog and close it, or the loop spins on it. */
+		if (t && uv_tcp_init(set->loop, t) == 0) {
+			if (uv_accept(server, (uv_stream_t *)t) == 0)
+				log_warn("peer connection refused: out of memory");
+			uv_close((uv_handle_t *)t, (uv_close_cb)free);
+		} else {
+			free(t);
+		}
+		return;
+	}
+	if (uv_accept(server, (uv_stream_t *)&pc->tcp) < 0) {
+		pc_close(pc, CLOSE_QUIET, "accept failed");
+		return;
+	}
+	if (uv_tcp_getpeername(&pc->tcp, (struct sockaddr *)&ss, &len) == 0)
+		sockaddr_text((struct sockaddr *)&ss, pc->addr, sizeof(pc->addr));
+	else
+		snprintf(pc->addr, sizeof(pc->addr), "?");
+	if (set->n_unauth > PEER_UNAUTH_MAX) {
+		pc_close(pc, CLOSE_REFUSED, "%d connections are authenticating already",
+			 PEER_UNAUTH_MAX);
+		return;
+	}
+	pc->phase = PC_HELLO;
+	start_reading(pc);
+}
+
+/* --- the set ------------------------------------------------------------------- */
+
+static int start_listener(struct peer_set *set, const struct peer_config *cfg, char *why,
+			  size_t why_len)
+{
+	const char *host = cfg->listen_host;
+	struct sockaddr_storage ss;
+	int r;
+
+	if (!host[0])
+		r = uv_ip6_addr("::", cfg->listen_port, (struct sockaddr_in6 *)&ss);
+	else if (strchr(host, ':'))
+		r = uv_ip6_addr(host, cfg->listen_port, (struct sockaddr_in6 *)&ss);
+	else
+		r = uv_ip4_addr(host, cfg->listen_port, (struct sockaddr_in *)&ss);
+	if (r < 0) {
+		snprintf(why, why_len, "--peer-listen %s: '%s' is not an IP address", cfg->listen,
+			 host);
+		return -EINVAL;
+	}
+	uv_tcp_init(set->loop, &set->listener);
+	set->listener.data = set;
+	set->listening = true;
+	r = uv_tcp_bind(&set->listener, (struct sockaddr *)&ss, 0);
+	if (r == 0)
+		r = uv_listen((uv_stream_t *)&set->listener, 64, on_connection);
+	if (r < 0) {
+		snprintf(why, why_len, "--peer-listen %s: cannot listen: %s", cfg->listen,
+			 uv_strerror(r));
+		return r;
+	}
+	snprintf(set->listen_addr, sizeof(set->listen_addr), "%s", cfg->listen);
+	return 0;
+}
+
+int peer_set_start(struct peer_set *set, uv_loop_t *loop, const struct peer_config *cfg, char *why,
+		   size_t why_len)
+{
+	int r;
+
+	LIST_INIT(&set->conns);
+	set->loop = loop;
+	if (!peer_config_on(cfg)) {
+		if (cfg->secret_file)
+			log_warn(
+				"--peer-secret-file %s: not read, ignoring: peering is off without "
+				"--peer-listen or --peer",
+				cfg->secret_file);
+		return 0;
+	}
+	if (!cfg->secret_file) {
+		snprintf(why, why_len,
+			 "--peer-secret-file is required with --peer-listen and --peer");
+		return -EINVAL;
+	}
+	r = peer_secret_load(cfg->secret_file, set->secret, sizeof(set->secret), &set->secret_len,
+			     why, why_len);
+	if (r < 0)
+		return r;
+	set->on = true;
+	snprintf(set->self, sizeof(set->self), "%s", cfg->node_name);
+	if (getrandom(&set->instance, sizeof(set->instance), 0) != sizeof(set->instance))
+		set->instance = wall_ns() ^ ((uint64_t)getpid() << 32);
+	for (unsigned i = 0; i < cfg->n_peers; i++) {
+		struct peer *p = peer_add(set, cfg->peers[i].name);
+
+		if (!p) {
+			snprintf(why, why_len, "out of memory");
+			return -ENOMEM;
+		}
+		p->configured = true;
+		snprintf(p->host, sizeof(p->host), "%s", cfg->peers[i].host);
+		p->port = cfg->peers[i].port;
+		snprintf(p->addr, sizeof(p->addr), "%s%s%s:%u", strchr(p->host, ':') ? "[" : "",
+			 p->host, strchr(p->host, ':') ? "]" : "", p->port);
+	}
+	if (cfg->listen) {
+		r = start_listener(set, cfg, why, why_len);
+		if (r < 0)
+			return r;
+	}
+	for (unsigned i = 0; i < set->n_peers; i++)
+		peer_dial(set->peers[i]);
+	log_info("peering as node %s (instance %016" PRIx64 "): %s%s, %u peers configured",
+		 set->self, set->instance, cfg->listen ? "listening on " : "not listening",
+		 cfg->listen ? cfg->listen : "", cfg->n_peers);
+	return 0;
+}
+
+void peer_set_stop(struct peer_set *set)
+{
+	struct peer_conn *pc;
+
+	if (!set->loop || set->stopping)
+		return;
+	set->stopping = true;
+	if (set->listening)
+		uv_close((uv_handle_t *)&set->listener, NULL);
+	while ((pc = LIST_FIRST(&set->conns)))
+		pc_close(pc, CLOSE_QUIET, "the daemon is stopping");
+	for (unsigned i = 0; i < set->n_peers; i++) {
+		struct peer *p = set->peers[i];
+
+		if (p->resolving)
+			uv_cancel((uv_req_t *)&p->gai);
+		uv_close((uv_handle_t *)&p->redial, NULL);
+	}
+}
+
+void peer_set_fini(struct peer_set *set)
+{
+	for (unsigned i = 0; i < set->n_peers; i++)
+		free(set->peers[i]);
+	set->n_peers = 0;
+	explicit_bzero(set->secret, sizeof(set->secret));
+	set->secret_len = 0;
+}

@@ -1,0 +1,147 @@
+/*
+ * Peering (docs/remote.md, "Peering" and "Authentication"): the TCP
+ * control connections between this daemon and the other nodes' daemons,
+ * on the loop. A listener (--peer-listen), a dialler per configured peer
+ * (--peer NAME=HOST[:PORT], its name resolved again at each dial) that
+ * redials after 1 s, doubling to 30 s; the challenge-response of
+ * peer_auth.h on every connection before anything else; heartbeats once
+ * a connection is up; one connection per pair of nodes (the one dialled by
+ * the node with the smaller name survives). Each peer's state is kept for
+ * operators (PeerList, `tensorctl peers`, the figures).
+ *
+ * Nothing a connection says before it has authenticated changes the peer
+ * table: a refused handshake is logged (rate-limited) and counted, and
+ * shows on a peer only where this node dialled it. This layer knows
+ * frames and the handshake, nothing of the registry.
+ */
+#ifndef TENSORD_PEER_H
+#define TENSORD_PEER_H
+
+#include <sys/queue.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "peer_auth.h"
+
+#define PEER_DEFAULT_PORT 7439
+/* Peers named with --peer, at most. */
+#define PEER_CONFIG_MAX 64
+/* Peers known at once: configured ones and those that dialled in. */
+#define PEER_KNOWN_MAX 256
+/* Connections not yet authenticated, at most; more are closed at accept. */
+#define PEER_UNAUTH_MAX 64
+/* The largest frame payload a peer may send (a Hello is ~120 bytes). */
+#define PEER_FRAME_MAX 4096u
+/* A connection that has not authenticated by then is closed. */
+#define PEER_HANDSHAKE_MS 5000
+#define PEER_HEARTBEAT_MS 1000
+/* A peer silent for this many heartbeats is down. */
+#define PEER_HEARTBEAT_MISSES 3
+#define PEER_REDIAL_MIN_MS 1000
+#define PEER_REDIAL_MAX_MS 30000
+/* Replies this side has queued for a peer past which it is dropped. */
+#define PEER_OUT_MAX (1u << 20)
+/* "HOST:PORT" as shown, HOST at most 253 bytes (a DNS name) or an IPv6 address. */
+#define PEER_ADDR_MAX 264
+#define PEER_ERROR_MAX 320
+
+/* One --peer. */
+struct peer_config_entry {
+	char name[PEER_NAME_MAX + 1];
+	char host[256];
+	uint16_t port;
+};
+
+/* The options of peering; all empty when it is off. */
+struct peer_config {
+	char node_name[PEER_NAME_MAX + 1]; /* --node-name; "" until options_parse() fills it */
+	char *listen;                      /* --peer-listen as given; NULL: no listener */
+	char listen_host[64];              /* its address: "" for every one, else numeric */
+	uint16_t listen_port;
+	char *secret_file; /* --peer-secret-file; NULL: none */
+	struct peer_config_entry peers[PEER_CONFIG_MAX];
+	unsigned n_peers;
+};
+
+/* Whether the options turn peering on (a listener or a peer). */
+static inline bool peer_config_on(const struct peer_config *pc)
+{
+	return pc->listen || pc->n_peers;
+}
+
+enum peer_state {
+	PEER_CONNECTING,     /* resolving or connecting */
+	PEER_AUTHENTICATING, /* connected, handshake under way */
+	PEER_UP,
+	PEER_DOWN,    /* was up or could not connect; error says why */
+	PEER_REFUSED, /* the handshake failed; error says why */
+};
+
+struct peer_set;
+struct peer_conn;
+
+/* A peer: configured, or known since it dialled in and authenticated. */
+struct peer {
+	struct peer_set *set;
+	char name[PEER_NAME_MAX + 1];
+	char host[256]; /* configured peers: what to resolve; else "" */
+	uint16_t port;
+	bool configured;
+	enum peer_state state;
+	uint64_t since_ns;            /* CLOCK_REALTIME of the last change of state */
+	char error[PEER_ERROR_MAX];   /* the last error; "" while none */
+	char addr[PEER_ADDR_MAX];     /* the address of the last connection */
+	uint64_t instance;            /* from its last authenticated Hello; 0: none yet */
+	uint64_t bytes_in, bytes_out; /* over every connection to it, frames included */
+	uint64_t connects;            /* connections that came up */
+	uint64_t failures;            /* dials that failed, handshakes refused, connections lost */
+	bool up_dialled;              /* the connection up is the one this node dialled */
+	struct peer_conn *up;         /* the connection in use, while PEER_UP */
+	struct peer_conn *dial;       /* this node's dial in progress */
+	uv_timer_t redial;
+	unsigned backoff_ms;
+	uv_getaddrinfo_t gai;
+	bool resolving;
+};
+
+struct peer_set {
+	uv_loop_t *loop;
+	bool on;
+	bool stopping;
+	char self[PEER_NAME_MAX + 1];
+	uint64_t instance;
+	uint8_t secret[PEER_SECRET_MAX];
+	size_t secret_len;
+	uv_tcp_t listener;
+	bool listening;
+	char listen_addr[PEER_ADDR_MAX];
+	struct peer *peers[PEER_KNOWN_MAX]; /* owned; in the order they became known */
+	unsigned n_peers;
+	unsigned n_up;
+	unsigned n_unauth; /* connections before their handshake ended */
+	LIST_HEAD(, peer_conn) conns;
+	uint64_t next_conn_id;
+	uint64_t auth_failures; /* handshakes refused, both roles */
+};
+
+/*
+ * Loads the secret (peer_secret_load()), binds the listener and starts a
+ * dialler per configured peer. 0; or -errno with the reason, naming the
+ * file or address, in why. Does nothing (0) when cfg turns peering off.
+ */
+int peer_set_start(struct peer_set *set, uv_loop_t *loop, const struct peer_config *cfg, char *why,
+		   size_t why_len);
+
+/* Stops listening and dialling and closes every connection; the loop then ends. */
+void peer_set_stop(struct peer_set *set);
+
+/* After the loop: frees the peers and wipes the secret. */
+void peer_set_fini(struct peer_set *set);
+
+/* "connecting", "authenticating", "up", "down", "refused". */
+const char *peer_state_name(enum peer_state s);
+
+#endif /* TENSORD_PEER_H */
