@@ -368,7 +368,12 @@ bool td_bindings_ready(tensord_client *c)
 	int r;
 
 	pthread_mutex_lock(&c->lock);
-	if (bs->state != TD_BIND_UNTRIED) {
+	/*
+	 * A connection that attaches once (a command-line tool, a one-shot
+	 * script) never pays for a page and a watcher thread: the page is
+	 * asked for by the second attach that takes a round trip.
+	 */
+	if (bs->state != TD_BIND_UNTRIED || bs->round_trips++ == 0) {
 		bool on = bs->state == TD_BIND_ON;
 
 		pthread_mutex_unlock(&c->lock);

@@ -33,6 +33,7 @@ enum td_bind_state { TD_BIND_UNTRIED, TD_BIND_SETTING, TD_BIND_ON, TD_BIND_OFF }
 /* One client's bindings. Guarded by the client's lock, but stop. */
 struct td_bindings {
 	enum td_bind_state state;
+	unsigned round_trips; /* attaches that asked the daemon before the page was asked for */
 	const _Atomic uint64_t *words; /* the page, mapped read-only; NULL: none */
 	uint32_t n_words;
 	uint32_t seen;                 /* the page's clear count when last swept */
@@ -47,8 +48,9 @@ struct td_bindings {
 };
 
 /*
- * Whether attaches on c may ask for a binding: on first use asks the daemon
- * for the page (one round trip), maps it and starts the thread that lets go
+ * Whether attaches on c may ask for a binding: from the second attach on
+ * (a connection that attaches once pays nothing), asks the daemon for the
+ * page once (one round trip), maps it and starts the thread that lets go
  * of bindings whose name moved on. TENSORD_BIND=0 turns it all off. Never
  * fails: without a page, attaches take round trips.
  */

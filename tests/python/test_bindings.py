@@ -43,6 +43,11 @@ def test_a_repeat_attach_asks_the_daemon_nothing(client, daemon, where):
     with tensord.connect(daemon.socket) as r:
         with r.attach("b/x") as t:
             np.testing.assert_array_equal(np.from_dlpack(t), ref)
+        # The first attach of a connection binds nothing (a one-shot client
+        # pays for no page); the second asks for the page and binds.
+        assert figure(client, "binding_pages_total") == 0
+        r.attach("b/x").release()
+        assert figure(client, "binding_pages_total") == 1
         before = attaches(client)
         bound = figure(client, "bindings_total")
         held = [r.attach("b/x") for _ in range(1000)]
@@ -165,6 +170,7 @@ def test_what_is_no_longer_named_is_let_go_without_the_client(daemon, where):
     with tensord.connect(daemon.socket) as w, tensord.connect(daemon.socket) as idle:
         w.put("b/idle", np.ones(SIZES[where], np.float32))
         idle.attach("b/idle").release()
+        idle.attach("b/idle").release()  # the second binds
         assert figure(w, "leases") == 1  # the binding's lease
         w.unlink("b/idle")
         assert wait_until(lambda: figure(w, "tensors") == 0 and figure(w, "leases") == 0,
@@ -226,7 +232,9 @@ def test_kill_9_with_bindings_leaks_nothing(client, child):
         import time; time.sleep(600)
         """)
     ch.expect("held")
-    assert figure(client, "leases") == 1  # one daemon lease behind 1000 local ones
+    # Two daemon leases behind 1000: the first attach's own (a connection's
+    # first attach binds nothing), and the binding's behind the 999 others.
+    assert figure(client, "leases") == 2
     os.kill(ch.proc.pid, signal.SIGKILL)
     ch.proc.wait()
     assert wait_until(lambda: figure(client, "leases") == 0, timeout=10)
@@ -273,7 +281,8 @@ def test_tensord_bind_0_takes_round_trips(client, daemon):
     assert attaches(client) - before == 50
     before = attaches(client)
     subprocess.run([sys.executable, "-c", code, daemon.socket], check=True, timeout=60)
-    assert attaches(client) - before == 1
+    # The first attach binds nothing, the second binds, the rest are local.
+    assert attaches(client) - before == 2
 
 
 def test_a_million_local_leases_on_one_connection(client):
@@ -282,7 +291,8 @@ def test_a_million_local_leases_on_one_connection(client):
     client.put("b/m", np.arange(16, dtype=np.float32))
     before = figure(client, "leases")
     held = [client.attach("b/m") for _ in range(1_000_000)]
-    assert figure(client, "leases") - before == 1
+    # The first attach's own lease, and the binding's behind all the others.
+    assert figure(client, "leases") - before == 2
     np.testing.assert_array_equal(np.from_dlpack(held[-1]), np.arange(16, dtype=np.float32))
     for t in held:
         t.release()
