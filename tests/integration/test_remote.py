@@ -1,0 +1,225 @@
+"""Remote attach of host tensors (docs/remote.md, "Remote attach: the data
+flow"): two real daemons on 127.0.0.1, peered, UCX over TCP loopback. A
+client of node-b attaches "@node-a/NAME" through node-b and gets a normal
+read-only local tensor whose bytes match node-a's; a second attach pulls
+nothing; names not exported, unknown peers and a dead node-a are refused
+with errors that name the peer, the tensor and the reason; node-b killed
+while node-a serves leaves node-a with no leases."""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from conftest import wait_until
+from test_peers import free_port, secret_file, state_is
+
+tensord = pytest.importorskip("tensord")
+
+UCX_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+
+
+def start_pair(daemon_factory, tmp_path, exports=("model/",), extra_a=(), extra_b=()):
+    key = secret_file(tmp_path, "peer.key")
+    pa, pb = free_port(), free_port()
+    args_a = ["--node-name", "node-a", "--peer-listen", "127.0.0.1:%d" % pa,
+              "--peer", "node-b=127.0.0.1:%d" % pb, "--peer-secret-file", key]
+    for e in exports:
+        args_a += ["--export", e]
+    a = daemon_factory(*(args_a + list(extra_a)), env=UCX_ENV, sub="a")
+    b = daemon_factory("--node-name", "node-b", "--peer-listen", "127.0.0.1:%d" % pb,
+                       "--peer", "node-a=127.0.0.1:%d" % pa, "--peer-secret-file", key,
+                       *extra_b, env=UCX_ENV, sub="b")
+    assert wait_until(lambda: state_is(a, "node-b", "up") and state_is(b, "node-a", "up"),
+                      timeout=10)
+    if "built without UCX" in b.read_log():
+        pytest.skip("tensord was built without UCX")
+    return a, b
+
+
+def attach_when_ready(cb, name, timeout=10):
+    """The UCX addresses cross just after the peers come up: retry EHOSTUNREACH."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            return cb.attach(name)
+        except OSError as e:
+            if "has not sent its UCX worker address" not in str(e) or \
+                    time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+
+
+def mapped_inode(addr):
+    """The inode of the file mapped at addr in this process (a memfd's), or None."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= addr < hi:
+                return parts[4] if parts[4] != "0" else None
+    return None
+
+
+CASES = [
+    ("model/small", np.arange(1024, dtype=np.float32)),               # 4 KiB
+    ("model/mid", np.arange(1 << 20, dtype=np.uint8).reshape(1024, 1024)),   # 1 MiB
+    ("model/big", np.random.default_rng(7).integers(0, 1 << 62, (8 << 20,), np.int64)),  # 64 MiB
+    ("model/half", np.linspace(0, 1, 3000).astype(np.float16).reshape(30, 100)),
+    ("model/c64", (np.arange(500) + 1j * np.arange(500)).astype(np.complex64)),
+]
+
+
+def test_remote_attach_bytes_identical_read_only_zero_copy(daemon_factory, tmp_path):
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        for name, arr in CASES:
+            ca.put(name, arr, mode=0o644)
+        first = attach_when_ready(cb, "@node-a/" + CASES[0][0])
+        first.release()
+        for name, arr in CASES:
+            t = cb.attach("@node-a/" + name)
+            pulls = b.stats()["remote_pulls_total"]
+            got = np.from_dlpack(t)
+            assert got.dtype == arr.dtype and got.shape == arr.shape, name
+            np.testing.assert_array_equal(got, arr)
+            assert not got.flags.writeable, name
+            with pytest.raises(ValueError):
+                got[...] = 0
+            # A second attach of the live replica pulls nothing and maps the
+            # same memory; another connection (no binding) asks node-a
+            # whether the replica is current and pulls nothing either.
+            t2 = cb.attach("@node-a/" + name)
+            got2 = np.from_dlpack(t2)
+            np.testing.assert_array_equal(got2, arr)
+            assert mapped_inode(got.ctypes.data) == mapped_inode(got2.ctypes.data) is not None
+            hits = b.stats()["remote_replica_hits_total"]
+            with tensord.Client(b.socket) as cb2:
+                t3 = cb2.attach("@node-a/" + name)
+                np.testing.assert_array_equal(np.from_dlpack(t3), arr)
+                t3.release()
+            s = b.stats()
+            assert s["remote_pulls_total"] == pulls, (name, s)
+            assert s["remote_replica_hits_total"] == hits + 1, (name, s)
+            del got, got2
+            t.release()
+            t2.release()
+        s = b.stats()
+        assert s["remote_pulls_total"] == len(CASES), s
+        assert s["remote_pull_bytes_total"] == sum(arr.nbytes for _, arr in CASES)
+        assert a.stats()["remote_served_total"] == len(CASES)
+        # Node-a's pull leases all ended.
+        assert wait_until(lambda: a.stats()["remote_pull_leases"] == 0, timeout=5)
+
+
+def test_replaced_name_is_pulled_again(daemon_factory, tmp_path):
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/w", np.full(64, 1, np.int32), mode=0o644)
+        with attach_when_ready(cb, "@node-a/model/w") as t:
+            np.testing.assert_array_equal(np.from_dlpack(t), np.full(64, 1, np.int32))
+            ca.put("model/w", np.full(64, 2, np.int32), mode=0o644, replace=True)
+            # A connection with no binding of the name asks node-a, which has
+            # a newer generation: pulled again. (One that holds a binding is
+            # served by it, as for a local name: docs/remote.md.)
+            with tensord.Client(b.socket) as cb2, cb2.attach("@node-a/model/w") as t2:
+                np.testing.assert_array_equal(np.from_dlpack(t2), np.full(64, 2, np.int32))
+            # The first lease still sees the bytes it had.
+            np.testing.assert_array_equal(np.from_dlpack(t), np.full(64, 1, np.int32))
+        assert b.stats()["remote_pulls_total"] == 2
+
+
+def test_replica_freed_after_keep(daemon_factory, tmp_path):
+    a, b = start_pair(daemon_factory, tmp_path, extra_b=("--replica-keep", "200"))
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/k", np.ones(1 << 18, np.float32), mode=0o644)
+        with attach_when_ready(cb, "@node-a/model/k"):
+            time.sleep(0.6)
+            assert b.stats()["remote_replicas"] == 1  # leased: kept
+        assert wait_until(lambda: b.stats()["remote_replicas"] == 0, timeout=5)
+        assert b.stats()["remote_replica_bytes"] == 0
+
+
+def test_refusals_name_the_peer_the_tensor_and_the_reason(daemon_factory, tmp_path):
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/w", np.ones(4, np.float32), mode=0o644)
+        ca.put("secret/w", np.ones(4, np.float32), mode=0o644)
+        ca.put("model/private", np.ones(4, np.float32), mode=0o600)
+        ca.put("model/mut", np.ones(4, np.float32), mutable=True, mode=0o644)
+        attach_when_ready(cb, "@node-a/model/w").release()
+        with pytest.raises(FileNotFoundError) as e:
+            cb.attach("@node-a/secret/w")
+        assert "secret/w" in str(e.value) and "node-a" in str(e.value)
+        assert "not exported" in str(e.value)
+        with pytest.raises(FileNotFoundError) as e:
+            cb.attach("@node-a/model/none")
+        assert "model/none" in str(e.value)
+        with pytest.raises(PermissionError) as e:
+            cb.attach("@node-a/model/private")
+        assert "uid 65534" in str(e.value) and "model/private" in str(e.value)
+        with pytest.raises(PermissionError) as e:
+            cb.attach("@node-a/model/mut")
+        assert "mutable" in str(e.value)
+        with pytest.raises(FileNotFoundError) as e:
+            cb.attach("@node-z/model/w")
+        assert "no peer 'node-z'" in str(e.value) and "node-a" in str(e.value)
+        # Local creates cannot take '@' names.
+        with pytest.raises(OSError) as e:
+            cb.put("@node-a/model/x", np.ones(2))
+        assert e.value.errno == 22
+        assert b.stats()["remote_pull_failures_total"] >= 4
+        assert a.stats()["remote_pull_leases"] == 0
+
+
+def test_export_to_other_peers_only(daemon_factory, tmp_path):
+    a, b = start_pair(daemon_factory, tmp_path, exports=("model/=node-c", "open/"))
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/w", np.ones(4, np.float32), mode=0o644)
+        ca.put("open/w", np.ones(4, np.float32), mode=0o644)
+        attach_when_ready(cb, "@node-a/open/w").release()
+        with pytest.raises(FileNotFoundError):
+            cb.attach("@node-a/model/w")
+
+
+def test_kill_a_then_attach_clear_error(daemon_factory, tmp_path):
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/w", np.ones(1 << 20, np.float32), mode=0o644)
+        attach_when_ready(cb, "@node-a/model/w").release()
+        os.kill(a.pid, signal.SIGKILL)
+        a.proc.wait()
+        # Until node-b notices (EOF at once, or three heartbeats), an attach
+        # fails with the connection lost or the peer down; never bytes.
+        with pytest.raises(OSError) as e:
+            cb.attach("@node-a/model/other")
+        assert "node-a" in str(e.value)
+        assert wait_until(lambda: state_is(b, "node-a", "down"), timeout=8)
+        with pytest.raises(OSError) as e:
+            cb.attach("@node-a/model/w")
+        assert "peer node-a is not connected" in str(e.value)
+        # Its replica went with the connection; nothing half-made is left.
+        s = b.stats()
+        assert s["remote_replicas"] == 0
+    a.log.close()
+    a.proc = None  # reaped here
+
+
+def test_kill_b_holding_a_leases_end(daemon_factory, tmp_path):
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca:
+        ca.put("model/big", np.ones(64 << 20, np.uint8), mode=0o644)
+        with tensord.Client(b.socket) as cb:
+            attach_when_ready(cb, "@node-a/model/w0" if False else "@node-a/model/big").release()
+        before = a.stats()
+        assert before["remote_served_total"] == 1
+        os.kill(b.pid, signal.SIGKILL)
+        b.proc.wait()
+        assert wait_until(lambda: state_is(a, "node-b", "down"), timeout=8)
+        s = a.stats()
+        assert s["remote_pull_leases"] == 0 and s["remote_inflight_bytes"] == 0, s
+        # The tensor's own leases: none but what local clients hold.
+        assert ca.stat("model/big").refcount == 0
+    b.log.close()
+    b.proc = None  # reaped here
