@@ -64,8 +64,10 @@ struct serve {
 struct rpeer {
 	struct remote *rm;
 	struct peer *p;
-	struct xport_ep *ep; /* to its worker; NULL until its address came */
-	uint64_t epoch;      /* connections up so far */
+	struct xport_ep *ep; /* to its worker, made at the first send to it; NULL: none */
+	void *addr;          /* its worker's address (owned); NULL until it came */
+	size_t addr_len;
+	uint64_t epoch; /* connections up so far */
 	bool up;
 	struct reg_client rc; /* A: owns the pull leases of this connection */
 	bool rc_live;
@@ -197,16 +199,22 @@ static void serve_start_queued(struct rpeer *rp);
 static void serve_send(struct serve *s)
 {
 	struct rpeer *rp = s->rp;
-	int r;
+	char why[300] = "";
+	int r = 0;
 
 	s->st = SV_SENDING;
 	rp->inflight += s->len;
 	rp->rm->figs->inflight_bytes += s->len;
-	r = rp->ep ? xport_send(rp->ep, s->id, (const char *)s->map + (s->fd_off & 4095), s->len, s)
-		   : -ENOTCONN;
+	/* The endpoint is made at the first send: peers that pull nothing cost no UCX connection. */
+	if (!rp->ep && (!rp->addr || !rp->rm->x))
+		r = -ENOTCONN;
+	else if (!rp->ep)
+		r = xport_connect(rp->rm->x, rp->addr, rp->addr_len, rp, &rp->ep, why, sizeof(why));
+	if (r == 0)
+		r = xport_send(rp->ep, s->id, (const char *)s->map + (s->fd_off & 4095), s->len, s);
 	if (r < 0) {
-		log_warn("peer %s: cannot send pull %" PRIu64 " (%" PRIu64 " bytes): %s",
-			 rp->p->name, s->id, s->len, strerror(-r));
+		log_warn("peer %s: cannot send pull %" PRIu64 " (%" PRIu64 " bytes): %s%s%s",
+			 rp->p->name, s->id, s->len, strerror(-r), why[0] ? ": " : "", why);
 		rp->inflight -= s->len;
 		rp->rm->figs->inflight_bytes -= s->len;
 		serve_end(s);
@@ -551,7 +559,7 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 		reply_status(cl->conn, ATTACH, id, -EHOSTUNREACH, why);
 		return;
 	}
-	if (!rm->x || !rp->ep) {
+	if (!rm->x || !rp->addr) {
 		snprintf(why, sizeof(why), "tensor '%s': no data path to peer %s: %s", name, peer,
 			 !rm->x ? rm->why : "it has not sent its UCX worker address");
 		reply_status(cl->conn, ATTACH, id, -EHOSTUNREACH, why);
@@ -881,6 +889,8 @@ static void on_peer_down(void *ctx, struct peer *p, const char *reason)
 	}
 	xport_ep_close(rp->ep);
 	rp->ep = NULL;
+	free(rp->addr);
+	rp->addr = NULL;
 	{
 		uint32_t n = rp->rc.n_leases;
 
@@ -895,7 +905,6 @@ static int on_peer_frame(void *ctx, struct peer *p, const Tensord__PeerFrame *f,
 {
 	struct remote *rm = ctx;
 	struct rpeer *rp = p->data;
-	int r;
 
 	if (!rp || !rp->up) {
 		snprintf(why, why_len, "remote attach is not set up for this peer");
@@ -905,12 +914,20 @@ static int on_peer_frame(void *ctx, struct peer *p, const Tensord__PeerFrame *f,
 	case TENSORD__PEER_FRAME__BODY_UCX:
 		if (!rm->x)
 			return 0; /* no data path here: attaches say why */
+		if (!f->ucx->address.len) {
+			snprintf(why, why_len, "an empty UCX worker address");
+			return -EPROTO;
+		}
 		xport_ep_close(rp->ep);
 		rp->ep = NULL;
-		r = xport_connect(rm->x, f->ucx->address.data, f->ucx->address.len, rp, &rp->ep,
-				  why, why_len);
-		if (r < 0)
-			log_warn("peer %s: no data path: %s", p->name, why);
+		free(rp->addr);
+		rp->addr = malloc(f->ucx->address.len);
+		if (!rp->addr) {
+			snprintf(why, why_len, "out of memory for its UCX worker address");
+			return -ENOMEM;
+		}
+		memcpy(rp->addr, f->ucx->address.data, f->ucx->address.len);
+		rp->addr_len = f->ucx->address.len;
 		return 0;
 	case TENSORD__PEER_FRAME__BODY_PULL:
 		on_pull(rp, f->pull);

@@ -221,7 +221,7 @@ CASES = [
     ("short nonce", frame(hello("node-x", nonce=b"0123")), False, "nonce is not 32 bytes"),
     ("proof first", frame(proof(b"\0" * 32)), False, "a Proof when a Hello was due"),
     ("undecodable", frame(b"\xff\xff\xff\xff"), False, "does not decode"),
-    ("over-long", frame(b"", length=1 << 20), False, "more than 4096"),
+    ("over-long", frame(b"", length=1 << 20), False, "more than 16384"),
     ("truncated", frame(hello("node-x"))[:20], True, "in the middle of a frame"),
     ("dialler proof", frame(hello("node-x", proof=b"\1" * 32)), False,
      "the dialler's Hello carries a proof"),
