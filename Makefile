@@ -368,7 +368,8 @@ run:
 	$(Q)PYTHON=$(PYTHON) bash deploy/demo.sh $(B)
 
 # C attach latency, the UCX GET baseline over TCP loopback (bench/ucx_get.c:
-# what remote attach is compared with, docs/remote.md), then Python put and
+# what remote attach is compared with, docs/remote.md) and remote attach
+# next to it (bench/py_remote.py: two daemons peered on 127.0.0.1), then Python put and
 # attach next to their peers, polling adaptive next to off under confinement
 # and CPU hogs (bench/py_spin.py), then sets, versions and watches
 # (bench/py_sets.py), each run both pinned to one CPU (no cross-CPU
@@ -376,6 +377,8 @@ run:
 bench: all
 	$(Q)set -e; for b in $(BENCH_BIN); do $$b; done
 	$(Q)$(if $(UCX_OK),$(UCX_BENCH_BIN),echo "ucx_get: skipped: $(UCX_MISSING)")
+	$(Q)$(if $(UCX_OK),TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python \
+		$(PYTHON) bench/py_remote.py,echo "py_remote: skipped: $(UCX_MISSING)")
 	$(Q)set -e; export TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python; \
 	echo "== pinned to CPU 0"; taskset -c 0 $(PYTHON) bench/py_put.py --sizes 4K,64K,64M,1G; \
 	echo "== unpinned"; $(PYTHON) bench/py_put.py; \

@@ -51,6 +51,12 @@ def attach_when_ready(cb, name, timeout=10):
             time.sleep(0.05)
 
 
+def host_used(d):
+    """Bytes the host device's tensors take on d."""
+    dev = next(x for x in d.stats()["devices"] if x["device"] == "cpu")
+    return dev[next(k for k in dev if "used" in k)]
+
+
 def mapped_inode(addr):
     """The inode of the file mapped at addr in this process (a memfd's), or None."""
     with open("/proc/self/maps") as f:
@@ -223,3 +229,45 @@ def test_kill_b_holding_a_leases_end(daemon_factory, tmp_path):
         assert ca.stat("model/big").refcount == 0
     b.log.close()
     b.proc = None  # reaped here
+
+
+def test_kill_a_mid_pull_nothing_half_made(daemon_factory, tmp_path):
+    import threading
+
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/s", np.ones(4, np.float32), mode=0o644)
+        attach_when_ready(cb, "@node-a/model/s").release()
+        ca.put("model/huge", np.ones(1 << 30, np.uint8), mode=0o644)
+        used0 = host_used(b)
+        out = {}
+
+        def pull():
+            try:
+                out["t"] = cb.attach("@node-a/model/huge")
+            except OSError as e:
+                out["e"] = e
+
+        th = threading.Thread(target=pull)
+        th.start()
+        # Kill node-a once its bytes are on the way.
+        assert wait_until(lambda: a.stats().get("remote_inflight_bytes", 0) > 0 or
+                          "e" in out or "t" in out, timeout=10, interval=0.001)
+        os.kill(a.pid, signal.SIGKILL)
+        a.proc.wait()
+        th.join(30)
+        assert not th.is_alive()
+        if "t" in out:
+            pytest.skip("the pull finished before the kill")
+        e = out["e"]
+        assert "node-a" in str(e) and "model/huge" in str(e), e
+        assert e.errno in (104, 110), e  # ECONNRESET, or ETIMEDOUT
+        s = b.stats()
+        assert s["remote_replicas"] == 0 and s["remote_pull_failures_total"] >= 1, s
+        assert wait_until(lambda: host_used(b) <= used0, timeout=5), (host_used(b), used0)
+        # A new attach of it fails cleanly too, and node-b still serves.
+        with pytest.raises(OSError):
+            cb.attach("@node-a/model/huge")
+        cb.put("local/x", np.ones(3))
+    a.log.close()
+    a.proc = None  # reaped here
