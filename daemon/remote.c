@@ -1021,10 +1021,17 @@ void remote_start(struct server *srv)
 	srv->peers.hooks_ctx = rm;
 }
 
+static void on_keep_closed(uv_handle_t *h)
+{
+	free(h->data);
+}
+
 void remote_stop(struct server *srv)
 {
 	struct remote *rm = srv->remote;
 	struct pull *pl, *next;
+	struct replica *r;
+	struct serve *s;
 
 	if (!rm)
 		return;
@@ -1037,9 +1044,34 @@ void remote_stop(struct server *srv)
 	srv->peers.on_up = NULL;
 	srv->peers.on_down = NULL;
 	srv->peers.on_frame = NULL;
-	uv_close((uv_handle_t *)&rm->keep, NULL);
+	/* After this no UCX callback comes: what UCX held may go. */
 	xport_fini(rm->x);
 	rm->x = NULL;
+	while ((pl = LIST_FIRST(&rm->pulls))) {
+		if (pl->map)
+			munmap(pl->map, pl->map_len);
+		pull_free(pl);
+	}
+	for (unsigned i = 0; i < srv->peers.n_peers; i++) {
+		struct rpeer *rp = srv->peers.peers[i]->data;
+
+		if (!rp)
+			continue;
+		while ((s = TAILQ_FIRST(&rp->serves)))
+			serve_end(s);
+		if (rp->rc_live)
+			registry_client_gone(&srv->reg, &rp->rc);
+		free(rp->addr);
+		free(rp);
+		srv->peers.peers[i]->data = NULL;
+	}
+	while ((r = LIST_FIRST(&rm->replicas))) {
+		LIST_REMOVE(r, link);
+		free(r);
+	}
+	registry_client_gone(&srv->reg, &rm->rc);
+	srv->remote = NULL;
+	uv_close((uv_handle_t *)&rm->keep, on_keep_closed); /* frees rm */
 }
 
 void remote_client_gone(struct client *cl)
