@@ -271,3 +271,112 @@ def test_kill_a_mid_pull_nothing_half_made(daemon_factory, tmp_path):
         cb.put("local/x", np.ones(3))
     a.log.close()
     a.proc = None  # reaped here
+
+
+def peer_frames(s, want, timeout=5):
+    """Reads frames until one whose PeerFrame field is want; returns its fields."""
+    from test_peers import fields, read_varint
+    s.settimeout(timeout)
+    while True:
+        head = b""
+        while len(head) < 8:
+            chunk = s.recv(8 - len(head))
+            assert chunk, "the daemon closed the connection"
+            head += chunk
+        n = int.from_bytes(head[:4], "little")
+        body = b""
+        while len(body) < n:
+            chunk = s.recv(n - len(body))
+            assert chunk
+            body += chunk
+        key, i = read_varint(body, 0)
+        if key >> 3 == want:
+            ln, i = read_varint(body, i)
+            return fields(body[i:i + ln])
+
+
+def zigzag(v):
+    return (v << 1) ^ (v >> 31)
+
+
+def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
+    """An authenticated peer that breaks the remote attach protocol: the
+    daemon answers or closes that connection, holds nothing for it, and
+    serves its clients throughout."""
+    from test_peers import FakePeer, fbytes, fint, frame
+    key = secret_file(tmp_path, "peer.key")
+    port = free_port()
+    d = daemon_factory("--node-name", "node-m", "--peer-listen", "127.0.0.1:%d" % port,
+                       "--peer-secret-file", key, "--export", "model/", env=UCX_ENV, sub="m")
+    with tensord.Client(d.socket) as c:
+        gen = c.put("model/w", np.arange(1024, dtype=np.float32), mode=0o644)
+        me = FakePeer("node-z", key)
+        s = me.dial(port, "node-m")
+        assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
+
+        def send(field, body):
+            # Each with a heartbeat: the daemon calls a silent peer down after 3 s.
+            s.sendall(frame(fbytes(3, fint(1, 1))) + frame(fbytes(field, body)))
+
+        send(5, fint(1, 1) + fbytes(2, b"model/w"))                      # Pull
+        r = peer_frames(s, 6)
+        assert r[1] == 1 and r.get(2, 0) == 0 and r[6] == 4096 and r[5] == gen, r
+        assert d.stats()["remote_pull_leases"] == 1
+        send(7, fint(1, 1))          # PullGo, but this peer never sent a UCX address
+        assert wait_until(lambda: d.stats()["remote_pull_leases"] == 0, timeout=5)
+        send(5, fint(1, 2) + fbytes(2, b"bad name!"))                    # an invalid name
+        r = peer_frames(s, 6)
+        assert r[1] == 2 and r[2] == zigzag(-22) and b"bad name" in r[3], r
+        send(5, fint(1, 3) + fbytes(2, b"model/w") + fint(3, gen))      # current
+        r = peer_frames(s, 6)
+        assert r[1] == 3 and r[4] == 1 and d.stats()["remote_pull_leases"] == 0, r
+        send(5, fint(1, 4) + fbytes(2, b"other/w"))                     # not exported
+        r = peer_frames(s, 6)
+        assert r[2] == zigzag(-2) and b"not exported" in r[3], r
+        send(6, fint(1, 99) + fint(6, 8))      # a PullReply for no pull: told to end it
+        r = peer_frames(s, 8)
+        assert r[1] == 99
+        send(7, fint(1, 1234))
+        send(8, fint(1, 555))
+        # A client's attach through this peer: no UCX address from it yet.
+        with pytest.raises(OSError) as e:
+            c.attach("@node-z/x")
+        assert e.value.errno == 113 and "node-z" in str(e.value)
+        send(4, fbytes(1, b"\x01\x02garbage"))          # a UCX address that is not one
+        send(8, fint(1, 556))
+        # A pull then makes this node's endpoint to that address: refused by UCX, survived.
+        send(5, fint(1, 10) + fbytes(2, b"model/w"))
+        assert peer_frames(s, 6)[1] == 10
+        send(7, fint(1, 10))
+        assert wait_until(lambda: d.stats()["remote_pull_leases"] == 0, timeout=5)
+        assert d.alive()
+        out = {}
+
+        def attach():
+            try:
+                out["t"] = c.attach("@node-z/x")
+            except OSError as ex:
+                out["e"] = ex
+
+        import threading
+        th = threading.Thread(target=attach)
+        th.start()
+        r = peer_frames(s, 5)                          # the daemon's Pull
+        assert r[2] == b"x"
+        # A descriptor of 40 dimensions: refused, and the connection closed.
+        send(6, fint(1, r[1]) + fint(7, 2) + fint(8, 32) + fint(9, 1) + fint(6, 4) +
+             b"".join(fint(10, 1) for _ in range(40)) + b"".join(fint(11, 1) for _ in range(40)))
+        th.join(10)
+        assert "e" in out and out["e"].errno == 71 and "node-z" in str(out["e"]), out
+        s.settimeout(5)
+        try:
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+        s.close()
+        # Still serving.
+        c.put("local/after", np.ones(3))
+        with c.attach("model/w") as t:
+            assert np.from_dlpack(t)[5] == 5
+        assert d.alive()
