@@ -195,6 +195,8 @@ static struct serve *serve_find(struct rpeer *rp, uint64_t id)
 }
 
 static void serve_start_queued(struct rpeer *rp);
+static int serve_map(struct serve *s);
+static void pull_complete(struct pull *pl);
 
 static void serve_send(struct serve *s)
 {
@@ -331,31 +333,35 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 	rep.strides = t->strides;
 	f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
 	f.pull_reply = &rep;
+	/* Small tensors go inline, in the reply: one round trip, no UCX message. */
+	if (t->nbytes && t->nbytes <= REMOTE_INLINE_MAX && serve_map(s) == 0) {
+		rep.data.data = (uint8_t *)s->map + (s->fd_off & 4095);
+		rep.data.len = (size_t)t->nbytes;
+		send_frame(rp, &f);
+		figure_count(FIG_remote_served_total, 1);
+		figure_count(FIG_remote_served_bytes_total, t->nbytes);
+		serve_end(s);
+		return;
+	}
 	send_frame(rp, &f);
 	log_debug("peer %s: pull %" PRIu64 " of '%s' (%" PRIu64 " bytes): leased", rp->p->name,
 		  m->id, m->name, t->nbytes);
 }
 
-static void on_pull_go(struct rpeer *rp, uint64_t id)
+/* Maps s's bytes read-only (s->map): 0, or -errno, logged. */
+static int serve_map(struct serve *s)
 {
-	struct serve *s = serve_find(rp, id);
+	struct rpeer *rp = s->rp;
 	size_t page = 4096;
 	uint64_t base;
 	int fd = -1, r, e;
 
-	if (!s || s->st != SV_LEASED)
-		return; /* ended meanwhile; B's timer or its receive says so */
-	if (s->len == 0) {
-		serve_end(s);
-		return;
-	}
 	/* A read-only descriptor, as a reader client would get (a slab's too). */
 	r = s->t->alloc.ops->export_fd(&s->t->alloc, false, &fd);
 	if (r < 0 || fd < 0) {
-		log_warn("peer %s: pull %" PRIu64 " of '%s': no descriptor: %s", rp->p->name, id,
+		log_warn("peer %s: pull %" PRIu64 " of '%s': no descriptor: %s", rp->p->name, s->id,
 			 s->t->name, strerror(r < 0 ? -r : EBADF));
-		serve_end(s);
-		return;
+		return r < 0 ? r : -EBADF;
 	}
 	base = s->fd_off & ~(uint64_t)(page - 1);
 	s->map_len = (size_t)(s->fd_off - base + s->len);
@@ -364,8 +370,20 @@ static void on_pull_go(struct rpeer *rp, uint64_t id)
 	close(fd);
 	if (s->map == MAP_FAILED) {
 		log_warn("peer %s: pull %" PRIu64 ": cannot map %" PRIu64 " bytes: %s", rp->p->name,
-			 id, s->len, strerror(e));
+			 s->id, s->len, strerror(e));
 		s->map = NULL;
+		return -e;
+	}
+	return 0;
+}
+
+static void on_pull_go(struct rpeer *rp, uint64_t id)
+{
+	struct serve *s = serve_find(rp, id);
+
+	if (!s || s->st != SV_LEASED)
+		return; /* ended meanwhile; B's timer or its receive says so */
+	if (s->len == 0 || serve_map(s) < 0) {
 		serve_end(s);
 		return;
 	}
@@ -692,6 +710,18 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 				  strerror(e));
 			return 0;
 		}
+	}
+	if (m->data.len) { /* inline: the bytes are here */
+		if (m->data.len != nbytes) {
+			snprintf(why, why_len, "inline bytes of '%s': %zu, not %" PRIu64, pl->name,
+				 m->data.len, nbytes);
+			pull_fail(pl, -EPROTO, "it sent %zu bytes inline for %" PRIu64, m->data.len,
+				  nbytes);
+			return -EPROTO;
+		}
+		memcpy(pl->map, m->data.data, m->data.len);
+		pull_complete(pl);
+		return 0;
 	}
 	uv_timer_start(&pl->timer, on_pull_timeout,
 		       PULL_BASE_MS + (uint64_t)nbytes / PULL_BYTES_PER_MS, 0);

@@ -27,6 +27,8 @@
 #define REMOTE_MAX_INFLIGHT_DEFAULT (256ull << 20)
 /* Pull leases one peer may hold on this node at once; past it, EAGAIN. */
 #define REMOTE_SERVES_MAX 1024
+/* Tensors this small go inline in the PullReply (a peer frame holds 16 KiB). */
+#define REMOTE_INLINE_MAX 8192u
 /* The uid a peer acts as in this node's mode checks (nobody). */
 #define REMOTE_PEER_UID 65534u
 

@@ -309,7 +309,8 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
     d = daemon_factory("--node-name", "node-m", "--peer-listen", "127.0.0.1:%d" % port,
                        "--peer-secret-file", key, "--export", "model/", env=UCX_ENV, sub="m")
     with tensord.Client(d.socket) as c:
-        gen = c.put("model/w", np.arange(1024, dtype=np.float32), mode=0o644)
+        # 16 KiB: past the inline size, so a pull holds a lease until its Go.
+        gen = c.put("model/w", np.arange(4096, dtype=np.float32), mode=0o644)
         me = FakePeer("node-z", key)
         s = me.dial(port, "node-m")
         assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
@@ -320,13 +321,19 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
 
         send(5, fint(1, 1) + fbytes(2, b"model/w"))                      # Pull
         r = peer_frames(s, 6)
-        assert r[1] == 1 and r.get(2, 0) == 0 and r[6] == 4096 and r[5] == gen, r
+        assert r[1] == 1 and r.get(2, 0) == 0 and r[6] == 16384 and r[5] == gen, r
+        assert 12 not in r  # no inline bytes
         assert d.stats()["remote_pull_leases"] == 1
         send(7, fint(1, 1))          # PullGo, but this peer never sent a UCX address
         assert wait_until(lambda: d.stats()["remote_pull_leases"] == 0, timeout=5)
         send(5, fint(1, 2) + fbytes(2, b"bad name!"))                    # an invalid name
         r = peer_frames(s, 6)
         assert r[1] == 2 and r[2] == zigzag(-22) and b"bad name" in r[3], r
+        c.put("model/tiny", np.arange(16, dtype=np.int32), mode=0o644)
+        send(5, fint(1, 30) + fbytes(2, b"model/tiny"))                 # inline
+        r = peer_frames(s, 6)
+        assert r[1] == 30 and r[12] == np.arange(16, dtype=np.int32).tobytes(), r
+        assert d.stats()["remote_pull_leases"] == 0
         send(5, fint(1, 3) + fbytes(2, b"model/w") + fint(3, gen))      # current
         r = peer_frames(s, 6)
         assert r[1] == 3 and r[4] == 1 and d.stats()["remote_pull_leases"] == 0, r
