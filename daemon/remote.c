@@ -365,7 +365,7 @@ static int serve_map(struct serve *s)
 	}
 	base = s->fd_off & ~(uint64_t)(page - 1);
 	s->map_len = (size_t)(s->fd_off - base + s->len);
-	s->map = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, fd, (off_t)base);
+	s->map = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, (off_t)base);
 	e = errno;
 	close(fd);
 	if (s->map == MAP_FAILED) {
@@ -700,8 +700,8 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 	pl->nbytes = nbytes;
 	if (nbytes) {
 		pl->map_len = (size_t)nbytes;
-		pl->map =
-			mmap(NULL, pl->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, t->alloc.fd, 0);
+		pl->map = mmap(NULL, pl->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+			       t->alloc.fd, 0);
 		if (pl->map == MAP_FAILED) {
 			int e = errno;
 
