@@ -196,6 +196,8 @@ def test_kill_a_then_attach_clear_error(daemon_factory, tmp_path):
         attach_when_ready(cb, "@node-a/model/w").release()
         os.kill(a.pid, signal.SIGKILL)
         a.proc.wait()
+        a.log.close()
+        a.proc = None  # reaped here
         # Until node-b notices (EOF at once, or three heartbeats), an attach
         # fails with the connection lost or the peer down; never bytes.
         with pytest.raises(OSError) as e:
@@ -208,8 +210,6 @@ def test_kill_a_then_attach_clear_error(daemon_factory, tmp_path):
         # Its replica went with the connection; nothing half-made is left.
         s = b.stats()
         assert s["remote_replicas"] == 0
-    a.log.close()
-    a.proc = None  # reaped here
 
 
 def test_kill_b_holding_a_leases_end(daemon_factory, tmp_path):
@@ -222,13 +222,13 @@ def test_kill_b_holding_a_leases_end(daemon_factory, tmp_path):
         assert before["remote_served_total"] == 1
         os.kill(b.pid, signal.SIGKILL)
         b.proc.wait()
+        b.log.close()
+        b.proc = None  # reaped here
         assert wait_until(lambda: state_is(a, "node-b", "down"), timeout=8)
         s = a.stats()
         assert s["remote_pull_leases"] == 0 and s["remote_inflight_bytes"] == 0, s
         # The tensor's own leases: none but what local clients hold.
         assert ca.stat("model/big").refcount == 0
-    b.log.close()
-    b.proc = None  # reaped here
 
 
 def test_kill_a_mid_pull_nothing_half_made(daemon_factory, tmp_path):
@@ -255,6 +255,8 @@ def test_kill_a_mid_pull_nothing_half_made(daemon_factory, tmp_path):
                           "e" in out or "t" in out, timeout=10, interval=0.001)
         os.kill(a.pid, signal.SIGKILL)
         a.proc.wait()
+        a.log.close()
+        a.proc = None  # reaped here
         th.join(30)
         assert not th.is_alive()
         if "t" in out:
@@ -269,8 +271,6 @@ def test_kill_a_mid_pull_nothing_half_made(daemon_factory, tmp_path):
         with pytest.raises(OSError):
             cb.attach("@node-a/model/huge")
         cb.put("local/x", np.ones(3))
-    a.log.close()
-    a.proc = None  # reaped here
 
 
 def peer_frames(s, want, timeout=5):
