@@ -275,6 +275,16 @@ int xport_init(struct xport **ret, uv_loop_t *loop, const struct xport_cbs *cbs,
 		free(x);
 		return -EIO;
 	}
+	/*
+	 * No UCX keepalive: the peer channel's heartbeats (peer.c) say when a
+	 * peer is gone. With it, UCX 1.13 aborted the pulling daemon now and
+	 * then when the sending one was killed mid-transfer (an assertion in
+	 * ucp_request.c purging a wireup REP among keepalive EP_CHECKs; one
+	 * run in 5-8 of test_remote.py, none in 8 without it). An operator's
+	 * own UCX_KEEPALIVE_INTERVAL is left alone.
+	 */
+	if (!getenv("UCX_KEEPALIVE_INTERVAL"))
+		ucp_config_modify(config, "KEEPALIVE_INTERVAL", "inf");
 	params.field_mask = UCP_PARAM_FIELD_FEATURES;
 	params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP; /* never RMA: see the head */
 	st = ucp_init(&params, config, &x->ctx);
