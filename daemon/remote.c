@@ -64,7 +64,7 @@ struct serve {
 struct rpeer {
 	struct remote *rm;
 	struct peer *p;
-	struct xport_ep *ep; /* to its worker, made at the first send to it; NULL: none */
+	struct xport_ep *ep; /* to its worker, made when its address comes; NULL: none */
 	void *addr;          /* its worker's address (owned); NULL until it came */
 	size_t addr_len;
 	uint64_t epoch; /* connections up so far */
@@ -207,7 +207,7 @@ static void serve_send(struct serve *s)
 	s->st = SV_SENDING;
 	rp->inflight += s->len;
 	rp->rm->figs->inflight_bytes += s->len;
-	/* The endpoint is made at the first send: peers that pull nothing cost no UCX connection. */
+	/* The endpoint is made when the peer's worker address comes (on_peer_frame), or here. */
 	if (!rp->ep && (!rp->addr || !rp->rm->x))
 		r = -ENOTCONN;
 	else if (!rp->ep)
@@ -958,6 +958,24 @@ static int on_peer_frame(void *ctx, struct peer *p, const Tensord__PeerFrame *f,
 		}
 		memcpy(rp->addr, f->ucx->address.data, f->ucx->address.len);
 		rp->addr_len = f->ucx->address.len;
+		/*
+		 * The endpoint is made now, not at the first send, so that UCX's
+		 * wireup is over before any tensor is on the way: UCX 1.13 aborts
+		 * a receiving worker whose peer dies while a wireup reply of its
+		 * is still pending behind a transfer (an assertion purging the
+		 * TCP endpoint's pending queue). Failing here is not fatal: the
+		 * first send tries again.
+		 */
+		{
+			char cwhy[300] = "";
+
+			if (xport_connect(rm->x, rp->addr, rp->addr_len, rp, &rp->ep, cwhy,
+					  sizeof(cwhy)) < 0) {
+				log_warn("peer %s: UCX endpoint: %s; the first pull tries again",
+					 p->name, cwhy);
+				rp->ep = NULL;
+			}
+		}
 		return 0;
 	case TENSORD__PEER_FRAME__BODY_PULL:
 		on_pull(rp, f->pull);
