@@ -85,8 +85,16 @@ GPU_OBJ    := $(call obj,$(GPU_API_SRC))
 # schema of its own (proto/peer.proto) and needs libcrypto (the HMAC of
 # peer_auth.c); the daemon calls libcrypto only when peering is on.
 PEER_PB_OBJ := $(B)/proto/peer.pb-c.o
+# UCX (libucp: docs/remote.md), found with pkg-config ('ucx'; Debian's
+# libucx-dev, which deploy/setup.sh installs). Where it is missing the
+# daemon links the data path's stub (daemon/xport/none.c: remote attach
+# answers why) and bench/ucx_get is left out.
+UCX_PKG := ucx
+UCX_OK  := $(shell pkg-config --exists $(UCX_PKG) 2>/dev/null && echo 1)
+XPORT_SRC := $(if $(UCX_OK),daemon/xport/ucx.c,daemon/xport/none.c)
+UCX_LIBS  := $(if $(UCX_OK),$(shell pkg-config --libs $(UCX_PKG)))
 CRYPTO_LIBS := $(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
-DMN_OBJ    := $(call obj,$(wildcard daemon/*.c) $(GPU_DMN_SRC)) \
+DMN_OBJ    := $(call obj,$(wildcard daemon/*.c) $(GPU_DMN_SRC) $(XPORT_SRC)) \
               $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ) $(PEER_PB_OBJ)
 
 CTL_OBJ := $(call obj,$(wildcard client/tensorctl/*.c))
@@ -119,11 +127,7 @@ DBL_CFLAGS := -std=c11 -O2 -g -Wall -Wextra $(WERROR) -Wshadow -fPIC -fvisibilit
 ifneq ($(wildcard $(CUDA_HOME)/include/cuda.h),)
 GPU_SUITE := $(B)/tests/gpu/gpu_suite
 endif
-# UCX (libucp: docs/remote.md), found with pkg-config ('ucx'; Debian's
-# libucx-dev, which deploy/setup.sh installs). Only what needs it is left
-# out where it is missing: today bench/ucx_get, the GET baseline.
-UCX_PKG := ucx
-UCX_OK  := $(shell pkg-config --exists $(UCX_PKG) 2>/dev/null && echo 1)
+# Where UCX is missing, bench/ucx_get (the GET baseline) is left out too.
 UCX_MISSING := UCX not found (pkg-config $(UCX_PKG): no $(UCX_PKG).pc; Debian: libucx-dev, which \
                deploy/setup.sh installs)
 UCX_BENCH_SRC := $(wildcard bench/ucx_get.c)
@@ -178,7 +182,7 @@ FORCE:
 # --- binaries and libraries -------------------------------------------------
 $(B)/tensord: $(DMN_OBJ)
 	@echo "  LD  $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CRYPTO_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CRYPTO_LIBS) $(UCX_LIBS)
 
 $(B)/daemon/main-fakegpu.o: daemon/main.c $(B)/proto/tensord.pb-c.h $(B)/.flags
 	@mkdir -p $(@D)
@@ -188,7 +192,7 @@ $(FAKEGPU_BIN): tests/fakegpu/tensord_fakegpu.c $(B)/daemon/main-fakegpu.o \
 		$(filter-out $(B)/daemon/main.o,$(DMN_OBJ))
 	@mkdir -p $(@D)
 	@echo "  LD  $@"
-	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CRYPTO_LIBS)
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CRYPTO_LIBS) $(UCX_LIBS)
 
 DBL_CORE := tests/gpudouble/core.c tests/gpudouble/double.h gpu/cuda/cuda_api.h gpu/cuda/nvml.h \
             gpu/hip/hip_api.h
@@ -244,8 +248,9 @@ UNIT_DEPS_test_memlimit    := daemon/memlimit.c
 UNIT_DEPS_test_ratelimit   := daemon/ratelimit.c daemon/log.c common/paths.c
 UNIT_DEPS_test_paths       := common/paths.c
 UNIT_DEPS_test_options     := daemon/options.c daemon/config.c daemon/log.c common/paths.c \
-                              daemon/peer_auth.c
+                              daemon/peer_auth.c common/desc.c common/names.c gpu/vendor.c
 $(B)/tests/unit/test_options: LDLIBS += $(CRYPTO_LIBS)
+$(B)/daemon/xport/ucx.o: CFLAGS += $(shell pkg-config --cflags $(UCX_PKG) 2>/dev/null)
 UNIT_DEPS_test_config      := daemon/config.c common/paths.c
 UNIT_DEPS_test_log         := daemon/log.c common/paths.c
 # A daemon module may count a figure (figure_count()): its test links metrics.c, the counters' home.
@@ -363,7 +368,8 @@ run:
 	$(Q)PYTHON=$(PYTHON) bash deploy/demo.sh $(B)
 
 # C attach latency, the UCX GET baseline over TCP loopback (bench/ucx_get.c:
-# what remote attach is compared with, docs/remote.md), then Python put and
+# what remote attach is compared with, docs/remote.md) and remote attach
+# next to it (bench/py_remote.py: two daemons peered on 127.0.0.1), then Python put and
 # attach next to their peers, polling adaptive next to off under confinement
 # and CPU hogs (bench/py_spin.py), then sets, versions and watches
 # (bench/py_sets.py), each run both pinned to one CPU (no cross-CPU
@@ -371,6 +377,8 @@ run:
 bench: all
 	$(Q)set -e; for b in $(BENCH_BIN); do $$b; done
 	$(Q)$(if $(UCX_OK),$(UCX_BENCH_BIN),echo "ucx_get: skipped: $(UCX_MISSING)")
+	$(Q)$(if $(UCX_OK),TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python \
+		$(PYTHON) bench/py_remote.py,echo "py_remote: skipped: $(UCX_MISSING)")
 	$(Q)set -e; export TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python; \
 	echo "== pinned to CPU 0"; taskset -c 0 $(PYTHON) bench/py_put.py --sizes 4K,64K,64M,1G; \
 	echo "== unpinned"; $(PYTHON) bench/py_put.py; \

@@ -40,6 +40,44 @@ int td_name_check(const char *name, size_t len, char *why, size_t why_len)
 	return 0;
 }
 
+int td_remote_name_check(const char *name, size_t len, size_t *ret_peer_len, char *why,
+			 size_t why_len)
+{
+	const char *slash = len > 1 && name[0] == '@' ? memchr(name, '/', len) : NULL;
+	size_t peer_len = slash ? (size_t)(slash - name) - 1 : 0;
+	char q[64];
+
+	td_name_quote(name, len, q, sizeof(q));
+	if (!slash || peer_len == 0 || peer_len > 63) {
+		snprintf(why, why_len,
+			 "remote name %s is not @PEER/NAME with PEER 1-63 bytes of "
+			 "[A-Za-z0-9._-]",
+			 q);
+		return -EINVAL;
+	}
+	for (size_t i = 1; i <= peer_len; i++) {
+		unsigned char ch = (unsigned char)name[i];
+
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+		      (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-')) {
+			snprintf(why, why_len,
+				 "remote name %s: its peer has byte 0x%02x; peers are 1-63 bytes "
+				 "of [A-Za-z0-9._-]",
+				 q, ch);
+			return -EINVAL;
+		}
+	}
+	if (len > TENSORD_NAME_MAX) {
+		snprintf(why, why_len, "remote name %s is %zu bytes; at most %d with its @PEER/", q,
+			 len, TENSORD_NAME_MAX);
+		return -EINVAL;
+	}
+	if (td_name_check(slash + 1, len - peer_len - 2, why, why_len) < 0)
+		return -EINVAL;
+	*ret_peer_len = peer_len;
+	return 0;
+}
+
 const char *td_name_quote(const char *name, size_t len, char *buf, size_t buf_len)
 {
 	size_t o = 0;

@@ -21,6 +21,15 @@
  */
 int td_name_check(const char *name, size_t len, char *why, size_t why_len);
 
+/*
+ * 0 if name (len bytes) names a tensor of another node (docs/remote.md,
+ * "Naming"): "@PEER/NAME", PEER 1-63 bytes of [A-Za-z0-9._-] and NAME a
+ * valid name, the whole at most TENSORD_NAME_MAX bytes; *ret_peer_len is
+ * PEER's length. Else -EINVAL with the reason in why.
+ */
+int td_remote_name_check(const char *name, size_t len, size_t *ret_peer_len, char *why,
+			 size_t why_len);
+
 /* 0 if dt is a DLPack type we can size, else -EINVAL with the reason. */
 int td_dtype_check(DLDataType dt, char *why, size_t why_len);
 

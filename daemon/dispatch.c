@@ -21,6 +21,7 @@
 #include "metrics.h"
 #include "prometheus.h"
 #include "proto/tensord.pb-c.h"
+#include "remote.h"
 #include "reply.h"
 #include "server.h"
 #include "watch.h"
@@ -364,6 +365,7 @@ void dispatch_close(struct conn *c, void *ctx)
 		  cl->rc.pid, cl->rc.n_leases);
 	quota_uncharge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, cl->waits.n_waiters);
 	waiters_drop_owner(&srv->waiters, &cl->waits);
+	remote_client_gone(cl);
 	watch_client_gone(cl);
 	/* Allocations in flight complete without it (create_done()). */
 	dispatch_create_forget(cl);

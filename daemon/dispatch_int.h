@@ -47,6 +47,10 @@ void dispatch_create_forget(struct client *cl);
 /* Attach, at once or parked as a waiter (dispatch_lease.c). m is borrowed. */
 void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m);
 
+/* An attach of a published local name now (remote.c's replicas), answered either way. */
+void dispatch_attach_local(struct client *cl, uint64_t id, const char *name, size_t len,
+			   uint64_t have_id, bool bind);
+
 /*
  * One more waiter for cl, within --max-waiters-per-conn and its uid's
  * share: 0, or -errno and request id (of kind) answered, naming what.

@@ -14,6 +14,7 @@
 #include "gpu/vendor.h"
 #include "log.h"
 #include "metrics.h"
+#include "remote.h"
 #include "reply.h"
 #include "server.h"
 
@@ -176,6 +177,12 @@ static void attach_now(struct client *cl, uint64_t id, const char *name, size_t 
 	metrics_attach_served();
 }
 
+void dispatch_attach_local(struct client *cl, uint64_t id, const char *name, size_t len,
+			   uint64_t have_id, bool bind)
+{
+	attach_now(cl, id, name, len, have_id, NULL, 0, bind);
+}
+
 int dispatch_waiter_charge(struct client *cl, unsigned kind, uint64_t id, const char *what)
 {
 	struct server *srv = cl->srv;
@@ -205,6 +212,10 @@ void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m
 	char why[400], what[300];
 	int r;
 
+	if (m->name[0] == '@') { /* another node's tensor (docs/remote.md, "Naming") */
+		remote_attach(cl, id, m->name, m->have_id, m->bind);
+		return;
+	}
 	r = dispatch_check_name(m->name, why, sizeof(why));
 	if (r < 0) {
 		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, r, why);

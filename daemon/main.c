@@ -37,6 +37,7 @@ static void server_stop(struct server *srv)
 	sdnotify("STOPPING=1\nSTATUS=stopping: %u clients, %llu tensors", srv->conns.n,
 		 (unsigned long long)srv->reg.n_tensors);
 	server_unlisten(srv);
+	remote_stop(srv);
 	peer_set_stop(&srv->peers);
 	metrics_http_stop();
 	ratelimit_flush_all();
@@ -318,6 +319,8 @@ int main(int argc, char **argv)
 			sdnotify("STATUS=%s\nERRNO=%d", why, -r);
 			return 1;
 		}
+		/* Before any peer is up: it hooks into srv.peers (remote.c). */
+		remote_start(&srv);
 	}
 	r = server_listen(&srv);
 	if (r < 0) {

@@ -22,6 +22,7 @@
 #include "backend.h"
 #include "config.h"
 #include "log.h"
+#include "common/desc.h"
 #include "peer.h"
 #include "peer_auth.h"
 
@@ -34,6 +35,9 @@ enum {
 	OPT_PEER_LISTEN,
 	OPT_PEER,
 	OPT_PEER_SECRET,
+	OPT_EXPORT,
+	OPT_REPLICA_KEEP,
+	OPT_PEER_MAX_INFLIGHT,
 	OPT_QUOTA = 0x200,
 };
 
@@ -136,7 +140,14 @@ static void usage(FILE *f)
 		"                     name, resolved again at each dial\n"
 		"  --peer-secret-file PATH  the secret shared by every peer: at least 32\n"
 		"                     bytes, a regular file of this uid or root, mode 0600 or\n"
-		"                     0400; required with --peer-listen and --peer\n");
+		"                     0400; required with --peer-listen and --peer\n"
+		"  --export PREFIX[=PEER,...]  names under PREFIX may be pulled by the peers\n"
+		"                     named (default: every peer) (repeatable); nothing is\n"
+		"                     exported without one; a peer acts as uid 65534\n"
+		"  --replica-keep MS  keep a pulled replica this long after its last lease\n"
+		"                     (default 5000)\n"
+		"  --peer-max-inflight SIZE  bytes being sent to one peer at once (default\n"
+		"                     256Mi; one larger tensor still goes alone)\n");
 	usage_shares(f);
 	fprintf(f,
 		"\n"
@@ -169,6 +180,8 @@ static const struct number_opt {
 	{ 'U', NUM_DECIMAL, "a uid", 0, UINT32_MAX - 1 }, /* (uid_t)-1 is no uid */
 	{ 'g', NUM_DECIMAL, "a gid", 0, UINT32_MAX - 1 }, /* or a group name */
 	{ 'H', NUM_DECIMAL, "a number of milliseconds", 0, UINT32_MAX },
+	{ OPT_REPLICA_KEEP, NUM_DECIMAL, "a number of milliseconds", 0, 86400000 },
+	{ OPT_PEER_MAX_INFLIGHT, NUM_SIZE, "a size", 1, UINT64_MAX },
 /* The per-uid shares: counts up to 2^32-1, sizes up to 2^64-1 bytes. */
 #define QUOTA_NUM_N(kind) { OPT_QUOTA + QUOTA_##kind, NUM_DECIMAL, "a number", 1, UINT32_MAX },
 #define QUOTA_NUM_SIZE(kind) { OPT_QUOTA + QUOTA_##kind, NUM_SIZE, "a size", 1, UINT64_MAX },
@@ -521,6 +534,48 @@ static int check_peering(struct peer_config *pc)
 	return 0;
 }
 
+/* --export PREFIX[=PEER,...] into rc. 0, or 2 with the complaint printed. */
+static int parse_export(const char *arg, struct remote_config *rc)
+{
+	const char *eq = strchr(arg, '=');
+	size_t plen = eq ? (size_t)(eq - arg) : strlen(arg);
+	struct remote_export *e;
+	char why[300], buf[160];
+
+	if (rc->n_exports == REMOTE_EXPORTS_MAX) {
+		fprintf(stderr, "tensord: --export %s: at most %d rules\n",
+			shown(arg, buf, sizeof(buf)), REMOTE_EXPORTS_MAX);
+		return 2;
+	}
+	e = &rc->exports[rc->n_exports];
+	memset(e, 0, sizeof(*e));
+	if (plen && td_name_check(arg, plen, why, sizeof(why)) < 0) {
+		fprintf(stderr, "tensord: --export %s: the prefix: %s\n",
+			shown(arg, buf, sizeof(buf)), why);
+		return 2;
+	}
+	memcpy(e->prefix, arg, plen);
+	e->prefix[plen] = '\0';
+	for (const char *p = eq ? eq + 1 : NULL; p;) {
+		const char *comma = strchr(p, ',');
+		size_t n = comma ? (size_t)(comma - p) : strlen(p);
+
+		if (!peer_name_valid(p, n) || e->n_peers == REMOTE_EXPORT_PEERS_MAX) {
+			fprintf(stderr,
+				"tensord: --export %s: not PREFIX[=PEER,...] with each PEER 1-%d "
+				"bytes of [A-Za-z0-9._-], at most %d of them\n",
+				shown(arg, buf, sizeof(buf)), PEER_NAME_MAX,
+				REMOTE_EXPORT_PEERS_MAX);
+			return 2;
+		}
+		memcpy(e->peers[e->n_peers], p, n);
+		e->peers[e->n_peers++][n] = '\0';
+		p = comma ? comma + 1 : NULL;
+	}
+	rc->n_exports++;
+	return 0;
+}
+
 /* One option into cfg. 0, or 2 (the exit status) with the complaint printed. */
 static int parse_option(int opt, const char *arg, struct server_config *cfg, int *ready_fd)
 {
@@ -597,6 +652,14 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	case OPT_PEER:
 	case OPT_PEER_SECRET:
 		return parse_peer_option(opt, arg, &cfg->peer);
+	case OPT_EXPORT:
+		return parse_export(arg, &cfg->remote);
+	case OPT_REPLICA_KEEP:
+		cfg->remote.replica_keep_ms = (uint32_t)v;
+		return 0;
+	case OPT_PEER_MAX_INFLIGHT:
+		cfg->remote.max_inflight = v;
+		return 0;
 	default:
 		if (opt >= OPT_QUOTA && opt < OPT_QUOTA + QUOTA_KINDS)
 			return parse_limit(opt, v, cfg);
@@ -627,6 +690,9 @@ static const struct option long_opts[] = {
 	{ "peer-listen", required_argument, NULL, OPT_PEER_LISTEN },
 	{ "peer", required_argument, NULL, OPT_PEER },
 	{ "peer-secret-file", required_argument, NULL, OPT_PEER_SECRET },
+	{ "export", required_argument, NULL, OPT_EXPORT },
+	{ "replica-keep", required_argument, NULL, OPT_REPLICA_KEEP },
+	{ "peer-max-inflight", required_argument, NULL, OPT_PEER_MAX_INFLIGHT },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
 #define QUOTA_OPT_N(flag, kind) { flag, required_argument, NULL, OPT_QUOTA + QUOTA_##kind },
@@ -719,6 +785,8 @@ int options_parse(int argc, char **argv, struct server_config *cfg, int *ready_f
 	cfg->socket_mode = 0600;
 	cfg->socket_gid = (gid_t)-1;
 	cfg->max_clients = 4096;
+	cfg->remote.replica_keep_ms = REMOTE_REPLICA_KEEP_MS_DEFAULT;
+	cfg->remote.max_inflight = REMOTE_MAX_INFLIGHT_DEFAULT;
 	r = collect_flags(argc, argv, flags, &n, &config);
 	if (r < 0 && optind < argc) {
 		fprintf(stderr, "tensord: unexpected argument '%s'\n", argv[optind]);

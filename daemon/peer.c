@@ -214,6 +214,8 @@ pc_close(struct peer_conn *pc, enum close_kind kind, const char *fmt, ...)
 	if (p && p->up == pc) {
 		p->up = NULL;
 		set->n_up--;
+		if (set->on_down)
+			set->on_down(set->hooks_ctx, p, reason);
 		if (kind != CLOSE_QUIET) {
 			figure_count(FIG_peer_lost_total, 1);
 			p->failures++;
@@ -284,6 +286,19 @@ static void pc_send(struct peer_conn *pc, const Tensord__PeerFrame *f)
 	pc->tx += w->len;
 	if (pc->peer)
 		pc->peer->bytes_out += w->len;
+}
+
+int peer_send(struct peer *p, const Tensord__PeerFrame *f)
+{
+	if (!p->up || p->up->closing)
+		return -ENOTCONN;
+	pc_send(p->up, f);
+	return p->up && !p->up->closing ? 0 : -ENOTCONN;
+}
+
+struct peer *peer_lookup(struct peer_set *set, const char *name)
+{
+	return peer_find(set, name);
 }
 
 static void send_hello(struct peer_conn *pc, const uint8_t *proof)
@@ -370,6 +385,8 @@ static void pc_up(struct peer_conn *pc, const char *name)
 	uv_timer_start(&pc->timer, on_timer, PEER_HEARTBEAT_MS, PEER_HEARTBEAT_MS);
 	log_info("peer %s: up (%s, %s, instance %016" PRIx64 ")", p->name, pc->addr,
 		 pc->dialler ? "dialled" : "accepted", p->instance);
+	if (set->on_up)
+		set->on_up(set->hooks_ctx, p);
 }
 
 /* Why set_peer refused a Hello's name or nonce. */
@@ -471,6 +488,16 @@ static const char *body_name(Tensord__PeerFrame__BodyCase c)
 		return "a Proof";
 	case TENSORD__PEER_FRAME__BODY_HEARTBEAT:
 		return "a heartbeat";
+	case TENSORD__PEER_FRAME__BODY_UCX:
+		return "a UCX address";
+	case TENSORD__PEER_FRAME__BODY_PULL:
+		return "a Pull";
+	case TENSORD__PEER_FRAME__BODY_PULL_REPLY:
+		return "a PullReply";
+	case TENSORD__PEER_FRAME__BODY_PULL_GO:
+		return "a PullGo";
+	case TENSORD__PEER_FRAME__BODY_PULL_DONE:
+		return "a PullDone";
 	default:
 		return "a frame of no known kind";
 	}
@@ -495,7 +522,13 @@ static void on_frame(struct peer_conn *pc, const uint8_t *payload, size_t len)
 		on_proof(pc, f->proof);
 	else if (pc->phase == PC_UP && c == TENSORD__PEER_FRAME__BODY_HEARTBEAT)
 		; /* last_rx_ns is all it is for */
-	else if (pc->phase == PC_UP)
+	else if (pc->phase == PC_UP && c > TENSORD__PEER_FRAME__BODY_HEARTBEAT &&
+		 pc->peer->up == pc && pc->set->on_frame) {
+		char why[PEER_ERROR_MAX - 64];
+
+		if (pc->set->on_frame(pc->set->hooks_ctx, pc->peer, f, why, sizeof(why)) < 0)
+			pc_close(pc, CLOSE_LOST, "%s: %s", body_name(c), why);
+	} else if (pc->phase == PC_UP)
 		pc_close(pc, CLOSE_LOST, "%s after the handshake", body_name(c));
 	else
 		pc_close(pc, CLOSE_REFUSED, "%s when %s was due", body_name(c),

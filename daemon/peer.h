@@ -25,6 +25,7 @@
 #include <uv.h>
 
 #include "peer_auth.h"
+#include "proto/peer.pb-c.h"
 
 #define PEER_DEFAULT_PORT 7439
 /* Peers named with --peer, at most. */
@@ -33,8 +34,11 @@
 #define PEER_KNOWN_MAX 256
 /* Connections not yet authenticated, at most; more are closed at accept. */
 #define PEER_UNAUTH_MAX 64
-/* The largest frame payload a peer may send (a Hello is ~120 bytes). */
-#define PEER_FRAME_MAX 4096u
+/*
+ * The largest frame payload a peer may send (a Hello is ~120 bytes; a UCX
+ * worker address a few hundred, more with many interfaces).
+ */
+#define PEER_FRAME_MAX 16384u
 /* A connection that has not authenticated by then is closed. */
 #define PEER_HANDSHAKE_MS 5000
 #define PEER_HEARTBEAT_MS 1000
@@ -105,6 +109,7 @@ struct peer {
 	unsigned backoff_ms;
 	uv_getaddrinfo_t gai;
 	bool resolving;
+	void *data; /* the layer above's (remote.c), owned by it; NULL until it sets it */
 };
 
 struct peer_set {
@@ -125,6 +130,19 @@ struct peer_set {
 	LIST_HEAD(, peer_conn) conns;
 	uint64_t next_conn_id;
 	uint64_t auth_failures; /* handshakes refused, both roles */
+	/*
+	 * How the layer above (remote.c) hears of peers, set by main.c before
+	 * peer_set_start(); each may be NULL. on_up: p's connection is up;
+	 * on_down: it ended (reason: why); on_frame: a frame after the handshake
+	 * other than a heartbeat, f borrowed for the call: 0, or -errno with the
+	 * reason in why to close the connection (a peer that breaks the
+	 * protocol is not trusted further).
+	 */
+	void (*on_up)(void *ctx, struct peer *p);
+	void (*on_down)(void *ctx, struct peer *p, const char *reason);
+	int (*on_frame)(void *ctx, struct peer *p, const Tensord__PeerFrame *f, char *why,
+			size_t why_len);
+	void *hooks_ctx;
 };
 
 /*
@@ -140,6 +158,12 @@ void peer_set_stop(struct peer_set *set);
 
 /* After the loop: frees the peers and wipes the secret. */
 void peer_set_fini(struct peer_set *set);
+
+/* Sends f on p's connection: 0, or -ENOTCONN when p is not up (or the send closed it). */
+int peer_send(struct peer *p, const Tensord__PeerFrame *f);
+
+/* The peer of that name, or NULL. Borrowed: peers live until peer_set_fini(). */
+struct peer *peer_lookup(struct peer_set *set, const char *name);
 
 /* "connecting", "authenticating", "up", "down", "refused". */
 const char *peer_state_name(enum peer_state s);

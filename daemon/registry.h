@@ -264,6 +264,9 @@ struct create_args {
 	/* Nonzero: rc's reserve of that id, which the create consumes whatever
 	 * happens: the tensor's memory when it fits (t->from_reserve), else freed. */
 	uint64_t reserve;
+	/* The name is "@PEER/NAME" (td_remote_name_check()): a replica of
+	 * another node's tensor, which only remote.c creates. */
+	bool replica;
 };
 
 /*

@@ -52,7 +52,9 @@ static int create_check(struct registry *reg, const struct reg_client *rc,
 	/* The registry's one name check, where a name enters the table: dispatch
 	 * has checked every name from a peer already, but the table's invariant
 	 * (every name in it is valid) does not rest on that. */
-	int r = td_name_check(a->name, a->name_len, why, why_len);
+	size_t peer_len;
+	int r = a->replica ? td_remote_name_check(a->name, a->name_len, &peer_len, why, why_len)
+			   : td_name_check(a->name, a->name_len, why, why_len);
 
 	if (r < 0)
 		return r;

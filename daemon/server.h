@@ -29,6 +29,7 @@
 #include "quarantine.h"
 #include "quota.h"
 #include "registry.h"
+#include "remote.h"
 #include "waiters.h"
 
 struct server_config {
@@ -38,10 +39,11 @@ struct server_config {
 	const char *metrics_addr; /* --metrics HOST:PORT or unix:PATH; NULL: off */
 	gid_t socket_gid;         /* (gid_t)-1: leave as is */
 	unsigned max_clients;
-	struct quota_limits limits; /* per-uid shares; 0: the default */
-	bool show_all_metadata;     /* list/stat show every tensor to everyone */
-	bool metrics_per_uid;       /* the HTTP metrics show every uid's usage */
-	struct peer_config peer;    /* peering (peer.h); off unless --peer-listen or --peer */
+	struct quota_limits limits;  /* per-uid shares; 0: the default */
+	bool show_all_metadata;      /* list/stat show every tensor to everyone */
+	bool metrics_per_uid;        /* the HTTP metrics show every uid's usage */
+	struct peer_config peer;     /* peering (peer.h); off unless --peer-listen or --peer */
+	struct remote_config remote; /* --export, --replica-keep, --peer-max-inflight */
 };
 
 struct server {
@@ -55,6 +57,9 @@ struct server {
 	struct quarantine quarantine;
 	/* The other nodes' daemons (peer.c); set->on is false while peering is off. */
 	struct peer_set peers;
+	/* Remote attach over the peers (remote.c); NULL while peering is off. */
+	struct remote *remote;
+	struct remote_figures remote_figs;
 	int listen_fd;
 	bool socket_inherited; /* passed by systemd: not ours to unlink */
 	int reserve_fd;        /* spare descriptor for shedding clients at EMFILE */

@@ -24,6 +24,19 @@ static int check_name(const char *name)
 	return 0;
 }
 
+/* An attach may also name another node's tensor, "@PEER/NAME" (docs/remote.md, "Naming"). */
+static int check_attach_name(const char *name)
+{
+	char why[300];
+	size_t peer_len;
+
+	if (!name || name[0] != '@')
+		return check_name(name);
+	if (td_remote_name_check(name, strlen(name), &peer_len, why, sizeof(why)) < 0)
+		return td_set_error(-EINVAL, "%s", why);
+	return 0;
+}
+
 /*
  * The lease in the reply to a create or attach (op) of name.
  * Takes ownership of rep and fd (-1 when none): freed and closed on every
@@ -261,7 +274,7 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 int td_attach_msg(tensord_client *c, struct td_attach_req *am, const char *name, uint64_t after,
 		  int timeout_ms)
 {
-	int r = check_name(name);
+	int r = check_attach_name(name);
 
 	if (r < 0)
 		return r;
@@ -302,7 +315,7 @@ static int attach_lease(tensord_client *c, const char *name, uint64_t after, int
 
 	r = td_client_current(&c);
 	if (r == 0)
-		r = check_name(name);
+		r = check_attach_name(name);
 	if (r < 0)
 		return r;
 	if (after == 0) {

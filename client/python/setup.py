@@ -35,7 +35,8 @@ ROOT = os.path.abspath(os.environ.get("TENSORD_SOURCE_DIR") or
 # The repository files an sdist carries in _src/, relative to the root.
 TREE = ["include/tensord/*.h", "proto/tensord.proto", "proto/peer.proto", "proto/frame.[ch]", "common/*.[ch]",
         "gpu/*.[ch]", "gpu/*/*.[ch]", "client/lib/*.[ch]", "client/lib/sources.txt",
-        "daemon/*.[ch]", "daemon/*.def", "client/tensorctl/*.[ch]", "VERSION"]
+        "daemon/*.[ch]", "daemon/*.def", "daemon/xport/*.c", "client/tensorctl/*.[ch]",
+        "VERSION"]
 
 
 def tree(*patterns):
@@ -61,7 +62,9 @@ def daemon_sources():
     common = ["common/%s.c" % m for m in ("desc", "names", "errors", "paths", "sys")]
     gpu = [p for p in tree("gpu/*.c", "gpu/*/*.c")
            if not os.path.basename(p).startswith("import_")]
-    return tree("daemon/*.c", "proto/frame.c", *common) + gpu
+    # The data path between daemons (daemon/xport.h): UCX where pkg-config finds it.
+    xport = "daemon/xport/ucx.c" if UCX_LIBS else "daemon/xport/none.c"
+    return tree("daemon/*.c", "proto/frame.c", xport, *common) + gpu
 
 
 def pkg_config(pkg, *args):
@@ -107,6 +110,9 @@ CTL_LIBS = (pkg_config("libzip", "--libs") or ["-lzip"]) + \
     link_args("jansson", ["libjansson.a"], "-ljansson")
 # The daemon's peering (docs/remote.md) authenticates with libcrypto's HMAC.
 CRYPTO = pkg_config("libcrypto", "--libs") or ["-lcrypto"]
+# Remote attach moves bytes with UCX (libucx-dev); without it the daemon says why.
+UCX_LIBS = pkg_config("ucx", "--libs")
+UCX_CFLAGS = pkg_config("ucx", "--cflags") if UCX_LIBS else []
 SYSLIBS = ["-ldl", "-lpthread", "-lrt", "-lm"]
 
 
@@ -131,7 +137,8 @@ class BuildExt(build_ext):
         out = os.path.join(os.path.abspath(self.build_lib), "tensord", "bin")
         pb = os.path.join(self.gen, "tensord.pb-c.c")
         peer_pb = os.path.join(self.gen, "peer.pb-c.c")
-        programs = [("tensord", daemon_sources() + [pb, peer_pb], PROTOBUF_C + LIBUV + CRYPTO, []),
+        programs = [("tensord", daemon_sources() + [pb, peer_pb],
+                     PROTOBUF_C + LIBUV + CRYPTO + UCX_LIBS, UCX_CFLAGS),
                     ("tensorctl", tree("client/tensorctl/*.c") + lib_sources() + [pb],
                      PROTOBUF_C + CTL_LIBS, CTL_CFLAGS)]
         for name, srcs, libs, cflags in programs:

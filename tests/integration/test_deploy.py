@@ -41,7 +41,7 @@ def test_runtime_stage_is_small_and_unprivileged():
     (run,) = instr(runtime, "RUN")
     installed = re.search(r"apt-get install -y --no-install-recommends ([^&]+)&&", run)
     assert installed and installed.group(1).split() == ["libuv1", "libprotobuf-c1", "libssl3",
-                                                        "libzip4", "libjansson4"], run
+                                                        "libucx0", "libzip4", "libjansson4"], run
     assert "--uid 10001" in run and "--gid 10001" in run
     assert instr(runtime, "USER") == ["10001:10001"]
     assert instr(runtime, "VOLUME") == ["/run/tensord"]
@@ -76,7 +76,8 @@ def test_build_stage_builds_from_what_it_copies(tmp_path):
     allowed = {"libuv.so.1", "libprotobuf-c.so.1", "libc.so.6", "libm.so.6",
                "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1"}
     tensorctl_too = {"libzip.so.4", "libjansson.so.4"}
-    tensord_too = {"libcrypto.so.3"}  # peering's HMAC (libssl3), docs/remote.md
+    # peering's HMAC (libssl3) and remote attach's UCX (libucx0), docs/remote.md
+    tensord_too = {"libcrypto.so.3", "libucp.so.0", "libucs.so.0"}
     for binary in ["tensord", "tensorctl"]:
         path = tmp_path / "out" / "usr" / "bin" / binary
         dyn = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True,

@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.join(HERE, "..", "..", "bench")
 
@@ -112,3 +114,17 @@ def test_py_sets_bench_runs(daemon):
     assert re.search(r"^  tensord  tx.put +%s / +%s ms; commit -> 3 hold it +%s / +%s ms; "
                      r"tx.put start +-> held +%s / +%s ms$" % ((num,) * 6), out, re.M), out
     assert "ray: skipped (--no-ray)" in out
+
+
+def test_py_remote_runs():
+    """Two peered daemons, a few small pulls and one of 1 MiB: the lines print."""
+    env = dict(os.environ)
+    env.setdefault("TENSORD_BUILD", os.path.join(HERE, "..", "..", "build"))
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "py_remote.py"), "--small", "5",
+                        "--rounds", "1", "--big", "1M"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    if "built without UCX" in r.stderr:
+        pytest.skip("tensord was built without UCX")
+    assert r.returncode == 0, r.stderr
+    assert "py_remote: 4 KiB remote attach (pull) p50" in r.stdout
+    assert "py_remote: 1 MiB remote attach (pull)" in r.stdout

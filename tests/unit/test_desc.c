@@ -17,6 +17,33 @@ static int name_check(const char *s)
 	return td_name_check(s, strlen(s), why, sizeof(why));
 }
 
+/* "@PEER/NAME" (docs/remote.md, "Naming"). */
+static void test_remote_names(void **state)
+{
+	size_t n = 0;
+	char longest[256];
+
+	(void)state;
+	assert_int_equal(td_remote_name_check("@node-a/m/w", 11, &n, why, sizeof(why)), 0);
+	assert_int_equal(n, 6);
+	assert_int_equal(td_remote_name_check("@a/b", 4, &n, why, sizeof(why)), 0);
+	assert_int_equal(n, 1);
+	assert_int_equal(td_remote_name_check("@/m", 3, &n, why, sizeof(why)), -EINVAL);
+	assert_int_equal(td_remote_name_check("@a", 2, &n, why, sizeof(why)), -EINVAL);
+	assert_int_equal(td_remote_name_check("@a/", 3, &n, why, sizeof(why)), -EINVAL);
+	assert_int_equal(td_remote_name_check("a/b", 3, &n, why, sizeof(why)), -EINVAL);
+	assert_int_equal(td_remote_name_check("@a:b/c", 6, &n, why, sizeof(why)), -EINVAL);
+	assert_non_null(strstr(why, "its peer has byte 0x3a"));
+	assert_int_equal(td_remote_name_check("@a/b c", 6, &n, why, sizeof(why)), -EINVAL);
+	memset(longest, 'x', 255);
+	longest[0] = '@';
+	longest[2] = '/';
+	assert_int_equal(td_remote_name_check(longest, 255, &n, why, sizeof(why)), 0);
+	longest[255] = 'x';
+	assert_int_equal(td_remote_name_check(longest, 256, &n, why, sizeof(why)), -EINVAL);
+	assert_non_null(strstr(why, "256 bytes"));
+}
+
 static void test_names(void **state)
 {
 	char longest[256], too_long[257];
@@ -174,10 +201,10 @@ static void test_strerror(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_names),          cmocka_unit_test(test_dtype_names),
-		cmocka_unit_test(test_devices),        cmocka_unit_test(test_layout_compact),
-		cmocka_unit_test(test_layout_strided), cmocka_unit_test(test_layout_refusals),
-		cmocka_unit_test(test_strerror),
+		cmocka_unit_test(test_names),           cmocka_unit_test(test_remote_names),
+		cmocka_unit_test(test_dtype_names),     cmocka_unit_test(test_devices),
+		cmocka_unit_test(test_layout_compact),  cmocka_unit_test(test_layout_strided),
+		cmocka_unit_test(test_layout_refusals), cmocka_unit_test(test_strerror),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

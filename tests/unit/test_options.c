@@ -478,6 +478,51 @@ static void test_peer_options(void **state)
 	assert_string_equal(cfg.peer.node_name, "");
 }
 
+/* Remote attach's options (docs/operating.md, "Remote attach"): rules, defaults, refusals. */
+static void test_export_options(void **state)
+{
+	const char *args[] = {
+		"--export", "model/=b,c",          "--export", "open/", "--replica-keep",
+		"250",      "--peer-max-inflight", "1Mi"
+	};
+	static const struct {
+		const char *value, *says;
+	} bad[] = {
+		{ "has space/", "--export 'has space/': the prefix: name" },
+		{ "model/=b c", "not PREFIX[=PEER,...]" },
+		{ "model/=", "not PREFIX[=PEER,...]" },
+		{ "model/=b,,c", "not PREFIX[=PEER,...]" },
+	};
+
+	(void)state;
+	write_conf("");
+	assert_int_equal(parse_argv(0, NULL), -1);
+	assert_int_equal(cfg.remote.n_exports, 0); /* nothing exported by default */
+	assert_int_equal(cfg.remote.replica_keep_ms, REMOTE_REPLICA_KEEP_MS_DEFAULT);
+	assert_true(cfg.remote.max_inflight == REMOTE_MAX_INFLIGHT_DEFAULT);
+	assert_int_equal(parse_argv(8, args), -1);
+	assert_int_equal(cfg.remote.n_exports, 2);
+	assert_string_equal(cfg.remote.exports[0].prefix, "model/");
+	assert_int_equal(cfg.remote.exports[0].n_peers, 2);
+	assert_string_equal(cfg.remote.exports[0].peers[1], "c");
+	assert_string_equal(cfg.remote.exports[1].prefix, "open/");
+	assert_int_equal(cfg.remote.exports[1].n_peers, 0);
+	assert_int_equal(cfg.remote.replica_keep_ms, 250);
+	assert_true(cfg.remote.max_inflight == 1u << 20);
+	/* In the file: a line per rule. */
+	write_conf("export = a/\nexport = b/=x\n");
+	assert_int_equal(parse_argv(0, NULL), -1);
+	assert_int_equal(cfg.remote.n_exports, 2);
+	assert_string_equal(cfg.remote.exports[1].peers[0], "x");
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		assert_int_equal(parse_flag("export", bad[i].value), 2);
+		if (!strstr(err, bad[i].says))
+			fail_msg("--export %s: said '%s', not '%s'", bad[i].value, err,
+				 bad[i].says);
+	}
+	write_conf("");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -486,6 +531,7 @@ int main(void)
 		cmocka_unit_test(test_issue_examples),
 		cmocka_unit_test(test_sizes_and_groups),
 		cmocka_unit_test(test_peer_options),
+		cmocka_unit_test(test_export_options),
 	};
 	char cmd[128];
 	int r;

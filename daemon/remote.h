@@ -1,0 +1,83 @@
+/*
+ * Remote attach of host tensors (docs/remote.md, "Remote attach: the data
+ * flow"): what a peer may pull from this node (export rules), serving
+ * those pulls (a pull lease owned by the peer's connection, the bytes
+ * sent by the data path of xport.h), and pulling on behalf of this node's
+ * clients ("@PEER/NAME": a read-only local replica, kept while leased and
+ * for --replica-keep after).
+ *
+ * It sits above peer.c (which hands it frames and up/down through the
+ * hooks main.c sets) and the registry, and answers clients through
+ * dispatch; it runs on the loop thread.
+ */
+#ifndef TENSORD_REMOTE_H
+#define TENSORD_REMOTE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "peer_auth.h"
+
+/* --export rules at most. */
+#define REMOTE_EXPORTS_MAX 64
+/* Peers one rule may name. */
+#define REMOTE_EXPORT_PEERS_MAX 16
+#define REMOTE_REPLICA_KEEP_MS_DEFAULT 5000u
+#define REMOTE_MAX_INFLIGHT_DEFAULT (256ull << 20)
+/* Pull leases one peer may hold on this node at once; past it, EAGAIN. */
+#define REMOTE_SERVES_MAX 1024
+/* Tensors this small go inline in the PullReply (a peer frame holds 16 KiB). */
+#define REMOTE_INLINE_MAX 8192u
+/* The uid a peer acts as in this node's mode checks (nobody). */
+#define REMOTE_PEER_UID 65534u
+
+/* One --export PREFIX[=PEER,...]. */
+struct remote_export {
+	char prefix[256]; /* "" exports every name */
+	unsigned n_peers; /* 0: every peer */
+	char peers[REMOTE_EXPORT_PEERS_MAX][PEER_NAME_MAX + 1];
+};
+
+struct remote_config {
+	struct remote_export exports[REMOTE_EXPORTS_MAX];
+	unsigned n_exports;
+	uint32_t replica_keep_ms; /* --replica-keep */
+	uint64_t max_inflight;    /* --peer-max-inflight: bytes being sent to one peer */
+};
+
+/* Whether the rules let peer pull name (len bytes). */
+bool remote_exported(const struct remote_config *rc, const char *peer, const char *name,
+		     size_t len);
+
+/* The gauges (figures.def), in struct server, kept by remote.c. */
+struct remote_figures {
+	uint64_t replicas, replica_bytes;
+	uint64_t pull_leases;    /* leases peers hold on this node's tensors */
+	uint64_t inflight_bytes; /* being sent to peers */
+};
+
+struct server;
+struct client;
+struct remote;
+
+/*
+ * Starts the data path (when peering is on) and hooks into srv->peers.
+ * Never fails the daemon: without a data path, remote attaches answer why.
+ */
+void remote_start(struct server *srv);
+
+/* Ends every pull and replica; before peer_set_stop(). */
+void remote_stop(struct server *srv);
+
+/*
+ * Attach of "@PEER/NAME" by cl, request id: answered now or when the pull
+ * ends, with a lease on the local replica or an error naming the peer, the
+ * name and the reason.
+ */
+void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t have_id, bool bind);
+
+/* cl's connection is closing: its pending remote attaches are forgotten. */
+void remote_client_gone(struct client *cl);
+
+#endif /* TENSORD_REMOTE_H */

@@ -1,0 +1,389 @@
+"""Remote attach of host tensors (docs/remote.md, "Remote attach: the data
+flow"): two real daemons on 127.0.0.1, peered, UCX over TCP loopback. A
+client of node-b attaches "@node-a/NAME" through node-b and gets a normal
+read-only local tensor whose bytes match node-a's; a second attach pulls
+nothing; names not exported, unknown peers and a dead node-a are refused
+with errors that name the peer, the tensor and the reason; node-b killed
+while node-a serves leaves node-a with no leases."""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from conftest import wait_until
+from test_peers import free_port, secret_file, state_is
+
+tensord = pytest.importorskip("tensord")
+
+UCX_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+
+
+def start_pair(daemon_factory, tmp_path, exports=("model/",), extra_a=(), extra_b=()):
+    key = secret_file(tmp_path, "peer.key")
+    pa, pb = free_port(), free_port()
+    args_a = ["--node-name", "node-a", "--peer-listen", "127.0.0.1:%d" % pa,
+              "--peer", "node-b=127.0.0.1:%d" % pb, "--peer-secret-file", key]
+    for e in exports:
+        args_a += ["--export", e]
+    a = daemon_factory(*(args_a + list(extra_a)), env=UCX_ENV, sub="a")
+    b = daemon_factory("--node-name", "node-b", "--peer-listen", "127.0.0.1:%d" % pb,
+                       "--peer", "node-a=127.0.0.1:%d" % pa, "--peer-secret-file", key,
+                       *extra_b, env=UCX_ENV, sub="b")
+    assert wait_until(lambda: state_is(a, "node-b", "up") and state_is(b, "node-a", "up"),
+                      timeout=10)
+    if "built without UCX" in b.read_log():
+        pytest.skip("tensord was built without UCX")
+    return a, b
+
+
+def attach_when_ready(cb, name, timeout=10):
+    """The UCX addresses cross just after the peers come up: retry EHOSTUNREACH."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            return cb.attach(name)
+        except OSError as e:
+            if "has not sent its UCX worker address" not in str(e) or \
+                    time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+
+
+def host_used(d):
+    """Bytes the host device's tensors take on d."""
+    dev = next(x for x in d.stats()["devices"] if x["device"] == "cpu")
+    return dev[next(k for k in dev if "used" in k)]
+
+
+def mapped_inode(addr):
+    """The inode of the file mapped at addr in this process (a memfd's), or None."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= addr < hi:
+                return parts[4] if parts[4] != "0" else None
+    return None
+
+
+CASES = [
+    ("model/small", np.arange(1024, dtype=np.float32)),               # 4 KiB
+    ("model/mid", np.arange(1 << 20, dtype=np.uint8).reshape(1024, 1024)),   # 1 MiB
+    ("model/big", np.random.default_rng(7).integers(0, 1 << 62, (8 << 20,), np.int64)),  # 64 MiB
+    ("model/half", np.linspace(0, 1, 3000).astype(np.float16).reshape(30, 100)),
+    ("model/c64", (np.arange(500) + 1j * np.arange(500)).astype(np.complex64)),
+]
+
+
+def test_remote_attach_bytes_identical_read_only_zero_copy(daemon_factory, tmp_path):
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        for name, arr in CASES:
+            ca.put(name, arr, mode=0o644)
+        first = attach_when_ready(cb, "@node-a/" + CASES[0][0])
+        first.release()
+        for name, arr in CASES:
+            t = cb.attach("@node-a/" + name)
+            pulls = b.stats()["remote_pulls_total"]
+            got = np.from_dlpack(t)
+            assert got.dtype == arr.dtype and got.shape == arr.shape, name
+            np.testing.assert_array_equal(got, arr)
+            assert not got.flags.writeable, name
+            with pytest.raises(ValueError):
+                got[...] = 0
+            # A second attach of the live replica pulls nothing and maps the
+            # same memory; another connection (no binding) asks node-a
+            # whether the replica is current and pulls nothing either.
+            t2 = cb.attach("@node-a/" + name)
+            got2 = np.from_dlpack(t2)
+            np.testing.assert_array_equal(got2, arr)
+            assert mapped_inode(got.ctypes.data) == mapped_inode(got2.ctypes.data) is not None
+            hits = b.stats()["remote_replica_hits_total"]
+            with tensord.Client(b.socket) as cb2:
+                t3 = cb2.attach("@node-a/" + name)
+                np.testing.assert_array_equal(np.from_dlpack(t3), arr)
+                t3.release()
+            s = b.stats()
+            assert s["remote_pulls_total"] == pulls, (name, s)
+            assert s["remote_replica_hits_total"] == hits + 1, (name, s)
+            del got, got2
+            t.release()
+            t2.release()
+        s = b.stats()
+        assert s["remote_pulls_total"] == len(CASES), s
+        assert s["remote_pull_bytes_total"] == sum(arr.nbytes for _, arr in CASES)
+        assert a.stats()["remote_served_total"] == len(CASES)
+        # Node-a's pull leases all ended.
+        assert wait_until(lambda: a.stats()["remote_pull_leases"] == 0, timeout=5)
+
+
+def test_replaced_name_is_pulled_again(daemon_factory, tmp_path):
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/w", np.full(64, 1, np.int32), mode=0o644)
+        with attach_when_ready(cb, "@node-a/model/w") as t:
+            np.testing.assert_array_equal(np.from_dlpack(t), np.full(64, 1, np.int32))
+            ca.put("model/w", np.full(64, 2, np.int32), mode=0o644, replace=True)
+            # A connection with no binding of the name asks node-a, which has
+            # a newer generation: pulled again. (One that holds a binding is
+            # served by it, as for a local name: docs/remote.md.)
+            with tensord.Client(b.socket) as cb2, cb2.attach("@node-a/model/w") as t2:
+                np.testing.assert_array_equal(np.from_dlpack(t2), np.full(64, 2, np.int32))
+            # The first lease still sees the bytes it had.
+            np.testing.assert_array_equal(np.from_dlpack(t), np.full(64, 1, np.int32))
+        assert b.stats()["remote_pulls_total"] == 2
+
+
+def test_replica_freed_after_keep(daemon_factory, tmp_path):
+    a, b = start_pair(daemon_factory, tmp_path, extra_b=("--replica-keep", "200"))
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/k", np.ones(1 << 18, np.float32), mode=0o644)
+        with attach_when_ready(cb, "@node-a/model/k"):
+            time.sleep(0.6)
+            assert b.stats()["remote_replicas"] == 1  # leased: kept
+        assert wait_until(lambda: b.stats()["remote_replicas"] == 0, timeout=5)
+        assert b.stats()["remote_replica_bytes"] == 0
+
+
+def test_refusals_name_the_peer_the_tensor_and_the_reason(daemon_factory, tmp_path):
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/w", np.ones(4, np.float32), mode=0o644)
+        ca.put("secret/w", np.ones(4, np.float32), mode=0o644)
+        ca.put("model/private", np.ones(4, np.float32), mode=0o600)
+        ca.put("model/mut", np.ones(4, np.float32), mutable=True, mode=0o644)
+        attach_when_ready(cb, "@node-a/model/w").release()
+        with pytest.raises(FileNotFoundError) as e:
+            cb.attach("@node-a/secret/w")
+        assert "secret/w" in str(e.value) and "node-a" in str(e.value)
+        assert "not exported" in str(e.value)
+        with pytest.raises(FileNotFoundError) as e:
+            cb.attach("@node-a/model/none")
+        assert "model/none" in str(e.value)
+        with pytest.raises(PermissionError) as e:
+            cb.attach("@node-a/model/private")
+        assert "uid 65534" in str(e.value) and "model/private" in str(e.value)
+        with pytest.raises(PermissionError) as e:
+            cb.attach("@node-a/model/mut")
+        assert "mutable" in str(e.value)
+        with pytest.raises(FileNotFoundError) as e:
+            cb.attach("@node-z/model/w")
+        assert "no peer 'node-z'" in str(e.value) and "node-a" in str(e.value)
+        # Local creates cannot take '@' names.
+        with pytest.raises(OSError) as e:
+            cb.put("@node-a/model/x", np.ones(2))
+        assert e.value.errno == 22
+        assert b.stats()["remote_pull_failures_total"] >= 4
+        assert a.stats()["remote_pull_leases"] == 0
+
+
+def test_export_to_other_peers_only(daemon_factory, tmp_path):
+    a, b = start_pair(daemon_factory, tmp_path, exports=("model/=node-c", "open/"))
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/w", np.ones(4, np.float32), mode=0o644)
+        ca.put("open/w", np.ones(4, np.float32), mode=0o644)
+        attach_when_ready(cb, "@node-a/open/w").release()
+        with pytest.raises(FileNotFoundError):
+            cb.attach("@node-a/model/w")
+
+
+def test_kill_a_then_attach_clear_error(daemon_factory, tmp_path):
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/w", np.ones(1 << 20, np.float32), mode=0o644)
+        attach_when_ready(cb, "@node-a/model/w").release()
+        os.kill(a.pid, signal.SIGKILL)
+        a.proc.wait()
+        a.log.close()
+        a.proc = None  # reaped here
+        # Until node-b notices (EOF at once, or three heartbeats), an attach
+        # fails with the connection lost or the peer down; never bytes.
+        with pytest.raises(OSError) as e:
+            cb.attach("@node-a/model/other")
+        assert "node-a" in str(e.value)
+        assert wait_until(lambda: state_is(b, "node-a", "down"), timeout=8)
+        with pytest.raises(OSError) as e:
+            cb.attach("@node-a/model/w")
+        assert "peer node-a is not connected" in str(e.value)
+        # Its replica went with the connection; nothing half-made is left.
+        s = b.stats()
+        assert s["remote_replicas"] == 0
+
+
+def test_kill_b_holding_a_leases_end(daemon_factory, tmp_path):
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca:
+        ca.put("model/big", np.ones(64 << 20, np.uint8), mode=0o644)
+        with tensord.Client(b.socket) as cb:
+            attach_when_ready(cb, "@node-a/model/w0" if False else "@node-a/model/big").release()
+        before = a.stats()
+        assert before["remote_served_total"] == 1
+        os.kill(b.pid, signal.SIGKILL)
+        b.proc.wait()
+        b.log.close()
+        b.proc = None  # reaped here
+        assert wait_until(lambda: state_is(a, "node-b", "down"), timeout=8)
+        s = a.stats()
+        assert s["remote_pull_leases"] == 0 and s["remote_inflight_bytes"] == 0, s
+        # The tensor's own leases: none but what local clients hold.
+        assert ca.stat("model/big").refcount == 0
+
+
+def test_kill_a_mid_pull_nothing_half_made(daemon_factory, tmp_path):
+    import threading
+
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/s", np.ones(4, np.float32), mode=0o644)
+        attach_when_ready(cb, "@node-a/model/s").release()
+        ca.put("model/huge", np.ones(1 << 30, np.uint8), mode=0o644)
+        used0 = host_used(b)
+        out = {}
+
+        def pull():
+            try:
+                out["t"] = cb.attach("@node-a/model/huge")
+            except OSError as e:
+                out["e"] = e
+
+        th = threading.Thread(target=pull)
+        th.start()
+        # Kill node-a once its bytes are on the way.
+        assert wait_until(lambda: a.stats().get("remote_inflight_bytes", 0) > 0 or
+                          "e" in out or "t" in out, timeout=10, interval=0.001)
+        os.kill(a.pid, signal.SIGKILL)
+        a.proc.wait()
+        a.log.close()
+        a.proc = None  # reaped here
+        th.join(30)
+        assert not th.is_alive()
+        if "t" in out:
+            pytest.skip("the pull finished before the kill")
+        e = out["e"]
+        assert "node-a" in str(e) and "model/huge" in str(e), e
+        assert e.errno in (104, 110), e  # ECONNRESET, or ETIMEDOUT
+        s = b.stats()
+        assert s["remote_replicas"] == 0 and s["remote_pull_failures_total"] >= 1, s
+        assert wait_until(lambda: host_used(b) <= used0, timeout=5), (host_used(b), used0)
+        # A new attach of it fails cleanly too, and node-b still serves.
+        with pytest.raises(OSError):
+            cb.attach("@node-a/model/huge")
+        cb.put("local/x", np.ones(3))
+
+
+def peer_frames(s, want, timeout=5):
+    """Reads frames until one whose PeerFrame field is want; returns its fields."""
+    from test_peers import fields, read_varint
+    s.settimeout(timeout)
+    while True:
+        head = b""
+        while len(head) < 8:
+            chunk = s.recv(8 - len(head))
+            assert chunk, "the daemon closed the connection"
+            head += chunk
+        n = int.from_bytes(head[:4], "little")
+        body = b""
+        while len(body) < n:
+            chunk = s.recv(n - len(body))
+            assert chunk
+            body += chunk
+        key, i = read_varint(body, 0)
+        if key >> 3 == want:
+            ln, i = read_varint(body, i)
+            return fields(body[i:i + ln])
+
+
+def zigzag(v):
+    return (v << 1) ^ (v >> 31)
+
+
+def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
+    """An authenticated peer that breaks the remote attach protocol: the
+    daemon answers or closes that connection, holds nothing for it, and
+    serves its clients throughout."""
+    from test_peers import FakePeer, fbytes, fint, frame
+    key = secret_file(tmp_path, "peer.key")
+    port = free_port()
+    d = daemon_factory("--node-name", "node-m", "--peer-listen", "127.0.0.1:%d" % port,
+                       "--peer-secret-file", key, "--export", "model/", env=UCX_ENV, sub="m")
+    with tensord.Client(d.socket) as c:
+        # 16 KiB: past the inline size, so a pull holds a lease until its Go.
+        gen = c.put("model/w", np.arange(4096, dtype=np.float32), mode=0o644)
+        me = FakePeer("node-z", key)
+        s = me.dial(port, "node-m")
+        assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
+
+        def send(field, body):
+            # Each with a heartbeat: the daemon calls a silent peer down after 3 s.
+            s.sendall(frame(fbytes(3, fint(1, 1))) + frame(fbytes(field, body)))
+
+        send(5, fint(1, 1) + fbytes(2, b"model/w"))                      # Pull
+        r = peer_frames(s, 6)
+        assert r[1] == 1 and r.get(2, 0) == 0 and r[6] == 16384 and r[5] == gen, r
+        assert 12 not in r  # no inline bytes
+        assert d.stats()["remote_pull_leases"] == 1
+        send(7, fint(1, 1))          # PullGo, but this peer never sent a UCX address
+        assert wait_until(lambda: d.stats()["remote_pull_leases"] == 0, timeout=5)
+        send(5, fint(1, 2) + fbytes(2, b"bad name!"))                    # an invalid name
+        r = peer_frames(s, 6)
+        assert r[1] == 2 and r[2] == zigzag(-22) and b"bad name" in r[3], r
+        c.put("model/tiny", np.arange(16, dtype=np.int32), mode=0o644)
+        send(5, fint(1, 30) + fbytes(2, b"model/tiny"))                 # inline
+        r = peer_frames(s, 6)
+        assert r[1] == 30 and r[12] == np.arange(16, dtype=np.int32).tobytes(), r
+        assert d.stats()["remote_pull_leases"] == 0
+        send(5, fint(1, 3) + fbytes(2, b"model/w") + fint(3, gen))      # current
+        r = peer_frames(s, 6)
+        assert r[1] == 3 and r[4] == 1 and d.stats()["remote_pull_leases"] == 0, r
+        send(5, fint(1, 4) + fbytes(2, b"other/w"))                     # not exported
+        r = peer_frames(s, 6)
+        assert r[2] == zigzag(-2) and b"not exported" in r[3], r
+        send(6, fint(1, 99) + fint(6, 8))      # a PullReply for no pull: told to end it
+        r = peer_frames(s, 8)
+        assert r[1] == 99
+        send(7, fint(1, 1234))
+        send(8, fint(1, 555))
+        # A client's attach through this peer: no UCX address from it yet.
+        with pytest.raises(OSError) as e:
+            c.attach("@node-z/x")
+        assert e.value.errno == 113 and "node-z" in str(e.value)
+        send(4, fbytes(1, b"\x01\x02garbage"))          # a UCX address that is not one
+        send(8, fint(1, 556))
+        # A pull then makes this node's endpoint to that address: refused by UCX, survived.
+        send(5, fint(1, 10) + fbytes(2, b"model/w"))
+        assert peer_frames(s, 6)[1] == 10
+        send(7, fint(1, 10))
+        assert wait_until(lambda: d.stats()["remote_pull_leases"] == 0, timeout=5)
+        assert d.alive()
+        out = {}
+
+        def attach():
+            try:
+                out["t"] = c.attach("@node-z/x")
+            except OSError as ex:
+                out["e"] = ex
+
+        import threading
+        th = threading.Thread(target=attach)
+        th.start()
+        r = peer_frames(s, 5)                          # the daemon's Pull
+        assert r[2] == b"x"
+        # A descriptor of 40 dimensions: refused, and the connection closed.
+        send(6, fint(1, r[1]) + fint(7, 2) + fint(8, 32) + fint(9, 1) + fint(6, 4) +
+             b"".join(fint(10, 1) for _ in range(40)) + b"".join(fint(11, 1) for _ in range(40)))
+        th.join(10)
+        assert "e" in out and out["e"].errno == 71 and "node-z" in str(out["e"]), out
+        s.settimeout(5)
+        try:
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+        s.close()
+        # Still serving.
+        c.put("local/after", np.ones(3))
+        with c.attach("model/w") as t:
+            assert np.from_dlpack(t)[5] == 5
+        assert d.alive()
