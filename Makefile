@@ -166,9 +166,9 @@ $(B)/proto/peer.pb-c.c $(B)/proto/peer.pb-c.h: proto/peer.proto
 $(PEER_PB_OBJ): $(B)/proto/peer.pb-c.c
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-shadow -c $< -o $@
 
-$(B)/daemon/peer.o: $(B)/proto/peer.pb-c.h
+# (Every object waits for both generated headers: the generic rule above.)
 
-$(B)/%.o: %.c $(B)/proto/tensord.pb-c.h $(B)/.flags
+$(B)/%.o: %.c $(B)/proto/tensord.pb-c.h $(B)/proto/peer.pb-c.h $(B)/.flags
 	@mkdir -p $(@D)
 	@echo "  CC  $<"
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
