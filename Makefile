@@ -166,7 +166,8 @@ $(B)/proto/peer.pb-c.c $(B)/proto/peer.pb-c.h: proto/peer.proto
 $(PEER_PB_OBJ): $(B)/proto/peer.pb-c.c
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-shadow -c $< -o $@
 
-# (Every object waits for both generated headers: the generic rule above.)
+# Every object waits for both generated headers (the generic rule below):
+# a daemon or library file may include either.
 
 $(B)/%.o: %.c $(B)/proto/tensord.pb-c.h $(B)/proto/peer.pb-c.h $(B)/.flags
 	@mkdir -p $(@D)
