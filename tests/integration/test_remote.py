@@ -7,15 +7,24 @@ with errors that name the peer, the tensor and the reason; node-b killed
 while node-a serves leaves node-a with no leases."""
 import os
 import signal
+import sys
 import time
 
 import numpy as np
 import pytest
 
-from conftest import wait_until
+from conftest import build_path, wait_until
 from test_peers import free_port, secret_file, state_is
 
-tensord = pytest.importorskip("tensord")
+# The integration suites run without PYTHONPATH: the Python module of this
+# build, or of the plain build when this one has none (the sanitizer builds
+# make only the daemon and the C programs; the client is then the plain one).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+for _d in (build_path("python"), os.path.join(ROOT, "build", "python")):
+    if os.path.isdir(os.path.join(_d, "tensord")):
+        sys.path.insert(0, _d)
+        break
+import tensord  # noqa: E402
 
 UCX_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 
