@@ -266,6 +266,8 @@ static int span_readable_text(int fd, uintptr_t a, uintptr_t end)
 				return 1;
 		}
 		have = strlen(line);
+		if (have >= sizeof(buf) - 1)
+			return 0; /* a line longer than any /proc/self/maps line: give up, say unreadable */
 		memmove(buf, line, have);
 	}
 	return a >= end;

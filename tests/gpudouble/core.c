@@ -1015,6 +1015,18 @@ enum dbl_err dbl_set(int dev, void *dst, int value, size_t n)
 	return e != DBL_OK ? e : run(dev, DBL_SET, dst, NULL, value, n, true);
 }
 
+/*
+ * DBL_INVALID_VALUE when [p, p + n) lies in memory device dev maps read-only:
+ * what CUDA's memset answers at once (seen on an H200, driver 580), leaving
+ * the context usable, where a kernel's write would fault.
+ */
+enum dbl_err dbl_refuse_read_only(int dev, const void *p, size_t n)
+{
+	struct dbl_map *m = n ? dbl_map_find((uintptr_t)p, n) : NULL;
+
+	return m && m->access[dev] == DBL_READ ? DBL_INVALID_VALUE : DBL_OK;
+}
+
 enum dbl_err dbl_enqueue(int dev, uintptr_t stream, enum dbl_op op, void *dst, const void *src,
 			 int value, size_t n)
 {

@@ -488,10 +488,19 @@ API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CU
 	return cuMemcpyAsync(dst, src, n, s);
 }
 
-/* A memset is a kernel on the legacy stream: asynchronous, and a bad write faults. */
+/*
+ * A memset is asynchronous on its stream and a bad write faults, but a
+ * read-only target is refused at once with CUDA_ERROR_INVALID_VALUE, the
+ * context left usable (as on hardware: docs/gpu.md, 2026-11-26 run).
+ */
 API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s)
 {
+	enum dbl_err e;
+
 	ENTER(true);
+	e = dbl_refuse_read_only(dev_, (void *)dst, n);
+	if (e != DBL_OK)
+		return leave(e);
 	return leave(dbl_enqueue(dev_, stream_id(s), DBL_SET, (void *)dst, NULL, v, n));
 }
 

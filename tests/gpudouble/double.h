@@ -171,6 +171,7 @@ enum dbl_err dbl_ipc_close(uintptr_t addr, const char *fn);
 enum dbl_op { DBL_COPY, DBL_SET };
 enum dbl_err dbl_copy(int dev, void *dst, const void *src, size_t n, bool is_kernel);
 enum dbl_err dbl_set(int dev, void *dst, int value, size_t n);
+enum dbl_err dbl_refuse_read_only(int dev, const void *p, size_t n);
 enum dbl_err dbl_enqueue(int dev, uintptr_t stream, enum dbl_op op, void *dst, const void *src,
 			 int value, size_t n);
 enum dbl_err dbl_sync(uintptr_t stream, bool all);

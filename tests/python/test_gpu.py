@@ -244,8 +244,8 @@ def test_stats_gpu_bytes_include_the_context(client, daemon):
     import time
     t = client.create("gpu/ctx", (4 << 20,), "uint8", device="cuda:0")
     dev = cuda0_stats(client)
-    print(f"daemon on cuda:0: {dev['gpu_bytes']} bytes with the context, "
-          f"{dev['bytes_used']} in tensors")
+    print(f"daemon on cuda:0: {dev['device_gpu_bytes']} bytes with the context, "
+          f"{dev['device_used_bytes']} in tensors")
     assert dev["device_used_bytes"] >= 4 << 20, dev
     if dev["device_gpu_bytes"] == 0:
         why = [line for line in daemon.read_log().splitlines()
