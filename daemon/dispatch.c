@@ -329,6 +329,7 @@ void dispatch_on_commit(void *ctx, const struct reg_change *v, size_t n, bool lo
 	if (n)
 		waiters_wake_sets(&srv->waiters, v, n, change_name);
 	watch_on_commit(srv, v, n, lost);
+	remote_on_commit(srv, v, n, lost);
 }
 
 void dispatch_open(struct conn *c, void *ctx)

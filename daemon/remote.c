@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdarg.h>
+#include <search.h>
 #include <sys/mman.h>
 #include <sys/queue.h>
 #include <unistd.h>
@@ -74,6 +75,8 @@ struct rpeer {
 	uint64_t inflight; /* bytes being sent to it */
 	unsigned n_serves;
 	TAILQ_HEAD(, serve) serves;
+	void *watched; /* A: tsearch tree of names it holds replicas of (owned strings) */
+	unsigned n_watched;
 };
 
 /* B: a client's attach waiting on a pull. */
@@ -92,8 +95,10 @@ struct pull {
 	char name[TENSORD_NAME_MAX + 1]; /* "@a/m/w" */
 	size_t name_len, peer_len;
 	enum { PL_ASKING, PL_RECEIVING } st;
-	bool dead;   /* failed with its receive posted: waits for that to end */
-	bool posted; /* UCX has the mapping */
+	bool dead;    /* failed with its receive posted: waits for that to end */
+	bool posted;  /* UCX has the mapping */
+	bool watched; /* A tells of the name's next change */
+	bool stale;   /* A told of a change after its reply: not kept as watched */
 	uint64_t lease, generation, nbytes;
 	void *map; /* owned */
 	size_t map_len;
@@ -110,6 +115,7 @@ struct replica {
 	struct rpeer *rp;
 	uint64_t tensor_id, generation, nbytes;
 	uint64_t idle_since_ns; /* 0 while leased */
+	bool watched;           /* the peer tells of a change: served without asking */
 	LIST_ENTRY(replica) link;
 };
 
@@ -237,6 +243,144 @@ static void serve_start_queued(struct rpeer *rp)
 	}
 }
 
+/* A: the names a peer holds replicas of (docs/remote.md, "Freshness"). */
+
+static int name_cmp(const void *a, const void *b)
+{
+	return strcmp(a, b);
+}
+
+/* rp will be told of name's next change: true, or false when it watches too many. */
+static bool watch_add(struct rpeer *rp, const char *name)
+{
+	char *k;
+
+	if (tfind(name, &rp->watched, name_cmp))
+		return true;
+	if (rp->n_watched >= REMOTE_WATCH_MAX || !(k = strdup(name)))
+		return false;
+	if (!tsearch(k, &rp->watched, name_cmp)) {
+		free(k);
+		return false;
+	}
+	rp->n_watched++;
+	rp->rm->figs->watched++;
+	return true;
+}
+
+/* Whether rp watched name; it no longer does. */
+static bool watch_del(struct rpeer *rp, const char *name)
+{
+	char **at = rp->n_watched ? tfind(name, &rp->watched, name_cmp) : NULL;
+	char *k;
+
+	if (!at)
+		return false;
+	k = *at;
+	tdelete(name, &rp->watched, name_cmp);
+	free(k);
+	rp->n_watched--;
+	rp->rm->figs->watched--;
+	return true;
+}
+
+static void watch_clear(struct rpeer *rp)
+{
+	tdestroy(rp->watched, free);
+	rp->watched = NULL;
+	rp->rm->figs->watched -= rp->n_watched;
+	rp->n_watched = 0;
+}
+
+/* A PeerChanged of names[0..n) to rp, and empties the batch. */
+static void changed_send(struct rpeer *rp, char **names, uint64_t *gens, size_t *n)
+{
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerChanged c = TENSORD__PEER_CHANGED__INIT;
+
+	c.n_names = c.n_generations = *n;
+	c.names = names;
+	c.generations = gens;
+	f.body_case = TENSORD__PEER_FRAME__BODY_CHANGED;
+	f.changed = &c;
+	send_frame(rp, &f);
+	*n = 0;
+}
+
+/*
+ * Told in the step that made the changes, on the connection that carried
+ * the replies: B hears of a change after the reply it makes stale, and
+ * before any later reply. A batch stays under a frame's 16 KiB.
+ */
+enum { CHANGED_BATCH = 48 }; /* names of at most 255 bytes each */
+
+struct changed_all {
+	struct rpeer *rp;
+	char *names[CHANGED_BATCH];
+	uint64_t gens[CHANGED_BATCH];
+	size_t k;
+};
+
+static void changed_all_add(const void *node, VISIT which, void *arg)
+{
+	struct changed_all *ca = arg;
+
+	if (which != postorder && which != leaf)
+		return;
+	ca->names[ca->k] = *(char *const *)node;
+	ca->gens[ca->k++] = 0;
+	if (ca->k == CHANGED_BATCH)
+		changed_send(ca->rp, ca->names, ca->gens, &ca->k);
+}
+
+/* Changes of the step were lost (out of memory): rp is told every name it watches. */
+static void changed_all(struct rpeer *rp)
+{
+	struct changed_all ca = { .rp = rp };
+
+	twalk_r(rp->watched, changed_all_add, &ca);
+	if (ca.k)
+		changed_send(rp, ca.names, ca.gens, &ca.k);
+	watch_clear(rp);
+}
+
+void remote_on_commit(struct server *srv, const struct reg_change *v, size_t n, bool lost)
+{
+	char *names[CHANGED_BATCH];
+	uint64_t gens[CHANGED_BATCH];
+	size_t k;
+
+	if (!rm_of(srv))
+		return;
+	for (unsigned i = 0; i < srv->peers.n_peers; i++) {
+		struct rpeer *rp = srv->peers.peers[i]->data;
+
+		if (!rp || !rp->up || !rp->n_watched)
+			continue;
+		if (lost) {
+			changed_all(rp);
+			continue;
+		}
+		k = 0;
+		for (size_t j = 0; j < n; j++) {
+			if (!watch_del(rp, v[j].name))
+				continue;
+			names[k] = (char *)v[j].name;
+			gens[k++] = v[j].generation;
+			if (k == CHANGED_BATCH)
+				changed_send(rp, names, gens, &k);
+		}
+		if (k)
+			changed_send(rp, names, gens, &k);
+	}
+}
+
+static void on_unwatch(struct rpeer *rp, const Tensord__PeerUnwatch *m)
+{
+	for (size_t i = 0; i < m->n_names; i++)
+		watch_del(rp, m->names[i]);
+}
+
 static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 {
 	struct remote *rm = rp->rm;
@@ -251,6 +395,7 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 	bool writable;
 	int r;
 
+	figure_count(FIG_remote_pull_requests_total, 1);
 	if (td_name_check(m->name, len, reason, sizeof(reason)) < 0) {
 		snprintf(why, sizeof(why), "node %s: %s", srv->peers.self, reason);
 		pull_reply_error(rp, m->id, -EINVAL, why);
@@ -270,6 +415,7 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 		rep.id = m->id;
 		rep.current = true;
 		rep.generation = m->have_generation;
+		rep.watched = watch_add(rp, m->name);
 		f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
 		f.pull_reply = &rep;
 		send_frame(rp, &f);
@@ -324,6 +470,7 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 
 	rep.id = m->id;
 	rep.generation = t->generation;
+	rep.watched = watch_add(rp, m->name);
 	rep.nbytes = t->nbytes;
 	rep.dtype_code = t->dtype.code;
 	rep.dtype_bits = t->dtype.bits;
@@ -505,13 +652,19 @@ pull_fail(struct pull *pl, int status, const char *fmt, ...)
 	pull_free(pl);
 }
 
-static void answer_local(struct pull *pl)
+/*
+ * Every waiting attach gets a lease on the replica. Bound (issue 22's
+ * bindings: later attaches served in the client) only when A watches the
+ * name for this node, so that a change unlinks the replica and clears them.
+ */
+static void answer_local(struct pull *pl, bool watched)
 {
 	struct pwait *w;
 
 	while ((w = LIST_FIRST(&pl->waits))) {
 		LIST_REMOVE(w, link);
-		dispatch_attach_local(w->cl, w->id, pl->name, pl->name_len, w->have_id, w->bind);
+		dispatch_attach_local(w->cl, w->id, pl->name, pl->name_len, w->have_id,
+				      w->bind && watched);
 		free(w);
 	}
 }
@@ -583,6 +736,13 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 		reply_status(cl->conn, ATTACH, id, -EHOSTUNREACH, why);
 		return;
 	}
+	rep = replica_find(rm, name);
+	if (rep && rep->watched && !pull_by_name(rm, name)) {
+		/* A tells of its next change before anything else: this is current. */
+		figure_count(FIG_remote_replica_hits_total, 1);
+		dispatch_attach_local(cl, id, name, len, have_id, bind);
+		return;
+	}
 	w = calloc(1, sizeof(*w));
 	if (!w) {
 		reply_status(cl->conn, ATTACH, id, -ENOMEM, "out of memory for a remote attach");
@@ -614,7 +774,6 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	uv_timer_init(srv->loop, &pl->timer);
 	pl->timer.data = pl;
 	uv_timer_start(&pl->timer, on_pull_timeout, PULL_BASE_MS, 0);
-	rep = replica_find(rm, name);
 	if (pull_ask(pl, rep ? rep->generation : 0) < 0)
 		pull_fail(pl, -ECONNRESET, "the connection to it was lost");
 }
@@ -660,8 +819,9 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 			return 0;
 		}
 		figure_count(FIG_remote_replica_hits_total, 1);
+		rep->watched = m->watched;
 		uv_timer_stop(&pl->timer);
-		answer_local(pl);
+		answer_local(pl, rep->watched);
 		pull_free(pl);
 		return 0;
 	}
@@ -697,6 +857,7 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 	}
 	pl->st = PL_RECEIVING;
 	pl->generation = m->generation;
+	pl->watched = m->watched;
 	pl->nbytes = nbytes;
 	if (nbytes) {
 		pl->map_len = (size_t)nbytes;
@@ -756,7 +917,8 @@ static void pull_complete(struct pull *pl)
 		pull_fail(pl, r, "cannot publish its replica: %s", reason);
 		return;
 	}
-	rep = calloc(1, sizeof(*rep));
+	/* Stale (A told of a change after its reply): its waiters get it, nobody after. */
+	rep = pl->stale ? NULL : calloc(1, sizeof(*rep));
 	if (rep) {
 		memcpy(rep->name, pl->name, pl->name_len + 1);
 		rep->name_len = pl->name_len;
@@ -764,6 +926,7 @@ static void pull_complete(struct pull *pl)
 		rep->tensor_id = t->id;
 		rep->generation = pl->generation;
 		rep->nbytes = pl->nbytes;
+		rep->watched = pl->watched;
 		LIST_INSERT_HEAD(&rm->replicas, rep, link);
 		rm->figs->replicas++;
 		rm->figs->replica_bytes += pl->nbytes;
@@ -773,12 +936,58 @@ static void pull_complete(struct pull *pl)
 	log_debug("replica '%s': pulled, %" PRIu64 " bytes in %.3f ms", pl->name, pl->nbytes,
 		  (double)(now_ns() - pl->started_ns) / 1e6);
 	uv_timer_stop(&pl->timer);
-	answer_local(pl);
+	answer_local(pl, rep && rep->watched);
 	/* Waiters hold their leases now: the creator's goes. */
 	registry_release(reg, &rm->rc, pl->lease);
-	if (!rep) /* untracked: unlinked at once, its leases keep it */
+	if (!rep) /* stale or untracked: unlinked at once, its leases keep it */
 		registry_unlink(reg, &rm->rc, pl->name, pl->name_len, reason, sizeof(reason));
 	pull_free(pl);
+}
+
+/*
+ * A says names changed: their replicas are dropped (leases keep the
+ * bytes), and a pull A answered before the change is not kept as watched.
+ */
+static int on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, size_t why_len)
+{
+	struct remote *rm = rp->rm;
+	char full[TENSORD_NAME_MAX + 1];
+	const char *peer = rp->p->name;
+	struct replica *r;
+	struct pull *pl;
+
+	for (size_t i = 0; i < m->n_names; i++) {
+		if ((size_t)snprintf(full, sizeof(full), "@%s/%s", peer, m->names[i]) >=
+		    sizeof(full)) {
+			snprintf(why, why_len, "a change of a name too long for a replica");
+			return -EPROTO;
+		}
+		r = replica_find(rm, full);
+		if (r && r->rp == rp) {
+			figure_count(FIG_remote_replicas_changed_total, 1);
+			replica_drop(rm, r, "its peer published it anew or unlinked it");
+		}
+		pl = pull_by_name(rm, full);
+		if (pl && pl->rp == rp && pl->st == PL_RECEIVING)
+			pl->stale = true;
+	}
+	return 0;
+}
+
+/* B no longer holds r: A need not tell of its changes (unless a pull is on the way). */
+static void unwatch_send(struct remote *rm, struct replica *r)
+{
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerUnwatch u = TENSORD__PEER_UNWATCH__INIT;
+	char *name = r->name + strlen(r->rp->p->name) + 2;
+
+	if (!r->watched || !r->rp->up || pull_by_name(rm, r->name))
+		return;
+	u.n_names = 1;
+	u.names = &name;
+	f.body_case = TENSORD__PEER_FRAME__BODY_UNWATCH;
+	f.unwatch = &u;
+	send_frame(r->rp, &f);
 }
 
 /* --- the data path's callbacks ---------------------------------------------------- */
@@ -903,6 +1112,7 @@ static void on_peer_down(void *ctx, struct peer *p, const char *reason)
 	if (!rp || !rp->up)
 		return;
 	rp->up = false;
+	watch_clear(rp); /* its replicas go below: the next connection starts afresh */
 	snprintf(why, sizeof(why), "connection lost: %s", reason);
 	fail_pulls_of(rm, rp, why);
 	/* Its replicas: this node can no longer tell whether they are current. */
@@ -988,6 +1198,16 @@ static int on_peer_frame(void *ctx, struct peer *p, const Tensord__PeerFrame *f,
 	case TENSORD__PEER_FRAME__BODY_PULL_DONE:
 		on_pull_done(rp, f->pull_done->id);
 		return 0;
+	case TENSORD__PEER_FRAME__BODY_CHANGED:
+		if (f->changed->n_names != f->changed->n_generations) {
+			snprintf(why, why_len, "a change list of %zu names and %zu generations",
+				 f->changed->n_names, f->changed->n_generations);
+			return -EPROTO;
+		}
+		return on_changed(rp, f->changed, why, why_len);
+	case TENSORD__PEER_FRAME__BODY_UNWATCH:
+		on_unwatch(rp, f->unwatch);
+		return 0;
 	default:
 		snprintf(why, why_len, "a frame of kind %d, which this node does not know",
 			 (int)f->body_case);
@@ -1008,6 +1228,7 @@ static void on_keep(uv_timer_t *t)
 		next = LIST_NEXT(r, link);
 		tn = registry_lookup(&rm->srv->reg, &rm->rc, r->name, r->name_len);
 		if (!tn || tn->id != r->tensor_id) {
+			unwatch_send(rm, r);
 			LIST_REMOVE(r, link);
 			rm->figs->replicas--;
 			rm->figs->replica_bytes -= r->nbytes;
@@ -1017,6 +1238,7 @@ static void on_keep(uv_timer_t *t)
 		} else if (!r->idle_since_ns) {
 			r->idle_since_ns = now;
 		} else if (now - r->idle_since_ns >= keep) {
+			unwatch_send(rm, r);
 			replica_drop(rm, r, "unleased for --replica-keep");
 		}
 	}
@@ -1109,6 +1331,7 @@ void remote_stop(struct server *srv)
 			serve_end(s);
 		if (rp->rc_live)
 			registry_client_gone(&srv->reg, &rp->rc);
+		watch_clear(rp);
 		free(rp->addr);
 		free(rp);
 		srv->peers.peers[i]->data = NULL;

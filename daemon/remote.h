@@ -27,6 +27,8 @@
 #define REMOTE_MAX_INFLIGHT_DEFAULT (256ull << 20)
 /* Pull leases one peer may hold on this node at once; past it, EAGAIN. */
 #define REMOTE_SERVES_MAX 1024
+/* Names of this node one peer may watch (docs/remote.md, "Freshness"); past it, B asks. */
+#define REMOTE_WATCH_MAX 65536u
 /* Tensors this small go inline in the PullReply (a peer frame holds 16 KiB). */
 #define REMOTE_INLINE_MAX 8192u
 /* The uid a peer acts as in this node's mode checks (nobody). */
@@ -55,6 +57,7 @@ struct remote_figures {
 	uint64_t replicas, replica_bytes;
 	uint64_t pull_leases;    /* leases peers hold on this node's tensors */
 	uint64_t inflight_bytes; /* being sent to peers */
+	uint64_t watched;        /* names peers are told about when they change */
 };
 
 struct server;
@@ -76,6 +79,14 @@ void remote_stop(struct server *srv);
  * name and the reason.
  */
 void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t have_id, bool bind);
+
+/*
+ * The end of a registry step that published or unlinked names (v[0..n);
+ * lost: some changes could not be kept): every peer that holds a replica
+ * of one of them (lost: of any name) is told (PeerChanged).
+ */
+struct reg_change;
+void remote_on_commit(struct server *srv, const struct reg_change *v, size_t n, bool lost);
 
 /* cl's connection is closing: its pending remote attaches are forgotten. */
 void remote_client_gone(struct client *cl);

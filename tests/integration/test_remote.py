@@ -103,13 +103,15 @@ def test_remote_attach_bytes_identical_read_only_zero_copy(daemon_factory, tmp_p
             with pytest.raises(ValueError):
                 got[...] = 0
             # A second attach of the live replica pulls nothing and maps the
-            # same memory; another connection (no binding) asks node-a
-            # whether the replica is current and pulls nothing either.
+            # same memory; another connection (no binding) is served by the
+            # replica too, without asking node-a: node-a watches the name for
+            # node-b and would have said if it changed (docs/remote.md).
             t2 = cb.attach("@node-a/" + name)
             got2 = np.from_dlpack(t2)
             np.testing.assert_array_equal(got2, arr)
             assert mapped_inode(got.ctypes.data) == mapped_inode(got2.ctypes.data) is not None
             hits = b.stats()["remote_replica_hits_total"]
+            asked = a.stats()["remote_pull_requests_total"]
             with tensord.Client(b.socket) as cb2:
                 t3 = cb2.attach("@node-a/" + name)
                 np.testing.assert_array_equal(np.from_dlpack(t3), arr)
@@ -117,6 +119,7 @@ def test_remote_attach_bytes_identical_read_only_zero_copy(daemon_factory, tmp_p
             s = b.stats()
             assert s["remote_pulls_total"] == pulls, (name, s)
             assert s["remote_replica_hits_total"] == hits + 1, (name, s)
+            assert a.stats()["remote_pull_requests_total"] == asked, name
             del got, got2
             t.release()
             t2.release()
@@ -134,15 +137,65 @@ def test_replaced_name_is_pulled_again(daemon_factory, tmp_path):
         ca.put("model/w", np.full(64, 1, np.int32), mode=0o644)
         with attach_when_ready(cb, "@node-a/model/w") as t:
             np.testing.assert_array_equal(np.from_dlpack(t), np.full(64, 1, np.int32))
+            assert a.stats()["remote_watched_names"] == 1
             ca.put("model/w", np.full(64, 2, np.int32), mode=0o644, replace=True)
-            # A connection with no binding of the name asks node-a, which has
-            # a newer generation: pulled again. (One that holds a binding is
-            # served by it, as for a local name: docs/remote.md.)
-            with tensord.Client(b.socket) as cb2, cb2.attach("@node-a/model/w") as t2:
-                np.testing.assert_array_equal(np.from_dlpack(t2), np.full(64, 2, np.int32))
+            # Node-a tells node-b, which drops its replica (and so every
+            # binding of it); the next attach, from any connection, pulls
+            # the new generation.
+            assert wait_until(lambda: b.stats()["remote_replicas_changed_total"] == 1,
+                              timeout=5)
+            assert b.stats()["remote_replicas"] == 0
+            assert a.stats()["remote_watched_names"] == 0
+            for c in (cb, tensord.Client(b.socket)):
+                with c.attach("@node-a/model/w") as t2:
+                    np.testing.assert_array_equal(np.from_dlpack(t2),
+                                                  np.full(64, 2, np.int32))
             # The first lease still sees the bytes it had.
             np.testing.assert_array_equal(np.from_dlpack(t), np.full(64, 1, np.int32))
         assert b.stats()["remote_pulls_total"] == 2
+        # An unlink on node-a is told too.
+        ca.unlink("model/w")
+        assert wait_until(lambda: b.stats()["remote_replicas_changed_total"] == 2, timeout=5)
+        with pytest.raises(FileNotFoundError):
+            cb.attach("@node-a/model/w")
+
+
+def test_replica_never_goes_back_under_replaces(daemon_factory, tmp_path):
+    """A reader on node-b attaching in a loop while node-a replaces the name:
+    whole versions only, never an older one after a newer, and the last one
+    once node-a's word arrived; a replica served without asking is current
+    up to the change's way over the channel (docs/remote.md, "Freshness")."""
+    import threading
+    a, b = start_pair(daemon_factory, tmp_path)
+    n = 1 << 14
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/v", np.zeros(n, np.int64), mode=0o644)
+        attach_when_ready(cb, "@node-a/model/v").release()
+        done = threading.Event()
+
+        def writer():
+            with tensord.Client(a.socket) as cw:
+                for v in range(1, 61):
+                    cw.put("model/v", np.full(n, v, np.int64), mode=0o644, replace=True)
+                    time.sleep(0.002)
+            done.set()
+
+        th = threading.Thread(target=writer)
+        th.start()
+        seen, last = [], -1
+        while not done.is_set() or len(seen) < 20:
+            with cb.attach("@node-a/model/v") as t:
+                got = np.from_dlpack(t)
+                v = int(got[0])
+                assert (got == v).all(), "a torn version"
+                assert v >= last, (v, last)
+                last = v
+                seen.append(v)
+        th.join()
+        assert wait_until(lambda: int(np.from_dlpack(cb.attach("@node-a/model/v"))[0]) == 60,
+                          timeout=5)
+        assert len(set(seen)) > 1, seen   # the reader saw versions change
+        assert b.stats()["remote_pulls_total"] < len(seen) + 2
 
 
 def test_replica_freed_after_keep(daemon_factory, tmp_path):
@@ -346,6 +399,16 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
         send(5, fint(1, 3) + fbytes(2, b"model/w") + fint(3, gen))      # current
         r = peer_frames(s, 6)
         assert r[1] == 3 and r[4] == 1 and d.stats()["remote_pull_leases"] == 0, r
+        assert r.get(20) == 1, r  # watched: node-z is told of the next change
+        assert d.stats()["remote_watched_names"] == 2  # model/w and model/tiny
+        gen = c.put("model/w", np.arange(4096, dtype=np.float32), mode=0o644, replace=True)
+        r = peer_frames(s, 20)                                          # PeerChanged
+        from test_peers import read_varint
+        assert r[1] == b"model/w" and read_varint(r[2], 0)[0] == gen, r  # packed
+        assert d.stats()["remote_watched_names"] == 1  # told once
+        send(21, fbytes(1, b"model/tiny") + fbytes(1, b"no/such"))   # Unwatch; one not watched
+        assert wait_until(lambda: d.stats()["remote_watched_names"] == 0, timeout=5)
+        send(20, fbytes(1, b"no/replica") + fint(2, 7))   # a change of no replica here
         send(5, fint(1, 4) + fbytes(2, b"other/w"))                     # not exported
         r = peer_frames(s, 6)
         assert r[2] == zigzag(-2) and b"not exported" in r[3], r
@@ -391,6 +454,19 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
         except OSError:
             pass
         s.close()
+        # A change list whose names and generations do not pair: the connection closed.
+        s = me.dial(port, "node-m")
+        assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
+        s.sendall(frame(fbytes(20, fbytes(1, b"a") + fbytes(1, b"b") + fint(2, 1))))
+        s.settimeout(5)
+        try:
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+        s.close()
+        assert wait_until(lambda: "a change list of 2 names and 1 generations" in d.read_log(),
+                          timeout=5)
         # Still serving.
         c.put("local/after", np.ones(3))
         with c.attach("model/w") as t:
