@@ -49,7 +49,8 @@ void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m
 
 /* An attach of a published local name now (remote.c's replicas), answered either way. */
 void dispatch_attach_local(struct client *cl, uint64_t id, const char *name, size_t len,
-			   uint64_t have_id, bool bind);
+			   uint64_t have_id, const uint64_t *have_shares, size_t n_have_shares,
+			   bool bind);
 
 /*
  * One more waiter for cl, within --max-waiters-per-conn and its uid's

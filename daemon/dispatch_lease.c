@@ -178,9 +178,10 @@ static void attach_now(struct client *cl, uint64_t id, const char *name, size_t 
 }
 
 void dispatch_attach_local(struct client *cl, uint64_t id, const char *name, size_t len,
-			   uint64_t have_id, bool bind)
+			   uint64_t have_id, const uint64_t *have_shares, size_t n_have_shares,
+			   bool bind)
 {
-	attach_now(cl, id, name, len, have_id, NULL, 0, bind);
+	attach_now(cl, id, name, len, have_id, have_shares, n_have_shares, bind);
 }
 
 int dispatch_waiter_charge(struct client *cl, unsigned kind, uint64_t id, const char *what)
@@ -213,7 +214,8 @@ void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m
 	int r;
 
 	if (m->name[0] == '@') { /* another node's tensor (docs/remote.md, "Naming") */
-		remote_attach(cl, id, m->name, m->have_id, m->bind);
+		remote_attach(cl, id, m->name, m->have_id, m->have_shares, m->n_have_shares,
+			      m->bind);
 		return;
 	}
 	r = dispatch_check_name(m->name, why, sizeof(why));

@@ -84,8 +84,16 @@ struct pwait {
 	struct client *cl;
 	uint64_t id, have_id;
 	bool bind;
+	size_t n_have_shares;
+	uint64_t *have_shares; /* owned: slabs whose descriptor the client holds */
 	LIST_ENTRY(pwait) link;
 };
+
+static void pwait_free(struct pwait *w)
+{
+	free(w->have_shares);
+	free(w);
+}
 
 /* B: one pull. */
 struct pull {
@@ -202,6 +210,7 @@ static struct serve *serve_find(struct rpeer *rp, uint64_t id)
 
 static void serve_start_queued(struct rpeer *rp);
 static int serve_map(struct serve *s);
+static int serve_read(struct serve *s, void *buf);
 static void pull_complete(struct pull *pl);
 
 static void serve_send(struct serve *s)
@@ -388,6 +397,7 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
 	Tensord__PeerPullReply rep = TENSORD__PEER_PULL_REPLY__INIT;
 	char why[800], reason[300];
+	uint8_t inline_buf[REMOTE_INLINE_MAX];
 	size_t len = strlen(m->name);
 	struct tensor *t;
 	struct serve *s = NULL;
@@ -481,8 +491,8 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 	f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
 	f.pull_reply = &rep;
 	/* Small tensors go inline, in the reply: one round trip, no UCX message. */
-	if (t->nbytes && t->nbytes <= REMOTE_INLINE_MAX && serve_map(s) == 0) {
-		rep.data.data = (uint8_t *)s->map + (s->fd_off & 4095);
+	if (t->nbytes && t->nbytes <= REMOTE_INLINE_MAX && serve_read(s, inline_buf) == 0) {
+		rep.data.data = inline_buf;
 		rep.data.len = (size_t)t->nbytes;
 		send_frame(rp, &f);
 		figure_count(FIG_remote_served_total, 1);
@@ -496,6 +506,34 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 }
 
 /* Maps s's bytes read-only (s->map): 0, or -errno, logged. */
+/*
+ * Reads s's bytes (at most REMOTE_INLINE_MAX) into buf: a pread of a
+ * read-only descriptor, cheaper than a mapping whose unmap would stop the
+ * daemon's other threads' CPUs (a TLB shootdown). 0, or -errno, logged.
+ */
+static int serve_read(struct serve *s, void *buf)
+{
+	struct rpeer *rp = s->rp;
+	int fd = -1, r;
+	ssize_t k;
+
+	r = s->t->alloc.ops->export_fd(&s->t->alloc, false, &fd);
+	if (r < 0 || fd < 0) {
+		log_warn("peer %s: pull %" PRIu64 " of '%s': no descriptor: %s", rp->p->name, s->id,
+			 s->t->name, strerror(r < 0 ? -r : EBADF));
+		return r < 0 ? r : -EBADF;
+	}
+	k = pread(fd, buf, (size_t)s->len, (off_t)s->fd_off);
+	r = k < 0 ? -errno : 0;
+	close(fd);
+	if (k >= 0 && (uint64_t)k != s->len)
+		r = -EIO;
+	if (r < 0)
+		log_warn("peer %s: pull %" PRIu64 " of '%s': cannot read %" PRIu64 " bytes: %s",
+			 rp->p->name, s->id, s->t->name, s->len, strerror(-r));
+	return r;
+}
+
 static int serve_map(struct serve *s)
 {
 	struct rpeer *rp = s->rp;
@@ -627,7 +665,7 @@ pull_fail(struct pull *pl, int status, const char *fmt, ...)
 	while ((w = LIST_FIRST(&pl->waits))) {
 		LIST_REMOVE(w, link);
 		reply_status(w->cl->conn, ATTACH, w->id, status, why);
-		free(w);
+		pwait_free(w);
 	}
 	if (pl->st == PL_RECEIVING) {
 		registry_unlink(&rm->srv->reg, &rm->rc, pl->name, pl->name_len, buf, sizeof(buf));
@@ -664,8 +702,8 @@ static void answer_local(struct pull *pl, bool watched)
 	while ((w = LIST_FIRST(&pl->waits))) {
 		LIST_REMOVE(w, link);
 		dispatch_attach_local(w->cl, w->id, pl->name, pl->name_len, w->have_id,
-				      w->bind && watched);
-		free(w);
+				      w->have_shares, w->n_have_shares, w->bind && watched);
+		pwait_free(w);
 	}
 }
 
@@ -691,7 +729,8 @@ static int pull_ask(struct pull *pl, uint64_t have_generation)
 	return peer_send(pl->rp->p, &f);
 }
 
-void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t have_id, bool bind)
+void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t have_id,
+		   const uint64_t *have_shares, size_t n_have_shares, bool bind)
 {
 	struct server *srv = cl->srv;
 	struct remote *rm = rm_of(srv);
@@ -740,15 +779,26 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	if (rep && rep->watched && !pull_by_name(rm, name)) {
 		/* A tells of its next change before anything else: this is current. */
 		figure_count(FIG_remote_replica_hits_total, 1);
-		dispatch_attach_local(cl, id, name, len, have_id, bind);
+		dispatch_attach_local(cl, id, name, len, have_id, have_shares, n_have_shares, bind);
 		return;
 	}
 	w = calloc(1, sizeof(*w));
+	if (w && n_have_shares) {
+		w->have_shares = malloc(n_have_shares * sizeof(*have_shares));
+		if (w->have_shares)
+			memcpy(w->have_shares, have_shares, n_have_shares * sizeof(*have_shares));
+		else
+			n_have_shares = 0; /* the descriptors are sent again: costs, works */
+	}
 	if (!w) {
 		reply_status(cl->conn, ATTACH, id, -ENOMEM, "out of memory for a remote attach");
 		return;
 	}
-	*w = (struct pwait){ .cl = cl, .id = id, .have_id = have_id, .bind = bind };
+	w->cl = cl;
+	w->id = id;
+	w->have_id = have_id;
+	w->bind = bind;
+	w->n_have_shares = n_have_shares;
 	pl = pull_by_name(rm, name);
 	if (pl) { /* one pull per name: this attach waits on it */
 		LIST_INSERT_HEAD(&pl->waits, w, link);
@@ -756,7 +806,7 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	}
 	pl = calloc(1, sizeof(*pl));
 	if (!pl) {
-		free(w);
+		pwait_free(w);
 		reply_status(cl->conn, ATTACH, id, -ENOMEM, "out of memory for a remote attach");
 		return;
 	}
@@ -850,6 +900,8 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 	a.device = (DLDevice){ kDLCPU, 0 };
 	a.mode = 0444;
 	a.replica = true;
+	/* Inline bytes are written by the daemon: the replica may share a slab, as a put's. */
+	a.shared = m->data.len > 0;
 	r = registry_create(reg, &rm->rc, &a, &t, &pl->lease, reason, sizeof(reason));
 	if (r < 0) {
 		pull_fail(pl, r, "no room for its replica on this node: %s", reason);
@@ -859,6 +911,23 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 	pl->generation = m->generation;
 	pl->watched = m->watched;
 	pl->nbytes = nbytes;
+	if (m->data.len) { /* inline: the bytes are here */
+		if (m->data.len != nbytes) {
+			snprintf(why, why_len, "inline bytes of '%s': %zu, not %" PRIu64, pl->name,
+				 m->data.len, nbytes);
+			pull_fail(pl, -EPROTO, "it sent %zu bytes inline for %" PRIu64, m->data.len,
+				  nbytes);
+			return -EPROTO;
+		}
+		r = t->alloc.ops->write(&t->alloc, 0, m->data.data, m->data.len);
+		if (r < 0) {
+			pull_fail(pl, r, "cannot write its replica (%" PRIu64 " bytes): %s", nbytes,
+				  strerror(-r));
+			return 0;
+		}
+		pull_complete(pl);
+		return 0;
+	}
 	if (nbytes) {
 		pl->map_len = (size_t)nbytes;
 		pl->map = mmap(NULL, pl->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
@@ -871,18 +940,6 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 				  strerror(e));
 			return 0;
 		}
-	}
-	if (m->data.len) { /* inline: the bytes are here */
-		if (m->data.len != nbytes) {
-			snprintf(why, why_len, "inline bytes of '%s': %zu, not %" PRIu64, pl->name,
-				 m->data.len, nbytes);
-			pull_fail(pl, -EPROTO, "it sent %zu bytes inline for %" PRIu64, m->data.len,
-				  nbytes);
-			return -EPROTO;
-		}
-		memcpy(pl->map, m->data.data, m->data.len);
-		pull_complete(pl);
-		return 0;
 	}
 	uv_timer_start(&pl->timer, on_pull_timeout,
 		       PULL_BASE_MS + (uint64_t)nbytes / PULL_BYTES_PER_MS, 0);
@@ -1358,7 +1415,7 @@ void remote_client_gone(struct client *cl)
 		next = LIST_NEXT(w, link);
 		if (w->cl == cl) {
 			LIST_REMOVE(w, link);
-			free(w);
+			pwait_free(w);
 		}
 	}
 }

@@ -78,7 +78,8 @@ void remote_stop(struct server *srv);
  * ends, with a lease on the local replica or an error naming the peer, the
  * name and the reason.
  */
-void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t have_id, bool bind);
+void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t have_id,
+		   const uint64_t *have_shares, size_t n_have_shares, bool bind);
 
 /*
  * The end of a registry step that published or unlinked names (v[0..n);
