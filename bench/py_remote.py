@@ -109,6 +109,7 @@ class Taker:
 
 
 def ray_mod():
+    """ray, imported only where the Ray part runs: it is optional."""
     import ray
     return ray
 
@@ -176,8 +177,8 @@ class RayPair:
             self.before_a = sum(loc == {self.node_a} for loc in self.where(refs))
         took = ray.get(self.taker.get.remote(refs, int(arr[0])))
         if check:
-            self.after_both = min(self.on_b_after(refs),
-                                  sum(self.node_a in loc for loc in self.where(refs)))
+            self.on_b_after(refs)
+            self.after_both = sum({self.node_a, self.node_b} <= loc for loc in self.where(refs))
             self.first = took
             self.second = ray.get(self.taker.get.remote(refs, int(arr[0])))
         del refs

@@ -150,6 +150,19 @@ def test_py_remote_without_ray(tmp_path):
     assert "py_remote: ray 4 KiB" not in out
 
 
+def test_py_remote_ray_does_not_start():
+    """Two raylets that cannot start (an object store below Ray's minimum):
+    skipped with Ray's reason, tensord's figures all the same."""
+    try:
+        import ray  # noqa: F401
+    except ImportError as e:
+        pytest.skip("ray does not import here: %s" % e)
+    out = run_py_remote("--ray-store", "4M")
+    assert re.search(r"^py_remote: ray: skipped \(two raylets did not start: \w+: .*object store",
+                     out, re.M), out
+    assert "py_remote: ray 4 KiB" not in out
+
+
 def test_py_remote_with_ray():
     """Two raylets next to the two daemons: the Ray lines print with their
     ratios, the check finds the objects crossed object stores, and no raylet
