@@ -376,7 +376,8 @@ run:
 
 # C attach latency, the UCX GET baseline over TCP loopback (bench/ucx_get.c:
 # what remote attach is compared with, docs/remote.md) and remote attach
-# next to it (bench/py_remote.py: two daemons peered on 127.0.0.1), then Python put and
+# next to it (bench/py_remote.py: two daemons peered on 127.0.0.1, and the same
+# transfer through Ray between two local raylets where ray imports), then Python put and
 # attach next to their peers, polling adaptive next to off under confinement
 # and CPU hogs (bench/py_spin.py), then sets, versions and watches
 # (bench/py_sets.py), each run both pinned to one CPU (no cross-CPU

@@ -116,15 +116,89 @@ def test_py_sets_bench_runs(daemon):
     assert "ray: skipped (--no-ray)" in out
 
 
-def test_py_remote_runs():
-    """Two peered daemons, a few small pulls and one of 1 MiB: the lines print."""
+def run_py_remote(*args, pythonpath=None, timeout=120):
+    """bench/py_remote.py with a few small pulls and one of 1 MiB."""
     env = dict(os.environ)
     env.setdefault("TENSORD_BUILD", os.path.join(HERE, "..", "..", "build"))
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "py_remote.py"), "--small", "5",
-                        "--rounds", "1", "--big", "1M"], capture_output=True, text=True,
-                       timeout=120, env=env)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([pythonpath] + ([env["PYTHONPATH"]]
+                                                            if env.get("PYTHONPATH") else []))
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "py_remote.py"), "--small", "6",
+                        "--rounds", "1", "--big", "1M"] + list(args), capture_output=True,
+                       text=True, timeout=timeout, env=env)
     if "built without UCX" in r.stderr:
         pytest.skip("tensord was built without UCX")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr
     assert "py_remote: 4 KiB remote attach (pull) p50" in r.stdout
     assert "py_remote: 1 MiB remote attach (pull)" in r.stdout
+    return r.stdout
+
+
+def test_py_remote_runs():
+    """Two peered daemons, a few small pulls and one of 1 MiB: the lines print."""
+    out = run_py_remote("--no-ray")
+    assert "py_remote: ray: skipped (--no-ray)" in out
+    assert "py_remote: ray 4 KiB" not in out
+
+
+def test_py_remote_without_ray(tmp_path):
+    """A ray that does not import: the Ray part is skipped with the reason,
+    tensord's figures print all the same."""
+    (tmp_path / "ray.py").write_text("raise ImportError('no ray in this test')\n")
+    out = run_py_remote(pythonpath=str(tmp_path))
+    assert "py_remote: ray: skipped (ray does not import: no ray in this test)" in out
+    assert "py_remote: ray 4 KiB" not in out
+
+
+def test_py_remote_ray_does_not_start():
+    """Two raylets that cannot start (an object store below Ray's minimum):
+    skipped with Ray's reason, tensord's figures all the same."""
+    try:
+        import ray  # noqa: F401
+    except ImportError as e:
+        pytest.skip("ray does not import here: %s" % e)
+    out = run_py_remote("--ray-store", "4M")
+    assert re.search(r"^py_remote: ray: skipped \(two raylets did not start: \w+: .*object store",
+                     out, re.M), out
+    assert "py_remote: ray 4 KiB" not in out
+
+
+def test_py_remote_with_ray():
+    """Two raylets next to the two daemons: the Ray lines print with their
+    ratios, the check finds the objects crossed object stores, and no raylet
+    is left behind."""
+    try:
+        import ray  # noqa: F401
+    except ImportError as e:
+        pytest.skip("ray does not import here: %s" % e)
+    out = run_py_remote("--interleave", "2", "--ray-store", "256M", timeout=300)
+    num = r"[\d.]+"
+    assert re.search(r"^py_remote: ray 4 KiB get on node_b of an object put on node_a p50 %s us "
+                     r"p99 %s us \(6 gets\): Ray / tensord p50 %sx$" % (num, num, num), out,
+                     re.M), out
+    assert re.search(r"^py_remote: 4 KiB p50 by round, tensord/Ray us: \d+/\d+ \d+/\d+$", out,
+                     re.M), out
+    assert re.search(r"^py_remote: ray check: .* of 3 fresh 4 KiB objects 3 on node_a alone "
+                     r"before node_b's get, 3 on both after; .*: crosses object stores: yes$",
+                     out, re.M), out
+    assert re.search(r"^py_remote: ray 1 MiB get on node_b of an object put on node_a %s GB/s "
+                     r"\(median of 1; .*on node_b after its get: 1 of 1\): tensord / Ray %sx$"
+                     % (num, num), out, re.M), out
+    gcs = re.search(r"^py_remote: ray [\w.]+: two raylets, GCS at (\S+), object stores of 256 "
+                    r"MiB each$", out, re.M)
+    assert gcs, out
+    assert not ray_processes(gcs.group(1)), ray_processes(gcs.group(1))
+
+
+def ray_processes(gcs):
+    """The command lines of live processes that name this GCS address."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if gcs in cmd:
+            found.append(cmd)
+    return found
