@@ -550,7 +550,12 @@ static int serve_map(struct serve *s)
 	}
 	base = s->fd_off & ~(uint64_t)(page - 1);
 	s->map_len = (size_t)(s->fd_off - base + s->len);
-	s->map = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, (off_t)base);
+	/*
+	 * Not populated: filling a gigabyte's page tables at once would hold
+	 * the loop for a tenth of a second or more; UCX's copy faults them in
+	 * as it goes, between the loop's other work (xport/ucx.c's budget).
+	 */
+	s->map = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, fd, (off_t)base);
 	e = errno;
 	close(fd);
 	if (s->map == MAP_FAILED) {
@@ -930,8 +935,9 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 	}
 	if (nbytes) {
 		pl->map_len = (size_t)nbytes;
-		pl->map = mmap(NULL, pl->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-			       t->alloc.fd, 0);
+		/* Not populated, as serve_map() says: the receive faults the pages in. */
+		pl->map =
+			mmap(NULL, pl->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, t->alloc.fd, 0);
 		if (pl->map == MAP_FAILED) {
 			int e = errno;
 

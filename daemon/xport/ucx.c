@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/queue.h>
+#include <time.h>
 
 #include <ucp/api/ucp.h>
 
@@ -66,6 +67,7 @@ struct xport {
 	uv_idle_t idle;
 	int open_handles;
 	unsigned in_flight; /* sends and receives not yet complete */
+	bool busy;          /* the last progress stopped at its budget, not idle */
 	bool closing;
 	uint64_t sent, received;
 	char describe[64];
@@ -145,18 +147,45 @@ static void deliver(struct xport *x)
 	}
 }
 
-/* Progresses until the worker is idle and armed, then delivers what completed. */
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * Progresses until the worker is idle and armed, or for PROGRESS_BUDGET_NS,
+ * then delivers what completed. Over TCP a large transfer keeps the worker
+ * busy for its whole length: without the budget the loop would serve
+ * nothing else meanwhile (clients, heartbeats: a peer called down after 3 s
+ * of a gigabyte on the way). Stopped at the budget, the idle handle runs
+ * the rest on the next turns, between the loop's other work.
+ */
+#define PROGRESS_BUDGET_NS 1000000u
 static void progress(struct xport *x)
 {
+	uint64_t end = mono_ns() + PROGRESS_BUDGET_NS;
+	unsigned n = 0;
 	ucs_status_t st;
 
+	x->busy = false;
 	for (;;) {
-		while (ucp_worker_progress(x->worker))
-			;
+		while (ucp_worker_progress(x->worker)) {
+			if (++n % 16 == 0 && mono_ns() > end) {
+				x->busy = true;
+				break;
+			}
+		}
+		if (x->busy)
+			break;
 		st = ucp_worker_arm(x->worker);
 		if (st != UCS_ERR_BUSY)
 			break;
 	}
+	if (x->busy)
+		kick(x);
 	deliver(x);
 }
 
@@ -170,7 +199,7 @@ static void on_idle(uv_idle_t *h)
 	struct xport *x = h->data;
 
 	progress(x);
-	if (!x->in_flight && STAILQ_EMPTY(&x->evs))
+	if (!x->busy && !x->in_flight && STAILQ_EMPTY(&x->evs))
 		uv_idle_stop(&x->idle);
 }
 

@@ -198,6 +198,42 @@ def test_replica_never_goes_back_under_replaces(daemon_factory, tmp_path):
         assert b.stats()["remote_pulls_total"] < len(seen) + 2
 
 
+def test_both_nodes_serve_clients_while_a_big_pull_moves(daemon_factory, tmp_path):
+    """Over TCP a large transfer keeps UCX busy for its whole length: the
+    daemons progress it in slices (xport/ucx.c), so both keep answering
+    their clients, and their heartbeats keep the peers up, meanwhile."""
+    import threading
+    a, b = start_pair(daemon_factory, tmp_path)
+    big = np.arange(512 << 20, dtype=np.uint8)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/s", np.ones(4, np.float32), mode=0o644)
+        attach_when_ready(cb, "@node-a/model/s").release()
+        ca.put("model/big", big, mode=0o644)
+        lost = a.stats()["peer_lost_total"], b.stats()["peer_lost_total"]
+        out = {}
+
+        def pull():
+            with tensord.Client(b.socket) as c2, c2.attach("@node-a/model/big") as t:
+                out["ok"] = np.array_equal(np.from_dlpack(t)[::4096], big[::4096])
+
+        th = threading.Thread(target=pull)
+        th.start()
+        assert wait_until(lambda: a.stats()["remote_inflight_bytes"] > 0 or not th.is_alive(),
+                          timeout=30)
+        served = {"a": 0, "b": 0}
+        with tensord.Client(a.socket) as pa, tensord.Client(b.socket) as pb:
+            while th.is_alive():
+                for k, c in (("a", pa), ("b", pb)):
+                    c.stats()
+                    if th.is_alive():
+                        served[k] += 1
+        th.join()
+        assert out.get("ok"), out
+        # Answered while the pull was on its way, on both nodes.
+        assert served["a"] > 0 and served["b"] > 0, served
+        assert (a.stats()["peer_lost_total"], b.stats()["peer_lost_total"]) == lost
+
+
 def test_replica_freed_after_keep(daemon_factory, tmp_path):
     a, b = start_pair(daemon_factory, tmp_path, extra_b=("--replica-keep", "200"))
     with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
