@@ -31,6 +31,8 @@
 #include <sys/queue.h>
 #include <unistd.h>
 
+#include <openssl/rand.h>
+
 #include "common/desc.h"
 #include "dispatch_int.h"
 #include "figures.h"
@@ -132,7 +134,7 @@ struct remote {
 	struct xport *x;
 	char why[300];        /* why there is no data path */
 	struct reg_client rc; /* B: creates the replicas */
-	uint64_t next_id;
+	uint64_t next_id;     /* ids when the random source fails */
 	LIST_HEAD(, pull) pulls;
 	LIST_HEAD(, replica) replicas;
 	struct remote_figures *figs; /* the server's gauges (srv->remote_figs), kept here */
@@ -611,6 +613,27 @@ static struct pull *pull_by_id(struct remote *rm, uint64_t id)
 	return NULL;
 }
 
+/*
+ * A pull's id is the tag of the bytes' message, and the UCX port takes
+ * messages from anyone who reaches it, authenticated or not: a guessable
+ * id would let a stranger write a replica. So ids are 64 random bits
+ * (libcrypto's generator), unique among the pulls alive.
+ */
+static uint64_t pull_new_id(struct remote *rm)
+{
+	uint64_t id = 0;
+
+	do {
+		if (RAND_bytes((unsigned char *)&id, sizeof(id)) != 1) {
+			/* Only without an entropy source: a guessable id, said. */
+			log_warn("remote attach: no random bytes for a pull's id: a counter "
+				 "instead");
+			id = ++rm->next_id ^ now_ns();
+		}
+	} while (!id || pull_by_id(rm, id));
+	return id;
+}
+
 static struct replica *replica_find(struct remote *rm, const char *name)
 {
 	struct replica *r;
@@ -817,7 +840,7 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	}
 	pl->rm = rm;
 	pl->rp = rp;
-	pl->id = ++rm->next_id;
+	pl->id = pull_new_id(rm);
 	memcpy(pl->name, name, len + 1);
 	pl->name_len = len;
 	pl->peer_len = peer_len;

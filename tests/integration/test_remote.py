@@ -478,6 +478,9 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
         th.start()
         r = peer_frames(s, 5)                          # the daemon's Pull
         assert r[2] == b"x"
+        # Its id tags the bytes' UCX message, which anyone reaching the port
+        # may send: 64 random bits, not a count (fails once in 2**32 runs).
+        assert r[1] >= 1 << 32, r
         # A descriptor of 40 dimensions: refused, and the connection closed.
         send(6, fint(1, r[1]) + fint(7, 2) + fint(8, 32) + fint(9, 1) + fint(6, 4) +
              b"".join(fint(10, 1) for _ in range(40)) + b"".join(fint(11, 1) for _ in range(40)))
