@@ -20,6 +20,7 @@
 
 #include "common/desc.h"
 #include "metrics.h"
+#include "remote.h"
 #include "reply.h"
 #include "server.h"
 
@@ -391,6 +392,7 @@ void inspect_peers(struct client *cl, uint64_t req_id)
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
 	Tensord__PeerListReply pr = TENSORD__PEER_LIST_REPLY__INIT;
 	Tensord__PeerInfo **pi;
+	struct remote_peer_counts rc;
 	uid_t self = geteuid();
 
 	if (cl->rc.uid != 0 && cl->rc.uid != self) {
@@ -425,6 +427,14 @@ void inspect_peers(struct client *cl, uint64_t req_id)
 		w->failures = p->failures;
 		w->configured = p->configured;
 		w->dialled = p->state == PEER_UP && p->up_dialled;
+		remote_peer_counts(cl->srv, p, &rc);
+		w->pulled = rc.pulled;
+		w->pulled_bytes = rc.pulled_bytes;
+		w->pull_errors = rc.pull_errors;
+		w->served = rc.served;
+		w->served_bytes = rc.served_bytes;
+		w->replicas = rc.replicas;
+		w->replica_bytes = rc.replica_bytes;
 	}
 	pr.node = (char *)(set->on ? set->self : "");
 	pr.instance = set->on ? set->instance : 0;

@@ -79,6 +79,7 @@ struct rpeer {
 	TAILQ_HEAD(, serve) serves;
 	void *watched; /* A: tsearch tree of names it holds replicas of (owned strings) */
 	unsigned n_watched;
+	struct remote_peer_counts counts; /* replicas, replica_bytes: counted when asked */
 };
 
 /* B: a client's attach waiting on a pull. */
@@ -499,6 +500,8 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 		send_frame(rp, &f);
 		figure_count(FIG_remote_served_total, 1);
 		figure_count(FIG_remote_served_bytes_total, t->nbytes);
+		rp->counts.served++;
+		rp->counts.served_bytes += t->nbytes;
 		serve_end(s);
 		return;
 	}
@@ -690,6 +693,7 @@ pull_fail(struct pull *pl, int status, const char *fmt, ...)
 		 pl->name + pl->peer_len + 2, reason);
 	log_info("pull %" PRIu64 " of '%s' failed: %s", pl->id, pl->name, why);
 	figure_count(FIG_remote_pull_failures_total, 1);
+	pl->rp->counts.pull_errors++;
 	while ((w = LIST_FIRST(&pl->waits))) {
 		LIST_REMOVE(w, link);
 		reply_status(w->cl->conn, ATTACH, w->id, status, why);
@@ -1018,6 +1022,8 @@ static void pull_complete(struct pull *pl)
 		rm->figs->replica_bytes += pl->nbytes;
 	}
 	figure_count(FIG_remote_pulls_total, 1);
+	pl->rp->counts.pulled++;
+	pl->rp->counts.pulled_bytes += pl->nbytes;
 	figure_count(FIG_remote_pull_bytes_total, pl->nbytes);
 	log_debug("replica '%s': pulled, %" PRIu64 " bytes in %.3f ms", pl->name, pl->nbytes,
 		  (double)(now_ns() - pl->started_ns) / 1e6);
@@ -1122,6 +1128,8 @@ static void x_send_done(void *ctx, void *arg, int status)
 	else {
 		figure_count(FIG_remote_served_total, 1);
 		figure_count(FIG_remote_served_bytes_total, s->len);
+		rp->counts.served++;
+		rp->counts.served_bytes += s->len;
 	}
 	serve_end(s);
 	serve_start_queued(rp);
@@ -1327,6 +1335,24 @@ static void on_keep(uv_timer_t *t)
 			unwatch_send(rm, r);
 			replica_drop(rm, r, "unleased for --replica-keep");
 		}
+	}
+}
+
+void remote_peer_counts(const struct server *srv, const struct peer *p,
+			struct remote_peer_counts *out)
+{
+	const struct remote *rm = rm_of(srv);
+	const struct rpeer *rp = p->data;
+	const struct replica *r;
+
+	memset(out, 0, sizeof(*out));
+	if (!rm || !rp)
+		return;
+	*out = rp->counts;
+	LIST_FOREACH(r, &rm->replicas, link)
+	if (r->rp == rp) {
+		out->replicas++;
+		out->replica_bytes += r->nbytes;
 	}
 }
 

@@ -240,6 +240,13 @@ int tensord_peers(tensord_client *c, char *node, tensord_peer_info **ret_peers, 
 		p->failures = w->failures;
 		p->configured = w->configured;
 		p->dialled = w->dialled;
+		p->pulled = w->pulled;
+		p->pulled_bytes = w->pulled_bytes;
+		p->pull_errors = w->pull_errors;
+		p->served = w->served;
+		p->served_bytes = w->served_bytes;
+		p->replicas = w->replicas;
+		p->replica_bytes = w->replica_bytes;
 	}
 	if (node)
 		snprintf(node, 64, "%s", rep->peer_list->node);

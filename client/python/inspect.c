@@ -68,16 +68,24 @@ static PyStructSequence_Field peer_fields[] = {
 	{ "failures", "dials that failed, handshakes refused, connections lost" },
 	{ "configured", "named with --peer (else it dialled in)" },
 	{ "dialled", "up over the connection this daemon dialled" },
+	{ "pulled", "replicas made of its tensors (remote attach)" },
+	{ "pulled_bytes", "their bytes, received over the data path" },
+	{ "pull_errors", "pulls from it that failed" },
+	{ "served", "its pulls this daemon answered with bytes" },
+	{ "served_bytes", "their bytes, sent" },
+	{ "replicas", "replicas of its tensors here now" },
+	{ "replica_bytes", "their bytes" },
 	{ NULL, NULL },
 };
 
 static PyStructSequence_Desc peer_desc = {
 	"tensord.PeerInfo",
 	"PeerInfo(name, address, state, error, since, instance, bytes_in, bytes_out, connects, "
-	"failures, configured, dialled)\n\n"
+	"failures, configured, dialled, pulled, pulled_bytes, pull_errors, served, served_bytes, "
+	"replicas, replica_bytes)\n\n"
 	"One peer of the daemon (another node's tensord); returned by Client.peers().",
 	peer_fields,
-	12,
+	19,
 };
 
 PyTypeObject td_LeaseHolderType, td_ClientInfoType, td_PeerInfoType;
@@ -200,7 +208,7 @@ PyObject *td_client_clients(ClientObject *self, PyObject *unused)
 static PyObject *peer_make(const void *q)
 {
 	const tensord_peer_info *p = q;
-	PyObject *v[12];
+	PyObject *v[19];
 
 	v[0] = PyUnicode_FromString(p->name);
 	v[1] = PyUnicode_FromString(p->address);
@@ -214,7 +222,14 @@ static PyObject *peer_make(const void *q)
 	v[9] = PyLong_FromUnsignedLongLong(p->failures);
 	v[10] = PyBool_FromLong(p->configured);
 	v[11] = PyBool_FromLong(p->dialled);
-	return td_record_new(&td_PeerInfoType, v, 12);
+	v[12] = PyLong_FromUnsignedLongLong(p->pulled);
+	v[13] = PyLong_FromUnsignedLongLong(p->pulled_bytes);
+	v[14] = PyLong_FromUnsignedLongLong(p->pull_errors);
+	v[15] = PyLong_FromUnsignedLongLong(p->served);
+	v[16] = PyLong_FromUnsignedLongLong(p->served_bytes);
+	v[17] = PyLong_FromUnsignedLongLong(p->replicas);
+	v[18] = PyLong_FromUnsignedLongLong(p->replica_bytes);
+	return td_record_new(&td_PeerInfoType, v, 19);
 }
 
 PyObject *td_client_peers(ClientObject *self, PyObject *unused)

@@ -233,13 +233,18 @@ enum {
 	PC_FAILURES,
 	PC_IN,
 	PC_OUT,
+	PC_PULLED,
+	PC_SERVED,
+	PC_REPLICAS,
+	PC_PULL_ERRORS,
 	PC_ERROR,
 	PC_N
 };
 
-static const char *const peer_titles[PC_N] = { "PEER",     "STATE",     "ADDRESS",
-					       "SINCE",    "CONNECTS",  "FAILURES",
-					       "BYTES-IN", "BYTES-OUT", "LAST ERROR" };
+static const char *const peer_titles[PC_N] = { "PEER",      "STATE",    "ADDRESS",  "SINCE",
+					       "CONNECTS",  "FAILURES", "BYTES-IN", "BYTES-OUT",
+					       "PULLED-B",  "SERVED-B", "REPLICAS", "PULL-ERRORS",
+					       "LAST ERROR" };
 
 static const char *peer_cell(const void *rows, size_t i, int col, char *buf, size_t len)
 {
@@ -262,6 +267,14 @@ static const char *peer_cell(const void *rows, size_t i, int col, char *buf, siz
 		return u64(p->bytes_in, buf, len);
 	case PC_OUT:
 		return u64(p->bytes_out, buf, len);
+	case PC_PULLED:
+		return u64(p->pulled_bytes, buf, len);
+	case PC_SERVED:
+		return u64(p->served_bytes, buf, len);
+	case PC_REPLICAS:
+		return u64(p->replicas, buf, len);
+	case PC_PULL_ERRORS:
+		return u64(p->pull_errors, buf, len);
 	default:
 		return *p->error ? p->error : "-";
 	}
@@ -278,10 +291,15 @@ static void json_peer(const tensord_peer_info *p, const char *end)
 	json_field("error", p->error, false);
 	printf(", \"since_ns\": %" PRIu64 ", \"since\": \"%s\", \"instance\": \"%016" PRIx64
 	       "\", \"bytes_in\": %" PRIu64 ", \"bytes_out\": %" PRIu64 ", \"connects\": %" PRIu64
-	       ", \"failures\": %" PRIu64 ", \"configured\": %s, \"dialled\": %s}%s",
+	       ", \"failures\": %" PRIu64 ", \"configured\": %s, \"dialled\": %s",
 	       p->since_ns, iso_time(p->since_ns, t, sizeof(t)), p->instance, p->bytes_in,
 	       p->bytes_out, p->connects, p->failures, p->configured ? "true" : "false",
-	       p->dialled ? "true" : "false", end);
+	       p->dialled ? "true" : "false");
+	printf(", \"pulled\": %" PRIu64 ", \"pulled_bytes\": %" PRIu64 ", \"pull_errors\": %" PRIu64
+	       ", \"served\": %" PRIu64 ", \"served_bytes\": %" PRIu64 ", \"replicas\": %" PRIu64
+	       ", \"replica_bytes\": %" PRIu64 "}%s",
+	       p->pulled, p->pulled_bytes, p->pull_errors, p->served, p->served_bytes, p->replicas,
+	       p->replica_bytes, end);
 }
 
 int cmd_peers(tensord_client *c, const struct args *a)
@@ -303,8 +321,10 @@ int cmd_peers(tensord_client *c, const struct args *a)
 		puts("peering is off (the daemon was started without --peer-listen or --peer)");
 	} else {
 		print_table(peer_titles, PC_N,
-			    1u << PC_CONNECTS | 1u << PC_FAILURES | 1u << PC_IN | 1u << PC_OUT, v,
-			    n, peer_cell);
+			    1u << PC_CONNECTS | 1u << PC_FAILURES | 1u << PC_IN | 1u << PC_OUT |
+				    1u << PC_PULLED | 1u << PC_SERVED | 1u << PC_REPLICAS |
+				    1u << PC_PULL_ERRORS,
+			    v, n, peer_cell);
 	}
 	free(v);
 	return finish_output();

@@ -630,6 +630,14 @@ typedef struct tensord_peer_info {
 	uint64_t failures; /* dials that failed, handshakes refused, connections lost */
 	bool configured;   /* named with --peer; else it dialled in */
 	bool dialled;      /* up over the connection this daemon dialled */
+	/* Remote attach with it (docs/remote.md), since the daemon started: */
+	uint64_t pulled;        /* replicas made of its tensors */
+	uint64_t pulled_bytes;  /* their bytes, received over the data path */
+	uint64_t pull_errors;   /* pulls from it that failed */
+	uint64_t served;        /* its pulls this daemon answered with bytes */
+	uint64_t served_bytes;  /* their bytes, sent */
+	uint64_t replicas;      /* replicas of its tensors here now */
+	uint64_t replica_bytes; /* their bytes */
 } tensord_peer_info;
 
 /*

@@ -127,6 +127,14 @@ def test_remote_attach_bytes_identical_read_only_zero_copy(daemon_factory, tmp_p
         assert s["remote_pulls_total"] == len(CASES), s
         assert s["remote_pull_bytes_total"] == sum(arr.nbytes for _, arr in CASES)
         assert a.stats()["remote_served_total"] == len(CASES)
+        # Per peer, as tensorctl peers shows it.
+        total = sum(arr.nbytes for _, arr in CASES)
+        pb = next(p for p in cb.peers() if p.name == "node-a")
+        assert (pb.pulled, pb.pulled_bytes, pb.pull_errors) == (len(CASES), total, 0), pb
+        assert pb.replicas == len(CASES) and pb.replica_bytes == total, pb
+        with tensord.Client(a.socket) as ca2:
+            pa = next(p for p in ca2.peers() if p.name == "node-b")
+        assert (pa.served, pa.served_bytes, pa.pulled) == (len(CASES), total, 0), pa
         # Node-a's pull leases all ended.
         assert wait_until(lambda: a.stats()["remote_pull_leases"] == 0, timeout=5)
 
