@@ -185,7 +185,10 @@ def test_set_from_one_commit_under_churn(daemon_factory, tmp_path):
         th.start()
         seen = set()
         try:
-            for i in range(30):
+            i = 0
+            # At least 30 pulls, and on until the writer's churn showed in them.
+            while i < 30 or (len(seen) < 3 and i < 300):
+                i += 1
                 got = cb.attach_many(names if i % 2 else PEER + "churn/")
                 versions = {n: np.unique(np.from_dlpack(t)) for n, t in got.items()}
                 assert all(len(u) == 1 for u in versions.values()), versions
@@ -241,3 +244,74 @@ def test_kill_a_mid_set_pull_no_replica_left(daemon_factory, tmp_path):
         assert replica_names(cb) in (replicas0, [])
         assert wait_until(lambda: host_used(b) <= used0, timeout=5), (host_used(b), used0)
         cb.put("local/x", np.ones(3))
+
+
+def test_hostile_peer_set_frames(daemon_factory, tmp_path):
+    """An authenticated peer speaking the set frames: as a puller it gets a
+    refused set with nothing leased, or the set's reply and one PullReply
+    per member whose leases its PullDones end; as a server that answers
+    with a member the set did not ask for, it fails the client's set with
+    EPROTO naming it, and nothing is published."""
+    from test_peers import FakePeer, fbytes, fint, frame, free_port, secret_file, state_is
+    from test_remote import UCX_ENV, peer_frames, zigzag
+    key = secret_file(tmp_path, "peer.key")
+    port = free_port()
+    d = daemon_factory("--node-name", "node-m", "--peer-listen", "127.0.0.1:%d" % port,
+                       "--peer-secret-file", key, "--export", "model/", env=UCX_ENV, sub="m")
+    with tensord.Client(d.socket) as c:
+        commit = c.put_many({"model/s/big": np.arange(4096, dtype=np.float32),  # 16 KiB
+                             "model/s/tiny": np.arange(16, dtype=np.int32)}, mode=0o644)
+        c.put("other/w", np.ones(4, np.float32), mode=0o644)
+        me = FakePeer("node-z", key)
+        s = me.dial(port, "node-m")
+        assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
+
+        def send(field, body):
+            s.sendall(frame(fbytes(3, fint(1, 1))) + frame(fbytes(field, body)))
+
+        # A listed name not exported: the whole set refused, naming it; nothing leased.
+        send(9, fint(1, 100) + fbytes(2, b"model/s/big") + fbytes(2, b"other/w"))
+        r = peer_frames(s, 10)
+        assert r[1] == 100 and r[2] == zigzag(-2) and b"other/w" in r[3], r
+        assert d.stats()["remote_pull_leases"] == 0
+        # A prefix: the reply (one commit, two members), then the members in name order.
+        send(9, fint(1, 200) + fbytes(3, b"model/s/"))
+        r = peer_frames(s, 10)
+        assert r[1] == 200 and r.get(2, 0) == 0 and r[4] == commit and r[5] == 2, r
+        m1 = peer_frames(s, 6)
+        m2 = peer_frames(s, 6)
+        assert (m1[1], m1[13]) == (201, b"model/s/big") and 12 not in m1, m1
+        assert (m2[1], m2[13]) == (202, b"model/s/tiny"), m2
+        assert m2[12] == np.arange(16, dtype=np.int32).tobytes()  # inline
+        assert d.stats()["remote_pull_leases"] == 1  # the big one's, until its Go or Done
+        send(8, fint(1, 201))
+        assert wait_until(lambda: d.stats()["remote_pull_leases"] == 0, timeout=5)
+
+        # As the server of a set: a garbage UCX address lets the client's set through.
+        send(4, fbytes(1, b"\x01\x02garbage"))
+        assert wait_until(lambda: "UCX endpoint" in d.read_log(), timeout=5)
+        out = {}
+
+        def pull():
+            try:
+                out["t"] = c.attach_many(["@node-z/a", "@node-z/b"])
+            except OSError as ex:
+                out["e"] = ex
+
+        th = threading.Thread(target=pull)
+        th.start()
+        r = peer_frames(s, 9)                             # the daemon's SetPull
+        sid = r[1]
+        send(10, fint(1, sid) + fint(4, 7) + fint(5, 2))  # two members
+        # The first member: inline, 16 bytes of int32; the second named "evil".
+        desc = fint(7, 0) + fint(8, 32) + fint(9, 1) + fint(6, 16) + fint(10, 4) + fint(11, 1)
+        send(6, fint(1, sid + 1) + desc + fbytes(12, bytes(16)) + fbytes(13, b"a"))
+        send(6, fint(1, sid + 2) + desc + fbytes(12, bytes(16)) + fbytes(13, b"evil"))
+        th.join(10)
+        assert "e" in out, out
+        assert out["e"].errno == errno.EPROTO and "node-z" in str(out["e"]), out
+        assert "evil" in str(out["e"]), out
+        assert replica_names(c) == []
+        assert d.alive()
+        s.close()
+        c.put("local/after", np.ones(3))
