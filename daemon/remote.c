@@ -481,9 +481,15 @@ static int set_members(struct rpeer *rp, const Tensord__PeerSetPull *m, struct t
 			 REMOTE_PEER_UID, reason);
 	if (r < 0)
 		return r;
-	for (size_t i = 0; i < n; i++)
-		if (remote_exported(&srv->cfg.remote, peer, v[i]->name, v[i]->name_len))
-			v[k++] = v[i];
+	/* The set's commit is its members' newest: those left out do not count. */
+	*ret_commit = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!remote_exported(&srv->cfg.remote, peer, v[i]->name, v[i]->name_len))
+			continue;
+		v[k++] = v[i];
+		if (v[i]->commit > *ret_commit)
+			*ret_commit = v[i]->commit;
+	}
 	if (k > REMOTE_SET_MAX) {
 		free(v);
 		snprintf(why, why_len, "node %s: prefix '%s' has %zu members; a set has at most %u",
@@ -1048,7 +1054,7 @@ void remote_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMan
 	}
 	for (size_t i = 0; i < m->n_names; i++)
 		bytes += strlen(m->names[i]) + 4;
-	if (m->n_names > REMOTE_SET_MAX || bytes > PEER_FRAME_MAX - 64) {
+	if (m->n_names > REMOTE_SET_MAX || bytes > PEER_FRAME_MAX - 128) {
 		snprintf(why, sizeof(why),
 			 "attach_many of %s: one set pull holds at most %u names and %u bytes of "
 			 "them; use a prefix",

@@ -151,6 +151,10 @@ def test_refusals(daemon_factory, tmp_path):
         with pytest.raises(OSError) as ei:
             cb.attach_many(names, after=1)
         assert ei.value.errno == errno.EOPNOTSUPP and "after" in str(ei.value), ei.value
+        # A list too long for one set pull's frame: E2BIG, naming the way out.
+        with pytest.raises(OSError) as ei:
+            cb.attach_many([PEER + "model/" + "x" * 100 + str(i) for i in range(200)])
+        assert ei.value.errno == errno.E2BIG and "prefix" in str(ei.value), ei.value
         with pytest.raises(OSError) as ei:
             cb.attach_many("@node-c/model/")
         assert ei.value.errno == errno.ENOENT and "node-c" in str(ei.value), ei.value
