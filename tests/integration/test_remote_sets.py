@@ -216,7 +216,8 @@ def test_kill_a_mid_set_pull_no_replica_left(daemon_factory, tmp_path):
         release_all(attach_many_when_ready(cb, [PEER + "model/warm"]))
         big = {"model/k/small": np.ones(100, np.float32),
                "model/k/mid": np.ones(1 << 16, np.float32),
-               "model/k/huge": np.ones(512 << 20, np.uint8)}
+               "model/k/huge": np.ones(384 << 20, np.uint8),
+               "model/k/huge2": np.ones(384 << 20, np.uint8)}  # sent one after the other
         ca.put_many(big, mode=0o644)
         used0 = host_used(b)
         replicas0 = replica_names(cb)
@@ -230,7 +231,8 @@ def test_kill_a_mid_set_pull_no_replica_left(daemon_factory, tmp_path):
 
         th = threading.Thread(target=pull)
         th.start()
-        assert wait_until(lambda: a.stats().get("remote_inflight_bytes", 0) > 0 or
+        # Kill node-a once it leased the set (its bytes not all sent yet).
+        assert wait_until(lambda: a.stats().get("remote_pull_leases", 0) > 0 or
                           "e" in out or "t" in out, timeout=10, interval=0.001)
         os.kill(a.pid, signal.SIGKILL)
         a.proc.wait()
