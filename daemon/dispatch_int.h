@@ -60,6 +60,26 @@ int dispatch_waiter_charge(struct client *cl, unsigned kind, uint64_t id, const 
 
 /* AttachMany and Cancel (dispatch_set.c). m is borrowed. */
 void dispatch_do_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMany *m);
+
+/*
+ * The members of the set m names (its names or prefix; its after and
+ * timeout ignored) as rc may read them now, resolved as an AttachMany
+ * resolves them: *ret_v (n of them, in name order; the caller frees the
+ * array, the tensors borrowed until the loop runs again) and the newest
+ * commit among them. -ENOENT for a listed name not published, -EACCES
+ * for one rc may not read, -EINVAL, -E2BIG, -ENOMEM: with the reason.
+ */
+int dispatch_set_members(struct registry *reg, struct reg_client *rc, const Tensord__AttachMany *m,
+			 struct tensor ***ret_v, size_t *ret_n, uint64_t *ret_commit, char *why,
+			 size_t why_len);
+
+/*
+ * Answers AttachMany request id of cl now with the published tensors
+ * names[n] (remote.c's replicas of a set, just published in one commit),
+ * as a local AttachMany of that list is answered; have_shares as its.
+ */
+void dispatch_set_answer(struct client *cl, uint64_t id, const char *const *names, size_t n,
+			 const uint64_t *have_shares, size_t n_have_shares);
 void dispatch_do_cancel(struct client *cl, uint64_t id, const Tensord__Cancel *m);
 
 /* A parked AttachMany is done (status 0: its set is ready). req is borrowed. */

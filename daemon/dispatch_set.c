@@ -15,6 +15,7 @@
 #include "figures.h"
 #include "log.h"
 #include "metrics.h"
+#include "remote.h"
 #include "reply.h"
 #include "server.h"
 
@@ -318,12 +319,75 @@ static int try_now(struct client *cl, uint64_t id, const struct waiter_set *s, u
 	return 0;
 }
 
+int dispatch_set_members(struct registry *reg, struct reg_client *rc, const Tensord__AttachMany *m,
+			 struct tensor ***ret_v, size_t *ret_n, uint64_t *ret_commit, char *why,
+			 size_t why_len)
+{
+	struct waiter_set *s;
+	struct members mb;
+	int r = set_from(m, &s, why, why_len);
+
+	if (r < 0)
+		return r;
+	r = resolve(reg, rc, s, &mb, why, why_len);
+	if (r < 0)
+		snprintf(why, why_len, "attach_many: out of memory");
+	else if (mb.missing)
+		snprintf(why, why_len, "tensor '%s': no such tensor", mb.missing);
+	r = r < 0 ? r : mb.missing ? -ENOENT : mb.err;
+	free(s);
+	if (r < 0) {
+		free(mb.v);
+		return r;
+	}
+	*ret_v = mb.v;
+	*ret_n = mb.n;
+	*ret_commit = mb.commit;
+	return 0;
+}
+
+void dispatch_set_answer(struct client *cl, uint64_t id, const char *const *names, size_t n,
+			 const uint64_t *have_shares, size_t n_have_shares)
+{
+	/* Replica names ("@PEER/NAME") pass no client's name check: the set is built here. */
+	struct waiter_set *s;
+
+	s = calloc(1, sizeof(*s) + n * sizeof(char *) + n_have_shares * sizeof(uint64_t));
+	if (!s) {
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, id, -ENOMEM,
+			     "attach_many: out of memory");
+		return;
+	}
+	s->have_shares = (uint64_t *)s->bytes;
+	s->name = (const char **)(s->have_shares + n_have_shares);
+	s->n_have_shares = n_have_shares;
+	if (n_have_shares)
+		memcpy(s->have_shares, have_shares, n_have_shares * sizeof(uint64_t));
+	for (size_t i = 0; i < n; i++)
+		s->name[i] = names[i];
+	s->n_names = n;
+	if (n) {
+		try_now(cl, id, s, 0, false);
+	} else { /* no names would be a prefix of "": every name */
+		struct members none = { 0 };
+
+		serve(cl, id, s, &none);
+	}
+	free(s);
+}
+
 void dispatch_do_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMany *m)
 {
 	struct waiter_req req = { .req_id = id, .after = m->after };
 	struct waiter_set *s;
 	char why[400];
-	int r = set_from(m, &s, why, sizeof(why));
+	int r;
+
+	if (remote_set_is_remote(m)) { /* another node's set (docs/remote.md, "Sets") */
+		remote_attach_many(cl, id, m);
+		return;
+	}
+	r = set_from(m, &s, why, sizeof(why));
 
 	if (r < 0) {
 		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, id, r, why);

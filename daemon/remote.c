@@ -117,6 +117,31 @@ struct pull {
 	uv_timer_t timer;
 	LIST_HEAD(, pwait) waits;
 	LIST_ENTRY(pull) link;
+	struct spull *set; /* a set's member; NULL: a pull of its own */
+	bool done;         /* a set's member whose bytes are in: it waits for the others */
+};
+
+/* B: one set pull (docs/remote.md, "Sets"). */
+struct spull {
+	struct remote *rm;
+	struct rpeer *rp;
+	uint64_t id;           /* its members' pull ids follow: id+1 .. */
+	struct client *cl;     /* NULL once its connection closed: the set is published anyway */
+	uint64_t req_id;       /* cl's AttachMany */
+	uint64_t *have_shares; /* cl's slabs, as its request said (owned) */
+	size_t n_have_shares;
+	char what[300]; /* "set '@a/m/' of node a", for errors and logs */
+	char **names;   /* a list: the names asked for, on A (owned) */
+	size_t n_names;
+	char prefix[TENSORD_NAME_MAX + 1]; /* with no names: A's prefix */
+	uint32_t tx;                       /* the transaction of rm->rc its replicas are made in */
+	enum { SP_ASKING, SP_PULLING } st;
+	uint32_t count, n_done; /* members, and those whose bytes are in */
+	struct pull **members;  /* count of them (owned array) */
+	uint64_t commit_a;      /* the set's commit on A */
+	uint64_t started_ns;
+	uv_timer_t timer; /* the answer's deadline */
+	LIST_ENTRY(spull) link;
 };
 
 /* B: a replica this daemon published. */
@@ -138,6 +163,9 @@ struct remote {
 	uint64_t next_id;     /* ids when the random source fails */
 	LIST_HEAD(, pull) pulls;
 	LIST_HEAD(, replica) replicas;
+	LIST_HEAD(, spull) sets;
+	unsigned n_sets;
+	uint32_t next_tx;
 	struct remote_figures *figs; /* the server's gauges (srv->remote_figs), kept here */
 	uv_timer_t keep;
 };
@@ -214,6 +242,9 @@ static struct serve *serve_find(struct rpeer *rp, uint64_t id)
 static void serve_start_queued(struct rpeer *rp);
 static int serve_map(struct serve *s);
 static int serve_read(struct serve *s, void *buf);
+static int serve_check(struct server *srv, const struct tensor *t, char *why, size_t why_len);
+static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_t lease,
+			const char *member);
 static void pull_complete(struct pull *pl);
 
 static void serve_send(struct serve *s)
@@ -400,10 +431,8 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
 	Tensord__PeerPullReply rep = TENSORD__PEER_PULL_REPLY__INIT;
 	char why[800], reason[300];
-	uint8_t inline_buf[REMOTE_INLINE_MAX];
 	size_t len = strlen(m->name);
 	struct tensor *t;
-	struct serve *s = NULL;
 	uint64_t lease;
 	bool writable;
 	int r;
@@ -449,28 +478,58 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 		pull_reply_error(rp, m->id, r == -ENOENT ? -EACCES : r, why);
 		return;
 	}
-	r = 0;
-	if (t->device.device_type != kDLCPU || !t->alloc.ops->export_fd) {
-		snprintf(why, sizeof(why), "tensor '%s' on node %s is not in host memory: %s",
-			 m->name, srv->peers.self, "only host tensors can be pulled yet");
-		r = -EOPNOTSUPP;
-	} else if (t->flags & TENSORD_MUTABLE) {
-		snprintf(why, sizeof(why),
-			 "tensor '%s' on node %s is mutable: mutable tensors cannot be exported "
-			 "(their bytes could change during the transfer)",
-			 m->name, srv->peers.self);
-		r = -EPERM;
-	} else if (!(s = calloc(1, sizeof(*s)))) {
-		snprintf(why, sizeof(why), "node %s: out of memory", srv->peers.self);
-		r = -ENOMEM;
-	}
+	r = serve_check(srv, t, why, sizeof(why));
 	if (r < 0) {
 		registry_release(&srv->reg, &rp->rc, lease);
 		pull_reply_error(rp, m->id, r, why);
 		return;
 	}
+	serve_reply(rp, m->id, t, lease, NULL);
+}
+
+/* Whether t may be served to a peer: 0, or -errno with the reason naming it. */
+static int serve_check(struct server *srv, const struct tensor *t, char *why, size_t why_len)
+{
+	if (t->device.device_type != kDLCPU || !t->alloc.ops->export_fd) {
+		snprintf(why, why_len, "tensor '%s' on node %s is not in host memory: %s", t->name,
+			 srv->peers.self, "only host tensors can be pulled yet");
+		return -EOPNOTSUPP;
+	}
+	if (t->flags & TENSORD_MUTABLE) {
+		snprintf(why, why_len,
+			 "tensor '%s' on node %s is mutable: mutable tensors cannot be exported "
+			 "(their bytes could change during the transfer)",
+			 t->name, srv->peers.self);
+		return -EPERM;
+	}
+	return 0;
+}
+
+/*
+ * Serves pull id of t, which rp->rc's lease holds (the serve's now): the
+ * PullReply with t's descriptor (and member's name: a set's member), the
+ * bytes inline when small (the lease then ends at once), else the lease
+ * kept until PullGo's send or PullDone.
+ */
+static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_t lease,
+			const char *member)
+{
+	struct remote *rm = rp->rm;
+	struct server *srv = rm->srv;
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerPullReply rep = TENSORD__PEER_PULL_REPLY__INIT;
+	struct serve *s = calloc(1, sizeof(*s));
+	uint8_t inline_buf[REMOTE_INLINE_MAX];
+	char why[300];
+
+	if (!s) {
+		registry_release(&srv->reg, &rp->rc, lease);
+		snprintf(why, sizeof(why), "node %s: out of memory", srv->peers.self);
+		pull_reply_error(rp, id, -ENOMEM, why);
+		return;
+	}
 	s->rp = rp;
-	s->id = m->id;
+	s->id = id;
 	s->epoch = rp->epoch;
 	s->lease = lease;
 	s->t = t;
@@ -481,9 +540,10 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 	rp->n_serves++;
 	rm->figs->pull_leases++;
 
-	rep.id = m->id;
+	rep.id = id;
 	rep.generation = t->generation;
-	rep.watched = watch_add(rp, m->name);
+	/* A single pull's replica is watched; a set's members are not (B asks for them). */
+	rep.watched = !member && watch_add(rp, t->name);
 	rep.nbytes = t->nbytes;
 	rep.dtype_code = t->dtype.code;
 	rep.dtype_bits = t->dtype.bits;
@@ -491,6 +551,7 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 	rep.n_shape = rep.n_strides = (size_t)t->ndim;
 	rep.shape = t->shape;
 	rep.strides = t->strides;
+	rep.name = member ? (char *)member : "";
 	f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
 	f.pull_reply = &rep;
 	/* Small tensors go inline, in the reply: one round trip, no UCX message. */
@@ -506,8 +567,158 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 		return;
 	}
 	send_frame(rp, &f);
-	log_debug("peer %s: pull %" PRIu64 " of '%s' (%" PRIu64 " bytes): leased", rp->p->name,
-		  m->id, m->name, t->nbytes);
+	log_debug("peer %s: pull %" PRIu64 " of '%s' (%" PRIu64 " bytes): leased", rp->p->name, id,
+		  t->name, t->nbytes);
+}
+
+static void set_pull_refuse(struct rpeer *rp, uint64_t id, int status, const char *why)
+{
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerSetPullReply m = TENSORD__PEER_SET_PULL_REPLY__INIT;
+
+	m.id = id;
+	m.status = status;
+	m.error = (char *)why;
+	f.body_case = TENSORD__PEER_FRAME__BODY_SET_PULL_REPLY;
+	f.set_pull_reply = &m;
+	send_frame(rp, &f);
+}
+
+/*
+ * The members of set pull m as rp may pull them (*ret_v, n; the caller
+ * frees the array): resolved in one step as a local AttachMany by uid
+ * REMOTE_PEER_UID, a listed name not exported told apart from one not
+ * published to nobody, the names under a prefix that are not exported to
+ * rp left out (as those it may not read are). 0 or -errno with the reason.
+ */
+static int set_members(struct rpeer *rp, const Tensord__PeerSetPull *m, struct tensor ***ret_v,
+		       size_t *ret_n, uint64_t *ret_commit, char *why, size_t why_len)
+{
+	struct server *srv = rp->rm->srv;
+	Tensord__AttachMany am = TENSORD__ATTACH_MANY__INIT;
+	const char *self = srv->peers.self, *peer = rp->p->name;
+	struct tensor **v;
+	char reason[400];
+	size_t n, k = 0;
+	int r;
+
+	if (m->n_names > REMOTE_SET_MAX) {
+		snprintf(why, why_len, "node %s: a set of %zu names; at most %u", self, m->n_names,
+			 REMOTE_SET_MAX);
+		return -E2BIG;
+	}
+	for (size_t i = 0; i < m->n_names; i++) {
+		size_t len = strlen(m->names[i]);
+
+		if (td_name_check(m->names[i], len, reason, sizeof(reason)) < 0) {
+			snprintf(why, why_len, "node %s: %s", self, reason);
+			return -EINVAL;
+		}
+		/* As a single pull's: not exported and not published told apart to nobody. */
+		if (!remote_exported(&srv->cfg.remote, peer, m->names[i], len) ||
+		    !registry_published(&srv->reg, m->names[i], len)) {
+			snprintf(why, why_len,
+				 "tensor '%s' is not published on node %s, or not exported to "
+				 "node %s",
+				 m->names[i], self, peer);
+			return -ENOENT;
+		}
+		if (!registry_lookup(&srv->reg, &rp->rc, m->names[i], len)) {
+			snprintf(why, why_len,
+				 "node %s, acting as uid %u for peers: tensor '%s': its mode "
+				 "refuses that uid",
+				 self, REMOTE_PEER_UID, m->names[i]);
+			return -EACCES;
+		}
+	}
+	am.n_names = m->n_names;
+	am.names = m->names;
+	am.prefix = m->prefix;
+	r = dispatch_set_members(&srv->reg, &rp->rc, &am, &v, &n, ret_commit, reason,
+				 sizeof(reason));
+	if (r == -ENOENT)
+		snprintf(why, why_len, "node %s: %s (not published, or not exported to node %s)",
+			 self, reason, peer);
+	else if (r < 0)
+		snprintf(why, why_len, "node %s, acting as uid %u for peers: %s", self,
+			 REMOTE_PEER_UID, reason);
+	if (r < 0)
+		return r;
+	/* The set's commit is its members' newest: those left out do not count. */
+	*ret_commit = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!remote_exported(&srv->cfg.remote, peer, v[i]->name, v[i]->name_len))
+			continue;
+		v[k++] = v[i];
+		if (v[i]->commit > *ret_commit)
+			*ret_commit = v[i]->commit;
+	}
+	if (k > REMOTE_SET_MAX) {
+		free(v);
+		snprintf(why, why_len, "node %s: prefix '%s' has %zu members; a set has at most %u",
+			 self, m->prefix, k, REMOTE_SET_MAX);
+		return -E2BIG;
+	}
+	*ret_v = v;
+	*ret_n = k;
+	return 0;
+}
+
+/*
+ * A set pull: every member resolved, checked and leased in this one step
+ * (so all of one commit: nothing else runs on the loop meanwhile), or the
+ * whole set refused naming the member; then the SetPullReply and one
+ * PullReply per member.
+ */
+static void on_set_pull(struct rpeer *rp, const Tensord__PeerSetPull *m)
+{
+	struct server *srv = rp->rm->srv;
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerSetPullReply rep = TENSORD__PEER_SET_PULL_REPLY__INIT;
+	struct tensor **v = NULL, *t;
+	uint64_t *lease, commit = 0;
+	char why[800];
+	size_t n = 0, i;
+	bool writable;
+	int r = set_members(rp, m, &v, &n, &commit, why, sizeof(why));
+
+	for (i = 0; r == 0 && i < n; i++)
+		r = serve_check(srv, v[i], why, sizeof(why));
+	if (r == 0 && rp->n_serves + n > REMOTE_SERVES_MAX) {
+		snprintf(why, sizeof(why),
+			 "node %s: node %s holds %u pull leases already; a set of %zu more "
+			 "passes the most, %d",
+			 srv->peers.self, rp->p->name, rp->n_serves, n, REMOTE_SERVES_MAX);
+		r = -EAGAIN;
+	}
+	lease = r == 0 ? calloc(n ? n : 1, sizeof(*lease)) : NULL;
+	if (r == 0 && !lease) {
+		snprintf(why, sizeof(why), "node %s: out of memory", srv->peers.self);
+		r = -ENOMEM;
+	}
+	for (i = 0; r == 0 && i < n; i++)
+		r = registry_attach(&srv->reg, &rp->rc, v[i]->name, v[i]->name_len, &t, &lease[i],
+				    &writable, why, sizeof(why));
+	if (r < 0) {
+		for (size_t j = 0; j + 1 < i; j++)
+			registry_release(&srv->reg, &rp->rc, lease[j]);
+		set_pull_refuse(rp, m->id, r, why);
+		free(lease);
+		free(v);
+		return;
+	}
+	rep.id = m->id;
+	rep.commit = commit;
+	rep.count = (uint32_t)n;
+	f.body_case = TENSORD__PEER_FRAME__BODY_SET_PULL_REPLY;
+	f.set_pull_reply = &rep;
+	send_frame(rp, &f);
+	log_debug("peer %s: set pull %" PRIu64 ": %zu members of commit %" PRIu64 " leased",
+		  rp->p->name, m->id, n, commit);
+	for (i = 0; i < n; i++)
+		serve_reply(rp, m->id + 1 + i, v[i], lease[i], v[i]->name);
+	free(lease);
+	free(v);
 }
 
 /* Maps s's bytes read-only (s->map): 0, or -errno, logged. */
@@ -622,7 +833,10 @@ static struct pull *pull_by_id(struct remote *rm, uint64_t id)
  * id would let a stranger write a replica. So ids are 64 random bits
  * (libcrypto's generator), unique among the pulls alive.
  */
-static uint64_t pull_new_id(struct remote *rm)
+static bool ids_free(struct remote *rm, uint64_t id, uint64_t n);
+
+/* The first of n ids free in a row (a set takes its own and its members'). */
+static uint64_t pull_new_ids(struct remote *rm, uint64_t n)
 {
 	uint64_t id = 0;
 
@@ -631,10 +845,16 @@ static uint64_t pull_new_id(struct remote *rm)
 			/* Only without an entropy source: a guessable id, said. */
 			log_warn("remote attach: no random bytes for a pull's id: a counter "
 				 "instead");
-			id = ++rm->next_id ^ now_ns();
+			id = (rm->next_id += n) ^ now_ns();
 		}
-	} while (!id || pull_by_id(rm, id));
+		id &= ~(uint64_t)0 >> 1; /* room above it for the n */
+	} while (!id || !ids_free(rm, id, n));
 	return id;
+}
+
+static uint64_t pull_new_id(struct remote *rm)
+{
+	return pull_new_ids(rm, 1);
 }
 
 static struct replica *replica_find(struct remote *rm, const char *name)
@@ -674,36 +894,29 @@ static void pull_free(struct pull *pl)
 }
 
 /*
- * pl failed: every attach waiting on it gets status and "peer P: tensor
- * 'N': <reason>"; the replica being made is discarded; A is told to end
- * its lease. The mapping stays while UCX may write it.
+ * Ends failed pull pl, its waiting attaches answered with status and why:
+ * the replica being made is discarded (a set's member: by the abort of its
+ * set's transaction, before this); A is told to end its lease. The mapping
+ * stays while UCX may write it.
  */
-static void __attribute__((format(printf, 3, 4)))
-pull_fail(struct pull *pl, int status, const char *fmt, ...)
+static void pull_end_failed(struct pull *pl, int status, const char *why)
 {
 	struct remote *rm = pl->rm;
-	char reason[300], why[600], buf[300];
+	char buf[300];
 	struct pwait *w;
-	va_list ap;
 
-	va_start(ap, fmt);
-	vsnprintf(reason, sizeof(reason), fmt, ap);
-	va_end(ap);
-	snprintf(why, sizeof(why), "peer %s: tensor '%s': %s", pl->rp->p->name,
-		 pl->name + pl->peer_len + 2, reason);
-	log_info("pull %" PRIu64 " of '%s' failed: %s", pl->id, pl->name, why);
-	figure_count(FIG_remote_pull_failures_total, 1);
-	pl->rp->counts.pull_errors++;
 	while ((w = LIST_FIRST(&pl->waits))) {
 		LIST_REMOVE(w, link);
 		reply_status(w->cl->conn, ATTACH, w->id, status, why);
 		pwait_free(w);
 	}
 	if (pl->st == PL_RECEIVING) {
-		registry_unlink(&rm->srv->reg, &rm->rc, pl->name, pl->name_len, buf, sizeof(buf));
+		if (!pl->set)
+			registry_unlink(&rm->srv->reg, &rm->rc, pl->name, pl->name_len, buf,
+					sizeof(buf));
 		registry_release(&rm->srv->reg, &rm->rc, pl->lease);
 	}
-	if (pl->rp->up) {
+	if (pl->rp->up && !pl->done) {
 		Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
 		Tensord__PeerPullDone d = TENSORD__PEER_PULL_DONE__INIT;
 
@@ -713,6 +926,7 @@ pull_fail(struct pull *pl, int status, const char *fmt, ...)
 		send_frame(pl->rp, &f);
 	}
 	uv_timer_stop(&pl->timer);
+	pl->set = NULL;
 	if (pl->posted) {
 		pl->dead = true; /* its receive's end unmaps and frees it */
 		return;
@@ -720,6 +934,37 @@ pull_fail(struct pull *pl, int status, const char *fmt, ...)
 	if (pl->map)
 		munmap(pl->map, pl->map_len);
 	pull_free(pl);
+}
+
+static void set_fail(struct spull *sp, int status, const char *why);
+
+/*
+ * pl failed: every attach waiting on it gets status and "peer P: tensor
+ * 'N': <reason>"; a set's member fails its whole set with those words.
+ */
+static void __attribute__((format(printf, 3, 4)))
+pull_fail(struct pull *pl, int status, const char *fmt, ...)
+{
+	char reason[300], why[1000];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(reason, sizeof(reason), fmt, ap);
+	va_end(ap);
+	if (pl->set && !pl->name[0])
+		snprintf(why, sizeof(why), "peer %s: %s: member %" PRIu64 " (not named yet): %s",
+			 pl->rp->p->name, pl->set->what, pl->id - pl->set->id, reason);
+	else
+		snprintf(why, sizeof(why), "peer %s: tensor '%s': %s", pl->rp->p->name,
+			 pl->name + pl->peer_len + 2, reason);
+	pl->rp->counts.pull_errors++;
+	if (pl->set) {
+		set_fail(pl->set, status, why);
+		return;
+	}
+	log_info("pull %" PRIu64 " of '%s' failed: %s", pl->id, pl->name, why);
+	figure_count(FIG_remote_pull_failures_total, 1);
+	pull_end_failed(pl, status, why);
 }
 
 /*
@@ -761,18 +1006,60 @@ static int pull_ask(struct pull *pl, uint64_t have_generation)
 	return peer_send(pl->rp->p, &f);
 }
 
+/*
+ * The connected peer named peer for a request (kind, id) of cl about
+ * `what` ("tensor '@a/x'"), or NULL with the request answered: no such
+ * peer, not connected, or no data path to it.
+ */
+static struct rpeer *rpeer_ready(struct client *cl, unsigned kind, uint64_t id, const char *what,
+				 const char *peer)
+{
+	struct server *srv = cl->srv;
+	struct remote *rm = rm_of(srv);
+	char why[700], known[200];
+	struct rpeer *rp;
+	struct peer *p;
+	size_t k = 0;
+
+	p = srv->peers.on ? peer_lookup(&srv->peers, peer) : NULL;
+	if (!p) {
+		known[0] = '\0';
+		for (unsigned i = 0; i < srv->peers.n_peers && k < sizeof(known); i++)
+			k += (size_t)snprintf(known + k, sizeof(known) - k, "%s%s", i ? ", " : "",
+					      srv->peers.peers[i]->name);
+		snprintf(why, sizeof(why), "%s: no peer '%s' (%s%s)", what, peer,
+			 srv->peers.on ? "known peers: " : "peering is off",
+			 srv->peers.on ? (known[0] ? known : "none") : "");
+		reply_status(cl->conn, kind, id, -ENOENT, why);
+		return NULL;
+	}
+	rp = p->data;
+	if (!rm || !rp || !rp->up) {
+		snprintf(why, sizeof(why), "%s: peer %s is not connected (%s%s%s)", what, peer,
+			 peer_state_name(p->state), p->error[0] ? ": " : "", p->error);
+		reply_status(cl->conn, kind, id, -EHOSTUNREACH, why);
+		return NULL;
+	}
+	if (!rm->x || !rp->addr) {
+		snprintf(why, sizeof(why), "%s: no data path to peer %s: %s", what, peer,
+			 !rm->x ? rm->why : "it has not sent its UCX worker address");
+		reply_status(cl->conn, kind, id, -EHOSTUNREACH, why);
+		return NULL;
+	}
+	return rp;
+}
+
 void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t have_id,
 		   const uint64_t *have_shares, size_t n_have_shares, bool bind)
 {
 	struct server *srv = cl->srv;
 	struct remote *rm = rm_of(srv);
-	char why[600], peer[PEER_NAME_MAX + 1], known[200];
-	size_t len = strlen(name), peer_len, k = 0;
+	char why[600], peer[PEER_NAME_MAX + 1], what[300];
+	size_t len = strlen(name), peer_len;
 	struct rpeer *rp;
 	struct pull *pl;
 	struct pwait *w;
 	struct replica *rep;
-	struct peer *p;
 	int r;
 
 	r = td_remote_name_check(name, len, &peer_len, why, sizeof(why));
@@ -782,31 +1069,10 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	}
 	memcpy(peer, name + 1, peer_len);
 	peer[peer_len] = '\0';
-	p = srv->peers.on ? peer_lookup(&srv->peers, peer) : NULL;
-	if (!p) {
-		known[0] = '\0';
-		for (unsigned i = 0; i < srv->peers.n_peers && k < sizeof(known); i++)
-			k += (size_t)snprintf(known + k, sizeof(known) - k, "%s%s", i ? ", " : "",
-					      srv->peers.peers[i]->name);
-		snprintf(why, sizeof(why), "tensor '%s': no peer '%s' (%s%s)", name, peer,
-			 srv->peers.on ? "known peers: " : "peering is off",
-			 srv->peers.on ? (known[0] ? known : "none") : "");
-		reply_status(cl->conn, ATTACH, id, -ENOENT, why);
+	snprintf(what, sizeof(what), "tensor '%s'", name);
+	rp = rpeer_ready(cl, ATTACH, id, what, peer);
+	if (!rp)
 		return;
-	}
-	rp = p->data;
-	if (!rm || !rp || !rp->up) {
-		snprintf(why, sizeof(why), "tensor '%s': peer %s is not connected (%s%s%s)", name,
-			 peer, peer_state_name(p->state), p->error[0] ? ": " : "", p->error);
-		reply_status(cl->conn, ATTACH, id, -EHOSTUNREACH, why);
-		return;
-	}
-	if (!rm->x || !rp->addr) {
-		snprintf(why, sizeof(why), "tensor '%s': no data path to peer %s: %s", name, peer,
-			 !rm->x ? rm->why : "it has not sent its UCX worker address");
-		reply_status(cl->conn, ATTACH, id, -EHOSTUNREACH, why);
-		return;
-	}
 	rep = replica_find(rm, name);
 	if (rep && rep->watched && !pull_by_name(rm, name)) {
 		/* A tells of its next change before anything else: this is current. */
@@ -860,6 +1126,470 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 		pull_fail(pl, -ECONNRESET, "the connection to it was lost");
 }
 
+/* --- B: pulling a set ------------------------------------------------------------------ */
+
+bool remote_set_is_remote(const Tensord__AttachMany *m)
+{
+	if (!m->n_names)
+		return m->prefix[0] == '@';
+	for (size_t i = 0; i < m->n_names; i++)
+		if (m->names[i][0] == '@')
+			return true;
+	return false;
+}
+
+static void on_set_closed(uv_handle_t *h)
+{
+	struct spull *sp = h->data;
+
+	for (size_t i = 0; i < sp->n_names; i++)
+		free(sp->names[i]);
+	free(sp->names);
+	free(sp->members);
+	free(sp->have_shares);
+	free(sp);
+}
+
+static void set_free(struct spull *sp)
+{
+	LIST_REMOVE(sp, link);
+	sp->rm->n_sets--;
+	uv_timer_stop(&sp->timer);
+	uv_close((uv_handle_t *)&sp->timer, on_set_closed);
+}
+
+/*
+ * sp failed (why names the peer, the member when one failed, and the
+ * reason): cl's AttachMany gets it; the transaction holding the replicas
+ * made so far is aborted, so that none is ever seen; every member's pull
+ * ends as a failed pull does.
+ */
+static void set_fail(struct spull *sp, int status, const char *why)
+{
+	struct remote *rm = sp->rm;
+	char buf[300];
+
+	log_info("set pull %" PRIu64 " (%s) failed: %s", sp->id, sp->what, why);
+	figure_count(FIG_remote_pull_failures_total, 1);
+	if (sp->cl)
+		reply_status(sp->cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, sp->req_id, status,
+			     why);
+	/* -ENOENT: no member had been made yet (or the failed commit ended it). */
+	registry_tx_abort(&rm->srv->reg, &rm->rc, sp->tx, buf, sizeof(buf));
+	for (uint32_t i = 0; i < sp->count; i++)
+		if (sp->members[i])
+			pull_end_failed(sp->members[i], status, why);
+	set_free(sp);
+}
+
+static void on_set_timeout(uv_timer_t *t)
+{
+	struct spull *sp = t->data;
+	char why[500];
+
+	snprintf(why, sizeof(why), "peer %s: %s: no answer after %" PRIu64 " ms", sp->rp->p->name,
+		 sp->what, (now_ns() - sp->started_ns) / 1000000u);
+	set_fail(sp, -ETIMEDOUT, why);
+}
+
+/*
+ * The peer of AttachMany m's names (all "@PEER/NAME" of one peer) or of
+ * its prefix ("@PEER/" and a prefix of A's names, maybe empty): into peer,
+ * its length returned; -errno with the reason.
+ */
+static int set_peer(const Tensord__AttachMany *m, char *peer, char *why, size_t why_len)
+{
+	size_t peer_len = 0, pl;
+	char reason[300];
+
+	if (!m->n_names) {
+		size_t len = strlen(m->prefix);
+		char probe[TENSORD_NAME_MAX + 2];
+
+		/* "@PEER/" alone is checked as "@PEER/x" would be: the whole export to us. */
+		snprintf(probe, sizeof(probe), "%s%s", m->prefix,
+			 len && m->prefix[len - 1] == '/' && !memchr(m->prefix + 1, '/', len - 2)
+				 ? "x"
+				 : "");
+		if (len > TENSORD_NAME_MAX ||
+		    td_remote_name_check(probe, strlen(probe), &pl, reason, sizeof(reason)) < 0) {
+			snprintf(why, why_len, "attach_many: prefix of another node's set: %s",
+				 len > TENSORD_NAME_MAX ? "longer than a name" : reason);
+			return -EINVAL;
+		}
+		memcpy(peer, m->prefix + 1, pl);
+		peer[pl] = '\0';
+		return (int)pl;
+	}
+	for (size_t i = 0; i < m->n_names; i++) {
+		const char *name = m->names[i];
+
+		if (name[0] != '@') {
+			snprintf(why, why_len,
+				 "attach_many: '%.260s' is a local name and '%.260s' another "
+				 "node's: one set is all of one node",
+				 name,
+				 m->names[0][0] == '@' ? m->names[0] : m->names[m->n_names - 1]);
+			return -EINVAL;
+		}
+		if (td_remote_name_check(name, strlen(name), &pl, reason, sizeof(reason)) < 0) {
+			snprintf(why, why_len, "attach_many: %s", reason);
+			return -EINVAL;
+		}
+		if (i && (pl != peer_len || memcmp(name + 1, peer, pl) != 0)) {
+			snprintf(why, why_len,
+				 "attach_many: '%.260s' and '%.260s' are of different peers: one "
+				 "set is all of one node",
+				 m->names[0], name);
+			return -EINVAL;
+		}
+		peer_len = pl;
+		memcpy(peer, name + 1, pl);
+		peer[pl] = '\0';
+	}
+	return (int)peer_len;
+}
+
+/* sp's names (A's, without "@PEER/") and cl's share ids, copied from m. */
+static int set_copy_request(struct spull *sp, const Tensord__AttachMany *m, size_t peer_len)
+{
+	if (m->n_have_shares) {
+		sp->have_shares = malloc(m->n_have_shares * sizeof(uint64_t));
+		if (!sp->have_shares)
+			return -ENOMEM;
+		memcpy(sp->have_shares, m->have_shares, m->n_have_shares * sizeof(uint64_t));
+		sp->n_have_shares = m->n_have_shares;
+	}
+	if (!m->n_names) {
+		snprintf(sp->prefix, sizeof(sp->prefix), "%s", m->prefix + peer_len + 2);
+		return 0;
+	}
+	sp->names = calloc(m->n_names, sizeof(char *));
+	if (!sp->names)
+		return -ENOMEM;
+	sp->n_names = m->n_names;
+	for (size_t i = 0; i < m->n_names; i++)
+		if (!(sp->names[i] = strdup(m->names[i] + peer_len + 2)))
+			return -ENOMEM;
+	return 0;
+}
+
+void remote_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMany *m)
+{
+	struct server *srv = cl->srv;
+	struct remote *rm = rm_of(srv);
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerSetPull sm = TENSORD__PEER_SET_PULL__INIT;
+	char why[700], peer[PEER_NAME_MAX + 1], what[300];
+	size_t bytes = 64;
+	struct spull *sp;
+	struct rpeer *rp;
+	int peer_len = set_peer(m, peer, why, sizeof(why));
+
+	if (peer_len < 0) {
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, id, peer_len, why);
+		return;
+	}
+	if (m->n_names)
+		snprintf(what, sizeof(what), "set of %zu names ('%.200s'%s)", m->n_names,
+			 m->names[0], m->n_names > 1 ? ", ..." : "");
+	else
+		snprintf(what, sizeof(what), "set '%.250s'", m->prefix);
+	if (m->after) {
+		snprintf(why, sizeof(why),
+			 "attach_many of %s: `after` is not supported for another node's set yet "
+			 "(attach the set again to get its newest commit)",
+			 what);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, id, -EOPNOTSUPP, why);
+		return;
+	}
+	for (size_t i = 0; i < m->n_names; i++)
+		bytes += strlen(m->names[i]) + 4;
+	if (m->n_names > REMOTE_SET_MAX || bytes > PEER_FRAME_MAX - 128) {
+		snprintf(why, sizeof(why),
+			 "attach_many of %s: one set pull holds at most %u names and %u bytes of "
+			 "them; use a prefix",
+			 what, REMOTE_SET_MAX, PEER_FRAME_MAX - 128);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, id, -E2BIG, why);
+		return;
+	}
+	rp = rpeer_ready(cl, TENSORD__REQUEST__BODY_ATTACH_MANY, id, what, peer);
+	if (!rp)
+		return;
+	if (rm->n_sets >= REMOTE_SETS_MAX) {
+		snprintf(why, sizeof(why),
+			 "attach_many of %s: %u sets are being pulled on this node already, the "
+			 "most at once; try again",
+			 what, REMOTE_SETS_MAX);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, id, -EAGAIN, why);
+		return;
+	}
+	sp = calloc(1, sizeof(*sp));
+	if (!sp || set_copy_request(sp, m, (size_t)peer_len) < 0) {
+		if (sp) {
+			for (size_t i = 0; i < sp->n_names; i++)
+				free(sp->names[i]);
+			free(sp->names);
+			free(sp->have_shares);
+			free(sp);
+		}
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, id, -ENOMEM,
+			     "out of memory for a remote attach_many");
+		return;
+	}
+	sp->rm = rm;
+	sp->rp = rp;
+	sp->cl = cl;
+	sp->req_id = id;
+	snprintf(sp->what, sizeof(sp->what), "%s", what);
+	/* Its members' ids follow its own, random as a single pull's. */
+	sp->id = pull_new_ids(rm, 1 + REMOTE_SET_MAX);
+	sp->tx = ++rm->next_tx ? rm->next_tx : ++rm->next_tx;
+	sp->st = SP_ASKING;
+	sp->started_ns = now_ns();
+	LIST_INSERT_HEAD(&rm->sets, sp, link);
+	rm->n_sets++;
+	uv_timer_init(srv->loop, &sp->timer);
+	sp->timer.data = sp;
+	uv_timer_start(&sp->timer, on_set_timeout, PULL_BASE_MS, 0);
+	sm.id = sp->id;
+	sm.n_names = sp->n_names;
+	sm.names = sp->names;
+	sm.prefix = sp->prefix;
+	f.body_case = TENSORD__PEER_FRAME__BODY_SET_PULL;
+	f.set_pull = &sm;
+	if (peer_send(rp->p, &f) < 0) {
+		snprintf(why, sizeof(why), "peer %s: %s: the connection to it was lost", peer,
+			 what);
+		set_fail(sp, -ECONNRESET, why);
+	}
+}
+
+static struct spull *set_by_id(struct remote *rm, uint64_t id)
+{
+	struct spull *sp;
+
+	LIST_FOREACH(sp, &rm->sets, link)
+	if (sp->id == id)
+		return sp;
+	return NULL;
+}
+
+/* Whether no live pull has an id in [id, id + n) and no live set's range meets it. */
+static bool ids_free(struct remote *rm, uint64_t id, uint64_t n)
+{
+	struct spull *sp;
+	struct pull *pl;
+
+	LIST_FOREACH(pl, &rm->pulls, link)
+	if (pl->id - id < n)
+		return false;
+	LIST_FOREACH(sp, &rm->sets, link)
+	if (sp->id < id + n && id < sp->id + 1 + REMOTE_SET_MAX)
+		return false;
+	return true;
+}
+
+/* A's answer to set pull sp: refused, or count members leased, whose PullReplies follow. */
+static int on_set_pull_reply(struct rpeer *rp, const Tensord__PeerSetPullReply *m, char *why,
+			     size_t why_len)
+{
+	struct remote *rm = rp->rm;
+	struct spull *sp = set_by_id(rm, m->id);
+	char buf[1024];
+
+	/* A set given up: the members' PullReplies that follow are answered PullDone. */
+	if (!sp || sp->st != SP_ASKING || sp->rp != rp)
+		return 0;
+	if (m->status < 0) {
+		/* A's own words: they name A, the member and the reason. */
+		snprintf(buf, sizeof(buf), "peer %s: %s: %.500s", rp->p->name, sp->what,
+			 m->error && m->error[0] ? m->error : "refused");
+		set_fail(sp, m->status >= -4095 ? m->status : -EPROTO, buf);
+		return 0;
+	}
+	if (m->count > REMOTE_SET_MAX) {
+		snprintf(why, why_len, "a set of %u members, more than the %u asked for at most",
+			 m->count, REMOTE_SET_MAX);
+		snprintf(buf, sizeof(buf), "peer %s: %s: it answered %s", rp->p->name, sp->what,
+			 why);
+		set_fail(sp, -EPROTO, buf);
+		return -EPROTO;
+	}
+	uv_timer_stop(&sp->timer);
+	sp->st = SP_PULLING;
+	sp->commit_a = m->commit;
+	if (m->count == 0) {
+		if (sp->cl)
+			dispatch_set_answer(sp->cl, sp->req_id, NULL, 0, sp->have_shares,
+					    sp->n_have_shares);
+		set_free(sp);
+		return 0;
+	}
+	sp->members = calloc(m->count, sizeof(*sp->members));
+	if (!sp->members) {
+		snprintf(buf, sizeof(buf), "peer %s: %s: out of memory for %u members", rp->p->name,
+			 sp->what, m->count);
+		set_fail(sp, -ENOMEM, buf);
+		return 0;
+	}
+	sp->count = m->count;
+	for (uint32_t i = 0; i < m->count; i++) {
+		struct pull *pl = calloc(1, sizeof(*pl));
+
+		if (!pl) {
+			snprintf(buf, sizeof(buf), "peer %s: %s: out of memory for %u members",
+				 rp->p->name, sp->what, m->count);
+			set_fail(sp, -ENOMEM, buf);
+			return 0;
+		}
+		pl->rm = rm;
+		pl->rp = rp;
+		pl->id = sp->id + 1 + i;
+		pl->st = PL_ASKING;
+		pl->started_ns = sp->started_ns;
+		pl->set = sp;
+		LIST_INIT(&pl->waits);
+		LIST_INSERT_HEAD(&rm->pulls, pl, link);
+		uv_timer_init(rm->srv->loop, &pl->timer);
+		pl->timer.data = pl;
+		uv_timer_start(&pl->timer, on_pull_timeout, PULL_BASE_MS, 0);
+		sp->members[i] = pl;
+	}
+	return 0;
+}
+
+/* Whether a's name (A's) is one sp asked for. */
+static bool set_wants(const struct spull *sp, const char *name)
+{
+	if (!sp->n_names)
+		return strncmp(name, sp->prefix, strlen(sp->prefix)) == 0;
+	for (size_t i = 0; i < sp->n_names; i++)
+		if (strcmp(sp->names[i], name) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * Names set member pl from its PullReply (A's name m->name): "@PEER/NAME",
+ * one the set asked for, no other member's, and no other pull's under way
+ * (whose replica it would replace). 0, or -errno with pl failed.
+ */
+static int set_member_named(struct pull *pl, const Tensord__PeerPullReply *m)
+{
+	struct spull *sp = pl->set;
+	const char *peer = pl->rp->p->name;
+	size_t plen = strlen(peer), len = m->name ? strlen(m->name) : 0;
+	char reason[300];
+	struct pull *other;
+
+	pl->peer_len = plen;
+	if (!len || td_name_check(m->name, len, reason, sizeof(reason)) < 0 ||
+	    plen + 2 + len > TENSORD_NAME_MAX || !set_wants(sp, m->name)) {
+		pull_fail(pl, -EPROTO,
+			  "it answered with a member named '%.255s', which the set "
+			  "did not ask for",
+			  m->name ? m->name : "");
+		return -EPROTO;
+	}
+	snprintf(pl->name, sizeof(pl->name), "@%s/%s", peer, m->name);
+	pl->name_len = plen + 2 + len;
+	LIST_FOREACH(other, &pl->rm->pulls, link)
+	{
+		if (other == pl || other->dead || strcmp(other->name, pl->name) != 0)
+			continue;
+		pull_fail(pl, other->set == sp ? -EPROTO : -EAGAIN, "%s",
+			  other->set == sp ? "it answered with this member twice"
+					   : "another pull of it is under way on this node; "
+					     "try again");
+		return other->set == sp ? -EPROTO : -EAGAIN;
+	}
+	return 0;
+}
+
+/*
+ * Every member's bytes are in: the replicas published in one commit (the
+ * transaction of rm->rc), so that no watcher or attach_many here sees
+ * part of the set; cl's AttachMany answered with leases on them all, the
+ * attaches waiting on members too; the creator's leases end.
+ */
+static void set_publish(struct spull *sp)
+{
+	struct remote *rm = sp->rm;
+	struct registry *reg = &rm->srv->reg;
+	uint64_t commit = 0, bytes = 0;
+	uint32_t published, unlinked;
+	const char **names = calloc(sp->count, sizeof(*names));
+	char reason[400], why[800];
+	int r;
+
+	if (!names) {
+		snprintf(why, sizeof(why), "peer %s: %s: out of memory to publish it",
+			 sp->rp->p->name, sp->what);
+		set_fail(sp, -ENOMEM, why);
+		return;
+	}
+	r = registry_tx_commit(reg, &rm->rc, sp->tx, &commit, &published, &unlinked, reason,
+			       sizeof(reason));
+	if (r < 0) {
+		snprintf(why, sizeof(why), "peer %s: %s: cannot publish its replicas: %s",
+			 sp->rp->p->name, sp->what, reason);
+		free(names);
+		set_fail(sp, r, why);
+		return;
+	}
+	for (uint32_t i = 0; i < sp->count; i++) {
+		struct pull *pl = sp->members[i];
+		struct tensor *t = registry_lookup(reg, &rm->rc, pl->name, pl->name_len);
+		struct replica *rep = replica_find(rm, pl->name);
+
+		names[i] = pl->name;
+		bytes += pl->nbytes;
+		if (!rep && (rep = calloc(1, sizeof(*rep)))) {
+			memcpy(rep->name, pl->name, pl->name_len + 1);
+			rep->name_len = pl->name_len;
+			LIST_INSERT_HEAD(&rm->replicas, rep, link);
+			rm->figs->replicas++;
+		} else if (rep) {
+			rm->figs->replica_bytes -= rep->nbytes;
+		}
+		if (rep) {
+			rep->rp = pl->rp;
+			rep->tensor_id = t ? t->id : 0;
+			rep->generation = pl->generation;
+			rep->nbytes = pl->nbytes;
+			rep->idle_since_ns = 0;
+			rep->watched = false; /* A watches no set's members: attaches ask */
+			rm->figs->replica_bytes += pl->nbytes;
+		}
+	}
+	figure_count(FIG_remote_pulls_total, sp->count);
+	figure_count(FIG_remote_pull_bytes_total, bytes);
+	sp->rp->counts.pulled += sp->count;
+	sp->rp->counts.pulled_bytes += bytes;
+	log_debug("%s of peer %s: %u replicas, %" PRIu64 " bytes, commit %" PRIu64
+		  " there, %" PRIu64 " here, in %.3f ms",
+		  sp->what, sp->rp->p->name, sp->count, bytes, sp->commit_a, commit,
+		  (double)(now_ns() - sp->started_ns) / 1e6);
+	if (sp->cl)
+		dispatch_set_answer(sp->cl, sp->req_id, names, sp->count, sp->have_shares,
+				    sp->n_have_shares);
+	free(names);
+	for (uint32_t i = 0; i < sp->count; i++) {
+		struct pull *pl = sp->members[i];
+
+		answer_local(pl, false);
+		/* The client holds its leases now: the creator's goes. */
+		registry_release(reg, &rm->rc, pl->lease);
+		if (!replica_find(rm, pl->name)) /* untracked: unlinked, its leases keep it */
+			registry_unlink(reg, &rm->rc, pl->name, pl->name_len, reason,
+					sizeof(reason));
+		pull_free(pl);
+	}
+	sp->count = 0;
+	set_free(sp);
+}
+
 /* A's answer: the replica is current, or the descriptor of a new one to receive. */
 static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why,
 			 size_t why_len)
@@ -894,9 +1624,12 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 			  m->error ? m->error : "refused");
 		return 0;
 	}
-	rep = replica_find(rm, pl->name);
+	if (pl->set && set_member_named(pl, m) < 0)
+		return 0;
+	/* A set's member replaces its replica in the set's commit, not before. */
+	rep = pl->set ? NULL : replica_find(rm, pl->name);
 	if (m->current) {
-		if (!rep || rep->generation != m->generation) {
+		if (pl->set || !rep || rep->generation != m->generation) {
 			pull_fail(pl, -EPROTO, "it called a replica current that this node lacks");
 			return 0;
 		}
@@ -934,6 +1667,8 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 	a.replica = true;
 	/* Inline bytes are written by the daemon: the replica may share a slab, as a put's. */
 	a.shared = m->data.len > 0;
+	a.tx = pl->set ? pl->set->tx : 0;
+	a.replace = pl->set != NULL; /* the set's commit swaps an older replica out */
 	r = registry_create(reg, &rm->rc, &a, &t, &pl->lease, reason, sizeof(reason));
 	if (r < 0) {
 		pull_fail(pl, r, "no room for its replica on this node: %s", reason);
@@ -1001,6 +1736,13 @@ static void pull_complete(struct pull *pl)
 	if (pl->map) {
 		munmap(pl->map, pl->map_len);
 		pl->map = NULL;
+	}
+	if (pl->set) { /* published with the others, in one commit */
+		pl->done = true;
+		uv_timer_stop(&pl->timer);
+		if (++pl->set->n_done == pl->set->count)
+			set_publish(pl->set);
+		return;
 	}
 	r = registry_publish(reg, &rm->rc, pl->name, pl->name_len, &t, reason, sizeof(reason));
 	if (r < 0) {
@@ -1137,7 +1879,18 @@ static void x_send_done(void *ctx, void *arg, int status)
 
 static void fail_pulls_of(struct remote *rm, struct rpeer *rp, const char *reason)
 {
+	struct spull *sp, *snext;
 	struct pull *pl, *next;
+	char why[700];
+
+	/* Sets first: each ends its members, which the loop below would otherwise meet. */
+	for (sp = LIST_FIRST(&rm->sets); sp; sp = snext) {
+		snext = LIST_NEXT(sp, link);
+		if (sp->rp != rp)
+			continue;
+		snprintf(why, sizeof(why), "peer %s: %s: %s", rp->p->name, sp->what, reason);
+		set_fail(sp, -ECONNRESET, why);
+	}
 
 	for (pl = LIST_FIRST(&rm->pulls); pl; pl = next) {
 		next = LIST_NEXT(pl, link);
@@ -1302,6 +2055,11 @@ static int on_peer_frame(void *ctx, struct peer *p, const Tensord__PeerFrame *f,
 	case TENSORD__PEER_FRAME__BODY_UNWATCH:
 		on_unwatch(rp, f->unwatch);
 		return 0;
+	case TENSORD__PEER_FRAME__BODY_SET_PULL:
+		on_set_pull(rp, f->set_pull);
+		return 0;
+	case TENSORD__PEER_FRAME__BODY_SET_PULL_REPLY:
+		return on_set_pull_reply(rp, f->set_pull_reply, why, why_len);
 	default:
 		snprintf(why, why_len, "a frame of kind %d, which this node does not know",
 			 (int)f->body_case);
@@ -1376,6 +2134,7 @@ void remote_start(struct server *srv)
 	rm->figs = &srv->remote_figs;
 	LIST_INIT(&rm->pulls);
 	LIST_INIT(&rm->replicas);
+	LIST_INIT(&rm->sets);
 	registry_client_init(&rm->rc, UINT64_MAX - 1, (uint32_t)geteuid(), (uint32_t)getegid(),
 			     (uint32_t)getpid());
 	cbs = (struct xport_cbs){ .recv_dest = x_recv_dest,
@@ -1417,6 +2176,8 @@ void remote_stop(struct server *srv)
 
 	if (!rm)
 		return;
+	while (!LIST_EMPTY(&rm->sets))
+		set_fail(LIST_FIRST(&rm->sets), -ESHUTDOWN, "this daemon is stopping");
 	for (pl = LIST_FIRST(&rm->pulls); pl; pl = next) {
 		next = LIST_NEXT(pl, link);
 		if (!pl->dead)
@@ -1460,11 +2221,15 @@ void remote_stop(struct server *srv)
 void remote_client_gone(struct client *cl)
 {
 	struct remote *rm = rm_of(cl->srv);
+	struct spull *sp;
 	struct pull *pl;
 	struct pwait *w, *next;
 
 	if (!rm)
 		return;
+	LIST_FOREACH(sp, &rm->sets, link)
+	if (sp->cl == cl)
+		sp->cl = NULL; /* pulled and published all the same, as a single pull is */
 	LIST_FOREACH(pl, &rm->pulls, link)
 	for (w = LIST_FIRST(&pl->waits); w; w = next) {
 		next = LIST_NEXT(w, link);

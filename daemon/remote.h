@@ -31,6 +31,10 @@
 #define REMOTE_WATCH_MAX 65536u
 /* Tensors this small go inline in the PullReply (a peer frame holds 16 KiB). */
 #define REMOTE_INLINE_MAX 8192u
+/* Members of one set pull at most (docs/remote.md, "Sets"); B keeps as many pull ids for them. */
+#define REMOTE_SET_MAX 1024u
+/* Set pulls one node runs at once (each a transaction of its pseudo-client's). */
+#define REMOTE_SETS_MAX 16u
 /* The uid a peer acts as in this node's mode checks (nobody). */
 #define REMOTE_PEER_UID 65534u
 
@@ -100,6 +104,19 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
  */
 struct reg_change;
 void remote_on_commit(struct server *srv, const struct reg_change *v, size_t n, bool lost);
+
+struct Tensord__AttachMany;
+
+/* Whether AttachMany m names another node's set: a name or its prefix starts with '@'. */
+bool remote_set_is_remote(const struct Tensord__AttachMany *m);
+
+/*
+ * AttachMany of "@PEER/..." names, or of prefix "@PEER/PREFIX", by cl,
+ * request id: one set pull from PEER, all of one commit there, published
+ * here in one commit; answered when it ends, with leases on every replica
+ * or an error naming the peer, the member and the reason.
+ */
+void remote_attach_many(struct client *cl, uint64_t id, const struct Tensord__AttachMany *m);
 
 /* cl's connection is closing: its pending remote attaches are forgotten. */
 void remote_client_gone(struct client *cl);

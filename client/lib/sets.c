@@ -430,17 +430,24 @@ static int set_msg(tensord_client *c, struct set_req *m, const char *const *name
 		   const char *prefix, uint64_t after, int timeout_ms)
 {
 	char why[300];
+	size_t peer_len;
 
 	tensord__request__init(&m->req);
 	tensord__attach_many__init(&m->am);
 	for (size_t i = 0; i < n; i++) {
 		if (!names[i])
 			return td_set_error(-EINVAL, "attach_many: name %zu is NULL", i);
-		if (td_name_check(names[i], strlen(names[i]), why, sizeof(why)) < 0)
+		/* Another node's set names "@PEER/NAME" (docs/remote.md, "Sets"). */
+		if (names[i][0] == '@'
+			    ? td_remote_name_check(names[i], strlen(names[i]), &peer_len, why,
+						   sizeof(why)) < 0
+			    : td_name_check(names[i], strlen(names[i]), why, sizeof(why)) < 0)
 			return td_set_error(-EINVAL, "%s", why);
 	}
 	prefix = prefix ? prefix : "";
-	if (!names && *prefix && td_name_check(prefix, strlen(prefix), why, sizeof(why)) < 0)
+	/* "@PEER/PREFIX", whose PEER/ alone is the whole export: tensord checks it. */
+	if (!names && *prefix && *prefix != '@' &&
+	    td_name_check(prefix, strlen(prefix), why, sizeof(why)) < 0)
 		return td_set_error(-EINVAL, "attach_many: prefix: %s", why);
 	m->am.n_names = names ? n : 0;
 	m->am.names = (char **)names;
