@@ -1025,7 +1025,8 @@ static void dns_failed(struct peer_dns *d, int status)
 	snprintf(d->error, sizeof(d->error), "cannot resolve %.200s: %s", d->host,
 		 uv_strerror(status));
 	log_limited(TD_LOG_WARN, LOG_KIND_PEER_REFUSED, NULL, NULL,
-		    "--peers-dns %s:%u: %s (%s); again in %d s, the %u addresses found before kept",
+		    "--peers-dns %s:%u: %s (%s); asked again in %d s, the last answer's %u "
+		    "addresses kept",
 		    d->host, d->port, d->error, uv_err_name(status), PEER_DNS_INTERVAL_MS / 1000,
 		    d->n_addrs);
 }
