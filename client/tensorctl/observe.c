@@ -300,7 +300,8 @@ int cmd_peers(tensord_client *c, const struct args *a)
 			json_peer(&v[i], i + 1 < n ? ",\n " : "");
 		puts("]");
 	} else if (!*node) {
-		puts("peering is off (the daemon was started without --peer-listen or --peer)");
+		puts("peering is off (the daemon was started without --peer-listen, --peer or "
+		     "--peers-dns)");
 	} else {
 		print_table(peer_titles, PC_N,
 			    1u << PC_CONNECTS | 1u << PC_FAILURES | 1u << PC_IN | 1u << PC_OUT, v,
