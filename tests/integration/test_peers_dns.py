@@ -3,11 +3,13 @@ two daemons on 127.0.0.1 that each name the other's port under "localhost"
 find each other, learn each other's node name from the handshake and end
 with one connection; a daemon whose DNS name answers with its own address
 recognises itself and stops dialling it; a name that does not resolve
-leaves the daemon serving clients, with the name and the reason in its log."""
+leaves the daemon serving clients, with the name and the reason in its log
+(given in the config file, as every long option may be)."""
 import re
 import time
 
 import numpy as np
+import pytest
 
 from conftest import wait_until
 from test_peers import free_port, peers, secret_file, state_is, tcp_established
@@ -46,10 +48,13 @@ def test_two_daemons_find_each_other_by_dns(daemon_factory, tmp_path):
         assert d.stats()["peer_auth_failures_total"] == 0
 
 
-def test_own_address_in_the_answer_is_not_a_peer(daemon_factory, tmp_path):
+# Listening on 127.0.0.1, or on every address ([::], where the dial from
+# 127.0.0.1 arrives as ::ffff:127.0.0.1 and must still be matched).
+@pytest.mark.parametrize("listen", ["127.0.0.1:%d", ":%d"])
+def test_own_address_in_the_answer_is_not_a_peer(daemon_factory, tmp_path, listen):
     key = secret_file(tmp_path, "peer.key")
     pa = free_port()
-    a = daemon_factory("--node-name", "node-a", "--peer-listen", "127.0.0.1:%d" % pa,
+    a = daemon_factory("--node-name", "node-a", "--peer-listen", listen % pa,
                        "--peers-dns", "localhost:%d" % pa, "--peer-secret-file", key)
     line = "--peers-dns localhost: 127.0.0.1:%d is this daemon itself" % pa
     assert wait_until(lambda: line in a.read_log(), timeout=10), a.read_log()[-3000:]
@@ -66,9 +71,12 @@ def test_own_address_in_the_answer_is_not_a_peer(daemon_factory, tmp_path):
 
 
 def test_unresolvable_name_logged_daemon_serves(daemon_factory, tmp_path):
+    # Given in the config file, whose keys are the long options.
     key = secret_file(tmp_path, "peer.key")
-    d = daemon_factory("--node-name", "node-a", "--peers-dns", "no-such-host.invalid:7439",
-                       "--peer-secret-file", key)
+    conf = tmp_path / "tensord.conf"
+    conf.write_text("node-name = node-a\npeers-dns = no-such-host.invalid:7439\n"
+                    "peer-secret-file = %s\n" % key)
+    d = daemon_factory("--config", str(conf))
     assert wait_until(lambda: re.search(r"--peers-dns no-such-host\.invalid:7439: cannot resolve "
                                         r"no-such-host\.invalid: \S", d.read_log()),
                       timeout=30), d.read_log()[-3000:]
