@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import wait_until
-from test_peers import free_port, peers, secret_file, state_is, tcp_established
+from test_peers import ctl, free_port, peers, secret_file, state_is, tcp_established
 from test_remote import tensord
 
 
@@ -68,6 +68,14 @@ def test_own_address_in_the_answer_is_not_a_peer(daemon_factory, tmp_path, liste
     s = a.stats()
     assert s["peers"] == 0 and s["peer_auth_failures_total"] == 0, s
     assert "names this node itself" not in log
+    # tensorctl peers: no peer row, the name with its own address counted as SELF.
+    rc, out, err = ctl(a, "peers")
+    assert rc == 0, err
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    assert rows[0][0] == "PEER" and rows[1][0] == "PEERS-DNS", out
+    name, addresses, self_, resolutions, failures, error = rows[2]
+    assert name == "localhost:%d" % pa and int(addresses) >= 1 and self_ == "1", out
+    assert int(resolutions) >= 1 and failures == "0" and error == "-", out
 
 
 def test_unresolvable_name_logged_daemon_serves(daemon_factory, tmp_path):
@@ -89,3 +97,12 @@ def test_unresolvable_name_logged_daemon_serves(daemon_factory, tmp_path):
     finally:
         c.close()
     assert peers(d) == {}
+    # tensorctl peers: no peer, and the name with its error under PEERS-DNS.
+    rc, out, err = ctl(d, "peers")
+    assert rc == 0, err
+    head, row = [line for line in out.splitlines() if line.strip()][1:3]
+    assert head.split()[:5] == ["PEERS-DNS", "ADDRESSES", "SELF", "RESOLUTIONS", "FAILURES"], out
+    cells = row.split()
+    assert cells[:3] == ["no-such-host.invalid:7439", "0", "0"], out
+    assert int(cells[3]) >= 1 and cells[4] == cells[3], out
+    assert "cannot resolve no-such-host.invalid: " in row, out
