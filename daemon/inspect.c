@@ -386,6 +386,29 @@ void inspect_clients(struct client *cl, uint64_t req_id, const Tensord__ClientLi
 
 /* --- PeerList ------------------------------------------------------------------ */
 
+/* The --peers-dns names into di, dp pointing at each, host holding their HOST:PORT; how many. */
+static size_t peer_dns_info(const struct peer_set *set, Tensord__PeerDnsInfo *di,
+			    Tensord__PeerDnsInfo **dp, char (*host)[PEER_ADDR_MAX])
+{
+	for (unsigned i = 0; i < set->n_dns; i++) {
+		const struct peer_dns *d = &set->dns[i];
+		Tensord__PeerDnsInfo *w = &di[i];
+
+		tensord__peer_dns_info__init(w);
+		snprintf(host[i], PEER_ADDR_MAX, "%s%.253s%s:%u", strchr(d->host, ':') ? "[" : "",
+			 d->host, strchr(d->host, ':') ? "]" : "", d->port);
+		w->host = host[i];
+		w->addresses = d->n_addrs;
+		for (unsigned j = 0; j < set->n_targets; j++)
+			w->self += set->targets[j]->dns == d && set->targets[j]->self;
+		w->resolutions = d->resolutions;
+		w->failures = d->failures;
+		w->error = (char *)d->error;
+		dp[i] = w;
+	}
+	return set->n_dns;
+}
+
 void inspect_peers(struct client *cl, uint64_t req_id)
 {
 	const struct peer_set *set = &cl->srv->peers;
@@ -393,6 +416,8 @@ void inspect_peers(struct client *cl, uint64_t req_id)
 	Tensord__PeerListReply pr = TENSORD__PEER_LIST_REPLY__INIT;
 	Tensord__PeerInfo **pi;
 	struct remote_peer_counts rc;
+	Tensord__PeerDnsInfo di[PEER_DNS_MAX], *dp[PEER_DNS_MAX];
+	char host[PEER_DNS_MAX][PEER_ADDR_MAX];
 	uid_t self = geteuid();
 
 	if (cl->rc.uid != 0 && cl->rc.uid != self) {
@@ -441,6 +466,8 @@ void inspect_peers(struct client *cl, uint64_t req_id)
 	pr.listen = (char *)(set->on ? set->listen_addr : "");
 	pr.n_peers = set->n_peers;
 	pr.peers = pi;
+	pr.n_dns = peer_dns_info(set, di, dp, host);
+	pr.dns = dp;
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_PEER_LIST;
 	rep.peer_list = &pr;

@@ -38,6 +38,7 @@ enum {
 	OPT_EXPORT,
 	OPT_REPLICA_KEEP,
 	OPT_PEER_MAX_INFLIGHT,
+	OPT_PEERS_DNS,
 	OPT_QUOTA = 0x200,
 };
 
@@ -94,7 +95,8 @@ static void usage(FILE *f)
 		"               [--quota-exempt-uid UID]... [--show-all-metadata] [--version]\n"
 		"               [--max-...-per-uid N|SIZE]...\n"
 		"               [--node-name NAME] [--peer-listen ADDR:PORT]\n"
-		"               [--peer NAME=HOST[:PORT]]... [--peer-secret-file PATH]\n"
+		"               [--peer NAME=HOST[:PORT]]... [--peers-dns HOST[:PORT]]...\n"
+		"               [--peer-secret-file PATH]\n"
 		"\n"
 		"  --socket PATH      where to listen (default: $TENSORD_SOCKET,\n"
 		"                     $XDG_RUNTIME_DIR/tensord.sock, /run/tensord/tensord.sock\n"
@@ -129,8 +131,8 @@ static void usage(FILE *f)
 		"                               is not exempt unless named)\n"
 		"  --show-all-metadata          list/stat show every tensor to every uid\n"
 		"  --version          print the version and exit\n"
-		"peering with other nodes' daemons (docs/remote.md; off unless --peer-listen\n"
-		"or --peer is given):\n"
+		"peering with other nodes' daemons (docs/remote.md; off unless --peer-listen,\n"
+		"--peer or --peers-dns is given):\n"
 		"  --node-name NAME   this node's name: 1-63 bytes of [A-Za-z0-9._-] (default:\n"
 		"                     $NODE_NAME, else the host name)\n"
 		"  --peer-listen ADDR:PORT  accept peers' control connections (TCP) there;\n"
@@ -138,9 +140,13 @@ static void usage(FILE *f)
 		"                     address), PORT default 7439\n"
 		"  --peer NAME=HOST[:PORT]  a peer to dial (repeatable); HOST may be a DNS\n"
 		"                     name, resolved again at each dial\n"
+		"  --peers-dns HOST[:PORT]  every address HOST resolves to is a peer, its name\n"
+		"                     learnt from its handshake (repeatable; a Kubernetes\n"
+		"                     headless Service); asked again every 10 s; this\n"
+		"                     daemon's own address is recognised and skipped\n"
 		"  --peer-secret-file PATH  the secret shared by every peer: at least 32\n"
 		"                     bytes, a regular file of this uid or root, mode 0600 or\n"
-		"                     0400; required with --peer-listen and --peer\n"
+		"                     0400; required with peering on\n"
 		"  --export PREFIX[=PEER,...]  names under PREFIX may be pulled by the peers\n"
 		"                     named (default: every peer) (repeatable); nothing is\n"
 		"                     exported without one; a peer acts as uid 65534\n"
@@ -410,6 +416,29 @@ static int parse_hostport(const char *s, char *host, size_t host_len, uint16_t *
 	return 0;
 }
 
+/* --peers-dns HOST[:PORT] into pc. 0, or 2 with the complaint printed. */
+static int parse_peers_dns(const char *arg, struct peer_config *pc)
+{
+	struct peer_dns_entry *e;
+	char buf[160];
+
+	if (pc->n_dns == PEER_DNS_MAX) {
+		fprintf(stderr, "tensord: --peers-dns %s: at most %d names\n",
+			shown(arg, buf, sizeof(buf)), PEER_DNS_MAX);
+		return 2;
+	}
+	e = &pc->dns[pc->n_dns];
+	if (parse_hostport(arg, e->host, sizeof(e->host), &e->port, false) < 0) {
+		fprintf(stderr,
+			"tensord: --peers-dns %s: not HOST[:PORT] (a DNS name, an IPv4 address or "
+			"[IPv6]; a port from 1 to 65535)\n",
+			shown(arg, buf, sizeof(buf)));
+		return 2;
+	}
+	pc->n_dns++;
+	return 0;
+}
+
 /* --node-name, --peer-listen, --peer, --peer-secret-file into pc. 0, or 2 with the complaint printed. */
 static int parse_peer_option(int opt, const char *arg, struct peer_config *pc)
 {
@@ -519,9 +548,9 @@ static int check_peering(struct peer_config *pc)
 		snprintf(pc->node_name, sizeof(pc->node_name), "%s", host);
 	}
 	if (!pc->secret_file) {
-		fprintf(stderr,
-			"tensord: --peer-listen and --peer need --peer-secret-file PATH, the "
-			"secret every peer shares (docs/remote.md, \"Authentication\")\n");
+		fprintf(stderr, "tensord: --peer-listen, --peer and --peers-dns need "
+				"--peer-secret-file PATH, the "
+				"secret every peer shares (docs/remote.md, \"Authentication\")\n");
 		return 2;
 	}
 	for (unsigned i = 0; i < pc->n_peers; i++)
@@ -652,6 +681,8 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	case OPT_PEER:
 	case OPT_PEER_SECRET:
 		return parse_peer_option(opt, arg, &cfg->peer);
+	case OPT_PEERS_DNS:
+		return parse_peers_dns(arg, &cfg->peer);
 	case OPT_EXPORT:
 		return parse_export(arg, &cfg->remote);
 	case OPT_REPLICA_KEEP:
@@ -689,6 +720,7 @@ static const struct option long_opts[] = {
 	{ "node-name", required_argument, NULL, OPT_NODE_NAME },
 	{ "peer-listen", required_argument, NULL, OPT_PEER_LISTEN },
 	{ "peer", required_argument, NULL, OPT_PEER },
+	{ "peers-dns", required_argument, NULL, OPT_PEERS_DNS },
 	{ "peer-secret-file", required_argument, NULL, OPT_PEER_SECRET },
 	{ "export", required_argument, NULL, OPT_EXPORT },
 	{ "replica-keep", required_argument, NULL, OPT_REPLICA_KEEP },

@@ -53,6 +53,7 @@ enum pc_phase {
 struct peer_conn {
 	struct peer_set *set;
 	struct peer *peer; /* the dialled peer; for an accepted one, set once it authenticated */
+	struct peer_target *target; /* a dial of a --peers-dns address, until it authenticated */
 	uint64_t id;
 	bool dialler;
 	bool closing;
@@ -158,6 +159,26 @@ static void schedule_redial(struct peer *p)
 		p->backoff_ms >= PEER_REDIAL_MAX_MS / 2 ? PEER_REDIAL_MAX_MS : p->backoff_ms * 2;
 }
 
+static void target_redial_later(struct peer_target *t);
+
+/* Each --peers-dns address that led to p is dialled again (p went down). */
+static void targets_redial(struct peer *p)
+{
+	for (unsigned i = 0; i < p->set->n_targets; i++)
+		if (p->set->targets[i]->peer == p)
+			target_redial_later(p->set->targets[i]);
+}
+
+/* Who a connection is with, for the log: a peer's name, or the DNS name that gave its address. */
+static const char *conn_who(const struct peer_conn *pc)
+{
+	if (pc->peer)
+		return pc->peer->name;
+	if (pc->target)
+		return pc->target->dns->host;
+	return "?";
+}
+
 /* --- connections: closing ------------------------------------------------------ */
 
 static void pc_free(uv_handle_t *h)
@@ -204,12 +225,13 @@ pc_close(struct peer_conn *pc, enum close_kind kind, const char *fmt, ...)
 		figure_count(FIG_peer_auth_failures_total, 1);
 		log_limited(TD_LOG_WARN, LOG_KIND_PEER_REFUSED, NULL, NULL,
 			    "peer connection %s %s%s%s: refused: %s", pc->dialler ? "to" : "from",
-			    p ? p->name : "", p ? " at " : "", pc->addr, reason);
+			    p || pc->target ? conn_who(pc) : "", p || pc->target ? " at " : "",
+			    pc->addr, reason);
 	} else if (kind == CLOSE_LOST) {
 		log_at(p && p->up == pc ? TD_LOG_WARN : TD_LOG_INFO, "peer %s (%s): %s",
-		       p ? p->name : "?", pc->addr, reason);
+		       conn_who(pc), pc->addr, reason);
 	} else {
-		log_debug("peer %s (%s): closed: %s", p ? p->name : "?", pc->addr, reason);
+		log_debug("peer %s (%s): closed: %s", conn_who(pc), pc->addr, reason);
 	}
 	if (p && p->up == pc) {
 		p->up = NULL;
@@ -223,6 +245,7 @@ pc_close(struct peer_conn *pc, enum close_kind kind, const char *fmt, ...)
 			snprintf(p->error, sizeof(p->error), "connection lost: %s", reason);
 		}
 		schedule_redial(p);
+		targets_redial(p);
 	} else if (p && p->dial == pc) {
 		p->dial = NULL;
 		if (kind != CLOSE_QUIET && !p->up) {
@@ -235,6 +258,12 @@ pc_close(struct peer_conn *pc, enum close_kind kind, const char *fmt, ...)
 				set_error(p, reason);
 		}
 		schedule_redial(p);
+	} else if (pc->target) {
+		struct peer_target *t = pc->target;
+
+		t->dial = NULL;
+		pc->target = NULL;
+		target_redial_later(t);
 	}
 	LIST_REMOVE(pc, link);
 	uv_timer_stop(&pc->timer);
@@ -341,7 +370,13 @@ static void pc_up(struct peer_conn *pc, const char *name)
 		pc_close(pc, CLOSE_QUIET, "too many peers (%d)", PEER_KNOWN_MAX);
 		return;
 	}
-	if (!pc->peer) { /* accepted: its handshake's bytes count from now */
+	if (pc->target) { /* a --peers-dns address: the node there is p */
+		pc->target->peer = p;
+		pc->target->dial = NULL;
+		pc->target->backoff_ms = PEER_REDIAL_MIN_MS;
+		pc->target = NULL;
+	}
+	if (!pc->peer) { /* accepted or found by DNS: its handshake's bytes count from now */
 		p->bytes_in += pc->rx;
 		p->bytes_out += pc->tx;
 	}
@@ -389,6 +424,77 @@ static void pc_up(struct peer_conn *pc, const char *name)
 		set->on_up(set->hooks_ctx, p);
 }
 
+static void sockaddr_text(const struct sockaddr *sa, char *out, size_t len);
+
+/*
+ * sa as text, an IPv4-mapped IPv6 address as the IPv4 one: a listener on
+ * [::] sees an IPv4 dialler as ::ffff:a.b.c.d, the dialler itself as
+ * a.b.c.d.
+ */
+static void sockaddr_text_plain(const struct sockaddr *sa, char *out, size_t len)
+{
+	const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)sa;
+	struct sockaddr_in s4 = { .sin_family = AF_INET };
+
+	if (sa->sa_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
+		s4.sin_port = s6->sin6_port;
+		memcpy(&s4.sin_addr, &s6->sin6_addr.s6_addr[12], 4);
+		sa = (const struct sockaddr *)&s4;
+	}
+	sockaddr_text(sa, out, len);
+}
+
+/* pc's address at the end named (getsockname when local, else getpeername), as plain text. */
+static bool conn_end_text(struct peer_conn *pc, bool local, char *out, size_t len)
+{
+	struct sockaddr_storage ss;
+	int n = sizeof(ss);
+	int r = local ? uv_tcp_getsockname(&pc->tcp, (struct sockaddr *)&ss, &n)
+		      : uv_tcp_getpeername(&pc->tcp, (struct sockaddr *)&ss, &n);
+
+	if (r < 0)
+		return false;
+	sockaddr_text_plain((struct sockaddr *)&ss, out, len);
+	return true;
+}
+
+/*
+ * A Hello with this node's name and this very instance: this daemon has
+ * dialled itself (a --peers-dns name whose answer includes its own
+ * address, or a --peer naming it). The dial is among this daemon's own
+ * connections: the one whose local address is where pc came from. Both
+ * are ended; a --peers-dns address is marked as this daemon's and never
+ * dialled again; a --peer shows why it is refused. false when no such dial
+ * is here: then the Hello is someone else's claiming this node's name
+ * (the instance is no secret), refused as any other.
+ */
+static bool self_dial_found(struct peer_conn *pc)
+{
+	char from[PEER_ADDR_MAX], local[PEER_ADDR_MAX];
+	struct peer_conn *d;
+
+	if (!conn_end_text(pc, false, from, sizeof(from)))
+		return false;
+	LIST_FOREACH(d, &pc->set->conns, link)
+	{
+		if (d->dialler && !d->closing && d->phase == PC_HELLO &&
+		    conn_end_text(d, true, local, sizeof(local)) && strcmp(from, local) == 0)
+			break;
+	}
+	if (!d)
+		return false;
+	if (d->target) {
+		d->target->self = true;
+		log_info("--peers-dns %s: %s is this daemon itself: not dialled again",
+			 d->target->dns->host, d->target->addr);
+		pc_close(d, CLOSE_QUIET, "it is this daemon itself");
+	} else {
+		pc_close(d, CLOSE_REFUSED, "%s is this daemon itself", d->addr);
+	}
+	pc_close(pc, CLOSE_QUIET, "this daemon dialled itself");
+	return true;
+}
+
 /* Why set_peer refused a Hello's name or nonce. */
 static const char *hello_refusal(int r)
 {
@@ -408,6 +514,9 @@ static void on_hello(struct peer_conn *pc, const Tensord__PeerHello *h)
 			 PEER_PROTOCOL);
 		return;
 	}
+	if (!pc->dialler && h->instance == pc->set->instance &&
+	    strcmp(h->name, pc->set->self) == 0 && self_dial_found(pc))
+		return;
 	if (!pc->dialler) {
 		r = peer_auth_init(&pc->auth, PEER_AUTH_LISTENER, pc->set->self, pc->set->secret,
 				   pc->set->secret_len);
@@ -423,7 +532,7 @@ static void on_hello(struct peer_conn *pc, const Tensord__PeerHello *h)
 	}
 	pc->other_instance = h->instance;
 	if (pc->dialler) {
-		if (strcmp(h->name, pc->peer->name) != 0) {
+		if (pc->peer && strcmp(h->name, pc->peer->name) != 0) {
 			pc_close(pc, CLOSE_REFUSED, "it answered as node '%s', not '%s'", h->name,
 				 pc->peer->name);
 			return;
@@ -688,7 +797,8 @@ static void on_connected(uv_connect_t *req, int status)
 		return;
 	}
 	pc->phase = PC_HELLO;
-	if (!pc->peer->up) /* it may have come up meanwhile, over a connection it dialled */
+	/* It may have come up meanwhile, over a connection it dialled. */
+	if (pc->peer && !pc->peer->up)
 		set_state(pc->peer, PEER_AUTHENTICATING);
 	start_reading(pc);
 	send_hello(pc, NULL);
@@ -760,6 +870,234 @@ static void peer_dial(struct peer *p)
 static void on_redial(uv_timer_t *t)
 {
 	peer_dial(t->data);
+}
+
+/* --- --peers-dns: names resolved to the peers' addresses ------------------------ */
+
+/* Dials t, unless it is this daemon, being dialled, or its node is up. */
+static void target_dial(struct peer_target *t)
+{
+	struct peer_set *set = t->dns->set;
+	struct peer_conn *pc;
+	int r;
+
+	if (set->stopping || t->self || t->dial || (t->peer && t->peer->up))
+		return;
+	pc = pc_new(set, true);
+	if (!pc) {
+		target_redial_later(t);
+		return;
+	}
+	pc->target = t;
+	t->dial = pc;
+	snprintf(pc->addr, sizeof(pc->addr), "%s", t->addr);
+	pc->connect_req.data = pc;
+	r = uv_tcp_connect(&pc->connect_req, &pc->tcp, (const struct sockaddr *)&t->sa,
+			   on_connected);
+	if (r < 0)
+		pc_close(pc, CLOSE_LOST, "cannot connect to %s: %s", pc->addr, uv_strerror(r));
+}
+
+static void on_target_redial(uv_timer_t *h)
+{
+	target_dial(h->data);
+}
+
+/* t is dialled again after its back-off, which then doubles (as a --peer's). */
+static void target_redial_later(struct peer_target *t)
+{
+	struct peer_set *set = t->dns->set;
+
+	if (set->stopping || t->self || t->dial || (t->peer && t->peer->up))
+		return;
+	uv_timer_start(&t->redial, on_target_redial, t->backoff_ms, 0);
+	t->backoff_ms =
+		t->backoff_ms >= PEER_REDIAL_MAX_MS / 2 ? PEER_REDIAL_MAX_MS : t->backoff_ms * 2;
+}
+
+static void target_free(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+static struct peer_target *target_find(struct peer_set *set, const struct peer_dns *d,
+				       const char *addr)
+{
+	for (unsigned i = 0; i < set->n_targets; i++)
+		if (set->targets[i]->dns == d && strcmp(set->targets[i]->addr, addr) == 0)
+			return set->targets[i];
+	return NULL;
+}
+
+static struct peer_target *target_add(struct peer_dns *d, const struct addrinfo *a,
+				      const char *addr)
+{
+	struct peer_set *set = d->set;
+	struct peer_target *t;
+
+	if (set->n_targets == PEER_TARGET_MAX) {
+		log_limited(TD_LOG_WARN, LOG_KIND_PEER_REFUSED, NULL, NULL,
+			    "--peers-dns %s: %s not dialled: %d addresses are known already",
+			    d->host, addr, PEER_TARGET_MAX);
+		return NULL;
+	}
+	t = calloc(1, sizeof(*t));
+	if (!t) {
+		log_warn("--peers-dns %s: %s not dialled: out of memory", d->host, addr);
+		return NULL;
+	}
+	t->dns = d;
+	memcpy(&t->sa, a->ai_addr, a->ai_addrlen);
+	snprintf(t->addr, sizeof(t->addr), "%s", addr);
+	t->backoff_ms = PEER_REDIAL_MIN_MS;
+	uv_timer_init(set->loop, &t->redial);
+	t->redial.data = t;
+	set->targets[set->n_targets++] = t;
+	log_info("--peers-dns %s: %s found", d->host, addr);
+	return t;
+}
+
+/*
+ * The i-th target left its name's answer. It is not dialled again; a
+ * connection up to its node stays (a DNS hiccup must not cut a working
+ * peer), and that peer, once down, is not dialled again unless it comes
+ * back in an answer. A dial in progress goes on, on its own.
+ */
+static void target_drop(struct peer_set *set, unsigned i)
+{
+	struct peer_target *t = set->targets[i];
+	struct peer *p = t->peer;
+
+	log_info("--peers-dns %s: %s left its answer%s%s%s", t->dns->host, t->addr,
+		 p ? "; peer " : "", p ? p->name : "",
+		 !p      ? ""
+		 : p->up ? " stays up until its connection ends"
+			 : " is not dialled again");
+	if (p && !p->up && !p->configured)
+		snprintf(p->error, sizeof(p->error),
+			 "not dialled: %.60s left the answer of --peers-dns %.200s", t->addr,
+			 t->dns->host);
+	if (t->dial)
+		t->dial->target = NULL;
+	memmove(&set->targets[i], &set->targets[i + 1],
+		(set->n_targets - i - 1) * sizeof(set->targets[0]));
+	set->n_targets--;
+	uv_close((uv_handle_t *)&t->redial, target_free);
+}
+
+/* A good answer: new addresses are dialled, those gone are dropped. */
+static void dns_apply(struct peer_dns *d, const struct addrinfo *ai)
+{
+	struct peer_set *set = d->set;
+	char addr[PEER_ADDR_MAX];
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < set->n_targets; i++)
+		set->targets[i]->seen = false;
+	for (const struct addrinfo *a = ai; a; a = a->ai_next) {
+		struct peer_target *t;
+
+		if ((a->ai_family != AF_INET && a->ai_family != AF_INET6) ||
+		    a->ai_addrlen > sizeof(t->sa))
+			continue;
+		sockaddr_text_plain(a->ai_addr, addr, sizeof(addr));
+		t = target_find(set, d, addr);
+		if (!t) {
+			t = target_add(d, a, addr);
+			if (t)
+				target_dial(t);
+		}
+		if (t && !t->seen) {
+			t->seen = true;
+			n++;
+		}
+	}
+	d->n_addrs = n;
+	for (unsigned i = set->n_targets; i-- > 0;)
+		if (set->targets[i]->dns == d && !set->targets[i]->seen)
+			target_drop(set, i);
+}
+
+/* A failed resolution keeps the addresses of the last good one (a hiccup is no departure). */
+static void dns_failed(struct peer_dns *d, int status)
+{
+	d->failures++;
+	snprintf(d->error, sizeof(d->error), "cannot resolve %.200s: %s", d->host,
+		 uv_strerror(status));
+	log_limited(TD_LOG_WARN, LOG_KIND_PEER_REFUSED, NULL, NULL,
+		    "--peers-dns %s:%u: %s (%s); asked again in %d s, the last answer's %u "
+		    "addresses kept",
+		    d->host, d->port, d->error, uv_err_name(status), PEER_DNS_INTERVAL_MS / 1000,
+		    d->n_addrs);
+}
+
+static void on_dns_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *ai)
+{
+	struct peer_dns *d = req->data;
+
+	d->resolving = false;
+	if (d->set->stopping || status == UV_ECANCELED) {
+		uv_freeaddrinfo(ai);
+		return;
+	}
+	d->resolutions++;
+	if (status < 0 || !ai) {
+		dns_failed(d, status < 0 ? status : UV_EAI_NODATA);
+		uv_freeaddrinfo(ai);
+		return;
+	}
+	if (d->error[0])
+		log_info("--peers-dns %s: resolves again", d->host);
+	d->error[0] = '\0';
+	dns_apply(d, ai);
+	uv_freeaddrinfo(ai);
+}
+
+/* Every PEER_DNS_INTERVAL_MS: d's name asked again, on libuv's thread pool (never the loop). */
+static void on_dns_timer(uv_timer_t *h)
+{
+	struct peer_dns *d = h->data;
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+	char port[8];
+	int r;
+
+	if (d->resolving || d->set->stopping)
+		return;
+	snprintf(port, sizeof(port), "%u", d->port);
+	d->gai.data = d;
+	r = uv_getaddrinfo(d->set->loop, &d->gai, on_dns_resolved, d->host, port, &hints);
+	if (r < 0) {
+		dns_failed(d, r);
+		return;
+	}
+	d->resolving = true;
+}
+
+static void dns_start(struct peer_set *set, const struct peer_config *cfg)
+{
+	for (unsigned i = 0; i < cfg->n_dns; i++) {
+		struct peer_dns *d = &set->dns[i];
+
+		d->set = set;
+		snprintf(d->host, sizeof(d->host), "%s", cfg->dns[i].host);
+		d->port = cfg->dns[i].port;
+		uv_timer_init(set->loop, &d->timer);
+		d->timer.data = d;
+		uv_timer_start(&d->timer, on_dns_timer, 0, PEER_DNS_INTERVAL_MS);
+		set->n_dns++;
+	}
+}
+
+static void dns_stop(struct peer_set *set)
+{
+	for (unsigned i = 0; i < set->n_dns; i++) {
+		if (set->dns[i].resolving)
+			uv_cancel((uv_req_t *)&set->dns[i].gai);
+		uv_close((uv_handle_t *)&set->dns[i].timer, NULL);
+	}
+	for (unsigned i = 0; i < set->n_targets; i++)
+		uv_close((uv_handle_t *)&set->targets[i]->redial, target_free);
+	set->n_targets = 0;
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -848,13 +1186,14 @@ int peer_set_start(struct peer_set *set, uv_loop_t *loop, const struct peer_conf
 		if (cfg->secret_file)
 			log_warn(
 				"--peer-secret-file %s: not read, ignoring: peering is off without "
-				"--peer-listen or --peer",
+				"--peer-listen, --peer or --peers-dns",
 				cfg->secret_file);
 		return 0;
 	}
 	if (!cfg->secret_file) {
 		snprintf(why, why_len,
-			 "--peer-secret-file is required with --peer-listen and --peer");
+			 "--peer-secret-file is required with --peer-listen, --peer and "
+			 "--peers-dns");
 		return -EINVAL;
 	}
 	r = peer_secret_load(cfg->secret_file, set->secret, sizeof(set->secret), &set->secret_len,
@@ -885,9 +1224,11 @@ int peer_set_start(struct peer_set *set, uv_loop_t *loop, const struct peer_conf
 	}
 	for (unsigned i = 0; i < set->n_peers; i++)
 		peer_dial(set->peers[i]);
-	log_info("peering as node %s (instance %016" PRIx64 "): %s%s, %u peers configured",
+	dns_start(set, cfg);
+	log_info("peering as node %s (instance %016" PRIx64
+		 "): %s%s, %u peers configured, %u DNS names of peers",
 		 set->self, set->instance, cfg->listen ? "listening on " : "not listening",
-		 cfg->listen ? cfg->listen : "", cfg->n_peers);
+		 cfg->listen ? cfg->listen : "", cfg->n_peers, cfg->n_dns);
 	return 0;
 }
 
@@ -909,6 +1250,7 @@ void peer_set_stop(struct peer_set *set)
 			uv_cancel((uv_req_t *)&p->gai);
 		uv_close((uv_handle_t *)&p->redial, NULL);
 	}
+	dns_stop(set);
 }
 
 void peer_set_fini(struct peer_set *set)

@@ -51,10 +51,22 @@
 /* "HOST:PORT" as shown, HOST at most 253 bytes (a DNS name) or an IPv6 address. */
 #define PEER_ADDR_MAX 264
 #define PEER_ERROR_MAX 320
+/* Names given with --peers-dns, at most. */
+#define PEER_DNS_MAX 8
+/* Addresses they resolve to, all names together, at most; more are not dialled. */
+#define PEER_TARGET_MAX 256
+/* Each --peers-dns name is resolved again this often. */
+#define PEER_DNS_INTERVAL_MS 10000
 
 /* One --peer. */
 struct peer_config_entry {
 	char name[PEER_NAME_MAX + 1];
+	char host[256];
+	uint16_t port;
+};
+
+/* One --peers-dns HOST[:PORT]. */
+struct peer_dns_entry {
 	char host[256];
 	uint16_t port;
 };
@@ -68,12 +80,14 @@ struct peer_config {
 	char *secret_file; /* --peer-secret-file; NULL: none */
 	struct peer_config_entry peers[PEER_CONFIG_MAX];
 	unsigned n_peers;
+	struct peer_dns_entry dns[PEER_DNS_MAX]; /* --peers-dns */
+	unsigned n_dns;
 };
 
-/* Whether the options turn peering on (a listener or a peer). */
+/* Whether the options turn peering on (a listener, a peer or a DNS name of peers). */
 static inline bool peer_config_on(const struct peer_config *pc)
 {
-	return pc->listen || pc->n_peers;
+	return pc->listen || pc->n_peers || pc->n_dns;
 }
 
 enum peer_state {
@@ -112,6 +126,41 @@ struct peer {
 	void *data; /* the layer above's (remote.c), owned by it; NULL until it sets it */
 };
 
+/*
+ * One --peers-dns name, resolved every PEER_DNS_INTERVAL_MS on libuv's
+ * thread pool. Every address of its last good answer is a target.
+ */
+struct peer_dns {
+	struct peer_set *set;
+	char host[256];
+	uint16_t port;
+	uv_getaddrinfo_t gai;
+	bool resolving;
+	uv_timer_t timer;
+	uint64_t resolutions;       /* answers that came, good or not */
+	uint64_t failures;          /* of them, those that failed */
+	unsigned n_addrs;           /* in the last good answer */
+	char error[PEER_ERROR_MAX]; /* the last resolution's error; "" when it succeeded */
+};
+
+/*
+ * One address a --peers-dns name resolved to: dialled until the node
+ * there authenticates (its Hello gives its name), and again whenever that
+ * node is down. An address that turns out to be this daemon itself is
+ * never dialled again.
+ */
+struct peer_target {
+	struct peer_dns *dns;
+	struct sockaddr_storage sa;
+	char addr[PEER_ADDR_MAX];
+	bool self;              /* this daemon's own address */
+	bool seen;              /* in the answer being applied */
+	struct peer *peer;      /* the node found there; NULL until one authenticated */
+	struct peer_conn *dial; /* the dial in progress */
+	uv_timer_t redial;
+	unsigned backoff_ms;
+};
+
 struct peer_set {
 	uv_loop_t *loop;
 	bool on;
@@ -130,6 +179,10 @@ struct peer_set {
 	LIST_HEAD(, peer_conn) conns;
 	uint64_t next_conn_id;
 	uint64_t auth_failures; /* handshakes refused, both roles */
+	struct peer_dns dns[PEER_DNS_MAX];
+	unsigned n_dns;
+	struct peer_target *targets[PEER_TARGET_MAX]; /* owned */
+	unsigned n_targets;
 	/*
 	 * How the layer above (remote.c) hears of peers, set by main.c before
 	 * peer_set_start(); each may be NULL. on_up: p's connection is up;

@@ -28,9 +28,10 @@ want=${1:-test}   # run: what the demo needs; test: the test suites too
 
 # The service tests: systemd-analyze and systemd-sysusers check the units,
 # groff renders the man pages, readelf reads sonames (already there on a
-# Debian build host; listed so a bare one gets them).
+# Debian build host; listed so a bare one gets them). iproute2: `ip`, with
+# which test_peers_netns.py makes network namespaces and a veth pair.
 if [ "$want" = test ]; then
-	for p in systemd groff-base binutils; do
+	for p in systemd groff-base binutils iproute2; do
 		have_deb "$p" || need_deb+=("$p")
 	done
 fi

@@ -256,6 +256,43 @@ int tensord_peers(tensord_client *c, char *node, tensord_peer_info **ret_peers, 
 	return 0;
 }
 
+int tensord_peers_dns(tensord_client *c, tensord_peer_dns_info **ret_dns, size_t *ret_count)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__PeerList pl = TENSORD__PEER_LIST__INIT;
+	tensord_peer_dns_info *v;
+	Tensord__Reply *rep;
+	size_t n;
+	int r;
+
+	req.body_case = TENSORD__REQUEST__BODY_PEER_LIST;
+	req.peer_list = &pl;
+	r = page(c, &req, TENSORD__REPLY__BODY_PEER_LIST, "peers", &rep);
+	if (r < 0)
+		return r;
+	n = rep->peer_list->n_dns;
+	v = calloc(n ? n : 1, sizeof(*v));
+	if (!v) {
+		tensord__reply__free_unpacked(rep, NULL);
+		return td_set_error(-ENOMEM, "out of memory for %zu DNS names of peers", n);
+	}
+	for (size_t i = 0; i < n; i++) {
+		const Tensord__PeerDnsInfo *w = rep->peer_list->dns[i];
+		tensord_peer_dns_info *d = &v[i];
+
+		snprintf(d->host, sizeof(d->host), "%s", w->host);
+		d->addresses = w->addresses;
+		d->self = w->self;
+		d->resolutions = w->resolutions;
+		d->failures = w->failures;
+		snprintf(d->error, sizeof(d->error), "%s", w->error);
+	}
+	tensord__reply__free_unpacked(rep, NULL);
+	*ret_dns = v;
+	*ret_count = n;
+	return 0;
+}
+
 int tensord_metrics(tensord_client *c, char **ret_text)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;

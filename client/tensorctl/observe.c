@@ -280,6 +280,51 @@ static const char *peer_cell(const void *rows, size_t i, int col, char *buf, siz
 	}
 }
 
+enum { DC_NAME, DC_ADDRESSES, DC_SELF, DC_RESOLUTIONS, DC_FAILURES, DC_ERROR, DC_N };
+
+static const char *const dns_titles[DC_N] = { "PEERS-DNS",   "ADDRESSES", "SELF",
+					      "RESOLUTIONS", "FAILURES",  "LAST ERROR" };
+
+static const char *dns_cell(const void *rows, size_t i, int col, char *buf, size_t len)
+{
+	const tensord_peer_dns_info *d = (const tensord_peer_dns_info *)rows + i;
+
+	switch (col) {
+	case DC_NAME:
+		return d->host;
+	case DC_ADDRESSES:
+		return u64(d->addresses, buf, len);
+	case DC_SELF:
+		return u64(d->self, buf, len);
+	case DC_RESOLUTIONS:
+		return u64(d->resolutions, buf, len);
+	case DC_FAILURES:
+		return u64(d->failures, buf, len);
+	default:
+		return *d->error ? d->error : "-";
+	}
+}
+
+/* After the peers' table, the --peers-dns names' (none: nothing printed). 0, or an exit status. */
+static int print_peers_dns(tensord_client *c)
+{
+	tensord_peer_dns_info *v = NULL;
+	size_t n = 0;
+	int rc = tensord_peers_dns(c, &v, &n);
+
+	if (rc < 0)
+		return op_error(rc, NULL);
+	if (n) {
+		putchar('\n');
+		print_table(dns_titles, DC_N,
+			    1u << DC_ADDRESSES | 1u << DC_SELF | 1u << DC_RESOLUTIONS |
+				    1u << DC_FAILURES,
+			    v, n, dns_cell);
+	}
+	free(v);
+	return 0;
+}
+
 static void json_peer(const tensord_peer_info *p, const char *end)
 {
 	char t[48];
@@ -318,16 +363,18 @@ int cmd_peers(tensord_client *c, const struct args *a)
 			json_peer(&v[i], i + 1 < n ? ",\n " : "");
 		puts("]");
 	} else if (!*node) {
-		puts("peering is off (the daemon was started without --peer-listen or --peer)");
+		puts("peering is off (the daemon was started without --peer-listen, --peer or "
+		     "--peers-dns)");
 	} else {
 		print_table(peer_titles, PC_N,
 			    1u << PC_CONNECTS | 1u << PC_FAILURES | 1u << PC_IN | 1u << PC_OUT |
 				    1u << PC_PULLED | 1u << PC_SERVED | 1u << PC_REPLICAS |
 				    1u << PC_PULL_ERRORS,
 			    v, n, peer_cell);
+		rc = print_peers_dns(c);
 	}
 	free(v);
-	return finish_output();
+	return rc > 0 ? rc : finish_output();
 }
 
 /* --- stats --prometheus ---------------------------------------------------------- */

@@ -651,6 +651,25 @@ typedef struct tensord_peer_info {
 TENSORD_API int tensord_peers(tensord_client *client, char *node, tensord_peer_info **ret_peers,
 			      size_t *ret_count);
 
+/* One --peers-dns name of the daemon, as tensord_peers_dns() lists it. */
+typedef struct tensord_peer_dns_info {
+	char host[272];       /* HOST:PORT as given */
+	uint32_t addresses;   /* in its last good answer */
+	uint32_t self;        /* of them, this daemon's own (never dialled) */
+	uint64_t resolutions; /* answers that came, good or failed (one every 10 s) */
+	uint64_t failures;    /* of them, those that failed */
+	char error
+		[320]; /* the last resolution's error ("cannot resolve ..."); "" when it succeeded */
+} tensord_peer_dns_info;
+
+/*
+ * The daemon's --peers-dns names, in the order given: how their resolution
+ * goes (the nodes found are tensord_peers()'). Who may ask, and the array's
+ * ownership, as tensord_peers(); *ret_count is 0 when there are none.
+ */
+TENSORD_API int tensord_peers_dns(tensord_client *client, tensord_peer_dns_info **ret_dns,
+				  size_t *ret_count);
+
 /*
  * The daemon's metrics in the Prometheus text format 0.0.4, the text its
  * --metrics endpoint serves, with the per-uid rows tensord_stats() would

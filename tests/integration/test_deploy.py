@@ -45,6 +45,7 @@ def test_runtime_stage_is_small_and_unprivileged():
     assert "--uid 10001" in run and "--gid 10001" in run
     assert instr(runtime, "USER") == ["10001:10001"]
     assert instr(runtime, "VOLUME") == ["/run/tensord"]
+    assert instr(runtime, "EXPOSE") == ["7439/tcp"]  # the peer port (docs/remote.md)
     assert instr(runtime, "ENV") == ["TENSORD_SOCKET=" + SOCKET]
     assert '"--socket", "%s"' % SOCKET in instr(runtime, "ENTRYPOINT")[0]
 
@@ -131,13 +132,17 @@ def manifests():
     return docs
 
 
+def env_of(container):
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
 def pod_specs(docs):
     return docs["DaemonSet"]["spec"]["template"]["spec"], docs["Pod"]["spec"]
 
 
 def test_k8s_manifests_parse_and_are_well_formed():
     docs = manifests()
-    assert set(docs) == {"Namespace", "DaemonSet", "Pod"}
+    assert set(docs) == {"Namespace", "DaemonSet", "Pod", "Service", "NetworkPolicy"}
     ds = docs["DaemonSet"]
     assert ds["apiVersion"] == "apps/v1" and ds["metadata"]["namespace"] == "tensord"
     assert ds["spec"]["selector"]["matchLabels"] == ds["spec"]["template"]["metadata"]["labels"]
@@ -155,14 +160,13 @@ def test_k8s_daemon_and_client_agree_on_paths_and_ids():
     _, runtime = containerfile()
     uid = int(instr(runtime, "USER")[0].split(":")[0])
     for spec in (daemon_spec, client_spec):
-        (vol,) = spec["volumes"]
+        (vol,) = [v for v in spec["volumes"] if "hostPath" in v]
         assert vol["hostPath"]["path"] == "/run/tensord"
         for c in spec.get("initContainers", []) + spec["containers"]:
-            (m,) = c["volumeMounts"]
-            assert m["name"] == vol["name"] and m["mountPath"] == "/run/tensord"
+            (m,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
+            assert m["mountPath"] == "/run/tensord"
     for c in daemon_spec["containers"] + client_spec["containers"]:
-        env = {e["name"]: e["value"] for e in c["env"]}
-        assert env["TENSORD_SOCKET"] == SOCKET
+        assert env_of(c)["TENSORD_SOCKET"] == SOCKET
     (daemon,) = daemon_spec["containers"]
     sc = daemon["securityContext"]
     assert sc["runAsNonRoot"] and sc["runAsUser"] == uid and sc["runAsGroup"] == uid
@@ -174,3 +178,67 @@ def test_k8s_daemon_and_client_agree_on_paths_and_ids():
     assert daemon["args"][:2] == ["--mode", "0660"]
     assert uid in client_spec["securityContext"]["supplementalGroups"]
     assert client_spec["securityContext"]["runAsNonRoot"]
+
+
+def option(args, flag):
+    """The value of flag in a container's args (each flag and value an item)."""
+    assert args.count(flag) == 1, (flag, args)
+    return args[args.index(flag) + 1]
+
+
+def test_k8s_peering_parts_agree():
+    """docs/remote.md, "Operators": the daemons listen on 7439 and find each
+    other through a headless Service of their own pods, named by the node
+    (downward API), with the secret a 0400 volume copied to the daemon's
+    own file; a NetworkPolicy lets only those pods reach 7439 and UCX's
+    pinned ports; the container declares the port."""
+    docs = manifests()
+    ds, svc, pol = docs["DaemonSet"], docs["Service"], docs["NetworkPolicy"]
+    spec = ds["spec"]["template"]["spec"]
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    (daemon,) = spec["containers"]
+    args = daemon["args"]
+    # The peer port, the same in the args, the container, the Service, the policy and the image.
+    listen = option(args, "--peer-listen")
+    assert listen.startswith(":")              # every address of the pod
+    port = int(listen[1:])
+    (cport,) = daemon["ports"]
+    assert cport["containerPort"] == port and cport["protocol"] == "TCP"
+    _, runtime = containerfile()
+    assert instr(runtime, "EXPOSE") == ["%d/tcp" % port]
+    # --peers-dns names the headless Service, in the DaemonSet's namespace.
+    ns = ds["metadata"]["namespace"]
+    assert svc["metadata"]["namespace"] == pol["metadata"]["namespace"] == ns
+    assert option(args, "--peers-dns") == "%s.%s.svc.cluster.local:%d" % (
+        svc["metadata"]["name"], ns, port)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is False
+    assert svc["spec"]["selector"] == labels
+    (sport,) = svc["spec"]["ports"]
+    assert sport["port"] == port and sport["targetPort"] in (port, cport["name"])
+    # The node name from the downward API.
+    assert option(args, "--node-name") == "$(NODE_NAME)"
+    assert env_of(daemon)["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # The secret: a Secret volume of mode 0400, copied by the init container
+    # (root, CHOWN only) to a memory volume the daemon mounts read-only.
+    vols = {v["name"]: v for v in spec["volumes"]}
+    (secret,) = [v for v in vols.values() if "secret" in v]
+    assert secret["secret"]["defaultMode"] == 0o400
+    key_path = option(args, "--peer-secret-file")
+    (key_mount,) = [m for m in daemon["volumeMounts"] if key_path.startswith(m["mountPath"] + "/")]
+    assert key_mount["readOnly"] and vols[key_mount["name"]]["emptyDir"]["medium"] == "Memory"
+    (init,) = spec["initContainers"]
+    init_mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    script = " ".join(init["command"])
+    uid = int(instr(runtime, "USER")[0].split(":")[0])
+    assert init_mounts[key_mount["name"]] == key_mount["mountPath"]
+    assert init_mounts[secret["name"]] in script and key_path in script
+    assert "chown %d:%d %s" % (uid, uid, key_path) in script and "chmod 0400 %s" % key_path in script
+    # UCX's ports pinned, and only the DaemonSet's pods let in to them and to the peer port.
+    lo, hi = (int(x) for x in env_of(daemon)["UCX_TCP_PORT_RANGE"].split("-"))
+    assert pol["apiVersion"] == "networking.k8s.io/v1"
+    assert pol["spec"]["podSelector"]["matchLabels"] == labels
+    assert pol["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = pol["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": labels}}]
+    ports = {(p["port"], p.get("endPort", p["port"])) for p in rule["ports"]}
+    assert ports == {(port, port), (lo, hi)} and port not in range(lo, hi + 1)
