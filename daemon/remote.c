@@ -164,6 +164,7 @@ struct remote {
 	LIST_HEAD(, pull) pulls;
 	LIST_HEAD(, replica) replicas;
 	LIST_HEAD(, spull) sets;
+	void *replica_index; /* tsearch tree of the replicas, by name */
 	unsigned n_sets;
 	uint32_t next_tx;
 	struct remote_figures *figs; /* the server's gauges (srv->remote_figs), kept here */
@@ -857,14 +858,29 @@ static uint64_t pull_new_id(struct remote *rm)
 	return pull_new_ids(rm, 1);
 }
 
+/* Replicas by name: a tsearch tree whose elements begin with their name (name_cmp). */
+_Static_assert(offsetof(struct replica, name) == 0, "a replica begins with its name");
+
 static struct replica *replica_find(struct remote *rm, const char *name)
 {
-	struct replica *r;
+	struct replica **at = tfind(name, &rm->replica_index, name_cmp);
 
-	LIST_FOREACH(r, &rm->replicas, link)
-	if (strcmp(r->name, name) == 0)
-		return r;
-	return NULL;
+	return at ? *at : NULL;
+}
+
+/* r, its name set, joins rm's list and index; false when the index has no room. */
+static bool replica_link(struct remote *rm, struct replica *r)
+{
+	if (!tsearch(r, &rm->replica_index, name_cmp))
+		return false;
+	LIST_INSERT_HEAD(&rm->replicas, r, link);
+	return true;
+}
+
+static void replica_unlink(struct remote *rm, struct replica *r)
+{
+	tdelete(r, &rm->replica_index, name_cmp);
+	LIST_REMOVE(r, link);
 }
 
 /* Unlinks the replica's name (its leases keep its bytes) and forgets it. */
@@ -876,7 +892,7 @@ static void replica_drop(struct remote *rm, struct replica *r, const char *why)
 	if (t && t->id == r->tensor_id)
 		registry_unlink(&rm->srv->reg, &rm->rc, r->name, r->name_len, buf, sizeof(buf));
 	log_debug("replica '%s': unlinked: %s", r->name, why);
-	LIST_REMOVE(r, link);
+	replica_unlink(rm, r);
 	rm->figs->replicas--;
 	rm->figs->replica_bytes -= r->nbytes;
 	free(r);
@@ -1548,8 +1564,12 @@ static void set_publish(struct spull *sp)
 		if (!rep && (rep = calloc(1, sizeof(*rep)))) {
 			memcpy(rep->name, pl->name, pl->name_len + 1);
 			rep->name_len = pl->name_len;
-			LIST_INSERT_HEAD(&rm->replicas, rep, link);
-			rm->figs->replicas++;
+			if (replica_link(rm, rep)) {
+				rm->figs->replicas++;
+			} else { /* untracked: unlinked below */
+				free(rep);
+				rep = NULL;
+			}
 		} else if (rep) {
 			rm->figs->replica_bytes -= rep->nbytes;
 		}
@@ -1759,9 +1779,13 @@ static void pull_complete(struct pull *pl)
 		rep->generation = pl->generation;
 		rep->nbytes = pl->nbytes;
 		rep->watched = pl->watched;
-		LIST_INSERT_HEAD(&rm->replicas, rep, link);
-		rm->figs->replicas++;
-		rm->figs->replica_bytes += pl->nbytes;
+		if (replica_link(rm, rep)) {
+			rm->figs->replicas++;
+			rm->figs->replica_bytes += pl->nbytes;
+		} else {
+			free(rep);
+			rep = NULL;
+		}
 	}
 	figure_count(FIG_remote_pulls_total, 1);
 	pl->rp->counts.pulled++;
@@ -2081,7 +2105,7 @@ static void on_keep(uv_timer_t *t)
 		tn = registry_lookup(&rm->srv->reg, &rm->rc, r->name, r->name_len);
 		if (!tn || tn->id != r->tensor_id) {
 			unwatch_send(rm, r);
-			LIST_REMOVE(r, link);
+			replica_unlink(rm, r);
 			rm->figs->replicas--;
 			rm->figs->replica_bytes -= r->nbytes;
 			free(r);
@@ -2210,7 +2234,7 @@ void remote_stop(struct server *srv)
 		srv->peers.peers[i]->data = NULL;
 	}
 	while ((r = LIST_FIRST(&rm->replicas))) {
-		LIST_REMOVE(r, link);
+		replica_unlink(rm, r);
 		free(r);
 	}
 	registry_client_gone(&srv->reg, &rm->rc);
