@@ -3,7 +3,7 @@
  * one reader may see them. Rows read what the daemon keeps anyway (totals
  * of the registry, the connections, the pool) and the counters of
  * metrics.c; none walks tensors or connections, so a collect costs
- * O(devices + uids + request kinds) whatever the clients hold.
+ * O(devices + uids + request kinds + peers) whatever the clients hold.
  *
  * Who sees what is decided here and only here: per-uid rows are shown to
  * root and to the uid itself; the HTTP endpoint, which has no peer to ask,
@@ -26,7 +26,9 @@
 #include "backend.h"
 #include "memlimit.h"
 #include "metrics.h"
+#include "peer.h"
 #include "proto/tensord.pb-c.h"
+#include "remote.h"
 #include "server.h"
 
 /* --- samples ---------------------------------------------------------------------- */
@@ -247,6 +249,80 @@ static void emit_owned_bytes(struct figures_ctx *x, const struct figure *f)
 	}
 }
 
+/* One sample per peer, labelled with its name, of what get() reads of it. */
+static void emit_peers(struct figures_ctx *x, const struct figure *f,
+		       double (*get)(const struct peer *p, const struct remote_peer_counts *c))
+{
+	const struct peer_set *set = &x->srv->peers;
+	struct remote_peer_counts c;
+
+	for (unsigned i = 0; i < set->n_peers; i++) {
+		const struct peer *p = set->peers[i];
+		struct figure_sample *s = sample(x, f);
+
+		if (!s)
+			return;
+		remote_peer_counts(x->srv, p, &c);
+		label(s, 0, p->name);
+		s->value = get(p, &c);
+	}
+}
+
+static double peer_up(const struct peer *p, const struct remote_peer_counts *c)
+{
+	(void)c;
+	return p->state == PEER_UP;
+}
+
+static double peer_pulled(const struct peer *p, const struct remote_peer_counts *c)
+{
+	(void)p;
+	return (double)c->pulled_bytes;
+}
+
+static double peer_errors(const struct peer *p, const struct remote_peer_counts *c)
+{
+	(void)p;
+	return (double)c->pull_errors;
+}
+
+static double peer_served(const struct peer *p, const struct remote_peer_counts *c)
+{
+	(void)p;
+	return (double)c->served_bytes;
+}
+
+static double peer_replicas(const struct peer *p, const struct remote_peer_counts *c)
+{
+	(void)p;
+	return (double)c->replica_bytes;
+}
+
+static void emit_peer_up(struct figures_ctx *x, const struct figure *f)
+{
+	emit_peers(x, f, peer_up);
+}
+
+static void emit_peer_pulled_bytes(struct figures_ctx *x, const struct figure *f)
+{
+	emit_peers(x, f, peer_pulled);
+}
+
+static void emit_peer_pull_errors(struct figures_ctx *x, const struct figure *f)
+{
+	emit_peers(x, f, peer_errors);
+}
+
+static void emit_peer_served_bytes(struct figures_ctx *x, const struct figure *f)
+{
+	emit_peers(x, f, peer_served);
+}
+
+static void emit_peer_replica_bytes(struct figures_ctx *x, const struct figure *f)
+{
+	emit_peers(x, f, peer_replicas);
+}
+
 /* --- the table -------------------------------------------------------------------------- */
 
 #define LABELS(...) __VA_ARGS__,
@@ -301,8 +377,8 @@ void figures_collect(const struct server *srv, int64_t viewer, struct figure_set
 		pool_get_stats(pool, &x.pool);
 	backend_host_slab_stats(&x.slabs, &x.slab_bytes);
 	/* Counted first, so the figure counts its own collect: the rows it walks. */
-	metrics_visits(METRICS_VISITS_METRICS,
-		       (uint64_t)srv->reg.n_devices + srv->quota.n_used + metrics->n_owners);
+	metrics_visits(METRICS_VISITS_METRICS, (uint64_t)srv->reg.n_devices + srv->quota.n_used +
+						       metrics->n_owners + srv->peers.n_peers);
 	for (unsigned i = 0; i < FIG_COUNT; i++) {
 		const struct figure *f = &figures[i];
 

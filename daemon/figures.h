@@ -35,7 +35,7 @@ enum figure_unit { FIGURE_NUMBER, FIGURE_BYTES, FIGURE_SECONDS };
 /* Labels of one sample at most: the scope's (three for a device), then the figure's own. */
 #define FIGURE_LABELS_MAX 5
 /* Bytes of one label value, NUL included; longer values are cut. */
-#define FIGURE_VALUE_MAX 32
+#define FIGURE_VALUE_MAX 64
 
 struct figures_ctx;
 struct figure;

@@ -79,7 +79,7 @@ struct rpeer {
 	TAILQ_HEAD(, serve) serves;
 	void *watched; /* A: tsearch tree of names it holds replicas of (owned strings) */
 	unsigned n_watched;
-	struct remote_peer_counts counts; /* replicas, replica_bytes: counted when asked */
+	struct remote_peer_counts counts;
 };
 
 /* B: a client's attach waiting on a pull. */
@@ -868,12 +868,30 @@ static struct replica *replica_find(struct remote *rm, const char *name)
 	return at ? *at : NULL;
 }
 
-/* r, its name set, joins rm's list and index; false when the index has no room. */
+static void noop_free(void *node)
+{
+	(void)node; /* a tree's element owned elsewhere */
+}
+
+/* Counts r (its size delta bytes: +, or - to uncount) in the figures and its peer's. */
+static void replica_count(struct remote *rm, const struct replica *r, int n, int64_t delta)
+{
+	rm->figs->replicas += (uint64_t)(int64_t)n;
+	rm->figs->replica_bytes += (uint64_t)delta;
+	r->rp->counts.replicas += (uint64_t)(int64_t)n;
+	r->rp->counts.replica_bytes += (uint64_t)delta;
+}
+
+/*
+ * r, its name, peer and size set, joins rm's list and index and is
+ * counted; false when the index has no room.
+ */
 static bool replica_link(struct remote *rm, struct replica *r)
 {
 	if (!tsearch(r, &rm->replica_index, name_cmp))
 		return false;
 	LIST_INSERT_HEAD(&rm->replicas, r, link);
+	replica_count(rm, r, 1, (int64_t)r->nbytes);
 	return true;
 }
 
@@ -881,6 +899,7 @@ static void replica_unlink(struct remote *rm, struct replica *r)
 {
 	tdelete(r, &rm->replica_index, name_cmp);
 	LIST_REMOVE(r, link);
+	replica_count(rm, r, -1, -(int64_t)r->nbytes);
 }
 
 /* Unlinks the replica's name (its leases keep its bytes) and forgets it. */
@@ -893,8 +912,6 @@ static void replica_drop(struct remote *rm, struct replica *r, const char *why)
 		registry_unlink(&rm->srv->reg, &rm->rc, r->name, r->name_len, buf, sizeof(buf));
 	log_debug("replica '%s': unlinked: %s", r->name, why);
 	replica_unlink(rm, r);
-	rm->figs->replicas--;
-	rm->figs->replica_bytes -= r->nbytes;
 	free(r);
 }
 
@@ -1561,26 +1578,24 @@ static void set_publish(struct spull *sp)
 
 		names[i] = pl->name;
 		bytes += pl->nbytes;
-		if (!rep && (rep = calloc(1, sizeof(*rep)))) {
+		if (rep) { /* an older replica of the name: this one took its place */
+			replica_count(rm, rep, 0, (int64_t)pl->nbytes - (int64_t)rep->nbytes);
+			rep->nbytes = pl->nbytes;
+		} else if ((rep = calloc(1, sizeof(*rep)))) {
 			memcpy(rep->name, pl->name, pl->name_len + 1);
 			rep->name_len = pl->name_len;
-			if (replica_link(rm, rep)) {
-				rm->figs->replicas++;
-			} else { /* untracked: unlinked below */
+			rep->rp = pl->rp;
+			rep->nbytes = pl->nbytes;
+			if (!replica_link(rm, rep)) { /* untracked: unlinked below */
 				free(rep);
 				rep = NULL;
 			}
-		} else if (rep) {
-			rm->figs->replica_bytes -= rep->nbytes;
 		}
 		if (rep) {
-			rep->rp = pl->rp;
 			rep->tensor_id = t ? t->id : 0;
 			rep->generation = pl->generation;
-			rep->nbytes = pl->nbytes;
 			rep->idle_since_ns = 0;
 			rep->watched = false; /* A watches no set's members: attaches ask */
-			rm->figs->replica_bytes += pl->nbytes;
 		}
 	}
 	figure_count(FIG_remote_pulls_total, sp->count);
@@ -1779,10 +1794,7 @@ static void pull_complete(struct pull *pl)
 		rep->generation = pl->generation;
 		rep->nbytes = pl->nbytes;
 		rep->watched = pl->watched;
-		if (replica_link(rm, rep)) {
-			rm->figs->replicas++;
-			rm->figs->replica_bytes += pl->nbytes;
-		} else {
+		if (!replica_link(rm, rep)) {
 			free(rep);
 			rep = NULL;
 		}
@@ -2106,8 +2118,6 @@ static void on_keep(uv_timer_t *t)
 		if (!tn || tn->id != r->tensor_id) {
 			unwatch_send(rm, r);
 			replica_unlink(rm, r);
-			rm->figs->replicas--;
-			rm->figs->replica_bytes -= r->nbytes;
 			free(r);
 		} else if (tn->refcount) {
 			r->idle_since_ns = 0;
@@ -2123,19 +2133,11 @@ static void on_keep(uv_timer_t *t)
 void remote_peer_counts(const struct server *srv, const struct peer *p,
 			struct remote_peer_counts *out)
 {
-	const struct remote *rm = rm_of(srv);
 	const struct rpeer *rp = p->data;
-	const struct replica *r;
 
 	memset(out, 0, sizeof(*out));
-	if (!rm || !rp)
-		return;
-	*out = rp->counts;
-	LIST_FOREACH(r, &rm->replicas, link)
-	if (r->rp == rp) {
-		out->replicas++;
-		out->replica_bytes += r->nbytes;
-	}
+	if (rm_of(srv) && rp)
+		*out = rp->counts;
 }
 
 /* --- start, stop ------------------------------------------------------------------------ */
@@ -2233,8 +2235,11 @@ void remote_stop(struct server *srv)
 		free(rp);
 		srv->peers.peers[i]->data = NULL;
 	}
+	/* Their peers' counts went with the peers above: only the memory now. */
+	tdestroy(rm->replica_index, noop_free);
+	rm->replica_index = NULL;
 	while ((r = LIST_FIRST(&rm->replicas))) {
-		replica_unlink(rm, r);
+		LIST_REMOVE(r, link);
 		free(r);
 	}
 	registry_client_gone(&srv->reg, &rm->rc);

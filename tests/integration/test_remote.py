@@ -135,6 +135,16 @@ def test_remote_attach_bytes_identical_read_only_zero_copy(daemon_factory, tmp_p
         with tensord.Client(a.socket) as ca2:
             pa = next(p for p in ca2.peers() if p.name == "node-b")
         assert (pa.served, pa.served_bytes, pa.pulled) == (len(CASES), total, 0), pa
+        # And as metrics, labelled by peer.
+        sb, sa = b.stats(), a.stats()
+        assert sb["peer_up"] == {"node-a": 1} and sa["peer_up"] == {"node-b": 1}
+        assert sb["peer_pulled_bytes_total"]["node-a"] == total
+        assert sb["peer_replica_bytes"]["node-a"] == total
+        assert sa["peer_served_bytes_total"]["node-b"] == total
+        assert sb["peer_pull_errors_total"]["node-a"] == 0
+        with tensord.Client(b.socket) as cm:
+            text = cm.metrics()
+        assert 'tensord_peer_pulled_bytes_total{peer="node-a"} %d' % total in text
         # Node-a's pull leases all ended.
         assert wait_until(lambda: a.stats()["remote_pull_leases"] == 0, timeout=5)
 
