@@ -367,7 +367,8 @@ test-tsan:
 	$(Q)TSAN_OPTIONS="halt_on_error=1 exitcode=66" TENSORD_BUILD=$(abspath build-tsan) \
 		UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
 		TENSORD_SANITIZED=1 $(PYTEST) -q -rs tests/integration/test_gpu_async.py tests/integration/test_bindings_threads.py \
-		tests/integration/test_pool.py
+		tests/integration/test_pool.py tests/integration/test_peers.py tests/integration/test_remote.py \
+		tests/integration/test_remote_sets.py
 
 run:
 	$(Q)VENV=$(VENV) bash deploy/setup.sh run
