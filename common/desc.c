@@ -29,11 +29,17 @@ int td_name_check(const char *name, size_t len, char *why, size_t why_len)
 			char q[64];
 
 			td_name_quote(name, len, q, sizeof(q));
-			snprintf(why, why_len,
-				 "name %s has byte 0x%02x at offset %zu; names are 1 to 255 bytes "
-				 "of "
-				 "[A-Za-z0-9._:/-]",
-				 q, (unsigned char)name[i], i);
+			if (i == 0 && name[0] == '@')
+				snprintf(why, why_len,
+					 "name %s names another node's tensor (@PEER/NAME): only "
+					 "attach and attach_many take such names (docs/remote.md)",
+					 q);
+			else
+				snprintf(
+					why, why_len,
+					"name %s has byte 0x%02x at offset %zu; names are 1 to 255 "
+					"bytes of [A-Za-z0-9._:/-]",
+					q, (unsigned char)name[i], i);
 			return -EINVAL;
 		}
 	}

@@ -28,7 +28,6 @@
 #include "metrics.h"
 #include "peer.h"
 #include "proto/tensord.pb-c.h"
-#include "remote.h"
 #include "server.h"
 
 /* --- samples ---------------------------------------------------------------------- */
@@ -251,10 +250,9 @@ static void emit_owned_bytes(struct figures_ctx *x, const struct figure *f)
 
 /* One sample per peer, labelled with its name, of what get() reads of it. */
 static void emit_peers(struct figures_ctx *x, const struct figure *f,
-		       double (*get)(const struct peer *p, const struct remote_peer_counts *c))
+		       double (*get)(const struct peer *p, const struct peer_remote_counts *c))
 {
 	const struct peer_set *set = &x->srv->peers;
-	struct remote_peer_counts c;
 
 	for (unsigned i = 0; i < set->n_peers; i++) {
 		const struct peer *p = set->peers[i];
@@ -262,37 +260,36 @@ static void emit_peers(struct figures_ctx *x, const struct figure *f,
 
 		if (!s)
 			return;
-		remote_peer_counts(x->srv, p, &c);
 		label(s, 0, p->name);
-		s->value = get(p, &c);
+		s->value = get(p, &p->remote);
 	}
 }
 
-static double peer_up(const struct peer *p, const struct remote_peer_counts *c)
+static double peer_up(const struct peer *p, const struct peer_remote_counts *c)
 {
 	(void)c;
 	return p->state == PEER_UP;
 }
 
-static double peer_pulled(const struct peer *p, const struct remote_peer_counts *c)
+static double peer_pulled(const struct peer *p, const struct peer_remote_counts *c)
 {
 	(void)p;
 	return (double)c->pulled_bytes;
 }
 
-static double peer_errors(const struct peer *p, const struct remote_peer_counts *c)
+static double peer_errors(const struct peer *p, const struct peer_remote_counts *c)
 {
 	(void)p;
 	return (double)c->pull_errors;
 }
 
-static double peer_served(const struct peer *p, const struct remote_peer_counts *c)
+static double peer_served(const struct peer *p, const struct peer_remote_counts *c)
 {
 	(void)p;
 	return (double)c->served_bytes;
 }
 
-static double peer_replicas(const struct peer *p, const struct remote_peer_counts *c)
+static double peer_replicas(const struct peer *p, const struct peer_remote_counts *c)
 {
 	(void)p;
 	return (double)c->replica_bytes;

@@ -20,7 +20,6 @@
 
 #include "common/desc.h"
 #include "metrics.h"
-#include "remote.h"
 #include "reply.h"
 #include "server.h"
 
@@ -415,7 +414,6 @@ void inspect_peers(struct client *cl, uint64_t req_id)
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
 	Tensord__PeerListReply pr = TENSORD__PEER_LIST_REPLY__INIT;
 	Tensord__PeerInfo **pi;
-	struct remote_peer_counts rc;
 	Tensord__PeerDnsInfo di[PEER_DNS_MAX], *dp[PEER_DNS_MAX];
 	char host[PEER_DNS_MAX][PEER_ADDR_MAX];
 	uid_t self = geteuid();
@@ -452,14 +450,13 @@ void inspect_peers(struct client *cl, uint64_t req_id)
 		w->failures = p->failures;
 		w->configured = p->configured;
 		w->dialled = p->state == PEER_UP && p->up_dialled;
-		remote_peer_counts(cl->srv, p, &rc);
-		w->pulled = rc.pulled;
-		w->pulled_bytes = rc.pulled_bytes;
-		w->pull_errors = rc.pull_errors;
-		w->served = rc.served;
-		w->served_bytes = rc.served_bytes;
-		w->replicas = rc.replicas;
-		w->replica_bytes = rc.replica_bytes;
+		w->pulled = p->remote.pulled;
+		w->pulled_bytes = p->remote.pulled_bytes;
+		w->pull_errors = p->remote.pull_errors;
+		w->served = p->remote.served;
+		w->served_bytes = p->remote.served_bytes;
+		w->replicas = p->remote.replicas;
+		w->replica_bytes = p->remote.replica_bytes;
 	}
 	pr.node = (char *)(set->on ? set->self : "");
 	pr.instance = set->on ? set->instance : 0;

@@ -102,6 +102,17 @@ struct peer_set;
 struct peer_conn;
 
 /* A peer: configured, or known since it dialled in and authenticated. */
+/*
+ * Remote attach with one peer since the daemon started (remote.c keeps it;
+ * tensorctl peers and the per-peer metrics read it).
+ */
+struct peer_remote_counts {
+	uint64_t pulled, pulled_bytes;    /* replicas made of its tensors */
+	uint64_t pull_errors;             /* pulls from it that failed */
+	uint64_t served, served_bytes;    /* its pulls this node answered with bytes */
+	uint64_t replicas, replica_bytes; /* its tensors' replicas here now */
+};
+
 struct peer {
 	struct peer_set *set;
 	char name[PEER_NAME_MAX + 1];
@@ -124,6 +135,7 @@ struct peer {
 	uv_getaddrinfo_t gai;
 	bool resolving;
 	void *data; /* the layer above's (remote.c), owned by it; NULL until it sets it */
+	struct peer_remote_counts remote;
 };
 
 /*

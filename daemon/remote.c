@@ -79,7 +79,6 @@ struct rpeer {
 	TAILQ_HEAD(, serve) serves;
 	void *watched; /* A: tsearch tree of names it holds replicas of (owned strings) */
 	unsigned n_watched;
-	struct remote_peer_counts counts;
 };
 
 /* B: a client's attach waiting on a pull. */
@@ -562,8 +561,8 @@ static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_
 		send_frame(rp, &f);
 		figure_count(FIG_remote_served_total, 1);
 		figure_count(FIG_remote_served_bytes_total, t->nbytes);
-		rp->counts.served++;
-		rp->counts.served_bytes += t->nbytes;
+		rp->p->remote.served++;
+		rp->p->remote.served_bytes += t->nbytes;
 		serve_end(s);
 		return;
 	}
@@ -878,8 +877,8 @@ static void replica_count(struct remote *rm, const struct replica *r, int n, int
 {
 	rm->figs->replicas += (uint64_t)(int64_t)n;
 	rm->figs->replica_bytes += (uint64_t)delta;
-	r->rp->counts.replicas += (uint64_t)(int64_t)n;
-	r->rp->counts.replica_bytes += (uint64_t)delta;
+	r->rp->p->remote.replicas += (uint64_t)(int64_t)n;
+	r->rp->p->remote.replica_bytes += (uint64_t)delta;
 }
 
 /*
@@ -990,7 +989,7 @@ pull_fail(struct pull *pl, int status, const char *fmt, ...)
 	else
 		snprintf(why, sizeof(why), "peer %s: tensor '%s': %s", pl->rp->p->name,
 			 pl->name + pl->peer_len + 2, reason);
-	pl->rp->counts.pull_errors++;
+	pl->rp->p->remote.pull_errors++;
 	if (pl->set) {
 		set_fail(pl->set, status, why);
 		return;
@@ -1600,8 +1599,8 @@ static void set_publish(struct spull *sp)
 	}
 	figure_count(FIG_remote_pulls_total, sp->count);
 	figure_count(FIG_remote_pull_bytes_total, bytes);
-	sp->rp->counts.pulled += sp->count;
-	sp->rp->counts.pulled_bytes += bytes;
+	sp->rp->p->remote.pulled += sp->count;
+	sp->rp->p->remote.pulled_bytes += bytes;
 	log_debug("%s of peer %s: %u replicas, %" PRIu64 " bytes, commit %" PRIu64
 		  " there, %" PRIu64 " here, in %.3f ms",
 		  sp->what, sp->rp->p->name, sp->count, bytes, sp->commit_a, commit,
@@ -1800,8 +1799,8 @@ static void pull_complete(struct pull *pl)
 		}
 	}
 	figure_count(FIG_remote_pulls_total, 1);
-	pl->rp->counts.pulled++;
-	pl->rp->counts.pulled_bytes += pl->nbytes;
+	pl->rp->p->remote.pulled++;
+	pl->rp->p->remote.pulled_bytes += pl->nbytes;
 	figure_count(FIG_remote_pull_bytes_total, pl->nbytes);
 	log_debug("replica '%s': pulled, %" PRIu64 " bytes in %.3f ms", pl->name, pl->nbytes,
 		  (double)(now_ns() - pl->started_ns) / 1e6);
@@ -1906,8 +1905,8 @@ static void x_send_done(void *ctx, void *arg, int status)
 	else {
 		figure_count(FIG_remote_served_total, 1);
 		figure_count(FIG_remote_served_bytes_total, s->len);
-		rp->counts.served++;
-		rp->counts.served_bytes += s->len;
+		rp->p->remote.served++;
+		rp->p->remote.served_bytes += s->len;
 	}
 	serve_end(s);
 	serve_start_queued(rp);
@@ -2128,16 +2127,6 @@ static void on_keep(uv_timer_t *t)
 			replica_drop(rm, r, "unleased for --replica-keep");
 		}
 	}
-}
-
-void remote_peer_counts(const struct server *srv, const struct peer *p,
-			struct remote_peer_counts *out)
-{
-	const struct rpeer *rp = p->data;
-
-	memset(out, 0, sizeof(*out));
-	if (rm_of(srv) && rp)
-		*out = rp->counts;
 }
 
 /* --- start, stop ------------------------------------------------------------------------ */

@@ -64,21 +64,9 @@ struct remote_figures {
 	uint64_t watched;        /* names peers are told about when they change */
 };
 
-/* Remote attach with one peer, as tensorctl peers shows it (since the daemon started). */
-struct remote_peer_counts {
-	uint64_t pulled, pulled_bytes;    /* replicas made of its tensors */
-	uint64_t pull_errors;             /* pulls from it that failed */
-	uint64_t served, served_bytes;    /* its pulls this node answered with bytes */
-	uint64_t replicas, replica_bytes; /* its tensors' replicas here now */
-};
-
 struct server;
 struct client;
 struct remote;
-struct peer;
-
-void remote_peer_counts(const struct server *srv, const struct peer *p,
-			struct remote_peer_counts *out);
 
 /*
  * Starts the data path (when peering is on) and hooks into srv->peers.

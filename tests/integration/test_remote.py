@@ -291,6 +291,11 @@ def test_refusals_name_the_peer_the_tensor_and_the_reason(daemon_factory, tmp_pa
         with pytest.raises(OSError) as e:
             cb.put("@node-a/model/x", np.ones(2))
         assert e.value.errno == 22
+        # Nor do stat and unlink: the error says which calls do.
+        for call in (cb.stat, cb.unlink):
+            with pytest.raises(OSError) as e:
+                call("@node-a/model/w")
+            assert e.value.errno == 22 and "only attach and attach_many" in str(e.value), e
         assert b.stats()["remote_pull_failures_total"] >= 4
         assert a.stats()["remote_pull_leases"] == 0
 

@@ -35,6 +35,9 @@ static void test_remote_names(void **state)
 	assert_int_equal(td_remote_name_check("@a:b/c", 6, &n, why, sizeof(why)), -EINVAL);
 	assert_non_null(strstr(why, "its peer has byte 0x3a"));
 	assert_int_equal(td_remote_name_check("@a/b c", 6, &n, why, sizeof(why)), -EINVAL);
+	/* A local name check of an '@' name says where such names go. */
+	assert_int_equal(td_name_check("@a/b", 4, why, sizeof(why)), -EINVAL);
+	assert_non_null(strstr(why, "only attach and attach_many"));
 	memset(longest, 'x', 255);
 	longest[0] = '@';
 	longest[2] = '/';
