@@ -396,3 +396,73 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
         with c.attach("model/w") as t:
             assert np.from_dlpack(t)[5] == 5
         assert d.alive()
+
+
+def status_kib(pid, key):
+    """A figure of /proc/PID/status in KiB (VmRSS, VmHWM, RssAnon)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def serve_locally_until(c, done, timeout):
+    """Attach round trips on c until done(); returns how many succeeded."""
+    n = 0
+    end = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < end, "timed out after %d local attaches" % n
+        with c.attach("local/x") as t:
+            assert np.from_dlpack(t)[2] == 1
+        n += 1
+        time.sleep(0.01)
+    return n
+
+
+def test_peer_that_stops_reading_memory_bounded(daemon_factory, tmp_path):
+    """An authenticated peer that sends many Pulls of an inline tensor and
+    never reads the replies: past 4 MiB queued the daemon stops reading its
+    requests, and with nothing taken for 3 s it drops the peer, its memory
+    far below what the peer asked for, its clients served throughout."""
+    import threading
+    from test_peers import FakePeer, fbytes, fint, frame
+    key = secret_file(tmp_path, "peer.key")
+    port = free_port()
+    d = daemon_factory("--node-name", "node-m", "--peer-listen", "127.0.0.1:%d" % port,
+                       "--peer-secret-file", key, "--export", "model/", env=UCX_ENV, sub="m")
+    with tensord.Client(d.socket) as c:
+        c.put("model/small", np.arange(2048, dtype=np.float32), mode=0o644)  # 8 KiB: inline
+        c.put("local/x", np.ones(4))
+        rss0 = status_kib(d.pid, "VmRSS")
+        s = FakePeer("node-z", key).dial(port, "node-m")
+        assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
+        n = 16384
+        asked = n * 8192
+        assert asked >= 128 << 20
+        reqs = b"".join(frame(fbytes(5, fint(1, i + 1) + fbytes(2, b"model/small")))
+                        for i in range(n))
+
+        def flood():
+            try:
+                s.settimeout(None)
+                s.sendall(reqs)  # blocks once the daemon stops reading: until it closes
+            except OSError:
+                pass
+
+        th = threading.Thread(target=flood, daemon=True)
+        th.start()
+        served = serve_locally_until(c, lambda: state_is(d, "node-z", "down"), timeout=30)
+        assert served > 0
+        log = d.read_log()
+        assert "peer node-z" in log and "its requests wait until it reads" in log, log[-2000:]
+        assert "it stopped reading" in log, log[-2000:]
+        grew = status_kib(d.pid, "VmHWM") - rss0
+        assert grew < 48 << 10, "the daemon grew by %d KiB; the peer asked %d MiB" % (
+            grew, asked >> 20)
+        assert d.stats()["remote_pull_leases"] == 0
+        s.close()
+        th.join(10)
+        with c.attach("model/small") as t:
+            assert np.from_dlpack(t)[7] == 7
+        assert d.alive()
