@@ -221,55 +221,93 @@ def test_kill_a_then_attach_clear_error(daemon_factory, tmp_path):
         assert s["remote_replicas"] == 0
 
 
+def pull_in_thread(cb, name):
+    """cb.attach(name) on a thread: (thread, out), out["t"] or out["e"] once done."""
+    import threading
+    out = {}
+
+    def pull():
+        try:
+            out["t"] = cb.attach(name)
+        except OSError as e:
+            out["e"] = e
+
+    th = threading.Thread(target=pull, daemon=True)
+    th.start()
+    return th, out
+
+
+def stop_once_sending(ca, a, stopped, out):
+    """SIGSTOPs the daemon stopped as soon as node-a (ca: a client of a)
+    shows bytes in flight to node-b. From then on the transfer cannot end
+    (a stopped sender sends nothing, a stopped receiver takes nothing) and
+    the pull is in the middle, whatever the speeds: with one GET of a large
+    tensor taking hundreds of milliseconds, a stats round trip cannot see
+    it in flight after it ended. Fails if the pull ended before."""
+    seen = {}
+
+    def sending():
+        assert not out, "the pull ended before any byte was on the way: %r" % out
+        seen.update(ca.stats())
+        return seen.get("remote_inflight_bytes", 0) > 0
+    assert wait_until(sending, timeout=15, interval=0.001), a.read_log()[-3000:]
+    os.kill(stopped.pid, signal.SIGSTOP)
+    assert seen["remote_pull_leases"] == 1, seen
+    assert "t" not in out
+
+
+def kill(d):
+    os.kill(d.pid, signal.SIGKILL)
+    d.proc.wait()
+    d.log.close()
+    d.proc = None  # reaped here
+
+
 def test_kill_b_holding_a_leases_end(daemon_factory, tmp_path):
+    """node-b killed in the middle of a pull, node-a's lease and its send
+    in flight: everything of node-b's ends on node-a, its mapping of the
+    tensor included (node-a's memory back where it was)."""
     a, b = start_pair(daemon_factory, tmp_path)
-    with tensord.Client(a.socket) as ca:
-        ca.put("model/big", np.ones(64 << 20, np.uint8), mode=0o644)
-        with tensord.Client(b.socket) as cb:
-            attach_when_ready(cb, "@node-a/model/w0" if False else "@node-a/model/big").release()
-        before = a.stats()
-        assert before["remote_served_total"] == 1
-        os.kill(b.pid, signal.SIGKILL)
-        b.proc.wait()
-        b.log.close()
-        b.proc = None  # reaped here
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/s", np.ones(4, np.float32), mode=0o644)
+        attach_when_ready(cb, "@node-a/model/s").release()
+        ca.put("model/big", np.ones(256 << 20, np.uint8), mode=0o644)
+        rss0 = status_kib(a.pid, "VmRSS")
+        served0 = a.stats()["remote_served_total"]
+        th, out = pull_in_thread(cb, "@node-a/model/big")
+        stop_once_sending(ca, a, b, out)
+        assert ca.stat("model/big").refcount == 1  # node-b's pull lease
+        kill(b)
+        th.join(10)
+        assert not th.is_alive() and "t" not in out
         assert wait_until(lambda: state_is(a, "node-b", "down"), timeout=8)
         s = a.stats()
         assert s["remote_pull_leases"] == 0 and s["remote_inflight_bytes"] == 0, s
+        assert s["remote_served_total"] == served0, s
         # The tensor's own leases: none but what local clients hold.
         assert ca.stat("model/big").refcount == 0
+        # Its read-only mapping for the send is gone (256 MiB of it was touched).
+        assert wait_until(lambda: status_kib(a.pid, "VmRSS") < rss0 + (32 << 10), timeout=5), \
+            (status_kib(a.pid, "VmRSS"), rss0)
+        ca.put("local/after", np.ones(3))
+        assert a.alive()
 
 
 def test_kill_a_mid_pull_nothing_half_made(daemon_factory, tmp_path):
-    import threading
-
     a, b = start_pair(daemon_factory, tmp_path)
     with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
         ca.put("model/s", np.ones(4, np.float32), mode=0o644)
         attach_when_ready(cb, "@node-a/model/s").release()
         ca.put("model/huge", np.ones(1 << 30, np.uint8), mode=0o644)
         used0 = host_used(b)
-        out = {}
-
-        def pull():
-            try:
-                out["t"] = cb.attach("@node-a/model/huge")
-            except OSError as e:
-                out["e"] = e
-
-        th = threading.Thread(target=pull)
-        th.start()
-        # Kill node-a once its bytes are on the way.
-        assert wait_until(lambda: a.stats().get("remote_inflight_bytes", 0) > 0 or
-                          "e" in out or "t" in out, timeout=10, interval=0.001)
-        os.kill(a.pid, signal.SIGKILL)
-        a.proc.wait()
-        a.log.close()
-        a.proc = None  # reaped here
+        th, out = pull_in_thread(cb, "@node-a/model/huge")
+        # node-a stopped once its bytes are on the way, then killed: the pull
+        # is always cut in the middle.
+        stop_once_sending(ca, a, a, out)
+        kill(a)
         th.join(30)
         assert not th.is_alive()
-        if "t" in out:
-            pytest.skip("the pull finished before the kill")
+        assert "t" not in out, "a stopped node-a finished the pull"
         e = out["e"]
         assert "node-a" in str(e) and "model/huge" in str(e), e
         assert e.errno in (104, 110), e  # ECONNRESET, or ETIMEDOUT
@@ -280,6 +318,44 @@ def test_kill_a_mid_pull_nothing_half_made(daemon_factory, tmp_path):
         with pytest.raises(OSError):
             cb.attach("@node-a/model/huge")
         cb.put("local/x", np.ones(3))
+
+
+def test_b_stops_receiving_mid_pull(daemon_factory, tmp_path):
+    """node-b stopped (SIGSTOP) in the middle of a 1 GiB pull: node-a maps
+    the tensor, copies none of it (its own memory bounded), serves its
+    clients throughout, calls node-b down after three heartbeats and ends
+    the pull's lease; node-b, continued, comes back and pulls again."""
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/s", np.ones(4, np.float32), mode=0o644)
+        ca.put("local/x", np.ones(4))
+        attach_when_ready(cb, "@node-a/model/s").release()
+        ca.put("model/huge", np.ones(1 << 30, np.uint8), mode=0o644)
+        anon0 = status_kib(a.pid, "RssAnon")
+        th, out = pull_in_thread(cb, "@node-a/model/huge")
+        stop_once_sending(ca, a, b, out)
+        try:
+            served = serve_locally_until(ca, lambda: state_is(a, "node-b", "down"), timeout=15)
+            assert served > 0
+            s = ca.stats()
+            assert s["remote_pull_leases"] == 0 and s["remote_inflight_bytes"] == 0, s
+            assert ca.stat("model/huge").refcount == 0
+            grew = status_kib(a.pid, "RssAnon") - anon0
+            assert grew < 64 << 10, "node-a's own memory grew by %d KiB" % grew
+        finally:
+            os.kill(b.pid, signal.SIGCONT)
+        th.join(30)
+        assert not th.is_alive() and "e" in out, out
+        assert "node-a" in str(out["e"]) and "model/huge" in str(out["e"]), out["e"]
+        assert wait_until(lambda: state_is(a, "node-b", "up") and state_is(b, "node-a", "up"),
+                          timeout=15)
+        assert wait_until(lambda: host_used(b) == 0 or b.stats()["remote_replicas"] == 0,
+                          timeout=5)
+        with attach_when_ready(cb, "@node-a/model/huge") as t:
+            got = np.from_dlpack(t)
+            assert got.shape == (1 << 30,) and got[0] == 1 and got[-1] == 1
+            del got
+        assert a.alive() and b.alive()
 
 
 def peer_frames(s, want, timeout=5):
