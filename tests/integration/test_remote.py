@@ -221,6 +221,63 @@ def test_kill_a_then_attach_clear_error(daemon_factory, tmp_path):
         assert s["remote_replicas"] == 0
 
 
+def test_replica_share_of_one_peer(daemon_factory, tmp_path):
+    """--peer-max-replica-bytes on node-b: replicas from node-a past it
+    unlink node-a's unleased replicas first, oldest first; when the leased
+    ones alone leave no room, the pull fails with EDQUOT naming the flag,
+    the peer and the tensor, and nothing of it is left."""
+    mib = 1 << 20
+    a, b = start_pair(daemon_factory, tmp_path,
+                      extra_b=("--peer-max-replica-bytes", "3Mi", "--replica-keep", "600000"))
+    assert "at most 3145728 bytes of them per peer" in b.read_log()
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        for i in range(1, 5):
+            ca.put("model/r%d" % i, np.full(mib, i, np.uint8), mode=0o644)
+        ca.put("model/big", np.ones(3 * mib, np.uint8), mode=0o644)
+        c1 = tensord.Client(b.socket)
+        t1 = attach_when_ready(c1, "@node-a/model/r1")   # leased throughout
+
+        def pull_and_let_go(name):
+            # A connection of its own: closed, it holds no binding of the name either.
+            with tensord.Client(b.socket) as c:
+                c.attach(name).release()
+        pull_and_let_go("@node-a/model/r2")               # the oldest unleased
+        pull_and_let_go("@node-a/model/r3")
+        s = b.stats()
+        assert s["remote_replicas"] == 3 and s["remote_replica_bytes"] == 3 * mib, s
+        # r4 does not fit: r2 goes for it, r3 stays.
+        with tensord.Client(b.socket) as c, c.attach("@node-a/model/r4") as t4:
+            assert np.from_dlpack(t4)[0] == 4
+        s = b.stats()
+        assert s["remote_replicas"] == 3 and s["remote_replica_bytes"] == 3 * mib, s
+        pulls, hits = s["remote_pulls_total"], s["remote_replica_hits_total"]
+        pull_and_let_go("@node-a/model/r3")               # still there: a hit
+        s = b.stats()
+        assert s["remote_replica_hits_total"] == hits + 1, s
+        assert s["remote_pulls_total"] == pulls, s
+        pull_and_let_go("@node-a/model/r2")               # gone: pulled again (r3 goes)
+        assert b.stats()["remote_pulls_total"] == pulls + 1
+        # 3 MiB with r1 leased: every unleased replica goes, and still no room.
+        used = host_used(b)
+        with pytest.raises(OSError) as e:
+            cb.attach("@node-a/model/big")
+        assert e.value.errno == 122, e.value  # EDQUOT
+        msg = str(e.value)
+        assert "--peer-max-replica-bytes" in msg and "node-a" in msg and "model/big" in msg, msg
+        s = b.stats()
+        assert s["remote_replicas"] == 1 and s["remote_replica_bytes"] == mib, s
+        assert host_used(b) <= used
+        assert wait_until(lambda: a.stats()["remote_pull_leases"] == 0, timeout=5)
+        np.testing.assert_array_equal(np.from_dlpack(t1), np.full(mib, 1, np.uint8))
+        t1.release()
+        c1.close()  # and its binding of the name
+        # With r1 let go, it fits (r1 unlinked for it).
+        with tensord.Client(b.socket) as c, c.attach("@node-a/model/big") as t:
+            assert np.from_dlpack(t)[-1] == 1
+        s = b.stats()
+        assert s["remote_replicas"] == 1 and s["remote_replica_bytes"] == 3 * mib, s
+
+
 def pull_in_thread(cb, name):
     """cb.attach(name) on a thread: (thread, out), out["t"] or out["e"] once done."""
     import threading
