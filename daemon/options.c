@@ -39,6 +39,7 @@ enum {
 	OPT_REPLICA_KEEP,
 	OPT_PEER_MAX_INFLIGHT,
 	OPT_PEERS_DNS,
+	OPT_PEER_MAX_REPLICA_BYTES,
 	OPT_QUOTA = 0x200,
 };
 
@@ -153,7 +154,10 @@ static void usage(FILE *f)
 		"  --replica-keep MS  keep a pulled replica this long after its last lease\n"
 		"                     (default 5000)\n"
 		"  --peer-max-inflight SIZE  bytes being sent to one peer at once (default\n"
-		"                     256Mi; one larger tensor still goes alone)\n");
+		"                     256Mi; one larger tensor still goes alone)\n"
+		"  --peer-max-replica-bytes SIZE  bytes of replicas pulled from one peer\n"
+		"                     (default: 1/4 of --capacity); past it, that peer's\n"
+		"                     unleased replicas go first, oldest first, then EDQUOT\n");
 	usage_shares(f);
 	fprintf(f,
 		"\n"
@@ -188,6 +192,8 @@ static const struct number_opt {
 	{ 'H', NUM_DECIMAL, "a number of milliseconds", 0, UINT32_MAX },
 	{ OPT_REPLICA_KEEP, NUM_DECIMAL, "a number of milliseconds", 0, 86400000 },
 	{ OPT_PEER_MAX_INFLIGHT, NUM_SIZE, "a size", 1, UINT64_MAX },
+	/* 0 would refuse every replica; the default (1/4 of the capacity) is none given. */
+	{ OPT_PEER_MAX_REPLICA_BYTES, NUM_SIZE, "a size", 1, UINT64_MAX },
 /* The per-uid shares: counts up to 2^32-1, sizes up to 2^64-1 bytes. */
 #define QUOTA_NUM_N(kind) { OPT_QUOTA + QUOTA_##kind, NUM_DECIMAL, "a number", 1, UINT32_MAX },
 #define QUOTA_NUM_SIZE(kind) { OPT_QUOTA + QUOTA_##kind, NUM_SIZE, "a size", 1, UINT64_MAX },
@@ -691,6 +697,9 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	case OPT_PEER_MAX_INFLIGHT:
 		cfg->remote.max_inflight = v;
 		return 0;
+	case OPT_PEER_MAX_REPLICA_BYTES:
+		cfg->remote.max_replica_bytes = v;
+		return 0;
 	default:
 		if (opt >= OPT_QUOTA && opt < OPT_QUOTA + QUOTA_KINDS)
 			return parse_limit(opt, v, cfg);
@@ -725,6 +734,7 @@ static const struct option long_opts[] = {
 	{ "export", required_argument, NULL, OPT_EXPORT },
 	{ "replica-keep", required_argument, NULL, OPT_REPLICA_KEEP },
 	{ "peer-max-inflight", required_argument, NULL, OPT_PEER_MAX_INFLIGHT },
+	{ "peer-max-replica-bytes", required_argument, NULL, OPT_PEER_MAX_REPLICA_BYTES },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
 #define QUOTA_OPT_N(flag, kind) { flag, required_argument, NULL, OPT_QUOTA + QUOTA_##kind },

@@ -18,6 +18,14 @@
  * connection that brought nothing for PEER_HEARTBEAT_MISSES of them is
  * closed as lost (a peer killed or cut off without a FIN); TCP keepalive
  * is on as well.
+ *
+ * What this side sends a peer is bounded as a client's replies are (the
+ * limits of conn.h): a peer that does not read makes this side stop
+ * reading its requests once CONN_OUT_HIGH bytes are queued for it, and
+ * lose the connection past CONN_OUT_MAX or after PEER_STALL_MS with
+ * nothing taken. The clients' transport (conn.c) is not reused itself: it
+ * is built around sendmsg() and descriptors on its own socket, where a
+ * peer's is a libuv stream, so only its limits and its rule are shared.
  */
 #include "peer.h"
 
@@ -33,6 +41,7 @@
 
 #include <tensord/tensord.h>
 
+#include "conn.h"
 #include "log.h"
 #include "figures.h"
 #include "proto/frame.h"
@@ -66,7 +75,9 @@ struct peer_conn {
 	struct peer_auth auth;
 	uint64_t other_instance;
 	uint64_t last_rx_ns, hb_seq;
-	uint64_t rx, tx; /* bytes, before it is known whose connection it is included */
+	bool paused;           /* reading stopped: over CONN_OUT_HIGH queued for it */
+	uint64_t last_took_ns; /* a write of ours completed (the peer is taking them) */
+	uint64_t rx, tx;       /* bytes, before it is known whose connection it is included */
 	char addr[PEER_ADDR_MAX];
 	size_t in_len;
 	uint8_t in[TD_FRAME_HEADER + PEER_FRAME_MAX];
@@ -273,13 +284,49 @@ pc_close(struct peer_conn *pc, enum close_kind kind, const char *fmt, ...)
 
 /* --- connections: writing ------------------------------------------------------ */
 
+static size_t pc_queued(struct peer_conn *pc)
+{
+	return uv_stream_get_write_queue_size((uv_stream_t *)&pc->tcp);
+}
+
+static void pc_resume(struct peer_conn *pc);
+
 static void on_written(uv_write_t *req, int status)
 {
 	struct peer_write *w = (struct peer_write *)req;
+	struct peer_conn *pc = w->pc;
 
-	if (status < 0 && status != UV_ECANCELED && !w->pc->closing)
-		pc_close(w->pc, CLOSE_LOST, "cannot send: %s", uv_strerror(status));
 	free(w);
+	if (status < 0 && status != UV_ECANCELED && !pc->closing)
+		pc_close(pc, CLOSE_LOST, "cannot send: %s", uv_strerror(status));
+	if (pc->closing)
+		return;
+	pc->last_took_ns = now_ns();
+	/*
+	 * Its requests wait until half the queue has gone (not just under the
+	 * mark, as a client's do): a peer's socket takes a write now and then
+	 * while its reader lags, and each would resume and pause it again.
+	 */
+	if (pc->paused && pc_queued(pc) < CONN_OUT_HIGH / 2)
+		pc_resume(pc);
+}
+
+/*
+ * Over CONN_OUT_HIGH queued for pc: its requests are not read (each could
+ * queue another reply) until it takes some of what it was sent.
+ */
+static void pc_pause(struct peer_conn *pc)
+{
+	struct peer *p = pc->peer;
+
+	if (pc->paused || pc->phase != PC_UP)
+		return;
+	pc->paused = true;
+	pc->last_took_ns = now_ns();
+	uv_read_stop((uv_stream_t *)&pc->tcp);
+	log_info("peer %s (%s): %zu bytes queued for it, more than %u: its requests wait "
+		 "until it reads",
+		 p ? p->name : "?", pc->addr, pc_queued(pc), CONN_OUT_HIGH);
 }
 
 /* Sends one frame; on failure pc is closed. */
@@ -292,8 +339,11 @@ static void pc_send(struct peer_conn *pc, const Tensord__PeerFrame *f)
 
 	if (pc->closing)
 		return;
-	if (uv_stream_get_write_queue_size((uv_stream_t *)&pc->tcp) > PEER_OUT_MAX) {
-		pc_close(pc, CLOSE_LOST, "it stopped reading (%u bytes queued)", PEER_OUT_MAX);
+	if (pc_queued(pc) + TD_FRAME_HEADER + n > CONN_OUT_MAX) {
+		pc_close(pc, CLOSE_LOST,
+			 "it stopped reading: %zu bytes queued for it, a frame of %zu more would "
+			 "pass %u",
+			 pc_queued(pc), TD_FRAME_HEADER + n, CONN_OUT_MAX);
 		return;
 	}
 	w = malloc(sizeof(*w) + TD_FRAME_HEADER + n);
@@ -315,6 +365,8 @@ static void pc_send(struct peer_conn *pc, const Tensord__PeerFrame *f)
 	pc->tx += w->len;
 	if (pc->peer)
 		pc->peer->bytes_out += w->len;
+	if (pc_queued(pc) >= CONN_OUT_HIGH)
+		pc_pause(pc);
 }
 
 int peer_send(struct peer *p, const Tensord__PeerFrame *f)
@@ -654,33 +706,15 @@ static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
 	*buf = uv_buf_init((char *)pc->in + pc->in_len, (unsigned)(sizeof(pc->in) - pc->in_len));
 }
 
-static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+/* Handles the whole frames read, unless reading is paused (they wait in pc->in). */
+static void pc_parse(struct peer_conn *pc)
 {
-	struct peer_conn *pc = s->data;
 	enum close_kind lost = pc->phase == PC_UP ? CLOSE_LOST : CLOSE_REFUSED;
 	struct td_frame fr;
 	long got;
 
-	if (n == 0 || pc->closing)
-		return;
-	if (n < 0) {
-		if (n == UV_EOF && pc->in_len)
-			pc_close(pc, lost,
-				 "it closed the connection in the middle of a frame "
-				 "(%zu bytes of it came)",
-				 pc->in_len);
-		else if (n == UV_EOF)
-			pc_close(pc, lost, "it closed the connection%s",
-				 pc->phase == PC_UP ? "" : " during the handshake");
-		else
-			pc_close(pc, lost, "%s", uv_strerror((int)n));
-		return;
-	}
-	pc->in_len += (size_t)n;
-	pc->rx += (uint64_t)n;
-	if (pc->peer)
-		pc->peer->bytes_in += (uint64_t)n;
-	while (!pc->closing && (got = td_frame_parse(pc->in, pc->in_len, PEER_FRAME_MAX, 0, &fr))) {
+	while (!pc->closing && !pc->paused &&
+	       (got = td_frame_parse(pc->in, pc->in_len, PEER_FRAME_MAX, 0, &fr))) {
 		if (got < 0) {
 			if (got == -EMSGSIZE)
 				pc_close(pc, lost, "a frame of %u bytes, more than %u", fr.len,
@@ -702,6 +736,53 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 	}
 }
 
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf);
+
+/* pc took enough of its queue: the requests read meanwhile, then reading again. */
+static void pc_resume(struct peer_conn *pc)
+{
+	int r;
+
+	pc->paused = false;
+	/* Its heartbeats sat unread while paused: its silence counts from now. */
+	pc->last_rx_ns = now_ns();
+	log_debug("peer %s (%s): reading its requests again (%zu bytes queued for it)",
+		  pc->peer ? pc->peer->name : "?", pc->addr, pc_queued(pc));
+	pc_parse(pc);
+	if (pc->closing || pc->paused)
+		return;
+	r = uv_read_start((uv_stream_t *)&pc->tcp, on_alloc, on_read);
+	if (r < 0)
+		pc_close(pc, CLOSE_LOST, "cannot read: %s", uv_strerror(r));
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+	struct peer_conn *pc = s->data;
+	enum close_kind lost = pc->phase == PC_UP ? CLOSE_LOST : CLOSE_REFUSED;
+
+	if (n == 0 || pc->closing)
+		return;
+	if (n < 0) {
+		if (n == UV_EOF && pc->in_len)
+			pc_close(pc, lost,
+				 "it closed the connection in the middle of a frame "
+				 "(%zu bytes of it came)",
+				 pc->in_len);
+		else if (n == UV_EOF)
+			pc_close(pc, lost, "it closed the connection%s",
+				 pc->phase == PC_UP ? "" : " during the handshake");
+		else
+			pc_close(pc, lost, "%s", uv_strerror((int)n));
+		return;
+	}
+	pc->in_len += (size_t)n;
+	pc->rx += (uint64_t)n;
+	if (pc->peer)
+		pc->peer->bytes_in += (uint64_t)n;
+	pc_parse(pc);
+}
+
 /* --- connections: timers, making them ------------------------------------------ */
 
 static void on_timer(uv_timer_t *t)
@@ -717,8 +798,14 @@ static void on_timer(uv_timer_t *t)
 			 PEER_HANDSHAKE_MS);
 		return;
 	}
-	if (now_ns() - pc->last_rx_ns >
-	    (uint64_t)PEER_HEARTBEAT_MISSES * PEER_HEARTBEAT_MS * 1000000ull) {
+	if (pc->paused && now_ns() - pc->last_took_ns > (uint64_t)PEER_STALL_MS * 1000000ull) {
+		pc_close(pc, CLOSE_LOST,
+			 "it stopped reading: %zu bytes queued for it and none taken for %d ms",
+			 pc_queued(pc), PEER_STALL_MS);
+		return;
+	}
+	if (!pc->paused && now_ns() - pc->last_rx_ns > (uint64_t)PEER_HEARTBEAT_MISSES *
+							       PEER_HEARTBEAT_MS * 1000000ull) {
 		pc_close(pc, CLOSE_LOST, "no heartbeat for %d ms",
 			 PEER_HEARTBEAT_MISSES * PEER_HEARTBEAT_MS);
 		return;

@@ -46,8 +46,15 @@
 #define PEER_HEARTBEAT_MISSES 3
 #define PEER_REDIAL_MIN_MS 1000
 #define PEER_REDIAL_MAX_MS 30000
-/* Replies this side has queued for a peer past which it is dropped. */
-#define PEER_OUT_MAX (1u << 20)
+/*
+ * A peer's output queue is capped as a client's is (conn.h, CONN_OUT_HIGH
+ * and CONN_OUT_MAX: the same numbers, 4 MiB and 16 MiB): past the first
+ * this side stops reading the peer's requests until the queue drains; past
+ * the second, or with nothing taken from the queue for this long while
+ * reading is stopped (its heartbeats then go unread, so silence says
+ * nothing), the connection is closed as lost.
+ */
+#define PEER_STALL_MS (PEER_HEARTBEAT_MISSES * PEER_HEARTBEAT_MS)
 /* "HOST:PORT" as shown, HOST at most 253 bytes (a DNS name) or an IPv6 address. */
 #define PEER_ADDR_MAX 264
 #define PEER_ERROR_MAX 320

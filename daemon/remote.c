@@ -167,6 +167,7 @@ struct remote {
 	unsigned n_sets;
 	uint32_t next_tx;
 	struct remote_figures *figs; /* the server's gauges (srv->remote_figs), kept here */
+	uint64_t max_replica_bytes;  /* --peer-max-replica-bytes, or its default resolved */
 	uv_timer_t keep;
 };
 
@@ -912,6 +913,70 @@ static void replica_drop(struct remote *rm, struct replica *r, const char *why)
 	log_debug("replica '%s': unlinked: %s", r->name, why);
 	replica_unlink(rm, r);
 	free(r);
+}
+
+/* --- B: the replica share of one peer (--peer-max-replica-bytes) ------------------- */
+
+/*
+ * Bytes of rp's replicas on this node: those named, and those being
+ * received. (A replica unlinked while leased is no longer counted: it is
+ * its readers' now, charged like any unlinked tensor until they let go.)
+ */
+static uint64_t replica_bytes_of(struct remote *rm, const struct rpeer *rp)
+{
+	uint64_t n = rp->p->remote.replica_bytes; /* kept by replica_link() and _unlink() */
+	const struct pull *pl;
+
+	LIST_FOREACH(pl, &rm->pulls, link)
+	if (pl->rp == rp && pl->st == PL_RECEIVING && !pl->dead)
+		n += pl->nbytes;
+	return n;
+}
+
+static bool replica_leased(struct remote *rm, const struct replica *r)
+{
+	struct tensor *t = registry_lookup(&rm->srv->reg, &rm->rc, r->name, r->name_len);
+
+	return t && t->id == r->tensor_id && t->refcount;
+}
+
+/* rp's oldest replica that nobody leases (replicas are added at the head), or NULL. */
+static struct replica *replica_oldest_idle(struct remote *rm, const struct rpeer *rp)
+{
+	struct replica *r, *found = NULL;
+
+	LIST_FOREACH(r, &rm->replicas, link)
+	if (r->rp == rp && !replica_leased(rm, r))
+		found = r;
+	return found;
+}
+
+/*
+ * Makes room for a replica of nbytes from rp within its share: rp's
+ * unleased replicas are unlinked, oldest first, while it does not fit.
+ * 0; or -EDQUOT with the reason in why when even that is not enough (its
+ * replicas are leased or being received), so that one peer's replicas
+ * cannot take this node's memory from its own users.
+ */
+static int replica_share_room(struct remote *rm, struct rpeer *rp, uint64_t nbytes, char *why,
+			      size_t why_len)
+{
+	uint64_t max = rm->max_replica_bytes, used = replica_bytes_of(rm, rp);
+	struct replica *r;
+
+	while ((nbytes > max || used > max - nbytes) && (r = replica_oldest_idle(rm, rp))) {
+		used -= r->nbytes;
+		replica_drop(rm, r,
+			     "room for a newer replica of its peer (--peer-max-replica-bytes)");
+	}
+	if (nbytes <= max && used <= max - nbytes)
+		return 0;
+	snprintf(why, why_len,
+		 "over --peer-max-replica-bytes (%" PRIu64 " bytes for the replicas of one "
+		 "peer): this one needs %" PRIu64 ", and its replicas here hold %" PRIu64
+		 " bytes leased or being pulled",
+		 max, nbytes, used);
+	return -EDQUOT;
 }
 
 static void on_pull_closed(uv_handle_t *h)
@@ -1690,6 +1755,11 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 	}
 	if (rep)
 		replica_drop(rm, rep, "the peer publishes a newer generation");
+	r = replica_share_room(rm, rp, nbytes, reason, sizeof(reason));
+	if (r < 0) {
+		pull_fail(pl, r, "%s", reason);
+		return 0;
+	}
 	a.name = pl->name;
 	a.name_len = pl->name_len;
 	a.dtype = dt;
@@ -2147,6 +2217,12 @@ void remote_start(struct server *srv)
 	}
 	rm->srv = srv;
 	rm->figs = &srv->remote_figs;
+	rm->max_replica_bytes = srv->cfg.remote.max_replica_bytes;
+	if (!rm->max_replica_bytes) {
+		struct reg_device *d = registry_device(&srv->reg, (DLDevice){ kDLCPU, 0 });
+
+		rm->max_replica_bytes = d && d->capacity ? d->capacity / 4 : UINT64_MAX;
+	}
 	LIST_INIT(&rm->pulls);
 	LIST_INIT(&rm->replicas);
 	LIST_INIT(&rm->sets);
@@ -2162,9 +2238,9 @@ void remote_start(struct server *srv)
 		log_warn("remote attach: no data path, ignoring: %s", rm->why);
 	else
 		log_info("remote attach: %s; %u export rules, replicas kept %u ms after their "
-			 "last lease",
+			 "last lease, at most %" PRIu64 " bytes of them per peer",
 			 xport_describe(rm->x), srv->cfg.remote.n_exports,
-			 srv->cfg.remote.replica_keep_ms);
+			 srv->cfg.remote.replica_keep_ms, rm->max_replica_bytes);
 	uv_timer_init(srv->loop, &rm->keep);
 	rm->keep.data = rm;
 	tick = srv->cfg.remote.replica_keep_ms / 4;

@@ -50,6 +50,8 @@ struct remote_config {
 	unsigned n_exports;
 	uint32_t replica_keep_ms; /* --replica-keep */
 	uint64_t max_inflight;    /* --peer-max-inflight: bytes being sent to one peer */
+	/* --peer-max-replica-bytes: replicas of one peer on this node; 0: 1/4 of the capacity */
+	uint64_t max_replica_bytes;
 };
 
 /* Whether the rules let peer pull name (len bytes). */

@@ -333,55 +333,150 @@ def test_kill_a_then_attach_clear_error(daemon_factory, tmp_path):
         assert s["remote_replicas"] == 0
 
 
+def test_replica_share_of_one_peer(daemon_factory, tmp_path):
+    """--peer-max-replica-bytes on node-b: replicas from node-a past it
+    unlink node-a's unleased replicas first, oldest first; when the leased
+    ones alone leave no room, the pull fails with EDQUOT naming the flag,
+    the peer and the tensor, and nothing of it is left."""
+    mib = 1 << 20
+    a, b = start_pair(daemon_factory, tmp_path,
+                      extra_b=("--peer-max-replica-bytes", "3Mi", "--replica-keep", "600000"))
+    assert "at most 3145728 bytes of them per peer" in b.read_log()
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        for i in range(1, 5):
+            ca.put("model/r%d" % i, np.full(mib, i, np.uint8), mode=0o644)
+        ca.put("model/big", np.ones(3 * mib, np.uint8), mode=0o644)
+        c1 = tensord.Client(b.socket)
+        t1 = attach_when_ready(c1, "@node-a/model/r1")   # leased throughout
+
+        def pull_and_let_go(name):
+            # A connection of its own: closed, it holds no binding of the name either.
+            with tensord.Client(b.socket) as c:
+                c.attach(name).release()
+        pull_and_let_go("@node-a/model/r2")               # the oldest unleased
+        pull_and_let_go("@node-a/model/r3")
+        s = b.stats()
+        assert s["remote_replicas"] == 3 and s["remote_replica_bytes"] == 3 * mib, s
+        # r4 does not fit: r2 goes for it, r3 stays.
+        with tensord.Client(b.socket) as c, c.attach("@node-a/model/r4") as t4:
+            assert np.from_dlpack(t4)[0] == 4
+        s = b.stats()
+        assert s["remote_replicas"] == 3 and s["remote_replica_bytes"] == 3 * mib, s
+        pulls, hits = s["remote_pulls_total"], s["remote_replica_hits_total"]
+        pull_and_let_go("@node-a/model/r3")               # still there: a hit
+        s = b.stats()
+        assert s["remote_replica_hits_total"] == hits + 1, s
+        assert s["remote_pulls_total"] == pulls, s
+        pull_and_let_go("@node-a/model/r2")               # gone: pulled again (r3 goes)
+        assert b.stats()["remote_pulls_total"] == pulls + 1
+        # 3 MiB with r1 leased: every unleased replica goes, and still no room.
+        used = host_used(b)
+        with pytest.raises(OSError) as e:
+            cb.attach("@node-a/model/big")
+        assert e.value.errno == 122, e.value  # EDQUOT
+        msg = str(e.value)
+        assert "--peer-max-replica-bytes" in msg and "node-a" in msg and "model/big" in msg, msg
+        s = b.stats()
+        assert s["remote_replicas"] == 1 and s["remote_replica_bytes"] == mib, s
+        assert host_used(b) <= used
+        assert wait_until(lambda: a.stats()["remote_pull_leases"] == 0, timeout=5)
+        np.testing.assert_array_equal(np.from_dlpack(t1), np.full(mib, 1, np.uint8))
+        t1.release()
+        c1.close()  # and its binding of the name
+        # With r1 let go, it fits (r1 unlinked for it).
+        with tensord.Client(b.socket) as c, c.attach("@node-a/model/big") as t:
+            assert np.from_dlpack(t)[-1] == 1
+        s = b.stats()
+        assert s["remote_replicas"] == 1 and s["remote_replica_bytes"] == 3 * mib, s
+
+
+def pull_in_thread(cb, name):
+    """cb.attach(name) on a thread: (thread, out), out["t"] or out["e"] once done."""
+    import threading
+    out = {}
+
+    def pull():
+        try:
+            out["t"] = cb.attach(name)
+        except OSError as e:
+            out["e"] = e
+
+    th = threading.Thread(target=pull, daemon=True)
+    th.start()
+    return th, out
+
+
+def stop_once_sending(ca, a, stopped, out):
+    """SIGSTOPs the daemon stopped as soon as node-a (ca: a client of a)
+    shows bytes in flight to node-b. From then on the transfer cannot end
+    (a stopped sender sends nothing, a stopped receiver takes nothing) and
+    the pull is in the middle, whatever the speeds: with one GET of a large
+    tensor taking hundreds of milliseconds, a stats round trip cannot see
+    it in flight after it ended. Fails if the pull ended before."""
+    seen = {}
+
+    def sending():
+        assert not out, "the pull ended before any byte was on the way: %r" % out
+        seen.update(ca.stats())
+        return seen.get("remote_inflight_bytes", 0) > 0
+    assert wait_until(sending, timeout=15, interval=0.001), a.read_log()[-3000:]
+    os.kill(stopped.pid, signal.SIGSTOP)
+    assert seen["remote_pull_leases"] == 1, seen
+    assert "t" not in out
+
+
+def kill(d):
+    os.kill(d.pid, signal.SIGKILL)
+    d.proc.wait()
+    d.log.close()
+    d.proc = None  # reaped here
+
+
 def test_kill_b_holding_a_leases_end(daemon_factory, tmp_path):
+    """node-b killed in the middle of a pull, node-a's lease and its send
+    in flight: everything of node-b's ends on node-a, its mapping of the
+    tensor included (node-a's memory back where it was)."""
     a, b = start_pair(daemon_factory, tmp_path)
-    with tensord.Client(a.socket) as ca:
-        ca.put("model/big", np.ones(64 << 20, np.uint8), mode=0o644)
-        with tensord.Client(b.socket) as cb:
-            attach_when_ready(cb, "@node-a/model/w0" if False else "@node-a/model/big").release()
-        before = a.stats()
-        assert before["remote_served_total"] == 1
-        os.kill(b.pid, signal.SIGKILL)
-        b.proc.wait()
-        b.log.close()
-        b.proc = None  # reaped here
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/s", np.ones(4, np.float32), mode=0o644)
+        attach_when_ready(cb, "@node-a/model/s").release()
+        ca.put("model/big", np.ones(256 << 20, np.uint8), mode=0o644)
+        rss0 = status_kib(a.pid, "VmRSS")
+        served0 = a.stats()["remote_served_total"]
+        th, out = pull_in_thread(cb, "@node-a/model/big")
+        stop_once_sending(ca, a, b, out)
+        assert ca.stat("model/big").refcount == 1  # node-b's pull lease
+        kill(b)
+        th.join(10)
+        assert not th.is_alive() and "t" not in out
         assert wait_until(lambda: state_is(a, "node-b", "down"), timeout=8)
         s = a.stats()
         assert s["remote_pull_leases"] == 0 and s["remote_inflight_bytes"] == 0, s
+        assert s["remote_served_total"] == served0, s
         # The tensor's own leases: none but what local clients hold.
         assert ca.stat("model/big").refcount == 0
+        # Its read-only mapping for the send is gone (256 MiB of it was touched).
+        assert wait_until(lambda: status_kib(a.pid, "VmRSS") < rss0 + (32 << 10), timeout=5), \
+            (status_kib(a.pid, "VmRSS"), rss0)
+        ca.put("local/after", np.ones(3))
+        assert a.alive()
 
 
 def test_kill_a_mid_pull_nothing_half_made(daemon_factory, tmp_path):
-    import threading
-
     a, b = start_pair(daemon_factory, tmp_path)
     with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
         ca.put("model/s", np.ones(4, np.float32), mode=0o644)
         attach_when_ready(cb, "@node-a/model/s").release()
         ca.put("model/huge", np.ones(1 << 30, np.uint8), mode=0o644)
         used0 = host_used(b)
-        out = {}
-
-        def pull():
-            try:
-                out["t"] = cb.attach("@node-a/model/huge")
-            except OSError as e:
-                out["e"] = e
-
-        th = threading.Thread(target=pull)
-        th.start()
-        # Kill node-a once its bytes are on the way.
-        assert wait_until(lambda: a.stats().get("remote_inflight_bytes", 0) > 0 or
-                          "e" in out or "t" in out, timeout=10, interval=0.001)
-        os.kill(a.pid, signal.SIGKILL)
-        a.proc.wait()
-        a.log.close()
-        a.proc = None  # reaped here
+        th, out = pull_in_thread(cb, "@node-a/model/huge")
+        # node-a stopped once its bytes are on the way, then killed: the pull
+        # is always cut in the middle.
+        stop_once_sending(ca, a, a, out)
+        kill(a)
         th.join(30)
         assert not th.is_alive()
-        if "t" in out:
-            pytest.skip("the pull finished before the kill")
+        assert "t" not in out, "a stopped node-a finished the pull"
         e = out["e"]
         assert "node-a" in str(e) and "model/huge" in str(e), e
         assert e.errno in (104, 110), e  # ECONNRESET, or ETIMEDOUT
@@ -392,6 +487,46 @@ def test_kill_a_mid_pull_nothing_half_made(daemon_factory, tmp_path):
         with pytest.raises(OSError):
             cb.attach("@node-a/model/huge")
         cb.put("local/x", np.ones(3))
+
+
+def test_b_stops_receiving_mid_pull(daemon_factory, tmp_path):
+    """node-b stopped (SIGSTOP) in the middle of a 1 GiB pull: node-a maps
+    the tensor, copies none of it (its own memory bounded), serves its
+    clients throughout, calls node-b down after three heartbeats and ends
+    the pull's lease; node-b, continued, comes back and pulls again."""
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/s", np.ones(4, np.float32), mode=0o644)
+        ca.put("local/x", np.ones(4))
+        attach_when_ready(cb, "@node-a/model/s").release()
+        ca.put("model/huge", np.ones(1 << 30, np.uint8), mode=0o644)
+        anon0 = status_kib(a.pid, "RssAnon")
+        used0 = host_used(b)
+        th, out = pull_in_thread(cb, "@node-a/model/huge")
+        stop_once_sending(ca, a, b, out)
+        try:
+            served = serve_locally_until(ca, lambda: state_is(a, "node-b", "down"), timeout=15)
+            assert served > 0
+            s = ca.stats()
+            assert s["remote_pull_leases"] == 0 and s["remote_inflight_bytes"] == 0, s
+            assert ca.stat("model/huge").refcount == 0
+            grew = status_kib(a.pid, "RssAnon") - anon0
+            assert grew < 64 << 10, "node-a's own memory grew by %d KiB" % grew
+        finally:
+            os.kill(b.pid, signal.SIGCONT)
+        th.join(30)
+        assert not th.is_alive() and "e" in out, out
+        assert "node-a" in str(out["e"]) and "model/huge" in str(out["e"]), out["e"]
+        assert wait_until(lambda: state_is(a, "node-b", "up") and state_is(b, "node-a", "up"),
+                          timeout=15)
+        # The half-made replica went with its pull.
+        assert wait_until(lambda: host_used(b) <= used0, timeout=5), (host_used(b), used0)
+        assert b.stats()["remote_replicas"] == 0
+        with attach_when_ready(cb, "@node-a/model/huge") as t:
+            got = np.from_dlpack(t)
+            assert got.shape == (1 << 30,) and got[0] == 1 and got[-1] == 1
+            del got
+        assert a.alive() and b.alive()
 
 
 def peer_frames(s, want, timeout=5):
@@ -533,4 +668,74 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
         c.put("local/after", np.ones(3))
         with c.attach("model/w") as t:
             assert np.from_dlpack(t)[5] == 5
+        assert d.alive()
+
+
+def status_kib(pid, key):
+    """A figure of /proc/PID/status in KiB (VmRSS, VmHWM, RssAnon)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def serve_locally_until(c, done, timeout):
+    """Attach round trips on c until done(); returns how many succeeded."""
+    n = 0
+    end = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < end, "timed out after %d local attaches" % n
+        with c.attach("local/x") as t:
+            assert np.from_dlpack(t)[2] == 1
+        n += 1
+        time.sleep(0.01)
+    return n
+
+
+def test_peer_that_stops_reading_memory_bounded(daemon_factory, tmp_path):
+    """An authenticated peer that sends many Pulls of an inline tensor and
+    never reads the replies: past 4 MiB queued the daemon stops reading its
+    requests, and with nothing taken for 3 s it drops the peer, its memory
+    far below what the peer asked for, its clients served throughout."""
+    import threading
+    from test_peers import FakePeer, fbytes, fint, frame
+    key = secret_file(tmp_path, "peer.key")
+    port = free_port()
+    d = daemon_factory("--node-name", "node-m", "--peer-listen", "127.0.0.1:%d" % port,
+                       "--peer-secret-file", key, "--export", "model/", env=UCX_ENV, sub="m")
+    with tensord.Client(d.socket) as c:
+        c.put("model/small", np.arange(2048, dtype=np.float32), mode=0o644)  # 8 KiB: inline
+        c.put("local/x", np.ones(4))
+        rss0 = status_kib(d.pid, "VmRSS")
+        s = FakePeer("node-z", key).dial(port, "node-m")
+        assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
+        n = 16384
+        asked = n * 8192
+        assert asked >= 128 << 20
+        reqs = b"".join(frame(fbytes(5, fint(1, i + 1) + fbytes(2, b"model/small")))
+                        for i in range(n))
+
+        def flood():
+            try:
+                s.settimeout(None)
+                s.sendall(reqs)  # blocks once the daemon stops reading: until it closes
+            except OSError:
+                pass
+
+        th = threading.Thread(target=flood, daemon=True)
+        th.start()
+        served = serve_locally_until(c, lambda: state_is(d, "node-z", "down"), timeout=30)
+        assert served > 0
+        log = d.read_log()
+        assert "peer node-z" in log and "its requests wait until it reads" in log, log[-2000:]
+        assert "it stopped reading" in log, log[-2000:]
+        grew = status_kib(d.pid, "VmHWM") - rss0
+        assert grew < 48 << 10, "the daemon grew by %d KiB; the peer asked %d MiB" % (
+            grew, asked >> 20)
+        assert d.stats()["remote_pull_leases"] == 0
+        s.close()
+        th.join(10)
+        with c.attach("model/small") as t:
+            assert np.from_dlpack(t)[7] == 7
         assert d.alive()
