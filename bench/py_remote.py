@@ -4,8 +4,10 @@ bench/ucx_get measures its GET and active-message baselines. Prints, from
 node-b's client:
 
 - 4 KiB: an attach that pulls (a name not yet on node-b), p50 and p99;
-  an attach of a live replica from a new connection (node-a asked whether
-  it is current: a round trip, no bytes); a local attach for scale;
+  a second attach of a live replica, from a new connection (a round trip
+  to node-b only: node-a watches the name for node-b) next to the same
+  of a tensor of node-b's own, and again on the connection that holds it
+  (bound: no request) next to a local bound attach;
 - 1 GiB: an attach that pulls, GB/s (median of --rounds, each after a
   replace on node-a so that each pulls again).
 
@@ -327,26 +329,34 @@ def run(sa, sb, a, rp):
             rg = rp.small_gets(small, n, check=k == 0)
             gets += rg
             per_round.append("%.0f/%.0f" % (pct(td, .5) * 1e6, pct(rg, .5) * 1e6))
-    hits = []
-    for i in range(1, min(a.small, 100) + 1):
-        with tensord.connect(sb) as c2:
-            t0 = time.perf_counter()
-            t = c2.attach("@node-a/bench/s%d" % i)
-            hits.append(time.perf_counter() - t0)
-            t.release()
-    cl = tensord.connect(sa)
-    local = []
+    cb.put("local/s", small)
+    asked = tensord.connect(sa).stats()["remote_pull_requests_total"]
+    hits, local_new = [], []
+    for i in range(1, min(a.small, 100) + 1):  # interleaved: replica, local
+        for name, out in (("@node-a/bench/s%d" % i, hits), ("local/s", local_new)):
+            with tensord.connect(sb) as c2:
+                t0 = time.perf_counter()
+                t = c2.attach(name)
+                out.append(time.perf_counter() - t0)
+                t.release()
+    asked = tensord.connect(sa).stats()["remote_pull_requests_total"] - asked
+    bound, local = [], []
     for _ in range(200):
-        t0 = time.perf_counter()
-        t = cl.attach("local/s")
-        local.append(time.perf_counter() - t0)
-        t.release()
+        for name, out in (("@node-a/bench/s1", bound), ("local/s", local)):
+            t0 = time.perf_counter()
+            t = cb.attach(name)
+            out.append(time.perf_counter() - t0)
+            t.release()
     us = 1e6
     print("py_remote: 4 KiB remote attach (pull) p50 %.1f us p99 %.1f us (%d pulls)"
           % (pct(pulls, .5) * us, pct(pulls, .99) * us, len(pulls)))
-    print("py_remote: 4 KiB remote attach of a live replica (current? round trip, no bytes) "
-          "p50 %.1f us" % (pct(hits, .5) * us))
-    print("py_remote: 4 KiB local attach p50 %.1f us (for scale)" % (pct(local, .5) * us))
+    print("py_remote: 4 KiB second attach of a live replica, new connection p50 %.1f us, a "
+          "local tensor the same way %.1f us: %.2fx (node-a asked %d times)"
+          % (pct(hits, .5) * us, pct(local_new, .5) * us, pct(hits, .5) / pct(local_new, .5),
+             asked))
+    print("py_remote: 4 KiB second attach of a live replica, bound p50 %.1f us, a local tensor "
+          "bound %.1f us: %.2fx" % (pct(bound, .5) * us, pct(local, .5) * us,
+                                   pct(bound, .5) / pct(local, .5)))
     if rp is not None:
         print("py_remote: ray 4 KiB get on node_b of an object put on node_a p50 %.1f us p99 %.1f "
               "us (%d gets): Ray / tensord p50 %.1fx" % (pct(gets, .5) * us, pct(gets, .99) * us,
