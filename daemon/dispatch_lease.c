@@ -215,7 +215,7 @@ void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m
 
 	if (m->name[0] == '@') { /* another node's tensor (docs/remote.md, "Naming") */
 		remote_attach(cl, id, m->name, m->have_id, m->have_shares, m->n_have_shares,
-			      m->bind);
+			      m->bind, m->timeout_ms, m->after);
 		return;
 	}
 	r = dispatch_check_name(m->name, why, sizeof(why));

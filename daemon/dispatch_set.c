@@ -448,6 +448,9 @@ void dispatch_do_cancel(struct client *cl, uint64_t id, const Tensord__Cancel *m
 	int r = waiters_cancel(&cl->srv->waiters, &cl->waits, m->id);
 	char why[120];
 
+	if (r < 0)
+		r = remote_cancel(cl, m->id);
+
 	snprintf(why, sizeof(why), "request %llu: no wait of this connection to cancel",
 		 (unsigned long long)m->id);
 	reply_status(cl->conn, TENSORD__REQUEST__BODY_CANCEL, id, r, r < 0 ? why : "");

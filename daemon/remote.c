@@ -105,11 +105,14 @@ struct pull {
 	uint64_t id;
 	char name[TENSORD_NAME_MAX + 1]; /* "@a/m/w" */
 	size_t name_len, peer_len;
-	enum { PL_ASKING, PL_RECEIVING } st;
-	bool dead;    /* failed with its receive posted: waits for that to end */
-	bool posted;  /* UCX has the mapping */
-	bool watched; /* A tells of the name's next change */
-	bool stale;   /* A told of a change after its reply: not kept as watched */
+	enum { PL_ASKING, PL_RECEIVING, PL_WAITING } st; /* waiting: A said not yet */
+	bool wait;            /* an attach with a timeout or after: not yet is not an error */
+	uint64_t after;       /* nonzero: only a generation newer */
+	uint64_t deadline_ns; /* a wait's end; 0: none (forever) */
+	bool dead;            /* failed with its receive posted: waits for that to end */
+	bool posted;          /* UCX has the mapping */
+	bool watched;         /* A tells of the name's next change */
+	bool stale;           /* A told of a change after its reply: not kept as watched */
 	uint64_t lease, generation, nbytes;
 	void *map; /* owned */
 	size_t map_len;
@@ -424,6 +427,23 @@ void remote_on_commit(struct server *srv, const struct reg_change *v, size_t n, 
 	}
 }
 
+/*
+ * Pull id waits for its name (watch_name, when exported to rp: told with
+ * PeerChanged at its next change; NULL: never told, and said the same).
+ */
+static void pull_reply_waiting(struct rpeer *rp, uint64_t id, const char *watch_name)
+{
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerPullReply rep = TENSORD__PEER_PULL_REPLY__INIT;
+
+	rep.id = id;
+	rep.waiting = true;
+	rep.watched = watch_name ? watch_add(rp, watch_name) : true;
+	f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
+	f.pull_reply = &rep;
+	send_frame(rp, &f);
+}
+
 static void on_unwatch(struct rpeer *rp, const Tensord__PeerUnwatch *m)
 {
 	for (size_t i = 0; i < m->n_names; i++)
@@ -440,7 +460,7 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 	size_t len = strlen(m->name);
 	struct tensor *t;
 	uint64_t lease;
-	bool writable;
+	bool writable, exported;
 	int r;
 
 	figure_count(FIG_remote_pull_requests_total, 1);
@@ -449,13 +469,28 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 		pull_reply_error(rp, m->id, -EINVAL, why);
 		return;
 	}
-	if (!remote_exported(&srv->cfg.remote, rp->p->name, m->name, len) ||
-	    !registry_published(&srv->reg, m->name, len)) {
+	exported = remote_exported(&srv->cfg.remote, rp->p->name, m->name, len);
+	if (!exported || !registry_published(&srv->reg, m->name, len)) {
+		if (m->wait) {
+			pull_reply_waiting(rp, m->id, exported ? m->name : NULL);
+			return;
+		}
 		/* Not exported and not published are told apart to nobody. */
 		snprintf(why, sizeof(why),
 			 "tensor '%s' is not published on node %s, or not exported to node %s",
 			 m->name, srv->peers.self, rp->p->name);
 		pull_reply_error(rp, m->id, -ENOENT, why);
+		return;
+	}
+	if (m->after && registry_generation(&srv->reg, m->name, len) <= m->after) {
+		if (m->wait) {
+			pull_reply_waiting(rp, m->id, m->name);
+			return;
+		}
+		snprintf(why, sizeof(why),
+			 "tensor '%s' on node %s: no generation newer than %" PRIu64, m->name,
+			 srv->peers.self, m->after);
+		pull_reply_error(rp, m->id, -ETIMEDOUT, why);
 		return;
 	}
 	if (m->have_generation &&
@@ -886,6 +921,28 @@ static struct pull *pull_by_name(struct remote *rm, const char *name)
 	return NULL;
 }
 
+/* A pull of name that an attach without a wait may join (one waits for none), or NULL. */
+static struct pull *pull_joinable(struct remote *rm, const char *name)
+{
+	struct pull *pl;
+
+	LIST_FOREACH(pl, &rm->pulls, link)
+	if (!pl->dead && !pl->wait && strcmp(pl->name, name) == 0)
+		return pl;
+	return NULL;
+}
+
+/* A pull of name receiving its bytes (its replica being made), or NULL. */
+static struct pull *pull_receiving(struct remote *rm, const char *name)
+{
+	struct pull *pl;
+
+	LIST_FOREACH(pl, &rm->pulls, link)
+	if (!pl->dead && pl->st == PL_RECEIVING && strcmp(pl->name, name) == 0)
+		return pl;
+	return NULL;
+}
+
 static struct pull *pull_by_id(struct remote *rm, uint64_t id)
 {
 	struct pull *pl;
@@ -1055,6 +1112,7 @@ static void on_pull_closed(uv_handle_t *h)
 static void pull_free(struct pull *pl)
 {
 	LIST_REMOVE(pl, link);
+	pl->rm->figs->pulls--;
 	uv_close((uv_handle_t *)&pl->timer, on_pull_closed);
 }
 
@@ -1149,11 +1207,72 @@ static void answer_local(struct pull *pl, bool watched)
 	}
 }
 
+static int pull_ask(struct pull *pl, uint64_t have_generation);
+static void on_pull_timeout(uv_timer_t *t);
+static void pull_unwanted(struct pull *pl);
+
+/* A waiting pull whose deadline passed: its attaches time out as a local wait does. */
+static void pull_wait_over(struct pull *pl)
+{
+	if (pl->after)
+		pull_fail(pl, -ETIMEDOUT, "no generation newer than %" PRIu64 " within the timeout",
+			  pl->after);
+	else
+		pull_fail(pl, -ETIMEDOUT, "not published within the timeout");
+}
+
+/* A waiting pull asks A again: A told of a change, or it is time to look. */
+static void pull_wait_again(struct pull *pl)
+{
+	if (pl->deadline_ns && now_ns() >= pl->deadline_ns) {
+		pull_wait_over(pl);
+		return;
+	}
+	pl->st = PL_ASKING;
+	uv_timer_start(&pl->timer, on_pull_timeout, PULL_BASE_MS, 0);
+	if (pull_ask(pl, 0) < 0)
+		pull_fail(pl, -ECONNRESET, "the connection to it was lost");
+}
+
+/*
+ * A said not yet: wait for its PeerChanged of the name (watched), or ask
+ * again in a second (not watched: A watches too many names of this node's),
+ * at most until the attach's deadline.
+ */
+static void pull_wait(struct pull *pl, bool watched)
+{
+	uint64_t now = now_ns(), ms = watched ? 0 : 1000;
+
+	pl->st = PL_WAITING;
+	if (LIST_EMPTY(&pl->waits)) { /* its attaches went meanwhile */
+		pull_unwanted(pl);
+		return;
+	}
+	if (pl->deadline_ns) {
+		uint64_t left =
+			pl->deadline_ns > now ? (pl->deadline_ns - now + 999999u) / 1000000u : 0;
+
+		if (!left) {
+			pull_wait_over(pl);
+			return;
+		}
+		ms = ms && ms < left ? ms : left;
+	}
+	if (ms)
+		uv_timer_start(&pl->timer, on_pull_timeout, ms, 0);
+	else
+		uv_timer_stop(&pl->timer);
+}
+
 static void on_pull_timeout(uv_timer_t *t)
 {
 	struct pull *pl = t->data;
 	uint64_t ms = (now_ns() - pl->started_ns) / 1000000u;
 
+	if (pl->st == PL_WAITING) {
+		pull_wait_again(pl);
+		return;
+	}
 	pull_fail(pl, -ETIMEDOUT, "no %s after %" PRIu64 " ms",
 		  pl->st == PL_ASKING ? "answer" : "bytes", ms);
 }
@@ -1166,6 +1285,8 @@ static int pull_ask(struct pull *pl, uint64_t have_generation)
 	m.id = pl->id;
 	m.name = pl->name + pl->peer_len + 2;
 	m.have_generation = have_generation;
+	m.after = pl->after;
+	m.wait = pl->wait;
 	f.body_case = TENSORD__PEER_FRAME__BODY_PULL;
 	f.pull = &m;
 	return peer_send(pl->rp->p, &f);
@@ -1215,7 +1336,8 @@ static struct rpeer *rpeer_ready(struct client *cl, unsigned kind, uint64_t id, 
 }
 
 void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t have_id,
-		   const uint64_t *have_shares, size_t n_have_shares, bool bind)
+		   const uint64_t *have_shares, size_t n_have_shares, bool bind, int64_t timeout_ms,
+		   uint64_t after)
 {
 	struct server *srv = cl->srv;
 	struct remote *rm = rm_of(srv);
@@ -1239,7 +1361,7 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	if (!rp)
 		return;
 	rep = replica_find(rm, name);
-	if (rep && rep->watched && !pull_by_name(rm, name)) {
+	if (rep && rep->watched && rep->generation > after && !pull_by_name(rm, name)) {
 		/* A tells of its next change before anything else: this is current. */
 		figure_count(FIG_remote_replica_hits_total, 1);
 		dispatch_attach_local(cl, id, name, len, have_id, have_shares, n_have_shares, bind);
@@ -1262,7 +1384,7 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	w->have_id = have_id;
 	w->bind = bind;
 	w->n_have_shares = n_have_shares;
-	pl = pull_by_name(rm, name);
+	pl = timeout_ms || after ? NULL : pull_joinable(rm, name);
 	if (pl) { /* one pull per name: this attach waits on it */
 		LIST_INSERT_HEAD(&pl->waits, w, link);
 		return;
@@ -1281,13 +1403,18 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	pl->peer_len = peer_len;
 	pl->st = PL_ASKING;
 	pl->started_ns = now_ns();
+	/* A waiting attach gets a pull of its own: A answers it "not yet" while it is. */
+	pl->wait = timeout_ms != 0 || after;
+	pl->after = after;
+	pl->deadline_ns = timeout_ms > 0 ? pl->started_ns + (uint64_t)timeout_ms * 1000000u : 0;
 	LIST_INIT(&pl->waits);
 	LIST_INSERT_HEAD(&pl->waits, w, link);
 	LIST_INSERT_HEAD(&rm->pulls, pl, link);
+	rm->figs->pulls++;
 	uv_timer_init(srv->loop, &pl->timer);
 	pl->timer.data = pl;
 	uv_timer_start(&pl->timer, on_pull_timeout, PULL_BASE_MS, 0);
-	if (pull_ask(pl, rep ? rep->generation : 0) < 0)
+	if (pull_ask(pl, rep && !pl->wait ? rep->generation : 0) < 0)
 		pull_fail(pl, -ECONNRESET, "the connection to it was lost");
 }
 
@@ -1616,6 +1743,7 @@ static int on_set_pull_reply(struct rpeer *rp, const Tensord__PeerSetPullReply *
 		pl->set = sp;
 		LIST_INIT(&pl->waits);
 		LIST_INSERT_HEAD(&rm->pulls, pl, link);
+		rm->figs->pulls++;
 		uv_timer_init(rm->srv->loop, &pl->timer);
 		pl->timer.data = pl;
 		uv_timer_start(&pl->timer, on_pull_timeout, PULL_BASE_MS, 0);
@@ -1785,6 +1913,17 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 		}
 		return 0;
 	}
+	if (m->waiting) {
+		if (!pl->wait) {
+			snprintf(why, why_len, "a 'not yet' for '%s', which did not ask to wait",
+				 pl->name);
+			pull_fail(pl, -EPROTO,
+				  "it answered 'not yet' to a pull that does not wait");
+			return -EPROTO;
+		}
+		pull_wait(pl, m->watched);
+		return 0;
+	}
 	if (m->status < 0) {
 		/* A's own words, cut to a line: they name A, the tensor and the reason. */
 		pull_fail(pl, m->status >= -4095 ? m->status : -EPROTO, "%.300s",
@@ -1820,6 +1959,19 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 			 pl->name);
 		pull_fail(pl, -EPROTO, "its descriptor fails this node's checks");
 		return -EPROTO;
+	}
+	if (pl->wait && pull_receiving(rm, pl->name)) {
+		/* Another pull is making this replica: end A's lease, ask again soon. */
+		Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+		Tensord__PeerPullDone d = TENSORD__PEER_PULL_DONE__INIT;
+
+		d.id = pl->id;
+		f.body_case = TENSORD__PEER_FRAME__BODY_PULL_DONE;
+		f.pull_done = &d;
+		send_frame(rp, &f);
+		pl->st = PL_WAITING;
+		uv_timer_start(&pl->timer, on_pull_timeout, 10, 0);
+		return 0;
 	}
 	if (rep)
 		replica_drop(rm, rep, "the peer publishes a newer generation");
@@ -1975,9 +2127,15 @@ static int on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why
 			figure_count(FIG_remote_replicas_changed_total, 1);
 			replica_drop(rm, r, "its peer published it anew or unlinked it");
 		}
-		pl = pull_by_name(rm, full);
-		if (pl && pl->rp == rp && pl->st == PL_RECEIVING)
+		LIST_FOREACH(pl, &rm->pulls, link)
+		if (!pl->dead && pl->rp == rp && strcmp(pl->name, full) == 0 &&
+		    pl->st == PL_RECEIVING)
 			pl->stale = true;
+		/* Waiting pulls ask again (after this loop: asking may fail one). */
+		LIST_FOREACH(pl, &rm->pulls, link)
+		if (!pl->dead && pl->rp == rp && pl->st == PL_WAITING &&
+		    strcmp(pl->name, full) == 0)
+			uv_timer_start(&pl->timer, on_pull_timeout, 0, 0);
 	}
 	return 0;
 }
@@ -2388,24 +2546,58 @@ void remote_stop(struct server *srv)
 	uv_close((uv_handle_t *)&rm->populate, on_handle_closed); /* the last frees rm */
 }
 
+/* A waiting pull nobody waits on any more ends (A holds nothing for it). */
+static void pull_unwanted(struct pull *pl)
+{
+	if (pl->wait && pl->st == PL_WAITING && LIST_EMPTY(&pl->waits)) {
+		uv_timer_stop(&pl->timer);
+		pull_free(pl);
+	}
+}
+
 void remote_client_gone(struct client *cl)
 {
 	struct remote *rm = rm_of(cl->srv);
-	struct spull *sp;
-	struct pull *pl;
+	struct pull *pl, *pnext;
 	struct pwait *w, *next;
+	struct spull *sp;
 
 	if (!rm)
 		return;
 	LIST_FOREACH(sp, &rm->sets, link)
 	if (sp->cl == cl)
 		sp->cl = NULL; /* pulled and published all the same, as a single pull is */
-	LIST_FOREACH(pl, &rm->pulls, link)
-	for (w = LIST_FIRST(&pl->waits); w; w = next) {
-		next = LIST_NEXT(w, link);
-		if (w->cl == cl) {
-			LIST_REMOVE(w, link);
-			pwait_free(w);
+	for (pl = LIST_FIRST(&rm->pulls); pl; pl = pnext) {
+		pnext = LIST_NEXT(pl, link);
+		for (w = LIST_FIRST(&pl->waits); w; w = next) {
+			next = LIST_NEXT(w, link);
+			if (w->cl == cl) {
+				LIST_REMOVE(w, link);
+				pwait_free(w);
+			}
 		}
+		pull_unwanted(pl);
 	}
+}
+
+int remote_cancel(struct client *cl, uint64_t req_id)
+{
+	struct remote *rm = rm_of(cl->srv);
+	struct pwait *w;
+	struct pull *pl;
+	char why[400];
+
+	if (!rm)
+		return -ENOENT;
+	LIST_FOREACH(pl, &rm->pulls, link)
+	LIST_FOREACH(w, &pl->waits, link)
+	if (w->cl == cl && w->id == req_id && pl->wait) {
+		snprintf(why, sizeof(why), "tensor '%s': the wait was cancelled", pl->name);
+		reply_status(cl->conn, ATTACH, w->id, -ECANCELED, why);
+		LIST_REMOVE(w, link);
+		pwait_free(w);
+		pull_unwanted(pl);
+		return 0;
+	}
+	return -ENOENT;
 }

@@ -64,6 +64,7 @@ struct remote_figures {
 	uint64_t pull_leases;    /* leases peers hold on this node's tensors */
 	uint64_t inflight_bytes; /* being sent to peers */
 	uint64_t watched;        /* names peers are told about when they change */
+	uint64_t pulls;          /* pulls under way here, waiting ones included */
 };
 
 struct server;
@@ -82,10 +83,17 @@ void remote_stop(struct server *srv);
 /*
  * Attach of "@PEER/NAME" by cl, request id: answered now or when the pull
  * ends, with a lease on the local replica or an error naming the peer, the
- * name and the reason.
+ * name and the reason. timeout_ms (0: none, < 0: forever) and after (a
+ * generation) wait as a local attach does, for A to publish the name (or
+ * a newer generation).
  */
+
+/* cl cancels its waiting remote attach req_id: 0 (answered ECANCELED), or -ENOENT. */
+int remote_cancel(struct client *cl, uint64_t req_id);
+
 void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t have_id,
-		   const uint64_t *have_shares, size_t n_have_shares, bool bind);
+		   const uint64_t *have_shares, size_t n_have_shares, bool bind, int64_t timeout_ms,
+		   uint64_t after);
 
 /*
  * The end of a registry step that published or unlinked names (v[0..n);

@@ -252,6 +252,99 @@ def test_both_nodes_serve_clients_while_a_big_pull_moves(daemon_factory, tmp_pat
         assert (a.stats()["peer_lost_total"], b.stats()["peer_lost_total"]) == lost
 
 
+def test_attach_waits_for_a_publish_on_the_peer(daemon_factory, tmp_path):
+    """An attach of @node-a/NAME with a timeout waits for node-a to publish
+    it, as a local attach waits: node-a says "not yet" and tells node-b of
+    the publish (no polling); a name never published, or not exported,
+    times out with the usual error; after= waits for a newer generation."""
+    import threading
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/s", np.ones(4, np.float32), mode=0o644)
+        attach_when_ready(cb, "@node-a/model/s").release()
+        asked = a.stats()["remote_pull_requests_total"]
+        out = {}
+
+        def waiter():
+            # One Attach with its whole timeout (the aio client's; the sync
+            # client waits in 100 ms Attaches, to run signal handlers).
+            import asyncio
+            import tensord.aio
+
+            async def w():
+                c = await tensord.aio.connect(b.socket)
+                try:
+                    t = await c.attach("@node-a/model/later", timeout=20)
+                    out["v"] = np.from_dlpack(t).copy()
+                    t.release()
+                finally:
+                    await c.close()
+            asyncio.run(w())
+
+        th = threading.Thread(target=waiter)
+        th.start()
+        assert wait_until(lambda: b.stats()["remote_pulls"] == 1 and
+                          a.stats()["remote_watched_names"] >= 1, timeout=10)
+        time.sleep(0.3)  # node-a said "not yet" and node-b waits, asking nothing
+        assert a.stats()["remote_pull_requests_total"] == asked + 1
+        gen = ca.put("model/later", np.arange(64, dtype=np.int16), mode=0o644)
+        th.join(20)
+        np.testing.assert_array_equal(out["v"], np.arange(64, dtype=np.int16))
+        # Asked twice: the first "not yet", then once told of the publish.
+        assert a.stats()["remote_pull_requests_total"] == asked + 2
+        assert wait_until(lambda: b.stats()["remote_pulls"] == 0, timeout=5)
+        # A newer generation than the one held: waits for the replace.
+        def newer():
+            with tensord.Client(b.socket) as cw, cw.attach("@node-a/model/later", timeout=20,
+                                                          after=gen) as t:
+                out["g"] = t.generation
+                out["n"] = np.from_dlpack(t).copy()
+
+        th = threading.Thread(target=newer)
+        th.start()
+        assert wait_until(lambda: b.stats()["remote_pulls"] == 1, timeout=10)
+        time.sleep(0.2)
+        gen2 = ca.put("model/later", np.full(64, 7, np.int16), mode=0o644, replace=True)
+        th.join(20)
+        assert out["g"] == gen2 > gen and (out["n"] == 7).all(), out
+        # Never published; not exported: both time out with the usual words.
+        watched = a.stats()["remote_watched_names"]
+        for name in ("@node-a/model/never", "@node-a/other/hidden"):
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError) as e:
+                cb.attach(name, timeout=0.3)
+            assert time.monotonic() - t0 >= 0.25
+            assert "node-a" in str(e.value) and "within the timeout" in str(e.value), e
+        # The name not exported was never watched: node-b learns nothing of it.
+        assert a.stats()["remote_watched_names"] == watched + 1
+        assert wait_until(lambda: b.stats()["remote_pulls"] == 0, timeout=5)
+
+
+def test_remote_wait_cancelled_by_asyncio(daemon_factory, tmp_path):
+    """asyncio's cancellation of a waiting remote attach (its Cancel) ends
+    it at once with nothing left on node-b."""
+    import asyncio
+    import tensord.aio
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/s", np.ones(4, np.float32), mode=0o644)
+        attach_when_ready(cb, "@node-a/model/s").release()
+
+    async def main():
+        c = await tensord.aio.connect(b.socket)
+        try:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(c.attach("@node-a/model/nothing", timeout=60), 0.3)
+            # The connection still serves, and the wait is gone.
+            t = await c.attach("@node-a/model/s")
+            t.release()
+        finally:
+            await c.close()
+
+    asyncio.run(main())
+    assert wait_until(lambda: b.stats()["remote_pulls"] == 0, timeout=5)
+
+
 def test_replica_freed_after_keep(daemon_factory, tmp_path):
     a, b = start_pair(daemon_factory, tmp_path, extra_b=("--replica-keep", "200"))
     with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
