@@ -108,24 +108,33 @@ static void log_state(struct server *srv)
 
 /*
  * Signals that would kill the daemon by default, and its named tensors
- * with it: SIGHUP reopens --log-file (after a rotation), SIGUSR1 logs the
- * state, SIGUSR2 only a line. SIGPIPE is ignored outright (main()).
+ * with it: SIGHUP reopens --log-file (after a rotation) and reads the
+ * peer secret file again (a rotation of the secret: docs/operating.md),
+ * SIGUSR1 logs the state, SIGUSR2 only a line. SIGPIPE is ignored
+ * outright (main()).
  */
 static void on_other_signal(uv_signal_t *h, int signum)
 {
+	struct server *srv = h->data;
+	char why[400];
 	int r;
 
 	if (signum == SIGUSR1) {
-		log_state(h->data);
-	} else if (signum == SIGUSR2) {
-		log_info("received SIGUSR2, ignoring");
-	} else if ((r = log_reopen()) == 1) {
-		log_info("received SIGHUP, ignoring: the log is stderr, nothing to reopen");
-	} else if (r < 0) {
-		log_error("received SIGHUP: cannot reopen the log file: %s", strerror(-r));
-	} else {
-		log_info("received SIGHUP, reopened the log file");
+		log_state(srv);
+		return;
 	}
+	if (signum == SIGUSR2) {
+		log_info("received SIGUSR2, ignoring");
+		return;
+	}
+	if ((r = log_reopen()) == 1)
+		log_info("received SIGHUP, ignoring: the log is stderr, nothing to reopen");
+	else if (r < 0)
+		log_error("received SIGHUP: cannot reopen the log file: %s", strerror(-r));
+	else
+		log_info("received SIGHUP, reopened the log file");
+	if (peer_set_reload_secret(&srv->peers, why, sizeof(why)) < 0)
+		log_error("received SIGHUP: %s; the secrets in use stay", why);
 }
 
 static void on_signal(uv_signal_t *h, int signum)

@@ -555,6 +555,16 @@ static const char *hello_refusal(int r)
 			      : "its Hello's nonce is not 32 bytes";
 }
 
+/* Starts one side's handshake with the secrets in use. */
+static int auth_start(struct peer_set *set, struct peer_auth *a, enum peer_auth_role role)
+{
+	int r = peer_auth_init(a, role, set->self, set->secret, set->secret_len);
+
+	if (r == 0 && set->also_len)
+		r = peer_auth_also_accept(a, set->also, set->also_len);
+	return r;
+}
+
 static void on_hello(struct peer_conn *pc, const Tensord__PeerHello *h)
 {
 	uint8_t proof[PEER_AUTH_MAC_LEN];
@@ -570,8 +580,7 @@ static void on_hello(struct peer_conn *pc, const Tensord__PeerHello *h)
 	    strcmp(h->name, pc->set->self) == 0 && self_dial_found(pc))
 		return;
 	if (!pc->dialler) {
-		r = peer_auth_init(&pc->auth, PEER_AUTH_LISTENER, pc->set->self, pc->set->secret,
-				   pc->set->secret_len);
+		r = auth_start(pc->set, &pc->auth, PEER_AUTH_LISTENER);
 		if (r < 0) {
 			pc_close(pc, CLOSE_QUIET, "cannot start the handshake: %s", strerror(-r));
 			return;
@@ -877,8 +886,7 @@ static void on_connected(uv_connect_t *req, int status)
 		pc_close(pc, CLOSE_LOST, "cannot connect to %s: %s", pc->addr, uv_strerror(status));
 		return;
 	}
-	r = peer_auth_init(&pc->auth, PEER_AUTH_DIALLER, pc->set->self, pc->set->secret,
-			   pc->set->secret_len);
+	r = auth_start(pc->set, &pc->auth, PEER_AUTH_DIALLER);
 	if (r < 0) {
 		pc_close(pc, CLOSE_LOST, "cannot start the handshake: %s", strerror(-r));
 		return;
@@ -1262,6 +1270,43 @@ static int start_listener(struct peer_set *set, const struct peer_config *cfg, c
 	return 0;
 }
 
+/* The secret file into set->secret (and set->also); on failure set is unchanged. */
+static int secrets_load(struct peer_set *set, char *why, size_t why_len)
+{
+	uint8_t buf[PEER_SECRET_MAX];
+	const uint8_t *also;
+	size_t len, first, also_len;
+	int r;
+
+	r = peer_secret_load(set->secret_file, buf, sizeof(buf), &len, why, why_len);
+	if (r == 0)
+		r = peer_secret_split(set->secret_file, buf, len, &first, &also, &also_len, why,
+				      why_len);
+	if (r == 0) {
+		memcpy(set->secret, buf, first);
+		set->secret_len = first;
+		explicit_bzero(set->also, sizeof(set->also));
+		memcpy(set->also, also ? also : buf, also_len);
+		set->also_len = also_len;
+	}
+	explicit_bzero(buf, sizeof(buf));
+	return r;
+}
+
+int peer_set_reload_secret(struct peer_set *set, char *why, size_t why_len)
+{
+	int r;
+
+	if (!set->on)
+		return 0;
+	r = secrets_load(set, why, why_len);
+	if (r == 0)
+		log_info("peer secret file %s read again: %s", set->secret_file,
+			 set->also_len ? "two secrets (proving with the first, accepting both)"
+				       : "one secret");
+	return r;
+}
+
 int peer_set_start(struct peer_set *set, uv_loop_t *loop, const struct peer_config *cfg, char *why,
 		   size_t why_len)
 {
@@ -1283,8 +1328,8 @@ int peer_set_start(struct peer_set *set, uv_loop_t *loop, const struct peer_conf
 			 "--peers-dns");
 		return -EINVAL;
 	}
-	r = peer_secret_load(cfg->secret_file, set->secret, sizeof(set->secret), &set->secret_len,
-			     why, why_len);
+	snprintf(set->secret_file, sizeof(set->secret_file), "%s", cfg->secret_file);
+	r = secrets_load(set, why, why_len);
 	if (r < 0)
 		return r;
 	set->on = true;
@@ -1346,5 +1391,6 @@ void peer_set_fini(struct peer_set *set)
 		free(set->peers[i]);
 	set->n_peers = 0;
 	explicit_bzero(set->secret, sizeof(set->secret));
-	set->secret_len = 0;
+	explicit_bzero(set->also, sizeof(set->also));
+	set->secret_len = set->also_len = 0;
 }

@@ -186,8 +186,11 @@ struct peer_set {
 	bool stopping;
 	char self[PEER_NAME_MAX + 1];
 	uint64_t instance;
-	uint8_t secret[PEER_SECRET_MAX];
+	uint8_t secret[PEER_SECRET_MAX]; /* proves with it */
 	size_t secret_len;
+	uint8_t also[PEER_SECRET_MAX]; /* accepts it too: a rotation under way; also_len 0: none */
+	size_t also_len;
+	char secret_file[PATH_MAX]; /* where they came from: SIGHUP reads it again */
 	uv_tcp_t listener;
 	bool listening;
 	char listen_addr[PEER_ADDR_MAX];
@@ -227,6 +230,14 @@ int peer_set_start(struct peer_set *set, uv_loop_t *loop, const struct peer_conf
 
 /* Stops listening and dialling and closes every connection; the loop then ends. */
 void peer_set_stop(struct peer_set *set);
+
+/*
+ * Reads the secret file again (SIGHUP): handshakes from now on use what it
+ * holds; connections up stay up. 0; or -errno with why (the file and the
+ * reason), and the secrets in use are kept. 0 with nothing done while
+ * peering is off.
+ */
+int peer_set_reload_secret(struct peer_set *set, char *why, size_t why_len);
 
 /* After the loop: frees the peers and wipes the secret. */
 void peer_set_fini(struct peer_set *set);

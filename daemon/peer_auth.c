@@ -60,6 +60,15 @@ int peer_auth_init(struct peer_auth *a, enum peer_auth_role role, const char *se
 	return 0;
 }
 
+int peer_auth_also_accept(struct peer_auth *a, const uint8_t *secret, size_t secret_len)
+{
+	if (secret_len < PEER_SECRET_MIN || secret_len > PEER_SECRET_MAX)
+		return -EINVAL;
+	memcpy(a->also, secret, secret_len);
+	a->also_len = secret_len;
+	return 0;
+}
+
 const uint8_t *peer_auth_nonce(const struct peer_auth *a)
 {
 	return a->nonce_self;
@@ -95,7 +104,8 @@ static size_t put_name(uint8_t *p, const char *name)
  * out by role (dialler first), not by self and other, so they compute the
  * same bytes.
  */
-static int mac(const struct peer_auth *a, const char *label, uint8_t out[PEER_AUTH_MAC_LEN])
+static int mac_with(const struct peer_auth *a, const uint8_t *key, size_t key_len,
+		    const char *label, uint8_t out[PEER_AUTH_MAC_LEN])
 {
 	bool dialler = a->role == PEER_AUTH_DIALLER;
 	const char *name_d = dialler ? a->self : a->other;
@@ -113,10 +123,15 @@ static int mac(const struct peer_auth *a, const char *label, uint8_t out[PEER_AU
 	n += PEER_AUTH_NONCE_LEN;
 	memcpy(t + n, nonce_l, PEER_AUTH_NONCE_LEN);
 	n += PEER_AUTH_NONCE_LEN;
-	if (!HMAC(EVP_sha256(), a->secret, (int)a->secret_len, t, n, out, &out_len) ||
+	if (!HMAC(EVP_sha256(), key, (int)key_len, t, n, out, &out_len) ||
 	    out_len != PEER_AUTH_MAC_LEN)
 		return -EIO;
 	return 0;
+}
+
+static int mac(const struct peer_auth *a, const char *label, uint8_t out[PEER_AUTH_MAC_LEN])
+{
+	return mac_with(a, a->secret, a->secret_len, label, out);
 }
 
 int peer_auth_prove(const struct peer_auth *a, uint8_t out[PEER_AUTH_MAC_LEN])
@@ -129,15 +144,22 @@ int peer_auth_prove(const struct peer_auth *a, uint8_t out[PEER_AUTH_MAC_LEN])
 int peer_auth_verify(struct peer_auth *a, const uint8_t *proof, size_t len)
 {
 	uint8_t want[PEER_AUTH_MAC_LEN];
+	const char *label;
 	int r;
 
 	if (!a->have_other || len != PEER_AUTH_MAC_LEN)
 		return -EPROTO;
 	/* The other side's proof carries the other side's label. */
-	r = mac(a, a->role == PEER_AUTH_DIALLER ? label_listener : label_dialler, want);
+	label = a->role == PEER_AUTH_DIALLER ? label_listener : label_dialler;
+	r = mac(a, label, want);
 	if (r < 0)
 		return r;
 	r = CRYPTO_memcmp(want, proof, PEER_AUTH_MAC_LEN) == 0 ? 0 : -EACCES;
+	if (r == -EACCES && a->also_len) { /* a rotation under way: the other secret */
+		r = mac_with(a, a->also, a->also_len, label, want);
+		if (r == 0)
+			r = CRYPTO_memcmp(want, proof, PEER_AUTH_MAC_LEN) == 0 ? 0 : -EACCES;
+	}
 	OPENSSL_cleanse(want, sizeof(want));
 	a->verified = r == 0;
 	return r;
@@ -252,4 +274,57 @@ out:
 	OPENSSL_cleanse(tmp, sizeof(tmp));
 	close(fd);
 	return r;
+}
+
+static bool text_byte(uint8_t c)
+{
+	return (c >= 0x20 && c < 0x7f) || c == '\n' || c == '\r' || c == '\t';
+}
+
+int peer_secret_split(const char *path, uint8_t *buf, size_t len, size_t *first_len,
+		      const uint8_t **second, size_t *second_len, char *err, size_t errlen)
+{
+	size_t at[3], n[3], k = 0, i = 0;
+
+	*second = NULL;
+	*second_len = 0;
+	for (size_t j = 0; j < len; j++)
+		if (!text_byte(buf[j])) { /* a binary secret: the whole file, as loaded */
+			*first_len = len;
+			return 0;
+		}
+	while (i < len) {
+		size_t s = i, e;
+
+		while (i < len && buf[i] != '\n')
+			i++;
+		e = i++;
+		while (s < e && (buf[s] == ' ' || buf[s] == '\t'))
+			s++;
+		while (e > s && (buf[e - 1] == ' ' || buf[e - 1] == '\t' || buf[e - 1] == '\r'))
+			e--;
+		if (e == s)
+			continue; /* a blank line */
+		if (k == 2)
+			return fail(-EINVAL, err, errlen, path,
+				    "more than two secrets (one line each: the one this node "
+				    "proves with, and one it also accepts while rotating)");
+		at[k] = s;
+		n[k++] = e - s;
+	}
+	for (size_t j = 0; j < k; j++)
+		if (n[j] < PEER_SECRET_MIN)
+			return fail(-EINVAL, err, errlen, path,
+				    "line %zu: %zu bytes of secret, fewer than %d", j + 1, n[j],
+				    PEER_SECRET_MIN);
+	if (k == 0)
+		return fail(-EINVAL, err, errlen, path, "no secret in it");
+	memmove(buf, buf + at[0], n[0]);
+	if (k == 2) {
+		/* The second lies after the first's end: it was not overwritten. */
+		*second = buf + at[1];
+		*second_len = n[1];
+	}
+	*first_len = n[0];
+	return 0;
 }

@@ -62,6 +62,8 @@ struct peer_auth {
 	enum peer_auth_role role;
 	uint8_t secret[PEER_SECRET_MAX];
 	size_t secret_len;
+	uint8_t also[PEER_SECRET_MAX]; /* a second secret whose proofs pass too (rotation) */
+	size_t also_len;               /* 0: none */
 	char self[PEER_NAME_MAX + 1];
 	char other[PEER_NAME_MAX + 1];
 	uint8_t nonce_self[PEER_AUTH_NONCE_LEN];
@@ -81,6 +83,13 @@ bool peer_name_valid(const char *name, size_t len);
  */
 int peer_auth_init(struct peer_auth *a, enum peer_auth_role role, const char *self_name,
 		   const uint8_t *secret, size_t secret_len);
+
+/*
+ * During a rotation of the shared secret: proofs made with secret (copied)
+ * pass peer_auth_verify() too; this side still proves with the first. 0, or
+ * -EINVAL for a secret outside PEER_SECRET_MIN..PEER_SECRET_MAX bytes.
+ */
+int peer_auth_also_accept(struct peer_auth *a, const uint8_t *secret, size_t secret_len);
 
 /* This side's nonce, for its Hello. Borrowed: valid until peer_auth_fini(). */
 const uint8_t *peer_auth_nonce(const struct peer_auth *a);
@@ -137,5 +146,19 @@ void peer_auth_fini(struct peer_auth *a);
  */
 int peer_secret_load(const char *path, uint8_t *buf, size_t cap, size_t *ret_len, char *err,
 		     size_t errlen);
+
+/*
+ * The secrets of a file peer_secret_load() read (buf, len bytes): a file
+ * of text (printable ASCII and line ends) holds one secret per line, at
+ * most two, blank lines ignored: the first is the one this node proves
+ * with, a second one it accepts as well (to rotate the secret without a
+ * moment where two nodes disagree: docs/operating.md, "Peers"). Any other
+ * file is one binary secret, as before. On success *first_len and, for a
+ * second, *second (into buf) and *second_len (0: none); the first is moved
+ * to buf's start. -EINVAL with the reason in err (naming path): more than
+ * two, or one shorter than PEER_SECRET_MIN bytes.
+ */
+int peer_secret_split(const char *path, uint8_t *buf, size_t len, size_t *first_len,
+		      const uint8_t **second, size_t *second_len, char *err, size_t errlen);
 
 #endif /* TENSORD_PEER_AUTH_H */

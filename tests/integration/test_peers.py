@@ -159,6 +159,58 @@ def test_wrong_secret_refused_on_both_sides(daemon_factory, tmp_path):
     assert "peer connection to node-b at 127.0.0.1:%d: refused" % pb in a.read_log()
 
 
+def test_secret_rotated_without_a_moment_apart(daemon_factory, tmp_path):
+    """The secret file's second line is a secret a node accepts as well, and
+    SIGHUP reads the file again: old -> old+new -> new+old -> new, one node
+    at a time, each step's new handshakes (a restart of node-b) pass, and a
+    node with the old secret alone is refused at the end."""
+    old, new = os.urandom(24).hex(), os.urandom(24).hex()
+    ka = secret_file(tmp_path, "a.key", data=(old + "\n").encode())
+    kb = secret_file(tmp_path, "b.key", data=(old + "\n").encode())
+    a, b, pa, pb = start_pair(daemon_factory, tmp_path, ka, kb)
+    assert wait_until(lambda: state_is(a, "node-b", "up"), timeout=10)
+
+    def step(path, d, *lines):
+        with open(path, "w") as f:
+            f.write("".join(x + "\n" for x in lines))
+        os.kill(d.pid, signal.SIGHUP)
+        want = "two secrets" if len(lines) == 2 else "one secret"
+        assert wait_until(lambda: "read again: " + want in d.read_log().split("SIGHUP")[-1],
+                          timeout=5), d.read_log()[-1500:]
+
+    def rehandshake():
+        first = peer(a, "node-b")["instance"]
+        b.stop()
+        b.start()
+        p = wait_until(lambda: (peer(a, "node-b") or {}).get("instance") != first and
+                       state_is(a, "node-b", "up"), timeout=15)
+        assert p, peers(a)
+
+    step(ka, a, old, new)      # both accept the new one first
+    step(kb, b, old, new)
+    rehandshake()
+    step(ka, a, new, old)      # a proves with the new one; b still proves with the old
+    rehandshake()
+    step(kb, b, new, old)
+    rehandshake()
+    step(ka, a, new)           # the old one retired everywhere
+    step(kb, b, new)
+    rehandshake()
+    assert a.stats()["peer_auth_failures_total"] == 0
+    # A node that missed the rotation is refused.
+    kc = secret_file(tmp_path, "c.key", data=(old + "\n").encode())
+    c = daemon_factory("--node-name", "node-c", "--peer", "node-a=127.0.0.1:%d" % pa,
+                       "--peer-secret-file", kc, sub="c")
+    assert wait_until(lambda: state_is(c, "node-a", "refused"), timeout=10), peers(c)
+    # A file SIGHUP cannot use leaves the secrets in use, and says why.
+    with open(ka, "w") as f:
+        f.write("short\n")
+    os.kill(a.pid, signal.SIGHUP)
+    assert wait_until(lambda: "the secrets in use stay" in a.read_log(), timeout=5)
+    assert "fewer than 32" in a.read_log()
+    rehandshake()
+
+
 # --- raw sockets: what a stranger may send ---------------------------------------
 
 def varint(n):

@@ -76,6 +76,84 @@ static void test_same_secret_agrees(void **state)
 	peer_auth_fini(NULL);
 }
 
+/*
+ * A rotation: a side that also accepts the other secret lets the other's
+ * proof pass, and still proves with its first one; a side without it
+ * refuses. Then the split of a secret file into its lines.
+ */
+static void test_rotation_accepts_the_second_secret(void **state)
+{
+	struct peer_auth d, l;
+	uint8_t pl[PEER_AUTH_MAC_LEN], pd[PEER_AUTH_MAC_LEN];
+
+	(void)state;
+	/* d proves with the old secret and accepts the new; l has the new one alone. */
+	hello(&d, "node-a", other_secret, &l, "node-b", secret);
+	assert_int_equal(peer_auth_also_accept(&d, secret, SECRET_LEN), 0);
+	assert_int_equal(peer_auth_prove(&l, pl), 0);
+	assert_int_equal(peer_auth_verify(&d, pl, sizeof(pl)), 0); /* the second passed */
+	assert_int_equal(peer_auth_prove(&d, pd), 0);
+	assert_int_equal(peer_auth_verify(&l, pd, sizeof(pd)), -EACCES); /* old: l lacks it */
+	peer_auth_fini(&d);
+	peer_auth_fini(&l);
+	/* Once l accepts the old one too, both pass. */
+	hello(&d, "node-a", other_secret, &l, "node-b", secret);
+	assert_int_equal(peer_auth_also_accept(&d, secret, SECRET_LEN), 0);
+	assert_int_equal(peer_auth_also_accept(&l, other_secret, SECRET_LEN), 0);
+	assert_int_equal(peer_auth_prove(&l, pl), 0);
+	assert_int_equal(peer_auth_verify(&d, pl, sizeof(pl)), 0);
+	assert_int_equal(peer_auth_prove(&d, pd), 0);
+	assert_int_equal(peer_auth_verify(&l, pd, sizeof(pd)), 0);
+	assert_int_equal(peer_auth_also_accept(&l, secret, PEER_SECRET_MIN - 1), -EINVAL);
+	peer_auth_fini(&d);
+	peer_auth_fini(&l);
+}
+
+static void test_secret_file_lines(void **state)
+{
+	uint8_t buf[PEER_SECRET_MAX], bin[PEER_SECRET_MIN + 2];
+	const uint8_t *second;
+	size_t first, second_len;
+	char why[300];
+	const char *two = "  0123456789abcdef0123456789abcdef-new \r\n\n"
+			  "0123456789abcdef0123456789abcdef-old\n";
+	const char *three = "0123456789abcdef0123456789abcdef-1\n"
+			    "0123456789abcdef0123456789abcdef-2\n"
+			    "0123456789abcdef0123456789abcdef-3\n";
+	const char *short2 = "0123456789abcdef0123456789abcdef-1\nshort\n";
+
+	(void)state;
+	memcpy(buf, two, strlen(two));
+	assert_int_equal(peer_secret_split("f", buf, strlen(two), &first, &second, &second_len, why,
+					   sizeof(why)),
+			 0);
+	assert_int_equal(first, 36);
+	assert_memory_equal(buf, "0123456789abcdef0123456789abcdef-new", 36);
+	assert_int_equal(second_len, 36);
+	assert_memory_equal(second, "0123456789abcdef0123456789abcdef-old", 36);
+	memcpy(buf, three, strlen(three));
+	assert_int_equal(peer_secret_split("f", buf, strlen(three), &first, &second, &second_len,
+					   why, sizeof(why)),
+			 -EINVAL);
+	assert_non_null(strstr(why, "more than two secrets"));
+	assert_non_null(strstr(why, "peer secret file f"));
+	memcpy(buf, short2, strlen(short2));
+	assert_int_equal(peer_secret_split("f", buf, strlen(short2), &first, &second, &second_len,
+					   why, sizeof(why)),
+			 -EINVAL);
+	assert_non_null(strstr(why, "line 2: 5 bytes"));
+	/* A binary secret, newlines and all, stays one secret. */
+	memset(bin, 0xa5, sizeof(bin));
+	bin[5] = '\n';
+	memcpy(buf, bin, sizeof(bin));
+	assert_int_equal(peer_secret_split("f", buf, sizeof(bin), &first, &second, &second_len, why,
+					   sizeof(why)),
+			 0);
+	assert_int_equal(first, sizeof(bin));
+	assert_int_equal(second_len, 0);
+	assert_null(second);
+}
+
 /* The proof as peer_auth.h documents it, computed here from the description. */
 static void documented_proof(const char *label, const uint8_t *key, const char *name_d,
 			     const char *name_l, const uint8_t *nonce_d, const uint8_t *nonce_l,
@@ -436,6 +514,8 @@ int main(void)
 		cmocka_unit_test(test_secret_file_kinds_refused),
 		cmocka_unit_test(test_secret_file_size_refused),
 		cmocka_unit_test(test_secret_file_owner_refused),
+		cmocka_unit_test(test_rotation_accepts_the_second_secret),
+		cmocka_unit_test(test_secret_file_lines),
 	};
 	char cmd[128];
 	int r;
