@@ -803,9 +803,9 @@ def test_peer_that_stops_reading_memory_bounded(daemon_factory, tmp_path):
         rss0 = status_kib(d.pid, "VmRSS")
         s = FakePeer("node-z", key).dial(port, "node-m")
         assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
-        n = 16384
+        n = 65536  # small requests (1.6 MB of them) for 512 MiB of replies
         asked = n * 8192
-        assert asked >= 128 << 20
+        assert asked >= 512 << 20
         reqs = b"".join(frame(fbytes(5, fint(1, i + 1) + fbytes(2, b"model/small")))
                         for i in range(n))
 
@@ -824,7 +824,9 @@ def test_peer_that_stops_reading_memory_bounded(daemon_factory, tmp_path):
         assert "peer node-z" in log and "its requests wait until it reads" in log, log[-2000:]
         assert "it stopped reading" in log, log[-2000:]
         grew = status_kib(d.pid, "VmHWM") - rss0
-        assert grew < 48 << 10, "the daemon grew by %d KiB; the peer asked %d MiB" % (
+        # ThreadSanitizer's shadow memory triples what the daemon touches.
+        limit = (48 << 10) * (3 if "tsan" in os.environ.get("TENSORD_BUILD", "") else 1)
+        assert grew < limit, "the daemon grew by %d KiB; the peer asked %d MiB" % (
             grew, asked >> 20)
         assert d.stats()["remote_pull_leases"] == 0
         s.close()
