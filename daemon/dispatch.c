@@ -177,11 +177,16 @@ static void do_list(struct client *cl, uint64_t id, const Tensord__List *m)
 	const char *next = NULL;
 	char why[8];
 
-	/* A prefix is checked like a name, except that it may be empty. One
-	 * that no name can start with (too long, a byte names never have)
-	 * matches nothing: the answer is the empty list, as tensord_list()
-	 * documents, without walking the registry. */
-	if (len && td_name_check(m->prefix, len, why, sizeof(why)) < 0) {
+	/* A prefix is checked like a name, except that it may be empty, or
+	 * begin with '@' (this node's replicas of other nodes' tensors,
+	 * "@PEER/NAME": docs/remote.md). One that no name can start with (too
+	 * long, a byte names never have) matches nothing: the answer is the
+	 * empty list, as tensord_list() documents, without walking the
+	 * registry. */
+	if (len &&
+	    td_name_check(m->prefix + (m->prefix[0] == '@'), len - (m->prefix[0] == '@'), why,
+			  sizeof(why)) < 0 &&
+	    strcmp(m->prefix, "@") != 0) {
 		reply_list(cl->conn, id, NULL, 0, NULL);
 		return;
 	}

@@ -132,6 +132,10 @@ def test_remote_attach_bytes_identical_read_only_zero_copy(daemon_factory, tmp_p
         pb = next(p for p in cb.peers() if p.name == "node-a")
         assert (pb.pulled, pb.pulled_bytes, pb.pull_errors) == (len(CASES), total, 0), pb
         assert pb.replicas == len(CASES) and pb.replica_bytes == total, pb
+        # A list of an '@' prefix shows this node's replicas of node-a's tensors.
+        assert {t.name for t in cb.list("@node-a/")} == {"@node-a/" + n for n, _ in CASES}
+        assert {t.name for t in cb.list("@")} >= {"@node-a/" + n for n, _ in CASES}
+        assert cb.list("@node-z/") == []
         with tensord.Client(a.socket) as ca2:
             pa = next(p for p in ca2.peers() if p.name == "node-b")
         assert (pa.served, pa.served_bytes, pa.pulled) == (len(CASES), total, 0), pa
