@@ -103,6 +103,13 @@ class Relay:
             pass
         self.listener.close()
         for s in self.socks:
+            # shutdown first: a close() alone leaves the socket open while a
+            # pump thread is blocked reading it (the call holds the file),
+            # so the daemon would not see the connection end.
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             s.close()
         self.thread.join(timeout=10)
 
