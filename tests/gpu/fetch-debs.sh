@@ -5,7 +5,8 @@
 #   tests/gpu/debs/*.deb      libuv, protobuf-c (library, headers, compiler
 #                             and the compiler's C++ libraries), cmocka,
 #                             libzip and jansson (tensorctl's checkpoints),
-#                             libssl-dev and libssl3 (the daemon's libcrypto)
+#                             libssl-dev and libssl3 (the daemon's libcrypto),
+#                             UCX 1.13 and its libraries (remote-bench.sh)
 #   tests/gpu/debs/root/      the same, unpacked with dpkg -x
 #   tests/gpu/debs/pregen/    tensord.pb-c.[ch], peer.pb-c.[ch] made here, for when the
 #                             packaged protoc-c cannot run there (another
@@ -23,7 +24,8 @@ top=$(cd "$here/../.." && pwd)
 out=$here/debs
 pkgs=(libuv1 libuv1-dev libprotobuf-c1 libprotobuf-c-dev protobuf-c-compiler
       libprotoc32 libprotobuf32 libcmocka0 libcmocka-dev libzip4 libzip-dev libjansson4
-      libjansson-dev libssl-dev libssl3)
+      libjansson-dev libssl-dev libssl3
+      libucx0 libucx-dev libibverbs1 librdmacm1 libnuma1 libnl-3-200 libnl-route-3-200)
 
 rm -rf "$out"
 mkdir -p "$out/root" "$out/pregen" "$out/wheels"
