@@ -86,12 +86,13 @@ if [ "${#py_need[@]}" -gt 0 ]; then
 	"$PY" -m pip install -q "${py_need[@]}"
 fi
 
-# More DLPack consumers for tests/python/test_frameworks.py, each on its own:
-# one without a wheel for this Python must not stop the rest (its tests
-# then skip and say so).
+# More DLPack consumers for tests/python/test_frameworks.py, and Ray for
+# the cross-node baseline of bench/py_remote.py (tests/python/test_bench.py),
+# each on its own: one without a wheel for this Python must not stop the
+# rest (its tests then skip and say so).
 if [ "$want" = test ] && [ "${TENSORD_SKIP_FRAMEWORKS:-0}" != 1 ]; then
 	for pair in tensorflow:tensorflow-cpu paddle:paddlepaddle tvm_ffi:apache-tvm-ffi \
-		    array_api_strict:array-api-strict; do
+		    array_api_strict:array-api-strict ray:ray; do
 		has "${pair%%:*}" && continue
 		echo "setup: pip installing into $VENV: ${pair#*:}" >&2
 		"$PY" -m pip install -q "${pair#*:}" ||
