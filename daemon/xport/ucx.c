@@ -39,6 +39,7 @@ struct xport_ep {
 	ucp_ep_h ep;
 	void *ctx;
 	bool failed;
+	bool closed; /* xport_ep_close() was called: UCX's later words about it are ignored */
 	LIST_ENTRY(xport_ep) link;
 };
 
@@ -72,6 +73,7 @@ struct xport {
 	uint64_t sent, received;
 	char describe[64];
 	LIST_HEAD(, xport_ep) eps;
+	LIST_HEAD(, xport_ep) closing_eps; /* closed, their close not complete yet */
 	STAILQ_HEAD(, xport_ev) evs;
 };
 
@@ -297,6 +299,7 @@ int xport_init(struct xport **ret, uv_loop_t *loop, const struct xport_cbs *cbs,
 	x->loop = loop;
 	x->cbs = *cbs;
 	LIST_INIT(&x->eps);
+	LIST_INIT(&x->closing_eps);
 	STAILQ_INIT(&x->evs);
 	st = ucp_config_read(NULL, NULL, &config);
 	if (st != UCS_OK) {
@@ -376,7 +379,7 @@ static void on_ep_error(void *arg, ucp_ep_h h, ucs_status_t st)
 {
 	struct xport_ep *ep = arg;
 
-	if (ep->failed)
+	if (ep->failed || ep->closed)
 		return;
 	ep->failed = true;
 	queue_ev(ep->x, EV_EP, 0, ep, uerr(st));
@@ -415,8 +418,13 @@ int xport_connect(struct xport *x, const void *addr, size_t len, void *ep_ctx,
 	return 0;
 }
 
+/* The endpoint is gone: UCX calls nothing more about it, so its struct may go. */
 static void on_closed(void *request, ucs_status_t st, void *user_data)
 {
+	struct xport_ep *ep = user_data;
+
+	LIST_REMOVE(ep, link);
+	free(ep);
 	ucp_request_free(request);
 }
 
@@ -439,12 +447,23 @@ void xport_ep_close(struct xport_ep *ep)
 			free(e);
 		}
 	}
-	prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK;
+	/*
+	 * A forced close may still call the error handler while it runs (UCX
+	 * 1.13 did, once in a CI run: a use of the freed struct, a crash), so
+	 * the struct lives, marked closed, until the close completes.
+	 */
+	ep->closed = true;
+	prm.op_attr_mask =
+		UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
 	prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
 	prm.cb.send = on_closed;
+	prm.user_data = ep;
+	LIST_INSERT_HEAD(&x->closing_eps, ep, link);
 	req = ucp_ep_close_nbx(ep->ep, &prm);
-	(void)req; /* NULL, an error, or freed by on_closed */
-	free(ep);
+	if (!UCS_PTR_IS_PTR(req)) { /* closed at once (or failed): nothing more comes about it */
+		LIST_REMOVE(ep, link);
+		free(ep);
+	}
 	kick(x);
 }
 
@@ -510,6 +529,11 @@ void xport_fini(struct xport *x)
 	ucp_worker_release_address(x->worker, x->addr);
 	ucp_worker_destroy(x->worker);
 	ucp_cleanup(x->ctx);
+	/* Closes UCX never completed: with the worker gone, nothing refers to them. */
+	while ((ep = LIST_FIRST(&x->closing_eps))) {
+		LIST_REMOVE(ep, link);
+		free(ep);
+	}
 	uv_close((uv_handle_t *)&x->poll, on_handle_closed);
 	uv_close((uv_handle_t *)&x->idle, on_handle_closed);
 }
