@@ -356,6 +356,11 @@ test-asan:
 # registers no memory with UCX (active messages only, docs/remote.md), so
 # the TSan run turns the hooks off.
 TSAN_UNIT := test_backend_gpu test_client_gpu test_pool
+# Remote attach's tests that move 256 MiB to 1 GiB run in the plain and
+# ASan suites, not here: under TSan a gigabyte's mmap and munmap also map
+# and clear its shadow, which held a daemon's loop past the peers' 3 s
+# heartbeat bound in one CI run (the peers then called each other down).
+TSAN_DESELECT := not big_pull_moves and not kill_b_holding and not kill_a_mid and not stops_receiving
 test-tsan:
 	$(Q)$(MAKE) --no-print-directory B=build-tsan CFLAGS="-O1 -g -fsanitize=thread" \
 		LDFLAGS="-fsanitize=thread" build-tsan/tensord build-tsan/tensorctl \
@@ -368,7 +373,7 @@ test-tsan:
 		UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
 		TENSORD_SANITIZED=1 $(PYTEST) -q -rs tests/integration/test_gpu_async.py tests/integration/test_bindings_threads.py \
 		tests/integration/test_pool.py tests/integration/test_peers.py tests/integration/test_remote.py \
-		tests/integration/test_remote_sets.py
+		tests/integration/test_remote_sets.py -k "$(TSAN_DESELECT)"
 
 run:
 	$(Q)VENV=$(VENV) bash deploy/setup.sh run
