@@ -167,6 +167,18 @@ struct backend_ops {
 	 * worker). Never fails, never blocks; NULL-safe on a->priv.
 	 */
 	void (*release)(struct backend_alloc *a);
+
+	/*
+	 * Copies n bytes between host memory buf and the allocation at off:
+	 * out of the allocation into buf when to_host, else from buf into it,
+	 * and returns once they landed. Runs on the GPU worker (it waits for
+	 * the device), while a lease keeps *a alive (its free, queued on the
+	 * worker by release(), runs after). 0 or -errno. NULL for memory the
+	 * daemon reaches through its descriptor (host). Remote attach stages
+	 * GPU tensors through host memory with it (docs/remote.md, "GPU
+	 * tensors across nodes").
+	 */
+	int (*copy)(struct backend_alloc *a, uint64_t off, void *buf, size_t n, bool to_host);
 };
 
 /*

@@ -36,6 +36,7 @@
 #include "common/desc.h"
 #include "dispatch_int.h"
 #include "figures.h"
+#include "gpu_worker.h"
 #include "log.h"
 #include "peer.h"
 #include "reply.h"
@@ -48,6 +49,7 @@
 #define PULL_BYTES_PER_MS 100000u
 
 struct rpeer;
+struct gjob;
 
 /* A: one pull of a peer's being served. */
 struct serve {
@@ -57,10 +59,18 @@ struct serve {
 	uint64_t lease;   /* in rp->rc, while epoch is current */
 	struct tensor *t; /* borrowed: valid while that lease lives */
 	uint64_t fd_off, len;
-	void *map; /* owned; NULL until mapped */
+	void *map; /* owned; NULL until mapped (a GPU tensor's: its copy in host memory) */
 	size_t map_len;
 	size_t pop_off; /* populated ahead of UCX up to here (populate_step) */
-	enum { SV_LEASED, SV_QUEUED, SV_SENDING } st;
+	/*
+	 * A GPU tensor's (docs/remote.md, "GPU tensors across nodes"): waiting
+	 * for room to copy it out, then being copied by the GPU worker; the
+	 * reply goes once its bytes are in host memory.
+	 */
+	enum { SV_STAGE_WAIT, SV_STAGING, SV_LEASED, SV_QUEUED, SV_SENDING } st;
+	struct gjob *job; /* the copy under way; NULL: none */
+	uint64_t staged;  /* bytes of host memory it counts in rp->staged */
+	char *member;     /* a set's member: its name, for the reply (owned); NULL: a single pull */
 	TAILQ_ENTRY(serve) link;
 };
 
@@ -76,6 +86,7 @@ struct rpeer {
 	struct reg_client rc; /* A: owns the pull leases of this connection */
 	bool rc_live;
 	uint64_t inflight; /* bytes being sent to it */
+	uint64_t staged;   /* host memory holding copies of GPU tensors being served to it */
 	unsigned n_serves;
 	TAILQ_HEAD(, serve) serves;
 	void *watched; /* A: tsearch tree of names it holds replicas of (owned strings) */
@@ -105,7 +116,8 @@ struct pull {
 	uint64_t id;
 	char name[TENSORD_NAME_MAX + 1]; /* "@a/m/w" */
 	size_t name_len, peer_len;
-	enum { PL_ASKING, PL_RECEIVING, PL_WAITING } st; /* waiting: A said not yet */
+	/* waiting: A said not yet; allocating: a GPU replica's memory, on the GPU worker */
+	enum { PL_ASKING, PL_ALLOCATING, PL_RECEIVING, PL_WAITING } st;
 	bool wait;            /* an attach with a timeout or after: not yet is not an error */
 	uint64_t after;       /* nonzero: only a generation newer */
 	uint64_t deadline_ns; /* a wait's end; 0: none (forever) */
@@ -114,7 +126,12 @@ struct pull {
 	bool watched;         /* A tells of the name's next change */
 	bool stale;           /* A told of a change after its reply: not kept as watched */
 	uint64_t lease, generation, nbytes;
-	void *map; /* owned */
+	struct tensor *t; /* the replica being made: borrowed, valid while lease lives */
+	bool gpu;         /* a GPU replica: received into host memory (map), then copied in */
+	bool filled;      /* a GPU replica's bytes are on its device */
+	bool in_host;     /* a GPU replica's bytes all arrived inline, in map */
+	struct gjob *job; /* a GPU worker job of its under way; NULL: none */
+	void *map;        /* owned */
 	size_t map_len;
 	size_t pop_off; /* populated ahead of UCX up to here (populate_step) */
 	uint64_t started_ns;
@@ -176,8 +193,68 @@ struct remote {
 	uv_timer_t keep;
 	uv_idle_t populate; /* active while a mapping of a transfer is not populated yet */
 	bool no_populate;   /* MADV_POPULATE_* unknown to this kernel (before 5.14) */
+	bool stopping;
+	LIST_HEAD(, gjob) jobs; /* on the GPU worker */
 	int open_handles;
 };
+
+/*
+ * A GPU worker job of remote attach's (docs/remote.md, "GPU tensors across
+ * nodes"): A copies a GPU tensor out to host memory before serving it
+ * (GJ_STAGE); B allocates a GPU replica (GJ_ALLOC) and copies the bytes it
+ * received into it (GJ_FILL). Whoever it works for may end first: it then
+ * only frees. Done on the loop by gjob_done().
+ */
+struct gjob {
+	struct remote *rm; /* NULL once remote attach stopped: then it only frees */
+	struct registry *reg;
+	enum { GJ_STAGE, GJ_ALLOC, GJ_FILL } kind;
+	struct serve *s;            /* GJ_STAGE: NULL once the serve ended */
+	struct pull *pl;            /* GJ_ALLOC, GJ_FILL: NULL once the pull ended */
+	struct reg_alloc_job alloc; /* GJ_ALLOC */
+	/*
+	 * The copies': the tensor's allocation, by value: the tensor may go
+	 * while the copy runs, its memory not (its free queues behind).
+	 */
+	struct backend_alloc a;
+	void *buf; /* the host side of a copy (an anonymous mapping): the job's */
+	size_t len;
+	uint64_t staged; /* GJ_STAGE whose serve ended: bytes still in remote_staged_bytes */
+	int status;
+	LIST_ENTRY(gjob) link; /* rm->jobs */
+};
+
+static void gjob_done(void *arg);
+
+static void gjob_run(void *arg)
+{
+	struct gjob *j = arg;
+
+	if (j->kind == GJ_ALLOC)
+		registry_alloc_run(&j->alloc);
+	else
+		j->status = j->a.ops->copy(&j->a, 0, j->buf, j->len, j->kind == GJ_STAGE);
+}
+
+/* Queues j for the GPU worker: 0, or -ENOMEM with nothing queued (j is the caller's). */
+static int gjob_submit(struct remote *rm, struct gjob *j)
+{
+	j->rm = rm;
+	j->reg = &rm->srv->reg;
+	LIST_INSERT_HEAD(&rm->jobs, j, link);
+	if (gpu_worker_submit(gjob_run, gjob_done, j) == 0)
+		return 0;
+	LIST_REMOVE(j, link);
+	return -ENOMEM;
+}
+
+/* Host memory for a copy of a GPU tensor: an anonymous mapping, or NULL (errno). */
+static void *stage_map(size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
 
 static struct remote *rm_of(const struct server *srv)
 {
@@ -223,10 +300,18 @@ static void pull_reply_error(struct rpeer *rp, uint64_t id, int status, const ch
 }
 
 /* Ends s: unmaps (never while UCX reads it) and ends its lease (if its connection lives). */
+static void serve_stage_next(struct rpeer *rp);
+
 static void serve_end(struct serve *s)
 {
 	struct rpeer *rp = s->rp;
+	uint64_t staged = s->staged;
+	bool job = s->job != NULL;
 
+	if (s->job) { /* the copy's end frees its memory, and counts it gone */
+		s->job->s = NULL;
+		s->job->staged = staged;
+	}
 	if (s->map)
 		munmap(s->map, s->map_len);
 	if (s->epoch == rp->epoch && rp->rc_live) {
@@ -235,7 +320,14 @@ static void serve_end(struct serve *s)
 	}
 	TAILQ_REMOVE(&rp->serves, s, link);
 	rp->n_serves--;
+	free(s->member);
 	free(s);
+	if (staged) {
+		rp->staged -= staged;
+		if (!job)
+			rp->rm->figs->staged_bytes -= staged;
+		serve_stage_next(rp);
+	}
 }
 
 static struct serve *serve_find(struct rpeer *rp, uint64_t id)
@@ -531,9 +623,11 @@ static void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 /* Whether t may be served to a peer: 0, or -errno with the reason naming it. */
 static int serve_check(struct server *srv, const struct tensor *t, char *why, size_t why_len)
 {
-	if (t->device.device_type != kDLCPU || !t->alloc.ops->export_fd) {
-		snprintf(why, why_len, "tensor '%s' on node %s is not in host memory: %s", t->name,
-			 srv->peers.self, "only host tensors can be pulled yet");
+	if (t->device.device_type == kDLCPU ? !t->alloc.ops->export_fd : !t->alloc.ops->copy) {
+		snprintf(why, why_len,
+			 "tensor '%s' on node %s: its %s memory cannot be read by the "
+			 "daemon, so it cannot be pulled",
+			 t->name, srv->peers.self, t->alloc.ops->name);
 		return -EOPNOTSUPP;
 	}
 	if (t->flags & TENSORD_MUTABLE) {
@@ -546,23 +640,27 @@ static int serve_check(struct server *srv, const struct tensor *t, char *why, si
 	return 0;
 }
 
+static void serve_answer(struct serve *s);
+
 /*
  * Serves pull id of t, which rp->rc's lease holds (the serve's now): the
  * PullReply with t's descriptor (and member's name: a set's member), the
  * bytes inline when small (the lease then ends at once), else the lease
- * kept until PullGo's send or PullDone.
+ * kept until PullGo's send or PullDone. A GPU tensor is copied to host
+ * memory first, on the GPU worker (serve_stage()); the reply follows.
  */
 static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_t lease,
 			const char *member)
 {
 	struct remote *rm = rp->rm;
 	struct server *srv = rm->srv;
-	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
-	Tensord__PeerPullReply rep = TENSORD__PEER_PULL_REPLY__INIT;
 	struct serve *s = calloc(1, sizeof(*s));
-	uint8_t inline_buf[REMOTE_INLINE_MAX];
 	char why[300];
 
+	if (s && member && !(s->member = strdup(member))) {
+		free(s);
+		s = NULL;
+	}
 	if (!s) {
 		registry_release(&srv->reg, &rp->rc, lease);
 		snprintf(why, sizeof(why), "node %s: out of memory", srv->peers.self);
@@ -580,11 +678,36 @@ static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_
 	TAILQ_INSERT_TAIL(&rp->serves, s, link);
 	rp->n_serves++;
 	rm->figs->pull_leases++;
+	if (t->device.device_type != kDLCPU && t->nbytes) {
+		s->fd_off = 0;
+		s->st = SV_STAGE_WAIT;
+		serve_stage_next(rp);
+		return;
+	}
+	serve_answer(s);
+}
 
-	rep.id = id;
+/* The reply to s, its bytes readable (host memory, or a GPU tensor's copy in s->map). */
+static void serve_answer(struct serve *s)
+{
+	struct rpeer *rp = s->rp;
+	struct tensor *t = s->t;
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerPullReply rep = TENSORD__PEER_PULL_REPLY__INIT;
+	uint8_t inline_buf[REMOTE_INLINE_MAX];
+	bool staged = s->map != NULL;
+
+	rep.id = s->id;
 	rep.generation = t->generation;
-	/* A single pull's replica is watched; a set's members are not (B asks for them). */
-	rep.watched = !member && watch_add(rp, t->name);
+	/*
+	 * A single pull's replica is watched; a set's members are not (B asks
+	 * for them). A GPU tensor's copy took a while: if its name changed
+	 * meanwhile, B is not told it is watched (it then asks at each attach).
+	 */
+	rep.watched = !s->member && watch_add(rp, t->name);
+	if (rep.watched && staged &&
+	    registry_generation(&rp->rm->srv->reg, t->name, strlen(t->name)) != t->generation)
+		rep.watched = false;
 	rep.nbytes = t->nbytes;
 	rep.dtype_code = t->dtype.code;
 	rep.dtype_bits = t->dtype.bits;
@@ -592,11 +715,16 @@ static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_
 	rep.n_shape = rep.n_strides = (size_t)t->ndim;
 	rep.shape = t->shape;
 	rep.strides = t->strides;
-	rep.name = member ? (char *)member : "";
+	rep.name = s->member ? s->member : "";
+	rep.device_type = (uint32_t)t->device.device_type;
+	rep.device_id = t->device.device_id;
 	f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
 	f.pull_reply = &rep;
 	/* Small tensors go inline, in the reply: one round trip, no UCX message. */
-	if (t->nbytes && t->nbytes <= REMOTE_INLINE_MAX && serve_read(s, inline_buf) == 0) {
+	if (t->nbytes && t->nbytes <= REMOTE_INLINE_MAX && staged)
+		memcpy(inline_buf, s->map, (size_t)t->nbytes);
+	if (t->nbytes && t->nbytes <= REMOTE_INLINE_MAX &&
+	    (staged || serve_read(s, inline_buf) == 0)) {
 		rep.data.data = inline_buf;
 		rep.data.len = (size_t)t->nbytes;
 		send_frame(rp, &f);
@@ -608,8 +736,102 @@ static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_
 		return;
 	}
 	send_frame(rp, &f);
-	log_debug("peer %s: pull %" PRIu64 " of '%s' (%" PRIu64 " bytes): leased", rp->p->name, id,
-		  t->name, t->nbytes);
+	log_debug("peer %s: pull %" PRIu64 " of '%s' (%" PRIu64 " bytes): leased", rp->p->name,
+		  s->id, t->name, t->nbytes);
+}
+
+/*
+ * Copies GPU tensor s's bytes to host memory on the GPU worker; the reply
+ * follows (serve_staged()). On failure s is answered and ended.
+ */
+static void serve_stage(struct serve *s)
+{
+	struct rpeer *rp = s->rp;
+	const char *self = rp->rm->srv->peers.self;
+	struct gjob *j = calloc(1, sizeof(*j));
+	char why[400];
+	int e = ENOMEM;
+
+	if (j) {
+		j->kind = GJ_STAGE;
+		j->s = s;
+		j->a = s->t->alloc;
+		j->len = (size_t)s->len;
+		j->buf = stage_map(j->len);
+		e = errno;
+		if (j->buf && gjob_submit(rp->rm, j) == 0) {
+			s->job = j;
+			s->st = SV_STAGING;
+			s->staged = s->len;
+			rp->staged += s->len;
+			rp->rm->figs->staged_bytes += s->len;
+			log_debug("peer %s: pull %" PRIu64 " of GPU tensor '%s': copying %" PRIu64
+				  " bytes to host memory (%" PRIu64 " staged for it)",
+				  rp->p->name, s->id, s->t->name, s->len, rp->staged);
+			return;
+		}
+		if (j->buf)
+			munmap(j->buf, j->len);
+		free(j);
+	}
+	snprintf(why, sizeof(why),
+		 "node %s: no host memory to copy GPU tensor '%s' (%" PRIu64 " bytes) into: %s",
+		 self, s->t->name, s->len, strerror(e));
+	pull_reply_error(rp, s->id, -ENOMEM, why);
+	serve_end(s);
+}
+
+/*
+ * Starts the copies of rp's GPU tensors waiting, in order, while the host
+ * memory they take for rp stays within --peer-max-inflight (one at a time
+ * when a tensor alone is larger).
+ */
+static void serve_stage_next(struct rpeer *rp)
+{
+	uint64_t max = rp->rm->srv->cfg.remote.max_inflight;
+	struct serve *s, *next;
+
+	if (!rp->up || rp->rm->stopping)
+		return;
+	for (s = TAILQ_FIRST(&rp->serves); s; s = next) {
+		next = TAILQ_NEXT(s, link);
+		if (s->st != SV_STAGE_WAIT || s->epoch != rp->epoch)
+			continue;
+		if (rp->staged && rp->staged + s->len > max)
+			return;
+		serve_stage(s);
+	}
+}
+
+/* The copy of j->s's GPU tensor ended (on the loop): the reply goes, or why not. */
+static void serve_staged(struct gjob *j)
+{
+	struct serve *s = j->s;
+	char why[400];
+
+	if (!s) { /* the serve ended meanwhile */
+		munmap(j->buf, j->len);
+		if (j->rm)
+			j->rm->figs->staged_bytes -= j->staged;
+		return;
+	}
+	s->job = NULL;
+	s->map = j->buf;
+	s->map_len = j->len;
+	s->pop_off = j->len;
+	if (j->status < 0) {
+		snprintf(why, sizeof(why),
+			 "node %s: cannot copy GPU tensor '%s' (%s:%d, %" PRIu64
+			 " bytes) to host memory: %s",
+			 s->rp->rm->srv->peers.self, s->t->name, s->t->alloc.ops->name,
+			 s->t->device.device_id, s->len, strerror(-j->status));
+		log_warn("peer %s: pull %" PRIu64 ": %s", s->rp->p->name, s->id, why);
+		pull_reply_error(s->rp, s->id, j->status, why);
+		serve_end(s);
+		return;
+	}
+	s->st = SV_LEASED;
+	serve_answer(s);
 }
 
 static void set_pull_refuse(struct rpeer *rp, uint64_t id, int status, const char *why)
@@ -892,7 +1114,7 @@ static void on_pull_go(struct rpeer *rp, uint64_t id)
 
 	if (!s || s->st != SV_LEASED)
 		return; /* ended meanwhile; B's timer or its receive says so */
-	if (s->len == 0 || serve_map(s) < 0) {
+	if (s->len == 0 || (!s->map && serve_map(s) < 0)) {
 		serve_end(s);
 		return;
 	}
@@ -938,7 +1160,8 @@ static struct pull *pull_receiving(struct remote *rm, const char *name)
 	struct pull *pl;
 
 	LIST_FOREACH(pl, &rm->pulls, link)
-	if (!pl->dead && pl->st == PL_RECEIVING && strcmp(pl->name, name) == 0)
+	if (!pl->dead && (pl->st == PL_RECEIVING || pl->st == PL_ALLOCATING) &&
+	    strcmp(pl->name, name) == 0)
 		return pl;
 	return NULL;
 }
@@ -1111,6 +1334,8 @@ static void on_pull_closed(uv_handle_t *h)
 
 static void pull_free(struct pull *pl)
 {
+	if (pl->job)
+		pl->job->pl = NULL; /* its end frees what it holds */
 	LIST_REMOVE(pl, link);
 	pl->rm->figs->pulls--;
 	uv_close((uv_handle_t *)&pl->timer, on_pull_closed);
@@ -1886,6 +2111,143 @@ static void set_publish(struct spull *sp)
 }
 
 /* A's answer: the replica is current, or the descriptor of a new one to receive. */
+/* B has memory ready for pl's bytes: A sends them. */
+static void pull_go(struct pull *pl)
+{
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerPullGo g = TENSORD__PEER_PULL_GO__INIT;
+
+	g.id = pl->id;
+	f.body_case = TENSORD__PEER_FRAME__BODY_PULL_GO;
+	f.pull_go = &g;
+	send_frame(pl->rp, &f);
+}
+
+/*
+ * pl's replica t is on a GPU (docs/remote.md, "GPU tensors across nodes"):
+ * registry_create() left its memory to the GPU worker. The bytes are
+ * received into host memory meanwhile (or were inline in m), and copied
+ * in once both are there (pull_complete()).
+ */
+static void pull_gpu_begin(struct pull *pl, const Tensord__PeerPullReply *m, struct tensor *t,
+			   uint64_t nbytes)
+{
+	struct gjob *j = calloc(1, sizeof(*j));
+	int e = ENOMEM;
+
+	pl->st = PL_ALLOCATING;
+	pl->gpu = true;
+	pl->t = t;
+	pl->generation = m->generation;
+	pl->watched = m->watched;
+	pl->nbytes = nbytes;
+	pl->map_len = (size_t)nbytes;
+	pl->map = j ? stage_map(pl->map_len) : NULL;
+	if (pl->map)
+		e = 0;
+	else if (j)
+		e = errno;
+	if (pl->map && m->data.len) {
+		memcpy(pl->map, m->data.data, m->data.len);
+		pl->in_host = true;
+	}
+	if (j) {
+		j->kind = GJ_ALLOC;
+		j->pl = pl;
+		j->alloc.t = t;
+	}
+	if (pl->map && gjob_submit(pl->rm, j) == 0) {
+		pl->job = j;
+		uv_timer_start(&pl->timer, on_pull_timeout,
+			       PULL_BASE_MS + (uint64_t)nbytes / PULL_BYTES_PER_MS, 0);
+		if (!pl->in_host)
+			populate_kick(pl->rm);
+		return;
+	}
+	free(j);
+	/* The create is finished (which unpins t and frees it), as a failed allocation. */
+	{
+		struct reg_alloc_job nomem = { .t = t, .rc = -ENOMEM, .got = { .fd = -1 } };
+		char reason[300];
+		uint64_t lease;
+
+		registry_create_finish(&pl->rm->srv->reg, &nomem, &lease, reason, sizeof(reason));
+	}
+	pull_fail(pl, -e, "no host memory to receive its GPU replica (%" PRIu64 " bytes) in: %s",
+		  nbytes, strerror(e));
+}
+
+/* pl's GPU replica's memory is allocated (on the loop): the bytes may come. */
+static void pull_allocated(struct gjob *j)
+{
+	struct pull *pl = j->pl;
+	char why[400];
+	uint64_t lease;
+	int r;
+
+	r = registry_create_finish(j->reg, &j->alloc, &lease, why, sizeof(why));
+	if (!pl) { /* the pull ended meanwhile: so does its replica */
+		if (r == 0 && j->rm) {
+			struct tensor *t = j->alloc.t;
+
+			registry_unlink(j->reg, &j->rm->rc, t->name, strlen(t->name), why,
+					sizeof(why));
+			registry_release(j->reg, &j->rm->rc, lease);
+		}
+		return;
+	}
+	pl->job = NULL;
+	if (r < 0) {
+		pull_fail(pl, r, "cannot make its replica on this node: %s", why);
+		return;
+	}
+	pl->lease = lease;
+	pl->st = PL_RECEIVING;
+	if (pl->in_host || pl->nbytes == 0)
+		pull_complete(pl);
+	else
+		pull_go(pl);
+}
+
+/* pl's GPU replica's bytes were copied in (on the loop): it is published, or fails. */
+static void pull_filled(struct gjob *j)
+{
+	struct pull *pl = j->pl;
+
+	munmap(j->buf, j->len);
+	if (!pl)
+		return;
+	pl->job = NULL;
+	if (j->status < 0) {
+		pull_fail(pl, j->status, "cannot copy its replica's bytes into %s:%d: %s",
+			  pl->t->alloc.ops->name, pl->t->device.device_id, strerror(-j->status));
+		return;
+	}
+	pl->filled = true;
+	figure_count(FIG_remote_gpu_pulls_total, 1);
+	pull_complete(pl);
+}
+
+static void gjob_done(void *arg)
+{
+	struct gjob *j = arg;
+
+	if (j->rm)
+		LIST_REMOVE(j, link);
+	switch (j->kind) {
+	case GJ_STAGE:
+		serve_staged(j);
+		break;
+	case GJ_ALLOC:
+		pull_allocated(j);
+		break;
+	case GJ_FILL:
+		pull_filled(j);
+		break;
+	}
+	free(j);
+}
+
 static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why,
 			 size_t why_len)
 {
@@ -1986,30 +2348,38 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 	a.ndim = (int32_t)m->n_shape;
 	a.shape = m->shape;
 	a.strides = m->strides;
-	a.device = (DLDevice){ kDLCPU, 0 };
+	/* A GPU tensor's replica: on this node's device of that type and ordinal. */
+	a.device =
+		(DLDevice){ m->device_type ? (DLDeviceType)m->device_type : kDLCPU, m->device_id };
 	a.mode = 0444;
 	a.replica = true;
 	/* Inline bytes are written by the daemon: the replica may share a slab, as a put's. */
-	a.shared = m->data.len > 0;
+	a.shared = m->data.len > 0 && a.device.device_type == kDLCPU;
 	a.tx = pl->set ? pl->set->tx : 0;
 	a.replace = pl->set != NULL; /* the set's commit swaps an older replica out */
+	if (m->data.len && m->data.len != nbytes) {
+		snprintf(why, why_len, "inline bytes of '%s': %zu, not %" PRIu64, pl->name,
+			 m->data.len, nbytes);
+		pull_fail(pl, -EPROTO, "it sent %zu bytes inline for %" PRIu64, m->data.len,
+			  nbytes);
+		return -EPROTO;
+	}
 	r = registry_create(reg, &rm->rc, &a, &t, &pl->lease, reason, sizeof(reason));
+	if (r == -EINPROGRESS) {
+		pull_gpu_begin(pl, m, t, nbytes);
+		return 0;
+	}
 	if (r < 0) {
-		pull_fail(pl, r, "no room for its replica on this node: %s", reason);
+		pull_fail(pl, r, "%s its replica on this node: %s",
+			  r == -ENOSPC || r == -EDQUOT ? "no room for" : "cannot make", reason);
 		return 0;
 	}
 	pl->st = PL_RECEIVING;
 	pl->generation = m->generation;
 	pl->watched = m->watched;
 	pl->nbytes = nbytes;
+	pl->t = t;
 	if (m->data.len) { /* inline: the bytes are here */
-		if (m->data.len != nbytes) {
-			snprintf(why, why_len, "inline bytes of '%s': %zu, not %" PRIu64, pl->name,
-				 m->data.len, nbytes);
-			pull_fail(pl, -EPROTO, "it sent %zu bytes inline for %" PRIu64, m->data.len,
-				  nbytes);
-			return -EPROTO;
-		}
 		r = t->alloc.ops->write(&t->alloc, 0, m->data.data, m->data.len);
 		if (r < 0) {
 			pull_fail(pl, r, "cannot write its replica (%" PRIu64 " bytes): %s", nbytes,
@@ -2036,15 +2406,7 @@ static int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char
 	}
 	uv_timer_start(&pl->timer, on_pull_timeout,
 		       PULL_BASE_MS + (uint64_t)nbytes / PULL_BYTES_PER_MS, 0);
-	{
-		Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
-		Tensord__PeerPullGo g = TENSORD__PEER_PULL_GO__INIT;
-
-		g.id = pl->id;
-		f.body_case = TENSORD__PEER_FRAME__BODY_PULL_GO;
-		f.pull_go = &g;
-		send_frame(rp, &f);
-	}
+	pull_go(pl);
 	return 0;
 }
 
@@ -2058,6 +2420,25 @@ static void pull_complete(struct pull *pl)
 	struct tensor *t;
 	int r;
 
+	if (pl->gpu && !pl->filled && pl->nbytes) { /* the bytes go to the device first */
+		struct gjob *j = calloc(1, sizeof(*j));
+
+		if (j) {
+			j->kind = GJ_FILL;
+			j->pl = pl;
+			j->a = pl->t->alloc;
+			j->buf = pl->map;
+			j->len = pl->map_len;
+		}
+		if (!j || gjob_submit(rm, j) < 0) {
+			free(j);
+			pull_fail(pl, -ENOMEM, "out of memory");
+			return;
+		}
+		pl->map = NULL; /* the job's now */
+		pl->job = j;
+		return;
+	}
 	if (pl->map) {
 		munmap(pl->map, pl->map_len);
 		pl->map = NULL;
@@ -2453,6 +2834,7 @@ void remote_start(struct server *srv)
 	LIST_INIT(&rm->pulls);
 	LIST_INIT(&rm->replicas);
 	LIST_INIT(&rm->sets);
+	LIST_INIT(&rm->jobs);
 	registry_client_init(&rm->rc, UINT64_MAX - 1, (uint32_t)geteuid(), (uint32_t)getegid(),
 			     (uint32_t)getpid());
 	cbs = (struct xport_cbs){ .recv_dest = x_recv_dest,
@@ -2497,9 +2879,11 @@ void remote_stop(struct server *srv)
 	struct pull *pl, *next;
 	struct replica *r;
 	struct serve *s;
+	struct gjob *j;
 
 	if (!rm)
 		return;
+	rm->stopping = true;
 	while (!LIST_EMPTY(&rm->sets))
 		set_fail(LIST_FIRST(&rm->sets), -ESHUTDOWN, "this daemon is stopping");
 	for (pl = LIST_FIRST(&rm->pulls); pl; pl = next) {
@@ -2541,6 +2925,11 @@ void remote_stop(struct server *srv)
 		free(r);
 	}
 	registry_client_gone(&srv->reg, &rm->rc);
+	/* GPU jobs still running end after rm: they free what they hold and touch nothing else. */
+	while ((j = LIST_FIRST(&rm->jobs))) {
+		LIST_REMOVE(j, link);
+		j->rm = NULL;
+	}
 	srv->remote = NULL;
 	uv_close((uv_handle_t *)&rm->keep, on_handle_closed);
 	uv_close((uv_handle_t *)&rm->populate, on_handle_closed); /* the last frees rm */

@@ -63,6 +63,7 @@ struct remote_figures {
 	uint64_t replicas, replica_bytes;
 	uint64_t pull_leases;    /* leases peers hold on this node's tensors */
 	uint64_t inflight_bytes; /* being sent to peers */
+	uint64_t staged_bytes;   /* host copies of GPU tensors being served */
 	uint64_t watched;        /* names peers are told about when they change */
 	uint64_t pulls;          /* pulls under way here, waiting ones included */
 };

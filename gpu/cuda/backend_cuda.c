@@ -382,40 +382,65 @@ static int cuda_alloc_errno(CUresult r)
 }
 
 /*
- * Zeroes a VMM allocation: it has no address in the daemon, so map it for
- * the duration. cuMemsetD8 is asynchronous; the synchronize makes sure the
- * zeroes land before any client can see the memory.
+ * Maps a VMM allocation of size bytes at a fresh address of the daemon's,
+ * readable and writable by its device, for the duration of a call on it
+ * (it has no address otherwise): 0 with *ret_va set, or -errno. Undo with
+ * cuda_vmm_unmap().
  */
-static int cuda_vmm_scrub(int ordinal, CUmemGenericAllocationHandle h, uint64_t size)
+static int cuda_vmm_map(int ordinal, CUmemGenericAllocationHandle h, uint64_t size,
+			CUdeviceptr *ret_va)
 {
 	const struct cuda_dev *d = &cuda_devs[ordinal];
 	CUmemAccessDesc acc;
 	CUdeviceptr va = 0;
 	CUresult r;
-	int err = 0;
 
 	r = cuda_api->MemAddressReserve(&va, size, d->gran, 0, 0);
 	if (r != CUDA_SUCCESS)
 		return cuda_alloc_errno(r);
 	r = cuda_api->MemMap(va, size, 0, h, 0);
 	if (r != CUDA_SUCCESS) {
-		err = cuda_alloc_errno(r);
-		goto out_free;
+		cuda_api->MemAddressFree(va, size);
+		return cuda_alloc_errno(r);
 	}
 	memset(&acc, 0, sizeof(acc));
 	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	acc.location.id = d->dev;
 	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 	r = cuda_api->MemSetAccess(va, size, &acc, 1);
-	if (r == CUDA_SUCCESS)
-		r = cuda_api->MemsetD8(va, 0, size);
+	if (r != CUDA_SUCCESS) {
+		cuda_api->MemUnmap(va, size);
+		cuda_api->MemAddressFree(va, size);
+		return cuda_alloc_errno(r);
+	}
+	*ret_va = va;
+	return 0;
+}
+
+static void cuda_vmm_unmap(CUdeviceptr va, uint64_t size)
+{
+	cuda_api->MemUnmap(va, size);
+	cuda_api->MemAddressFree(va, size);
+}
+
+/*
+ * Zeroes a VMM allocation. cuMemsetD8 is asynchronous; the synchronize
+ * makes sure the zeroes land before any client can see the memory.
+ */
+static int cuda_vmm_scrub(int ordinal, CUmemGenericAllocationHandle h, uint64_t size)
+{
+	CUdeviceptr va = 0;
+	CUresult r;
+	int err = cuda_vmm_map(ordinal, h, size, &va);
+
+	if (err < 0)
+		return err;
+	r = cuda_api->MemsetD8(va, 0, size);
 	if (r == CUDA_SUCCESS)
 		r = cuda_api->CtxSynchronize();
 	if (r != CUDA_SUCCESS)
 		err = cuda_alloc_errno(r);
-	cuda_api->MemUnmap(va, size);
-out_free:
-	cuda_api->MemAddressFree(va, size);
+	cuda_vmm_unmap(va, size);
 	return err;
 }
 
@@ -572,6 +597,45 @@ static void cuda_free(struct gpu_mem *g)
 	pthread_mutex_unlock(&cuda_lock);
 }
 
+/*
+ * backend_ops.copy, on the worker: in the allocation's context, through a
+ * mapping made for the call (VMM) or its own address (legacy IPC). A copy
+ * from pageable host memory may return before the device has the bytes,
+ * so the context is synchronized before the copy counts as done: a client
+ * of another process reads them next.
+ */
+static int cuda_backend_copy(struct backend_alloc *a, uint64_t off, void *buf, size_t n,
+			     bool to_host)
+{
+	struct cuda_mem *m = a->priv;
+	CUdeviceptr va = 0;
+	CUresult r;
+	int err = 0;
+
+	if (n == 0)
+		return 0;
+	if (!m || off > a->size || n > a->size - off)
+		return -EINVAL;
+	r = cuda_api->CtxSetCurrent(m->ctx);
+	if (r != CUDA_SUCCESS)
+		return td_cuda_errno(r);
+	if (m->vmm)
+		err = cuda_vmm_map(m->g.ordinal, m->handle, a->size, &va);
+	else
+		va = m->g.ptr;
+	if (err == 0) {
+		r = to_host ? cuda_api->MemcpyDtoH(buf, va + off, n)
+			    : cuda_api->MemcpyHtoD(va + off, buf, n);
+		if (r == CUDA_SUCCESS)
+			r = cuda_api->CtxSynchronize();
+		err = td_cuda_errno(r);
+		if (m->vmm)
+			cuda_vmm_unmap(va, a->size);
+	}
+	cuda_api->CtxSetCurrent(NULL);
+	return err;
+}
+
 /* On the worker, at the stop: the contexts held idle go now, their holds' timers with them. */
 static void cuda_release_held(void *unused)
 {
@@ -613,4 +677,5 @@ const struct backend_ops backend_cuda = {
 	.export_fd = gpu_export_fd,
 	.freeze = gpu_freeze,
 	.release = gpu_release,
+	.copy = cuda_backend_copy,
 };

@@ -83,6 +83,9 @@ static const struct td_gpu_sym td_cuda_syms[] = {
 	SYM(MemFree, "cuMemFree_v2", NULL, SYM_REQUIRED),
 	SYM(MemsetD8, "cuMemsetD8_v2", NULL, SYM_REQUIRED),
 	SYM(Memcpy, "cuMemcpy", NULL, SYM_REQUIRED),
+	/* The daemon's staging of remote attach (backend_ops.copy). */
+	SYM(MemcpyDtoH, "cuMemcpyDtoH_v2", NULL, SYM_REQUIRED),
+	SYM(MemcpyHtoD, "cuMemcpyHtoD_v2", NULL, SYM_REQUIRED),
 	/* The plain names take the stream they are given (legacy or not). */
 	SYM(MemcpyAsync, "cuMemcpyAsync", NULL, SYM_REQUIRED),
 	SYM(StreamSynchronize, "cuStreamSynchronize", NULL, SYM_REQUIRED),

@@ -125,6 +125,8 @@ struct td_cuda_api {
 	CUresult (*MemFree)(CUdeviceptr dptr);
 	CUresult (*MemsetD8)(CUdeviceptr dptr, unsigned char value, size_t n);
 	CUresult (*Memcpy)(CUdeviceptr dst, CUdeviceptr src, size_t n);
+	CUresult (*MemcpyDtoH)(void *dst, CUdeviceptr src, size_t n);
+	CUresult (*MemcpyHtoD)(CUdeviceptr dst, const void *src, size_t n);
 	CUresult (*MemcpyAsync)(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream);
 	CUresult (*StreamSynchronize)(CUstream stream);
 	CUresult (*MemGetAddressRange)(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);

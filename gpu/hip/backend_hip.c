@@ -186,6 +186,29 @@ static int hip_backend_alloc(struct backend_alloc *a, uint64_t size, int device_
 	return gpu_ipc_alloc(&hip_ipc, a, m, rounded);
 }
 
+/* backend_ops.copy, on the worker: a synchronous copy, then the device synchronized. */
+static int hip_backend_copy(struct backend_alloc *a, uint64_t off, void *buf, size_t n,
+			    bool to_host)
+{
+	struct gpu_mem *m = a->priv;
+	void *dev;
+	hipError_t e;
+
+	if (n == 0)
+		return 0;
+	if (!m || !m->ptr || off > a->size || n > a->size - off)
+		return -EINVAL;
+	e = hip_api->SetDevice(m->ordinal);
+	if (e != hipSuccess)
+		return td_hip_errno(e);
+	dev = (void *)(uintptr_t)(m->ptr + off);
+	e = to_host ? hip_api->Memcpy(buf, dev, n, hipMemcpyDefault)
+		    : hip_api->Memcpy(dev, buf, n, hipMemcpyDefault);
+	if (e == hipSuccess)
+		e = hip_api->DeviceSynchronize();
+	return td_hip_errno(e);
+}
+
 /* At exit, after every allocation was released: forget the devices. */
 static void hip_backend_fini(void)
 {
@@ -206,4 +229,5 @@ const struct backend_ops backend_hip = {
 	.export_fd = gpu_export_fd,
 	.freeze = gpu_freeze,
 	.release = gpu_release,
+	.copy = hip_backend_copy,
 };

@@ -43,7 +43,9 @@
 # sharing paths to run, each on its own: PATHS=ipc runs legacy IPC only),
 # STEP_TIMEOUT=240 (seconds for each step of a path: each unit test binary,
 # gpu_suite, the pytest run; a step past it is killed with its process group
-# and fails), GPU_SUITE_CHILD_TIMEOUT (s, each child gpu_suite starts).
+# and fails), GPU_SUITE_CHILD_TIMEOUT (s, each child gpu_suite starts),
+# PYTESTS="tests/python/test_gpu_remote.py" (run those Python files only;
+# UNITS=none skips the unit tests and gpu_suite).
 # Without a GPU the build check also runs tests/gpu/selftest.sh.
 set -uo pipefail
 mode=${1:-all}
@@ -183,6 +185,10 @@ elif [ -f "$root/usr/include/uv.h" ] && [ -f "$root/usr/include/cmocka.h" ]; the
 	export LDLIBS="-luv -lprotobuf-c -lzip -ljansson -lcrypto"
 	export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 	export PATH="$root/usr/bin:$PATH"
+	# UCX (remote attach, test_gpu_remote.py) is found by pkg-config: its .pc from there.
+	if [ -f "$lib/pkgconfig/ucx.pc" ]; then
+		export PKG_CONFIG_PATH="$lib/pkgconfig:$root/usr/share/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$root"
+	fi
 	if ! protoc-c --version >/dev/null 2>&1; then
 		# Another glibc or libstdc++: use the sources generated on the Debian machine,
 		# newer than the .proto so make keeps them.
@@ -298,15 +304,21 @@ elif [ "$have_gpu" = 0 ]; then
 fi
 
 # --- run, on both sharing paths ------------------------------------------------
-pytests=(tests/python/test_gpu.py tests/python/test_gpu_args.py tests/python/test_gpu_driver.py)
-[ "$use_double" = 1 ] && pytests=(tests/python/test_gpu_args.py tests/python/test_gpu_driver.py)
+pytests=(tests/python/test_gpu.py tests/python/test_gpu_args.py tests/python/test_gpu_driver.py
+	tests/python/test_gpu_remote.py)
+[ "$use_double" = 1 ] && pytests=(tests/python/test_gpu_args.py tests/python/test_gpu_driver.py
+	tests/python/test_gpu_remote.py)
+# PYTESTS="tests/python/x.py ..." runs those instead (a short run of one part).
+# shellcheck disable=SC2206 # word splitting of the list is wanted
+[ -n "${PYTESTS:-}" ] && pytests=($PYTESTS)
 for path in ${PATHS:-default ipc}; do
 	if [ "$path" = ipc ]; then export TENSORD_CUDA_PATH=ipc; else unset TENSORD_CUDA_PATH; fi
 	say "=== sharing path: $path"
 	for u in "${units[@]}"; do
+		[ "${UNITS:-}" = none ] && break
 		step "unit/$u/$path" "$B/tests/unit/$u"
 	done
-	if [ -x "$B/gpu_suite" ]; then
+	if [ -x "$B/gpu_suite" ] && [ "${UNITS:-}" != none ]; then
 		step "gpu_suite/$path" env GPU_SUITE_TIMEOUT=$((STEP_TIMEOUT - 20)) \
 			"$B/gpu_suite" "$B/tensord"
 	fi

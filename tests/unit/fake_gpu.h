@@ -277,6 +277,18 @@ static CUresult f_cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t n)
 	return CUDA_SUCCESS;
 }
 
+static CUresult f_cuMemcpyDtoH(void *d, CUdeviceptr s, size_t n)
+{
+	REC("cuMemcpyDtoH", U(d), s, n, 0);
+	return CUDA_SUCCESS;
+}
+
+static CUresult f_cuMemcpyHtoD(CUdeviceptr d, const void *s, size_t n)
+{
+	REC("cuMemcpyHtoD", d, U(s), n, 0);
+	return CUDA_SUCCESS;
+}
+
 static CUresult f_cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
 	REC("cuMemcpyAsync", d, s, n, U(st));
@@ -436,6 +448,8 @@ static const struct td_cuda_api fake_cuda = {
 	.MemFree = f_cuMemFree,
 	.MemsetD8 = f_cuMemsetD8,
 	.Memcpy = f_cuMemcpy,
+	.MemcpyDtoH = f_cuMemcpyDtoH,
+	.MemcpyHtoD = f_cuMemcpyHtoD,
 	.MemcpyAsync = f_cuMemcpyAsync,
 	.StreamSynchronize = f_cuStreamSynchronize,
 	.MemGetAddressRange = f_cuMemGetAddressRange,

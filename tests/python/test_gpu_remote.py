@@ -1,0 +1,397 @@
+"""GPU tensors across nodes (docs/remote.md, "GPU tensors across nodes"):
+two real daemons on one machine, peered, UCX over TCP loopback; node-a's
+tensors live on cuda:0, written by one client process with the driver API
+(tests/python/cudrv.py); a client of node-b attaches "@node-a/NAME" and gets
+a cuda:0 tensor on node-b's own device whose bytes match, read-only. The
+bytes cross as host bytes: node-a copies them out on its GPU worker, node-b
+receives them into host memory and copies them into its replica.
+
+In CI both daemons and every client use the driver double (its report
+must then hold no violation and no leak); tests/gpu/run.sh runs the same
+tests on hardware (TENSORD_GPU_DRIVER=system), with the UCX it carries.
+"""
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+import tensord
+from conftest import Child, HERE, ROOT
+
+BUILD = os.environ.get("TENSORD_BUILD") or os.path.join(ROOT, "build")
+DOUBLE = os.path.join(BUILD, "gpudouble")
+SYSTEM = os.environ.get("TENSORD_GPU_DRIVER") == "system"
+CTL = os.path.join(BUILD, "tensorctl")
+
+if not SYSTEM and not os.path.exists(os.path.join(DOUBLE, "libcuda.so.1")):
+    pytest.skip(f"the driver double is not built ({DOUBLE}: make all builds it)",
+                allow_module_level=True)
+
+UCX_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+
+PRELUDE = """
+import hashlib, os, sys, time
+import tensord, cudrv
+c = tensord.connect()
+def digest(b):
+    return hashlib.sha256(b).hexdigest()[:16]
+def data(n, seed):
+    return bytes((i * 131 + seed) % 256 for i in range(n))
+def attach(name, timeout=20):
+    # The peers' UCX addresses cross just after they come up.
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            return c.attach(name)
+        except OSError as e:
+            if "has not sent its UCX worker address" not in str(e) or time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+"""
+
+
+def data(n, seed):
+    return bytes((i * 131 + seed) % 256 for i in range(n))
+
+
+def digest(b):
+    return hashlib.sha256(b).hexdigest()[:16]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stats(d):
+    r = subprocess.run([CTL, "--socket", d.socket, "stats", "--json"], capture_output=True,
+                       text=True, timeout=30)
+    return json.loads(r.stdout) if r.returncode == 0 else {}
+
+
+def peer_up(d, name):
+    r = subprocess.run([CTL, "--socket", d.socket, "peers", "--json"], capture_output=True,
+                       text=True, timeout=30)
+    if r.returncode != 0:
+        return False
+    peers = json.loads(r.stdout)
+    peers = peers.get("peers", peers) if isinstance(peers, dict) else peers
+    return any(p.get("name") == name and p.get("state") == "up" for p in peers)
+
+
+def wait_until(pred, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def anonymous_maps_of(pid, size):
+    """pid's mappings of exactly size bytes backed by no file."""
+    found = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if hi - lo == size and len(parts) < 6:
+                found.append(line.strip())
+    return found
+
+
+class Pair:
+    """node-a and node-b, each a daemon with its own view of the GPU."""
+
+    def __init__(self, daemon_factory, tmp_path, path, extra_a=(), extra_b=(), env_b=None):
+        self.dir = tmp_path / "double"
+        self.env = {"PYTHONPATH": os.pathsep.join(
+            [HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+        if not SYSTEM:
+            self.env.update(LD_LIBRARY_PATH=DOUBLE, TD_GPU_DOUBLE_DIR=str(self.dir),
+                            TD_GPU_DOUBLE_LEAKS="tensord")
+        key = tmp_path / "peer.key"
+        key.write_bytes(os.urandom(24).hex().encode() + b"\n")
+        os.chmod(key, 0o600)
+        pa, pb = free_port(), free_port()
+        denv = dict(self.env, TENSORD_CUDA_PATH="ipc" if path == "ipc" else "default",
+                    **UCX_ENV)
+        self.a = daemon_factory("--node-name", "node-a", "--peer-listen", f"127.0.0.1:{pa}",
+                                "--peer", f"node-b=127.0.0.1:{pb}", "--peer-secret-file",
+                                str(key), "--export", "g/", *extra_a, env=denv, sub="a")
+        self.b = daemon_factory("--node-name", "node-b", "--peer-listen", f"127.0.0.1:{pb}",
+                                "--peer", f"node-a=127.0.0.1:{pa}", "--peer-secret-file",
+                                str(key), *extra_b, env=dict(denv, **(env_b or {})), sub="b")
+        assert wait_until(lambda: peer_up(self.a, "node-b") and peer_up(self.b, "node-a")), \
+            self.b.read_log()[-3000:]
+        if "built without UCX" in self.b.read_log():
+            pytest.skip("tensord was built without UCX (libucx-dev: deploy/setup.sh)")
+        self.children = []
+
+    def child(self, d, code, **env):
+        c = Child(PRELUDE + textwrap.dedent(code), d.socket, dict(self.env, **env))
+        self.children.append(c)
+        return c
+
+    def publish(self, name, n, seed, shape=None, dtype="uint8"):
+        """A client of node-a that publishes name on cuda:0 and stays until told."""
+        shape = shape or (n,)
+        w = self.child(self.a, f"""
+            t = c.create({name!r}, {tuple(shape)!r}, {dtype!r}, device="cuda:0", mode=0o644)
+            cudrv.write(t, data({n}, {seed}))
+            t.publish()
+            print("published", flush=True)
+            sys.stdin.readline()
+        """)
+        w.expect("published")
+        return w
+
+    def report(self):
+        try:
+            return (self.dir / "report").read_text().splitlines()
+        except FileNotFoundError:
+            return []
+
+    def finish(self):
+        for c in self.children:
+            if c.proc.poll() is None:
+                c.proc.kill()
+                c.proc.wait()
+        for d in (self.b, self.a):
+            assert d.stop() == 0, d.read_log()[-3000:]
+        bad = [x for x in self.report() if " violation: " in x or " leak at exit" in x]
+        assert not bad, "\n".join(bad)
+
+
+@pytest.fixture(params=["vmm", "ipc"])
+def path(request):
+    return request.param
+
+
+SIZES = [("g/small", 4096, 11), ("g/mid", 3 << 20, 23), ("g/big", 40 << 20, 37)]
+
+
+def test_gpu_tensors_pulled_onto_the_gpu(daemon_factory, tmp_path, path):
+    pair = Pair(daemon_factory, tmp_path, path)
+    writers = [pair.publish(name, n, seed) for name, n, seed in SIZES]
+    writers.append(pair.publish("g/f32", 6 * 1000 * 4, 5, shape=(6, 1000), dtype="float32"))
+    r = pair.child(pair.b, """
+        held = []
+        for name in ("g/small", "g/mid", "g/big", "g/f32"):
+            t = attach("@node-a/" + name)
+            held.append(t)
+            print(name, t.device, t.readonly, t.shape, t.dtype, digest(cudrv.read(t)),
+                  flush=True)
+            t2 = c.attach("@node-a/" + name)   # the replica: nothing pulled again
+            print("again", name, t2.device, digest(cudrv.read(t2)), flush=True)
+        print("held", flush=True)
+        sys.stdin.readline()
+    """)
+    for name, n, seed in SIZES:
+        got = r.expect(name + " ").split()
+        assert got[1:3] == ["cuda:0", "True"], got
+        assert got[-1] == digest(data(n, seed)), (name, got)
+        again = r.expect("again " + name).split()
+        assert again[2:] == ["cuda:0", digest(data(n, seed))], again
+    f32 = r.expect("g/f32 ").split()
+    assert f32[1] == "cuda:0" and "(6, 1000)" in " ".join(f32) and "float32" in " ".join(f32)
+    assert f32[-1] == digest(data(24000, 5))
+    assert r.expect("again g/f32").split()[-1] == digest(data(24000, 5))
+    r.expect("held")
+    sa, sb = stats(pair.a), stats(pair.b)
+    # node-a was asked once per name: the second attaches were served by node-b's replicas.
+    assert sa["remote_pull_requests_total"] == 4, sa
+    # node-a holds no lease and no host copy once the bytes crossed.
+    assert sa["remote_pull_leases"] == 0 and sa["remote_inflight_bytes"] == 0, sa
+    assert sa["remote_staged_bytes"] == 0, sa
+    assert sb["remote_replicas"] == 4 and sb["remote_gpu_pulls_total"] == 4, sb
+    # The replicas are node-b's own GPU memory, not host memory.
+    gpu_b = [d for d in sb["devices"] if d["device"] == "cuda:0"][0]
+    used = gpu_b[next(k for k in gpu_b if "used" in k)]
+    assert used >= sum(n for _, n, _ in SIZES), gpu_b
+    r.send()
+    r.finish()
+    for w in writers:
+        w.send()
+        w.finish()
+    pair.finish()
+
+
+def test_a_replaced_gpu_tensor_is_pulled_anew(daemon_factory, tmp_path, path):
+    """node-a tells node-b of the new version: node-b's next attach has its bytes."""
+    pair = Pair(daemon_factory, tmp_path, path)
+    w1 = pair.publish("g/w", 1 << 20, 1)
+    r = pair.child(pair.b, """
+        t = attach("@node-a/g/w")
+        print("v1", digest(cudrv.read(t)), t.generation, flush=True)
+        sys.stdin.readline()
+        for _ in range(200):
+            t2 = c.attach("@node-a/g/w")
+            if t2.generation != t.generation:
+                break
+            del t2
+            time.sleep(0.05)
+        print("v2", digest(cudrv.read(t2)), digest(cudrv.read(t)), flush=True)
+    """)
+    v1 = r.expect("v1 ").split()
+    assert v1[1] == digest(data(1 << 20, 1))
+    w2 = pair.child(pair.a, """
+        t = c.create("g/w", (1 << 20,), "uint8", device="cuda:0", mode=0o644, replace=True)
+        cudrv.write(t, data(1 << 20, 2))
+        t.publish()
+        print("published", flush=True)
+        sys.stdin.readline()
+    """)
+    w2.expect("published")
+    r.send()
+    v2 = r.expect("v2 ").split()
+    # The new version's bytes; the old lease still reads the old ones.
+    assert v2[1:] == [digest(data(1 << 20, 2)), digest(data(1 << 20, 1))], v2
+    r.finish()
+    for w in (w1, w2):
+        w.send()
+        w.finish()
+    pair.finish()
+
+
+def test_a_gpu_set_in_one_commit_through_a_narrow_staging_bound(daemon_factory, tmp_path,
+                                                                path):
+    """attach_many of GPU tensors: one commit on node-a, published together on
+    node-b; node-a's host copies for node-b stay within --peer-max-inflight
+    (1 MiB here, each tensor 2 MiB: one copy at a time)."""
+    pair = Pair(daemon_factory, tmp_path, path, extra_a=("--peer-max-inflight", "1M"))
+    writer = pair.child(pair.a, """
+        tx = c.transaction()
+        ts = []
+        for i in range(4):
+            t = tx.create("g/set/%d" % i, (2 << 20,), "uint8", device="cuda:0", mode=0o644)
+            cudrv.write(t, data(2 << 20, 40 + i))
+            ts.append(t)
+        tx.commit()
+        print("published", flush=True)
+        sys.stdin.readline()
+    """)
+    writer.expect("published")
+    r = pair.child(pair.b, """
+        end = time.monotonic() + 20
+        while True:
+            try:
+                got = c.attach_many("@node-a/g/set/")
+                break
+            except OSError as e:
+                if "UCX worker address" not in str(e) or time.monotonic() > end:
+                    raise
+                time.sleep(0.05)
+        for name in sorted(got):
+            t = got[name]
+            print("m", name, t.device, t.commit, digest(cudrv.read(t)), flush=True)
+    """)
+    commits = set()
+    for i in range(4):
+        m = r.expect("m ").split()
+        assert m[1] == "@node-a/g/set/%d" % i and m[2] == "cuda:0", m
+        assert m[4] == digest(data(2 << 20, 40 + i)), m
+        commits.add(m[3])
+    assert len(commits) == 1, commits
+    r.finish()
+    sa = stats(pair.a)
+    assert sa["remote_pull_leases"] == 0 and sa["remote_staged_bytes"] == 0, sa
+    # Each copy started with nothing else staged for node-b: 2 MiB at most, never 8.
+    staged = [int(x.split(" staged for it)")[0].split("(")[-1])
+              for x in pair.a.read_log().splitlines() if " staged for it)" in x]
+    assert len(staged) == 4 and max(staged) == 2 << 20, staged
+    writer.send()
+    writer.finish()
+    pair.finish()
+
+
+def test_no_gpu_on_the_pulling_node_is_a_clear_error(daemon_factory, tmp_path, path):
+    """node-b has no CUDA device: the attach says so, naming the peer, the
+    tensor and the device; node-a's lease and host copy go."""
+    pair = Pair(daemon_factory, tmp_path, path, env_b={"CUDA_VISIBLE_DEVICES": ""}
+                if SYSTEM else {"TD_GPU_DOUBLE_DEVICES": "0"})
+    w = pair.publish("g/x", 1 << 20, 3)
+    r = pair.child(pair.b, """
+        try:
+            attach("@node-a/g/x")
+            print("attached", flush=True)
+        except OSError as e:
+            print("refused", e.errno, str(e).replace("\\n", " "), flush=True)
+    """)
+    ans = r.expect()
+    print(ans)
+    assert ans.startswith("refused"), ans
+    assert "node-a" in ans and "g/x" in ans and "cuda" in ans, ans
+    r.finish()
+    assert wait_until(lambda: stats(pair.a)["remote_pull_leases"] == 0)
+    # node-b stays usable: a host tensor of node-a's still comes.
+    h = pair.child(pair.a, """
+        c.put("g/host", bytearray(b"abc" * 1000), mode=0o644)
+        print("put", flush=True)
+    """)
+    h.expect("put")
+    h.finish()
+    with tensord.connect(pair.b.socket) as cb:
+        t = cb.attach("@node-a/g/host")
+        assert bytes(memoryview(t)) == b"abc" * 1000
+        t.release()
+    w.send()
+    w.finish()
+    pair.finish()
+
+
+def test_pulling_node_killed_while_a_gpu_tensor_is_staged(daemon_factory, tmp_path, path):
+    """kill -9 of node-b while node-a holds a host copy of its GPU tensor for
+    it: node-a's lease, host copy and bytes in flight go, its GPU memory is
+    the tensor's alone, and it serves the next node-b."""
+    import signal
+    pair = Pair(daemon_factory, tmp_path, path)
+    n = 256 << 20
+    w = pair.child(pair.a, f"""
+        t = c.create("g/huge", ({n},), "uint8", device="cuda:0", mode=0o644)
+        cudrv.memset(t, 7)
+        t.publish()
+        print("published", flush=True)
+        sys.stdin.readline()
+    """)
+    w.expect("published")
+    r = pair.child(pair.b, """
+        print("asking", flush=True)
+        try:
+            attach("@node-a/g/huge", timeout=60)
+        except OSError:
+            pass
+    """)
+    r.expect("asking")
+    caught = wait_until(lambda: stats(pair.a).get("remote_staged_bytes", 0) > 0, timeout=30)
+    os.kill(pair.b.pid, signal.SIGKILL)
+    pair.b.proc.wait()
+    pair.b.log.close()
+    assert caught, "node-a never held a host copy: " + pair.a.read_log()[-2000:]
+
+    def settled():
+        s = stats(pair.a)
+        return s if (s["remote_pull_leases"] == 0 and s["remote_staged_bytes"] == 0
+                     and s["remote_inflight_bytes"] == 0) else None
+    assert wait_until(settled, timeout=20), stats(pair.a)
+    gpu_a = [d for d in stats(pair.a)["devices"] if d["device"] == "cuda:0"][0]
+    assert gpu_a[next(k for k in gpu_a if "used" in k)] == n, gpu_a
+    # node-a's host copy (an anonymous mapping of the tensor's size) was unmapped.
+    assert not anonymous_maps_of(pair.a.pid, n), anonymous_maps_of(pair.a.pid, n)
+    r.finish()
+    pair.b.proc = None  # reaped here; node-a alone is stopped and checked
+    pair.children.remove(r)
+    w.send()
+    w.finish()
+    for c in pair.children:
+        if c.proc.poll() is None:
+            c.proc.kill()
+    assert pair.a.stop() == 0, pair.a.read_log()[-3000:]
+    bad = [x for x in pair.report() if " violation: " in x or " leak at exit" in x]
+    assert not bad, "\n".join(bad)
