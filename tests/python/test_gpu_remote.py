@@ -395,3 +395,49 @@ def test_pulling_node_killed_while_a_gpu_tensor_is_staged(daemon_factory, tmp_pa
     assert pair.a.stop() == 0, pair.a.read_log()[-3000:]
     bad = [x for x in pair.report() if " violation: " in x or " leak at exit" in x]
     assert not bad, "\n".join(bad)
+
+
+def test_gpu_pull_rate_report(daemon_factory, tmp_path, path):
+    """Prints (asserts only bytes) the time of a 256 MiB remote attach of a
+    GPU tensor against a host tensor's of the same size, interleaved, fresh
+    names each round: what the two copies through host memory cost."""
+    pair = Pair(daemon_factory, tmp_path, path)
+    n, rounds = 256 << 20, 3
+    w = pair.child(pair.a, f"""
+        for i in range({rounds}):
+            t = c.create("g/gpu%d" % i, ({n},), "uint8", device="cuda:0", mode=0o644)
+            cudrv.memset(t, i + 1)
+            t.publish()
+            c.put("g/host%d" % i, bytearray([i + 1]) * {n}, mode=0o644)
+        print("published", flush=True)
+        sys.stdin.readline()
+    """)
+    w.expect("published", timeout=300)
+    r = pair.child(pair.b, f"""
+        attach("@node-a/g/host0").release()   # the UCX endpoints made, outside the timing
+        for i in range({rounds}):
+            for kind in ("gpu", "host"):
+                if kind == "host" and i == 0:
+                    continue
+                t0 = time.perf_counter()
+                t = c.attach("@node-a/g/%s%d" % (kind, i))
+                dt = time.perf_counter() - t0
+                b = cudrv.read(t, 4096) if kind == "gpu" else bytes(memoryview(t)[:4096])
+                print("rate", kind, i, "%.1f" % (dt * 1e3), b == bytes([i + 1]) * 4096,
+                      flush=True)
+                t.release()
+    """)
+    got = {"gpu": [], "host": []}
+    for _ in range(2 * rounds - 1):
+        x = r.expect("rate ", timeout=300).split()
+        assert x[4] == "True", x
+        got[x[1]].append(float(x[3]))
+    r.finish()
+    med = {k: sorted(v)[len(v) // 2] for k, v in got.items()}
+    print(f"\nremote attach of 256 MiB ({path}, {'hardware' if SYSTEM else 'driver double'}),"
+          f" ms per round: cuda:0 {got['gpu']} host {got['host']};"
+          f" medians {med['gpu']:.1f} / {med['host']:.1f} ms:"
+          f" cuda {n / med['gpu'] / 1e6:.2f} GB/s, host {n / med['host'] / 1e6:.2f} GB/s")
+    w.send()
+    w.finish()
+    pair.finish()
