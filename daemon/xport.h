@@ -53,7 +53,11 @@ const char *xport_describe(const struct xport *x);
 int xport_connect(struct xport *x, const void *addr, size_t len, void *ep_ctx,
 		  struct xport_ep **ret, char *why, size_t why_len);
 
-/* Closes ep at once; its sends in flight end with an error (send_done). NULL-safe. */
+/*
+ * Closes ep: nothing more is said about it (ep_failed). With sends in
+ * flight it closes once they end, within 10 s (then they end with an
+ * error, send_done); without, at once. NULL-safe.
+ */
 void xport_ep_close(struct xport_ep *ep);
 
 /*

@@ -40,15 +40,31 @@ struct xport_ep {
 	void *ctx;
 	bool failed;
 	bool closed; /* xport_ep_close() was called: UCX's later words about it are ignored */
+	unsigned sends;       /* sends on it in flight */
+	uint64_t parked_ns;   /* closed with sends in flight: when (CLOCK_MONOTONIC); 0: not */
+	bool close_done;      /* UCX completed its close: it goes with its last send */
 	LIST_ENTRY(xport_ep) link;
 };
 
 /* One send in flight: the header must live until it completes. */
 struct xport_send {
 	struct xport *x;
+	struct xport_ep *ep;
 	uint64_t tag;
 	void *arg;
 };
+
+/*
+ * An endpoint closed with sends in flight is parked, not closed: UCX 1.13
+ * (Debian 12's) crashed the daemon when an endpoint was force-closed
+ * while a large send on it was stuck (its peer stopped) and the peer's
+ * traffic came back later (tests/integration/test_remote.py::
+ * test_b_stops_receiving_mid_pull: a use of a freed TCP endpoint inside
+ * uct_tcp_iface_progress, 4 runs in 10 here). Parked, it closes once its
+ * sends end (the peer takes the bytes, or its connection breaks), or after
+ * XPORT_PARK_MAX_NS at the latest.
+ */
+#define XPORT_PARK_MAX_NS (10ull * 1000000000u)
 
 /* One rendezvous receive in flight. */
 struct xport_recv {
@@ -73,6 +89,7 @@ struct xport {
 	uint64_t sent, received;
 	char describe[64];
 	LIST_HEAD(, xport_ep) eps;
+	LIST_HEAD(, xport_ep) parked;      /* closed with sends in flight (XPORT_PARK_MAX_NS) */
 	LIST_HEAD(, xport_ep) closing_eps; /* closed, their close not complete yet */
 	STAILQ_HEAD(, xport_ev) evs;
 };
@@ -157,6 +174,9 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static void ep_close_now(struct xport_ep *ep);
+static void unpark(struct xport *x);
+
 /*
  * Progresses until the worker is idle and armed, or for PROGRESS_BUDGET_NS,
  * then delivers what completed. Over TCP a large transfer keeps the worker
@@ -189,6 +209,29 @@ static void progress(struct xport *x)
 	if (x->busy)
 		kick(x);
 	deliver(x);
+	unpark(x);
+}
+
+/* Closes the parked endpoints whose sends ended, or that waited too long. */
+static void unpark(struct xport *x)
+{
+	struct xport_ep *ep, *next;
+	uint64_t now;
+
+	if (LIST_EMPTY(&x->parked) || x->closing)
+		return;
+	now = mono_ns();
+	for (ep = LIST_FIRST(&x->parked); ep; ep = next) {
+		next = LIST_NEXT(ep, link);
+		if (ep->sends && now - ep->parked_ns < XPORT_PARK_MAX_NS)
+			continue;
+		if (ep->sends)
+			log_info("ucx: an endpoint closed %llu s ago still has %u sends in flight: "
+				 "closing it now, they end with an error",
+				 (unsigned long long)((now - ep->parked_ns) / 1000000000u), ep->sends);
+		LIST_REMOVE(ep, link);
+		ep_close_now(ep);
+	}
 }
 
 static void on_poll(uv_poll_t *h, int status, int events)
@@ -208,7 +251,12 @@ static void on_idle(uv_idle_t *h)
 static void on_sent(void *request, ucs_status_t st, void *user_data)
 {
 	struct xport_send *s = user_data;
+	struct xport_ep *ep = s->ep;
 
+	if (--ep->sends == 0 && ep->close_done) {
+		LIST_REMOVE(ep, link);
+		free(ep);
+	}
 	queue_ev(s->x, EV_SEND, s->tag, s->arg, uerr(st));
 	in_flight(s->x, -1);
 	free(s);
@@ -299,6 +347,7 @@ int xport_init(struct xport **ret, uv_loop_t *loop, const struct xport_cbs *cbs,
 	x->loop = loop;
 	x->cbs = *cbs;
 	LIST_INIT(&x->eps);
+	LIST_INIT(&x->parked);
 	LIST_INIT(&x->closing_eps);
 	STAILQ_INIT(&x->evs);
 	st = ucp_config_read(NULL, NULL, &config);
@@ -418,20 +467,48 @@ int xport_connect(struct xport *x, const void *addr, size_t len, void *ep_ctx,
 	return 0;
 }
 
-/* The endpoint is gone: UCX calls nothing more about it, so its struct may go. */
-static void on_closed(void *request, ucs_status_t st, void *user_data)
+/* ep's close completed: its struct goes once no send of it is left to complete. */
+static void ep_closed(struct xport_ep *ep)
 {
-	struct xport_ep *ep = user_data;
-
+	ep->close_done = true;
+	if (ep->sends)
+		return; /* on_sent() frees it */
 	LIST_REMOVE(ep, link);
 	free(ep);
+}
+
+static void on_closed(void *request, ucs_status_t st, void *user_data)
+{
+	ep_closed(user_data);
 	ucp_request_free(request);
+}
+
+/* Asks UCX to close ep, by force: its sends in flight end with an error. */
+static void ep_close_now(struct xport_ep *ep)
+{
+	struct xport *x = ep->x;
+	ucp_request_param_t prm = { 0 };
+	ucs_status_ptr_t req;
+
+	/*
+	 * A forced close may still call the error handler, and complete the
+	 * sends it cancels, while it runs, so the struct lives, marked closed,
+	 * until the close and those sends have completed.
+	 */
+	prm.op_attr_mask =
+		UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+	prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+	prm.cb.send = on_closed;
+	prm.user_data = ep;
+	LIST_INSERT_HEAD(&x->closing_eps, ep, link);
+	req = ucp_ep_close_nbx(ep->ep, &prm);
+	if (!UCS_PTR_IS_PTR(req)) /* closed at once (or failed) */
+		ep_closed(ep);
+	kick(x);
 }
 
 void xport_ep_close(struct xport_ep *ep)
 {
-	ucp_request_param_t prm = { 0 };
-	ucs_status_ptr_t req;
 	struct xport_ev *e, *next;
 	struct xport *x;
 
@@ -447,24 +524,14 @@ void xport_ep_close(struct xport_ep *ep)
 			free(e);
 		}
 	}
-	/*
-	 * A forced close may still call the error handler while it runs (UCX
-	 * 1.13 did, once in a CI run: a use of the freed struct, a crash), so
-	 * the struct lives, marked closed, until the close completes.
-	 */
 	ep->closed = true;
-	prm.op_attr_mask =
-		UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-	prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
-	prm.cb.send = on_closed;
-	prm.user_data = ep;
-	LIST_INSERT_HEAD(&x->closing_eps, ep, link);
-	req = ucp_ep_close_nbx(ep->ep, &prm);
-	if (!UCS_PTR_IS_PTR(req)) { /* closed at once (or failed): nothing more comes about it */
-		LIST_REMOVE(ep, link);
-		free(ep);
+	if (ep->sends) { /* parked: see XPORT_PARK_MAX_NS */
+		ep->parked_ns = mono_ns();
+		LIST_INSERT_HEAD(&x->parked, ep, link);
+		kick(x);
+		return;
 	}
-	kick(x);
+	ep_close_now(ep);
 }
 
 int xport_send(struct xport_ep *ep, uint64_t tag, const void *buf, size_t len, void *arg)
@@ -479,7 +546,7 @@ int xport_send(struct xport_ep *ep, uint64_t tag, const void *buf, size_t len, v
 	s = malloc(sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	*s = (struct xport_send){ .x = x, .tag = tag, .arg = arg };
+	*s = (struct xport_send){ .x = x, .ep = ep, .tag = tag, .arg = arg };
 	prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
 	prm.cb.send = on_sent;
 	prm.user_data = s;
@@ -493,6 +560,7 @@ int xport_send(struct xport_ep *ep, uint64_t tag, const void *buf, size_t len, v
 		queue_ev(x, EV_SEND, tag, arg, 0);
 		free(s);
 	} else {
+		ep->sends++;
 		in_flight(x, 1);
 	}
 	return 0;
@@ -521,6 +589,10 @@ void xport_fini(struct xport *x)
 		return;
 	while ((ep = LIST_FIRST(&x->eps)))
 		xport_ep_close(ep);
+	while ((ep = LIST_FIRST(&x->parked))) {
+		LIST_REMOVE(ep, link);
+		ep_close_now(ep);
+	}
 	x->closing = true;
 	while ((e = STAILQ_FIRST(&x->evs))) {
 		STAILQ_REMOVE_HEAD(&x->evs, link);
