@@ -346,6 +346,9 @@ test-asan:
 	$(Q)set -e; for t in $(subst $(B)/,build-asan/,$(UNIT_BIN)); do echo "== $$t"; $$t; done
 	$(Q)ASAN_OPTIONS=detect_leaks=1 TENSORD_BUILD=$(abspath build-asan) TENSORD_SANITIZED=1 \
 		$(PYTEST) -q -rs tests/integration
+	$(Q)ASAN_OPTIONS=detect_leaks=1 TENSORD_BUILD=$(abspath build-asan) TENSORD_SANITIZED=1 \
+		PYTHONPATH=$(abspath $(B))/python $(PYTEST) -q -rs tests/python/test_gpu_remote.py \
+		-k "not rate_report"
 
 # The threads (the GPU worker, the host pool's worker, the client's flusher)
 # under ThreadSanitizer: the unit tests that run them, and the daemon over the
@@ -361,12 +364,15 @@ TSAN_UNIT := test_backend_gpu test_client_gpu test_pool
 # and clear its shadow, which held a daemon's loop past the peers' 3 s
 # heartbeat bound in one CI run (the peers then called each other down).
 TSAN_DESELECT := not big_pull_moves and not kill_b_holding and not kill_a_mid and not stops_receiving
+# GPU tensors across nodes (the GPU worker's staging jobs on both daemons),
+# over the driver double: the tests of at most 40 MiB.
+TSAN_GPU_REMOTE := pulled_onto_the_gpu or set_in_one_commit or replaced_gpu_tensor
 test-tsan:
 	$(Q)$(MAKE) --no-print-directory B=build-tsan CFLAGS="-O1 -g -fsanitize=thread" \
 		LDFLAGS="-fsanitize=thread" build-tsan/tensord build-tsan/tensorctl \
 		build-tsan/tests/helpers/tdclient build-tsan/tests/helpers/tensord-fakegpu \
 		build-tsan/tests/helpers/bind_stress \
-		$(TSAN_UNIT:%=build-tsan/tests/unit/%)
+		$(TSAN_UNIT:%=build-tsan/tests/unit/%) $(subst $(B)/,build-tsan/,$(DBL_LIBS))
 	$(Q)set -e; for t in $(TSAN_UNIT); do echo "== build-tsan/tests/unit/$$t"; \
 		TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/unit/$$t; done
 	$(Q)TSAN_OPTIONS="halt_on_error=1 exitcode=66" TENSORD_BUILD=$(abspath build-tsan) \
@@ -374,6 +380,10 @@ test-tsan:
 		TENSORD_SANITIZED=1 $(PYTEST) -q -rs tests/integration/test_gpu_async.py tests/integration/test_bindings_threads.py \
 		tests/integration/test_pool.py tests/integration/test_peers.py tests/integration/test_remote.py \
 		tests/integration/test_remote_sets.py -k "$(TSAN_DESELECT)"
+	$(Q)TSAN_OPTIONS="halt_on_error=1 exitcode=66" TENSORD_BUILD=$(abspath build-tsan) \
+		UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no TENSORD_SANITIZED=1 \
+		PYTHONPATH=$(abspath $(B))/python $(PYTEST) -q -rs tests/python/test_gpu_remote.py \
+		-k "$(TSAN_GPU_REMOTE)"
 
 run:
 	$(Q)VENV=$(VENV) bash deploy/setup.sh run
