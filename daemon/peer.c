@@ -26,8 +26,11 @@
  * nothing taken. The clients' transport (conn.c) is not reused itself: it
  * is built around sendmsg() and descriptors on its own socket, where a
  * peer's is a libuv stream, so only its limits and its rule are shared.
+ *
+ * The --peers-dns names and their addresses are peer_dns.c's (peer_int.h);
+ * it dials them with peer_conn_dial_target().
  */
-#include "peer.h"
+#include "peer_int.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -170,16 +173,6 @@ static void schedule_redial(struct peer *p)
 		p->backoff_ms >= PEER_REDIAL_MAX_MS / 2 ? PEER_REDIAL_MAX_MS : p->backoff_ms * 2;
 }
 
-static void target_redial_later(struct peer_target *t);
-
-/* Each --peers-dns address that led to p is dialled again (p went down). */
-static void targets_redial(struct peer *p)
-{
-	for (unsigned i = 0; i < p->set->n_targets; i++)
-		if (p->set->targets[i]->peer == p)
-			target_redial_later(p->set->targets[i]);
-}
-
 /* Who a connection is with, for the log: a peer's name, or the DNS name that gave its address. */
 static const char *conn_who(const struct peer_conn *pc)
 {
@@ -256,7 +249,7 @@ pc_close(struct peer_conn *pc, enum close_kind kind, const char *fmt, ...)
 			snprintf(p->error, sizeof(p->error), "connection lost: %s", reason);
 		}
 		schedule_redial(p);
-		targets_redial(p);
+		peer_targets_redial(p);
 	} else if (p && p->dial == pc) {
 		p->dial = NULL;
 		if (kind != CLOSE_QUIET && !p->up) {
@@ -274,7 +267,7 @@ pc_close(struct peer_conn *pc, enum close_kind kind, const char *fmt, ...)
 
 		t->dial = NULL;
 		pc->target = NULL;
-		target_redial_later(t);
+		peer_target_redial_later(t);
 	}
 	LIST_REMOVE(pc, link);
 	uv_timer_stop(&pc->timer);
@@ -483,7 +476,7 @@ static void sockaddr_text(const struct sockaddr *sa, char *out, size_t len);
  * [::] sees an IPv4 dialler as ::ffff:a.b.c.d, the dialler itself as
  * a.b.c.d.
  */
-static void sockaddr_text_plain(const struct sockaddr *sa, char *out, size_t len)
+void peer_sockaddr_text_plain(const struct sockaddr *sa, char *out, size_t len)
 {
 	const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)sa;
 	struct sockaddr_in s4 = { .sin_family = AF_INET };
@@ -506,7 +499,7 @@ static bool conn_end_text(struct peer_conn *pc, bool local, char *out, size_t le
 
 	if (r < 0)
 		return false;
-	sockaddr_text_plain((struct sockaddr *)&ss, out, len);
+	peer_sockaddr_text_plain((struct sockaddr *)&ss, out, len);
 	return true;
 }
 
@@ -967,22 +960,13 @@ static void on_redial(uv_timer_t *t)
 	peer_dial(t->data);
 }
 
-/* --- --peers-dns: names resolved to the peers' addresses ------------------------ */
-
-/* Dials t, unless it is this daemon, being dialled, or its node is up. */
-static void target_dial(struct peer_target *t)
+int peer_conn_dial_target(struct peer_target *t)
 {
-	struct peer_set *set = t->dns->set;
-	struct peer_conn *pc;
+	struct peer_conn *pc = pc_new(t->dns->set, true);
 	int r;
 
-	if (set->stopping || t->self || t->dial || (t->peer && t->peer->up))
-		return;
-	pc = pc_new(set, true);
-	if (!pc) {
-		target_redial_later(t);
-		return;
-	}
+	if (!pc)
+		return -ENOMEM;
 	pc->target = t;
 	t->dial = pc;
 	snprintf(pc->addr, sizeof(pc->addr), "%s", t->addr);
@@ -991,208 +975,12 @@ static void target_dial(struct peer_target *t)
 			   on_connected);
 	if (r < 0)
 		pc_close(pc, CLOSE_LOST, "cannot connect to %s: %s", pc->addr, uv_strerror(r));
+	return 0;
 }
 
-static void on_target_redial(uv_timer_t *h)
+void peer_conn_forget_target(struct peer_conn *pc)
 {
-	target_dial(h->data);
-}
-
-/* t is dialled again after its back-off, which then doubles (as a --peer's). */
-static void target_redial_later(struct peer_target *t)
-{
-	struct peer_set *set = t->dns->set;
-
-	if (set->stopping || t->self || t->dial || (t->peer && t->peer->up))
-		return;
-	uv_timer_start(&t->redial, on_target_redial, t->backoff_ms, 0);
-	t->backoff_ms =
-		t->backoff_ms >= PEER_REDIAL_MAX_MS / 2 ? PEER_REDIAL_MAX_MS : t->backoff_ms * 2;
-}
-
-static void target_free(uv_handle_t *h)
-{
-	free(h->data);
-}
-
-static struct peer_target *target_find(struct peer_set *set, const struct peer_dns *d,
-				       const char *addr)
-{
-	for (unsigned i = 0; i < set->n_targets; i++)
-		if (set->targets[i]->dns == d && strcmp(set->targets[i]->addr, addr) == 0)
-			return set->targets[i];
-	return NULL;
-}
-
-static struct peer_target *target_add(struct peer_dns *d, const struct addrinfo *a,
-				      const char *addr)
-{
-	struct peer_set *set = d->set;
-	struct peer_target *t;
-
-	if (set->n_targets == PEER_TARGET_MAX) {
-		log_limited(TD_LOG_WARN, LOG_KIND_PEER_REFUSED, NULL, NULL,
-			    "--peers-dns %s: %s not dialled: %d addresses are known already",
-			    d->host, addr, PEER_TARGET_MAX);
-		return NULL;
-	}
-	t = calloc(1, sizeof(*t));
-	if (!t) {
-		log_warn("--peers-dns %s: %s not dialled: out of memory", d->host, addr);
-		return NULL;
-	}
-	t->dns = d;
-	memcpy(&t->sa, a->ai_addr, a->ai_addrlen);
-	snprintf(t->addr, sizeof(t->addr), "%s", addr);
-	t->backoff_ms = PEER_REDIAL_MIN_MS;
-	uv_timer_init(set->loop, &t->redial);
-	t->redial.data = t;
-	set->targets[set->n_targets++] = t;
-	log_info("--peers-dns %s: %s found", d->host, addr);
-	return t;
-}
-
-/*
- * The i-th target left its name's answer. It is not dialled again; a
- * connection up to its node stays (a DNS hiccup must not cut a working
- * peer), and that peer, once down, is not dialled again unless it comes
- * back in an answer. A dial in progress goes on, on its own.
- */
-static void target_drop(struct peer_set *set, unsigned i)
-{
-	struct peer_target *t = set->targets[i];
-	struct peer *p = t->peer;
-
-	log_info("--peers-dns %s: %s left its answer%s%s%s", t->dns->host, t->addr,
-		 p ? "; peer " : "", p ? p->name : "",
-		 !p      ? ""
-		 : p->up ? " stays up until its connection ends"
-			 : " is not dialled again");
-	if (p && !p->up && !p->configured)
-		snprintf(p->error, sizeof(p->error),
-			 "not dialled: %.60s left the answer of --peers-dns %.200s", t->addr,
-			 t->dns->host);
-	if (t->dial)
-		t->dial->target = NULL;
-	memmove(&set->targets[i], &set->targets[i + 1],
-		(set->n_targets - i - 1) * sizeof(set->targets[0]));
-	set->n_targets--;
-	uv_close((uv_handle_t *)&t->redial, target_free);
-}
-
-/* A good answer: new addresses are dialled, those gone are dropped. */
-static void dns_apply(struct peer_dns *d, const struct addrinfo *ai)
-{
-	struct peer_set *set = d->set;
-	char addr[PEER_ADDR_MAX];
-	unsigned n = 0;
-
-	for (unsigned i = 0; i < set->n_targets; i++)
-		set->targets[i]->seen = false;
-	for (const struct addrinfo *a = ai; a; a = a->ai_next) {
-		struct peer_target *t;
-
-		if ((a->ai_family != AF_INET && a->ai_family != AF_INET6) ||
-		    a->ai_addrlen > sizeof(t->sa))
-			continue;
-		sockaddr_text_plain(a->ai_addr, addr, sizeof(addr));
-		t = target_find(set, d, addr);
-		if (!t) {
-			t = target_add(d, a, addr);
-			if (t)
-				target_dial(t);
-		}
-		if (t && !t->seen) {
-			t->seen = true;
-			n++;
-		}
-	}
-	d->n_addrs = n;
-	for (unsigned i = set->n_targets; i-- > 0;)
-		if (set->targets[i]->dns == d && !set->targets[i]->seen)
-			target_drop(set, i);
-}
-
-/* A failed resolution keeps the addresses of the last good one (a hiccup is no departure). */
-static void dns_failed(struct peer_dns *d, int status)
-{
-	d->failures++;
-	snprintf(d->error, sizeof(d->error), "cannot resolve %.200s: %s", d->host,
-		 uv_strerror(status));
-	log_limited(TD_LOG_WARN, LOG_KIND_PEER_REFUSED, NULL, NULL,
-		    "--peers-dns %s:%u: %s (%s); asked again in %d s, the last answer's %u "
-		    "addresses kept",
-		    d->host, d->port, d->error, uv_err_name(status), PEER_DNS_INTERVAL_MS / 1000,
-		    d->n_addrs);
-}
-
-static void on_dns_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *ai)
-{
-	struct peer_dns *d = req->data;
-
-	d->resolving = false;
-	if (d->set->stopping || status == UV_ECANCELED) {
-		uv_freeaddrinfo(ai);
-		return;
-	}
-	d->resolutions++;
-	if (status < 0 || !ai) {
-		dns_failed(d, status < 0 ? status : UV_EAI_NODATA);
-		uv_freeaddrinfo(ai);
-		return;
-	}
-	if (d->error[0])
-		log_info("--peers-dns %s: resolves again", d->host);
-	d->error[0] = '\0';
-	dns_apply(d, ai);
-	uv_freeaddrinfo(ai);
-}
-
-/* Every PEER_DNS_INTERVAL_MS: d's name asked again, on libuv's thread pool (never the loop). */
-static void on_dns_timer(uv_timer_t *h)
-{
-	struct peer_dns *d = h->data;
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
-	char port[8];
-	int r;
-
-	if (d->resolving || d->set->stopping)
-		return;
-	snprintf(port, sizeof(port), "%u", d->port);
-	d->gai.data = d;
-	r = uv_getaddrinfo(d->set->loop, &d->gai, on_dns_resolved, d->host, port, &hints);
-	if (r < 0) {
-		dns_failed(d, r);
-		return;
-	}
-	d->resolving = true;
-}
-
-static void dns_start(struct peer_set *set, const struct peer_config *cfg)
-{
-	for (unsigned i = 0; i < cfg->n_dns; i++) {
-		struct peer_dns *d = &set->dns[i];
-
-		d->set = set;
-		snprintf(d->host, sizeof(d->host), "%s", cfg->dns[i].host);
-		d->port = cfg->dns[i].port;
-		uv_timer_init(set->loop, &d->timer);
-		d->timer.data = d;
-		uv_timer_start(&d->timer, on_dns_timer, 0, PEER_DNS_INTERVAL_MS);
-		set->n_dns++;
-	}
-}
-
-static void dns_stop(struct peer_set *set)
-{
-	for (unsigned i = 0; i < set->n_dns; i++) {
-		if (set->dns[i].resolving)
-			uv_cancel((uv_req_t *)&set->dns[i].gai);
-		uv_close((uv_handle_t *)&set->dns[i].timer, NULL);
-	}
-	for (unsigned i = 0; i < set->n_targets; i++)
-		uv_close((uv_handle_t *)&set->targets[i]->redial, target_free);
-	set->n_targets = 0;
+	pc->target = NULL;
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -1356,7 +1144,7 @@ int peer_set_start(struct peer_set *set, uv_loop_t *loop, const struct peer_conf
 	}
 	for (unsigned i = 0; i < set->n_peers; i++)
 		peer_dial(set->peers[i]);
-	dns_start(set, cfg);
+	peer_dns_start(set, cfg);
 	log_info("peering as node %s (instance %016" PRIx64
 		 "): %s%s, %u peers configured, %u DNS names of peers",
 		 set->self, set->instance, cfg->listen ? "listening on " : "not listening",
@@ -1382,7 +1170,7 @@ void peer_set_stop(struct peer_set *set)
 			uv_cancel((uv_req_t *)&p->gai);
 		uv_close((uv_handle_t *)&p->redial, NULL);
 	}
-	dns_stop(set);
+	peer_dns_stop(set);
 }
 
 void peer_set_fini(struct peer_set *set)

@@ -204,13 +204,20 @@ int tensord_clients(tensord_client *c, tensord_client_info **ret_clients, size_t
 	return 0;
 }
 
-int tensord_peers(tensord_client *c, char *node, tensord_peer_info **ret_peers, size_t *ret_count)
+/*
+ * The daemon's PeerList (one reply holds it all) and a zeroed array for
+ * its peers, or for its DNS names of peers when dns: 0 with *ret_rep the
+ * caller's (tensord__reply__free_unpacked()) and *ret_v, *ret_n records
+ * of size sz, the caller's too; or -errno (message set).
+ */
+static int peer_list(tensord_client *c, bool dns, size_t sz, Tensord__Reply **ret_rep, void **ret_v,
+		     size_t *ret_n)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__PeerList pl = TENSORD__PEER_LIST__INIT;
-	tensord_peer_info *v;
 	Tensord__Reply *rep;
 	size_t n;
+	void *v;
 	int r;
 
 	req.body_case = TENSORD__REQUEST__BODY_PEER_LIST;
@@ -218,12 +225,29 @@ int tensord_peers(tensord_client *c, char *node, tensord_peer_info **ret_peers, 
 	r = page(c, &req, TENSORD__REPLY__BODY_PEER_LIST, "peers", &rep);
 	if (r < 0)
 		return r;
-	n = rep->peer_list->n_peers;
-	v = calloc(n ? n : 1, sizeof(*v));
+	n = dns ? rep->peer_list->n_dns : rep->peer_list->n_peers;
+	v = calloc(n ? n : 1, sz);
 	if (!v) {
 		tensord__reply__free_unpacked(rep, NULL);
-		return td_set_error(-ENOMEM, "out of memory for %zu peers", n);
+		return td_set_error(-ENOMEM, "out of memory for %zu %s", n,
+				    dns ? "DNS names of peers" : "peers");
 	}
+	*ret_rep = rep;
+	*ret_v = v;
+	*ret_n = n;
+	return 0;
+}
+
+int tensord_peers(tensord_client *c, char *node, tensord_peer_info **ret_peers, size_t *ret_count)
+{
+	tensord_peer_info *v;
+	Tensord__Reply *rep;
+	size_t n;
+	int r;
+
+	r = peer_list(c, false, sizeof(*v), &rep, (void **)&v, &n);
+	if (r < 0)
+		return r;
 	for (size_t i = 0; i < n; i++) {
 		const Tensord__PeerInfo *w = rep->peer_list->peers[i];
 		tensord_peer_info *p = &v[i];
@@ -258,24 +282,14 @@ int tensord_peers(tensord_client *c, char *node, tensord_peer_info **ret_peers, 
 
 int tensord_peers_dns(tensord_client *c, tensord_peer_dns_info **ret_dns, size_t *ret_count)
 {
-	Tensord__Request req = TENSORD__REQUEST__INIT;
-	Tensord__PeerList pl = TENSORD__PEER_LIST__INIT;
 	tensord_peer_dns_info *v;
 	Tensord__Reply *rep;
 	size_t n;
 	int r;
 
-	req.body_case = TENSORD__REQUEST__BODY_PEER_LIST;
-	req.peer_list = &pl;
-	r = page(c, &req, TENSORD__REPLY__BODY_PEER_LIST, "peers", &rep);
+	r = peer_list(c, true, sizeof(*v), &rep, (void **)&v, &n);
 	if (r < 0)
 		return r;
-	n = rep->peer_list->n_dns;
-	v = calloc(n ? n : 1, sizeof(*v));
-	if (!v) {
-		tensord__reply__free_unpacked(rep, NULL);
-		return td_set_error(-ENOMEM, "out of memory for %zu DNS names of peers", n);
-	}
 	for (size_t i = 0; i < n; i++) {
 		const Tensord__PeerDnsInfo *w = rep->peer_list->dns[i];
 		tensord_peer_dns_info *d = &v[i];

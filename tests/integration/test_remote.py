@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import build_path, wait_until
-from test_peers import free_port, secret_file, state_is
+from test_peers import free_port, peers, secret_file, state_is
 
 # The integration suites run without PYTHONPATH: the Python module of this
 # build, or of the plain build when this one has none (the sanitizer builds
@@ -40,24 +40,60 @@ def start_pair(daemon_factory, tmp_path, exports=("model/",), extra_a=(), extra_
     b = daemon_factory("--node-name", "node-b", "--peer-listen", "127.0.0.1:%d" % pb,
                        "--peer", "node-a=127.0.0.1:%d" % pa, "--peer-secret-file", key,
                        *extra_b, env=UCX_ENV, sub="b")
-    assert wait_until(lambda: state_is(a, "node-b", "up") and state_is(b, "node-a", "up"),
-                      timeout=10)
-    if "built without UCX" in b.read_log():
-        pytest.skip("tensord was built without UCX")
+    pair_up(a, b)
     return a, b
 
 
-def attach_when_ready(cb, name, timeout=10):
-    """The UCX addresses cross just after the peers come up: retry EHOSTUNREACH."""
+def pair_up(a, b, timeout=10):
+    """Waits until node-a (a) and node-b (b) call each other up; skips the
+    test when tensord was built without UCX."""
+    assert wait_until(lambda: state_is(a, "node-b", "up") and state_is(b, "node-a", "up"),
+                      timeout=timeout), (peers(a), peers(b), a.read_log()[-2000:])
+    if "built without UCX" in b.read_log():
+        pytest.skip("tensord was built without UCX")
+
+
+def when_ready(attach, what, timeout=10):
+    """attach(what), retried while the peer has not sent its UCX worker
+    address: the UCX addresses cross just after the peers come up."""
     end = time.monotonic() + timeout
     while True:
         try:
-            return cb.attach(name)
+            return attach(what)
         except OSError as e:
             if "has not sent its UCX worker address" not in str(e) or \
                     time.monotonic() > end:
                 raise
             time.sleep(0.05)
+
+
+def attach_when_ready(cb, name, timeout=10):
+    """The UCX addresses cross just after the peers come up: retry EHOSTUNREACH."""
+    return when_ready(cb.attach, name, timeout)
+
+
+def attach_many_when_ready(cb, what, timeout=10):
+    """cb.attach_many(what), retried as attach_when_ready() does."""
+    return when_ready(cb.attach_many, what, timeout)
+
+
+def start_node_m(daemon_factory, tmp_path):
+    """A daemon node-m listening for peers on 127.0.0.1 and exporting
+    model/, for a FakePeer (test_peers.py) to speak to: (d, key, port)."""
+    key = secret_file(tmp_path, "peer.key")
+    port = free_port()
+    d = daemon_factory("--node-name", "node-m", "--peer-listen", "127.0.0.1:%d" % port,
+                       "--peer-secret-file", key, "--export", "model/", env=UCX_ENV, sub="m")
+    return d, key, port
+
+
+def fake_peer_up(d, key, port):
+    """A FakePeer node-z dialled to node-m (d), once d calls it up: (me, s)."""
+    from test_peers import FakePeer
+    me = FakePeer("node-z", key)
+    s = me.dial(port, "node-m")
+    assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
+    return me, s
 
 
 def host_used(d):
@@ -412,10 +448,7 @@ def test_kill_a_then_attach_clear_error(daemon_factory, tmp_path):
     with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
         ca.put("model/w", np.ones(1 << 20, np.float32), mode=0o644)
         attach_when_ready(cb, "@node-a/model/w").release()
-        os.kill(a.pid, signal.SIGKILL)
-        a.proc.wait()
-        a.log.close()
-        a.proc = None  # reaped here
+        kill(a)
         # Until node-b notices (EOF at once, or three heartbeats), an attach
         # fails with the connection lost or the peer down; never bytes.
         with pytest.raises(OSError) as e:
@@ -487,14 +520,15 @@ def test_replica_share_of_one_peer(daemon_factory, tmp_path):
         assert s["remote_replicas"] == 1 and s["remote_replica_bytes"] == 3 * mib, s
 
 
-def pull_in_thread(cb, name):
-    """cb.attach(name) on a thread: (thread, out), out["t"] or out["e"] once done."""
+def pull_in_thread(cb, name, many=False):
+    """cb.attach(name), or cb.attach_many(name) when many, on a thread:
+    (thread, out), out["t"] or out["e"] once done."""
     import threading
     out = {}
 
     def pull():
         try:
-            out["t"] = cb.attach(name)
+            out["t"] = cb.attach_many(name) if many else cb.attach(name)
         except OSError as e:
             out["e"] = e
 
@@ -523,6 +557,7 @@ def stop_once_sending(ca, a, stopped, out):
 
 
 def kill(d):
+    """SIGKILLs d and reaps it."""
     os.kill(d.pid, signal.SIGKILL)
     d.proc.wait()
     d.log.close()
@@ -662,17 +697,12 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
     """An authenticated peer that breaks the remote attach protocol: the
     daemon answers or closes that connection, holds nothing for it, and
     serves its clients throughout."""
-    from test_peers import FakePeer, fbytes, fint, frame
-    key = secret_file(tmp_path, "peer.key")
-    port = free_port()
-    d = daemon_factory("--node-name", "node-m", "--peer-listen", "127.0.0.1:%d" % port,
-                       "--peer-secret-file", key, "--export", "model/", env=UCX_ENV, sub="m")
+    from test_peers import fbytes, fint, frame
+    d, key, port = start_node_m(daemon_factory, tmp_path)
     with tensord.Client(d.socket) as c:
         # 16 KiB: past the inline size, so a pull holds a lease until its Go.
         gen = c.put("model/w", np.arange(4096, dtype=np.float32), mode=0o644)
-        me = FakePeer("node-z", key)
-        s = me.dial(port, "node-m")
-        assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
+        me, s = fake_peer_up(d, key, port)
 
         def send(field, body):
             # Each with a heartbeat: the daemon calls a silent peer down after 3 s.
@@ -726,17 +756,7 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
         send(7, fint(1, 10))
         assert wait_until(lambda: d.stats()["remote_pull_leases"] == 0, timeout=5)
         assert d.alive()
-        out = {}
-
-        def attach():
-            try:
-                out["t"] = c.attach("@node-z/x")
-            except OSError as ex:
-                out["e"] = ex
-
-        import threading
-        th = threading.Thread(target=attach)
-        th.start()
+        th, out = pull_in_thread(c, "@node-z/x")
         r = peer_frames(s, 5)                          # the daemon's Pull
         assert r[2] == b"x"
         # Its id tags the bytes' UCX message, which anyone reaching the port
@@ -802,17 +822,13 @@ def test_peer_that_stops_reading_memory_bounded(daemon_factory, tmp_path):
     requests, and with nothing taken for 3 s it drops the peer, its memory
     far below what the peer asked for, its clients served throughout."""
     import threading
-    from test_peers import FakePeer, fbytes, fint, frame
-    key = secret_file(tmp_path, "peer.key")
-    port = free_port()
-    d = daemon_factory("--node-name", "node-m", "--peer-listen", "127.0.0.1:%d" % port,
-                       "--peer-secret-file", key, "--export", "model/", env=UCX_ENV, sub="m")
+    from test_peers import fbytes, fint, frame
+    d, key, port = start_node_m(daemon_factory, tmp_path)
     with tensord.Client(d.socket) as c:
         c.put("model/small", np.arange(2048, dtype=np.float32), mode=0o644)  # 8 KiB: inline
         c.put("local/x", np.ones(4))
         rss0 = status_kib(d.pid, "VmRSS")
-        s = FakePeer("node-z", key).dial(port, "node-m")
-        assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
+        _, s = fake_peer_up(d, key, port)
         n = 65536  # small requests (1.6 MB of them) for 512 MiB of replies
         asked = n * 8192
         assert asked >= 512 << 20

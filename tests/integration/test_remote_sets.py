@@ -6,9 +6,7 @@ member, bytes identical, all of the same commit, never a mix of versions
 while node-a's writer commits new ones. A member not exported fails the
 whole set naming it; node-a killed mid-pull leaves no replica on node-b."""
 import errno
-import os
 import re
-import signal
 import threading
 
 import numpy as np
@@ -16,7 +14,8 @@ import pytest
 
 from conftest import wait_until
 from test_core import Client
-from test_remote import start_pair, host_used, tensord
+from test_remote import (attach_many_when_ready, fake_peer_up, host_used, kill,
+                         pull_in_thread, start_node_m, start_pair, tensord)
 
 PEER = "@node-a/"
 
@@ -26,20 +25,6 @@ SET = {
     "model/set/big": np.random.default_rng(3).integers(0, 255, 17 << 20, np.uint8),  # 17 MiB
     "model/set/half": np.linspace(0, 1, 3000).astype(np.float16).reshape(30, 100),
 }
-
-
-def attach_many_when_ready(cb, what, timeout=10):
-    """The UCX addresses cross just after the peers come up: retry until they have."""
-    import time
-    end = time.monotonic() + timeout
-    while True:
-        try:
-            return cb.attach_many(what)
-        except OSError as e:
-            if "has not sent its UCX worker address" not in str(e) or \
-                    time.monotonic() > end:
-                raise
-            time.sleep(0.05)
 
 
 def replica_names(cb):
@@ -221,23 +206,11 @@ def test_kill_a_mid_set_pull_no_replica_left(daemon_factory, tmp_path):
         ca.put_many(big, mode=0o644)
         used0 = host_used(b)
         replicas0 = replica_names(cb)
-        out = {}
-
-        def pull():
-            try:
-                out["t"] = cb.attach_many(PEER + "model/k/")
-            except OSError as e:
-                out["e"] = e
-
-        th = threading.Thread(target=pull)
-        th.start()
+        th, out = pull_in_thread(cb, PEER + "model/k/", many=True)
         # Kill node-a once it leased the set (its bytes not all sent yet).
         assert wait_until(lambda: a.stats().get("remote_pull_leases", 0) > 0 or
                           "e" in out or "t" in out, timeout=10, interval=0.001)
-        os.kill(a.pid, signal.SIGKILL)
-        a.proc.wait()
-        a.log.close()
-        a.proc = None  # reaped here
+        kill(a)
         th.join(30)
         assert not th.is_alive()
         if "t" in out:
@@ -258,19 +231,14 @@ def test_hostile_peer_set_frames(daemon_factory, tmp_path):
     per member whose leases its PullDones end; as a server that answers
     with a member the set did not ask for, it fails the client's set with
     EPROTO naming it, and nothing is published."""
-    from test_peers import FakePeer, fbytes, fint, frame, free_port, secret_file, state_is
-    from test_remote import UCX_ENV, peer_frames, zigzag
-    key = secret_file(tmp_path, "peer.key")
-    port = free_port()
-    d = daemon_factory("--node-name", "node-m", "--peer-listen", "127.0.0.1:%d" % port,
-                       "--peer-secret-file", key, "--export", "model/", env=UCX_ENV, sub="m")
+    from test_peers import fbytes, fint, frame
+    from test_remote import peer_frames, zigzag
+    d, key, port = start_node_m(daemon_factory, tmp_path)
     with tensord.Client(d.socket) as c:
         commit = c.put_many({"model/s/big": np.arange(4096, dtype=np.float32),  # 16 KiB
                              "model/s/tiny": np.arange(16, dtype=np.int32)}, mode=0o644)
         c.put("other/w", np.ones(4, np.float32), mode=0o644)
-        me = FakePeer("node-z", key)
-        s = me.dial(port, "node-m")
-        assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
+        _, s = fake_peer_up(d, key, port)
 
         def send(field, body):
             s.sendall(frame(fbytes(3, fint(1, 1))) + frame(fbytes(field, body)))
@@ -296,16 +264,7 @@ def test_hostile_peer_set_frames(daemon_factory, tmp_path):
         # As the server of a set: a garbage UCX address lets the client's set through.
         send(4, fbytes(1, b"\x01\x02garbage"))
         assert wait_until(lambda: "UCX endpoint" in d.read_log(), timeout=5)
-        out = {}
-
-        def pull():
-            try:
-                out["t"] = c.attach_many(["@node-z/a", "@node-z/b"])
-            except OSError as ex:
-                out["e"] = ex
-
-        th = threading.Thread(target=pull)
-        th.start()
+        th, out = pull_in_thread(c, ["@node-z/a", "@node-z/b"], many=True)
         r = peer_frames(s, 9)                             # the daemon's SetPull
         sid = r[1]
         send(10, fint(1, sid) + fint(4, 7) + fint(5, 2))  # two members
