@@ -1,0 +1,333 @@
+/*
+ * What the four parts of remote attach (remote.h; docs/remote.md) share,
+ * and nothing else includes: remote.c (start and stop, peers up and down,
+ * their frames dispatched, the data path's callbacks, the GPU worker's
+ * jobs, populating mappings ahead of UCX, the replica keep timer, a
+ * client's close and cancel), remote_serve.c (node A: serving pulls and
+ * set pulls, the names a peer watches), remote_pull.c (node B: pulls,
+ * their waits and replicas, GPU replicas) and remote_set.c (node B:
+ * pulling a set, published in one commit).
+ */
+#ifndef TENSORD_REMOTE_INT_H
+#define TENSORD_REMOTE_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/queue.h>
+
+#include <uv.h>
+
+#include "peer.h"
+#include "proto/tensord.pb-c.h"
+#include "registry.h"
+#include "remote.h"
+#include "xport.h"
+
+struct client;
+struct server;
+
+#define ATTACH TENSORD__REQUEST__BODY_ATTACH
+/* A pull's deadline: 5 s and the size at 100 MB/s. */
+#define PULL_BASE_MS 5000u
+#define PULL_BYTES_PER_MS 100000u
+
+struct rpeer;
+struct gjob;
+
+/* A: one pull of a peer's being served. */
+struct serve {
+	struct rpeer *rp;
+	uint64_t id; /* the peer's pull id */
+	uint64_t epoch;
+	uint64_t lease;   /* in rp->rc, while epoch is current */
+	struct tensor *t; /* borrowed: valid while that lease lives */
+	uint64_t fd_off, len;
+	void *map; /* owned; NULL until mapped (a GPU tensor's: its copy in host memory) */
+	size_t map_len;
+	size_t pop_off; /* populated ahead of UCX up to here (populate_step) */
+	/*
+	 * A GPU tensor's (docs/remote.md, "GPU tensors across nodes"): waiting
+	 * for room to copy it out, then being copied by the GPU worker; the
+	 * reply goes once its bytes are in host memory.
+	 */
+	enum { SV_STAGE_WAIT, SV_STAGING, SV_LEASED, SV_QUEUED, SV_SENDING } st;
+	struct gjob *job; /* the copy under way; NULL: none */
+	uint64_t staged;  /* bytes of host memory it counts in rp->staged */
+	char *member;     /* a set's member: its name, for the reply (owned); NULL: a single pull */
+	TAILQ_ENTRY(serve) link;
+};
+
+/* One peer as remote attach sees it (peer->data). */
+struct rpeer {
+	struct remote *rm;
+	struct peer *p;
+	struct xport_ep *ep; /* to its worker, made when its address comes; NULL: none */
+	void *addr;          /* its worker's address (owned); NULL until it came */
+	size_t addr_len;
+	uint64_t epoch; /* connections up so far */
+	bool up;
+	struct reg_client rc; /* A: owns the pull leases of this connection */
+	bool rc_live;
+	uint64_t inflight; /* bytes being sent to it */
+	uint64_t staged;   /* host memory holding copies of GPU tensors being served to it */
+	unsigned n_serves;
+	TAILQ_HEAD(, serve) serves;
+	void *watched; /* A: tsearch tree of names it holds replicas of (owned strings) */
+	unsigned n_watched;
+};
+
+/* B: a client's attach waiting on a pull. */
+struct pwait {
+	struct client *cl;
+	uint64_t id, have_id;
+	bool bind;
+	size_t n_have_shares;
+	uint64_t *have_shares; /* owned: slabs whose descriptor the client holds */
+	LIST_ENTRY(pwait) link;
+};
+
+/* B: one pull. */
+struct pull {
+	struct remote *rm;
+	struct rpeer *rp;
+	uint64_t id;
+	char name[TENSORD_NAME_MAX + 1]; /* "@a/m/w" */
+	size_t name_len, peer_len;
+	/* waiting: A said not yet; allocating: a GPU replica's memory, on the GPU worker */
+	enum { PL_ASKING, PL_ALLOCATING, PL_RECEIVING, PL_WAITING } st;
+	bool wait;            /* an attach with a timeout or after: not yet is not an error */
+	uint64_t after;       /* nonzero: only a generation newer */
+	uint64_t deadline_ns; /* a wait's end; 0: none (forever) */
+	bool dead;            /* failed with its receive posted: waits for that to end */
+	bool posted;          /* UCX has the mapping */
+	bool watched;         /* A tells of the name's next change */
+	bool stale;           /* A told of a change after its reply: not kept as watched */
+	uint64_t lease, generation, nbytes;
+	struct tensor *t; /* the replica being made: borrowed, valid while lease lives */
+	bool gpu;         /* a GPU replica: received into host memory (map), then copied in */
+	bool filled;      /* a GPU replica's bytes are on its device */
+	bool in_host;     /* a GPU replica's bytes all arrived inline, in map */
+	struct gjob *job; /* a GPU worker job of its under way; NULL: none */
+	void *map;        /* owned */
+	size_t map_len;
+	size_t pop_off; /* populated ahead of UCX up to here (populate_step) */
+	uint64_t started_ns;
+	uv_timer_t timer;
+	LIST_HEAD(, pwait) waits;
+	LIST_ENTRY(pull) link;
+	struct spull *set; /* a set's member; NULL: a pull of its own */
+	bool done;         /* a set's member whose bytes are in: it waits for the others */
+};
+
+/* B: one set pull (docs/remote.md, "Sets"). */
+struct spull {
+	struct remote *rm;
+	struct rpeer *rp;
+	uint64_t id;           /* its members' pull ids follow: id+1 .. */
+	struct client *cl;     /* NULL once its connection closed: the set is published anyway */
+	uint64_t req_id;       /* cl's AttachMany */
+	uint64_t *have_shares; /* cl's slabs, as its request said (owned) */
+	size_t n_have_shares;
+	char what[300]; /* "set '@a/m/' of node a", for errors and logs */
+	char **names;   /* a list: the names asked for, on A (owned) */
+	size_t n_names;
+	char prefix[TENSORD_NAME_MAX + 1]; /* with no names: A's prefix */
+	uint32_t tx;                       /* the transaction of rm->rc its replicas are made in */
+	enum { SP_ASKING, SP_PULLING } st;
+	uint32_t count, n_done; /* members, and those whose bytes are in */
+	struct pull **members;  /* count of them (owned array) */
+	uint64_t commit_a;      /* the set's commit on A */
+	uint64_t started_ns;
+	uv_timer_t timer; /* the answer's deadline */
+	LIST_ENTRY(spull) link;
+};
+
+/* B: a replica this daemon published. */
+struct replica {
+	char name[TENSORD_NAME_MAX + 1];
+	size_t name_len;
+	struct rpeer *rp;
+	uint64_t tensor_id, generation, nbytes;
+	uint64_t idle_since_ns; /* 0 while leased */
+	bool watched;           /* the peer tells of a change: served without asking */
+	LIST_ENTRY(replica) link;
+};
+
+struct remote {
+	struct server *srv;
+	struct xport *x;
+	char why[300];        /* why there is no data path */
+	struct reg_client rc; /* B: creates the replicas */
+	uint64_t next_id;     /* ids when the random source fails */
+	LIST_HEAD(, pull) pulls;
+	LIST_HEAD(, replica) replicas;
+	LIST_HEAD(, spull) sets;
+	void *replica_index; /* tsearch tree of the replicas, by name */
+	unsigned n_sets;
+	uint32_t next_tx;
+	struct remote_figures *figs; /* the server's gauges (srv->remote_figs), kept here */
+	uint64_t max_replica_bytes;  /* --peer-max-replica-bytes, or its default resolved */
+	uv_timer_t keep;
+	uv_idle_t populate; /* active while a mapping of a transfer is not populated yet */
+	bool no_populate;   /* MADV_POPULATE_* unknown to this kernel (before 5.14) */
+	bool stopping;
+	LIST_HEAD(, gjob) jobs; /* on the GPU worker */
+	int open_handles;
+};
+
+/*
+ * A GPU worker job of remote attach's (docs/remote.md, "GPU tensors across
+ * nodes"): A copies a GPU tensor out to host memory before serving it
+ * (GJ_STAGE); B allocates a GPU replica (GJ_ALLOC) and copies the bytes it
+ * received into it (GJ_FILL). Whoever it works for may end first: it then
+ * only frees. Done on the loop by gjob_done().
+ */
+struct gjob {
+	struct remote *rm; /* NULL once remote attach stopped: then it only frees */
+	struct registry *reg;
+	enum { GJ_STAGE, GJ_ALLOC, GJ_FILL } kind;
+	struct serve *s;            /* GJ_STAGE: NULL once the serve ended */
+	struct pull *pl;            /* GJ_ALLOC, GJ_FILL: NULL once the pull ended */
+	struct reg_alloc_job alloc; /* GJ_ALLOC */
+	/*
+	 * The copies': the tensor's allocation, by value: the tensor may go
+	 * while the copy runs, its memory not (its free queues behind).
+	 */
+	struct backend_alloc a;
+	void *buf; /* the host side of a copy (an anonymous mapping): the job's */
+	size_t len;
+	uint64_t staged; /* GJ_STAGE whose serve ended: bytes still in remote_staged_bytes */
+	int status;
+	LIST_ENTRY(gjob) link; /* rm->jobs */
+};
+
+/* --- remote.c: what every part uses ------------------------------------------------- */
+
+/* The server's remote attach; NULL when it is off. */
+struct remote *rm_of(const struct server *srv);
+
+/* Sends f to rp's peer; a connection that is down is logged, not an error. */
+void send_frame(struct rpeer *rp, Tensord__PeerFrame *f);
+
+/* strcmp() for tsearch trees of names: a peer's watched names, the replicas by name. */
+int name_cmp(const void *a, const void *b);
+
+/* Queues j for the GPU worker: 0, or -ENOMEM with nothing queued (j is the caller's). */
+int gjob_submit(struct remote *rm, struct gjob *j);
+
+/* Host memory for a copy of a GPU tensor: an anonymous mapping, or NULL (errno). */
+void *stage_map(size_t len);
+
+/* A mapping of a transfer waits to be populated: populate_step() runs on the loop. */
+void populate_kick(struct remote *rm);
+
+/* --- remote_serve.c: A, serving ------------------------------------------------------ */
+
+/* Ends s: unmaps (never while UCX reads it) and ends its lease (if its connection lives). */
+void serve_end(struct serve *s);
+
+/* Starts rp's queued sends, in order, within --peer-max-inflight. */
+void serve_start_queued(struct rpeer *rp);
+
+/* rp watches no name of this node's any more. */
+void watch_clear(struct rpeer *rp);
+
+/* The copy of j->s's GPU tensor ended (on the loop): the reply goes, or why not. */
+void serve_staged(struct gjob *j);
+
+/* A's handlers of B's frames. m is borrowed for the call. */
+void on_pull(struct rpeer *rp, const Tensord__PeerPull *m);
+void on_pull_go(struct rpeer *rp, uint64_t id);
+void on_pull_done(struct rpeer *rp, uint64_t id);
+void on_unwatch(struct rpeer *rp, const Tensord__PeerUnwatch *m);
+void on_set_pull(struct rpeer *rp, const Tensord__PeerSetPull *m);
+
+/* --- remote_pull.c: B, pulling ------------------------------------------------------- */
+
+void pwait_free(struct pwait *w);
+
+struct pull *pull_by_id(struct remote *rm, uint64_t id);
+
+/* The first of n pull ids free in a row, 64 random bits (a set takes its own and its members'). */
+uint64_t pull_new_ids(struct remote *rm, uint64_t n);
+
+/* Replicas by name, counted in the figures and their peer's; dropped: unlinked and forgotten. */
+struct replica *replica_find(struct remote *rm, const char *name);
+void noop_free(void *node);
+void replica_count(struct remote *rm, const struct replica *r, int n, int64_t delta);
+bool replica_link(struct remote *rm, struct replica *r);
+void replica_unlink(struct remote *rm, struct replica *r);
+void replica_drop(struct remote *rm, struct replica *r, const char *why);
+
+/* B no longer holds r: A need not tell of its changes (unless a pull is on the way). */
+void unwatch_send(struct remote *rm, struct replica *r);
+
+void pull_free(struct pull *pl);
+
+/*
+ * Ends failed pull pl, its waiting attaches answered with status and why:
+ * the replica being made is discarded (a set's member: by the abort of its
+ * set's transaction, before this); A is told to end its lease. The mapping
+ * stays while UCX may write it.
+ */
+void pull_end_failed(struct pull *pl, int status, const char *why);
+
+/*
+ * pl failed: every attach waiting on it gets status and "peer P: tensor
+ * 'N': <reason>"; a set's member fails its whole set with those words.
+ */
+void __attribute__((format(printf, 3, 4)))
+pull_fail(struct pull *pl, int status, const char *fmt, ...);
+
+/* Every attach waiting on pl gets a lease on its replica (bound only when watched). */
+void answer_local(struct pull *pl, bool watched);
+
+/* A waiting pull nobody waits on any more ends (A holds nothing for it). */
+void pull_unwanted(struct pull *pl);
+
+/* A pull's timer: a wait asks again, anything else has taken too long. */
+void on_pull_timeout(uv_timer_t *t);
+
+/*
+ * The connected peer named peer for a request (kind, id) of cl about
+ * `what` ("tensor '@a/x'"), or NULL with the request answered: no such
+ * peer, not connected, or no data path to it.
+ */
+struct rpeer *rpeer_ready(struct client *cl, unsigned kind, uint64_t id, const char *what,
+			  const char *peer);
+
+/* The bytes are in place: the replica is sealed, published and handed out. */
+void pull_complete(struct pull *pl);
+
+/* pl's GPU replica's memory is allocated, or its bytes copied in (on the loop). */
+void pull_allocated(struct gjob *j);
+void pull_filled(struct gjob *j);
+
+/* B's handlers of A's frames: 0, or -errno with why (the peer's connection then closes). */
+int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, size_t why_len);
+int on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, size_t why_len);
+
+/* --- remote_set.c: B, pulling a set -------------------------------------------------- */
+
+/*
+ * sp failed (why names the peer, the member when one failed, and the
+ * reason): cl's AttachMany gets it; the transaction holding the replicas
+ * made so far is aborted, so that none is ever seen; every member's pull
+ * ends as a failed pull does.
+ */
+void set_fail(struct spull *sp, int status, const char *why);
+
+/*
+ * Names set member pl from its PullReply (A's name m->name): 0, or -errno
+ * with pl failed.
+ */
+int set_member_named(struct pull *pl, const Tensord__PeerPullReply *m);
+
+/* Every member's bytes are in: the replicas published in one commit. */
+void set_publish(struct spull *sp);
+
+int on_set_pull_reply(struct rpeer *rp, const Tensord__PeerSetPullReply *m, char *why,
+		      size_t why_len);
+
+#endif

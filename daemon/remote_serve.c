@@ -1,0 +1,806 @@
+/*
+ * Remote attach, node A: serving (docs/remote.md, "Remote attach: the data
+ * flow"). A Pull takes a lease owned by the peer's reg_client (uid
+ * REMOTE_PEER_UID), after the export rule and the mode check; a PullGo
+ * maps the tensor read-only and sends it; the send's end unmaps it and
+ * ends the lease. A set pull leases every member in one step. A GPU
+ * tensor is copied to host memory on the GPU worker before its reply. The
+ * names a peer holds replicas of are watched, and it is told (PeerChanged)
+ * of their next change.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <search.h>
+#include <sys/mman.h>
+#include <sys/queue.h>
+#include <unistd.h>
+
+#include "common/desc.h"
+#include "dispatch_int.h"
+#include "figures.h"
+#include "log.h"
+#include "peer.h"
+#include "remote_int.h"
+#include "server.h"
+#include "xport.h"
+
+/* --- A: serving --------------------------------------------------------------- */
+
+static void pull_reply_error(struct rpeer *rp, uint64_t id, int status, const char *why)
+{
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerPullReply m = TENSORD__PEER_PULL_REPLY__INIT;
+
+	m.id = id;
+	m.status = status;
+	m.error = (char *)why;
+	f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
+	f.pull_reply = &m;
+	send_frame(rp, &f);
+}
+
+static void serve_stage_next(struct rpeer *rp);
+
+/* Ends s: unmaps (never while UCX reads it) and ends its lease (if its connection lives). */
+void serve_end(struct serve *s)
+{
+	struct rpeer *rp = s->rp;
+	uint64_t staged = s->staged;
+	bool job = s->job != NULL;
+
+	if (s->job) { /* the copy's end frees its memory, and counts it gone */
+		s->job->s = NULL;
+		s->job->staged = staged;
+	}
+	if (s->map)
+		munmap(s->map, s->map_len);
+	if (s->epoch == rp->epoch && rp->rc_live) {
+		registry_release(&rp->rm->srv->reg, &rp->rc, s->lease);
+		rp->rm->figs->pull_leases--;
+	}
+	TAILQ_REMOVE(&rp->serves, s, link);
+	rp->n_serves--;
+	free(s->member);
+	free(s);
+	if (staged) {
+		rp->staged -= staged;
+		if (!job)
+			rp->rm->figs->staged_bytes -= staged;
+		serve_stage_next(rp);
+	}
+}
+
+static struct serve *serve_find(struct rpeer *rp, uint64_t id)
+{
+	struct serve *s;
+
+	TAILQ_FOREACH(s, &rp->serves, link)
+	if (s->id == id && s->epoch == rp->epoch)
+		return s;
+	return NULL;
+}
+
+static int serve_map(struct serve *s);
+static int serve_read(struct serve *s, void *buf);
+static int serve_check(struct server *srv, const struct tensor *t, char *why, size_t why_len);
+static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_t lease,
+			const char *member);
+
+static void serve_send(struct serve *s)
+{
+	struct rpeer *rp = s->rp;
+	char why[300] = "";
+	int r = 0;
+
+	s->st = SV_SENDING;
+	rp->inflight += s->len;
+	rp->rm->figs->inflight_bytes += s->len;
+	/* The endpoint is made when the peer's worker address comes (on_peer_frame), or here. */
+	if (!rp->ep && (!rp->addr || !rp->rm->x))
+		r = -ENOTCONN;
+	else if (!rp->ep)
+		r = xport_connect(rp->rm->x, rp->addr, rp->addr_len, rp, &rp->ep, why, sizeof(why));
+	if (r == 0)
+		r = xport_send(rp->ep, s->id, (const char *)s->map + (s->fd_off & 4095), s->len, s);
+	if (r < 0) {
+		log_warn("peer %s: cannot send pull %" PRIu64 " (%" PRIu64 " bytes): %s%s%s",
+			 rp->p->name, s->id, s->len, strerror(-r), why[0] ? ": " : "", why);
+		rp->inflight -= s->len;
+		rp->rm->figs->inflight_bytes -= s->len;
+		serve_end(s);
+	}
+}
+
+void serve_start_queued(struct rpeer *rp)
+{
+	struct serve *s, *next;
+
+	for (s = TAILQ_FIRST(&rp->serves); s; s = next) {
+		next = TAILQ_NEXT(s, link);
+		if (s->st != SV_QUEUED)
+			continue;
+		if (rp->inflight && rp->inflight + s->len > rp->rm->srv->cfg.remote.max_inflight)
+			return; /* in order: the first that does not fit waits, and those behind it */
+		serve_send(s);
+	}
+}
+
+/* A: the names a peer holds replicas of (docs/remote.md, "Freshness"). */
+
+/* rp will be told of name's next change: true, or false when it watches too many. */
+static bool watch_add(struct rpeer *rp, const char *name)
+{
+	char *k;
+
+	if (tfind(name, &rp->watched, name_cmp))
+		return true;
+	if (rp->n_watched >= REMOTE_WATCH_MAX || !(k = strdup(name)))
+		return false;
+	if (!tsearch(k, &rp->watched, name_cmp)) {
+		free(k);
+		return false;
+	}
+	rp->n_watched++;
+	rp->rm->figs->watched++;
+	return true;
+}
+
+/* Whether rp watched name; it no longer does. */
+static bool watch_del(struct rpeer *rp, const char *name)
+{
+	char **at = rp->n_watched ? tfind(name, &rp->watched, name_cmp) : NULL;
+	char *k;
+
+	if (!at)
+		return false;
+	k = *at;
+	tdelete(name, &rp->watched, name_cmp);
+	free(k);
+	rp->n_watched--;
+	rp->rm->figs->watched--;
+	return true;
+}
+
+void watch_clear(struct rpeer *rp)
+{
+	tdestroy(rp->watched, free);
+	rp->watched = NULL;
+	rp->rm->figs->watched -= rp->n_watched;
+	rp->n_watched = 0;
+}
+
+/* A PeerChanged of names[0..n) to rp, and empties the batch. */
+static void changed_send(struct rpeer *rp, char **names, uint64_t *gens, size_t *n)
+{
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerChanged c = TENSORD__PEER_CHANGED__INIT;
+
+	c.n_names = c.n_generations = *n;
+	c.names = names;
+	c.generations = gens;
+	f.body_case = TENSORD__PEER_FRAME__BODY_CHANGED;
+	f.changed = &c;
+	send_frame(rp, &f);
+	*n = 0;
+}
+
+/*
+ * Told in the step that made the changes, on the connection that carried
+ * the replies: B hears of a change after the reply it makes stale, and
+ * before any later reply. A batch stays under a frame's 16 KiB.
+ */
+enum { CHANGED_BATCH = 48 }; /* names of at most 255 bytes each */
+
+struct changed_all {
+	struct rpeer *rp;
+	char *names[CHANGED_BATCH];
+	uint64_t gens[CHANGED_BATCH];
+	size_t k;
+};
+
+static void changed_all_add(const void *node, VISIT which, void *arg)
+{
+	struct changed_all *ca = arg;
+
+	if (which != postorder && which != leaf)
+		return;
+	ca->names[ca->k] = *(char *const *)node;
+	ca->gens[ca->k++] = 0;
+	if (ca->k == CHANGED_BATCH)
+		changed_send(ca->rp, ca->names, ca->gens, &ca->k);
+}
+
+/* Changes of the step were lost (out of memory): rp is told every name it watches. */
+static void changed_all(struct rpeer *rp)
+{
+	struct changed_all ca = { .rp = rp };
+
+	twalk_r(rp->watched, changed_all_add, &ca);
+	if (ca.k)
+		changed_send(rp, ca.names, ca.gens, &ca.k);
+	watch_clear(rp);
+}
+
+void remote_on_commit(struct server *srv, const struct reg_change *v, size_t n, bool lost)
+{
+	char *names[CHANGED_BATCH];
+	uint64_t gens[CHANGED_BATCH];
+	size_t k;
+
+	if (!rm_of(srv))
+		return;
+	for (unsigned i = 0; i < srv->peers.n_peers; i++) {
+		struct rpeer *rp = srv->peers.peers[i]->data;
+
+		if (!rp || !rp->up || !rp->n_watched)
+			continue;
+		if (lost) {
+			changed_all(rp);
+			continue;
+		}
+		k = 0;
+		for (size_t j = 0; j < n; j++) {
+			if (!watch_del(rp, v[j].name))
+				continue;
+			names[k] = (char *)v[j].name;
+			gens[k++] = v[j].generation;
+			if (k == CHANGED_BATCH)
+				changed_send(rp, names, gens, &k);
+		}
+		if (k)
+			changed_send(rp, names, gens, &k);
+	}
+}
+
+/*
+ * Pull id waits for its name (watch_name, when exported to rp: told with
+ * PeerChanged at its next change; NULL: never told, and said the same).
+ */
+static void pull_reply_waiting(struct rpeer *rp, uint64_t id, const char *watch_name)
+{
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerPullReply rep = TENSORD__PEER_PULL_REPLY__INIT;
+
+	rep.id = id;
+	rep.waiting = true;
+	rep.watched = watch_name ? watch_add(rp, watch_name) : true;
+	f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
+	f.pull_reply = &rep;
+	send_frame(rp, &f);
+}
+
+void on_unwatch(struct rpeer *rp, const Tensord__PeerUnwatch *m)
+{
+	for (size_t i = 0; i < m->n_names; i++)
+		watch_del(rp, m->names[i]);
+}
+
+void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
+{
+	struct remote *rm = rp->rm;
+	struct server *srv = rm->srv;
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerPullReply rep = TENSORD__PEER_PULL_REPLY__INIT;
+	char why[800], reason[300];
+	size_t len = strlen(m->name);
+	struct tensor *t;
+	uint64_t lease;
+	bool writable, exported;
+	int r;
+
+	figure_count(FIG_remote_pull_requests_total, 1);
+	if (td_name_check(m->name, len, reason, sizeof(reason)) < 0) {
+		snprintf(why, sizeof(why), "node %s: %s", srv->peers.self, reason);
+		pull_reply_error(rp, m->id, -EINVAL, why);
+		return;
+	}
+	exported = remote_exported(&srv->cfg.remote, rp->p->name, m->name, len);
+	if (!exported || !registry_published(&srv->reg, m->name, len)) {
+		if (m->wait) {
+			pull_reply_waiting(rp, m->id, exported ? m->name : NULL);
+			return;
+		}
+		/* Not exported and not published are told apart to nobody. */
+		snprintf(why, sizeof(why),
+			 "tensor '%s' is not published on node %s, or not exported to node %s",
+			 m->name, srv->peers.self, rp->p->name);
+		pull_reply_error(rp, m->id, -ENOENT, why);
+		return;
+	}
+	if (m->after && registry_generation(&srv->reg, m->name, len) <= m->after) {
+		if (m->wait) {
+			pull_reply_waiting(rp, m->id, m->name);
+			return;
+		}
+		snprintf(why, sizeof(why),
+			 "tensor '%s' on node %s: no generation newer than %" PRIu64, m->name,
+			 srv->peers.self, m->after);
+		pull_reply_error(rp, m->id, -ETIMEDOUT, why);
+		return;
+	}
+	if (m->have_generation &&
+	    registry_generation(&srv->reg, m->name, len) == m->have_generation) {
+		rep.id = m->id;
+		rep.current = true;
+		rep.generation = m->have_generation;
+		rep.watched = watch_add(rp, m->name);
+		f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
+		f.pull_reply = &rep;
+		send_frame(rp, &f);
+		return;
+	}
+	if (rp->n_serves >= REMOTE_SERVES_MAX) {
+		snprintf(why, sizeof(why),
+			 "node %s: node %s holds %d pull leases already, the most", srv->peers.self,
+			 rp->p->name, REMOTE_SERVES_MAX);
+		pull_reply_error(rp, m->id, -EAGAIN, why);
+		return;
+	}
+	r = registry_attach(&srv->reg, &rp->rc, m->name, len, &t, &lease, &writable, reason,
+			    sizeof(reason));
+	if (r < 0) {
+		snprintf(why, sizeof(why), "node %s, acting as uid %u for peers: %s",
+			 srv->peers.self, REMOTE_PEER_UID, reason);
+		pull_reply_error(rp, m->id, r == -ENOENT ? -EACCES : r, why);
+		return;
+	}
+	r = serve_check(srv, t, why, sizeof(why));
+	if (r < 0) {
+		registry_release(&srv->reg, &rp->rc, lease);
+		pull_reply_error(rp, m->id, r, why);
+		return;
+	}
+	serve_reply(rp, m->id, t, lease, NULL);
+}
+
+/* Whether t may be served to a peer: 0, or -errno with the reason naming it. */
+static int serve_check(struct server *srv, const struct tensor *t, char *why, size_t why_len)
+{
+	if (t->device.device_type == kDLCPU ? !t->alloc.ops->export_fd : !t->alloc.ops->copy) {
+		snprintf(why, why_len,
+			 "tensor '%s' on node %s: its %s memory cannot be read by the "
+			 "daemon, so it cannot be pulled",
+			 t->name, srv->peers.self, t->alloc.ops->name);
+		return -EOPNOTSUPP;
+	}
+	if (t->flags & TENSORD_MUTABLE) {
+		snprintf(why, why_len,
+			 "tensor '%s' on node %s is mutable: mutable tensors cannot be exported "
+			 "(their bytes could change during the transfer)",
+			 t->name, srv->peers.self);
+		return -EPERM;
+	}
+	return 0;
+}
+
+static void serve_answer(struct serve *s);
+
+/*
+ * Serves pull id of t, which rp->rc's lease holds (the serve's now): the
+ * PullReply with t's descriptor (and member's name: a set's member), the
+ * bytes inline when small (the lease then ends at once), else the lease
+ * kept until PullGo's send or PullDone. A GPU tensor is copied to host
+ * memory first, on the GPU worker (serve_stage()); the reply follows.
+ */
+static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_t lease,
+			const char *member)
+{
+	struct remote *rm = rp->rm;
+	struct server *srv = rm->srv;
+	struct serve *s = calloc(1, sizeof(*s));
+	char why[300];
+
+	if (s && member && !(s->member = strdup(member))) {
+		free(s);
+		s = NULL;
+	}
+	if (!s) {
+		registry_release(&srv->reg, &rp->rc, lease);
+		snprintf(why, sizeof(why), "node %s: out of memory", srv->peers.self);
+		pull_reply_error(rp, id, -ENOMEM, why);
+		return;
+	}
+	s->rp = rp;
+	s->id = id;
+	s->epoch = rp->epoch;
+	s->lease = lease;
+	s->t = t;
+	s->fd_off = t->alloc.share_id ? t->alloc.ipc_offset : 0;
+	s->len = t->nbytes;
+	s->st = SV_LEASED;
+	TAILQ_INSERT_TAIL(&rp->serves, s, link);
+	rp->n_serves++;
+	rm->figs->pull_leases++;
+	if (t->device.device_type != kDLCPU && t->nbytes) {
+		s->fd_off = 0;
+		s->st = SV_STAGE_WAIT;
+		serve_stage_next(rp);
+		return;
+	}
+	serve_answer(s);
+}
+
+/* The reply to s, its bytes readable (host memory, or a GPU tensor's copy in s->map). */
+static void serve_answer(struct serve *s)
+{
+	struct rpeer *rp = s->rp;
+	struct tensor *t = s->t;
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerPullReply rep = TENSORD__PEER_PULL_REPLY__INIT;
+	uint8_t inline_buf[REMOTE_INLINE_MAX];
+	bool staged = s->map != NULL;
+
+	rep.id = s->id;
+	rep.generation = t->generation;
+	/*
+	 * A single pull's replica is watched; a set's members are not (B asks
+	 * for them). A GPU tensor's copy took a while: if its name changed
+	 * meanwhile, B is not told it is watched (it then asks at each attach).
+	 */
+	rep.watched = !s->member && watch_add(rp, t->name);
+	if (rep.watched && staged &&
+	    registry_generation(&rp->rm->srv->reg, t->name, strlen(t->name)) != t->generation)
+		rep.watched = false;
+	rep.nbytes = t->nbytes;
+	rep.dtype_code = t->dtype.code;
+	rep.dtype_bits = t->dtype.bits;
+	rep.dtype_lanes = t->dtype.lanes;
+	rep.n_shape = rep.n_strides = (size_t)t->ndim;
+	rep.shape = t->shape;
+	rep.strides = t->strides;
+	rep.name = s->member ? s->member : "";
+	rep.device_type = (uint32_t)t->device.device_type;
+	rep.device_id = t->device.device_id;
+	f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
+	f.pull_reply = &rep;
+	/* Small tensors go inline, in the reply: one round trip, no UCX message. */
+	if (t->nbytes && t->nbytes <= REMOTE_INLINE_MAX && staged)
+		memcpy(inline_buf, s->map, (size_t)t->nbytes);
+	if (t->nbytes && t->nbytes <= REMOTE_INLINE_MAX &&
+	    (staged || serve_read(s, inline_buf) == 0)) {
+		rep.data.data = inline_buf;
+		rep.data.len = (size_t)t->nbytes;
+		send_frame(rp, &f);
+		figure_count(FIG_remote_served_total, 1);
+		figure_count(FIG_remote_served_bytes_total, t->nbytes);
+		rp->p->remote.served++;
+		rp->p->remote.served_bytes += t->nbytes;
+		serve_end(s);
+		return;
+	}
+	send_frame(rp, &f);
+	log_debug("peer %s: pull %" PRIu64 " of '%s' (%" PRIu64 " bytes): leased", rp->p->name,
+		  s->id, t->name, t->nbytes);
+}
+
+/*
+ * Copies GPU tensor s's bytes to host memory on the GPU worker; the reply
+ * follows (serve_staged()). On failure s is answered and ended.
+ */
+static void serve_stage(struct serve *s)
+{
+	struct rpeer *rp = s->rp;
+	const char *self = rp->rm->srv->peers.self;
+	struct gjob *j = calloc(1, sizeof(*j));
+	char why[400];
+	int e = ENOMEM;
+
+	if (j) {
+		j->kind = GJ_STAGE;
+		j->s = s;
+		j->a = s->t->alloc;
+		j->len = (size_t)s->len;
+		j->buf = stage_map(j->len);
+		e = errno;
+		if (j->buf && gjob_submit(rp->rm, j) == 0) {
+			s->job = j;
+			s->st = SV_STAGING;
+			s->staged = s->len;
+			rp->staged += s->len;
+			rp->rm->figs->staged_bytes += s->len;
+			log_debug("peer %s: pull %" PRIu64 " of GPU tensor '%s': copying %" PRIu64
+				  " bytes to host memory (%" PRIu64 " staged for it)",
+				  rp->p->name, s->id, s->t->name, s->len, rp->staged);
+			return;
+		}
+		if (j->buf)
+			munmap(j->buf, j->len);
+		free(j);
+	}
+	snprintf(why, sizeof(why),
+		 "node %s: no host memory to copy GPU tensor '%s' (%" PRIu64 " bytes) into: %s",
+		 self, s->t->name, s->len, strerror(e));
+	pull_reply_error(rp, s->id, -ENOMEM, why);
+	serve_end(s);
+}
+
+/*
+ * Starts the copies of rp's GPU tensors waiting, in order, while the host
+ * memory they take for rp stays within --peer-max-inflight (one at a time
+ * when a tensor alone is larger).
+ */
+static void serve_stage_next(struct rpeer *rp)
+{
+	uint64_t max = rp->rm->srv->cfg.remote.max_inflight;
+	struct serve *s, *next;
+
+	if (!rp->up || rp->rm->stopping)
+		return;
+	for (s = TAILQ_FIRST(&rp->serves); s; s = next) {
+		next = TAILQ_NEXT(s, link);
+		if (s->st != SV_STAGE_WAIT || s->epoch != rp->epoch)
+			continue;
+		if (rp->staged && rp->staged + s->len > max)
+			return;
+		serve_stage(s);
+	}
+}
+
+/* The copy of j->s's GPU tensor ended (on the loop): the reply goes, or why not. */
+void serve_staged(struct gjob *j)
+{
+	struct serve *s = j->s;
+	char why[400];
+
+	if (!s) { /* the serve ended meanwhile */
+		munmap(j->buf, j->len);
+		if (j->rm)
+			j->rm->figs->staged_bytes -= j->staged;
+		return;
+	}
+	s->job = NULL;
+	s->map = j->buf;
+	s->map_len = j->len;
+	s->pop_off = j->len;
+	if (j->status < 0) {
+		snprintf(why, sizeof(why),
+			 "node %s: cannot copy GPU tensor '%s' (%s:%d, %" PRIu64
+			 " bytes) to host memory: %s",
+			 s->rp->rm->srv->peers.self, s->t->name, s->t->alloc.ops->name,
+			 s->t->device.device_id, s->len, strerror(-j->status));
+		log_warn("peer %s: pull %" PRIu64 ": %s", s->rp->p->name, s->id, why);
+		pull_reply_error(s->rp, s->id, j->status, why);
+		serve_end(s);
+		return;
+	}
+	s->st = SV_LEASED;
+	serve_answer(s);
+}
+
+static void set_pull_refuse(struct rpeer *rp, uint64_t id, int status, const char *why)
+{
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerSetPullReply m = TENSORD__PEER_SET_PULL_REPLY__INIT;
+
+	m.id = id;
+	m.status = status;
+	m.error = (char *)why;
+	f.body_case = TENSORD__PEER_FRAME__BODY_SET_PULL_REPLY;
+	f.set_pull_reply = &m;
+	send_frame(rp, &f);
+}
+
+/*
+ * The members of set pull m as rp may pull them (*ret_v, n; the caller
+ * frees the array): resolved in one step as a local AttachMany by uid
+ * REMOTE_PEER_UID, a listed name not exported told apart from one not
+ * published to nobody, the names under a prefix that are not exported to
+ * rp left out (as those it may not read are). 0 or -errno with the reason.
+ */
+static int set_members(struct rpeer *rp, const Tensord__PeerSetPull *m, struct tensor ***ret_v,
+		       size_t *ret_n, uint64_t *ret_commit, char *why, size_t why_len)
+{
+	struct server *srv = rp->rm->srv;
+	Tensord__AttachMany am = TENSORD__ATTACH_MANY__INIT;
+	const char *self = srv->peers.self, *peer = rp->p->name;
+	struct tensor **v;
+	char reason[400];
+	size_t n, k = 0;
+	int r;
+
+	if (m->n_names > REMOTE_SET_MAX) {
+		snprintf(why, why_len, "node %s: a set of %zu names; at most %u", self, m->n_names,
+			 REMOTE_SET_MAX);
+		return -E2BIG;
+	}
+	for (size_t i = 0; i < m->n_names; i++) {
+		size_t len = strlen(m->names[i]);
+
+		if (td_name_check(m->names[i], len, reason, sizeof(reason)) < 0) {
+			snprintf(why, why_len, "node %s: %s", self, reason);
+			return -EINVAL;
+		}
+		/* As a single pull's: not exported and not published told apart to nobody. */
+		if (!remote_exported(&srv->cfg.remote, peer, m->names[i], len) ||
+		    !registry_published(&srv->reg, m->names[i], len)) {
+			snprintf(why, why_len,
+				 "tensor '%s' is not published on node %s, or not exported to "
+				 "node %s",
+				 m->names[i], self, peer);
+			return -ENOENT;
+		}
+		if (!registry_lookup(&srv->reg, &rp->rc, m->names[i], len)) {
+			snprintf(why, why_len,
+				 "node %s, acting as uid %u for peers: tensor '%s': its mode "
+				 "refuses that uid",
+				 self, REMOTE_PEER_UID, m->names[i]);
+			return -EACCES;
+		}
+	}
+	am.n_names = m->n_names;
+	am.names = m->names;
+	am.prefix = m->prefix;
+	r = dispatch_set_members(&srv->reg, &rp->rc, &am, &v, &n, ret_commit, reason,
+				 sizeof(reason));
+	if (r == -ENOENT)
+		snprintf(why, why_len, "node %s: %s (not published, or not exported to node %s)",
+			 self, reason, peer);
+	else if (r < 0)
+		snprintf(why, why_len, "node %s, acting as uid %u for peers: %s", self,
+			 REMOTE_PEER_UID, reason);
+	if (r < 0)
+		return r;
+	/* The set's commit is its members' newest: those left out do not count. */
+	*ret_commit = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!remote_exported(&srv->cfg.remote, peer, v[i]->name, v[i]->name_len))
+			continue;
+		v[k++] = v[i];
+		if (v[i]->commit > *ret_commit)
+			*ret_commit = v[i]->commit;
+	}
+	if (k > REMOTE_SET_MAX) {
+		free(v);
+		snprintf(why, why_len, "node %s: prefix '%s' has %zu members; a set has at most %u",
+			 self, m->prefix, k, REMOTE_SET_MAX);
+		return -E2BIG;
+	}
+	*ret_v = v;
+	*ret_n = k;
+	return 0;
+}
+
+/*
+ * A set pull: every member resolved, checked and leased in this one step
+ * (so all of one commit: nothing else runs on the loop meanwhile), or the
+ * whole set refused naming the member; then the SetPullReply and one
+ * PullReply per member.
+ */
+void on_set_pull(struct rpeer *rp, const Tensord__PeerSetPull *m)
+{
+	struct server *srv = rp->rm->srv;
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerSetPullReply rep = TENSORD__PEER_SET_PULL_REPLY__INIT;
+	struct tensor **v = NULL, *t;
+	uint64_t *lease, commit = 0;
+	char why[800];
+	size_t n = 0, i;
+	bool writable;
+	int r = set_members(rp, m, &v, &n, &commit, why, sizeof(why));
+
+	for (i = 0; r == 0 && i < n; i++)
+		r = serve_check(srv, v[i], why, sizeof(why));
+	if (r == 0 && rp->n_serves + n > REMOTE_SERVES_MAX) {
+		snprintf(why, sizeof(why),
+			 "node %s: node %s holds %u pull leases already; a set of %zu more "
+			 "passes the most, %d",
+			 srv->peers.self, rp->p->name, rp->n_serves, n, REMOTE_SERVES_MAX);
+		r = -EAGAIN;
+	}
+	lease = r == 0 ? calloc(n ? n : 1, sizeof(*lease)) : NULL;
+	if (r == 0 && !lease) {
+		snprintf(why, sizeof(why), "node %s: out of memory", srv->peers.self);
+		r = -ENOMEM;
+	}
+	for (i = 0; r == 0 && i < n; i++)
+		r = registry_attach(&srv->reg, &rp->rc, v[i]->name, v[i]->name_len, &t, &lease[i],
+				    &writable, why, sizeof(why));
+	if (r < 0) {
+		for (size_t j = 0; j + 1 < i; j++)
+			registry_release(&srv->reg, &rp->rc, lease[j]);
+		set_pull_refuse(rp, m->id, r, why);
+		free(lease);
+		free(v);
+		return;
+	}
+	rep.id = m->id;
+	rep.commit = commit;
+	rep.count = (uint32_t)n;
+	f.body_case = TENSORD__PEER_FRAME__BODY_SET_PULL_REPLY;
+	f.set_pull_reply = &rep;
+	send_frame(rp, &f);
+	log_debug("peer %s: set pull %" PRIu64 ": %zu members of commit %" PRIu64 " leased",
+		  rp->p->name, m->id, n, commit);
+	for (i = 0; i < n; i++)
+		serve_reply(rp, m->id + 1 + i, v[i], lease[i], v[i]->name);
+	free(lease);
+	free(v);
+}
+
+/*
+ * Reads s's bytes (at most REMOTE_INLINE_MAX) into buf: a pread of a
+ * read-only descriptor, cheaper than a mapping whose unmap would stop the
+ * daemon's other threads' CPUs (a TLB shootdown). 0, or -errno, logged.
+ */
+static int serve_read(struct serve *s, void *buf)
+{
+	struct rpeer *rp = s->rp;
+	int fd = -1, r;
+	ssize_t k;
+
+	r = s->t->alloc.ops->export_fd(&s->t->alloc, false, &fd);
+	if (r < 0 || fd < 0) {
+		log_warn("peer %s: pull %" PRIu64 " of '%s': no descriptor: %s", rp->p->name, s->id,
+			 s->t->name, strerror(r < 0 ? -r : EBADF));
+		return r < 0 ? r : -EBADF;
+	}
+	k = pread(fd, buf, (size_t)s->len, (off_t)s->fd_off);
+	r = k < 0 ? -errno : 0;
+	close(fd);
+	if (k >= 0 && (uint64_t)k != s->len)
+		r = -EIO;
+	if (r < 0)
+		log_warn("peer %s: pull %" PRIu64 " of '%s': cannot read %" PRIu64 " bytes: %s",
+			 rp->p->name, s->id, s->t->name, s->len, strerror(-r));
+	return r;
+}
+
+/* Maps s's bytes read-only (s->map): 0, or -errno, logged. */
+static int serve_map(struct serve *s)
+{
+	struct rpeer *rp = s->rp;
+	size_t page = 4096;
+	uint64_t base;
+	int fd = -1, r, e;
+
+	/* A read-only descriptor, as a reader client would get (a slab's too). */
+	r = s->t->alloc.ops->export_fd(&s->t->alloc, false, &fd);
+	if (r < 0 || fd < 0) {
+		log_warn("peer %s: pull %" PRIu64 " of '%s': no descriptor: %s", rp->p->name, s->id,
+			 s->t->name, strerror(r < 0 ? -r : EBADF));
+		return r < 0 ? r : -EBADF;
+	}
+	base = s->fd_off & ~(uint64_t)(page - 1);
+	s->map_len = (size_t)(s->fd_off - base + s->len);
+	/*
+	 * Not populated at once: filling a gigabyte's page tables would hold
+	 * the loop for a tenth of a second or more; populate_step() does it a
+	 * slice per loop turn, ahead of UCX's copy.
+	 */
+	s->map = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, fd, (off_t)base);
+	e = errno;
+	close(fd);
+	if (s->map == MAP_FAILED) {
+		log_warn("peer %s: pull %" PRIu64 ": cannot map %" PRIu64 " bytes: %s", rp->p->name,
+			 s->id, s->len, strerror(e));
+		s->map = NULL;
+		return -e;
+	}
+	return 0;
+}
+
+void on_pull_go(struct rpeer *rp, uint64_t id)
+{
+	struct serve *s = serve_find(rp, id);
+
+	if (!s || s->st != SV_LEASED)
+		return; /* ended meanwhile; B's timer or its receive says so */
+	if (s->len == 0 || (!s->map && serve_map(s) < 0)) {
+		serve_end(s);
+		return;
+	}
+	populate_kick(rp->rm);
+	s->st = SV_QUEUED;
+	serve_start_queued(rp);
+}
+
+void on_pull_done(struct rpeer *rp, uint64_t id)
+{
+	struct serve *s = serve_find(rp, id);
+
+	if (s && s->st != SV_SENDING)
+		serve_end(s);
+}
