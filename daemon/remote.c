@@ -59,7 +59,7 @@ static void gjob_run(void *arg)
 }
 
 /* Queues j for the GPU worker: 0, or -ENOMEM with nothing queued (j is the caller's). */
-int gjob_submit(struct remote *rm, struct gjob *j)
+int rm_gjob_submit(struct remote *rm, struct gjob *j)
 {
 	j->rm = rm;
 	j->reg = &rm->srv->reg;
@@ -78,20 +78,20 @@ static void gjob_done(void *arg)
 		LIST_REMOVE(j, link);
 	switch (j->kind) {
 	case GJ_STAGE:
-		serve_staged(j);
+		rm_serve_staged(j);
 		break;
 	case GJ_ALLOC:
-		pull_allocated(j);
+		rm_pull_allocated(j);
 		break;
 	case GJ_FILL:
-		pull_filled(j);
+		rm_pull_filled(j);
 		break;
 	}
 	free(j);
 }
 
 /* Host memory for a copy of a GPU tensor: an anonymous mapping, or NULL (errno). */
-void *stage_map(size_t len)
+void *rm_stage_map(size_t len)
 {
 	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
@@ -120,14 +120,14 @@ bool remote_exported(const struct remote_config *rc, const char *peer, const cha
 	return false;
 }
 
-void send_frame(struct rpeer *rp, Tensord__PeerFrame *f)
+void rm_send_frame(struct rpeer *rp, Tensord__PeerFrame *f)
 {
 	if (peer_send(rp->p, f) < 0)
 		log_debug("peer %s: a frame not sent: the connection is down", rp->p->name);
 }
 
 /* Names in tsearch trees: a peer's watched names (A), the replicas by name (B). */
-int name_cmp(const void *a, const void *b)
+int rm_name_cmp(const void *a, const void *b)
 {
 	return strcmp(a, b);
 }
@@ -144,7 +144,7 @@ int name_cmp(const void *a, const void *b)
 
 static void populate_step(uv_idle_t *h);
 
-void populate_kick(struct remote *rm)
+void rm_populate_kick(struct remote *rm)
 {
 	if (!rm->no_populate && !uv_is_active((uv_handle_t *)&rm->populate))
 		uv_idle_start(&rm->populate, populate_step);
@@ -198,7 +198,7 @@ static void populate_step(uv_idle_t *h)
 
 static void *x_recv_dest(void *ctx, uint64_t tag, size_t len)
 {
-	struct pull *pl = pull_by_id(ctx, tag);
+	struct pull *pl = rm_pull_by_id(ctx, tag);
 
 	if (!pl || pl->dead || pl->st != PL_RECEIVING || pl->posted || len != pl->nbytes ||
 	    !pl->map)
@@ -209,7 +209,7 @@ static void *x_recv_dest(void *ctx, uint64_t tag, size_t len)
 
 static void x_recv_done(void *ctx, uint64_t tag, int status)
 {
-	struct pull *pl = pull_by_id(ctx, tag);
+	struct pull *pl = rm_pull_by_id(ctx, tag);
 
 	if (!pl)
 		return;
@@ -217,14 +217,14 @@ static void x_recv_done(void *ctx, uint64_t tag, int status)
 	if (pl->dead) {
 		if (pl->map)
 			munmap(pl->map, pl->map_len);
-		pull_free(pl);
+		rm_pull_free(pl);
 		return;
 	}
 	if (status < 0)
-		pull_fail(pl, status == -ECONNRESET ? -ECONNRESET : status,
-			  "the transfer failed: %s", strerror(-status));
+		rm_pull_fail(pl, status == -ECONNRESET ? -ECONNRESET : status,
+			     "the transfer failed: %s", strerror(-status));
 	else
-		pull_complete(pl);
+		rm_pull_complete(pl);
 }
 
 static void x_send_done(void *ctx, void *arg, int status)
@@ -243,8 +243,8 @@ static void x_send_done(void *ctx, void *arg, int status)
 		rp->p->remote.served++;
 		rp->p->remote.served_bytes += s->len;
 	}
-	serve_end(s);
-	serve_start_queued(rp);
+	rm_serve_end(s);
+	rm_serve_start_queued(rp);
 }
 
 static void fail_pulls_of(struct remote *rm, struct rpeer *rp, const char *reason)
@@ -259,13 +259,13 @@ static void fail_pulls_of(struct remote *rm, struct rpeer *rp, const char *reaso
 		if (sp->rp != rp)
 			continue;
 		snprintf(why, sizeof(why), "peer %s: %s: %s", rp->p->name, sp->what, reason);
-		set_fail(sp, -ECONNRESET, why);
+		rm_set_fail(sp, -ECONNRESET, why);
 	}
 
 	for (pl = LIST_FIRST(&rm->pulls); pl; pl = next) {
 		next = LIST_NEXT(pl, link);
 		if (pl->rp == rp && !pl->dead)
-			pull_fail(pl, -ECONNRESET, "%s", reason);
+			rm_pull_fail(pl, -ECONNRESET, "%s", reason);
 	}
 }
 
@@ -315,7 +315,7 @@ static void on_peer_up(void *ctx, struct peer *p)
 	u.address.len = len;
 	f.body_case = TENSORD__PEER_FRAME__BODY_UCX;
 	f.ucx = &u;
-	send_frame(rp, &f);
+	rm_send_frame(rp, &f);
 }
 
 static void on_peer_down(void *ctx, struct peer *p, const char *reason)
@@ -329,20 +329,20 @@ static void on_peer_down(void *ctx, struct peer *p, const char *reason)
 	if (!rp || !rp->up)
 		return;
 	rp->up = false;
-	watch_clear(rp); /* its replicas go below: the next connection starts afresh */
+	rm_watch_clear(rp); /* its replicas go below: the next connection starts afresh */
 	snprintf(why, sizeof(why), "connection lost: %s", reason);
 	fail_pulls_of(rm, rp, why);
 	/* Its replicas: this node can no longer tell whether they are current. */
 	for (r = LIST_FIRST(&rm->replicas); r; r = rnext) {
 		rnext = LIST_NEXT(r, link);
 		if (r->rp == rp)
-			replica_drop(rm, r, "its peer's connection was lost");
+			rm_replica_drop(rm, r, "its peer's connection was lost");
 	}
 	/* Serving: sends in flight end with an error once the endpoint closes. */
 	for (s = TAILQ_FIRST(&rp->serves); s; s = snext) {
 		snext = TAILQ_NEXT(s, link);
 		if (s->st != SV_SENDING)
-			serve_end(s);
+			rm_serve_end(s);
 	}
 	xport_ep_close(rp->ep);
 	rp->ep = NULL;
@@ -405,15 +405,15 @@ static int on_peer_frame(void *ctx, struct peer *p, const Tensord__PeerFrame *f,
 		}
 		return 0;
 	case TENSORD__PEER_FRAME__BODY_PULL:
-		on_pull(rp, f->pull);
+		rm_on_pull(rp, f->pull);
 		return 0;
 	case TENSORD__PEER_FRAME__BODY_PULL_REPLY:
-		return on_pull_reply(rp, f->pull_reply, why, why_len);
+		return rm_on_pull_reply(rp, f->pull_reply, why, why_len);
 	case TENSORD__PEER_FRAME__BODY_PULL_GO:
-		on_pull_go(rp, f->pull_go->id);
+		rm_on_pull_go(rp, f->pull_go->id);
 		return 0;
 	case TENSORD__PEER_FRAME__BODY_PULL_DONE:
-		on_pull_done(rp, f->pull_done->id);
+		rm_on_pull_done(rp, f->pull_done->id);
 		return 0;
 	case TENSORD__PEER_FRAME__BODY_CHANGED:
 		if (f->changed->n_names != f->changed->n_generations) {
@@ -421,15 +421,15 @@ static int on_peer_frame(void *ctx, struct peer *p, const Tensord__PeerFrame *f,
 				 f->changed->n_names, f->changed->n_generations);
 			return -EPROTO;
 		}
-		return on_changed(rp, f->changed, why, why_len);
+		return rm_on_changed(rp, f->changed, why, why_len);
 	case TENSORD__PEER_FRAME__BODY_UNWATCH:
-		on_unwatch(rp, f->unwatch);
+		rm_on_unwatch(rp, f->unwatch);
 		return 0;
 	case TENSORD__PEER_FRAME__BODY_SET_PULL:
-		on_set_pull(rp, f->set_pull);
+		rm_on_set_pull(rp, f->set_pull);
 		return 0;
 	case TENSORD__PEER_FRAME__BODY_SET_PULL_REPLY:
-		return on_set_pull_reply(rp, f->set_pull_reply, why, why_len);
+		return rm_on_set_pull_reply(rp, f->set_pull_reply, why, why_len);
 	default:
 		snprintf(why, why_len, "a frame of kind %d, which this node does not know",
 			 (int)f->body_case);
@@ -450,16 +450,16 @@ static void on_keep(uv_timer_t *t)
 		next = LIST_NEXT(r, link);
 		tn = registry_lookup(&rm->srv->reg, &rm->rc, r->name, r->name_len);
 		if (!tn || tn->id != r->tensor_id) {
-			unwatch_send(rm, r);
-			replica_unlink(rm, r);
+			rm_unwatch_send(rm, r);
+			rm_replica_unlink(rm, r);
 			free(r);
 		} else if (tn->refcount) {
 			r->idle_since_ns = 0;
 		} else if (!r->idle_since_ns) {
 			r->idle_since_ns = now;
 		} else if (now - r->idle_since_ns >= keep) {
-			unwatch_send(rm, r);
-			replica_drop(rm, r, "unleased for --replica-keep");
+			rm_unwatch_send(rm, r);
+			rm_replica_drop(rm, r, "unleased for --replica-keep");
 		}
 	}
 }
@@ -542,11 +542,11 @@ void remote_stop(struct server *srv)
 		return;
 	rm->stopping = true;
 	while (!LIST_EMPTY(&rm->sets))
-		set_fail(LIST_FIRST(&rm->sets), -ESHUTDOWN, "this daemon is stopping");
+		rm_set_fail(LIST_FIRST(&rm->sets), -ESHUTDOWN, "this daemon is stopping");
 	for (pl = LIST_FIRST(&rm->pulls); pl; pl = next) {
 		next = LIST_NEXT(pl, link);
 		if (!pl->dead)
-			pull_fail(pl, -ESHUTDOWN, "this daemon is stopping");
+			rm_pull_fail(pl, -ESHUTDOWN, "this daemon is stopping");
 	}
 	/* The peers' closes that follow are no news to remote attach now. */
 	srv->peers.on_up = NULL;
@@ -558,7 +558,7 @@ void remote_stop(struct server *srv)
 	while ((pl = LIST_FIRST(&rm->pulls))) {
 		if (pl->map)
 			munmap(pl->map, pl->map_len);
-		pull_free(pl);
+		rm_pull_free(pl);
 	}
 	for (unsigned i = 0; i < srv->peers.n_peers; i++) {
 		struct rpeer *rp = srv->peers.peers[i]->data;
@@ -566,16 +566,16 @@ void remote_stop(struct server *srv)
 		if (!rp)
 			continue;
 		while ((s = TAILQ_FIRST(&rp->serves)))
-			serve_end(s);
+			rm_serve_end(s);
 		if (rp->rc_live)
 			registry_client_gone(&srv->reg, &rp->rc);
-		watch_clear(rp);
+		rm_watch_clear(rp);
 		free(rp->addr);
 		free(rp);
 		srv->peers.peers[i]->data = NULL;
 	}
 	/* Their peers' counts went with the peers above: only the memory now. */
-	tdestroy(rm->replica_index, noop_free);
+	tdestroy(rm->replica_index, rm_noop_free);
 	rm->replica_index = NULL;
 	while ((r = LIST_FIRST(&rm->replicas))) {
 		LIST_REMOVE(r, link);
@@ -610,10 +610,10 @@ void remote_client_gone(struct client *cl)
 			next = LIST_NEXT(w, link);
 			if (w->cl == cl) {
 				LIST_REMOVE(w, link);
-				pwait_free(w);
+				rm_pwait_free(w);
 			}
 		}
-		pull_unwanted(pl);
+		rm_pull_unwanted(pl);
 	}
 }
 
@@ -632,8 +632,8 @@ int remote_cancel(struct client *cl, uint64_t req_id)
 		snprintf(why, sizeof(why), "tensor '%s': the wait was cancelled", pl->name);
 		reply_status(cl->conn, ATTACH, w->id, -ECANCELED, why);
 		LIST_REMOVE(w, link);
-		pwait_free(w);
-		pull_unwanted(pl);
+		rm_pwait_free(w);
+		rm_pull_unwanted(pl);
 		return 0;
 	}
 	return -ENOENT;

@@ -208,62 +208,62 @@ struct gjob {
 struct remote *rm_of(const struct server *srv);
 
 /* Sends f to rp's peer; a connection that is down is logged, not an error. */
-void send_frame(struct rpeer *rp, Tensord__PeerFrame *f);
+void rm_send_frame(struct rpeer *rp, Tensord__PeerFrame *f);
 
 /* strcmp() for tsearch trees of names: a peer's watched names, the replicas by name. */
-int name_cmp(const void *a, const void *b);
+int rm_name_cmp(const void *a, const void *b);
 
 /* Queues j for the GPU worker: 0, or -ENOMEM with nothing queued (j is the caller's). */
-int gjob_submit(struct remote *rm, struct gjob *j);
+int rm_gjob_submit(struct remote *rm, struct gjob *j);
 
 /* Host memory for a copy of a GPU tensor: an anonymous mapping, or NULL (errno). */
-void *stage_map(size_t len);
+void *rm_stage_map(size_t len);
 
 /* A mapping of a transfer waits to be populated: populate_step() runs on the loop. */
-void populate_kick(struct remote *rm);
+void rm_populate_kick(struct remote *rm);
 
 /* --- remote_serve.c: A, serving ------------------------------------------------------ */
 
 /* Ends s: unmaps (never while UCX reads it) and ends its lease (if its connection lives). */
-void serve_end(struct serve *s);
+void rm_serve_end(struct serve *s);
 
 /* Starts rp's queued sends, in order, within --peer-max-inflight. */
-void serve_start_queued(struct rpeer *rp);
+void rm_serve_start_queued(struct rpeer *rp);
 
 /* rp watches no name of this node's any more. */
-void watch_clear(struct rpeer *rp);
+void rm_watch_clear(struct rpeer *rp);
 
 /* The copy of j->s's GPU tensor ended (on the loop): the reply goes, or why not. */
-void serve_staged(struct gjob *j);
+void rm_serve_staged(struct gjob *j);
 
 /* A's handlers of B's frames. m is borrowed for the call. */
-void on_pull(struct rpeer *rp, const Tensord__PeerPull *m);
-void on_pull_go(struct rpeer *rp, uint64_t id);
-void on_pull_done(struct rpeer *rp, uint64_t id);
-void on_unwatch(struct rpeer *rp, const Tensord__PeerUnwatch *m);
-void on_set_pull(struct rpeer *rp, const Tensord__PeerSetPull *m);
+void rm_on_pull(struct rpeer *rp, const Tensord__PeerPull *m);
+void rm_on_pull_go(struct rpeer *rp, uint64_t id);
+void rm_on_pull_done(struct rpeer *rp, uint64_t id);
+void rm_on_unwatch(struct rpeer *rp, const Tensord__PeerUnwatch *m);
+void rm_on_set_pull(struct rpeer *rp, const Tensord__PeerSetPull *m);
 
 /* --- remote_pull.c: B, pulling ------------------------------------------------------- */
 
-void pwait_free(struct pwait *w);
+void rm_pwait_free(struct pwait *w);
 
-struct pull *pull_by_id(struct remote *rm, uint64_t id);
+struct pull *rm_pull_by_id(struct remote *rm, uint64_t id);
 
 /* The first of n pull ids free in a row, 64 random bits (a set takes its own and its members'). */
-uint64_t pull_new_ids(struct remote *rm, uint64_t n);
+uint64_t rm_pull_new_ids(struct remote *rm, uint64_t n);
 
 /* Replicas by name, counted in the figures and their peer's; dropped: unlinked and forgotten. */
-struct replica *replica_find(struct remote *rm, const char *name);
-void noop_free(void *node);
-void replica_count(struct remote *rm, const struct replica *r, int n, int64_t delta);
-bool replica_link(struct remote *rm, struct replica *r);
-void replica_unlink(struct remote *rm, struct replica *r);
-void replica_drop(struct remote *rm, struct replica *r, const char *why);
+struct replica *rm_replica_find(struct remote *rm, const char *name);
+void rm_noop_free(void *node);
+void rm_replica_count(struct remote *rm, const struct replica *r, int n, int64_t delta);
+bool rm_replica_link(struct remote *rm, struct replica *r);
+void rm_replica_unlink(struct remote *rm, struct replica *r);
+void rm_replica_drop(struct remote *rm, struct replica *r, const char *why);
 
 /* B no longer holds r: A need not tell of its changes (unless a pull is on the way). */
-void unwatch_send(struct remote *rm, struct replica *r);
+void rm_unwatch_send(struct remote *rm, struct replica *r);
 
-void pull_free(struct pull *pl);
+void rm_pull_free(struct pull *pl);
 
 /*
  * Ends failed pull pl, its waiting attaches answered with status and why:
@@ -271,42 +271,42 @@ void pull_free(struct pull *pl);
  * set's transaction, before this); A is told to end its lease. The mapping
  * stays while UCX may write it.
  */
-void pull_end_failed(struct pull *pl, int status, const char *why);
+void rm_pull_end_failed(struct pull *pl, int status, const char *why);
 
 /*
  * pl failed: every attach waiting on it gets status and "peer P: tensor
  * 'N': <reason>"; a set's member fails its whole set with those words.
  */
 void __attribute__((format(printf, 3, 4)))
-pull_fail(struct pull *pl, int status, const char *fmt, ...);
+rm_pull_fail(struct pull *pl, int status, const char *fmt, ...);
 
 /* Every attach waiting on pl gets a lease on its replica (bound only when watched). */
-void answer_local(struct pull *pl, bool watched);
+void rm_answer_local(struct pull *pl, bool watched);
 
 /* A waiting pull nobody waits on any more ends (A holds nothing for it). */
-void pull_unwanted(struct pull *pl);
+void rm_pull_unwanted(struct pull *pl);
 
 /* A pull's timer: a wait asks again, anything else has taken too long. */
-void on_pull_timeout(uv_timer_t *t);
+void rm_on_pull_timeout(uv_timer_t *t);
 
 /*
  * The connected peer named peer for a request (kind, id) of cl about
  * `what` ("tensor '@a/x'"), or NULL with the request answered: no such
  * peer, not connected, or no data path to it.
  */
-struct rpeer *rpeer_ready(struct client *cl, unsigned kind, uint64_t id, const char *what,
-			  const char *peer);
+struct rpeer *rm_rpeer_ready(struct client *cl, unsigned kind, uint64_t id, const char *what,
+			     const char *peer);
 
 /* The bytes are in place: the replica is sealed, published and handed out. */
-void pull_complete(struct pull *pl);
+void rm_pull_complete(struct pull *pl);
 
 /* pl's GPU replica's memory is allocated, or its bytes copied in (on the loop). */
-void pull_allocated(struct gjob *j);
-void pull_filled(struct gjob *j);
+void rm_pull_allocated(struct gjob *j);
+void rm_pull_filled(struct gjob *j);
 
 /* B's handlers of A's frames: 0, or -errno with why (the peer's connection then closes). */
-int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, size_t why_len);
-int on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, size_t why_len);
+int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, size_t why_len);
+int rm_on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, size_t why_len);
 
 /* --- remote_set.c: B, pulling a set -------------------------------------------------- */
 
@@ -316,18 +316,18 @@ int on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, size_
  * made so far is aborted, so that none is ever seen; every member's pull
  * ends as a failed pull does.
  */
-void set_fail(struct spull *sp, int status, const char *why);
+void rm_set_fail(struct spull *sp, int status, const char *why);
 
 /*
  * Names set member pl from its PullReply (A's name m->name): 0, or -errno
  * with pl failed.
  */
-int set_member_named(struct pull *pl, const Tensord__PeerPullReply *m);
+int rm_set_member_named(struct pull *pl, const Tensord__PeerPullReply *m);
 
 /* Every member's bytes are in: the replicas published in one commit. */
-void set_publish(struct spull *sp);
+void rm_set_publish(struct spull *sp);
 
-int on_set_pull_reply(struct rpeer *rp, const Tensord__PeerSetPullReply *m, char *why,
-		      size_t why_len);
+int rm_on_set_pull_reply(struct rpeer *rp, const Tensord__PeerSetPullReply *m, char *why,
+			 size_t why_len);
 
 #endif

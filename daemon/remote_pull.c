@@ -35,7 +35,7 @@
 
 /* --- B: pulling ------------------------------------------------------------------ */
 
-void pwait_free(struct pwait *w)
+void rm_pwait_free(struct pwait *w)
 {
 	free(w->have_shares);
 	free(w);
@@ -74,7 +74,7 @@ static struct pull *pull_receiving(struct remote *rm, const char *name)
 	return NULL;
 }
 
-struct pull *pull_by_id(struct remote *rm, uint64_t id)
+struct pull *rm_pull_by_id(struct remote *rm, uint64_t id)
 {
 	struct pull *pl;
 
@@ -93,7 +93,7 @@ struct pull *pull_by_id(struct remote *rm, uint64_t id)
 static bool ids_free(struct remote *rm, uint64_t id, uint64_t n);
 
 /* The first of n ids free in a row (a set takes its own and its members'). */
-uint64_t pull_new_ids(struct remote *rm, uint64_t n)
+uint64_t rm_pull_new_ids(struct remote *rm, uint64_t n)
 {
 	uint64_t id = 0;
 
@@ -111,7 +111,7 @@ uint64_t pull_new_ids(struct remote *rm, uint64_t n)
 
 static uint64_t pull_new_id(struct remote *rm)
 {
-	return pull_new_ids(rm, 1);
+	return rm_pull_new_ids(rm, 1);
 }
 
 /* Whether no live pull has an id in [id, id + n) and no live set's range meets it. */
@@ -129,23 +129,23 @@ static bool ids_free(struct remote *rm, uint64_t id, uint64_t n)
 	return true;
 }
 
-/* Replicas by name: a tsearch tree whose elements begin with their name (name_cmp). */
+/* Replicas by name: a tsearch tree whose elements begin with their name (rm_name_cmp). */
 _Static_assert(offsetof(struct replica, name) == 0, "a replica begins with its name");
 
-struct replica *replica_find(struct remote *rm, const char *name)
+struct replica *rm_replica_find(struct remote *rm, const char *name)
 {
-	struct replica **at = tfind(name, &rm->replica_index, name_cmp);
+	struct replica **at = tfind(name, &rm->replica_index, rm_name_cmp);
 
 	return at ? *at : NULL;
 }
 
-void noop_free(void *node)
+void rm_noop_free(void *node)
 {
 	(void)node; /* a tree's element owned elsewhere */
 }
 
 /* Counts r (its size delta bytes: +, or - to uncount) in the figures and its peer's. */
-void replica_count(struct remote *rm, const struct replica *r, int n, int64_t delta)
+void rm_replica_count(struct remote *rm, const struct replica *r, int n, int64_t delta)
 {
 	rm->figs->replicas += (uint64_t)(int64_t)n;
 	rm->figs->replica_bytes += (uint64_t)delta;
@@ -157,24 +157,24 @@ void replica_count(struct remote *rm, const struct replica *r, int n, int64_t de
  * r, its name, peer and size set, joins rm's list and index and is
  * counted; false when the index has no room.
  */
-bool replica_link(struct remote *rm, struct replica *r)
+bool rm_replica_link(struct remote *rm, struct replica *r)
 {
-	if (!tsearch(r, &rm->replica_index, name_cmp))
+	if (!tsearch(r, &rm->replica_index, rm_name_cmp))
 		return false;
 	LIST_INSERT_HEAD(&rm->replicas, r, link);
-	replica_count(rm, r, 1, (int64_t)r->nbytes);
+	rm_replica_count(rm, r, 1, (int64_t)r->nbytes);
 	return true;
 }
 
-void replica_unlink(struct remote *rm, struct replica *r)
+void rm_replica_unlink(struct remote *rm, struct replica *r)
 {
-	tdelete(r, &rm->replica_index, name_cmp);
+	tdelete(r, &rm->replica_index, rm_name_cmp);
 	LIST_REMOVE(r, link);
-	replica_count(rm, r, -1, -(int64_t)r->nbytes);
+	rm_replica_count(rm, r, -1, -(int64_t)r->nbytes);
 }
 
 /* Unlinks the replica's name (its leases keep its bytes) and forgets it. */
-void replica_drop(struct remote *rm, struct replica *r, const char *why)
+void rm_replica_drop(struct remote *rm, struct replica *r, const char *why)
 {
 	char buf[300];
 	struct tensor *t = registry_lookup(&rm->srv->reg, &rm->rc, r->name, r->name_len);
@@ -182,7 +182,7 @@ void replica_drop(struct remote *rm, struct replica *r, const char *why)
 	if (t && t->id == r->tensor_id)
 		registry_unlink(&rm->srv->reg, &rm->rc, r->name, r->name_len, buf, sizeof(buf));
 	log_debug("replica '%s': unlinked: %s", r->name, why);
-	replica_unlink(rm, r);
+	rm_replica_unlink(rm, r);
 	free(r);
 }
 
@@ -195,7 +195,7 @@ void replica_drop(struct remote *rm, struct replica *r, const char *why)
  */
 static uint64_t replica_bytes_of(struct remote *rm, const struct rpeer *rp)
 {
-	uint64_t n = rp->p->remote.replica_bytes; /* kept by replica_link() and _unlink() */
+	uint64_t n = rp->p->remote.replica_bytes; /* kept by rm_replica_link() and _unlink() */
 	const struct pull *pl;
 
 	LIST_FOREACH(pl, &rm->pulls, link)
@@ -237,8 +237,8 @@ static int replica_share_room(struct remote *rm, struct rpeer *rp, uint64_t nbyt
 
 	while ((nbytes > max || used > max - nbytes) && (r = replica_oldest_idle(rm, rp))) {
 		used -= r->nbytes;
-		replica_drop(rm, r,
-			     "room for a newer replica of its peer (--peer-max-replica-bytes)");
+		rm_replica_drop(rm, r,
+				"room for a newer replica of its peer (--peer-max-replica-bytes)");
 	}
 	if (nbytes <= max && used <= max - nbytes)
 		return 0;
@@ -255,7 +255,7 @@ static void on_pull_closed(uv_handle_t *h)
 	free(h->data);
 }
 
-void pull_free(struct pull *pl)
+void rm_pull_free(struct pull *pl)
 {
 	if (pl->job)
 		pl->job->pl = NULL; /* its end frees what it holds */
@@ -273,7 +273,7 @@ static void pull_done_send(struct rpeer *rp, uint64_t id)
 	d.id = id;
 	f.body_case = TENSORD__PEER_FRAME__BODY_PULL_DONE;
 	f.pull_done = &d;
-	send_frame(rp, &f);
+	rm_send_frame(rp, &f);
 }
 
 /*
@@ -282,7 +282,7 @@ static void pull_done_send(struct rpeer *rp, uint64_t id)
  * set's transaction, before this); A is told to end its lease. The mapping
  * stays while UCX may write it.
  */
-void pull_end_failed(struct pull *pl, int status, const char *why)
+void rm_pull_end_failed(struct pull *pl, int status, const char *why)
 {
 	struct remote *rm = pl->rm;
 	char buf[300];
@@ -291,7 +291,7 @@ void pull_end_failed(struct pull *pl, int status, const char *why)
 	while ((w = LIST_FIRST(&pl->waits))) {
 		LIST_REMOVE(w, link);
 		reply_status(w->cl->conn, ATTACH, w->id, status, why);
-		pwait_free(w);
+		rm_pwait_free(w);
 	}
 	if (pl->st == PL_RECEIVING) {
 		if (!pl->set)
@@ -309,7 +309,7 @@ void pull_end_failed(struct pull *pl, int status, const char *why)
 	}
 	if (pl->map)
 		munmap(pl->map, pl->map_len);
-	pull_free(pl);
+	rm_pull_free(pl);
 }
 
 /*
@@ -317,7 +317,7 @@ void pull_end_failed(struct pull *pl, int status, const char *why)
  * 'N': <reason>"; a set's member fails its whole set with those words.
  */
 void __attribute__((format(printf, 3, 4)))
-pull_fail(struct pull *pl, int status, const char *fmt, ...)
+rm_pull_fail(struct pull *pl, int status, const char *fmt, ...)
 {
 	char reason[300], why[1000];
 	va_list ap;
@@ -333,12 +333,12 @@ pull_fail(struct pull *pl, int status, const char *fmt, ...)
 			 pl->name + pl->peer_len + 2, reason);
 	pl->rp->p->remote.pull_errors++;
 	if (pl->set) {
-		set_fail(pl->set, status, why);
+		rm_set_fail(pl->set, status, why);
 		return;
 	}
 	log_info("pull %" PRIu64 " of '%s' failed: %s", pl->id, pl->name, why);
 	figure_count(FIG_remote_pull_failures_total, 1);
-	pull_end_failed(pl, status, why);
+	rm_pull_end_failed(pl, status, why);
 }
 
 /*
@@ -346,7 +346,7 @@ pull_fail(struct pull *pl, int status, const char *fmt, ...)
  * bindings: later attaches served in the client) only when A watches the
  * name for this node, so that a change unlinks the replica and clears them.
  */
-void answer_local(struct pull *pl, bool watched)
+void rm_answer_local(struct pull *pl, bool watched)
 {
 	struct pwait *w;
 
@@ -354,7 +354,7 @@ void answer_local(struct pull *pl, bool watched)
 		LIST_REMOVE(w, link);
 		dispatch_attach_local(w->cl, w->id, pl->name, pl->name_len, w->have_id,
 				      w->have_shares, w->n_have_shares, w->bind && watched);
-		pwait_free(w);
+		rm_pwait_free(w);
 	}
 }
 
@@ -364,10 +364,10 @@ static int pull_ask(struct pull *pl, uint64_t have_generation);
 static void pull_wait_over(struct pull *pl)
 {
 	if (pl->after)
-		pull_fail(pl, -ETIMEDOUT, "no generation newer than %" PRIu64 " within the timeout",
-			  pl->after);
+		rm_pull_fail(pl, -ETIMEDOUT,
+			     "no generation newer than %" PRIu64 " within the timeout", pl->after);
 	else
-		pull_fail(pl, -ETIMEDOUT, "not published within the timeout");
+		rm_pull_fail(pl, -ETIMEDOUT, "not published within the timeout");
 }
 
 /* A waiting pull asks A again: A told of a change, or it is time to look. */
@@ -378,9 +378,9 @@ static void pull_wait_again(struct pull *pl)
 		return;
 	}
 	pl->st = PL_ASKING;
-	uv_timer_start(&pl->timer, on_pull_timeout, PULL_BASE_MS, 0);
+	uv_timer_start(&pl->timer, rm_on_pull_timeout, PULL_BASE_MS, 0);
 	if (pull_ask(pl, 0) < 0)
-		pull_fail(pl, -ECONNRESET, "the connection to it was lost");
+		rm_pull_fail(pl, -ECONNRESET, "the connection to it was lost");
 }
 
 /*
@@ -394,7 +394,7 @@ static void pull_wait(struct pull *pl, bool watched)
 
 	pl->st = PL_WAITING;
 	if (LIST_EMPTY(&pl->waits)) { /* its attaches went meanwhile */
-		pull_unwanted(pl);
+		rm_pull_unwanted(pl);
 		return;
 	}
 	if (pl->deadline_ns) {
@@ -408,12 +408,12 @@ static void pull_wait(struct pull *pl, bool watched)
 		ms = ms && ms < left ? ms : left;
 	}
 	if (ms)
-		uv_timer_start(&pl->timer, on_pull_timeout, ms, 0);
+		uv_timer_start(&pl->timer, rm_on_pull_timeout, ms, 0);
 	else
 		uv_timer_stop(&pl->timer);
 }
 
-void on_pull_timeout(uv_timer_t *t)
+void rm_on_pull_timeout(uv_timer_t *t)
 {
 	struct pull *pl = t->data;
 	uint64_t ms = (now_ns() - pl->started_ns) / 1000000u;
@@ -422,8 +422,8 @@ void on_pull_timeout(uv_timer_t *t)
 		pull_wait_again(pl);
 		return;
 	}
-	pull_fail(pl, -ETIMEDOUT, "no %s after %" PRIu64 " ms",
-		  pl->st == PL_ASKING ? "answer" : "bytes", ms);
+	rm_pull_fail(pl, -ETIMEDOUT, "no %s after %" PRIu64 " ms",
+		     pl->st == PL_ASKING ? "answer" : "bytes", ms);
 }
 
 static int pull_ask(struct pull *pl, uint64_t have_generation)
@@ -446,8 +446,8 @@ static int pull_ask(struct pull *pl, uint64_t have_generation)
  * `what` ("tensor '@a/x'"), or NULL with the request answered: no such
  * peer, not connected, or no data path to it.
  */
-struct rpeer *rpeer_ready(struct client *cl, unsigned kind, uint64_t id, const char *what,
-			  const char *peer)
+struct rpeer *rm_rpeer_ready(struct client *cl, unsigned kind, uint64_t id, const char *what,
+			     const char *peer)
 {
 	struct server *srv = cl->srv;
 	struct remote *rm = rm_of(srv);
@@ -506,10 +506,10 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	memcpy(peer, name + 1, peer_len);
 	peer[peer_len] = '\0';
 	snprintf(what, sizeof(what), "tensor '%s'", name);
-	rp = rpeer_ready(cl, ATTACH, id, what, peer);
+	rp = rm_rpeer_ready(cl, ATTACH, id, what, peer);
 	if (!rp)
 		return;
-	rep = replica_find(rm, name);
+	rep = rm_replica_find(rm, name);
 	if (rep && rep->watched && rep->generation > after && !pull_by_name(rm, name)) {
 		/* A tells of its next change before anything else: this is current. */
 		figure_count(FIG_remote_replica_hits_total, 1);
@@ -540,7 +540,7 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	}
 	pl = calloc(1, sizeof(*pl));
 	if (!pl) {
-		pwait_free(w);
+		rm_pwait_free(w);
 		reply_status(cl->conn, ATTACH, id, -ENOMEM, "out of memory for a remote attach");
 		return;
 	}
@@ -562,9 +562,9 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	rm->figs->pulls++;
 	uv_timer_init(srv->loop, &pl->timer);
 	pl->timer.data = pl;
-	uv_timer_start(&pl->timer, on_pull_timeout, PULL_BASE_MS, 0);
+	uv_timer_start(&pl->timer, rm_on_pull_timeout, PULL_BASE_MS, 0);
 	if (pull_ask(pl, rep && !pl->wait ? rep->generation : 0) < 0)
-		pull_fail(pl, -ECONNRESET, "the connection to it was lost");
+		rm_pull_fail(pl, -ECONNRESET, "the connection to it was lost");
 }
 
 /* B has memory ready for pl's bytes: A sends them. */
@@ -576,14 +576,14 @@ static void pull_go(struct pull *pl)
 	g.id = pl->id;
 	f.body_case = TENSORD__PEER_FRAME__BODY_PULL_GO;
 	f.pull_go = &g;
-	send_frame(pl->rp, &f);
+	rm_send_frame(pl->rp, &f);
 }
 
 /*
  * pl's replica t is on a GPU (docs/remote.md, "GPU tensors across nodes"):
  * registry_create() left its memory to the GPU worker. The bytes are
  * received into host memory meanwhile (or were inline in m), and copied
- * in once both are there (pull_complete()).
+ * in once both are there (rm_pull_complete()).
  */
 static void pull_gpu_begin(struct pull *pl, const Tensord__PeerPullReply *m, struct tensor *t,
 			   uint64_t nbytes)
@@ -598,7 +598,7 @@ static void pull_gpu_begin(struct pull *pl, const Tensord__PeerPullReply *m, str
 	pl->watched = m->watched;
 	pl->nbytes = nbytes;
 	pl->map_len = (size_t)nbytes;
-	pl->map = j ? stage_map(pl->map_len) : NULL;
+	pl->map = j ? rm_stage_map(pl->map_len) : NULL;
 	if (pl->map)
 		e = 0;
 	else if (j)
@@ -612,12 +612,12 @@ static void pull_gpu_begin(struct pull *pl, const Tensord__PeerPullReply *m, str
 		j->pl = pl;
 		j->alloc.t = t;
 	}
-	if (pl->map && gjob_submit(pl->rm, j) == 0) {
+	if (pl->map && rm_gjob_submit(pl->rm, j) == 0) {
 		pl->job = j;
-		uv_timer_start(&pl->timer, on_pull_timeout,
+		uv_timer_start(&pl->timer, rm_on_pull_timeout,
 			       PULL_BASE_MS + (uint64_t)nbytes / PULL_BYTES_PER_MS, 0);
 		if (!pl->in_host)
-			populate_kick(pl->rm);
+			rm_populate_kick(pl->rm);
 		return;
 	}
 	free(j);
@@ -629,12 +629,12 @@ static void pull_gpu_begin(struct pull *pl, const Tensord__PeerPullReply *m, str
 
 		registry_create_finish(&pl->rm->srv->reg, &nomem, &lease, reason, sizeof(reason));
 	}
-	pull_fail(pl, -e, "no host memory to receive its GPU replica (%" PRIu64 " bytes) in: %s",
-		  nbytes, strerror(e));
+	rm_pull_fail(pl, -e, "no host memory to receive its GPU replica (%" PRIu64 " bytes) in: %s",
+		     nbytes, strerror(e));
 }
 
 /* pl's GPU replica's memory is allocated (on the loop): the bytes may come. */
-void pull_allocated(struct gjob *j)
+void rm_pull_allocated(struct gjob *j)
 {
 	struct pull *pl = j->pl;
 	char why[400];
@@ -654,19 +654,19 @@ void pull_allocated(struct gjob *j)
 	}
 	pl->job = NULL;
 	if (r < 0) {
-		pull_fail(pl, r, "cannot make its replica on this node: %s", why);
+		rm_pull_fail(pl, r, "cannot make its replica on this node: %s", why);
 		return;
 	}
 	pl->lease = lease;
 	pl->st = PL_RECEIVING;
 	if (pl->in_host || pl->nbytes == 0)
-		pull_complete(pl);
+		rm_pull_complete(pl);
 	else
 		pull_go(pl);
 }
 
 /* pl's GPU replica's bytes were copied in (on the loop): it is published, or fails. */
-void pull_filled(struct gjob *j)
+void rm_pull_filled(struct gjob *j)
 {
 	struct pull *pl = j->pl;
 
@@ -675,21 +675,21 @@ void pull_filled(struct gjob *j)
 		return;
 	pl->job = NULL;
 	if (j->status < 0) {
-		pull_fail(pl, j->status, "cannot copy its replica's bytes into %s:%d: %s",
-			  pl->t->alloc.ops->name, pl->t->device.device_id, strerror(-j->status));
+		rm_pull_fail(pl, j->status, "cannot copy its replica's bytes into %s:%d: %s",
+			     pl->t->alloc.ops->name, pl->t->device.device_id, strerror(-j->status));
 		return;
 	}
 	pl->filled = true;
 	figure_count(FIG_remote_gpu_pulls_total, 1);
-	pull_complete(pl);
+	rm_pull_complete(pl);
 }
 
 /* A's answer: the replica is current, or the descriptor of a new one to receive. */
-int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, size_t why_len)
+int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, size_t why_len)
 {
 	struct remote *rm = rp->rm;
 	struct registry *reg = &rm->srv->reg;
-	struct pull *pl = pull_by_id(rm, m->id);
+	struct pull *pl = rm_pull_by_id(rm, m->id);
 	struct create_args a = { 0 };
 	char reason[400];
 	int64_t strides[32];
@@ -708,8 +708,8 @@ int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, 
 		if (!pl->wait) {
 			snprintf(why, why_len, "a 'not yet' for '%s', which did not ask to wait",
 				 pl->name);
-			pull_fail(pl, -EPROTO,
-				  "it answered 'not yet' to a pull that does not wait");
+			rm_pull_fail(pl, -EPROTO,
+				     "it answered 'not yet' to a pull that does not wait");
 			return -EPROTO;
 		}
 		pull_wait(pl, m->watched);
@@ -717,24 +717,25 @@ int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, 
 	}
 	if (m->status < 0) {
 		/* A's own words, cut to a line: they name A, the tensor and the reason. */
-		pull_fail(pl, m->status >= -4095 ? m->status : -EPROTO, "%.300s",
-			  m->error ? m->error : "refused");
+		rm_pull_fail(pl, m->status >= -4095 ? m->status : -EPROTO, "%.300s",
+			     m->error ? m->error : "refused");
 		return 0;
 	}
-	if (pl->set && set_member_named(pl, m) < 0)
+	if (pl->set && rm_set_member_named(pl, m) < 0)
 		return 0;
 	/* A set's member replaces its replica in the set's commit, not before. */
-	rep = pl->set ? NULL : replica_find(rm, pl->name);
+	rep = pl->set ? NULL : rm_replica_find(rm, pl->name);
 	if (m->current) {
 		if (pl->set || !rep || rep->generation != m->generation) {
-			pull_fail(pl, -EPROTO, "it called a replica current that this node lacks");
+			rm_pull_fail(pl, -EPROTO,
+				     "it called a replica current that this node lacks");
 			return 0;
 		}
 		figure_count(FIG_remote_replica_hits_total, 1);
 		rep->watched = m->watched;
 		uv_timer_stop(&pl->timer);
-		answer_local(pl, rep->watched);
-		pull_free(pl);
+		rm_answer_local(pl, rep->watched);
+		rm_pull_free(pl);
 		return 0;
 	}
 	/* A peer's descriptor is input like a client's: the same checks as a create. */
@@ -748,21 +749,21 @@ int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, 
 	    nbytes != m->nbytes) {
 		snprintf(why, why_len, "a descriptor for '%s' that fails this node's checks",
 			 pl->name);
-		pull_fail(pl, -EPROTO, "its descriptor fails this node's checks");
+		rm_pull_fail(pl, -EPROTO, "its descriptor fails this node's checks");
 		return -EPROTO;
 	}
 	if (pl->wait && pull_receiving(rm, pl->name)) {
 		/* Another pull is making this replica: end A's lease, ask again soon. */
 		pull_done_send(rp, pl->id);
 		pl->st = PL_WAITING;
-		uv_timer_start(&pl->timer, on_pull_timeout, 10, 0);
+		uv_timer_start(&pl->timer, rm_on_pull_timeout, 10, 0);
 		return 0;
 	}
 	if (rep)
-		replica_drop(rm, rep, "the peer publishes a newer generation");
+		rm_replica_drop(rm, rep, "the peer publishes a newer generation");
 	r = replica_share_room(rm, rp, nbytes, reason, sizeof(reason));
 	if (r < 0) {
-		pull_fail(pl, r, "%s", reason);
+		rm_pull_fail(pl, r, "%s", reason);
 		return 0;
 	}
 	a.name = pl->name;
@@ -783,8 +784,8 @@ int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, 
 	if (m->data.len && m->data.len != nbytes) {
 		snprintf(why, why_len, "inline bytes of '%s': %zu, not %" PRIu64, pl->name,
 			 m->data.len, nbytes);
-		pull_fail(pl, -EPROTO, "it sent %zu bytes inline for %" PRIu64, m->data.len,
-			  nbytes);
+		rm_pull_fail(pl, -EPROTO, "it sent %zu bytes inline for %" PRIu64, m->data.len,
+			     nbytes);
 		return -EPROTO;
 	}
 	r = registry_create(reg, &rm->rc, &a, &t, &pl->lease, reason, sizeof(reason));
@@ -793,8 +794,8 @@ int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, 
 		return 0;
 	}
 	if (r < 0) {
-		pull_fail(pl, r, "%s its replica on this node: %s",
-			  r == -ENOSPC || r == -EDQUOT ? "no room for" : "cannot make", reason);
+		rm_pull_fail(pl, r, "%s its replica on this node: %s",
+			     r == -ENOSPC || r == -EDQUOT ? "no room for" : "cannot make", reason);
 		return 0;
 	}
 	pl->st = PL_RECEIVING;
@@ -805,11 +806,11 @@ int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, 
 	if (m->data.len) { /* inline: the bytes are here */
 		r = t->alloc.ops->write(&t->alloc, 0, m->data.data, m->data.len);
 		if (r < 0) {
-			pull_fail(pl, r, "cannot write its replica (%" PRIu64 " bytes): %s", nbytes,
-				  strerror(-r));
+			rm_pull_fail(pl, r, "cannot write its replica (%" PRIu64 " bytes): %s",
+				     nbytes, strerror(-r));
 			return 0;
 		}
-		pull_complete(pl);
+		rm_pull_complete(pl);
 		return 0;
 	}
 	if (nbytes) {
@@ -821,20 +822,20 @@ int on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, 
 			int e = errno;
 
 			pl->map = NULL;
-			pull_fail(pl, -e, "cannot map its replica (%" PRIu64 " bytes): %s", nbytes,
-				  strerror(e));
+			rm_pull_fail(pl, -e, "cannot map its replica (%" PRIu64 " bytes): %s",
+				     nbytes, strerror(e));
 			return 0;
 		}
-		populate_kick(rm);
+		rm_populate_kick(rm);
 	}
-	uv_timer_start(&pl->timer, on_pull_timeout,
+	uv_timer_start(&pl->timer, rm_on_pull_timeout,
 		       PULL_BASE_MS + (uint64_t)nbytes / PULL_BYTES_PER_MS, 0);
 	pull_go(pl);
 	return 0;
 }
 
 /* The bytes are in place: the replica is sealed, published and handed out. */
-void pull_complete(struct pull *pl)
+void rm_pull_complete(struct pull *pl)
 {
 	struct remote *rm = pl->rm;
 	struct registry *reg = &rm->srv->reg;
@@ -853,9 +854,9 @@ void pull_complete(struct pull *pl)
 			j->buf = pl->map;
 			j->len = pl->map_len;
 		}
-		if (!j || gjob_submit(rm, j) < 0) {
+		if (!j || rm_gjob_submit(rm, j) < 0) {
 			free(j);
-			pull_fail(pl, -ENOMEM, "out of memory");
+			rm_pull_fail(pl, -ENOMEM, "out of memory");
 			return;
 		}
 		pl->map = NULL; /* the job's now */
@@ -870,12 +871,12 @@ void pull_complete(struct pull *pl)
 		pl->done = true;
 		uv_timer_stop(&pl->timer);
 		if (++pl->set->n_done == pl->set->count)
-			set_publish(pl->set);
+			rm_set_publish(pl->set);
 		return;
 	}
 	r = registry_publish(reg, &rm->rc, pl->name, pl->name_len, &t, reason, sizeof(reason));
 	if (r < 0) {
-		pull_fail(pl, r, "cannot publish its replica: %s", reason);
+		rm_pull_fail(pl, r, "cannot publish its replica: %s", reason);
 		return;
 	}
 	/* Stale (A told of a change after its reply): its waiters get it, nobody after. */
@@ -888,7 +889,7 @@ void pull_complete(struct pull *pl)
 		rep->generation = pl->generation;
 		rep->nbytes = pl->nbytes;
 		rep->watched = pl->watched;
-		if (!replica_link(rm, rep)) {
+		if (!rm_replica_link(rm, rep)) {
 			free(rep);
 			rep = NULL;
 		}
@@ -900,19 +901,19 @@ void pull_complete(struct pull *pl)
 	log_debug("replica '%s': pulled, %" PRIu64 " bytes in %.3f ms", pl->name, pl->nbytes,
 		  (double)(now_ns() - pl->started_ns) / 1e6);
 	uv_timer_stop(&pl->timer);
-	answer_local(pl, rep && rep->watched);
+	rm_answer_local(pl, rep && rep->watched);
 	/* Waiters hold their leases now: the creator's goes. */
 	registry_release(reg, &rm->rc, pl->lease);
 	if (!rep) /* stale or untracked: unlinked at once, its leases keep it */
 		registry_unlink(reg, &rm->rc, pl->name, pl->name_len, reason, sizeof(reason));
-	pull_free(pl);
+	rm_pull_free(pl);
 }
 
 /*
  * A says names changed: their replicas are dropped (leases keep the
  * bytes), and a pull A answered before the change is not kept as watched.
  */
-int on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, size_t why_len)
+int rm_on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, size_t why_len)
 {
 	struct remote *rm = rp->rm;
 	char full[TENSORD_NAME_MAX + 1];
@@ -926,10 +927,10 @@ int on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, size_
 			snprintf(why, why_len, "a change of a name too long for a replica");
 			return -EPROTO;
 		}
-		r = replica_find(rm, full);
+		r = rm_replica_find(rm, full);
 		if (r && r->rp == rp) {
 			figure_count(FIG_remote_replicas_changed_total, 1);
-			replica_drop(rm, r, "its peer published it anew or unlinked it");
+			rm_replica_drop(rm, r, "its peer published it anew or unlinked it");
 		}
 		LIST_FOREACH(pl, &rm->pulls, link)
 		if (!pl->dead && pl->rp == rp && strcmp(pl->name, full) == 0 &&
@@ -939,13 +940,13 @@ int on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, size_
 		LIST_FOREACH(pl, &rm->pulls, link)
 		if (!pl->dead && pl->rp == rp && pl->st == PL_WAITING &&
 		    strcmp(pl->name, full) == 0)
-			uv_timer_start(&pl->timer, on_pull_timeout, 0, 0);
+			uv_timer_start(&pl->timer, rm_on_pull_timeout, 0, 0);
 	}
 	return 0;
 }
 
 /* B no longer holds r: A need not tell of its changes (unless a pull is on the way). */
-void unwatch_send(struct remote *rm, struct replica *r)
+void rm_unwatch_send(struct remote *rm, struct replica *r)
 {
 	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
 	Tensord__PeerUnwatch u = TENSORD__PEER_UNWATCH__INIT;
@@ -957,14 +958,14 @@ void unwatch_send(struct remote *rm, struct replica *r)
 	u.names = &name;
 	f.body_case = TENSORD__PEER_FRAME__BODY_UNWATCH;
 	f.unwatch = &u;
-	send_frame(r->rp, &f);
+	rm_send_frame(r->rp, &f);
 }
 
 /* A waiting pull nobody waits on any more ends (A holds nothing for it). */
-void pull_unwanted(struct pull *pl)
+void rm_pull_unwanted(struct pull *pl)
 {
 	if (pl->wait && pl->st == PL_WAITING && LIST_EMPTY(&pl->waits)) {
 		uv_timer_stop(&pl->timer);
-		pull_free(pl);
+		rm_pull_free(pl);
 	}
 }

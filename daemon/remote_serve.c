@@ -39,13 +39,13 @@ static void pull_reply_error(struct rpeer *rp, uint64_t id, int status, const ch
 	m.error = (char *)why;
 	f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
 	f.pull_reply = &m;
-	send_frame(rp, &f);
+	rm_send_frame(rp, &f);
 }
 
 static void serve_stage_next(struct rpeer *rp);
 
 /* Ends s: unmaps (never while UCX reads it) and ends its lease (if its connection lives). */
-void serve_end(struct serve *s)
+void rm_serve_end(struct serve *s)
 {
 	struct rpeer *rp = s->rp;
 	uint64_t staged = s->staged;
@@ -110,11 +110,11 @@ static void serve_send(struct serve *s)
 			 rp->p->name, s->id, s->len, strerror(-r), why[0] ? ": " : "", why);
 		rp->inflight -= s->len;
 		rp->rm->figs->inflight_bytes -= s->len;
-		serve_end(s);
+		rm_serve_end(s);
 	}
 }
 
-void serve_start_queued(struct rpeer *rp)
+void rm_serve_start_queued(struct rpeer *rp)
 {
 	struct serve *s, *next;
 
@@ -135,11 +135,11 @@ static bool watch_add(struct rpeer *rp, const char *name)
 {
 	char *k;
 
-	if (tfind(name, &rp->watched, name_cmp))
+	if (tfind(name, &rp->watched, rm_name_cmp))
 		return true;
 	if (rp->n_watched >= REMOTE_WATCH_MAX || !(k = strdup(name)))
 		return false;
-	if (!tsearch(k, &rp->watched, name_cmp)) {
+	if (!tsearch(k, &rp->watched, rm_name_cmp)) {
 		free(k);
 		return false;
 	}
@@ -151,20 +151,20 @@ static bool watch_add(struct rpeer *rp, const char *name)
 /* Whether rp watched name; it no longer does. */
 static bool watch_del(struct rpeer *rp, const char *name)
 {
-	char **at = rp->n_watched ? tfind(name, &rp->watched, name_cmp) : NULL;
+	char **at = rp->n_watched ? tfind(name, &rp->watched, rm_name_cmp) : NULL;
 	char *k;
 
 	if (!at)
 		return false;
 	k = *at;
-	tdelete(name, &rp->watched, name_cmp);
+	tdelete(name, &rp->watched, rm_name_cmp);
 	free(k);
 	rp->n_watched--;
 	rp->rm->figs->watched--;
 	return true;
 }
 
-void watch_clear(struct rpeer *rp)
+void rm_watch_clear(struct rpeer *rp)
 {
 	tdestroy(rp->watched, free);
 	rp->watched = NULL;
@@ -183,7 +183,7 @@ static void changed_send(struct rpeer *rp, char **names, uint64_t *gens, size_t 
 	c.generations = gens;
 	f.body_case = TENSORD__PEER_FRAME__BODY_CHANGED;
 	f.changed = &c;
-	send_frame(rp, &f);
+	rm_send_frame(rp, &f);
 	*n = 0;
 }
 
@@ -221,7 +221,7 @@ static void changed_all(struct rpeer *rp)
 	twalk_r(rp->watched, changed_all_add, &ca);
 	if (ca.k)
 		changed_send(rp, ca.names, ca.gens, &ca.k);
-	watch_clear(rp);
+	rm_watch_clear(rp);
 }
 
 void remote_on_commit(struct server *srv, const struct reg_change *v, size_t n, bool lost)
@@ -269,16 +269,16 @@ static void pull_reply_waiting(struct rpeer *rp, uint64_t id, const char *watch_
 	rep.watched = watch_name ? watch_add(rp, watch_name) : true;
 	f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
 	f.pull_reply = &rep;
-	send_frame(rp, &f);
+	rm_send_frame(rp, &f);
 }
 
-void on_unwatch(struct rpeer *rp, const Tensord__PeerUnwatch *m)
+void rm_on_unwatch(struct rpeer *rp, const Tensord__PeerUnwatch *m)
 {
 	for (size_t i = 0; i < m->n_names; i++)
 		watch_del(rp, m->names[i]);
 }
 
-void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
+void rm_on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 {
 	struct remote *rm = rp->rm;
 	struct server *srv = rm->srv;
@@ -329,7 +329,7 @@ void on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 		rep.watched = watch_add(rp, m->name);
 		f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
 		f.pull_reply = &rep;
-		send_frame(rp, &f);
+		rm_send_frame(rp, &f);
 		return;
 	}
 	if (rp->n_serves >= REMOTE_SERVES_MAX) {
@@ -463,22 +463,22 @@ static void serve_answer(struct serve *s)
 	    (staged || serve_read(s, inline_buf) == 0)) {
 		rep.data.data = inline_buf;
 		rep.data.len = (size_t)t->nbytes;
-		send_frame(rp, &f);
+		rm_send_frame(rp, &f);
 		figure_count(FIG_remote_served_total, 1);
 		figure_count(FIG_remote_served_bytes_total, t->nbytes);
 		rp->p->remote.served++;
 		rp->p->remote.served_bytes += t->nbytes;
-		serve_end(s);
+		rm_serve_end(s);
 		return;
 	}
-	send_frame(rp, &f);
+	rm_send_frame(rp, &f);
 	log_debug("peer %s: pull %" PRIu64 " of '%s' (%" PRIu64 " bytes): leased", rp->p->name,
 		  s->id, t->name, t->nbytes);
 }
 
 /*
  * Copies GPU tensor s's bytes to host memory on the GPU worker; the reply
- * follows (serve_staged()). On failure s is answered and ended.
+ * follows (rm_serve_staged()). On failure s is answered and ended.
  */
 static void serve_stage(struct serve *s)
 {
@@ -493,9 +493,9 @@ static void serve_stage(struct serve *s)
 		j->s = s;
 		j->a = s->t->alloc;
 		j->len = (size_t)s->len;
-		j->buf = stage_map(j->len);
+		j->buf = rm_stage_map(j->len);
 		e = errno;
-		if (j->buf && gjob_submit(rp->rm, j) == 0) {
+		if (j->buf && rm_gjob_submit(rp->rm, j) == 0) {
 			s->job = j;
 			s->st = SV_STAGING;
 			s->staged = s->len;
@@ -514,7 +514,7 @@ static void serve_stage(struct serve *s)
 		 "node %s: no host memory to copy GPU tensor '%s' (%" PRIu64 " bytes) into: %s",
 		 self, s->t->name, s->len, strerror(e));
 	pull_reply_error(rp, s->id, -ENOMEM, why);
-	serve_end(s);
+	rm_serve_end(s);
 }
 
 /*
@@ -540,7 +540,7 @@ static void serve_stage_next(struct rpeer *rp)
 }
 
 /* The copy of j->s's GPU tensor ended (on the loop): the reply goes, or why not. */
-void serve_staged(struct gjob *j)
+void rm_serve_staged(struct gjob *j)
 {
 	struct serve *s = j->s;
 	char why[400];
@@ -563,7 +563,7 @@ void serve_staged(struct gjob *j)
 			 s->t->device.device_id, s->len, strerror(-j->status));
 		log_warn("peer %s: pull %" PRIu64 ": %s", s->rp->p->name, s->id, why);
 		pull_reply_error(s->rp, s->id, j->status, why);
-		serve_end(s);
+		rm_serve_end(s);
 		return;
 	}
 	s->st = SV_LEASED;
@@ -580,7 +580,7 @@ static void set_pull_refuse(struct rpeer *rp, uint64_t id, int status, const cha
 	m.error = (char *)why;
 	f.body_case = TENSORD__PEER_FRAME__BODY_SET_PULL_REPLY;
 	f.set_pull_reply = &m;
-	send_frame(rp, &f);
+	rm_send_frame(rp, &f);
 }
 
 /*
@@ -669,7 +669,7 @@ static int set_members(struct rpeer *rp, const Tensord__PeerSetPull *m, struct t
  * whole set refused naming the member; then the SetPullReply and one
  * PullReply per member.
  */
-void on_set_pull(struct rpeer *rp, const Tensord__PeerSetPull *m)
+void rm_on_set_pull(struct rpeer *rp, const Tensord__PeerSetPull *m)
 {
 	struct server *srv = rp->rm->srv;
 	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
@@ -711,7 +711,7 @@ void on_set_pull(struct rpeer *rp, const Tensord__PeerSetPull *m)
 	rep.count = (uint32_t)n;
 	f.body_case = TENSORD__PEER_FRAME__BODY_SET_PULL_REPLY;
 	f.set_pull_reply = &rep;
-	send_frame(rp, &f);
+	rm_send_frame(rp, &f);
 	log_debug("peer %s: set pull %" PRIu64 ": %zu members of commit %" PRIu64 " leased",
 		  rp->p->name, m->id, n, commit);
 	for (i = 0; i < n; i++)
@@ -782,25 +782,25 @@ static int serve_map(struct serve *s)
 	return 0;
 }
 
-void on_pull_go(struct rpeer *rp, uint64_t id)
+void rm_on_pull_go(struct rpeer *rp, uint64_t id)
 {
 	struct serve *s = serve_find(rp, id);
 
 	if (!s || s->st != SV_LEASED)
 		return; /* ended meanwhile; B's timer or its receive says so */
 	if (s->len == 0 || (!s->map && serve_map(s) < 0)) {
-		serve_end(s);
+		rm_serve_end(s);
 		return;
 	}
-	populate_kick(rp->rm);
+	rm_populate_kick(rp->rm);
 	s->st = SV_QUEUED;
-	serve_start_queued(rp);
+	rm_serve_start_queued(rp);
 }
 
-void on_pull_done(struct rpeer *rp, uint64_t id)
+void rm_on_pull_done(struct rpeer *rp, uint64_t id)
 {
 	struct serve *s = serve_find(rp, id);
 
 	if (s && s->st != SV_SENDING)
-		serve_end(s);
+		rm_serve_end(s);
 }

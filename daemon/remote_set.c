@@ -60,7 +60,7 @@ static void set_free(struct spull *sp)
  * made so far is aborted, so that none is ever seen; every member's pull
  * ends as a failed pull does.
  */
-void set_fail(struct spull *sp, int status, const char *why)
+void rm_set_fail(struct spull *sp, int status, const char *why)
 {
 	struct remote *rm = sp->rm;
 	char buf[300];
@@ -74,7 +74,7 @@ void set_fail(struct spull *sp, int status, const char *why)
 	registry_tx_abort(&rm->srv->reg, &rm->rc, sp->tx, buf, sizeof(buf));
 	for (uint32_t i = 0; i < sp->count; i++)
 		if (sp->members[i])
-			pull_end_failed(sp->members[i], status, why);
+			rm_pull_end_failed(sp->members[i], status, why);
 	set_free(sp);
 }
 
@@ -85,7 +85,7 @@ static void on_set_timeout(uv_timer_t *t)
 
 	snprintf(why, sizeof(why), "peer %s: %s: no answer after %" PRIu64 " ms", sp->rp->p->name,
 		 sp->what, (now_ns() - sp->started_ns) / 1000000u);
-	set_fail(sp, -ETIMEDOUT, why);
+	rm_set_fail(sp, -ETIMEDOUT, why);
 }
 
 /*
@@ -209,7 +209,7 @@ void remote_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMan
 		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, id, -E2BIG, why);
 		return;
 	}
-	rp = rpeer_ready(cl, TENSORD__REQUEST__BODY_ATTACH_MANY, id, what, peer);
+	rp = rm_rpeer_ready(cl, TENSORD__REQUEST__BODY_ATTACH_MANY, id, what, peer);
 	if (!rp)
 		return;
 	if (rm->n_sets >= REMOTE_SETS_MAX) {
@@ -239,7 +239,7 @@ void remote_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMan
 	sp->req_id = id;
 	snprintf(sp->what, sizeof(sp->what), "%s", what);
 	/* Its members' ids follow its own, random as a single pull's. */
-	sp->id = pull_new_ids(rm, 1 + REMOTE_SET_MAX);
+	sp->id = rm_pull_new_ids(rm, 1 + REMOTE_SET_MAX);
 	sp->tx = ++rm->next_tx ? rm->next_tx : ++rm->next_tx;
 	sp->st = SP_ASKING;
 	sp->started_ns = now_ns();
@@ -257,7 +257,7 @@ void remote_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMan
 	if (peer_send(rp->p, &f) < 0) {
 		snprintf(why, sizeof(why), "peer %s: %s: the connection to it was lost", peer,
 			 what);
-		set_fail(sp, -ECONNRESET, why);
+		rm_set_fail(sp, -ECONNRESET, why);
 	}
 }
 
@@ -272,8 +272,8 @@ static struct spull *set_by_id(struct remote *rm, uint64_t id)
 }
 
 /* A's answer to set pull sp: refused, or count members leased, whose PullReplies follow. */
-int on_set_pull_reply(struct rpeer *rp, const Tensord__PeerSetPullReply *m, char *why,
-		      size_t why_len)
+int rm_on_set_pull_reply(struct rpeer *rp, const Tensord__PeerSetPullReply *m, char *why,
+			 size_t why_len)
 {
 	struct remote *rm = rp->rm;
 	struct spull *sp = set_by_id(rm, m->id);
@@ -286,7 +286,7 @@ int on_set_pull_reply(struct rpeer *rp, const Tensord__PeerSetPullReply *m, char
 		/* A's own words: they name A, the member and the reason. */
 		snprintf(buf, sizeof(buf), "peer %s: %s: %.500s", rp->p->name, sp->what,
 			 m->error && m->error[0] ? m->error : "refused");
-		set_fail(sp, m->status >= -4095 ? m->status : -EPROTO, buf);
+		rm_set_fail(sp, m->status >= -4095 ? m->status : -EPROTO, buf);
 		return 0;
 	}
 	if (m->count > REMOTE_SET_MAX) {
@@ -294,7 +294,7 @@ int on_set_pull_reply(struct rpeer *rp, const Tensord__PeerSetPullReply *m, char
 			 m->count, REMOTE_SET_MAX);
 		snprintf(buf, sizeof(buf), "peer %s: %s: it answered %s", rp->p->name, sp->what,
 			 why);
-		set_fail(sp, -EPROTO, buf);
+		rm_set_fail(sp, -EPROTO, buf);
 		return -EPROTO;
 	}
 	uv_timer_stop(&sp->timer);
@@ -311,7 +311,7 @@ int on_set_pull_reply(struct rpeer *rp, const Tensord__PeerSetPullReply *m, char
 	if (!sp->members) {
 		snprintf(buf, sizeof(buf), "peer %s: %s: out of memory for %u members", rp->p->name,
 			 sp->what, m->count);
-		set_fail(sp, -ENOMEM, buf);
+		rm_set_fail(sp, -ENOMEM, buf);
 		return 0;
 	}
 	sp->count = m->count;
@@ -321,7 +321,7 @@ int on_set_pull_reply(struct rpeer *rp, const Tensord__PeerSetPullReply *m, char
 		if (!pl) {
 			snprintf(buf, sizeof(buf), "peer %s: %s: out of memory for %u members",
 				 rp->p->name, sp->what, m->count);
-			set_fail(sp, -ENOMEM, buf);
+			rm_set_fail(sp, -ENOMEM, buf);
 			return 0;
 		}
 		pl->rm = rm;
@@ -335,7 +335,7 @@ int on_set_pull_reply(struct rpeer *rp, const Tensord__PeerSetPullReply *m, char
 		rm->figs->pulls++;
 		uv_timer_init(rm->srv->loop, &pl->timer);
 		pl->timer.data = pl;
-		uv_timer_start(&pl->timer, on_pull_timeout, PULL_BASE_MS, 0);
+		uv_timer_start(&pl->timer, rm_on_pull_timeout, PULL_BASE_MS, 0);
 		sp->members[i] = pl;
 	}
 	return 0;
@@ -357,7 +357,7 @@ static bool set_wants(const struct spull *sp, const char *name)
  * one the set asked for, no other member's, and no other pull's under way
  * (whose replica it would replace). 0, or -errno with pl failed.
  */
-int set_member_named(struct pull *pl, const Tensord__PeerPullReply *m)
+int rm_set_member_named(struct pull *pl, const Tensord__PeerPullReply *m)
 {
 	struct spull *sp = pl->set;
 	const char *peer = pl->rp->p->name;
@@ -368,10 +368,10 @@ int set_member_named(struct pull *pl, const Tensord__PeerPullReply *m)
 	pl->peer_len = plen;
 	if (!len || td_name_check(m->name, len, reason, sizeof(reason)) < 0 ||
 	    plen + 2 + len > TENSORD_NAME_MAX || !set_wants(sp, m->name)) {
-		pull_fail(pl, -EPROTO,
-			  "it answered with a member named '%.255s', which the set "
-			  "did not ask for",
-			  m->name ? m->name : "");
+		rm_pull_fail(pl, -EPROTO,
+			     "it answered with a member named '%.255s', which the set "
+			     "did not ask for",
+			     m->name ? m->name : "");
 		return -EPROTO;
 	}
 	snprintf(pl->name, sizeof(pl->name), "@%s/%s", peer, m->name);
@@ -380,10 +380,10 @@ int set_member_named(struct pull *pl, const Tensord__PeerPullReply *m)
 	{
 		if (other == pl || other->dead || strcmp(other->name, pl->name) != 0)
 			continue;
-		pull_fail(pl, other->set == sp ? -EPROTO : -EAGAIN, "%s",
-			  other->set == sp ? "it answered with this member twice"
-					   : "another pull of it is under way on this node; "
-					     "try again");
+		rm_pull_fail(pl, other->set == sp ? -EPROTO : -EAGAIN, "%s",
+			     other->set == sp ? "it answered with this member twice"
+					      : "another pull of it is under way on this node; "
+						"try again");
 		return other->set == sp ? -EPROTO : -EAGAIN;
 	}
 	return 0;
@@ -395,7 +395,7 @@ int set_member_named(struct pull *pl, const Tensord__PeerPullReply *m)
  * part of the set; cl's AttachMany answered with leases on them all, the
  * attaches waiting on members too; the creator's leases end.
  */
-void set_publish(struct spull *sp)
+void rm_set_publish(struct spull *sp)
 {
 	struct remote *rm = sp->rm;
 	struct registry *reg = &rm->srv->reg;
@@ -408,7 +408,7 @@ void set_publish(struct spull *sp)
 	if (!names) {
 		snprintf(why, sizeof(why), "peer %s: %s: out of memory to publish it",
 			 sp->rp->p->name, sp->what);
-		set_fail(sp, -ENOMEM, why);
+		rm_set_fail(sp, -ENOMEM, why);
 		return;
 	}
 	r = registry_tx_commit(reg, &rm->rc, sp->tx, &commit, &published, &unlinked, reason,
@@ -417,25 +417,25 @@ void set_publish(struct spull *sp)
 		snprintf(why, sizeof(why), "peer %s: %s: cannot publish its replicas: %s",
 			 sp->rp->p->name, sp->what, reason);
 		free(names);
-		set_fail(sp, r, why);
+		rm_set_fail(sp, r, why);
 		return;
 	}
 	for (uint32_t i = 0; i < sp->count; i++) {
 		struct pull *pl = sp->members[i];
 		struct tensor *t = registry_lookup(reg, &rm->rc, pl->name, pl->name_len);
-		struct replica *rep = replica_find(rm, pl->name);
+		struct replica *rep = rm_replica_find(rm, pl->name);
 
 		names[i] = pl->name;
 		bytes += pl->nbytes;
 		if (rep) { /* an older replica of the name: this one took its place */
-			replica_count(rm, rep, 0, (int64_t)pl->nbytes - (int64_t)rep->nbytes);
+			rm_replica_count(rm, rep, 0, (int64_t)pl->nbytes - (int64_t)rep->nbytes);
 			rep->nbytes = pl->nbytes;
 		} else if ((rep = calloc(1, sizeof(*rep)))) {
 			memcpy(rep->name, pl->name, pl->name_len + 1);
 			rep->name_len = pl->name_len;
 			rep->rp = pl->rp;
 			rep->nbytes = pl->nbytes;
-			if (!replica_link(rm, rep)) { /* untracked: unlinked below */
+			if (!rm_replica_link(rm, rep)) { /* untracked: unlinked below */
 				free(rep);
 				rep = NULL;
 			}
@@ -462,13 +462,13 @@ void set_publish(struct spull *sp)
 	for (uint32_t i = 0; i < sp->count; i++) {
 		struct pull *pl = sp->members[i];
 
-		answer_local(pl, false);
+		rm_answer_local(pl, false);
 		/* The client holds its leases now: the creator's goes. */
 		registry_release(reg, &rm->rc, pl->lease);
-		if (!replica_find(rm, pl->name)) /* untracked: unlinked, its leases keep it */
+		if (!rm_replica_find(rm, pl->name)) /* untracked: unlinked, its leases keep it */
 			registry_unlink(reg, &rm->rc, pl->name, pl->name_len, reason,
 					sizeof(reason));
-		pull_free(pl);
+		rm_pull_free(pl);
 	}
 	sp->count = 0;
 	set_free(sp);
