@@ -366,7 +366,7 @@ TSAN_UNIT := test_backend_gpu test_client_gpu test_pool
 TSAN_DESELECT := not big_pull_moves and not kill_b_holding and not kill_a_mid and not stops_receiving
 # GPU tensors across nodes (the GPU worker's staging jobs on both daemons),
 # over the driver double: the tests of at most 40 MiB.
-TSAN_GPU_REMOTE := pulled_onto_the_gpu or set_in_one_commit or replaced_gpu_tensor
+TSAN_GPU_REMOTE := pulled_onto_the_gpu or set_in_one_commit or replaced_gpu_tensor or serving_node_killed
 test-tsan:
 	$(Q)$(MAKE) --no-print-directory B=build-tsan CFLAGS="-O1 -g -fsanitize=thread" \
 		LDFLAGS="-fsanitize=thread" build-tsan/tensord build-tsan/tensorctl \

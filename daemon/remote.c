@@ -52,10 +52,12 @@ static void gjob_run(void *arg)
 {
 	struct gjob *j = arg;
 
+	j->ran_ns = now_ns();
 	if (j->kind == GJ_ALLOC)
 		registry_alloc_run(&j->alloc);
 	else
 		j->status = j->a.ops->copy(&j->a, 0, j->buf, j->len, j->kind == GJ_STAGE);
+	j->done_ns = now_ns();
 }
 
 /* Queues j for the GPU worker: 0, or -ENOMEM with nothing queued (j is the caller's). */
@@ -63,6 +65,7 @@ int rm_gjob_submit(struct remote *rm, struct gjob *j)
 {
 	j->rm = rm;
 	j->reg = &rm->srv->reg;
+	j->queued_ns = now_ns();
 	LIST_INSERT_HEAD(&rm->jobs, j, link);
 	if (gpu_worker_submit(gjob_run, gjob_done, j) == 0)
 		return 0;
@@ -74,8 +77,16 @@ static void gjob_done(void *arg)
 {
 	struct gjob *j = arg;
 
+	static const char *const what[] = { "copy out to host memory", "allocation",
+					    "copy in from host memory" };
+
 	if (j->rm)
 		LIST_REMOVE(j, link);
+	/* What each step of a GPU tensor's crossing costs (docs/remote.md, "Measured"). */
+	log_debug("remote attach: GPU %s of %" PRIu64 " bytes: %.2f ms on the GPU worker, "
+		  "queued %.2f ms",
+		  what[j->kind], j->kind == GJ_ALLOC ? j->alloc.t->nbytes : (uint64_t)j->len,
+		  (double)(j->done_ns - j->ran_ns) / 1e6, (double)(j->ran_ns - j->queued_ns) / 1e6);
 	switch (j->kind) {
 	case GJ_STAGE:
 		rm_serve_staged(j);

@@ -94,8 +94,7 @@ struct pull {
 	uint64_t id;
 	char name[TENSORD_NAME_MAX + 1]; /* "@a/m/w" */
 	size_t name_len, peer_len;
-	/* waiting: A said not yet; allocating: a GPU replica's memory, on the GPU worker */
-	enum { PL_ASKING, PL_ALLOCATING, PL_RECEIVING, PL_WAITING } st;
+	enum { PL_ASKING, PL_RECEIVING, PL_WAITING } st; /* waiting: A said not yet */
 	bool wait;            /* an attach with a timeout or after: not yet is not an error */
 	uint64_t after;       /* nonzero: only a generation newer */
 	uint64_t deadline_ns; /* a wait's end; 0: none (forever) */
@@ -107,7 +106,8 @@ struct pull {
 	struct tensor *t; /* the replica being made: borrowed, valid while lease lives */
 	bool gpu;         /* a GPU replica: received into host memory (map), then copied in */
 	bool filled;      /* a GPU replica's bytes are on its device */
-	bool in_host;     /* a GPU replica's bytes all arrived inline, in map */
+	bool in_host;     /* a GPU replica's bytes are all in map (inline, or received) */
+	bool allocating;  /* a GPU replica's memory is being allocated (pl->job) */
 	struct gjob *job; /* a GPU worker job of its under way; NULL: none */
 	void *map;        /* owned */
 	size_t map_len;
@@ -198,6 +198,7 @@ struct gjob {
 	void *buf; /* the host side of a copy (an anonymous mapping): the job's */
 	size_t len;
 	uint64_t staged; /* GJ_STAGE whose serve ended: bytes still in remote_staged_bytes */
+	uint64_t queued_ns, ran_ns, done_ns; /* CLOCK_MONOTONIC: submitted, started, ended */
 	int status;
 	LIST_ENTRY(gjob) link; /* rm->jobs */
 };

@@ -68,8 +68,7 @@ static struct pull *pull_receiving(struct remote *rm, const char *name)
 	struct pull *pl;
 
 	LIST_FOREACH(pl, &rm->pulls, link)
-	if (!pl->dead && (pl->st == PL_RECEIVING || pl->st == PL_ALLOCATING) &&
-	    strcmp(pl->name, name) == 0)
+	if (!pl->dead && pl->st == PL_RECEIVING && strcmp(pl->name, name) == 0)
 		return pl;
 	return NULL;
 }
@@ -293,7 +292,7 @@ void rm_pull_end_failed(struct pull *pl, int status, const char *why)
 		reply_status(w->cl->conn, ATTACH, w->id, status, why);
 		rm_pwait_free(w);
 	}
-	if (pl->st == PL_RECEIVING) {
+	if (pl->st == PL_RECEIVING && !pl->allocating) { /* allocating: its job ends it */
 		if (!pl->set)
 			registry_unlink(&rm->srv->reg, &rm->rc, pl->name, pl->name_len, buf,
 					sizeof(buf));
@@ -582,8 +581,8 @@ static void pull_go(struct pull *pl)
 /*
  * pl's replica t is on a GPU (docs/remote.md, "GPU tensors across nodes"):
  * registry_create() left its memory to the GPU worker. The bytes are
- * received into host memory meanwhile (or were inline in m), and copied
- * in once both are there (rm_pull_complete()).
+ * received into host memory meanwhile (PullGo goes at once; or they were
+ * inline in m), and copied in once both are there (rm_pull_complete()).
  */
 static void pull_gpu_begin(struct pull *pl, const Tensord__PeerPullReply *m, struct tensor *t,
 			   uint64_t nbytes)
@@ -591,7 +590,8 @@ static void pull_gpu_begin(struct pull *pl, const Tensord__PeerPullReply *m, str
 	struct gjob *j = calloc(1, sizeof(*j));
 	int e = ENOMEM;
 
-	pl->st = PL_ALLOCATING;
+	pl->st = PL_RECEIVING;
+	pl->allocating = true;
 	pl->gpu = true;
 	pl->t = t;
 	pl->generation = m->generation;
@@ -616,11 +616,14 @@ static void pull_gpu_begin(struct pull *pl, const Tensord__PeerPullReply *m, str
 		pl->job = j;
 		uv_timer_start(&pl->timer, rm_on_pull_timeout,
 			       PULL_BASE_MS + (uint64_t)nbytes / PULL_BYTES_PER_MS, 0);
-		if (!pl->in_host)
+		if (!pl->in_host) {
 			rm_populate_kick(pl->rm);
+			pull_go(pl);
+		}
 		return;
 	}
 	free(j);
+	pl->allocating = false;
 	/* The create is finished (which unpins t and frees it), as a failed allocation. */
 	{
 		struct reg_alloc_job nomem = { .t = t, .rc = -ENOMEM, .got = { .fd = -1 } };
@@ -633,7 +636,10 @@ static void pull_gpu_begin(struct pull *pl, const Tensord__PeerPullReply *m, str
 		     nbytes, strerror(e));
 }
 
-/* pl's GPU replica's memory is allocated (on the loop): the bytes may come. */
+/*
+ * pl's GPU replica's memory is allocated (on the loop): once its bytes are
+ * in host memory too, they are copied in.
+ */
 void rm_pull_allocated(struct gjob *j)
 {
 	struct pull *pl = j->pl;
@@ -642,6 +648,10 @@ void rm_pull_allocated(struct gjob *j)
 	int r;
 
 	r = registry_create_finish(j->reg, &j->alloc, &lease, why, sizeof(why));
+	if (pl && pl->dead) { /* failed, waiting for its receive to end: it ends with it */
+		pl->job = NULL;
+		pl = NULL;
+	}
 	if (!pl) { /* the pull ended meanwhile: so does its replica */
 		if (r == 0 && j->rm) {
 			struct tensor *t = j->alloc.t;
@@ -653,16 +663,15 @@ void rm_pull_allocated(struct gjob *j)
 		return;
 	}
 	pl->job = NULL;
+	pl->allocating = false;
 	if (r < 0) {
 		rm_pull_fail(pl, r, "cannot make its replica on this node: %s", why);
 		return;
 	}
 	pl->lease = lease;
-	pl->st = PL_RECEIVING;
 	if (pl->in_host || pl->nbytes == 0)
 		rm_pull_complete(pl);
-	else
-		pull_go(pl);
+	/* else the receive's end completes it */
 }
 
 /* pl's GPU replica's bytes were copied in (on the loop): it is published, or fails. */
@@ -845,8 +854,13 @@ void rm_pull_complete(struct pull *pl)
 	int r;
 
 	if (pl->gpu && !pl->filled && pl->nbytes) { /* the bytes go to the device first */
-		struct gjob *j = calloc(1, sizeof(*j));
+		struct gjob *j;
 
+		if (pl->allocating) { /* in before the memory: rm_pull_allocated() goes on */
+			pl->in_host = true;
+			return;
+		}
+		j = calloc(1, sizeof(*j));
 		if (j) {
 			j->kind = GJ_FILL;
 			j->pl = pl;

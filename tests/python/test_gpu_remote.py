@@ -439,6 +439,68 @@ def test_gpu_pull_rate_report(daemon_factory, tmp_path, path):
           f" ms per round: cuda:0 {got['gpu']} host {got['host']};"
           f" medians {med['gpu']:.1f} / {med['host']:.1f} ms:"
           f" cuda {n / med['gpu'] / 1e6:.2f} GB/s, host {n / med['host'] / 1e6:.2f} GB/s")
+    # What each GPU step cost, from the daemons' logs (their GPU workers' own timing).
+    for who, d in (("node-a", pair.a), ("node-b", pair.b)):
+        steps = {}
+        for line in d.read_log().splitlines():
+            if "remote attach: GPU " in line and f" of {n} bytes: " in line:
+                step = line.split("remote attach: GPU ")[1].split(" of ")[0]
+                steps.setdefault(step, []).append(float(line.split(" bytes: ")[1].split()[0]))
+        print(f"  {who}: " + "; ".join(f"{k} {sorted(v)} ms" for k, v in steps.items()))
     w.send()
     w.finish()
     pair.finish()
+
+
+def test_serving_node_killed_mid_gpu_pull(daemon_factory, tmp_path, path):
+    """kill -9 of node-a while its GPU tensor's bytes cross (node-b's replica
+    allocated, or being allocated, on its GPU meanwhile): node-b's attach
+    fails naming node-a, and node-b is left with no replica, no GPU memory,
+    no host copy; it serves on."""
+    import signal
+    pair = Pair(daemon_factory, tmp_path, path)
+    n = 256 << 20
+    w = pair.child(pair.a, f"""
+        t = c.create("g/huge", ({n},), "uint8", device="cuda:0", mode=0o644)
+        cudrv.memset(t, 7)
+        t.publish()
+        print("published", flush=True)
+        sys.stdin.readline()
+    """)
+    w.expect("published")
+    maps0 = anonymous_maps_of(pair.b.pid, n)
+    r = pair.child(pair.b, """
+        print("asking", flush=True)
+        try:
+            attach("@node-a/g/huge", timeout=60)
+            print("attached", flush=True)
+        except OSError as e:
+            print("refused", e.errno, str(e).replace("\\n", " "), flush=True)
+    """)
+    r.expect("asking")
+    sending = wait_until(lambda: stats(pair.a).get("remote_inflight_bytes", 0) > 0, timeout=30)
+    os.kill(pair.a.pid, signal.SIGSTOP)
+    os.kill(pair.a.pid, signal.SIGKILL)
+    pair.a.proc.wait()
+    pair.a.log.close()
+    pair.a.proc = None  # reaped here
+    assert sending, "node-a never sent: " + pair.b.read_log()[-2000:]
+    ans = r.expect(timeout=60)
+    assert ans.startswith("refused") and "node-a" in ans and "g/huge" in ans, ans
+    r.finish()
+
+    def clean():
+        s = stats(pair.b)
+        gpu = [d for d in s.get("devices", []) if d["device"] == "cuda:0"]
+        used = gpu[0][next(k for k in gpu[0] if "used" in k)] if gpu else None
+        return (s.get("remote_pulls") == 0 and s.get("remote_replicas") == 0 and used == 0
+                and anonymous_maps_of(pair.b.pid, n) == maps0)
+    assert wait_until(clean, timeout=20), (stats(pair.b), anonymous_maps_of(pair.b.pid, n))
+    with tensord.connect(pair.b.socket) as cb:
+        cb.put("local/x", bytearray(16))
+    w.finish()
+    pair.children.remove(w)
+    assert pair.b.stop() == 0, pair.b.read_log()[-3000:]
+    bad = [x for x in pair.report() if " violation: " in x or
+           (" leak at exit" in x and f"[{pair.b.pid}]" in x)]
+    assert not bad, "\n".join(bad)
