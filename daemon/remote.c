@@ -53,6 +53,14 @@ static void gjob_run(void *arg)
 	struct gjob *j = arg;
 
 	j->ran_ns = now_ns();
+	/*
+	 * The copy out lands in fresh anonymous memory: fault it in at once
+	 * (the kernel does it in bulk) rather than page by page under the
+	 * driver's copy from its bounce buffer. On the H200 the copy of 256
+	 * MiB took 166-237 ms that way.
+	 */
+	if (j->kind == GJ_STAGE)
+		(void)madvise(j->buf, j->len, MADV_POPULATE_WRITE);
 	if (j->kind == GJ_ALLOC)
 		registry_alloc_run(&j->alloc);
 	else
