@@ -183,22 +183,26 @@ static void on_spin(uv_idle_t *h)
 	srv->spin_polled = true;
 }
 
-static void on_frame(struct conn *c, const uint8_t *payload, size_t len, void *ctx)
+void server_spin_seen(struct server *srv)
 {
-	struct server *srv = ctx;
-	bool spinning = uv_is_active((uv_handle_t *)&srv->spin_idle);
 	uint64_t now;
-	unsigned us;
 
 	/* A frame read in a later iteration than the one that armed the
 	 * poll came while the loop polled. */
-	if (spinning && srv->spin_polled) {
+	if (uv_is_active((uv_handle_t *)&srv->spin_idle) && srv->spin_polled) {
 		now = now_ns();
 		td_spin_record(&srv->spin,
 			       now - srv->spin_seen > TD_SPIN_LOST_NS ? TD_SPIN_LOST : TD_SPIN_HIT,
 			       now);
 	}
-	dispatch_frame(c, payload, len, ctx);
+}
+
+void server_spin_arm(struct server *srv)
+{
+	bool spinning = uv_is_active((uv_handle_t *)&srv->spin_idle);
+	uint64_t now;
+	unsigned us;
+
 	if (srv->stopping)
 		return;
 	now = now_ns();
@@ -213,6 +217,15 @@ static void on_frame(struct conn *c, const uint8_t *payload, size_t len, void *c
 	srv->spin_polled = false;
 	if (!spinning)
 		uv_idle_start(&srv->spin_idle, on_spin);
+}
+
+static void on_frame(struct conn *c, const uint8_t *payload, size_t len, void *ctx)
+{
+	struct server *srv = ctx;
+
+	server_spin_seen(srv);
+	dispatch_frame(c, payload, len, ctx);
+	server_spin_arm(srv);
 }
 
 /* The metrics endpoint's text: the daemon's state and counters. */

@@ -376,16 +376,30 @@ static void on_peer_down(void *ctx, struct peer *p, const char *reason)
 	rp->rc_live = false;
 }
 
+static int peer_frame(struct remote *rm, struct rpeer *rp, const Tensord__PeerFrame *f, char *why,
+		      size_t why_len);
+
 static int on_peer_frame(void *ctx, struct peer *p, const Tensord__PeerFrame *f, char *why,
 			 size_t why_len)
 {
 	struct remote *rm = ctx;
 	struct rpeer *rp = p->data;
+	int r;
 
 	if (!rp || !rp->up) {
 		snprintf(why, why_len, "remote attach is not set up for this peer");
 		return -EPROTO;
 	}
+	server_spin_seen(rm->srv);
+	r = peer_frame(rm, rp, f, why, why_len);
+	/* A pull's next frame (its answer, or the next pull) often follows within microseconds. */
+	server_spin_arm(rm->srv);
+	return r;
+}
+
+static int peer_frame(struct remote *rm, struct rpeer *rp, const Tensord__PeerFrame *f, char *why,
+		      size_t why_len)
+{
 	switch (f->body_case) {
 	case TENSORD__PEER_FRAME__BODY_UCX:
 		if (!rm->x)
@@ -418,7 +432,7 @@ static int on_peer_frame(void *ctx, struct peer *p, const Tensord__PeerFrame *f,
 			if (xport_connect(rm->x, rp->addr, rp->addr_len, rp, &rp->ep, cwhy,
 					  sizeof(cwhy)) < 0) {
 				log_warn("peer %s: UCX endpoint: %s; the first pull tries again",
-					 p->name, cwhy);
+					 rp->p->name, cwhy);
 				rp->ep = NULL;
 			}
 		}

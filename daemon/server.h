@@ -107,4 +107,13 @@ static inline uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/*
+ * Polling after a frame (main.c, on_spin()): server_spin_seen() before a
+ * frame of a client's or a peer's is served (a poll that saw it come is a
+ * hit), server_spin_arm() after it (poll for the next, as long as
+ * srv->spin allows).
+ */
+void server_spin_seen(struct server *srv);
+void server_spin_arm(struct server *srv);
+
 #endif
