@@ -180,6 +180,11 @@ def test_forked_child_puts_and_never_holds_the_parents_reserve(child, client, da
                     pass
             return out
 
+        # The daemon counts the reserve as it answers; the client's own
+        # thread maps it a moment later.
+        end = time.monotonic() + 10
+        while not (reserve_maps() and reserve_fds()) and time.monotonic() < end:
+            time.sleep(0.01)
         assert reserve_maps() and reserve_fds(), "the parent maps its reserve"
         r, w = os.pipe()
         pid = os.fork()
