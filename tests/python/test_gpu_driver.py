@@ -12,19 +12,13 @@ where torch and cupy are tested too (test_gpu.py).
 """
 import hashlib
 import textwrap
-import os
 import pytest
 
+import gpu_double
 import tensord
-from conftest import Child, HERE, ROOT
+from conftest import Child
 
-BUILD = os.environ.get("TENSORD_BUILD") or os.path.join(ROOT, "build")
-DOUBLE = os.path.join(BUILD, "gpudouble")
-SYSTEM = os.environ.get("TENSORD_GPU_DRIVER") == "system"
-
-if not SYSTEM and not os.path.exists(os.path.join(DOUBLE, "libcuda.so.1")):
-    pytest.skip(f"the driver double is not built ({DOUBLE}: make all builds it)",
-                allow_module_level=True)
+gpu_double.require()
 
 DATA = bytes((i * 131 + 7) % 256 for i in range(3 << 20))
 DIGEST = hashlib.sha256(DATA).hexdigest()[:16]
@@ -42,11 +36,7 @@ DATA = bytes((i * 131 + 7) % 256 for i in range(3 << 20))
 class Gpu:
     def __init__(self, daemon_factory, tmp_path, path):
         self.dir = tmp_path / "double"
-        self.env = {"PYTHONPATH": os.pathsep.join(
-            [HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
-        if not SYSTEM:
-            self.env.update(LD_LIBRARY_PATH=DOUBLE, TD_GPU_DOUBLE_DIR=str(self.dir),
-                            TD_GPU_DOUBLE_LEAKS="tensord")
+        self.env = gpu_double.env(self.dir)
         # "default" where run.sh exported TENSORD_CUDA_PATH=ipc for its ipc pass.
         denv = dict(self.env, TENSORD_CUDA_PATH="ipc" if path == "ipc" else "default")
         self.daemon = daemon_factory(env=denv)
@@ -62,19 +52,10 @@ class Gpu:
         self.children.append(c)
         return c
 
-    def report(self):
-        try:
-            return (self.dir / "report").read_text().splitlines()
-        except FileNotFoundError:
-            return []
-
     def finish(self):
-        for c in self.children:
-            if c.proc.poll() is None:
-                c.proc.kill()
-                c.proc.wait()
+        gpu_double.end_children(self.children)
         assert self.daemon.stop() == 0, self.daemon.read_log()[-3000:]
-        bad = [x for x in self.report() if " violation: " in x or " leak at exit" in x]
+        bad = gpu_double.problems(self.dir)
         assert not bad, "\n".join(bad)
 
 

@@ -13,6 +13,7 @@ tests on hardware (TENSORD_GPU_DRIVER=system), with the UCX it carries.
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import textwrap
@@ -20,17 +21,14 @@ import time
 
 import pytest
 
+import gpu_double
 import tensord
-from conftest import Child, HERE, ROOT
+from conftest import Child
+from gpu_double import SYSTEM
 
-BUILD = os.environ.get("TENSORD_BUILD") or os.path.join(ROOT, "build")
-DOUBLE = os.path.join(BUILD, "gpudouble")
-SYSTEM = os.environ.get("TENSORD_GPU_DRIVER") == "system"
-CTL = os.path.join(BUILD, "tensorctl")
+CTL = os.path.join(gpu_double.BUILD, "tensorctl")
 
-if not SYSTEM and not os.path.exists(os.path.join(DOUBLE, "libcuda.so.1")):
-    pytest.skip(f"the driver double is not built ({DOUBLE}: make all builds it)",
-                allow_module_level=True)
+gpu_double.require()
 
 UCX_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 
@@ -111,11 +109,7 @@ class Pair:
 
     def __init__(self, daemon_factory, tmp_path, path, extra_a=(), extra_b=(), env_b=None):
         self.dir = tmp_path / "double"
-        self.env = {"PYTHONPATH": os.pathsep.join(
-            [HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
-        if not SYSTEM:
-            self.env.update(LD_LIBRARY_PATH=DOUBLE, TD_GPU_DOUBLE_DIR=str(self.dir),
-                            TD_GPU_DOUBLE_LEAKS="tensord")
+        self.env = gpu_double.env(self.dir)
         key = tmp_path / "peer.key"
         key.write_bytes(os.urandom(24).hex().encode() + b"\n")
         os.chmod(key, 0o600)
@@ -139,12 +133,15 @@ class Pair:
         self.children.append(c)
         return c
 
-    def publish(self, name, n, seed, shape=None, dtype="uint8"):
-        """A client of node-a that publishes name on cuda:0 and stays until told."""
+    def publish(self, name, n, seed, shape=None, dtype="uint8", fill=None):
+        """A client of node-a that publishes name on cuda:0 and stays until
+        told: n bytes of data(n, seed), or every byte fill (a large tensor)."""
         shape = shape or (n,)
+        write = (f"cudrv.memset(t, {fill})" if fill is not None
+                 else f"cudrv.write(t, data({n}, {seed}))")
         w = self.child(self.a, f"""
             t = c.create({name!r}, {tuple(shape)!r}, {dtype!r}, device="cuda:0", mode=0o644)
-            cudrv.write(t, data({n}, {seed}))
+            {write}
             t.publish()
             print("published", flush=True)
             sys.stdin.readline()
@@ -152,20 +149,13 @@ class Pair:
         w.expect("published")
         return w
 
-    def report(self):
-        try:
-            return (self.dir / "report").read_text().splitlines()
-        except FileNotFoundError:
-            return []
-
-    def finish(self):
-        for c in self.children:
-            if c.proc.poll() is None:
-                c.proc.kill()
-                c.proc.wait()
-        for d in (self.b, self.a):
+    def finish(self, *daemons, leaks_of=None):
+        """Ends the children and the daemons (both, unless named), then
+        checks the double's report (leaks: every daemon's, or pid leaks_of's)."""
+        gpu_double.end_children(self.children)
+        for d in daemons or (self.b, self.a):
             assert d.stop() == 0, d.read_log()[-3000:]
-        bad = [x for x in self.report() if " violation: " in x or " leak at exit" in x]
+        bad = gpu_double.problems(self.dir, leaks_of)
         assert not bad, "\n".join(bad)
 
 
@@ -350,17 +340,9 @@ def test_pulling_node_killed_while_a_gpu_tensor_is_staged(daemon_factory, tmp_pa
     """kill -9 of node-b while node-a holds a host copy of its GPU tensor for
     it: node-a's lease, host copy and bytes in flight go, its GPU memory is
     the tensor's alone, and it serves the next node-b."""
-    import signal
     pair = Pair(daemon_factory, tmp_path, path)
     n = 256 << 20
-    w = pair.child(pair.a, f"""
-        t = c.create("g/huge", ({n},), "uint8", device="cuda:0", mode=0o644)
-        cudrv.memset(t, 7)
-        t.publish()
-        print("published", flush=True)
-        sys.stdin.readline()
-    """)
-    w.expect("published")
+    w = pair.publish("g/huge", n, 0, fill=7)
     maps0 = anonymous_maps_of(pair.a.pid, n)  # (a sanitizer's shadow may be one)
     r = pair.child(pair.b, """
         print("asking", flush=True)
@@ -387,15 +369,9 @@ def test_pulling_node_killed_while_a_gpu_tensor_is_staged(daemon_factory, tmp_pa
     assert anonymous_maps_of(pair.a.pid, n) == maps0, (anonymous_maps_of(pair.a.pid, n), maps0)
     r.finish()
     pair.b.proc = None  # reaped here; node-a alone is stopped and checked
-    pair.children.remove(r)
     w.send()
     w.finish()
-    for c in pair.children:
-        if c.proc.poll() is None:
-            c.proc.kill()
-    assert pair.a.stop() == 0, pair.a.read_log()[-3000:]
-    bad = [x for x in pair.report() if " violation: " in x or " leak at exit" in x]
-    assert not bad, "\n".join(bad)
+    pair.finish(pair.a)
 
 
 def test_gpu_pull_rate_report(daemon_factory, tmp_path, path):
@@ -457,17 +433,9 @@ def test_serving_node_killed_mid_gpu_pull(daemon_factory, tmp_path, path):
     allocated, or being allocated, on its GPU meanwhile): node-b's attach
     fails naming node-a, and node-b is left with no replica, no GPU memory,
     no host copy; it serves on."""
-    import signal
     pair = Pair(daemon_factory, tmp_path, path)
     n = 256 << 20
-    w = pair.child(pair.a, f"""
-        t = c.create("g/huge", ({n},), "uint8", device="cuda:0", mode=0o644)
-        cudrv.memset(t, 7)
-        t.publish()
-        print("published", flush=True)
-        sys.stdin.readline()
-    """)
-    w.expect("published")
+    w = pair.publish("g/huge", n, 0, fill=7)
     maps0 = anonymous_maps_of(pair.b.pid, n)
     r = pair.child(pair.b, """
         print("asking", flush=True)
@@ -499,8 +467,4 @@ def test_serving_node_killed_mid_gpu_pull(daemon_factory, tmp_path, path):
     with tensord.connect(pair.b.socket) as cb:
         cb.put("local/x", bytearray(16))
     w.finish()
-    pair.children.remove(w)
-    assert pair.b.stop() == 0, pair.b.read_log()[-3000:]
-    bad = [x for x in pair.report() if " violation: " in x or
-           (" leak at exit" in x and f"[{pair.b.pid}]" in x)]
-    assert not bad, "\n".join(bad)
+    pair.finish(pair.b, leaks_of=pair.b.pid)

@@ -1,0 +1,50 @@
+"""What the Python GPU tests share about their driver: the double
+(tests/gpudouble/, docs/gpu.md "The driver double") selected by
+LD_LIBRARY_PATH in CI, or the system's driver on hardware
+(TENSORD_GPU_DRIVER=system, as tests/gpu/run.sh sets it)."""
+import os
+
+import pytest
+
+from conftest import HERE, ROOT
+
+BUILD = os.environ.get("TENSORD_BUILD") or os.path.join(ROOT, "build")
+DOUBLE = os.path.join(BUILD, "gpudouble")
+SYSTEM = os.environ.get("TENSORD_GPU_DRIVER") == "system"
+
+
+def require():
+    """Skips the calling module, with the reason, where the double is not built."""
+    if not SYSTEM and not os.path.exists(os.path.join(DOUBLE, "libcuda.so.1")):
+        pytest.skip(f"the driver double is not built ({DOUBLE}: make all builds it)",
+                    allow_module_level=True)
+
+
+def env(report_dir):
+    """The environment for daemons and child clients: this directory on
+    PYTHONPATH (cudrv), and the double with its report in report_dir."""
+    e = {"PYTHONPATH": os.pathsep.join(
+        [HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    if not SYSTEM:
+        e.update(LD_LIBRARY_PATH=DOUBLE, TD_GPU_DOUBLE_DIR=str(report_dir),
+                 TD_GPU_DOUBLE_LEAKS="tensord")
+    return e
+
+
+def problems(report_dir, pid=None):
+    """The double's report lines that fail a test: every violation, and the
+    daemons' leaks at exit (only pid's when given)."""
+    try:
+        lines = (report_dir / "report").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [x for x in lines if " violation: " in x or
+            (" leak at exit" in x and (pid is None or f"[{pid}]" in x))]
+
+
+def end_children(children):
+    """Kills the child clients still running."""
+    for c in children:
+        if c.proc.poll() is None:
+            c.proc.kill()
+            c.proc.wait()
