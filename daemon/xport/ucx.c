@@ -60,7 +60,7 @@ struct xport_send {
  * while a large send on it was stuck (its peer stopped) and the peer's
  * traffic came back later (tests/integration/test_remote.py::
  * test_b_stops_receiving_mid_pull: a use of a freed TCP endpoint inside
- * uct_tcp_iface_progress, 4 runs in 10 here). Parked, it closes once its
+ * uct_tcp_iface_progress, 3 runs in 6 here). Parked, it closes once its
  * sends end (the peer takes the bytes, or its connection breaks), or after
  * XPORT_PARK_MAX_NS at the latest.
  */
