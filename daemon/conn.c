@@ -47,6 +47,8 @@
 #endif
 
 static void on_poll(uv_poll_t *h, int status, int events);
+static void conn_reap(uv_check_t *h);
+static void conn_reap_idle(uv_idle_t *h);
 void conn_process(struct conn *c);
 
 /* The peer has read everything we sent: what was in flight has arrived. */
@@ -98,6 +100,12 @@ void conn_update_poll(struct conn *c)
 
 	if (c->dead)
 		return;
+	if (c->failed) {
+		if (c->poll_events)
+			uv_poll_stop(&c->poll);
+		c->poll_events = 0;
+		return;
+	}
 	backlogged = conn_backlogged(c);
 	if (!c->closing && !backlogged)
 		ev |= UV_READABLE;
@@ -143,6 +151,8 @@ void conn_close(struct conn *c)
 
 	if (c->dead)
 		return;
+	if (c->failed)
+		LIST_REMOVE(c, fail_link);
 	c->dead = true;
 	/* Queued replies hold tickets, not descriptors: nothing to close. */
 	for (o = c->out_head; o; o = next) {
@@ -190,11 +200,47 @@ void conn_close_all(struct conn_set *set)
 
 void conn_shutdown(struct conn *c)
 {
+	if (conn_gone(c))
+		return;
 	c->closing = true;
 	if (!c->out_head)
-		conn_close(c);
+		conn_fail(c);
 	else
 		conn_update_poll(c);
+}
+
+void conn_fail(struct conn *c)
+{
+	struct conn_set *set = c->set;
+
+	if (conn_gone(c))
+		return;
+	c->failed = true;
+	c->closing = true;
+	LIST_INSERT_HEAD(&set->failed, c, fail_link);
+	if (!uv_is_active((uv_handle_t *)&set->reap)) {
+		uv_check_start(&set->reap, conn_reap);
+		uv_idle_start(&set->reap_idle, conn_reap_idle);
+	}
+	conn_update_poll(c);
+}
+
+static void conn_reap(uv_check_t *h)
+{
+	struct conn_set *set = h->data;
+
+	/* A close may fail others (a commit answering their waiters): they join
+	 * the list and go in this same loop. */
+	while (!LIST_EMPTY(&set->failed))
+		conn_close(LIST_FIRST(&set->failed));
+	uv_check_stop(&set->reap);
+	uv_idle_stop(&set->reap_idle);
+}
+
+static void conn_reap_idle(uv_idle_t *h)
+{
+	/* Nothing to do here: while active, it makes the loop poll without
+	 * blocking, so that reap runs in this turn's check phase. */
 }
 
 /* Whether one more descriptor may go to c's peer now. */
@@ -314,7 +360,7 @@ static ssize_t conn_send_head(struct conn *c, struct outbuf *o, const int *fds, 
  * gone. */
 static int conn_flush_queue(struct conn *c)
 {
-	while (c->out_head && !c->dead) {
+	while (c->out_head && !conn_gone(c)) {
 		struct outbuf *o = c->out_head;
 		unsigned n_fds = o->off == 0 ? o->n_fds : 0;
 		int fds[CONN_FDS_PER_FRAME], r;
@@ -365,7 +411,7 @@ int conn_flush(struct conn *c)
 	c->flushing = false;
 	/* Replies the socket did not take at once are gone now: tell the
 	 * layer above, which may have held some back (watch events). */
-	if (r == 0 && !c->out_head && c->backlog && !c->dead) {
+	if (r == 0 && !c->out_head && c->backlog && !conn_gone(c)) {
 		c->backlog = false;
 		if (c->set->handlers->on_drained)
 			c->set->handlers->on_drained(c, c->set->ctx);
@@ -388,7 +434,7 @@ int conn_send_fds(struct conn *c, const ProtobufCMessage *msg, const struct conn
 	int r;
 
 	assert(n_tk <= CONN_FDS_PER_FRAME);
-	if (c->dead)
+	if (conn_gone(c))
 		return -ENOTCONN;
 	if (plen > TD_FRAME_MAX_REPLY)
 		return -EMSGSIZE;
@@ -397,14 +443,14 @@ int conn_send_fds(struct conn *c, const ProtobufCMessage *msg, const struct conn
 			 "client may "
 			 "leave (%u), closing",
 			 (unsigned long long)c->id, c->pid, c->out_bytes, CONN_OUT_MAX);
-		conn_close(c);
+		conn_fail(c);
 		return -ENOBUFS;
 	}
 	o = malloc(sizeof(*o) + TD_FRAME_HEADER + plen);
 	if (!o) {
 		log_warn("conn %llu: out of memory for a reply, closing",
 			 (unsigned long long)c->id);
-		conn_close(c);
+		conn_fail(c);
 		return -ENOMEM;
 	}
 	o->tk = &o->tk1;
@@ -412,7 +458,7 @@ int conn_send_fds(struct conn *c, const ProtobufCMessage *msg, const struct conn
 		free(o);
 		log_warn("conn %llu: out of memory for a reply, closing",
 			 (unsigned long long)c->id);
-		conn_close(c);
+		conn_fail(c);
 		return -ENOMEM;
 	}
 	/* The descriptors are counted in the header and sent with the first byte. */
@@ -439,7 +485,7 @@ int conn_send_fds(struct conn *c, const ProtobufCMessage *msg, const struct conn
 	if (r < 0) {
 		log_debug("conn %llu: send failed: %s, closing", (unsigned long long)c->id,
 			  strerror(-r));
-		conn_close(c);
+		conn_fail(c);
 		return r;
 	}
 	conn_update_poll(c);
@@ -452,8 +498,7 @@ static void conn_protocol_error(struct conn *c, int status, const char *msg)
 	conn_log_limited(c, TD_LOG_WARN, LOG_KIND_BAD_FRAME, "conn %llu: pid %u: %s, closing",
 			 (unsigned long long)c->id, c->pid, msg);
 	c->set->handlers->on_protocol_error(c, status, msg, c->set->ctx);
-	if (!c->dead)
-		conn_shutdown(c);
+	conn_shutdown(c);
 }
 
 static void close_cmsg_fds(struct msghdr *m)
@@ -478,7 +523,7 @@ void conn_process(struct conn *c)
 {
 	size_t off = 0;
 
-	while (!c->dead && !c->closing && !conn_backlogged(c)) {
+	while (!conn_gone(c) && !c->closing && !conn_backlogged(c)) {
 		struct td_frame f;
 		long n = td_frame_parse(c->in + off, c->in_len - off, TD_FRAME_MAX_REQUEST,
 					TD_FRAME_MAX_FDS_REQUEST, &f);
@@ -520,9 +565,9 @@ static void conn_read(struct conn *c)
 	 * and re-arm reading before on_poll() got to them. */
 	if (c->in_len)
 		conn_process(c);
-	if (c->dead || c->closing || conn_backlogged(c))
+	if (conn_gone(c) || c->closing || conn_backlogged(c))
 		return;
-	for (int rounds = 0; rounds < 16 && !c->dead && !c->closing; rounds++) {
+	for (int rounds = 0; rounds < 16 && !conn_gone(c) && !c->closing; rounds++) {
 		union {
 			char buf[CMSG_SPACE(sizeof(int) * 8)];
 			struct cmsghdr align;
@@ -579,7 +624,7 @@ static void conn_read(struct conn *c)
 		}
 		c->in_len += (size_t)n;
 		conn_process(c);
-		if (!c->dead && conn_backlogged(c)) {
+		if (!conn_gone(c) && conn_backlogged(c)) {
 			conn_update_poll(c);
 			return;
 		}
@@ -590,6 +635,8 @@ static void on_poll(uv_poll_t *h, int status, int events)
 {
 	struct conn *c = h->data;
 
+	if (c->failed) /* its close is on the way (conn_fail()) */
+		return;
 	if (status < 0) {
 		log_debug("conn %llu: poll error %s, closing", (unsigned long long)c->id,
 			  uv_strerror(status));

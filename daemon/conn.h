@@ -124,6 +124,15 @@ struct conn_set {
 	 * charged until the peer reads or closes. Owned. */
 	struct conn_drain *drain;
 	unsigned n_drain, cap_drain;
+	/* Connections that failed (a send, or a shutdown with nothing left to
+	 * send) and wait to be closed: closing one runs on_close, which frees
+	 * what refers to it (its leases, tensors, watchers), so it is never done
+	 * under the caller that saw the failure. reap closes them in the loop's
+	 * check phase, outside every callback; reap_idle keeps the loop from
+	 * blocking in poll while some wait (a failure seen in a timer). */
+	LIST_HEAD(, conn) failed;
+	uv_check_t reap;
+	uv_idle_t reap_idle;
 	bool stopping; /* conn_set_fini() ran: close, never drain */
 };
 
@@ -154,17 +163,19 @@ struct conn {
 	size_t in_len, in_cap;
 	struct outbuf *out_head, *out_tail;
 	size_t out_bytes;
-	uint32_t fds_queued;      /* queued replies that will carry a descriptor */
-	uint32_t fds_in_flight;   /* sent since the peer last had nothing unread */
-	bool blocked;             /* sending waits for the retry timer */
-	bool drain;               /* at close: descriptors in flight; keep the socket */
-	bool flushing;            /* in conn_flush(): conn_send() only queues */
-	bool backlog;             /* replies waited in the queue since the last on_drained */
-	bool closing;             /* flush what is queued, then close */
-	bool dead;                /* closed; waiting for libuv to let go */
-	struct log_limits limits; /* of the lines this peer can cause (ratelimit.h) */
-	LIST_ENTRY(conn) link;    /* the set's connections, newest first */
-	max_align_t data[];       /* set->data_size bytes, the layer above's */
+	uint32_t fds_queued;        /* queued replies that will carry a descriptor */
+	uint32_t fds_in_flight;     /* sent since the peer last had nothing unread */
+	bool blocked;               /* sending waits for the retry timer */
+	bool drain;                 /* at close: descriptors in flight; keep the socket */
+	bool flushing;              /* in conn_flush(): conn_send() only queues */
+	bool backlog;               /* replies waited in the queue since the last on_drained */
+	bool closing;               /* flush what is queued, then close */
+	bool failed;                /* sends and reads nothing more; closed soon (set->failed) */
+	bool dead;                  /* closed; waiting for libuv to let go */
+	struct log_limits limits;   /* of the lines this peer can cause (ratelimit.h) */
+	LIST_ENTRY(conn) link;      /* the set's connections, newest first */
+	LIST_ENTRY(conn) fail_link; /* set->failed, while failed */
+	max_align_t data[];         /* set->data_size bytes, the layer above's */
 };
 
 void conn_set_init(struct conn_set *set, uv_loop_t *loop, const struct conn_handlers *handlers,
@@ -180,12 +191,22 @@ static inline void *conn_data(struct conn *c)
 }
 
 /*
+ * Whether c is past serving: closed, or failed and about to be. Nothing
+ * sent to it arrives; its memory and conn_data() are still valid.
+ */
+static inline bool conn_gone(const struct conn *c)
+{
+	return c->dead || c->failed;
+}
+
+/*
  * Packs msg into one frame and queues it, sending at once what the socket
  * takes. tk (copied; NULL when none) names the descriptor that goes with
- * it, made when it is sent. 0; -ENOTCONN when c is closed; -EMSGSIZE when
- * the frame would pass TD_FRAME_MAX_REPLY (nothing queued, c stays open);
- * -ENOBUFS when c has CONN_OUT_MAX bytes unread, -ENOMEM or a send error,
- * and c is closed.
+ * it, made when it is sent. 0; -ENOTCONN when c is gone (conn_gone());
+ * -EMSGSIZE when the frame would pass TD_FRAME_MAX_REPLY (nothing queued, c
+ * stays open); -ENOBUFS when c has CONN_OUT_MAX bytes unread, -ENOMEM or a
+ * send error, and c has failed: it is closed later (conn_fail()), never
+ * under the caller, so whatever the caller holds stays valid.
  */
 int conn_send(struct conn *c, const ProtobufCMessage *msg, const struct conn_fd_ticket *tk);
 
@@ -220,12 +241,23 @@ static inline struct log_peer conn_peer(const struct conn *c)
  */
 int conn_peer_pidfd(const struct conn *c);
 
-/* Flushes what is queued, then closes. */
+/* Flushes what is queued, then closes; never within the call (conn_fail()). */
 void conn_shutdown(struct conn *c);
 
 /*
- * Closes at once: closes the descriptors of queued replies, then calls
- * on_close. The memory goes once libuv lets go of the poll handle.
+ * c failed: it sends and reads nothing more, and is closed (on_close) from
+ * the loop's check phase, after the callback that is running returns. Safe
+ * to call from anywhere on the loop thread, any number of times; a no-op
+ * once c is closed.
+ */
+void conn_fail(struct conn *c);
+
+/*
+ * Closes at once: drops queued replies, then calls on_close. The memory goes
+ * once libuv lets go of the poll handle. Only for the connection's own
+ * callbacks at the top of the loop (its poll, the retry timer, the reaper,
+ * shutdown): a layer above that holds state c's close frees calls
+ * conn_fail() or conn_shutdown() instead.
  */
 void conn_close(struct conn *c);
 

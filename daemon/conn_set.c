@@ -37,6 +37,11 @@ void conn_set_init(struct conn_set *set, uv_loop_t *loop, const struct conn_hand
 	set->max = max;
 	uv_timer_init(loop, &set->retry);
 	set->retry.data = set;
+	LIST_INIT(&set->failed);
+	uv_check_init(loop, &set->reap);
+	set->reap.data = set;
+	uv_idle_init(loop, &set->reap_idle);
+	set->reap_idle.data = set;
 }
 
 void conn_retry_arm(struct conn_set *set)
@@ -144,6 +149,8 @@ void conn_set_fini(struct conn_set *set)
 	linger_expire(set, true);
 	uv_timer_stop(&set->retry);
 	uv_close((uv_handle_t *)&set->retry, NULL);
+	uv_close((uv_handle_t *)&set->reap, NULL);
+	uv_close((uv_handle_t *)&set->reap_idle, NULL);
 }
 
 /* Whether the peer (or the limits) let set serve one more connection of uid
@@ -232,7 +239,7 @@ static void on_retry(uv_timer_t *h)
 		for (c = LIST_FIRST(&set->list); c; c = next) {
 			next = LIST_NEXT(c, link);
 			/* Serving one may close others (a publish answers waiters). */
-			if (c->dead || !c->blocked)
+			if (conn_gone(c) || !c->blocked)
 				continue;
 			c->blocked = false;
 			set->n_blocked--;

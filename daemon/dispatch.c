@@ -75,7 +75,7 @@ static void do_hello(struct client *cl, uint64_t id, const Tensord__Hello *m)
 				 "conn %llu: pid %u: %s, closing", (unsigned long long)c->id,
 				 cl->rc.pid, why);
 		reply_status(c, TENSORD__REQUEST__BODY_HELLO, id, -EPROTO, why);
-		if (!c->dead)
+		if (!conn_gone(c))
 			conn_shutdown(c);
 		return;
 	}
@@ -215,7 +215,7 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 				 (unsigned long long)c->id, cl->rc.pid);
 		reply_status(c, (unsigned)req->body_case, req->id, -EPROTO,
 			     "the first request must be hello");
-		if (!c->dead)
+		if (!conn_gone(c))
 			conn_shutdown(c);
 		return;
 	}

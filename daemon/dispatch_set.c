@@ -271,7 +271,7 @@ static void serve(struct client *cl, uint64_t id, const struct waiter_set *s,
 		rep.attach_many = &ar;
 		reply_send_fds(cl->conn, &rep, tk, n_tk);
 		done += n;
-	} while (done < m->n && !cl->conn->dead);
+	} while (done < m->n && !conn_gone(cl->conn));
 	for (size_t k = 0; k < m->n; k++)
 		metrics_attach_served();
 	log_debug("conn %llu: %zu leases of a set, commit %llu", (unsigned long long)cl->conn->id,

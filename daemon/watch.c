@@ -126,7 +126,7 @@ static void flush(struct watcher *w)
 	Tensord__Event ev[WATCH_BATCH], *pev[WATCH_BATCH];
 	struct conn *c = w->cl->conn;
 
-	while ((w->n || w->lagged) && !c->dead && c->out_bytes < WATCH_OUT_LIMIT) {
+	while ((w->n || w->lagged) && !conn_gone(c) && c->out_bytes < WATCH_OUT_LIMIT) {
 		Tensord__Reply rep = TENSORD__REPLY__INIT;
 		Tensord__Events es = TENSORD__EVENTS__INIT;
 		size_t k = 0;
