@@ -69,6 +69,7 @@ struct peer_conn {
 	uint64_t id;
 	bool dialler;
 	bool closing;
+	bool failed;         /* a send failed: closed from the set's reap (pc_fail()) */
 	bool counted_unauth; /* counted in set->n_unauth */
 	enum pc_phase phase;
 	uv_tcp_t tcp;
@@ -85,6 +86,8 @@ struct peer_conn {
 	size_t in_len;
 	uint8_t in[TD_FRAME_HEADER + PEER_FRAME_MAX];
 	LIST_ENTRY(peer_conn) link;
+	LIST_ENTRY(peer_conn) fail_link; /* set->failed, while failed */
+	char fail_why[160];
 };
 
 struct peer_write {
@@ -217,6 +220,8 @@ pc_close(struct peer_conn *pc, enum close_kind kind, const char *fmt, ...)
 	if (pc->closing)
 		return;
 	pc->closing = true;
+	if (pc->failed)
+		LIST_REMOVE(pc, fail_link);
 	va_start(ap, fmt);
 	vsnprintf(reason, sizeof(reason), fmt, ap);
 	va_end(ap);
@@ -275,6 +280,48 @@ pc_close(struct peer_conn *pc, enum close_kind kind, const char *fmt, ...)
 	uv_close((uv_handle_t *)&pc->tcp, pc_free);
 }
 
+/*
+ * A send to pc failed (why: a sentence fragment): it sends and reads
+ * nothing more and is closed from the loop's check phase, after the
+ * callback that is running returns. Closing it there, under the caller,
+ * would run on_down, which frees the pulls, serves and watched names that
+ * the caller (remote attach, inside a commit) may still be using.
+ */
+static void pc_reap(uv_check_t *h);
+static void pc_reap_idle(uv_idle_t *h);
+
+static void pc_fail(struct peer_conn *pc, const char *why)
+{
+	struct peer_set *set = pc->set;
+
+	if (pc->closing || pc->failed)
+		return;
+	pc->failed = true;
+	snprintf(pc->fail_why, sizeof(pc->fail_why), "%s", why);
+	uv_read_stop((uv_stream_t *)&pc->tcp);
+	LIST_INSERT_HEAD(&set->failed, pc, fail_link);
+	if (!uv_is_active((uv_handle_t *)&set->reap)) {
+		uv_check_start(&set->reap, pc_reap);
+		uv_idle_start(&set->reap_idle, pc_reap_idle);
+	}
+}
+
+static void pc_reap(uv_check_t *h)
+{
+	struct peer_set *set = h->data;
+	struct peer_conn *pc;
+
+	while ((pc = LIST_FIRST(&set->failed)))
+		pc_close(pc, CLOSE_LOST, "%s", pc->fail_why);
+	uv_check_stop(&set->reap);
+	uv_idle_stop(&set->reap_idle);
+}
+
+static void pc_reap_idle(uv_idle_t *h)
+{
+	/* While active it keeps the loop from blocking in poll: reap runs this turn. */
+}
+
 /* --- connections: writing ------------------------------------------------------ */
 
 static size_t pc_queued(struct peer_conn *pc)
@@ -322,26 +369,29 @@ static void pc_pause(struct peer_conn *pc)
 		 p ? p->name : "?", pc->addr, pc_queued(pc), CONN_OUT_HIGH);
 }
 
-/* Sends one frame; on failure pc is closed. */
+/* Sends one frame; on failure pc fails (pc_fail()): closed soon, not now. */
 static void pc_send(struct peer_conn *pc, const Tensord__PeerFrame *f)
 {
 	size_t n = tensord__peer_frame__get_packed_size(f);
 	struct peer_write *w;
+	char why[160];
 	uv_buf_t b;
 	int r;
 
-	if (pc->closing)
+	if (pc->closing || pc->failed)
 		return;
 	if (pc_queued(pc) + TD_FRAME_HEADER + n > CONN_OUT_MAX) {
-		pc_close(pc, CLOSE_LOST,
+		snprintf(why, sizeof(why),
 			 "it stopped reading: %zu bytes queued for it, a frame of %zu more would "
 			 "pass %u",
 			 pc_queued(pc), TD_FRAME_HEADER + n, CONN_OUT_MAX);
+		pc_fail(pc, why);
 		return;
 	}
 	w = malloc(sizeof(*w) + TD_FRAME_HEADER + n);
 	if (!w) {
-		pc_close(pc, CLOSE_LOST, "out of memory for a frame of %zu bytes", n);
+		snprintf(why, sizeof(why), "out of memory for a frame of %zu bytes", n);
+		pc_fail(pc, why);
 		return;
 	}
 	w->pc = pc;
@@ -352,7 +402,8 @@ static void pc_send(struct peer_conn *pc, const Tensord__PeerFrame *f)
 	r = uv_write(&w->req, (uv_stream_t *)&pc->tcp, &b, 1, on_written);
 	if (r < 0) {
 		free(w);
-		pc_close(pc, CLOSE_LOST, "cannot send: %s", uv_strerror(r));
+		snprintf(why, sizeof(why), "cannot send: %s", uv_strerror(r));
+		pc_fail(pc, why);
 		return;
 	}
 	pc->tx += w->len;
@@ -364,10 +415,10 @@ static void pc_send(struct peer_conn *pc, const Tensord__PeerFrame *f)
 
 int peer_send(struct peer *p, const Tensord__PeerFrame *f)
 {
-	if (!p->up || p->up->closing)
+	if (!p->up || p->up->closing || p->up->failed)
 		return -ENOTCONN;
 	pc_send(p->up, f);
-	return p->up && !p->up->closing ? 0 : -ENOTCONN;
+	return p->up->failed ? -ENOTCONN : 0;
 }
 
 struct peer *peer_lookup(struct peer_set *set, const char *name)
@@ -715,7 +766,7 @@ static void pc_parse(struct peer_conn *pc)
 	struct td_frame fr;
 	long got;
 
-	while (!pc->closing && !pc->paused &&
+	while (!pc->closing && !pc->failed && !pc->paused &&
 	       (got = td_frame_parse(pc->in, pc->in_len, PEER_FRAME_MAX, 0, &fr))) {
 		if (got < 0) {
 			if (got == -EMSGSIZE)
@@ -731,7 +782,7 @@ static void pc_parse(struct peer_conn *pc)
 			return;
 		}
 		on_frame(pc, fr.payload, fr.len);
-		if (pc->closing)
+		if (pc->closing || pc->failed)
 			return;
 		pc->in_len -= (size_t)got;
 		memmove(pc->in, pc->in + got, pc->in_len);
@@ -751,7 +802,7 @@ static void pc_resume(struct peer_conn *pc)
 	log_debug("peer %s (%s): reading its requests again (%zu bytes queued for it)",
 		  pc->peer ? pc->peer->name : "?", pc->addr, pc_queued(pc));
 	pc_parse(pc);
-	if (pc->closing || pc->paused)
+	if (pc->closing || pc->failed || pc->paused)
 		return;
 	r = uv_read_start((uv_stream_t *)&pc->tcp, on_alloc, on_read);
 	if (r < 0)
@@ -763,7 +814,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 	struct peer_conn *pc = s->data;
 	enum close_kind lost = pc->phase == PC_UP ? CLOSE_LOST : CLOSE_REFUSED;
 
-	if (n == 0 || pc->closing)
+	if (n == 0 || pc->closing || pc->failed)
 		return;
 	if (n < 0) {
 		if (n == UV_EOF && pc->in_len)
@@ -1101,7 +1152,12 @@ int peer_set_start(struct peer_set *set, uv_loop_t *loop, const struct peer_conf
 	int r;
 
 	LIST_INIT(&set->conns);
+	LIST_INIT(&set->failed);
 	set->loop = loop;
+	uv_check_init(loop, &set->reap);
+	set->reap.data = set;
+	uv_idle_init(loop, &set->reap_idle);
+	set->reap_idle.data = set;
 	if (!peer_config_on(cfg)) {
 		if (cfg->secret_file)
 			log_warn(
@@ -1163,6 +1219,10 @@ void peer_set_stop(struct peer_set *set)
 		uv_close((uv_handle_t *)&set->listener, NULL);
 	while ((pc = LIST_FIRST(&set->conns)))
 		pc_close(pc, CLOSE_QUIET, "the daemon is stopping");
+	uv_check_stop(&set->reap);
+	uv_idle_stop(&set->reap_idle);
+	uv_close((uv_handle_t *)&set->reap, NULL);
+	uv_close((uv_handle_t *)&set->reap_idle, NULL);
 	for (unsigned i = 0; i < set->n_peers; i++) {
 		struct peer *p = set->peers[i];
 

@@ -199,6 +199,12 @@ struct peer_set {
 	unsigned n_up;
 	unsigned n_unauth; /* connections before their handshake ended */
 	LIST_HEAD(, peer_conn) conns;
+	/* Connections whose send failed, closed from reap in the loop's check
+	 * phase, never under the sender (pc_fail() in peer.c); reap_idle keeps
+	 * the loop from blocking meanwhile. */
+	LIST_HEAD(, peer_conn) failed;
+	uv_check_t reap;
+	uv_idle_t reap_idle;
 	uint64_t next_conn_id;
 	uint64_t auth_failures; /* handshakes refused, both roles */
 	struct peer_dns dns[PEER_DNS_MAX];
@@ -242,7 +248,8 @@ int peer_set_reload_secret(struct peer_set *set, char *why, size_t why_len);
 /* After the loop: frees the peers and wipes the secret. */
 void peer_set_fini(struct peer_set *set);
 
-/* Sends f on p's connection: 0, or -ENOTCONN when p is not up (or the send closed it). */
+/* Sends f on p's connection: 0, or -ENOTCONN when p is not up (or the send failed:
+ * the connection is then closed later, never under the caller). */
 int peer_send(struct peer *p, const Tensord__PeerFrame *f);
 
 /* The peer of that name, or NULL. Borrowed: peers live until peer_set_fini(). */
