@@ -117,7 +117,7 @@ static bool hears(const struct watcher *w, const struct reg_change *c)
 	const struct reg_client *rc = &w->cl->rc;
 
 	return c->name_len >= w->prefix_len && memcmp(c->name, w->prefix, w->prefix_len) == 0 &&
-	       registry_mode_allows(c->owner_uid, c->owner_gid, c->mode, rc->uid, rc->gid, 4);
+	       registry_may_hear(c->owner_uid, c->owner_gid, c->mode, rc);
 }
 
 /* Sends what w queued, in batches, while its connection takes them. */

@@ -14,14 +14,17 @@ import os
 import pytest
 
 from conftest import wait_until
-from hostile import Raw, frame, request, f_bytes, f_varint, reply_with_fds, F_CREATE
-from test_fairness import fair, raw_as, tensor_body  # noqa: F401 (fair: a fixture)
+from hostile import Raw, frame, request, f_bytes, f_varint, put_req, reply_with_fds, F_CREATE
+from test_fairness import (  # noqa: F401 (fair: a fixture)
+    fair, raw_as, stats, tensor_body, usage, U_WAITERS,
+)
 
 pytestmark = [pytest.mark.other_uid,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")]
 
 NOBODY, OWNER = 65534, 1001
-F_COMMIT = 12
+F_UNLINK, F_COMMIT, F_ATTACH_MANY = 7, 12, 14
+R_ATTACH_MANY = 11
 # daemon/registry.h
 TX_MEMBERS_MAX = 1 << 16
 
@@ -67,3 +70,82 @@ def test_full_transaction_commits_and_one_more_is_refused(fair):
     assert r.status == -errno.ENOENT and f"transaction {tx}" in r.message, r
     c.close()
     other.close()
+
+
+# --- item 3: AttachMany's after= hears only of names the caller may read ---------------
+
+def put(c, name, mode, req_id=40):
+    r = c.call(put_req(req_id, tensor_body(name, [0], mode), b""))
+    assert r.status == 0, r
+
+
+def unlink(c, name, req_id=41):
+    r = c.call(request(req_id, F_UNLINK, f_bytes(1, name)))
+    assert r.status == 0, r
+
+
+def attach_many_req(req_id, prefix, after=0, timeout_ms=0):
+    body = f_bytes(2, prefix) + (f_varint(3, after) if after else b"")
+    if timeout_ms:  # negative: forever (int64 as a varint)
+        body += f_varint(4, timeout_ms & (1 << 64) - 1)
+    return request(req_id, F_ATTACH_MANY, body)
+
+
+def attach_many(c, prefix, after=0, req_id=50):
+    """(status, commit, leases) of a no-wait AttachMany of prefix."""
+    c.send(frame(attach_many_req(req_id, prefix, after)))
+    r = reply_with_fds(c)
+    assert r.id == req_id, r
+    b = r.body(R_ATTACH_MANY) or {}
+    return r.status, b.get(1, [0])[0], len(b.get(2, []))
+
+
+def test_attach_many_after_is_no_oracle_for_hidden_names(fair):
+    """uid 1001 puts and unlinks a 0600 tensor; uid 65534 asks AttachMany
+    (prefix=P, after=1, no wait) for prefixes that match its hidden
+    tombstone and for prefixes that match nothing. The answers must not
+    differ (they were 0 against ETIMEDOUT: the name came out letter by
+    letter). An unlink of a tensor 65534 could read still counts."""
+    d = fair()
+    owner, spy = raw_as(OWNER, d.socket), raw_as(NOBODY, d.socket)
+    put(owner, "p/first", 0o644)
+    put(owner, "p/u1001/secret-alpha", 0o600)
+    unlink(owner, "p/u1001/secret-alpha")
+    hidden = [attach_many(spy, p, after=1)[0] for p in (
+        "p/u1001/s", "p/u1001/secret-", "p/u1001/secret-alpha")]
+    nothing = [attach_many(spy, p, after=1)[0] for p in (
+        "p/u1001/t", "p/u1001/secret-b", "p/u1001/secret-alphb")]
+    assert hidden == nothing == [-errno.ETIMEDOUT] * 3, (hidden, nothing)
+    # The owner itself, and root, hear of it; and of a 0644 unlink 65534 hears too.
+    assert attach_many(owner, "p/u1001/s", after=1)[0] == 0
+    assert attach_many(raw_as(0, d.socket), "p/u1001/s", after=1)[0] == 0
+    put(owner, "p/u1001/open", 0o644)
+    unlink(owner, "p/u1001/open")
+    assert attach_many(spy, "p/u1001/o", after=1)[0] == 0
+    assert attach_many(spy, "p/u1001/s", after=1)[0] == -errno.ETIMEDOUT
+
+
+def test_parked_attach_many_does_not_wake_for_a_hidden_unlink(fair):
+    """uid 65534 parks attach_many("p/", after=now); uid 1001 unlinks its
+    0600 p/u1001/hidden. The wait must stay parked: a Stats sent after the
+    unlink returned is answered before any AttachMany reply, and counts
+    65534's waiter. A publish 65534 may read then wakes it."""
+    d = fair()
+    owner, spy = raw_as(OWNER, d.socket), raw_as(NOBODY, d.socket)
+    spy_stats = raw_as(NOBODY, d.socket)  # the spy's figures, seen from a second connection
+    spy.sock.settimeout(30)
+    put(owner, "p/u1001/hidden", 0o600)
+    put(owner, "p/base", 0o644)
+    status, now, n = attach_many(spy, "p/")
+    assert status == 0 and now and n == 1, (status, now, n)
+    spy.send(frame(attach_many_req(60, "p/", after=now, timeout_ms=-1)))
+    assert wait_until(lambda: usage(stats(spy_stats), NOBODY, U_WAITERS) == 1), \
+        "the attach_many never parked"
+    unlink(owner, "p/u1001/hidden")  # committed (and its wakes run) before this returns
+    r = spy.call(request(61, 10, b""))  # Stats on the parked connection
+    assert r.id == 61, f"the hidden unlink woke the parked attach_many: {r}"
+    assert usage(r.body(8), NOBODY, U_WAITERS) == 1, r.body(8)
+    put(owner, "p/u1001/visible", 0o644)
+    r = reply_with_fds(spy)
+    assert r.id == 60 and r.status == 0, r
+    assert r.body(R_ATTACH_MANY)[1][0] > now

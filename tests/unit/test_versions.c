@@ -97,9 +97,12 @@ static void test_generations_never_repeat(void **state)
 	struct registry *reg = *state;
 	struct reg_client a;
 	struct tensor *t;
+	struct reg_client b, root;
 	uint64_t gen, commit;
 
 	registry_client_init(&a, 1, 1000, 1000, 1);
+	registry_client_init(&b, 2, 2000, 2000, 2);
+	registry_client_init(&root, 3, 0, 0, 3);
 	t = put(reg, &a, "w");
 	assert_int_equal(t->generation, 1);
 	assert_int_equal(t->commit, 1);
@@ -115,15 +118,19 @@ static void test_generations_never_repeat(void **state)
 	assert_int_equal(heard.v[0].kind, REG_UNLINKED);
 	assert_int_equal(heard.v[0].generation, 2);
 	assert_int_equal(heard.v[0].commit, 4);
-	assert_true(registry_tomb(reg, "w", 1, &gen, &commit));
+	assert_true(registry_tomb(reg, &a, "w", 1, &gen, &commit));
 	assert_int_equal(gen, 2);
 	assert_int_equal(commit, 4);
-	assert_int_equal(registry_tombs_newest(reg, "", 0), 4);
+	assert_int_equal(registry_tombs_newest(reg, &a, "", 0), 4);
+	/* w was 0600: another uid hears nothing of its unlink (issue 30 item 3). */
+	assert_false(registry_tomb(reg, &b, "w", 1, &gen, &commit));
+	assert_int_equal(registry_tombs_newest(reg, &b, "", 0), 0);
+	assert_int_equal(registry_tombs_newest(reg, &root, "w", 1), 4);
 	/* Created again: the next generation, and the tombstone is taken back. */
 	t = put(reg, &a, "w");
 	assert_int_equal(t->generation, 3);
 	assert_int_equal(t->commit, 5);
-	assert_false(registry_tomb(reg, "w", 1, &gen, &commit));
+	assert_false(registry_tomb(reg, &a, "w", 1, &gen, &commit));
 	assert_int_equal(registry_generation(reg, "w", 1), 3);
 	/* An unpublished tensor's unlink is no commit. */
 	assert_int_equal(create(reg, &a, "draft", 0, false, &t, &gen), 0);
