@@ -149,3 +149,53 @@ def test_parked_attach_many_does_not_wake_for_a_hidden_unlink(fair):
     r = reply_with_fds(spy)
     assert r.id == 60 and r.status == 0, r
     assert r.body(R_ATTACH_MANY)[1][0] > now
+
+
+# --- item 12: a binding page's hostile counts, summed without wrapping -------------------
+
+F_BIND_PAGE, R_LEASE, L_BIND_SLOT = 25, 5, 12
+PAGE_WORDS = 8192  # daemon/registry.h REG_PAGE_WORDS: the client's half starts here
+INT32_MAX = (1 << 31) - 1
+
+
+def test_leases_count_of_a_scribbled_binding_page_is_clamped(fair):
+    """A client binds three leases of one tensor and writes the local
+    leases each serves into its half of its binding page: 1 each, then
+    2^31-1, 2^64-1 and 2^32 each. The count `tensorctl leases` shows for
+    that connection is the sum, clamped once at 2^31-1; it was summed in 32
+    bits (three times 2^31-1 showed 2147483645)."""
+    import json
+    import mmap
+    import struct as st
+
+    d = fair()
+    c = raw_as(NOBODY, d.socket)
+    r = c.call(put_req(41, tensor_body("b/x", [4], 0o644), bytes(16)))
+    assert r.status == 0, r
+    fds = []
+    c.send(frame(request(42, F_BIND_PAGE, b"")))
+    r = reply_with_fds(c, keep=fds)
+    assert r.status == 0 and len(fds) == 1, r
+    size = 2 * PAGE_WORDS * 8
+    page = mmap.mmap(fds[0], size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    slots = []
+    for i in range(3):
+        c.send(frame(request(50 + i, 5, f_bytes(1, "b/x") + f_varint(6, 1))))
+        r = reply_with_fds(c)
+        assert r.status == 0, r
+        slots.append(r.body(R_LEASE).get(L_BIND_SLOT, [0])[0])
+    assert len(set(slots)) == 3 and 0 not in slots, slots
+
+    def counts():
+        p = fair.tools.run_as(0, ["tensorctl", "--socket", d.socket, "leases", "--json", "b/x"])
+        assert p.returncode == 0, p.stderr
+        return [row["count"] for row in json.loads(p.stdout)]
+
+    for claim in (1, INT32_MAX, (1 << 64) - 1, 1 << 32):
+        for s in slots:
+            st.pack_into("<Q", page, (PAGE_WORDS + s) * 8, claim)
+        assert counts() == [min(3 * claim, INT32_MAX)], claim
+    page.close()
+    for fd in fds:
+        os.close(fd)
+    c.close()
