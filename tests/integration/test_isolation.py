@@ -10,11 +10,14 @@ the daemon reports (its figures and stats), never on sleeps.
 """
 import errno
 import os
+import subprocess
 
 import pytest
 
 from conftest import wait_until
-from hostile import Raw, frame, request, f_bytes, f_varint, put_req, reply_with_fds, F_CREATE
+from hostile import (
+    decode, frame, request, f_bytes, f_varint, put_req, reply_with_fds, rss_kib, F_CREATE,
+)
 from test_fairness import (  # noqa: F401 (fair: a fixture)
     fair, raw_as, stats, tensor_body, usage, U_WAITERS,
 )
@@ -199,3 +202,103 @@ def test_leases_count_of_a_scribbled_binding_page_is_clamped(fair):
     for fd in fds:
         os.close(fd)
     c.close()
+
+
+# --- item 5: watches that never read are bounded per watch and per uid -----------------
+
+F_WATCH, R_EVENTS, LAGGED = 16, 12, 2
+
+
+def watch_req(req_id, prefix, queue):
+    return request(req_id, F_WATCH, f_bytes(1, prefix) + f_varint(3, queue))
+
+
+def uid_figure(d, uid, name):
+    """A per-uid figure as root reads it (`tensorctl stats --json`)."""
+    import json
+    p = subprocess.run([d.tools.path("tensorctl"), "--socket", d.socket, "stats", "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    rows = [r for r in json.loads(p.stdout)["uids"] if r["uid"] == uid]
+    return rows[0].get(name, 0) if rows else 0
+
+
+def put_names(c, names, mode=0o644, batch=2000):
+    """Zero-size tensors, one put each, pipelined."""
+    reqs = [put_req(100 + (i & 0xfff), tensor_body(n, [0], mode), b"")
+            for i, n in enumerate(names)]
+    bad = [r for r in pipelined(c, reqs, batch) if r.status != 0]
+    assert not bad, bad[:3]
+
+
+def read_until_lagged(c, ids):
+    """Reads c's Events until each watch in ids said it lagged; returns the
+    events read per watch."""
+    seen, lagged = {i: 0 for i in ids}, set()
+    while lagged != set(ids):
+        r = c.reply()
+        assert r.status == 0 and r.id in ids, r
+        for ev in (r.body(R_EVENTS) or {}).get(1, []):
+            kind = decode(ev).get(1, [0])[0]
+            seen[r.id] += 1
+            if kind == LAGGED:
+                lagged.add(r.id)
+    return seen
+
+
+def test_unread_watches_are_bounded_by_their_queue_and_the_uids_share(fair):
+    """uid 65534 opens 16 watches asking a queue of 2^32-1 and never reads
+    them; uid 1001 puts 30,000 names of 200 bytes. The queued events are
+    charged to 65534 (its uid_watch_bytes figure), stay within its share
+    (--max-watch-bytes-per-uid 2Mi here), and the daemon grows by a bounded
+    amount (it grew 17.6 MiB per such watch: fixed 280-byte slots, up to
+    65,536 of them). The watches lag, and say so when read; read, the
+    charge goes back to 0."""
+    d = fair("--max-watch-bytes-per-uid", "2Mi")
+    d.tools = fair.tools
+    spy, owner = raw_as(NOBODY, d.socket), raw_as(OWNER, d.socket)
+    spy.sock.settimeout(60)
+    ids = list(range(200, 216))
+    for i in ids:
+        r = spy.call(watch_req(i, "w/", (1 << 32) - 1))
+        assert r.status == 0 and r.id == i, r
+    rss0 = rss_kib(d.pid)
+    pad = "x" * 190
+    put_names(owner, [f"w/{i:06d}{pad}" for i in range(30000)])
+    charged = uid_figure(d, NOBODY, "uid_watch_bytes")
+    grown = rss_kib(d.pid) - rss0
+    assert (2 << 20) * 3 // 4 <= charged <= 2 << 20, charged
+    # The registry's 30,000 names, the connection's 1 MiB of unread
+    # replies and the share: far below 16 queues of 30,000 events.
+    assert grown < 40 << 10, f"the daemon grew {grown} KiB"
+    assert uid_figure(d, OWNER, "uid_watch_bytes") == 0
+    seen = read_until_lagged(spy, ids)
+    assert all(n < 30000 for n in seen.values()), seen
+    assert wait_until(lambda: uid_figure(d, NOBODY, "uid_watch_bytes") == 0), \
+        uid_figure(d, NOBODY, "uid_watch_bytes")
+    assert d.proc.poll() is None
+
+
+def test_watch_asking_past_the_max_gets_the_max(fair, tmp_path):
+    """--max-watch-queue (here from the config file) bounds the queue a
+    Watch may ask: one asking 2^32-1 keeps 100 events, of their names'
+    length, once its connection holds its 1 MiB of replies. Out-of-range
+    values are refused at start, naming the option and the range."""
+    conf = tmp_path / "tensord.conf"
+    conf.write_text("max-watch-queue = 100\n")
+    os.chmod(tmp_path, 0o755)
+    d = fair("--config", str(conf))
+    d.tools = fair.tools
+    spy, owner = raw_as(NOBODY, d.socket), raw_as(OWNER, d.socket)
+    r = spy.call(watch_req(300, "q/", (1 << 32) - 1))
+    assert r.status == 0, r
+    name_len = 2 + 6 + 190
+    put_names(owner, [f"q/{i:06d}{'y' * 190}" for i in range(12000)])
+    charged = uid_figure(d, NOBODY, "uid_watch_bytes")
+    assert 100 * (name_len + 1) <= charged <= 100 * (name_len + 1 + 64), charged
+    for bad in ("0", "65537", "many"):
+        p = subprocess.run([fair.tools.path("tensord"), "--max-watch-queue", bad,
+                            "--socket", str(tmp_path / "x.sock")],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and "--max-watch-queue" in p.stderr and \
+            "1 to 65536" in p.stderr, (bad, p.stderr)
