@@ -212,8 +212,8 @@ void reg_step_end(struct registry *reg)
 
 /* --- what the tombstones know ---------------------------------------------------- */
 
-bool registry_tomb(struct registry *reg, const char *name, size_t len, uint64_t *ret_generation,
-		   uint64_t *ret_commit)
+bool registry_tomb(struct registry *reg, const struct reg_client *rc, const char *name, size_t len,
+		   uint64_t *ret_generation, uint64_t *ret_commit)
 {
 	char key[TENSORD_NAME_MAX + 1];
 	struct reg_tomb *tb;
@@ -223,14 +223,15 @@ bool registry_tomb(struct registry *reg, const char *name, size_t len, uint64_t 
 	memcpy(key, name, len);
 	key[len] = '\0';
 	tb = tomb_find(reg, key);
-	if (!tb)
+	if (!tb || !registry_may_hear(tb->owner_uid, tb->owner_gid, tb->mode, rc))
 		return false;
 	*ret_generation = tb->generation;
 	*ret_commit = tb->commit;
 	return true;
 }
 
-uint64_t registry_tombs_newest(struct registry *reg, const char *prefix, size_t len)
+uint64_t registry_tombs_newest(struct registry *reg, const struct reg_client *rc,
+			       const char *prefix, size_t len)
 {
 	char key_name[TENSORD_NAME_MAX + 1];
 	struct reg_tomb key = { .name = key_name }, *tb;
@@ -244,7 +245,8 @@ uint64_t registry_tombs_newest(struct registry *reg, const char *prefix, size_t 
 	     tb = RB_NEXT(reg_tombs, &reg->tombs, tb)) {
 		if (tb->name_len < len || memcmp(tb->name, prefix, len) != 0)
 			break;
-		if (tb->commit > newest)
+		if (tb->commit > newest &&
+		    registry_may_hear(tb->owner_uid, tb->owner_gid, tb->mode, rc))
 			newest = tb->commit;
 	}
 	return newest;

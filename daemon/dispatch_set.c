@@ -133,7 +133,8 @@ static int resolve_prefix(struct registry *reg, struct reg_client *rc, const str
 		if (next)
 			snprintf(after, sizeof(after), "%s", next);
 	} while (next && visited < DISPATCH_SET_MAX);
-	m->touched = registry_tombs_newest(reg, s->prefix, s->prefix_len);
+	/* Unlinks of names rc may not read are no news to it (registry_may_hear()). */
+	m->touched = registry_tombs_newest(reg, rc, s->prefix, s->prefix_len);
 	return 0;
 }
 
@@ -152,7 +153,7 @@ static int resolve(struct registry *reg, struct reg_client *rc, const struct wai
 	for (size_t i = 0; i < s->n_names; i++) {
 		struct tensor *t = registry_lookup(reg, rc, s->name[i], strlen(s->name[i]));
 
-		if (registry_tomb(reg, s->name[i], strlen(s->name[i]), &gen, &commit) &&
+		if (registry_tomb(reg, rc, s->name[i], strlen(s->name[i]), &gen, &commit) &&
 		    commit > m->touched)
 			m->touched = commit;
 		if (!t || t->state != TENSORD_STATE_PUBLISHED) {

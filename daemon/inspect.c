@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,7 +128,7 @@ struct holding {
 	const struct tensor *t;  /* borrowed: a lease holds it */
 	const struct client *cl; /* borrowed */
 	uint64_t since;          /* CLOCK_MONOTONIC, the oldest lease's */
-	uint32_t count;
+	uint64_t count;          /* summed in 64 bits, clamped once when sent */
 };
 
 struct lease_page {
@@ -248,7 +249,9 @@ static void fill_holder(Tensord__LeaseHolder *h, const struct holding *x, const 
 	h->uid = x->cl->rc.uid;
 	h->gid = x->cl->rc.gid;
 	h->comm = (char *)x->cl->comm;
-	h->count = x->count;
+	/* A binding's weight is its client's word, clamped to INT32_MAX
+	 * (registry_lease_weight()); a sum of many is clamped to the same. */
+	h->count = x->count > INT32_MAX ? INT32_MAX : (uint32_t)x->count;
 	h->since_ns = wall_of(k, x->since);
 	h->held_ns = ago(k, x->since);
 }

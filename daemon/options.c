@@ -25,6 +25,7 @@
 #include "common/desc.h"
 #include "peer.h"
 #include "peer_auth.h"
+#include "watch.h"
 
 /* Read when it exists; --config FILE must exist. */
 #define DEFAULT_CONFIG "/etc/tensord.conf"
@@ -40,6 +41,7 @@ enum {
 	OPT_PEER_MAX_INFLIGHT,
 	OPT_PEERS_DNS,
 	OPT_PEER_MAX_REPLICA_BYTES,
+	OPT_MAX_WATCH_QUEUE,
 	OPT_QUOTA = 0x200,
 };
 
@@ -93,6 +95,7 @@ static void usage(FILE *f)
 		"               [--ready-fd FD] [--metrics HOST:PORT|unix:PATH]\n"
 		"               [--metrics-per-uid] [--config FILE]\n"
 		"               [--max-waiters-per-conn N] [--max-fds-in-flight-per-conn N]\n"
+		"               [--max-watch-queue N]\n"
 		"               [--quota-exempt-uid UID]... [--show-all-metadata] [--version]\n"
 		"               [--max-...-per-uid N|SIZE]...\n"
 		"               [--node-name NAME] [--peer-listen ADDR:PORT]\n"
@@ -128,6 +131,9 @@ static void usage(FILE *f)
 		"  --max-waiters-per-conn N     attaches waiting per connection (default 1024)\n"
 		"  --max-fds-in-flight-per-conn N  descriptors queued or unread per\n"
 		"                               connection (default 64)\n"
+		"  --max-watch-queue N  events a watch keeps queued for a client that does not\n"
+		"                     read (1 to 65536, default 4096): a watch asking more\n"
+		"                     gets this many, one asking none 1024 (or this, if less)\n"
 		"  --quota-exempt-uid UID       counted, never refused (repeatable; root\n"
 		"                               is not exempt unless named)\n"
 		"  --show-all-metadata          list/stat show every tensor to every uid\n"
@@ -194,6 +200,7 @@ static const struct number_opt {
 	{ OPT_PEER_MAX_INFLIGHT, NUM_SIZE, "a size", 1, UINT64_MAX },
 	/* 0 would refuse every replica; the default (1/4 of the capacity) is none given. */
 	{ OPT_PEER_MAX_REPLICA_BYTES, NUM_SIZE, "a size", 1, UINT64_MAX },
+	{ OPT_MAX_WATCH_QUEUE, NUM_DECIMAL, "a number of events", 1, WATCH_QUEUE_MAX },
 /* The per-uid shares: counts up to 2^32-1, sizes up to 2^64-1 bytes. */
 #define QUOTA_NUM_N(kind) { OPT_QUOTA + QUOTA_##kind, NUM_DECIMAL, "a number", 1, UINT32_MAX },
 #define QUOTA_NUM_SIZE(kind) { OPT_QUOTA + QUOTA_##kind, NUM_SIZE, "a size", 1, UINT64_MAX },
@@ -700,6 +707,9 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	case OPT_PEER_MAX_REPLICA_BYTES:
 		cfg->remote.max_replica_bytes = v;
 		return 0;
+	case OPT_MAX_WATCH_QUEUE:
+		cfg->max_watch_queue = (uint32_t)v;
+		return 0;
 	default:
 		if (opt >= OPT_QUOTA && opt < OPT_QUOTA + QUOTA_KINDS)
 			return parse_limit(opt, v, cfg);
@@ -735,6 +745,7 @@ static const struct option long_opts[] = {
 	{ "replica-keep", required_argument, NULL, OPT_REPLICA_KEEP },
 	{ "peer-max-inflight", required_argument, NULL, OPT_PEER_MAX_INFLIGHT },
 	{ "peer-max-replica-bytes", required_argument, NULL, OPT_PEER_MAX_REPLICA_BYTES },
+	{ "max-watch-queue", required_argument, NULL, OPT_MAX_WATCH_QUEUE },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
 #define QUOTA_OPT_N(flag, kind) { flag, required_argument, NULL, OPT_QUOTA + QUOTA_##kind },
@@ -827,6 +838,7 @@ int options_parse(int argc, char **argv, struct server_config *cfg, int *ready_f
 	cfg->socket_mode = 0600;
 	cfg->socket_gid = (gid_t)-1;
 	cfg->max_clients = 4096;
+	cfg->max_watch_queue = WATCH_QUEUE_MAX_DEFAULT;
 	cfg->remote.replica_keep_ms = REMOTE_REPLICA_KEEP_MS_DEFAULT;
 	cfg->remote.max_inflight = REMOTE_MAX_INFLIGHT_DEFAULT;
 	r = collect_flags(argc, argv, flags, &n, &config);

@@ -55,6 +55,8 @@ void quota_default_limits(struct quota_limits *lim, unsigned fd_budget, unsigned
 		lim->fds_in_flight_per_conn = 64;
 	if (!lim->per_uid[QUOTA_WATCHES])
 		lim->per_uid[QUOTA_WATCHES] = 64;
+	if (!lim->per_uid[QUOTA_WATCH_BYTES])
+		lim->per_uid[QUOTA_WATCH_BYTES] = QUOTA_WATCH_BYTES_DEFAULT;
 	/* What a uid's leases may keep alive of others' unlinked tensors: as
 	 * much as it may own itself, when that is bounded. */
 	if (!lim->per_uid[QUOTA_PINNED])

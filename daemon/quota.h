@@ -14,6 +14,8 @@
 #include <stdint.h>
 
 #define QUOTA_EXEMPT_MAX 16
+/* Bytes of queued watch events one uid may hold by default (16 MiB). */
+#define QUOTA_WATCH_BYTES_DEFAULT (16ull << 20)
 /* Tensors one uid may own by default: bounds the table memory it takes. */
 #define QUOTA_TENSORS_DEFAULT (1u << 20)
 

@@ -579,6 +579,12 @@ bool registry_mode_allows(uint32_t owner_uid, uint32_t owner_gid, uint32_t mode,
 	return mode & perm;
 }
 
+bool registry_may_hear(uint32_t owner_uid, uint32_t owner_gid, uint32_t mode,
+		       const struct reg_client *rc)
+{
+	return registry_mode_allows(owner_uid, owner_gid, mode, rc->uid, rc->gid, PERM_READ);
+}
+
 static bool mode_allows(const struct tensor *t, const struct reg_client *rc, uint32_t perm)
 {
 	return registry_mode_allows(t->owner_uid, t->owner_gid, t->mode, rc->uid, rc->gid, perm);

@@ -491,6 +491,16 @@ bool registry_may_read(const struct tensor *t, const struct reg_client *rc);
 bool registry_mode_allows(uint32_t owner_uid, uint32_t owner_gid, uint32_t mode, uint32_t uid,
 			  uint32_t gid, uint32_t perm);
 
+/*
+ * Whether rc may learn that a name changed (published or unlinked, its
+ * generation and commit), the tensor having had that owner and mode: read
+ * permission, as for an attach. The one rule for everything that tells of
+ * changes and tombstones: watches (their events and replay) and
+ * AttachMany's after= (which commits touched a set).
+ */
+bool registry_may_hear(uint32_t owner_uid, uint32_t owner_gid, uint32_t mode,
+		       const struct reg_client *rc);
+
 /* Whether a tensor of that name is published (whatever its mode). */
 bool registry_published(struct registry *reg, const char *name, size_t len);
 
@@ -547,14 +557,19 @@ int registry_tx_abort(struct registry *reg, struct reg_client *rc, uint32_t tx, 
 		      size_t why_len);
 
 /*
- * The tombstone of name: its last generation and the commit that unlinked
- * it. false when the name is published, or was never, or was forgotten.
+ * The tombstone of name as rc may know it (registry_may_hear()): its last
+ * generation and the commit that unlinked it. false when the name is
+ * published, or was never, or was forgotten, or rc may not hear of it.
  */
-bool registry_tomb(struct registry *reg, const char *name, size_t len, uint64_t *ret_generation,
-		   uint64_t *ret_commit);
+bool registry_tomb(struct registry *reg, const struct reg_client *rc, const char *name, size_t len,
+		   uint64_t *ret_generation, uint64_t *ret_commit);
 
-/* The newest commit that unlinked a remembered name under prefix; 0: none. */
-uint64_t registry_tombs_newest(struct registry *reg, const char *prefix, size_t len);
+/*
+ * The newest commit that unlinked a remembered name under prefix that rc
+ * may hear of (registry_may_hear()); 0: none.
+ */
+uint64_t registry_tombs_newest(struct registry *reg, const struct reg_client *rc,
+			       const char *prefix, size_t len);
 
 /* Calls fn with an unlinked change for each remembered name under prefix, in name order. */
 void registry_tombs_each(struct registry *reg, const char *prefix, size_t len,

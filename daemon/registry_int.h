@@ -98,12 +98,14 @@ void reg_publish_now(struct registry *reg, struct tensor *t);
 uint32_t reg_tx_id(const struct reg_tx *tx);
 
 /*
- * rc's transaction id, made if make is set and it has none. 0, or -errno
- * with the reason (-ENOENT: none and !make; -EAGAIN: rc has
- * REGISTRY_TX_PER_CLIENT open; -E2BIG: it has REGISTRY_TX_MEMBERS_MAX
- * members and staged names; -ENOMEM).
+ * rc's transaction id. stage: to stage one more change in it (made when rc
+ * has none, refused when full); else to end it (found only, full or not).
+ * 0 with *ret_tx set, or -errno with the reason and *ret_tx NULL (-ENOENT:
+ * none and !stage; -EAGAIN: rc has REGISTRY_TX_PER_CLIENT open; -E2BIG:
+ * stage and it has REGISTRY_TX_MEMBERS_MAX members and staged names;
+ * -ENOMEM).
  */
-int reg_tx_get(struct reg_client *rc, uint32_t id, bool make, struct reg_tx **ret_tx, char *why,
+int reg_tx_get(struct reg_client *rc, uint32_t id, bool stage, struct reg_tx **ret_tx, char *why,
 	       size_t why_len);
 
 /* t, just created in its place, becomes a member of tx. */

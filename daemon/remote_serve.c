@@ -246,7 +246,12 @@ void remote_on_commit(struct server *srv, const struct reg_change *v, size_t n, 
 			if (!watch_del(rp, v[j].name))
 				continue;
 			names[k] = (char *)v[j].name;
-			gens[k++] = v[j].generation;
+			/* Told that it changed, which B asks again about; its
+			 * generation only when the peers' uid may read it. */
+			gens[k++] = registry_may_hear(v[j].owner_uid, v[j].owner_gid, v[j].mode,
+						      &rp->rc)
+					    ? v[j].generation
+					    : 0;
 			if (k == CHANGED_BATCH)
 				changed_send(rp, names, gens, &k);
 		}
@@ -276,6 +281,25 @@ void rm_on_unwatch(struct rpeer *rp, const Tensord__PeerUnwatch *m)
 {
 	for (size_t i = 0; i < m->n_names; i++)
 		watch_del(rp, m->names[i]);
+}
+
+/*
+ * Whether rp's uid (REMOTE_PEER_UID) may read the published name: 0, or
+ * -EACCES with the refusal. Asked before anything of the tensor is told
+ * (its generation: a pull with have_generation or after, a wait, a set's
+ * listed name), so every pull form gets this same refusal.
+ */
+static int pull_may_read(struct rpeer *rp, const char *name, size_t len, char *why, size_t why_len)
+{
+	struct server *srv = rp->rm->srv;
+	struct tensor *t = registry_lookup(&srv->reg, &rp->rc, name, len);
+
+	if (t && registry_may_read(t, &rp->rc))
+		return 0;
+	snprintf(why, why_len,
+		 "node %s, acting as uid %u for peers: tensor '%.*s': its mode refuses that uid",
+		 srv->peers.self, REMOTE_PEER_UID, (int)len, name);
+	return -EACCES;
 }
 
 void rm_on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
@@ -308,6 +332,11 @@ void rm_on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 			 "tensor '%s' is not published on node %s, or not exported to node %s",
 			 m->name, srv->peers.self, rp->p->name);
 		pull_reply_error(rp, m->id, -ENOENT, why);
+		return;
+	}
+	r = pull_may_read(rp, m->name, len, why, sizeof(why));
+	if (r < 0) {
+		pull_reply_error(rp, m->id, r, why);
 		return;
 	}
 	if (m->after && registry_generation(&srv->reg, m->name, len) <= m->after) {
@@ -622,13 +651,9 @@ static int set_members(struct rpeer *rp, const Tensord__PeerSetPull *m, struct t
 				 m->names[i], self, peer);
 			return -ENOENT;
 		}
-		if (!registry_lookup(&srv->reg, &rp->rc, m->names[i], len)) {
-			snprintf(why, why_len,
-				 "node %s, acting as uid %u for peers: tensor '%s': its mode "
-				 "refuses that uid",
-				 self, REMOTE_PEER_UID, m->names[i]);
-			return -EACCES;
-		}
+		r = pull_may_read(rp, m->names[i], len, why, why_len);
+		if (r < 0)
+			return r;
 	}
 	am.n_names = m->n_names;
 	am.names = m->names;

@@ -39,6 +39,7 @@ struct server_config {
 	const char *metrics_addr; /* --metrics HOST:PORT or unix:PATH; NULL: off */
 	gid_t socket_gid;         /* (gid_t)-1: leave as is */
 	unsigned max_clients;
+	uint32_t max_watch_queue;    /* --max-watch-queue: events a watch may queue */
 	struct quota_limits limits;  /* per-uid shares; 0: the default */
 	bool show_all_metadata;      /* list/stat show every tensor to everyone */
 	bool metrics_per_uid;        /* the HTTP metrics show every uid's usage */

@@ -45,22 +45,24 @@ static struct reg_tx *tx_find(struct reg_client *rc, uint32_t id)
 	return NULL;
 }
 
-int reg_tx_get(struct reg_client *rc, uint32_t id, bool make, struct reg_tx **ret_tx, char *why,
+int reg_tx_get(struct reg_client *rc, uint32_t id, bool stage, struct reg_tx **ret_tx, char *why,
 	       size_t why_len)
 {
 	struct reg_tx *tx = tx_find(rc, id);
 
+	*ret_tx = NULL; /* every failure leaves nothing to use by mistake */
 	if (tx) {
-		if (tx->n_members + tx->n_unlinks >= REGISTRY_TX_MEMBERS_MAX) {
+		if (stage && tx->n_members + tx->n_unlinks >= REGISTRY_TX_MEMBERS_MAX) {
 			snprintf(why, why_len,
-				 "transaction %u: it has %u members, the most one may have", id,
-				 REGISTRY_TX_MEMBERS_MAX);
+				 "transaction %u: it has %u members and staged unlinks, the most "
+				 "one may have",
+				 id, REGISTRY_TX_MEMBERS_MAX);
 			return -E2BIG;
 		}
 		*ret_tx = tx;
 		return 0;
 	}
-	if (!make) {
+	if (!stage) {
 		snprintf(why, why_len,
 			 "transaction %u: no such transaction (nothing staged, or it "
 			 "ended)",
@@ -211,10 +213,8 @@ int registry_tx_commit(struct registry *reg, struct reg_client *rc, uint32_t id,
 	struct reg_staged *s;
 	struct reg_tx *tx;
 	struct tensor *t;
-	int r = reg_tx_get(rc, id, false, &tx, why, why_len);
+	int r = reg_tx_get(rc, id, false, &tx, why, why_len); /* a full one commits */
 
-	if (r == -E2BIG)
-		r = 0; /* full is fine for a commit */
 	if (r < 0)
 		return r;
 	r = commit_check(reg, rc, tx, why, why_len);

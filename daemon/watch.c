@@ -3,17 +3,20 @@
  * get the changes of every commit step as Events replies carrying the
  * Watch request's id, in commit order, for names their uid may read.
  *
- * Memory is bounded per watcher: events wait in a queue of at most its
- * size (grown as needed from a few slots) while the connection has more
- * than WATCH_OUT_LIMIT bytes of replies unread; a full queue coalesces (a
- * newer event of a name replaces the one queued) or drops the oldest, and
- * the next batch starts with a lagged event. A watcher that never reads
- * costs its queue and no more.
+ * Memory is bounded per watcher and per uid: events wait in a queue of at
+ * most its size (at most --max-watch-queue) while the connection has more
+ * than WATCH_OUT_LIMIT bytes of replies unread, each event taking its
+ * name's length, charged to the uid's share (QUOTA_WATCH_BYTES). A full
+ * queue, or a uid past its share, coalesces (a newer event of a name
+ * replaces the one queued) or drops the oldest, and the next batch starts
+ * with a lagged event. A watcher that never reads costs its queue and no
+ * more, and a uid's watches together no more than its share.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 
 #include "common/desc.h"
 #include "dispatch_int.h"
@@ -22,11 +25,13 @@
 #include "server.h"
 #include "watch.h"
 
+/* One queued event, its name at its length (and a NUL, for the reply). */
 struct watch_event {
-	uint8_t kind; /* Tensord__Event__Kind */
-	uint16_t name_len;
+	TAILQ_ENTRY(watch_event) link;
 	uint64_t generation, commit;
-	char name[TENSORD_NAME_MAX + 1];
+	uint16_t name_len;
+	uint8_t kind; /* Tensord__Event__Kind */
+	char name[];
 };
 
 struct watcher {
@@ -34,12 +39,13 @@ struct watcher {
 	uint64_t id;       /* the Watch request's: its replies carry it */
 	size_t prefix_len;
 	char prefix[TENSORD_NAME_MAX + 1];
-	uint32_t size;         /* the most events it queues */
-	struct watch_event *q; /* owned ring of cap slots, n queued from head */
-	uint32_t cap, head, n;
-	bool lagged;              /* events were lost since the last batch */
-	LIST_ENTRY(watcher) link; /* every watcher: watches.all */
-	LIST_ENTRY(watcher) mine; /* its client's */
+	uint32_t size;                          /* the most events it queues */
+	TAILQ_HEAD(watch_queue, watch_event) q; /* owned, oldest first */
+	uint32_t n;                             /* events queued */
+	uint64_t bytes;                         /* theirs, charged to the uid (QUOTA_WATCH_BYTES) */
+	bool lagged;                            /* events were lost since the last batch */
+	LIST_ENTRY(watcher) link;               /* every watcher: watches.all */
+	LIST_ENTRY(watcher) mine;               /* its client's */
 };
 
 static struct {
@@ -56,59 +62,94 @@ static void watches_init(void)
 	}
 }
 
-static struct watch_event *slot(struct watcher *w, uint32_t i)
+/* What an event of a name of len bytes costs its uid. */
+static size_t event_bytes(size_t name_len)
 {
-	return &w->q[(w->head + i) % w->cap];
+	return sizeof(struct watch_event) + name_len + 1;
 }
 
-/* Room for one more event: the ring grows up to the watcher's size. */
-static bool grow(struct watcher *w)
+/* w's uid pays for bytes more of queue: false past its share (nothing charged). */
+static bool charge(struct watcher *w, size_t bytes)
 {
-	uint32_t cap = w->cap ? 2 * w->cap : 16;
-	struct watch_event *nq;
+	char why[200];
 
-	if (cap > w->size)
-		cap = w->size;
-	if (cap <= w->cap)
+	if (quota_charge(&w->cl->srv->quota, w->cl->rc.uid, QUOTA_WATCH_BYTES, bytes, why,
+			 sizeof(why)) < 0)
 		return false;
-	nq = malloc((size_t)cap * sizeof(*nq));
-	if (!nq)
-		return false;
-	for (uint32_t i = 0; i < w->n; i++)
-		nq[i] = *slot(w, i);
-	free(w->q);
-	w->q = nq;
-	w->cap = cap;
-	w->head = 0;
+	w->bytes += bytes;
 	return true;
 }
 
-/* Queues one event for w; a full queue coalesces or drops, and says so. */
-static void enqueue(struct watcher *w, const struct reg_change *c)
+/* The oldest queued event leaves w, its uid paid back: the caller's to free. */
+static struct watch_event *take_oldest(struct watcher *w)
 {
-	struct watch_event *e;
+	struct watch_event *e = TAILQ_FIRST(&w->q);
+	size_t bytes = event_bytes(e->name_len);
 
-	if (w->n == w->cap && !grow(w)) {
-		w->lagged = true;
-		/* The newest event of a name replaces the one queued, in place. */
-		for (uint32_t i = 0; i < w->n; i++) {
-			e = slot(w, i);
-			if (e->name_len == c->name_len &&
-			    memcmp(e->name, c->name, c->name_len) == 0)
-				goto fill;
-		}
-		/* Else the oldest goes. */
-		w->head = (w->head + 1) % w->cap;
-		w->n--;
-	}
-	e = slot(w, w->n++);
-fill:
+	TAILQ_REMOVE(&w->q, e, link);
+	w->n--;
+	w->bytes -= bytes;
+	quota_uncharge(&w->cl->srv->quota, w->cl->rc.uid, QUOTA_WATCH_BYTES, bytes);
+	return e;
+}
+
+static void drop_oldest(struct watcher *w)
+{
+	free(take_oldest(w));
+}
+
+static void fill(struct watch_event *e, const struct reg_change *c)
+{
 	e->kind = c->kind == REG_PUBLISHED ? TENSORD__EVENT__KIND__PUBLISHED
 					   : TENSORD__EVENT__KIND__UNLINKED;
 	e->generation = c->generation;
 	e->commit = c->commit;
+}
+
+/*
+ * Queues one event for w. A full queue, or its uid past its share of
+ * queued bytes, coalesces (the newest event of a name replaces the one
+ * queued, in place: same name, same size; looked for among the newest
+ * WATCH_COALESCE_SCAN, so that an event costs bounded work however long
+ * the queue) or drops the oldest for it (the event itself is lost when
+ * that does not make room), and says so.
+ */
+static void enqueue(struct watcher *w, const struct reg_change *c)
+{
+	size_t bytes = event_bytes(c->name_len);
+	struct watch_event *e;
+	unsigned scanned = 0;
+
+	if (w->n >= w->size || !charge(w, bytes)) {
+		w->lagged = true;
+		TAILQ_FOREACH_REVERSE(e, &w->q, watch_queue, link)
+		{
+			if (++scanned > WATCH_COALESCE_SCAN)
+				break;
+			if (e->name_len == c->name_len &&
+			    memcmp(e->name, c->name, c->name_len) == 0) {
+				fill(e, c);
+				return;
+			}
+		}
+		if (w->n)
+			drop_oldest(w);
+		if (!charge(w, bytes))
+			return;
+	}
+	e = malloc(bytes);
+	if (!e) {
+		w->bytes -= bytes;
+		quota_uncharge(&w->cl->srv->quota, w->cl->rc.uid, QUOTA_WATCH_BYTES, bytes);
+		w->lagged = true;
+		return;
+	}
+	fill(e, c);
 	e->name_len = (uint16_t)c->name_len;
-	memcpy(e->name, c->name, c->name_len + 1);
+	memcpy(e->name, c->name, c->name_len);
+	e->name[c->name_len] = '\0';
+	TAILQ_INSERT_TAIL(&w->q, e, link);
+	w->n++;
 }
 
 /* Whether w hears of c: under its prefix, and readable by its uid. */
@@ -117,19 +158,20 @@ static bool hears(const struct watcher *w, const struct reg_change *c)
 	const struct reg_client *rc = &w->cl->rc;
 
 	return c->name_len >= w->prefix_len && memcmp(c->name, w->prefix, w->prefix_len) == 0 &&
-	       registry_mode_allows(c->owner_uid, c->owner_gid, c->mode, rc->uid, rc->gid, 4);
+	       registry_may_hear(c->owner_uid, c->owner_gid, c->mode, rc);
 }
 
 /* Sends what w queued, in batches, while its connection takes them. */
 static void flush(struct watcher *w)
 {
 	Tensord__Event ev[WATCH_BATCH], *pev[WATCH_BATCH];
+	struct watch_event *sent[WATCH_BATCH];
 	struct conn *c = w->cl->conn;
 
 	while ((w->n || w->lagged) && !conn_gone(c) && c->out_bytes < WATCH_OUT_LIMIT) {
 		Tensord__Reply rep = TENSORD__REPLY__INIT;
 		Tensord__Events es = TENSORD__EVENTS__INIT;
-		size_t k = 0;
+		size_t k = 0, n_sent = 0;
 
 		if (w->lagged) {
 			tensord__event__init(&ev[k]);
@@ -140,7 +182,8 @@ static void flush(struct watcher *w)
 			w->lagged = false;
 		}
 		while (w->n && k < WATCH_BATCH) {
-			struct watch_event *e = slot(w, 0);
+			/* Out of the queue now, freed once the frame is packed. */
+			struct watch_event *e = sent[n_sent++] = take_oldest(w);
 
 			tensord__event__init(&ev[k]);
 			ev[k].kind = (Tensord__Event__Kind)e->kind;
@@ -149,9 +192,6 @@ static void flush(struct watcher *w)
 			ev[k].commit = e->commit;
 			pev[k] = &ev[k];
 			k++;
-			/* Sent before the slot is reused: the frame is packed below. */
-			w->head = (w->head + 1) % w->cap;
-			w->n--;
 		}
 		es.n_events = k;
 		es.events = pev;
@@ -159,6 +199,8 @@ static void flush(struct watcher *w)
 		rep.body_case = TENSORD__REPLY__BODY_EVENTS;
 		rep.events = &es;
 		reply_send(c, &rep, NULL);
+		for (size_t i = 0; i < n_sent; i++)
+			free(sent[i]);
 	}
 }
 
@@ -197,7 +239,8 @@ static void watcher_free(struct watcher *w)
 	LIST_REMOVE(w, mine);
 	quota_uncharge(&w->cl->srv->quota, w->cl->rc.uid, QUOTA_WATCHES, 1);
 	watches.n--;
-	free(w->q);
+	while (w->n)
+		drop_oldest(w);
 	free(w);
 }
 
@@ -287,6 +330,7 @@ void dispatch_do_watch(struct client *cl, uint64_t id, const Tensord__Watch *m)
 	size_t len = strlen(m->prefix);
 	char why[400], reason[200];
 	struct watcher *w;
+	uint32_t max;
 	int r;
 
 	watches_init();
@@ -312,9 +356,12 @@ void dispatch_do_watch(struct client *cl, uint64_t id, const Tensord__Watch *m)
 	w->id = id;
 	w->prefix_len = len;
 	memcpy(w->prefix, m->prefix, len + 1);
+	TAILQ_INIT(&w->q);
+	/* Asking more than --max-watch-queue gets that many (docs/design.md, "Watches"). */
+	max = srv->cfg.max_watch_queue ? srv->cfg.max_watch_queue : WATCH_QUEUE_MAX_DEFAULT;
 	w->size = m->queue ? m->queue : WATCH_QUEUE_DEFAULT;
-	if (w->size > WATCH_QUEUE_MAX)
-		w->size = WATCH_QUEUE_MAX;
+	if (w->size > max)
+		w->size = max;
 	LIST_INSERT_HEAD(&watches.all, w, link);
 	LIST_INSERT_HEAD(&cl->watches, w, mine);
 	watches.n++;

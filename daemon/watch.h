@@ -11,9 +11,17 @@
 
 #include "registry.h"
 
-/* Events a watcher queues when the Watch asked for no size, and the most it may ask. */
+/*
+ * Events a watcher queues when the Watch asked for no size; the default of
+ * --max-watch-queue, the most a Watch gets (asking more gets that); and
+ * the most that option may say. Queued events take their name's length
+ * (watch_event), charged to the uid's share (--max-watch-bytes-per-uid).
+ */
 #define WATCH_QUEUE_DEFAULT 1024u
+#define WATCH_QUEUE_MAX_DEFAULT 4096u
 #define WATCH_QUEUE_MAX 65536u
+/* A full queue looks for an event of the same name among its newest this many. */
+#define WATCH_COALESCE_SCAN 64u
 /* Events in one Events reply at most. */
 #define WATCH_BATCH 256
 /* A watcher sends while its connection has fewer reply bytes than this unread. */

@@ -4,6 +4,8 @@
  * array; tensord_metrics() the exposition text.
  */
 #include <errno.h>
+#include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,7 +90,10 @@ static size_t fold_holders(tensord_lease_holder *v, size_t n)
 		tensord_lease_holder *last = out ? &v[out - 1] : NULL;
 
 		if (last && last->tensor_id == v[i].tensor_id && last->conn_id == v[i].conn_id) {
-			last->count += v[i].count;
+			uint64_t sum = (uint64_t)last->count + v[i].count;
+
+			/* The daemon clamps each page's count at INT32_MAX: so does the sum. */
+			last->count = sum > INT32_MAX ? INT32_MAX : (uint32_t)sum;
 			if (v[i].since_ns < last->since_ns) {
 				last->since_ns = v[i].since_ns;
 				last->held_ns = v[i].held_ns;

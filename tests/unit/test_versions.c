@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "daemon/registry.h"
+#include "daemon/registry_int.h"
 
 extern const struct backend_ops backend_host;
 const struct backend_ops *const backends[] = { &backend_host, NULL };
@@ -96,9 +97,12 @@ static void test_generations_never_repeat(void **state)
 	struct registry *reg = *state;
 	struct reg_client a;
 	struct tensor *t;
+	struct reg_client b, root;
 	uint64_t gen, commit;
 
 	registry_client_init(&a, 1, 1000, 1000, 1);
+	registry_client_init(&b, 2, 2000, 2000, 2);
+	registry_client_init(&root, 3, 0, 0, 3);
 	t = put(reg, &a, "w");
 	assert_int_equal(t->generation, 1);
 	assert_int_equal(t->commit, 1);
@@ -114,15 +118,19 @@ static void test_generations_never_repeat(void **state)
 	assert_int_equal(heard.v[0].kind, REG_UNLINKED);
 	assert_int_equal(heard.v[0].generation, 2);
 	assert_int_equal(heard.v[0].commit, 4);
-	assert_true(registry_tomb(reg, "w", 1, &gen, &commit));
+	assert_true(registry_tomb(reg, &a, "w", 1, &gen, &commit));
 	assert_int_equal(gen, 2);
 	assert_int_equal(commit, 4);
-	assert_int_equal(registry_tombs_newest(reg, "", 0), 4);
+	assert_int_equal(registry_tombs_newest(reg, &a, "", 0), 4);
+	/* w was 0600: another uid hears nothing of its unlink (issue 30 item 3). */
+	assert_false(registry_tomb(reg, &b, "w", 1, &gen, &commit));
+	assert_int_equal(registry_tombs_newest(reg, &b, "", 0), 0);
+	assert_int_equal(registry_tombs_newest(reg, &root, "w", 1), 4);
 	/* Created again: the next generation, and the tombstone is taken back. */
 	t = put(reg, &a, "w");
 	assert_int_equal(t->generation, 3);
 	assert_int_equal(t->commit, 5);
-	assert_false(registry_tomb(reg, "w", 1, &gen, &commit));
+	assert_false(registry_tomb(reg, &a, "w", 1, &gen, &commit));
 	assert_int_equal(registry_generation(reg, "w", 1), 3);
 	/* An unpublished tensor's unlink is no commit. */
 	assert_int_equal(create(reg, &a, "draft", 0, false, &t, &gen), 0);
@@ -294,6 +302,55 @@ static void test_transactions_are_bounded(void **state)
 	assert_int_equal(reg->n_tensors, 0);
 }
 
+/*
+ * A transaction holds at most REGISTRY_TX_MEMBERS_MAX changes: one more is
+ * refused naming the transaction and the limit, and a full one still
+ * commits (issue 30 item 2: reg_tx_get returned -E2BIG without setting its
+ * transaction and the commit used it, uninitialised: a crash any uid made).
+ */
+static void test_full_transaction_commits(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a;
+	struct reg_tx *tx = (struct reg_tx *)&a; /* anything but NULL */
+	struct tensor *t;
+	uint64_t lease, commit;
+	uint32_t published, unlinked;
+	char limit[16];
+
+	registry_client_init(&a, 1, 1000, 1000, 1);
+	put(reg, &a, "full");
+	/* A name staged twice is unlinked once: the cheapest way to fill it. */
+	for (uint32_t i = 0; i < REGISTRY_TX_MEMBERS_MAX; i++)
+		assert_int_equal(registry_tx_unlink(reg, &a, 5, "full", 4, why, sizeof(why)), 0);
+	snprintf(limit, sizeof(limit), "%u", REGISTRY_TX_MEMBERS_MAX);
+	assert_int_equal(registry_tx_unlink(reg, &a, 5, "full", 4, why, sizeof(why)), -E2BIG);
+	assert_non_null(strstr(why, "transaction 5"));
+	assert_non_null(strstr(why, limit));
+	assert_int_equal(create(reg, &a, "more", 5, false, &t, &lease), -E2BIG);
+	assert_non_null(strstr(why, "transaction 5"));
+	assert_false(registry_published(reg, "more", 4));
+	/* The contract: staging refused leaves *ret_tx NULL; ending finds it. */
+	assert_int_equal(reg_tx_get(&a, 5, true, &tx, why, sizeof(why)), -E2BIG);
+	assert_null(tx);
+	assert_int_equal(reg_tx_get(&a, 5, false, &tx, why, sizeof(why)), 0);
+	assert_non_null(tx);
+	assert_int_equal(reg_tx_id(tx), 5);
+	tx = (struct reg_tx *)&a;
+	assert_int_equal(reg_tx_get(&a, 6, false, &tx, why, sizeof(why)), -ENOENT);
+	assert_null(tx);
+	heard.steps = 0;
+	assert_int_equal(
+		registry_tx_commit(reg, &a, 5, &commit, &published, &unlinked, why, sizeof(why)),
+		0);
+	assert_int_equal(published, 0);
+	assert_int_equal(unlinked, 1);
+	assert_int_equal(heard.steps, 1);
+	assert_false(registry_published(reg, "full", 4));
+	assert_int_equal(a.n_txs, 0);
+	registry_client_gone(reg, &a);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -305,6 +362,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_abort_failure_and_crash_leave_no_trace, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_transactions_are_bounded, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_full_transaction_commits, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
