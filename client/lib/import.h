@@ -39,6 +39,15 @@ struct td_import_desc {
 	 */
 	void *premapped;
 	uint64_t premapped_len;
+	/*
+	 * The allocation's name across this process's connections: the
+	 * daemon's HelloReply.instance and the tensor's id. A GPU importer
+	 * imports an allocation once per process whatever the number of
+	 * leases (import_gpu.h, "Imports shared in the process"); instance 0:
+	 * not known, imported for this mapping alone.
+	 */
+	uint64_t daemon_instance;
+	uint64_t tensor_id;
 };
 
 /* One mapped allocation in this process. */
