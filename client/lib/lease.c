@@ -289,6 +289,7 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const
 		.premapped_len = rs ? rs->size : 0,
 		.daemon_instance = mc->daemon_instance,
 		.tensor_id = info->id,
+		.name = info->name,
 	};
 	struct td_mapping *m;
 	int r;
