@@ -204,6 +204,14 @@ extern const struct backend_ops *const backends[];
 
 extern const struct backend_ops backend_host;
 
+/*
+ * The host backend's freeze tries F_SEAL_WRITE up to this many times while
+ * it answers EBUSY (backend_host.c, host_freeze()).
+ */
+#define HOST_SEAL_TRIES 3
+/* Tests only: called with the memfd after each refused try but the last. NULL: none. */
+extern void (*backend_host_seal_retry_hook)(int fd);
+
 /* Each GPU vendor's, backend_<id> (gpu/<id>/backend_<id>.c), e.g. backend_cuda. */
 #define BACKEND_GPU_DECLARE(id, ...) extern const struct backend_ops backend_##id;
 TD_GPU_VENDORS(BACKEND_GPU_DECLARE)

@@ -321,14 +321,38 @@ static int host_write(struct backend_alloc *a, uint64_t off, const void *data, s
 	return td_pwrite_all(a->fd, data, n, off);
 }
 
+void (*backend_host_seal_retry_hook)(int fd);
+
+/*
+ * F_SEAL_WRITE answers EBUSY in two cases. A writable shared mapping of
+ * the memfd exists (the creator's own, or one a forked child kept): at
+ * once, and again on every try, so the publish is refused. Or pages of
+ * the memfd hold references besides the page cache's and the mappings':
+ * the kernel waits for them (memfd_wait_for_pins(): rescans 10, 20, 40
+ * and 80 ms apart) and gives up after about 150 ms. Those are I/O in
+ * flight, or the kernel's own reclaim, compaction or migration, which on
+ * a loaded machine can hold a page that long: a CI run on a busy 2-CPU VM
+ * failed a put_many so, with no mapping of the member anywhere (issue 30:
+ * neither the writer, which writes with pwrite(), nor the daemon, which
+ * never maps, nor the reader, whose mappings are private, held one). A
+ * transient reference is gone on a later try: up to HOST_SEAL_TRIES
+ * (about 0.45 s of waiting on the loop, in that case only).
+ */
 static int host_freeze(struct backend_alloc *a)
 {
+	int r = 0;
+
 	/* A slab's bytes can only be written by the daemon already. */
 	if (a->handle_kind == TENSORD__HANDLE_KIND__HANDLE_NONE || a->priv)
 		return 0;
-	if (fcntl(a->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) < 0)
-		return -errno;
-	return 0;
+	for (int tries = 1; tries <= HOST_SEAL_TRIES; tries++) {
+		r = fcntl(a->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) < 0 ? -errno : 0;
+		if (r != -EBUSY)
+			break;
+		if (tries < HOST_SEAL_TRIES && backend_host_seal_retry_hook)
+			backend_host_seal_retry_hook(a->fd);
+	}
+	return r;
 }
 
 static void host_release(struct backend_alloc *a)

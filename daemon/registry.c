@@ -697,8 +697,9 @@ int reg_publish_ready(struct registry *reg, struct tensor *t, char *why, size_t 
 	if (r < 0) {
 		snprintf(why, why_len,
 			 "tensor '%s': cannot make it immutable: %s (a writable shared "
-			 "mapping of it still exists, e.g. in a forked child)",
-			 t->name, tensord_strerror(r));
+			 "mapping of it still exists, e.g. in a forked child, or its pages "
+			 "stayed pinned, e.g. by I/O, through %d tries of about 150 ms)",
+			 t->name, tensord_strerror(r), HOST_SEAL_TRIES);
 		return r;
 	}
 	move_to_slab(reg, t);

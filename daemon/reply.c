@@ -7,6 +7,8 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <tensord/tensord.h>
@@ -239,6 +241,24 @@ void reply_list(struct conn *c, uint64_t req_id, struct tensor *const *v, size_t
 	free(s);
 }
 
+/* HelloReply.instance: random, nonzero, chosen on the first Hello (the loop's thread). */
+static uint64_t daemon_instance(void)
+{
+	static uint64_t instance;
+
+	while (instance == 0) {
+		if (getrandom(&instance, sizeof(instance), 0) != (ssize_t)sizeof(instance)) {
+			struct timespec ts;
+
+			/* No entropy: the start time and pid are unique enough on one host. */
+			clock_gettime(CLOCK_REALTIME, &ts);
+			instance = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+			instance ^= (uint64_t)getpid() << 40;
+		}
+	}
+	return instance;
+}
+
 void reply_hello(struct conn *c, uint64_t req_id)
 {
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
@@ -247,6 +267,7 @@ void reply_hello(struct conn *c, uint64_t req_id)
 	hr.version = TENSORD_PROTOCOL_VERSION;
 	hr.daemon_pid = (uint32_t)getpid();
 	hr.max_frame = TD_FRAME_MAX_REQUEST;
+	hr.instance = daemon_instance();
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_HELLO;
 	rep.hello = &hr;

@@ -915,7 +915,9 @@ static int hello(tensord_client *c, const char *path)
 	if (rep->body_case != TENSORD__REPLY__BODY_HELLO ||
 	    rep->hello->version != TENSORD_PROTOCOL_VERSION)
 		r = td_set_error(-EPROTO, "tensord at %s speaks another protocol version", path);
-	else if (rep->hello->max_frame > TD_FRAME_MIN_REQUEST)
+	else
+		c->maps.daemon_instance = rep->hello->instance;
+	if (r == 0 && rep->hello->max_frame > TD_FRAME_MIN_REQUEST)
 		c->conn.max_request = rep->hello->max_frame < TD_FRAME_MAX_REQUEST
 					      ? rep->hello->max_frame
 					      : TD_FRAME_MAX_REQUEST;

@@ -26,6 +26,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -47,6 +48,142 @@ const struct td_importer *td_importer_for(Tensord__HandleKind kind)
 		if (td_importers[i]->handle_kind == kind)
 			return td_importers[i];
 	return NULL;
+}
+
+/*
+ * The process's mappings against vm.max_map_count (issue 30). Past that
+ * count every mmap() fails, and so does whatever else needs a mapping: a
+ * thread's stack, glibc's thread-local data (which aborts the process), a
+ * malloc arena. A process attaching many distinct tensors stopped at about
+ * 50,000 leases with "cannot allocate memory for thread-local data:
+ * ABORT". So this library counts the mappings it makes for leases (each
+ * host tensor's mapping and view), and refuses a new one with EMFILE,
+ * naming the limit, when the process's mappings would come within a
+ * margin of the limit: the limit / 16, at least 64 and at most 1024, kept
+ * for the rest of the process. The rest of the process is measured from
+ * /proc/self/maps at the first mapping and again every limit / 16 of ours,
+ * or every 64 near the limit; between, it is taken as unchanged.
+ * vm.max_map_count is read once; TENSORD_MAX_MAP_COUNT, when set to a
+ * smaller number, stands for it (tests reach the limit with it).
+ */
+static pthread_mutex_t td_maps_lock = PTHREAD_MUTEX_INITIALIZER;
+static long td_maps_limit;     /* 0: not read yet */
+static long td_maps_held;      /* ours, now */
+static long td_maps_rest = -1; /* the process's others, when last measured; -1: never */
+static long td_maps_since;     /* ours made since that measurement */
+
+/* Lines of /proc/self/maps (one per mapping), or -1 when unreadable. */
+static long td_maps_count_process(void)
+{
+	char buf[65536];
+	long n = 0;
+	ssize_t k;
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return -1;
+	while ((k = read(fd, buf, sizeof(buf))) > 0 || (k < 0 && errno == EINTR))
+		for (ssize_t i = 0; i < k; i++)
+			n += buf[i] == '\n';
+	close(fd);
+	return k < 0 ? -1 : n;
+}
+
+/* Lock held. vm.max_map_count, or the smaller TENSORD_MAX_MAP_COUNT. */
+static long td_maps_read_limit(void)
+{
+	long lim = 65530; /* the kernel's default, when /proc/sys cannot be read */
+	const char *env = getenv("TENSORD_MAX_MAP_COUNT");
+	char buf[32];
+	ssize_t k;
+	int fd = open("/proc/sys/vm/max_map_count", O_RDONLY | O_CLOEXEC);
+
+	if (fd >= 0) {
+		k = read(fd, buf, sizeof(buf) - 1);
+		if (k > 0) {
+			buf[k] = '\0';
+			if (strtol(buf, NULL, 10) > 0)
+				lim = strtol(buf, NULL, 10);
+		}
+		close(fd);
+	}
+	if (env && *env) {
+		long e = strtol(env, NULL, 10);
+
+		if (e > 0 && e < lim)
+			lim = e;
+	}
+	return lim;
+}
+
+static long td_maps_margin(long lim)
+{
+	long m = lim / 16;
+
+	return m < 64 ? 64 : m > 1024 ? 1024 : m;
+}
+
+int td_maps_admit(const char *name)
+{
+	long lim, margin, total;
+	int r = 0;
+
+	pthread_mutex_lock(&td_maps_lock);
+	if (!td_maps_limit)
+		td_maps_limit = td_maps_read_limit();
+	lim = td_maps_limit;
+	margin = td_maps_margin(lim);
+	total = td_maps_rest + td_maps_held;
+	if (td_maps_rest < 0 || td_maps_since >= lim / 16 ||
+	    (total + 1 + margin > lim && td_maps_since >= 64)) {
+		long all = td_maps_count_process();
+
+		if (all >= 0) {
+			td_maps_rest = all > td_maps_held ? all - td_maps_held : 0;
+			td_maps_since = 0;
+		} else if (td_maps_rest < 0) {
+			td_maps_rest = 0;
+		}
+		total = td_maps_rest + td_maps_held;
+	}
+	if (total + 1 + margin > lim) {
+		r = td_set_error(-EMFILE,
+				 "tensor '%s': this process has %ld memory mappings (%ld of them "
+				 "for tensord leases) and vm.max_map_count is %ld: one more would "
+				 "leave fewer than the %ld kept for the rest of the process "
+				 "(threads, thread-local data); release tensors, or raise "
+				 "vm.max_map_count",
+				 name, total, td_maps_held, lim, margin);
+	} else {
+		td_maps_held++;
+		td_maps_since++;
+	}
+	pthread_mutex_unlock(&td_maps_lock);
+	return r;
+}
+
+void td_maps_gone(long n)
+{
+	pthread_mutex_lock(&td_maps_lock);
+	td_maps_held = td_maps_held > n ? td_maps_held - n : 0;
+	pthread_mutex_unlock(&td_maps_lock);
+}
+
+long td_maps_held_now(void)
+{
+	long n;
+
+	pthread_mutex_lock(&td_maps_lock);
+	n = td_maps_held;
+	pthread_mutex_unlock(&td_maps_lock);
+	return n;
+}
+
+void td_maps_adopted(void)
+{
+	pthread_mutex_lock(&td_maps_lock);
+	td_maps_held++;
+	pthread_mutex_unlock(&td_maps_lock);
 }
 
 /* The descriptor a mapping keeps for make_private() and view(), stored in priv. */
@@ -74,6 +211,7 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
 	uint64_t lead = d->ipc_offset % page, len = d->map_size + lead;
 	void *p;
+	int r;
 
 	if (fd < 0)
 		return td_set_error(-EPROTO, "tensord sent no descriptor for host memory");
@@ -91,6 +229,8 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 					    "tensord put a tensor in a reserve that cannot "
 					    "hold it");
 		}
+		/* The reserve's mapping is a lease's from here: counted as ours. */
+		td_maps_adopted();
 		m->base = d->premapped;
 		m->data = d->premapped;
 		m->size = d->premapped_len;
@@ -103,12 +243,18 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 	 * costs a fraction of one page fault per 4 KiB during the copy. An
 	 * attach is left to fault, so attaching stays O(1) in size. A tensor
 	 * in a slab gets the pages under it only. */
+	r = td_maps_admit(d->name ? d->name : "");
+	if (r < 0) {
+		close(fd);
+		return r;
+	}
 	p = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE,
 		 (d->writable ? MAP_SHARED : MAP_PRIVATE) | (d->populate ? MAP_POPULATE : 0), fd,
 		 (off_t)(d->ipc_offset - lead));
 	if (p == MAP_FAILED) {
 		int e = errno;
 
+		td_maps_gone(1);
 		close(fd);
 		return td_set_error(-e, "mmap of %llu bytes failed: %s", (unsigned long long)len,
 				    strerror(e));
@@ -133,8 +279,10 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 
 static void memfd_unmap(struct td_mapping *m)
 {
-	if (m->base) /* NULL once parked */
+	if (m->base) { /* NULL once parked */
 		munmap(m->base, (size_t)m->size);
+		td_maps_gone(1);
+	}
 	if (m->priv)
 		close(priv_fd(m));
 	m->priv = NULL;
@@ -171,15 +319,21 @@ static int memfd_make_shared(struct td_mapping *m)
 static int memfd_view(struct td_mapping *m, void **ret_base)
 {
 	void *p;
+	int r;
 
 	if (!m->priv)
 		return td_set_error(-EINVAL, "mapping of '%s' keeps no descriptor", m->name);
+	r = td_maps_admit(m->name);
+	if (r < 0)
+		return r;
 	p = mmap(NULL, (size_t)m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, priv_fd(m),
 		 (off_t)m->file_off);
-
-	if (p == MAP_FAILED)
-		return td_set_error(-errno, "tensor '%s': mmap of %llu bytes failed: %s", m->name,
-				    (unsigned long long)m->size, strerror(errno));
+	if (p == MAP_FAILED) {
+		r = -errno;
+		td_maps_gone(1);
+		return td_set_error(r, "tensor '%s': mmap of %llu bytes failed: %s", m->name,
+				    (unsigned long long)m->size, strerror(-r));
+	}
 	*ret_base = p;
 	return 0;
 }
@@ -242,6 +396,7 @@ static bool memfd_clean(const struct td_mapping *m)
 static void memfd_unview(struct td_mapping *m, void *base)
 {
 	munmap(base, (size_t)m->size);
+	td_maps_gone(1);
 }
 
 /* Keeps the descriptor, lets the first lease's mapping go (it may hold stray writes). */

@@ -39,6 +39,16 @@ struct td_import_desc {
 	 */
 	void *premapped;
 	uint64_t premapped_len;
+	/*
+	 * The allocation's name across this process's connections: the
+	 * daemon's HelloReply.instance and the tensor's id. A GPU importer
+	 * imports an allocation once per process whatever the number of
+	 * leases (import_gpu.h, "Imports shared in the process"); instance 0:
+	 * not known, imported for this mapping alone.
+	 */
+	uint64_t daemon_instance;
+	uint64_t tensor_id;
+	const char *name; /* the tensor's, for errors; may be NULL */
 };
 
 /* One mapped allocation in this process. */
@@ -196,6 +206,20 @@ extern const struct td_importer td_importer_memfd;
 #define TD_IMPORTER_DECLARE(id, kind, fd, importer) extern const struct td_importer importer;
 TD_GPU_HANDLES(TD_IMPORTER_DECLARE)
 #undef TD_IMPORTER_DECLARE
+
+/*
+ * The mappings this library makes for leases, against vm.max_map_count
+ * (import.c). td_maps_admit() counts one more before an mmap(), or refuses
+ * it: -EMFILE with the error set, naming the limit and the counts, when the
+ * process would come within a margin of vm.max_map_count (or of a smaller
+ * TENSORD_MAX_MAP_COUNT). td_maps_gone() uncounts n (an unmap, or an mmap
+ * that failed after its admit); td_maps_adopted() counts a mapping made
+ * elsewhere (a reserve's) that a lease now owns. td_maps_held_now(): ours.
+ */
+int td_maps_admit(const char *name);
+void td_maps_gone(long n);
+void td_maps_adopted(void);
+long td_maps_held_now(void);
 
 /* Sets the calling thread's tensord_last_error() text; returns err. */
 int td_set_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -8,6 +8,7 @@
  * differently in each process.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -151,6 +152,81 @@ int td_gpu_device_uuid(DLDevice local, uint8_t uuid[16])
 	return gc ? td_gpu_uuid_of_ordinal(gc, local.device_id, uuid) : -ENOENT;
 }
 
+/* Every import of this process that some mapping holds (import_gpu.h). */
+static pthread_mutex_t td_gpu_shared_mu = PTHREAD_MUTEX_INITIALIZER;
+static LIST_HEAD(, td_gpu_shared) td_gpu_shared_all = LIST_HEAD_INITIALIZER(td_gpu_shared_all);
+
+void td_gpu_shared_lock(void)
+{
+	pthread_mutex_lock(&td_gpu_shared_mu);
+}
+
+void td_gpu_shared_unlock(void)
+{
+	pthread_mutex_unlock(&td_gpu_shared_mu);
+}
+
+struct td_gpu_shared *td_gpu_shared_find(const struct td_gpu_client *gc, int ordinal,
+					 const void *key, size_t key_len)
+{
+	struct td_gpu_shared *s;
+
+	if (key_len == 0 || key_len > sizeof(s->key))
+		return NULL;
+	LIST_FOREACH(s, &td_gpu_shared_all, link)
+	if (s->gc == gc && s->ordinal == ordinal && s->key_len == key_len &&
+	    memcmp(s->key, key, key_len) == 0) {
+		s->refs++;
+		return s;
+	}
+	return NULL;
+}
+
+struct td_gpu_shared *td_gpu_shared_add(const struct td_gpu_client *gc, int ordinal,
+					const void *key, size_t key_len, uint64_t value)
+{
+	struct td_gpu_shared *s = calloc(1, sizeof(*s));
+
+	if (!s) {
+		td_set_error(-ENOMEM, "out of memory");
+		return NULL;
+	}
+	s->gc = gc;
+	s->ordinal = ordinal;
+	if (key_len <= sizeof(s->key)) {
+		memcpy(s->key, key, key_len);
+		s->key_len = key_len;
+	}
+	s->value = value;
+	s->refs = 1;
+	LIST_INSERT_HEAD(&td_gpu_shared_all, s, link);
+	return s;
+}
+
+bool td_gpu_shared_put(struct td_gpu_shared *s)
+{
+	if (--s->refs > 0)
+		return false;
+	LIST_REMOVE(s, link);
+	return true;
+}
+
+void td_gpu_shared_drop(struct td_gpu_map *p, void (*undo)(struct td_gpu_map *p, uint64_t value))
+{
+	struct td_gpu_shared *s = p->shared;
+
+	if (!s)
+		return;
+	p->shared = NULL;
+	td_gpu_shared_lock();
+	/* Undone under the lock, so that nobody finds it or imports it anew meanwhile. */
+	if (td_gpu_shared_put(s)) {
+		undo(p, s->value);
+		free(s);
+	}
+	td_gpu_shared_unlock();
+}
+
 struct td_gpu_map *td_gpu_map_new(const struct td_gpu_client *gc, const void *api, int ordinal)
 {
 	struct td_gpu_map *p = calloc(1, gc->map_size);
@@ -198,7 +274,30 @@ int td_gpu_map_ipc(const struct td_gpu_client *gc, struct td_mapping *m, int fd,
 	p = td_gpu_map_new(gc, api, ordinal);
 	if (!p)
 		return td_set_error(-ENOMEM, "out of memory");
-	err = gc->ipc_open(p, d->ipc_handle, d->map_size);
+	/* Opened once per process (import_gpu.h); the lock keeps a second opener waiting. */
+	td_gpu_shared_lock();
+	p->shared = td_gpu_shared_find(gc, ordinal, d->ipc_handle, d->ipc_handle_len);
+	if (p->shared)
+		p->ptr = p->shared->value;
+	err = gc->ipc_open(p, d->ipc_handle, d->map_size, p->shared != NULL);
+	if (err == 0 && !p->shared) {
+		p->shared =
+			td_gpu_shared_add(gc, ordinal, d->ipc_handle, d->ipc_handle_len, p->ptr);
+		if (!p->shared) {
+			struct td_gpu_scope sc;
+
+			err = -ENOMEM;
+			if (gc->enter(p, &sc, NULL) == 0) {
+				gc->release(p); /* closes it: no entry holds it */
+				gc->leave(p, &sc);
+			}
+			if (gc->drop)
+				gc->drop(p);
+		}
+	} else if (err < 0 && p->shared) {
+		(void)td_gpu_shared_put(p->shared); /* never the last: others hold it */
+	}
+	td_gpu_shared_unlock();
 	if (err < 0) {
 		free(p);
 		return err;

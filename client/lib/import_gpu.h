@@ -23,11 +23,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/queue.h>
 
 #include "gpu/gpu_util.h"
 #include "import.h"
 
 struct td_gpu_client;
+struct td_gpu_shared;
 
 /* A GPU importer's m->priv; a vendor's own mapping state starts with it. */
 struct td_gpu_map {
@@ -35,7 +37,67 @@ struct td_gpu_map {
 	const void *api; /* the vendor's driver table */
 	int ordinal;     /* this process's number of the device */
 	uint64_t ptr;    /* where the memory starts in this process (a device address) */
+	/* The process's import of the memory, which this mapping holds a reference on. */
+	struct td_gpu_shared *shared;
 };
+
+/*
+ * Imports shared in the process. A process may hold several mappings of
+ * one allocation: the creator's and its own attach, leases of the same
+ * tensor over several connections. Each is imported once per process and
+ * the import is shared, refcounted, by every mapping of it (issue 30):
+ *  - a CUDA VMM handle, keyed by the daemon's instance and the tensor id
+ *    (the exported descriptors of one allocation cannot be told apart on
+ *    hardware: each is a file of the driver's control device); every
+ *    mapping reserves and maps a range of its own from the one handle, so
+ *    each keeps its own access (read-only or read-write), and the handle
+ *    is released with the last of them. Importing a second time is not
+ *    safe: the driver does not promise a second handle (its documentation:
+ *    "no guarantee that the contents of handle will be the same CUDA
+ *    memory handle for the same given OS shareable handle"), and where it
+ *    hands back the same one, the first mapping's release of it ended the
+ *    second's (CUDA_ERROR_INVALID_HANDLE at cuMemMap, as the double
+ *    answers);
+ *  - a legacy IPC opening, keyed by the handle's bytes: opened once,
+ *    closed with its last mapping, rather than leaning on the driver's own
+ *    count of repeated opens (which HIP does not promise).
+ * value: the vendor's handle or the opened address.
+ */
+struct td_gpu_shared {
+	const struct td_gpu_client *gc;
+	int ordinal;
+	uint8_t key[64];
+	size_t key_len; /* 0: never shared (no key known) */
+	uint64_t value;
+	unsigned refs; /* mappings holding it; under the table's lock */
+	LIST_ENTRY(td_gpu_shared) link;
+};
+
+/* The table's lock: held across a lookup and the import it may lead to. */
+void td_gpu_shared_lock(void);
+void td_gpu_shared_unlock(void);
+
+/* Lock held. The import of key (key_len bytes, at most 64) on gc's ordinal, with a reference taken; NULL: none. */
+struct td_gpu_shared *td_gpu_shared_find(const struct td_gpu_client *gc, int ordinal,
+					 const void *key, size_t key_len);
+
+/*
+ * Lock held. Adds the import value of key (key_len 0: one no other
+ * mapping finds) with one reference. NULL when out of memory (error set):
+ * the caller undoes the import.
+ */
+struct td_gpu_shared *td_gpu_shared_add(const struct td_gpu_client *gc, int ordinal,
+					const void *key, size_t key_len, uint64_t value);
+
+/* Lock held. Drops a reference taken by find() or add(); true when it was the last (s is off the table then, the caller's to undo and free). */
+bool td_gpu_shared_put(struct td_gpu_shared *s);
+
+/*
+ * Drops p's reference on its import, if any; the last one calls
+ * undo(p, value) under the table's lock (the device made current by the
+ * caller) and frees the entry. p->shared is NULL after.
+ */
+void td_gpu_shared_drop(struct td_gpu_map *p, void (*undo)(struct td_gpu_map *p, uint64_t value));
 
 /* What enter() changed on the calling thread, for leave() to restore. */
 struct td_gpu_scope {
@@ -92,11 +154,18 @@ struct td_gpu_client {
 	int (*copy)(struct td_gpu_map *p, void *dst, const void *src, size_t n, long stream);
 	/*
 	 * Opens the legacy IPC handle (ipc_handle_len bytes) on p's device into
-	 * p->ptr: at least map_size bytes. 0 or -errno (error set). NULL
-	 * without legacy IPC.
+	 * p->ptr: at least map_size bytes; with opened, p->ptr is where this
+	 * process opened it already (p->shared): only what a mapping holds of
+	 * the device is taken. 0 or -errno (error set). NULL without legacy
+	 * IPC.
 	 */
-	int (*ipc_open)(struct td_gpu_map *p, const uint8_t *handle, uint64_t map_size);
-	/* Between enter() and leave(), the device idle: gives the memory at p->ptr back. */
+	int (*ipc_open)(struct td_gpu_map *p, const uint8_t *handle, uint64_t map_size,
+			bool opened);
+	/*
+	 * Between enter() and leave(), the device idle: gives the memory at
+	 * p->ptr back, and p's reference on its import (td_gpu_shared_drop()),
+	 * which the last one undoes.
+	 */
 	void (*release)(struct td_gpu_map *p);
 	/* After release(): lets go of what the mapping held of the device. NULL: nothing. */
 	void (*drop)(struct td_gpu_map *p);

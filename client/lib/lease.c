@@ -287,6 +287,9 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const
 		.ipc_offset = w->ipc_offset,
 		.premapped = rs ? rs->base : NULL,
 		.premapped_len = rs ? rs->size : 0,
+		.daemon_instance = mc->daemon_instance,
+		.tensor_id = info->id,
+		.name = info->name,
 	};
 	struct td_mapping *m;
 	int r;

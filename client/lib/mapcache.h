@@ -45,6 +45,8 @@ struct td_mapcache {
 	 * owner then runs td_mapcache_sweep() when it falls due. */
 	void (*on_park)(void *arg);
 	void *on_park_arg;
+	/* The daemon's HelloReply.instance (0: it sent none); set once at connect. */
+	uint64_t daemon_instance;
 };
 
 /* Starts an empty cache. Borrowed: lock, valid until the cache is empty and unused. */

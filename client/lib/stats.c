@@ -309,7 +309,8 @@ int tensord_uid_usage(tensord_client *c, tensord_uid_stats **ret_usage, size_t *
 			.fds_in_flight = (uint32_t)sum(v, n, "uid_fds_in_flight", uid),
 		};
 	}
-	qsort(u, k, sizeof(*u), cmp_uid);
+	if (k > 1)
+		qsort(u, k, sizeof(*u), cmp_uid);
 	free(v);
 	*ret_usage = u;
 	*ret_count = k;
@@ -465,7 +466,7 @@ static int json_rows(FILE *f, const tensord_figure *v, size_t n, tensord_figure_
 			}
 			rows[n_rows++] = v[i].samples[j].values;
 		}
-	if (scope == TENSORD_SCOPE_UID)
+	if (scope == TENSORD_SCOPE_UID && n_rows > 1) /* rows is NULL when there are none */
 		qsort(rows, n_rows, sizeof(*rows), cmp_uid_str);
 	for (size_t r = 0; r < n_rows; r++) {
 		const char *key[8];

@@ -483,8 +483,13 @@ static int st_scan(struct checkpoint *cp, const char *prefix)
 			goto out;
 		}
 	}
-	/* The arrays tile the data: in order, no gap, no overlap, nothing after (as the crate checks). */
-	qsort(cp->v, cp->n, sizeof(*cp->v), by_offset);
+	/*
+	 * The arrays tile the data: in order, no gap, no overlap, nothing after
+	 * (as the crate checks). A header of __metadata__ alone has none, and
+	 * cp->v is NULL then: qsort() must not see it (UB, issue 30).
+	 */
+	if (cp->n > 1)
+		qsort(cp->v, cp->n, sizeof(*cp->v), by_offset);
 	at = 0;
 	for (size_t i = 0; i < cp->n; i++) {
 		char q[QUOTE_MAX];
@@ -617,7 +622,8 @@ int cmd_put_checkpoint(tensord_client *c, const struct args *a)
 	if (rc == 0 && cp.n == 0)
 		rc = fail(&cp, -ENOENT, "holds no arrays");
 	if (rc == 0) {
-		qsort(cp.v, cp.n, sizeof(*cp.v), by_name);
+		if (cp.n > 1)
+			qsort(cp.v, cp.n, sizeof(*cp.v), by_name);
 		for (size_t i = 1; i < cp.n && rc == 0; i++)
 			if (strcmp(cp.v[i - 1].name, cp.v[i].name) == 0)
 				rc = fail(&cp, -EINVAL, "array %s is there twice",

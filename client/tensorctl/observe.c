@@ -118,7 +118,8 @@ int cmd_leases(tensord_client *c, const struct args *a)
 		free(v);
 		return op_error(rc, name);
 	}
-	qsort(v, n, sizeof(*v), cmp_holder);
+	if (n > 1) /* v may be NULL when n is 0 */
+		qsort(v, n, sizeof(*v), cmp_holder);
 	if (a->seen & OPT_JSON) {
 		putchar('[');
 		for (size_t i = 0; i < n; i++)

@@ -270,10 +270,10 @@ static CUresult td_cuda_set_access(struct td_cuda_map *p, bool writable, bool na
 }
 
 /*
- * Reserves an address range, maps the imported allocation into it and
- * grants this device access: read-only unless writable. Takes ownership
- * of h: on success the mapping holds the memory, on failure it is
- * released.
+ * Reserves an address range, maps the imported allocation h into it and
+ * grants this device access: read-only unless writable. h stays the
+ * process's import (p->g.shared), whose reference the caller drops on
+ * failure.
  */
 static int td_cuda_vmm_map(struct td_cuda_map *p, CUmemGenericAllocationHandle h, uint64_t size,
 			   bool writable)
@@ -291,30 +291,23 @@ static int td_cuda_vmm_map(struct td_cuda_map *p, CUmemGenericAllocationHandle h
 	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	prop.location.id = p->dev;
 	r = cu->MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-	if (r != CUDA_SUCCESS) {
-		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemGetAllocationGranularity");
-		goto out_release;
-	}
-	if (size == 0 || size > SIZE_MAX || gran == 0 || size % gran != 0) {
-		err = td_set_error(-EINVAL,
-				   "CUDA allocation of %llu bytes does not fit the "
-				   "device's granularity of %zu bytes",
-				   (unsigned long long)size, gran);
-		goto out_release;
-	}
+	if (r != CUDA_SUCCESS)
+		return td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemGetAllocationGranularity");
+	if (size == 0 || size > SIZE_MAX || gran == 0 || size % gran != 0)
+		return td_set_error(-EINVAL,
+				    "CUDA allocation of %llu bytes does not fit the "
+				    "device's granularity of %zu bytes",
+				    (unsigned long long)size, gran);
 	r = cu->MemAddressReserve(&ptr, size, gran, 0, 0);
 	p->g.ptr = ptr;
-	if (r != CUDA_SUCCESS) {
-		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemAddressReserve");
-		goto out_release;
-	}
+	if (r != CUDA_SUCCESS)
+		return td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemAddressReserve");
 	r = cu->MemMap(ptr, size, 0, h, 0);
 	if (r != CUDA_SUCCESS) {
 		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemMap");
-		goto out_free;
+		cu->MemAddressFree(ptr, size);
+		return err;
 	}
-	/* The mapping keeps the memory alive; our handle is no longer needed. */
-	cu->MemRelease(h);
 	p->size = size;
 
 	p->access = td_cuda_reach(p);
@@ -326,23 +319,51 @@ static int td_cuda_vmm_map(struct td_cuda_map *p, CUmemGenericAllocationHandle h
 		return err;
 	}
 	return 0;
+}
 
-out_free:
-	cu->MemAddressFree(ptr, size);
-out_release:
-	cu->MemRelease(h);
-	return err;
+/* The last mapping of an imported VMM allocation went: the process's handle on it goes too. */
+static void td_cuda_vmm_undo(struct td_gpu_map *g, uint64_t value)
+{
+	const struct td_cuda_api *cu = g->api;
+
+	cu->MemRelease((CUmemGenericAllocationHandle)value);
+}
+
+/*
+ * The process's import of what fd exports (import_gpu.h): the one held
+ * for d's allocation, or a new one. Lock held, the device's context
+ * current. 0 or -errno (error set); p->g.shared holds a reference.
+ */
+static int td_cuda_vmm_import(struct td_cuda_map *p, int fd, const struct td_import_desc *d)
+{
+	const struct td_cuda_api *cu = p->g.api;
+	CUmemGenericAllocationHandle h;
+	uint64_t key[2] = { d->daemon_instance, d->tensor_id };
+	size_t key_len = d->daemon_instance ? sizeof(key) : 0;
+	CUresult r;
+
+	p->g.shared = td_gpu_shared_find(&td_cuda_client, p->g.ordinal, key, key_len);
+	if (p->g.shared)
+		return 0;
+	r = cu->MemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
+					     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	if (r != CUDA_SUCCESS)
+		return td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemImportFromShareableHandle");
+	p->g.shared = td_gpu_shared_add(&td_cuda_client, p->g.ordinal, key, key_len, h);
+	if (!p->g.shared) {
+		cu->MemRelease(h);
+		return -ENOMEM;
+	}
+	return 0;
 }
 
 /* HANDLE_CUDA_VMM_FD. Takes ownership of fd. */
 static int td_cuda_map_vmm(struct td_mapping *m, int fd, const struct td_import_desc *d)
 {
 	const struct td_cuda_api *cu;
-	CUmemGenericAllocationHandle h;
 	struct td_cuda_map *p;
 	const void *api;
 	int err, ordinal;
-	CUresult r;
 
 	err = td_gpu_load(&td_cuda_client, &api);
 	if (err < 0)
@@ -373,17 +394,20 @@ static int td_cuda_map_vmm(struct td_mapping *m, int fd, const struct td_import_
 	err = td_cuda_enter(cu, p->dev, true);
 	if (err < 0)
 		goto out_free;
-	r = cu->MemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
-					     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	td_gpu_shared_lock();
+	err = td_cuda_vmm_import(p, fd, d);
+	td_gpu_shared_unlock();
 	/* The imported handle does not need the descriptor any more. */
 	close(fd);
 	fd = -1;
-	if (r != CUDA_SUCCESS) {
-		err = td_gpu_fail(&td_cuda_client, p->g.api, r, "cuMemImportFromShareableHandle");
+	if (err < 0) {
 		td_cuda_leave(cu, p->dev, false);
 		goto out_free;
 	}
-	err = td_cuda_vmm_map(p, h, d->map_size, d->writable);
+	err = td_cuda_vmm_map(p, (CUmemGenericAllocationHandle)p->g.shared->value, d->map_size,
+			      d->writable);
+	if (err < 0)
+		td_gpu_shared_drop(&p->g, td_cuda_vmm_undo);
 	td_cuda_leave(cu, p->dev, err == 0);
 	if (err < 0)
 		goto out_free;
@@ -402,7 +426,8 @@ out_close:
 }
 
 /* HANDLE_CUDA_IPC: opened on the device's primary context, which the mapping keeps. */
-static int td_cuda_ipc_open(struct td_gpu_map *g, const uint8_t *handle, uint64_t map_size)
+static int td_cuda_ipc_open(struct td_gpu_map *g, const uint8_t *handle, uint64_t map_size,
+			    bool opened)
 {
 	struct td_cuda_map *p = (struct td_cuda_map *)g;
 	const struct td_cuda_api *cu = g->api;
@@ -419,6 +444,11 @@ static int td_cuda_ipc_open(struct td_gpu_map *g, const uint8_t *handle, uint64_
 	err = td_cuda_enter(cu, p->dev, true);
 	if (err < 0)
 		return err;
+	if (opened) {
+		/* Checked when it was opened: this mapping only holds the context too. */
+		td_cuda_leave(cu, p->dev, true);
+		return 0;
+	}
 	r = cu->IpcOpenMemHandle(&ptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 	if (r != CUDA_SUCCESS) {
 		err = td_gpu_fail(&td_cuda_client, g->api, r, "cuIpcOpenMemHandle");
@@ -448,7 +478,18 @@ static int td_cuda_map_ipc(struct td_mapping *m, int fd, const struct td_import_
 	return td_gpu_map_ipc(&td_cuda_client, m, fd, d);
 }
 
-/* VMM: the range unmapped and given back; legacy: the IPC handle closed. */
+static void td_cuda_ipc_undo(struct td_gpu_map *g, uint64_t value)
+{
+	const struct td_cuda_api *cu = g->api;
+
+	cu->IpcCloseMemHandle((CUdeviceptr)value);
+}
+
+/*
+ * VMM: the range unmapped and given back; legacy: nothing of its own. Then
+ * the process's import, with its last mapping: VMM's handle released, the
+ * IPC handle closed.
+ */
 static void td_cuda_release(struct td_gpu_map *g)
 {
 	struct td_cuda_map *p = (struct td_cuda_map *)g;
@@ -457,8 +498,11 @@ static void td_cuda_release(struct td_gpu_map *g)
 	if (p->vmm) {
 		cu->MemUnmap(g->ptr, p->size);
 		cu->MemAddressFree(g->ptr, p->size);
+		td_gpu_shared_drop(g, td_cuda_vmm_undo);
+	} else if (g->shared) {
+		td_gpu_shared_drop(g, td_cuda_ipc_undo);
 	} else {
-		cu->IpcCloseMemHandle(g->ptr);
+		td_cuda_ipc_undo(g, g->ptr); /* opened, and never shared (out of memory) */
 	}
 }
 

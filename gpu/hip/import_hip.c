@@ -126,7 +126,8 @@ static int td_hip_copy(struct td_gpu_map *p, void *dst, const void *src, size_t 
 }
 
 /* The open flag as the loaded runtime understands it (td_hip_ipc_flag()). */
-static int td_hip_ipc_open(struct td_gpu_map *p, const uint8_t *handle, uint64_t map_size)
+static int td_hip_ipc_open(struct td_gpu_map *p, const uint8_t *handle, uint64_t map_size,
+			   bool opened)
 {
 	const struct td_hip_api *hip = p->api;
 	unsigned int flags = (unsigned int)td_hip_ipc_flag(hip->runtime_version);
@@ -136,6 +137,8 @@ static int td_hip_ipc_open(struct td_gpu_map *p, const uint8_t *handle, uint64_t
 	hipError_t e;
 	int err;
 
+	if (opened)
+		return 0; /* a mapping holds nothing of the device */
 	memcpy(&h, handle, sizeof(h));
 	err = td_hip_enter(p, &s, "hipIpcOpenMemHandle");
 	if (err < 0)
@@ -148,11 +151,20 @@ static int td_hip_ipc_open(struct td_gpu_map *p, const uint8_t *handle, uint64_t
 	return 0;
 }
 
-static void td_hip_release(struct td_gpu_map *p)
+static void td_hip_ipc_undo(struct td_gpu_map *p, uint64_t value)
 {
 	const struct td_hip_api *hip = p->api;
 
-	(void)hip->IpcCloseMemHandle((void *)(uintptr_t)p->ptr);
+	(void)hip->IpcCloseMemHandle((void *)(uintptr_t)value);
+}
+
+/* The IPC handle closed with the process's last mapping of it (import_gpu.h). */
+static void td_hip_release(struct td_gpu_map *p)
+{
+	if (p->shared)
+		td_gpu_shared_drop(p, td_hip_ipc_undo);
+	else
+		td_hip_ipc_undo(p, p->ptr); /* opened, and never shared (out of memory) */
 }
 
 static int td_hip_map(struct td_mapping *m, int fd, const struct td_import_desc *d)

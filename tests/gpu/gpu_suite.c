@@ -1033,6 +1033,89 @@ static void test_reader_cannot_write(tensord_client *c, uint64_t base)
 	printf("PASS reader_cannot_write_immutable\n");
 }
 
+/*
+ * Issue 30: the process that created a tensor attaches it, on its own
+ * connection and on a second one, before and after its creator's lease
+ * ends. Over the driver double a second import of the allocation failed
+ * (cuMemMap: CUDA_ERROR_INVALID_HANDLE); the library imports each
+ * allocation once per process now.
+ */
+static void test_attach_own_tensor(tensord_client *c, uint64_t base)
+{
+	const size_t n = 3u << 20;
+	DLManagedTensorVersioned *w, *a, *b;
+	tensord_client *c2 = connect_or_die(sock_path);
+
+	CHECK(create(c, "gpu/own", cuda0, (int64_t)n, 0, &w) == 0, "%s", tensord_last_error());
+	fill(w, n, 11);
+	CHECK(tensord_publish(c, "gpu/own") == 0, "%s", tensord_last_error());
+	CHECK(attach_t(c, "gpu/own", &a) == 0, "attach on the creator's connection: %s",
+	      tensord_last_error());
+	CHECK(attach_t(c2, "gpu/own", &b) == 0, "attach on a second connection: %s",
+	      tensord_last_error());
+	CHECK(verify(a, n, 11) == 0 && verify(b, n, 11) == 0, "bytes differ");
+	drop_t(w);
+	drop_t(a);
+	CHECK(attach_t(c, "gpu/own", &a) == 0, "attach after the creator's release: %s",
+	      tensord_last_error());
+	CHECK(verify(a, n, 11) == 0 && verify(b, n, 11) == 0, "bytes differ after the release");
+	drop_t(a);
+	drop_t(b);
+	tensord_close(c2);
+	tensord_unlink(c, "gpu/own");
+	CHECK(leases_back(c, base), "leases %llu", (unsigned long long)leases(c));
+	printf("PASS attach_own_tensor\n");
+}
+
+/*
+ * What the driver does when a process imports one VMM allocation twice
+ * (its documentation promises neither the same handle nor a new one): an
+ * info line for the hardware notes, and for the double (docs/gpu.md,
+ * "One import per process"), which returns the same handle and lets one
+ * cuMemRelease end it for both imports.
+ */
+static void probe_double_import(void)
+{
+	CUmemGenericAllocationHandle h, h1, h2 = 0;
+	CUmemAllocationProp prop;
+	CUdeviceptr va = 0;
+	size_t gran = 0;
+	CUresult ri, r1, r2 = CUDA_ERROR_INVALID_HANDLE, r3;
+	int fd = -1, fd2;
+
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = 0;
+	if (cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ||
+	    cuMemCreate(&h, gran, &prop, 0)) {
+		printf("info driver_double_import: no VMM here\n");
+		return;
+	}
+	CU(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+	fd2 = dup(fd);
+	CU(cuMemImportFromShareableHandle(&h1, (void *)(intptr_t)fd,
+					  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+	ri = cuMemImportFromShareableHandle(&h2, (void *)(intptr_t)fd2,
+					    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	close(fd);
+	close(fd2);
+	CU(cuMemAddressReserve(&va, gran, gran, 0, 0));
+	r1 = cuMemRelease(h1);
+	if (ri == CUDA_SUCCESS)
+		r2 = cuMemMap(va, gran, 0, h2, 0);
+	/* The second import's reference, where it is still one (its result is reported). */
+	r3 = ri == CUDA_SUCCESS ? cuMemRelease(h2) : CUDA_SUCCESS;
+	printf("info driver_double_import: second_import=%d same_handle=%d release_first=%d "
+	       "map_second=%d release_second=%d\n",
+	       (int)ri, ri == CUDA_SUCCESS && h1 == h2, (int)r1, (int)r2, (int)r3);
+	if (r2 == CUDA_SUCCESS)
+		cuMemUnmap(va, gran);
+	cuMemAddressFree(va, gran);
+	cuMemRelease(h);
+}
+
 /* The creator's own view after publish (VMM: re-protected read-only where the driver can). */
 static void test_creator_cannot_write(tensord_client *c, uint64_t base)
 {
@@ -1199,6 +1282,9 @@ static int orchestrate(const char *tensord_bin)
 	test_release_with_work_queued(c, base);
 	test_reader_cannot_write(c, base);
 	test_creator_cannot_write(c, base);
+	test_attach_own_tensor(c, base);
+	if (!legacy_ipc(c))
+		probe_double_import();
 	test_close_with_live_import(c, base);
 	test_kill9_holder(c, base);
 	test_death_mid_import(c, base);

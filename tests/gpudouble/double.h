@@ -9,7 +9,11 @@
  * - device memory is a memfd per allocation; a device pointer is the
  *   address where this process maps it (so pointers differ per process, as
  *   on hardware);
- * - VMM export is a descriptor of that memfd, import reads its name;
+ * - VMM export is a descriptor of that memfd, import reads its name; a
+ *   second import of an allocation this process holds returns the same
+ *   handle, and a cuMemRelease of it ends it for both imports (the
+ *   driver's documentation promises neither the same handle nor a new one:
+ *   the strictest reading, which a client that imports twice fails on);
  *   legacy IPC handles name the exporter's pid and descriptor, opened
  *   through /proc/PID/fd (so they fail across pid namespaces, as on
  *   hardware);

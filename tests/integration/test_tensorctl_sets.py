@@ -357,6 +357,10 @@ def corrupt_safetensors():
         "negative shape": (with_header({"x": {"dtype": "I8", "shape": [-1],
                                               "data_offsets": [0, 11]}}),
                            "negative"),
+        # Issue 30: no arrays at all (qsort of NULL under UBSan before).
+        "metadata only": (with_header({"__metadata__": {"format": "pt"}}, b""),
+                          "holds no arrays"),
+        "empty header": (with_header({}, b""), "holds no arrays"),
     }
 
 

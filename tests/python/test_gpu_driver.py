@@ -189,3 +189,38 @@ def test_close_with_a_live_import_then_the_memory_is_freed(gpu):
     r.send("")
     r.expect("closed")
     r.finish()
+
+
+
+def test_attach_of_its_own_tensor(gpu):
+    """Issue 30: the process that created a CUDA tensor attaches it, on the
+    same connection and another, before and after its creator's lease ends
+    (the allocation is imported once per process: a second import failed
+    with cuMemMap: CUDA_ERROR_INVALID_HANDLE on the double)."""
+    w = gpu.child("""
+        t = c.create("g/a", (len(DATA),), "uint8", device="cuda:0")
+        cudrv.write(t, DATA)
+        t.publish()
+        c2 = tensord.connect()
+        a = c.attach("g/a")
+        b = c2.attach("g/a")
+        print("both", digest(cudrv.read(a)), digest(cudrv.read(b)), a.readonly, flush=True)
+        t.release()
+        a.release()
+        again = c.attach("g/a")
+        print("again", digest(cudrv.read(again)), digest(cudrv.read(b)), flush=True)
+        b.release()
+        again.release()
+        last = c2.attach("g/a")
+        print("last", digest(cudrv.read(last)), flush=True)
+        sys.stdin.readline()
+    """)
+    assert w.expect("both ").split()[1:] == [DIGEST, DIGEST, "True"]
+    assert w.expect("again ").split()[1:] == [DIGEST, DIGEST]
+    assert w.expect("last ").split()[1:] == [DIGEST]
+    # Another process still reads it while the creator holds its last lease.
+    r = gpu.child('print("digest", digest(cudrv.read(c.attach("g/a"))), flush=True)')
+    assert r.expect("digest ").split()[1] == DIGEST
+    r.finish()
+    w.send("")
+    w.finish()

@@ -8,6 +8,8 @@ of a few tensors holds a few mappings, far below vm.max_map_count
 (65530), where it used to hold one per lease.
 """
 import ctypes
+import errno
+import os
 import subprocess
 import sys
 
@@ -101,3 +103,64 @@ def test_leases_past_one_connections_cap_over_several(daemon, monkeypatch):
     finally:
         for c in cs:
             c.close()
+
+
+MAP_LIMIT_CHILD = """
+import errno, os, sys
+import numpy as np, tensord
+c = tensord.connect(sys.argv[1])
+names = [f"lim/{i}" for i in range(int(sys.argv[2]))]
+with open("/proc/self/maps") as f:
+    base = sum(1 for _ in f)
+# Room for about 200 mappings above what the process has, past the margin of 64.
+os.environ["TENSORD_MAX_MAP_COUNT"] = str(base + 64 + 200)
+held, err = [], None
+try:
+    for n in names:
+        held.append(c.attach(n))
+except tensord.Error as e:
+    err = e
+print("held", len(held), flush=True)
+print("errno", err.errno if err else 0, flush=True)
+print("msg", str(err).replace("\\n", " "), flush=True)
+me = [x for x in c.clients() if x.pid == os.getpid()]
+print("daemon-leases", me[0].leases, flush=True)
+# Every lease still reads its tensor; the process makes threads and mappings.
+ok = all(int(np.from_dlpack(t)[0]) == int(names.index(t.name)) for t in held)
+import threading
+th = threading.Thread(target=lambda: None)
+th.start(); th.join()
+print("ok", ok, flush=True)
+for t in held[:50]:
+    t.release()
+t = c.attach(names[len(held)])
+print("after-release", int(np.from_dlpack(t)[0]), flush=True)
+"""
+
+
+def test_mapping_limit_is_a_clear_error(client, daemon):
+    """Issue 30: a process attaching many distinct tensors stopped near
+    vm.max_map_count with glibc's "cannot allocate memory for thread-local
+    data: ABORT". The library now refuses a mapping that would leave less
+    than its margin below the limit, with EMFILE naming it, and releases
+    the lease it got. TENSORD_MAX_MAP_COUNT lowers the limit for the test."""
+    n = 400
+    client.put_many({f"lim/{i}": np.full(1, i, np.int64) for i in range(n)})
+    before = {x.conn_id: x.leases for x in client.clients()}
+    out = subprocess.run([sys.executable, "-c", MAP_LIMIT_CHILD, daemon.socket, str(n)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TENSORD_BIND": "0"})
+    assert out.returncode == 0, out.stderr
+    got = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    held = int(got["held"])
+    assert 100 < held < n, out.stdout
+    assert int(got["errno"]) == errno.EMFILE
+    assert "vm.max_map_count" in got["msg"] and "memory mappings" in got["msg"], got["msg"]
+    # The refused attach's lease was released: the daemon counts the ones held.
+    assert int(got["daemon-leases"]) == held
+    assert got["ok"] == "True"
+    assert int(got["after-release"]) == held
+    # The daemon serves on, and the child's leases ended with it.
+    assert {x.conn_id: x.leases for x in client.clients()} == before
+    with client.attach("lim/0") as t:
+        assert int(np.from_dlpack(t)[0]) == 0

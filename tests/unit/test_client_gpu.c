@@ -294,9 +294,10 @@ static void test_close_unmaps_ipc_first(void **state)
 	c = td_client_new(sp[0]);
 	wire_fill(&w1, TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC, kDLCUDA, 0, 16, false);
 	ipc = lease(c, &w1, -1);
-	/* A second tensor: a handle of its own to close. */
+	/* A second tensor: a handle of its own to close (another allocation's bytes). */
 	w1.l.lease = 8;
 	w1.info.id = 43;
+	w1.handle[0] ^= 1;
 	ipc2 = lease(c, &w1, -1);
 	wire_fill(&w2, TENSORD__HANDLE_KIND__HANDLE_HIP_IPC, kDLROCM, 1, 16, false);
 	w2.l.lease = 9;
@@ -464,6 +465,103 @@ static void map_vmm(struct td_mapping *m, int daemon_ordinal, bool writable)
 	assert_int_equal(td_importer_cuda.map(m, p[0], &d), 0);
 	/* The descriptor is closed once imported. */
 	assert_int_equal(fcntl(p[0], F_GETFD), -1);
+}
+
+/*
+ * Issue 30: mappings of one allocation in one process (the creator's and
+ * its own attach; leases over two connections) share one import: a VMM
+ * handle is imported once (the driver need not hand out a second one,
+ * and a release of the one it gave ended both), each mapping keeps a
+ * range and access of its own, and the handle goes with the last; a
+ * legacy IPC handle is opened once and closed with the last.
+ */
+static void map_vmm_of(struct td_mapping *m, uint64_t instance, uint64_t id, bool writable)
+{
+	struct td_import_desc d = {
+		.handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD,
+		.map_size = 2 * MiB,
+		.writable = writable,
+		.device = { kDLCUDA, 0 },
+		.uuid = daemon_uuid(0),
+		.uuid_len = 16,
+		.daemon_instance = instance,
+		.tensor_id = id,
+	};
+	int p[2];
+
+	assert_int_equal(pipe(p), 0);
+	close(p[1]);
+	memset(m, 0, sizeof(*m));
+	assert_int_equal(td_importer_cuda.map(m, p[0], &d), 0);
+	assert_int_equal(fcntl(p[0], F_GETFD), -1);
+}
+
+static void test_vmm_one_import_per_process(void **state)
+{
+	struct td_mapping w, r, other, old;
+
+	map_vmm_of(&w, 77, 5, true);
+	map_vmm_of(&r, 77, 5, false);
+	assert_int_equal(fake_count("cuMemImportFromShareableHandle"), 1);
+	/* Two ranges, two accesses. */
+	assert_int_equal(fake_count("cuMemMap"), 2);
+	assert_int_equal(fake_count("cuMemAddressReserve"), 2);
+	assert_false(w.ro_enforced);
+	assert_true(r.ro_enforced);
+	/* Another tensor, or the same id of another daemon, or a daemon that names none: imported. */
+	map_vmm_of(&other, 77, 6, false);
+	map_vmm_of(&old, 78, 5, false);
+	assert_int_equal(fake_count("cuMemImportFromShareableHandle"), 3);
+	td_importer_cuda.unmap(&other);
+	td_importer_cuda.unmap(&old);
+	map_vmm_of(&other, 0, 5, false);
+	map_vmm_of(&old, 0, 5, false);
+	assert_int_equal(fake_count("cuMemImportFromShareableHandle"), 5);
+	td_importer_cuda.unmap(&other);
+	td_importer_cuda.unmap(&old);
+	fake_n = 0;
+	/* The creator's mapping goes first: the reader's handle stays. */
+	td_importer_cuda.unmap(&w);
+	assert_int_equal(fake_count("cuMemUnmap"), 1);
+	assert_int_equal(fake_count("cuMemRelease"), 0);
+	td_importer_cuda.unmap(&r);
+	assert_int_equal(fake_count("cuMemUnmap"), 2);
+	assert_int_equal(fake_count("cuMemRelease"), 1);
+	/* After the last, a new mapping imports again. */
+	fake_n = 0;
+	map_vmm_of(&r, 77, 5, false);
+	assert_int_equal(fake_count("cuMemImportFromShareableHandle"), 1);
+	td_importer_cuda.unmap(&r);
+	assert_int_equal(fake_count("cuMemRelease"), 1);
+}
+
+static void test_ipc_one_open_per_process(void **state)
+{
+	DLManagedTensorVersioned *a, *b;
+	struct wire w1, w2;
+	tensord_client *c1, *c2;
+	int sp1[2], sp2[2];
+
+	/* Two connections of this process lease the same allocation. */
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp1), 0);
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp2), 0);
+	c1 = td_client_new(sp1[0]);
+	c2 = td_client_new(sp2[0]);
+	wire_fill(&w1, TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC, kDLCUDA, 0, 16, false);
+	wire_fill(&w2, TENSORD__HANDLE_KIND__HANDLE_CUDA_IPC, kDLCUDA, 0, 16, false);
+	a = lease(c1, &w1, -1);
+	b = lease(c2, &w2, -1);
+	assert_int_equal(fake_count("cuIpcOpenMemHandle"), 1);
+	assert_ptr_equal(a->dl_tensor.data, b->dl_tensor.data);
+	fake_n = 0;
+	a->deleter(a);
+	assert_int_equal(fake_count("cuIpcCloseMemHandle"), 0);
+	b->deleter(b);
+	assert_int_equal(fake_count("cuIpcCloseMemHandle"), 1);
+	tensord_close(c1);
+	tensord_close(c2);
+	close(sp1[1]);
+	close(sp2[1]);
 }
 
 static void test_vmm_reader_read_only(void **state)
@@ -930,6 +1028,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_close_unmaps_ipc_first, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_close_sends_queued_releases, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_ipc_kinds_agree, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_vmm_one_import_per_process, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_ipc_one_open_per_process, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_vmm_reader_read_only, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_vmm_creator_protected_at_publish, setup,
 						teardown),

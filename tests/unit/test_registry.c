@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -433,6 +434,103 @@ static void test_publish_moves_small_tensors_into_a_slab(void **state)
 	assert_int_equal(registry_unlink(reg, &a, "big", 3, why, sizeof(why)), 0);
 	registry_client_gone(reg, &a); /* ends the creator's leases: all freed */
 	assert_int_equal(reg->devices[0].used, 0);
+}
+
+/* The pipe that pins a page of a memfd (vmsplice), drained by the hook. */
+static int pin_pipe[2] = { -1, -1 };
+static int seal_retries;
+
+static void drain_pin(int fd)
+{
+	char buf[4096];
+
+	(void)fd;
+	seal_retries++;
+	if (pin_pipe[0] >= 0)
+		assert_int_equal(read(pin_pipe[0], buf, sizeof(buf)), (ssize_t)sizeof(buf));
+}
+
+static void count_retry(int fd)
+{
+	(void)fd;
+	seal_retries++;
+}
+
+/* Writes t's memfd through a shared mapping, pins its first page in a pipe, unmaps. */
+static void pin_first_page(struct tensor *t)
+{
+	struct iovec iov;
+	uint8_t *p;
+
+	p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, t->alloc.fd, 0);
+	assert_true(p != MAP_FAILED);
+	memset(p, 0x5a, 4096);
+	assert_int_equal(pipe(pin_pipe), 0);
+	iov = (struct iovec){ p, 4096 };
+	assert_int_equal(vmsplice(pin_pipe[1], &iov, 1, 0), 4096);
+	assert_int_equal(munmap(p, 4096), 0);
+}
+
+/*
+ * Issue 30: F_SEAL_WRITE answered EBUSY at a commit in CI with no mapping
+ * of the member anywhere: the kernel also refuses while pages of the file
+ * hold references it waited about 150 ms for (memfd_wait_for_pins()), which
+ * its reclaim or compaction can hold that long on a loaded machine. A page
+ * pinned by a pipe stands for them here, deterministically: released
+ * between tries (the hook), the freeze's next try seals it; held through
+ * every try, the publish is refused naming both causes; and a writable
+ * shared mapping is refused as before.
+ */
+static void test_publish_retries_a_seal_refused_for_pinned_pages(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_client a;
+	struct tensor *t;
+	uint64_t l;
+	uint8_t *w;
+	int seals;
+
+	registry_client_init(&a, 1, 1000, 1000, 1);
+	/* Too large for a slab: a memfd of its own, which the freeze seals. */
+	assert_int_equal(create(reg, &a, "pinned", 128 * 1024, 0, 0600, &t, &l), 0);
+	pin_first_page(t);
+	seal_retries = 0;
+	backend_host_seal_retry_hook = drain_pin;
+	assert_int_equal(registry_publish(reg, &a, "pinned", 6, NULL, why, sizeof(why)), 0);
+	assert_int_equal(seal_retries, 1);
+	seals = fcntl(t->alloc.fd, F_GET_SEALS);
+	assert_true(seals & F_SEAL_WRITE);
+	close(pin_pipe[0]);
+	close(pin_pipe[1]);
+	pin_pipe[0] = pin_pipe[1] = -1;
+
+	/* A pin that outlasts every try: refused, and the words say why. */
+	assert_int_equal(create(reg, &a, "held", 128 * 1024, 0, 0600, &t, &l), 0);
+	pin_first_page(t);
+	seal_retries = 0;
+	backend_host_seal_retry_hook = count_retry;
+	assert_int_equal(registry_publish(reg, &a, "held", 4, NULL, why, sizeof(why)), -EBUSY);
+	assert_int_equal(seal_retries, HOST_SEAL_TRIES - 1);
+	assert_non_null(strstr(why, "'held'"));
+	assert_non_null(strstr(why, "pinned"));
+	close(pin_pipe[0]);
+	close(pin_pipe[1]);
+	pin_pipe[0] = pin_pipe[1] = -1;
+	/* The pin gone, the publish goes through. */
+	assert_int_equal(registry_publish(reg, &a, "held", 4, NULL, why, sizeof(why)), 0);
+
+	/* A writable shared mapping: refused on every try. */
+	assert_int_equal(create(reg, &a, "mapped", 128 * 1024, 0, 0600, &t, &l), 0);
+	w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, t->alloc.fd, 0);
+	assert_true(w != MAP_FAILED);
+	seal_retries = 0;
+	assert_int_equal(registry_publish(reg, &a, "mapped", 6, NULL, why, sizeof(why)), -EBUSY);
+	assert_int_equal(seal_retries, HOST_SEAL_TRIES - 1);
+	assert_non_null(strstr(why, "writable shared mapping"));
+	munmap(w, 4096);
+	assert_int_equal(registry_publish(reg, &a, "mapped", 6, NULL, why, sizeof(why)), 0);
+	backend_host_seal_retry_hook = NULL;
+	registry_client_gone(reg, &a);
 }
 
 static void test_errors(void **state)
@@ -962,6 +1060,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_shared_routing_and_capacity, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_publish_moves_small_tensors_into_a_slab, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(
+			test_publish_retries_a_seal_refused_for_pinned_pages, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_permissions, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_list_sorted_by_prefix, setup, teardown),
