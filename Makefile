@@ -429,7 +429,8 @@ bench: all
 # pass in `make test` (the committed corpus, then FUZZ_SMOKE seconds), so
 # the target cannot rot unseen; `make fuzz` runs it FUZZ_TIME seconds, then
 # the request-sequence fuzzer (tests/integration/reqfuzz.c) as long against
-# the ASan+UBSan daemon.
+# the ASan+UBSan daemon (tests/fuzz/reqfuzz.sh; FUZZ_SEED=N fixes its seed).
+# Its short run is tests/integration/test_reqfuzz.py, in both suites.
 FUZZ_TIME  ?= $(or $(FUZZ_SECONDS),60)
 FUZZ_SMOKE ?= 5
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
@@ -450,6 +451,9 @@ fuzz-smoke: $(FUZZ_BIN)
 fuzz: $(FUZZ_BIN)
 	$(Q)mkdir -p fuzz-out/corpus && $(FUZZ_BIN) -max_total_time=$(FUZZ_TIME) \
 		-max_len=4096 -artifact_prefix=fuzz-out/ fuzz-out/corpus tests/fuzz/corpus
+	$(Q)$(MAKE) --no-print-directory B=build-asan SANITIZE=1 build-asan/tensord \
+		build-asan/tests/helpers/reqfuzz
+	$(Q)ASAN_OPTIONS=detect_leaks=1 bash tests/fuzz/reqfuzz.sh build-asan $(FUZZ_TIME) $(FUZZ_SEED)
 
 # --- install / uninstall ------------------------------------------------------
 # Every path follows PREFIX (default /usr/local) and DESTDIR (a staging root
