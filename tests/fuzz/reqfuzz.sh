@@ -10,7 +10,7 @@ set -u
 build=$1 seconds=$2 seed=${3:-}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/reqfuzz.XXXXXX")
 log=$dir/tensord.log
-"$build/tensord" --socket "$dir/tensord.sock" --capacity 512Mi --pool 0 --log-level info \
+"$build/tensord" --socket "$dir/tensord.sock" --capacity 512Mi --pool 64Mi --log-level info \
 	>"$log" 2>&1 &
 pid=$!
 for _ in $(seq 600); do

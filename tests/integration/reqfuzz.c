@@ -156,8 +156,8 @@ static void keep_fd(int fd)
 
 /* --- figures -------------------------------------------------------------- */
 
-static uint64_t sent[32], statuses[256], replies, fds_got, dropped_by_daemon, abrupt, corrupted,
-	fd_ops, passed_back;
+static uint64_t sent[32], ok_by_kind[32], statuses[256], replies, fds_got, dropped_by_daemon,
+	abrupt, corrupted, fd_ops, passed_back;
 static bool verbose;
 
 /* --- connections ---------------------------------------------------------- */
@@ -171,6 +171,7 @@ struct conn {
 	unsigned n_parked;
 	uint32_t txs[8];
 	unsigned n_txs;
+	uint8_t kind_of[256]; /* the request kind of each id, by id % 256 */
 };
 
 static struct conn conns[CONNS_MAX];
@@ -244,11 +245,13 @@ static void learn_lease(const Tensord__Lease *l)
 	}
 }
 
-static void learn(const Tensord__Reply *r)
+static void learn(struct conn *c, const Tensord__Reply *r)
 {
 	size_t i;
 
 	replies++;
+	if (r->status == 0 && r->id)
+		ok_by_kind[c->kind_of[r->id % 256]]++;
 	statuses[r->status < 0 && r->status > -256 ? -r->status : 0]++;
 	switch (r->body_case) {
 	case TENSORD__REPLY__BODY_LEASE:
@@ -321,7 +324,7 @@ static void parse_in(struct conn *c)
 		}
 		r = tensord__reply__unpack(NULL, f.len, f.payload);
 		if (r) {
-			learn(r);
+			learn(c, r);
 			tensord__reply__free_unpacked(r, NULL);
 		}
 		off += (size_t)n;
@@ -477,8 +480,10 @@ static void emit(struct conn *c, Tensord__Request *req)
 		}
 	}
 	out_len += TD_FRAME_HEADER + n;
-	if (req->body_case < 32)
+	if (req->body_case < 32) {
 		sent[req->body_case]++;
+		c->kind_of[req->id % 256] = (uint8_t)req->body_case;
+	}
 	n_requests++;
 }
 
@@ -1347,6 +1352,10 @@ int main(int argc, char **argv)
 	for (unsigned i = 0; i < 32; i++)
 		if (sent[i])
 			printf(" %s %" PRIu64, kind_names[i] ? kind_names[i] : "?", sent[i]);
+	printf("\nreqfuzz: answered ok:");
+	for (unsigned i = 0; i < 32; i++)
+		if (ok_by_kind[i])
+			printf(" %s %" PRIu64, kind_names[i] ? kind_names[i] : "?", ok_by_kind[i]);
 	printf("\nreqfuzz: answered:");
 	for (unsigned i = 0; i < 256; i++)
 		if (statuses[i])
