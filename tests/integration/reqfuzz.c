@@ -724,7 +724,9 @@ static void one(struct conn *c, unsigned k, const char *name)
 	switch (k) {
 	case K_HELLO:
 		m.hello = (Tensord__Hello)TENSORD__HELLO__INIT;
-		m.hello.version = chance(80) ? TENSORD_PROTOCOL_VERSION : (uint32_t)rnd();
+		/* The opening hello is rarely wrong: a wrong one ends the connection. */
+		m.hello.version = chance(c->next_id == 1 ? 98 : 80) ? TENSORD_PROTOCOL_VERSION
+								    : (uint32_t)rnd();
 		m.hello.client = (char *)"reqfuzz";
 		req.body_case = TENSORD__REQUEST__BODY_HELLO;
 		req.hello = &m.hello;
@@ -988,7 +990,7 @@ static void scenario(void)
 	if (!c)
 		return;
 	drain(c, 0);
-	switch (below(6)) {
+	switch (below(7)) {
 	case 0: /* a waiter on this connection, woken by its own put or publish */
 		one(c, K_ATTACH, name);
 		if (chance(50)) {
@@ -1027,6 +1029,10 @@ static void scenario(void)
 			one(c, chance(80) ? K_TX_CREATE : K_TX_UNLINK, NULL);
 		one(c, K_COMMIT, NULL);
 		break;
+	case 5: /* a flood of attaches whose descriptors pile up past the in-flight bound */
+		for (int i = 0, n = 40 + (int)below(120); i < n; i++)
+			one(c, chance(80) ? K_ATTACH : K_ATTACH_MANY, chance(90) ? name : NULL);
+		break;
 	default: /* a burst of anything */
 		for (int i = 0, n = 2 + (int)below(8); i < n; i++)
 			one(c, (unsigned)below(K_KINDS), NULL);
@@ -1034,10 +1040,17 @@ static void scenario(void)
 	}
 	if (!flush_out(c, -1))
 		return;
-	if (close_now)
+	if (close_now) {
 		slam(c);
-	else
+	} else if (chance(10)) {
+		/* Half closed: the daemon reads EOF with replies still to send. */
+		shutdown(c->fd, SHUT_WR);
+		drain(c, 5);
+		abrupt++;
+		conn_drop(c);
+	} else {
 		drain(c, chance(50) ? 1 : 0);
+	}
 }
 
 /* Something hostile with a descriptor the daemon handed out. */
