@@ -1030,7 +1030,7 @@ static void scenario(void)
 		one(c, K_COMMIT, NULL);
 		break;
 	case 5: /* a flood of attaches whose descriptors pile up past the in-flight bound */
-		for (int i = 0, n = 40 + (int)below(120); i < n; i++)
+		for (int i = 0, n = 10 + (int)below(70); i < n; i++)
 			one(c, chance(80) ? K_ATTACH : K_ATTACH_MANY, chance(90) ? name : NULL);
 		break;
 	default: /* a burst of anything */
