@@ -20,6 +20,9 @@
  * and written through, closed, or sent back to the daemon with a request.
  * Now and then a packed frame is corrupted too.
  *
+ * --verbose prints the first refusals of each request kind and errno with
+ * the daemon's words, and a count each second.
+ *
  * Seeded: the seed is printed first (--seed makes it fixed); what it does
  * is drawn from the seed and the replies it learnt from, so a seed replays
  * the same choices as long as the daemon answers the same. Bounded by
@@ -171,7 +174,9 @@ struct conn {
 	unsigned n_parked;
 	uint32_t txs[8];
 	unsigned n_txs;
-	uint8_t kind_of[256]; /* the request kind of each id, by id % 256 */
+	/* The request kind of each id, by id % 4096, for the figures of what
+	 * succeeded: about right (ids are reused on purpose now and then). */
+	uint8_t kind_of[4096];
 };
 
 static struct conn conns[CONNS_MAX];
@@ -251,7 +256,16 @@ static void learn(struct conn *c, const Tensord__Reply *r)
 
 	replies++;
 	if (r->status == 0 && r->id)
-		ok_by_kind[c->kind_of[r->id % 256]]++;
+		ok_by_kind[c->kind_of[r->id % 4096]]++;
+	if (verbose && r->status < 0 && r->status > -256 && r->id) {
+		/* The first few refusals of each kind and errno, with the daemon's words. */
+		static uint32_t told[32][256];
+		unsigned k = c->kind_of[r->id % 4096];
+
+		if (told[k][-r->status]++ < 2)
+			fprintf(stderr, "reqfuzz: kind %u: %s: %s\n", k,
+				strerrorname_np(-r->status), r->message);
+	}
 	statuses[r->status < 0 && r->status > -256 ? -r->status : 0]++;
 	switch (r->body_case) {
 	case TENSORD__REPLY__BODY_LEASE:
@@ -482,7 +496,7 @@ static void emit(struct conn *c, Tensord__Request *req)
 	out_len += TD_FRAME_HEADER + n;
 	if (req->body_case < 32) {
 		sent[req->body_case]++;
-		c->kind_of[req->id % 256] = (uint8_t)req->body_case;
+		c->kind_of[req->id % 4096] = (uint8_t)req->body_case;
 	}
 	n_requests++;
 }
@@ -906,7 +920,8 @@ static void one(struct conn *c, unsigned k, const char *name)
 		break;
 	case K_RESERVE:
 		m.reserve = (Tensord__Reserve)TENSORD__RESERVE__INIT;
-		m.reserve.size = (1 + below(4)) << 20;
+		/* Mostly one size class, which the pool then keeps warm. */
+		m.reserve.size = (chance(70) ? 1 : 1 + below(4)) << 20;
 		if (chance(10))
 			m.reserve.size = chance(50) ? below(1 << 20) : rnd();
 		req.body_case = TENSORD__REQUEST__BODY_RESERVE;

@@ -28,9 +28,10 @@ KINDS = ("create", "publish", "attach", "release", "unlink", "put", "commit", "a
          "list", "stats", "lease_list", "client_list", "metrics", "peer_list")
 # Kinds that must have succeeded at least once: the fuzzer got past the
 # checks into the states it is meant to stir (a set, a transaction, a
-# wait, a watch, a reserve, a binding page).
-DEEP = ("create", "publish", "attach", "put", "commit", "attach_many", "watch", "reserve",
-        "bind_page", "stat", "list")
+# wait, a watch, a binding page). Not reserve: most are EAGAIN, the pool's
+# memory of that size not ready yet, and a loaded machine may serve none.
+DEEP = ("create", "publish", "attach", "put", "commit", "attach_many", "watch", "bind_page",
+        "stat", "list")
 
 
 def as_nobody():
