@@ -10,7 +10,7 @@ set -u
 build=$1 seconds=$2 seed=${3:-}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/reqfuzz.XXXXXX")
 log=$dir/tensord.log
-"$build/tensord" --socket "$dir/tensord.sock" --capacity 512Mi --pool 64Mi --log-level info \
+"$build/tensord" --socket "$dir/tensord.sock" --capacity 256Mi --pool 32Mi --log-level info \
 	>"$log" 2>&1 &
 pid=$!
 for _ in $(seq 600); do
@@ -18,7 +18,7 @@ for _ in $(seq 600); do
 	kill -0 $pid 2>/dev/null || break
 	sleep 0.05
 done
-"$build/tests/helpers/reqfuzz" --socket "$dir/tensord.sock" --seconds "$seconds" \
+ASAN_OPTIONS=${ASAN_OPTIONS:-}:quarantine_size_mb=16 "$build/tests/helpers/reqfuzz" --socket "$dir/tensord.sock" --seconds "$seconds" \
 	${seed:+--seed "$seed"}
 frc=$?
 kill -TERM $pid 2>/dev/null
