@@ -7,6 +7,7 @@
 #   make bench      attach/release latency figures
 #   make fuzz       libFuzzer run over the frame and message decoders (clang), then the
 #                   request-sequence fuzzer against the ASan daemon (FUZZ_TIME=60 s each)
+#   make fuzz-smoke the libFuzzer target over its corpus and 5 s more (part of make test)
 #   make install PREFIX=/usr/local [DESTDIR=/stage] [PYTHON_INSTALL=1]; make uninstall (same args)
 #
 # Knobs: SANITIZE=1 (ASan+UBSan build, use with B=build-asan), V=1 (echo commands), WERROR=,
