@@ -5,7 +5,9 @@
 #   make test       install what is missing, build, run every test (also under ASan/UBSan)
 #                   (Python packages go into the project's virtual environment .venv/)
 #   make bench      attach/release latency figures
-#   make fuzz       libFuzzer run over the frame and message decoder (clang)
+#   make fuzz       libFuzzer run over the frame and message decoders (clang), then the
+#                   request-sequence fuzzer against the ASan daemon (FUZZ_TIME=60 s each)
+#   make fuzz-smoke the libFuzzer target over its corpus and 5 s more (part of make test)
 #   make install PREFIX=/usr/local [DESTDIR=/stage] [PYTHON_INSTALL=1]; make uninstall (same args)
 #
 # Knobs: SANITIZE=1 (ASan+UBSan build, use with B=build-asan), V=1 (echo commands), WERROR=,
@@ -138,6 +140,7 @@ UCX_BENCH_BIN := $(UCX_BENCH_SRC:bench/%.c=$(B)/bench/%)
 endif
 
 .PHONY: all setup run test test-unit test-integration test-python test-asan test-tsan bench fuzz \
+        fuzz-smoke \
         install uninstall clean format format-check ucx-note
 
 all: $(B)/tensord $(B)/tensorctl $(B)/libtensord.so $(B)/libtensord.a $(B)/tensord.pc \
@@ -322,6 +325,7 @@ test: setup
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)$(MAKE) --no-print-directory test-unit test-integration test-python
 	$(Q)$(MAKE) --no-print-directory test-asan
+	$(Q)$(MAKE) --no-print-directory fuzz-smoke
 	$(Q)$(MAKE) --no-print-directory test-tsan
 
 test-unit: $(UNIT_BIN)
@@ -419,18 +423,38 @@ bench: all
 	export LD_LIBRARY_PATH=$(abspath $(DBL_DIR)); \
 	taskset -c 0 $(PYTHON) bench/py_gpu_double.py; $(PYTHON) bench/py_gpu_double.py
 
-# libFuzzer over the frame parser, the Request/Reply decoders and the
-# descriptor checks (needs clang). UBSan findings abort, so they count as crashes.
+# libFuzzer over the frame parser, the Request/Reply/PeerFrame decoders and
+# the descriptor checks (needs clang and its libFuzzer runtime, which
+# deploy/setup.sh installs; nothing else: no setup, no Python packages).
+# UBSan findings abort, so they count as crashes. fuzz-smoke is its short
+# pass in `make test` (the committed corpus, then FUZZ_SMOKE seconds), so
+# the target cannot rot unseen; `make fuzz` runs it FUZZ_TIME seconds, then
+# the request-sequence fuzzer (tests/integration/reqfuzz.c) as long against
+# the ASan+UBSan daemon (tests/fuzz/reqfuzz.sh; FUZZ_SEED=N fixes its seed).
+# Its short run is tests/integration/test_reqfuzz.py, in both suites.
+FUZZ_TIME  ?= $(or $(FUZZ_SECONDS),60)
+FUZZ_SMOKE ?= 5
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
-FUZZ_OBJ := build-fuzz/proto/tensord.pb-c.o build-fuzz/proto/frame.o build-fuzz/common/desc.o
-fuzz: setup
+FUZZ_OBJ := $(addprefix build-fuzz/,proto/tensord.pb-c.o proto/peer.pb-c.o proto/frame.o \
+              common/desc.o common/names.o common/errors.o gpu/vendor.o)
+FUZZ_BIN := build-fuzz/fuzz_frame
+$(FUZZ_BIN): tests/fuzz/fuzz_frame.c FORCE
 	$(Q)$(MAKE) --no-print-directory B=build-fuzz CC=clang \
 		CFLAGS="-O1 -g -fsanitize=fuzzer-no-link $(FUZZ_SAN)" $(FUZZ_OBJ)
 	$(Q)clang -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) $(subst -I$(B),-Ibuild-fuzz,$(CPPFLAGS)) \
-		tests/fuzz/fuzz_frame.c $(FUZZ_OBJ) -o build-fuzz/fuzz_frame \
-		$(shell pkg-config --libs libprotobuf-c)
-	$(Q)mkdir -p fuzz-out/corpus && build-fuzz/fuzz_frame -max_total_time=$${FUZZ_SECONDS:-60} \
+		tests/fuzz/fuzz_frame.c $(FUZZ_OBJ) -o $@ $(shell pkg-config --libs libprotobuf-c)
+
+fuzz-smoke: $(FUZZ_BIN)
+	$(Q)rm -rf build-fuzz/smoke && mkdir -p build-fuzz/smoke/corpus
+	$(Q)$(FUZZ_BIN) -max_total_time=$(FUZZ_SMOKE) -max_len=4096 -print_final_stats=1 \
+		-artifact_prefix=build-fuzz/smoke/ build-fuzz/smoke/corpus tests/fuzz/corpus
+
+fuzz: $(FUZZ_BIN)
+	$(Q)mkdir -p fuzz-out/corpus && $(FUZZ_BIN) -max_total_time=$(FUZZ_TIME) \
 		-max_len=4096 -artifact_prefix=fuzz-out/ fuzz-out/corpus tests/fuzz/corpus
+	$(Q)$(MAKE) --no-print-directory B=build-asan SANITIZE=1 build-asan/tensord \
+		build-asan/tests/helpers/reqfuzz
+	$(Q)ASAN_OPTIONS=detect_leaks=1 bash tests/fuzz/reqfuzz.sh build-asan $(FUZZ_TIME) $(FUZZ_SEED)
 
 # --- install / uninstall ------------------------------------------------------
 # Every path follows PREFIX (default /usr/local) and DESTDIR (a staging root

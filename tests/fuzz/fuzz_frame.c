@@ -1,6 +1,7 @@
 /*
- * libFuzzer target for the wire layer: the frame parser, the Request and
- * Reply decoders, and the descriptor checks the daemon runs on a Create.
+ * libFuzzer target for the wire layer: the frame parser, the Request,
+ * Reply and PeerFrame (proto/peer.proto) decoders, and the descriptor and
+ * name checks the daemon runs on what they carry.
  *
  * The input is treated as a byte stream the way conn_process() sees it:
  * frames are cut from the front one after another until the parser wants
@@ -18,6 +19,7 @@
 
 #include "common/desc.h"
 #include "proto/frame.h"
+#include "proto/peer.pb-c.h"
 #include "proto/tensord.pb-c.h"
 
 /* Invariants the code promises; a broken one is a crash libFuzzer reports. */
@@ -67,6 +69,50 @@ static void check_name(const char *s)
 	td_name_quote(s, strlen(s), q, sizeof(q));
 }
 
+/* A peer's frame: the names it carries are checked as the daemon does. */
+static void decode_peer(const uint8_t *p, size_t len)
+{
+	Tensord__PeerFrame *pf = tensord__peer_frame__unpack(NULL, len, p);
+	size_t i, n;
+	uint8_t *buf;
+
+	if (!pf)
+		return;
+	switch (pf->body_case) {
+	case TENSORD__PEER_FRAME__BODY_HELLO:
+		check_name(pf->hello->name);
+		break;
+	case TENSORD__PEER_FRAME__BODY_PULL:
+		check_name(pf->pull->name);
+		break;
+	case TENSORD__PEER_FRAME__BODY_PULL_REPLY:
+		check_name(pf->pull_reply->name);
+		break;
+	case TENSORD__PEER_FRAME__BODY_SET_PULL:
+		check_name(pf->set_pull->prefix);
+		for (i = 0; i < pf->set_pull->n_names; i++)
+			check_name(pf->set_pull->names[i]);
+		break;
+	case TENSORD__PEER_FRAME__BODY_CHANGED:
+		for (i = 0; i < pf->changed->n_names; i++)
+			check_name(pf->changed->names[i]);
+		break;
+	case TENSORD__PEER_FRAME__BODY_UNWATCH:
+		for (i = 0; i < pf->unwatch->n_names; i++)
+			check_name(pf->unwatch->names[i]);
+		break;
+	default:
+		break;
+	}
+	n = tensord__peer_frame__get_packed_size(pf);
+	buf = malloc(n ? n : 1);
+	if (buf) {
+		CHECK(tensord__peer_frame__pack(pf, buf) == n);
+		free(buf);
+	}
+	tensord__peer_frame__free_unpacked(pf, NULL);
+}
+
 static void decode(const uint8_t *p, size_t len)
 {
 	Tensord__Request *req;
@@ -90,6 +136,25 @@ static void decode(const uint8_t *p, size_t len)
 		case TENSORD__REQUEST__BODY_UNLINK:
 			check_name(req->unlink->name);
 			break;
+		case TENSORD__REQUEST__BODY_PUT:
+			if (req->put->create)
+				check_create(req->put->create);
+			break;
+		case TENSORD__REQUEST__BODY_ATTACH_MANY:
+			check_name(req->attach_many->prefix);
+			for (size_t i = 0; i < req->attach_many->n_names; i++)
+				check_name(req->attach_many->names[i]);
+			break;
+		case TENSORD__REQUEST__BODY_WATCH:
+			check_name(req->watch->prefix);
+			break;
+		case TENSORD__REQUEST__BODY_LIST:
+			check_name(req->list->prefix);
+			check_name(req->list->after);
+			break;
+		case TENSORD__REQUEST__BODY_LEASE_LIST:
+			check_name(req->lease_list->name);
+			break;
 		default:
 			break;
 		}
@@ -103,6 +168,7 @@ static void decode(const uint8_t *p, size_t len)
 		}
 		tensord__request__free_unpacked(req, NULL);
 	}
+	decode_peer(p, len);
 	rep = tensord__reply__unpack(NULL, len, p);
 	if (rep) {
 		if (rep->body_case == TENSORD__REPLY__BODY_LEASE && rep->lease->info)

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus for tests/fuzz/fuzz_frame.c into tests/fuzz/corpus/.
+"""Writes the seed corpus for tests/fuzz/fuzz_frame.c into tests/fuzz/corpus/:
+every Request kind, every PeerFrame kind and the replies.
 
 Each file is a byte stream as a client (or, for rep_*, the daemon) would
 send it: one or more frames `u32 len | u16 version | u16 flags | protobuf`,
 little-endian. The protobuf is written by hand (field numbers from
-proto/tensord.proto) so this needs no protobuf package. Rerun after a
+proto/tensord.proto and proto/peer.proto) so this needs no protobuf package. Rerun after a
 schema change and commit the result:
 
     python3 tests/fuzz/make_corpus.py
@@ -86,6 +87,57 @@ SEEDS = {
     "put_short": frame(req(16, 11, fb(1, create("small/x", [4])) + fb(2, b"ab"))),
     "attach_shares": frame(req(17, 5, fb(1, "small/w") + fv(2, 0) + packed(4, [1, 2, 3]))),
     "pipelined": HELLO + b"".join(frame(req(20 + i, 10, b"")) for i in range(4)),
+    # Versions, transactions, sets, waits, watches, reserves, binding pages.
+    "put_replace": frame(req(30, 11, fb(1, create("small/w", [2]) + fv(20, 1)) + fb(2, b"\0" * 8))),
+    "attach_after_bind": frame(req(31, 5, fb(1, "small/w") + fv(2, 100) + fv(5, 3) + fv(6, 1))),
+    "tx_begin_commit": HELLO + frame(req(32, 3, create("t/a", [4]) + fv(21, 7)))
+    + frame(req(33, 4, fb(1, "t/a"))) + frame(req(34, 7, fb(1, "t/old") + fv(2, 7)))
+    + frame(req(35, 12, fv(1, 7))),
+    "tx_abort": frame(req(36, 3, create("t/b", [1]) + fv(21, 9))) + frame(req(37, 13, fv(1, 9))),
+    "attach_many_names": frame(req(38, 14, fb(1, "s/a") + fb(1, "s/b") + fv(4, 0)
+                                   + packed(5, [4, 5]))),
+    "attach_many_prefix": frame(req(39, 14, fb(2, "s/") + fv(3, 12) + fv(4, (1 << 64) - 1))),
+    "cancel": frame(req(40, 5, fb(1, "w/x") + fv(2, (1 << 64) - 1)))
+    + frame(req(41, 15, fv(1, 40))),
+    "watch_replay": frame(req(42, 16, fb(1, "p/") + fv(2, 3) + fv(3, 0xFFFFFFFF) + fv(4, 1))),
+    "unwatch": frame(req(43, 16, fb(1, "") + fv(4, 1))) + frame(req(44, 17, fv(1, 43))),
+    "reserve": frame(req(45, 23, fv(1, 1 << 20))),
+    "create_reserve": frame(req(46, 3, create("r/a", [1 << 18]) + fv(22, 1))),
+    "unreserve": frame(fb(24, fv(1, 1))),
+    "bind_page": frame(req(47, 25, b"")),
+    "lease_list": frame(req(48, 20, fb(1, "small/w") + fv(3, 5) + fv(4, 2000) + fv(5, 3))),
+    "client_list": frame(req(49, 21, fv(1, 2) + fv(2, 10))),
+    "metrics": frame(req(50, 22, b"")),
+    "list_peers": frame(req(51, 26, b"")),
+    "stats_figures": frame(req(52, 10, fv(1, 1))),
+    "list_after": frame(req(53, 9, fb(1, "model/") + fb(2, "model/a") + fv(3, 3))),
+    # Peer frames (proto/peer.proto: PeerFrame), as another daemon sends them.
+    "peer_hello": frame(fb(1, fv(1, 1) + fb(2, "node-a") + fv(3, 0x1234) + fb(4, b"n" * 32)
+                          + fb(5, b"p" * 32))),
+    "peer_proof": frame(fb(2, fb(1, b"p" * 32))),
+    "peer_heartbeat": frame(fb(3, fv(1, 9))),
+    "peer_ucx": frame(fb(4, fb(1, b"\x01" * 40))),
+    "peer_pull": frame(fb(5, fv(1, 77) + fb(2, "model/w") + fv(3, 2) + fv(4, 3) + fv(5, 1))),
+    "peer_pull_reply": frame(fb(6, fv(1, 77) + fv(2, 0) + fv(5, 4) + fv(6, 8) + fv(7, 2) + fv(8, 32)
+                                + fv(9, 1) + packed(10, [2]) + packed(11, [1]) + fb(12, b"\0" * 8)
+                                + fb(13, "s/a") + fv(20, 1) + fv(22, 2) + fv(23, 0))),
+    "peer_pull_error": frame(fb(6, fv(1, 78) + fv(2, zigzag(-2)) + fb(3, "no such tensor")
+                                + fv(21, 1))),
+    "peer_pull_go": frame(fb(7, fv(1, 77))),
+    "peer_pull_done": frame(fb(8, fv(1, 77))),
+    "peer_changed": frame(fb(20, fb(1, "model/w") + fb(1, "s/a") + packed(2, [5, 6]))),
+    "peer_unwatch": frame(fb(21, fb(1, "model/w"))),
+    "peer_set_pull": frame(fb(9, fv(1, 100) + fb(2, "s/a") + fb(2, "s/b") + fb(3, ""))),
+    "peer_set_pull_reply": frame(fb(10, fv(1, 100) + fv(4, 12) + fv(5, 2))),
+    # Replies of the newer kinds.
+    "rep_published": frame(fv(1, 8) + fb(9, fv(1, 2) + fv(2, 17))),
+    "rep_commit": frame(fv(1, 35) + fb(10, fv(1, 18) + fv(2, 1) + fv(3, 1))),
+    "rep_attach_many": frame(fv(1, 38) + fb(11, fv(1, 18) + fb(2, fv(1, 5) + fb(2, info) + fv(3, 1)
+                                                         + fv(10, 1)) + fv(3, 0)), flags=1),
+    "rep_events": frame(fv(1, 42) + fb(12, fb(1, fv(1, 0) + fb(2, "p/a") + fv(3, 1) + fv(4, 2))
+                                     + fb(1, fv(1, 2)))),
+    "rep_reserve": frame(fv(1, 45) + fb(23, fv(1, 1) + fv(2, 1 << 20)), flags=1),
+    "rep_bind_page": frame(fv(1, 47) + fb(25, fv(1, 512)), flags=1),
     # Edge cases for the parser and the decoders.
     "empty_frame": frame(b""),
     "unknown_field": frame(fv(1, 5) + fv(50, 1) + fb(51, b"abc")),
