@@ -364,7 +364,7 @@ static void host_release(struct backend_alloc *a)
 	}
 	/* Closing the last descriptor frees the pages: on the worker. */
 	if (a->fd >= 0 && pool)
-		pool_discard(pool, a->fd);
+		pool_discard(pool, a->fd, a->size);
 	else if (a->fd >= 0)
 		close(a->fd);
 	a->fd = -1;

@@ -35,6 +35,11 @@ struct ready {
 	uint64_t size; /* a class size */
 };
 
+struct closing {
+	int fd;         /* owned by the pool */
+	uint64_t bytes; /* what closing it frees (0: unknown, small) */
+};
+
 struct pool {
 	pthread_mutex_t lock;
 	pthread_cond_t wake; /* the worker has something to do */
@@ -48,8 +53,11 @@ struct pool {
 	uint64_t ready_bytes;
 	struct ready *ready;
 	size_t n_ready, cap_ready;
-	int *closing; /* owned descriptors the worker will close */
+	struct closing *closing; /* owned descriptors the worker will close */
 	size_t n_closing, cap_closing;
+	uint64_t closing_bytes;           /* theirs: freed memory not yet given back */
+	uint64_t closing_max;             /* past it, pool_discard() closes on the caller */
+	bool held;                        /* pool_hold(): the worker does nothing (tests) */
 	uint64_t wanted[POOL_CLASSES];    /* class sizes, most recently wanted first; 0: none */
 	uint64_t wanted_ns[POOL_CLASSES]; /* when each was last taken (CLOCK_MONOTONIC) */
 	uint64_t idle_ns;                 /* a class not taken for this long is forgotten */
@@ -261,12 +269,12 @@ static size_t count_ready(const struct pool *p, uint64_t size)
 	return n;
 }
 
-/* Lock held. Takes ownership of fd. False only when out of memory (fd is then closed). */
-static bool push_closing(struct pool *p, int fd)
+/* Lock held. Takes ownership of fd, of bytes. False only when out of memory (fd is then closed). */
+static bool push_closing(struct pool *p, int fd, uint64_t bytes)
 {
 	if (p->n_closing == p->cap_closing) {
 		size_t cap = p->cap_closing ? p->cap_closing * 2 : 64;
-		int *v = realloc(p->closing, cap * sizeof(*v));
+		struct closing *v = realloc(p->closing, cap * sizeof(*v));
 
 		if (!v) {
 			close(fd); /* on the caller's thread, but nothing leaks */
@@ -275,7 +283,8 @@ static bool push_closing(struct pool *p, int fd)
 		p->closing = v;
 		p->cap_closing = cap;
 	}
-	p->closing[p->n_closing++] = fd;
+	p->closing[p->n_closing++] = (struct closing){ fd, bytes };
+	p->closing_bytes += bytes;
 	return true;
 }
 
@@ -283,7 +292,7 @@ static bool push_closing(struct pool *p, int fd)
 static void drop_ready(struct pool *p, size_t i)
 {
 	p->ready_bytes -= p->ready[i].size;
-	push_closing(p, p->ready[i].fd);
+	push_closing(p, p->ready[i].fd, p->ready[i].size);
 	p->ready[i] = p->ready[--p->n_ready];
 }
 
@@ -331,7 +340,7 @@ static void refill_one(struct pool *p, uint64_t c)
 		return;
 	}
 	if (!is_wanted(p, c) || c > p->budget - p->ready_bytes || p->stop) {
-		push_closing(p, fd);
+		push_closing(p, fd, c);
 		return;
 	}
 	if (p->n_ready == p->cap_ready) {
@@ -339,7 +348,7 @@ static void refill_one(struct pool *p, uint64_t c)
 		struct ready *v = realloc(p->ready, cap * sizeof(*v));
 
 		if (!v) {
-			push_closing(p, fd);
+			push_closing(p, fd, c);
 			return;
 		}
 		p->ready = v;
@@ -353,16 +362,19 @@ static void refill_one(struct pool *p, uint64_t c)
 static void close_pending(struct pool *p)
 {
 	while (p->n_closing) {
-		int fds[64];
+		struct closing batch[64];
 		size_t n = p->n_closing < 64 ? p->n_closing : 64;
 
 		p->n_closing -= n;
-		memcpy(fds, p->closing + p->n_closing, n * sizeof(int));
+		memcpy(batch, p->closing + p->n_closing, n * sizeof(*batch));
 		p->working = true;
 		pthread_mutex_unlock(&p->lock);
 		for (size_t i = 0; i < n; i++)
-			close(fds[i]);
+			close(batch[i].fd);
 		pthread_mutex_lock(&p->lock);
+		/* Given back only now that the kernel has the pages. */
+		for (size_t i = 0; i < n; i++)
+			p->closing_bytes -= batch[i].bytes;
 		p->working = false;
 	}
 }
@@ -416,7 +428,11 @@ static void *worker(void *arg)
 	(void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
 	pthread_mutex_lock(&p->lock);
 	for (;;) {
-		uint64_t c, due = forget_idle(p, now_mono_ns());
+		uint64_t c, due;
+
+		while (p->held && !p->stop)
+			pthread_cond_wait(&p->wake, &p->lock);
+		due = forget_idle(p, now_mono_ns());
 
 		/* Ready memfds of classes nobody wants any more go first. */
 		for (size_t i = p->n_ready; i-- > 0;)
@@ -457,6 +473,7 @@ int pool_new(uint64_t budget, enum pool_pages pages, struct pool **ret_pool)
 	pthread_condattr_destroy(&attr);
 	pthread_cond_init(&p->idle, NULL);
 	p->budget = budget;
+	p->closing_max = budget > POOL_CLOSING_MIN ? budget : POOL_CLOSING_MIN;
 	p->pages = pages;
 	p->idle_ns = POOL_IDLE_NS;
 	r = pthread_create(&p->thread, NULL, worker, p);
@@ -532,7 +549,7 @@ static int take(struct pool *p, uint64_t size, bool copy_follows)
 	if (fd >= 0 && size < c && ftruncate(fd, (off_t)size) < 0) {
 		int r = -errno;
 
-		pool_discard(p, fd);
+		pool_discard(p, fd, c);
 		return r;
 	}
 	return fd;
@@ -548,12 +565,28 @@ int pool_take_reserve(struct pool *p, uint64_t size)
 	return take(p, size, false);
 }
 
-void pool_discard(struct pool *p, int fd)
+void pool_discard(struct pool *p, int fd, uint64_t bytes)
 {
 	if (fd < 0)
 		return;
 	pthread_mutex_lock(&p->lock);
-	push_closing(p, fd);
+	/* The worker runs at nice 19: on a host kept busy it may fall behind a
+	 * churn of large tensors, and freed memory would pile up unbounded. */
+	if (p->closing_bytes + bytes > p->closing_max) {
+		p->st.inline_closes++;
+		pthread_mutex_unlock(&p->lock);
+		close(fd);
+		return;
+	}
+	push_closing(p, fd, bytes);
+	pthread_cond_signal(&p->wake);
+	pthread_mutex_unlock(&p->lock);
+}
+
+void pool_hold(struct pool *p, bool held)
+{
+	pthread_mutex_lock(&p->lock);
+	p->held = held;
 	pthread_cond_signal(&p->wake);
 	pthread_mutex_unlock(&p->lock);
 }
@@ -582,6 +615,7 @@ void pool_get_stats(struct pool *p, struct pool_stats *ret)
 	ret->ready_bytes = p->ready_bytes;
 	ret->ready_fds = (uint32_t)p->n_ready;
 	ret->closing_fds = (uint32_t)p->n_closing;
+	ret->closing_bytes = p->closing_bytes;
 	pthread_mutex_unlock(&p->lock);
 }
 
@@ -596,7 +630,8 @@ void pool_set_idle(struct pool *p, uint64_t idle_ns)
 void pool_settle(struct pool *p)
 {
 	pthread_mutex_lock(&p->lock);
-	while (!p->stop && (p->working || p->n_closing || next_refill(p, UINT64_MAX, NULL)))
+	while (!p->stop && !p->held &&
+	       (p->working || p->n_closing || next_refill(p, UINT64_MAX, NULL)))
 		pthread_cond_wait(&p->idle, &p->lock);
 	pthread_mutex_unlock(&p->lock);
 }

@@ -10,7 +10,10 @@
  *    zeroes the kernel allocated (a memfd that left the pool never comes
  *    back: some process may still hold a descriptor of it);
  *  - pool_discard() takes ownership of a descriptor and closes it on the
- *    worker, where the kernel frees the pages.
+ *    worker, where the kernel frees the pages; while more than
+ *    max(budget, POOL_CLOSING_MIN) bytes wait for the worker (which runs
+ *    at nice 19 and may fall behind on a busy host), it closes on the
+ *    caller instead, so freed memory not yet given back stays bounded.
  *
  * Which sizes are kept: each take, hit or miss, marks its size class as
  * wanted; the worker keeps POOL_READY_PER_CLASS memfds of each of the
@@ -35,6 +38,8 @@
 #define POOL_READY_PER_CLASS 2
 /* A class that still has a memfd ready is refilled once takes were quiet this long. */
 #define POOL_QUIET_NS (50ull * 1000000ull)
+/* Freed bytes that may wait for the worker at least (the budget, if larger). */
+#define POOL_CLOSING_MIN (256ull << 20)
 /* A class nobody took for this long is forgotten, and its ready memory freed. */
 #define POOL_IDLE_NS (60ull * 1000000000ull)
 
@@ -61,16 +66,18 @@ enum pool_pages pool_pages_default(void);
 const char *pool_pages_name(enum pool_pages pages);
 
 struct pool_stats {
-	uint64_t budget;       /* most bytes the pool holds ready */
-	uint64_t ready_bytes;  /* bytes allocated in ready memfds */
-	uint32_t ready_fds;    /* ready memfds (descriptors the pool holds) */
-	uint32_t closing_fds;  /* descriptors waiting for the worker to close them */
-	uint64_t hits;         /* takes served from a ready memfd */
-	uint64_t misses;       /* takes that found none ready (the caller allocates) */
-	uint64_t trims;        /* ready memfds dropped under memory pressure */
-	uint64_t expired;      /* ready memfds dropped because their class went idle */
-	uint64_t refill_ns;    /* time the worker spent allocating */
-	enum pool_pages pages; /* how the worker allocates pages */
+	uint64_t budget;        /* most bytes the pool holds ready */
+	uint64_t ready_bytes;   /* bytes allocated in ready memfds */
+	uint32_t ready_fds;     /* ready memfds (descriptors the pool holds) */
+	uint32_t closing_fds;   /* descriptors waiting for the worker to close them */
+	uint64_t closing_bytes; /* the memory those hold */
+	uint64_t inline_closes; /* discards closed on the caller: the worker was behind */
+	uint64_t hits;          /* takes served from a ready memfd */
+	uint64_t misses;        /* takes that found none ready (the caller allocates) */
+	uint64_t trims;         /* ready memfds dropped under memory pressure */
+	uint64_t expired;       /* ready memfds dropped because their class went idle */
+	uint64_t refill_ns;     /* time the worker spent allocating */
+	enum pool_pages pages;  /* how the worker allocates pages */
 };
 
 /*
@@ -103,8 +110,15 @@ int pool_take(struct pool *p, uint64_t size);
  */
 int pool_take_reserve(struct pool *p, uint64_t size);
 
-/* Takes ownership of fd: the worker closes it. */
-void pool_discard(struct pool *p, int fd);
+/*
+ * Takes ownership of fd, whose memory is bytes (its size; 0 if small or
+ * unknown): the worker closes it, or the caller, at once, when more than
+ * max(budget, POOL_CLOSING_MIN) bytes already wait for the worker.
+ */
+void pool_discard(struct pool *p, int fd, uint64_t bytes);
+
+/* Holds the worker (true): it neither refills nor closes until let go (tests). */
+void pool_hold(struct pool *p, bool held);
 
 /* Drops every ready memfd now (memory pressure). Returns the bytes freed. */
 uint64_t pool_trim(struct pool *p);

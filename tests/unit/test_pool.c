@@ -185,10 +185,47 @@ static void test_trim_and_discard(void **state)
 
 	/* A discarded descriptor is closed by the worker. */
 	assert_true(fd >= 0);
-	pool_discard(p, fd);
+	pool_discard(p, fd, 0);
 	pool_settle(p);
 	assert_int_equal(fcntl(fd, F_GETFD), -1);
 	assert_int_equal(errno, EBADF);
+	pool_free(p);
+}
+
+/*
+ * Freed memory waiting for the worker is bounded: past max(budget,
+ * POOL_CLOSING_MIN) bytes the discard closes on the caller (the worker at
+ * nice 19 fell behind a churn of 256 MiB tensors on a busy host, and the
+ * daemon held several times its capacity in freed memfds: issue 30).
+ */
+static void test_discard_backlog_is_bounded(void **state)
+{
+	const uint64_t big = 100 * MiB; /* declared: the bound counts what callers say */
+	struct pool *p;
+	struct pool_stats st;
+	int fd[3];
+
+	assert_int_equal(pool_new(64 * MiB, POOL_PAGES_SMALL, &p), 0);
+	pool_hold(p, true);
+	for (int i = 0; i < 3; i++) {
+		fd[i] = memfd_create("t", MFD_CLOEXEC);
+		assert_true(fd[i] >= 0);
+		pool_discard(p, fd[i], big);
+	}
+	pool_get_stats(p, &st);
+	/* Two fit under 256 MiB and wait; the third was closed at once. */
+	assert_int_equal(st.closing_fds, 2);
+	assert_int_equal(st.closing_bytes, 2 * big);
+	assert_int_equal(st.inline_closes, 1);
+	assert_int_equal(fcntl(fd[2], F_GETFD), -1);
+	assert_int_equal(errno, EBADF);
+	assert_true(fcntl(fd[0], F_GETFD) >= 0);
+	pool_hold(p, false);
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.closing_fds, 0);
+	assert_int_equal(st.closing_bytes, 0);
+	assert_int_equal(fcntl(fd[0], F_GETFD), -1);
 	pool_free(p);
 }
 
@@ -262,6 +299,7 @@ int main(void)
 		cmocka_unit_test(test_reserve_take_refills_at_once),
 		cmocka_unit_test(test_budget_bounds_refill),
 		cmocka_unit_test(test_trim_and_discard),
+		cmocka_unit_test(test_discard_backlog_is_bounded),
 		cmocka_unit_test(test_forgets_unwanted_classes),
 		cmocka_unit_test(test_idle_classes_are_forgotten),
 	};
