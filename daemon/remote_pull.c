@@ -798,6 +798,11 @@ int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *wh
 		return -EPROTO;
 	}
 	r = registry_create(reg, &rm->rc, &a, &t, &pl->lease, reason, sizeof(reason));
+	if (r == 0 || r == -EINPROGRESS) {
+		/* Its clients see A's version of it, which after= compares with. */
+		t->origin_generation = m->generation;
+		t->origin_commit = m->commit;
+	}
 	if (r == -EINPROGRESS) {
 		pull_gpu_begin(pl, m, t, nbytes);
 		return 0;

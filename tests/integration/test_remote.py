@@ -860,3 +860,43 @@ def test_peer_that_stops_reading_memory_bounded(daemon_factory, tmp_path):
         with c.attach("model/small") as t:
             assert np.from_dlpack(t)[7] == 7
         assert d.alive()
+
+
+def test_replica_reports_the_origins_generation_and_commit(daemon_factory, tmp_path):
+    """Issue 30 item 6: an '@' tensor shows node-a's generation and commit
+    everywhere (the Python attrs, tensord_info through them, tensorctl ls and
+    stat), and attach(after=t.generation) waits for the next version on
+    node-a instead of returning the same one (node-b's own generation of the
+    replica is smaller: node-a's name had versions before node-b's first)."""
+    a, b = start_pair(daemon_factory, tmp_path)
+    from test_peers import ctl
+    import json
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        for v in range(4):   # node-a's generation of the name runs ahead of node-b's
+            ver = ca.put("model/x", np.full(16, v, np.int32), mode=0o644, replace=True)
+        t = attach_when_ready(cb, "@node-a/model/x")
+        ta = ca.attach("model/x")
+        ver = (ta.generation, ta.commit)
+        assert ta.generation >= 4
+        assert (t.generation, t.commit) == ver, (t.generation, t.commit, ver)
+        ta.release()
+        # tensorctl ls and stat on node-b show node-a's numbers too.
+        rc, out, err = ctl(b, "ls", "@node-a/", "--json")
+        assert rc == 0, err
+        row = next(r for r in json.loads(out) if r["name"] == "@node-a/model/x")
+        assert (row["generation"], row["commit"]) == ver, row
+        rc, out, err = ctl(b, "stat", "@node-a/model/x", "--json")
+        assert rc == 0, err
+        st = json.loads(out)
+        assert (st["generation"], st["commit"]) == ver, st
+        # The next-version loop waits: nothing newer within the timeout.
+        with pytest.raises(TimeoutError):
+            cb.attach("@node-a/model/x", after=t.generation, timeout=0.3)
+        ca.put("model/x", np.full(16, 9, np.int32), mode=0o644, replace=True)
+        with ca.attach("model/x") as ta2:
+            ver2 = (ta2.generation, ta2.commit)
+        t2 = cb.attach("@node-a/model/x", after=t.generation, timeout=10)
+        assert (t2.generation, t2.commit) == ver2 and t2.generation > t.generation
+        assert (np.from_dlpack(t2) == 9).all()
+        t.release()
+        t2.release()
