@@ -81,6 +81,7 @@ struct rpeer {
 struct pwait {
 	struct client *cl;
 	uint64_t id, have_id;
+	uint64_t deadline_ns; /* a wait's end, each attach its own; 0: none (forever) */
 	bool bind;
 	size_t n_have_shares;
 	uint64_t *have_shares; /* owned: slabs whose descriptor the client holds */
@@ -95,13 +96,22 @@ struct pull {
 	char name[TENSORD_NAME_MAX + 1]; /* "@a/m/w" */
 	size_t name_len, peer_len;
 	enum { PL_ASKING, PL_RECEIVING, PL_WAITING } st; /* waiting: A said not yet */
-	bool wait;            /* an attach with a timeout or after: not yet is not an error */
-	uint64_t after;       /* nonzero: only a generation newer */
-	uint64_t deadline_ns; /* a wait's end; 0: none (forever) */
-	bool dead;            /* failed with its receive posted: waits for that to end */
-	bool posted;          /* UCX has the mapping */
-	bool watched;         /* A tells of the name's next change */
-	bool stale;           /* A told of a change after its reply: not kept as watched */
+	bool wait;      /* an attach with a timeout or after: not yet is not an error */
+	uint64_t after; /* nonzero: only a generation newer */
+	/*
+	 * A waiting pull (PL_WAITING): A watches the name for this node
+	 * (wait_watched: told of its next change; else asked again at
+	 * reask_ns); told: A told of a change, ask again; linger_ns: when a
+	 * pull nobody waits on any more ends (0: someone waits), so that the
+	 * next wait of the same name and after (the Python client's next
+	 * 100 ms slice) asks A nothing (issue 30 item 8).
+	 */
+	bool wait_watched, told;
+	uint64_t reask_ns, linger_ns;
+	bool dead;    /* failed with its receive posted: waits for that to end */
+	bool posted;  /* UCX has the mapping */
+	bool watched; /* A tells of the name's next change */
+	bool stale;   /* A told of a change after its reply: not kept as watched */
 	uint64_t lease, generation, nbytes;
 	struct tensor *t; /* the replica being made: borrowed, valid while lease lives */
 	bool gpu;         /* a GPU replica: received into host memory (map), then copied in */
@@ -284,8 +294,14 @@ rm_pull_fail(struct pull *pl, int status, const char *fmt, ...);
 /* Every attach waiting on pl gets a lease on its replica (bound only when watched). */
 void rm_answer_local(struct pull *pl, bool watched);
 
-/* A waiting pull nobody waits on any more ends (A holds nothing for it). */
+/*
+ * A waiting pull nobody waits on any more lingers (REMOTE_WAIT_LINGER_MS)
+ * for the next wait of its name, then ends (A holds nothing for it).
+ */
 void rm_pull_unwanted(struct pull *pl);
+
+/* How long a waiting pull nobody waits on stays for the next wait (ms). */
+#define REMOTE_WAIT_LINGER_MS 1000u
 
 /* A pull's timer: a wait asks again, anything else has taken too long. */
 void rm_on_pull_timeout(uv_timer_t *t);

@@ -330,11 +330,17 @@ rm_pull_fail(struct pull *pl, int status, const char *fmt, ...)
 	else
 		snprintf(why, sizeof(why), "peer %s: tensor '%s': %s", pl->rp->p->name,
 			 pl->name + pl->peer_len + 2, reason);
-	pl->rp->p->remote.pull_errors++;
 	if (pl->set) {
+		pl->rp->p->remote.pull_errors++;
 		rm_set_fail(pl->set, status, why);
 		return;
 	}
+	if (pl->wait && LIST_EMPTY(&pl->waits)) { /* a wait that lingers: nobody to fail */
+		log_debug("pull %" PRIu64 " of '%s' ended: %s", pl->id, pl->name, why);
+		rm_pull_end_failed(pl, status, why);
+		return;
+	}
+	pl->rp->p->remote.pull_errors++;
 	log_info("pull %" PRIu64 " of '%s' failed: %s", pl->id, pl->name, why);
 	figure_count(FIG_remote_pull_failures_total, 1);
 	rm_pull_end_failed(pl, status, why);
@@ -359,57 +365,100 @@ void rm_answer_local(struct pull *pl, bool watched)
 
 static int pull_ask(struct pull *pl, uint64_t have_generation);
 
-/* A waiting pull whose deadline passed: its attaches time out as a local wait does. */
-static void pull_wait_over(struct pull *pl)
+/*
+ * The waits on pl whose deadline passed end with ETIMEDOUT, as a local
+ * wait does: a wait that ends so is no failure of the pull (nothing is
+ * counted in remote_pull_failures_total or the peer's pull errors, and
+ * it is logged at debug level only); the pull goes on for the others.
+ */
+static void pull_waits_expire(struct pull *pl, uint64_t now)
 {
-	if (pl->after)
-		rm_pull_fail(pl, -ETIMEDOUT,
-			     "no generation newer than %" PRIu64 " within the timeout", pl->after);
-	else
-		rm_pull_fail(pl, -ETIMEDOUT, "not published within the timeout");
+	struct pwait *w, *next;
+	char why[700];
+
+	for (w = LIST_FIRST(&pl->waits); w; w = next) {
+		next = LIST_NEXT(w, link);
+		if (!w->deadline_ns || w->deadline_ns > now)
+			continue;
+		if (pl->after)
+			snprintf(why, sizeof(why),
+				 "peer %s: tensor '%s': no generation newer than %" PRIu64
+				 " within the timeout",
+				 pl->rp->p->name, pl->name + pl->peer_len + 2, pl->after);
+		else
+			snprintf(why, sizeof(why),
+				 "peer %s: tensor '%s': not published within the timeout",
+				 pl->rp->p->name, pl->name + pl->peer_len + 2);
+		log_debug("pull %" PRIu64 " of '%s': a wait ended: %s", pl->id, pl->name, why);
+		LIST_REMOVE(w, link);
+		reply_status(w->cl->conn, ATTACH, w->id, -ETIMEDOUT, why);
+		rm_pwait_free(w);
+	}
 }
 
 /* A waiting pull asks A again: A told of a change, or it is time to look. */
 static void pull_wait_again(struct pull *pl)
 {
-	if (pl->deadline_ns && now_ns() >= pl->deadline_ns) {
-		pull_wait_over(pl);
-		return;
-	}
 	pl->st = PL_ASKING;
+	pl->told = false;
+	pl->linger_ns = 0;
 	uv_timer_start(&pl->timer, rm_on_pull_timeout, PULL_BASE_MS, 0);
 	if (pull_ask(pl, 0) < 0)
 		rm_pull_fail(pl, -ECONNRESET, "the connection to it was lost");
 }
 
 /*
+ * pl waits (PL_WAITING): its waits past their deadline end; with none
+ * left it lingers for the next wait of the name, then ends; A is asked
+ * again when it told of a change, or (A not watching) every second; the
+ * timer is set for the next of these.
+ */
+static void pull_wait_arm(struct pull *pl)
+{
+	uint64_t now = now_ns(), next = 0;
+	struct pwait *w;
+
+	pull_waits_expire(pl, now);
+	if (LIST_EMPTY(&pl->waits)) {
+		if (!pl->linger_ns)
+			pl->linger_ns = now + (uint64_t)REMOTE_WAIT_LINGER_MS * 1000000u;
+		if (pl->told || now >= pl->linger_ns) { /* a change unasked for: A forgot it */
+			uv_timer_stop(&pl->timer);
+			rm_pull_free(pl);
+			return;
+		}
+		next = pl->linger_ns;
+	} else {
+		pl->linger_ns = 0;
+		if (pl->told || (!pl->wait_watched && now >= pl->reask_ns)) {
+			pull_wait_again(pl);
+			return;
+		}
+		LIST_FOREACH(w, &pl->waits, link)
+		if (w->deadline_ns && (!next || w->deadline_ns < next))
+			next = w->deadline_ns;
+		if (!pl->wait_watched && (!next || pl->reask_ns < next))
+			next = pl->reask_ns;
+	}
+	if (next)
+		uv_timer_start(&pl->timer, rm_on_pull_timeout,
+			       next > now ? (next - now + 999999u) / 1000000u : 0, 0);
+	else
+		uv_timer_stop(&pl->timer);
+}
+
+/*
  * A said not yet: wait for its PeerChanged of the name (watched), or ask
  * again in a second (not watched: A watches too many names of this node's),
- * at most until the attach's deadline.
+ * each attach at most until its own deadline.
  */
 static void pull_wait(struct pull *pl, bool watched)
 {
-	uint64_t now = now_ns(), ms = watched ? 0 : 1000;
-
 	pl->st = PL_WAITING;
-	if (LIST_EMPTY(&pl->waits)) { /* its attaches went meanwhile */
-		rm_pull_unwanted(pl);
-		return;
-	}
-	if (pl->deadline_ns) {
-		uint64_t left =
-			pl->deadline_ns > now ? (pl->deadline_ns - now + 999999u) / 1000000u : 0;
-
-		if (!left) {
-			pull_wait_over(pl);
-			return;
-		}
-		ms = ms && ms < left ? ms : left;
-	}
-	if (ms)
-		uv_timer_start(&pl->timer, rm_on_pull_timeout, ms, 0);
-	else
-		uv_timer_stop(&pl->timer);
+	pl->wait_watched = watched;
+	pl->told = false;
+	pl->reask_ns = watched ? 0 : now_ns() + 1000000000u;
+	pull_wait_arm(pl);
 }
 
 void rm_on_pull_timeout(uv_timer_t *t)
@@ -418,11 +467,27 @@ void rm_on_pull_timeout(uv_timer_t *t)
 	uint64_t ms = (now_ns() - pl->started_ns) / 1000000u;
 
 	if (pl->st == PL_WAITING) {
-		pull_wait_again(pl);
+		pull_wait_arm(pl);
 		return;
 	}
 	rm_pull_fail(pl, -ETIMEDOUT, "no %s after %" PRIu64 " ms",
 		     pl->st == PL_ASKING ? "answer" : "bytes", ms);
+}
+
+/*
+ * A waiting pull that a new wait of the same name and after may join: A
+ * said not yet and watches the name for this node (it tells of the next
+ * change, and the pull then asks again), or NULL.
+ */
+static struct pull *pull_wait_joinable(struct remote *rm, const char *name, uint64_t after)
+{
+	struct pull *pl;
+
+	LIST_FOREACH(pl, &rm->pulls, link)
+	if (!pl->dead && pl->wait && pl->st == PL_WAITING && pl->wait_watched &&
+	    pl->after == after && strcmp(pl->name, name) == 0)
+		return pl;
+	return NULL;
 }
 
 static int pull_ask(struct pull *pl, uint64_t have_generation)
@@ -532,6 +597,17 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	w->have_id = have_id;
 	w->bind = bind;
 	w->n_have_shares = n_have_shares;
+	/* A wait's own end: timeout 0 (with after) ends at the first "not yet". */
+	if (timeout_ms >= 0 && (timeout_ms || after))
+		w->deadline_ns = now_ns() + (uint64_t)timeout_ms * 1000000u;
+	if (timeout_ms || after) { /* a wait: joins one A watches the name for already */
+		pl = pull_wait_joinable(rm, name, after);
+		if (pl) {
+			LIST_INSERT_HEAD(&pl->waits, w, link);
+			pull_wait_arm(pl);
+			return;
+		}
+	}
 	pl = timeout_ms || after ? NULL : pull_joinable(rm, name);
 	if (pl) { /* one pull per name: this attach waits on it */
 		LIST_INSERT_HEAD(&pl->waits, w, link);
@@ -554,7 +630,6 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	/* A waiting attach gets a pull of its own: A answers it "not yet" while it is. */
 	pl->wait = timeout_ms != 0 || after;
 	pl->after = after;
-	pl->deadline_ns = timeout_ms > 0 ? pl->started_ns + (uint64_t)timeout_ms * 1000000u : 0;
 	LIST_INIT(&pl->waits);
 	LIST_INSERT_HEAD(&pl->waits, w, link);
 	LIST_INSERT_HEAD(&rm->pulls, pl, link);
@@ -765,6 +840,8 @@ int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *wh
 		/* Another pull is making this replica: end A's lease, ask again soon. */
 		pull_done_send(rp, pl->id);
 		pl->st = PL_WAITING;
+		pl->told = true; /* A's answer is there: ask again (not joinable meanwhile) */
+		pl->wait_watched = false;
 		uv_timer_start(&pl->timer, rm_on_pull_timeout, 10, 0);
 		return 0;
 	}
@@ -958,8 +1035,10 @@ int rm_on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, si
 		/* Waiting pulls ask again (after this loop: asking may fail one). */
 		LIST_FOREACH(pl, &rm->pulls, link)
 		if (!pl->dead && pl->rp == rp && pl->st == PL_WAITING &&
-		    strcmp(pl->name, full) == 0)
+		    strcmp(pl->name, full) == 0) {
+			pl->told = true;
 			uv_timer_start(&pl->timer, rm_on_pull_timeout, 0, 0);
+		}
 	}
 	return 0;
 }
@@ -980,11 +1059,12 @@ void rm_unwatch_send(struct remote *rm, struct replica *r)
 	rm_send_frame(r->rp, &f);
 }
 
-/* A waiting pull nobody waits on any more ends (A holds nothing for it). */
+/*
+ * A waiting pull nobody waits on any more lingers for the next wait of its
+ * name, then ends (A holds nothing for it).
+ */
 void rm_pull_unwanted(struct pull *pl)
 {
-	if (pl->wait && pl->st == PL_WAITING && LIST_EMPTY(&pl->waits)) {
-		uv_timer_stop(&pl->timer);
-		rm_pull_free(pl);
-	}
+	if (pl->wait && pl->st == PL_WAITING && LIST_EMPTY(&pl->waits))
+		pull_wait_arm(pl);
 }

@@ -900,3 +900,40 @@ def test_replica_reports_the_origins_generation_and_commit(daemon_factory, tmp_p
         assert (np.from_dlpack(t2) == 9).all()
         t.release()
         t2.release()
+
+
+def test_remote_wait_that_times_out_is_one_question_not_failures(daemon_factory, tmp_path):
+    """Issue 30 item 8: attach("@node-a/y", after=g, timeout=2) through the
+    synchronous client (which waits in 100 ms Attaches) that times out raises
+    ETIMEDOUT, counts no pull failure (remote_pull_failures_total, the peer's
+    PULL-ERRORS), logs no "failed" line, and asks node-a once: the 100 ms
+    slices join the one waiting pull node-a watches the name for. Asserted:
+    node-a's remote_pull_requests_total moves by exactly 1 (the first slice's
+    question) when no slice's gap passes the 1 s linger, at most 2 in any case."""
+    import errno
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/y", np.ones(8, np.float32), mode=0o644)
+        with attach_when_ready(cb, "@node-a/model/y") as t:
+            g = t.generation
+        fails = b.stats()["remote_pull_failures_total"]
+        perrs = next(p for p in cb.peers() if p.name == "node-a").pull_errors
+        asked = a.stats()["remote_pull_requests_total"]
+        log0 = len(b.read_log())
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError) as ei:
+            cb.attach("@node-a/model/y", after=g, timeout=2)
+        assert time.monotonic() - t0 >= 1.9
+        assert ei.value.errno == errno.ETIMEDOUT, ei.value
+        assert "node-a" in str(ei.value) and "no generation newer than %d" % g in str(ei.value)
+        assert b.stats()["remote_pull_failures_total"] == fails
+        assert next(p for p in cb.peers() if p.name == "node-a").pull_errors == perrs
+        assert "failed" not in b.read_log()[log0:], b.read_log()[log0:]
+        n = a.stats()["remote_pull_requests_total"] - asked
+        assert 1 <= n <= 2, n
+        # The wait still works: a publish during the next one ends it, and
+        # the lingering pull ends once nobody waits.
+        gen2 = ca.put("model/y", np.full(8, 3, np.float32), mode=0o644, replace=True)
+        with cb.attach("@node-a/model/y", after=g, timeout=10) as t2:
+            assert t2.generation == gen2 and (np.from_dlpack(t2) == 3).all()
+        assert wait_until(lambda: b.stats()["remote_pulls"] == 0, timeout=5)
