@@ -4,10 +4,11 @@ bench/ucx_get measures its GET and active-message baselines. Prints, from
 node-b's client:
 
 - 4 KiB: an attach that pulls (a name not yet on node-b), p50 and p99;
-  a second attach of a live replica, from a new connection (a round trip
-  to node-b only: node-a watches the name for node-b) next to the same
-  of a tensor of node-b's own, and again on the connection that holds it
-  (bound: no request) next to a local bound attach;
+  a second attach of a live replica, from a new connection (node-b serves
+  it after one sync round trip to node-a, no pull: docs/remote.md,
+  "Freshness") next to the same of a tensor of node-b's own, and again on
+  the connection that holds it (a request: replicas are never bound)
+  next to a local bound attach (no request);
 - 1 GiB: an attach that pulls, GB/s (median of --rounds, each after a
   replace on node-a so that each pulls again).
 
@@ -354,8 +355,8 @@ def run(sa, sb, a, rp):
           "local tensor the same way %.1f us: %.2fx (node-a asked %d times)"
           % (pct(hits, .5) * us, pct(local_new, .5) * us, pct(hits, .5) / pct(local_new, .5),
              asked))
-    print("py_remote: 4 KiB second attach of a live replica, bound p50 %.1f us, a local tensor "
-          "bound %.1f us: %.2fx" % (pct(bound, .5) * us, pct(local, .5) * us,
+    print("py_remote: 4 KiB second attach of a live replica, same connection p50 %.1f us, a "
+          "local tensor bound %.1f us: %.2fx" % (pct(bound, .5) * us, pct(local, .5) * us,
                                    pct(bound, .5) / pct(local, .5)))
     if rp is not None:
         print("py_remote: ray 4 KiB get on node_b of an object put on node_a p50 %.1f us p99 %.1f "

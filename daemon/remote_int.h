@@ -75,14 +75,26 @@ struct rpeer {
 	TAILQ_HEAD(, serve) serves;
 	void *watched; /* A: tsearch tree of names it holds replicas of (owned strings) */
 	unsigned n_watched;
+	/* B: PeerSyncs sent and answered (their seq), and the attaches waiting on one. */
+	uint64_t sync_sent, sync_heard;
+	LIST_HEAD(, pwait) syncs;
 };
 
-/* B: a client's attach waiting on a pull. */
+/*
+ * B: a client's attach of an '@' name, waiting on a pull, or on a sync
+ * (rpeer.syncs: served from the replica once B has heard from A after it
+ * began; docs/remote.md, "Freshness").
+ */
 struct pwait {
 	struct client *cl;
 	uint64_t id, have_id;
+	char name[TENSORD_NAME_MAX + 1]; /* "@a/m/w" */
+	uint64_t after;
+	int64_t timeout_ms;
+	uint64_t arrived;     /* rm->tick when it came: pulls asked before are too old for it */
+	uint64_t sync_seq;    /* in rpeer.syncs: the PeerSync whose reply it waits for */
+	bool late;            /* joined a pull asked before it came: synced again at its end */
 	uint64_t deadline_ns; /* a wait's end, each attach its own; 0: none (forever) */
-	bool bind;
 	size_t n_have_shares;
 	uint64_t *have_shares; /* owned: slabs whose descriptor the client holds */
 	LIST_ENTRY(pwait) link;
@@ -123,6 +135,7 @@ struct pull {
 	size_t map_len;
 	size_t pop_off; /* populated ahead of UCX up to here (populate_step) */
 	uint64_t started_ns;
+	uint64_t asked; /* rm->tick when it last asked A */
 	uv_timer_t timer;
 	LIST_HEAD(, pwait) waits;
 	LIST_ENTRY(pull) link;
@@ -170,6 +183,7 @@ struct remote {
 	char why[300];        /* why there is no data path */
 	struct reg_client rc; /* B: creates the replicas */
 	uint64_t next_id;     /* ids when the random source fails */
+	uint64_t tick;        /* orders attaches' arrivals and pulls' questions */
 	LIST_HEAD(, pull) pulls;
 	LIST_HEAD(, replica) replicas;
 	LIST_HEAD(, spull) sets;
@@ -291,7 +305,10 @@ void rm_pull_end_failed(struct pull *pl, int status, const char *why);
 void __attribute__((format(printf, 3, 4)))
 rm_pull_fail(struct pull *pl, int status, const char *fmt, ...);
 
-/* Every attach waiting on pl gets a lease on its replica (bound only when watched). */
+/*
+ * Every attach waiting on pl gets a lease on its replica (never bound), but
+ * one that came after pl asked A, which first hears from A (a sync).
+ */
 void rm_answer_local(struct pull *pl, bool watched);
 
 /*
@@ -324,6 +341,17 @@ void rm_pull_filled(struct gjob *j);
 /* B's handlers of A's frames: 0, or -errno with why (the peer's connection then closes). */
 int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, size_t why_len);
 int rm_on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, size_t why_len);
+
+/* A answered PeerSync seq: the attaches that waited for it go on. */
+void rm_on_sync_reply(struct rpeer *rp, uint64_t seq);
+
+/* A: B asks whether it has heard everything: the reply goes at once. */
+void rm_on_sync(struct rpeer *rp, uint64_t seq);
+
+/* rp's attaches waiting on a sync: failed (connection lost), or cl's / req_id's gone. */
+void rm_syncs_fail(struct rpeer *rp, int status, const char *reason);
+void rm_syncs_client_gone(struct rpeer *rp, struct client *cl);
+int rm_syncs_cancel(struct rpeer *rp, struct client *cl, uint64_t req_id);
 
 /* --- remote_set.c: B, pulling a set -------------------------------------------------- */
 
