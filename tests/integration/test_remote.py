@@ -1000,3 +1000,43 @@ def test_read_your_writes_and_monotonic_reads(daemon_factory, tmp_path):
                 k += 1
         th.join()
         assert len(seen) > 1, seen
+
+
+def test_tensorctl_of_remote_names_as_documented(daemon_factory, tmp_path):
+    """Issue 30 item 9: what docs/remote.md "Naming" says of '@' names is what
+    happens. tensorctl get (and stat, wait) of an '@' name attach it, pulling
+    it when needed: get writes node-a's bytes. tensorctl ls @node-a/ lists
+    this node's replicas of node-a's tensors, not what node-a exports: a name
+    node-a exports that node-b holds no replica of is not listed, and once the
+    replicas go (--replica-keep) the listing is empty. Python's stat of an '@'
+    name and creates of one are refused with EINVAL, naming the rule."""
+    import errno
+    import json
+    from test_peers import ctl
+    a, b = start_pair(daemon_factory, tmp_path, extra_b=("--replica-keep", "200"))
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        x = np.arange(100, dtype=np.float64).reshape(10, 10)
+        ca.put("model/x", x, mode=0o644)
+        ca.put("model/y", np.ones(3, np.int8), mode=0o644)
+        attach_when_ready(cb, "@node-a/model/x").release()
+        out = str(tmp_path / "x.npy")
+        rc, _, err = ctl(b, "get", "@node-a/model/x", out)
+        assert rc == 0, err
+        np.testing.assert_array_equal(np.load(out), x)
+        rc, so, err = ctl(b, "wait", "@node-a/model/y", "--timeout", "5", "--json")
+        assert rc == 0, err
+        rc, so, err = ctl(b, "ls", "@node-a/", "--json")
+        assert rc == 0, err
+        assert {r["name"] for r in json.loads(so)} == {"@node-a/model/x", "@node-a/model/y"}
+        ca.put("model/z", np.ones(3, np.int8), mode=0o644)   # exported, never attached on b
+        rc, so, err = ctl(b, "ls", "@node-a/", "--json")
+        assert "@node-a/model/z" not in {r["name"] for r in json.loads(so)}
+        assert wait_until(lambda: b.stats()["remote_replicas"] == 0, timeout=5)
+        rc, so, err = ctl(b, "ls", "@node-a/", "--json")
+        assert rc == 0 and json.loads(so) == [], (so, err)
+        for op in (lambda: cb.stat("@node-a/model/x"),
+                   lambda: cb.put("@node-a/model/q", np.ones(2, np.int8))):
+            with pytest.raises(OSError) as ei:
+                op()
+            assert ei.value.errno == errno.EINVAL, ei.value
+            assert "only attach and attach_many" in str(ei.value), ei.value
