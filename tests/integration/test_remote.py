@@ -139,9 +139,10 @@ def test_remote_attach_bytes_identical_read_only_zero_copy(daemon_factory, tmp_p
             with pytest.raises(ValueError):
                 got[...] = 0
             # A second attach of the live replica pulls nothing and maps the
-            # same memory; another connection (no binding) is served by the
-            # replica too, without asking node-a: node-a watches the name for
-            # node-b and would have said if it changed (docs/remote.md).
+            # same memory; another connection is served by the replica too,
+            # without a pull request to node-a: node-a watches the name for
+            # node-b, and node-b hears from it (one sync) before it serves
+            # (docs/remote.md, "Freshness").
             t2 = cb.attach("@node-a/" + name)
             got2 = np.from_dlpack(t2)
             np.testing.assert_array_equal(got2, arr)
@@ -221,8 +222,8 @@ def test_replaced_name_is_pulled_again(daemon_factory, tmp_path):
 def test_replica_never_goes_back_under_replaces(daemon_factory, tmp_path):
     """A reader on node-b attaching in a loop while node-a replaces the name:
     whole versions only, never an older one after a newer, and the last one
-    once node-a's word arrived; a replica served without asking is current
-    up to the change's way over the channel (docs/remote.md, "Freshness")."""
+    once node-a's word arrived; a replica serves after node-b heard from
+    node-a (docs/remote.md, "Freshness")."""
     import threading
     a, b = start_pair(daemon_factory, tmp_path)
     n = 1 << 14
