@@ -788,6 +788,24 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
         s.close()
         assert wait_until(lambda: "a change list of 2 names and 1 generations" in d.read_log(),
                           timeout=5)
+        # A sync is answered at once with its seq; a sync reply to no sync
+        # this node sent closes the connection (issue 30 item 7).
+        s = me.dial(port, "node-m")
+        assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
+        syncs = d.stats()["remote_sync_requests_total"]
+        s.sendall(frame(fbytes(3, fint(1, 1))) + frame(fbytes(22, fint(1, 77))))
+        r = peer_frames(s, 23)
+        assert r[1] == 77, r
+        assert d.stats()["remote_sync_requests_total"] == syncs + 1
+        s.sendall(frame(fbytes(23, fint(1, 5))))
+        s.settimeout(5)
+        try:
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+        s.close()
+        assert wait_until(lambda: "a sync reply 5 to no sync sent" in d.read_log(), timeout=5)
         # Still serving.
         c.put("local/after", np.ones(3))
         with c.attach("model/w") as t:
