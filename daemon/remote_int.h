@@ -187,7 +187,8 @@ struct remote {
 	LIST_HEAD(, pull) pulls;
 	LIST_HEAD(, replica) replicas;
 	LIST_HEAD(, spull) sets;
-	void *replica_index; /* tsearch tree of the replicas, by name */
+	LIST_HEAD(, rlist) lists; /* B: clients' lists of a peer's names, asked of it */
+	void *replica_index;      /* tsearch tree of the replicas, by name */
 	unsigned n_sets;
 	uint32_t next_tx;
 	struct remote_figures *figs; /* the server's gauges (srv->remote_figs), kept here */
@@ -352,6 +353,27 @@ void rm_on_sync(struct rpeer *rp, uint64_t seq);
 void rm_syncs_fail(struct rpeer *rp, int status, const char *reason);
 void rm_syncs_client_gone(struct rpeer *rp, struct client *cl);
 int rm_syncs_cancel(struct rpeer *rp, struct client *cl, uint64_t req_id);
+
+/* --- remote_list.c: listing what a peer exports --------------------------------------- */
+
+/* B: one client's List of "@PEER/PREFIX", asked of the peer. */
+struct rlist {
+	struct remote *rm;
+	struct rpeer *rp;
+	struct client *cl;
+	uint64_t req_id, id;
+	char peer_prefix[PEER_NAME_MAX + 3]; /* "@a/" */
+	uv_timer_t timer;                    /* the answer's deadline */
+	LIST_ENTRY(rlist) link;
+};
+
+void rm_on_list(struct rpeer *rp, const Tensord__PeerNameList *m);
+int rm_on_list_reply(struct rpeer *rp, const Tensord__PeerNameListReply *m, char *why,
+		     size_t why_len);
+
+/* rp's lists under way fail (its connection lost); cl's are forgotten (it closed). */
+void rm_lists_fail(struct remote *rm, struct rpeer *rp, int status, const char *reason);
+void rm_lists_client_gone(struct remote *rm, struct client *cl);
 
 /* --- remote_set.c: B, pulling a set -------------------------------------------------- */
 

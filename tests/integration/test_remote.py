@@ -169,10 +169,12 @@ def test_remote_attach_bytes_identical_read_only_zero_copy(daemon_factory, tmp_p
         pb = next(p for p in cb.peers() if p.name == "node-a")
         assert (pb.pulled, pb.pulled_bytes, pb.pull_errors) == (len(CASES), total, 0), pb
         assert pb.replicas == len(CASES) and pb.replica_bytes == total, pb
-        # A list of an '@' prefix shows this node's replicas of node-a's tensors.
+        # A list of "@node-a/" shows what node-a exports to node-b (issue 30
+        # item 9); "@" alone this node's replicas; an unknown peer is ENOENT.
         assert {t.name for t in cb.list("@node-a/")} == {"@node-a/" + n for n, _ in CASES}
         assert {t.name for t in cb.list("@")} >= {"@node-a/" + n for n, _ in CASES}
-        assert cb.list("@node-z/") == []
+        with pytest.raises(FileNotFoundError):
+            cb.list("@node-z/")
         with tensord.Client(a.socket) as ca2:
             pa = next(p for p in ca2.peers() if p.name == "node-b")
         assert (pa.served, pa.served_bytes, pa.pulled) == (len(CASES), total, 0), pa
@@ -806,6 +808,41 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
             pass
         s.close()
         assert wait_until(lambda: "a sync reply 5 to no sync sent" in d.read_log(), timeout=5)
+        # Listing (issue 30 item 9): node-m answers a list of what it exports
+        # to node-z; a list answer for no list is ignored; one whose entry
+        # fails node-m's checks fails the client's list (EPROTO) and closes
+        # the connection.
+        s = me.dial(port, "node-m")
+        assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
+        s.sendall(frame(fbytes(3, fint(1, 1))) + frame(fbytes(24, fint(1, 9) + fbytes(2, b"model/"))))
+        r = peer_frames(s, 25)
+        assert r[1] == 9 and r.get(2, 0) == 0, r
+        s.sendall(frame(fbytes(25, fint(1, 12345))))
+        out = {}
+
+        def lister():
+            try:
+                with tensord.Client(d.socket) as cl:
+                    out["v"] = cl.list("@node-z/m/")
+            except OSError as e:
+                out["e"] = e
+        import threading
+        th = threading.Thread(target=lister)
+        th.start()
+        r = peer_frames(s, 24)                       # node-m's question
+        assert r[2] == b"m/", r
+        s.sendall(frame(fbytes(25, fint(1, r[1]) + fbytes(4, fbytes(1, b"bad name!") +
+                                                          fint(4, 1) + fint(5, 1) + fint(6, 8) +
+                                                          fint(7, 1)))))
+        th.join(10)
+        assert "e" in out and out["e"].errno == 71 and "node-z" in str(out["e"]), out
+        s.settimeout(5)
+        try:
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+        s.close()
         # Still serving.
         c.put("local/after", np.ones(3))
         with c.attach("model/w") as t:
@@ -1025,10 +1062,12 @@ def test_tensorctl_of_remote_names_as_documented(daemon_factory, tmp_path):
     """Issue 30 item 9: what docs/remote.md "Naming" says of '@' names is what
     happens. tensorctl get (and stat, wait) of an '@' name attach it, pulling
     it when needed: get writes node-a's bytes. tensorctl ls @node-a/ lists
-    this node's replicas of node-a's tensors, not what node-a exports: a name
-    node-a exports that node-b holds no replica of is not listed, and once the
-    replicas go (--replica-keep) the listing is empty. Python's stat of an '@'
-    name and creates of one are refused with EINVAL, naming the rule."""
+    what node-a exports to node-b (asked of node-a, as uid 65534 under its
+    export rules), replicas here or not: a name node-b never attached is
+    listed, one not exported or not readable by others is not, and the
+    listing stays once the replicas went (--replica-keep); "ls @" lists this
+    node's replicas. Python's stat of an '@' name and creates of one are
+    refused with EINVAL, naming the rule."""
     import errno
     import json
     from test_peers import ctl
@@ -1044,15 +1083,31 @@ def test_tensorctl_of_remote_names_as_documented(daemon_factory, tmp_path):
         np.testing.assert_array_equal(np.load(out), x)
         rc, so, err = ctl(b, "wait", "@node-a/model/y", "--timeout", "5", "--json")
         assert rc == 0, err
-        rc, so, err = ctl(b, "ls", "@node-a/", "--json")
-        assert rc == 0, err
-        assert {r["name"] for r in json.loads(so)} == {"@node-a/model/x", "@node-a/model/y"}
-        ca.put("model/z", np.ones(3, np.int8), mode=0o644)   # exported, never attached on b
-        rc, so, err = ctl(b, "ls", "@node-a/", "--json")
-        assert "@node-a/model/z" not in {r["name"] for r in json.loads(so)}
+        ca.put("model/z", np.ones((2, 3), np.int16), mode=0o644)  # never attached on b
+        ca.put("model/private", np.ones(3, np.int8), mode=0o600)  # not readable by peers
+        ca.put("other/w", np.ones(3, np.int8), mode=0o644)        # not exported
+        with ca.attach("model/z") as tz:
+            zver = (tz.generation, tz.commit)
+
+        def listed():
+            rc, so, err = ctl(b, "ls", "@node-a/", "--json")
+            assert rc == 0, err
+            return {r["name"]: r for r in json.loads(so)}
+
+        got = listed()
+        assert set(got) == {"@node-a/model/x", "@node-a/model/y", "@node-a/model/z"}, got
+        z = got["@node-a/model/z"]
+        assert (z["generation"], z["commit"]) == zver and z["shape"] == [2, 3], z
         assert wait_until(lambda: b.stats()["remote_replicas"] == 0, timeout=5)
-        rc, so, err = ctl(b, "ls", "@node-a/", "--json")
-        assert rc == 0 and json.loads(so) == [], (so, err)
+        assert set(listed()) == set(got)
+        rc, so, err = ctl(b, "ls", "@", "--json")
+        assert rc == 0 and json.loads(so) == [], (so, err)  # no replica left here
+        # Pages (node-a answers at most 256 names a question, and under a
+        # frame): the client's list goes on after each page node-b gives.
+        for i in range(300):
+            ca.put("model/p/%03d" % i, np.ones(1, np.int8), mode=0o644)
+        names = [t.name for t in cb.list("@node-a/model/p/")]
+        assert names == ["@node-a/model/p/%03d" % i for i in range(300)], names[:3]
         for op in (lambda: cb.stat("@node-a/model/x"),
                    lambda: cb.put("@node-a/model/q", np.ones(2, np.int8))):
             with pytest.raises(OSError) as ei:
