@@ -331,7 +331,8 @@ def run(sa, sb, a, rp):
             gets += rg
             per_round.append("%.0f/%.0f" % (pct(td, .5) * 1e6, pct(rg, .5) * 1e6))
     cb.put("local/s", small)
-    asked = tensord.connect(sa).stats()["remote_pull_requests_total"]
+    sa_stats = tensord.connect(sa).stats()
+    asked, synced = sa_stats["remote_pull_requests_total"], sa_stats.get("remote_sync_requests_total", 0)
     hits, local_new = [], []
     for i in range(1, min(a.small, 100) + 1):  # interleaved: replica, local
         for name, out in (("@node-a/bench/s%d" % i, hits), ("local/s", local_new)):
@@ -340,7 +341,9 @@ def run(sa, sb, a, rp):
                 t = c2.attach(name)
                 out.append(time.perf_counter() - t0)
                 t.release()
-    asked = tensord.connect(sa).stats()["remote_pull_requests_total"] - asked
+    sa_stats = tensord.connect(sa).stats()
+    asked = sa_stats["remote_pull_requests_total"] - asked
+    synced = sa_stats.get("remote_sync_requests_total", 0) - synced
     bound, local = [], []
     for _ in range(200):
         for name, out in (("@node-a/bench/s1", bound), ("local/s", local)):
@@ -352,9 +355,9 @@ def run(sa, sb, a, rp):
     print("py_remote: 4 KiB remote attach (pull) p50 %.1f us p99 %.1f us (%d pulls)"
           % (pct(pulls, .5) * us, pct(pulls, .99) * us, len(pulls)))
     print("py_remote: 4 KiB second attach of a live replica, new connection p50 %.1f us, a "
-          "local tensor the same way %.1f us: %.2fx (node-a asked %d times)"
+          "local tensor the same way %.1f us: %.2fx (node-a asked %d times, synced %d)"
           % (pct(hits, .5) * us, pct(local_new, .5) * us, pct(hits, .5) / pct(local_new, .5),
-             asked))
+             asked, synced))
     print("py_remote: 4 KiB second attach of a live replica, same connection p50 %.1f us, a "
           "local tensor bound %.1f us: %.2fx" % (pct(bound, .5) * us, pct(local, .5) * us,
                                    pct(bound, .5) / pct(local, .5)))
