@@ -4,10 +4,11 @@ bench/ucx_get measures its GET and active-message baselines. Prints, from
 node-b's client:
 
 - 4 KiB: an attach that pulls (a name not yet on node-b), p50 and p99;
-  a second attach of a live replica, from a new connection (a round trip
-  to node-b only: node-a watches the name for node-b) next to the same
-  of a tensor of node-b's own, and again on the connection that holds it
-  (bound: no request) next to a local bound attach;
+  a second attach of a live replica, from a new connection (node-b serves
+  it after one sync round trip to node-a, no pull: docs/remote.md,
+  "Freshness") next to the same of a tensor of node-b's own, and again on
+  the connection that holds it (a request: replicas are never bound)
+  next to a local bound attach (no request);
 - 1 GiB: an attach that pulls, GB/s (median of --rounds, each after a
   replace on node-a so that each pulls again).
 
@@ -330,7 +331,8 @@ def run(sa, sb, a, rp):
             gets += rg
             per_round.append("%.0f/%.0f" % (pct(td, .5) * 1e6, pct(rg, .5) * 1e6))
     cb.put("local/s", small)
-    asked = tensord.connect(sa).stats()["remote_pull_requests_total"]
+    sa_stats = tensord.connect(sa).stats()
+    asked, synced = sa_stats["remote_pull_requests_total"], sa_stats.get("remote_sync_requests_total", 0)
     hits, local_new = [], []
     for i in range(1, min(a.small, 100) + 1):  # interleaved: replica, local
         for name, out in (("@node-a/bench/s%d" % i, hits), ("local/s", local_new)):
@@ -339,7 +341,9 @@ def run(sa, sb, a, rp):
                 t = c2.attach(name)
                 out.append(time.perf_counter() - t0)
                 t.release()
-    asked = tensord.connect(sa).stats()["remote_pull_requests_total"] - asked
+    sa_stats = tensord.connect(sa).stats()
+    asked = sa_stats["remote_pull_requests_total"] - asked
+    synced = sa_stats.get("remote_sync_requests_total", 0) - synced
     bound, local = [], []
     for _ in range(200):
         for name, out in (("@node-a/bench/s1", bound), ("local/s", local)):
@@ -351,11 +355,11 @@ def run(sa, sb, a, rp):
     print("py_remote: 4 KiB remote attach (pull) p50 %.1f us p99 %.1f us (%d pulls)"
           % (pct(pulls, .5) * us, pct(pulls, .99) * us, len(pulls)))
     print("py_remote: 4 KiB second attach of a live replica, new connection p50 %.1f us, a "
-          "local tensor the same way %.1f us: %.2fx (node-a asked %d times)"
+          "local tensor the same way %.1f us: %.2fx (node-a asked %d times, synced %d)"
           % (pct(hits, .5) * us, pct(local_new, .5) * us, pct(hits, .5) / pct(local_new, .5),
-             asked))
-    print("py_remote: 4 KiB second attach of a live replica, bound p50 %.1f us, a local tensor "
-          "bound %.1f us: %.2fx" % (pct(bound, .5) * us, pct(local, .5) * us,
+             asked, synced))
+    print("py_remote: 4 KiB second attach of a live replica, same connection p50 %.1f us, a "
+          "local tensor bound %.1f us: %.2fx" % (pct(bound, .5) * us, pct(local, .5) * us,
                                    pct(bound, .5) / pct(local, .5)))
     if rp is not None:
         print("py_remote: ray 4 KiB get on node_b of an object put on node_a p50 %.1f us p99 %.1f "

@@ -177,6 +177,9 @@ static void do_list(struct client *cl, uint64_t id, const Tensord__List *m)
 	const char *next = NULL;
 	char why[8];
 
+	/* "@PEER/PREFIX": what the peer exports to this node, asked of it. */
+	if (m->prefix[0] == '@' && remote_list(cl, id, m))
+		return;
 	/* A prefix is checked like a name, except that it may be empty, or
 	 * begin with '@' (this node's replicas of other nodes' tensors,
 	 * "@PEER/NAME": docs/remote.md). One that no name can start with (too

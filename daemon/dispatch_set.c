@@ -168,8 +168,9 @@ static int resolve(struct registry *reg, struct reg_client *rc, const struct wai
 		m->v[m->n++] = t;
 	}
 	for (size_t i = 0; i < m->n; i++) {
-		if (m->v[i]->commit > m->commit)
-			m->commit = m->v[i]->commit;
+		/* A remote set's: its origin's commit (the replicas are all of one there). */
+		if (tensor_shown_commit(m->v[i]) > m->commit)
+			m->commit = tensor_shown_commit(m->v[i]);
 	}
 	if (m->commit > m->touched)
 		m->touched = m->commit;

@@ -93,6 +93,13 @@ struct tensor {
 	struct tensor *replaces;
 	/* Its generation of the name and the commit that published it; 0 before. */
 	uint64_t generation, commit;
+	/*
+	 * A replica of another node's tensor ("@PEER/NAME", docs/remote.md):
+	 * the generation and commit it has on that node, which is what clients
+	 * are shown and what after= compares with; 0: not a replica (or a peer
+	 * that did not say). generation and commit above stay this node's.
+	 */
+	uint64_t origin_generation, origin_commit;
 	/* The transaction it is a member of (borrowed; NULL: none), and its place there. */
 	struct reg_tx *tx;
 	TAILQ_ENTRY(tensor) tx_link;
@@ -503,6 +510,17 @@ bool registry_may_hear(uint32_t owner_uid, uint32_t owner_gid, uint32_t mode,
 
 /* Whether a tensor of that name is published (whatever its mode). */
 bool registry_published(struct registry *reg, const char *name, size_t len);
+
+/* What clients are shown of t's version: a replica's origin's (docs/remote.md), else its own. */
+static inline uint64_t tensor_shown_generation(const struct tensor *t)
+{
+	return t->origin_generation ? t->origin_generation : t->generation;
+}
+
+static inline uint64_t tensor_shown_commit(const struct tensor *t)
+{
+	return t->origin_generation ? t->origin_commit : t->commit;
+}
 
 /* The generation of the published tensor of that name (whatever its mode); 0: none. */
 uint64_t registry_generation(struct registry *reg, const char *name, size_t len);

@@ -350,6 +350,8 @@ static void on_peer_down(void *ctx, struct peer *p, const char *reason)
 	rp->up = false;
 	rm_watch_clear(rp); /* its replicas go below: the next connection starts afresh */
 	snprintf(why, sizeof(why), "connection lost: %s", reason);
+	rm_syncs_fail(rp, -ECONNRESET, why);
+	rm_lists_fail(rm, rp, -ECONNRESET, why);
 	fail_pulls_of(rm, rp, why);
 	/* Its replicas: this node can no longer tell whether they are current. */
 	for (r = LIST_FIRST(&rm->replicas); r; r = rnext) {
@@ -463,6 +465,23 @@ static int peer_frame(struct remote *rm, struct rpeer *rp, const Tensord__PeerFr
 		return 0;
 	case TENSORD__PEER_FRAME__BODY_SET_PULL_REPLY:
 		return rm_on_set_pull_reply(rp, f->set_pull_reply, why, why_len);
+	case TENSORD__PEER_FRAME__BODY_NAME_LIST:
+		rm_on_list(rp, f->name_list);
+		return 0;
+	case TENSORD__PEER_FRAME__BODY_NAME_LIST_REPLY:
+		return rm_on_list_reply(rp, f->name_list_reply, why, why_len);
+	case TENSORD__PEER_FRAME__BODY_SYNC:
+		rm_on_sync(rp, f->sync->seq);
+		return 0;
+	case TENSORD__PEER_FRAME__BODY_SYNC_REPLY:
+		if (f->sync_reply->seq > rp->sync_sent) {
+			snprintf(why, why_len,
+				 "a sync reply %" PRIu64 " to no sync sent (%" PRIu64 " sent)",
+				 f->sync_reply->seq, rp->sync_sent);
+			return -EPROTO;
+		}
+		rm_on_sync_reply(rp, f->sync_reply->seq);
+		return 0;
 	default:
 		snprintf(why, why_len, "a frame of kind %d, which this node does not know",
 			 (int)f->body_case);
@@ -524,6 +543,7 @@ void remote_start(struct server *srv)
 	LIST_INIT(&rm->pulls);
 	LIST_INIT(&rm->replicas);
 	LIST_INIT(&rm->sets);
+	LIST_INIT(&rm->lists);
 	LIST_INIT(&rm->jobs);
 	registry_client_init(&rm->rc, UINT64_MAX - 1, (uint32_t)geteuid(), (uint32_t)getegid(),
 			     (uint32_t)getpid());
@@ -574,6 +594,11 @@ void remote_stop(struct server *srv)
 	if (!rm)
 		return;
 	rm->stopping = true;
+	rm_lists_fail(rm, NULL, -ESHUTDOWN, "this daemon is stopping");
+	for (unsigned i = 0; i < srv->peers.n_peers; i++)
+		if (srv->peers.peers[i]->data)
+			rm_syncs_fail(srv->peers.peers[i]->data, -ESHUTDOWN,
+				      "this daemon is stopping");
 	while (!LIST_EMPTY(&rm->sets))
 		rm_set_fail(LIST_FIRST(&rm->sets), -ESHUTDOWN, "this daemon is stopping");
 	for (pl = LIST_FIRST(&rm->pulls); pl; pl = next) {
@@ -637,6 +662,10 @@ void remote_client_gone(struct client *cl)
 	LIST_FOREACH(sp, &rm->sets, link)
 	if (sp->cl == cl)
 		sp->cl = NULL; /* pulled and published all the same, as a single pull is */
+	for (unsigned i = 0; i < cl->srv->peers.n_peers; i++)
+		if (cl->srv->peers.peers[i]->data)
+			rm_syncs_client_gone(cl->srv->peers.peers[i]->data, cl);
+	rm_lists_client_gone(rm, cl);
 	for (pl = LIST_FIRST(&rm->pulls); pl; pl = pnext) {
 		pnext = LIST_NEXT(pl, link);
 		for (w = LIST_FIRST(&pl->waits); w; w = next) {
@@ -659,6 +688,10 @@ int remote_cancel(struct client *cl, uint64_t req_id)
 
 	if (!rm)
 		return -ENOENT;
+	for (unsigned i = 0; i < cl->srv->peers.n_peers; i++)
+		if (cl->srv->peers.peers[i]->data &&
+		    rm_syncs_cancel(cl->srv->peers.peers[i]->data, cl, req_id) == 0)
+			return 0;
 	LIST_FOREACH(pl, &rm->pulls, link)
 	LIST_FOREACH(w, &pl->waits, link)
 	if (w->cl == cl && w->id == req_id && pl->wait) {

@@ -117,6 +117,17 @@ bool remote_set_is_remote(const struct Tensord__AttachMany *m);
  */
 void remote_attach_many(struct client *cl, uint64_t id, const struct Tensord__AttachMany *m);
 
+struct Tensord__List;
+
+/*
+ * List of prefix "@PEER/..." by cl, request id: what PEER exports to this
+ * node under the rest of the prefix, asked of PEER and answered when it
+ * answers (docs/remote.md, "Naming"): true. false: not such a list (the
+ * prefix "@" alone, no '/', or peering off): the caller lists this node's
+ * own names (its replicas).
+ */
+bool remote_list(struct client *cl, uint64_t id, const struct Tensord__List *m);
+
 /* cl's connection is closing: its pending remote attaches are forgotten. */
 void remote_client_gone(struct client *cl);
 

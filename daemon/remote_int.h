@@ -75,13 +75,26 @@ struct rpeer {
 	TAILQ_HEAD(, serve) serves;
 	void *watched; /* A: tsearch tree of names it holds replicas of (owned strings) */
 	unsigned n_watched;
+	/* B: PeerSyncs sent and answered (their seq), and the attaches waiting on one. */
+	uint64_t sync_sent, sync_heard;
+	LIST_HEAD(, pwait) syncs;
 };
 
-/* B: a client's attach waiting on a pull. */
+/*
+ * B: a client's attach of an '@' name, waiting on a pull, or on a sync
+ * (rpeer.syncs: served from the replica once B has heard from A after it
+ * began; docs/remote.md, "Freshness").
+ */
 struct pwait {
 	struct client *cl;
 	uint64_t id, have_id;
-	bool bind;
+	char name[TENSORD_NAME_MAX + 1]; /* "@a/m/w" */
+	uint64_t after;
+	int64_t timeout_ms;
+	uint64_t arrived;     /* rm->tick when it came: pulls asked before are too old for it */
+	uint64_t sync_seq;    /* in rpeer.syncs: the PeerSync whose reply it waits for */
+	bool late;            /* joined a pull asked before it came: synced again at its end */
+	uint64_t deadline_ns; /* a wait's end, each attach its own; 0: none (forever) */
 	size_t n_have_shares;
 	uint64_t *have_shares; /* owned: slabs whose descriptor the client holds */
 	LIST_ENTRY(pwait) link;
@@ -95,13 +108,22 @@ struct pull {
 	char name[TENSORD_NAME_MAX + 1]; /* "@a/m/w" */
 	size_t name_len, peer_len;
 	enum { PL_ASKING, PL_RECEIVING, PL_WAITING } st; /* waiting: A said not yet */
-	bool wait;            /* an attach with a timeout or after: not yet is not an error */
-	uint64_t after;       /* nonzero: only a generation newer */
-	uint64_t deadline_ns; /* a wait's end; 0: none (forever) */
-	bool dead;            /* failed with its receive posted: waits for that to end */
-	bool posted;          /* UCX has the mapping */
-	bool watched;         /* A tells of the name's next change */
-	bool stale;           /* A told of a change after its reply: not kept as watched */
+	bool wait;      /* an attach with a timeout or after: not yet is not an error */
+	uint64_t after; /* nonzero: only a generation newer */
+	/*
+	 * A waiting pull (PL_WAITING): A watches the name for this node
+	 * (wait_watched: told of its next change; else asked again at
+	 * reask_ns); told: A told of a change, ask again; linger_ns: when a
+	 * pull nobody waits on any more ends (0: someone waits), so that the
+	 * next wait of the same name and after (the Python client's next
+	 * 100 ms slice) asks A nothing (issue 30 item 8).
+	 */
+	bool wait_watched, told;
+	uint64_t reask_ns, linger_ns;
+	bool dead;    /* failed with its receive posted: waits for that to end */
+	bool posted;  /* UCX has the mapping */
+	bool watched; /* A tells of the name's next change */
+	bool stale;   /* A told of a change after its reply: not kept as watched */
 	uint64_t lease, generation, nbytes;
 	struct tensor *t; /* the replica being made: borrowed, valid while lease lives */
 	bool gpu;         /* a GPU replica: received into host memory (map), then copied in */
@@ -113,6 +135,7 @@ struct pull {
 	size_t map_len;
 	size_t pop_off; /* populated ahead of UCX up to here (populate_step) */
 	uint64_t started_ns;
+	uint64_t asked; /* rm->tick when it last asked A */
 	uv_timer_t timer;
 	LIST_HEAD(, pwait) waits;
 	LIST_ENTRY(pull) link;
@@ -160,10 +183,12 @@ struct remote {
 	char why[300];        /* why there is no data path */
 	struct reg_client rc; /* B: creates the replicas */
 	uint64_t next_id;     /* ids when the random source fails */
+	uint64_t tick;        /* orders attaches' arrivals and pulls' questions */
 	LIST_HEAD(, pull) pulls;
 	LIST_HEAD(, replica) replicas;
 	LIST_HEAD(, spull) sets;
-	void *replica_index; /* tsearch tree of the replicas, by name */
+	LIST_HEAD(, rlist) lists; /* B: clients' lists of a peer's names, asked of it */
+	void *replica_index;      /* tsearch tree of the replicas, by name */
 	unsigned n_sets;
 	uint32_t next_tx;
 	struct remote_figures *figs; /* the server's gauges (srv->remote_figs), kept here */
@@ -281,11 +306,20 @@ void rm_pull_end_failed(struct pull *pl, int status, const char *why);
 void __attribute__((format(printf, 3, 4)))
 rm_pull_fail(struct pull *pl, int status, const char *fmt, ...);
 
-/* Every attach waiting on pl gets a lease on its replica (bound only when watched). */
+/*
+ * Every attach waiting on pl gets a lease on its replica (never bound), but
+ * one that came after pl asked A, which first hears from A (a sync).
+ */
 void rm_answer_local(struct pull *pl, bool watched);
 
-/* A waiting pull nobody waits on any more ends (A holds nothing for it). */
+/*
+ * A waiting pull nobody waits on any more lingers (REMOTE_WAIT_LINGER_MS)
+ * for the next wait of its name, then ends (A holds nothing for it).
+ */
 void rm_pull_unwanted(struct pull *pl);
+
+/* How long a waiting pull nobody waits on stays for the next wait (ms). */
+#define REMOTE_WAIT_LINGER_MS 1000u
 
 /* A pull's timer: a wait asks again, anything else has taken too long. */
 void rm_on_pull_timeout(uv_timer_t *t);
@@ -308,6 +342,38 @@ void rm_pull_filled(struct gjob *j);
 /* B's handlers of A's frames: 0, or -errno with why (the peer's connection then closes). */
 int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, size_t why_len);
 int rm_on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, size_t why_len);
+
+/* A answered PeerSync seq: the attaches that waited for it go on. */
+void rm_on_sync_reply(struct rpeer *rp, uint64_t seq);
+
+/* A: B asks whether it has heard everything: the reply goes at once. */
+void rm_on_sync(struct rpeer *rp, uint64_t seq);
+
+/* rp's attaches waiting on a sync: failed (connection lost), or cl's / req_id's gone. */
+void rm_syncs_fail(struct rpeer *rp, int status, const char *reason);
+void rm_syncs_client_gone(struct rpeer *rp, struct client *cl);
+int rm_syncs_cancel(struct rpeer *rp, struct client *cl, uint64_t req_id);
+
+/* --- remote_list.c: listing what a peer exports --------------------------------------- */
+
+/* B: one client's List of "@PEER/PREFIX", asked of the peer. */
+struct rlist {
+	struct remote *rm;
+	struct rpeer *rp;
+	struct client *cl;
+	uint64_t req_id, id;
+	char peer_prefix[PEER_NAME_MAX + 3]; /* "@a/" */
+	uv_timer_t timer;                    /* the answer's deadline */
+	LIST_ENTRY(rlist) link;
+};
+
+void rm_on_list(struct rpeer *rp, const Tensord__PeerNameList *m);
+int rm_on_list_reply(struct rpeer *rp, const Tensord__PeerNameListReply *m, char *why,
+		     size_t why_len);
+
+/* rp's lists under way fail (its connection lost); cl's are forgotten (it closed). */
+void rm_lists_fail(struct remote *rm, struct rpeer *rp, int status, const char *reason);
+void rm_lists_client_gone(struct remote *rm, struct client *cl);
 
 /* --- remote_set.c: B, pulling a set -------------------------------------------------- */
 

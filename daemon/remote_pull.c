@@ -51,6 +51,20 @@ static struct pull *pull_by_name(struct remote *rm, const char *name)
 	return NULL;
 }
 
+/*
+ * A pull of name asking A or receiving (a replica of it may be on its way
+ * out), or NULL; a wait A said "not yet" to is none: it changes nothing.
+ */
+static struct pull *pull_busy(struct remote *rm, const char *name)
+{
+	struct pull *pl;
+
+	LIST_FOREACH(pl, &rm->pulls, link)
+	if (!pl->dead && pl->st != PL_WAITING && strcmp(pl->name, name) == 0)
+		return pl;
+	return NULL;
+}
+
 /* A pull of name that an attach without a wait may join (one waits for none), or NULL. */
 static struct pull *pull_joinable(struct remote *rm, const char *name)
 {
@@ -330,86 +344,143 @@ rm_pull_fail(struct pull *pl, int status, const char *fmt, ...)
 	else
 		snprintf(why, sizeof(why), "peer %s: tensor '%s': %s", pl->rp->p->name,
 			 pl->name + pl->peer_len + 2, reason);
-	pl->rp->p->remote.pull_errors++;
 	if (pl->set) {
+		pl->rp->p->remote.pull_errors++;
 		rm_set_fail(pl->set, status, why);
 		return;
 	}
+	if (pl->wait && LIST_EMPTY(&pl->waits)) { /* a wait that lingers: nobody to fail */
+		log_debug("pull %" PRIu64 " of '%s' ended: %s", pl->id, pl->name, why);
+		rm_pull_end_failed(pl, status, why);
+		return;
+	}
+	pl->rp->p->remote.pull_errors++;
 	log_info("pull %" PRIu64 " of '%s' failed: %s", pl->id, pl->name, why);
 	figure_count(FIG_remote_pull_failures_total, 1);
 	rm_pull_end_failed(pl, status, why);
 }
 
+static void sync_park(struct rpeer *rp, struct pwait *w);
+
 /*
- * Every waiting attach gets a lease on the replica. Bound (issue 22's
- * bindings: later attaches served in the client) only when A watches the
- * name for this node, so that a change unlinks the replica and clears them.
+ * Every waiting attach gets a lease on the replica, never bound: a binding
+ * serves later attaches in the client, without this node hearing from A
+ * (docs/remote.md, "Freshness"). An attach that came after pl asked A
+ * (it joined a pull under way) is served after a sync, as a replica's.
  */
 void rm_answer_local(struct pull *pl, bool watched)
 {
 	struct pwait *w;
 
+	(void)watched; /* never bound: a binding would serve it without hearing from A */
 	while ((w = LIST_FIRST(&pl->waits))) {
 		LIST_REMOVE(w, link);
+		if (w->late) { /* pl asked A before w came: w hears from A first */
+			sync_park(pl->rp, w);
+			continue;
+		}
 		dispatch_attach_local(w->cl, w->id, pl->name, pl->name_len, w->have_id,
-				      w->have_shares, w->n_have_shares, w->bind && watched);
+				      w->have_shares, w->n_have_shares, false);
 		rm_pwait_free(w);
 	}
 }
 
 static int pull_ask(struct pull *pl, uint64_t have_generation);
 
-/* A waiting pull whose deadline passed: its attaches time out as a local wait does. */
-static void pull_wait_over(struct pull *pl)
+/*
+ * The waits on pl whose deadline passed end with ETIMEDOUT, as a local
+ * wait does: a wait that ends so is no failure of the pull (nothing is
+ * counted in remote_pull_failures_total or the peer's pull errors, and
+ * it is logged at debug level only); the pull goes on for the others.
+ */
+static void pull_waits_expire(struct pull *pl, uint64_t now)
 {
-	if (pl->after)
-		rm_pull_fail(pl, -ETIMEDOUT,
-			     "no generation newer than %" PRIu64 " within the timeout", pl->after);
-	else
-		rm_pull_fail(pl, -ETIMEDOUT, "not published within the timeout");
+	struct pwait *w, *next;
+	char why[700];
+
+	for (w = LIST_FIRST(&pl->waits); w; w = next) {
+		next = LIST_NEXT(w, link);
+		if (!w->deadline_ns || w->deadline_ns > now)
+			continue;
+		if (pl->after)
+			snprintf(why, sizeof(why),
+				 "peer %s: tensor '%s': no generation newer than %" PRIu64
+				 " within the timeout",
+				 pl->rp->p->name, pl->name + pl->peer_len + 2, pl->after);
+		else
+			snprintf(why, sizeof(why),
+				 "peer %s: tensor '%s': not published within the timeout",
+				 pl->rp->p->name, pl->name + pl->peer_len + 2);
+		log_debug("pull %" PRIu64 " of '%s': a wait ended: %s", pl->id, pl->name, why);
+		LIST_REMOVE(w, link);
+		reply_status(w->cl->conn, ATTACH, w->id, -ETIMEDOUT, why);
+		rm_pwait_free(w);
+	}
 }
 
 /* A waiting pull asks A again: A told of a change, or it is time to look. */
 static void pull_wait_again(struct pull *pl)
 {
-	if (pl->deadline_ns && now_ns() >= pl->deadline_ns) {
-		pull_wait_over(pl);
-		return;
-	}
 	pl->st = PL_ASKING;
+	pl->told = false;
+	pl->linger_ns = 0;
 	uv_timer_start(&pl->timer, rm_on_pull_timeout, PULL_BASE_MS, 0);
 	if (pull_ask(pl, 0) < 0)
 		rm_pull_fail(pl, -ECONNRESET, "the connection to it was lost");
 }
 
 /*
+ * pl waits (PL_WAITING): its waits past their deadline end; with none
+ * left it lingers for the next wait of the name, then ends; A is asked
+ * again when it told of a change, or (A not watching) every second; the
+ * timer is set for the next of these.
+ */
+static void pull_wait_arm(struct pull *pl)
+{
+	uint64_t now = now_ns(), next = 0;
+	struct pwait *w;
+
+	pull_waits_expire(pl, now);
+	if (LIST_EMPTY(&pl->waits)) {
+		if (!pl->linger_ns)
+			pl->linger_ns = now + (uint64_t)REMOTE_WAIT_LINGER_MS * 1000000u;
+		if (pl->told || now >= pl->linger_ns) { /* a change unasked for: A forgot it */
+			uv_timer_stop(&pl->timer);
+			rm_pull_free(pl);
+			return;
+		}
+		next = pl->linger_ns;
+	} else {
+		pl->linger_ns = 0;
+		if (pl->told || (!pl->wait_watched && now >= pl->reask_ns)) {
+			pull_wait_again(pl);
+			return;
+		}
+		LIST_FOREACH(w, &pl->waits, link)
+		if (w->deadline_ns && (!next || w->deadline_ns < next))
+			next = w->deadline_ns;
+		if (!pl->wait_watched && (!next || pl->reask_ns < next))
+			next = pl->reask_ns;
+	}
+	if (next)
+		uv_timer_start(&pl->timer, rm_on_pull_timeout,
+			       next > now ? (next - now + 999999u) / 1000000u : 0, 0);
+	else
+		uv_timer_stop(&pl->timer);
+}
+
+/*
  * A said not yet: wait for its PeerChanged of the name (watched), or ask
  * again in a second (not watched: A watches too many names of this node's),
- * at most until the attach's deadline.
+ * each attach at most until its own deadline.
  */
 static void pull_wait(struct pull *pl, bool watched)
 {
-	uint64_t now = now_ns(), ms = watched ? 0 : 1000;
-
 	pl->st = PL_WAITING;
-	if (LIST_EMPTY(&pl->waits)) { /* its attaches went meanwhile */
-		rm_pull_unwanted(pl);
-		return;
-	}
-	if (pl->deadline_ns) {
-		uint64_t left =
-			pl->deadline_ns > now ? (pl->deadline_ns - now + 999999u) / 1000000u : 0;
-
-		if (!left) {
-			pull_wait_over(pl);
-			return;
-		}
-		ms = ms && ms < left ? ms : left;
-	}
-	if (ms)
-		uv_timer_start(&pl->timer, rm_on_pull_timeout, ms, 0);
-	else
-		uv_timer_stop(&pl->timer);
+	pl->wait_watched = watched;
+	pl->told = false;
+	pl->reask_ns = watched ? 0 : now_ns() + 1000000000u;
+	pull_wait_arm(pl);
 }
 
 void rm_on_pull_timeout(uv_timer_t *t)
@@ -418,11 +489,27 @@ void rm_on_pull_timeout(uv_timer_t *t)
 	uint64_t ms = (now_ns() - pl->started_ns) / 1000000u;
 
 	if (pl->st == PL_WAITING) {
-		pull_wait_again(pl);
+		pull_wait_arm(pl);
 		return;
 	}
 	rm_pull_fail(pl, -ETIMEDOUT, "no %s after %" PRIu64 " ms",
 		     pl->st == PL_ASKING ? "answer" : "bytes", ms);
+}
+
+/*
+ * A waiting pull that a new wait of the same name and after may join: A
+ * said not yet and watches the name for this node (it tells of the next
+ * change, and the pull then asks again), or NULL.
+ */
+static struct pull *pull_wait_joinable(struct remote *rm, const char *name, uint64_t after)
+{
+	struct pull *pl;
+
+	LIST_FOREACH(pl, &rm->pulls, link)
+	if (!pl->dead && pl->wait && pl->st == PL_WAITING && pl->wait_watched &&
+	    pl->after == after && strcmp(pl->name, name) == 0)
+		return pl;
+	return NULL;
 }
 
 static int pull_ask(struct pull *pl, uint64_t have_generation)
@@ -430,6 +517,7 @@ static int pull_ask(struct pull *pl, uint64_t have_generation)
 	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
 	Tensord__PeerPull m = TENSORD__PEER_PULL__INIT;
 
+	pl->asked = ++pl->rm->tick;
 	m.id = pl->id;
 	m.name = pl->name + pl->peer_len + 2;
 	m.have_generation = have_generation;
@@ -483,6 +571,106 @@ struct rpeer *rm_rpeer_ready(struct client *cl, unsigned kind, uint64_t id, cons
 	return rp;
 }
 
+/*
+ * Freshness (docs/remote.md, "Freshness"; issue 30 item 7). A replica A
+ * watches for this node is current up to the PeerChanged frames still on
+ * their way: an attach that began after a put on A returned could read the
+ * version before it. So a replica serves an attach only once this node has
+ * heard from A after the attach came: A answers a PeerSync at once, on the
+ * connection that carries its PeerChanged frames, so by its reply every
+ * change A made before the attach began has been told. Every answer is then
+ * A's version at some moment after the attach began: read-your-writes for a
+ * caller whose put returned before its attach, and a client's attaches,
+ * one after the other, never go back.
+ */
+static void sync_park(struct rpeer *rp, struct pwait *w)
+{
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerSync m = TENSORD__PEER_SYNC__INIT;
+	char why[700];
+
+	w->sync_seq = m.seq = ++rp->sync_sent;
+	f.body_case = TENSORD__PEER_FRAME__BODY_SYNC;
+	f.sync = &m;
+	if (peer_send(rp->p, &f) < 0) {
+		snprintf(why, sizeof(why), "peer %s: tensor '%s': the connection to it was lost",
+			 rp->p->name, w->name + strlen(rp->p->name) + 2);
+		reply_status(w->cl->conn, ATTACH, w->id, -ECONNRESET, why);
+		rm_pwait_free(w);
+		return;
+	}
+	LIST_INSERT_HEAD(&rp->syncs, w, link);
+}
+
+/*
+ * Attach w of rp's name (fresh: this node has heard from A since w came):
+ * served by the replica A watches when fresh, else after a sync; else by a
+ * pull: a wait joins one A watches the name for already, a plain attach
+ * joins the name's pull under way (synced again at its end if that pull
+ * asked A before w came), or a pull of its own asks A.
+ */
+static void attach_go(struct remote *rm, struct rpeer *rp, struct pwait *w, bool fresh)
+{
+	size_t len = strlen(w->name);
+	bool wait = w->timeout_ms || w->after;
+	struct replica *rep = rm_replica_find(rm, w->name);
+	struct pull *pl;
+
+	if (rep && rep->watched && rep->generation > w->after && !pull_busy(rm, w->name)) {
+		if (!fresh) {
+			sync_park(rp, w);
+			return;
+		}
+		/* A told of every change up to after w came: this is current. */
+		figure_count(FIG_remote_replica_hits_total, 1);
+		dispatch_attach_local(w->cl, w->id, w->name, len, w->have_id, w->have_shares,
+				      w->n_have_shares, false);
+		rm_pwait_free(w);
+		return;
+	}
+	if (wait) { /* a wait: joins one A watches the name for already */
+		pl = pull_wait_joinable(rm, w->name, w->after);
+		if (pl) {
+			LIST_INSERT_HEAD(&pl->waits, w, link);
+			pull_wait_arm(pl);
+			return;
+		}
+	}
+	pl = wait ? NULL : pull_joinable(rm, w->name);
+	if (pl) { /* one pull per name: this attach waits on it */
+		w->late = pl->asked < w->arrived;
+		LIST_INSERT_HEAD(&pl->waits, w, link);
+		return;
+	}
+	pl = calloc(1, sizeof(*pl));
+	if (!pl) {
+		reply_status(w->cl->conn, ATTACH, w->id, -ENOMEM,
+			     "out of memory for a remote attach");
+		rm_pwait_free(w);
+		return;
+	}
+	pl->rm = rm;
+	pl->rp = rp;
+	pl->id = pull_new_id(rm);
+	memcpy(pl->name, w->name, len + 1);
+	pl->name_len = len;
+	pl->peer_len = strlen(rp->p->name);
+	pl->st = PL_ASKING;
+	pl->started_ns = now_ns();
+	/* A waiting attach gets a pull of its own: A answers it "not yet" while it is. */
+	pl->wait = wait;
+	pl->after = w->after;
+	LIST_INIT(&pl->waits);
+	LIST_INSERT_HEAD(&pl->waits, w, link);
+	LIST_INSERT_HEAD(&rm->pulls, pl, link);
+	rm->figs->pulls++;
+	uv_timer_init(rm->srv->loop, &pl->timer);
+	pl->timer.data = pl;
+	uv_timer_start(&pl->timer, rm_on_pull_timeout, PULL_BASE_MS, 0);
+	if (pull_ask(pl, rep && !pl->wait ? rep->generation : 0) < 0)
+		rm_pull_fail(pl, -ECONNRESET, "the connection to it was lost");
+}
+
 void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t have_id,
 		   const uint64_t *have_shares, size_t n_have_shares, bool bind, int64_t timeout_ms,
 		   uint64_t after)
@@ -492,11 +680,10 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	char why[600], peer[PEER_NAME_MAX + 1], what[300];
 	size_t len = strlen(name), peer_len;
 	struct rpeer *rp;
-	struct pull *pl;
 	struct pwait *w;
-	struct replica *rep;
 	int r;
 
+	(void)bind; /* never bound: a binding would serve it without hearing from A */
 	r = td_remote_name_check(name, len, &peer_len, why, sizeof(why));
 	if (r < 0) {
 		reply_status(cl->conn, ATTACH, id, r, why);
@@ -508,13 +695,6 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	rp = rm_rpeer_ready(cl, ATTACH, id, what, peer);
 	if (!rp)
 		return;
-	rep = rm_replica_find(rm, name);
-	if (rep && rep->watched && rep->generation > after && !pull_by_name(rm, name)) {
-		/* A tells of its next change before anything else: this is current. */
-		figure_count(FIG_remote_replica_hits_total, 1);
-		dispatch_attach_local(cl, id, name, len, have_id, have_shares, n_have_shares, bind);
-		return;
-	}
 	w = calloc(1, sizeof(*w));
 	if (w && n_have_shares) {
 		w->have_shares = malloc(n_have_shares * sizeof(*have_shares));
@@ -530,40 +710,91 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	w->cl = cl;
 	w->id = id;
 	w->have_id = have_id;
-	w->bind = bind;
 	w->n_have_shares = n_have_shares;
-	pl = timeout_ms || after ? NULL : pull_joinable(rm, name);
-	if (pl) { /* one pull per name: this attach waits on it */
-		LIST_INSERT_HEAD(&pl->waits, w, link);
-		return;
+	memcpy(w->name, name, len + 1);
+	w->after = after;
+	w->timeout_ms = timeout_ms;
+	w->arrived = ++rm->tick;
+	/* A wait's own end: timeout 0 (with after) ends at the first "not yet". */
+	if (timeout_ms >= 0 && (timeout_ms || after))
+		w->deadline_ns = now_ns() + (uint64_t)timeout_ms * 1000000u;
+	attach_go(rm, rp, w, false);
+}
+
+void rm_on_sync(struct rpeer *rp, uint64_t seq)
+{
+	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
+	Tensord__PeerSyncReply m = TENSORD__PEER_SYNC_REPLY__INIT;
+
+	figure_count(FIG_remote_sync_requests_total, 1);
+	m.seq = seq;
+	f.body_case = TENSORD__PEER_FRAME__BODY_SYNC_REPLY;
+	f.sync_reply = &m;
+	rm_send_frame(rp, &f);
+}
+
+void rm_on_sync_reply(struct rpeer *rp, uint64_t seq)
+{
+	LIST_HEAD(, pwait) ready = LIST_HEAD_INITIALIZER(ready);
+	struct pwait *w, *next;
+
+	if (seq > rp->sync_heard)
+		rp->sync_heard = seq;
+	for (w = LIST_FIRST(&rp->syncs); w; w = next) {
+		next = LIST_NEXT(w, link);
+		if (w->sync_seq <= rp->sync_heard) {
+			LIST_REMOVE(w, link);
+			LIST_INSERT_HEAD(&ready, w, link);
+		}
 	}
-	pl = calloc(1, sizeof(*pl));
-	if (!pl) {
+	while ((w = LIST_FIRST(&ready))) {
+		LIST_REMOVE(w, link);
+		w->late = false;
+		attach_go(rp->rm, rp, w, true);
+	}
+}
+
+void rm_syncs_fail(struct rpeer *rp, int status, const char *reason)
+{
+	char why[900];
+	struct pwait *w;
+
+	while ((w = LIST_FIRST(&rp->syncs))) {
+		LIST_REMOVE(w, link);
+		snprintf(why, sizeof(why), "peer %s: tensor '%s': %s", rp->p->name,
+			 w->name + strlen(rp->p->name) + 2, reason);
+		reply_status(w->cl->conn, ATTACH, w->id, status, why);
 		rm_pwait_free(w);
-		reply_status(cl->conn, ATTACH, id, -ENOMEM, "out of memory for a remote attach");
-		return;
 	}
-	pl->rm = rm;
-	pl->rp = rp;
-	pl->id = pull_new_id(rm);
-	memcpy(pl->name, name, len + 1);
-	pl->name_len = len;
-	pl->peer_len = peer_len;
-	pl->st = PL_ASKING;
-	pl->started_ns = now_ns();
-	/* A waiting attach gets a pull of its own: A answers it "not yet" while it is. */
-	pl->wait = timeout_ms != 0 || after;
-	pl->after = after;
-	pl->deadline_ns = timeout_ms > 0 ? pl->started_ns + (uint64_t)timeout_ms * 1000000u : 0;
-	LIST_INIT(&pl->waits);
-	LIST_INSERT_HEAD(&pl->waits, w, link);
-	LIST_INSERT_HEAD(&rm->pulls, pl, link);
-	rm->figs->pulls++;
-	uv_timer_init(srv->loop, &pl->timer);
-	pl->timer.data = pl;
-	uv_timer_start(&pl->timer, rm_on_pull_timeout, PULL_BASE_MS, 0);
-	if (pull_ask(pl, rep && !pl->wait ? rep->generation : 0) < 0)
-		rm_pull_fail(pl, -ECONNRESET, "the connection to it was lost");
+}
+
+void rm_syncs_client_gone(struct rpeer *rp, struct client *cl)
+{
+	struct pwait *w, *next;
+
+	for (w = LIST_FIRST(&rp->syncs); w; w = next) {
+		next = LIST_NEXT(w, link);
+		if (w->cl == cl) {
+			LIST_REMOVE(w, link);
+			rm_pwait_free(w);
+		}
+	}
+}
+
+int rm_syncs_cancel(struct rpeer *rp, struct client *cl, uint64_t req_id)
+{
+	char why[400];
+	struct pwait *w;
+
+	LIST_FOREACH(w, &rp->syncs, link)
+	if (w->cl == cl && w->id == req_id && (w->timeout_ms || w->after)) {
+		snprintf(why, sizeof(why), "tensor '%s': the wait was cancelled", w->name);
+		reply_status(cl->conn, ATTACH, w->id, -ECANCELED, why);
+		LIST_REMOVE(w, link);
+		rm_pwait_free(w);
+		return 0;
+	}
+	return -ENOENT;
 }
 
 /* B has memory ready for pl's bytes: A sends them. */
@@ -765,6 +996,8 @@ int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *wh
 		/* Another pull is making this replica: end A's lease, ask again soon. */
 		pull_done_send(rp, pl->id);
 		pl->st = PL_WAITING;
+		pl->told = true; /* A's answer is there: ask again (not joinable meanwhile) */
+		pl->wait_watched = false;
 		uv_timer_start(&pl->timer, rm_on_pull_timeout, 10, 0);
 		return 0;
 	}
@@ -798,6 +1031,11 @@ int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *wh
 		return -EPROTO;
 	}
 	r = registry_create(reg, &rm->rc, &a, &t, &pl->lease, reason, sizeof(reason));
+	if (r == 0 || r == -EINPROGRESS) {
+		/* Its clients see A's version of it, which after= compares with. */
+		t->origin_generation = m->generation;
+		t->origin_commit = m->commit;
+	}
 	if (r == -EINPROGRESS) {
 		pull_gpu_begin(pl, m, t, nbytes);
 		return 0;
@@ -953,8 +1191,10 @@ int rm_on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, si
 		/* Waiting pulls ask again (after this loop: asking may fail one). */
 		LIST_FOREACH(pl, &rm->pulls, link)
 		if (!pl->dead && pl->rp == rp && pl->st == PL_WAITING &&
-		    strcmp(pl->name, full) == 0)
+		    strcmp(pl->name, full) == 0) {
+			pl->told = true;
 			uv_timer_start(&pl->timer, rm_on_pull_timeout, 0, 0);
+		}
 	}
 	return 0;
 }
@@ -975,11 +1215,12 @@ void rm_unwatch_send(struct remote *rm, struct replica *r)
 	rm_send_frame(r->rp, &f);
 }
 
-/* A waiting pull nobody waits on any more ends (A holds nothing for it). */
+/*
+ * A waiting pull nobody waits on any more lingers for the next wait of its
+ * name, then ends (A holds nothing for it).
+ */
 void rm_pull_unwanted(struct pull *pl)
 {
-	if (pl->wait && pl->st == PL_WAITING && LIST_EMPTY(&pl->waits)) {
-		uv_timer_stop(&pl->timer);
-		rm_pull_free(pl);
-	}
+	if (pl->wait && pl->st == PL_WAITING && LIST_EMPTY(&pl->waits))
+		pull_wait_arm(pl);
 }

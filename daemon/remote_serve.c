@@ -464,6 +464,7 @@ static void serve_answer(struct serve *s)
 
 	rep.id = s->id;
 	rep.generation = t->generation;
+	rep.commit = t->commit;
 	/*
 	 * A single pull's replica is watched; a set's members are not (B asks
 	 * for them). A GPU tensor's copy took a while: if its name changed

@@ -50,8 +50,8 @@ static void fill_info(struct info_store *s, const struct tensor *t)
 	s->info.flags = t->flags;
 	s->info.created_ns = t->created_ns;
 	s->info.id = t->id;
-	s->info.generation = t->generation;
-	s->info.commit = t->commit;
+	s->info.generation = tensor_shown_generation(t);
+	s->info.commit = tensor_shown_commit(t);
 }
 
 void reply_send(struct conn *c, const Tensord__Reply *rep, const struct conn_fd_ticket *tk)

@@ -41,7 +41,22 @@ int cmd_stat(tensord_client *c, const struct args *a)
 	tensord_info info;
 	int rc;
 
-	rc = tensord_stat(c, a->pos[0], &info);
+	if (a->pos[0][0] == '@') {
+		/*
+		 * Another node's tensor: what an attach gets (the node's current
+		 * version, pulled when this node holds no replica known to be
+		 * current), its version as that node numbers it (docs/remote.md).
+		 */
+		DLManagedTensorVersioned *t;
+
+		rc = tensord_attach(c, a->pos[0], 0, &t);
+		if (rc == 0) {
+			rc = tensord_tensor_info(t, &info);
+			t->deleter(t);
+		}
+	} else {
+		rc = tensord_stat(c, a->pos[0], &info);
+	}
 	if (rc < 0)
 		return op_error(rc, a->pos[0]);
 	if (a->seen & OPT_JSON)

@@ -139,9 +139,10 @@ def test_remote_attach_bytes_identical_read_only_zero_copy(daemon_factory, tmp_p
             with pytest.raises(ValueError):
                 got[...] = 0
             # A second attach of the live replica pulls nothing and maps the
-            # same memory; another connection (no binding) is served by the
-            # replica too, without asking node-a: node-a watches the name for
-            # node-b and would have said if it changed (docs/remote.md).
+            # same memory; another connection is served by the replica too,
+            # without a pull request to node-a: node-a watches the name for
+            # node-b, and node-b hears from it (one sync) before it serves
+            # (docs/remote.md, "Freshness").
             t2 = cb.attach("@node-a/" + name)
             got2 = np.from_dlpack(t2)
             np.testing.assert_array_equal(got2, arr)
@@ -168,10 +169,12 @@ def test_remote_attach_bytes_identical_read_only_zero_copy(daemon_factory, tmp_p
         pb = next(p for p in cb.peers() if p.name == "node-a")
         assert (pb.pulled, pb.pulled_bytes, pb.pull_errors) == (len(CASES), total, 0), pb
         assert pb.replicas == len(CASES) and pb.replica_bytes == total, pb
-        # A list of an '@' prefix shows this node's replicas of node-a's tensors.
+        # A list of "@node-a/" shows what node-a exports to node-b (issue 30
+        # item 9); "@" alone this node's replicas; an unknown peer is ENOENT.
         assert {t.name for t in cb.list("@node-a/")} == {"@node-a/" + n for n, _ in CASES}
         assert {t.name for t in cb.list("@")} >= {"@node-a/" + n for n, _ in CASES}
-        assert cb.list("@node-z/") == []
+        with pytest.raises(FileNotFoundError):
+            cb.list("@node-z/")
         with tensord.Client(a.socket) as ca2:
             pa = next(p for p in ca2.peers() if p.name == "node-b")
         assert (pa.served, pa.served_bytes, pa.pulled) == (len(CASES), total, 0), pa
@@ -221,8 +224,8 @@ def test_replaced_name_is_pulled_again(daemon_factory, tmp_path):
 def test_replica_never_goes_back_under_replaces(daemon_factory, tmp_path):
     """A reader on node-b attaching in a loop while node-a replaces the name:
     whole versions only, never an older one after a newer, and the last one
-    once node-a's word arrived; a replica served without asking is current
-    up to the change's way over the channel (docs/remote.md, "Freshness")."""
+    once node-a's word arrived; a replica serves after node-b heard from
+    node-a (docs/remote.md, "Freshness")."""
     import threading
     a, b = start_pair(daemon_factory, tmp_path)
     n = 1 << 14
@@ -787,6 +790,59 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
         s.close()
         assert wait_until(lambda: "a change list of 2 names and 1 generations" in d.read_log(),
                           timeout=5)
+        # A sync is answered at once with its seq; a sync reply to no sync
+        # this node sent closes the connection (issue 30 item 7).
+        s = me.dial(port, "node-m")
+        assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
+        syncs = d.stats()["remote_sync_requests_total"]
+        s.sendall(frame(fbytes(3, fint(1, 1))) + frame(fbytes(22, fint(1, 77))))
+        r = peer_frames(s, 23)
+        assert r[1] == 77, r
+        assert d.stats()["remote_sync_requests_total"] == syncs + 1
+        s.sendall(frame(fbytes(23, fint(1, 5))))
+        s.settimeout(5)
+        try:
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+        s.close()
+        assert wait_until(lambda: "a sync reply 5 to no sync sent" in d.read_log(), timeout=5)
+        # Listing (issue 30 item 9): node-m answers a list of what it exports
+        # to node-z; a list answer for no list is ignored; one whose entry
+        # fails node-m's checks fails the client's list (EPROTO) and closes
+        # the connection.
+        s = me.dial(port, "node-m")
+        assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
+        s.sendall(frame(fbytes(3, fint(1, 1))) + frame(fbytes(24, fint(1, 9) + fbytes(2, b"model/"))))
+        r = peer_frames(s, 25)
+        assert r[1] == 9 and r.get(2, 0) == 0, r
+        s.sendall(frame(fbytes(25, fint(1, 12345))))
+        out = {}
+
+        def lister():
+            try:
+                with tensord.Client(d.socket) as cl:
+                    out["v"] = cl.list("@node-z/m/")
+            except OSError as e:
+                out["e"] = e
+        import threading
+        th = threading.Thread(target=lister)
+        th.start()
+        r = peer_frames(s, 24)                       # node-m's question
+        assert r[2] == b"m/", r
+        s.sendall(frame(fbytes(25, fint(1, r[1]) + fbytes(4, fbytes(1, b"bad name!") +
+                                                          fint(4, 1) + fint(5, 1) + fint(6, 8) +
+                                                          fint(7, 1)))))
+        th.join(10)
+        assert "e" in out and out["e"].errno == 71 and "node-z" in str(out["e"]), out
+        s.settimeout(5)
+        try:
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+        s.close()
         # Still serving.
         c.put("local/after", np.ones(3))
         with c.attach("model/w") as t:
@@ -860,3 +916,201 @@ def test_peer_that_stops_reading_memory_bounded(daemon_factory, tmp_path):
         with c.attach("model/small") as t:
             assert np.from_dlpack(t)[7] == 7
         assert d.alive()
+
+
+def test_replica_reports_the_origins_generation_and_commit(daemon_factory, tmp_path):
+    """Issue 30 item 6: an '@' tensor shows node-a's generation and commit
+    everywhere (the Python attrs, tensord_info through them, tensorctl ls and
+    stat), and attach(after=t.generation) waits for the next version on
+    node-a instead of returning the same one (node-b's own generation of the
+    replica is smaller: node-a's name had versions before node-b's first)."""
+    a, b = start_pair(daemon_factory, tmp_path)
+    from test_peers import ctl
+    import json
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        for v in range(4):   # node-a's generation of the name runs ahead of node-b's
+            ver = ca.put("model/x", np.full(16, v, np.int32), mode=0o644, replace=True)
+        t = attach_when_ready(cb, "@node-a/model/x")
+        ta = ca.attach("model/x")
+        ver = (ta.generation, ta.commit)
+        assert ta.generation >= 4
+        assert (t.generation, t.commit) == ver, (t.generation, t.commit, ver)
+        ta.release()
+        # tensorctl ls and stat on node-b show node-a's numbers too.
+        rc, out, err = ctl(b, "ls", "@node-a/", "--json")
+        assert rc == 0, err
+        row = next(r for r in json.loads(out) if r["name"] == "@node-a/model/x")
+        assert (row["generation"], row["commit"]) == ver, row
+        rc, out, err = ctl(b, "stat", "@node-a/model/x", "--json")
+        assert rc == 0, err
+        st = json.loads(out)
+        assert (st["generation"], st["commit"]) == ver, st
+        # The next-version loop waits: nothing newer within the timeout.
+        with pytest.raises(TimeoutError):
+            cb.attach("@node-a/model/x", after=t.generation, timeout=0.3)
+        ca.put("model/x", np.full(16, 9, np.int32), mode=0o644, replace=True)
+        with ca.attach("model/x") as ta2:
+            ver2 = (ta2.generation, ta2.commit)
+        t2 = cb.attach("@node-a/model/x", after=t.generation, timeout=10)
+        assert (t2.generation, t2.commit) == ver2 and t2.generation > t.generation
+        assert (np.from_dlpack(t2) == 9).all()
+        t.release()
+        t2.release()
+
+
+def test_remote_wait_that_times_out_is_one_question_not_failures(daemon_factory, tmp_path):
+    """Issue 30 item 8: attach("@node-a/y", after=g, timeout=2) through the
+    synchronous client (which waits in 100 ms Attaches) that times out raises
+    ETIMEDOUT, counts no pull failure (remote_pull_failures_total, the peer's
+    PULL-ERRORS), logs no "failed" line, and asks node-a once: the 100 ms
+    slices join the one waiting pull node-a watches the name for. Asserted:
+    node-a's remote_pull_requests_total moves by exactly 1 (the first slice's
+    question) when no slice's gap passes the 1 s linger, at most 2 in any case."""
+    import errno
+    a, b = start_pair(daemon_factory, tmp_path)
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/y", np.ones(8, np.float32), mode=0o644)
+        with attach_when_ready(cb, "@node-a/model/y") as t:
+            g = t.generation
+        fails = b.stats()["remote_pull_failures_total"]
+        perrs = next(p for p in cb.peers() if p.name == "node-a").pull_errors
+        asked = a.stats()["remote_pull_requests_total"]
+        log0 = len(b.read_log())
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError) as ei:
+            cb.attach("@node-a/model/y", after=g, timeout=2)
+        assert time.monotonic() - t0 >= 1.9
+        assert ei.value.errno == errno.ETIMEDOUT, ei.value
+        assert "node-a" in str(ei.value) and "no generation newer than %d" % g in str(ei.value)
+        assert b.stats()["remote_pull_failures_total"] == fails
+        assert next(p for p in cb.peers() if p.name == "node-a").pull_errors == perrs
+        assert "failed" not in b.read_log()[log0:], b.read_log()[log0:]
+        n = a.stats()["remote_pull_requests_total"] - asked
+        assert 1 <= n <= 2, n
+        # The wait still works: a publish during the next one ends it, and
+        # the lingering pull ends once nobody waits.
+        gen2 = ca.put("model/y", np.full(8, 3, np.float32), mode=0o644, replace=True)
+        with cb.attach("@node-a/model/y", after=g, timeout=10) as t2:
+            assert t2.generation == gen2 and (np.from_dlpack(t2) == 3).all()
+        assert wait_until(lambda: b.stats()["remote_pulls"] == 0, timeout=5)
+
+
+def test_read_your_writes_and_monotonic_reads(daemon_factory, tmp_path):
+    """Issue 30 item 7 (docs/remote.md, "Freshness"): an attach on node-b that
+    begins after a put on node-a returned gets that version or a newer one,
+    never the one before: 50 times on one connection and 50 on a fresh
+    connection each time (before: 16 of 50 old on one connection, served by
+    the replica or a binding before node-a's word arrived). A replica still
+    serves without a pull: node-b hears from node-a first (one sync, no pull
+    request). And a client reading from two connections while node-a
+    replaces the name never sees a version older than one it saw."""
+    import threading
+    a, b = start_pair(daemon_factory, tmp_path)
+    n = 1024
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/x", np.full(n, -1, np.int64), mode=0o644)
+        attach_when_ready(cb, "@node-a/model/x").release()
+        with cb.attach("@node-a/model/x"):   # held: the replica stays, watched
+            old = []
+            for i in range(100):
+                ca.put("model/x", np.full(n, i, np.int64), mode=0o644, replace=True)
+                if i % 2:
+                    with tensord.Client(b.socket) as c2, c2.attach("@node-a/model/x") as t:
+                        v = int(np.from_dlpack(t)[0])
+                else:
+                    with cb.attach("@node-a/model/x") as t:
+                        v = int(np.from_dlpack(t)[0])
+                if v != i:
+                    old.append((i, v))
+            assert old == [], old
+            # No put since: the replica serves, after one sync and no pull.
+            asked = a.stats()["remote_pull_requests_total"]
+            syncs = a.stats()["remote_sync_requests_total"]
+            hits = b.stats()["remote_replica_hits_total"]
+            with tensord.Client(b.socket) as c2, c2.attach("@node-a/model/x") as t:
+                assert int(np.from_dlpack(t)[0]) == 99
+            assert a.stats()["remote_pull_requests_total"] == asked
+            assert a.stats()["remote_sync_requests_total"] == syncs + 1
+            assert b.stats()["remote_replica_hits_total"] == hits + 1
+
+        done = threading.Event()
+
+        def writer():
+            with tensord.Client(a.socket) as cw:
+                for v in range(100, 160):
+                    cw.put("model/x", np.full(n, v, np.int64), mode=0o644, replace=True)
+            done.set()
+
+        th = threading.Thread(target=writer)
+        th.start()
+        with tensord.Client(b.socket) as cb2:
+            last, seen, k = -1, set(), 0
+            while not done.is_set() or k < 20:
+                with (cb, cb2)[k % 2].attach("@node-a/model/x") as t:
+                    got = np.from_dlpack(t)
+                    v = int(got[0])
+                    assert (got == v).all(), "a torn version"
+                    assert v >= last, (v, last)
+                    last = v
+                    seen.add(v)
+                k += 1
+        th.join()
+        assert len(seen) > 1, seen
+
+
+def test_tensorctl_of_remote_names_as_documented(daemon_factory, tmp_path):
+    """Issue 30 item 9: what docs/remote.md "Naming" says of '@' names is what
+    happens. tensorctl get (and stat, wait) of an '@' name attach it, pulling
+    it when needed: get writes node-a's bytes. tensorctl ls @node-a/ lists
+    what node-a exports to node-b (asked of node-a, as uid 65534 under its
+    export rules), replicas here or not: a name node-b never attached is
+    listed, one not exported or not readable by others is not, and the
+    listing stays once the replicas went (--replica-keep); "ls @" lists this
+    node's replicas. Python's stat of an '@' name and creates of one are
+    refused with EINVAL, naming the rule."""
+    import errno
+    import json
+    from test_peers import ctl
+    a, b = start_pair(daemon_factory, tmp_path, extra_b=("--replica-keep", "200"))
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        x = np.arange(100, dtype=np.float64).reshape(10, 10)
+        ca.put("model/x", x, mode=0o644)
+        ca.put("model/y", np.ones(3, np.int8), mode=0o644)
+        attach_when_ready(cb, "@node-a/model/x").release()
+        out = str(tmp_path / "x.npy")
+        rc, _, err = ctl(b, "get", "@node-a/model/x", out)
+        assert rc == 0, err
+        np.testing.assert_array_equal(np.load(out), x)
+        rc, so, err = ctl(b, "wait", "@node-a/model/y", "--timeout", "5", "--json")
+        assert rc == 0, err
+        ca.put("model/z", np.ones((2, 3), np.int16), mode=0o644)  # never attached on b
+        ca.put("model/private", np.ones(3, np.int8), mode=0o600)  # not readable by peers
+        ca.put("other/w", np.ones(3, np.int8), mode=0o644)        # not exported
+        with ca.attach("model/z") as tz:
+            zver = (tz.generation, tz.commit)
+
+        def listed():
+            rc, so, err = ctl(b, "ls", "@node-a/", "--json")
+            assert rc == 0, err
+            return {r["name"]: r for r in json.loads(so)}
+
+        got = listed()
+        assert set(got) == {"@node-a/model/x", "@node-a/model/y", "@node-a/model/z"}, got
+        z = got["@node-a/model/z"]
+        assert (z["generation"], z["commit"]) == zver and z["shape"] == [2, 3], z
+        assert wait_until(lambda: b.stats()["remote_replicas"] == 0, timeout=5)
+        assert set(listed()) == set(got)
+        rc, so, err = ctl(b, "ls", "@", "--json")
+        assert rc == 0 and json.loads(so) == [], (so, err)  # no replica left here
+        # Pages (node-a answers at most 256 names a question, and under a
+        # frame): the client's list goes on after each page node-b gives.
+        for i in range(300):
+            ca.put("model/p/%03d" % i, np.ones(1, np.int8), mode=0o644)
+        names = [t.name for t in cb.list("@node-a/model/p/")]
+        assert names == ["@node-a/model/p/%03d" % i for i in range(300)], names[:3]
+        for op in (lambda: cb.stat("@node-a/model/x"),
+                   lambda: cb.put("@node-a/model/q", np.ones(2, np.int8))):
+            with pytest.raises(OSError) as ei:
+                op()
+            assert ei.value.errno == errno.EINVAL, ei.value
+            assert "only attach and attach_many" in str(ei.value), ei.value

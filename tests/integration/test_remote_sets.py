@@ -62,7 +62,9 @@ def test_set_by_list_and_by_prefix_one_commit(daemon_factory, tmp_path):
 
         got = attach_many_when_ready(cb, [PEER + n for n in SET])
         c1 = check_set(got, SET)
-        # The replicas' commit on node-b is the one each carries there.
+        # Every member shows node-a's commit of the set (issue 30 item 6),
+        # as a listing of the replicas on node-b does.
+        assert c1 == commit_a
         assert replica_commits(cb, got) == {c1}
         release_all(got)
         s = b.stats()
@@ -71,11 +73,12 @@ def test_set_by_list_and_by_prefix_one_commit(daemon_factory, tmp_path):
 
         got = cb.attach_many(PEER + "model/set/")
         c2 = check_set(got, SET)
-        assert c2 > c1  # pulled again, published in a commit of its own
+        assert c2 == commit_a  # pulled again (a commit of its own on node-b): node-a's
+        assert b.stats()["remote_pulls_total"] == 2 * len(SET)
         release_all(got)
         assert wait_until(lambda: a.stats()["remote_pull_leases"] == 0, timeout=5)
 
-        # The C API: the set's commit is the commit its replicas carry on node-b.
+        # The C API: the set's commit is the one its replicas show (node-a's).
         c = Client(b.socket)
         line = c.ok("many %smodel/set/ 0 0" % PEER)
         c.close()
