@@ -83,20 +83,20 @@ GPU_DMN_SRC := $(filter-out $(GPU_API_SRC) $(GPU_IMP_SRC),$(wildcard gpu/*/*.c))
 COMMON_OBJ := $(call obj,common/desc.c common/names.c common/errors.c common/paths.c common/sys.c \
                           proto/frame.c)
 GPU_OBJ    := $(call obj,$(GPU_API_SRC))
-# Peering with other nodes (docs/remote.md: daemon/peer*.c) has a wire
+# Peering with other nodes (docs/remote.md: daemon/remote/peer*.c) has a wire
 # schema of its own (proto/peer.proto) and needs libcrypto (the HMAC of
 # peer_auth.c); the daemon calls libcrypto only when peering is on.
 PEER_PB_OBJ := $(B)/proto/peer.pb-c.o
 # UCX (libucp: docs/remote.md), found with pkg-config ('ucx'; Debian's
 # libucx-dev, which deploy/setup.sh installs). Where it is missing the
-# daemon links the data path's stub (daemon/xport/none.c: remote attach
+# daemon links the data path's stub (daemon/remote/xport/none.c: remote attach
 # answers why) and bench/ucx_get is left out.
 UCX_PKG := ucx
 UCX_OK  := $(shell pkg-config --exists $(UCX_PKG) 2>/dev/null && echo 1)
-XPORT_SRC := $(if $(UCX_OK),daemon/xport/ucx.c,daemon/xport/none.c)
+XPORT_SRC := $(if $(UCX_OK),daemon/remote/xport/ucx.c,daemon/remote/xport/none.c)
 UCX_LIBS  := $(if $(UCX_OK),$(shell pkg-config --libs $(UCX_PKG)))
 CRYPTO_LIBS := $(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
-DMN_OBJ    := $(call obj,$(wildcard daemon/*.c) $(GPU_DMN_SRC) $(XPORT_SRC)) \
+DMN_OBJ    := $(call obj,$(wildcard daemon/*.c daemon/*/*.c) $(GPU_DMN_SRC) $(XPORT_SRC)) \
               $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ) $(PEER_PB_OBJ)
 
 CTL_OBJ := $(call obj,$(wildcard client/tensorctl/*.c))
@@ -245,51 +245,51 @@ $(PY_DIR)/%: client/python/tensord/%
 UNIT_DEPS_test_frame       := proto/frame.c
 UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c gpu/vendor.c
 UNIT_DEPS_test_gpu_vendor  := gpu/vendor.c common/names.c common/desc.c common/errors.c
-UNIT_DEPS_test_pool        := daemon/pool.c daemon/log.c common/paths.c
-UNIT_DEPS_test_slab        := daemon/slab.c common/sys.c
+UNIT_DEPS_test_pool        := daemon/memory/pool.c daemon/base/log.c common/paths.c
+UNIT_DEPS_test_slab        := daemon/memory/slab.c common/sys.c
 UNIT_DEPS_test_sys         := common/sys.c
-UNIT_DEPS_test_memlimit    := daemon/memlimit.c
-UNIT_DEPS_test_ratelimit   := daemon/ratelimit.c daemon/log.c common/paths.c
+UNIT_DEPS_test_memlimit    := daemon/memory/memlimit.c
+UNIT_DEPS_test_ratelimit   := daemon/base/ratelimit.c daemon/base/log.c common/paths.c
 UNIT_DEPS_test_paths       := common/paths.c
-UNIT_DEPS_test_options     := daemon/options.c daemon/config.c daemon/log.c common/paths.c \
-                              daemon/peer_auth.c common/desc.c common/names.c gpu/vendor.c
+UNIT_DEPS_test_options     := daemon/options.c daemon/config.c daemon/base/log.c common/paths.c \
+                              daemon/remote/peer_auth.c common/desc.c common/names.c gpu/vendor.c
 $(B)/tests/unit/test_options: LDLIBS += $(CRYPTO_LIBS)
-$(B)/daemon/xport/ucx.o: CFLAGS += $(shell pkg-config --cflags $(UCX_PKG) 2>/dev/null)
+$(B)/daemon/remote/xport/ucx.o: CFLAGS += $(shell pkg-config --cflags $(UCX_PKG) 2>/dev/null)
 UNIT_DEPS_test_config      := daemon/config.c common/paths.c
-UNIT_DEPS_test_log         := daemon/log.c common/paths.c
+UNIT_DEPS_test_log         := daemon/base/log.c common/paths.c
 # A daemon module may count a figure (figure_count()): its test links metrics.c, the counters' home.
-UNIT_DEPS_test_registry    := daemon/registry.c daemon/registry_create.c daemon/registry_reserve.c \
-                              daemon/registry_bind.c \
-                              daemon/commit.c daemon/txn.c \
-                              daemon/quota.c daemon/backend_host.c daemon/pool.c \
+UNIT_DEPS_test_registry    := daemon/registry/registry.c daemon/registry/registry_create.c daemon/registry/registry_reserve.c \
+                              daemon/registry/registry_bind.c \
+                              daemon/registry/commit.c daemon/registry/txn.c \
+                              daemon/base/quota.c daemon/memory/backend_host.c daemon/memory/pool.c \
                               daemon/metrics.c \
-                              daemon/slab.c \
-                              daemon/memlimit.c common/sys.c \
-                              daemon/log.c common/paths.c common/desc.c \
+                              daemon/memory/slab.c \
+                              daemon/memory/memlimit.c common/sys.c \
+                              daemon/base/log.c common/paths.c common/desc.c \
                               common/names.c common/errors.c gpu/vendor.c
 UNIT_DEPS_test_registry_async := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_versions    := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_quarantine  := $(UNIT_DEPS_test_registry) daemon/quarantine.c
 UNIT_DEPS_test_reserve     := $(UNIT_DEPS_test_registry)
-UNIT_DEPS_test_figures     := daemon/figures.c daemon/metrics.c daemon/quota.c daemon/backend_host.c \
-                              daemon/pool.c daemon/slab.c daemon/memlimit.c daemon/log.c \
+UNIT_DEPS_test_figures     := daemon/figures.c daemon/metrics.c daemon/base/quota.c daemon/memory/backend_host.c \
+                              daemon/memory/pool.c daemon/memory/slab.c daemon/memory/memlimit.c daemon/base/log.c \
                               common/sys.c common/paths.c common/names.c common/desc.c \
                               common/errors.c gpu/vendor.c \
                               proto/tensord.pb-c.c
-UNIT_DEPS_test_waiters     := daemon/waiters.c daemon/metrics.c daemon/log.c common/paths.c
+UNIT_DEPS_test_waiters     := daemon/waiters.c daemon/metrics.c daemon/base/log.c common/paths.c
 UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn.c daemon/conn_set.c \
-                              daemon/log.c daemon/metrics.c \
-                              daemon/ratelimit.c daemon/sdnotify.c daemon/quota.c common/paths.c \
+                              daemon/base/log.c daemon/metrics.c \
+                              daemon/base/ratelimit.c daemon/sdnotify.c daemon/base/quota.c common/paths.c \
                               proto/frame.c
-UNIT_DEPS_test_quota       := daemon/quota.c
-UNIT_DEPS_test_peer_auth   := daemon/peer_auth.c
+UNIT_DEPS_test_quota       := daemon/base/quota.c
+UNIT_DEPS_test_peer_auth   := daemon/remote/peer_auth.c
 $(B)/tests/unit/test_peer_auth: LDLIBS += $(CRYPTO_LIBS)
 UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c \
                               client/tensorctl/npy_write.c common/names.c common/desc.c \
                               gpu/vendor.c
 UNIT_DEPS_test_gpu_util    := $(GPU_API_SRC)
 UNIT_DEPS_test_gpu_driver  := gpu/driver.c
-UNIT_DEPS_test_backend_gpu := $(GPU_DMN_SRC) daemon/backend_gpu.c daemon/log.c daemon/gpu_worker.c \
+UNIT_DEPS_test_backend_gpu := $(GPU_DMN_SRC) daemon/memory/backend_gpu.c daemon/base/log.c daemon/memory/gpu_worker.c \
                               common/paths.c \
                               $(GPU_API_SRC)
 UNIT_DEPS_test_import_gpu  := $(GPU_IMP_SRC) client/lib/import_gpu.c client/lib/error.c client/lib/import.c \
@@ -516,7 +516,7 @@ endif
 
 # Our C, laid out by .clang-format (dlpack.h is DLPack's own, kept as it is).
 FORMAT_SRC := $(filter-out include/tensord/dlpack.h, \
-	$(wildcard daemon/*.[ch] client/*/*.[ch] common/*.[ch] gpu/*.[ch] gpu/*/*.[ch] proto/*.[ch] \
+	$(wildcard daemon/*.[ch] daemon/*/*.[ch] daemon/*/xport/*.c client/*/*.[ch] common/*.[ch] gpu/*.[ch] gpu/*/*.[ch] proto/*.[ch] \
 		   include/tensord/*.h tests/unit/*.[ch] tests/integration/*.c tests/python/*.c \
 		   tests/gpu/*.c tests/fuzz/*.c tests/fakegpu/*.c tests/gpudouble/*.[ch] bench/*.c))
 

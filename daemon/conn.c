@@ -36,9 +36,9 @@
 
 #include "conn.h"
 #include "conn_int.h"
-#include "log.h"
+#include "daemon/base/log.h"
 #include "proto/frame.h"
-#include "quota.h"
+#include "daemon/base/quota.h"
 
 #define IN_CHUNK 4096u
 

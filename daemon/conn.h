@@ -17,7 +17,7 @@
 #include <protobuf-c/protobuf-c.h>
 #include <uv.h>
 
-#include "ratelimit.h"
+#include "daemon/base/ratelimit.h"
 
 /* Replies queued for one client before we stop reading its requests. */
 #define CONN_OUT_HIGH (4u << 20)

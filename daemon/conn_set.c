@@ -17,8 +17,8 @@
 
 #include "conn.h"
 #include "conn_int.h"
-#include "log.h"
-#include "quota.h"
+#include "daemon/base/log.h"
+#include "daemon/base/quota.h"
 
 #define RETRY_MS 10
 #define LINGER_MS 500

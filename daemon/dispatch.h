@@ -13,7 +13,7 @@
 #include <sys/queue.h>
 
 #include "conn.h"
-#include "registry.h"
+#include "daemon/registry/registry.h"
 #include "waiters.h"
 
 /* Names in one List reply at most: about 1 MiB with the longest names. */

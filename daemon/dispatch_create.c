@@ -9,13 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "daemon/memory/backend.h"
 #include "common/desc.h"
 #include "gpu/gpu_util.h"
 #include "dispatch_int.h"
 #include "figures.h"
-#include "gpu_worker.h"
-#include "log.h"
+#include "daemon/memory/gpu_worker.h"
+#include "daemon/base/log.h"
 #include "reply.h"
 #include "server.h"
 

@@ -12,9 +12,9 @@
 #include "dispatch_int.h"
 #include "figures.h"
 #include "gpu/vendor.h"
-#include "log.h"
+#include "daemon/base/log.h"
 #include "metrics.h"
-#include "remote.h"
+#include "daemon/remote/remote.h"
 #include "reply.h"
 #include "server.h"
 

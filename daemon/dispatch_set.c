@@ -13,9 +13,9 @@
 #include "common/desc.h"
 #include "dispatch_int.h"
 #include "figures.h"
-#include "log.h"
+#include "daemon/base/log.h"
 #include "metrics.h"
-#include "remote.h"
+#include "daemon/remote/remote.h"
 #include "reply.h"
 #include "server.h"
 

@@ -23,10 +23,10 @@
 
 #include <tensord/tensord.h>
 
-#include "backend.h"
-#include "memlimit.h"
+#include "daemon/memory/backend.h"
+#include "daemon/memory/memlimit.h"
 #include "metrics.h"
-#include "peer.h"
+#include "daemon/remote/peer.h"
 #include "proto/tensord.pb-c.h"
 #include "server.h"
 

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pool.h"
+#include "daemon/memory/pool.h"
 
 struct server;
 

@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "common/paths.h"
-#include "log.h"
+#include "daemon/base/log.h"
 #include "sdnotify.h"
 #include "server.h"
 

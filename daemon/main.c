@@ -15,8 +15,8 @@
 
 #include "common/sys.h"
 #include "dispatch.h"
-#include "gpu_worker.h"
-#include "log.h"
+#include "daemon/memory/gpu_worker.h"
+#include "daemon/base/log.h"
 #include "metrics.h"
 #include "metrics_http.h"
 #include "options.h"

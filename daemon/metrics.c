@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "daemon/base/log.h"
 #include "proto/tensord.pb-c.h"
-#include "registry.h"
+#include "daemon/registry/registry.h"
 #include "server.h"
 
 _Static_assert(REGISTRY_DEVICES_MAX <= METRICS_DEVICES, "a device slot without its figures");

@@ -32,7 +32,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "daemon/base/log.h"
 #include "server.h"
 
 union stream {

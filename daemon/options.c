@@ -19,12 +19,12 @@
 
 #include <tensord/tensord.h>
 
-#include "backend.h"
+#include "daemon/memory/backend.h"
 #include "config.h"
-#include "log.h"
+#include "daemon/base/log.h"
 #include "common/desc.h"
-#include "peer.h"
-#include "peer_auth.h"
+#include "daemon/remote/peer.h"
+#include "daemon/remote/peer_auth.h"
 #include "watch.h"
 
 /* Read when it exists; --config FILE must exist. */
@@ -52,7 +52,7 @@ static void usage_shares(FILE *f)
 		const char *flag, *arg, *usage;
 	} rows[] = {
 #define QUOTA(kind, flag, arg, usage, figure, unit, what, err, help) { flag, #arg, usage },
-#include "quota.def"
+#include "daemon/base/quota.def"
 #undef QUOTA
 	};
 
@@ -206,7 +206,7 @@ static const struct number_opt {
 #define QUOTA_NUM_SIZE(kind) { OPT_QUOTA + QUOTA_##kind, NUM_SIZE, "a size", 1, UINT64_MAX },
 #define QUOTA_NUM_NONE(kind)
 #define QUOTA(kind, flag, arg, usage, figure, unit, what, err, help) QUOTA_NUM_##arg(kind)
-#include "quota.def"
+#include "daemon/base/quota.def"
 #undef QUOTA
 };
 
@@ -752,7 +752,7 @@ static const struct option long_opts[] = {
 #define QUOTA_OPT_SIZE QUOTA_OPT_N
 #define QUOTA_OPT_NONE(flag, kind)
 #define QUOTA(kind, flag, arg, usage, figure, unit, what, err, help) QUOTA_OPT_##arg(flag, kind)
-#include "quota.def"
+#include "daemon/base/quota.def"
 #undef QUOTA
 	{ NULL, 0, NULL, 0 },
 };

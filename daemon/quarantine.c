@@ -14,8 +14,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "quota.h"
+#include "daemon/base/log.h"
+#include "daemon/base/quota.h"
 
 /* One client process whose exit ends the holds of its connections. */
 struct qproc {

@@ -30,7 +30,7 @@
 
 #include <uv.h>
 
-#include "registry.h"
+#include "daemon/registry/registry.h"
 
 /* How often processes watched without a pidfd are looked at. */
 #define QUARANTINE_POLL_MS 1000

@@ -13,10 +13,10 @@
 
 #include <tensord/tensord.h>
 
-#include "log.h"
+#include "daemon/base/log.h"
 #include "proto/frame.h"
 #include "proto/tensord.pb-c.h"
-#include "pool.h"
+#include "daemon/memory/pool.h"
 
 static void fill_info(struct info_store *s, const struct tensor *t)
 {

@@ -13,8 +13,8 @@
 
 #include "conn.h"
 #include "proto/tensord.pb-c.h"
-#include "quota.h"
-#include "registry.h"
+#include "daemon/base/quota.h"
+#include "daemon/registry/registry.h"
 
 /*
  * A reply that carries only a status: 0 with an empty message for success,

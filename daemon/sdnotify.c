@@ -19,7 +19,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "daemon/base/log.h"
 
 #define SD_LISTEN_FDS_START 3
 

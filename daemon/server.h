@@ -25,11 +25,11 @@
 
 #include "common/sys.h"
 #include "conn.h"
-#include "peer.h"
+#include "daemon/remote/peer.h"
 #include "quarantine.h"
-#include "quota.h"
-#include "registry.h"
-#include "remote.h"
+#include "daemon/base/quota.h"
+#include "daemon/registry/registry.h"
+#include "daemon/remote/remote.h"
 #include "waiters.h"
 
 struct server_config {

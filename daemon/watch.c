@@ -20,7 +20,7 @@
 
 #include "common/desc.h"
 #include "dispatch_int.h"
-#include "log.h"
+#include "daemon/base/log.h"
 #include "reply.h"
 #include "server.h"
 #include "watch.h"

@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "registry.h"
+#include "daemon/registry/registry.h"
 
 /*
  * Events a watcher queues when the Watch asked for no size; the default of

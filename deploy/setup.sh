@@ -17,7 +17,7 @@ have_deb() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok install
 # nodes (docs/remote.md); bench/ucx_get.c measures it. Debian's 1.13 build
 # has TCP, shared memory and verbs (RDMA), not CUDA.
 # libssl-dev: libcrypto's HMAC-SHA256, with which daemons authenticate
-# each other (daemon/peer_auth.c).
+# each other (daemon/remote/peer_auth.c).
 for p in libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libzip-dev libjansson-dev \
          pkg-config clang clang-format libclang-rt-14-dev util-linux libamdhip64-dev libucx-dev \
          libssl-dev; do

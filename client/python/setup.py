@@ -35,7 +35,8 @@ ROOT = os.path.abspath(os.environ.get("TENSORD_SOURCE_DIR") or
 # The repository files an sdist carries in _src/, relative to the root.
 TREE = ["include/tensord/*.h", "proto/tensord.proto", "proto/peer.proto", "proto/frame.[ch]", "common/*.[ch]",
         "gpu/*.[ch]", "gpu/*/*.[ch]", "client/lib/*.[ch]", "client/lib/sources.txt",
-        "daemon/*.[ch]", "daemon/*.def", "daemon/xport/*.c", "client/tensorctl/*.[ch]",
+        "daemon/*.[ch]", "daemon/*.def", "daemon/*/*.[ch]", "daemon/*/*.def",
+        "daemon/remote/xport/*.c", "client/tensorctl/*.[ch]",
         "VERSION"]
 
 
@@ -62,9 +63,9 @@ def daemon_sources():
     common = ["common/%s.c" % m for m in ("desc", "names", "errors", "paths", "sys")]
     gpu = [p for p in tree("gpu/*.c", "gpu/*/*.c")
            if not os.path.basename(p).startswith("import_")]
-    # The data path between daemons (daemon/xport.h): UCX where pkg-config finds it.
-    xport = "daemon/xport/ucx.c" if UCX_LIBS else "daemon/xport/none.c"
-    return tree("daemon/*.c", "proto/frame.c", xport, *common) + gpu
+    # The data path between daemons (daemon/remote/xport.h): UCX where pkg-config finds it.
+    xport = "daemon/remote/xport/ucx.c" if UCX_LIBS else "daemon/remote/xport/none.c"
+    return tree("daemon/*.c", "daemon/*/*.c", "proto/frame.c", xport, *common) + gpu
 
 
 def pkg_config(pkg, *args):

@@ -11,7 +11,7 @@
  *    and no pid is involved, so it works across pid namespaces.
  *  - "cuda-ipc" (fallback, where the device lacks VMM or POSIX-fd export,
  *    attributes 102 / 103): cuMemAlloc + cuIpcGetMemHandle (the legacy IPC
- *    export every vendor shares, daemon/backend_gpu.h). The 64 handle
+ *    export every vendor shares, daemon/memory/backend_gpu.h). The 64 handle
  *    bytes travel in the reply. The daemon is then the exporter: freeing
  *    while a client still has the handle open is undefined behaviour, so
  *    release() must only run after every lease (and so every client
@@ -61,9 +61,9 @@
 
 #include <tensord/dlpack.h>
 
-#include "daemon/backend_gpu.h"
-#include "daemon/gpu_worker.h"
-#include "daemon/log.h"
+#include "daemon/memory/backend_gpu.h"
+#include "daemon/memory/gpu_worker.h"
+#include "daemon/base/log.h"
 #include "gpu/cuda/cuda_api.h"
 #include "gpu/gpu_util.h"
 #include "nvml.h"

@@ -11,7 +11,7 @@
  * the peer.
  *
  * One hipMalloc per tensor, rounded to 2 MiB and zeroed before anyone sees
- * it (the legacy IPC export every vendor shares, daemon/backend_gpu.h).
+ * it (the legacy IPC export every vendor shares, daemon/memory/backend_gpu.h).
  * freeze() cannot protect GPU memory and does nothing; immutability
  * relies on clients honouring the DLPack read-only flag (HIP IPC has no
  * read-only mapping). Frees run on the GPU worker, after the last lease
@@ -25,9 +25,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "daemon/backend_gpu.h"
-#include "daemon/gpu_worker.h"
-#include "daemon/log.h"
+#include "daemon/memory/backend_gpu.h"
+#include "daemon/memory/gpu_worker.h"
+#include "daemon/base/log.h"
 #include "gpu/gpu_util.h"
 #include "gpu/hip/hip_api.h"
 

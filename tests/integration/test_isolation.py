@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.other_uid,
 NOBODY, OWNER = 65534, 1001
 F_UNLINK, F_COMMIT, F_ATTACH_MANY = 7, 12, 14
 R_ATTACH_MANY = 11
-# daemon/registry.h
+# daemon/registry/registry.h
 TX_MEMBERS_MAX = 1 << 16
 
 
@@ -157,7 +157,7 @@ def test_parked_attach_many_does_not_wake_for_a_hidden_unlink(fair):
 # --- item 12: a binding page's hostile counts, summed without wrapping -------------------
 
 F_BIND_PAGE, R_LEASE, L_BIND_SLOT = 25, 5, 12
-PAGE_WORDS = 8192  # daemon/registry.h REG_PAGE_WORDS: the client's half starts here
+PAGE_WORDS = 8192  # daemon/registry/registry.h REG_PAGE_WORDS: the client's half starts here
 INT32_MAX = (1 << 31) - 1
 
 

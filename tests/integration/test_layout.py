@@ -39,3 +39,88 @@ def test_front_ends_call_no_internal_library_function():
             if not defined:
                 bad.append(f"{folder}: {fn}")
     assert not bad, "front ends call library internals:\n" + "\n".join(bad)
+
+
+# --- the daemon's rooms (docs/design.md, "The map") ---------------------------
+# Each folder of daemon/ may include the headers of its own folder and of the
+# folders listed here, nothing else; the top (wire, dispatch, observability,
+# start-up: daemon/*.c) may include any. Listed in the order they stack.
+ROOMS = {
+    "base": set(),                                  # logging, rate limits, per-uid shares
+    "memory": {"base"},                             # backends, pool, slabs, GPU worker
+    "registry": {"base", "memory"},                 # names, versions, transactions
+    "remote": {"base", "memory", "registry"},       # peers, remote attach, transport
+}
+# Includes that still break those rules, each with what it is for. The list
+# only shrinks: an entry no longer needed fails the test too.
+KNOWN = {
+    ("registry", "daemon/figures.h"): "figure_count() of the registry's counters",
+    ("remote", "daemon/figures.h"): "figure_count() of remote attach's counters",
+    ("remote", "daemon/conn.h"): "CONN_OUT_HIGH/MAX, the bounds a peer's queue shares",
+    ("remote", "daemon/dispatch.h"): "remote attach answers clients: struct client",
+    ("remote", "daemon/dispatch_int.h"): "remote attach answers clients: dispatch_attach_local",
+    ("remote", "daemon/reply.h"): "remote attach answers clients: reply_*",
+    ("remote", "daemon/server.h"): "struct server, server_spin_*",
+}
+
+
+def daemon_includes():
+    """(file, its room or 'top', header path from the root) for every daemon include."""
+    out = []
+    for dirpath, _, names in os.walk(os.path.join(ROOT, "daemon")):
+        for name in sorted(names):
+            if not name.endswith((".c", ".h", ".def")):
+                continue
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, ROOT)
+            parts = rel.split("/")
+            room = parts[1] if len(parts) > 2 else "top"
+            with open(path) as f:
+                for line in f:
+                    m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+                    if not m:
+                        continue
+                    inc = m.group(1)
+                    if "/" not in inc:  # same folder
+                        inc = os.path.relpath(os.path.join(os.path.dirname(path), inc), ROOT)
+                    if inc.startswith("daemon/"):
+                        out.append((rel, room, inc))
+    return out
+
+
+def room_of(header):
+    parts = header.split("/")
+    return parts[1] if len(parts) > 2 else "top"
+
+
+def test_daemon_rooms_include_only_the_rooms_below():
+    bad, used = [], set()
+    for rel, room, inc in daemon_includes():
+        target = room_of(inc)
+        if room == "top" or target == room or target in ROOMS[room]:
+            continue
+        if (room, inc) in KNOWN:
+            used.add((room, inc))
+            continue
+        bad.append(f"{rel}: {inc} ({room} may include {sorted(ROOMS[room]) or 'nothing'} only)")
+    stale = [f"{k}: {v}" for k, v in KNOWN.items() if k not in used]
+    assert not bad, "a room includes above itself:\n" + "\n".join(bad)
+    assert not stale, "listed as known but no longer included (drop them):\n" + "\n".join(stale)
+
+
+def test_private_headers_stay_in_their_folder():
+    """A *_int.h is its folder's: no file of another folder includes it."""
+    bad = []
+    for rel, room, inc in daemon_includes():
+        if not inc.endswith("_int.h") or os.path.dirname(inc) == os.path.dirname(rel):
+            continue
+        if (room, inc) in KNOWN:
+            continue
+        bad.append(f"{rel}: {inc}")
+    assert not bad, "private headers included from another folder:\n" + "\n".join(bad)
+
+
+def test_every_daemon_folder_is_a_room():
+    folders = {d for d in os.listdir(os.path.join(ROOT, "daemon"))
+               if os.path.isdir(os.path.join(ROOT, "daemon", d))}
+    assert folders == set(ROOMS), f"daemon/ folders {sorted(folders)} against the rooms {sorted(ROOMS)}"

@@ -402,7 +402,7 @@ def test_peer_list_for_root_and_the_daemons_uid_only(daemon_factory, tmp_path):
 
 # --- an independent implementation of the handshake -------------------------------
 #
-# docs/remote.md and daemon/peer_auth.h, written again from the text: a
+# docs/remote.md and daemon/remote/peer_auth.h, written again from the text: a
 # daemon that accepts these proofs and whose proofs these checks accept
 # follows the documented transcript, not just its own code.
 

@@ -1,5 +1,5 @@
 """The daemon's figures are declared once (daemon/figures.def, its per-uid rows
-from daemon/quota.def) and every front end renders them from that one
+from daemon/base/quota.def) and every front end renders them from that one
 collect: each figure of the table appears under the same name in the
 Prometheus text (a family "tensord_" + name), in Python's stats() and in
 `tensorctl stats --json`, and the dict and the JSON have one shape."""

@@ -28,8 +28,8 @@
 
 #include "gpu/cuda/cuda_api.h"
 #include "gpu/hip/hip_api.h"
-#include "daemon/backend.h"
-#include "daemon/gpu_worker.h"
+#include "daemon/memory/backend.h"
+#include "daemon/memory/gpu_worker.h"
 #include "gpu/cuda/nvml.h" /* before fake_gpu.h: its NVML fake too */
 #include "fake_gpu.h"
 

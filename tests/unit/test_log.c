@@ -1,5 +1,5 @@
 /*
- * daemon/log.c, log_open(): the log file is a name another user may plant
+ * daemon/base/log.c, log_open(): the log file is a name another user may plant
  * (issue 18, item 15). A symbolic link is not followed, a FIFO, a device
  * or a directory is refused (without blocking), a file with another name
  * (hard link) or of another owner is refused, and so is a directory that
@@ -20,7 +20,7 @@
 
 #include <cmocka.h>
 
-#include "daemon/log.h"
+#include "daemon/base/log.h"
 
 static char dir[64], why[600];
 static int saved_stderr = -1;

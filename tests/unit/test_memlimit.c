@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "daemon/memlimit.h"
+#include "daemon/memory/memlimit.h"
 
 static char root[64];
 

@@ -1,5 +1,5 @@
 /*
- * daemon/peer_auth.c: the daemons' challenge-response and the secret file.
+ * daemon/remote/peer_auth.c: the daemons' challenge-response and the secret file.
  *
  * - Two sides with one secret agree, and derive the same session key.
  * - The proofs are the documented HMAC (computed here independently from
@@ -27,7 +27,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-#include "daemon/peer_auth.h"
+#include "daemon/remote/peer_auth.h"
 
 static const uint8_t secret[] = "0123456789abcdef0123456789abcdef-the-shared-one";
 static const uint8_t other_secret[] = "0123456789abcdef0123456789abcdef-the-shared-onf";

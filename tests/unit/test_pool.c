@@ -1,5 +1,5 @@
 /*
- * The host memory pool (daemon/pool.c) on real memfds and its real worker
+ * The host memory pool (daemon/memory/pool.c) on real memfds and its real worker
  * thread: size classes, refill of wanted classes within the budget, what a
  * taken memfd is (exact size, zeroed, allocated, sealable, never seen
  * before), trimming, closing discarded descriptors off the caller's thread,
@@ -20,7 +20,7 @@
 
 #include <cmocka.h>
 
-#include "daemon/pool.h"
+#include "daemon/memory/pool.h"
 
 #define MiB (1ull << 20)
 

@@ -24,10 +24,10 @@
 
 #include <cmocka.h>
 
-#include "daemon/log.h"
+#include "daemon/base/log.h"
 #include "daemon/quarantine.h"
-#include "daemon/quota.h"
-#include "daemon/registry.h"
+#include "daemon/base/quota.h"
+#include "daemon/registry/registry.h"
 
 /*
  * "cuda:0" hands out legacy IPC handles, "cuda:1" VMM descriptors; 2 MiB

@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "daemon/quota.h"
+#include "daemon/base/quota.h"
 
 static struct quota q;
 

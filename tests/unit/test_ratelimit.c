@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "daemon/ratelimit.h"
+#include "daemon/base/ratelimit.h"
 
 static char path[64];
 

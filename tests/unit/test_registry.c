@@ -17,10 +17,10 @@
 
 #include <cmocka.h>
 
-#include "daemon/log.h"
-#include "daemon/quota.h"
-#include "daemon/registry.h"
-#include "daemon/slab.h"
+#include "daemon/base/log.h"
+#include "daemon/base/quota.h"
+#include "daemon/registry/registry.h"
+#include "daemon/memory/slab.h"
 
 /* The backends this test links: the host backend alone, so the registry is
  * tested without the GPU backends and their driver shims. */

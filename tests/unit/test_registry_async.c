@@ -16,9 +16,9 @@
 
 #include <cmocka.h>
 
-#include "daemon/log.h"
-#include "daemon/quota.h"
-#include "daemon/registry.h"
+#include "daemon/base/log.h"
+#include "daemon/base/quota.h"
+#include "daemon/registry/registry.h"
 
 /*
  * A device whose alloc() blocks, as the GPU backends' does (alloc_blocks):

@@ -18,10 +18,10 @@
 
 #include <cmocka.h>
 
-#include "daemon/log.h"
-#include "daemon/pool.h"
-#include "daemon/quota.h"
-#include "daemon/registry.h"
+#include "daemon/base/log.h"
+#include "daemon/memory/pool.h"
+#include "daemon/base/quota.h"
+#include "daemon/registry/registry.h"
 
 const struct backend_ops *const backends[] = { &backend_host, NULL };
 

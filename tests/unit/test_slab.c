@@ -1,5 +1,5 @@
 /*
- * Slabs (daemon/slab.c) on real memfds: slot alignment and placement,
+ * Slabs (daemon/memory/slab.c) on real memfds: slot alignment and placement,
  * access classes kept apart, split and merge of free space, zeroing of a
  * freed slot before reuse, exhaustion into a second slab, closing an empty
  * one, and what a reader's descriptor cannot do.
@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "daemon/slab.h"
+#include "daemon/memory/slab.h"
 
 static const struct slab_class A = { 1000, 1000, 0600 }, B = { 1000, 1000, 0644 };
 

@@ -1,5 +1,5 @@
 /*
- * Versions and transactions in the registry (daemon/commit.c, daemon/txn.c):
+ * Versions and transactions in the registry (daemon/registry/commit.c, daemon/registry/txn.c):
  * generations per name that never repeat (across replace, unlink and
  * re-create, and past the tombstones' bound), one commit id per step,
  * transactions that publish and unlink in one step or leave no trace
@@ -19,8 +19,8 @@
 
 #include <cmocka.h>
 
-#include "daemon/registry.h"
-#include "daemon/registry_int.h"
+#include "daemon/registry/registry.h"
+#include "daemon/registry/registry_int.h"
 
 extern const struct backend_ops backend_host;
 const struct backend_ops *const backends[] = { &backend_host, NULL };

@@ -19,12 +19,12 @@
 #include <unistd.h>
 
 #include "common/desc.h"
-#include "dispatch_int.h"
-#include "figures.h"
-#include "log.h"
+#include "daemon/dispatch_int.h"
+#include "daemon/figures.h"
+#include "daemon/base/log.h"
 #include "peer.h"
 #include "remote_int.h"
-#include "server.h"
+#include "daemon/server.h"
 #include "xport.h"
 
 /* --- A: serving --------------------------------------------------------------- */

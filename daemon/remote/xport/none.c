@@ -1,11 +1,11 @@
 /*
- * The data path where the daemon was built without UCX (daemon/xport.h):
+ * The data path where the daemon was built without UCX (daemon/remote/xport.h):
  * peering still works, remote attach answers why it cannot.
  */
 #include <errno.h>
 #include <stdio.h>
 
-#include "daemon/xport.h"
+#include "daemon/remote/xport.h"
 
 int xport_init(struct xport **ret, uv_loop_t *loop, const struct xport_cbs *cbs, char *why,
 	       size_t why_len)

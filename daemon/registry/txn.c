@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "daemon/base/log.h"
 #include "registry_int.h"
 
 struct reg_staged {

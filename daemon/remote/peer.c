@@ -44,13 +44,13 @@
 
 #include <tensord/tensord.h>
 
-#include "conn.h"
-#include "log.h"
-#include "figures.h"
+#include "daemon/conn.h"
+#include "daemon/base/log.h"
+#include "daemon/figures.h"
 #include "proto/frame.h"
 #include "proto/peer.pb-c.h"
-#include "ratelimit.h"
-#include "server.h"
+#include "daemon/base/ratelimit.h"
+#include "daemon/server.h"
 
 /* The peer protocol's version, in each Hello. */
 #define PEER_PROTOCOL 1

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "log.h"
+#include "daemon/base/log.h"
 
 struct job {
 	void (*fn)(void *arg);

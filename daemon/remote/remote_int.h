@@ -20,7 +20,7 @@
 
 #include "peer.h"
 #include "proto/tensord.pb-c.h"
-#include "registry.h"
+#include "daemon/registry/registry.h"
 #include "remote.h"
 #include "xport.h"
 

@@ -14,8 +14,8 @@
 
 #include "common/desc.h"
 #include "common/hash.h"
-#include "figures.h"
-#include "log.h"
+#include "daemon/figures.h"
+#include "daemon/base/log.h"
 #include "registry_int.h"
 
 #define PERM_READ 4u

@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "log.h"
+#include "daemon/base/log.h"
 #include "registry.h"
 #include "registry_int.h"
 

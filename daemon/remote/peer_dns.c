@@ -16,8 +16,8 @@
 
 #include <tensord/tensord.h>
 
-#include "log.h"
-#include "ratelimit.h"
+#include "daemon/base/log.h"
+#include "daemon/base/ratelimit.h"
 
 /* --- --peers-dns: names resolved to the peers' addresses ------------------------ */
 

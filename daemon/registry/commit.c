@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "daemon/base/log.h"
 #include "registry_int.h"
 
 /* One unlinked name's last generation. */

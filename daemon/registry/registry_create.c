@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "common/desc.h"
-#include "log.h"
+#include "daemon/base/log.h"
 #include "registry.h"
 #include "registry_int.h"
 

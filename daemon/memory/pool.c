@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "daemon/base/log.h"
 #include "pool.h"
 
 struct ready {

@@ -14,12 +14,12 @@
 #include <sys/queue.h>
 
 #include "common/desc.h"
-#include "dispatch_int.h"
-#include "log.h"
+#include "daemon/dispatch_int.h"
+#include "daemon/base/log.h"
 #include "peer.h"
 #include "remote_int.h"
-#include "reply.h"
-#include "server.h"
+#include "daemon/reply.h"
+#include "daemon/server.h"
 
 #define LIST_KIND TENSORD__REQUEST__BODY_LIST
 /* Entries of one page: a page stays under a peer frame (PEER_FRAME_MAX). */

@@ -36,14 +36,14 @@
 #include <sys/queue.h>
 #include <unistd.h>
 
-#include "dispatch.h"
-#include "figures.h"
-#include "gpu_worker.h"
-#include "log.h"
+#include "daemon/dispatch.h"
+#include "daemon/figures.h"
+#include "daemon/memory/gpu_worker.h"
+#include "daemon/base/log.h"
 #include "peer.h"
 #include "remote_int.h"
-#include "reply.h"
-#include "server.h"
+#include "daemon/reply.h"
+#include "daemon/server.h"
 #include "xport.h"
 
 static void gjob_done(void *arg);

@@ -19,8 +19,8 @@
 #include <tensord/tensord.h>
 #include <uv/tree.h> /* the BSD red-black tree libuv ships: names in order for List */
 
-#include "backend.h"
-#include "quota.h"
+#include "daemon/memory/backend.h"
+#include "daemon/base/quota.h"
 
 #define REGISTRY_DEVICES_MAX TENSORD_STATS_DEVICES_MAX
 /* Leases one client may hold at once; past it, create and attach fail. */

@@ -14,13 +14,13 @@
 #include <sys/queue.h>
 
 #include "common/desc.h"
-#include "dispatch_int.h"
-#include "figures.h"
-#include "log.h"
+#include "daemon/dispatch_int.h"
+#include "daemon/figures.h"
+#include "daemon/base/log.h"
 #include "peer.h"
 #include "remote_int.h"
-#include "reply.h"
-#include "server.h"
+#include "daemon/reply.h"
+#include "daemon/server.h"
 
 /* --- B: pulling a set ------------------------------------------------------------------ */
 

@@ -33,8 +33,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "figures.h"
-#include "log.h"
+#include "daemon/figures.h"
+#include "daemon/base/log.h"
 #include "registry.h"
 #include "registry_int.h"
 

@@ -4,7 +4,7 @@
  * bytes the caller hands in; the only system calls are the secret file's
  * and the random source's.
  */
-#include "daemon/peer_auth.h"
+#include "peer_auth.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -33,7 +33,7 @@
 
 #include "backend.h"
 #include "common/sys.h"
-#include "log.h"
+#include "daemon/base/log.h"
 #include "memlimit.h"
 #include "pool.h"
 #include "slab.h"

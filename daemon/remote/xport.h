@@ -2,8 +2,8 @@
  * The data path between daemons (docs/remote.md, "Remote attach: the data
  * flow"): one message of a tensor's bytes from the exporting daemon to the
  * pulling one, tagged with the puller's pull id. Built on UCX active
- * messages (daemon/xport/ucx.c) where UCX is found, else on nothing
- * (daemon/xport/none.c, whose init says why): the Makefile links one.
+ * messages (daemon/remote/xport/ucx.c) where UCX is found, else on nothing
+ * (daemon/remote/xport/none.c, whose init says why): the Makefile links one.
  *
  * Everything runs on the loop thread. The transport's callbacks are never
  * called from inside a UCX progress call: what completes there is queued

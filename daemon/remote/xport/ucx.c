@@ -1,5 +1,5 @@
 /*
- * The data path over UCX (daemon/xport.h): one context and one worker per
+ * The data path over UCX (daemon/remote/xport.h): one context and one worker per
  * daemon with UCP_FEATURE_AM only, the worker's event descriptor polled on
  * the loop (uv_poll_t), and while anything is in flight an idle handle
  * that keeps progressing (over TCP the sender's worker writes the bytes
@@ -19,8 +19,8 @@
 
 #include <ucp/api/ucp.h>
 
-#include "daemon/log.h"
-#include "daemon/xport.h"
+#include "daemon/base/log.h"
+#include "daemon/remote/xport.h"
 
 #define AM_TENSOR 1
 
@@ -39,10 +39,10 @@ struct xport_ep {
 	ucp_ep_h ep;
 	void *ctx;
 	bool failed;
-	bool closed; /* xport_ep_close() was called: UCX's later words about it are ignored */
-	unsigned sends;       /* sends on it in flight */
-	uint64_t parked_ns;   /* closed with sends in flight: when (CLOCK_MONOTONIC); 0: not */
-	bool close_done;      /* UCX completed its close: it goes with its last send */
+	bool closed;    /* xport_ep_close() was called: UCX's later words about it are ignored */
+	unsigned sends; /* sends on it in flight */
+	uint64_t parked_ns; /* closed with sends in flight: when (CLOCK_MONOTONIC); 0: not */
+	bool close_done;    /* UCX completed its close: it goes with its last send */
 	LIST_ENTRY(xport_ep) link;
 };
 
@@ -228,7 +228,8 @@ static void unpark(struct xport *x)
 		if (ep->sends)
 			log_info("ucx: an endpoint closed %llu s ago still has %u sends in flight: "
 				 "closing it now, they end with an error",
-				 (unsigned long long)((now - ep->parked_ns) / 1000000000u), ep->sends);
+				 (unsigned long long)((now - ep->parked_ns) / 1000000000u),
+				 ep->sends);
 		LIST_REMOVE(ep, link);
 		ep_close_now(ep);
 	}
@@ -278,8 +279,8 @@ static void on_received(void *request, ucs_status_t st, size_t length, void *use
 }
 
 /* A message arrived: the header names the pull; anything else is dropped. */
-static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void *data,
-			  size_t len, const ucp_am_recv_param_t *param)
+static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void *data, size_t len,
+			  const ucp_am_recv_param_t *param)
 {
 	struct xport *x = arg;
 	ucp_request_param_t prm = { 0 };
@@ -401,8 +402,7 @@ int xport_init(struct xport **ret, uv_loop_t *loop, const struct xport_cbs *cbs,
 		return -EIO;
 	}
 	ucp_get_version(&maj, &min, &rel);
-	snprintf(x->describe, sizeof(x->describe), "UCX %u.%u.%u, active messages", maj, min,
-		 rel);
+	snprintf(x->describe, sizeof(x->describe), "UCX %u.%u.%u, active messages", maj, min, rel);
 	uv_poll_init(loop, &x->poll, fd);
 	uv_idle_init(loop, &x->idle);
 	x->poll.data = x->idle.data = x;
