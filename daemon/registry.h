@@ -457,6 +457,15 @@ uint32_t registry_lease_weight(const struct reg_client *rc, uint32_t lease_slot)
 uint32_t registry_bindings(const struct reg_client *rc);
 
 /*
+ * Wakes the client threads sleeping on the clear count of every page
+ * cleared since the last call (one FUTEX_WAKE a page); the count of pages
+ * woken. The slots themselves are cleared at once; the daemon's loop calls
+ * this before it sleeps (a uv_prepare_t), after the replies of what cleared
+ * them went out.
+ */
+unsigned registry_bind_wake(void);
+
+/*
  * Removes the name; the tensor lives on while leases hold it, else it is
  * freed. rc's draft of name comes first: it is discarded, and the version it
  * would have replaced stays. Another client's draft of an unlinked name
