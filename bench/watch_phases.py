@@ -31,6 +31,7 @@ test. Starts its own daemon(s) from $TENSORD_BUILD (default build/):
 import argparse
 import bisect
 import collections
+import json
 import os
 import platform
 import re
@@ -168,6 +169,7 @@ def main():
     ap.add_argument("--samples", type=int, default=400)
     ap.add_argument("--vs", help="a second build directory (its tensord), alternated")
     ap.add_argument("--vs-python", help="PYTHONPATH of the second side's watcher")
+    ap.add_argument("--keep", help="a directory to keep perf's text and the stamps in")
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if platform.machine() != "x86_64":
@@ -215,6 +217,13 @@ def main():
     text = subprocess.run(["perf", "script", "-i", data, "-F",
                            "comm,pid,tid,cpu,time,event,trace", "--ns"],
                           capture_output=True, text=True).stdout
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+        with open(os.path.join(args.keep, "perf.txt"), "w") as f:
+            f.write(text)
+        for k, sd in enumerate(sides):
+            with open(os.path.join(args.keep, "side%d.json" % k), "w") as f:
+                json.dump({"name": sd["name"], "pids": sd["pids"], "rows": sd["rows"]}, f)
     ev = parse(text)
     ts = [e[0] for e in ev]
     for sd in sides:
