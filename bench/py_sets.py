@@ -245,9 +245,10 @@ def bench_watch(c, sock, rounds, samples, modes):
             p.stdin.flush()
             assert p.stdout.readline().strip() == "pinned"
 
+    daemon_cpus = os.sched_getaffinity(pids["daemon"])  # given back at the end
     if "pinned" in modes:
         try:
-            set_affinity(pids["daemon"], every)
+            set_affinity(pids["daemon"], daemon_cpus)
         except PermissionError as e:
             print("py_sets: watch pinned: skipped (%s)" % e)
             modes = [m for m in modes if m != "pinned"]
@@ -290,6 +291,8 @@ def bench_watch(c, sock, rounds, samples, modes):
             r["ratio"].append(statistics.median(r["woken"][n0:]) /
                               statistics.median(r["rtt"][n0:]))
     pin(every)
+    if "pinned" in modes:
+        set_affinity(pids["daemon"], daemon_cpus)
     near.close()
     for p in (w, z):
         p.stdin.close()
