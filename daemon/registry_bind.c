@@ -65,12 +65,13 @@ struct reg_page {
 
 /*
  * Pages whose clear count moved since their last wake. The wake itself
- * waits for registry_bind_wake(), which the loop calls before it next
- * sleeps: waking the client's watcher thread only lets go of memory sooner,
- * and done inline it cost the commit ~15 us (an IPI to an idle CPU on a
- * VM) before the publisher's reply and the watchers' events went out, and
- * woke a thread that then competed with the client's own reader for the
- * CPU. Deferred, one commit that clears many slots of a page wakes it once.
+ * waits for registry_bind_wake(), which the loop calls a millisecond after
+ * the first clear (main.c): waking the client's watcher thread only lets
+ * go of memory sooner, and a wake onto another CPU costs the waker an IPI
+ * (~15 us on a VM). Done inline it held up the publisher's reply and the
+ * watchers' events; done before the loop slept, it still held up a
+ * watcher the kernel had queued on the loop's CPU. Deferred, the clears of
+ * a millisecond wake each page once.
  */
 static LIST_HEAD(, reg_page) due_pages = LIST_HEAD_INITIALIZER(due_pages);
 
@@ -160,6 +161,11 @@ static void slot_clear(struct reg_page *p, uint32_t s)
 		LIST_INSERT_HEAD(&due_pages, p, due_link);
 	}
 	figure_count(FIG_bindings_cleared_total, 1);
+}
+
+bool registry_bind_due(void)
+{
+	return !LIST_EMPTY(&due_pages);
 }
 
 unsigned registry_bind_wake(void)

@@ -936,7 +936,9 @@ static void test_bindings(void **state)
 	for (int i = 0; i < N; i++)
 		assert_int_equal(w[slot[i]], i % 3 ? gen[i] : 0);
 	/* The words moved at once; the page's sleepers wake later, once for all. */
+	assert_true(registry_bind_due());
 	assert_int_equal(registry_bind_wake(), 1);
+	assert_false(registry_bind_due());
 	assert_int_equal(registry_bind_wake(), 0);
 	/* The leases still hold what was unlinked; releasing frees slot and tensor. */
 	assert_int_equal(reg->n_tensors, N);
