@@ -8,9 +8,13 @@ Four measurements; in each, one round runs every variant once, in turn
   put      put_many of 256 tensors (replace=True: one commit) vs 256
            put(replace=True), 4 KiB and 64 KiB  (target >= 2x at 64 KiB)
   watch    a watcher in another process: from the writer's put() start to
-           the event arriving there (and to the watcher holding the new
-           tensor), p50/p99, next to the p50 of one attach round trip
-           measured in the same rounds                     (target <= 2x)
+           watch() returning the event there (and to the watcher holding
+           the new tensor), p50/p99, each sample next to one attach round
+           trip (attach(after=): always a request) and the floor under it
+           (a byte to a process asleep in recv(), its wake-up), A B C A B C;
+           unpinned and pinned to one CPU (the daemon, the watcher and this
+           process, every thread, switched at run time by rounds), medians,
+           p99 and the ratio woken / round trip        (target <= 2x)
   sync     weight sync: one writer republishes 256 x 4 MiB float32 (1 GiB)
            as one commit, 20 times; three reader processes wait for each
            next commit (attach_many(prefix, after=last)) and hold the new
@@ -131,13 +135,25 @@ def bench_put(c, n, size, rounds, reps):
 # --- 3. publish -> watcher woken ----------------------------------------------------------
 
 WATCHED = "bench/sets/watch/x"
+RTT = "bench/sets/watch/rtt"
 
 
 def role_watcher(sock):
     """Another process: for each event, stamps its arrival and the moment it
-    holds the new tensor; answers "woken held" on stdout."""
+    holds the new tensor; answers "woken held" on stdout. A line "pin CPUS"
+    on stdin (CPUS: a comma list) sets every thread's affinity and answers
+    "pinned"."""
+    import threading
+
+    def pins():
+        for line in sys.stdin:
+            if line.startswith("pin "):
+                set_affinity(os.getpid(), cpu_set(line.split()[1]))
+                print("pinned", flush=True)
+
     with tensord.connect(sock) as c:
         with c.watch(WATCHED) as w:
+            threading.Thread(target=pins, daemon=True).start()
             print("ready", flush=True)
             for ev in w:
                 woken = time.perf_counter_ns()
@@ -148,51 +164,162 @@ def role_watcher(sock):
                 print(woken, held, flush=True)
 
 
-def spawn(role, sock, *extra):
+def role_sleeper(fd):
+    """Another process, the floor under the watcher: sleeps in recv() on a
+    Unix socket; for each byte, stamps its arrival and answers on stdout
+    (as the watcher does). "pin CPUS" on stdin as for the watcher."""
+    import socket
+    import threading
+
+    def pins():
+        for line in sys.stdin:
+            if line.startswith("pin "):
+                set_affinity(os.getpid(), cpu_set(line.split()[1]))
+                print("pinned", flush=True)
+
+    s = socket.socket(fileno=int(fd))
+    threading.Thread(target=pins, daemon=True).start()
+    print("ready", flush=True)
+    while s.recv(1):
+        print(time.perf_counter_ns(), 0, flush=True)
+
+
+def cpu_set(spec):
+    return {int(x) for x in spec.split(",")}
+
+
+def set_affinity(pid, cpus):
+    """Every thread of pid onto cpus (a thread's affinity is its own)."""
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            pass  # a thread that ended meanwhile
+
+
+def peer_pid(c):
+    """The daemon's pid, from the connection's peer credentials."""
+    import socket
+    import struct
+    s = socket.socket(fileno=os.dup(c.fileno()))
+    try:
+        pid, _, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                     12))
+    finally:
+        s.close()
+    return pid
+
+
+def spawn(role, sock, *extra, pass_fds=()):
     return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", role,
                              "--socket", sock] + [str(x) for x in extra],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            pass_fds=pass_fds)
 
 
-def bench_watch(c, sock, rounds, samples):
-    arr = np.zeros(1024, np.int64)  # 8 KiB
+def bench_watch(c, sock, rounds, samples, modes):
+    """put() start in this process -> the event returned by watch() in another,
+    each sample next to one attach round trip (attach(after=) always asks the
+    daemon: no binding serves it), A B A B. modes: "unpinned" and/or "pinned"
+    (the daemon, the watcher and this process on CPU 0, every thread, switched
+    at run time, so that the two alternate round by round in one run)."""
+    arr = np.zeros(1024, np.int64)  # 8 KiB: an inline put
     c.put(WATCHED, arr, replace=True)
-    c.put("bench/sets/watch/rtt", np.zeros(1024, np.int64), replace=True)
+    c.put(RTT, np.zeros(1024, np.int64), replace=True)
+    g_rtt = c.put(RTT, np.zeros(1024, np.int64), replace=True)  # after= >= 1: a round trip
+    import socket
     w = spawn("watcher", sock)
-    assert w.stdout.readline().strip() == "ready"
-    woken, held, rtt = [], [], []
+    near, far = socket.socketpair()
+    z = spawn("sleeper", sock, far.fileno(), pass_fds=(far.fileno(),))
+    far.close()
+    for p in (w, z):
+        assert p.stdout.readline().strip() == "ready"
+    pids = {"daemon": peer_pid(c), "writer": os.getpid()}
+    every = os.sched_getaffinity(0)  # "unpinned": what this process was given
 
-    def wake_once():
+    def pin(cpus):
+        for who in ("daemon", "writer"):
+            set_affinity(pids[who], cpus)
+        for p in (w, z):
+            p.stdin.write("pin %s\n" % ",".join(map(str, sorted(cpus))))
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "pinned"
+
+    daemon_cpus = os.sched_getaffinity(pids["daemon"])  # given back at the end
+    if "pinned" in modes:
+        try:
+            set_affinity(pids["daemon"], daemon_cpus)
+        except PermissionError as e:
+            print("py_sets: watch pinned: skipped (%s)" % e)
+            modes = [m for m in modes if m != "pinned"]
+    keys = ("woken", "held", "returned", "rtt", "bare")
+    res = {m: dict({k: [] for k in keys}, ratio=[]) for m in modes}
+
+    def wake_once(r):
         t0 = time.perf_counter_ns()
         c.put(WATCHED, arr, replace=True)
+        t1 = time.perf_counter_ns()
         a, b = map(int, w.stdout.readline().split())
-        return a - t0, b - t0
+        r["returned"].append(t1 - t0)
+        r["woken"].append(a - t0)
+        r["held"].append(b - t0)
 
-    for _ in range(20):  # warm-up
-        wake_once()
+    def rtt_once(r):
+        t0 = time.perf_counter_ns()
+        c.attach(RTT, after=g_rtt - 1).release()
+        r["rtt"].append(time.perf_counter_ns() - t0)
+
+    def bare_once(r):
+        t0 = time.perf_counter_ns()
+        near.send(b"x")
+        r["bare"].append(int(z.stdout.readline().split()[0]) - t0)
+
+    scratch = {k: [] for k in keys}
     for _ in range(rounds):
-        for _ in range(samples):
-            a, b = wake_once()
-            woken.append(a)
-            held.append(b)
-        for _ in range(samples):
-            t0 = time.perf_counter_ns()
-            c.attach("bench/sets/watch/rtt").release()
-            rtt.append(time.perf_counter_ns() - t0)
-    w.stdin.close()
-    w.kill()
-    w.wait()
-    r50 = pct(rtt, 0.5)
-    ratio = pct(woken, 0.5) / r50
-    print("py_sets: put() start -> watcher woken: p50 %6.1f us  p99 %7.1f us; "
-          "-> watcher holds it: p50 %6.1f us  p99 %7.1f us" %
-          (pct(woken, 0.5) / 1e3, pct(woken, 0.99) / 1e3, pct(held, 0.5) / 1e3,
-           pct(held, 0.99) / 1e3), flush=True)
-    print("py_sets: attach+release round trip: p50 %6.1f us  p99 %7.1f us; woken p50 = "
-          "%.2fx attach (target <= 2x: %s) (%d samples each)" %
-          (r50 / 1e3, pct(rtt, 0.99) / 1e3, ratio, verdict(ratio <= 2), len(rtt)), flush=True)
+        for m in modes:
+            pin({min(every)} if m == "pinned" else every)
+            for _ in range(20):  # warm-up: the polling budgets see the new affinity
+                wake_once(scratch)
+                rtt_once(scratch)
+                bare_once(scratch)
+            r = res[m]
+            n0 = len(r["woken"])
+            for _ in range(samples):
+                wake_once(r)
+                rtt_once(r)
+                bare_once(r)
+            r["ratio"].append(statistics.median(r["woken"][n0:]) /
+                              statistics.median(r["rtt"][n0:]))
+    pin(every)
+    if "pinned" in modes:
+        set_affinity(pids["daemon"], daemon_cpus)
+    near.close()
+    for p in (w, z):
+        p.stdin.close()
+        p.kill()
+        p.wait()
+
+    def us(r, k, q):
+        return pct(r[k], q) / 1e3
+
+    for m in modes:
+        r = res[m]
+        ratio = pct(r["woken"], 0.5) / pct(r["rtt"], 0.5)
+        print("py_sets: watch %s: put() start -> watcher woken: p50 %6.1f us  p99 %7.1f us; "
+              "-> watcher holds it: p50 %6.1f us  p99 %7.1f us; put() returned: p50 %6.1f us"
+              % (m, us(r, "woken", .5), us(r, "woken", .99), us(r, "held", .5),
+                 us(r, "held", .99), us(r, "returned", .5)), flush=True)
+        print("py_sets: watch %s: attach round trip: p50 %6.1f us  p99 %7.1f us; woken p50 = "
+              "%.2fx attach (rounds: %s) (target <= 2x: %s) (%d samples each)" %
+              (m, us(r, "rtt", .5), us(r, "rtt", .99), ratio,
+               " ".join("%.2f" % x for x in r["ratio"]), verdict(ratio <= 2), len(r["rtt"])),
+              flush=True)
+        print("py_sets: watch %s: floor: a byte to a process asleep in recv() -> it wakes: "
+              "p50 %6.1f us  p99 %7.1f us; woken p50 - floor p50 = %6.1f us" %
+              (m, us(r, "bare", .5), us(r, "bare", .99), us(r, "woken", .5) - us(r, "bare", .5)),
+              flush=True)
     c.unlink(WATCHED)
-    c.unlink("bench/sets/watch/rtt")
+    c.unlink(RTT)
 
 
 # --- 4. weight sync -----------------------------------------------------------------------
@@ -365,12 +492,16 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: few names, small sets, 2 rounds (figures meaningless)")
     ap.add_argument("--no-ray", action="store_true")
+    ap.add_argument("--watch-modes", default="unpinned,pinned",
+                    help="the watch figure's variants, alternated by rounds")
     ap.add_argument("--daemon-args", default="", help="extra tensord arguments")
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
     ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.role == "watcher":
         return role_watcher(args.socket)
+    if args.role == "sleeper":
+        return role_sleeper(*args.rest)
     if args.role == "reader":
         return role_reader(args.socket, *args.rest)
     reps, samples = 10, 200
@@ -388,7 +519,7 @@ def main():
                 for size in (4 << 10, 64 << 10):
                     bench_put(c, args.names, size, args.rounds, max(1, reps // 2))
             if "watch" in parts:
-                bench_watch(c, sock, args.rounds, samples)
+                bench_watch(c, sock, args.rounds, samples, args.watch_modes.split(","))
             if "sync" in parts:
                 bench_sync(c, sock, args.sync_tensors, args.sync_size, args.commits,
                            args.readers, use_ray)

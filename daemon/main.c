@@ -52,6 +52,8 @@ static void server_stop(struct server *srv)
 	uv_close((uv_handle_t *)&srv->sigusr1, NULL);
 	uv_close((uv_handle_t *)&srv->sigusr2, NULL);
 	uv_close((uv_handle_t *)&srv->spin_idle, NULL);
+	uv_close((uv_handle_t *)&srv->bind_due, NULL);
+	uv_close((uv_handle_t *)&srv->bind_wake, NULL);
 	/* Creates still allocating complete after the loop (main()). */
 	gpu_worker_set_notify(NULL, NULL);
 	uv_close((uv_handle_t *)&srv->gpu_done, NULL);
@@ -219,6 +221,29 @@ void server_spin_arm(struct server *srv)
 		uv_idle_start(&srv->spin_idle, on_spin);
 }
 
+/*
+ * The client threads waiting on binding pages cleared meanwhile wake
+ * (registry_bind.c) a millisecond after the first clear: off the path of
+ * the replies and watch events of the commit that cleared them, and of the
+ * processes those woke (the kernel may have queued one on this CPU, behind
+ * whatever the loop does before it sleeps). Checked before each poll.
+ */
+#define BIND_WAKE_MS 1
+
+static void on_bind_wake(uv_timer_t *h)
+{
+	(void)h;
+	registry_bind_wake();
+}
+
+static void on_bind_due(uv_prepare_t *h)
+{
+	struct server *srv = h->data;
+
+	if (registry_bind_due() && !uv_is_active((uv_handle_t *)&srv->bind_wake))
+		uv_timer_start(&srv->bind_wake, on_bind_wake, BIND_WAKE_MS, 0);
+}
+
 static void on_frame(struct conn *c, const uint8_t *payload, size_t len, void *ctx)
 {
 	struct server *srv = ctx;
@@ -295,6 +320,11 @@ static int server_init(struct server *srv)
 	uv_idle_init(srv->loop, &srv->spin_idle);
 	srv->spin_idle.data = srv;
 	td_spin_init(&srv->spin);
+	uv_prepare_init(srv->loop, &srv->bind_due);
+	srv->bind_due.data = srv;
+	uv_prepare_start(&srv->bind_due, on_bind_due);
+	uv_unref((uv_handle_t *)&srv->bind_due); /* it keeps no loop running */
+	uv_timer_init(srv->loop, &srv->bind_wake);
 	uv_async_init(srv->loop, &srv->gpu_done, on_gpu_done);
 	gpu_worker_set_notify(gpu_notify, &srv->gpu_done);
 	return 0;

@@ -76,6 +76,9 @@ struct server {
 	 * spin_polled: it came round since the poll was armed, so a frame
 	 * read now came while polling, not in the batch that armed it. */
 	uv_idle_t spin_idle;
+	/* Binding pages cleared: their client threads are woken 1 ms later. */
+	uv_prepare_t bind_due;
+	uv_timer_t bind_wake;
 	struct td_spin spin;
 	uint64_t spin_until, spin_seen;
 	bool spin_polled;

@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -272,6 +273,10 @@ static void *watcher(void *arg)
 		bs->watcher_long = !oldest;
 		pthread_mutex_unlock(&c->lock);
 		syscall(SYS_futex, clears_word(bs), FUTEX_WAIT, seen, &ts, NULL, 0);
+		/* Woken by a commit that also woke this process's reader (a
+		 * watch event, a waiter's reply): letting go of memory can wait
+		 * for it, so the reader runs first where the two share a CPU. */
+		sched_yield();
 		now = clears_now(bs);
 		pthread_mutex_lock(&c->lock);
 		if (bs->state == TD_BIND_ON) {

@@ -343,7 +343,7 @@ static int deliver_frames(struct td_conn *conn)
 }
 
 /*
- * The reader polls the socket for a reply before it sleeps in recvmsg(): a
+ * The reader polls the socket for a reply before it sleeps (read_some()): a
  * reply to most requests comes within a few tens of microseconds, while
  * waking a sleeping thread on another CPU costs about as much again on a
  * VM. Whether and how long: the connection's td_spin (common/sys.h),
@@ -452,8 +452,22 @@ static int read_some(struct td_conn *conn, struct td_fdq *got, size_t *ret_n, bo
 	} else {
 		n = spin_recv(conn, &m);
 	}
-	while (block && n < 0 && (errno == EINTR || errno == EAGAIN))
-		n = recvmsg(conn->fd, &m, MSG_CMSG_CLOEXEC);
+	/*
+	 * Sleep in poll(), then read without blocking. A thread asleep in
+	 * recvmsg() is woken whenever the daemon reads one of our requests
+	 * (the bytes leaving the socket free write space, and that wakes every
+	 * thread asleep on it), only to sleep again: a wake-up the daemon pays
+	 * for before it can answer (on a VM an IPI, ~13 us, where this thread's
+	 * CPU is idle). poll(POLLIN) is woken by input alone.
+	 */
+	while (block && n < 0 && (errno == EINTR || errno == EAGAIN)) {
+		struct pollfd pfd = { .fd = conn->fd, .events = POLLIN };
+
+		if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
+			n = recvmsg(conn->fd, &m, MSG_CMSG_CLOEXEC); /* sleep as before */
+		else
+			n = recvmsg(conn->fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+	}
 	if (n < 0)
 		return td_set_error(-ECONNRESET, "connection to tensord lost: %s", strerror(errno));
 	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {

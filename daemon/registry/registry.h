@@ -464,6 +464,18 @@ uint32_t registry_lease_weight(const struct reg_client *rc, uint32_t lease_slot)
 uint32_t registry_bindings(const struct reg_client *rc);
 
 /*
+ * Wakes the client threads sleeping on the clear count of every page
+ * cleared since the last call (one FUTEX_WAKE a page); the count of pages
+ * woken. The slots themselves are cleared at once; the daemon's loop calls
+ * this a millisecond after registry_bind_due() became true, well after the
+ * replies and events of what cleared them went out and were read.
+ */
+unsigned registry_bind_wake(void);
+
+/* Whether a page was cleared since the last registry_bind_wake(). */
+bool registry_bind_due(void);
+
+/*
  * Removes the name; the tensor lives on while leases hold it, else it is
  * freed. rc's draft of name comes first: it is discarded, and the version it
  * would have replaced stays. Another client's draft of an unlinked name

@@ -59,7 +59,21 @@ struct reg_page {
 	uint32_t free_head; /* 1-based; 0: none */
 	uint32_t live;
 	uint64_t next_gen;
+	bool wake_due; /* clears since the last FUTEX_WAKE: on due_pages */
+	LIST_ENTRY(reg_page) due_link;
 };
+
+/*
+ * Pages whose clear count moved since their last wake. The wake itself
+ * waits for registry_bind_wake(), which the loop calls a millisecond after
+ * the first clear (main.c): waking the client's watcher thread only lets
+ * go of memory sooner, and a wake onto another CPU costs the waker an IPI
+ * (~15 us on a VM). Done inline it held up the publisher's reply and the
+ * watchers' events; done before the loop slept, it still held up a
+ * watcher the kernel had queued on the loop's CPU. Deferred, the clears of
+ * a millisecond wake each page once.
+ */
+static LIST_HEAD(, reg_page) due_pages = LIST_HEAD_INITIALIZER(due_pages);
 
 static struct reg_binding *slot_of(struct reg_page *p, uint32_t s)
 {
@@ -132,18 +146,41 @@ int registry_bind_page(struct reg_client *rc, int *ret_fd, uint32_t *ret_words, 
 
 /*
  * The name no longer means slot s's tensor: its word goes to 0 (release:
- * a client that reads 0 sees nothing older), the clear count grows, and a
- * client thread sleeping on it wakes. The slot stays the binding's until
- * its lease ends: the client's count there still counts its local leases.
+ * a client that reads 0 sees nothing older) and the clear count grows, now;
+ * a client thread sleeping on the count wakes at registry_bind_wake(). The
+ * slot stays the binding's until its lease ends: the client's count there
+ * still counts its local leases.
  */
 static void slot_clear(struct reg_page *p, uint32_t s)
 {
 	atomic_store_explicit(&p->words[s], 0, memory_order_release);
 	slot_of(p, s)->cleared = true;
 	atomic_fetch_add_explicit(clears_word(p), 1, memory_order_release);
-	/* No one waiting costs one syscall. */
-	syscall(SYS_futex, clears_word(p), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+	if (!p->wake_due) {
+		p->wake_due = true;
+		LIST_INSERT_HEAD(&due_pages, p, due_link);
+	}
 	figure_count(FIG_bindings_cleared_total, 1);
+}
+
+bool registry_bind_due(void)
+{
+	return !LIST_EMPTY(&due_pages);
+}
+
+unsigned registry_bind_wake(void)
+{
+	struct reg_page *p;
+	unsigned n = 0;
+
+	while ((p = LIST_FIRST(&due_pages))) {
+		LIST_REMOVE(p, due_link);
+		p->wake_due = false;
+		/* No one waiting costs one syscall. */
+		syscall(SYS_futex, clears_word(p), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+		n++;
+	}
+	return n;
 }
 
 /* Slot s is free again: its lease ended. */
@@ -259,6 +296,8 @@ void reg_page_free(struct reg_client *rc)
 	if (!p)
 		return;
 	/* Its leases ended first (registry_client_gone()), and with them its slots. */
+	if (p->wake_due)
+		LIST_REMOVE(p, due_link); /* its client is gone: no one to wake */
 	munmap((void *)p->words, 2 * REG_PAGE_WORDS * sizeof(uint64_t));
 	close(p->fd);
 	for (uint32_t i = 0; i < REG_PAGE_WORDS / CHUNK; i++)

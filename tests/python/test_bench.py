@@ -103,12 +103,18 @@ def test_py_sets_bench_runs(daemon):
         assert re.search(r"^py_sets: put 16 x %s: put_many +%s us, 16 put +%s us: +%sx "
                          r"\(target >= 2x: (met|MISSED)\)$" % (size, num, num, num), out,
                          re.M), out
-    assert re.search(r"^py_sets: put\(\) start -> watcher woken: p50 +%s us +p99 +%s us; "
-                     r"-> watcher holds it: p50 +%s us +p99 +%s us$" % ((num,) * 4), out,
-                     re.M), out
-    assert re.search(r"^py_sets: attach\+release round trip: p50 +%s us +p99 +%s us; woken p50 "
-                     r"= %sx attach \(target <= 2x: (met|MISSED)\)" % ((num,) * 3), out,
-                     re.M), out
+    # The watch figure, unpinned and pinned (switched at run time, rounds alternating).
+    for mode in ("unpinned", "pinned"):
+        assert re.search(r"^py_sets: watch %s: put\(\) start -> watcher woken: p50 +%s us +p99 "
+                         r"+%s us; -> watcher holds it: p50 +%s us +p99 +%s us; put\(\) "
+                         r"returned: p50 +%s us$" % ((mode,) + (num,) * 5), out, re.M), out
+        assert re.search(r"^py_sets: watch %s: attach round trip: p50 +%s us +p99 +%s us; "
+                         r"woken p50 = %sx attach \(rounds: %s %s\) \(target <= 2x: "
+                         r"(met|MISSED)\) \(40 samples each\)$" % ((mode,) + (num,) * 5), out,
+                         re.M), out
+        assert re.search(r"^py_sets: watch %s: floor: a byte to a process asleep in recv\(\) "
+                         r"-> it wakes: p50 +%s us +p99 +%s us; woken p50 - floor p50 = +-?%s us$"
+                         % ((mode,) + (num,) * 3), out, re.M), out
     assert re.search(r"^py_sets: weight sync 8 x 64 KiB \(512 KiB\), 3 commits, 3 readers", out,
                      re.M), out
     assert re.search(r"^  tensord  tx.put +%s / +%s ms; commit -> 3 hold it +%s / +%s ms; "

@@ -5,6 +5,11 @@ and a daemon confined after start-up stops polling (its poll_cpus and
 poll_budget_seconds figures say so) and polls again once released.
 Behaviour only: nothing here measures time."""
 import os
+import platform
+import signal
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -108,3 +113,55 @@ def test_spin_us_zero_never_polls(daemon_factory, monkeypatch):
     assert s["poll_budget_seconds"] == 0
     assert s["poll_hits_total"] == s["poll_misses_total"] == s["poll_lost_total"] == 0
     assert s["poll_cpus"] >= 1  # still looked at, for the figure
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="system call numbers of x86_64")
+def test_a_reader_waits_for_its_reply_in_poll(daemon_factory, monkeypatch):
+    """A client waiting for a reply, not polling, sleeps in poll(POLLIN), not
+    in recvmsg(): a thread asleep in recvmsg() on a Unix socket is woken
+    each time the daemon reads one of its requests (the bytes leaving the
+    socket free write space, which wakes every thread asleep on it), a
+    wake-up for nothing that the daemon pays for before it answers (an IPI
+    to an idle vCPU, ~13 us, traced in docs/design.md, "Publish ->
+    watcher"). The daemon is stopped while the request waits, so the
+    reader's system call is seen as it sleeps (/proc/TID/syscall)."""
+    monkeypatch.setenv("TENSORD_SPIN_US", "0")
+    d = daemon_factory()
+    code = textwrap.dedent("""
+        import sys, threading
+        import numpy as np
+        import tensord
+
+        with tensord.connect(sys.argv[1]) as c:
+            c.put("poll/wait", np.zeros(16, np.uint8))
+            print(threading.get_native_id(), flush=True)
+            sys.stdin.readline()                 # the daemon is stopped now
+            print(c.stat("poll/wait").nbytes, flush=True)
+        """)
+    p = subprocess.Popen([sys.executable, "-c", code, d.socket], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, TENSORD_SPIN_US="0"))
+    try:
+        tid = int(p.stdout.readline())
+        os.kill(d.pid, signal.SIGSTOP)
+        try:
+            p.stdin.write("\n")
+            p.stdin.flush()
+
+            def sleeping_in():
+                with open("/proc/%d/task/%d/syscall" % (p.pid, tid)) as f:
+                    nr = f.read().split()[0]
+                with open("/proc/%d/task/%d/stat" % (p.pid, tid)) as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                return int(nr) if state == "S" and nr.isdigit() else None
+
+            # Past the send: asleep in the wait for the reply (not stdin's read, 0).
+            assert wait_until(lambda: sleeping_in() not in (None, 0)), sleeping_in()
+            assert sleeping_in() in (7, 271), "asleep in system call %s, not poll" % \
+                sleeping_in()  # 47: recvmsg
+        finally:
+            os.kill(d.pid, signal.SIGCONT)
+        assert p.stdout.readline().strip() == "16"
+    finally:
+        p.stdin.close()
+        p.wait(timeout=60)

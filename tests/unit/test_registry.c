@@ -983,8 +983,9 @@ static void test_list_scan_is_bounded(void **state)
  * Binding pages (registry_bind.c): more slots than one chunk of them, each
  * word holding its generation while the name means its tensor; an unlink
  * or a replace clears exactly the slots of what lost its name, and counts
- * the clears; a release frees the slot; the client's counts stand in for a
- * bound lease in the refcount.
+ * the clears; the page's sleepers are woken once for all of them, by
+ * registry_bind_wake(); a release frees the slot; the client's counts
+ * stand in for a bound lease in the refcount.
  */
 static void test_bindings(void **state)
 {
@@ -1032,6 +1033,11 @@ static void test_bindings(void **state)
 	assert_int_equal((uint32_t)w[0], (N + 2) / 3);
 	for (int i = 0; i < N; i++)
 		assert_int_equal(w[slot[i]], i % 3 ? gen[i] : 0);
+	/* The words moved at once; the page's sleepers wake later, once for all. */
+	assert_true(registry_bind_due());
+	assert_int_equal(registry_bind_wake(), 1);
+	assert_false(registry_bind_due());
+	assert_int_equal(registry_bind_wake(), 0);
 	/* The leases still hold what was unlinked; releasing frees slot and tensor. */
 	assert_int_equal(reg->n_tensors, N);
 	for (int i = 0; i < N; i += 3)
