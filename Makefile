@@ -251,7 +251,8 @@ UNIT_DEPS_test_sys         := common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memory/memlimit.c
 UNIT_DEPS_test_ratelimit   := daemon/base/ratelimit.c daemon/base/log.c common/paths.c
 UNIT_DEPS_test_paths       := common/paths.c
-UNIT_DEPS_test_options     := daemon/options.c daemon/config.c daemon/base/log.c common/paths.c \
+UNIT_DEPS_test_options     := daemon/options.c daemon/options_value.c daemon/options_peer.c \
+                              daemon/config.c daemon/base/log.c common/paths.c \
                               daemon/remote/peer_auth.c common/desc.c common/names.c gpu/vendor.c
 $(B)/tests/unit/test_options: LDLIBS += $(CRYPTO_LIBS)
 $(B)/daemon/remote/xport/ucx.o: CFLAGS += $(shell pkg-config --cflags $(UCX_PKG) 2>/dev/null)
