@@ -251,14 +251,16 @@ UNIT_DEPS_test_sys         := common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memory/memlimit.c
 UNIT_DEPS_test_ratelimit   := daemon/base/ratelimit.c daemon/base/log.c common/paths.c
 UNIT_DEPS_test_paths       := common/paths.c
-UNIT_DEPS_test_options     := daemon/options.c daemon/config.c daemon/base/log.c common/paths.c \
+UNIT_DEPS_test_options     := daemon/options.c daemon/options_value.c daemon/options_peer.c \
+                              daemon/config.c daemon/base/log.c common/paths.c \
                               daemon/remote/peer_auth.c common/desc.c common/names.c gpu/vendor.c
 $(B)/tests/unit/test_options: LDLIBS += $(CRYPTO_LIBS)
 $(B)/daemon/remote/xport/ucx.o: CFLAGS += $(shell pkg-config --cflags $(UCX_PKG) 2>/dev/null)
 UNIT_DEPS_test_config      := daemon/config.c common/paths.c
 UNIT_DEPS_test_log         := daemon/base/log.c common/paths.c
 # A daemon module may count a figure (figure_count()): its test links metrics.c, the counters' home.
-UNIT_DEPS_test_registry    := daemon/registry/registry.c daemon/registry/registry_create.c daemon/registry/registry_reserve.c \
+UNIT_DEPS_test_registry    := daemon/registry/registry.c daemon/registry/registry_lease.c \
+                              daemon/registry/registry_create.c daemon/registry/registry_reserve.c \
                               daemon/registry/registry_bind.c \
                               daemon/registry/commit.c daemon/registry/txn.c \
                               daemon/base/quota.c daemon/memory/backend_host.c daemon/memory/pool.c \

@@ -1,49 +1,29 @@
 /*
- * The daemon's options (options.h): the command line, --help, and the
- * config file under them, into a struct server_config.
+ * The daemon's options (options.h): the option table, --help, and argv
+ * and the config file under it applied in order into a struct
+ * server_config. A value's parsing is options_value.c's, peering's and
+ * remote attach's options options_peer.c's (options_int.h).
  */
-#include "options.h"
+#include "options_int.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
-#include <grp.h>
-#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <tensord/tensord.h>
 
 #include "daemon/memory/backend.h"
 #include "config.h"
 #include "daemon/base/log.h"
-#include "common/desc.h"
 #include "daemon/remote/peer.h"
-#include "daemon/remote/peer_auth.h"
 #include "watch.h"
 
 /* Read when it exists; --config FILE must exist. */
 #define DEFAULT_CONFIG "/etc/tensord.conf"
-
-/* Peering's options (docs/remote.md); the per-uid shares (quota.def) take values from OPT_QUOTA on. */
-enum {
-	OPT_NODE_NAME = 0x100,
-	OPT_PEER_LISTEN,
-	OPT_PEER,
-	OPT_PEER_SECRET,
-	OPT_EXPORT,
-	OPT_REPLICA_KEEP,
-	OPT_PEER_MAX_INFLIGHT,
-	OPT_PEERS_DNS,
-	OPT_PEER_MAX_REPLICA_BYTES,
-	OPT_MAX_WATCH_QUEUE,
-	OPT_QUOTA = 0x200,
-};
 
 /* --help's lines for the per-uid shares, each description wrapped at 79 columns. */
 static void usage_shares(FILE *f)
@@ -171,459 +151,12 @@ static void usage(FILE *f)
 		"$LISTEN_FDS (tensord.socket), journal priorities when stderr is the journal.\n");
 }
 
-/*
- * Numbers are parsed strictly, the same on the command line and in the
- * config file: digits only, no sign and no blank (strtoull alone takes
- * " -1" as 2^64-1 and "-5" as 2^64-5), and within the range of the
- * variable they land in; anything else is refused with the option, the
- * value and the range. Each numeric option and its range:
- */
-enum number_kind { NUM_DECIMAL, NUM_OCTAL, NUM_SIZE };
-
-static const struct number_opt {
-	int opt;
-	enum number_kind kind;
-	const char *what; /* for the message: "not <what> from min to max" */
-	uint64_t min, max;
-} number_opts[] = {
-	{ 'c', NUM_SIZE, "a size", 1, UINT64_MAX },
-	{ 'p', NUM_SIZE, "a size", 0, UINT64_MAX - 1 }, /* UINT64_MAX: the default */
-	{ 'm', NUM_OCTAL, "an octal mode", 0, 0777 },
-	{ 'n', NUM_DECIMAL, "a number", 1, UINT_MAX },
-	{ 'r', NUM_DECIMAL, "a descriptor", 0, INT_MAX },
-	{ 'W', NUM_DECIMAL, "a number", 1, UINT32_MAX },
-	{ 'F', NUM_DECIMAL, "a number", 1, UINT32_MAX },
-	{ 'U', NUM_DECIMAL, "a uid", 0, UINT32_MAX - 1 }, /* (uid_t)-1 is no uid */
-	{ 'g', NUM_DECIMAL, "a gid", 0, UINT32_MAX - 1 }, /* or a group name */
-	{ 'H', NUM_DECIMAL, "a number of milliseconds", 0, UINT32_MAX },
-	{ OPT_REPLICA_KEEP, NUM_DECIMAL, "a number of milliseconds", 0, 86400000 },
-	{ OPT_PEER_MAX_INFLIGHT, NUM_SIZE, "a size", 1, UINT64_MAX },
-	/* 0 would refuse every replica; the default (1/4 of the capacity) is none given. */
-	{ OPT_PEER_MAX_REPLICA_BYTES, NUM_SIZE, "a size", 1, UINT64_MAX },
-	{ OPT_MAX_WATCH_QUEUE, NUM_DECIMAL, "a number of events", 1, WATCH_QUEUE_MAX },
-/* The per-uid shares: counts up to 2^32-1, sizes up to 2^64-1 bytes. */
-#define QUOTA_NUM_N(kind) { OPT_QUOTA + QUOTA_##kind, NUM_DECIMAL, "a number", 1, UINT32_MAX },
-#define QUOTA_NUM_SIZE(kind) { OPT_QUOTA + QUOTA_##kind, NUM_SIZE, "a size", 1, UINT64_MAX },
-#define QUOTA_NUM_NONE(kind)
-#define QUOTA(kind, flag, arg, usage, figure, unit, what, err, help) QUOTA_NUM_##arg(kind)
-#include "daemon/base/quota.def"
-#undef QUOTA
-};
-
-/* s, all digits of base, into *ret. 0, -EINVAL (not such digits) or -ERANGE. */
-static int parse_digits(const char *s, int base, const char **ret_end, uint64_t *ret)
-{
-	unsigned long long v;
-	char *end;
-
-	if (*s < '0' || *s > (base == 8 ? '7' : '9'))
-		return -EINVAL;
-	errno = 0;
-	v = strtoull(s, &end, base);
-	if (errno == ERANGE)
-		return -ERANGE;
-	*ret_end = end;
-	*ret = v;
-	return 0;
-}
-
-/* "512M", "1Gi", "4096": K/M/G/T are decimal, Ki/Mi/Gi/Ti binary. 0, -EINVAL or -ERANGE. */
-static int parse_size(const char *s, uint64_t *ret)
-{
-	static const struct {
-		const char *suf;
-		uint64_t mul;
-	} sufs[] = {
-		{ "", 1 },
-		{ "K", 1000ull },
-		{ "M", 1000000ull },
-		{ "G", 1000000000ull },
-		{ "Ki", 1ull << 10 },
-		{ "Mi", 1ull << 20 },
-		{ "Gi", 1ull << 30 },
-		{ "KB", 1000ull },
-		{ "MB", 1000000ull },
-		{ "GB", 1000000000ull },
-		{ "T", 1000000000000ull },
-		{ "Ti", 1ull << 40 },
-	};
-	const char *end;
-	uint64_t v;
-	int r = parse_digits(s, 10, &end, &v);
-
-	if (r < 0)
-		return r;
-	for (size_t i = 0; i < sizeof(sufs) / sizeof(sufs[0]); i++) {
-		if (strcmp(end, sufs[i].suf) != 0)
-			continue;
-		if (v && sufs[i].mul > UINT64_MAX / v)
-			return -ERANGE;
-		*ret = v * sufs[i].mul;
-		return 0;
-	}
-	return -EINVAL;
-}
-
-static const char *opt_name(int val);
-
-/* arg for a message: as it is, or quoted and escaped when blanks, control
- * bytes or an empty string would hide what it was. */
-static const char *shown(const char *arg, char *buf, size_t len)
-{
-	size_t n = 0;
-	bool plain = *arg;
-
-	for (const char *p = arg; *p && plain; p++)
-		plain = isgraph((unsigned char)*p) && *p != '\'';
-	if (plain)
-		return arg;
-	buf[n++] = '\'';
-	for (const unsigned char *p = (const unsigned char *)arg; *p && n + 6 < len; p++) {
-		if (isprint(*p) && *p != '\'' && *p != '\\')
-			buf[n++] = (char)*p;
-		else
-			n += (size_t)snprintf(buf + n, len - n, "\\x%02x", *p);
-	}
-	buf[n++] = '\'';
-	buf[n] = '\0';
-	return buf;
-}
-
-static const struct number_opt *number_opt(int opt)
-{
-	for (size_t i = 0; i < sizeof(number_opts) / sizeof(number_opts[0]); i++)
-		if (number_opts[i].opt == opt)
-			return &number_opts[i];
-	return NULL;
-}
-
-/* Prints why arg is not a value of numeric option opt. Returns 2. */
-static int number_refused(int opt, const char *arg, const char *extra)
-{
-	const struct number_opt *n = number_opt(opt);
-	char buf[160];
-
-	fprintf(stderr, "tensord: --%s %s: %snot %s from ", opt_name(opt),
-		shown(arg, buf, sizeof(buf)), extra, n->what);
-	if (n->kind == NUM_OCTAL)
-		fprintf(stderr, "%#llo to %#llo\n", (unsigned long long)n->min,
-			(unsigned long long)n->max);
-	else if (n->kind == NUM_SIZE)
-		fprintf(stderr,
-			"%llu to %llu bytes (digits and an optional suffix K, M, G, T, "
-			"Ki, Mi, Gi, Ti, KB, MB or GB, e.g. 512Mi or 4G)\n",
-			(unsigned long long)n->min, (unsigned long long)n->max);
-	else
-		fprintf(stderr, "%llu to %llu\n", (unsigned long long)n->min,
-			(unsigned long long)n->max);
-	return 2;
-}
-
-/* The value of numeric option opt, in its range. 0, or 2 with the complaint printed. */
-static int parse_number(int opt, const char *arg, uint64_t *ret)
-{
-	const struct number_opt *n = number_opt(opt);
-	const char *end = "";
-	uint64_t v;
-	int r;
-
-	if (n->kind == NUM_SIZE)
-		r = parse_size(arg, &v);
-	else
-		r = parse_digits(arg, n->kind == NUM_OCTAL ? 8 : 10, &end, &v);
-	if (r == 0 && *end)
-		r = -EINVAL;
-	if (r < 0 || v < n->min || v > n->max)
-		return number_refused(opt, arg, "");
-	*ret = v;
-	return 0;
-}
-
-/* A per-uid or per-connection limit (or an exempt uid) into cfg. 0 or 2. */
-static int parse_limit(int opt, uint64_t v, struct server_config *cfg)
-{
-	struct quota_limits *lim = &cfg->limits;
-
-	if (opt >= OPT_QUOTA && opt < OPT_QUOTA + QUOTA_KINDS) {
-		lim->per_uid[opt - OPT_QUOTA] = v;
-		return 0;
-	}
-	switch (opt) {
-	case 'W':
-		lim->waiters_per_conn = (uint32_t)v;
-		break;
-	case 'F':
-		lim->fds_in_flight_per_conn = (uint32_t)v;
-		break;
-	default:
-		if (lim->n_exempt == QUOTA_EXEMPT_MAX) {
-			fprintf(stderr, "tensord: --quota-exempt-uid: at most %d uids\n",
-				QUOTA_EXEMPT_MAX);
-			return 2;
-		}
-		lim->exempt[lim->n_exempt++] = (uint32_t)v;
-		break;
-	}
-	return 0;
-}
-
-/* --group: a group's name, else a gid. 0, or 2 with the complaint printed. */
-static int parse_group(const char *arg, struct server_config *cfg)
-{
-	struct group *g = *arg ? getgrnam(arg) : NULL;
-	uint64_t gid;
-
-	if (g) {
-		cfg->socket_gid = g->gr_gid;
-		return 0;
-	}
-	if (!isdigit((unsigned char)*arg))
-		return number_refused('g', arg, "no such group, and ");
-	if (parse_number('g', arg, &gid))
-		return 2;
-	cfg->socket_gid = (gid_t)gid;
-	return 0;
-}
-
-/*
- * "HOST[:PORT]": HOST a name, an IPv4 address or a bracketed IPv6 one
- * (empty only where empty_ok), PORT 1-65535, PEER_DEFAULT_PORT when none.
- * 0 or -EINVAL.
- */
-static int parse_hostport(const char *s, char *host, size_t host_len, uint16_t *port, bool empty_ok)
-{
-	const char *h = s, *colon, *end;
-	size_t n;
-
-	*port = PEER_DEFAULT_PORT;
-	if (*s == '[') {
-		end = strchr(s, ']');
-		if (!end)
-			return -EINVAL;
-		h = s + 1;
-		n = (size_t)(end - h);
-		colon = end[1] == ':' ? end + 1 : NULL;
-		if (end[1] && !colon)
-			return -EINVAL;
-	} else {
-		colon = strchr(s, ':');
-		if (colon && strchr(colon + 1, ':'))
-			return -EINVAL; /* an IPv6 address goes in brackets */
-		n = colon ? (size_t)(colon - s) : strlen(s);
-	}
-	if (n >= host_len || (n == 0 && !empty_ok))
-		return -EINVAL;
-	for (size_t i = 0; i < n; i++)
-		if (!isgraph((unsigned char)h[i]) || h[i] == '/' || h[i] == '[' || h[i] == ']')
-			return -EINVAL;
-	memcpy(host, h, n);
-	host[n] = '\0';
-	if (colon) {
-		uint64_t v;
-		const char *e;
-
-		if (parse_digits(colon + 1, 10, &e, &v) < 0 || *e || v == 0 || v > 65535)
-			return -EINVAL;
-		*port = (uint16_t)v;
-	}
-	return 0;
-}
-
-/* --peers-dns HOST[:PORT] into pc. 0, or 2 with the complaint printed. */
-static int parse_peers_dns(const char *arg, struct peer_config *pc)
-{
-	struct peer_dns_entry *e;
-	char buf[160];
-
-	if (pc->n_dns == PEER_DNS_MAX) {
-		fprintf(stderr, "tensord: --peers-dns %s: at most %d names\n",
-			shown(arg, buf, sizeof(buf)), PEER_DNS_MAX);
-		return 2;
-	}
-	e = &pc->dns[pc->n_dns];
-	if (parse_hostport(arg, e->host, sizeof(e->host), &e->port, false) < 0) {
-		fprintf(stderr,
-			"tensord: --peers-dns %s: not HOST[:PORT] (a DNS name, an IPv4 address or "
-			"[IPv6]; a port from 1 to 65535)\n",
-			shown(arg, buf, sizeof(buf)));
-		return 2;
-	}
-	pc->n_dns++;
-	return 0;
-}
-
-/* --node-name, --peer-listen, --peer, --peer-secret-file into pc. 0, or 2 with the complaint printed. */
-static int parse_peer_option(int opt, const char *arg, struct peer_config *pc)
-{
-	char buf[160];
-	const char *eq;
-	struct peer_config_entry *e;
-
-	switch (opt) {
-	case OPT_NODE_NAME:
-		if (!peer_name_valid(arg, strlen(arg))) {
-			fprintf(stderr,
-				"tensord: --node-name %s: not 1-%d bytes of [A-Za-z0-9._-]\n",
-				shown(arg, buf, sizeof(buf)), PEER_NAME_MAX);
-			return 2;
-		}
-		snprintf(pc->node_name, sizeof(pc->node_name), "%s", arg);
-		return 0;
-	case OPT_PEER_LISTEN:
-		if (parse_hostport(arg, pc->listen_host, sizeof(pc->listen_host), &pc->listen_port,
-				   true) < 0) {
-			fprintf(stderr,
-				"tensord: --peer-listen %s: not ADDR:PORT (an IP address, [IPv6] "
-				"or nothing for every address; a port from 1 to 65535)\n",
-				shown(arg, buf, sizeof(buf)));
-			return 2;
-		}
-		free(pc->listen);
-		pc->listen = strdup(arg);
-		break;
-	case OPT_PEER:
-		eq = strchr(arg, '=');
-		if (!eq || !peer_name_valid(arg, (size_t)(eq - arg))) {
-			fprintf(stderr,
-				"tensord: --peer %s: not NAME=HOST[:PORT] with NAME 1-%d bytes of "
-				"[A-Za-z0-9._-]\n",
-				shown(arg, buf, sizeof(buf)), PEER_NAME_MAX);
-			return 2;
-		}
-		for (unsigned i = 0; i < pc->n_peers; i++)
-			if (strlen(pc->peers[i].name) == (size_t)(eq - arg) &&
-			    memcmp(pc->peers[i].name, arg, (size_t)(eq - arg)) == 0) {
-				fprintf(stderr, "tensord: --peer %s: peer %s is named twice\n",
-					shown(arg, buf, sizeof(buf)), pc->peers[i].name);
-				return 2;
-			}
-		if (pc->n_peers == PEER_CONFIG_MAX) {
-			fprintf(stderr, "tensord: --peer %s: at most %d peers\n",
-				shown(arg, buf, sizeof(buf)), PEER_CONFIG_MAX);
-			return 2;
-		}
-		e = &pc->peers[pc->n_peers];
-		if (parse_hostport(eq + 1, e->host, sizeof(e->host), &e->port, false) < 0) {
-			fprintf(stderr,
-				"tensord: --peer %s: '%s' is not HOST[:PORT] (a name, an IPv4 "
-				"address or [IPv6]; a port from 1 to 65535)\n",
-				shown(arg, buf, sizeof(buf)), eq + 1);
-			return 2;
-		}
-		memcpy(e->name, arg, (size_t)(eq - arg));
-		e->name[eq - arg] = '\0';
-		pc->n_peers++;
-		return 0;
-	default:
-		free(pc->secret_file);
-		pc->secret_file = strdup(arg);
-		if (!pc->secret_file)
-			break;
-		return 0;
-	}
-	if (opt == OPT_PEER_LISTEN && pc->listen)
-		return 0;
-	fprintf(stderr, "tensord: --%s: out of memory\n", opt_name(opt));
-	return 2;
-}
-
-/*
- * With peering on: a node name ($NODE_NAME or the host name by default),
- * a secret file, and no peer of this node's own name. 0, or 2 with the
- * complaint printed. The secret file itself is read at start (peer.c).
- */
-static int check_peering(struct peer_config *pc)
-{
-	const char *from = "--node-name";
-	char host[256], buf[160];
-
-	if (!peer_config_on(pc))
-		return 0;
-	if (!pc->node_name[0]) {
-		const char *env = getenv("NODE_NAME");
-
-		if (env && *env) {
-			from = "$NODE_NAME";
-			snprintf(host, sizeof(host), "%s", env);
-		} else {
-			from = "the host name";
-			if (gethostname(host, sizeof(host)) < 0)
-				host[0] = '\0';
-			host[sizeof(host) - 1] = '\0';
-		}
-		if (!peer_name_valid(host, strlen(host))) {
-			fprintf(stderr,
-				"tensord: node name %s (%s) is not 1-%d bytes of [A-Za-z0-9._-]; "
-				"give one with --node-name\n",
-				shown(host, buf, sizeof(buf)), from, PEER_NAME_MAX);
-			return 2;
-		}
-		snprintf(pc->node_name, sizeof(pc->node_name), "%s", host);
-	}
-	if (!pc->secret_file) {
-		fprintf(stderr, "tensord: --peer-listen, --peer and --peers-dns need "
-				"--peer-secret-file PATH, the "
-				"secret every peer shares (docs/remote.md, \"Authentication\")\n");
-		return 2;
-	}
-	for (unsigned i = 0; i < pc->n_peers; i++)
-		if (strcmp(pc->peers[i].name, pc->node_name) == 0) {
-			fprintf(stderr,
-				"tensord: --peer %s=%s: that is this node's own name (%s)\n",
-				pc->peers[i].name, pc->peers[i].host, from);
-			return 2;
-		}
-	return 0;
-}
-
-/* --export PREFIX[=PEER,...] into rc. 0, or 2 with the complaint printed. */
-static int parse_export(const char *arg, struct remote_config *rc)
-{
-	const char *eq = strchr(arg, '=');
-	size_t plen = eq ? (size_t)(eq - arg) : strlen(arg);
-	struct remote_export *e;
-	char why[300], buf[160];
-
-	if (rc->n_exports == REMOTE_EXPORTS_MAX) {
-		fprintf(stderr, "tensord: --export %s: at most %d rules\n",
-			shown(arg, buf, sizeof(buf)), REMOTE_EXPORTS_MAX);
-		return 2;
-	}
-	e = &rc->exports[rc->n_exports];
-	memset(e, 0, sizeof(*e));
-	if (plen && td_name_check(arg, plen, why, sizeof(why)) < 0) {
-		fprintf(stderr, "tensord: --export %s: the prefix: %s\n",
-			shown(arg, buf, sizeof(buf)), why);
-		return 2;
-	}
-	memcpy(e->prefix, arg, plen);
-	e->prefix[plen] = '\0';
-	for (const char *p = eq ? eq + 1 : NULL; p;) {
-		const char *comma = strchr(p, ',');
-		size_t n = comma ? (size_t)(comma - p) : strlen(p);
-
-		if (!peer_name_valid(p, n) || e->n_peers == REMOTE_EXPORT_PEERS_MAX) {
-			fprintf(stderr,
-				"tensord: --export %s: not PREFIX[=PEER,...] with each PEER 1-%d "
-				"bytes of [A-Za-z0-9._-], at most %d of them\n",
-				shown(arg, buf, sizeof(buf)), PEER_NAME_MAX,
-				REMOTE_EXPORT_PEERS_MAX);
-			return 2;
-		}
-		memcpy(e->peers[e->n_peers], p, n);
-		e->peers[e->n_peers++][n] = '\0';
-		p = comma ? comma + 1 : NULL;
-	}
-	rc->n_exports++;
-	return 0;
-}
-
 /* One option into cfg. 0, or 2 (the exit status) with the complaint printed. */
 static int parse_option(int opt, const char *arg, struct server_config *cfg, int *ready_fd)
 {
 	uint64_t v = 0;
 
-	if (number_opt(opt) && opt != 'g' && parse_number(opt, arg, &v))
+	if (opt_number(opt) && opt != 'g' && opt_parse_number(opt, arg, &v))
 		return 2;
 	switch (opt) {
 	case 's':
@@ -663,7 +196,7 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 		cfg->socket_mode = (mode_t)v;
 		return 0;
 	case 'g':
-		return parse_group(arg, cfg);
+		return opt_parse_group(arg, cfg);
 	case 'n':
 		cfg->max_clients = (unsigned)v;
 		return 0;
@@ -679,7 +212,7 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	case 'W':
 	case 'F':
 	case 'U':
-		return parse_limit(opt, v, cfg);
+		return opt_parse_limit(opt, v, cfg);
 	case 'S':
 		cfg->show_all_metadata = true;
 		return 0;
@@ -693,11 +226,11 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	case OPT_PEER_LISTEN:
 	case OPT_PEER:
 	case OPT_PEER_SECRET:
-		return parse_peer_option(opt, arg, &cfg->peer);
+		return opt_parse_peer(opt, arg, &cfg->peer);
 	case OPT_PEERS_DNS:
-		return parse_peers_dns(arg, &cfg->peer);
+		return opt_parse_peers_dns(arg, &cfg->peer);
 	case OPT_EXPORT:
-		return parse_export(arg, &cfg->remote);
+		return opt_parse_export(arg, &cfg->remote);
 	case OPT_REPLICA_KEEP:
 		cfg->remote.replica_keep_ms = (uint32_t)v;
 		return 0;
@@ -712,7 +245,7 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 		return 0;
 	default:
 		if (opt >= OPT_QUOTA && opt < OPT_QUOTA + QUOTA_KINDS)
-			return parse_limit(opt, v, cfg);
+			return opt_parse_limit(opt, v, cfg);
 		usage(stderr);
 		return 2;
 	}
@@ -758,7 +291,7 @@ static const struct option long_opts[] = {
 };
 
 /* The long name of option val, for messages. */
-static const char *opt_name(int val)
+const char *opt_name(int val)
 {
 	for (const struct option *o = long_opts; o->name; o++)
 		if (o->val == val)
@@ -854,7 +387,7 @@ int options_parse(int argc, char **argv, struct server_config *cfg, int *ready_f
 		if (parse_option(flags[i].opt, flags[i].arg, cfg, ready_fd))
 			r = 2;
 	free(flags);
-	if (r < 0 && check_peering(&cfg->peer))
+	if (r < 0 && opt_check_peering(&cfg->peer))
 		r = 2;
 	if (r < 0 && !cfg->socket_path[0]) {
 		if (tensord_default_socket_path(cfg->socket_path, sizeof(cfg->socket_path)) < 0) {

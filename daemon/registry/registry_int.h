@@ -1,7 +1,9 @@
 /*
- * What registry.c (the table, lifetimes, leases, permissions) and
- * registry_create.c (creates) share, and nothing else includes. The
- * invariants are those of registry.h: every name in the table is valid, a
+ * What the registry's files share, private to daemon/registry/ (a unit
+ * test, test_versions.c, reads it too): registry.c (the name table,
+ * lifetimes, permissions), registry_lease.c (leases, holders, a client's
+ * end), registry_create.c (creates), registry_reserve.c, registry_bind.c,
+ * commit.c and txn.c. The invariants are those of registry.h: every name in the table is valid, a
  * tensor lives while it is named or leased (or pinned by an allocation in
  * flight), and the last of those to go frees it.
  */
@@ -37,6 +39,18 @@ void reg_tensor_free(struct registry *reg, struct tensor *t);
 
 /* t goes on rc's list of tensors it created, for its close to walk. */
 void reg_creator_link(struct reg_client *rc, struct tensor *t);
+
+/* t leaves its creator's list (if it is on one). */
+void reg_creator_unlink(struct tensor *t);
+
+/* registry_lease.c: the ledger of leases and holders. */
+
+/*
+ * t was unlinked while leases hold it: from now on its bytes count against
+ * each uid that holds a lease on it, not against its owner, who no longer
+ * names it and must not be starved by others' leases.
+ */
+void reg_pin_to_holders(struct registry *reg, struct tensor *t);
 
 /* A new lease of rc on t: 0, -EAGAIN (too many leases) or -ENOMEM. */
 int reg_lease_add(struct registry *reg, struct reg_client *rc, struct tensor *t,

@@ -200,7 +200,7 @@ struct peer_set {
 	unsigned n_unauth; /* connections before their handshake ended */
 	LIST_HEAD(, peer_conn) conns;
 	/* Connections whose send failed, closed from reap in the loop's check
-	 * phase, never under the sender (pc_fail() in peer.c); reap_idle keeps
+	 * phase, never under the sender (pc_fail() in peer_link.c); reap_idle keeps
 	 * the loop from blocking meanwhile. */
 	LIST_HEAD(, peer_conn) failed;
 	uv_check_t reap;

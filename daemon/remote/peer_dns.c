@@ -2,11 +2,11 @@
  * Peering: --peers-dns HOST[:PORT] (peer.h, struct peer_dns and struct
  * peer_target). Each name is resolved every PEER_DNS_INTERVAL_MS on
  * libuv's thread pool; every address of its last good answer is a target,
- * dialled (by peer.c's connections) until the node there authenticates,
- * and again whenever that node is down. A failed resolution is logged
- * (rate-limited) and keeps the last good answer's addresses. An address
- * found to be this daemon itself (peer.c's self_dial_found()) is never
- * dialled again. Their state goes out in PeerListReply.dns (inspect.c).
+ * dialled (by peer_dial.c) until the node there authenticates, and again
+ * whenever that node is down. A failed resolution is logged (rate-limited)
+ * and keeps the last good answer's addresses. An address found to be this
+ * daemon itself (peer_handshake.c's self_dial_found()) is never dialled
+ * again. Their state goes out in PeerListReply.dns (inspect.c).
  */
 #include "peer_int.h"
 

@@ -9,6 +9,7 @@
  * UCX picks eager or rendezvous by size. Completions seen inside
  * ucp_worker_progress() are queued and delivered after it returns.
  */
+#include <assert.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -34,6 +35,12 @@ struct xport_ev {
 	STAILQ_ENTRY(xport_ev) link;
 };
 
+/*
+ * An endpoint's life: open (on x->eps), then closed by xport_ep_close()
+ * (closed set, once): parked while sends are in flight (x->parked), then
+ * closing (x->closing_eps) until UCX completes the close (close_done),
+ * freed with its last send. No send starts once closed.
+ */
 struct xport_ep {
 	struct xport *x;
 	ucp_ep_h ep;
@@ -142,6 +149,7 @@ static void queue_ev(struct xport *x, enum ev_kind kind, uint64_t tag, void *arg
 
 static void in_flight(struct xport *x, int d)
 {
+	assert(d > 0 || x->in_flight >= (unsigned)-d);
 	x->in_flight = (unsigned)((int)x->in_flight + d);
 	if (x->in_flight)
 		kick(x);
@@ -158,9 +166,12 @@ static void deliver(struct xport *x)
 				x->cbs.recv_done(x->cbs.ctx, e->tag, e->status);
 			else if (e->kind == EV_SEND)
 				x->cbs.send_done(x->cbs.ctx, e->arg, e->status);
-			else
+			else {
+				/* xport_ep_close() took back its endpoint's failures. */
+				assert(!((struct xport_ep *)e->arg)->closed);
 				x->cbs.ep_failed(x->cbs.ctx, ((struct xport_ep *)e->arg)->ctx,
 						 e->status);
+			}
 		}
 		free(e);
 	}
@@ -223,6 +234,7 @@ static void unpark(struct xport *x)
 	now = mono_ns();
 	for (ep = LIST_FIRST(&x->parked); ep; ep = next) {
 		next = LIST_NEXT(ep, link);
+		assert(ep->closed && !ep->close_done && ep->parked_ns);
 		if (ep->sends && now - ep->parked_ns < XPORT_PARK_MAX_NS)
 			continue;
 		if (ep->sends)
@@ -254,6 +266,7 @@ static void on_sent(void *request, ucs_status_t st, void *user_data)
 	struct xport_send *s = user_data;
 	struct xport_ep *ep = s->ep;
 
+	assert(ep->sends > 0 && (!ep->close_done || ep->closed));
 	if (--ep->sends == 0 && ep->close_done) {
 		LIST_REMOVE(ep, link);
 		free(ep);
@@ -470,6 +483,7 @@ int xport_connect(struct xport *x, const void *addr, size_t len, void *ep_ctx,
 /* ep's close completed: its struct goes once no send of it is left to complete. */
 static void ep_closed(struct xport_ep *ep)
 {
+	assert(ep->closed && !ep->close_done);
 	ep->close_done = true;
 	if (ep->sends)
 		return; /* on_sent() frees it */
@@ -490,6 +504,7 @@ static void ep_close_now(struct xport_ep *ep)
 	ucp_request_param_t prm = { 0 };
 	ucs_status_ptr_t req;
 
+	assert(ep->closed && !ep->close_done);
 	/*
 	 * A forced close may still call the error handler, and complete the
 	 * sends it cancels, while it runs, so the struct lives, marked closed,
@@ -515,6 +530,7 @@ void xport_ep_close(struct xport_ep *ep)
 	if (!ep)
 		return;
 	x = ep->x;
+	assert(!ep->closed); /* once: the caller forgets ep */
 	LIST_REMOVE(ep, link);
 	/* A failure of it not yet delivered is no one's news now. */
 	for (e = STAILQ_FIRST(&x->evs); e; e = next) {
@@ -541,6 +557,7 @@ int xport_send(struct xport_ep *ep, uint64_t tag, const void *buf, size_t len, v
 	struct xport_send *s;
 	ucs_status_ptr_t req;
 
+	assert(!ep->closed);
 	if (ep->failed)
 		return -ECONNRESET;
 	s = malloc(sizeof(*s));
