@@ -129,6 +129,13 @@ SEEDS = {
     "peer_unwatch": frame(fb(21, fb(1, "model/w"))),
     "peer_set_pull": frame(fb(9, fv(1, 100) + fb(2, "s/a") + fb(2, "s/b") + fb(3, ""))),
     "peer_set_pull_reply": frame(fb(10, fv(1, 100) + fv(4, 12) + fv(5, 2))),
+    "peer_sync": frame(fb(22, fv(1, 3))),
+    "peer_sync_reply": frame(fb(23, fv(1, 3))),
+    "peer_name_list": frame(fb(24, fv(1, 5) + fb(2, "model/") + fb(3, "model/a") + fv(4, 256))),
+    "peer_name_list_reply": frame(fb(25, fv(1, 5) + fv(2, 0)
+                                     + fb(4, fb(1, "model/b") + fv(2, 4) + fv(3, 9) + fv(4, 64)
+                                          + fv(5, 2) + fv(6, 32) + fv(7, 1))
+                                     + fv(5, 1) + fb(6, "model/b"))),
     # Replies of the newer kinds.
     "rep_published": frame(fv(1, 8) + fb(9, fv(1, 2) + fv(2, 17))),
     "rep_commit": frame(fv(1, 35) + fb(10, fv(1, 18) + fv(2, 1) + fv(3, 1))),
