@@ -555,14 +555,15 @@ static int check_source(const char *name, const DLTensor *src, size_t elsize, bo
 int td_put_check(const char *name, const DLTensor *src, uint32_t flags, uint32_t mode,
 		 tensord_spec *spec, uint64_t *ret_nbytes)
 {
+	char why[80];
 	size_t elsize;
 	uint64_t nbytes;
 	int r;
 
 	if (!src)
 		return td_set_error(-EINVAL, "tensor '%s': no source", name ? name : "");
-	if (src->ndim < 0 || src->ndim > TENSORD_NDIM_MAX)
-		return td_set_error(-EINVAL, "tensor '%s': %d dimensions", name, src->ndim);
+	if (td_ndim_check(src->ndim, 0, false, why, sizeof(why)) < 0)
+		return td_set_error(-EINVAL, "tensor '%s': %s", name, why);
 	elsize = td_dtype_size(src->dtype);
 	if (!elsize)
 		return td_set_error(-EINVAL, "tensor '%s': put needs a dtype of whole bytes", name);
