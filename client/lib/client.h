@@ -272,6 +272,14 @@ int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
 		  uint64_t reserve, Tensord__Reply **ret_reply, int *ret_fd);
 
 /*
+ * requests.c: a member of transaction tx created as tensord_create() creates
+ * (c chosen already); *ret_tensor is the caller's. tensord_tx_create() and
+ * a put in a transaction (put.c) call it.
+ */
+int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const tensord_spec *spec,
+		     DLManagedTensorVersioned **ret_tensor);
+
+/*
  * reserve.c (docs/design.md, "The reserve"). td_reserve_init() reads
  * TENSORD_RESERVE into r; no thread runs until creates ask for one.
  */
@@ -375,13 +383,6 @@ const uint8_t *td_put_compact(const DLTensor *src);
 
 /* put.c: src's bytes written through fd, the memfd of name's new tensor. 0 or -errno, set. */
 int td_put_write(int fd, const char *name, const DLTensor *src);
-
-/*
- * sets.c: a member of transaction tx created as tensord_create() creates
- * (c chosen already); *ret_tensor is the caller's.
- */
-int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const tensord_spec *spec,
-		     DLManagedTensorVersioned **ret_tensor);
 
 /* An Attach request ready to send, and the mapping it may reuse. */
 struct td_attach_req {

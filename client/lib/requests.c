@@ -273,6 +273,23 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 	return td_lease_handle(l, ret_tensor);
 }
 
+int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const tensord_spec *spec,
+		     DLManagedTensorVersioned **ret_tensor)
+{
+	Tensord__Reply *rep;
+	struct td_lease *l;
+	int fd, r;
+
+	r = td_create_rpc(c, name, spec, tx, 0, &rep, &fd);
+	if (r < 0)
+		return r;
+	r = td_lease_from_reply(c, rep->lease, fd, NULL, true, &l);
+	tensord__reply__free_unpacked(rep, NULL);
+	if (r < 0)
+		return r;
+	return td_lease_handle(l, ret_tensor);
+}
+
 int td_attach_msg(tensord_client *c, struct td_attach_req *am, const char *name, uint64_t after,
 		  int timeout_ms)
 {

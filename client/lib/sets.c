@@ -60,23 +60,6 @@ int tensord_tx_begin(tensord_client *c, tensord_tx **ret_tx)
 	return 0;
 }
 
-int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const tensord_spec *spec,
-		     DLManagedTensorVersioned **ret_tensor)
-{
-	Tensord__Reply *rep;
-	struct td_lease *l;
-	int fd, r;
-
-	r = td_create_rpc(c, name, spec, tx, 0, &rep, &fd);
-	if (r < 0)
-		return r;
-	r = td_lease_from_reply(c, rep->lease, fd, NULL, true, &l);
-	tensord__reply__free_unpacked(rep, NULL);
-	if (r < 0)
-		return r;
-	return td_lease_handle(l, ret_tensor);
-}
-
 /* Ends tx on the daemon's side (aborted), after a failure of the caller's. */
 static void tx_fail(tensord_tx *tx)
 {
