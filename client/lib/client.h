@@ -1,8 +1,9 @@
 /*
  * Internals of libtensord shared by its files. A tensord_client is a
- * connection (struct td_conn, client.c) and the cache of mappings its
- * leases use (struct td_mapcache, mapcache.c), under one lock. Leases and
- * their DLPack handles are in lease.c, the requests in requests.c.
+ * connection (struct td_conn, transport.c; its life in lifecycle.c and
+ * fork.c) and the cache of mappings its leases use (struct td_mapcache,
+ * mapcache.c), under one lock. Leases and their DLPack handles are in
+ * lease.c, the requests in requests.c.
  */
 #ifndef TENSORD_CLIENT_H
 #define TENSORD_CLIENT_H
@@ -183,7 +184,7 @@ struct tensord_client {
 	bool inherited;
 	bool user_closed;                    /* tensord_close() ran on an inherited client */
 	tensord_client *successor;           /* owned (the user's handle of it); NULL: none yet */
-	LIST_ENTRY(tensord_client) all_link; /* every live client of this process (client.c) */
+	LIST_ENTRY(tensord_client) all_link; /* every live client of this process (fork.c) */
 };
 
 /*
@@ -441,6 +442,16 @@ void td_relq_flush(struct td_conn *conn);
  */
 size_t td_relq_drain(struct td_relq *q, uint8_t *end);
 
+/* transport.c: closes every descriptor in q. */
+void td_fdq_clear(struct td_fdq *q);
+
+/*
+ * transport.c: marks the connection dead and wakes every waiter; why (NULL:
+ * none) is what calls on it report from now on. The first reason stays.
+ * Lock held.
+ */
+void td_conn_lost(struct td_conn *conn, int err, const char *why);
+
 /* Sends len bytes on conn's socket. send_lock held. 0 or -errno, error set. */
 int td_conn_send_locked(struct td_conn *conn, const uint8_t *buf, size_t len);
 
@@ -460,5 +471,13 @@ void td_client_ref(tensord_client *c);
 
 /* Drops one reference on c; the last one closes the socket and frees c. */
 void td_client_unref(tensord_client *c);
+
+/*
+ * fork.c: c joins the clients a fork() keeps whole and the child lets go of
+ * (td_client_new(), which registers the fork handlers on first use); and
+ * leaves them (the last reference).
+ */
+void td_fork_track(tensord_client *c);
+void td_fork_untrack(tensord_client *c);
 
 #endif /* TENSORD_CLIENT_H */
