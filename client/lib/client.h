@@ -472,6 +472,26 @@ void td_client_ref(tensord_client *c);
 /* Drops one reference on c; the last one closes the socket and frees c. */
 void td_client_unref(tensord_client *c);
 
+/* sets.c: an AttachMany request and what it points into. */
+struct td_set_req {
+	Tensord__Request req;
+	Tensord__AttachMany am;
+	uint64_t have_shares[TD_SHARES_MAX];
+};
+
+/*
+ * sets.c: checks names (n of them; NULL: the tensors under prefix) and
+ * fills m (names and prefix borrowed while it is used). 0 or -errno, set.
+ */
+int td_set_msg(tensord_client *c, struct td_set_req *m, const char *const *names, size_t n,
+	       const char *prefix, uint64_t after, int timeout_ms);
+
+/* sets.c: ends the leases a failed or abandoned set's parts granted, and clears p. */
+void td_set_let_go(tensord_client *c, struct td_pending *p);
+
+/* sets.c: the set p's parts grant, built into *ret_set. Consumes what p holds. 0 or -errno. */
+int td_set_build(tensord_client *c, struct td_pending *p, tensord_set **ret_set);
+
 /*
  * fork.c: c joins the clients a fork() keeps whole and the child lets go of
  * (td_client_new(), which registers the fork handlers on first use); and
