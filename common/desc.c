@@ -132,6 +132,39 @@ int td_dtype_check(DLDataType dt, char *why, size_t why_len)
 	return 0;
 }
 
+int td_ndim_check(int64_t ndim, size_t n_strides, bool strides_required, char *why, size_t why_len)
+{
+	if (ndim < 0 || ndim > TENSORD_NDIM_MAX) {
+		snprintf(why, why_len, "%lld dimensions; tensors have 0 to %d", (long long)ndim,
+			 TENSORD_NDIM_MAX);
+		return -EINVAL;
+	}
+	if ((n_strides || strides_required) && n_strides != (size_t)ndim) {
+		snprintf(why, why_len, "%zu strides for %lld dimensions", n_strides,
+			 (long long)ndim);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int td_desc_from_wire(uint32_t code, uint32_t bits, uint32_t lanes, size_t n_shape,
+		      size_t n_strides, bool strides_required, DLDataType *ret_dt, char *why,
+		      size_t why_len)
+{
+	if (code > UINT8_MAX || bits > UINT8_MAX || lanes > UINT16_MAX || bits == 0 || lanes == 0) {
+		snprintf(why, why_len,
+			 "dtype(%u,%u,%u) is out of range: code and bits at most 255, lanes "
+			 "at most 65535, bits and lanes at least 1",
+			 code, bits, lanes);
+		return -EINVAL;
+	}
+	/* A count past INT64_MAX reads as negative: refused as well. */
+	if (td_ndim_check((int64_t)n_shape, n_strides, strides_required, why, why_len) < 0)
+		return -EINVAL;
+	*ret_dt = (DLDataType){ (uint8_t)code, (uint8_t)bits, (uint16_t)lanes };
+	return 0;
+}
+
 uint64_t td_dtype_size(DLDataType dt)
 {
 	uint64_t bits = (uint64_t)dt.bits * dt.lanes;
@@ -149,11 +182,9 @@ int td_layout(DLDataType dt, int32_t ndim, const int64_t *shape, const int64_t *
 	r = td_dtype_check(dt, why, why_len);
 	if (r < 0)
 		return r;
-	if (ndim < 0 || ndim > TENSORD_NDIM_MAX) {
-		snprintf(why, why_len, "%d dimensions; tensors have 0 to %d", ndim,
-			 TENSORD_NDIM_MAX);
-		return -EINVAL;
-	}
+	r = td_ndim_check(ndim, 0, false, why, why_len);
+	if (r < 0)
+		return r;
 	for (int i = 0; i < ndim; i++) {
 		if (shape[i] < 0) {
 			snprintf(why, why_len, "shape[%d] is %lld; extents must be >= 0", i,

@@ -43,6 +43,28 @@ int td_dtype_check(DLDataType dt, char *why, size_t why_len);
 int td_layout(DLDataType dt, int32_t ndim, const int64_t *shape, const int64_t *strides,
 	      int64_t *ret_strides, uint64_t *ret_nbytes, char *why, size_t why_len);
 
+/*
+ * The one check of a descriptor's rank, wherever a descriptor comes from
+ * outside (a client's Create, a peer's pull reply, a caller's put() or
+ * tensord_spec), before anything reads its arrays: ndim (a wire count, or a
+ * caller's signed int) is 0 to TENSORD_NDIM_MAX, and n_strides is one per
+ * dimension, or 0 (none: compact) unless strides_required. 0, else -EINVAL
+ * with the reason. td_layout() checks the extents and strides themselves.
+ */
+int td_ndim_check(int64_t ndim, size_t n_strides, bool strides_required, char *why, size_t why_len);
+
+/*
+ * A descriptor from the wire (a Create, a peer's pull reply or name list):
+ * its dtype's three fields as the wire carries them (uint32), which must fit
+ * DLDataType's (code and bits 8 bits, lanes 16) and give bits and lanes of at
+ * least 1, and its counts as td_ndim_check() takes them. 0 with *ret_dt the
+ * dtype, else -EINVAL with the reason. What is left for td_layout(): the
+ * dtype's code and the shape's and strides' values.
+ */
+int td_desc_from_wire(uint32_t code, uint32_t bits, uint32_t lanes, size_t n_shape,
+		      size_t n_strides, bool strides_required, DLDataType *ret_dt, char *why,
+		      size_t why_len);
+
 /* Bytes of one element, rounded up; 0 for sub-byte types. */
 uint64_t td_dtype_size(DLDataType dt);
 

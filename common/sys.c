@@ -1,7 +1,14 @@
-/* Small system helpers shared by the daemon and the client library (sys.h). */
+/*
+ * Small system helpers shared by the daemon and the client library (sys.h):
+ * writes, readable memory (/proc/self/maps), polling before sleeping.
+ */
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include "sys.h"
@@ -120,4 +127,80 @@ void td_spin_record(struct td_spin *s, enum td_spin_outcome how, uint64_t now_ns
 			back_off(s, now_ns);
 		return;
 	}
+}
+
+/* PROCMAP_QUERY (Linux 6.11, <linux/fs.h>): one mapping of this process, by address. */
+struct td_procmap_query {
+	uint64_t size;
+	uint64_t query_flags;
+	uint64_t query_addr;
+	uint64_t vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
+	uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+	uint64_t vma_name_addr, build_id_addr;
+};
+#define TD_PROCMAP_QUERY _IOWR('f', 17, struct td_procmap_query)
+#define TD_PROCMAP_QUERY_VMA_READABLE 0x01
+
+/*
+ * td_span_readable() from the text of /proc/self/maps (fd), from address a
+ * on, for kernels before 6.11 (no PROCMAP_QUERY): a read of every line, so
+ * it costs about a microsecond per mapping of the process (a put into a
+ * reserve asks once).
+ */
+static int span_readable_text(int fd, uintptr_t a, uintptr_t end)
+{
+	char buf[8192], *line, *nl;
+	size_t have = 0;
+	ssize_t k;
+
+	while (a < end && (k = read(fd, buf + have, sizeof(buf) - 1 - have)) > 0) {
+		have += (size_t)k;
+		buf[have] = 0;
+		for (line = buf; (nl = strchr(line, '\n')); line = nl + 1) {
+			unsigned long lo, hi;
+			char perm[5];
+
+			*nl = 0;
+			if (sscanf(line, "%lx-%lx %4s", &lo, &hi, perm) != 3 || hi <= a)
+				continue;
+			if (lo > a || perm[0] != 'r')
+				return 0;
+			a = hi;
+			if (a >= end)
+				return 1;
+		}
+		have = strlen(line);
+		if (have >= sizeof(buf) - 1)
+			return 0; /* a line longer than any /proc/self/maps line: give up, say unreadable */
+		memmove(buf, line, have);
+	}
+	return a >= end;
+}
+
+int td_span_readable(const void *p, uint64_t n)
+{
+	static bool no_query; /* this kernel has no PROCMAP_QUERY */
+	uintptr_t a = (uintptr_t)p, end = a + n;
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC), r = 1;
+
+	if (fd < 0)
+		return -errno;
+	while (!__atomic_load_n(&no_query, __ATOMIC_RELAXED) && a < end && r == 1) {
+		struct td_procmap_query q = { .size = sizeof(q), .query_addr = a };
+
+		int e = ioctl(fd, TD_PROCMAP_QUERY, &q) < 0 ? errno : 0;
+
+		if (e == ENOTTY || e == EINVAL)
+			__atomic_store_n(&no_query, true, __ATOMIC_RELAXED);
+		else if (e)
+			r = e == ENOENT ? 0 : -e;
+		else if (!(q.vma_flags & TD_PROCMAP_QUERY_VMA_READABLE) || q.vma_end <= a)
+			r = 0;
+		else
+			a = (uintptr_t)q.vma_end;
+	}
+	if (r == 1 && a < end)
+		r = span_readable_text(fd, a, end);
+	close(fd);
+	return r;
 }

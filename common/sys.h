@@ -1,6 +1,7 @@
 /*
  * Small system helpers the daemon and the client library share: writing
- * through a descriptor, and whether and how long to poll before sleeping.
+ * through a descriptor, whether memory of this process can be read, and
+ * whether and how long to poll before sleeping.
  */
 #ifndef TENSORD_SYS_H
 #define TENSORD_SYS_H
@@ -14,6 +15,15 @@
  * 1 GiB, retrying after EINTR. 0 or -errno (-EIO for a write of nothing).
  */
 int td_pwrite_all(int fd, const void *data, size_t n, uint64_t off);
+
+/*
+ * 1 when every byte of [p, p + n) lies in readable mappings of this
+ * process, 0 when some does not, -errno when it cannot tell. A copy by
+ * memcpy() from such memory would crash the caller (SIGSEGV), where
+ * pwrite() answers -EFAULT. Asks the kernel by address (PROCMAP_QUERY,
+ * Linux 6.11), else reads /proc/self/maps.
+ */
+int td_span_readable(const void *p, uint64_t n);
 
 /*
  * Polling for the peer before sleeping (docs/design.md, "Polling instead

@@ -62,29 +62,22 @@ static int device_from(const Tensord__Device *d, const char *name, DLDevice *ret
 static int create_args_from(const Tensord__Create *m, struct create_args *a, char *why,
 			    size_t why_len)
 {
+	char reason[200];
 	int r = dispatch_check_name(m->name, why, why_len);
 
 	if (r < 0)
 		return r;
-	if (!m->dtype || m->dtype->code > 255 || m->dtype->bits > 255 || m->dtype->lanes > 65535 ||
-	    m->dtype->bits == 0 || m->dtype->lanes == 0) {
-		snprintf(why, why_len, "tensor '%s': missing or out-of-range dtype", m->name);
+	if (!m->dtype) {
+		snprintf(why, why_len, "tensor '%s': missing dtype", m->name);
 		return -EINVAL;
 	}
-	if (m->n_shape > TENSORD_NDIM_MAX) {
-		snprintf(why, why_len, "tensor '%s': %zu dimensions; tensors have 0 to %d", m->name,
-			 m->n_shape, TENSORD_NDIM_MAX);
-		return -EINVAL;
-	}
-	if (m->n_strides && m->n_strides != m->n_shape) {
-		snprintf(why, why_len, "tensor '%s': %zu strides for %zu dimensions", m->name,
-			 m->n_strides, m->n_shape);
+	if (td_desc_from_wire(m->dtype->code, m->dtype->bits, m->dtype->lanes, m->n_shape,
+			      m->n_strides, false, &a->dtype, reason, sizeof(reason)) < 0) {
+		snprintf(why, why_len, "tensor '%s': %s", m->name, reason);
 		return -EINVAL;
 	}
 	a->name = m->name;
 	a->name_len = strlen(m->name);
-	a->dtype = (DLDataType){ (uint8_t)m->dtype->code, (uint8_t)m->dtype->bits,
-				 (uint16_t)m->dtype->lanes };
 	a->ndim = (int32_t)m->n_shape;
 	a->shape = m->shape;
 	a->strides = m->n_strides ? m->strides : NULL;

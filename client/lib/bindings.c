@@ -128,7 +128,7 @@ static bool holds(const struct td_bindings *bs, const struct td_binding *b)
 	return atomic_load_explicit(&bs->words[b->slot], memory_order_acquire) == b->gen;
 }
 
-/* Forks this process made a child in (client.c counts them in the child). */
+/* Forks this process made a child in (fork.c counts them in the child). */
 atomic_uint td_forks;
 
 void td_binding_local_end(struct td_binding *b)
@@ -344,7 +344,7 @@ static int page_open(tensord_client *c, const _Atomic uint64_t **ret_words, uint
 	}
 	/*
 	 * The daemon's half read-only, ours (the counts) writable. A forked
-	 * child has no page (it makes its own connection, client.c): no fork
+	 * child has no page (it makes its own connection, lifecycle.c): no fork
 	 * between the mmap and MADV_DONTFORK, as fork takes the client's lock.
 	 */
 	pthread_mutex_lock(&c->lock);

@@ -70,7 +70,7 @@ int td_binding_attach(tensord_client *c, const char *name, struct td_lease **ret
  */
 void td_binding_adopt(tensord_client *c, struct td_lease *l, uint32_t slot, uint64_t gen);
 
-/* Incremented in each forked child (client.c): bindings made before it count nothing there. */
+/* Incremented in each forked child (fork.c): bindings made before it count nothing there. */
 extern atomic_uint td_forks;
 
 /* One reference fewer on b; the last one ends the daemon's lease. */

@@ -1,8 +1,9 @@
 /*
  * Internals of libtensord shared by its files. A tensord_client is a
- * connection (struct td_conn, client.c) and the cache of mappings its
- * leases use (struct td_mapcache, mapcache.c), under one lock. Leases and
- * their DLPack handles are in lease.c, the requests in requests.c.
+ * connection (struct td_conn, transport.c; its life in lifecycle.c and
+ * fork.c) and the cache of mappings its leases use (struct td_mapcache,
+ * mapcache.c), under one lock. Leases and their DLPack handles are in
+ * lease.c, the requests in requests.c.
  */
 #ifndef TENSORD_CLIENT_H
 #define TENSORD_CLIENT_H
@@ -183,7 +184,7 @@ struct tensord_client {
 	bool inherited;
 	bool user_closed;                    /* tensord_close() ran on an inherited client */
 	tensord_client *successor;           /* owned (the user's handle of it); NULL: none yet */
-	LIST_ENTRY(tensord_client) all_link; /* every live client of this process (client.c) */
+	LIST_ENTRY(tensord_client) all_link; /* every live client of this process (fork.c) */
 };
 
 /*
@@ -270,6 +271,14 @@ int td_wait_event(tensord_client *c, int timeout_ms);
  */
 int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec, uint32_t tx,
 		  uint64_t reserve, Tensord__Reply **ret_reply, int *ret_fd);
+
+/*
+ * requests.c: a member of transaction tx created as tensord_create() creates
+ * (c chosen already); *ret_tensor is the caller's. tensord_tx_create() and
+ * a put in a transaction (put.c) call it.
+ */
+int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const tensord_spec *spec,
+		     DLManagedTensorVersioned **ret_tensor);
 
 /*
  * reserve.c (docs/design.md, "The reserve"). td_reserve_init() reads
@@ -376,13 +385,6 @@ const uint8_t *td_put_compact(const DLTensor *src);
 /* put.c: src's bytes written through fd, the memfd of name's new tensor. 0 or -errno, set. */
 int td_put_write(int fd, const char *name, const DLTensor *src);
 
-/*
- * sets.c: a member of transaction tx created as tensord_create() creates
- * (c chosen already); *ret_tensor is the caller's.
- */
-int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const tensord_spec *spec,
-		     DLManagedTensorVersioned **ret_tensor);
-
 /* An Attach request ready to send, and the mapping it may reuse. */
 struct td_attach_req {
 	Tensord__Request req;
@@ -440,6 +442,16 @@ void td_relq_flush(struct td_conn *conn);
  */
 size_t td_relq_drain(struct td_relq *q, uint8_t *end);
 
+/* transport.c: closes every descriptor in q. */
+void td_fdq_clear(struct td_fdq *q);
+
+/*
+ * transport.c: marks the connection dead and wakes every waiter; why (NULL:
+ * none) is what calls on it report from now on. The first reason stays.
+ * Lock held.
+ */
+void td_conn_lost(struct td_conn *conn, int err, const char *why);
+
 /* Sends len bytes on conn's socket. send_lock held. 0 or -errno, error set. */
 int td_conn_send_locked(struct td_conn *conn, const uint8_t *buf, size_t len);
 
@@ -459,5 +471,33 @@ void td_client_ref(tensord_client *c);
 
 /* Drops one reference on c; the last one closes the socket and frees c. */
 void td_client_unref(tensord_client *c);
+
+/* sets.c: an AttachMany request and what it points into. */
+struct td_set_req {
+	Tensord__Request req;
+	Tensord__AttachMany am;
+	uint64_t have_shares[TD_SHARES_MAX];
+};
+
+/*
+ * sets.c: checks names (n of them; NULL: the tensors under prefix) and
+ * fills m (names and prefix borrowed while it is used). 0 or -errno, set.
+ */
+int td_set_msg(tensord_client *c, struct td_set_req *m, const char *const *names, size_t n,
+	       const char *prefix, uint64_t after, int timeout_ms);
+
+/* sets.c: ends the leases a failed or abandoned set's parts granted, and clears p. */
+void td_set_let_go(tensord_client *c, struct td_pending *p);
+
+/* sets.c: the set p's parts grant, built into *ret_set. Consumes what p holds. 0 or -errno. */
+int td_set_build(tensord_client *c, struct td_pending *p, tensord_set **ret_set);
+
+/*
+ * fork.c: c joins the clients a fork() keeps whole and the child lets go of
+ * (td_client_new(), which registers the fork handlers on first use); and
+ * leaves them (the last reference).
+ */
+void td_fork_track(tensord_client *c);
+void td_fork_untrack(tensord_client *c);
 
 #endif /* TENSORD_CLIENT_H */

@@ -189,7 +189,7 @@ bool td_gpu_in_use(void);
  * In a child forked after this library initialised a GPU driver (CUDA or
  * HIP) in its parent: the parent's pid, else 0. Then no GPU driver call may
  * be made here: inherited GPU mappings are forgotten, new ones refused.
- * Set by client.c's fork handler, read without a lock (written before
+ * Set by fork.c's fork handler, read without a lock (written before
  * any other thread of the child exists).
  */
 extern int td_gpu_forked_from;

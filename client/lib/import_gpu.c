@@ -15,7 +15,7 @@
 
 #include "import_gpu.h"
 
-/* Set by client.c in a forked child (import.h). */
+/* Set by fork.c in a forked child (import.h). */
 int td_gpu_forked_from;
 
 /* Each vendor's driver, in the order of gpu/vendor.h; NULL-terminated. */

@@ -111,7 +111,7 @@ void td_mapcache_mark_published(struct td_mapcache *mc, struct td_mapping *m, bo
 int td_mapcache_revoke(struct td_mapcache *mc);
 
 /*
- * In a child just forked (client.c's fork handler, before any other thread
+ * In a child just forked (fork.c's handler, before any other thread
  * exists): closes the descriptors of shared memory, drops parked mappings
  * and parks no more, so that the child holds only what its inherited
  * leases map. Takes no lock.

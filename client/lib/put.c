@@ -9,8 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
-#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -226,87 +224,6 @@ static int put_inline(tensord_client *c, const char *name, const DLTensor *src,
 
 static int source_span(const DLTensor *src, size_t elsize, int64_t *lo, int64_t *hi);
 
-/* PROCMAP_QUERY (Linux 6.11, <linux/fs.h>): one mapping of this process, by address. */
-struct td_procmap_query {
-	uint64_t size;
-	uint64_t query_flags;
-	uint64_t query_addr;
-	uint64_t vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
-	uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
-	uint64_t vma_name_addr, build_id_addr;
-};
-#define TD_PROCMAP_QUERY _IOWR('f', 17, struct td_procmap_query)
-#define TD_PROCMAP_QUERY_VMA_READABLE 0x01
-
-/*
- * The same from the text of /proc/self/maps, for kernels before 6.11
- * (no PROCMAP_QUERY): a read of every line, so it costs about a
- * microsecond per mapping of the process, once per put into a reserve.
- */
-static int span_readable_text(int fd, uintptr_t a, uintptr_t end)
-{
-	char buf[8192], *line, *nl;
-	size_t have = 0;
-	ssize_t k;
-
-	while (a < end && (k = read(fd, buf + have, sizeof(buf) - 1 - have)) > 0) {
-		have += (size_t)k;
-		buf[have] = 0;
-		for (line = buf; (nl = strchr(line, '\n')); line = nl + 1) {
-			unsigned long lo, hi;
-			char perm[5];
-
-			*nl = 0;
-			if (sscanf(line, "%lx-%lx %4s", &lo, &hi, perm) != 3 || hi <= a)
-				continue;
-			if (lo > a || perm[0] != 'r')
-				return 0;
-			a = hi;
-			if (a >= end)
-				return 1;
-		}
-		have = strlen(line);
-		if (have >= sizeof(buf) - 1)
-			return 0; /* a line longer than any /proc/self/maps line: give up, say unreadable */
-		memmove(buf, line, have);
-	}
-	return a >= end;
-}
-
-/*
- * 1 when every byte of [p, p + n) lies in readable mappings of this
- * process, 0 when some does not, -errno when it cannot tell. A copy by
- * memcpy() from such memory would crash the caller (SIGSEGV), where
- * pwrite() answers -EFAULT.
- */
-static int span_readable(const uint8_t *p, uint64_t n)
-{
-	static bool no_query; /* this kernel has no PROCMAP_QUERY */
-	uintptr_t a = (uintptr_t)p, end = a + n;
-	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC), r = 1;
-
-	if (fd < 0)
-		return -errno;
-	while (!__atomic_load_n(&no_query, __ATOMIC_RELAXED) && a < end && r == 1) {
-		struct td_procmap_query q = { .size = sizeof(q), .query_addr = a };
-
-		int e = ioctl(fd, TD_PROCMAP_QUERY, &q) < 0 ? errno : 0;
-
-		if (e == ENOTTY || e == EINVAL)
-			__atomic_store_n(&no_query, true, __ATOMIC_RELAXED);
-		else if (e)
-			r = e == ENOENT ? 0 : -e;
-		else if (!(q.vma_flags & TD_PROCMAP_QUERY_VMA_READABLE) || q.vma_end <= a)
-			r = 0;
-		else
-			a = (uintptr_t)q.vma_end;
-	}
-	if (r == 1 && a < end)
-		r = span_readable_text(fd, a, end);
-	close(fd);
-	return r;
-}
-
 /*
  * Copies src's bytes into a reserve of this process's (mapped at base)
  * when every byte of the source can be read without a fault; 1 when it
@@ -320,7 +237,7 @@ static int copy_to_reserve(tensord_client *c, const DLTensor *src, const int64_t
 	const uint8_t *first = (const uint8_t *)src->data + src->byte_offset;
 
 	if (source_span(src, elsize, &lo, &hi) != 1 ||
-	    span_readable(first + lo, (uint64_t)(hi - lo)) != 1)
+	    td_span_readable(first + lo, (uint64_t)(hi - lo)) != 1)
 		return 1;
 	/* A compact source is one run, which two threads may share. */
 	if (td_put_compact(src))
@@ -555,14 +472,15 @@ static int check_source(const char *name, const DLTensor *src, size_t elsize, bo
 int td_put_check(const char *name, const DLTensor *src, uint32_t flags, uint32_t mode,
 		 tensord_spec *spec, uint64_t *ret_nbytes)
 {
+	char why[80];
 	size_t elsize;
 	uint64_t nbytes;
 	int r;
 
 	if (!src)
 		return td_set_error(-EINVAL, "tensor '%s': no source", name ? name : "");
-	if (src->ndim < 0 || src->ndim > TENSORD_NDIM_MAX)
-		return td_set_error(-EINVAL, "tensor '%s': %d dimensions", name, src->ndim);
+	if (td_ndim_check(src->ndim, 0, false, why, sizeof(why)) < 0)
+		return td_set_error(-EINVAL, "tensor '%s': %s", name, why);
 	elsize = td_dtype_size(src->dtype);
 	if (!elsize)
 		return td_set_error(-EINVAL, "tensor '%s': put needs a dtype of whole bytes", name);

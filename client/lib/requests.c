@@ -91,14 +91,16 @@ static int create_msg_device(struct create_msg *m, const char *name, DLDevice de
 /* Checks name and spec and fills m from them (borrowed: valid while they are). */
 static int create_msg_fill(struct create_msg *m, const char *name, const tensord_spec *spec)
 {
+	char why[80];
 	int r = check_name(name);
 
 	if (r < 0)
 		return r;
-	if (!spec || spec->ndim < 0 || spec->ndim > TENSORD_NDIM_MAX ||
-	    (spec->ndim && !spec->shape))
+	if (!spec || (spec->ndim > 0 && !spec->shape))
 		return td_set_error(-EINVAL, "tensor '%s': bad spec (ndim %d)", name,
 				    spec ? spec->ndim : -1);
+	if (td_ndim_check(spec->ndim, 0, false, why, sizeof(why)) < 0)
+		return td_set_error(-EINVAL, "tensor '%s': bad spec: %s", name, why);
 	tensord__create__init(&m->cr);
 	tensord__dtype__init(&m->dt);
 	tensord__device__init(&m->dev);
@@ -219,8 +221,8 @@ static uint64_t host_nbytes(const tensord_spec *spec)
 	uint64_t nbytes;
 	char why[8];
 
-	if (!spec || spec->device.device_type != kDLCPU || spec->ndim < 0 ||
-	    spec->ndim > TENSORD_NDIM_MAX || (spec->ndim && !spec->shape) ||
+	/* td_layout() checks the rank before it reads the shape. */
+	if (!spec || spec->device.device_type != kDLCPU || (spec->ndim > 0 && !spec->shape) ||
 	    td_layout(spec->dtype, spec->ndim, spec->shape, spec->strides, strides, &nbytes, why,
 		      sizeof(why)) < 0)
 		return 0;
@@ -266,6 +268,23 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 		}
 		r = lease_reply(c, name, "create", rep, fd, NULL, true, &l);
 	}
+	if (r < 0)
+		return r;
+	return td_lease_handle(l, ret_tensor);
+}
+
+int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const tensord_spec *spec,
+		     DLManagedTensorVersioned **ret_tensor)
+{
+	Tensord__Reply *rep;
+	struct td_lease *l;
+	int fd, r;
+
+	r = td_create_rpc(c, name, spec, tx, 0, &rep, &fd);
+	if (r < 0)
+		return r;
+	r = td_lease_from_reply(c, rep->lease, fd, NULL, true, &l);
+	tensord__reply__free_unpacked(rep, NULL);
 	if (r < 0)
 		return r;
 	return td_lease_handle(l, ret_tensor);

@@ -1,7 +1,7 @@
 /*
  * Python arguments to libtensord values: dtypes, devices, shapes and
- * strides, timeouts, and the mutable/lifetime/mode trio that create() and
- * put() share. Each parser returns 0 (or a count) on success and -1 with an
+ * strides, timeouts, the mutable/lifetime/mode trio that create() and
+ * put() share, and create()'s arguments (Client's and Transaction's). Each parser returns 0 (or a count) on success and -1 with an
  * exception set; none of them calls libtensord beyond its pure name parsers.
  */
 #include "tdpy.h"
@@ -263,5 +263,41 @@ int td_parse_device_pair(PyObject *o, const char *what, DLDevice *ret)
 		return -1;
 	ret->device_type = (DLDeviceType)type;
 	ret->device_id = (int32_t)id;
+	return 0;
+}
+
+int td_parse_create(PyObject *args, PyObject *kwds, struct td_create_args *a)
+{
+	static char *kwlist[] = { "name",     "shape", "dtype",   "device",  "mutable",
+				  "lifetime", "mode",  "strides", "replace", NULL };
+	PyObject *shape_o, *dtype_o, *device_o = NULL, *mutable_o = NULL, *lifetime_o = NULL,
+				     *mode_o = NULL, *strides_o = Py_None;
+	int replace = 0;
+
+	a->spec = (tensord_spec){ .device = { kDLCPU, 0 } };
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sOO|OOOOO$p:create", kwlist, &a->name,
+					 &shape_o, &dtype_o, &device_o, &mutable_o, &lifetime_o,
+					 &mode_o, &strides_o, &replace))
+		return -1;
+	if ((a->spec.ndim = td_parse_dims(shape_o, "shape", a->shape)) < 0 ||
+	    td_parse_dtype(dtype_o, &a->spec.dtype) < 0 ||
+	    (device_o && td_parse_device(device_o, &a->spec.device) < 0) ||
+	    td_parse_flags(mutable_o, lifetime_o, mode_o, &a->spec.flags, &a->spec.mode) < 0)
+		return -1;
+	a->spec.shape = a->spec.ndim ? a->shape : NULL;
+	if (replace)
+		a->spec.flags |= TENSORD_REPLACE;
+	if (strides_o != Py_None) {
+		int n = td_parse_dims(strides_o, "strides", a->strides);
+
+		if (n < 0)
+			return -1;
+		if (n != a->spec.ndim) {
+			PyErr_Format(PyExc_ValueError, "strides has %d entries but shape has %d", n,
+				     a->spec.ndim);
+			return -1;
+		}
+		a->spec.strides = a->spec.ndim ? a->strides : NULL;
+	}
 	return 0;
 }

@@ -125,9 +125,6 @@ static PyObject *Client_exit(ClientObject *self, PyObject *args)
 	return Client_close(self, NULL);
 }
 
-/* How long one wait of attach lasts before Python's signal handlers get a turn. */
-#define ATTACH_SLICE_MS 100
-
 double td_now_ms(void)
 {
 	struct timespec ts;
@@ -136,8 +133,18 @@ double td_now_ms(void)
 	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+int td_wait_slice(int ms, double deadline)
+{
+	double left;
+
+	if (ms >= 0 && ms <= TD_WAIT_SLICE_MS)
+		return ms;
+	left = deadline - td_now_ms();
+	return ms < 0 || left > TD_WAIT_SLICE_MS ? TD_WAIT_SLICE_MS : (left > 1 ? (int)left : 1);
+}
+
 /*
- * tensord_attach() waiting in slices of ATTACH_SLICE_MS, so that Ctrl-C
+ * tensord_attach() waiting in slices of TD_WAIT_SLICE_MS, so that Ctrl-C
  * (or any signal whose Python handler raises) interrupts a long wait at
  * once: -EINTR with the handler's exception set. ms: as tensord_attach().
  * Called and returns with the GIL held; waits without it.
@@ -149,14 +156,8 @@ static int attach_interruptibly(tensord_client *c, const char *name, uint64_t af
 	int rc;
 
 	for (;;) {
-		int slice = ms;
+		int slice = td_wait_slice(ms, deadline);
 
-		if (ms < 0 || ms > ATTACH_SLICE_MS) {
-			double left = deadline - td_now_ms();
-
-			slice = ms < 0 || left > ATTACH_SLICE_MS ? ATTACH_SLICE_MS
-								 : (left > 1 ? (int)left : 1);
-		}
 		Py_BEGIN_ALLOW_THREADS rc = tensord_attach_after(c, name, after, slice, ret);
 		Py_END_ALLOW_THREADS if (rc != -ETIMEDOUT || slice == ms ||
 					 (ms >= 0 && td_now_ms() >= deadline)) return rc;
@@ -218,43 +219,16 @@ static PyObject *Client_attach(ClientObject *self, PyObject *args, PyObject *kwd
 
 static PyObject *Client_create(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = { "name",     "shape", "dtype",   "device",  "mutable",
-				  "lifetime", "mode",  "strides", "replace", NULL };
-	PyObject *shape_o, *dtype_o, *device_o = NULL, *mutable_o = NULL, *lifetime_o = NULL,
-				     *mode_o = NULL, *strides_o = Py_None;
-	int64_t shape[TENSORD_NDIM_MAX], strides[TENSORD_NDIM_MAX];
-	tensord_spec spec = { .device = { kDLCPU, 0 } };
+	struct td_create_args a;
 	DLManagedTensorVersioned *mt = NULL;
 	tensord_client *c;
-	const char *name;
-	int rc, replace = 0;
+	int rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sOO|OOOOO$p:create", kwlist, &name, &shape_o,
-					 &dtype_o, &device_o, &mutable_o, &lifetime_o, &mode_o,
-					 &strides_o, &replace))
+	if (td_parse_create(args, kwds, &a) < 0)
 		return NULL;
-	if ((spec.ndim = td_parse_dims(shape_o, "shape", shape)) < 0 ||
-	    td_parse_dtype(dtype_o, &spec.dtype) < 0 ||
-	    (device_o && td_parse_device(device_o, &spec.device) < 0) ||
-	    td_parse_flags(mutable_o, lifetime_o, mode_o, &spec.flags, &spec.mode) < 0)
-		return NULL;
-	spec.shape = spec.ndim ? shape : NULL;
-	if (replace)
-		spec.flags |= TENSORD_REPLACE;
-	if (strides_o != Py_None) {
-		int n = td_parse_dims(strides_o, "strides", strides);
-
-		if (n < 0)
-			return NULL;
-		if (n != spec.ndim)
-			return PyErr_Format(PyExc_ValueError,
-					    "strides has %d entries but shape has %d", n,
-					    spec.ndim);
-		spec.strides = spec.ndim ? strides : NULL;
-	}
 	if (!(c = td_client_enter(self)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS rc = tensord_create(c, name, &spec, &mt);
+	Py_BEGIN_ALLOW_THREADS rc = tensord_create(c, a.name, &a.spec, &mt);
 	Py_END_ALLOW_THREADS if (td_client_leave(self, rc) < 0) return NULL;
 	return td_tensor_new(mt, self);
 }

@@ -181,7 +181,8 @@ PyMODINIT_FUNC PyInit__tensord(void)
 	    PyModule_AddIntConstant(mod, "DLPACK_MINOR_VERSION", DLPACK_MINOR_VERSION) < 0 ||
 	    PyModule_AddIntConstant(mod, "PROTOCOL_VERSION", TENSORD_PROTOCOL_VERSION) < 0 ||
 	    PyModule_AddStringConstant(mod, "__version__", TENSORD_VERSION) < 0 ||
-	    add_errors(mod) < 0 || td_sets_types_ready(mod) < 0) {
+	    add_errors(mod) < 0 || td_sets_types_ready(mod) < 0 || td_watch_types_ready(mod) < 0 ||
+	    td_aio_types_ready() < 0) {
 		Py_DECREF(mod);
 		return NULL;
 	}

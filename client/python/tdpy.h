@@ -7,6 +7,9 @@
  *   tensor.c    the Tensor type and its __dlpack__ producer
  *   exchange.c  the DLPack C exchange table published on the Tensor type
  *   put.c       Client.put(): foreign arrays into daemon tensors
+ *   sets.c      Client.transaction() and Transaction, put_many(), attach_many()
+ *   watch.c     Client.watch(), the Watch and Event types
+ *   aio.c       the operations tensord.aio drives (the _Op type)
  *   buffer.c    the buffer protocol and __array__ on Tensor
  *   inspect.c   Client.leases(), clients() and metrics(), and their records
  *   dlpack.c    lease plumbing that needs no Python (shares, legacy
@@ -155,6 +158,20 @@ int td_parse_timeout(PyObject *o, int *ms);
 /* A (type, id) pair such as __dlpack_device__() returns. */
 int td_parse_device_pair(PyObject *o, const char *what, DLDevice *ret);
 
+/* create()'s arguments, Client's and Transaction's: spec points into shape and strides. */
+struct td_create_args {
+	const char *name; /* borrowed from args */
+	tensord_spec spec;
+	int64_t shape[TENSORD_NDIM_MAX], strides[TENSORD_NDIM_MAX];
+};
+
+/*
+ * (name, shape, dtype, device='cpu', mutable=False, lifetime='persistent',
+ * mode=None, strides=None, *, replace=False) into *a, which must stay where
+ * it is while a->spec is used.
+ */
+int td_parse_create(PyObject *args, PyObject *kwds, struct td_create_args *a);
+
 /* --- records.c: each returns a new reference, or NULL with an exception set. */
 
 extern PyTypeObject td_InfoType;
@@ -246,13 +263,30 @@ int td_put_leave(ClientObject *self, int rc);
 /* CLOCK_MONOTONIC in milliseconds (client.c). */
 double td_now_ms(void);
 
+/*
+ * How long one wait (attach, attach_many, a watch's next) lasts before
+ * Python's signal handlers get a turn.
+ */
+#define TD_WAIT_SLICE_MS 100
+
+/*
+ * The next slice of a wait of ms (-1: no limit) that ends at deadline
+ * (td_now_ms() + ms): ms itself when it is one slice or less, else at most
+ * TD_WAIT_SLICE_MS and never past the deadline, at least 1 (client.c).
+ */
+int td_wait_slice(int ms, double deadline);
+
 /* after=: None (0) or an int >= 0 into *ret. 0 or -1 with an exception. */
 int td_parse_after(PyObject *o, uint64_t *ret);
 
 /* timeout= and after= of a wait: *ms as td_parse_timeout(), but None waits forever with after. */
 int td_parse_wait(PyObject *timeout, PyObject *after, int *ms, uint64_t *ret_after);
 
-/* sets.c: Client methods and the types (Event, Transaction, Watch, _Op) onto mod. */
+/*
+ * Client methods of sets.c (transaction, put_many, attach_many), watch.c
+ * (watch) and aio.c (fileno, _poll, _attach_start, _attach_many_start), and
+ * their types: Transaction, Event and Watch onto mod; _Op only readied.
+ */
 PyObject *td_client_transaction(ClientObject *self, PyObject *unused);
 PyObject *td_client_put_many(ClientObject *self, PyObject *args, PyObject *kwds);
 PyObject *td_client_attach_many(ClientObject *self, PyObject *args, PyObject *kwds);
@@ -262,8 +296,20 @@ PyObject *td_client_attach_many_start(ClientObject *self, PyObject *args);
 PyObject *td_client_poll(ClientObject *self, PyObject *unused);
 PyObject *td_client_fileno(ClientObject *self, PyObject *unused);
 int td_sets_types_ready(PyObject *mod);
+int td_watch_types_ready(PyObject *mod);
+int td_aio_types_ready(void);
 
-/* The Client methods sets.c provides, for client.c's table. */
+/*
+ * sets.c, for aio.c: the names of a list (any iterable but a str), checked
+ * and held in *ret (n of them; the strings borrowed from *ret_keep, a new
+ * list). A str is a prefix: *ret NULL. 0 or -1 with an exception.
+ */
+int td_set_names(PyObject *what, const char ***ret, size_t *ret_n, PyObject **ret_keep);
+
+/* sets.c, for aio.c: a dict name -> Tensor from set (consumed: every tensor taken, set freed). */
+PyObject *td_set_dict(tensord_set *set, ClientObject *client);
+
+/* The Client methods sets.c, watch.c and aio.c provide, for client.c's table. */
 #define TD_SETS_METHODS                                                                            \
 	{ "transaction", (PyCFunction)td_client_transaction, METH_NOARGS,                          \
 	  "transaction($self, /)\n--\n\n"                                                          \

@@ -1,5 +1,5 @@
 /*
- * Descriptors and frames in libtensord (client/lib/client.c): each reply
+ * Descriptors and frames in libtensord (client/lib/transport.c): each reply
  * frame takes the descriptors its header counts, from one queue in arrival
  * order. A socketpair stands in for the daemon; the test writes what it
  * would send, honest or not, before the call reads it.

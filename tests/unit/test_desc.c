@@ -201,6 +201,50 @@ static void test_strerror(void **state)
 	assert_string_equal(tensord_err_name(-12345), "EUNKNOWN");
 }
 
+/* The rank and the wire's dtype fields, checked once for every descriptor from outside. */
+static void test_desc_from_wire(void **state)
+{
+	DLDataType dt = { 0 };
+
+	(void)state;
+	assert_int_equal(td_ndim_check(0, 0, false, why, sizeof(why)), 0);
+	assert_int_equal(td_ndim_check(TENSORD_NDIM_MAX, 0, false, why, sizeof(why)), 0);
+	assert_int_equal(td_ndim_check(-1, 0, false, why, sizeof(why)), -EINVAL);
+	assert_non_null(strstr(why, "-1 dimensions; tensors have 0 to 32"));
+	assert_int_equal(td_ndim_check(TENSORD_NDIM_MAX + 1, 0, false, why, sizeof(why)), -EINVAL);
+	assert_non_null(strstr(why, "33 dimensions"));
+	/* Strides: none, or one per dimension; a peer must send them. */
+	assert_int_equal(td_ndim_check(2, 2, false, why, sizeof(why)), 0);
+	assert_int_equal(td_ndim_check(2, 1, false, why, sizeof(why)), -EINVAL);
+	assert_non_null(strstr(why, "1 strides for 2 dimensions"));
+	assert_int_equal(td_ndim_check(2, 0, true, why, sizeof(why)), -EINVAL);
+	assert_int_equal(td_ndim_check(0, 0, true, why, sizeof(why)), 0);
+
+	assert_int_equal(td_desc_from_wire(2, 32, 1, 3, 0, false, &dt, why, sizeof(why)), 0);
+	assert_int_equal(dt.code, 2);
+	assert_int_equal(dt.bits, 32);
+	assert_int_equal(dt.lanes, 1);
+	assert_int_equal(td_desc_from_wire(255, 255, 65535, 0, 0, true, &dt, why, sizeof(why)), 0);
+	assert_int_equal(dt.lanes, 65535);
+	dt = (DLDataType){ 0 };
+	assert_int_equal(td_desc_from_wire(256, 32, 1, 1, 0, false, &dt, why, sizeof(why)),
+			 -EINVAL);
+	assert_non_null(strstr(why, "dtype(256,32,1) is out of range"));
+	assert_int_equal(dt.code, 0); /* untouched on a refusal */
+	assert_int_equal(td_desc_from_wire(2, 256, 1, 1, 0, false, &dt, why, sizeof(why)), -EINVAL);
+	assert_int_equal(td_desc_from_wire(2, 32, 65536, 1, 0, false, &dt, why, sizeof(why)),
+			 -EINVAL);
+	assert_int_equal(td_desc_from_wire(2, 0, 1, 1, 0, false, &dt, why, sizeof(why)), -EINVAL);
+	assert_int_equal(td_desc_from_wire(2, 32, 0, 1, 0, false, &dt, why, sizeof(why)), -EINVAL);
+	assert_int_equal(td_desc_from_wire(2, 32, 1, 33, 0, false, &dt, why, sizeof(why)), -EINVAL);
+	assert_non_null(strstr(why, "33 dimensions"));
+	assert_int_equal(td_desc_from_wire(2, 32, 1, SIZE_MAX, 0, false, &dt, why, sizeof(why)),
+			 -EINVAL);
+	assert_int_equal(td_desc_from_wire(2, 32, 1, 2, 3, false, &dt, why, sizeof(why)), -EINVAL);
+	assert_int_equal(td_desc_from_wire(2, 32, 1, 2, 0, true, &dt, why, sizeof(why)), -EINVAL);
+	assert_int_equal(dt.code, 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -208,6 +252,7 @@ int main(void)
 		cmocka_unit_test(test_dtype_names),     cmocka_unit_test(test_devices),
 		cmocka_unit_test(test_layout_compact),  cmocka_unit_test(test_layout_strided),
 		cmocka_unit_test(test_layout_refusals), cmocka_unit_test(test_strerror),
+		cmocka_unit_test(test_desc_from_wire),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

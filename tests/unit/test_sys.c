@@ -3,7 +3,8 @@
  * CPUs, its outcomes and $TENSORD_SPIN_US. The clock is the test's (the
  * functions take it as an argument) and so is the CPU count (a stand-in
  * in count_cpus), so nothing here depends on the machine's timing; one
- * test confines this thread for real and checks td_usable_cpus().
+ * test confines this thread for real and checks td_usable_cpus(). And
+ * td_span_readable() on mappings this test makes.
  */
 #include <sched.h>
 #include <setjmp.h>
@@ -11,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -245,6 +248,28 @@ static void test_usable_cpus_follows_affinity(void **state)
 	assert_int_equal(td_spin_budget_us(&s, T0 + 2 * TD_SPIN_RECHECK_NS), TD_SPIN_US_DEFAULT);
 }
 
+/* Readable memory: a mapping, its PROT_NONE neighbour, and a hole after it. */
+static void test_span_readable(void **state)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	uint8_t *m =
+		mmap(NULL, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	static const char text[] = "readable";
+
+	(void)state;
+	assert_true(m != MAP_FAILED);
+	assert_int_equal(td_span_readable(text, sizeof(text)), 1);
+	assert_int_equal(td_span_readable(m, 2 * page), 1);
+	assert_int_equal(mprotect(m + page, page, PROT_NONE), 0);
+	assert_int_equal(td_span_readable(m, page), 1);
+	assert_int_equal(td_span_readable(m, page + 1), 0);
+	assert_int_equal(td_span_readable(m + page, 1), 0);
+	assert_int_equal(munmap(m + 2 * page, page), 0);
+	assert_int_equal(td_span_readable(m + 2 * page - 1, 2), 0);
+	assert_int_equal(munmap(m, 2 * page), 0);
+	assert_int_equal(td_span_readable(m, 1), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -256,6 +281,7 @@ int main(void)
 		cmocka_unit_test(test_env_overrides),
 		cmocka_unit_test(test_current_looks_at_nothing),
 		cmocka_unit_test(test_usable_cpus_follows_affinity),
+		cmocka_unit_test(test_span_readable),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,88 +1,34 @@
 /*
- * libtensord: the connection. Requests go out under send_lock; replies are
- * read by whichever waiting thread gets there first (the "reader"), which
- * hands each reply to the thread waiting for its id. So several threads
- * can have requests in flight, and an attach that waits for a publish does
- * not block other threads' calls.
+ * libtensord: the transport, a connection's frames and descriptors.
+ * Requests go out under send_lock; replies are read by whichever waiting
+ * thread gets there first (the "reader"), which hands each reply to the
+ * thread waiting for its id. So several threads can have requests in
+ * flight, and an attach that waits for a publish does not block other
+ * threads' calls. A client's life (connect, close) is lifecycle.c's, fork()
+ * is fork.c's.
  */
 #include <assert.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "client.h"
 #include "common/sys.h"
-#include "common/desc.h"
 #include "proto/frame.h"
 
-/* Every live client of this process, for fork() (docs/design.md, "Fork"). */
-static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
-static LIST_HEAD(, tensord_client) all_clients = LIST_HEAD_INITIALIZER(all_clients);
-static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
-
-void td_client_ref(tensord_client *c)
-{
-	atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
-}
-
-/* Closes every descriptor in q. */
-static void fdq_clear(struct td_fdq *q)
+void td_fdq_clear(struct td_fdq *q)
 {
 	for (int i = 0; i < q->n; i++)
 		close(q->fd[i]);
 	q->n = 0;
 }
 
-/* Frees what conn owns; it may be half-built (fd -1, nothing received). */
-static void conn_free(struct td_conn *conn)
-{
-	fdq_clear(&conn->fdq);
-	if (conn->fd >= 0)
-		close(conn->fd);
-	free(conn->rx.buf);
-	pthread_mutex_destroy(&conn->send_lock);
-	pthread_cond_destroy(&conn->cond);
-}
-
-void td_client_unref(tensord_client *c)
-{
-	unsigned was = atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel);
-
-	assert(was > 0);
-	if (was != 1)
-		return;
-	pthread_mutex_lock(&all_lock);
-	LIST_REMOVE(c, all_link);
-	pthread_mutex_unlock(&all_lock);
-	/* An inherited client's last lease went after its close. */
-	if (c->successor)
-		tensord_close(c->successor);
-	/* Last reference: no thread is inside a call, no lease is alive, so
-	 * the mapping cache holds only parked mappings. */
-	td_relq_stop(&c->conn);
-	td_reserve_stop(c);
-	td_bindings_fini(c);
-	conn_free(&c->conn);
-	td_mapcache_fini(&c->maps);
-	pthread_cond_destroy(&c->reserve.cond);
-	pthread_cond_destroy(&c->reserve.helped);
-	pthread_mutex_destroy(&c->lock);
-	free(c);
-}
-
-/*
- * Marks the connection dead and wakes every waiter; why (NULL: none) is
- * what calls on it report from now on. The first reason stays. Lock held.
- */
-static void conn_lost(struct td_conn *conn, int err, const char *why)
+void td_conn_lost(struct td_conn *conn, int err, const char *why)
 {
 	if (!conn->closed) {
 		conn->closed = true;
@@ -153,8 +99,8 @@ static int send_frame(struct td_conn *conn, Tensord__Request *req)
 static int fdq_append(struct td_fdq *q, struct td_fdq *got)
 {
 	if (q->n + got->n > (int)TD_FDQ) {
-		fdq_clear(got);
-		fdq_clear(q);
+		td_fdq_clear(got);
+		td_fdq_clear(q);
 		return td_set_error(-EPROTO, "tensord sent more descriptors than its frames count");
 	}
 	memcpy(q->fd + q->n, got->fd, sizeof(int) * (size_t)got->n);
@@ -488,7 +434,7 @@ static int read_some(struct td_conn *conn, struct td_fdq *got, size_t *ret_n, bo
 		}
 	}
 	if (lost || (m.msg_flags & MSG_CTRUNC)) {
-		fdq_clear(got);
+		td_fdq_clear(got);
 		return td_set_error(-EPROTO,
 				    "tensord sent more descriptors at once than a frame may carry "
 				    "(MSG_CTRUNC)");
@@ -526,8 +472,8 @@ static int read_once(tensord_client *c, bool block)
 	/* No frame will take what is queued: close it now (PipeWire's rule),
 	 * and the reader's reason is every waiter's. */
 	if (r < 0 && r != -EAGAIN) {
-		fdq_clear(&conn->fdq);
-		conn_lost(conn, r, tensord_last_error());
+		td_fdq_clear(&conn->fdq);
+		td_conn_lost(conn, r, tensord_last_error());
 	}
 	pthread_cond_broadcast(&conn->cond);
 	return r;
@@ -584,7 +530,7 @@ int td_rpc_start(tensord_client *c, Tensord__Request *req, struct td_pending *p)
 	}
 	if (r < 0) {
 		pthread_mutex_lock(&c->lock);
-		conn_lost(&c->conn, r, tensord_last_error());
+		td_conn_lost(&c->conn, r, tensord_last_error());
 		pthread_mutex_unlock(&c->lock);
 		td_rpc_end(c, p);
 		td_pending_clear(p);
@@ -752,258 +698,4 @@ int td_send_oneway(tensord_client *c, Tensord__Request *req)
 		return 0;
 	req->id = 0;
 	return send_frame(&c->conn, req);
-}
-
-/*
- * fork(). Before it, the forking thread takes the list's lock, then each
- * client's lock and send lock (in that order, as everywhere), so that the
- * child copies every client whole; the parent then lets go.
- */
-static void atfork_prepare(void)
-{
-	tensord_client *c;
-
-	pthread_mutex_lock(&all_lock);
-	LIST_FOREACH(c, &all_clients, all_link)
-	{
-		pthread_mutex_lock(&c->lock);
-		pthread_mutex_lock(&c->conn.send_lock);
-	}
-}
-
-static void atfork_parent(void)
-{
-	tensord_client *c;
-
-	LIST_FOREACH(c, &all_clients, all_link)
-	{
-		pthread_mutex_unlock(&c->conn.send_lock);
-		pthread_mutex_unlock(&c->lock);
-	}
-	pthread_mutex_unlock(&all_lock);
-}
-
-/*
- * In the child, c is a copy of its parent's client: it keeps only what its
- * leases need (the mappings) and lets go of everything else without a word
- * to the daemon. Only this thread exists here, so nothing is contended.
- */
-static void forget_parent(tensord_client *c)
-{
-	struct td_conn *conn = &c->conn;
-
-	/* atfork_prepare() took both locks in the thread this child is a copy
-	 * of; the condition variable's waiters were other threads of the
-	 * parent, which the child does not have. */
-	pthread_mutex_unlock(&conn->send_lock);
-	pthread_mutex_unlock(&c->lock);
-	pthread_cond_init(&conn->cond, NULL);
-	c->inherited = true;
-	/* The daemon must see the connection end when the parent ends it. */
-	if (conn->fd >= 0)
-		close(conn->fd);
-	conn->fd = -1;
-	fdq_clear(&conn->fdq);
-	conn->closed = true;
-	conn->err = -ENOTCONN;
-	snprintf(conn->why, sizeof(conn->why),
-		 "the connection belongs to the process this one "
-		 "was forked from");
-	/* They live on the stacks of the parent's threads, which the child's
-	 * memory copies: a descriptor a reply brought them is closed here. */
-	for (struct td_pending *p = conn->pending; p; p = p->next) {
-		if (p->done && p->fd >= 0)
-			close(p->fd);
-		for (struct td_part *part = p->parts; part; part = part->next)
-			for (unsigned i = 0; i < part->n_fds; i++)
-				close(part->fds[i]);
-	}
-	conn->pending = NULL;
-	conn->reading = false;
-	/* The parent's releases, and a flusher that was not copied. */
-	conn->relq.n = 0;
-	conn->relq.running = false;
-	td_mapcache_after_fork(&c->maps);
-	td_reserve_after_fork(&c->reserve);
-	td_bindings_after_fork(c);
-}
-
-static void atfork_child(void)
-{
-	tensord_client *c;
-
-	if (td_gpu_in_use())
-		td_gpu_forked_from = (int)getppid();
-	atomic_fetch_add(&td_forks, 1);
-	LIST_FOREACH(c, &all_clients, all_link)
-	forget_parent(c);
-	pthread_mutex_unlock(&all_lock);
-}
-
-static void atfork_register(void)
-{
-	pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
-}
-
-tensord_client *td_client_new(int fd)
-{
-	tensord_client *c = calloc(1, sizeof(*c));
-
-	if (!c) {
-		if (fd >= 0)
-			close(fd);
-		return NULL;
-	}
-	atomic_init(&c->refs, 1);
-	pthread_mutex_init(&c->lock, NULL);
-	pthread_mutex_init(&c->conn.send_lock, NULL);
-	pthread_cond_init(&c->conn.cond, NULL);
-	td_mapcache_init(&c->maps, &c->lock);
-	LIST_INIT(&c->ipc_leases);
-	td_reserve_init(&c->reserve);
-	c->conn.fd = fd;
-	c->conn.max_request = TD_FRAME_MIN_REQUEST;
-	td_spin_init(&c->conn.spin);
-	pthread_once(&atfork_once, atfork_register);
-	pthread_mutex_lock(&all_lock);
-	LIST_INSERT_HEAD(&all_clients, c, all_link);
-	pthread_mutex_unlock(&all_lock);
-	return c;
-}
-
-int td_client_current(tensord_client **pc)
-{
-	tensord_client *c = *pc, *mine;
-	int r;
-
-	while (c->inherited) {
-		bool closed;
-
-		pthread_mutex_lock(&c->lock);
-		closed = c->user_closed;
-		mine = c->successor;
-		pthread_mutex_unlock(&c->lock);
-		if (closed)
-			return td_set_error(-ENOTCONN, "client is closed");
-		if (!mine) {
-			/* Not under c's lock: connecting takes the list's lock,
-			 * which a fork takes before c's. */
-			r = tensord_connect(c->path, &mine);
-			if (r < 0)
-				return td_set_error(r,
-						    "this process (pid %d) was forked from the one "
-						    "that connected, and connecting anew to %s "
-						    "failed: %s",
-						    (int)getpid(), c->path, tensord_last_error());
-			pthread_mutex_lock(&c->lock);
-			if (c->successor || c->user_closed) {
-				/* Another thread was quicker, or closed it. */
-				pthread_mutex_unlock(&c->lock);
-				tensord_close(mine);
-				continue;
-			}
-			c->successor = mine;
-			pthread_mutex_unlock(&c->lock);
-		}
-		c = mine;
-	}
-	*pc = c;
-	return 0;
-}
-
-/* The Hello round trip: both sides speak the same protocol version. */
-static int hello(tensord_client *c, const char *path)
-{
-	Tensord__Request req = TENSORD__REQUEST__INIT;
-	Tensord__Hello hello = TENSORD__HELLO__INIT;
-	Tensord__Reply *rep;
-	int r;
-
-	hello.version = TENSORD_PROTOCOL_VERSION;
-	hello.client = "libtensord";
-	req.body_case = TENSORD__REQUEST__BODY_HELLO;
-	req.hello = &hello;
-	r = td_rpc(c, &req, &rep, NULL);
-	if (r < 0)
-		return r;
-	if (rep->body_case != TENSORD__REPLY__BODY_HELLO ||
-	    rep->hello->version != TENSORD_PROTOCOL_VERSION)
-		r = td_set_error(-EPROTO, "tensord at %s speaks another protocol version", path);
-	else
-		c->maps.daemon_instance = rep->hello->instance;
-	if (r == 0 && rep->hello->max_frame > TD_FRAME_MIN_REQUEST)
-		c->conn.max_request = rep->hello->max_frame < TD_FRAME_MAX_REQUEST
-					      ? rep->hello->max_frame
-					      : TD_FRAME_MAX_REQUEST;
-	tensord__reply__free_unpacked(rep, NULL);
-	return r;
-}
-
-int tensord_connect(const char *socket_path, tensord_client **ret_client)
-{
-	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-	tensord_client *c;
-	int r;
-
-	td_clear_error();
-	c = td_client_new(-1);
-	if (!c)
-		return td_set_error(-ENOMEM, "out of memory");
-	r = td_connect_socket(socket_path, path, sizeof(path));
-	if (r >= 0) {
-		c->conn.fd = r;
-		_Static_assert(sizeof(c->path) == sizeof(path), "socket path size");
-		memcpy(c->path, path, sizeof(path));
-		r = hello(c, path);
-	}
-	if (r < 0) {
-		td_client_unref(c);
-		return r;
-	}
-	td_relq_start(&c->conn, &c->maps);
-	*ret_client = c;
-	return 0;
-}
-
-tensord_client *tensord_close(tensord_client *c)
-{
-	tensord_client *mine;
-
-	if (!c)
-		return NULL;
-	if (c->inherited) {
-		/* Never the parent's connection: only this process's own. */
-		pthread_mutex_lock(&c->lock);
-		mine = c->successor;
-		c->successor = NULL;
-		c->user_closed = true;
-		pthread_mutex_unlock(&c->lock);
-		tensord_close(mine);
-		td_client_unref(c);
-		return NULL;
-	}
-	/*
-	 * The daemon frees what this connection leased once it sees EOF. For
-	 * memory it exports itself (legacy CUDA IPC, HIP IPC) that is undefined
-	 * behaviour while we still have it open, so close those handles first;
-	 * leases still alive then point at unmapped memory (docs/gpu.md). Then
-	 * release those leases, and send every Release still queued: a legacy
-	 * IPC lease the daemon finds held at EOF is one it must assume still
-	 * open, and it keeps that memory until this process exits.
-	 */
-	td_mapcache_revoke(&c->maps);
-	td_lease_release_ipc(c);
-	/* Bindings no local lease uses end now; the daemon ends the rest at EOF. */
-	td_bindings_close(c);
-	td_relq_flush(&c->conn);
-	pthread_mutex_lock(&c->lock);
-	conn_lost(&c->conn, -ENOTCONN, NULL);
-	/* Wakes a reader blocked in recvmsg; the daemon sees EOF and ends
-	 * every lease of this connection. */
-	shutdown(c->conn.fd, SHUT_RDWR);
-	pthread_mutex_unlock(&c->lock);
-	/* Its round trips fail now; the daemon freed its reserves at EOF. */
-	td_reserve_stop(c);
-	td_client_unref(c);
-	return NULL;
 }

@@ -1,0 +1,217 @@
+/*
+ * libtensord: a client's life. td_client_new() makes one, tensord_connect()
+ * connects it and says Hello, td_client_current() finds the one to use in
+ * a process forked from the one that connected (fork.c), tensord_close()
+ * ends the connection, and the last reference frees it.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "client.h"
+#include "proto/frame.h"
+
+void td_client_ref(tensord_client *c)
+{
+	atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+}
+
+/* Frees what conn owns; it may be half-built (fd -1, nothing received). */
+static void conn_free(struct td_conn *conn)
+{
+	td_fdq_clear(&conn->fdq);
+	if (conn->fd >= 0)
+		close(conn->fd);
+	free(conn->rx.buf);
+	pthread_mutex_destroy(&conn->send_lock);
+	pthread_cond_destroy(&conn->cond);
+}
+
+void td_client_unref(tensord_client *c)
+{
+	unsigned was = atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel);
+
+	assert(was > 0);
+	if (was != 1)
+		return;
+	td_fork_untrack(c);
+	/* An inherited client's last lease went after its close. */
+	if (c->successor)
+		tensord_close(c->successor);
+	/* Last reference: no thread is inside a call, no lease is alive, so
+	 * the mapping cache holds only parked mappings. */
+	td_relq_stop(&c->conn);
+	td_reserve_stop(c);
+	td_bindings_fini(c);
+	conn_free(&c->conn);
+	td_mapcache_fini(&c->maps);
+	pthread_cond_destroy(&c->reserve.cond);
+	pthread_cond_destroy(&c->reserve.helped);
+	pthread_mutex_destroy(&c->lock);
+	free(c);
+}
+
+tensord_client *td_client_new(int fd)
+{
+	tensord_client *c = calloc(1, sizeof(*c));
+
+	if (!c) {
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	atomic_init(&c->refs, 1);
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&c->conn.send_lock, NULL);
+	pthread_cond_init(&c->conn.cond, NULL);
+	td_mapcache_init(&c->maps, &c->lock);
+	LIST_INIT(&c->ipc_leases);
+	td_reserve_init(&c->reserve);
+	c->conn.fd = fd;
+	c->conn.max_request = TD_FRAME_MIN_REQUEST;
+	td_spin_init(&c->conn.spin);
+	td_fork_track(c);
+	return c;
+}
+
+int td_client_current(tensord_client **pc)
+{
+	tensord_client *c = *pc, *mine;
+	int r;
+
+	while (c->inherited) {
+		bool closed;
+
+		pthread_mutex_lock(&c->lock);
+		closed = c->user_closed;
+		mine = c->successor;
+		pthread_mutex_unlock(&c->lock);
+		if (closed)
+			return td_set_error(-ENOTCONN, "client is closed");
+		if (!mine) {
+			/* Not under c's lock: connecting takes the list's lock,
+			 * which a fork takes before c's. */
+			r = tensord_connect(c->path, &mine);
+			if (r < 0)
+				return td_set_error(r,
+						    "this process (pid %d) was forked from the one "
+						    "that connected, and connecting anew to %s "
+						    "failed: %s",
+						    (int)getpid(), c->path, tensord_last_error());
+			pthread_mutex_lock(&c->lock);
+			if (c->successor || c->user_closed) {
+				/* Another thread was quicker, or closed it. */
+				pthread_mutex_unlock(&c->lock);
+				tensord_close(mine);
+				continue;
+			}
+			c->successor = mine;
+			pthread_mutex_unlock(&c->lock);
+		}
+		c = mine;
+	}
+	*pc = c;
+	return 0;
+}
+
+/* The Hello round trip: both sides speak the same protocol version. */
+static int hello(tensord_client *c, const char *path)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__Hello hello = TENSORD__HELLO__INIT;
+	Tensord__Reply *rep;
+	int r;
+
+	hello.version = TENSORD_PROTOCOL_VERSION;
+	hello.client = "libtensord";
+	req.body_case = TENSORD__REQUEST__BODY_HELLO;
+	req.hello = &hello;
+	r = td_rpc(c, &req, &rep, NULL);
+	if (r < 0)
+		return r;
+	if (rep->body_case != TENSORD__REPLY__BODY_HELLO ||
+	    rep->hello->version != TENSORD_PROTOCOL_VERSION)
+		r = td_set_error(-EPROTO, "tensord at %s speaks another protocol version", path);
+	else
+		c->maps.daemon_instance = rep->hello->instance;
+	if (r == 0 && rep->hello->max_frame > TD_FRAME_MIN_REQUEST)
+		c->conn.max_request = rep->hello->max_frame < TD_FRAME_MAX_REQUEST
+					      ? rep->hello->max_frame
+					      : TD_FRAME_MAX_REQUEST;
+	tensord__reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+int tensord_connect(const char *socket_path, tensord_client **ret_client)
+{
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	tensord_client *c;
+	int r;
+
+	td_clear_error();
+	c = td_client_new(-1);
+	if (!c)
+		return td_set_error(-ENOMEM, "out of memory");
+	r = td_connect_socket(socket_path, path, sizeof(path));
+	if (r >= 0) {
+		c->conn.fd = r;
+		_Static_assert(sizeof(c->path) == sizeof(path), "socket path size");
+		memcpy(c->path, path, sizeof(path));
+		r = hello(c, path);
+	}
+	if (r < 0) {
+		td_client_unref(c);
+		return r;
+	}
+	td_relq_start(&c->conn, &c->maps);
+	*ret_client = c;
+	return 0;
+}
+
+tensord_client *tensord_close(tensord_client *c)
+{
+	tensord_client *mine;
+
+	if (!c)
+		return NULL;
+	if (c->inherited) {
+		/* Never the parent's connection: only this process's own. */
+		pthread_mutex_lock(&c->lock);
+		mine = c->successor;
+		c->successor = NULL;
+		c->user_closed = true;
+		pthread_mutex_unlock(&c->lock);
+		tensord_close(mine);
+		td_client_unref(c);
+		return NULL;
+	}
+	/*
+	 * The daemon frees what this connection leased once it sees EOF. For
+	 * memory it exports itself (legacy CUDA IPC, HIP IPC) that is undefined
+	 * behaviour while we still have it open, so close those handles first;
+	 * leases still alive then point at unmapped memory (docs/gpu.md). Then
+	 * release those leases, and send every Release still queued: a legacy
+	 * IPC lease the daemon finds held at EOF is one it must assume still
+	 * open, and it keeps that memory until this process exits.
+	 */
+	td_mapcache_revoke(&c->maps);
+	td_lease_release_ipc(c);
+	/* Bindings no local lease uses end now; the daemon ends the rest at EOF. */
+	td_bindings_close(c);
+	td_relq_flush(&c->conn);
+	pthread_mutex_lock(&c->lock);
+	td_conn_lost(&c->conn, -ENOTCONN, NULL);
+	/* Wakes a reader blocked in recvmsg; the daemon sees EOF and ends
+	 * every lease of this connection. */
+	shutdown(c->conn.fd, SHUT_RDWR);
+	pthread_mutex_unlock(&c->lock);
+	/* Its round trips fail now; the daemon freed its reserves at EOF. */
+	td_reserve_stop(c);
+	td_client_unref(c);
+	return NULL;
+}

@@ -1,0 +1,395 @@
+/*
+ * libtensord: transactions and put_many (docs/design.md, "Versions, sets
+ * and watches"). A transaction is a client-side id: its members are
+ * created and put with it, its commit is one request. put_many is one
+ * transaction of puts, pipelined in windows, so n tensors cost a few round
+ * trips instead of 2n.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+#include "common/desc.h"
+
+/* --- transactions --------------------------------------------------------------- */
+
+struct tensord_tx {
+	tensord_client *c; /* a reference of its own */
+	uint32_t id;
+	bool over;  /* committed or aborted */
+	char **own; /* names of members made with tensord_tx_create(): their views */
+	size_t n_own, cap_own;
+};
+
+static int tx_usable(const tensord_tx *tx)
+{
+	if (!tx)
+		return td_set_error(-EINVAL, "transaction: NULL");
+	if (tx->over)
+		return td_set_error(-ESRCH, "transaction %u: it is over (committed or aborted)",
+				    tx->id);
+	return 0;
+}
+
+int tensord_tx_begin(tensord_client *c, tensord_tx **ret_tx)
+{
+	tensord_tx *tx;
+	int r = td_client_current(&c);
+
+	if (r < 0)
+		return r;
+	if (!ret_tx)
+		return td_set_error(-EINVAL, "transaction: NULL output");
+	tx = calloc(1, sizeof(*tx));
+	if (!tx)
+		return td_set_error(-ENOMEM, "out of memory");
+	do
+		tx->id = atomic_fetch_add(&c->next_tx, 1) + 1;
+	while (tx->id == 0);
+	tx->c = c;
+	td_client_ref(c);
+	*ret_tx = tx;
+	return 0;
+}
+
+/* Ends tx on the daemon's side (aborted), after a failure of the caller's. */
+static void tx_fail(tensord_tx *tx)
+{
+	char saved[512];
+
+	snprintf(saved, sizeof(saved), "%s", tensord_last_error());
+	tensord_tx_abort(tx);
+	td_set_error(-EIO, "%s", saved);
+}
+
+int tensord_tx_create(tensord_tx *tx, const char *name, const tensord_spec *spec,
+		      DLManagedTensorVersioned **ret_tensor)
+{
+	char *own;
+	int r = tx_usable(tx);
+
+	if (r < 0)
+		return r;
+	if (!ret_tensor)
+		return td_set_error(-EINVAL, "tensor '%s': NULL output", name ? name : "");
+	if (tx->n_own == tx->cap_own) {
+		size_t cap = tx->cap_own ? 2 * tx->cap_own : 16;
+		char **nv = realloc(tx->own, cap * sizeof(*nv));
+
+		if (!nv)
+			return td_set_error(-ENOMEM, "out of memory");
+		tx->own = nv;
+		tx->cap_own = cap;
+	}
+	r = td_tx_create_raw(tx->c, tx->id, name, spec, ret_tensor);
+	if (r < 0)
+		return r;
+	own = strdup(name);
+	if (!own) {
+		(*ret_tensor)->deleter(*ret_tensor);
+		return td_set_error(-ENOMEM, "out of memory");
+	}
+	tx->own[tx->n_own++] = own;
+	return 0;
+}
+
+int tensord_tx_put(tensord_tx *tx, const char *name, const DLTensor *src, uint32_t flags,
+		   uint32_t mode)
+{
+	int r = tx_usable(tx);
+
+	if (r < 0)
+		return r;
+	r = td_put(tx->c, name, src, flags, mode, tx->id, NULL);
+	/* A member half made is the transaction's end: nothing of it shows. */
+	if (r < 0 && r != -EINVAL && r != -EFAULT) {
+		int keep = r;
+
+		tx_fail(tx);
+		return td_set_error(keep, "%s", tensord_last_error());
+	}
+	return r;
+}
+
+int tensord_tx_unlink(tensord_tx *tx, const char *name)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__Unlink ul = TENSORD__UNLINK__INIT;
+	Tensord__Reply *rep;
+	char why[300];
+	int r = tx_usable(tx);
+
+	if (r < 0)
+		return r;
+	if (!name || td_name_check(name, strlen(name), why, sizeof(why)) < 0)
+		return td_set_error(-EINVAL, "%s", name ? why : "name is NULL");
+	ul.name = (char *)name;
+	ul.tx = tx->id;
+	req.body_case = TENSORD__REQUEST__BODY_UNLINK;
+	req.unlink = &ul;
+	r = td_rpc(tx->c, &req, &rep, NULL);
+	if (r == 0)
+		tensord__reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+int tensord_tx_commit(tensord_tx *tx, uint64_t *ret_commit)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__Commit cm = TENSORD__COMMIT__INIT;
+	struct td_own_view *views = NULL;
+	Tensord__Reply *rep;
+	size_t n = 0;
+	int r = tx_usable(tx);
+
+	if (r < 0)
+		return r;
+	/* The members' own writable views go private first: the daemon seals them. */
+	views = calloc(tx->n_own ? tx->n_own : 1, sizeof(*views));
+	if (!views)
+		return td_set_error(-ENOMEM, "out of memory");
+	for (; n < tx->n_own && r == 0; n++)
+		r = td_own_view_prepare(tx->c, tx->own[n], &views[n]);
+	if (r == 0) {
+		cm.tx = tx->id;
+		req.body_case = TENSORD__REQUEST__BODY_COMMIT;
+		req.commit = &cm;
+		r = td_rpc(tx->c, &req, &rep, NULL);
+	} else {
+		n--; /* the one that failed holds nothing */
+		tx_fail(tx);
+	}
+	for (size_t i = 0; i < n; i++)
+		td_own_view_done(tx->c, &views[i], r == 0);
+	free(views);
+	tx->over = true;
+	if (r < 0)
+		return r;
+	if (ret_commit)
+		*ret_commit =
+			rep->body_case == TENSORD__REPLY__BODY_COMMIT ? rep->commit->commit : 0;
+	tensord__reply__free_unpacked(rep, NULL);
+	return 0;
+}
+
+int tensord_tx_abort(tensord_tx *tx)
+{
+	Tensord__Request req = TENSORD__REQUEST__INIT;
+	Tensord__Abort ab = TENSORD__ABORT__INIT;
+	Tensord__Reply *rep;
+	int r = tx_usable(tx);
+
+	if (r < 0)
+		return r;
+	tx->over = true;
+	ab.tx = tx->id;
+	req.body_case = TENSORD__REQUEST__BODY_ABORT;
+	req.abort = &ab;
+	r = td_rpc(tx->c, &req, &rep, NULL);
+	if (r == 0)
+		tensord__reply__free_unpacked(rep, NULL);
+	/* Nothing staged yet: the daemon never heard of it, and there is nothing to undo. */
+	return r == -ENOENT ? 0 : r;
+}
+
+tensord_tx *tensord_tx_free(tensord_tx *tx)
+{
+	if (!tx)
+		return NULL;
+	if (!tx->over)
+		tensord_tx_abort(tx);
+	for (size_t i = 0; i < tx->n_own; i++)
+		free(tx->own[i]);
+	free(tx->own);
+	td_client_unref(tx->c);
+	free(tx);
+	return NULL;
+}
+
+/* --- put_many ----------------------------------------------------------------------- */
+
+/*
+ * Flow control. Requests go out while earlier answers are unread, so the
+ * daemon must be able to take them while this thread is not reading: it
+ * stops reading a client that has not read its replies' descriptors
+ * (--max-fds-in-flight-per-conn, 64 by default) or 4 MiB of replies, and a
+ * send that finds the socket full would then wait forever. So at most
+ * PUT_WINDOW requests are unanswered (below the default descriptor cap, so
+ * the daemon keeps reading), and at most PUT_BYTES_IN_FLIGHT bytes of them
+ * (two inline puts of 64 KiB and change). Even with a lower cap that much
+ * fits in a Unix socket's buffer (208 KiB by default, each frame charged
+ * its payload and about 1 KiB). Past either bound the oldest answer is
+ * read first, and the next request goes out as each answer comes in.
+ */
+#define PUT_WINDOW 32
+#define PUT_BYTES_IN_FLIGHT (160u * 1024u)
+
+/* One item's request, readied, then in flight. */
+struct put_slot {
+	struct td_pending p;
+	union {
+		struct td_put_msg put;
+		struct td_create_req create;
+	} m;
+	bool inline_bytes;
+	bool on_device; /* copied on the device when its turn comes, not pipelined */
+	uint8_t *buf;   /* owned: the inline bytes, until the request is sent */
+	size_t cost;    /* the request's bytes on the wire */
+	const tensord_put_item *item;
+};
+
+/* The answer to one slot: the put's status, or the create's lease written and ended. */
+static int put_finish(tensord_client *c, struct put_slot *s, int r)
+{
+	Tensord__Lease *w;
+
+	if (r == 0)
+		r = td_rpc_end(c, &s->p);
+	else
+		td_rpc_end(c, &s->p);
+	if (r == 0 && !s->inline_bytes) {
+		if (s->p.reply->body_case != TENSORD__REPLY__BODY_LEASE) {
+			r = td_set_error(-EPROTO,
+					 "tensor '%s': tensord answered create without a "
+					 "lease",
+					 s->item->name);
+		} else {
+			w = s->p.reply->lease;
+			if (w->handle != TENSORD__HANDLE_KIND__HANDLE_NONE && s->p.fd < 0)
+				r = td_set_error(-EPROTO, "tensor '%s': no descriptor to write",
+						 s->item->name);
+			else if (s->p.fd >= 0)
+				r = td_put_write(s->p.fd, s->item->name, s->item->src);
+			td_lease_end(c, w->lease);
+		}
+	}
+	td_pending_clear(&s->p);
+	free(s->buf);
+	s->buf = NULL;
+	return r;
+}
+
+/* Readies item's request in s: inline bytes when they fit, else a create. */
+static int put_prepare(tensord_client *c, uint32_t tx, struct put_slot *s,
+		       const tensord_put_item *item, uint32_t flags, uint32_t mode)
+{
+	tensord_spec spec;
+	uint64_t nbytes;
+	int r;
+
+	memset(s, 0, sizeof(*s));
+	s->item = item;
+	if (item->src && td_device_is_gpu(item->src->device.device_type)) {
+		s->on_device = true;
+		return 0;
+	}
+	r = td_put_check(item->name, item->src, flags, mode, &spec, &nbytes);
+	if (r < 0)
+		return r;
+	if (nbytes <= TD_PUT_INLINE_MAX) {
+		const uint8_t *bytes = td_put_compact(item->src);
+
+		if (!bytes) {
+			s->buf = malloc(nbytes ? nbytes : 1);
+			if (!s->buf)
+				return td_set_error(-ENOMEM, "out of memory");
+			td_put_gather(item->src, s->buf);
+			bytes = s->buf;
+		}
+		r = td_put_msg(&s->m.put, item->name, &spec, tx, bytes, nbytes,
+			       c->conn.max_request);
+		s->inline_bytes = r == 0;
+		if (r == -EMSGSIZE)
+			r = 0; /* a long name and shape: a create after all */
+	}
+	if (r == 0 && !s->inline_bytes)
+		r = td_create_msg(&s->m.create, item->name, &spec, tx);
+	if (r == 0)
+		s->cost = TD_FRAME_HEADER +
+			  tensord__request__get_packed_size(s->inline_bytes ? &s->m.put.req
+									    : &s->m.create.req);
+	if (r < 0) {
+		free(s->buf);
+		s->buf = NULL;
+	}
+	return r;
+}
+
+/* Sends what put_prepare() readied. */
+static int put_start(tensord_client *c, struct put_slot *s)
+{
+	int r = td_rpc_start(c, s->inline_bytes ? &s->m.put.req : &s->m.create.req, &s->p);
+
+	/* The request went out packed: its bytes are not needed again, and
+	 * one buffer reused item after item stays warm in the cache. */
+	free(s->buf);
+	s->buf = NULL;
+	return r;
+}
+
+int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n, uint32_t flags,
+		     uint32_t mode, uint64_t *ret_commit)
+{
+	struct put_slot *slots, *s;
+	size_t oldest = 0, next = 0, bytes = 0;
+	bool ready = false; /* slots[next % PUT_WINDOW] is readied, not yet sent */
+	tensord_tx *tx = NULL;
+	int r = td_client_current(&c);
+
+	if (r < 0)
+		return r;
+	if (!items && n)
+		return td_set_error(-EINVAL, "put_many: no items");
+	slots = calloc(PUT_WINDOW, sizeof(*slots));
+	if (!slots)
+		return td_set_error(-ENOMEM, "out of memory");
+	r = tensord_tx_begin(c, &tx);
+	while (oldest < next || (r == 0 && next < n)) {
+		if (r == 0 && next < n && next - oldest < PUT_WINDOW) {
+			s = &slots[next % PUT_WINDOW];
+			if (!ready) {
+				r = put_prepare(c, tx->id, s, &items[next], flags, mode);
+				ready = r == 0;
+				if (r < 0)
+					continue;
+			}
+			/* The first in flight always goes: it fits in any request. */
+			if (oldest == next || bytes + s->cost <= PUT_BYTES_IN_FLIGHT) {
+				if (!s->on_device && (r = put_start(c, s)) < 0)
+					continue;
+				ready = false;
+				bytes += s->cost;
+				next++;
+				continue;
+			}
+		}
+		/* Full, or nothing more to send: the oldest answer. */
+		s = &slots[oldest % PUT_WINDOW];
+		if (s->on_device) {
+			if (r == 0)
+				r = td_put(c, s->item->name, s->item->src, flags, mode, tx->id,
+					   NULL);
+		} else {
+			int ri;
+
+			td_rpc_wait(c, &s->p);
+			ri = put_finish(c, s, r);
+			r = r < 0 ? r : ri;
+		}
+		bytes -= s->cost;
+		oldest++;
+	}
+	if (ready) {
+		/* Readied, then an answer failed: never sent. */
+		free(slots[next % PUT_WINDOW].buf);
+	}
+	if (r == 0)
+		r = tensord_tx_commit(tx, ret_commit);
+	else if (tx)
+		tx_fail(tx);
+	tensord_tx_free(tx);
+	free(slots);
+	return r;
+}
