@@ -25,7 +25,6 @@
 #include "xport.h"
 
 struct client;
-struct server;
 
 #define ATTACH TENSORD__REQUEST__BODY_ATTACH
 /* A pull's deadline: 5 s and the size at 100 MB/s. */
@@ -178,7 +177,7 @@ struct replica {
 };
 
 struct remote {
-	struct server *srv;
+	struct remote_env *env; /* borrowed: outlives this */
 	struct xport *x;
 	char why[300];        /* why there is no data path */
 	struct reg_client rc; /* B: creates the replicas */
@@ -191,7 +190,7 @@ struct remote {
 	void *replica_index;      /* tsearch tree of the replicas, by name */
 	unsigned n_sets;
 	uint32_t next_tx;
-	struct remote_figures *figs; /* the server's gauges (srv->remote_figs), kept here */
+	struct remote_figures *figs; /* the daemon's gauges (env->figs), kept here */
 	uint64_t max_replica_bytes;  /* --peer-max-replica-bytes, or its default resolved */
 	uv_timer_t keep;
 	uv_idle_t populate; /* active while a mapping of a transfer is not populated yet */
@@ -230,8 +229,12 @@ struct gjob {
 
 /* --- remote.c: what every part uses ------------------------------------------------- */
 
-/* The server's remote attach; NULL when it is off. */
-struct remote *rm_of(const struct server *srv);
+/* Answers request id (of kind) of cl with status and why, through dispatch (remote.h). */
+static inline void rm_reply_status(const struct remote_env *env, struct client *cl, unsigned kind,
+				   uint64_t id, int status, const char *why)
+{
+	env->hooks.reply_status(cl, kind, id, status, why);
+}
 
 /* Sends f to rp's peer; a connection that is down is logged, not an error. */
 void rm_send_frame(struct rpeer *rp, Tensord__PeerFrame *f);
@@ -329,8 +332,8 @@ void rm_on_pull_timeout(uv_timer_t *t);
  * `what` ("tensor '@a/x'"), or NULL with the request answered: no such
  * peer, not connected, or no data path to it.
  */
-struct rpeer *rm_rpeer_ready(struct client *cl, unsigned kind, uint64_t id, const char *what,
-			     const char *peer);
+struct rpeer *rm_rpeer_ready(struct remote_env *env, struct client *cl, unsigned kind, uint64_t id,
+			     const char *what, const char *peer);
 
 /* The bytes are in place: the replica is sealed, published and handed out. */
 void rm_pull_complete(struct pull *pl);

@@ -25,13 +25,11 @@
 #include <openssl/rand.h>
 
 #include "common/desc.h"
-#include "daemon/dispatch_int.h"
 #include "daemon/figures.h"
+#include "daemon/base/clock.h"
 #include "daemon/base/log.h"
 #include "peer.h"
 #include "remote_int.h"
-#include "daemon/reply.h"
-#include "daemon/server.h"
 
 /* --- B: pulling ------------------------------------------------------------------ */
 
@@ -190,10 +188,10 @@ void rm_replica_unlink(struct remote *rm, struct replica *r)
 void rm_replica_drop(struct remote *rm, struct replica *r, const char *why)
 {
 	char buf[300];
-	struct tensor *t = registry_lookup(&rm->srv->reg, &rm->rc, r->name, r->name_len);
+	struct tensor *t = registry_lookup(rm->env->reg, &rm->rc, r->name, r->name_len);
 
 	if (t && t->id == r->tensor_id)
-		registry_unlink(&rm->srv->reg, &rm->rc, r->name, r->name_len, buf, sizeof(buf));
+		registry_unlink(rm->env->reg, &rm->rc, r->name, r->name_len, buf, sizeof(buf));
 	log_debug("replica '%s': unlinked: %s", r->name, why);
 	rm_replica_unlink(rm, r);
 	free(r);
@@ -219,7 +217,7 @@ static uint64_t replica_bytes_of(struct remote *rm, const struct rpeer *rp)
 
 static bool replica_leased(struct remote *rm, const struct replica *r)
 {
-	struct tensor *t = registry_lookup(&rm->srv->reg, &rm->rc, r->name, r->name_len);
+	struct tensor *t = registry_lookup(rm->env->reg, &rm->rc, r->name, r->name_len);
 
 	return t && t->id == r->tensor_id && t->refcount;
 }
@@ -303,14 +301,14 @@ void rm_pull_end_failed(struct pull *pl, int status, const char *why)
 
 	while ((w = LIST_FIRST(&pl->waits))) {
 		LIST_REMOVE(w, link);
-		reply_status(w->cl->conn, ATTACH, w->id, status, why);
+		rm_reply_status(rm->env, w->cl, ATTACH, w->id, status, why);
 		rm_pwait_free(w);
 	}
 	if (pl->st == PL_RECEIVING && !pl->allocating) { /* allocating: its job ends it */
 		if (!pl->set)
-			registry_unlink(&rm->srv->reg, &rm->rc, pl->name, pl->name_len, buf,
+			registry_unlink(rm->env->reg, &rm->rc, pl->name, pl->name_len, buf,
 					sizeof(buf));
-		registry_release(&rm->srv->reg, &rm->rc, pl->lease);
+		registry_release(rm->env->reg, &rm->rc, pl->lease);
 	}
 	if (pl->rp->up && !pl->done)
 		pull_done_send(pl->rp, pl->id);
@@ -379,8 +377,8 @@ void rm_answer_local(struct pull *pl, bool watched)
 			sync_park(pl->rp, w);
 			continue;
 		}
-		dispatch_attach_local(w->cl, w->id, pl->name, pl->name_len, w->have_id,
-				      w->have_shares, w->n_have_shares, false);
+		pl->rm->env->hooks.attach_local(w->cl, w->id, pl->name, pl->name_len, w->have_id,
+						w->have_shares, w->n_have_shares, false);
 		rm_pwait_free(w);
 	}
 }
@@ -413,7 +411,7 @@ static void pull_waits_expire(struct pull *pl, uint64_t now)
 				 pl->rp->p->name, pl->name + pl->peer_len + 2);
 		log_debug("pull %" PRIu64 " of '%s': a wait ended: %s", pl->id, pl->name, why);
 		LIST_REMOVE(w, link);
-		reply_status(w->cl->conn, ATTACH, w->id, -ETIMEDOUT, why);
+		rm_reply_status(pl->rm->env, w->cl, ATTACH, w->id, -ETIMEDOUT, why);
 		rm_pwait_free(w);
 	}
 }
@@ -533,39 +531,38 @@ static int pull_ask(struct pull *pl, uint64_t have_generation)
  * `what` ("tensor '@a/x'"), or NULL with the request answered: no such
  * peer, not connected, or no data path to it.
  */
-struct rpeer *rm_rpeer_ready(struct client *cl, unsigned kind, uint64_t id, const char *what,
-			     const char *peer)
+struct rpeer *rm_rpeer_ready(struct remote_env *env, struct client *cl, unsigned kind, uint64_t id,
+			     const char *what, const char *peer)
 {
-	struct server *srv = cl->srv;
-	struct remote *rm = rm_of(srv);
+	struct remote *rm = env->rm;
 	char why[700], known[200];
 	struct rpeer *rp;
 	struct peer *p;
 	size_t k = 0;
 
-	p = srv->peers.on ? peer_lookup(&srv->peers, peer) : NULL;
+	p = env->peers->on ? peer_lookup(env->peers, peer) : NULL;
 	if (!p) {
 		known[0] = '\0';
-		for (unsigned i = 0; i < srv->peers.n_peers && k < sizeof(known); i++)
+		for (unsigned i = 0; i < env->peers->n_peers && k < sizeof(known); i++)
 			k += (size_t)snprintf(known + k, sizeof(known) - k, "%s%s", i ? ", " : "",
-					      srv->peers.peers[i]->name);
+					      env->peers->peers[i]->name);
 		snprintf(why, sizeof(why), "%s: no peer '%s' (%s%s)", what, peer,
-			 srv->peers.on ? "known peers: " : "peering is off",
-			 srv->peers.on ? (known[0] ? known : "none") : "");
-		reply_status(cl->conn, kind, id, -ENOENT, why);
+			 env->peers->on ? "known peers: " : "peering is off",
+			 env->peers->on ? (known[0] ? known : "none") : "");
+		rm_reply_status(env, cl, kind, id, -ENOENT, why);
 		return NULL;
 	}
 	rp = p->data;
 	if (!rm || !rp || !rp->up) {
 		snprintf(why, sizeof(why), "%s: peer %s is not connected (%s%s%s)", what, peer,
 			 peer_state_name(p->state), p->error[0] ? ": " : "", p->error);
-		reply_status(cl->conn, kind, id, -EHOSTUNREACH, why);
+		rm_reply_status(env, cl, kind, id, -EHOSTUNREACH, why);
 		return NULL;
 	}
 	if (!rm->x || !rp->addr) {
 		snprintf(why, sizeof(why), "%s: no data path to peer %s: %s", what, peer,
 			 !rm->x ? rm->why : "it has not sent its UCX worker address");
-		reply_status(cl->conn, kind, id, -EHOSTUNREACH, why);
+		rm_reply_status(env, cl, kind, id, -EHOSTUNREACH, why);
 		return NULL;
 	}
 	return rp;
@@ -595,7 +592,7 @@ static void sync_park(struct rpeer *rp, struct pwait *w)
 	if (peer_send(rp->p, &f) < 0) {
 		snprintf(why, sizeof(why), "peer %s: tensor '%s': the connection to it was lost",
 			 rp->p->name, w->name + strlen(rp->p->name) + 2);
-		reply_status(w->cl->conn, ATTACH, w->id, -ECONNRESET, why);
+		rm_reply_status(rp->rm->env, w->cl, ATTACH, w->id, -ECONNRESET, why);
 		rm_pwait_free(w);
 		return;
 	}
@@ -623,8 +620,8 @@ static void attach_go(struct remote *rm, struct rpeer *rp, struct pwait *w, bool
 		}
 		/* A told of every change up to after w came: this is current. */
 		figure_count(FIG_remote_replica_hits_total, 1);
-		dispatch_attach_local(w->cl, w->id, w->name, len, w->have_id, w->have_shares,
-				      w->n_have_shares, false);
+		rm->env->hooks.attach_local(w->cl, w->id, w->name, len, w->have_id, w->have_shares,
+					    w->n_have_shares, false);
 		rm_pwait_free(w);
 		return;
 	}
@@ -644,8 +641,8 @@ static void attach_go(struct remote *rm, struct rpeer *rp, struct pwait *w, bool
 	}
 	pl = calloc(1, sizeof(*pl));
 	if (!pl) {
-		reply_status(w->cl->conn, ATTACH, w->id, -ENOMEM,
-			     "out of memory for a remote attach");
+		rm_reply_status(rm->env, w->cl, ATTACH, w->id, -ENOMEM,
+				"out of memory for a remote attach");
 		rm_pwait_free(w);
 		return;
 	}
@@ -664,19 +661,18 @@ static void attach_go(struct remote *rm, struct rpeer *rp, struct pwait *w, bool
 	LIST_INSERT_HEAD(&pl->waits, w, link);
 	LIST_INSERT_HEAD(&rm->pulls, pl, link);
 	rm->figs->pulls++;
-	uv_timer_init(rm->srv->loop, &pl->timer);
+	uv_timer_init(rm->env->loop, &pl->timer);
 	pl->timer.data = pl;
 	uv_timer_start(&pl->timer, rm_on_pull_timeout, PULL_BASE_MS, 0);
 	if (pull_ask(pl, rep && !pl->wait ? rep->generation : 0) < 0)
 		rm_pull_fail(pl, -ECONNRESET, "the connection to it was lost");
 }
 
-void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t have_id,
-		   const uint64_t *have_shares, size_t n_have_shares, bool bind, int64_t timeout_ms,
-		   uint64_t after)
+void remote_attach(struct remote_env *env, struct client *cl, uint64_t id, const char *name,
+		   uint64_t have_id, const uint64_t *have_shares, size_t n_have_shares, bool bind,
+		   int64_t timeout_ms, uint64_t after)
 {
-	struct server *srv = cl->srv;
-	struct remote *rm = rm_of(srv);
+	struct remote *rm = env->rm;
 	char why[600], peer[PEER_NAME_MAX + 1], what[300];
 	size_t len = strlen(name), peer_len;
 	struct rpeer *rp;
@@ -686,13 +682,13 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 	(void)bind; /* never bound: a binding would serve it without hearing from A */
 	r = td_remote_name_check(name, len, &peer_len, why, sizeof(why));
 	if (r < 0) {
-		reply_status(cl->conn, ATTACH, id, r, why);
+		rm_reply_status(env, cl, ATTACH, id, r, why);
 		return;
 	}
 	memcpy(peer, name + 1, peer_len);
 	peer[peer_len] = '\0';
 	snprintf(what, sizeof(what), "tensor '%s'", name);
-	rp = rm_rpeer_ready(cl, ATTACH, id, what, peer);
+	rp = rm_rpeer_ready(env, cl, ATTACH, id, what, peer);
 	if (!rp)
 		return;
 	w = calloc(1, sizeof(*w));
@@ -704,7 +700,7 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
 			n_have_shares = 0; /* the descriptors are sent again: costs, works */
 	}
 	if (!w) {
-		reply_status(cl->conn, ATTACH, id, -ENOMEM, "out of memory for a remote attach");
+		rm_reply_status(env, cl, ATTACH, id, -ENOMEM, "out of memory for a remote attach");
 		return;
 	}
 	w->cl = cl;
@@ -763,7 +759,7 @@ void rm_syncs_fail(struct rpeer *rp, int status, const char *reason)
 		LIST_REMOVE(w, link);
 		snprintf(why, sizeof(why), "peer %s: tensor '%s': %s", rp->p->name,
 			 w->name + strlen(rp->p->name) + 2, reason);
-		reply_status(w->cl->conn, ATTACH, w->id, status, why);
+		rm_reply_status(rp->rm->env, w->cl, ATTACH, w->id, status, why);
 		rm_pwait_free(w);
 	}
 }
@@ -789,7 +785,7 @@ int rm_syncs_cancel(struct rpeer *rp, struct client *cl, uint64_t req_id)
 	LIST_FOREACH(w, &rp->syncs, link)
 	if (w->cl == cl && w->id == req_id && (w->timeout_ms || w->after)) {
 		snprintf(why, sizeof(why), "tensor '%s': the wait was cancelled", w->name);
-		reply_status(cl->conn, ATTACH, w->id, -ECANCELED, why);
+		rm_reply_status(rp->rm->env, cl, ATTACH, w->id, -ECANCELED, why);
 		LIST_REMOVE(w, link);
 		rm_pwait_free(w);
 		return 0;
@@ -861,7 +857,7 @@ static void pull_gpu_begin(struct pull *pl, const Tensord__PeerPullReply *m, str
 		char reason[300];
 		uint64_t lease;
 
-		registry_create_finish(&pl->rm->srv->reg, &nomem, &lease, reason, sizeof(reason));
+		registry_create_finish(pl->rm->env->reg, &nomem, &lease, reason, sizeof(reason));
 	}
 	rm_pull_fail(pl, -e, "no host memory to receive its GPU replica (%" PRIu64 " bytes) in: %s",
 		     nbytes, strerror(e));
@@ -928,7 +924,7 @@ void rm_pull_filled(struct gjob *j)
 int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, size_t why_len)
 {
 	struct remote *rm = rp->rm;
-	struct registry *reg = &rm->srv->reg;
+	struct registry *reg = rm->env->reg;
 	struct pull *pl = rm_pull_by_id(rm, m->id);
 	struct create_args a = { 0 };
 	char reason[400];
@@ -1085,7 +1081,7 @@ int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *wh
 void rm_pull_complete(struct pull *pl)
 {
 	struct remote *rm = pl->rm;
-	struct registry *reg = &rm->srv->reg;
+	struct registry *reg = rm->env->reg;
 	char reason[400];
 	struct replica *rep;
 	struct tensor *t;
