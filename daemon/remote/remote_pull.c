@@ -12,6 +12,7 @@
  * done with it, whatever else failed: a failed pull whose receive is
  * posted stays, dead, until its completion.
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -32,6 +33,27 @@
 #include "remote_int.h"
 
 /* --- B: pulling ------------------------------------------------------------------ */
+
+/*
+ * A pull's states, and what the asserts below hold it to:
+ *   PL_ASKING ──PullReply──▶ PL_RECEIVING (bytes coming, or a GPU replica's
+ *       memory being allocated) ──▶ published (rm_pull_complete()) and freed;
+ *   PL_ASKING ──"not yet"──▶ PL_WAITING (only a pull that waits) ──▶ PL_ASKING;
+ *   any state ──failure──▶ ended (rm_pull_end_failed()): freed, or dead while
+ *       UCX may still write its mapping (posted), then freed by the receive's end.
+ * A dead pull is on rm->pulls but in no other sense: no waits, no timer, never
+ * joined, answered or failed again. A pull is freed with no waits left, each
+ * having been answered; rm->figs->pulls counts the pulls on rm->pulls.
+ */
+
+/* pl is making its replica: its bytes coming, or (a GPU replica) its memory or copy. */
+static void pull_assert_receiving(const struct pull *pl)
+{
+	assert(pl->st == PL_RECEIVING && !pl->dead);
+	assert(pl->t && (!pl->posted || pl->map));
+	assert(!pl->allocating || (pl->gpu && pl->job));
+	(void)pl;
+}
 
 void rm_pwait_free(struct pwait *w)
 {
@@ -158,6 +180,11 @@ void rm_noop_free(void *node)
 /* Counts r (its size delta bytes: +, or - to uncount) in the figures and its peer's. */
 void rm_replica_count(struct remote *rm, const struct replica *r, int n, int64_t delta)
 {
+	/* The counts never go below zero: what is uncounted was counted. */
+	assert(n >= 0 ||
+	       (rm->figs->replicas >= (uint64_t)-n && r->rp->p->remote.replicas >= (uint64_t)-n));
+	assert(delta >= 0 || (rm->figs->replica_bytes >= (uint64_t)-delta &&
+			      r->rp->p->remote.replica_bytes >= (uint64_t)-delta));
 	rm->figs->replicas += (uint64_t)(int64_t)n;
 	rm->figs->replica_bytes += (uint64_t)delta;
 	r->rp->p->remote.replicas += (uint64_t)(int64_t)n;
@@ -247,6 +274,7 @@ static int replica_share_room(struct remote *rm, struct rpeer *rp, uint64_t nbyt
 	struct replica *r;
 
 	while ((nbytes > max || used > max - nbytes) && (r = replica_oldest_idle(rm, rp))) {
+		assert(used >= r->nbytes); /* rp's replicas are in used */
 		used -= r->nbytes;
 		rm_replica_drop(rm, r,
 				"room for a newer replica of its peer (--peer-max-replica-bytes)");
@@ -268,6 +296,9 @@ static void on_pull_closed(uv_handle_t *h)
 
 void rm_pull_free(struct pull *pl)
 {
+	assert(LIST_EMPTY(&pl->waits)); /* each answered, or gone with its client */
+	assert(pl->rm->figs->pulls > 0);
+	assert(!pl->job || pl->job->pl == pl);
 	if (pl->job)
 		pl->job->pl = NULL; /* its end frees what it holds */
 	LIST_REMOVE(pl, link);
@@ -299,6 +330,8 @@ void rm_pull_end_failed(struct pull *pl, int status, const char *why)
 	char buf[300];
 	struct pwait *w;
 
+	assert(!pl->dead); /* ended once */
+	assert(!pl->done || pl->set);
 	while ((w = LIST_FIRST(&pl->waits))) {
 		LIST_REMOVE(w, link);
 		rm_reply_status(rm->env, w->cl, ATTACH, w->id, status, why);
@@ -371,6 +404,7 @@ void rm_answer_local(struct pull *pl, bool watched)
 	struct pwait *w;
 
 	(void)watched; /* never bound: a binding would serve it without hearing from A */
+	assert(!pl->dead);
 	while ((w = LIST_FIRST(&pl->waits))) {
 		LIST_REMOVE(w, link);
 		if (w->late) { /* pl asked A before w came: w hears from A first */
@@ -419,6 +453,7 @@ static void pull_waits_expire(struct pull *pl, uint64_t now)
 /* A waiting pull asks A again: A told of a change, or it is time to look. */
 static void pull_wait_again(struct pull *pl)
 {
+	assert(pl->st == PL_WAITING && pl->wait && !pl->dead);
 	pl->st = PL_ASKING;
 	pl->told = false;
 	pl->linger_ns = 0;
@@ -438,6 +473,7 @@ static void pull_wait_arm(struct pull *pl)
 	uint64_t now = now_ns(), next = 0;
 	struct pwait *w;
 
+	assert(pl->st == PL_WAITING && pl->wait && !pl->dead);
 	pull_waits_expire(pl, now);
 	if (LIST_EMPTY(&pl->waits)) {
 		if (!pl->linger_ns)
@@ -474,6 +510,7 @@ static void pull_wait_arm(struct pull *pl)
  */
 static void pull_wait(struct pull *pl, bool watched)
 {
+	assert(pl->st == PL_ASKING && pl->wait); /* only a pull that waits hears "not yet" */
 	pl->st = PL_WAITING;
 	pl->wait_watched = watched;
 	pl->told = false;
@@ -486,6 +523,7 @@ void rm_on_pull_timeout(uv_timer_t *t)
 	struct pull *pl = t->data;
 	uint64_t ms = (now_ns() - pl->started_ns) / 1000000u;
 
+	assert(!pl->dead); /* its end stopped the timer */
 	if (pl->st == PL_WAITING) {
 		pull_wait_arm(pl);
 		return;
@@ -628,6 +666,7 @@ static void attach_go(struct remote *rm, struct rpeer *rp, struct pwait *w, bool
 	if (wait) { /* a wait: joins one A watches the name for already */
 		pl = pull_wait_joinable(rm, w->name, w->after);
 		if (pl) {
+			assert(pl->st == PL_WAITING && !pl->dead);
 			LIST_INSERT_HEAD(&pl->waits, w, link);
 			pull_wait_arm(pl);
 			return;
@@ -635,6 +674,7 @@ static void attach_go(struct remote *rm, struct rpeer *rp, struct pwait *w, bool
 	}
 	pl = wait ? NULL : pull_joinable(rm, w->name);
 	if (pl) { /* one pull per name: this attach waits on it */
+		assert(!pl->dead && !pl->wait);
 		w->late = pl->asked < w->arrived;
 		LIST_INSERT_HEAD(&pl->waits, w, link);
 		return;
@@ -738,6 +778,7 @@ void rm_on_sync_reply(struct rpeer *rp, uint64_t seq)
 		rp->sync_heard = seq;
 	for (w = LIST_FIRST(&rp->syncs); w; w = next) {
 		next = LIST_NEXT(w, link);
+		assert(w->sync_seq && w->sync_seq <= rp->sync_sent); /* a PeerSync sent for it */
 		if (w->sync_seq <= rp->sync_heard) {
 			LIST_REMOVE(w, link);
 			LIST_INSERT_HEAD(&ready, w, link);
@@ -817,6 +858,7 @@ static void pull_gpu_begin(struct pull *pl, const Tensord__PeerPullReply *m, str
 	struct gjob *j = calloc(1, sizeof(*j));
 	int e = ENOMEM;
 
+	assert(pl->st == PL_ASKING && !pl->job && !pl->map);
 	pl->st = PL_RECEIVING;
 	pl->allocating = true;
 	pl->gpu = true;
@@ -889,6 +931,7 @@ void rm_pull_allocated(struct gjob *j)
 		}
 		return;
 	}
+	assert(pl->job == j && pl->allocating && pl->gpu && pl->st == PL_RECEIVING);
 	pl->job = NULL;
 	pl->allocating = false;
 	if (r < 0) {
@@ -909,6 +952,8 @@ void rm_pull_filled(struct gjob *j)
 	munmap(j->buf, j->len);
 	if (!pl)
 		return;
+	assert(pl->job == j && pl->gpu && !pl->filled && !pl->dead);
+	pull_assert_receiving(pl);
 	pl->job = NULL;
 	if (j->status < 0) {
 		rm_pull_fail(pl, j->status, "cannot copy its replica's bytes into %s:%d: %s",
@@ -1041,6 +1086,7 @@ int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *wh
 			     r == -ENOSPC || r == -EDQUOT ? "no room for" : "cannot make", reason);
 		return 0;
 	}
+	assert(pl->st == PL_ASKING && !pl->map);
 	pl->st = PL_RECEIVING;
 	pl->generation = m->generation;
 	pl->watched = m->watched;
@@ -1087,6 +1133,7 @@ void rm_pull_complete(struct pull *pl)
 	struct tensor *t;
 	int r;
 
+	pull_assert_receiving(pl);
 	if (pl->gpu && !pl->filled && pl->nbytes) { /* the bytes go to the device first */
 		struct gjob *j;
 
@@ -1116,6 +1163,7 @@ void rm_pull_complete(struct pull *pl)
 		pl->map = NULL;
 	}
 	if (pl->set) { /* published with the others, in one commit */
+		assert(!pl->done && pl->set->n_done < pl->set->count);
 		pl->done = true;
 		uv_timer_stop(&pl->timer);
 		if (++pl->set->n_done == pl->set->count)
