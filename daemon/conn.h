@@ -2,7 +2,7 @@
  * One client connection: its socket, the framing, the queue of replies and
  * the descriptors they carry, and back-pressure. This is the transport: it
  * knows frames, not what is in them. Whole request frames, framing errors
- * and the close go up through struct conn_handlers, which main.c sets;
+ * and the close go up through struct conn_handlers, which server.c sets;
  * nothing here calls a layer above by name. Everything runs on the one libuv
  * loop thread.
  */
@@ -108,7 +108,7 @@ struct conn_set {
 	uint64_t next_id;
 	LIST_HEAD(, conn) list; /* every open connection, newest first */
 	/* Per-uid shares of connections and descriptors in flight; borrowed,
-	 * NULL: not counted. Set by main.c after conn_set_init(). */
+	 * NULL: not counted. Set by server.c after conn_set_init(). */
 	struct quota *quota;
 	unsigned fds_per_conn; /* descriptors queued or in flight per connection */
 	/* Connections whose sending waits (descriptors in flight, ETOOMANYREFS,

@@ -4,7 +4,10 @@
  * publish, attach, unlink, stat, the list prefix) is checked here, once,
  * before the registry or the waiters see it; they assume valid names.
  * Creates and puts are in dispatch_create.c, what sends leases (attach,
- * the lease reply and its descriptor) in dispatch_lease.c.
+ * the lease reply and its descriptor) in dispatch_lease.c. Requests of
+ * another node's names ("@PEER/..." attaches, sets and lists) are routed
+ * here, down to remote attach (remote.h), which answers through the
+ * dispatch_remote_* hooks and the others struct remote_hooks names.
  */
 #include "dispatch.h"
 
@@ -169,6 +172,31 @@ static void do_stat(struct client *cl, uint64_t id, const Tensord__Stat *m)
 	reply_info(cl->conn, id, t);
 }
 
+/* A wait of this connection's ends, local or remote: answered ECANCELED. */
+static void do_cancel(struct client *cl, uint64_t id, const Tensord__Cancel *m)
+{
+	int r = waiters_cancel(&cl->srv->waiters, &cl->waits, m->id);
+	char why[120];
+
+	if (r < 0)
+		r = remote_cancel(&cl->srv->remote, cl, m->id);
+
+	snprintf(why, sizeof(why), "request %llu: no wait of this connection to cancel",
+		 (unsigned long long)m->id);
+	reply_status(cl->conn, TENSORD__REQUEST__BODY_CANCEL, id, r, r < 0 ? why : "");
+}
+
+void dispatch_remote_status(struct client *cl, unsigned kind, uint64_t id, int status,
+			    const char *why)
+{
+	reply_status(cl->conn, kind, id, status, why);
+}
+
+void dispatch_remote_reply(struct client *cl, const Tensord__Reply *rep)
+{
+	reply_send(cl->conn, rep, NULL);
+}
+
 static void do_list(struct client *cl, uint64_t id, const Tensord__List *m)
 {
 	struct tensor *v[DISPATCH_LIST_PAGE];
@@ -178,7 +206,7 @@ static void do_list(struct client *cl, uint64_t id, const Tensord__List *m)
 	char why[8];
 
 	/* "@PEER/PREFIX": what the peer exports to this node, asked of it. */
-	if (m->prefix[0] == '@' && remote_list(cl, id, m))
+	if (m->prefix[0] == '@' && remote_list(&cl->srv->remote, cl, id, m))
 		return;
 	/* A prefix is checked like a name, except that it may be empty, or
 	 * begin with '@' (this node's replicas of other nodes' tensors,
@@ -233,7 +261,14 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 		do_publish(cl, req->id, req->publish);
 		break;
 	case TENSORD__REQUEST__BODY_ATTACH:
-		dispatch_do_attach(cl, req->id, req->attach);
+		if (req->attach->name[0] ==
+		    '@') /* another node's tensor (docs/remote.md, "Naming") */
+			remote_attach(&cl->srv->remote, cl, req->id, req->attach->name,
+				      req->attach->have_id, req->attach->have_shares,
+				      req->attach->n_have_shares, req->attach->bind,
+				      req->attach->timeout_ms, req->attach->after);
+		else
+			dispatch_do_attach(cl, req->id, req->attach);
 		break;
 	case TENSORD__REQUEST__BODY_RELEASE:
 		do_release(cl, req->release);
@@ -260,10 +295,13 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 		do_abort(cl, req->id, req->abort);
 		break;
 	case TENSORD__REQUEST__BODY_ATTACH_MANY:
-		dispatch_do_attach_many(cl, req->id, req->attach_many);
+		if (remote_set_is_remote(req->attach_many)) /* another node's set ("Sets") */
+			remote_attach_many(&cl->srv->remote, cl, req->id, req->attach_many);
+		else
+			dispatch_do_attach_many(cl, req->id, req->attach_many);
 		break;
 	case TENSORD__REQUEST__BODY_CANCEL:
-		dispatch_do_cancel(cl, req->id, req->cancel);
+		do_cancel(cl, req->id, req->cancel);
 		break;
 	case TENSORD__REQUEST__BODY_WATCH:
 		dispatch_do_watch(cl, req->id, req->watch);
@@ -337,7 +375,7 @@ void dispatch_on_commit(void *ctx, const struct reg_change *v, size_t n, bool lo
 	if (n)
 		waiters_wake_sets(&srv->waiters, v, n, change_name);
 	watch_on_commit(srv, v, n, lost);
-	remote_on_commit(srv, v, n, lost);
+	remote_on_commit(&srv->remote, v, n, lost);
 }
 
 void dispatch_open(struct conn *c, void *ctx)
@@ -374,7 +412,7 @@ void dispatch_close(struct conn *c, void *ctx)
 		  cl->rc.pid, cl->rc.n_leases);
 	quota_uncharge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, cl->waits.n_waiters);
 	waiters_drop_owner(&srv->waiters, &cl->waits);
-	remote_client_gone(cl);
+	remote_client_gone(&cl->srv->remote, cl);
 	watch_client_gone(cl);
 	/* Allocations in flight complete without it (create_done()). */
 	dispatch_create_forget(cl);

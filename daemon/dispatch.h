@@ -1,8 +1,9 @@
 /*
  * The protocol layer: request frames in, registry and waiter calls, replies
- * out. It calls conn.c, reply.c, waiters.c and the registry by name; those
- * reach it only through the callbacks below, which main.c wires into
- * struct conn_handlers and struct waiters.
+ * out. It calls conn.c, reply.c, waiters.c, the registry and, for "@"
+ * names, remote attach by name; those reach it only through the callbacks
+ * below, which server.c wires into struct conn_handlers, struct waiters,
+ * the registry's on_commit and struct remote_hooks.
  */
 #ifndef TENSORD_DISPATCH_H
 #define TENSORD_DISPATCH_H
@@ -13,6 +14,7 @@
 #include <sys/queue.h>
 
 #include "conn.h"
+#include "proto/tensord.pb-c.h"
 #include "daemon/registry/registry.h"
 #include "waiters.h"
 
@@ -75,6 +77,42 @@ void dispatch_on_commit(void *ctx, const struct reg_change *v, size_t n, bool lo
 
 /* waiter_ready_fn: whether a touched set waiter's set is ready (dispatch_set.c). */
 bool dispatch_set_ready(struct waiter_owner *o, const struct waiter_req *req, void *ctx);
+
+/*
+ * struct remote_hooks (remote.h): how remote attach answers clients.
+ * dispatch.c routes requests of "@" names down to remote attach; these
+ * are its only ways back up.
+ */
+/* A status reply to request id (of kind) of cl. */
+void dispatch_remote_status(struct client *cl, unsigned kind, uint64_t id, int status,
+			    const char *why);
+/* A reply of cl's that carries no descriptor (a List of a peer's names). */
+void dispatch_remote_reply(struct client *cl, const Tensord__Reply *rep);
+
+/* An attach of a published local name now (remote.c's replicas), answered either way. */
+void dispatch_attach_local(struct client *cl, uint64_t id, const char *name, size_t len,
+			   uint64_t have_id, const uint64_t *have_shares, size_t n_have_shares,
+			   bool bind);
+
+/*
+ * The members of the set m names (its names or prefix; its after and
+ * timeout ignored) as rc may read them now, resolved as an AttachMany
+ * resolves them: *ret_v (n of them, in name order; the caller frees the
+ * array, the tensors borrowed until the loop runs again) and the newest
+ * commit among them. -ENOENT for a listed name not published, -EACCES
+ * for one rc may not read, -EINVAL, -E2BIG, -ENOMEM: with the reason.
+ */
+int dispatch_set_members(struct registry *reg, struct reg_client *rc, const Tensord__AttachMany *m,
+			 struct tensor ***ret_v, size_t *ret_n, uint64_t *ret_commit, char *why,
+			 size_t why_len);
+
+/*
+ * Answers AttachMany request id of cl now with the published tensors
+ * names[n] (remote.c's replicas of a set, just published in one commit),
+ * as a local AttachMany of that list is answered; have_shares as its.
+ */
+void dispatch_set_answer(struct client *cl, uint64_t id, const char *const *names, size_t n,
+			 const uint64_t *have_shares, size_t n_have_shares);
 
 /* waiter_done_fn: answers a parked attach, with a lease or -ETIMEDOUT. */
 void dispatch_waiter_done(struct waiter_owner *o, const struct waiter_req *req, int status,

@@ -1,9 +1,11 @@
 /*
- * What the three parts of request dispatch share, and nothing else
- * includes: dispatch.c (decoding, the plain requests, connections),
- * dispatch_create.c (create and put: device UUIDs, the GPU creates the
- * worker allocates) and dispatch_lease.c (leases going out: the lease
- * reply and its descriptor, attach and its waiters).
+ * What the parts of request dispatch share, and nothing else includes:
+ * dispatch.c (decoding, the plain requests, routing "@" names to remote
+ * attach, connections), dispatch_create.c (create and put: device UUIDs,
+ * the GPU creates the worker allocates), dispatch_lease.c (leases going
+ * out: the lease reply and its descriptor, attach and its waiters),
+ * dispatch_set.c (AttachMany: sets and their waiters) and watch.c
+ * (Watch and Unwatch: events of names, queued per watch).
  */
 #ifndef TENSORD_DISPATCH_INT_H
 #define TENSORD_DISPATCH_INT_H
@@ -47,40 +49,14 @@ void dispatch_create_forget(struct client *cl);
 /* Attach, at once or parked as a waiter (dispatch_lease.c). m is borrowed. */
 void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m);
 
-/* An attach of a published local name now (remote.c's replicas), answered either way. */
-void dispatch_attach_local(struct client *cl, uint64_t id, const char *name, size_t len,
-			   uint64_t have_id, const uint64_t *have_shares, size_t n_have_shares,
-			   bool bind);
-
 /*
  * One more waiter for cl, within --max-waiters-per-conn and its uid's
  * share: 0, or -errno and request id (of kind) answered, naming what.
  */
 int dispatch_waiter_charge(struct client *cl, unsigned kind, uint64_t id, const char *what);
 
-/* AttachMany and Cancel (dispatch_set.c). m is borrowed. */
+/* AttachMany (dispatch_set.c). m is borrowed. */
 void dispatch_do_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMany *m);
-
-/*
- * The members of the set m names (its names or prefix; its after and
- * timeout ignored) as rc may read them now, resolved as an AttachMany
- * resolves them: *ret_v (n of them, in name order; the caller frees the
- * array, the tensors borrowed until the loop runs again) and the newest
- * commit among them. -ENOENT for a listed name not published, -EACCES
- * for one rc may not read, -EINVAL, -E2BIG, -ENOMEM: with the reason.
- */
-int dispatch_set_members(struct registry *reg, struct reg_client *rc, const Tensord__AttachMany *m,
-			 struct tensor ***ret_v, size_t *ret_n, uint64_t *ret_commit, char *why,
-			 size_t why_len);
-
-/*
- * Answers AttachMany request id of cl now with the published tensors
- * names[n] (remote.c's replicas of a set, just published in one commit),
- * as a local AttachMany of that list is answered; have_shares as its.
- */
-void dispatch_set_answer(struct client *cl, uint64_t id, const char *const *names, size_t n,
-			 const uint64_t *have_shares, size_t n_have_shares);
-void dispatch_do_cancel(struct client *cl, uint64_t id, const Tensord__Cancel *m);
 
 /* A parked AttachMany is done (status 0: its set is ready). req is borrowed. */
 void dispatch_set_done(struct client *cl, const struct waiter_req *req, int status);

@@ -14,7 +14,6 @@
 #include "gpu/vendor.h"
 #include "daemon/base/log.h"
 #include "metrics.h"
-#include "daemon/remote/remote.h"
 #include "reply.h"
 #include "server.h"
 
@@ -213,11 +212,6 @@ void dispatch_do_attach(struct client *cl, uint64_t id, const Tensord__Attach *m
 	char why[400], what[300];
 	int r;
 
-	if (m->name[0] == '@') { /* another node's tensor (docs/remote.md, "Naming") */
-		remote_attach(cl, id, m->name, m->have_id, m->have_shares, m->n_have_shares,
-			      m->bind, m->timeout_ms, m->after);
-		return;
-	}
 	r = dispatch_check_name(m->name, why, sizeof(why));
 	if (r < 0) {
 		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH, id, r, why);

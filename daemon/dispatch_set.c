@@ -15,7 +15,6 @@
 #include "figures.h"
 #include "daemon/base/log.h"
 #include "metrics.h"
-#include "daemon/remote/remote.h"
 #include "reply.h"
 #include "server.h"
 
@@ -385,10 +384,6 @@ void dispatch_do_attach_many(struct client *cl, uint64_t id, const Tensord__Atta
 	char why[400];
 	int r;
 
-	if (remote_set_is_remote(m)) { /* another node's set (docs/remote.md, "Sets") */
-		remote_attach_many(cl, id, m);
-		return;
-	}
 	r = set_from(m, &s, why, sizeof(why));
 
 	if (r < 0) {
@@ -443,17 +438,4 @@ void dispatch_set_done(struct client *cl, const struct waiter_req *req, int stat
 		 status == -ECANCELED ? "the wait was cancelled"
 				      : "the set was not ready within the timeout");
 	reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, req->req_id, status, why);
-}
-
-void dispatch_do_cancel(struct client *cl, uint64_t id, const Tensord__Cancel *m)
-{
-	int r = waiters_cancel(&cl->srv->waiters, &cl->waits, m->id);
-	char why[120];
-
-	if (r < 0)
-		r = remote_cancel(cl, m->id);
-
-	snprintf(why, sizeof(why), "request %llu: no wait of this connection to cancel",
-		 (unsigned long long)m->id);
-	reply_status(cl->conn, TENSORD__REQUEST__BODY_CANCEL, id, r, r < 0 ? why : "");
 }

@@ -76,7 +76,7 @@ void metrics_request(unsigned kind);
 /*
  * A status reply went out for a request of kind (0: none could be
  * decoded); status < 0 counts as an error of that kind. reply_status()
- * calls it (reply_on_status, set by main.c), for replies sent at once and
+ * calls it (reply_on_status, set by server.c), for replies sent at once and
  * for those sent later (a GPU create's, a woken attach's, a failed export's).
  */
 void metrics_reply_status(unsigned kind, int status);

@@ -36,7 +36,7 @@ void reply_send_fds(struct conn *c, const Tensord__Reply *rep, const struct conn
 
 /*
  * Called with every status reply_status() sends, and the kind of request it
- * answers; set by main.c (metrics_reply_status). NULL: nobody counts.
+ * answers; set by server.c (metrics_reply_status). NULL: nobody counts.
  */
 extern void (*reply_on_status)(unsigned kind, int status);
 

@@ -1,17 +1,30 @@
 /*
  * The daemon as one object: its configuration, the registry, the listening
- * socket, the client connections and the waiters. main.c builds it and
- * wires the layers together; everything runs on the one libuv loop thread.
+ * socket, the client connections, the waiters and the peers. server.c
+ * builds it and wires the layers together; main.c reads the options and
+ * runs the loop; everything runs on the one libuv loop thread.
  *
  * Layers, bottom up (each calls down by name, and up only through the
- * callbacks main.c sets):
- *   registry.c, backend_*.c   tensors, leases, memory; no sockets, no loop
+ * callbacks server.c sets; docs/design.md, "The map", has the folders):
+ *   base/                     logs, rate limits, per-uid shares, the clock
+ *   memory/                   backends, the pool, slabs, the GPU worker
+ *   registry/                 tensors, leases, versions, transactions; no
+ *                             sockets, no loop; up through on_commit
  *   quarantine.c              ended connections' legacy IPC memory, until their
  *                             processes exit; the registry and the loop, no sockets
  *   conn.c, listen.c          sockets and frames; up through conn_handlers
  *   waiters.c                 parked attaches and their timers; up through on_done
- *   reply.c, dispatch.c       the protocol: requests in, replies out
- *   main.c                    arguments, signals, wiring, the loop
+ *   remote/peer*.c            the other nodes' daemons: links, handshake,
+ *                             dialling; up through peer_set's on_up, on_down,
+ *                             on_frame
+ *   remote/remote*.c, xport/  remote attach over the peers; up through
+ *                             struct remote_hooks (remote.h)
+ *   figures.c, metrics*.c,    what the daemon counts and shows (figures.def);
+ *   prometheus.c, inspect.c   read by dispatch and the metrics endpoint
+ *   reply.c, dispatch*.c,     the protocol: requests in, replies out; "@"
+ *   watch.c                   names routed down to remote attach
+ *   server.c                  the object: init, wiring, stop, polling
+ *   main.c                    arguments, signals, the loop
  */
 #ifndef TENSORD_SERVER_H
 #define TENSORD_SERVER_H
@@ -24,6 +37,7 @@
 #include <uv.h>
 
 #include "common/sys.h"
+#include "daemon/base/clock.h"
 #include "conn.h"
 #include "daemon/remote/peer.h"
 #include "quarantine.h"
@@ -58,8 +72,8 @@ struct server {
 	struct quarantine quarantine;
 	/* The other nodes' daemons (peer.c); set->on is false while peering is off. */
 	struct peer_set peers;
-	/* Remote attach over the peers (remote.c); NULL while peering is off. */
-	struct remote *remote;
+	/* Remote attach over the peers (remote.c): what it is lent; remote.rm NULL while off. */
+	struct remote_env remote;
 	struct remote_figures remote_figs;
 	int listen_fd;
 	bool socket_inherited; /* passed by systemd: not ours to unlink */
@@ -103,16 +117,15 @@ int server_socket_bind(const char *path, mode_t mode, gid_t gid, char *why, size
 /* Removes the socket server_socket_bind() made at path, through its directory. */
 void server_socket_remove(const char *path);
 
-static inline uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+/* server.c: everything but the listening socket and the peers. 0 or -errno. */
+int server_init(struct server *srv);
+/* Stops accepting, closes every client, frees everything; the loop then ends. */
+void server_stop(struct server *srv);
+/* After the loop: the GPU worker's last creates completed, every tensor freed. */
+void server_fini(struct server *srv);
 
 /*
- * Polling after a frame (main.c, on_spin()): server_spin_seen() before a
+ * Polling after a frame (server.c, on_spin()): server_spin_seen() before a
  * frame of a client's or a peer's is served (a poll that saw it come is a
  * hit), server_spin_arm() after it (poll for the next, as long as
  * srv->spin allows).

@@ -2,7 +2,7 @@
  * Waiters: attaches with a timeout, parked until their tensor's name is
  * published (no polling) or their loop timer fires. This file knows names
  * and timers only; what a finished waiter means (a lease, an error reply)
- * is up to the on_done callback, which main.c sets. Everything runs on the
+ * is up to the on_done callback, which server.c sets. Everything runs on the
  * one libuv loop thread.
  */
 #ifndef TENSORD_WAITERS_H

@@ -36,14 +36,12 @@
 #include <sys/queue.h>
 #include <unistd.h>
 
-#include "daemon/dispatch.h"
 #include "daemon/figures.h"
 #include "daemon/memory/gpu_worker.h"
+#include "daemon/base/clock.h"
 #include "daemon/base/log.h"
 #include "peer.h"
 #include "remote_int.h"
-#include "daemon/reply.h"
-#include "daemon/server.h"
 #include "xport.h"
 
 static void gjob_done(void *arg);
@@ -72,7 +70,7 @@ static void gjob_run(void *arg)
 int rm_gjob_submit(struct remote *rm, struct gjob *j)
 {
 	j->rm = rm;
-	j->reg = &rm->srv->reg;
+	j->reg = rm->env->reg;
 	j->queued_ns = now_ns();
 	LIST_INSERT_HEAD(&rm->jobs, j, link);
 	if (gpu_worker_submit(gjob_run, gjob_done, j) == 0)
@@ -115,11 +113,6 @@ void *rm_stage_map(size_t len)
 	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
 	return p == MAP_FAILED ? NULL : p;
-}
-
-struct remote *rm_of(const struct server *srv)
-{
-	return srv->remote;
 }
 
 bool remote_exported(const struct remote_config *rc, const char *peer, const char *name, size_t len)
@@ -194,7 +187,7 @@ static bool populate_slice(struct remote *rm, void *map, size_t len, size_t *off
 static void populate_step(uv_idle_t *h)
 {
 	struct remote *rm = h->data;
-	struct server *srv = rm->srv;
+	struct remote_env *env = rm->env;
 	bool more = false;
 	struct pull *pl;
 	struct serve *sv;
@@ -202,8 +195,8 @@ static void populate_step(uv_idle_t *h)
 	LIST_FOREACH(pl, &rm->pulls, link)
 	if (!pl->dead)
 		more |= populate_slice(rm, pl->map, pl->map_len, &pl->pop_off, MADV_POPULATE_WRITE);
-	for (unsigned i = 0; i < srv->peers.n_peers; i++) {
-		struct rpeer *rp = srv->peers.peers[i]->data;
+	for (unsigned i = 0; i < env->peers->n_peers; i++) {
+		struct rpeer *rp = env->peers->peers[i]->data;
 
 		if (rp)
 			TAILQ_FOREACH(sv, &rp->serves, link)
@@ -372,7 +365,7 @@ static void on_peer_down(void *ctx, struct peer *p, const char *reason)
 	{
 		uint32_t n = rp->rc.n_leases;
 
-		registry_client_gone(&rm->srv->reg, &rp->rc);
+		registry_client_gone(rm->env->reg, &rp->rc);
 		rm->figs->pull_leases -= n;
 	}
 	rp->rc_live = false;
@@ -392,10 +385,10 @@ static int on_peer_frame(void *ctx, struct peer *p, const Tensord__PeerFrame *f,
 		snprintf(why, why_len, "remote attach is not set up for this peer");
 		return -EPROTO;
 	}
-	server_spin_seen(rm->srv);
+	rm->env->hooks.frame_seen(rm->env->hooks.ctx);
 	r = peer_frame(rm, rp, f, why, why_len);
 	/* A pull's next frame (its answer, or the next pull) often follows within microseconds. */
-	server_spin_arm(rm->srv);
+	rm->env->hooks.frame_done(rm->env->hooks.ctx);
 	return r;
 }
 
@@ -494,13 +487,13 @@ static int peer_frame(struct remote *rm, struct rpeer *rp, const Tensord__PeerFr
 static void on_keep(uv_timer_t *t)
 {
 	struct remote *rm = t->data;
-	uint64_t now = now_ns(), keep = (uint64_t)rm->srv->cfg.remote.replica_keep_ms * 1000000u;
+	uint64_t now = now_ns(), keep = (uint64_t)rm->env->cfg->replica_keep_ms * 1000000u;
 	struct replica *r, *next;
 	struct tensor *tn;
 
 	for (r = LIST_FIRST(&rm->replicas); r; r = next) {
 		next = LIST_NEXT(r, link);
-		tn = registry_lookup(&rm->srv->reg, &rm->rc, r->name, r->name_len);
+		tn = registry_lookup(rm->env->reg, &rm->rc, r->name, r->name_len);
 		if (!tn || tn->id != r->tensor_id) {
 			rm_unwatch_send(rm, r);
 			rm_replica_unlink(rm, r);
@@ -518,25 +511,25 @@ static void on_keep(uv_timer_t *t)
 
 /* --- start, stop ------------------------------------------------------------------------ */
 
-void remote_start(struct server *srv)
+void remote_start(struct remote_env *env)
 {
 	struct remote *rm;
 	struct xport_cbs cbs;
 	unsigned tick;
 	int r;
 
-	if (!srv->peers.on)
+	if (!env->peers->on)
 		return;
 	rm = calloc(1, sizeof(*rm));
 	if (!rm) {
 		log_error("remote attach: out of memory: off");
 		return;
 	}
-	rm->srv = srv;
-	rm->figs = &srv->remote_figs;
-	rm->max_replica_bytes = srv->cfg.remote.max_replica_bytes;
+	rm->env = env;
+	rm->figs = env->figs;
+	rm->max_replica_bytes = env->cfg->max_replica_bytes;
 	if (!rm->max_replica_bytes) {
-		struct reg_device *d = registry_device(&srv->reg, (DLDevice){ kDLCPU, 0 });
+		struct reg_device *d = registry_device(env->reg, (DLDevice){ kDLCPU, 0 });
 
 		rm->max_replica_bytes = d && d->capacity ? d->capacity / 4 : UINT64_MAX;
 	}
@@ -552,27 +545,27 @@ void remote_start(struct server *srv)
 				  .send_done = x_send_done,
 				  .ep_failed = x_ep_failed,
 				  .ctx = rm };
-	r = xport_init(&rm->x, srv->loop, &cbs, rm->why, sizeof(rm->why));
+	r = xport_init(&rm->x, env->loop, &cbs, rm->why, sizeof(rm->why));
 	if (r < 0)
 		log_warn("remote attach: no data path, ignoring: %s", rm->why);
 	else
 		log_info("remote attach: %s; %u export rules, replicas kept %u ms after their "
 			 "last lease, at most %" PRIu64 " bytes of them per peer",
-			 xport_describe(rm->x), srv->cfg.remote.n_exports,
-			 srv->cfg.remote.replica_keep_ms, rm->max_replica_bytes);
-	uv_timer_init(srv->loop, &rm->keep);
+			 xport_describe(rm->x), env->cfg->n_exports, env->cfg->replica_keep_ms,
+			 rm->max_replica_bytes);
+	uv_timer_init(env->loop, &rm->keep);
 	rm->keep.data = rm;
-	uv_idle_init(srv->loop, &rm->populate);
+	uv_idle_init(env->loop, &rm->populate);
 	rm->populate.data = rm;
 	rm->open_handles = 2;
-	tick = srv->cfg.remote.replica_keep_ms / 4;
+	tick = env->cfg->replica_keep_ms / 4;
 	tick = tick < 50 ? 50 : tick > 1000 ? 1000 : tick;
 	uv_timer_start(&rm->keep, on_keep, tick, tick);
-	srv->remote = rm;
-	srv->peers.on_up = on_peer_up;
-	srv->peers.on_down = on_peer_down;
-	srv->peers.on_frame = on_peer_frame;
-	srv->peers.hooks_ctx = rm;
+	env->rm = rm;
+	env->peers->on_up = on_peer_up;
+	env->peers->on_down = on_peer_down;
+	env->peers->on_frame = on_peer_frame;
+	env->peers->hooks_ctx = rm;
 }
 
 static void on_handle_closed(uv_handle_t *h)
@@ -583,9 +576,9 @@ static void on_handle_closed(uv_handle_t *h)
 		free(rm);
 }
 
-void remote_stop(struct server *srv)
+void remote_stop(struct remote_env *env)
 {
-	struct remote *rm = srv->remote;
+	struct remote *rm = env->rm;
 	struct pull *pl, *next;
 	struct replica *r;
 	struct serve *s;
@@ -595,9 +588,9 @@ void remote_stop(struct server *srv)
 		return;
 	rm->stopping = true;
 	rm_lists_fail(rm, NULL, -ESHUTDOWN, "this daemon is stopping");
-	for (unsigned i = 0; i < srv->peers.n_peers; i++)
-		if (srv->peers.peers[i]->data)
-			rm_syncs_fail(srv->peers.peers[i]->data, -ESHUTDOWN,
+	for (unsigned i = 0; i < env->peers->n_peers; i++)
+		if (env->peers->peers[i]->data)
+			rm_syncs_fail(env->peers->peers[i]->data, -ESHUTDOWN,
 				      "this daemon is stopping");
 	while (!LIST_EMPTY(&rm->sets))
 		rm_set_fail(LIST_FIRST(&rm->sets), -ESHUTDOWN, "this daemon is stopping");
@@ -607,9 +600,9 @@ void remote_stop(struct server *srv)
 			rm_pull_fail(pl, -ESHUTDOWN, "this daemon is stopping");
 	}
 	/* The peers' closes that follow are no news to remote attach now. */
-	srv->peers.on_up = NULL;
-	srv->peers.on_down = NULL;
-	srv->peers.on_frame = NULL;
+	env->peers->on_up = NULL;
+	env->peers->on_down = NULL;
+	env->peers->on_frame = NULL;
 	/* After this no UCX callback comes: what UCX held may go. */
 	xport_fini(rm->x);
 	rm->x = NULL;
@@ -618,19 +611,19 @@ void remote_stop(struct server *srv)
 			munmap(pl->map, pl->map_len);
 		rm_pull_free(pl);
 	}
-	for (unsigned i = 0; i < srv->peers.n_peers; i++) {
-		struct rpeer *rp = srv->peers.peers[i]->data;
+	for (unsigned i = 0; i < env->peers->n_peers; i++) {
+		struct rpeer *rp = env->peers->peers[i]->data;
 
 		if (!rp)
 			continue;
 		while ((s = TAILQ_FIRST(&rp->serves)))
 			rm_serve_end(s);
 		if (rp->rc_live)
-			registry_client_gone(&srv->reg, &rp->rc);
+			registry_client_gone(env->reg, &rp->rc);
 		rm_watch_clear(rp);
 		free(rp->addr);
 		free(rp);
-		srv->peers.peers[i]->data = NULL;
+		env->peers->peers[i]->data = NULL;
 	}
 	/* Their peers' counts went with the peers above: only the memory now. */
 	tdestroy(rm->replica_index, rm_noop_free);
@@ -639,20 +632,20 @@ void remote_stop(struct server *srv)
 		LIST_REMOVE(r, link);
 		free(r);
 	}
-	registry_client_gone(&srv->reg, &rm->rc);
+	registry_client_gone(env->reg, &rm->rc);
 	/* GPU jobs still running end after rm: they free what they hold and touch nothing else. */
 	while ((j = LIST_FIRST(&rm->jobs))) {
 		LIST_REMOVE(j, link);
 		j->rm = NULL;
 	}
-	srv->remote = NULL;
+	env->rm = NULL;
 	uv_close((uv_handle_t *)&rm->keep, on_handle_closed);
 	uv_close((uv_handle_t *)&rm->populate, on_handle_closed); /* the last frees rm */
 }
 
-void remote_client_gone(struct client *cl)
+void remote_client_gone(struct remote_env *env, struct client *cl)
 {
-	struct remote *rm = rm_of(cl->srv);
+	struct remote *rm = env->rm;
 	struct pull *pl, *pnext;
 	struct pwait *w, *next;
 	struct spull *sp;
@@ -662,9 +655,9 @@ void remote_client_gone(struct client *cl)
 	LIST_FOREACH(sp, &rm->sets, link)
 	if (sp->cl == cl)
 		sp->cl = NULL; /* pulled and published all the same, as a single pull is */
-	for (unsigned i = 0; i < cl->srv->peers.n_peers; i++)
-		if (cl->srv->peers.peers[i]->data)
-			rm_syncs_client_gone(cl->srv->peers.peers[i]->data, cl);
+	for (unsigned i = 0; i < env->peers->n_peers; i++)
+		if (env->peers->peers[i]->data)
+			rm_syncs_client_gone(env->peers->peers[i]->data, cl);
 	rm_lists_client_gone(rm, cl);
 	for (pl = LIST_FIRST(&rm->pulls); pl; pl = pnext) {
 		pnext = LIST_NEXT(pl, link);
@@ -679,24 +672,24 @@ void remote_client_gone(struct client *cl)
 	}
 }
 
-int remote_cancel(struct client *cl, uint64_t req_id)
+int remote_cancel(struct remote_env *env, struct client *cl, uint64_t req_id)
 {
-	struct remote *rm = rm_of(cl->srv);
+	struct remote *rm = env->rm;
 	struct pwait *w;
 	struct pull *pl;
 	char why[400];
 
 	if (!rm)
 		return -ENOENT;
-	for (unsigned i = 0; i < cl->srv->peers.n_peers; i++)
-		if (cl->srv->peers.peers[i]->data &&
-		    rm_syncs_cancel(cl->srv->peers.peers[i]->data, cl, req_id) == 0)
+	for (unsigned i = 0; i < env->peers->n_peers; i++)
+		if (env->peers->peers[i]->data &&
+		    rm_syncs_cancel(env->peers->peers[i]->data, cl, req_id) == 0)
 			return 0;
 	LIST_FOREACH(pl, &rm->pulls, link)
 	LIST_FOREACH(w, &pl->waits, link)
 	if (w->cl == cl && w->id == req_id && pl->wait) {
 		snprintf(why, sizeof(why), "tensor '%s': the wait was cancelled", pl->name);
-		reply_status(cl->conn, ATTACH, w->id, -ECANCELED, why);
+		rm_reply_status(env, cl, ATTACH, w->id, -ECANCELED, why);
 		LIST_REMOVE(w, link);
 		rm_pwait_free(w);
 		rm_pull_unwanted(pl);

@@ -7,8 +7,11 @@
  * for --replica-keep after).
  *
  * It sits above peer.c (which hands it frames and up/down through the
- * hooks main.c sets) and the registry, and answers clients through
- * dispatch; it runs on the loop thread.
+ * hooks remote_start() sets) and the registry. Dispatch decides which
+ * requests are remote ("@" names) and calls down into the functions
+ * below; remote attach answers clients, and tells the loop to poll,
+ * only through struct remote_hooks, which server.c fills. It runs on the
+ * loop thread.
  */
 #ifndef TENSORD_REMOTE_H
 #define TENSORD_REMOTE_H
@@ -16,6 +19,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <uv.h>
 
 #include "peer_auth.h"
 
@@ -68,18 +73,70 @@ struct remote_figures {
 	uint64_t pulls;          /* pulls under way here, waiting ones included */
 };
 
-struct server;
 struct client;
 struct remote;
+struct peer_set;
+struct registry;
+struct reg_client;
+struct tensor;
+struct Tensord__AttachMany;
+struct Tensord__List;
+struct Tensord__Reply;
 
 /*
- * Starts the data path (when peering is on) and hooks into srv->peers.
+ * How remote attach reaches the layers above it (server.c fills it with
+ * dispatch's functions and the loop's): cl is a client as dispatch knows
+ * it, opaque here; kind a Tensord__Request body case.
+ */
+struct remote_hooks {
+	/* A status reply to request id of cl (reply_status()). */
+	void (*reply_status)(struct client *cl, unsigned kind, uint64_t id, int status,
+			     const char *why);
+	/* Any other reply, with no descriptor: rep is borrowed for the call. */
+	void (*reply)(struct client *cl, const struct Tensord__Reply *rep);
+	/* dispatch_attach_local(): an attach of a published local name (a replica). */
+	void (*attach_local)(struct client *cl, uint64_t id, const char *name, size_t len,
+			     uint64_t have_id, const uint64_t *have_shares, size_t n_have_shares,
+			     bool bind);
+	/* dispatch_set_members(): the members of a set as a local AttachMany resolves them. */
+	int (*set_members)(struct registry *reg, struct reg_client *rc,
+			   const struct Tensord__AttachMany *m, struct tensor ***ret_v,
+			   size_t *ret_n, uint64_t *ret_commit, char *why, size_t why_len);
+	/* dispatch_set_answer(): an AttachMany answered with published names. */
+	void (*set_answer)(struct client *cl, uint64_t id, const char *const *names, size_t n,
+			   const uint64_t *have_shares, size_t n_have_shares);
+	/* server_spin_seen() and server_spin_arm() (server.h): around a peer's frame. */
+	void (*frame_seen)(void *ctx);
+	void (*frame_done)(void *ctx);
+	void *ctx; /* of frame_seen and frame_done */
+};
+
+/*
+ * What remote attach works with, lent by the daemon (server.c fills it,
+ * struct server holds it): it outlives remote_stop(). Set while
+ * peering is off too: a remote request then answers why.
+ */
+struct remote_env {
+	uv_loop_t *loop;
+	struct registry *reg;
+	struct peer_set *peers;
+	const struct remote_config *cfg;
+	struct remote_figures *figs;
+	struct remote_hooks hooks;
+	struct remote *rm; /* remote_start()'s; NULL while remote attach is off */
+};
+
+/*
+ * Starts the data path (when peering is on) and hooks into env->peers.
  * Never fails the daemon: without a data path, remote attaches answer why.
  */
-void remote_start(struct server *srv);
+void remote_start(struct remote_env *env);
 
 /* Ends every pull and replica; before peer_set_stop(). */
-void remote_stop(struct server *srv);
+void remote_stop(struct remote_env *env);
+
+/* cl cancels its waiting remote attach req_id: 0 (answered ECANCELED), or -ENOENT. */
+int remote_cancel(struct remote_env *env, struct client *cl, uint64_t req_id);
 
 /*
  * Attach of "@PEER/NAME" by cl, request id: answered now or when the pull
@@ -88,13 +145,9 @@ void remote_stop(struct server *srv);
  * generation) wait as a local attach does, for A to publish the name (or
  * a newer generation).
  */
-
-/* cl cancels its waiting remote attach req_id: 0 (answered ECANCELED), or -ENOENT. */
-int remote_cancel(struct client *cl, uint64_t req_id);
-
-void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t have_id,
-		   const uint64_t *have_shares, size_t n_have_shares, bool bind, int64_t timeout_ms,
-		   uint64_t after);
+void remote_attach(struct remote_env *env, struct client *cl, uint64_t id, const char *name,
+		   uint64_t have_id, const uint64_t *have_shares, size_t n_have_shares, bool bind,
+		   int64_t timeout_ms, uint64_t after);
 
 /*
  * The end of a registry step that published or unlinked names (v[0..n);
@@ -102,9 +155,7 @@ void remote_attach(struct client *cl, uint64_t id, const char *name, uint64_t ha
  * of one of them (lost: of any name) is told (PeerChanged).
  */
 struct reg_change;
-void remote_on_commit(struct server *srv, const struct reg_change *v, size_t n, bool lost);
-
-struct Tensord__AttachMany;
+void remote_on_commit(struct remote_env *env, const struct reg_change *v, size_t n, bool lost);
 
 /* Whether AttachMany m names another node's set: a name or its prefix starts with '@'. */
 bool remote_set_is_remote(const struct Tensord__AttachMany *m);
@@ -115,9 +166,8 @@ bool remote_set_is_remote(const struct Tensord__AttachMany *m);
  * here in one commit; answered when it ends, with leases on every replica
  * or an error naming the peer, the member and the reason.
  */
-void remote_attach_many(struct client *cl, uint64_t id, const struct Tensord__AttachMany *m);
-
-struct Tensord__List;
+void remote_attach_many(struct remote_env *env, struct client *cl, uint64_t id,
+			const struct Tensord__AttachMany *m);
 
 /*
  * List of prefix "@PEER/..." by cl, request id: what PEER exports to this
@@ -126,9 +176,10 @@ struct Tensord__List;
  * prefix "@" alone, no '/', or peering off): the caller lists this node's
  * own names (its replicas).
  */
-bool remote_list(struct client *cl, uint64_t id, const struct Tensord__List *m);
+bool remote_list(struct remote_env *env, struct client *cl, uint64_t id,
+		 const struct Tensord__List *m);
 
 /* cl's connection is closing: its pending remote attaches are forgotten. */
-void remote_client_gone(struct client *cl);
+void remote_client_gone(struct remote_env *env, struct client *cl);
 
 #endif /* TENSORD_REMOTE_H */

@@ -1,16 +1,21 @@
 /*
- * What the four parts of remote attach (remote.h; docs/remote.md) share,
- * and nothing else includes: remote.c (start and stop, peers up and down,
- * their frames dispatched, the data path's callbacks, the GPU worker's
- * jobs, populating mappings ahead of UCX, the replica keep timer, a
- * client's close and cancel), remote_serve.c (node A: serving pulls and
- * set pulls, the names a peer watches), remote_pull.c (node B: pulls,
- * their waits and replicas, GPU replicas) and remote_set.c (node B:
- * pulling a set, published in one commit).
+ * What the parts of remote attach (remote.h; docs/remote.md) share, and
+ * nothing outside daemon/remote/ includes: remote.c (start and stop, peers
+ * up and down, their frames dispatched, the data path's callbacks, the GPU
+ * worker's jobs, populating mappings ahead of UCX, the replica keep timer,
+ * a client's close and cancel), remote_serve.c (node A: serving pulls and
+ * set pulls, the names a peer watches), and on node B: remote_attach.c (a
+ * client's attach of an "@" name, and the syncs that keep replicas
+ * fresh), remote_pull.c (pulls: asked, answered, received, published, or
+ * failed), remote_wait.c (pulls that wait for A to publish),
+ * remote_pull_gpu.c (GPU replicas), remote_replica.c (the replicas kept,
+ * and their peer's share), remote_set.c (pulling a set, published in one
+ * commit) and remote_list.c (listing what a peer exports).
  */
 #ifndef TENSORD_REMOTE_INT_H
 #define TENSORD_REMOTE_INT_H
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -25,7 +30,6 @@
 #include "xport.h"
 
 struct client;
-struct server;
 
 #define ATTACH TENSORD__REQUEST__BODY_ATTACH
 /* A pull's deadline: 5 s and the size at 100 MB/s. */
@@ -178,7 +182,7 @@ struct replica {
 };
 
 struct remote {
-	struct server *srv;
+	struct remote_env *env; /* borrowed: outlives this */
 	struct xport *x;
 	char why[300];        /* why there is no data path */
 	struct reg_client rc; /* B: creates the replicas */
@@ -191,7 +195,7 @@ struct remote {
 	void *replica_index;      /* tsearch tree of the replicas, by name */
 	unsigned n_sets;
 	uint32_t next_tx;
-	struct remote_figures *figs; /* the server's gauges (srv->remote_figs), kept here */
+	struct remote_figures *figs; /* the daemon's gauges (env->figs), kept here */
 	uint64_t max_replica_bytes;  /* --peer-max-replica-bytes, or its default resolved */
 	uv_timer_t keep;
 	uv_idle_t populate; /* active while a mapping of a transfer is not populated yet */
@@ -230,8 +234,12 @@ struct gjob {
 
 /* --- remote.c: what every part uses ------------------------------------------------- */
 
-/* The server's remote attach; NULL when it is off. */
-struct remote *rm_of(const struct server *srv);
+/* Answers request id (of kind) of cl with status and why, through dispatch (remote.h). */
+static inline void rm_reply_status(const struct remote_env *env, struct client *cl, unsigned kind,
+				   uint64_t id, int status, const char *why)
+{
+	env->hooks.reply_status(cl, kind, id, status, why);
+}
 
 /* Sends f to rp's peer; a connection that is down is logged, not an error. */
 void rm_send_frame(struct rpeer *rp, Tensord__PeerFrame *f);
@@ -275,19 +283,22 @@ void rm_pwait_free(struct pwait *w);
 
 struct pull *rm_pull_by_id(struct remote *rm, uint64_t id);
 
+/* The live pull of name, or NULL. */
+struct pull *rm_pull_by_name(struct remote *rm, const char *name);
+
+/*
+ * A pull of name asking A or receiving (a replica of it may be on its way
+ * out), or NULL; a wait A said "not yet" to is none: it changes nothing.
+ */
+struct pull *rm_pull_busy(struct remote *rm, const char *name);
+
+/* A pull of name that an attach without a wait may join (one waits for none), or NULL. */
+struct pull *rm_pull_joinable(struct remote *rm, const char *name);
+
 /* The first of n pull ids free in a row, 64 random bits (a set takes its own and its members'). */
 uint64_t rm_pull_new_ids(struct remote *rm, uint64_t n);
-
-/* Replicas by name, counted in the figures and their peer's; dropped: unlinked and forgotten. */
-struct replica *rm_replica_find(struct remote *rm, const char *name);
-void rm_noop_free(void *node);
-void rm_replica_count(struct remote *rm, const struct replica *r, int n, int64_t delta);
-bool rm_replica_link(struct remote *rm, struct replica *r);
-void rm_replica_unlink(struct remote *rm, struct replica *r);
-void rm_replica_drop(struct remote *rm, struct replica *r, const char *why);
-
-/* B no longer holds r: A need not tell of its changes (unless a pull is on the way). */
-void rm_unwatch_send(struct remote *rm, struct replica *r);
+/* One pull id: rm_pull_new_ids(rm, 1). */
+uint64_t rm_pull_new_id(struct remote *rm);
 
 void rm_pull_free(struct pull *pl);
 
@@ -312,36 +323,110 @@ rm_pull_fail(struct pull *pl, int status, const char *fmt, ...);
  */
 void rm_answer_local(struct pull *pl, bool watched);
 
+/* Pull{id, name, have_generation} to A (pl->asked set): peer_send()'s 0 or -errno. */
+int rm_pull_ask(struct pull *pl, uint64_t have_generation);
+
+/* B has memory ready for pl's bytes: PullGo, and A sends them. */
+void rm_pull_go(struct pull *pl);
+
+/* The bytes are in place: the replica is sealed, published and handed out. */
+void rm_pull_complete(struct pull *pl);
+
+/* B's handler of A's PullReply: 0, or -errno with why (the peer's connection then closes). */
+int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, size_t why_len);
+
+/* pl is making its replica: its bytes coming, or (a GPU replica) its memory or copy. */
+static inline void rm_pull_assert_receiving(const struct pull *pl)
+{
+	assert(pl->st == PL_RECEIVING && !pl->dead);
+	assert(pl->t && (!pl->posted || pl->map));
+	assert(!pl->allocating || (pl->gpu && pl->job));
+	(void)pl;
+}
+
+/* --- remote_pull_gpu.c: B, GPU replicas ---------------------------------------------- */
+
+/*
+ * pl's replica t is on a GPU: registry_create() left its memory to the GPU
+ * worker; the bytes (nbytes) are received into host memory meanwhile (or
+ * were inline in m), and copied in once both are there.
+ */
+void rm_pull_gpu_begin(struct pull *pl, const Tensord__PeerPullReply *m, struct tensor *t,
+		       uint64_t nbytes);
+
+/* pl's GPU replica's memory is allocated, or its bytes copied in (on the loop). */
+void rm_pull_allocated(struct gjob *j);
+void rm_pull_filled(struct gjob *j);
+
+/* --- remote_wait.c: B, waiting pulls ------------------------------------------------- */
+
+/* How long a waiting pull nobody waits on stays for the next wait (ms). */
+#define REMOTE_WAIT_LINGER_MS 1000u
+
+/*
+ * A said not yet: wait for its PeerChanged of the name (watched), or ask
+ * again in a second (not watched), each attach at most until its own deadline.
+ */
+void rm_pull_wait(struct pull *pl, bool watched);
+
+/*
+ * pl waits (PL_WAITING): its waits past their deadline end; with none
+ * left it lingers, then ends; A is asked again when it told of a change,
+ * or (A not watching) every second; the timer is set for the next of these.
+ */
+void rm_pull_wait_arm(struct pull *pl);
+
+/*
+ * A waiting pull that a new wait of the same name and after may join (A
+ * watches the name for this node), or NULL.
+ */
+struct pull *rm_pull_wait_joinable(struct remote *rm, const char *name, uint64_t after);
+
 /*
  * A waiting pull nobody waits on any more lingers (REMOTE_WAIT_LINGER_MS)
  * for the next wait of its name, then ends (A holds nothing for it).
  */
 void rm_pull_unwanted(struct pull *pl);
 
-/* How long a waiting pull nobody waits on stays for the next wait (ms). */
-#define REMOTE_WAIT_LINGER_MS 1000u
-
 /* A pull's timer: a wait asks again, anything else has taken too long. */
 void rm_on_pull_timeout(uv_timer_t *t);
+
+/* --- remote_replica.c: B, the replicas ----------------------------------------------- */
+
+/* Replicas by name, counted in the figures and their peer's; dropped: unlinked and forgotten. */
+struct replica *rm_replica_find(struct remote *rm, const char *name);
+void rm_noop_free(void *node);
+void rm_replica_count(struct remote *rm, const struct replica *r, int n, int64_t delta);
+bool rm_replica_link(struct remote *rm, struct replica *r);
+void rm_replica_unlink(struct remote *rm, struct replica *r);
+void rm_replica_drop(struct remote *rm, struct replica *r, const char *why);
+
+/*
+ * Room for a replica of nbytes from rp within its share
+ * (--peer-max-replica-bytes), its unleased replicas unlinked oldest first:
+ * 0, or -EDQUOT with the reason in why.
+ */
+int rm_replica_share_room(struct remote *rm, struct rpeer *rp, uint64_t nbytes, char *why,
+			  size_t why_len);
+
+/* B no longer holds r: A need not tell of its changes (unless a pull is on the way). */
+void rm_unwatch_send(struct remote *rm, struct replica *r);
+
+/* B's handler of A's PeerChanged: 0, or -errno with why (the connection then closes). */
+int rm_on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, size_t why_len);
+
+/* --- remote_attach.c: B, a client's attach of "@PEER/NAME" --------------------------- */
 
 /*
  * The connected peer named peer for a request (kind, id) of cl about
  * `what` ("tensor '@a/x'"), or NULL with the request answered: no such
  * peer, not connected, or no data path to it.
  */
-struct rpeer *rm_rpeer_ready(struct client *cl, unsigned kind, uint64_t id, const char *what,
-			     const char *peer);
+struct rpeer *rm_rpeer_ready(struct remote_env *env, struct client *cl, unsigned kind, uint64_t id,
+			     const char *what, const char *peer);
 
-/* The bytes are in place: the replica is sealed, published and handed out. */
-void rm_pull_complete(struct pull *pl);
-
-/* pl's GPU replica's memory is allocated, or its bytes copied in (on the loop). */
-void rm_pull_allocated(struct gjob *j);
-void rm_pull_filled(struct gjob *j);
-
-/* B's handlers of A's frames: 0, or -errno with why (the peer's connection then closes). */
-int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *why, size_t why_len);
-int rm_on_changed(struct rpeer *rp, const Tensord__PeerChanged *m, char *why, size_t why_len);
+/* w hears from A first: a PeerSync goes, w waits in rp->syncs for its reply. */
+void rm_sync_park(struct rpeer *rp, struct pwait *w);
 
 /* A answered PeerSync seq: the attaches that waited for it go on. */
 void rm_on_sync_reply(struct rpeer *rp, uint64_t seq);

@@ -14,12 +14,9 @@
 #include <sys/queue.h>
 
 #include "common/desc.h"
-#include "daemon/dispatch_int.h"
 #include "daemon/base/log.h"
 #include "peer.h"
 #include "remote_int.h"
-#include "daemon/reply.h"
-#include "daemon/server.h"
 
 #define LIST_KIND TENSORD__REQUEST__BODY_LIST
 /* Entries of one page: a page stays under a peer frame (PEER_FRAME_MAX). */
@@ -47,7 +44,7 @@ static void list_reply_error(struct rpeer *rp, uint64_t id, int status, const ch
 
 void rm_on_list(struct rpeer *rp, const Tensord__PeerNameList *m)
 {
-	struct server *srv = rp->rm->srv;
+	struct remote_env *env = rp->rm->env;
 	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
 	Tensord__PeerNameListReply rep = TENSORD__PEER_NAME_LIST_REPLY__INIT;
 	Tensord__PeerNameListEntry *e = calloc(LIST_PAGE_MAX + 1, sizeof(*e));
@@ -59,12 +56,12 @@ void rm_on_list(struct rpeer *rp, const Tensord__PeerNameList *m)
 	unsigned pages = 0;
 
 	if (!e || !pe) {
-		snprintf(why, sizeof(why), "node %s: out of memory", srv->peers.self);
+		snprintf(why, sizeof(why), "node %s: out of memory", env->peers->self);
 		list_reply_error(rp, m->id, -ENOMEM, why);
 		goto out;
 	}
 	if (plen && td_name_check(m->prefix, plen, reason, sizeof(reason)) < 0) {
-		snprintf(why, sizeof(why), "node %s: prefix: %s", srv->peers.self, reason);
+		snprintf(why, sizeof(why), "node %s: prefix: %s", env->peers->self, reason);
 		list_reply_error(rp, m->id, -EINVAL, why);
 		goto out;
 	}
@@ -72,13 +69,13 @@ void rm_on_list(struct rpeer *rp, const Tensord__PeerNameList *m)
 		limit = LIST_PAGE_MAX;
 	/* Pages of the registry as uid REMOTE_PEER_UID sees it, those exported kept. */
 	for (;;) {
-		registry_list(&srv->reg, &rp->rc, m->prefix, plen, after, 64, v, &n, &next);
+		registry_list(env->reg, &rp->rc, m->prefix, plen, after, 64, v, &n, &next);
 		for (size_t i = 0; i < n; i++) {
 			struct tensor *t = v[i];
 			Tensord__PeerNameListEntry *x = &e[k];
 
 			if (t->state != TENSORD_STATE_PUBLISHED ||
-			    !remote_exported(&srv->cfg.remote, rp->p->name, t->name, t->name_len))
+			    !remote_exported(env->cfg, rp->p->name, t->name, t->name_len))
 				continue;
 			tensord__peer_name_list_entry__init(x);
 			x->name = t->name;
@@ -149,7 +146,7 @@ static void list_fail(struct rlist *l, int status, const char *reason)
 	if (l->cl) {
 		snprintf(why, sizeof(why), "peer %.*s: list of its names: %s",
 			 (int)strlen(l->peer_prefix) - 2, l->peer_prefix + 1, reason);
-		reply_status(l->cl->conn, LIST_KIND, l->req_id, status, why);
+		rm_reply_status(l->rm->env, l->cl, LIST_KIND, l->req_id, status, why);
 	}
 	list_free(l);
 }
@@ -159,10 +156,9 @@ static void on_list_timeout(uv_timer_t *t)
 	list_fail(t->data, -ETIMEDOUT, "no answer within 5 s");
 }
 
-bool remote_list(struct client *cl, uint64_t id, const Tensord__List *m)
+bool remote_list(struct remote_env *env, struct client *cl, uint64_t id, const Tensord__List *m)
 {
-	struct server *srv = cl->srv;
-	struct remote *rm = rm_of(srv);
+	struct remote *rm = env->rm;
 	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
 	Tensord__PeerNameList pl = TENSORD__PEER_NAME_LIST__INIT;
 	const char *slash = strchr(m->prefix, '/');
@@ -172,31 +168,38 @@ bool remote_list(struct client *cl, uint64_t id, const Tensord__List *m)
 	struct rlist *l;
 	struct peer *p;
 
-	if (m->prefix[0] != '@' || !slash || !rm || !srv->peers.on)
+	if (m->prefix[0] != '@' || !slash || !rm || !env->peers->on)
 		return false;
 	if (peer_len == 0 || peer_len > PEER_NAME_MAX) {
-		reply_list(cl->conn, id, NULL, 0, NULL); /* no peer has such a name */
+		Tensord__Reply rep = TENSORD__REPLY__INIT;
+		Tensord__ListReply lr = TENSORD__LIST_REPLY__INIT;
+
+		lr.next = ""; /* no peer has such a name: the empty list */
+		rep.id = id;
+		rep.body_case = TENSORD__REPLY__BODY_LIST;
+		rep.list = &lr;
+		env->hooks.reply(cl, &rep);
 		return true;
 	}
 	memcpy(peer, m->prefix + 1, peer_len);
 	peer[peer_len] = '\0';
-	p = peer_lookup(&srv->peers, peer);
+	p = peer_lookup(env->peers, peer);
 	rp = p ? p->data : NULL;
 	if (!p) {
 		snprintf(why, sizeof(why), "list '%s': no peer '%s'", m->prefix, peer);
-		reply_status(cl->conn, LIST_KIND, id, -ENOENT, why);
+		rm_reply_status(env, cl, LIST_KIND, id, -ENOENT, why);
 		return true;
 	}
 	if (!rp || !rp->up) {
 		snprintf(why, sizeof(why), "list '%s': peer %s is not connected (%s%s%s)",
 			 m->prefix, peer, peer_state_name(p->state), p->error[0] ? ": " : "",
 			 p->error);
-		reply_status(cl->conn, LIST_KIND, id, -EHOSTUNREACH, why);
+		rm_reply_status(env, cl, LIST_KIND, id, -EHOSTUNREACH, why);
 		return true;
 	}
 	l = calloc(1, sizeof(*l));
 	if (!l) {
-		reply_status(cl->conn, LIST_KIND, id, -ENOMEM, "out of memory for a remote list");
+		rm_reply_status(env, cl, LIST_KIND, id, -ENOMEM, "out of memory for a remote list");
 		return true;
 	}
 	l->rm = rm;
@@ -206,7 +209,7 @@ bool remote_list(struct client *cl, uint64_t id, const Tensord__List *m)
 	l->id = rm_pull_new_ids(rm, 1);
 	snprintf(l->peer_prefix, sizeof(l->peer_prefix), "@%s/", peer);
 	LIST_INSERT_HEAD(&rm->lists, l, link);
-	uv_timer_init(srv->loop, &l->timer);
+	uv_timer_init(env->loop, &l->timer);
 	l->timer.data = l;
 	uv_timer_start(&l->timer, on_list_timeout, LIST_TIMEOUT_MS, 0);
 	pl.id = l->id;
@@ -326,7 +329,7 @@ int rm_on_list_reply(struct rpeer *rp, const Tensord__PeerNameListReply *m, char
 	rep.body_case = TENSORD__REPLY__BODY_LIST;
 	rep.list = &lr;
 	if (l->cl)
-		reply_send(l->cl->conn, &rep, NULL);
+		l->rm->env->hooks.reply(l->cl, &rep);
 	list_free(l);
 out:
 	for (k = 0; names && k < n; k++)

@@ -19,12 +19,10 @@
 #include <unistd.h>
 
 #include "common/desc.h"
-#include "daemon/dispatch_int.h"
 #include "daemon/figures.h"
 #include "daemon/base/log.h"
 #include "peer.h"
 #include "remote_int.h"
-#include "daemon/server.h"
 #include "xport.h"
 
 /* --- A: serving --------------------------------------------------------------- */
@@ -58,7 +56,7 @@ void rm_serve_end(struct serve *s)
 	if (s->map)
 		munmap(s->map, s->map_len);
 	if (s->epoch == rp->epoch && rp->rc_live) {
-		registry_release(&rp->rm->srv->reg, &rp->rc, s->lease);
+		registry_release(rp->rm->env->reg, &rp->rc, s->lease);
 		rp->rm->figs->pull_leases--;
 	}
 	TAILQ_REMOVE(&rp->serves, s, link);
@@ -85,7 +83,8 @@ static struct serve *serve_find(struct rpeer *rp, uint64_t id)
 
 static int serve_map(struct serve *s);
 static int serve_read(struct serve *s, void *buf);
-static int serve_check(struct server *srv, const struct tensor *t, char *why, size_t why_len);
+static int serve_check(const struct remote_env *env, const struct tensor *t, char *why,
+		       size_t why_len);
 static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_t lease,
 			const char *member);
 
@@ -122,7 +121,7 @@ void rm_serve_start_queued(struct rpeer *rp)
 		next = TAILQ_NEXT(s, link);
 		if (s->st != SV_QUEUED)
 			continue;
-		if (rp->inflight && rp->inflight + s->len > rp->rm->srv->cfg.remote.max_inflight)
+		if (rp->inflight && rp->inflight + s->len > rp->rm->env->cfg->max_inflight)
 			return; /* in order: the first that does not fit waits, and those behind it */
 		serve_send(s);
 	}
@@ -224,16 +223,16 @@ static void changed_all(struct rpeer *rp)
 	rm_watch_clear(rp);
 }
 
-void remote_on_commit(struct server *srv, const struct reg_change *v, size_t n, bool lost)
+void remote_on_commit(struct remote_env *env, const struct reg_change *v, size_t n, bool lost)
 {
 	char *names[CHANGED_BATCH];
 	uint64_t gens[CHANGED_BATCH];
 	size_t k;
 
-	if (!rm_of(srv))
+	if (!env->rm)
 		return;
-	for (unsigned i = 0; i < srv->peers.n_peers; i++) {
-		struct rpeer *rp = srv->peers.peers[i]->data;
+	for (unsigned i = 0; i < env->peers->n_peers; i++) {
+		struct rpeer *rp = env->peers->peers[i]->data;
 
 		if (!rp || !rp->up || !rp->n_watched)
 			continue;
@@ -291,21 +290,21 @@ void rm_on_unwatch(struct rpeer *rp, const Tensord__PeerUnwatch *m)
  */
 static int pull_may_read(struct rpeer *rp, const char *name, size_t len, char *why, size_t why_len)
 {
-	struct server *srv = rp->rm->srv;
-	struct tensor *t = registry_lookup(&srv->reg, &rp->rc, name, len);
+	struct remote_env *env = rp->rm->env;
+	struct tensor *t = registry_lookup(env->reg, &rp->rc, name, len);
 
 	if (t && registry_may_read(t, &rp->rc))
 		return 0;
 	snprintf(why, why_len,
 		 "node %s, acting as uid %u for peers: tensor '%.*s': its mode refuses that uid",
-		 srv->peers.self, REMOTE_PEER_UID, (int)len, name);
+		 env->peers->self, REMOTE_PEER_UID, (int)len, name);
 	return -EACCES;
 }
 
 void rm_on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 {
 	struct remote *rm = rp->rm;
-	struct server *srv = rm->srv;
+	struct remote_env *env = rm->env;
 	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
 	Tensord__PeerPullReply rep = TENSORD__PEER_PULL_REPLY__INIT;
 	char why[800], reason[300];
@@ -317,12 +316,12 @@ void rm_on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 
 	figure_count(FIG_remote_pull_requests_total, 1);
 	if (td_name_check(m->name, len, reason, sizeof(reason)) < 0) {
-		snprintf(why, sizeof(why), "node %s: %s", srv->peers.self, reason);
+		snprintf(why, sizeof(why), "node %s: %s", env->peers->self, reason);
 		pull_reply_error(rp, m->id, -EINVAL, why);
 		return;
 	}
-	exported = remote_exported(&srv->cfg.remote, rp->p->name, m->name, len);
-	if (!exported || !registry_published(&srv->reg, m->name, len)) {
+	exported = remote_exported(env->cfg, rp->p->name, m->name, len);
+	if (!exported || !registry_published(env->reg, m->name, len)) {
 		if (m->wait) {
 			pull_reply_waiting(rp, m->id, exported ? m->name : NULL);
 			return;
@@ -330,7 +329,7 @@ void rm_on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 		/* Not exported and not published are told apart to nobody. */
 		snprintf(why, sizeof(why),
 			 "tensor '%s' is not published on node %s, or not exported to node %s",
-			 m->name, srv->peers.self, rp->p->name);
+			 m->name, env->peers->self, rp->p->name);
 		pull_reply_error(rp, m->id, -ENOENT, why);
 		return;
 	}
@@ -339,19 +338,19 @@ void rm_on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 		pull_reply_error(rp, m->id, r, why);
 		return;
 	}
-	if (m->after && registry_generation(&srv->reg, m->name, len) <= m->after) {
+	if (m->after && registry_generation(env->reg, m->name, len) <= m->after) {
 		if (m->wait) {
 			pull_reply_waiting(rp, m->id, m->name);
 			return;
 		}
 		snprintf(why, sizeof(why),
 			 "tensor '%s' on node %s: no generation newer than %" PRIu64, m->name,
-			 srv->peers.self, m->after);
+			 env->peers->self, m->after);
 		pull_reply_error(rp, m->id, -ETIMEDOUT, why);
 		return;
 	}
 	if (m->have_generation &&
-	    registry_generation(&srv->reg, m->name, len) == m->have_generation) {
+	    registry_generation(env->reg, m->name, len) == m->have_generation) {
 		rep.id = m->id;
 		rep.current = true;
 		rep.generation = m->have_generation;
@@ -363,22 +362,22 @@ void rm_on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 	}
 	if (rp->n_serves >= REMOTE_SERVES_MAX) {
 		snprintf(why, sizeof(why),
-			 "node %s: node %s holds %d pull leases already, the most", srv->peers.self,
-			 rp->p->name, REMOTE_SERVES_MAX);
+			 "node %s: node %s holds %d pull leases already, the most",
+			 env->peers->self, rp->p->name, REMOTE_SERVES_MAX);
 		pull_reply_error(rp, m->id, -EAGAIN, why);
 		return;
 	}
-	r = registry_attach(&srv->reg, &rp->rc, m->name, len, &t, &lease, &writable, reason,
+	r = registry_attach(env->reg, &rp->rc, m->name, len, &t, &lease, &writable, reason,
 			    sizeof(reason));
 	if (r < 0) {
 		snprintf(why, sizeof(why), "node %s, acting as uid %u for peers: %s",
-			 srv->peers.self, REMOTE_PEER_UID, reason);
+			 env->peers->self, REMOTE_PEER_UID, reason);
 		pull_reply_error(rp, m->id, r == -ENOENT ? -EACCES : r, why);
 		return;
 	}
-	r = serve_check(srv, t, why, sizeof(why));
+	r = serve_check(env, t, why, sizeof(why));
 	if (r < 0) {
-		registry_release(&srv->reg, &rp->rc, lease);
+		registry_release(env->reg, &rp->rc, lease);
 		pull_reply_error(rp, m->id, r, why);
 		return;
 	}
@@ -386,20 +385,21 @@ void rm_on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 }
 
 /* Whether t may be served to a peer: 0, or -errno with the reason naming it. */
-static int serve_check(struct server *srv, const struct tensor *t, char *why, size_t why_len)
+static int serve_check(const struct remote_env *env, const struct tensor *t, char *why,
+		       size_t why_len)
 {
 	if (t->device.device_type == kDLCPU ? !t->alloc.ops->export_fd : !t->alloc.ops->copy) {
 		snprintf(why, why_len,
 			 "tensor '%s' on node %s: its %s memory cannot be read by the "
 			 "daemon, so it cannot be pulled",
-			 t->name, srv->peers.self, t->alloc.ops->name);
+			 t->name, env->peers->self, t->alloc.ops->name);
 		return -EOPNOTSUPP;
 	}
 	if (t->flags & TENSORD_MUTABLE) {
 		snprintf(why, why_len,
 			 "tensor '%s' on node %s is mutable: mutable tensors cannot be exported "
 			 "(their bytes could change during the transfer)",
-			 t->name, srv->peers.self);
+			 t->name, env->peers->self);
 		return -EPERM;
 	}
 	return 0;
@@ -418,7 +418,7 @@ static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_
 			const char *member)
 {
 	struct remote *rm = rp->rm;
-	struct server *srv = rm->srv;
+	struct remote_env *env = rm->env;
 	struct serve *s = calloc(1, sizeof(*s));
 	char why[300];
 
@@ -427,8 +427,8 @@ static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_
 		s = NULL;
 	}
 	if (!s) {
-		registry_release(&srv->reg, &rp->rc, lease);
-		snprintf(why, sizeof(why), "node %s: out of memory", srv->peers.self);
+		registry_release(env->reg, &rp->rc, lease);
+		snprintf(why, sizeof(why), "node %s: out of memory", env->peers->self);
 		pull_reply_error(rp, id, -ENOMEM, why);
 		return;
 	}
@@ -472,7 +472,7 @@ static void serve_answer(struct serve *s)
 	 */
 	rep.watched = !s->member && watch_add(rp, t->name);
 	if (rep.watched && staged &&
-	    registry_generation(&rp->rm->srv->reg, t->name, strlen(t->name)) != t->generation)
+	    registry_generation(rp->rm->env->reg, t->name, strlen(t->name)) != t->generation)
 		rep.watched = false;
 	rep.nbytes = t->nbytes;
 	rep.dtype_code = t->dtype.code;
@@ -513,7 +513,7 @@ static void serve_answer(struct serve *s)
 static void serve_stage(struct serve *s)
 {
 	struct rpeer *rp = s->rp;
-	const char *self = rp->rm->srv->peers.self;
+	const char *self = rp->rm->env->peers->self;
 	struct gjob *j = calloc(1, sizeof(*j));
 	char why[400];
 	int e = ENOMEM;
@@ -554,7 +554,7 @@ static void serve_stage(struct serve *s)
  */
 static void serve_stage_next(struct rpeer *rp)
 {
-	uint64_t max = rp->rm->srv->cfg.remote.max_inflight;
+	uint64_t max = rp->rm->env->cfg->max_inflight;
 	struct serve *s, *next;
 
 	if (!rp->up || rp->rm->stopping)
@@ -589,7 +589,7 @@ void rm_serve_staged(struct gjob *j)
 		snprintf(why, sizeof(why),
 			 "node %s: cannot copy GPU tensor '%s' (%s:%d, %" PRIu64
 			 " bytes) to host memory: %s",
-			 s->rp->rm->srv->peers.self, s->t->name, s->t->alloc.ops->name,
+			 s->rp->rm->env->peers->self, s->t->name, s->t->alloc.ops->name,
 			 s->t->device.device_id, s->len, strerror(-j->status));
 		log_warn("peer %s: pull %" PRIu64 ": %s", s->rp->p->name, s->id, why);
 		pull_reply_error(s->rp, s->id, j->status, why);
@@ -623,9 +623,9 @@ static void set_pull_refuse(struct rpeer *rp, uint64_t id, int status, const cha
 static int set_members(struct rpeer *rp, const Tensord__PeerSetPull *m, struct tensor ***ret_v,
 		       size_t *ret_n, uint64_t *ret_commit, char *why, size_t why_len)
 {
-	struct server *srv = rp->rm->srv;
+	struct remote_env *env = rp->rm->env;
 	Tensord__AttachMany am = TENSORD__ATTACH_MANY__INIT;
-	const char *self = srv->peers.self, *peer = rp->p->name;
+	const char *self = env->peers->self, *peer = rp->p->name;
 	struct tensor **v;
 	char reason[400];
 	size_t n, k = 0;
@@ -644,8 +644,8 @@ static int set_members(struct rpeer *rp, const Tensord__PeerSetPull *m, struct t
 			return -EINVAL;
 		}
 		/* As a single pull's: not exported and not published told apart to nobody. */
-		if (!remote_exported(&srv->cfg.remote, peer, m->names[i], len) ||
-		    !registry_published(&srv->reg, m->names[i], len)) {
+		if (!remote_exported(env->cfg, peer, m->names[i], len) ||
+		    !registry_published(env->reg, m->names[i], len)) {
 			snprintf(why, why_len,
 				 "tensor '%s' is not published on node %s, or not exported to "
 				 "node %s",
@@ -659,8 +659,8 @@ static int set_members(struct rpeer *rp, const Tensord__PeerSetPull *m, struct t
 	am.n_names = m->n_names;
 	am.names = m->names;
 	am.prefix = m->prefix;
-	r = dispatch_set_members(&srv->reg, &rp->rc, &am, &v, &n, ret_commit, reason,
-				 sizeof(reason));
+	r = env->hooks.set_members(env->reg, &rp->rc, &am, &v, &n, ret_commit, reason,
+				   sizeof(reason));
 	if (r == -ENOENT)
 		snprintf(why, why_len, "node %s: %s (not published, or not exported to node %s)",
 			 self, reason, peer);
@@ -672,7 +672,7 @@ static int set_members(struct rpeer *rp, const Tensord__PeerSetPull *m, struct t
 	/* The set's commit is its members' newest: those left out do not count. */
 	*ret_commit = 0;
 	for (size_t i = 0; i < n; i++) {
-		if (!remote_exported(&srv->cfg.remote, peer, v[i]->name, v[i]->name_len))
+		if (!remote_exported(env->cfg, peer, v[i]->name, v[i]->name_len))
 			continue;
 		v[k++] = v[i];
 		if (v[i]->commit > *ret_commit)
@@ -697,7 +697,7 @@ static int set_members(struct rpeer *rp, const Tensord__PeerSetPull *m, struct t
  */
 void rm_on_set_pull(struct rpeer *rp, const Tensord__PeerSetPull *m)
 {
-	struct server *srv = rp->rm->srv;
+	struct remote_env *env = rp->rm->env;
 	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
 	Tensord__PeerSetPullReply rep = TENSORD__PEER_SET_PULL_REPLY__INIT;
 	struct tensor **v = NULL, *t;
@@ -708,25 +708,25 @@ void rm_on_set_pull(struct rpeer *rp, const Tensord__PeerSetPull *m)
 	int r = set_members(rp, m, &v, &n, &commit, why, sizeof(why));
 
 	for (i = 0; r == 0 && i < n; i++)
-		r = serve_check(srv, v[i], why, sizeof(why));
+		r = serve_check(env, v[i], why, sizeof(why));
 	if (r == 0 && rp->n_serves + n > REMOTE_SERVES_MAX) {
 		snprintf(why, sizeof(why),
 			 "node %s: node %s holds %u pull leases already; a set of %zu more "
 			 "passes the most, %d",
-			 srv->peers.self, rp->p->name, rp->n_serves, n, REMOTE_SERVES_MAX);
+			 env->peers->self, rp->p->name, rp->n_serves, n, REMOTE_SERVES_MAX);
 		r = -EAGAIN;
 	}
 	lease = r == 0 ? calloc(n ? n : 1, sizeof(*lease)) : NULL;
 	if (r == 0 && !lease) {
-		snprintf(why, sizeof(why), "node %s: out of memory", srv->peers.self);
+		snprintf(why, sizeof(why), "node %s: out of memory", env->peers->self);
 		r = -ENOMEM;
 	}
 	for (i = 0; r == 0 && i < n; i++)
-		r = registry_attach(&srv->reg, &rp->rc, v[i]->name, v[i]->name_len, &t, &lease[i],
+		r = registry_attach(env->reg, &rp->rc, v[i]->name, v[i]->name_len, &t, &lease[i],
 				    &writable, why, sizeof(why));
 	if (r < 0) {
 		for (size_t j = 0; j + 1 < i; j++)
-			registry_release(&srv->reg, &rp->rc, lease[j]);
+			registry_release(env->reg, &rp->rc, lease[j]);
 		set_pull_refuse(rp, m->id, r, why);
 		free(lease);
 		free(v);

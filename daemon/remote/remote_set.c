@@ -14,13 +14,11 @@
 #include <sys/queue.h>
 
 #include "common/desc.h"
-#include "daemon/dispatch_int.h"
 #include "daemon/figures.h"
+#include "daemon/base/clock.h"
 #include "daemon/base/log.h"
 #include "peer.h"
 #include "remote_int.h"
-#include "daemon/reply.h"
-#include "daemon/server.h"
 
 /* --- B: pulling a set ------------------------------------------------------------------ */
 
@@ -68,10 +66,10 @@ void rm_set_fail(struct spull *sp, int status, const char *why)
 	log_info("set pull %" PRIu64 " (%s) failed: %s", sp->id, sp->what, why);
 	figure_count(FIG_remote_pull_failures_total, 1);
 	if (sp->cl)
-		reply_status(sp->cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, sp->req_id, status,
-			     why);
+		rm_reply_status(rm->env, sp->cl, TENSORD__REQUEST__BODY_ATTACH_MANY, sp->req_id,
+				status, why);
 	/* -ENOENT: no member had been made yet (or the failed commit ended it). */
-	registry_tx_abort(&rm->srv->reg, &rm->rc, sp->tx, buf, sizeof(buf));
+	registry_tx_abort(rm->env->reg, &rm->rc, sp->tx, buf, sizeof(buf));
 	for (uint32_t i = 0; i < sp->count; i++)
 		if (sp->members[i])
 			rm_pull_end_failed(sp->members[i], status, why);
@@ -170,10 +168,10 @@ static int set_copy_request(struct spull *sp, const Tensord__AttachMany *m, size
 	return 0;
 }
 
-void remote_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMany *m)
+void remote_attach_many(struct remote_env *env, struct client *cl, uint64_t id,
+			const Tensord__AttachMany *m)
 {
-	struct server *srv = cl->srv;
-	struct remote *rm = rm_of(srv);
+	struct remote *rm = env->rm;
 	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
 	Tensord__PeerSetPull sm = TENSORD__PEER_SET_PULL__INIT;
 	char why[700], peer[PEER_NAME_MAX + 1], what[300];
@@ -183,7 +181,7 @@ void remote_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMan
 	int peer_len = set_peer(m, peer, why, sizeof(why));
 
 	if (peer_len < 0) {
-		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, id, peer_len, why);
+		rm_reply_status(env, cl, TENSORD__REQUEST__BODY_ATTACH_MANY, id, peer_len, why);
 		return;
 	}
 	if (m->n_names)
@@ -196,7 +194,7 @@ void remote_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMan
 			 "attach_many of %s: `after` is not supported for another node's set yet "
 			 "(attach the set again to get its newest commit)",
 			 what);
-		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, id, -EOPNOTSUPP, why);
+		rm_reply_status(env, cl, TENSORD__REQUEST__BODY_ATTACH_MANY, id, -EOPNOTSUPP, why);
 		return;
 	}
 	for (size_t i = 0; i < m->n_names; i++)
@@ -206,10 +204,10 @@ void remote_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMan
 			 "attach_many of %s: one set pull holds at most %u names and %u bytes of "
 			 "them; use a prefix",
 			 what, REMOTE_SET_MAX, PEER_FRAME_MAX - 128);
-		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, id, -E2BIG, why);
+		rm_reply_status(env, cl, TENSORD__REQUEST__BODY_ATTACH_MANY, id, -E2BIG, why);
 		return;
 	}
-	rp = rm_rpeer_ready(cl, TENSORD__REQUEST__BODY_ATTACH_MANY, id, what, peer);
+	rp = rm_rpeer_ready(env, cl, TENSORD__REQUEST__BODY_ATTACH_MANY, id, what, peer);
 	if (!rp)
 		return;
 	if (rm->n_sets >= REMOTE_SETS_MAX) {
@@ -217,7 +215,7 @@ void remote_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMan
 			 "attach_many of %s: %u sets are being pulled on this node already, the "
 			 "most at once; try again",
 			 what, REMOTE_SETS_MAX);
-		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, id, -EAGAIN, why);
+		rm_reply_status(env, cl, TENSORD__REQUEST__BODY_ATTACH_MANY, id, -EAGAIN, why);
 		return;
 	}
 	sp = calloc(1, sizeof(*sp));
@@ -229,8 +227,8 @@ void remote_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMan
 			free(sp->have_shares);
 			free(sp);
 		}
-		reply_status(cl->conn, TENSORD__REQUEST__BODY_ATTACH_MANY, id, -ENOMEM,
-			     "out of memory for a remote attach_many");
+		rm_reply_status(env, cl, TENSORD__REQUEST__BODY_ATTACH_MANY, id, -ENOMEM,
+				"out of memory for a remote attach_many");
 		return;
 	}
 	sp->rm = rm;
@@ -245,7 +243,7 @@ void remote_attach_many(struct client *cl, uint64_t id, const Tensord__AttachMan
 	sp->started_ns = now_ns();
 	LIST_INSERT_HEAD(&rm->sets, sp, link);
 	rm->n_sets++;
-	uv_timer_init(srv->loop, &sp->timer);
+	uv_timer_init(env->loop, &sp->timer);
 	sp->timer.data = sp;
 	uv_timer_start(&sp->timer, on_set_timeout, PULL_BASE_MS, 0);
 	sm.id = sp->id;
@@ -302,8 +300,8 @@ int rm_on_set_pull_reply(struct rpeer *rp, const Tensord__PeerSetPullReply *m, c
 	sp->commit_a = m->commit;
 	if (m->count == 0) {
 		if (sp->cl)
-			dispatch_set_answer(sp->cl, sp->req_id, NULL, 0, sp->have_shares,
-					    sp->n_have_shares);
+			sp->rm->env->hooks.set_answer(sp->cl, sp->req_id, NULL, 0, sp->have_shares,
+						      sp->n_have_shares);
 		set_free(sp);
 		return 0;
 	}
@@ -333,7 +331,7 @@ int rm_on_set_pull_reply(struct rpeer *rp, const Tensord__PeerSetPullReply *m, c
 		LIST_INIT(&pl->waits);
 		LIST_INSERT_HEAD(&rm->pulls, pl, link);
 		rm->figs->pulls++;
-		uv_timer_init(rm->srv->loop, &pl->timer);
+		uv_timer_init(rm->env->loop, &pl->timer);
 		pl->timer.data = pl;
 		uv_timer_start(&pl->timer, rm_on_pull_timeout, PULL_BASE_MS, 0);
 		sp->members[i] = pl;
@@ -398,7 +396,7 @@ int rm_set_member_named(struct pull *pl, const Tensord__PeerPullReply *m)
 void rm_set_publish(struct spull *sp)
 {
 	struct remote *rm = sp->rm;
-	struct registry *reg = &rm->srv->reg;
+	struct registry *reg = rm->env->reg;
 	uint64_t commit = 0, bytes = 0;
 	uint32_t published, unlinked;
 	const char **names = calloc(sp->count, sizeof(*names));
@@ -456,8 +454,8 @@ void rm_set_publish(struct spull *sp)
 		  sp->what, sp->rp->p->name, sp->count, bytes, sp->commit_a, commit,
 		  (double)(now_ns() - sp->started_ns) / 1e6);
 	if (sp->cl)
-		dispatch_set_answer(sp->cl, sp->req_id, names, sp->count, sp->have_shares,
-				    sp->n_have_shares);
+		sp->rm->env->hooks.set_answer(sp->cl, sp->req_id, names, sp->count, sp->have_shares,
+					      sp->n_have_shares);
 	free(names);
 	for (uint32_t i = 0; i < sp->count; i++) {
 		struct pull *pl = sp->members[i];

@@ -57,10 +57,7 @@ KNOWN = {
     ("registry", "daemon/figures.h"): "figure_count() of the registry's counters",
     ("remote", "daemon/figures.h"): "figure_count() of remote attach's counters",
     ("remote", "daemon/conn.h"): "CONN_OUT_HIGH/MAX, the bounds a peer's queue shares",
-    ("remote", "daemon/dispatch.h"): "remote attach answers clients: struct client",
-    ("remote", "daemon/dispatch_int.h"): "remote attach answers clients: dispatch_attach_local",
-    ("remote", "daemon/reply.h"): "remote attach answers clients: reply_*",
-    ("remote", "daemon/server.h"): "struct server, server_spin_*",
+    ("remote", "daemon/server.h"): "peer.c: now_ns() (daemon/base/clock.h has it now)",
 }
 
 
