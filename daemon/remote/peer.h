@@ -212,8 +212,8 @@ struct peer_set {
 	struct peer_target *targets[PEER_TARGET_MAX]; /* owned */
 	unsigned n_targets;
 	/*
-	 * How the layer above (remote.c) hears of peers, set by main.c before
-	 * peer_set_start(); each may be NULL. on_up: p's connection is up;
+	 * How the layer above (remote.c) hears of peers, set by remote_start()
+	 * before peer_set_start(); each may be NULL. on_up: p's connection is up;
 	 * on_down: it ended (reason: why); on_frame: a frame after the handshake
 	 * other than a heartbeat, f borrowed for the call: 0, or -errno with the
 	 * reason in why to close the connection (a peer that breaks the

@@ -20,7 +20,7 @@
 #include "daemon/base/log.h"
 #include "daemon/figures.h"
 #include "proto/peer.pb-c.h"
-#include "daemon/server.h"
+#include "daemon/base/clock.h"
 
 static void send_hello(struct peer_conn *pc, const uint8_t *proof)
 {

@@ -42,7 +42,7 @@
 #include "daemon/figures.h"
 #include "proto/peer.pb-c.h"
 #include "daemon/base/ratelimit.h"
-#include "daemon/server.h"
+#include "daemon/base/clock.h"
 
 struct peer_write {
 	uv_write_t req;

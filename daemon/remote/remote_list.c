@@ -230,18 +230,15 @@ bool remote_list(struct remote_env *env, struct client *cl, uint64_t id, const T
 static bool entry_ok(const Tensord__PeerNameListEntry *x)
 {
 	char reason[300];
-	int64_t strides[32];
+	int64_t strides[TENSORD_NDIM_MAX];
 	uint64_t nbytes;
 	DLDataType dt;
 
 	if (td_name_check(x->name, strlen(x->name), reason, sizeof(reason)) < 0 ||
-	    x->n_shape > 32 || x->n_strides != x->n_shape || x->dtype_code > 255 ||
-	    x->dtype_bits > 255 || x->dtype_lanes > 65535)
+	    td_desc_from_wire(x->dtype_code, x->dtype_bits, x->dtype_lanes, x->n_shape,
+			      x->n_strides, true, &dt, reason, sizeof(reason)) < 0)
 		return false;
-	dt = (DLDataType){ (uint8_t)x->dtype_code, (uint8_t)x->dtype_bits,
-			   (uint16_t)x->dtype_lanes };
-	return td_dtype_check(dt, reason, sizeof(reason)) == 0 &&
-	       td_layout(dt, (int32_t)x->n_shape, x->shape, x->strides, strides, &nbytes, reason,
+	return td_layout(dt, (int32_t)x->n_shape, x->shape, x->strides, strides, &nbytes, reason,
 			 sizeof(reason)) == 0 &&
 	       nbytes == x->nbytes;
 }

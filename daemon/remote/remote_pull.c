@@ -316,7 +316,7 @@ int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *wh
 	struct pull *pl = rm_pull_by_id(rm, m->id);
 	struct create_args a = { 0 };
 	char reason[400];
-	int64_t strides[32];
+	int64_t strides[TENSORD_NDIM_MAX];
 	struct replica *rep;
 	struct tensor *t;
 	uint64_t nbytes;
@@ -363,11 +363,8 @@ int rm_on_pull_reply(struct rpeer *rp, const Tensord__PeerPullReply *m, char *wh
 		return 0;
 	}
 	/* A peer's descriptor is input like a client's: the same checks as a create. */
-	dt = (DLDataType){ (uint8_t)m->dtype_code, (uint8_t)m->dtype_bits,
-			   (uint16_t)m->dtype_lanes };
-	if (m->n_shape > 32 || m->n_strides != m->n_shape || m->dtype_code > 255 ||
-	    m->dtype_bits > 255 || m->dtype_lanes > 65535 ||
-	    td_dtype_check(dt, reason, sizeof(reason)) < 0 ||
+	if (td_desc_from_wire(m->dtype_code, m->dtype_bits, m->dtype_lanes, m->n_shape,
+			      m->n_strides, true, &dt, reason, sizeof(reason)) < 0 ||
 	    td_layout(dt, (int32_t)m->n_shape, m->shape, m->strides, strides, &nbytes, reason,
 		      sizeof(reason)) < 0 ||
 	    nbytes != m->nbytes) {

@@ -57,7 +57,6 @@ KNOWN = {
     ("registry", "daemon/figures.h"): "figure_count() of the registry's counters",
     ("remote", "daemon/figures.h"): "figure_count() of remote attach's counters",
     ("remote", "daemon/conn.h"): "CONN_OUT_HIGH/MAX, the bounds a peer's queue shares",
-    ("remote", "daemon/server.h"): "peer.c: now_ns() (daemon/base/clock.h has it now)",
 }
 
 
