@@ -514,11 +514,16 @@ ifeq ($(PYTHON_INSTALL),1)
 	rm -rf $(if $(PYTHONDIR),$(D)$(PYTHONDIR)/tensord)
 endif
 
-# Our C, laid out by .clang-format (dlpack.h is DLPack's own, kept as it is).
+# Our C, laid out by .clang-format (dlpack.h is DLPack's own, kept as it is):
+# every C source and header git tracks, so a new folder is never missed; out
+# of a git checkout (a release tarball), the folders by pattern.
+FORMAT_GIT := $(shell git ls-files -- '*.c' '*.h' 2>/dev/null)
 FORMAT_SRC := $(filter-out include/tensord/dlpack.h, \
-	$(wildcard daemon/*.[ch] daemon/*/*.[ch] daemon/*/xport/*.c client/*/*.[ch] common/*.[ch] gpu/*.[ch] gpu/*/*.[ch] proto/*.[ch] \
-		   include/tensord/*.h tests/unit/*.[ch] tests/integration/*.c tests/python/*.c \
-		   tests/gpu/*.c tests/fuzz/*.c tests/fakegpu/*.c tests/gpudouble/*.[ch] bench/*.c))
+	$(if $(FORMAT_GIT),$(FORMAT_GIT), \
+	$(wildcard daemon/*.[ch] daemon/*/*.[ch] daemon/*/*/*.[ch] client/*/*.[ch] common/*.[ch] \
+		   gpu/*.[ch] gpu/*/*.[ch] proto/*.[ch] include/tensord/*.h tests/unit/*.[ch] \
+		   tests/integration/*.c tests/python/*.c tests/gpu/*.c tests/fuzz/*.c \
+		   tests/fakegpu/*.c tests/gpudouble/*.[ch] bench/*.c)))
 
 format:
 	clang-format -i $(FORMAT_SRC)
