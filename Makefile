@@ -331,9 +331,12 @@ test: setup
 test-unit: $(UNIT_BIN)
 	$(Q)set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
-# pytest exits 5 when it collected nothing (a GPU-only selection on a machine
-# without one); that is not a failure.
-PYTEST = sh -c '$(PYTHON) -m pytest "$$@"; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc' pytest
+# pytest exits 5 when it collected nothing. For a whole suite or a named
+# selection of it that is a failure (a broken import, a -k that matches
+# nothing any more); only a GPU-only selection (PYTEST_GPU) may legitimately
+# collect nothing, on a machine without one.
+PYTEST     = $(PYTHON) -m pytest
+PYTEST_GPU = sh -c '$(PYTHON) -m pytest "$$@"; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc' pytest
 
 test-integration: all
 	$(Q)TENSORD_BUILD=$(abspath $(B)) $(PYTEST) -q -rs tests/integration
@@ -351,7 +354,7 @@ test-asan:
 	$(Q)ASAN_OPTIONS=detect_leaks=1 TENSORD_BUILD=$(abspath build-asan) TENSORD_SANITIZED=1 \
 		$(PYTEST) -q -rs tests/integration
 	$(Q)ASAN_OPTIONS=detect_leaks=1 TENSORD_BUILD=$(abspath build-asan) TENSORD_SANITIZED=1 \
-		PYTHONPATH=$(abspath $(B))/python $(PYTEST) -q -rs tests/python/test_gpu_remote.py \
+		PYTHONPATH=$(abspath $(B))/python $(PYTEST_GPU) -q -rs tests/python/test_gpu_remote.py \
 		-k "not rate_report"
 
 # The threads (the GPU worker, the host pool's worker, the client's flusher)
@@ -386,7 +389,7 @@ test-tsan:
 		tests/integration/test_remote_sets.py -k "$(TSAN_DESELECT)"
 	$(Q)TSAN_OPTIONS="halt_on_error=1 exitcode=66" TENSORD_BUILD=$(abspath build-tsan) \
 		UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no TENSORD_SANITIZED=1 \
-		PYTHONPATH=$(abspath $(B))/python $(PYTEST) -q -rs tests/python/test_gpu_remote.py \
+		PYTHONPATH=$(abspath $(B))/python $(PYTEST_GPU) -q -rs tests/python/test_gpu_remote.py \
 		-k "$(TSAN_GPU_REMOTE)"
 
 run:

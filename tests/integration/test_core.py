@@ -166,7 +166,9 @@ def test_attach_waits_for_publish(daemon, clients):
     r.err("attach later 0", "ENOENT")
     r.p.stdin.write("attach later 5000\n")
     r.p.stdin.flush()
-    time.sleep(0.2)
+    # The attach waits in the daemon before the publish: else this would
+    # test an attach of a published tensor.
+    assert wait_until(lambda: daemon.stats().get("waiters") == 1), daemon.stats()
     w.ok("fill later 1")
     w.ok("publish later")
     assert r.p.stdout.readline().startswith("ok")
