@@ -26,12 +26,12 @@ import signal
 import socket
 import struct
 import subprocess
-import tempfile
 import time
 
 import pytest
 
 from conftest import build_path, wait_until
+from testlib import copies_for_all, open_dir
 from hostile import (
     Raw, Reply, frame, request, f_bytes, f_varint, hello_req, create_body, put_req,
     reply_with_fds, decode, rss_kib, F_CREATE, F_ATTACH, F_STAT, F_LIST, F_STATS, F_PUT, F_UNLINK,
@@ -75,13 +75,9 @@ class Tools:
     """Copies of tensord, tensorctl and tdclient that every uid may run."""
 
     def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="tensord-fair-")
-        os.chmod(self.dir, 0o755)
-        for name, src in (("tensord", build_path("tensord")),
-                          ("tensorctl", build_path("tensorctl")),
-                          ("tdclient", build_path("tests", "helpers", "tdclient"))):
-            shutil.copy(src, os.path.join(self.dir, name))
-            os.chmod(os.path.join(self.dir, name), 0o755)
+        self.dir = open_dir(prefix="tensord-fair-")
+        copies_for_all(self.dir, build_path("tensord"), build_path("tensorctl"),
+                       build_path("tests", "helpers", "tdclient"))
         self.sock_dir = os.path.join(self.dir, "run")
         os.mkdir(self.sock_dir)
         os.chmod(self.sock_dir, 0o777 | 0o1000)  # sticky, like /tmp
