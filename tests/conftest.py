@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from testlib import wait_until  # noqa: F401 (the integration suite's `from conftest import`)
+
 BUILD = os.environ.get("TENSORD_BUILD") or os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build")
 
@@ -103,16 +105,6 @@ class Daemon:
                 self.proc.wait()
         self.log.close()
         return self.proc.returncode
-
-
-def wait_until(pred, timeout=10.0, interval=0.01):
-    """Polls pred until it is true; returns its last value."""
-    end = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v or time.monotonic() > end:
-            return v
-        time.sleep(interval)
 
 
 @pytest.fixture

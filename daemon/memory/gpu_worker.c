@@ -23,7 +23,7 @@ struct job {
 	void (*fn)(void *arg);
 	void (*done)(void *arg); /* NULL: nothing to complete */
 	void *arg;
-	uint64_t due_ns; /* a timer's: when it joins the queue (CLOCK_MONOTONIC) */
+	uint64_t due_ns; /* a timer's: when it joins the queue (gpu_worker_now_ns()) */
 	struct job *next;
 };
 
@@ -38,6 +38,7 @@ static struct {
 	pthread_t thread;
 	void (*notify)(void *ctx);
 	void *notify_ctx;
+	uint64_t (*clock)(void); /* gpu_worker_set_clock(): a test's; NULL: CLOCK_MONOTONIC */
 } worker = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
 
 /*
@@ -69,6 +70,13 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t gpu_worker_now_ns(void)
+{
+	uint64_t (*clock)(void) = __atomic_load_n(&worker.clock, __ATOMIC_ACQUIRE);
+
+	return clock ? clock() : mono_ns();
+}
+
 /* Lock held. Appends j to the queue. */
 static void queue(struct job *j)
 {
@@ -96,7 +104,8 @@ static void worker_wait(void)
 {
 	struct timespec until;
 
-	if (!worker.timers) {
+	/* A test's clock moves only by gpu_worker_set_clock(), which wakes us. */
+	if (!worker.timers || worker.clock) {
 		pthread_cond_wait(&worker.cond, &worker.lock);
 		return;
 	}
@@ -111,7 +120,7 @@ static void *worker_main(void *unused)
 	for (;;) {
 		struct job *j;
 
-		timers_due(mono_ns());
+		timers_due(gpu_worker_now_ns());
 		j = worker.head;
 		if (!j) {
 			if (worker.stop)
@@ -180,7 +189,7 @@ void gpu_worker_run(void (*fn)(void *arg), void *arg)
 int gpu_worker_run_after(uint64_t delay_ns, void (*fn)(void *arg), void *arg)
 {
 	struct job *j = malloc(sizeof(*j)), **at;
-	uint64_t now = mono_ns();
+	uint64_t now = gpu_worker_now_ns();
 
 	if (!j)
 		return -ENOMEM;
@@ -210,6 +219,15 @@ int gpu_worker_submit(void (*fn)(void *arg), void (*done)(void *arg), void *arg)
 	*j = (struct job){ fn, done, arg, 0, NULL };
 	enqueue(j);
 	return 0;
+}
+
+void gpu_worker_set_clock(uint64_t (*now_ns)(void))
+{
+	pthread_mutex_lock(&worker.lock);
+	__atomic_store_n(&worker.clock, now_ns, __ATOMIC_RELEASE);
+	timers_due(gpu_worker_now_ns());
+	pthread_cond_broadcast(&worker.cond);
+	pthread_mutex_unlock(&worker.lock);
 }
 
 void gpu_worker_set_notify(void (*fn)(void *ctx), void *ctx)

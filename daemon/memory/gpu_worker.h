@@ -29,7 +29,7 @@ void gpu_worker_run(void (*fn)(void *arg), void *arg);
 
 /*
  * A timer: queues fn(arg) for the worker once delay_ns have passed
- * (CLOCK_MONOTONIC), behind whatever was queued by then; it runs on the
+ * (gpu_worker_now_ns()), behind whatever was queued by then; it runs on the
  * worker like any job, so what it does needs no more care than a job.
  * The worker sleeps until the soonest timer. gpu_worker_drain() does not
  * wait for timers, and gpu_worker_stop() drops those not yet due without
@@ -38,6 +38,18 @@ void gpu_worker_run(void (*fn)(void *arg), void *arg);
  * 0, or -ENOMEM or -EAGAIN (no thread) when nothing was queued.
  */
 int gpu_worker_run_after(uint64_t delay_ns, void (*fn)(void *arg), void *arg);
+
+/* Now on the clock the timers go by: CLOCK_MONOTONIC ns, or a test's. */
+uint64_t gpu_worker_now_ns(void);
+
+/*
+ * Times the timers (and whatever reads gpu_worker_now_ns(): the GPU
+ * backends' context hold) by now_ns() instead of CLOCK_MONOTONIC: a test's
+ * clock, which moves only when the test says. The timers due by now_ns()
+ * join the queue at once (gpu_worker_drain() then waits for them); call it
+ * again each time the clock moved. NULL: CLOCK_MONOTONIC again.
+ */
+void gpu_worker_set_clock(uint64_t (*now_ns)(void));
 
 /*
  * Queues fn(arg) for the worker, then done(arg) for gpu_worker_complete().

@@ -59,8 +59,10 @@ struct pool {
 	uint64_t closing_max;             /* past it, pool_discard() closes on the caller */
 	bool held;                        /* pool_hold(): the worker does nothing (tests) */
 	uint64_t wanted[POOL_CLASSES];    /* class sizes, most recently wanted first; 0: none */
-	uint64_t wanted_ns[POOL_CLASSES]; /* when each was last taken (CLOCK_MONOTONIC) */
+	uint64_t wanted_ns[POOL_CLASSES]; /* when each was last taken (idle_now()) */
 	uint64_t idle_ns;                 /* a class not taken for this long is forgotten */
+	uint64_t (*clock)(void);          /* pool_set_clock(): a test's; NULL: CLOCK_MONOTONIC */
+	bool clock_moved;                 /* since the worker last forgot idle classes */
 	uint64_t last_take_ns;            /* when pool_take() last ran */
 	struct pool_stats st;
 };
@@ -71,6 +73,12 @@ static uint64_t now_mono_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Lock held. The clock idle classes are timed by. */
+static uint64_t idle_now(struct pool *p)
+{
+	return p->clock ? p->clock() : now_mono_ns();
 }
 
 uint64_t pool_class_size(uint64_t size)
@@ -432,7 +440,11 @@ static void *worker(void *arg)
 
 		while (p->held && !p->stop)
 			pthread_cond_wait(&p->wake, &p->lock);
-		due = forget_idle(p, now_mono_ns());
+		due = forget_idle(p, idle_now(p));
+		p->clock_moved = false;
+		/* A test's clock is looked at when it says it moved, not on a timer. */
+		if (p->clock)
+			due = 0;
 
 		/* Ready memfds of classes nobody wants any more go first. */
 		for (size_t i = p->n_ready; i-- > 0;)
@@ -450,7 +462,8 @@ static void *worker(void *arg)
 			continue;
 		}
 		pthread_cond_broadcast(&p->idle);
-		wait_for_work(p, due);
+		if (!p->clock_moved) /* else it moved while the lock was let go: look again */
+			wait_for_work(p, due);
 	}
 	pthread_cond_broadcast(&p->idle);
 	pthread_mutex_unlock(&p->lock);
@@ -516,7 +529,7 @@ static void want(struct pool *p, uint64_t c)
 	memmove(p->wanted + 1, p->wanted, (size_t)i * sizeof(p->wanted[0]));
 	memmove(p->wanted_ns + 1, p->wanted_ns, (size_t)i * sizeof(p->wanted_ns[0]));
 	p->wanted[0] = c;
-	p->wanted_ns[0] = now_mono_ns();
+	p->wanted_ns[0] = idle_now(p);
 }
 
 static int take(struct pool *p, uint64_t size, bool copy_follows)
@@ -627,11 +640,20 @@ void pool_set_idle(struct pool *p, uint64_t idle_ns)
 	pthread_mutex_unlock(&p->lock);
 }
 
+void pool_set_clock(struct pool *p, uint64_t (*now_ns)(void))
+{
+	pthread_mutex_lock(&p->lock);
+	p->clock = now_ns;
+	p->clock_moved = true;
+	pthread_cond_signal(&p->wake);
+	pthread_mutex_unlock(&p->lock);
+}
+
 void pool_settle(struct pool *p)
 {
 	pthread_mutex_lock(&p->lock);
 	while (!p->stop && !p->held &&
-	       (p->working || p->n_closing || next_refill(p, UINT64_MAX, NULL)))
+	       (p->working || p->n_closing || p->clock_moved || next_refill(p, UINT64_MAX, NULL)))
 		pthread_cond_wait(&p->idle, &p->lock);
 	pthread_mutex_unlock(&p->lock);
 }

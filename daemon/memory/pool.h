@@ -131,6 +131,15 @@ uint64_t pool_class_size(uint64_t size);
 /* How long a class may go untaken before it is forgotten (tests; default POOL_IDLE_NS). */
 void pool_set_idle(struct pool *p, uint64_t idle_ns);
 
+/*
+ * Times idle classes by now_ns() (ns, monotonic) instead of
+ * CLOCK_MONOTONIC: a test's clock, which moves only when the test says.
+ * The worker forgets the classes idle by then on its next round (and
+ * pool_settle() waits for that round); call it again each time the clock
+ * moved (NULL: CLOCK_MONOTONIC again).
+ */
+void pool_set_clock(struct pool *p, uint64_t (*now_ns)(void));
+
 /* Waits until the worker has nothing left to do (tests and benchmarks). */
 void pool_settle(struct pool *p);
 

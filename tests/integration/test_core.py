@@ -5,19 +5,12 @@ import shutil
 import signal
 import subprocess
 import stat as statmod
-import tempfile
 import time
 
 import pytest
 
 from conftest import build_path, wait_until
-
-
-def open_dir():
-    """A directory every uid may enter, for tests that switch uid."""
-    d = tempfile.mkdtemp(prefix="tensord-test-")
-    os.chmod(d, 0o755)
-    return d
+from testlib import copies_for_all, open_dir
 
 
 def as_nobody():
@@ -33,9 +26,7 @@ def tdclient_for_all():
     the checkout may lie under a 0700 directory (a clone in /root), where
     they cannot reach build/."""
     d = open_dir()
-    exe = os.path.join(d, "tdclient")
-    shutil.copy(build_path("tests", "helpers", "tdclient"), exe)
-    os.chmod(exe, 0o755)
+    [exe] = copies_for_all(d, build_path("tests", "helpers", "tdclient"))
     yield exe
     shutil.rmtree(d)
 
@@ -166,7 +157,9 @@ def test_attach_waits_for_publish(daemon, clients):
     r.err("attach later 0", "ENOENT")
     r.p.stdin.write("attach later 5000\n")
     r.p.stdin.flush()
-    time.sleep(0.2)
+    # The attach waits in the daemon before the publish: else this would
+    # test an attach of a published tensor.
+    assert wait_until(lambda: daemon.stats().get("waiters") == 1), daemon.stats()
     w.ok("fill later 1")
     w.ok("publish later")
     assert r.p.stdout.readline().startswith("ok")

@@ -15,17 +15,14 @@ report: no violation, and after the daemon stopped no leak of its.
 """
 import json
 import os
-import queue
 import re
 import signal
 import subprocess
-import sys
-import textwrap
-import threading
 
 import pytest
 
 from conftest import BUILD, build_path, wait_until
+from testlib import Child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DBL = build_path("gpudouble")
@@ -146,56 +143,9 @@ def wait(word):
 '''
 
 
-class Child:
+def child(code, env):
     """A Python process running PRELUDE + code; it and the test talk in lines."""
-
-    def __init__(self, code, env):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", PRELUDE + textwrap.dedent(code)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        self.lines = queue.Queue()
-        self.err = []
-        threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines.put),
-                         daemon=True).start()
-        threading.Thread(target=self._pump, args=(self.proc.stderr, self.err.append),
-                         daemon=True).start()
-
-    @staticmethod
-    def _pump(stream, sink):
-        for line in stream:
-            sink(line.rstrip("\n"))
-        sink(None)
-
-    @property
-    def pid(self):
-        return self.proc.pid
-
-    def stderr(self):
-        return "\n".join(x for x in self.err if x is not None)
-
-    def expect(self, prefix, timeout=60):
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            self.proc.kill()
-            raise AssertionError(f"child said nothing for {timeout}s; stderr: {self.stderr()}")
-        assert line is not None, f"child exited early (rc {self.proc.wait()}): {self.stderr()}"
-        assert line.startswith(prefix), f"expected {prefix!r}, got {line!r}; {self.stderr()}"
-        return line
-
-    def send(self, line):
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def finish(self, timeout=60):
-        self.proc.stdin.close()
-        rc = self.proc.wait(timeout=timeout)
-        assert rc == 0, f"child exited {rc}: {self.stderr()}"
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+    return Child(code, env=env, prelude=PRELUDE)
 
 
 @pytest.fixture
@@ -219,7 +169,7 @@ def hipd(dbl, daemon_factory):
         env.pop("HIP_VISIBLE_DEVICES", None)
         env.pop("TD_GPU_DOUBLE_LEAKS", None)
         env.update(extra)
-        c = Child(code, env)
+        c = child(code, env)
         children.append(c)
         return c
 
@@ -464,8 +414,8 @@ def test_the_double_sees_a_free_under_an_open_handle(dbl):
     env.pop("HIP_VISIBLE_DEVICES", None)
 
     def round_trip(close_first):
-        owner = Child(OWNER, env)
-        opener = Child(OPENER, env)
+        owner = child(OWNER, env)
+        opener = child(OPENER, env)
         try:
             opener.send(owner.expect("handle").split()[1])
             assert opener.expect("open") == "open hipErrorInvalidValue True"

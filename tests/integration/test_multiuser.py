@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 
 import conftest
 from conftest import build_path, wait_until
+from testlib import copies_for_all, open_dir
 from hostile import (
     F_RELEASE, Raw, frame, f_varint, hello_req, request, stats_req,
 )
@@ -56,12 +56,11 @@ def world():
 
 class World:
     def __init__(self):
-        self.root = tempfile.mkdtemp(prefix="tensord-mu-")
-        os.chmod(self.root, 0o755)
+        self.root = open_dir(prefix="tensord-mu-")
         self.bin = os.path.join(self.root, "bin")
         os.mkdir(self.bin, 0o755)
-        for name in ("tensord", "tensorctl", os.path.join("tests", "helpers", "tdclient")):
-            shutil.copy(build_path(name), self.bin)
+        copies_for_all(self.bin, build_path("tensord"), build_path("tensorctl"),
+                       build_path("tests", "helpers", "tdclient"))
         self.tmp = os.path.join(self.root, "tmp")      # plays /tmp
         os.mkdir(self.tmp)
         os.chmod(self.tmp, 0o1777)

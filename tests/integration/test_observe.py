@@ -16,7 +16,8 @@ import pytest
 
 from conftest import build_path, wait_until
 from hostile import Raw, decode, f_bytes, f_varint, request
-from test_core import Client, clients, open_dir  # noqa: F401 (clients: a fixture)
+from test_core import Client, clients  # noqa: F401 (clients: a fixture)
+from testlib import copies_for_all, open_dir
 
 prom_parser = pytest.importorskip(
     "prometheus_client.parser", reason="prometheus_client is not installed (deploy/setup.sh)")
@@ -123,11 +124,8 @@ def test_leases_and_clients_respect_permissions(daemon_factory):
     d = daemon_factory("--mode", "0666", sub=open_dir())
     # Copies nobody can run: the checkout may be under a directory it cannot enter.
     bindir = open_dir()
-    nobody_ctl = shutil.copy(CTL, os.path.join(bindir, "tensorctl"))
-    nobody_tdclient = shutil.copy(build_path("tests", "helpers", "tdclient"),
-                                  os.path.join(bindir, "tdclient"))
-    for exe in (nobody_ctl, nobody_tdclient):
-        os.chmod(exe, 0o755)
+    nobody_ctl, nobody_tdclient = copies_for_all(bindir, CTL,
+                                                 build_path("tests", "helpers", "tdclient"))
     owner = Client(d.socket)
     other = Client(d.socket, preexec=as_nobody, exe=nobody_tdclient)
     try:

@@ -33,6 +33,7 @@ import time
 import pytest
 
 from conftest import build_path, wait_until
+from testlib import copies_for_all, open_dir
 
 ATTACKER, HONEST = 4211, 4212
 # Its other uids run copies in bin/ (Host): test_checkout.py runs it from a 0700 checkout.
@@ -56,11 +57,9 @@ class Host:
     own directory, and a root-only file the attacker would like to own."""
 
     def __init__(self):
-        self.root = tempfile.mkdtemp(prefix="tensord-paths-")
-        os.chmod(self.root, 0o755)
+        self.root = open_dir(prefix="tensord-paths-")
         self.bin = self.mkdir("bin", 0o755)
-        for name in ("tensord", "tensorctl"):
-            shutil.copy(build_path(name), self.bin)
+        copies_for_all(self.bin, build_path("tensord"), build_path("tensorctl"))
         self.tmp = self.mkdir("tmp", 0o1777)
         self.safe = self.mkdir("safe", 0o755)
         self.evil = self.mkdir("evil", 0o755)

@@ -15,11 +15,11 @@ import os
 import random
 import shutil
 import subprocess
-import tempfile
 
 import pytest
 
 from conftest import build_path
+import testlib
 
 SANITIZED = os.environ.get("TENSORD_SANITIZED") == "1"
 NOBODY = 65534
@@ -51,8 +51,7 @@ def line(out, head):
 def open_dir():
     """A directory every uid may enter, for the daemon's socket and a copy of
     the fuzzer that uid 65534 can run (the checkout may be under 0700)."""
-    d = tempfile.mkdtemp(prefix="tensord-reqfuzz-")
-    os.chmod(d, 0o755)
+    d = testlib.open_dir(prefix="tensord-reqfuzz-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -63,9 +62,7 @@ def test_request_sequence_fuzzer_leaves_the_daemon_answering(daemon_factory, ope
     seed = int(os.environ.get("TENSORD_REQFUZZ_SEED") or random.randrange(1, 1 << 62))
     d = daemon_factory("--capacity", "256Mi", "--pool", "32Mi", "--log-level", "info",
                        "--mode", "0666", sub=open_dir)
-    exe = os.path.join(open_dir, "reqfuzz")
-    shutil.copy(build_path("tests", "helpers", "reqfuzz"), exe)
-    os.chmod(exe, 0o755)
+    [exe] = testlib.copies_for_all(open_dir, build_path("tests", "helpers", "reqfuzz"))
     runs = [("own uid", seed, None)]
     if os.geteuid() == 0:
         runs.append((f"uid {NOBODY}", seed + 1, as_nobody))

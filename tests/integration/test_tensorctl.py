@@ -240,7 +240,9 @@ def test_wait_returns_on_publish(daemon, tmp_path, json_out):
         argv.append("--json")
     w = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)
+        # The wait is the daemon's before the put: else this tests a wait for an existing one.
+        assert wait_until(lambda: daemon.stats().get("waiters") == 1 or w.poll() is not None,
+                          timeout=30), daemon.stats()
         assert w.poll() is None, "wait returned before the tensor existed"
         ok(daemon, "put", "late", save(tmp_path / "a.npy", np.arange(4, dtype=np.int32)))
         out, err = w.communicate(timeout=15)

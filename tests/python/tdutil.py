@@ -2,6 +2,8 @@
 import os
 import time
 
+from testlib import wait_until  # noqa: F401 (kept once in tests/testlib.py)
+
 
 def refcount(client, name):
     """Live leases on name, as the daemon counts them."""
@@ -34,13 +36,3 @@ DTYPES = {
     "float16": "float16", "bfloat16": None, "float32": "float32", "float64": "float64",
     "complex64": "complex64", "complex128": "complex128",
 }
-
-
-def wait_until(pred, timeout=10.0, interval=0.01):
-    """Polls pred until it is true or timeout seconds passed; returns its last value."""
-    end = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v or time.monotonic() > end:
-            return v
-        time.sleep(interval)

@@ -21,6 +21,21 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 120))
 
 
+async def stats_until(ac, pred, timeout=30.0):
+    """Polls ac.stats() until pred(stats) holds or timeout seconds passed;
+    returns the last stats."""
+    end = asyncio.get_running_loop().time() + timeout
+    while True:
+        st = await ac.stats()
+        if pred(st) or asyncio.get_running_loop().time() > end:
+            return st
+        await asyncio.sleep(0.01)
+
+
+def my_watches(st):
+    return sum(u.get("uid_watches", 0) for u in st["uids"] if u["uid"] == os.geteuid())
+
+
 def test_a_thousand_waits_on_one_client_without_threads(daemon):
     async def main():
         async with await tensord.aio.connect(daemon.socket) as ac:
@@ -30,7 +45,9 @@ def test_a_thousand_waits_on_one_client_without_threads(daemon):
             before = threads()
             waits = [asyncio.ensure_future(ac.attach(f"aio/{i % 10}", after=gens[i % 10]))
                      for i in range(1000)]
-            await asyncio.sleep(0.5)
+            # Every wait reached the daemon (not slept on: a slow start passed unseen).
+            st = await stats_until(ac, lambda s: s["waiters"] == 1000)
+            assert st["waiters"] == 1000, st["waiters"]
             assert threads() == before, "no thread per wait"
             assert not any(w.done() for w in waits)
             st = await ac.stats()
@@ -55,8 +72,8 @@ def test_cancelling_a_wait_removes_it_from_the_daemon(daemon):
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(ac.attach("cx/a", after=gen), 0.3)
             task = asyncio.ensure_future(ac.attach_many(["cx/a", "cx/never"], timeout=60))
-            await asyncio.sleep(0.2)
-            assert (await ac.stats())["waiters"] == 1
+            st = await stats_until(ac, lambda s: s["waiters"] == 1)
+            assert st["waiters"] == 1, st["waiters"]
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -88,7 +105,9 @@ def test_attach_many_and_watch_on_the_loop(daemon):
 
             wt = asyncio.ensure_future(watcher())
             nxt = asyncio.ensure_future(ac.attach_many("aw/", after=c1))
-            await asyncio.sleep(0.2)
+            # The watch and the wait are the daemon's before the writes.
+            st = await stats_until(ac, lambda s: s["waiters"] == 1 and my_watches(s) == 1)
+            assert st["waiters"] == 1 and my_watches(st) == 1, st
 
             def write():
                 with tensord.connect(daemon.socket) as c:

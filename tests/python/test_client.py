@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tensord
-from tdutil import wait_refcount
+from tdutil import wait_refcount, wait_until
 
 
 def test_connect_default_path_uses_env(daemon, monkeypatch):
@@ -178,8 +178,9 @@ def test_attach_timeout(client):
 
 def test_attach_waits_for_publish_from_another_thread(client, daemon):
     def publish_later():
-        time.sleep(0.2)
         with tensord.connect(daemon.socket) as c2:
+            # Once the attach waits in the daemon: else it finds the tensor there.
+            assert wait_until(lambda: c2.stats()["waiters"] == 1, timeout=30)
             c2.put("late", np.ones(3, np.float64))
 
     th = threading.Thread(target=publish_later)
@@ -313,7 +314,8 @@ def test_close_while_another_thread_waits(daemon):
 
     th = threading.Thread(target=waiter)
     th.start()
-    time.sleep(0.1)
+    # The close comes while the attach waits, not before it started.
+    assert wait_until(lambda: daemon.stats()["waiters"] == 1), daemon.stats()
     c.close()
     th.join(10)
     assert not th.is_alive()
@@ -374,7 +376,8 @@ except KeyboardInterrupt:
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                          env=env)
     assert p.stdout.readline().strip() == "waiting"
-    time.sleep(0.3)
+    # SIGINT while the attach waits in the daemon, not before it is sent.
+    assert wait_until(lambda: daemon.stats().get("waiters") == 1), daemon.stats()
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)
     out, _ = p.communicate(timeout=10)

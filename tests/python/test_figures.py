@@ -27,9 +27,21 @@ def table():
     rows = {m.group(2): m.group(3) for m in re.finditer(
         r"^(FIGURE|SERIES)\((\w+), \w+, (\w+),", read("figures.def"), re.M)}
     for m in re.finditer(r'QUOTA\(\w+, "[^"]*", \w+,\s*(?:"[^"]*"\s*)+,\s*(\w+),',
-                         read("quota.def")):
+                         read(os.path.join("base", "quota.def"))):
         rows[m.group(1)] = "UID"
     return rows
+
+
+def test_every_figure_has_its_row_in_operating_md():
+    """figures.def's header counts a new figure as three files: its row, the
+    line that counts it, and its row in docs/operating.md's "Metrics" table.
+    The third is checked here, with quota.def's per-uid rows."""
+    with open(os.path.join(ROOT, "docs", "operating.md")) as f:
+        documented = set(re.findall(r"^\| `(\w+)` \|", f.read(), re.M))
+    rows = table()
+    assert len(rows) >= 30 and "remote_pulls" in rows, rows
+    missing = sorted(set(rows) - documented)
+    assert not missing, f"docs/operating.md has no row for {missing}"
 
 
 def names_in(stats):

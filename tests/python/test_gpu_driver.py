@@ -16,7 +16,7 @@ import pytest
 
 import gpu_double
 import tensord
-from conftest import Child
+from testlib import Child
 
 gpu_double.require()
 

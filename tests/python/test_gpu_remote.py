@@ -17,14 +17,14 @@ import signal
 import socket
 import subprocess
 import textwrap
-import time
 
 import pytest
 
 import gpu_double
 import tensord
-from conftest import Child
+from testlib import Child
 from gpu_double import SYSTEM
+from tdutil import wait_until
 
 CTL = os.path.join(gpu_double.BUILD, "tensorctl")
 
@@ -81,15 +81,6 @@ def peer_up(d, name):
     peers = json.loads(r.stdout)
     peers = peers.get("peers", peers) if isinstance(peers, dict) else peers
     return any(p.get("name") == name and p.get("state") == "up" for p in peers)
-
-
-def wait_until(pred, timeout=10.0):
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def anonymous_maps_of(pid, size):

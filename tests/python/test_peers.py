@@ -3,16 +3,9 @@ state `tensorctl peers --json` prints (tests/integration/test_peers.py
 covers the peering itself)."""
 import os
 import socket
-import time
 
 import tensord
-
-
-def wait_until(pred, timeout):
-    end = time.monotonic() + timeout
-    while not pred() and time.monotonic() < end:
-        time.sleep(0.05)
-    return pred()
+from tdutil import wait_until
 
 
 def free_port():

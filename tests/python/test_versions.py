@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import tensord
+from tdutil import wait_until
 
 
 def full(n, v, dtype=np.int64):
@@ -212,9 +213,10 @@ def test_attach_after_a_generation(client, daemon):
 
     th = threading.Thread(target=waiter)
     th.start()
-    time.sleep(0.3)
+    assert wait_until(lambda: client.stats()["waiters"] == 1), client.stats()
     client.put("w/other", full(4, 5))  # another name's commit does not wake it
-    time.sleep(0.2)
+    # A wake is sent with the commit, before the put's reply: the waiter is still there.
+    assert client.stats()["waiters"] == 1
     assert "v" not in got
     client.put("w/x", full(4, 2), replace=True)
     th.join(30)
@@ -243,9 +245,9 @@ def test_attach_many_after_a_commit(client, daemon):
 
     th = threading.Thread(target=waiter)
     th.start()
-    time.sleep(0.3)
+    assert wait_until(lambda: client.stats()["waiters"] == 1), client.stats()
     client.put("other/x", full(4, 9))  # outside the prefix: no wake
-    time.sleep(0.2)
+    assert client.stats()["waiters"] == 1
     assert "v" not in got
     c2 = client.put_many({"am/a": full(4, 2), "am/b": full(4, 2)}, replace=True)
     th.join(30)

@@ -142,6 +142,7 @@ static int fake_setup(void **state)
 
 static int fake_teardown(void **state)
 {
+	gpu_worker_set_clock(NULL);
 	backend_cuda.fini();
 	backend_hip.fini();
 	fake_gpu_remove();
@@ -458,9 +459,20 @@ static int count_locked(const char *fn)
 	return n;
 }
 
-static void sleep_ms(unsigned ms)
+/* The worker's clock in the hold tests: it moves only when advance_ms() says. */
+static _Atomic uint64_t fake_ns = 1000000000ull;
+
+static uint64_t fake_clock(void)
 {
-	usleep(ms * 1000u);
+	return fake_ns;
+}
+
+/* The clock moves on ms; the timers due by then run before this returns. */
+static void advance_ms(unsigned ms)
+{
+	fake_ns += ms * 1000000ull;
+	gpu_worker_set_clock(fake_clock);
+	gpu_worker_drain();
 }
 
 /*
@@ -514,25 +526,28 @@ static void test_cuda_context_released_after_the_hold(void **state)
 	struct fake_call released;
 	int k, refs;
 
+	gpu_worker_set_clock(fake_clock);
 	backend_gpu_set_context_hold(400);
 	assert_int_equal(backend_cuda.alloc(&a, 1, 0, "a"), 0);
 	backend_cuda.release(&a);
 	gpu_worker_drain();
-	sleep_ms(250);
+	advance_ms(250);
 	/* A second burst within the hold: the same context, and the hold starts over. */
 	assert_int_equal(backend_cuda.alloc(&a, 1, 0, "a"), 0);
 	backend_cuda.release(&a);
 	gpu_worker_drain();
 	assert_int_equal(count_locked("cuDevicePrimaryCtxRetain"), 1);
-	sleep_ms(250);
-	/* 500 ms after the first free, 250 after the last: still held. */
+	advance_ms(250);
+	/* 500 ms after the first free (its timer ran), 250 after the last: still held. */
 	assert_int_equal(count_locked("cuDevicePrimaryCtxRelease"), 0);
 	assert_int_equal(backend_cuda.gpu_bytes(0), FAKE_CTX_BYTES);
-	for (int i = 0; i < 500 && count_locked("cuDevicePrimaryCtxRelease") == 0; i++)
-		sleep_ms(10);
+	advance_ms(149);
+	assert_int_equal(count_locked("cuDevicePrimaryCtxRelease"), 0);
+	/* 400 ms after the last free: released. */
+	advance_ms(1);
 	assert_int_equal(count_locked("cuDevicePrimaryCtxRelease"), 1);
 	/* Nothing more, however long it stays idle. */
-	sleep_ms(500);
+	advance_ms(60000);
 	pthread_mutex_lock(&fake_lock);
 	k = fake_find("cuDevicePrimaryCtxRelease", 0);
 	released = fake_log[k];

@@ -18,6 +18,7 @@
 #include "daemon/figures.h"
 #include "daemon/metrics.h"
 #include "daemon/server.h"
+#include "proto/tensord.pb-c.h"
 
 static const char *fake_path(int device_id)
 {
@@ -209,10 +210,37 @@ static void test_counted_figures_count(void **state)
 	figures_release(&set);
 }
 
+/*
+ * metrics.c counts requests by their Request.body field number in arrays of
+ * METRICS_KINDS: a field numbered past them would be counted as "invalid"
+ * without a word. Every field of the oneof, read from the generated
+ * descriptor, is below METRICS_KINDS (a new field >= 32 fails here; grow
+ * the arrays with it).
+ */
+static void test_every_request_kind_has_a_counter(void **state)
+{
+	const ProtobufCMessageDescriptor *d = &tensord__request__descriptor;
+	unsigned in_oneof = 0;
+
+	for (unsigned i = 0; i < d->n_fields; i++) {
+		const ProtobufCFieldDescriptor *f = &d->fields[i];
+
+		if (!(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+			continue;
+		in_oneof++;
+		if (f->id >= METRICS_KINDS)
+			fail_msg("Request field %s is numbered %u: metrics.h counts kinds below "
+				 "METRICS_KINDS (%d)",
+				 f->name, f->id, METRICS_KINDS);
+	}
+	assert_true(in_oneof >= 10);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_the_table_is_whole),
+		cmocka_unit_test(test_every_request_kind_has_a_counter),
 		cmocka_unit_test_setup_teardown(test_samples_come_in_table_order_with_their_labels,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_per_uid_rows_follow_one_rule, setup, teardown),

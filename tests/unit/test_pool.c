@@ -15,7 +15,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -247,38 +246,59 @@ static void test_forgets_unwanted_classes(void **state)
 	pool_free(p);
 }
 
+/* The pool's idle clock in this test: it moves only when advance() says. */
+static _Atomic uint64_t fake_ns = 1000000000ull;
+
+static uint64_t fake_clock(void)
+{
+	return fake_ns;
+}
+
+static void advance(struct pool *p, uint64_t ms)
+{
+	fake_ns += ms * 1000000ull;
+	pool_set_clock(p, fake_clock);
+}
+
 /* Memory ready for a size nobody takes any more is given back after a while. */
 static void test_idle_classes_are_forgotten(void **state)
 {
 	struct pool *p;
 	struct pool_stats st;
-	struct timespec ms50 = { 0, 50 * 1000000 };
 
 	assert_int_equal(pool_new(64 * MiB, POOL_PAGES_SMALL, &p), 0);
+	pool_set_clock(p, fake_clock);
 	pool_set_idle(p, 300ull * 1000000); /* 0.3 s */
 	assert_int_equal(pool_take(p, 2 * MiB), -ENOENT);
 	assert_int_equal(pool_take(p, 3 * MiB), -ENOENT);
 	pool_settle(p);
 	pool_get_stats(p, &st);
 	assert_int_equal(st.ready_fds, 2 * POOL_READY_PER_CLASS);
-	/* Keep taking 3 MiB: that class stays, the 2 MiB one goes. */
+	/* Keep taking 3 MiB every 50 ms for 1 s: that class stays, the 2 MiB one goes. */
 	for (int i = 0; i < 20; i++) {
 		int fd = pool_take(p, 3 * MiB);
 
 		if (fd >= 0)
 			close(fd);
-		nanosleep(&ms50, NULL);
+		advance(p, 50);
+		pool_settle(p);
+		pool_get_stats(p, &st);
+		/* Forgotten once 0.3 s passed, not before. */
+		assert_int_equal(st.expired, (i + 1) * 50 >= 300 ? POOL_READY_PER_CLASS : 0);
 	}
 	pool_settle(p);
 	pool_get_stats(p, &st);
 	assert_int_equal(st.expired, POOL_READY_PER_CLASS);
 	assert_int_equal(st.ready_fds, POOL_READY_PER_CLASS);
 	assert_int_equal(st.ready_bytes, POOL_READY_PER_CLASS * 3 * MiB);
-	/* Then nothing is taken at all: everything goes, without a call. */
-	for (int i = 0; i < 100 && st.ready_fds; i++) {
-		nanosleep(&ms50, NULL);
-		pool_get_stats(p, &st);
-	}
+	/* Then nothing is taken at all: everything goes, without a take. */
+	advance(p, 200); /* 0.25 s after the last take: kept */
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.ready_fds, POOL_READY_PER_CLASS);
+	advance(p, 50); /* 0.3 s: given back */
+	pool_settle(p);
+	pool_get_stats(p, &st);
 	assert_int_equal(st.ready_fds, 0);
 	assert_int_equal(st.ready_bytes, 0);
 	pool_free(p);

@@ -28,6 +28,7 @@
 #include "daemon/quarantine.h"
 #include "daemon/base/quota.h"
 #include "daemon/registry/registry.h"
+#include "registry_fixture.h"
 
 /*
  * "cuda:0" hands out legacy IPC handles, "cuda:1" VMM descriptors; 2 MiB
@@ -37,7 +38,7 @@
 #define GRAN (2u << 20)
 static int gpu_live;
 
-static int gpu_init(char *why, size_t why_len)
+static int gpu_init(char *err, size_t err_len)
 {
 	return 0;
 }
@@ -103,21 +104,16 @@ static const struct backend_ops backend_fakegpu = {
 
 const struct backend_ops *const backends[] = { &backend_host, &backend_fakegpu, NULL };
 
-static char why[512];
-
 static int setup(void **state)
 {
-	static struct registry reg;
-
-	assert_int_equal(registry_init(&reg, 1 << 20), 0);
+	reg_fixture_setup(state, 1 << 20);
 	gpu_live = 0;
-	*state = &reg;
 	return 0;
 }
 
 static int teardown(void **state)
 {
-	registry_fini(*state);
+	reg_fixture_teardown(state);
 	assert_int_equal(gpu_live, 0);
 	return 0;
 }
@@ -131,17 +127,10 @@ static struct reg_device *dev_of(struct registry *reg, int id)
 static struct tensor *create(struct registry *reg, struct reg_client *rc, const char *name, int dev,
 			     int64_t n, uint64_t *lease)
 {
-	struct create_args a = {
-		.name = name,
-		.name_len = strlen(name),
-		.dtype = { kDLUInt, 8, 1 },
-		.ndim = 1,
-		.shape = &n,
-		.device = { kDLCUDA, dev },
-		.mode = 0644,
-	};
+	struct create_args a = reg_fixture_u8(name, &n, (DLDevice){ kDLCUDA, dev });
 	struct tensor *t;
 
+	a.mode = 0644;
 	assert_int_equal(registry_create(reg, rc, &a, &t, lease, why, sizeof(why)), 0);
 	return t;
 }

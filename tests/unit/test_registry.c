@@ -21,12 +21,12 @@
 #include "daemon/base/quota.h"
 #include "daemon/registry/registry.h"
 #include "daemon/memory/slab.h"
+#include "registry_fixture.h"
 
 /* The backends this test links: the host backend alone, so the registry is
  * tested without the GPU backends and their driver shims. */
 const struct backend_ops *const backends[] = { &backend_host, NULL };
 
-static char why[512];
 static int published;
 
 static void on_pub(void *ctx, const struct reg_change *v, size_t n, bool lost)
@@ -37,35 +37,18 @@ static void on_pub(void *ctx, const struct reg_change *v, size_t n, bool lost)
 
 static int setup(void **state)
 {
-	static struct registry reg;
-
-	assert_int_equal(registry_init(&reg, 1 << 20), 0);
-	reg.on_commit = on_pub;
+	reg_fixture_setup(state, 1 << 20)->on_commit = on_pub;
 	published = 0;
-	*state = &reg;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	registry_fini(*state);
 	return 0;
 }
 
 static int create(struct registry *reg, struct reg_client *rc, const char *name, int64_t n,
 		  uint32_t flags, uint32_t mode, struct tensor **t, uint64_t *lease)
 {
-	struct create_args a = {
-		.name = name,
-		.name_len = strlen(name),
-		.dtype = { kDLUInt, 8, 1 },
-		.ndim = 1,
-		.shape = &n,
-		.device = { kDLCPU, 0 },
-		.flags = flags,
-		.mode = mode,
-	};
+	struct create_args a = reg_fixture_u8(name, &n, (DLDevice){ kDLCPU, 0 });
 
+	a.flags = flags;
+	a.mode = mode;
 	return registry_create(reg, rc, &a, t, lease, why, sizeof(why));
 }
 static void test_state_machine(void **state)
@@ -1054,32 +1037,40 @@ int main(void)
 {
 	log_level = TD_LOG_ERROR;
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_state_machine, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_state_machine, setup, reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_lease_ids_are_not_reused_blindly, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_client_gone, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_capacity, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_replace, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_replace_draft_fails, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_footprint_is_counted, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_pinned_bytes_go_to_holders, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_shared_routing_and_capacity, setup, teardown),
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_client_gone, setup, reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_capacity, setup, reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_replace, setup, reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_replace_draft_fails, setup,
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_footprint_is_counted, setup,
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_pinned_bytes_go_to_holders, setup,
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_shared_routing_and_capacity, setup,
+						reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_publish_moves_small_tensors_into_a_slab, setup,
-						teardown),
+						reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(
-			test_publish_retries_a_seal_refused_for_pinned_pages, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_permissions, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_list_sorted_by_prefix, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_many_names_grow_the_table, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_list_pages, setup, teardown),
+			test_publish_retries_a_seal_refused_for_pinned_pages, setup,
+			reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_errors, setup, reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_permissions, setup, reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_list_sorted_by_prefix, setup,
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_many_names_grow_the_table, setup,
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_list_pages, setup, reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_metadata_hidden_from_who_may_not_read, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_quota, setup, reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_client_gone_walks_only_its_own, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_list_scan_is_bounded, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_bindings, setup, teardown),
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_list_scan_is_bounded, setup,
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_bindings, setup, reg_fixture_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,6 +19,7 @@
 #include "daemon/base/log.h"
 #include "daemon/base/quota.h"
 #include "daemon/registry/registry.h"
+#include "registry_fixture.h"
 
 /*
  * A device whose alloc() blocks, as the GPU backends' does (alloc_blocks):
@@ -30,7 +31,7 @@ static int slow_live;     /* allocations not yet released */
 static int slow_fail;     /* what the next alloc() answers, then 0 */
 static int slow_released; /* release() calls that freed something */
 
-static int slow_init(char *why, size_t why_len)
+static int slow_init(char *err, size_t err_len)
 {
 	return 0;
 }
@@ -101,7 +102,6 @@ static const struct backend_ops backend_slow = {
 /* The backends this test links: the host backend and the slow one above. */
 const struct backend_ops *const backends[] = { &backend_host, &backend_slow, NULL };
 
-static char why[512];
 static int published;
 
 static void on_pub(void *ctx, const struct reg_change *v, size_t n, bool lost)
@@ -112,18 +112,8 @@ static void on_pub(void *ctx, const struct reg_change *v, size_t n, bool lost)
 
 static int setup(void **state)
 {
-	static struct registry reg;
-
-	assert_int_equal(registry_init(&reg, 1 << 20), 0);
-	reg.on_commit = on_pub;
+	reg_fixture_setup(state, 1 << 20)->on_commit = on_pub;
 	published = 0;
-	*state = &reg;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	registry_fini(*state);
 	return 0;
 }
 
@@ -135,17 +125,12 @@ static struct reg_device *slow_dev(struct registry *reg)
 static int create_slow(struct registry *reg, struct reg_client *rc, const char *name, int64_t n,
 		       bool replace, struct tensor **t)
 {
-	struct create_args a = {
-		.name = name,
-		.name_len = strlen(name),
-		.dtype = { kDLUInt, 8, 1 },
-		.ndim = 1,
-		.shape = &n,
-		.device = { kDLCUDA, 0 },
-		.replace = replace,
-	};
+	struct create_args a = reg_fixture_u8(name, &n, (DLDevice){ kDLCUDA, 0 });
 	uint64_t lease = 0;
-	int r = registry_create(reg, rc, &a, t, &lease, why, sizeof(why));
+	int r;
+
+	a.replace = replace;
+	r = registry_create(reg, rc, &a, t, &lease, why, sizeof(why));
 
 	/* In progress: no lease yet. */
 	if (r == -EINPROGRESS)
@@ -338,10 +323,12 @@ int main(void)
 {
 	log_level = TD_LOG_ERROR;
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_async_create, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_async_create_abandoned, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_async_create_fails, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_async_replace, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_async_create, setup, reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_async_create_abandoned, setup,
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_async_create_fails, setup,
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_async_replace, setup, reg_fixture_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

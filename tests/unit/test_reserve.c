@@ -22,25 +22,15 @@
 #include "daemon/memory/pool.h"
 #include "daemon/base/quota.h"
 #include "daemon/registry/registry.h"
+#include "registry_fixture.h"
 
 const struct backend_ops *const backends[] = { &backend_host, NULL };
 
 #define MiB (1ull << 20)
 
-static char why[512];
-
 static int setup(void **state)
 {
-	static struct registry reg;
-
-	assert_int_equal(registry_init(&reg, 64 * MiB), 0);
-	*state = &reg;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	registry_fini(*state);
+	reg_fixture_setup(state, 64 * MiB);
 	return 0;
 }
 
@@ -66,16 +56,9 @@ static int reserve(struct registry *reg, struct reg_client *rc, uint64_t size,
 static int create(struct registry *reg, struct reg_client *rc, const char *name, int64_t n,
 		  uint64_t reserve_id, struct tensor **t, uint64_t *lease)
 {
-	struct create_args a = {
-		.name = name,
-		.name_len = strlen(name),
-		.dtype = { kDLUInt, 8, 1 },
-		.ndim = 1,
-		.shape = &n,
-		.device = { kDLCPU, 0 },
-		.reserve = reserve_id,
-	};
+	struct create_args a = reg_fixture_u8(name, &n, (DLDevice){ kDLCPU, 0 });
 
+	a.reserve = reserve_id;
 	return registry_create(reg, rc, &a, t, lease, why, sizeof(why));
 }
 
@@ -299,12 +282,12 @@ int main(void)
 	log_level = TD_LOG_ERROR;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_reserve_is_charged_and_becomes_the_tensor,
-						setup, teardown),
+						setup, reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_reserve_that_does_not_fit_is_freed, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_reserve_bounds, setup, teardown),
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_reserve_bounds, setup, reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_refused_create_drops_own_reserves, setup,
-						teardown),
+						reg_fixture_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

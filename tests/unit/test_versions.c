@@ -21,11 +21,10 @@
 
 #include "daemon/registry/registry.h"
 #include "daemon/registry/registry_int.h"
+#include "registry_fixture.h"
 
 extern const struct backend_ops backend_host;
 const struct backend_ops *const backends[] = { &backend_host, NULL };
-
-static char why[512];
 
 /* What on_commit heard: the steps, and the changes of the last one. */
 static struct {
@@ -44,18 +43,8 @@ static void on_commit(void *ctx, const struct reg_change *v, size_t n, bool lost
 
 static int setup(void **state)
 {
-	static struct registry reg;
-
-	assert_int_equal(registry_init(&reg, 1 << 24), 0);
-	reg.on_commit = on_commit;
+	reg_fixture_setup(state, 1 << 24)->on_commit = on_commit;
 	memset(&heard, 0, sizeof(heard));
-	*state = &reg;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	registry_fini(*state);
 	return 0;
 }
 
@@ -63,17 +52,10 @@ static int create(struct registry *reg, struct reg_client *rc, const char *name,
 		  bool replace, struct tensor **t, uint64_t *lease)
 {
 	int64_t n = 8192;
-	struct create_args a = {
-		.name = name,
-		.name_len = strlen(name),
-		.dtype = { kDLUInt, 8, 1 },
-		.ndim = 1,
-		.shape = &n,
-		.device = { kDLCPU, 0 },
-		.replace = replace,
-		.tx = tx,
-	};
+	struct create_args a = reg_fixture_u8(name, &n, (DLDevice){ kDLCPU, 0 });
 
+	a.replace = replace;
+	a.tx = tx;
 	return registry_create(reg, rc, &a, t, lease, why, sizeof(why));
 }
 
@@ -354,15 +336,18 @@ static void test_full_transaction_commits(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_generations_never_repeat, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_generations_never_repeat, setup,
+						reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_forgotten_names_start_above_the_floor, setup,
-						teardown),
+						reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_transaction_commits_in_one_step, setup,
-						teardown),
+						reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_abort_failure_and_crash_leave_no_trace, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_transactions_are_bounded, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_full_transaction_commits, setup, teardown),
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_transactions_are_bounded, setup,
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_full_transaction_commits, setup,
+						reg_fixture_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
