@@ -3,8 +3,9 @@
  * nothing outside daemon/remote/ includes: remote.c (start and stop, peers
  * up and down, their frames dispatched, the data path's callbacks, the GPU
  * worker's jobs, populating mappings ahead of UCX, the replica keep timer,
- * a client's close and cancel), remote_serve.c (node A: serving pulls and
- * set pulls, the names a peer watches), and on node B: remote_attach.c (a
+ * a client's close and cancel), on node A: remote_serve.c (a pull served),
+ * remote_serve_set.c (set pulls served) and remote_watch.c (the names a
+ * peer holds replicas of, and PeerChanged), and on node B: remote_attach.c (a
  * client's attach of an "@" name, and the syncs that keep replicas
  * fresh), remote_pull.c (pulls: asked, answered, received, published, or
  * failed), remote_wait.c (pulls that wait for A to publish),
@@ -256,7 +257,7 @@ void *rm_stage_map(size_t len);
 /* A mapping of a transfer waits to be populated: populate_step() runs on the loop. */
 void rm_populate_kick(struct remote *rm);
 
-/* --- remote_serve.c: A, serving ------------------------------------------------------ */
+/* --- remote_serve.c: A, a pull served ------------------------------------------------ */
 
 /* Ends s: unmaps (never while UCX reads it) and ends its lease (if its connection lives). */
 void rm_serve_end(struct serve *s);
@@ -264,18 +265,41 @@ void rm_serve_end(struct serve *s);
 /* Starts rp's queued sends, in order, within --peer-max-inflight. */
 void rm_serve_start_queued(struct rpeer *rp);
 
-/* rp watches no name of this node's any more. */
-void rm_watch_clear(struct rpeer *rp);
-
 /* The copy of j->s's GPU tensor ended (on the loop): the reply goes, or why not. */
 void rm_serve_staged(struct gjob *j);
+
+/* Whether rp's uid (REMOTE_PEER_UID) may read the published name: 0, or -EACCES and why. */
+int rm_pull_may_read(struct rpeer *rp, const char *name, size_t len, char *why, size_t why_len);
+
+/* Whether t may be served to a peer: 0, or -errno with the reason naming it. */
+int rm_serve_check(const struct remote_env *env, const struct tensor *t, char *why, size_t why_len);
+
+/*
+ * Serves pull id of t, which rp->rc's lease holds (the serve's now; on
+ * failure it is released and the pull refused); member: a set's member's
+ * name, for its reply, or NULL.
+ */
+void rm_serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_t lease,
+		    const char *member);
 
 /* A's handlers of B's frames. m is borrowed for the call. */
 void rm_on_pull(struct rpeer *rp, const Tensord__PeerPull *m);
 void rm_on_pull_go(struct rpeer *rp, uint64_t id);
 void rm_on_pull_done(struct rpeer *rp, uint64_t id);
-void rm_on_unwatch(struct rpeer *rp, const Tensord__PeerUnwatch *m);
+
+/* --- remote_serve_set.c: A, a set pull served ---------------------------------------- */
+
 void rm_on_set_pull(struct rpeer *rp, const Tensord__PeerSetPull *m);
+
+/* --- remote_watch.c: A, the names a peer holds replicas of --------------------------- */
+
+/* rp will be told of name's next change: true, or false when it watches too many. */
+bool rm_watch_add(struct rpeer *rp, const char *name);
+
+/* rp watches no name of this node's any more. */
+void rm_watch_clear(struct rpeer *rp);
+
+void rm_on_unwatch(struct rpeer *rp, const Tensord__PeerUnwatch *m);
 
 /* --- remote_pull.c: B, pulling ------------------------------------------------------- */
 

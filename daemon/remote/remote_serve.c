@@ -1,19 +1,18 @@
 /*
- * Remote attach, node A: serving (docs/remote.md, "Remote attach: the data
- * flow"). A Pull takes a lease owned by the peer's reg_client (uid
- * REMOTE_PEER_UID), after the export rule and the mode check; a PullGo
- * maps the tensor read-only and sends it; the send's end unmaps it and
- * ends the lease. A set pull leases every member in one step. A GPU
- * tensor is copied to host memory on the GPU worker before its reply. The
- * names a peer holds replicas of are watched, and it is told (PeerChanged)
- * of their next change.
+ * Remote attach, node A: a pull served (docs/remote.md, "Remote attach:
+ * the data flow"). A Pull takes a lease owned by the peer's reg_client
+ * (uid REMOTE_PEER_UID), after the export rule and the mode check; a
+ * PullGo maps the tensor read-only and sends it; the send's end unmaps it
+ * and ends the lease. A GPU tensor is copied to host memory on the GPU
+ * worker before its reply. Set pulls are remote_serve_set.c; the names a
+ * peer watches and their change notices, remote_watch.c.
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <search.h>
 #include <sys/mman.h>
 #include <sys/queue.h>
 #include <unistd.h>
@@ -42,6 +41,17 @@ static void pull_reply_error(struct rpeer *rp, uint64_t id, int status, const ch
 
 static void serve_stage_next(struct rpeer *rp);
 
+/* Whether s is on its peer's list of serves: a serve ends (and is freed) once. */
+static inline bool serve_listed(const struct serve *s)
+{
+	const struct serve *o;
+
+	TAILQ_FOREACH(o, &s->rp->serves, link)
+	if (o == s)
+		return true;
+	return false;
+}
+
 /* Ends s: unmaps (never while UCX reads it) and ends its lease (if its connection lives). */
 void rm_serve_end(struct serve *s)
 {
@@ -49,6 +59,9 @@ void rm_serve_end(struct serve *s)
 	uint64_t staged = s->staged;
 	bool job = s->job != NULL;
 
+	assert(rp->n_serves > 0 && serve_listed(s));
+	assert(!job || (s->st == SV_STAGING && s->job->s == s));
+	assert(rp->staged >= staged);
 	if (s->job) { /* the copy's end frees its memory, and counts it gone */
 		s->job->s = NULL;
 		s->job->staged = staged;
@@ -56,6 +69,7 @@ void rm_serve_end(struct serve *s)
 	if (s->map)
 		munmap(s->map, s->map_len);
 	if (s->epoch == rp->epoch && rp->rc_live) {
+		assert(rp->rm->figs->pull_leases > 0);
 		registry_release(rp->rm->env->reg, &rp->rc, s->lease);
 		rp->rm->figs->pull_leases--;
 	}
@@ -65,6 +79,7 @@ void rm_serve_end(struct serve *s)
 	free(s);
 	if (staged) {
 		rp->staged -= staged;
+		assert(job || rp->rm->figs->staged_bytes >= staged);
 		if (!job)
 			rp->rm->figs->staged_bytes -= staged;
 		serve_stage_next(rp);
@@ -83,10 +98,6 @@ static struct serve *serve_find(struct rpeer *rp, uint64_t id)
 
 static int serve_map(struct serve *s);
 static int serve_read(struct serve *s, void *buf);
-static int serve_check(const struct remote_env *env, const struct tensor *t, char *why,
-		       size_t why_len);
-static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_t lease,
-			const char *member);
 
 static void serve_send(struct serve *s)
 {
@@ -94,6 +105,7 @@ static void serve_send(struct serve *s)
 	char why[300] = "";
 	int r = 0;
 
+	assert(s->st == SV_QUEUED && s->map && s->len);
 	s->st = SV_SENDING;
 	rp->inflight += s->len;
 	rp->rm->figs->inflight_bytes += s->len;
@@ -107,6 +119,7 @@ static void serve_send(struct serve *s)
 	if (r < 0) {
 		log_warn("peer %s: cannot send pull %" PRIu64 " (%" PRIu64 " bytes): %s%s%s",
 			 rp->p->name, s->id, s->len, strerror(-r), why[0] ? ": " : "", why);
+		assert(rp->inflight >= s->len && rp->rm->figs->inflight_bytes >= s->len);
 		rp->inflight -= s->len;
 		rp->rm->figs->inflight_bytes -= s->len;
 		rm_serve_end(s);
@@ -127,138 +140,6 @@ void rm_serve_start_queued(struct rpeer *rp)
 	}
 }
 
-/* A: the names a peer holds replicas of (docs/remote.md, "Freshness"). */
-
-/* rp will be told of name's next change: true, or false when it watches too many. */
-static bool watch_add(struct rpeer *rp, const char *name)
-{
-	char *k;
-
-	if (tfind(name, &rp->watched, rm_name_cmp))
-		return true;
-	if (rp->n_watched >= REMOTE_WATCH_MAX || !(k = strdup(name)))
-		return false;
-	if (!tsearch(k, &rp->watched, rm_name_cmp)) {
-		free(k);
-		return false;
-	}
-	rp->n_watched++;
-	rp->rm->figs->watched++;
-	return true;
-}
-
-/* Whether rp watched name; it no longer does. */
-static bool watch_del(struct rpeer *rp, const char *name)
-{
-	char **at = rp->n_watched ? tfind(name, &rp->watched, rm_name_cmp) : NULL;
-	char *k;
-
-	if (!at)
-		return false;
-	k = *at;
-	tdelete(name, &rp->watched, rm_name_cmp);
-	free(k);
-	rp->n_watched--;
-	rp->rm->figs->watched--;
-	return true;
-}
-
-void rm_watch_clear(struct rpeer *rp)
-{
-	tdestroy(rp->watched, free);
-	rp->watched = NULL;
-	rp->rm->figs->watched -= rp->n_watched;
-	rp->n_watched = 0;
-}
-
-/* A PeerChanged of names[0..n) to rp, and empties the batch. */
-static void changed_send(struct rpeer *rp, char **names, uint64_t *gens, size_t *n)
-{
-	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
-	Tensord__PeerChanged c = TENSORD__PEER_CHANGED__INIT;
-
-	c.n_names = c.n_generations = *n;
-	c.names = names;
-	c.generations = gens;
-	f.body_case = TENSORD__PEER_FRAME__BODY_CHANGED;
-	f.changed = &c;
-	rm_send_frame(rp, &f);
-	*n = 0;
-}
-
-/*
- * Told in the step that made the changes, on the connection that carried
- * the replies: B hears of a change after the reply it makes stale, and
- * before any later reply. A batch stays under a frame's 16 KiB.
- */
-enum { CHANGED_BATCH = 48 }; /* names of at most 255 bytes each */
-
-struct changed_all {
-	struct rpeer *rp;
-	char *names[CHANGED_BATCH];
-	uint64_t gens[CHANGED_BATCH];
-	size_t k;
-};
-
-static void changed_all_add(const void *node, VISIT which, void *arg)
-{
-	struct changed_all *ca = arg;
-
-	if (which != postorder && which != leaf)
-		return;
-	ca->names[ca->k] = *(char *const *)node;
-	ca->gens[ca->k++] = 0;
-	if (ca->k == CHANGED_BATCH)
-		changed_send(ca->rp, ca->names, ca->gens, &ca->k);
-}
-
-/* Changes of the step were lost (out of memory): rp is told every name it watches. */
-static void changed_all(struct rpeer *rp)
-{
-	struct changed_all ca = { .rp = rp };
-
-	twalk_r(rp->watched, changed_all_add, &ca);
-	if (ca.k)
-		changed_send(rp, ca.names, ca.gens, &ca.k);
-	rm_watch_clear(rp);
-}
-
-void remote_on_commit(struct remote_env *env, const struct reg_change *v, size_t n, bool lost)
-{
-	char *names[CHANGED_BATCH];
-	uint64_t gens[CHANGED_BATCH];
-	size_t k;
-
-	if (!env->rm)
-		return;
-	for (unsigned i = 0; i < env->peers->n_peers; i++) {
-		struct rpeer *rp = env->peers->peers[i]->data;
-
-		if (!rp || !rp->up || !rp->n_watched)
-			continue;
-		if (lost) {
-			changed_all(rp);
-			continue;
-		}
-		k = 0;
-		for (size_t j = 0; j < n; j++) {
-			if (!watch_del(rp, v[j].name))
-				continue;
-			names[k] = (char *)v[j].name;
-			/* Told that it changed, which B asks again about; its
-			 * generation only when the peers' uid may read it. */
-			gens[k++] = registry_may_hear(v[j].owner_uid, v[j].owner_gid, v[j].mode,
-						      &rp->rc)
-					    ? v[j].generation
-					    : 0;
-			if (k == CHANGED_BATCH)
-				changed_send(rp, names, gens, &k);
-		}
-		if (k)
-			changed_send(rp, names, gens, &k);
-	}
-}
-
 /*
  * Pull id waits for its name (watch_name, when exported to rp: told with
  * PeerChanged at its next change; NULL: never told, and said the same).
@@ -270,16 +151,10 @@ static void pull_reply_waiting(struct rpeer *rp, uint64_t id, const char *watch_
 
 	rep.id = id;
 	rep.waiting = true;
-	rep.watched = watch_name ? watch_add(rp, watch_name) : true;
+	rep.watched = watch_name ? rm_watch_add(rp, watch_name) : true;
 	f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
 	f.pull_reply = &rep;
 	rm_send_frame(rp, &f);
-}
-
-void rm_on_unwatch(struct rpeer *rp, const Tensord__PeerUnwatch *m)
-{
-	for (size_t i = 0; i < m->n_names; i++)
-		watch_del(rp, m->names[i]);
 }
 
 /*
@@ -288,7 +163,7 @@ void rm_on_unwatch(struct rpeer *rp, const Tensord__PeerUnwatch *m)
  * (its generation: a pull with have_generation or after, a wait, a set's
  * listed name), so every pull form gets this same refusal.
  */
-static int pull_may_read(struct rpeer *rp, const char *name, size_t len, char *why, size_t why_len)
+int rm_pull_may_read(struct rpeer *rp, const char *name, size_t len, char *why, size_t why_len)
 {
 	struct remote_env *env = rp->rm->env;
 	struct tensor *t = registry_lookup(env->reg, &rp->rc, name, len);
@@ -333,7 +208,7 @@ void rm_on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 		pull_reply_error(rp, m->id, -ENOENT, why);
 		return;
 	}
-	r = pull_may_read(rp, m->name, len, why, sizeof(why));
+	r = rm_pull_may_read(rp, m->name, len, why, sizeof(why));
 	if (r < 0) {
 		pull_reply_error(rp, m->id, r, why);
 		return;
@@ -354,7 +229,7 @@ void rm_on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 		rep.id = m->id;
 		rep.current = true;
 		rep.generation = m->have_generation;
-		rep.watched = watch_add(rp, m->name);
+		rep.watched = rm_watch_add(rp, m->name);
 		f.body_case = TENSORD__PEER_FRAME__BODY_PULL_REPLY;
 		f.pull_reply = &rep;
 		rm_send_frame(rp, &f);
@@ -375,18 +250,17 @@ void rm_on_pull(struct rpeer *rp, const Tensord__PeerPull *m)
 		pull_reply_error(rp, m->id, r == -ENOENT ? -EACCES : r, why);
 		return;
 	}
-	r = serve_check(env, t, why, sizeof(why));
+	r = rm_serve_check(env, t, why, sizeof(why));
 	if (r < 0) {
 		registry_release(env->reg, &rp->rc, lease);
 		pull_reply_error(rp, m->id, r, why);
 		return;
 	}
-	serve_reply(rp, m->id, t, lease, NULL);
+	rm_serve_reply(rp, m->id, t, lease, NULL);
 }
 
 /* Whether t may be served to a peer: 0, or -errno with the reason naming it. */
-static int serve_check(const struct remote_env *env, const struct tensor *t, char *why,
-		       size_t why_len)
+int rm_serve_check(const struct remote_env *env, const struct tensor *t, char *why, size_t why_len)
 {
 	if (t->device.device_type == kDLCPU ? !t->alloc.ops->export_fd : !t->alloc.ops->copy) {
 		snprintf(why, why_len,
@@ -414,8 +288,8 @@ static void serve_answer(struct serve *s);
  * kept until PullGo's send or PullDone. A GPU tensor is copied to host
  * memory first, on the GPU worker (serve_stage()); the reply follows.
  */
-static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_t lease,
-			const char *member)
+void rm_serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_t lease,
+		    const char *member)
 {
 	struct remote *rm = rp->rm;
 	struct remote_env *env = rm->env;
@@ -443,6 +317,7 @@ static void serve_reply(struct rpeer *rp, uint64_t id, struct tensor *t, uint64_
 	TAILQ_INSERT_TAIL(&rp->serves, s, link);
 	rp->n_serves++;
 	rm->figs->pull_leases++;
+	assert(rp->n_serves <= REMOTE_SERVES_MAX);
 	if (t->device.device_type != kDLCPU && t->nbytes) {
 		s->fd_off = 0;
 		s->st = SV_STAGE_WAIT;
@@ -462,6 +337,7 @@ static void serve_answer(struct serve *s)
 	uint8_t inline_buf[REMOTE_INLINE_MAX];
 	bool staged = s->map != NULL;
 
+	assert(s->st == SV_LEASED && !s->job);
 	rep.id = s->id;
 	rep.generation = t->generation;
 	rep.commit = t->commit;
@@ -470,7 +346,7 @@ static void serve_answer(struct serve *s)
 	 * for them). A GPU tensor's copy took a while: if its name changed
 	 * meanwhile, B is not told it is watched (it then asks at each attach).
 	 */
-	rep.watched = !s->member && watch_add(rp, t->name);
+	rep.watched = !s->member && rm_watch_add(rp, t->name);
 	if (rep.watched && staged &&
 	    registry_generation(rp->rm->env->reg, t->name, strlen(t->name)) != t->generation)
 		rep.watched = false;
@@ -518,6 +394,7 @@ static void serve_stage(struct serve *s)
 	char why[400];
 	int e = ENOMEM;
 
+	assert(s->st == SV_STAGE_WAIT && !s->job && !s->staged && !s->map);
 	if (j) {
 		j->kind = GJ_STAGE;
 		j->s = s;
@@ -581,6 +458,7 @@ void rm_serve_staged(struct gjob *j)
 			j->rm->figs->staged_bytes -= j->staged;
 		return;
 	}
+	assert(j->kind == GJ_STAGE && s->job == j && s->st == SV_STAGING);
 	s->job = NULL;
 	s->map = j->buf;
 	s->map_len = j->len;
@@ -598,152 +476,6 @@ void rm_serve_staged(struct gjob *j)
 	}
 	s->st = SV_LEASED;
 	serve_answer(s);
-}
-
-static void set_pull_refuse(struct rpeer *rp, uint64_t id, int status, const char *why)
-{
-	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
-	Tensord__PeerSetPullReply m = TENSORD__PEER_SET_PULL_REPLY__INIT;
-
-	m.id = id;
-	m.status = status;
-	m.error = (char *)why;
-	f.body_case = TENSORD__PEER_FRAME__BODY_SET_PULL_REPLY;
-	f.set_pull_reply = &m;
-	rm_send_frame(rp, &f);
-}
-
-/*
- * The members of set pull m as rp may pull them (*ret_v, n; the caller
- * frees the array): resolved in one step as a local AttachMany by uid
- * REMOTE_PEER_UID, a listed name not exported told apart from one not
- * published to nobody, the names under a prefix that are not exported to
- * rp left out (as those it may not read are). 0 or -errno with the reason.
- */
-static int set_members(struct rpeer *rp, const Tensord__PeerSetPull *m, struct tensor ***ret_v,
-		       size_t *ret_n, uint64_t *ret_commit, char *why, size_t why_len)
-{
-	struct remote_env *env = rp->rm->env;
-	Tensord__AttachMany am = TENSORD__ATTACH_MANY__INIT;
-	const char *self = env->peers->self, *peer = rp->p->name;
-	struct tensor **v;
-	char reason[400];
-	size_t n, k = 0;
-	int r;
-
-	if (m->n_names > REMOTE_SET_MAX) {
-		snprintf(why, why_len, "node %s: a set of %zu names; at most %u", self, m->n_names,
-			 REMOTE_SET_MAX);
-		return -E2BIG;
-	}
-	for (size_t i = 0; i < m->n_names; i++) {
-		size_t len = strlen(m->names[i]);
-
-		if (td_name_check(m->names[i], len, reason, sizeof(reason)) < 0) {
-			snprintf(why, why_len, "node %s: %s", self, reason);
-			return -EINVAL;
-		}
-		/* As a single pull's: not exported and not published told apart to nobody. */
-		if (!remote_exported(env->cfg, peer, m->names[i], len) ||
-		    !registry_published(env->reg, m->names[i], len)) {
-			snprintf(why, why_len,
-				 "tensor '%s' is not published on node %s, or not exported to "
-				 "node %s",
-				 m->names[i], self, peer);
-			return -ENOENT;
-		}
-		r = pull_may_read(rp, m->names[i], len, why, why_len);
-		if (r < 0)
-			return r;
-	}
-	am.n_names = m->n_names;
-	am.names = m->names;
-	am.prefix = m->prefix;
-	r = env->hooks.set_members(env->reg, &rp->rc, &am, &v, &n, ret_commit, reason,
-				   sizeof(reason));
-	if (r == -ENOENT)
-		snprintf(why, why_len, "node %s: %s (not published, or not exported to node %s)",
-			 self, reason, peer);
-	else if (r < 0)
-		snprintf(why, why_len, "node %s, acting as uid %u for peers: %s", self,
-			 REMOTE_PEER_UID, reason);
-	if (r < 0)
-		return r;
-	/* The set's commit is its members' newest: those left out do not count. */
-	*ret_commit = 0;
-	for (size_t i = 0; i < n; i++) {
-		if (!remote_exported(env->cfg, peer, v[i]->name, v[i]->name_len))
-			continue;
-		v[k++] = v[i];
-		if (v[i]->commit > *ret_commit)
-			*ret_commit = v[i]->commit;
-	}
-	if (k > REMOTE_SET_MAX) {
-		free(v);
-		snprintf(why, why_len, "node %s: prefix '%s' has %zu members; a set has at most %u",
-			 self, m->prefix, k, REMOTE_SET_MAX);
-		return -E2BIG;
-	}
-	*ret_v = v;
-	*ret_n = k;
-	return 0;
-}
-
-/*
- * A set pull: every member resolved, checked and leased in this one step
- * (so all of one commit: nothing else runs on the loop meanwhile), or the
- * whole set refused naming the member; then the SetPullReply and one
- * PullReply per member.
- */
-void rm_on_set_pull(struct rpeer *rp, const Tensord__PeerSetPull *m)
-{
-	struct remote_env *env = rp->rm->env;
-	Tensord__PeerFrame f = TENSORD__PEER_FRAME__INIT;
-	Tensord__PeerSetPullReply rep = TENSORD__PEER_SET_PULL_REPLY__INIT;
-	struct tensor **v = NULL, *t;
-	uint64_t *lease, commit = 0;
-	char why[800];
-	size_t n = 0, i;
-	bool writable;
-	int r = set_members(rp, m, &v, &n, &commit, why, sizeof(why));
-
-	for (i = 0; r == 0 && i < n; i++)
-		r = serve_check(env, v[i], why, sizeof(why));
-	if (r == 0 && rp->n_serves + n > REMOTE_SERVES_MAX) {
-		snprintf(why, sizeof(why),
-			 "node %s: node %s holds %u pull leases already; a set of %zu more "
-			 "passes the most, %d",
-			 env->peers->self, rp->p->name, rp->n_serves, n, REMOTE_SERVES_MAX);
-		r = -EAGAIN;
-	}
-	lease = r == 0 ? calloc(n ? n : 1, sizeof(*lease)) : NULL;
-	if (r == 0 && !lease) {
-		snprintf(why, sizeof(why), "node %s: out of memory", env->peers->self);
-		r = -ENOMEM;
-	}
-	for (i = 0; r == 0 && i < n; i++)
-		r = registry_attach(env->reg, &rp->rc, v[i]->name, v[i]->name_len, &t, &lease[i],
-				    &writable, why, sizeof(why));
-	if (r < 0) {
-		for (size_t j = 0; j + 1 < i; j++)
-			registry_release(env->reg, &rp->rc, lease[j]);
-		set_pull_refuse(rp, m->id, r, why);
-		free(lease);
-		free(v);
-		return;
-	}
-	rep.id = m->id;
-	rep.commit = commit;
-	rep.count = (uint32_t)n;
-	f.body_case = TENSORD__PEER_FRAME__BODY_SET_PULL_REPLY;
-	f.set_pull_reply = &rep;
-	rm_send_frame(rp, &f);
-	log_debug("peer %s: set pull %" PRIu64 ": %zu members of commit %" PRIu64 " leased",
-		  rp->p->name, m->id, n, commit);
-	for (i = 0; i < n; i++)
-		serve_reply(rp, m->id + 1 + i, v[i], lease[i], v[i]->name);
-	free(lease);
-	free(v);
 }
 
 /*
