@@ -3,9 +3,10 @@
  * the parts together. Starting and stopping, peers up and down and their
  * frames handed to the parts, the data path's callbacks, the GPU worker's
  * jobs, mappings populated ahead of UCX, the replica keep timer, and a
- * client's close and cancel. Serving (node A) is remote_serve.c, remote_serve_set.c and remote_watch.c, pulling
- * (node B) remote_pull.c, pulling a set remote_set.c; remote_int.h is
- * what they share.
+ * client's close and cancel. Serving (node A) is remote_serve.c,
+ * remote_serve_set.c and remote_watch.c; pulling (node B) remote_attach.c,
+ * remote_pull.c, remote_wait.c, remote_replica.c and remote_pull_gpu.c;
+ * pulling a set remote_set.c; remote_int.h is what they share.
  *
  * Pulling, on B, for an attach of "@a/m/w":
  *   Pull{id, "m/w", have_generation} ──▶ A
