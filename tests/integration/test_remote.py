@@ -1041,11 +1041,17 @@ def test_read_your_writes_and_monotonic_reads(daemon_factory, tmp_path):
             assert b.stats()["remote_replica_hits_total"] == hits + 1
 
         done = threading.Event()
+        read = {"last": -1}
 
         def writer():
+            # Free running, but every tenth version waits until the reader
+            # has seen it, so the reader meets several versions however slow
+            # it is (under ThreadSanitizer it once saw only the last).
             with tensord.Client(a.socket) as cw:
                 for v in range(100, 160):
                     cw.put("model/x", np.full(n, v, np.int64), mode=0o644, replace=True)
+                    if v % 10 == 9:
+                        wait_until(lambda: read["last"] >= v, timeout=60)
             done.set()
 
         th = threading.Thread(target=writer)
@@ -1059,10 +1065,11 @@ def test_read_your_writes_and_monotonic_reads(daemon_factory, tmp_path):
                     assert (got == v).all(), "a torn version"
                     assert v >= last, (v, last)
                     last = v
+                    read["last"] = v
                     seen.add(v)
                 k += 1
         th.join()
-        assert len(seen) > 1, seen
+        assert {109, 119, 129, 139, 149, 159} <= seen, sorted(seen)
 
 
 def test_tensorctl_of_remote_names_as_documented(daemon_factory, tmp_path):
