@@ -81,6 +81,7 @@ GPU_DMN_SRC := $(filter-out $(GPU_API_SRC) $(GPU_IMP_SRC),$(wildcard gpu/*/*.c))
 
 # What both sides share, and the daemon.
 COMMON_OBJ := $(call obj,common/desc.c common/names.c common/errors.c common/paths.c common/sys.c \
+                          common/vendor.c \
                           proto/frame.c)
 GPU_OBJ    := $(call obj,$(GPU_API_SRC))
 # Peering with other nodes (docs/remote.md: daemon/remote/peer*.c) has a wire
@@ -243,8 +244,8 @@ $(PY_DIR)/%: client/python/tensord/%
 # Each unit test links its module and what that module needs, nothing more:
 # the list below is the module's dependency graph, checked by the linker.
 UNIT_DEPS_test_frame       := proto/frame.c
-UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c gpu/vendor.c
-UNIT_DEPS_test_gpu_vendor  := gpu/vendor.c common/names.c common/desc.c common/errors.c
+UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c common/vendor.c
+UNIT_DEPS_test_gpu_vendor  := common/vendor.c common/names.c common/desc.c common/errors.c
 UNIT_DEPS_test_pool        := daemon/memory/pool.c daemon/base/log.c common/paths.c
 UNIT_DEPS_test_slab        := daemon/memory/slab.c common/sys.c
 UNIT_DEPS_test_sys         := common/sys.c
@@ -253,7 +254,7 @@ UNIT_DEPS_test_ratelimit   := daemon/base/ratelimit.c daemon/base/log.c common/p
 UNIT_DEPS_test_paths       := common/paths.c
 UNIT_DEPS_test_options     := daemon/options.c daemon/options_value.c daemon/options_peer.c \
                               daemon/config.c daemon/base/log.c common/paths.c \
-                              daemon/remote/peer_auth.c common/desc.c common/names.c gpu/vendor.c
+                              daemon/remote/peer_auth.c common/desc.c common/names.c common/vendor.c
 $(B)/tests/unit/test_options: LDLIBS += $(CRYPTO_LIBS)
 $(B)/daemon/remote/xport/ucx.o: CFLAGS += $(shell pkg-config --cflags $(UCX_PKG) 2>/dev/null)
 UNIT_DEPS_test_config      := daemon/config.c common/paths.c
@@ -268,7 +269,7 @@ UNIT_DEPS_test_registry    := daemon/registry/registry.c daemon/registry/registr
                               daemon/memory/slab.c \
                               daemon/memory/memlimit.c common/sys.c \
                               daemon/base/log.c common/paths.c common/desc.c \
-                              common/names.c common/errors.c gpu/vendor.c
+                              common/names.c common/errors.c common/vendor.c
 UNIT_DEPS_test_registry_async := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_versions    := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_quarantine  := $(UNIT_DEPS_test_registry) daemon/quarantine.c
@@ -276,7 +277,7 @@ UNIT_DEPS_test_reserve     := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_figures     := daemon/figures.c daemon/metrics.c daemon/base/quota.c daemon/memory/backend_host.c \
                               daemon/memory/pool.c daemon/memory/slab.c daemon/memory/memlimit.c daemon/base/log.c \
                               common/sys.c common/paths.c common/names.c common/desc.c \
-                              common/errors.c gpu/vendor.c \
+                              common/errors.c common/vendor.c \
                               proto/tensord.pb-c.c
 UNIT_DEPS_test_waiters     := daemon/waiters.c daemon/metrics.c daemon/base/log.c common/paths.c
 UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn.c daemon/conn_set.c \
@@ -288,14 +289,14 @@ UNIT_DEPS_test_peer_auth   := daemon/remote/peer_auth.c
 $(B)/tests/unit/test_peer_auth: LDLIBS += $(CRYPTO_LIBS)
 UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c \
                               client/tensorctl/npy_write.c common/names.c common/desc.c \
-                              gpu/vendor.c
-UNIT_DEPS_test_gpu_util    := $(GPU_API_SRC)
+                              common/vendor.c
+UNIT_DEPS_test_gpu_util    := $(GPU_API_SRC) common/vendor.c
 UNIT_DEPS_test_gpu_driver  := gpu/driver.c
 UNIT_DEPS_test_backend_gpu := $(GPU_DMN_SRC) daemon/memory/backend_gpu.c daemon/base/log.c daemon/memory/gpu_worker.c \
                               common/paths.c \
-                              $(GPU_API_SRC)
+                              $(GPU_API_SRC) common/vendor.c
 UNIT_DEPS_test_import_gpu  := $(GPU_IMP_SRC) client/lib/import_gpu.c client/lib/error.c client/lib/import.c \
-                              $(GPU_API_SRC)
+                              $(GPU_API_SRC) common/vendor.c
 UNIT_DEPS_test_client_gpu  := $(LIB_SRC) proto/tensord.pb-c.c
 UNIT_DEPS_test_client_frames := $(LIB_SRC) proto/tensord.pb-c.c
 
@@ -441,7 +442,7 @@ FUZZ_TIME  ?= $(or $(FUZZ_SECONDS),60)
 FUZZ_SMOKE ?= 5
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_OBJ := $(addprefix build-fuzz/,proto/tensord.pb-c.o proto/peer.pb-c.o proto/frame.o \
-              common/desc.o common/names.o common/errors.o gpu/vendor.o)
+              common/desc.o common/names.o common/errors.o common/vendor.o)
 FUZZ_BIN := build-fuzz/fuzz_frame
 $(FUZZ_BIN): tests/fuzz/fuzz_frame.c FORCE
 	$(Q)$(MAKE) --no-print-directory B=build-fuzz CC=clang \

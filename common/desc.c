@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu/vendor.h"
+#include "common/vendor.h"
 
 static bool name_char_ok(unsigned char ch)
 {

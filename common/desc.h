@@ -71,7 +71,7 @@ uint64_t td_dtype_size(DLDataType dt);
 /*
  * Whether the CPU can read memory of this device type through its plain
  * address: host memory, and a GPU vendor's pinned host memory and managed
- * memory (its row's host types, gpu/vendor.h). The one answer to that
+ * memory (its row's host types, common/vendor.h). The one answer to that
  * question for put(), the Python module and tensorctl.
  */
 bool td_device_host_accessible(DLDeviceType type);

@@ -11,7 +11,7 @@
 #include <tensord/tensord.h>
 
 #include "common/desc.h"
-#include "gpu/vendor.h"
+#include "common/vendor.h"
 
 /* Names typed by users; the order is the one tensord_dtype_name() prefers. */
 static const struct {
@@ -67,7 +67,7 @@ const char *tensord_dtype_name(DLDataType dt, char *buf, size_t len)
 	return buf;
 }
 
-/* Devices are "cpu" and each GPU vendor's "<device>:N" (gpu/vendor.h); "<device>" is N = 0. */
+/* Devices are "cpu" and each GPU vendor's "<device>:N" (common/vendor.h); "<device>" is N = 0. */
 int tensord_device_parse(const char *s, DLDevice *ret)
 {
 	const struct td_gpu_vendor *v;

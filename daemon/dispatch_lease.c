@@ -11,7 +11,7 @@
 
 #include "dispatch_int.h"
 #include "figures.h"
-#include "gpu/vendor.h"
+#include "common/vendor.h"
 #include "daemon/base/log.h"
 #include "metrics.h"
 #include "reply.h"

@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gpu/vendor.h" /* the vendors, and the stream put() copies on (td_gpu_put_stream()) */
+#include "common/vendor.h" /* the vendors, and the stream put() copies on (td_gpu_put_stream()) */
 
 #define TD_GPU_UUID_LEN 16
 

@@ -33,7 +33,7 @@
 
 #include "import.h"
 
-/* Host memory, then each GPU handle kind's importer as gpu/vendor.h says. */
+/* Host memory, then each GPU handle kind's importer as common/vendor.h says. */
 #define TD_IMPORTER(id, kind, fd, importer) &importer,
 const struct td_importer *const td_importers[] = {
 	&td_importer_memfd,

@@ -14,7 +14,7 @@
 
 #include <tensord/tensord.h>
 
-#include "gpu/vendor.h"
+#include "common/vendor.h"
 #include "proto/tensord.pb-c.h" /* Tensord__HandleKind */
 
 /* What the daemon said about the memory of one lease. Borrowed for the call. */
@@ -168,7 +168,7 @@ struct td_importer {
  * each their own way (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES).
  *
  * td_gpu_local_device: the device this process sees as the daemon's
- * daemon_dev (a GPU vendor's, gpu/vendor.h) with uuid (uuid_len 16; HIP
+ * daemon_dev (a GPU vendor's, common/vendor.h) with uuid (uuid_len 16; HIP
  * devices may have none, then the ordinal is kept); other devices stay as
  * they are. 0 or -ENODEV (error set).
  *
@@ -202,7 +202,7 @@ extern const struct td_importer *const td_importers[];
 
 extern const struct td_importer td_importer_memfd;
 
-/* The GPU vendors' importers, as gpu/vendor.h names them (td_importer_cuda, ...). */
+/* The GPU vendors' importers, as common/vendor.h names them (td_importer_cuda, ...). */
 #define TD_IMPORTER_DECLARE(id, kind, fd, importer) extern const struct td_importer importer;
 TD_GPU_HANDLES(TD_IMPORTER_DECLARE)
 #undef TD_IMPORTER_DECLARE

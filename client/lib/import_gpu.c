@@ -18,7 +18,7 @@
 /* Set by fork.c in a forked child (import.h). */
 int td_gpu_forked_from;
 
-/* Each vendor's driver, in the order of gpu/vendor.h; NULL-terminated. */
+/* Each vendor's driver, in the order of common/vendor.h; NULL-terminated. */
 #define TD_GPU_CLIENT(id, ...) &td_##id##_client,
 static const struct td_gpu_client *const td_gpu_clients[] = {
 	TD_GPU_VENDORS(TD_GPU_CLIENT) /* one per vendor */

@@ -12,7 +12,7 @@
  *    torch and cupy call the DLPack deleter as soon as an array object
  *    dies, with kernels that read it possibly still queued;
  *  - the creator's sync at publish and put()'s device-to-device copy on
- *    the stream the vendor's row names (gpu/vendor.h).
+ *    the stream the vendor's row names (common/vendor.h).
  * Every driver call runs with the device made current on the calling
  * thread and the thread's previous state restored afterwards, so the
  * application's choice of device or context is left alone.
@@ -109,7 +109,7 @@ struct td_gpu_scope {
  * (CUresult, hipError_t), 0 for success; the rest returns 0 or -errno.
  */
 struct td_gpu_client {
-	int device_type;         /* TD_GPU_TYPE_<id>: its row in gpu/vendor.h */
+	int device_type;         /* TD_GPU_TYPE_<id>: its row in common/vendor.h */
 	const char *visible_env; /* what renumbers its devices: "CUDA_VISIBLE_DEVICES" */
 	const char *loaded;      /* what fork() breaks: "initialised CUDA" */
 	/* Devices without a UUID (on either side) are matched by ordinal (HIP). */

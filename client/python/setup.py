@@ -60,7 +60,7 @@ def version():
 def daemon_sources():
     """What the Makefile links into tensord: daemon/, the shared common code, and of
     each GPU vendor's folder everything but its importers (libtensord's)."""
-    common = ["common/%s.c" % m for m in ("desc", "names", "errors", "paths", "sys")]
+    common = ["common/%s.c" % m for m in ("desc", "names", "errors", "paths", "sys", "vendor")]
     gpu = [p for p in tree("gpu/*.c", "gpu/*/*.c")
            if not os.path.basename(p).startswith("import_")]
     # The data path between daemons (daemon/remote/xport.h): UCX where pkg-config finds it.

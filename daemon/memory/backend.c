@@ -1,7 +1,7 @@
 #include "backend.h"
 
 /* Which backends exist is decided here and only here: the host's, then one
- * per GPU vendor (gpu/vendor.h), each backend_<id> of gpu/<id>/. The GPU
+ * per GPU vendor (common/vendor.h), each backend_<id> of gpu/<id>/. The GPU
  * backends are always linked: they load their driver at run time, and
  * without one their init() says why and the daemon serves host memory
  * alone. */

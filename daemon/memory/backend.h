@@ -2,7 +2,7 @@
  * Memory backends. Each device family (host, each GPU vendor) is one
  * struct backend_ops; the registry and the protocol only ever talk
  * to this table, so adding a device touches neither. Which backends exist is
- * decided at link time (backends[] in backend.c, from gpu/vendor.h), never by #ifdef
+ * decided at link time (backends[] in backend.c, from common/vendor.h), never by #ifdef
  * elsewhere.
  *
  * All functions run on the daemon's loop thread, except alloc() of a
@@ -23,7 +23,7 @@
 
 #include <tensord/dlpack.h>
 
-#include "gpu/vendor.h"
+#include "common/vendor.h"
 #include "proto/tensord.pb-c.h" /* Tensord__HandleKind: how a handle travels */
 
 #define BACKEND_IPC_HANDLE_MAX 64
@@ -218,7 +218,7 @@ TD_GPU_VENDORS(BACKEND_GPU_DECLARE)
 #undef BACKEND_GPU_DECLARE
 
 /*
- * The fields of a GPU vendor's backend_ops that its row in gpu/vendor.h
+ * The fields of a GPU vendor's backend_ops that its row in common/vendor.h
  * says: the name is the vendor's id, the device type its DLPack type.
  */
 #define BACKEND_GPU_VENDOR(id) .name = #id, .device_type = TD_GPU_TYPE_##id

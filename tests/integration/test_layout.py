@@ -120,3 +120,20 @@ def test_every_daemon_folder_is_a_room():
     folders = {d for d in os.listdir(os.path.join(ROOT, "daemon"))
                if os.path.isdir(os.path.join(ROOT, "daemon", d))}
     assert folders == set(ROOMS), f"daemon/ folders {sorted(folders)} against the rooms {sorted(ROOMS)}"
+
+
+def test_common_includes_only_itself_the_api_and_the_wire():
+    """common/ is what the daemon and the clients share: it includes its own
+    headers, the public API and the generated wire schema, nothing of the
+    daemon, the library or the GPU vendors' folders."""
+    bad = []
+    folder = os.path.join(ROOT, "common")
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith((".c", ".h")):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            for n, line in enumerate(f, 1):
+                m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+                if m and "/" in m.group(1) and not m.group(1).startswith(("common/", "proto/")):
+                    bad.append(f"common/{name}:{n}: {m.group(1)}")
+    assert not bad, "common/ includes outside itself:\n" + "\n".join(bad)

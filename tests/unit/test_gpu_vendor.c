@@ -18,7 +18,7 @@
 #include <cmocka.h>
 
 #include "common/desc.h"
-#include "gpu/vendor.h"
+#include "common/vendor.h"
 #include "proto/tensord.pb-c.h"
 
 static size_t n_vendors(void)

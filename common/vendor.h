@@ -1,6 +1,6 @@
 /*
  * What each GPU vendor is, said here once. Everything else that needs to
- * know asks the table below (td_gpu_vendor_of() and friends, gpu/vendor.c)
+ * know asks the table below (td_gpu_vendor_of() and friends, common/vendor.c)
  * or expands the rows itself, as libuv's UV_ERRNO_MAP feeds its enum, its
  * names and its messages: the device names "cuda:N" both ways, which device
  * types the CPU can read and which are GPUs, the streams of DLPack, which
