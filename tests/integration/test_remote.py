@@ -699,6 +699,17 @@ def peer_frames(s, want, timeout=5):
             return fields(body[i:i + ln])
 
 
+def drain_until_closed(s, timeout=5):
+    """Reads (and drops) what the daemon sends until it closes the connection."""
+    s.settimeout(timeout)
+    try:
+        while s.recv(4096):
+            pass
+    except OSError:
+        pass
+    s.close()
+
+
 def zigzag(v):
     return (v << 1) ^ (v >> 31)
 
@@ -777,24 +788,12 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
              b"".join(fint(10, 1) for _ in range(40)) + b"".join(fint(11, 1) for _ in range(40)))
         th.join(10)
         assert "e" in out and out["e"].errno == 71 and "node-z" in str(out["e"]), out
-        s.settimeout(5)
-        try:
-            while s.recv(4096):
-                pass
-        except OSError:
-            pass
-        s.close()
+        drain_until_closed(s)
         # A change list whose names and generations do not pair: the connection closed.
         s = me.dial(port, "node-m")
         assert wait_until(lambda: state_is(d, "node-z", "up"), timeout=5)
         s.sendall(frame(fbytes(20, fbytes(1, b"a") + fbytes(1, b"b") + fint(2, 1))))
-        s.settimeout(5)
-        try:
-            while s.recv(4096):
-                pass
-        except OSError:
-            pass
-        s.close()
+        drain_until_closed(s)
         assert wait_until(lambda: "a change list of 2 names and 1 generations" in d.read_log(),
                           timeout=5)
         # A sync is answered at once with its seq; a sync reply to no sync
@@ -807,13 +806,7 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
         assert r[1] == 77, r
         assert d.stats()["remote_sync_requests_total"] == syncs + 1
         s.sendall(frame(fbytes(23, fint(1, 5))))
-        s.settimeout(5)
-        try:
-            while s.recv(4096):
-                pass
-        except OSError:
-            pass
-        s.close()
+        drain_until_closed(s)
         assert wait_until(lambda: "a sync reply 5 to no sync sent" in d.read_log(), timeout=5)
         # Listing (issue 30 item 9): node-m answers a list of what it exports
         # to node-z; a list answer for no list is ignored; one whose entry
@@ -843,13 +836,7 @@ def test_hostile_peer_frames_daemon_survives(daemon_factory, tmp_path):
                                                           fint(7, 1)))))
         th.join(10)
         assert "e" in out and out["e"].errno == 71 and "node-z" in str(out["e"]), out
-        s.settimeout(5)
-        try:
-            while s.recv(4096):
-                pass
-        except OSError:
-            pass
-        s.close()
+        drain_until_closed(s)
         # Still serving.
         c.put("local/after", np.ones(3))
         with c.attach("model/w") as t:
