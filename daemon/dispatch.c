@@ -107,6 +107,15 @@ static void do_publish(struct client *cl, uint64_t id, const Tensord__Publish *m
 static void do_release(struct client *cl, const Tensord__Release *m)
 {
 	/* One-way: deleters must never wait for the daemon. */
+	if (m->forked && !m->lease) {
+		unsigned n = registry_forked(&cl->srv->reg, &cl->rc);
+
+		if (n)
+			log_debug("conn %llu: pid %u forked holding leases: %u tensors' memory "
+				  "will not be recycled",
+				  (unsigned long long)cl->conn->id, cl->rc.pid, n);
+		return;
+	}
 	if (registry_release(&cl->srv->reg, &cl->rc, m->lease) < 0)
 		conn_log_limited(cl->conn, TD_LOG_WARN, LOG_KIND_BAD_RELEASE,
 				 "conn %llu: pid %u released unknown lease %llx, ignoring",

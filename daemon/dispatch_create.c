@@ -86,6 +86,7 @@ static int create_args_from(const Tensord__Create *m, struct create_args *a, cha
 	a->replace = m->replace;
 	a->tx = m->tx;
 	a->reserve = m->reserve;
+	a->recycle = m->recycle;
 	return device_from(m->device, m->name, &a->device, why, why_len);
 }
 
@@ -199,6 +200,11 @@ void dispatch_do_create(struct client *cl, uint64_t id, const Tensord__Create *m
 		/* The client holds the memfd already: its reserve's. */
 		figure_count(FIG_host_reserve_creates_total, 1);
 		reply_lease(cl->conn, id, t, lease, true, false, a.reserve, 0, 0, NULL);
+		return;
+	}
+	if (t->ring_hit) {
+		/* The client maps this ring buffer already (Lease.ring). */
+		reply_lease(cl->conn, id, t, lease, true, false, 0, 0, 0, NULL);
 		return;
 	}
 	dispatch_send_lease(cl, TENSORD__REQUEST__BODY_CREATE, id, t, lease, true, 0, NULL, 0,

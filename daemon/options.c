@@ -117,6 +117,9 @@ static void usage(FILE *f)
 		"  --quota-exempt-uid UID       counted, never refused (repeatable; root\n"
 		"                               is not exempt unless named)\n"
 		"  --show-all-metadata          list/stat show every tensor to every uid\n"
+		"  --recycle on|off   new versions of a writer's tensors reuse the memory of its\n"
+		"                     old ones, sealed F_SEAL_FUTURE_WRITE (default on;\n"
+		"                     docs/recycle.md); off: fresh memory and F_SEAL_WRITE\n"
 		"  --version          print the version and exit\n"
 		"peering with other nodes' daemons (docs/remote.md; off unless --peer-listen,\n"
 		"--peer or --peers-dns is given):\n"
@@ -243,6 +246,13 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	case OPT_MAX_WATCH_QUEUE:
 		cfg->max_watch_queue = (uint32_t)v;
 		return 0;
+	case OPT_RECYCLE:
+		if (strcmp(arg, "on") != 0 && strcmp(arg, "off") != 0) {
+			fprintf(stderr, "tensord: --recycle %s: use on or off\n", arg);
+			return 2;
+		}
+		cfg->no_recycle = strcmp(arg, "off") == 0;
+		return 0;
 	default:
 		if (opt >= OPT_QUOTA && opt < OPT_QUOTA + QUOTA_KINDS)
 			return opt_parse_limit(opt, v, cfg);
@@ -279,6 +289,7 @@ static const struct option long_opts[] = {
 	{ "peer-max-inflight", required_argument, NULL, OPT_PEER_MAX_INFLIGHT },
 	{ "peer-max-replica-bytes", required_argument, NULL, OPT_PEER_MAX_REPLICA_BYTES },
 	{ "max-watch-queue", required_argument, NULL, OPT_MAX_WATCH_QUEUE },
+	{ "recycle", required_argument, NULL, OPT_RECYCLE },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
 #define QUOTA_OPT_N(flag, kind) { flag, required_argument, NULL, OPT_QUOTA + QUOTA_##kind },

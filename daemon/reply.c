@@ -124,6 +124,9 @@ void reply_fill_lease(struct reply_lease_store *s, const struct tensor *t, uint6
 	}
 	l->ipc_offset = t->alloc.ipc_offset;
 	l->share_id = t->alloc.share_id;
+	/* Its writer's lease names the ring buffer it writes (docs/recycle.md). */
+	if (writable && t->ring_rc)
+		l->ring = t->ring_id;
 }
 
 void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64_t lease,

@@ -12,6 +12,7 @@
 #include "common/sys.h"
 #include "daemon/base/log.h"
 #include "daemon/base/ratelimit.h"
+#include "daemon/memory/backend.h"
 #include "daemon/memory/gpu_worker.h"
 #include "dispatch.h"
 #include "metrics.h"
@@ -203,6 +204,29 @@ static void quota_setup(struct server *srv)
 		lim.fd_budget);
 }
 
+/*
+ * Recycled memory (docs/recycle.md): on unless --recycle off, and only
+ * where the kernel enforces what it rests on.
+ */
+static void recycle_setup(struct server *srv)
+{
+	char why[200];
+
+	if (srv->cfg.no_recycle) {
+		log_info("recycled memory: off (--recycle off): every version takes fresh memory, "
+			 "sealed F_SEAL_WRITE");
+		return;
+	}
+	if (backend_host_probe_recycle(why, sizeof(why)) < 0) {
+		log_warn("recycled memory: off: %s; every version takes fresh memory, sealed "
+			 "F_SEAL_WRITE",
+			 why);
+		return;
+	}
+	srv->reg.recycle = true;
+	log_debug("recycled memory: on (F_SEAL_FUTURE_WRITE enforced by this kernel)");
+}
+
 /* Everything but the listening socket. 0 or -errno. */
 int server_init(struct server *srv)
 {
@@ -220,6 +244,7 @@ int server_init(struct server *srv)
 	metrics_keep_figures(&srv->reg);
 	srv->reg.quota = &srv->quota;
 	srv->reg.show_all_metadata = srv->cfg.show_all_metadata;
+	recycle_setup(srv);
 	conn_set_init(&srv->conns, srv->loop, &conn_handlers, srv, sizeof(struct client),
 		      srv->cfg.max_clients);
 	srv->conns.quota = &srv->quota;

@@ -56,6 +56,7 @@ struct server_config {
 	uint32_t max_watch_queue;    /* --max-watch-queue: events a watch may queue */
 	struct quota_limits limits;  /* per-uid shares; 0: the default */
 	bool show_all_metadata;      /* list/stat show every tensor to everyone */
+	bool no_recycle;             /* --recycle off: every version in fresh memory */
 	bool metrics_per_uid;        /* the HTTP metrics show every uid's usage */
 	struct peer_config peer;     /* peering (peer.h); off unless --peer-listen or --peer */
 	struct remote_config remote; /* --export, --replica-keep, --peer-max-inflight */

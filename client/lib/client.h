@@ -99,6 +99,8 @@ struct td_relq {
 	struct td_mapcache *maps;
 	bool sweep_kicked;  /* a mapping was parked while none was */
 	uint64_t sweep_due; /* when the oldest parked mapping expires; 0: none */
+	/* And gives back the client's idle ring buffers (ring.c) from then on; 0: none. */
+	uint64_t ring_due;
 };
 
 /* The socket to the daemon and the exchange of frames on it. */
@@ -164,6 +166,30 @@ struct td_reserve {
 	pthread_cond_t cond; /* with the client's lock: a create came, or stop */
 };
 
+/* One ring buffer this client maps writable (ring.c, docs/recycle.md). */
+struct td_ring_buf {
+	uint64_t id;      /* the daemon's name for it (Lease.ring) */
+	uint8_t *base;    /* owned: map_size bytes, shared, writable, MADV_DONTFORK */
+	uint64_t map_size;
+	uint64_t size;    /* the tensor size it serves (Lease.map_size) */
+	uint64_t used_ns; /* the last create that named it (CLOCK_MONOTONIC) */
+};
+
+/*
+ * The ring buffers of one client: memory of its earlier versions, which
+ * the daemon hands back for later ones (ring.c). Guarded by the client's lock.
+ */
+struct td_ring {
+	struct td_ring_buf *bufs; /* owned */
+	unsigned n, cap;
+	uint64_t bytes;     /* mapped */
+	uint64_t budget;    /* the most bytes mapped (TENSORD_RECYCLE_BYTES) */
+	unsigned creating;  /* recycled creates between their request and their copy's end */
+	bool sweeping;      /* giving back idle buffers: no recycled create meanwhile */
+	bool off;           /* TENSORD_RECYCLE=0 */
+	uint64_t sweep_due; /* CLOCK_MONOTONIC; 0: nothing to expire */
+};
+
 struct tensord_client {
 	atomic_uint refs;     /* the user's handle plus one per live lease */
 	atomic_uint next_tx;  /* the last transaction id given out */
@@ -173,6 +199,7 @@ struct tensord_client {
 	/* Leases on memory the daemon exports itself, for tensord_close() (lease.c). */
 	LIST_HEAD(, td_lease) ipc_leases;
 	struct td_reserve reserve;
+	struct td_ring ring;
 	struct td_bindings binds; /* attach without a round trip (bindings.c) */
 	/*
 	 * Fork (docs/design.md, "Fork"). inherited is set in a forked child,
@@ -270,7 +297,7 @@ int td_wait_event(tensord_client *c, int timeout_ms);
  * none). The lease it grants is the caller's to end (td_lease_end).
  */
 int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec, uint32_t tx,
-		  uint64_t reserve, Tensord__Reply **ret_reply, int *ret_fd);
+		  uint64_t reserve, bool recycle, Tensord__Reply **ret_reply, int *ret_fd);
 
 /*
  * requests.c: a member of transaction tx created as tensord_create() creates
@@ -316,6 +343,55 @@ void td_reserve_stop(tensord_client *c);
 /* In a forked child: forgets the parent's slots (their mappings did not come along). */
 void td_reserve_after_fork(struct td_reserve *r);
 
+/*
+ * A slot td_reserve_take() gave that a create left alone (a recycled one
+ * took a ring buffer instead): ready again, or given back when no room.
+ */
+void td_reserve_untake(tensord_client *c, struct td_reserve_slot *s);
+
+/*
+ * ring.c: recycled memory (docs/recycle.md). td_ring_init() reads
+ * TENSORD_RECYCLE and TENSORD_RECYCLE_BYTES.
+ */
+void td_ring_init(struct td_ring *r);
+
+/*
+ * Whether a put of nbytes with flags should ask the daemon to recycle; if
+ * true, td_ring_end() must follow once the reply was used and the copy is
+ * done, and *ret_mapped (when not NULL) says how many buffers of nbytes
+ * this client maps (two or more: a reserve would only cost memory). May
+ * give back buffers idle for TD_RING_IDLE_NS first. Lock not held.
+ */
+bool td_ring_begin(tensord_client *c, uint64_t nbytes, uint32_t flags, unsigned *ret_mapped);
+void td_ring_end(tensord_client *c);
+
+/*
+ * Where to write the tensor of a recycled create's lease w: *ret_base,
+ * the ring buffer's mapping (0); 1 when w names no ring buffer (write
+ * through the descriptor as before). A buffer new to this client comes
+ * as *fd (mapped here, then closed and set to -1) or as reserve rs's
+ * memfd (its mapping moves to the ring; rs forgets it). -errno with the
+ * error set when it cannot be mapped or is unknown. Lock not held.
+ */
+int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd,
+		   struct td_reserve_slot *rs, const char *name, uint8_t **ret_base);
+
+/*
+ * The flusher's turn (release.c): gives back the buffers idle now, when no
+ * recycled create is in flight. When the next sweep is due (0: none).
+ * Lock not held.
+ */
+uint64_t td_ring_sweep(tensord_client *c);
+
+/* release.c: the flusher should call td_ring_sweep() at due (CLOCK_MONOTONIC). */
+void td_relq_ring_due(struct td_conn *conn, uint64_t due);
+
+/* tensord_close(): unmaps every buffer (the daemon frees them with the connection). */
+void td_ring_close(tensord_client *c);
+
+/* In a forked child: forgets the parent's buffers (MADV_DONTFORK: not mapped here). */
+void td_ring_after_fork(struct td_ring *r);
+
 /* The parts of a Create request, all pointing into the caller's arguments. */
 struct create_msg {
 	Tensord__Create cr;
@@ -332,7 +408,7 @@ struct td_create_req {
 
 /* Fills cm with the create of name (spec and name borrowed while cm is used). 0 or -errno. */
 int td_create_msg(struct td_create_req *cm, const char *name, const tensord_spec *spec,
-		  uint32_t tx);
+		  uint32_t tx, bool recycle);
 
 /* A Put request ready to send. */
 struct td_put_msg {
@@ -381,6 +457,13 @@ void td_put_gather(const DLTensor *src, uint8_t *buf);
 
 /* put.c: src's bytes when they already lie row-major compact (nothing to gather), else NULL. */
 const uint8_t *td_put_compact(const DLTensor *src);
+
+/*
+ * put.c: copies src's nbytes (row-major compact) into base, with the help
+ * of the reserve's thread when large. 0, or 1 when some byte of the source
+ * cannot be read (nothing copied then).
+ */
+int td_put_copy(tensord_client *c, const DLTensor *src, uint8_t *base, uint64_t nbytes);
 
 /* put.c: src's bytes written through fd, the memfd of name's new tensor. 0 or -errno, set. */
 int td_put_write(int fd, const char *name, const DLTensor *src);
@@ -441,6 +524,14 @@ void td_relq_flush(struct td_conn *conn);
  * the queue. send_lock held. Returns the bytes written before end.
  */
 size_t td_relq_drain(struct td_relq *q, uint8_t *end);
+
+/*
+ * The process forked while this connection held leases: sends, after the
+ * releases queued, a Release with forked set, so that the daemon never
+ * recycles what a child may still read (docs/recycle.md, "Fork").
+ * send_lock held.
+ */
+void td_relq_forked_locked(struct td_conn *conn);
 
 /* transport.c: closes every descriptor in q. */
 void td_fdq_clear(struct td_fdq *q);

@@ -38,6 +38,10 @@ static void atfork_parent(void)
 
 	LIST_FOREACH(c, &all_clients, all_link)
 	{
+		/* The child keeps what this client's leases map, and reads it
+		 * without a lease of its own: the daemon must never recycle it. */
+		if (!c->inherited && !c->conn.closed && atomic_load(&c->refs) > 1)
+			td_relq_forked_locked(&c->conn);
 		pthread_mutex_unlock(&c->conn.send_lock);
 		pthread_mutex_unlock(&c->lock);
 	}
@@ -86,6 +90,7 @@ static void forget_parent(tensord_client *c)
 	conn->relq.running = false;
 	td_mapcache_after_fork(&c->maps);
 	td_reserve_after_fork(&c->reserve);
+	td_ring_after_fork(&c->ring);
 	td_bindings_after_fork(c);
 }
 

@@ -47,6 +47,7 @@ void td_client_unref(tensord_client *c)
 	 * the mapping cache holds only parked mappings. */
 	td_relq_stop(&c->conn);
 	td_reserve_stop(c);
+	td_ring_close(c);
 	td_bindings_fini(c);
 	conn_free(&c->conn);
 	td_mapcache_fini(&c->maps);
@@ -72,6 +73,7 @@ tensord_client *td_client_new(int fd)
 	td_mapcache_init(&c->maps, &c->lock);
 	LIST_INIT(&c->ipc_leases);
 	td_reserve_init(&c->reserve);
+	td_ring_init(&c->ring);
 	c->conn.fd = fd;
 	c->conn.max_request = TD_FRAME_MIN_REQUEST;
 	td_spin_init(&c->conn.spin);

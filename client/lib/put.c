@@ -223,6 +223,8 @@ static int put_inline(tensord_client *c, const char *name, const DLTensor *src,
 }
 
 static int source_span(const DLTensor *src, size_t elsize, int64_t *lo, int64_t *hi);
+static int copy_to_reserve(tensord_client *c, const DLTensor *src, const int64_t *sstrides,
+			   size_t elsize, uint8_t *base, uint64_t nbytes);
 
 /*
  * Copies src's bytes into a reserve of this process's (mapped at base)
@@ -230,6 +232,20 @@ static int source_span(const DLTensor *src, size_t elsize, int64_t *lo, int64_t 
  * cannot tell or some byte cannot be read: then the caller writes them
  * with pwrite(), which turns a bad source into -EFAULT.
  */
+int td_put_copy(tensord_client *c, const DLTensor *src, uint8_t *base, uint64_t nbytes)
+{
+	int64_t cstrides[TENSORD_NDIM_MAX];
+	size_t elsize = td_dtype_size(src->dtype);
+	uint64_t n = elsize;
+
+	for (int i = src->ndim - 1; i >= 0; i--) {
+		cstrides[i] = (int64_t)(n / elsize);
+		n *= (uint64_t)src->shape[i];
+	}
+	return copy_to_reserve(c, src, src->strides ? src->strides : cstrides, elsize, base,
+			       nbytes);
+}
+
 static int copy_to_reserve(tensord_client *c, const DLTensor *src, const int64_t *sstrides,
 			   size_t elsize, uint8_t *base, uint64_t nbytes)
 {
@@ -266,7 +282,9 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	struct fd_writer w = { .fd = -1 };
 	struct td_reserve_slot rs = { .fd = -1 };
 	uint64_t lease, nbytes = elsize;
-	bool in_reserve;
+	uint8_t *ring = NULL;
+	unsigned mapped;
+	bool in_reserve, recycle;
 	Tensord__Reply *rep;
 	char saved[512];
 	int r;
@@ -281,16 +299,29 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	r = put_inline(c, name, src, spec, sstrides, elsize, nbytes, to);
 	if (r <= 0)
 		return r;
-	in_reserve = td_reserve_take(c, nbytes, &rs);
-	r = td_create_rpc(c, name, spec, to->tx, rs.id, &rep, &w.fd);
+	recycle = td_ring_begin(c, nbytes, spec->flags, &mapped);
+	/* Two buffers of the size mapped: the ring serves a steady writer. */
+	in_reserve = mapped < 2 && td_reserve_take(c, nbytes, &rs);
+	r = td_create_rpc(c, name, spec, to->tx, rs.id, recycle, &rep, &w.fd);
 	if (r < 0) {
 		if (in_reserve) {
 			td_reserve_slot_free(&rs);
 			td_reserve_written(c);
 		}
+		if (recycle)
+			td_ring_end(c);
 		return r;
 	}
 	lease = rep->lease->lease;
+	if (recycle && rep->lease->ring) {
+		/* Memory of this writer's ring (docs/recycle.md): a buffer it
+		 * maps already, or one new to it that it maps now and keeps. */
+		r = td_ring_target(c, rep->lease, &w.fd, in_reserve ? &rs : NULL, name, &ring);
+		/* A free buffer served: the reserve stays for a later create. */
+		if (rs.base)
+			td_reserve_untake(c, &rs);
+		in_reserve = false;
+	}
 	in_reserve = in_reserve && rep->lease->reserve == rs.id && w.fd < 0;
 	if (in_reserve) {
 		/* The tensor's memfd is the reserve's: write it as mapped. */
@@ -301,10 +332,15 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 		td_reserve_slot_free(&rs);
 		td_reserve_written(c);
 	}
-	if (rep->lease->handle != TENSORD__HANDLE_KIND__HANDLE_NONE && w.fd < 0)
+	if (rep->lease->handle != TENSORD__HANDLE_KIND__HANDLE_NONE && w.fd < 0 && !ring && r == 0)
 		r = td_set_error(-EPROTO, "tensor '%s': tensord sent no descriptor to write", name);
 	tensord__reply__free_unpacked(rep, NULL);
-	if (r == 0 && in_reserve &&
+	if (r == 0 && ring) {
+		r = copy_to_reserve(c, src, sstrides, elsize, ring, nbytes);
+		if (r == 1)
+			r = td_set_error(-EFAULT, "tensor '%s': its source is not readable memory",
+					 name);
+	} else if (r == 0 && in_reserve &&
 	    copy_to_reserve(c, src, sstrides, elsize, rs.base, nbytes) == 0) {
 		/* Written. */
 	} else if (r == 0 && w.fd >= 0) {
@@ -324,6 +360,8 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 		td_reserve_slot_free(&rs);
 		td_reserve_written(c);
 	}
+	if (recycle)
+		td_ring_end(c);
 	if (r == 0 && !to->tx)
 		r = tensord_publish_version(c, name, to->version);
 	if (r < 0 && !to->tx) {

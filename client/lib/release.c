@@ -18,6 +18,7 @@
  * they fall due, so that an idle process lets them go too.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -46,6 +47,7 @@ size_t td_relq_drain(struct td_relq *q, uint8_t *end)
 		size_t plen;
 
 		rel.lease = q->ids[i];
+		rel.forked = q->ids[i] == 0; /* td_relq_forked_locked()'s */
 		req.body_case = TENSORD__REQUEST__BODY_RELEASE;
 		req.release = &rel;
 		plen = tensord__request__get_packed_size(&req);
@@ -94,6 +96,37 @@ static bool sweep_if_due(struct td_conn *conn, uint64_t now)
 	return true;
 }
 
+/* send_lock held. Gives back idle ring buffers if due; true if it dropped the lock to do so. */
+static bool ring_if_due(struct td_conn *conn, uint64_t now)
+{
+	struct td_relq *q = &conn->relq;
+	tensord_client *c = (tensord_client *)((char *)conn - offsetof(tensord_client, conn));
+	uint64_t due;
+
+	if (!q->ring_due || now < q->ring_due)
+		return false;
+	q->ring_due = 0;
+	/* The client's lock is never taken inside send_lock. */
+	pthread_mutex_unlock(&conn->send_lock);
+	due = td_ring_sweep(c);
+	pthread_mutex_lock(&conn->send_lock);
+	if (due && (!q->ring_due || due < q->ring_due))
+		q->ring_due = due;
+	return true;
+}
+
+void td_relq_ring_due(struct td_conn *conn, uint64_t due)
+{
+	struct td_relq *q = &conn->relq;
+
+	pthread_mutex_lock(&conn->send_lock);
+	if (q->running && (!q->ring_due || due < q->ring_due)) {
+		q->ring_due = due;
+		pthread_cond_signal(&q->cond);
+	}
+	pthread_mutex_unlock(&conn->send_lock);
+}
+
 static void wait_until(struct td_conn *conn, uint64_t due)
 {
 	struct timespec ts = { .tv_sec = (time_t)(due / 1000000000ull),
@@ -111,13 +144,17 @@ static void *flusher(void *arg)
 	while (!q->stop) {
 		uint64_t now = mono_ns(), due;
 
-		if (sweep_if_due(conn, now))
+		if (sweep_if_due(conn, now) || ring_if_due(conn, now))
 			continue;
 		if (q->n == 0) {
 			/* Idle: the next deleter wakes us, or the next expiry. */
+			uint64_t next = q->sweep_due;
+
+			if (q->ring_due && (!next || q->ring_due < next))
+				next = q->ring_due;
 			q->armed = false;
-			if (q->sweep_due)
-				wait_until(conn, q->sweep_due);
+			if (next)
+				wait_until(conn, next);
 			else
 				pthread_cond_wait(&q->cond, &conn->send_lock);
 			continue;
@@ -165,6 +202,7 @@ void td_relq_start(struct td_conn *conn, struct td_mapcache *maps)
 	q->maps = maps;
 	q->sweep_kicked = false;
 	q->sweep_due = 0;
+	q->ring_due = 0;
 	/* Without a flusher, deleters send at once: slower, never wrong; and
 	 * nothing would expire parked mappings, so none are parked. */
 	q->running = pthread_create(&q->thread, NULL, flusher, conn) == 0;
@@ -199,6 +237,16 @@ void td_relq_flush(struct td_conn *conn)
 	if (conn->relq.n)
 		flush_locked(conn);
 	pthread_mutex_unlock(&conn->send_lock);
+}
+
+void td_relq_forked_locked(struct td_conn *conn)
+{
+	struct td_relq *q = &conn->relq;
+
+	if (q->n == TD_RELQ_MAX)
+		flush_locked(conn);
+	q->ids[q->n++] = 0;
+	flush_locked(conn);
 }
 
 void td_release(tensord_client *c, uint64_t lease_id)

@@ -117,14 +117,14 @@ static int create_msg_fill(struct create_msg *m, const char *name, const tensord
 	m->cr.n_strides = spec->strides ? (size_t)spec->ndim : 0;
 	m->cr.strides = (int64_t *)spec->strides;
 	m->cr.device = &m->dev;
-	m->cr.flags = spec->flags & ~(uint32_t)TENSORD_REPLACE;
+	m->cr.flags = spec->flags & ~(uint32_t)(TENSORD_REPLACE | TENSORD_SEALED);
 	m->cr.replace = (spec->flags & TENSORD_REPLACE) != 0;
 	m->cr.mode = spec->mode;
 	return 0;
 }
 
 int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec, uint32_t tx,
-		  uint64_t reserve, Tensord__Reply **ret_reply, int *ret_fd)
+		  uint64_t reserve, bool recycle, Tensord__Reply **ret_reply, int *ret_fd)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	struct create_msg m;
@@ -136,6 +136,7 @@ int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
 		return r;
 	m.cr.tx = tx;
 	m.cr.reserve = reserve;
+	m.cr.recycle = recycle;
 	req.body_case = TENSORD__REQUEST__BODY_CREATE;
 	req.create = &m.cr;
 	r = td_rpc(c, &req, &rep, &fd);
@@ -174,7 +175,8 @@ int td_put_msg(struct td_put_msg *pm, const char *name, const tensord_spec *spec
 	return 0;
 }
 
-int td_create_msg(struct td_create_req *cm, const char *name, const tensord_spec *spec, uint32_t tx)
+int td_create_msg(struct td_create_req *cm, const char *name, const tensord_spec *spec, uint32_t tx,
+		  bool recycle)
 {
 	int r = create_msg_fill(&cm->m, name, spec);
 
@@ -182,6 +184,7 @@ int td_create_msg(struct td_create_req *cm, const char *name, const tensord_spec
 		return r;
 	tensord__request__init(&cm->req);
 	cm->m.cr.tx = tx;
+	cm->m.cr.recycle = recycle;
 	cm->req.body_case = TENSORD__REQUEST__BODY_CREATE;
 	cm->req.create = &cm->m.cr;
 	return 0;
@@ -243,7 +246,7 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 		return r;
 	/* A large host tensor goes where this process mapped memory ahead. */
 	reserved = td_reserve_take(c, host_nbytes(spec), &rs);
-	r = td_create_rpc(c, name, spec, 0, rs.id, &rep, &fd);
+	r = td_create_rpc(c, name, spec, 0, rs.id, false, &rep, &fd);
 	if (r < 0) {
 		if (reserved) {
 			td_reserve_slot_free(&rs);
@@ -280,7 +283,7 @@ int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const ten
 	struct td_lease *l;
 	int fd, r;
 
-	r = td_create_rpc(c, name, spec, tx, 0, &rep, &fd);
+	r = td_create_rpc(c, name, spec, tx, 0, false, &rep, &fd);
 	if (r < 0)
 		return r;
 	r = td_lease_from_reply(c, rep->lease, fd, NULL, true, &l);

@@ -653,3 +653,24 @@ void td_reserve_after_fork(struct td_reserve *r)
 	pthread_cond_init(&r->cond, NULL);
 	pthread_cond_init(&r->helped, NULL);
 }
+
+void td_reserve_untake(tensord_client *c, struct td_reserve_slot *s)
+{
+	struct td_reserve *r = &c->reserve;
+	bool kept = false;
+
+	if (!s->base)
+		return;
+	pthread_mutex_lock(&c->lock);
+	if (!r->stop && r->n_ready < TD_RESERVE_SLOTS) {
+		r->ready[r->n_ready++] = *s;
+		r->ready_bytes += s->size;
+		kept = true;
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (kept)
+		*s = (struct td_reserve_slot){ .fd = -1 };
+	else
+		give_back(c, s);
+	td_reserve_written(c);
+}

@@ -235,6 +235,7 @@ struct put_slot {
 	} m;
 	bool inline_bytes;
 	bool on_device; /* copied on the device when its turn comes, not pipelined */
+	bool recycle;   /* asked for a ring buffer: td_ring_end() once answered */
 	uint8_t *buf;   /* owned: the inline bytes, until the request is sent */
 	size_t cost;    /* the request's bytes on the wire */
 	const tensord_put_item *item;
@@ -256,18 +257,37 @@ static int put_finish(tensord_client *c, struct put_slot *s, int r)
 					 "lease",
 					 s->item->name);
 		} else {
+			uint8_t *ring = NULL;
+
 			w = s->p.reply->lease;
-			if (w->handle != TENSORD__HANDLE_KIND__HANDLE_NONE && s->p.fd < 0)
+			/* Memory of this writer's ring (docs/recycle.md): copied into
+			 * its mapping; else written through the descriptor. */
+			if (s->recycle && w->ring)
+				r = td_ring_target(c, w, &s->p.fd, NULL, s->item->name, &ring);
+			if (r < 0) {
+				/* The error is set. */
+			} else if (ring) {
+				r = td_put_copy(c, s->item->src, ring, w->map_size);
+				if (r == 1)
+					r = td_set_error(-EFAULT,
+							 "tensor '%s': its source is not readable "
+							 "memory",
+							 s->item->name);
+			} else if (w->handle != TENSORD__HANDLE_KIND__HANDLE_NONE && s->p.fd < 0) {
 				r = td_set_error(-EPROTO, "tensor '%s': no descriptor to write",
 						 s->item->name);
-			else if (s->p.fd >= 0)
+			} else if (s->p.fd >= 0) {
 				r = td_put_write(s->p.fd, s->item->name, s->item->src);
+			}
 			td_lease_end(c, w->lease);
 		}
 	}
 	td_pending_clear(&s->p);
 	free(s->buf);
 	s->buf = NULL;
+	if (s->recycle)
+		td_ring_end(c);
+	s->recycle = false;
 	return r;
 }
 
@@ -304,8 +324,14 @@ static int put_prepare(tensord_client *c, uint32_t tx, struct put_slot *s,
 		if (r == -EMSGSIZE)
 			r = 0; /* a long name and shape: a create after all */
 	}
-	if (r == 0 && !s->inline_bytes)
-		r = td_create_msg(&s->m.create, item->name, &spec, tx);
+	if (r == 0 && !s->inline_bytes) {
+		s->recycle = td_ring_begin(c, nbytes, flags, NULL);
+		r = td_create_msg(&s->m.create, item->name, &spec, tx, s->recycle);
+		if (r < 0 && s->recycle) {
+			td_ring_end(c);
+			s->recycle = false;
+		}
+	}
 	if (r == 0)
 		s->cost = TD_FRAME_HEADER +
 			  tensord__request__get_packed_size(s->inline_bytes ? &s->m.put.req
@@ -384,6 +410,8 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 	if (ready) {
 		/* Readied, then an answer failed: never sent. */
 		free(slots[next % PUT_WINDOW].buf);
+		if (slots[next % PUT_WINDOW].recycle)
+			td_ring_end(c);
 	}
 	if (r == 0)
 		r = tensord_tx_commit(tx, ret_commit);

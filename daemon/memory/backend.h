@@ -45,6 +45,12 @@ struct backend_alloc {
 	size_t ipc_handle_len;
 	uint64_t ipc_offset;
 	uint64_t share_id; /* nonzero: lives at ipc_offset in memory shared under this id */
+	/*
+	 * A ring buffer (docs/recycle.md): its writer keeps a writable shared
+	 * mapping from version to version, so freeze() seals it
+	 * F_SEAL_FUTURE_WRITE, once, instead of F_SEAL_WRITE.
+	 */
+	bool recycled;
 	void *priv;        /* the backend's own state; NULL when none */
 };
 
@@ -240,6 +246,9 @@ void backend_host_set_pool(uint64_t budget);
  * applies to the holds that start or end after it).
  */
 void backend_gpu_set_context_hold(uint64_t ms);
+
+/* backend_host.c: whether the kernel enforces what recycled memory needs. 0 or -errno and why. */
+int backend_host_probe_recycle(char *why, size_t why_len);
 
 /* Borrowed: the host backend's pool, NULL before init and after fini. */
 struct pool *backend_host_pool(void);

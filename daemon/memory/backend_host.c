@@ -345,6 +345,19 @@ static int host_freeze(struct backend_alloc *a)
 	/* A slab's bytes can only be written by the daemon already. */
 	if (a->handle_kind == TENSORD__HANDLE_KIND__HANDLE_NONE || a->priv)
 		return 0;
+	if (a->recycled) {
+		/* A ring buffer: sealed once, at its first publish. The seal
+		 * refuses every write and writable mapping from then on, but
+		 * leaves its writer's mapping, made before, writable. */
+		int seals = fcntl(a->fd, F_GET_SEALS);
+
+		if (seals < 0)
+			return -errno;
+		if (seals & F_SEAL_FUTURE_WRITE)
+			return 0;
+		return fcntl(a->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) < 0 ? -errno
+											  : 0;
+	}
 	for (int tries = 1; tries <= HOST_SEAL_TRIES; tries++) {
 		r = fcntl(a->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) < 0 ? -errno : 0;
 		if (r != -EBUSY)
@@ -353,6 +366,68 @@ static int host_freeze(struct backend_alloc *a)
 			backend_host_seal_retry_hook(a->fd);
 	}
 	return r;
+}
+
+/*
+ * What recycled memory rests on (docs/recycle.md, section 2), checked on
+ * the running kernel: after F_SEAL_FUTURE_WRITE, a write(), a new
+ * writable shared mapping and an mprotect() to writable are refused, a
+ * write through a private mapping stays private, and the mapping made
+ * before the seal still writes. 0, or -errno and why.
+ */
+int backend_host_probe_recycle(char *why, size_t why_len)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	uint8_t *w = MAP_FAILED, *p = MAP_FAILED, *q = MAP_FAILED;
+	const char *bad = NULL;
+	int fd, e = 0;
+
+	fd = memfd_create("tensord-probe", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0 || ftruncate(fd, 2 * page) < 0) {
+		e = -errno;
+		snprintf(why, why_len, "memfd: %s", strerror(errno));
+		goto out;
+	}
+	w = mmap(NULL, 2 * (size_t)page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (w == MAP_FAILED || fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) < 0) {
+		e = -errno;
+		snprintf(why, why_len, "F_SEAL_FUTURE_WRITE: %s", strerror(errno));
+		goto out;
+	}
+	if (pwrite(fd, "x", 1, 0) >= 0)
+		bad = "write() still succeeds";
+	q = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (!bad && q != MAP_FAILED)
+		bad = "a new writable shared mapping is allowed";
+	if (q == MAP_FAILED)
+		q = mmap(NULL, (size_t)page, PROT_READ, MAP_SHARED, fd, 0);
+	if (!bad && (q == MAP_FAILED || mprotect(q, (size_t)page, PROT_READ | PROT_WRITE) == 0))
+		bad = "a read-only shared mapping can be made writable";
+	p = mmap(NULL, 2 * (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+	if (!bad && p != MAP_FAILED) {
+		p[0] = 7;
+		if (w[0] == 7)
+			bad = "a write through a private mapping reached the memfd";
+	}
+	if (!bad) {
+		w[page] = 9; /* a page the private mapping has not written */
+		if (p != MAP_FAILED && p[page] != 9)
+			bad = "a private mapping does not follow the memfd";
+	}
+	if (bad) {
+		e = -ENOTSUP;
+		snprintf(why, why_len, "after F_SEAL_FUTURE_WRITE %s", bad);
+	}
+out:
+	if (w != MAP_FAILED)
+		munmap(w, 2 * (size_t)page);
+	if (p != MAP_FAILED)
+		munmap(p, 2 * (size_t)page);
+	if (q != MAP_FAILED)
+		munmap(q, (size_t)page);
+	if (fd >= 0)
+		close(fd);
+	return e;
 }
 
 static void host_release(struct backend_alloc *a)

@@ -169,7 +169,8 @@ void reg_tensor_free(struct registry *reg, struct tensor *t)
 		t->dev->used -= t->alloc.footprint;
 		t->dev->tensors--;
 	}
-	if (t->alloc.ops)
+	/* Memory of a ring goes back to it (registry_ring.c), else it is freed. */
+	if (t->alloc.ops && !reg_ring_return(reg, t))
 		t->alloc.ops->release(&t->alloc);
 	reg->n_tensors--;
 	log_debug("tensor '%s' (id %llu): freed", t->name, (unsigned long long)t->id);
@@ -184,6 +185,7 @@ void registry_fini(struct registry *reg)
 		struct tensor *t = LIST_FIRST(&reg->all);
 
 		t->creator = NULL; /* its client may be gone without client_gone() */
+		t->ring_rc = NULL; /* likewise its ring's: the memory is freed */
 		if (t->draft)
 			t->draft->replaces = NULL;
 		if (t->replaces)

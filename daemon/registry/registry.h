@@ -84,6 +84,18 @@ struct tensor {
 	uint32_t holds;        /* of refcount, the references of reg_holds (quarantined) */
 	bool from_reserve;     /* its memory was the reserve its create named */
 	/*
+	 * Recycled memory (docs/recycle.md): nonzero, the id of the ring
+	 * buffer of ring_rc (the writer's connection, which maps it writable)
+	 * that holds t. When t is freed the buffer goes back to ring_rc's free
+	 * list instead of being freed, unless ring_rc is gone (NULL) or a
+	 * forked child may still read it (ring_tainted).
+	 */
+	uint64_t ring_id;
+	struct reg_client *ring_rc;   /* borrowed; NULL: freed with t */
+	LIST_ENTRY(tensor) ring_link; /* ring_rc->ring_tensors, while ring_rc */
+	bool ring_hit;                /* its create took a free buffer: no descriptor to send */
+	bool ring_tainted;
+	/*
 	 * Replace (docs/design.md, "Replace"): a named tensor's pending new
 	 * version, and the other way round. A draft is in state CREATED and not
 	 * in the name table; its publish gives it the name. Each points at the
@@ -138,6 +150,9 @@ struct reg_reserve {
 	struct reg_device *dev;
 	struct backend_alloc alloc; /* owned */
 	LIST_ENTRY(reg_reserve) link;
+	/* A free ring buffer (registry_ring.c): the group and mode of the
+	 * versions it held, which the next one must have. */
+	uint32_t gid, mode;
 };
 
 /* A client's view: who it is and the leases it holds. Embedded in a conn. */
@@ -155,7 +170,12 @@ struct reg_client {
 	LIST_HEAD(, reg_reserve) reserves; /* owned */
 	unsigned n_reserves;
 	uint64_t reserved_bytes;
-	uint64_t next_reserve; /* the last reserve id given out */
+	uint64_t next_reserve; /* the last reserve (or ring buffer) id given out */
+	/* Recycled memory (registry_ring.c): the tensors in its ring buffers,
+	 * and its free ring buffers (owned, charged like reserves). */
+	LIST_HEAD(, tensor) ring_tensors;
+	LIST_HEAD(, reg_reserve) ring_free;
+	unsigned n_ring_free;
 	struct reg_page *page; /* its binding page (registry_bind.c), owned; NULL: none */
 };
 
@@ -253,6 +273,16 @@ struct registry {
 	/* Reserves held by all clients, and their bytes. */
 	uint32_t n_reserves;
 	uint64_t reserve_bytes;
+	/*
+	 * Recycled memory (docs/recycle.md): whether creates that ask may
+	 * take it (--recycle, and the start-up probe of F_SEAL_FUTURE_WRITE);
+	 * the free ring buffers of all clients and their bytes; creates that
+	 * took one; buffers never recycled because a client forked.
+	 */
+	bool recycle;
+	uint32_t n_ring_free;
+	uint64_t ring_free_bytes;
+	uint64_t ring_hits, ring_tainted;
 };
 
 struct create_args {
@@ -271,6 +301,9 @@ struct create_args {
 	/* Nonzero: rc's reserve of that id, which the create consumes whatever
 	 * happens: the tensor's memory when it fits (t->from_reserve), else freed. */
 	uint64_t reserve;
+	/* Recycle (docs/recycle.md): memory of rc's ring; a free buffer
+	 * first, and then the named reserve is left alone. */
+	bool recycle;
 	/* The name is "@PEER/NAME" (td_remote_name_check()): a replica of
 	 * another node's tensor, which only remote.c creates. */
 	bool replica;
@@ -296,6 +329,14 @@ struct reg_reserve *registry_reserve_find(struct reg_client *rc, uint64_t id);
 
 /* Frees rc's reserve of that id: 0, or -ESRCH when rc has none such. */
 int registry_unreserve(struct registry *reg, struct reg_client *rc, uint64_t id);
+
+/*
+ * rc's process forked while holding leases (Release.forked): the memory of
+ * every tensor rc holds a lease on now is never recycled, since a child
+ * may read it without a lease (docs/recycle.md, "Fork"). Returns how many
+ * tensors that marked.
+ */
+unsigned registry_forked(struct registry *reg, struct reg_client *rc);
 
 /* Transactions one client may have open at once. */
 #define REGISTRY_TX_PER_CLIENT 16

@@ -248,31 +248,87 @@ static bool fits_reserve(const struct reg_reserve *res, const struct reg_device 
 }
 
 /*
- * Gets t its memory on dev (reserve res's when it fits, which it then takes
- * over), and room for its name in the table. On failure releases what it
- * got; the caller frees t.
+ * Whether a tensor of a create that asks to recycle (docs/recycle.md) may
+ * live in a ring buffer: host memory with a memfd of its own (the backend
+ * keeps reserves), larger than a slab slot, immutable.
  */
-static int tensor_alloc(struct registry *reg, struct reg_device *dev, struct tensor *t, bool shared,
-			struct reg_reserve *res, char *why, size_t why_len)
+static bool may_recycle(const struct registry *reg, const struct reg_device *dev, bool recycle,
+			bool shared, uint32_t flags, uint64_t nbytes)
+{
+	return recycle && reg->recycle && dev->ops->adopt && !dev->ops->alloc_blocks && !shared &&
+	       !(flags & TENSORD_MUTABLE) && nbytes > dev->ops->shared_max;
+}
+
+/*
+ * Whether a's tensor finds a free buffer in rc's ring, taking nothing:
+ * then the reserve it names stays rc's for a later create.
+ */
+static bool ring_ready(struct registry *reg, const struct reg_client *rc,
+		       const struct create_args *a)
+{
+	int64_t strides[TENSORD_NDIM_MAX];
+	struct reg_device *dev;
+	uint64_t nbytes;
+	char reason[200];
+
+	if (!a->recycle || !reg->recycle || a->ndim < 0 || a->ndim > TENSORD_NDIM_MAX ||
+	    td_layout(a->dtype, a->ndim, a->shape, a->strides, strides, &nbytes, reason,
+		      sizeof(reason)) < 0)
+		return false;
+	dev = registry_device(reg, a->device);
+	return dev && may_recycle(reg, dev, a->recycle, a->shared, a->flags, nbytes) &&
+	       reg_ring_has(rc, dev, nbytes, rc->gid, a->mode ? a->mode : 0600);
+}
+
+/*
+ * Gets t its memory on dev (a free buffer of rc's ring when a asks to
+ * recycle and one fits; else reserve res's when it fits, which it then
+ * takes over), and room for its name in the table. A recycled tensor's
+ * memory is a buffer of rc's ring from then on. On failure releases what
+ * it got; the caller frees t.
+ */
+static int tensor_alloc(struct registry *reg, struct reg_client *rc, const struct create_args *a,
+			struct reg_device *dev, struct tensor *t, struct reg_reserve *res,
+			char *why, size_t why_len)
 {
 	const struct backend_ops *ops = dev->ops;
+	bool recycle = may_recycle(reg, dev, a->recycle, a->shared, t->flags, t->nbytes);
+	struct reg_reserve *ring = NULL;
+	uint64_t ring_id = 0;
 	int r;
 
-	if (goes_to_slab(ops, shared, t->nbytes)) {
+	if (recycle)
+		ring = reg_ring_take(reg, rc, dev, t->nbytes, t->owner_gid, t->mode);
+	if (goes_to_slab(ops, a->shared, t->nbytes)) {
 		r = ops->alloc_shared(&t->alloc, t->nbytes, t->owner_uid, t->owner_gid, t->mode);
-	} else if (fits_reserve(res, dev, t, shared)) {
+	} else if (ring) {
+		/* Sealed against growing and shrinking when it was first made. */
+		t->alloc = ring->alloc;
+		ring_id = ring->id;
+		t->ring_hit = true;
+		free(ring);
+		r = 0;
+	} else if (fits_reserve(res, dev, t, a->shared)) {
 		r = ops->adopt(&t->alloc, &res->alloc, t->nbytes);
 		t->from_reserve = r == 0;
+		ring_id = a->reserve;
 	} else {
 		r = ops->alloc(&t->alloc, t->nbytes, dev->device.device_id, t->name);
+		ring_id = recycle ? ++rc->next_reserve : 0;
 	}
 	r = alloc_result(reg, dev, t, &t->alloc, r, 0, why, why_len);
 	if (r < 0)
 		return r;
 	r = reg_name_room(reg, t, why, why_len);
-	if (r < 0)
+	if (r < 0) {
 		dev->ops->release(&t->alloc);
-	return r;
+		return r;
+	}
+	if (recycle) {
+		t->alloc.recycled = true;
+		reg_ring_link(rc, t, ring_id);
+	}
+	return 0;
 }
 
 /*
@@ -441,7 +497,7 @@ static int create_one(struct registry *reg, struct reg_client *rc, const struct 
 	}
 	if (dev->ops->alloc_blocks && nbytes && !goes_to_slab(dev->ops, a->shared, nbytes))
 		return create_begin(reg, rc, a, tx, dev, t, ret_t, why, why_len);
-	r = tensor_alloc(reg, dev, t, a->shared, res, why, why_len);
+	r = tensor_alloc(reg, rc, a, dev, t, res, why, why_len);
 	if (r < 0) {
 		reg_create_uncharge(reg, t);
 		free(t);
@@ -472,7 +528,7 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 {
 	/* The reserve a create names is consumed whatever happens: off rc's
 	 * list and uncharged now, the tensor's memory or freed below. */
-	struct reg_reserve *res = reg_reserve_take(reg, rc, a->reserve);
+	struct reg_reserve *res = ring_ready(reg, rc, a) ? NULL : reg_reserve_take(reg, rc, a->reserve);
 	int r = create_one(reg, rc, a, res, ret_t, ret_lease, why, why_len);
 
 	/* A reserve never costs its own client a create: room it holds for

@@ -140,6 +140,43 @@ struct reg_reserve *reg_reserve_take(struct registry *reg, struct reg_client *rc
 /* Frees r (taken, or still on its client's list: then taken first). */
 void reg_reserve_free(struct registry *reg, struct reg_client *rc, struct reg_reserve *r);
 
+/* What reserve (or free ring buffer) r costs rc's uid and its device: charged, or -errno and why. */
+int reg_reserve_charge(struct registry *reg, const struct reg_client *rc, struct reg_reserve *r,
+		       char *why, size_t why_len);
+void reg_reserve_uncharge(struct registry *reg, const struct reg_client *rc, struct reg_reserve *r);
+
+/*
+ * registry_ring.c (docs/recycle.md). rc's free ring buffer on dev that a
+ * tensor of nbytes, group gid and mode may take: off the list and
+ * uncharged, the caller's (free the struct, keep the memory); NULL: none.
+ */
+struct reg_reserve *reg_ring_take(struct registry *reg, struct reg_client *rc,
+				  const struct reg_device *dev, uint64_t nbytes, uint32_t gid,
+				  uint32_t mode);
+
+/* Whether rc has such a buffer free, taking nothing. */
+bool reg_ring_has(const struct reg_client *rc, const struct reg_device *dev, uint64_t nbytes,
+		  uint32_t gid, uint32_t mode);
+
+/* t's memory is rc's ring buffer id from now on (recycled when t is freed). */
+void reg_ring_link(struct reg_client *rc, struct tensor *t, uint64_t id);
+
+/*
+ * t is being freed, uncharged already: true when its memory went back to
+ * its ring as a free buffer (t->alloc no longer holds it), false when the
+ * caller must release it. Either way t leaves its ring.
+ */
+bool reg_ring_return(struct registry *reg, struct tensor *t);
+
+/* Unreserve of a ring buffer's id: a free one is freed, a used one is freed with its tensor. */
+int reg_ring_drop(struct registry *reg, struct reg_client *rc, uint64_t id);
+
+/* Frees rc's free ring buffers (room for a create; its close). Returns how many. */
+unsigned reg_ring_drop_free(struct registry *reg, struct reg_client *rc);
+
+/* rc is going: its free buffers are freed, its ring's tensors freed with their last lease. */
+void reg_ring_client_gone(struct registry *reg, struct reg_client *rc);
+
 /* Frees every reserve rc holds: its close, or room for a create. Returns how many. */
 unsigned reg_reserves_drop(struct registry *reg, struct reg_client *rc);
 

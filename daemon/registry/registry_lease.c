@@ -98,6 +98,8 @@ void registry_client_init(struct reg_client *rc, uint64_t id, uint32_t uid, uint
 	memset(rc, 0, sizeof(*rc));
 	LIST_INIT(&rc->created);
 	LIST_INIT(&rc->reserves);
+	LIST_INIT(&rc->ring_tensors);
+	LIST_INIT(&rc->ring_free);
 	rc->id = id;
 	rc->uid = uid;
 	rc->gid = gid;
@@ -212,7 +214,9 @@ void registry_client_gone(struct registry *reg, struct reg_client *rc)
 
 	/* Names first: a tensor it created but never published, or created
 	 * with connection lifetime, goes with it. Leases second, so the last
-	 * one frees the memory. Only what rc created and leased is visited. */
+	 * one frees the memory. Only what rc created and leased is visited.
+	 * Its ring first: nobody can write its buffers again. */
+	reg_ring_client_gone(reg, rc);
 	reg_reserves_drop(reg, rc);
 	reg_tx_client_gone(reg, rc);
 	while ((t = LIST_FIRST(&rc->created))) {

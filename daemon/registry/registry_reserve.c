@@ -16,8 +16,8 @@
 #include "registry_int.h"
 
 /* What r is charged: its bytes and its descriptor to rc's uid, its bytes to its device. */
-static int charge(struct registry *reg, const struct reg_client *rc, struct reg_reserve *r,
-		  char *why, size_t why_len)
+int reg_reserve_charge(struct registry *reg, const struct reg_client *rc, struct reg_reserve *r,
+		       char *why, size_t why_len)
 {
 	char reason[200];
 	int e;
@@ -55,7 +55,7 @@ static int charge(struct registry *reg, const struct reg_client *rc, struct reg_
 	return 0;
 }
 
-static void uncharge(struct registry *reg, const struct reg_client *rc, struct reg_reserve *r)
+void reg_reserve_uncharge(struct registry *reg, const struct reg_client *rc, struct reg_reserve *r)
 {
 	if (reg->quota) {
 		quota_uncharge(reg->quota, rc->uid, QUOTA_BYTES, r->alloc.footprint);
@@ -125,7 +125,7 @@ int registry_reserve(struct registry *reg, struct reg_client *rc, uint64_t size,
 		e = -EAGAIN;
 	}
 	if (e == 0)
-		e = charge(reg, rc, r, why, why_len);
+		e = reg_reserve_charge(reg, rc, r, why, why_len);
 	if (e < 0) {
 		dev->ops->release(&r->alloc);
 		free(r);
@@ -165,7 +165,7 @@ struct reg_reserve *reg_reserve_take(struct registry *reg, struct reg_client *rc
 	rc->reserved_bytes -= r->alloc.footprint;
 	reg->n_reserves--;
 	reg->reserve_bytes -= r->alloc.footprint;
-	uncharge(reg, rc, r);
+	reg_reserve_uncharge(reg, rc, r);
 	r->id = 0; /* off the list */
 	return r;
 }
@@ -186,7 +186,7 @@ int registry_unreserve(struct registry *reg, struct reg_client *rc, uint64_t id)
 	struct reg_reserve *r = reg_reserve_take(reg, rc, id);
 
 	if (!r)
-		return -ESRCH;
+		return reg_ring_drop(reg, rc, id); /* a ring buffer's id, or -ESRCH */
 	reg_reserve_free(reg, rc, r);
 	return 0;
 }
@@ -200,5 +200,5 @@ unsigned reg_reserves_drop(struct registry *reg, struct reg_client *rc)
 		reg_reserve_free(reg, rc, r);
 		n++;
 	}
-	return n;
+	return n + reg_ring_drop_free(reg, rc);
 }

@@ -58,6 +58,15 @@ enum {
 	 * uid owns it, -EEXIST when another client is replacing it.
 	 */
 	TENSORD_REPLACE = 1u << 2,
+	/*
+	 * tensord_put() and tensord_put_many() only, never a tensor's flag:
+	 * fresh memory sealed with F_SEAL_WRITE, as before recycling, instead
+	 * of a buffer of this writer's ring (docs/recycle.md; also
+	 * TENSORD_RECYCLE=0 in the environment, or the daemon's --recycle off).
+	 * Then not even this process can write the published bytes again by
+	 * raw system calls.
+	 */
+	TENSORD_SEALED = 1u << 3,
 };
 
 typedef enum tensord_state {
