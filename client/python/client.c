@@ -335,13 +335,15 @@ static PyMethodDef Client_methods[] = {
 		"a tensor the caller owns (see put)." },
 	{ "put", (PyCFunction)(void (*)(void))td_client_put, METH_VARARGS | METH_KEYWORDS,
 	  "put($self, /, name, obj, mutable=False, lifetime='persistent', mode=None, *,\n"
-	  "    replace=False)\n--\n\n"
+	  "    replace=False, sealed=False)\n--\n\n"
 	  "Copies obj once into a new daemon tensor and publishes it. obj is any DLPack producer\n"
 	  "in host memory (numpy, torch, jax arrays, a Tensor) or any object with the buffer\n"
 	  "protocol (bytes, array.array, memoryview). Any strides are accepted; the copy is\n"
 	  "stored row-major compact. replace=True puts over an existing tensor of that name\n"
 	  "that the caller owns (PermissionError if another user does): the daemon unlinks\n"
-	  "it in the same step, and arrays or leases of the old tensor keep their bytes." },
+	  "it in the same step, and arrays or leases of the old tensor keep their bytes.\n"
+	  "A large put may reuse memory of this writer's earlier versions whose leases all\n"
+	  "ended (docs/recycle.md); sealed=True takes fresh memory sealed F_SEAL_WRITE." },
 	{ "stat", (PyCFunction)Client_stat, METH_VARARGS,
 	  "stat($self, name, /)\n--\n\n"
 	  "Returns a TensorInfo describing one tensor (FileNotFoundError if there is none)." },

@@ -298,21 +298,24 @@ int td_put_leave(ClientObject *self, int rc)
 
 PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = { "name", "obj", "mutable", "lifetime", "mode", "replace", NULL };
+	static char *kwlist[] = { "name",    "obj",    "mutable", "lifetime", "mode",
+				  "replace", "sealed", NULL };
 	PyObject *obj, *mutable_o = NULL, *lifetime_o = NULL, *mode_o = NULL;
 	struct td_source s = { 0 };
 	tensord_version v;
 	tensord_client *c;
 	const char *name;
 	uint32_t flags, mode;
-	int rc, replace = 0;
+	int rc, replace = 0, sealed = 0;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|OOO$p:put", kwlist, &name, &obj,
-					 &mutable_o, &lifetime_o, &mode_o, &replace) ||
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|OOO$pp:put", kwlist, &name, &obj,
+					 &mutable_o, &lifetime_o, &mode_o, &replace, &sealed) ||
 	    td_parse_flags(mutable_o, lifetime_o, mode_o, &flags, &mode) < 0)
 		return NULL;
 	if (replace)
 		flags |= TENSORD_REPLACE;
+	if (sealed)
+		flags |= TENSORD_SEALED;
 	rc = td_source_from(&s, obj);
 	if (rc < 0 || !(c = td_client_enter(self))) {
 		td_source_release(&s);

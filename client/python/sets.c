@@ -33,20 +33,23 @@ static int tx_open(TxObject *self)
 
 static PyObject *Tx_put(TxObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = { "name", "obj", "mutable", "lifetime", "mode", "replace", NULL };
+	static char *kwlist[] = { "name",    "obj",    "mutable", "lifetime", "mode",
+				  "replace", "sealed", NULL };
 	PyObject *obj, *mutable_o = NULL, *lifetime_o = NULL, *mode_o = NULL;
 	struct td_source s = { 0 };
 	const char *name;
 	uint32_t flags, mode;
-	int rc, replace = 0;
+	int rc, replace = 0, sealed = 0;
 
 	if (tx_open(self) < 0 ||
-	    !PyArg_ParseTupleAndKeywords(args, kwds, "sO|OOO$p:put", kwlist, &name, &obj,
-					 &mutable_o, &lifetime_o, &mode_o, &replace) ||
+	    !PyArg_ParseTupleAndKeywords(args, kwds, "sO|OOO$pp:put", kwlist, &name, &obj,
+					 &mutable_o, &lifetime_o, &mode_o, &replace, &sealed) ||
 	    td_parse_flags(mutable_o, lifetime_o, mode_o, &flags, &mode) < 0)
 		return NULL;
 	if (replace)
 		flags |= TENSORD_REPLACE;
+	if (sealed)
+		flags |= TENSORD_SEALED;
 	if (td_source_from(&s, obj) < 0 || !td_client_enter(self->client)) {
 		td_source_release(&s);
 		return NULL;
@@ -167,7 +170,7 @@ static void Tx_dealloc(TxObject *self)
 static PyMethodDef Tx_methods[] = {
 	{ "put", (PyCFunction)(void (*)(void))Tx_put, METH_VARARGS | METH_KEYWORDS,
 	  "put($self, /, name, obj, mutable=False, lifetime='persistent', mode=None, *, "
-	  "replace=False)\n--\n\n"
+	  "replace=False, sealed=False)\n--\n\n"
 	  "Stages a put, as Client.put(); published by the commit." },
 	{ "create", (PyCFunction)(void (*)(void))Tx_create, METH_VARARGS | METH_KEYWORDS,
 	  "create($self, /, name, shape, dtype, device='cpu', mutable=False, "
@@ -236,21 +239,23 @@ PyObject *td_client_transaction(ClientObject *self, PyObject *unused)
 
 PyObject *td_client_put_many(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = { "mapping", "mutable", "lifetime", "mode", "replace", NULL };
+	static char *kwlist[] = { "mapping", "mutable", "lifetime", "mode", "replace", "sealed", NULL };
 	PyObject *mapping, *mutable_o = NULL, *lifetime_o = NULL, *mode_o = NULL, *items = NULL;
 	struct td_source *src = NULL;
 	tensord_put_item *v = NULL;
 	uint64_t commit = 0;
 	Py_ssize_t n = 0, i = 0;
 	uint32_t flags, mode;
-	int rc = -1, replace = 0;
+	int rc = -1, replace = 0, sealed = 0;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OOOp:put_many", kwlist, &mapping,
-					 &mutable_o, &lifetime_o, &mode_o, &replace) ||
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OOOpp:put_many", kwlist, &mapping,
+					 &mutable_o, &lifetime_o, &mode_o, &replace, &sealed) ||
 	    td_parse_flags(mutable_o, lifetime_o, mode_o, &flags, &mode) < 0)
 		return NULL;
 	if (replace)
 		flags |= TENSORD_REPLACE;
+	if (sealed)
+		flags |= TENSORD_SEALED;
 	items = PyMapping_Items(mapping);
 	if (!items)
 		return NULL;

@@ -319,7 +319,7 @@ PyObject *td_set_dict(tensord_set *set, ClientObject *client);
 		{ "put_many", (PyCFunction)(void (*)(void))td_client_put_many,                     \
 		  METH_VARARGS | METH_KEYWORDS,                                                    \
 		  "put_many($self, mapping, /, *, mutable=False, lifetime='persistent', "          \
-		  "mode=None, replace=False)\n--\n\n"                                              \
+		  "mode=None, replace=False, sealed=False)\n--\n\n"                                \
 		  "Puts every name -> array of mapping as one commit; returns the commit id." },   \
 		{ "attach_many", (PyCFunction)(void (*)(void))td_client_attach_many,               \
 		  METH_VARARGS | METH_KEYWORDS,                                                    \

@@ -54,7 +54,8 @@ def test_every_public_callable_has_a_signature():
 
 def test_signatures_match_the_calls(client):
     sig = inspect.signature(tensord.Client.put)
-    assert list(sig.parameters) == ["self", "name", "obj", "mutable", "lifetime", "mode", "replace"]
+    assert list(sig.parameters) == ["self", "name", "obj", "mutable", "lifetime", "mode", "replace",
+                                    "sealed"]
     assert sig.parameters["replace"].kind is inspect.Parameter.KEYWORD_ONLY
     assert sig.parameters["mode"].default is None
     # Bound methods drop self, and binding with the signature works as the call does.

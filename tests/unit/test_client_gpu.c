@@ -1001,7 +1001,25 @@ static void test_forked_child_makes_no_driver_call(void **state)
 	assert_int_equal(waitpid(pid, &st, 0), pid);
 	assert_true(WIFEXITED(st));
 	assert_int_equal(WEXITSTATUS(st), 0);
-	/* The child sent nothing and did not end the connection. */
+	/* The parent said it forked holding leases (docs/recycle.md, "Fork"):
+	 * one Release with forked set and no lease; the child sent nothing and
+	 * did not end the connection. */
+	{
+		uint8_t fr[64];
+		uint32_t plen;
+		Tensord__Request *req;
+
+		assert_int_equal(recv(sp[1], fr, TD_FRAME_HEADER, MSG_DONTWAIT), TD_FRAME_HEADER);
+		memcpy(&plen, fr, sizeof(plen));
+		assert_true(plen <= sizeof(fr));
+		assert_int_equal(recv(sp[1], fr, plen, MSG_DONTWAIT), (ssize_t)plen);
+		req = tensord__request__unpack(NULL, plen, fr);
+		assert_non_null(req);
+		assert_int_equal(req->body_case, TENSORD__REQUEST__BODY_RELEASE);
+		assert_int_equal(req->release->lease, 0);
+		assert_true(req->release->forked);
+		tensord__request__free_unpacked(req, NULL);
+	}
 	assert_int_equal(recv(sp[1], &b, 1, MSG_DONTWAIT), -1);
 	assert_int_equal(errno, EAGAIN);
 	/* The parent's handles are its own, as before. */

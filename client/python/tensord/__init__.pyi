@@ -305,6 +305,7 @@ class Client:
         mode: int | None = None,
         *,
         replace: bool = False,
+        sealed: bool = False,
     ) -> int:
         """Copies a DLPack producer or buffer into a new tensor and publishes it;
         returns the name's new generation."""
@@ -322,6 +323,7 @@ class Client:
         lifetime: _Lifetime = "persistent",
         mode: int | None = None,
         replace: bool = False,
+        sealed: bool = False,
     ) -> int:
         """Puts every name -> array as one commit; returns the commit id."""
     def attach_many(self, names_or_prefix: str | Iterable[str], *, after: int | None = None,
@@ -387,6 +389,7 @@ class Transaction:
         mode: int | None = None,
         *,
         replace: bool = False,
+        sealed: bool = False,
     ) -> None:
         """Stages a put, as Client.put()."""
     def create(
