@@ -155,8 +155,6 @@ struct td_reserve {
 	} want[TD_RESERVE_SLOTS];
 	struct td_reserve_slot making; /* being mapped: fork's child closes its fd */
 	unsigned writing;              /* slots taken whose copy is not done yet */
-	struct td_copy *job;           /* borrowed: a copy the thread may help with; NULL: none */
-	pthread_cond_t helped;         /* with the client's lock: a helper left a copy */
 	uint64_t hold_until;           /* no new reserve before (CLOCK_MONOTONIC); 0: none */
 	uint64_t busy_ns;              /* the last take, or end of a copy (CLOCK_MONOTONIC) */
 	bool started;                  /* the thread runs */
@@ -188,6 +186,7 @@ struct td_ring {
 	bool sweeping;      /* giving back idle buffers: no recycled create meanwhile */
 	bool off;           /* TENSORD_RECYCLE=0 */
 	uint64_t sweep_due; /* CLOCK_MONOTONIC; 0: nothing to expire */
+	uint64_t idle_ns;   /* a buffer unused this long is given back */
 };
 
 struct tensord_client {
@@ -328,11 +327,11 @@ bool td_reserve_take(tensord_client *c, uint64_t nbytes, struct td_reserve_slot 
 void td_reserve_written(tensord_client *c);
 
 /*
- * Copies n bytes from src (readable: the caller checked) to dst, with the
- * help of the reserve's thread when n is large, that thread idle and this
- * process may run on two CPUs or more. Lock not held.
+ * copy.c: copies n bytes from src (readable: the caller checked) to dst,
+ * with the copy pool's helper threads when n is large and this process may
+ * run on two CPUs or more (docs/recycle.md, section 7).
  */
-void td_reserve_copy(tensord_client *c, uint8_t *dst, const uint8_t *src, size_t n);
+void td_copy(uint8_t *dst, const uint8_t *src, size_t n);
 
 /* Unmaps and closes s (a taken slot's reserve is the daemon's to free). */
 void td_reserve_slot_free(struct td_reserve_slot *s);

@@ -52,7 +52,6 @@ void td_client_unref(tensord_client *c)
 	conn_free(&c->conn);
 	td_mapcache_fini(&c->maps);
 	pthread_cond_destroy(&c->reserve.cond);
-	pthread_cond_destroy(&c->reserve.helped);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
 }

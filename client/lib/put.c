@@ -257,7 +257,7 @@ static int copy_to_reserve(tensord_client *c, const DLTensor *src, const int64_t
 		return 1;
 	/* A compact source is one run, which two threads may share. */
 	if (td_put_compact(src))
-		td_reserve_copy(c, base, first, (size_t)nbytes);
+		td_copy(base, first, (size_t)nbytes);
 	else
 		for_each_run(first, src->ndim, src->shape, sstrides, elsize, gather_run, &base);
 	return 0;
@@ -338,8 +338,9 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	if (r == 0 && ring) {
 		r = copy_to_reserve(c, src, sstrides, elsize, ring, nbytes);
 		if (r == 1)
-			r = td_set_error(-EFAULT, "tensor '%s': its source is not readable memory",
-					 name);
+			r = td_set_error(-EFAULT, "tensor '%s': writing its bytes failed: %s (its "
+						  "source is not readable memory)",
+					 name, strerror(EFAULT));
 	} else if (r == 0 && in_reserve &&
 	    copy_to_reserve(c, src, sstrides, elsize, rs.base, nbytes) == 0) {
 		/* Written. */

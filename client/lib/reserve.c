@@ -142,89 +142,12 @@ static uint64_t budget_asked(void)
 	return v;
 }
 
-/*
- * A copy into a reserve that the caller and the reserve's thread share:
- * each takes TD_COPY_CHUNK bytes at a time from a common counter, so the
- * caller never waits for a chunk nobody started, only for the one the
- * helper is in the middle of. On the caller's stack; the helper lets go
- * of it (helpers back to 0) before the caller returns.
- */
-struct td_copy {
-	const uint8_t *src;
-	uint8_t *dst;
-	size_t n;
-	atomic_size_t next; /* the next chunk to take */
-	unsigned helpers;   /* helpers copying now; the client's lock */
-	bool helped;        /* a helper took it already (each helps once) */
-};
-
-#define TD_COPY_CHUNK (2u << 20)
-/* Copies from this size up are shared; a smaller one is over before a helper wakes. */
-#define TD_COPY_SHARED_MIN (8u << 20)
-
-static void copy_chunks(struct td_copy *j)
-{
-	for (;;) {
-		size_t off = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) *
-			     (size_t)TD_COPY_CHUNK;
-
-		if (off >= j->n)
-			return;
-		memcpy(j->dst + off, j->src + off,
-		       j->n - off < TD_COPY_CHUNK ? j->n - off : TD_COPY_CHUNK);
-	}
-}
-
-/* Lock held; dropped while copying. Helps with the copy posted, if any. True if it did. */
-static bool help(tensord_client *c)
-{
-	struct td_reserve *r = &c->reserve;
-	struct td_copy *j = r->job;
-
-	if (!j || j->helped)
-		return false;
-	j->helped = true;
-	j->helpers++;
-	pthread_mutex_unlock(&c->lock);
-	copy_chunks(j);
-	pthread_mutex_lock(&c->lock);
-	if (--j->helpers == 0)
-		pthread_cond_broadcast(&r->helped);
-	return true;
-}
-
 /* Whether this thread may run on two CPUs or more (a copy may use both). */
 static bool two_cpus(void)
 {
 	cpu_set_t set;
 
 	return sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) >= 2;
-}
-
-void td_reserve_copy(tensord_client *c, uint8_t *dst, const uint8_t *src, size_t n)
-{
-	struct td_reserve *r = &c->reserve;
-	struct td_copy j = { .src = src, .dst = dst, .n = n };
-	bool shared = n >= TD_COPY_SHARED_MIN && two_cpus();
-
-	atomic_init(&j.next, 0);
-	if (shared) {
-		pthread_mutex_lock(&c->lock);
-		shared = r->started && !r->stop && !r->job;
-		if (shared) {
-			r->job = &j;
-			pthread_cond_signal(&r->cond);
-		}
-		pthread_mutex_unlock(&c->lock);
-	}
-	copy_chunks(&j);
-	if (!shared)
-		return;
-	pthread_mutex_lock(&c->lock);
-	r->job = NULL;
-	while (j.helpers)
-		pthread_cond_wait(&r->helped, &c->lock);
-	pthread_mutex_unlock(&c->lock);
 }
 
 void td_reserve_init(struct td_reserve *r)
@@ -238,7 +161,6 @@ void td_reserve_init(struct td_reserve *r)
 	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
 	pthread_cond_init(&r->cond, &attr);
 	pthread_condattr_destroy(&attr);
-	pthread_cond_init(&r->helped, NULL);
 }
 
 void td_reserve_slot_free(struct td_reserve_slot *s)
@@ -435,17 +357,13 @@ static void give_back(tensord_client *c, struct td_reserve_slot *s)
  * caller's. No read can fault where MADV_POPULATE_READ would have
  * failed: the memfd was checked to be as large as the mapping, and every
  * page of a pool memfd exists (written, populated or fallocated by the
- * daemon), so none is allocated here. A step at a time, helping with a
- * copy between steps.
+ * daemon), so none is allocated here.
  */
-static void populate(tensord_client *c, void *p, uint64_t n)
+static void populate(void *p, uint64_t n)
 {
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
 
 	for (uint64_t off = 0; off < n; off += TD_RESERVE_POPULATE_STEP) {
-		pthread_mutex_lock(&c->lock);
-		help(c);
-		pthread_mutex_unlock(&c->lock);
 		const volatile uint8_t *at = (const uint8_t *)p + off;
 		size_t len =
 			(size_t)(n - off < TD_RESERVE_POPULATE_STEP ? n - off
@@ -505,7 +423,7 @@ static int make_one(tensord_client *c, uint64_t cls)
 	s = r->making;
 	pthread_mutex_unlock(&c->lock);
 	if (e == 0) {
-		populate(c, p, s.size);
+		populate(p, s.size);
 		(void)madvise(p, (size_t)s.size, MADV_RANDOM);
 	}
 	pthread_mutex_lock(&c->lock);
@@ -528,8 +446,7 @@ static int make_one(tensord_client *c, uint64_t cls)
  * CPU before that call returned (a pinned put or publish of 64 MiB paid
  * 3-5 ms for it). SCHED_BATCH keeps the same share of the CPU but never
  * preempts on waking; with two CPUs or more it goes back to SCHED_OTHER,
- * so that a helper for a shared copy (td_reserve_copy()) is not held back
- * behind other work. Only a thread that started SCHED_OTHER is touched
+ * so that it is not held back behind other work. Only a thread that started SCHED_OTHER is touched
  * (a real-time caller's policy is inherited and kept); both switches are
  * allowed without privilege.
  */
@@ -569,9 +486,6 @@ static void *reserver(void *arg)
 		uint64_t now = mono_ns(), due = 0, cls;
 		int n;
 
-		/* A put's copy first: it is what a caller waits for now. */
-		if (help(c))
-			continue;
 		n = expire(r, now, &due, gone);
 		struct td_reserve_want *w;
 		int e;
@@ -649,9 +563,7 @@ void td_reserve_after_fork(struct td_reserve *r)
 	/* The thread was not copied; an inherited client makes no reserves. */
 	r->started = false;
 	r->stop = true;
-	r->job = NULL; /* on the stack of a thread the child does not have */
 	pthread_cond_init(&r->cond, NULL);
-	pthread_cond_init(&r->helped, NULL);
 }
 
 void td_reserve_untake(tensord_client *c, struct td_reserve_slot *s)

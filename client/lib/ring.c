@@ -16,7 +16,7 @@
  * here, a quarter of the copy, and guards only against this process's own
  * stray writes, which the process could undo anyway.
  *
- * A buffer no create named for TD_RING_IDLE_NS is unmapped and given back
+ * A buffer no create named for TD_RING_IDLE_NS (5 s) is unmapped and given back
  * (Unreserve of its id): the daemon frees it now if free, else when its
  * version goes. The mappings are MADV_DONTFORK: a child never has them.
  */
@@ -31,7 +31,7 @@
 
 #include "client.h"
 
-/* A buffer no create named for this long is given back. */
+/* A buffer no create named for this long is given back (TENSORD_RECYCLE_IDLE_MS: tests). */
 #define TD_RING_IDLE_NS (5000ull * 1000000ull)
 /* A sweep a create in flight held back is tried again this much later. */
 #define TD_RING_RETRY_NS (100ull * 1000000ull)
@@ -50,6 +50,7 @@ void td_ring_init(struct td_ring *r)
 {
 	const char *off = getenv("TENSORD_RECYCLE");
 	const char *bytes = getenv("TENSORD_RECYCLE_BYTES");
+	const char *idle = getenv("TENSORD_RECYCLE_IDLE_MS");
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 	char *end;
 
@@ -66,6 +67,13 @@ void td_ring_init(struct td_ring *r)
 	}
 	if (!r->budget)
 		r->off = true;
+	r->idle_ns = TD_RING_IDLE_NS;
+	if (idle && *idle) {
+		unsigned long long v = strtoull(idle, &end, 10);
+
+		if (!*end && v)
+			r->idle_ns = v * 1000000ull;
+	}
 }
 
 /* Lock held. Moves the buffers idle at now to gone (allocated by the caller: r->n). */
@@ -77,12 +85,12 @@ static unsigned expire(struct td_ring *r, uint64_t now, struct td_ring_buf *gone
 	for (unsigned i = r->n; i-- > 0;) {
 		struct td_ring_buf *b = &r->bufs[i];
 
-		if (now - b->used_ns >= TD_RING_IDLE_NS) {
+		if (now - b->used_ns >= r->idle_ns) {
 			gone[n++] = *b;
 			r->bytes -= b->map_size;
 			*b = r->bufs[--r->n];
-		} else if (!r->sweep_due || b->used_ns + TD_RING_IDLE_NS < r->sweep_due) {
-			r->sweep_due = b->used_ns + TD_RING_IDLE_NS;
+		} else if (!r->sweep_due || b->used_ns + r->idle_ns < r->sweep_due) {
+			r->sweep_due = b->used_ns + r->idle_ns;
 		}
 	}
 	return n;
@@ -198,7 +206,7 @@ static bool add(struct td_ring *r, uint64_t id, uint8_t *base, uint64_t map_size
 	r->bufs[r->n++] = (struct td_ring_buf){ id, base, map_size, size, now };
 	r->bytes += map_size;
 	if (!r->sweep_due)
-		r->sweep_due = now + TD_RING_IDLE_NS;
+		r->sweep_due = now + r->idle_ns;
 	return true;
 }
 
@@ -277,7 +285,7 @@ int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd,
 	}
 	pthread_mutex_unlock(&c->lock);
 	/* An idle process lets its buffers go too: the flusher times it. */
-	td_relq_ring_due(&c->conn, now + TD_RING_IDLE_NS);
+	td_relq_ring_due(&c->conn, now + r->idle_ns);
 	*ret_base = base;
 	return 0;
 }

@@ -187,6 +187,8 @@ while True:
         single += 1
     for t in s.values():
         t.release()
+    if len(seen) == 1:
+        print("ready", flush=True)
     if g < 0:
         break
 print("seen %d bad %d single %d" % (len(seen), bad, single), flush=True)
@@ -195,22 +197,24 @@ print("seen %d bad %d single %d" % (len(seen), bad, single), flush=True)
 
 def test_readers_racing_recycled_sets_see_whole_versions(client, child):
     members, versions, size = 8, 150, 256 * 1024 // 4   # 256 KiB each: not slabs
-    readers = [child("import sys; sys.argv = ['r', '%d']\n" % members + READER)
-               for _ in range(3)]
     arrays = {"set/%02d" % i: np.empty(size, np.int32) for i in range(members)}
     hits0 = figures(client)["host_ring_hits_total"]
-    for g in range(1, versions + 1):
+
+    def fill(g):
         for i, (n, a) in enumerate(sorted(arrays.items())):
             a.fill(g)
             a[1] = i
+    fill(1)
+    client.put_many(arrays, replace=True)
+    readers = [child("import sys; sys.argv = ['r', '%d']\n" % members + READER)
+               for _ in range(3)]
+    for r in readers:
+        r.expect("ready")
+    for g in list(range(2, versions + 1)) + [-1]:   # -1: the readers' last
+        fill(g)
         client.put_many(arrays, replace=True)
         if g % 10 == 0:
             time.sleep(0.01)   # let slow readers catch a few
-    for a in arrays.values():
-        a.fill(-1)
-    for i, (n, a) in enumerate(sorted(arrays.items())):
-        a[1] = i
-    client.put_many(arrays, replace=True)
     for r in readers:
         line = r.expect("seen", timeout=120)
         _, seen, _, bad, _, single = line.split()

@@ -6,6 +6,11 @@ through a reserve show exactly their bytes, never an earlier tensor's; a
 reserve is charged while it is held and given back (idle, close, kill -9);
 a forked child never holds its parent's reserve, and its puts work; what
 was published from a reserve is sealed.
+
+Recycled memory (docs/recycle.md) serves a writer's puts from its ring once
+two buffers of the size are mapped, and turns a reserve a put consumes into
+a ring buffer; these tests are of the reserve alone, so their clients put
+with TENSORD_RECYCLE=0 (test_recycle.py has the reserve and the ring together).
 """
 import ctypes
 import fcntl
@@ -21,6 +26,12 @@ from tdutil import wait_until
 import tensord
 
 MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def reserves_alone(monkeypatch):
+    """Clients this module makes (and their children) recycle nothing."""
+    monkeypatch.setenv("TENSORD_RECYCLE", "0")
 N = 4 * MiB  # bytes of each tensor: a size class of its own (4 MiB)
 F_GET_SEALS = 1034
 F_SEAL_SHRINK = 0x0002
