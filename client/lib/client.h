@@ -135,6 +135,9 @@ struct td_reserve_slot {
 	int fd;        /* owned; -1 when none */
 	void *base;    /* owned: size bytes, shared, writable, populated, MADV_DONTFORK */
 	uint64_t size; /* the memfd's size */
+	/* base is a ring buffer's mapping (id: its ring id), lent to a
+	 * create's lease (ring.c): never unmapped by the lease. */
+	bool lent;
 };
 
 /*
@@ -171,6 +174,7 @@ struct td_ring_buf {
 	uint64_t map_size;
 	uint64_t size;    /* the tensor size it serves (Lease.map_size) */
 	uint64_t used_ns; /* the last create that named it (CLOCK_MONOTONIC) */
+	unsigned pins;    /* created tensors' leases whose view it is: never given back */
 };
 
 /*
@@ -374,6 +378,15 @@ void td_ring_end(tensord_client *c);
  */
 int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd,
 		   struct td_reserve_slot *rs, const char *name, uint8_t **ret_base);
+
+/*
+ * For a create with TENSORD_RECYCLE: as td_ring_target(), and the buffer
+ * is pinned (never given back) until td_ring_unpin(); *ret_len gets its
+ * mapping's length. 1 when w names no ring buffer.
+ */
+int td_ring_lend(tensord_client *c, const Tensord__Lease *w, int *fd, struct td_reserve_slot *rs,
+		 const char *name, uint8_t **ret_base, uint64_t *ret_len);
+void td_ring_unpin(tensord_client *c, uint64_t id);
 
 /*
  * The flusher's turn (release.c): gives back the buffers idle now, when no

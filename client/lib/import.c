@@ -213,6 +213,22 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 	void *p;
 	int r;
 
+	if (d->premapped && d->premapped_lent) {
+		/* A ring buffer's mapping, its writer's for as long as this lives. */
+		if (fd >= 0)
+			close(fd);
+		if (lead || d->premapped_len < d->map_size || !d->writable)
+			return td_set_error(-EPROTO, "tensord put a tensor in a ring buffer that "
+						     "cannot hold it");
+		m->base = d->premapped;
+		m->data = d->premapped;
+		m->size = d->premapped_len;
+		m->file_off = 0;
+		m->device = (DLDevice){ kDLCPU, 0 };
+		m->priv = NULL;
+		m->lent = true;
+		return 0;
+	}
 	if (fd < 0)
 		return td_set_error(-EPROTO, "tensord sent no descriptor for host memory");
 	if (d->map_size == 0 || len < d->map_size || len > SIZE_MAX) {
@@ -279,7 +295,7 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 
 static void memfd_unmap(struct td_mapping *m)
 {
-	if (m->base) { /* NULL once parked */
+	if (m->base && !m->lent) { /* NULL once parked */
 		munmap(m->base, (size_t)m->size);
 		td_maps_gone(1);
 	}
@@ -307,6 +323,9 @@ static int memfd_remap(struct td_mapping *m, int flags)
 
 static int memfd_make_private(struct td_mapping *m)
 {
+	/* A ring buffer stays shared: the seal is F_SEAL_FUTURE_WRITE. */
+	if (m->lent)
+		return 0;
 	return memfd_remap(m, MAP_PRIVATE);
 }
 

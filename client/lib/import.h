@@ -40,6 +40,12 @@ struct td_import_desc {
 	void *premapped;
 	uint64_t premapped_len;
 	/*
+	 * premapped is a buffer of the client's ring (docs/recycle.md), lent
+	 * for this mapping: map() uses it as it is (MADV_DONTFORK kept, no
+	 * descriptor needed), and unmap() leaves it mapped.
+	 */
+	bool premapped_lent;
+	/*
 	 * The allocation's name across this process's connections: the
 	 * daemon's HelloReply.instance and the tensor's id. A GPU importer
 	 * imports an allocation once per process whatever the number of
@@ -68,6 +74,8 @@ struct td_mapping {
 	 * the driver refused PROT_READ and the importer fell back to read-write.
 	 */
 	bool ro_enforced;
+	/* base was lent by its owner (td_import_desc.premapped_lent): unmap() leaves it. */
+	bool lent;
 	/*
 	 * CUDA VMM: how many of this process's other devices were given the
 	 * same access as the one that owns the memory (those the driver says
@@ -87,6 +95,7 @@ struct td_mapping {
 	uint32_t flags; /* the tensor's TENSORD_MUTABLE | ... */
 	bool reusable;  /* a repeat attach of name may reuse it */
 	bool in_slab;   /* a window of shared memory (a slab) */
+	uint64_t ring_id; /* nonzero: base is that ring buffer's mapping, lent (ring.c) */
 	bool revoked;   /* unmapped by tensord_close(): the last unref only frees */
 	LIST_ENTRY(td_mapping) link; /* the cache's list, or one of those going */
 	/* Kept after its last lease (mapcache.h): when, and its place in the parked list. */

@@ -287,6 +287,7 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const
 		.ipc_offset = w->ipc_offset,
 		.premapped = rs ? rs->base : NULL,
 		.premapped_len = rs ? rs->size : 0,
+		.premapped_lent = rs && rs->lent,
 		.daemon_instance = mc->daemon_instance,
 		.tensor_id = info->id,
 		.name = info->name,
@@ -317,7 +318,8 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const
 	m->flags = info->flags;
 	/* A tensor in a slab has no descriptor of its own for a view: its window
 	 * is reused only while clean (td_mapcache_find_reusable()). */
-	m->reusable = true;
+	m->reusable = !(rs && rs->lent);
+	m->ring_id = rs && rs->lent ? rs->id : 0;
 	m->in_slab = w->share_id != 0;
 	snprintf(m->name, sizeof(m->name), "%s", info->name);
 	td_mapcache_insert(mc, m);
@@ -497,6 +499,15 @@ int td_lease_from_reserve(tensord_client *c, const Tensord__Lease *w, struct td_
 	if (r == 0)
 		rs->base = NULL;
 	return r;
+}
+
+int td_lease_from_ring(tensord_client *c, const Tensord__Lease *w, uint8_t *base, uint64_t len,
+		       struct td_lease **ret_lease)
+{
+	struct td_reserve_slot lent = { .id = w->ring, .fd = -1, .base = base, .size = len,
+					.lent = true };
+
+	return lease_from(c, w, -1, NULL, true, &lent, ret_lease);
 }
 
 int td_lease_local(tensord_client *c, struct td_binding *b, const tensord_info *info,

@@ -33,6 +33,14 @@ int td_lease_from_reply(tensord_client *c, const Tensord__Lease *w, int fd,
  * rs (base not NULL) is the caller's to free (td_reserve_slot_free()).
  */
 struct td_reserve_slot;
+
+/*
+ * The same for the reply to a create with TENSORD_RECYCLE that got a ring
+ * buffer (w->ring), pinned by td_ring_lend(): the lease's view is that
+ * buffer's mapping (len bytes at base), lent; its end unpins it.
+ */
+int td_lease_from_ring(tensord_client *c, const Tensord__Lease *w, uint8_t *base, uint64_t len,
+		       struct td_lease **ret_lease);
 int td_lease_from_reserve(tensord_client *c, const Tensord__Lease *w, struct td_reserve_slot *rs,
 			  struct td_lease **ret_lease);
 

@@ -56,6 +56,12 @@ void td_client_unref(tensord_client *c)
 	free(c);
 }
 
+/* A created tensor's view of a ring buffer is gone (mapcache.h). */
+static void lent_gone(void *arg, uint64_t ring_id)
+{
+	td_ring_unpin(arg, ring_id);
+}
+
 tensord_client *td_client_new(int fd)
 {
 	tensord_client *c = calloc(1, sizeof(*c));
@@ -70,6 +76,8 @@ tensord_client *td_client_new(int fd)
 	pthread_mutex_init(&c->conn.send_lock, NULL);
 	pthread_cond_init(&c->conn.cond, NULL);
 	td_mapcache_init(&c->maps, &c->lock);
+	c->maps.on_lent_gone = lent_gone;
+	c->maps.on_lent_arg = c;
 	LIST_INIT(&c->ipc_leases);
 	td_reserve_init(&c->reserve);
 	td_ring_init(&c->ring);

@@ -228,7 +228,7 @@ void td_mapcache_mark_published(struct td_mapcache *mc, struct td_mapping *m, bo
 static bool parkable(const struct td_mapcache *mc, const struct td_mapping *m,
 		     const struct td_importer *imp)
 {
-	return mc->on_park && imp && imp->park && m->reusable && !m->in_slab && !m->writable &&
+	return mc->on_park && imp && imp->park && m->reusable && !m->in_slab && !m->writable && !m->lent &&
 	       !m->revoked && m->size <= TD_PARK_BYTES;
 }
 
@@ -302,8 +302,13 @@ void td_mapcache_unref(struct td_mapcache *mc, struct td_mapping *m)
 	if (base)
 		imp->unview(&parked, base);
 	free_list(&gone);
-	if (m)
+	if (m) {
+		uint64_t ring = m->lent ? m->ring_id : 0;
+
 		unmap_free(m);
+		if (ring && mc->on_lent_gone)
+			mc->on_lent_gone(mc->on_lent_arg, ring);
+	}
 	if (first && mc->on_park)
 		mc->on_park(mc->on_park_arg);
 }

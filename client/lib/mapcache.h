@@ -45,6 +45,10 @@ struct td_mapcache {
 	 * owner then runs td_mapcache_sweep() when it falls due. */
 	void (*on_park)(void *arg);
 	void *on_park_arg;
+	/* Called, without the lock, when a lent mapping (import.h) is gone,
+	 * with its ring_id: its owner may reuse or unmap the memory. */
+	void (*on_lent_gone)(void *arg, uint64_t ring_id);
+	void *on_lent_arg;
 	/* The daemon's HelloReply.instance (0: it sent none); set once at connect. */
 	uint64_t daemon_instance;
 };

@@ -117,7 +117,7 @@ static int create_msg_fill(struct create_msg *m, const char *name, const tensord
 	m->cr.n_strides = spec->strides ? (size_t)spec->ndim : 0;
 	m->cr.strides = (int64_t *)spec->strides;
 	m->cr.device = &m->dev;
-	m->cr.flags = spec->flags & ~(uint32_t)(TENSORD_REPLACE | TENSORD_SEALED);
+	m->cr.flags = spec->flags & ~(uint32_t)(TENSORD_REPLACE | TENSORD_SEALED | TENSORD_RECYCLE);
 	m->cr.replace = (spec->flags & TENSORD_REPLACE) != 0;
 	m->cr.mode = spec->mode;
 	return 0;
@@ -232,28 +232,81 @@ static uint64_t host_nbytes(const tensord_spec *spec)
 	return nbytes;
 }
 
+/*
+ * The lease of a recycled create whose reply rep (with descriptor fd, or
+ * named reserve rs) put it in a ring buffer: its view is that buffer's
+ * mapping, lent (docs/recycle.md). Frees rep and fd, ends the create's
+ * td_ring_begin(); on failure also the half-made tensor (nobody could
+ * fill it).
+ */
+static int lease_in_ring(tensord_client *c, const char *name, Tensord__Reply *rep, int fd,
+			 struct td_reserve_slot *rs, struct td_lease **ret_lease)
+{
+	uint8_t *ring;
+	uint64_t len;
+	int r;
+
+	r = td_ring_lend(c, rep->lease, &fd, rs, name, &ring, &len);
+	/* A free buffer served: the reserve stays for a later create. */
+	if (rs && rs->base)
+		td_reserve_untake(c, rs);
+	if (r == 0) {
+		r = td_lease_from_ring(c, rep->lease, ring, len, ret_lease);
+		if (r < 0)
+			td_ring_unpin(c, rep->lease->ring);
+	}
+	td_ring_end(c);
+	if (fd >= 0)
+		close(fd);
+	tensord__reply__free_unpacked(rep, NULL);
+	if (r < 0) {
+		char saved[512];
+
+		snprintf(saved, sizeof(saved), "%s", tensord_last_error());
+		tensord_unlink(c, name);
+		td_set_error(r, "%s", saved);
+	}
+	return r;
+}
+
 int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec,
 		   DLManagedTensorVersioned **ret_tensor)
 {
 	struct td_reserve_slot rs = { .fd = -1 };
 	Tensord__Reply *rep;
 	struct td_lease *l;
-	bool reserved;
+	bool reserved, recycle = false;
+	unsigned mapped = 0;
+	uint64_t nbytes;
 	int fd, r;
 
 	r = td_client_current(&c);
 	if (r < 0)
 		return r;
+	nbytes = host_nbytes(spec);
+	/* Recycled memory, asked for (docs/recycle.md): a buffer of this
+	 * writer's ring, mapped already. */
+	if (spec && (spec->flags & TENSORD_RECYCLE) && nbytes)
+		recycle = td_ring_begin(c, nbytes, spec->flags & ~(uint32_t)TENSORD_RECYCLE,
+					&mapped);
 	/* A large host tensor goes where this process mapped memory ahead. */
-	reserved = td_reserve_take(c, host_nbytes(spec), &rs);
-	r = td_create_rpc(c, name, spec, 0, rs.id, false, &rep, &fd);
+	reserved = mapped < 2 && td_reserve_take(c, nbytes, &rs);
+	r = td_create_rpc(c, name, spec, 0, rs.id, recycle, &rep, &fd);
 	if (r < 0) {
 		if (reserved) {
 			td_reserve_slot_free(&rs);
 			td_reserve_written(c);
 		}
+		if (recycle)
+			td_ring_end(c);
 		return r;
 	}
+	if (recycle && rep->lease->ring) {
+		r = lease_in_ring(c, name, rep, fd, reserved ? &rs : NULL, &l);
+		return r < 0 ? r : td_lease_handle(l, ret_tensor);
+	}
+	if (recycle)
+		td_ring_end(c);
 	if (reserved && rep->lease->reserve == rs.id && fd < 0) {
 		r = td_lease_from_reserve(c, rep->lease, &rs, &l);
 		tensord__reply__free_unpacked(rep, NULL);
@@ -279,13 +332,26 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const tensord_spec *spec,
 		     DLManagedTensorVersioned **ret_tensor)
 {
+	uint64_t nbytes = host_nbytes(spec);
 	Tensord__Reply *rep;
 	struct td_lease *l;
+	bool recycle = false;
 	int fd, r;
 
-	r = td_create_rpc(c, name, spec, tx, 0, false, &rep, &fd);
+	if (spec && (spec->flags & TENSORD_RECYCLE) && nbytes)
+		recycle = td_ring_begin(c, nbytes, spec->flags & ~(uint32_t)TENSORD_RECYCLE, NULL);
+	r = td_create_rpc(c, name, spec, tx, 0, recycle, &rep, &fd);
+	if (r < 0 && recycle)
+		td_ring_end(c);
 	if (r < 0)
 		return r;
+	if (recycle && rep->lease->ring) {
+		/* A failed member is dropped with its transaction by the caller. */
+		r = lease_in_ring(c, name, rep, fd, NULL, &l);
+		return r < 0 ? r : td_lease_handle(l, ret_tensor);
+	}
+	if (recycle)
+		td_ring_end(c);
 	r = td_lease_from_reply(c, rep->lease, fd, NULL, true, &l);
 	tensord__reply__free_unpacked(rep, NULL);
 	if (r < 0)
@@ -510,8 +576,9 @@ int tensord_publish_version(tensord_client *c, const char *name, tensord_version
 		if (r < 0 && imp && imp->make_shared)
 			imp->make_shared(mine);
 		else if (r == 0 && !(mine->flags & TENSORD_MUTABLE))
-			/* New handles on the creator's lease say read-only now. */
-			td_mapcache_mark_published(&c->maps, mine, imp != NULL);
+			/* New handles on the creator's lease say read-only now. A
+			 * ring buffer's view is no attach's either. */
+			td_mapcache_mark_published(&c->maps, mine, imp != NULL || mine->lent);
 		td_mapcache_unref(&c->maps, mine);
 	}
 	return r;

@@ -85,6 +85,8 @@ static unsigned expire(struct td_ring *r, uint64_t now, struct td_ring_buf *gone
 	for (unsigned i = r->n; i-- > 0;) {
 		struct td_ring_buf *b = &r->bufs[i];
 
+		if (b->pins)
+			continue; /* a created tensor's view: td_ring_unpin() times it again */
 		if (now - b->used_ns >= r->idle_ns) {
 			gone[n++] = *b;
 			r->bytes -= b->map_size;
@@ -111,6 +113,7 @@ static void give_back(tensord_client *c, struct td_ring_buf *gone, unsigned n)
 		req.unreserve = &un;
 		td_send_oneway(c, &req);
 		munmap(gone[i].base, (size_t)gone[i].map_size);
+		td_maps_gone(1);
 	}
 	td_set_error(0, "%s", saved);
 }
@@ -203,7 +206,7 @@ static bool add(struct td_ring *r, uint64_t id, uint8_t *base, uint64_t map_size
 		r->bufs = b;
 		r->cap = cap;
 	}
-	r->bufs[r->n++] = (struct td_ring_buf){ id, base, map_size, size, now };
+	r->bufs[r->n++] = (struct td_ring_buf){ id, base, map_size, size, now, 0 };
 	r->bytes += map_size;
 	if (!r->sweep_due)
 		r->sweep_due = now + r->idle_ns;
@@ -215,20 +218,28 @@ static int map_new(int fd, uint64_t map_size, const char *name, uint8_t **ret)
 {
 	struct stat st;
 	void *p;
+	int e;
 
 	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < map_size)
 		return td_set_error(-EPROTO, "tensor '%s': tensord sent a ring buffer smaller "
 					     "than its size",
 				    name);
+	/* One mapping more of this process's (vm.max_map_count). */
+	e = td_maps_admit(name);
+	if (e < 0)
+		return e;
 	p = mmap(NULL, (size_t)map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (p == MAP_FAILED)
-		return td_set_error(-errno, "tensor '%s': mapping its memory failed: %s", name,
-				    strerror(errno));
+	if (p == MAP_FAILED) {
+		e = errno;
+		td_maps_gone(1);
+		return td_set_error(-e, "tensor '%s': mapping its memory failed: %s", name,
+				    strerror(e));
+	}
 	/* A child must never hold a writable mapping of a version. */
 	if (madvise(p, (size_t)map_size, MADV_DONTFORK) < 0) {
-		int e = errno;
-
+		e = errno;
 		munmap(p, (size_t)map_size);
+		td_maps_gone(1);
 		return td_set_error(-e, "tensor '%s': MADV_DONTFORK failed: %s", name,
 				    strerror(e));
 	}
@@ -236,8 +247,8 @@ static int map_new(int fd, uint64_t map_size, const char *name, uint8_t **ret)
 	return 0;
 }
 
-int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd,
-		   struct td_reserve_slot *rs, const char *name, uint8_t **ret_base)
+static int target(tensord_client *c, const Tensord__Lease *w, int *fd, struct td_reserve_slot *rs,
+		  const char *name, bool pin, uint8_t **ret_base, uint64_t *ret_len)
 {
 	struct td_ring *r = &c->ring;
 	uint64_t now = mono_ns();
@@ -251,7 +262,9 @@ int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd,
 	for (unsigned i = 0; i < r->n; i++)
 		if (r->bufs[i].id == w->ring) {
 			r->bufs[i].used_ns = now;
+			r->bufs[i].pins += pin;
 			*ret_base = r->bufs[i].base;
+			*ret_len = r->bufs[i].map_size;
 			pthread_mutex_unlock(&c->lock);
 			return 0;
 		}
@@ -260,6 +273,7 @@ int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd,
 		/* The reserve's memfd became the buffer: keep its mapping. */
 		base = rs->base;
 		map_size = rs->size;
+		td_maps_adopted(); /* a mapping of this process's from now on */
 		if (rs->fd >= 0)
 			close(rs->fd);
 		*rs = (struct td_reserve_slot){ .fd = -1 };
@@ -281,13 +295,51 @@ int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd,
 	if (!add(r, w->ring, base, map_size, w->map_size, now)) {
 		pthread_mutex_unlock(&c->lock);
 		munmap(base, (size_t)map_size);
+		td_maps_gone(1);
 		return td_set_error(-ENOMEM, "tensor '%s': out of memory", name);
 	}
+	r->bufs[r->n - 1].pins = pin;
 	pthread_mutex_unlock(&c->lock);
 	/* An idle process lets its buffers go too: the flusher times it. */
 	td_relq_ring_due(&c->conn, now + r->idle_ns);
 	*ret_base = base;
+	*ret_len = map_size;
 	return 0;
+}
+
+int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd,
+		   struct td_reserve_slot *rs, const char *name, uint8_t **ret_base)
+{
+	uint64_t len;
+
+	return target(c, w, fd, rs, name, false, ret_base, &len);
+}
+
+int td_ring_lend(tensord_client *c, const Tensord__Lease *w, int *fd, struct td_reserve_slot *rs,
+		 const char *name, uint8_t **ret_base, uint64_t *ret_len)
+{
+	return target(c, w, fd, rs, name, true, ret_base, ret_len);
+}
+
+void td_ring_unpin(tensord_client *c, uint64_t id)
+{
+	struct td_ring *r = &c->ring;
+	uint64_t now = mono_ns();
+	bool found = false;
+
+	pthread_mutex_lock(&c->lock);
+	for (unsigned i = 0; i < r->n; i++)
+		if (r->bufs[i].id == id && r->bufs[i].pins) {
+			r->bufs[i].pins--;
+			r->bufs[i].used_ns = now;
+			found = true;
+			if (!r->sweep_due || now + r->idle_ns < r->sweep_due)
+				r->sweep_due = now + r->idle_ns;
+			break;
+		}
+	pthread_mutex_unlock(&c->lock);
+	if (found)
+		td_relq_ring_due(&c->conn, now + r->idle_ns);
 }
 
 void td_ring_close(tensord_client *c)
@@ -295,8 +347,10 @@ void td_ring_close(tensord_client *c)
 	struct td_ring *r = &c->ring;
 
 	pthread_mutex_lock(&c->lock);
-	for (unsigned i = 0; i < r->n; i++)
+	for (unsigned i = 0; i < r->n; i++) {
 		munmap(r->bufs[i].base, (size_t)r->bufs[i].map_size);
+		td_maps_gone(1);
+	}
 	free(r->bufs);
 	r->bufs = NULL;
 	r->n = r->cap = 0;

@@ -268,16 +268,16 @@ int td_parse_device_pair(PyObject *o, const char *what, DLDevice *ret)
 
 int td_parse_create(PyObject *args, PyObject *kwds, struct td_create_args *a)
 {
-	static char *kwlist[] = { "name",     "shape", "dtype",   "device",  "mutable",
-				  "lifetime", "mode",  "strides", "replace", NULL };
+	static char *kwlist[] = { "name",    "shape",   "dtype", "device",  "mutable", "lifetime",
+				  "mode",    "strides", "replace", "recycle", NULL };
 	PyObject *shape_o, *dtype_o, *device_o = NULL, *mutable_o = NULL, *lifetime_o = NULL,
 				     *mode_o = NULL, *strides_o = Py_None;
-	int replace = 0;
+	int replace = 0, recycle = 0;
 
 	a->spec = (tensord_spec){ .device = { kDLCPU, 0 } };
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sOO|OOOOO$p:create", kwlist, &a->name,
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sOO|OOOOO$pp:create", kwlist, &a->name,
 					 &shape_o, &dtype_o, &device_o, &mutable_o, &lifetime_o,
-					 &mode_o, &strides_o, &replace))
+					 &mode_o, &strides_o, &replace, &recycle))
 		return -1;
 	if ((a->spec.ndim = td_parse_dims(shape_o, "shape", a->shape)) < 0 ||
 	    td_parse_dtype(dtype_o, &a->spec.dtype) < 0 ||
@@ -287,6 +287,8 @@ int td_parse_create(PyObject *args, PyObject *kwds, struct td_create_args *a)
 	a->spec.shape = a->spec.ndim ? a->shape : NULL;
 	if (replace)
 		a->spec.flags |= TENSORD_REPLACE;
+	if (recycle)
+		a->spec.flags |= TENSORD_RECYCLE;
 	if (strides_o != Py_None) {
 		int n = td_parse_dims(strides_o, "strides", a->strides);
 

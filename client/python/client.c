@@ -323,7 +323,8 @@ static PyMethodDef Client_methods[] = {
 	TD_SETS_METHODS{
 		"create", (PyCFunction)(void (*)(void))Client_create, METH_VARARGS | METH_KEYWORDS,
 		"create($self, /, name, shape, dtype, device='cpu', mutable=False,\n"
-		"       lifetime='persistent', mode=None, strides=None, *, replace=False)\n--\n\n"
+		"       lifetime='persistent', mode=None, strides=None, *, replace=False,\n"
+		"       recycle=False)\n--\n\n"
 		"Returns a Tensor: allocates a tensor in the daemon and returns it writable to the "
 		"caller; nobody else\n"
 		"sees it until Tensor.publish(). dtype is a name such as 'float32' (numpy and "

@@ -174,7 +174,7 @@ static PyMethodDef Tx_methods[] = {
 	  "Stages a put, as Client.put(); published by the commit." },
 	{ "create", (PyCFunction)(void (*)(void))Tx_create, METH_VARARGS | METH_KEYWORDS,
 	  "create($self, /, name, shape, dtype, device='cpu', mutable=False, "
-	  "lifetime='persistent', mode=None, strides=None, *, replace=False)\n--\n\n"
+	  "lifetime='persistent', mode=None, strides=None, *, replace=False, recycle=False)\n--\n\n"
 	  "Stages a create, as Client.create(): fill the Tensor, the commit publishes it." },
 	{ "unlink", (PyCFunction)Tx_unlink, METH_VARARGS,
 	  "unlink($self, name, /)\n--\n\nStages the unlink of a published name." },

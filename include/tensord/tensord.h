@@ -67,6 +67,17 @@ enum {
 	 * raw system calls.
 	 */
 	TENSORD_SEALED = 1u << 3,
+	/*
+	 * tensord_create() only, never a tensor's flag: a host tensor over
+	 * 64 KiB goes into memory of this writer's earlier versions whose
+	 * leases all ended, which the library keeps mapped (docs/recycle.md),
+	 * so filling it costs no fault. Two things differ from a plain
+	 * create: the bytes not written are an older version's, not zeroes,
+	 * and the view stays writable after publish, so a write through it
+	 * then changes the published version (docs/security.md, "Recycled
+	 * memory"). The view is not inherited by a fork() child.
+	 */
+	TENSORD_RECYCLE = 1u << 4,
 };
 
 typedef enum tensord_state {

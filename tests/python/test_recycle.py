@@ -413,3 +413,65 @@ def test_memory_never_crosses_an_access_class(daemon_factory):
         assert int(line.split()[3]) > 0, line
         assert figures(c)["host_ring_hits_total"] >= 20
     r.wait(timeout=10)
+
+
+def test_create_fill_publish_recycled(client, child):
+    """create(recycle=True): the view is a ring buffer the writer maps
+    already; each version reads whole, and a held view outlives the idle
+    time (its buffer is never given back under it)."""
+    n = MiB // 4
+    hits0 = figures(client)["host_ring_hits_total"]
+    for g in range(1, 21):
+        t = client.create("c", (n,), "int32", replace=True, recycle=True)
+        np.from_dlpack(t)[:] = g   # torch-free fill through the writable view
+        t.publish()
+        t.release()
+        with client.attach("c") as r:
+            assert (np.from_dlpack(r) == g).all()
+    assert figures(client)["host_ring_hits_total"] - hits0 >= 15
+    ch = child("""
+        import time, numpy as np, tensord
+        c = tensord.connect()
+        t = c.create("held", (1 << 18,), "int32", recycle=True)
+        v = np.from_dlpack(t)
+        v[:] = 5
+        t.publish()
+        time.sleep(0.5)            # ten idle times: the buffer is pinned
+        v[0] = 5                   # still mapped: no fault
+        print("ok %d" % int(v.sum() == 5 * (1 << 18)), flush=True)
+        del v
+        t.release()
+        time.sleep(0.5)
+        print("released", flush=True)
+        time.sleep(30)
+        """, env={"TENSORD_RECYCLE_IDLE_MS": "50"})
+    assert ch.expect("ok") == "ok 1"
+    ch.expect("released")
+    with client.attach("held") as r:
+        assert (np.from_dlpack(r) == 5).all()
+
+
+def test_create_view_write_after_publish_is_documented(client):
+    """The documented difference (security.md, "Recycled memory"): a
+    recycled create's view stays the writer's after publish; a plain
+    create's view turns private at publish."""
+    n = MiB // 4
+    t = client.create("p", (n,), "int32")
+    np.from_dlpack(t)[:] = 1
+    t.publish()
+    import ctypes
+    a = np.from_dlpack(t)
+    ctypes.memset(a.__array_interface__["data"][0], 9, 4)
+    with client.attach("p") as r:
+        assert np.from_dlpack(r)[0] == 1     # sealed: the write stayed private
+    del a
+    t.release()
+    t = client.create("q", (n,), "int32", recycle=True)
+    np.from_dlpack(t)[:] = 1
+    t.publish()
+    a = np.from_dlpack(t)
+    ctypes.memset(a.__array_interface__["data"][0], 9, 4)
+    with client.attach("q") as r:
+        assert np.from_dlpack(r)[0] == 0x09090909   # recycled: the writer's own
+    del a
+    t.release()

@@ -346,6 +346,7 @@ class Client:
         strides: Sequence[SupportsIndex] | None = None,
         *,
         replace: bool = False,
+        recycle: bool = False,
     ) -> Tensor:
         """Allocates a tensor, writable by the caller until publish()."""
     def stat(self, name: str) -> TensorInfo:
@@ -404,6 +405,7 @@ class Transaction:
         strides: Sequence[SupportsIndex] | None = None,
         *,
         replace: bool = False,
+        recycle: bool = False,
     ) -> Tensor:
         """Stages a create, as Client.create()."""
     def unlink(self, name: str, /) -> None:
