@@ -28,7 +28,8 @@ loop republishing its weights), default sizes 64M,1G. Per round, in turn:
   ray         ray.put(array), the previous ObjectRef dropped first (skipped with
               the reason when ray does not import or init)
 
-Each variant is warmed (a few puts), then each round times K back-to-back puts
+Each variant is warmed (a few puts), then each round (in an order rotated by
+one each round) times K back-to-back puts
 (--k; default 20 up to 64 MiB, 5 above) and keeps their median; the medians of
 the rounds are printed, in ms and GB/s, with recycled's speed next to copyto,
 ray.put and sealed (other / recycled, in time).
@@ -305,8 +306,10 @@ def bench_replace(client, sealed, size, rounds, k, peers, skip, warmups=3):
     for _, fn in vs:
         back_to_back(fn, warmups)
     times = {name: [] for name, _ in vs}
-    for _ in range(rounds):
-        for name, fn in vs:
+    for r in range(rounds):
+        # A B C D, B C D A, ...: no variant always runs right after the same one
+        # (the daemon's pool refills, the reserve maps ahead, in the next one's time).
+        for name, fn in vs[r % len(vs):] + vs[:r % len(vs)]:
             times[name].append(back_to_back(fn, k))
     s1 = client.stats()
     med = {name: statistics.median(t) for name, t in times.items()}
