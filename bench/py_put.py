@@ -60,7 +60,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 import tensord
-from benchutil import daemon_socket
+from benchutil import connect_env, daemon_socket
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -336,20 +336,6 @@ def bench_replace(client, sealed, size, rounds, k, peers, skip, warmups=3):
     return times
 
 
-def connect_sealed(sock):
-    """A client connected with TENSORD_RECYCLE=0 (read when a client connects);
-    the environment is given back as it was."""
-    old = os.environ.get("TENSORD_RECYCLE")
-    os.environ["TENSORD_RECYCLE"] = "0"
-    try:
-        return tensord.connect(sock)
-    finally:
-        if old is None:
-            del os.environ["TENSORD_RECYCLE"]
-        else:
-            os.environ["TENSORD_RECYCLE"] = old
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--socket", default=os.environ.get("TENSORD_SOCKET"))
@@ -380,7 +366,7 @@ def main():
                                           "%d of %d" % (len(cpus), os.cpu_count())))
     with daemon_socket(args.socket, args.daemon_args.split()) as sock:
         if args.replace:
-            sealed = connect_sealed(sock)
+            sealed = connect_env(sock, TENSORD_RECYCLE="0")
             with tensord.connect(sock) as c:
                 for s in args.sizes.split(","):
                     bench_replace(c, sealed, parse_size(s), args.rounds, args.k, peers, skip)
