@@ -1,6 +1,6 @@
 """Sets, versions and watches from Python, each next to its baseline in one run.
 
-Four measurements; in each, one round runs every variant once, in turn
+Four measurements (sync in two forms); in each, one round runs every variant once, in turn
 (A B A B ...), and the medians of the rounds are printed with their ratio:
 
   attach   attach_many of 256 names (+ the releases) vs 256 attach() +
@@ -24,6 +24,25 @@ Four measurements; in each, one round runs every variant once, in turn
            the dict of arrays; three actors given the ObjectRef), when ray
            imports (skipped with the reason if not)        (target >= 2x Ray)
 
+  sync --sync-dict linear16   issue 32's hand-off: a state dict of 16 x
+           nn.Linear(2048, 2048) float32 (32 tensors, 256 MiB), one version
+           a step, put_many(dict, replace=True), to --readers processes that
+           loop attach_many(names, after=last commit), check every member's
+           marker (element [0], set to the step before the put; a set whose
+           members disagree counts as mixed: must be 0) and hold the set until
+           the next. Publish start -> all readers hold it, medians over
+           --commits steps after --warmup, one step of each variant per round
+           (order rotated): tensord (default env: recycled where the library
+           recycles), the same with TENSORD_RECYCLE=0 in the writer (sealed),
+           torch.multiprocessing (a fresh clone().share_memory_() of the
+           state dict each step, through an mp.Queue to each reader; --no-mp)
+           and Ray (ray.put of the dict of numpy arrays, actors given the
+           ObjectRef). --pss then runs a few untimed steps per variant sampling
+           every 10 ms the summed Pss (writer, readers, daemon or what ray
+           started) and the memory the hand-off holds (the same without the
+           writer's own memory, each shared file counted once, whole: a
+           daemon's unmapped version shows in no Pss); peaks, next to Ray's.
+
 Timestamps cross processes as time.perf_counter_ns() values (CLOCK_MONOTONIC,
 one clock for the machine). Pin with `taskset -c 0` to see round trips
 without cross-CPU wake-ups (the daemon and the processes this starts inherit
@@ -34,6 +53,8 @@ own from $TENSORD_BUILD (default: build/) on a temporary socket.
 
     PYTHONPATH=build/python python3 bench/py_sets.py [--parts attach,put,watch,sync]
         [--rounds 7] [--quick] [--no-ray]
+    PYTHONPATH=build/python python3 bench/py_sets.py --parts sync --sync-dict linear16
+        [--commits 20] [--warmup 3] [--readers 3] [--no-mp] [--pss]
 """
 import argparse
 import os
@@ -460,6 +481,7 @@ def bench_sync(c, sock, n, size, commits, readers, use_ray):
 
 SYNC16 = "bench/sets/sync16/"
 LINEAR16_BYTES = 16 * (2048 * 2048 + 2048) * 4
+MEM_STEPS = 3  # --pss: untimed steps per variant, sampled
 
 
 def linear16_names(prefix, layers):
@@ -535,15 +557,50 @@ def ray_reader16_class():
     return Reader16
 
 
-def pss_kib(pid):
+def rollup(pid):
+    """Pss and Pss_Shmem of pid, in KiB (smaps_rollup); zeros when it is gone."""
+    out = {"Pss": 0, "Pss_Shmem": 0}
     try:
         with open("/proc/%d/smaps_rollup" % pid) as f:
             for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
+                k = line.split(":", 1)[0]
+                if k in out:
+                    out[k] = int(line.split()[1])
     except OSError:
         pass
-    return 0
+    return out
+
+
+SHARED_FILES = ("/memfd:", "/dev/shm/")
+
+
+def shared_files(pid, seen, kinds=SHARED_FILES):
+    """The shared-memory files (memfds, /dev/shm) whose names start with one
+    of kinds that pid holds open or mapped, into seen: {(dev, ino): allocated
+    KiB}. A file held but mapped nowhere (a daemon's version between leases)
+    is memory that Pss does not show."""
+    paths = []
+    try:
+        for fd in os.listdir("/proc/%d/fd" % pid):
+            p = "/proc/%d/fd/%s" % (pid, fd)
+            try:
+                if os.readlink(p).startswith(kinds):
+                    paths.append(p)
+            except OSError:
+                continue
+        with open("/proc/%d/maps" % pid) as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].startswith(kinds):
+                    paths.append("/proc/%d/map_files/%s" % (pid, parts[0]))
+    except OSError:
+        return
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        seen[(st.st_dev, st.st_ino)] = st.st_blocks // 2
 
 
 def descendants(root):
@@ -565,38 +622,63 @@ def descendants(root):
     return out
 
 
-class PssPeak:
-    """Samples the summed Pss of a set of processes every 10 ms in a thread;
-    peak() is the highest sum since the set was last chosen (select())."""
+class MemPeak:
+    """Samples a set of processes every 10 ms in a thread, two figures whose
+    peaks since the set was chosen (select()) peak() returns, in KiB: the
+    summed Pss (smaps_rollup) of the set and the writer (this process), and
+    the memory the hand-off holds: the set's summed Pss less its shared-memory
+    part, plus every shared-memory file the set holds open or mapped counted
+    once, whole (allocated pages), mapped or not, with those of the writer
+    whose names start with kinds (its own memory is not counted: it holds
+    the model and what every variant left behind)."""
 
     def __init__(self):
         import threading
-        self.pids, self.top, self.stop = (), 0, False
+        self.pids, self.kinds, self.top, self.stop = (), (), (0, 0), False
         self.lock = threading.Lock()
         self.t = threading.Thread(target=self.run, daemon=True)
         self.t.start()
 
-    def select(self, pids):
+    def select(self, pids, kinds):
         with self.lock:
-            self.pids, self.top = tuple(pids), 0
+            self.pids, self.kinds, self.top = tuple(pids), kinds, (0, 0)
 
     def peak(self):
         with self.lock:
             return self.top
 
+    def sample(self, pids, kinds):
+        files = {}
+        pss = rollup(os.getpid())["Pss"]
+        shared_files(os.getpid(), files, kinds)
+        held = 0
+        for p in pids:
+            r = rollup(p)
+            pss += r["Pss"]
+            held += r["Pss"] - r["Pss_Shmem"]
+            shared_files(p, files)
+        return pss, held + sum(files.values())
+
     def run(self):
         while not self.stop:
             with self.lock:
-                pids = self.pids
-            total = sum(pss_kib(p) for p in pids)
+                pids, kinds = self.pids, self.kinds
+            if not pids:
+                time.sleep(0.01)
+                continue
+            pss, held = self.sample(pids, kinds)
             with self.lock:
                 if pids == self.pids:
-                    self.top = max(self.top, total)
+                    self.top = (max(self.top[0], pss), max(self.top[1], held))
             time.sleep(0.01)
 
 
 def bench_sync16(c, sock, layers, commits, warmups, readers, use_ray, use_mp, pss):
-    import torch
+    try:
+        import torch
+    except ImportError as e:
+        print("py_sets: weight sync linear16: skipped (%s)" % e)
+        return
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(layers)])
     params = {k: v.detach() for k, v in model.state_dict().items()}
@@ -639,12 +721,10 @@ def bench_sync16(c, sock, layers, commits, warmups, readers, use_ray, use_mp, ps
                 client.unlink(x)
 
         cleanup.append(done)
-        return step, [daemon, me] + [p.pid for p in procs]
+        return step, [daemon] + [p.pid for p in procs], ("/memfd:tensord",)
 
-    step, pids = tensord_variant(c, SYNC16 + "recycled/")
-    variants.append(("recycled", step, pids))
-    step, pids = tensord_variant(sealed, SYNC16 + "sealed/")
-    variants.append(("sealed", step, pids))
+    variants.append(("recycled",) + tensord_variant(c, SYNC16 + "recycled/"))
+    variants.append(("sealed",) + tensord_variant(sealed, SYNC16 + "sealed/"))
 
     if use_mp:
         import torch.multiprocessing as tmp
@@ -685,7 +765,7 @@ def bench_sync16(c, sock, layers, commits, warmups, readers, use_ray, use_mp, ps
             live.clear()
 
         cleanup.append(mp_done)
-        variants.append(("torch.mp", mp_step, [me] + [p.pid for p in mps]))
+        variants.append(("torch.mp", mp_step, [p.pid for p in mps], ("/dev/shm/torch_",)))
 
     if use_ray:
         import ray
@@ -693,7 +773,7 @@ def bench_sync16(c, sock, layers, commits, warmups, readers, use_ray, use_mp, ps
         actors = [Reader16.remote() for _ in range(readers)]
         ray.get([a.drop.remote() for a in actors])
         np_sd = {k: v.numpy() for k, v in params.items()}
-        ours = set([daemon] + [p for _, _, ps in variants for p in ps])
+        ours = set([daemon] + [p for _, _, ps, _ in variants for p in ps])
 
         def ray_step(k):
             mark(k)
@@ -713,27 +793,31 @@ def bench_sync16(c, sock, layers, commits, warmups, readers, use_ray, use_mp, ps
 
         cleanup.append(ray_done)
         # The raylet, the object store, the workers: what ray started under this process.
-        variants.append(("ray", ray_step, [me] + [p for p in descendants(me)
-                                                    if p not in ours]))
+        variants.append(("ray", ray_step, [p for p in descendants(me) if p not in ours],
+                         ("/dev/shm/plasma",)))
 
-    sampler = PssPeak() if pss else None
-    res = {name: {"pub": [], "e2e": [], "mixed": 0, "pss": 0} for name, _, _ in variants}
-    for name, step, _ in variants:  # warm-up: first touches, the pool, the store, imports
+    res = {name: {"pub": [], "e2e": [], "mixed": 0, "pss": 0, "held": 0}
+           for name, _, _, _ in variants}
+    for name, step, _, _ in variants:  # warm-up: first touches, the pool, the store, imports
         for w in range(warmups):
             res[name]["mixed"] += step(-1 - w)[2]
     for r in range(commits):
         order = variants[r % len(variants):] + variants[:r % len(variants)]
-        for name, step, pids in order:
-            if sampler:
-                sampler.select(pids)
+        for name, step, _, _ in order:
             pub, e2e, mixed = step(r)
-            if sampler:
-                time.sleep(0.02)  # a sample or two after the hand-off
-                res[name]["pss"] = max(res[name]["pss"], sampler.peak())
             res[name]["pub"].append(pub)
             res[name]["e2e"].append(e2e)
             res[name]["mixed"] += mixed
-    if sampler:
+    if pss:
+        # Apart from the timed steps: the sampler is no light load (a 2-CPU
+        # machine slows 2-4x under it), so these steps' times are not kept.
+        sampler = MemPeak()
+        for name, step, pids, kinds in variants:
+            sampler.select(pids, kinds)
+            for k in range(MEM_STEPS):
+                res[name]["mixed"] += step(commits + k)[2]
+                time.sleep(0.03)  # a few samples after the hand-off
+            res[name]["pss"], res[name]["held"] = sampler.peak()
         sampler.stop = True
     for done in cleanup:
         done()
@@ -749,7 +833,7 @@ def bench_sync16(c, sock, layers, commits, warmups, readers, use_ray, use_mp, ps
             "sealed": "put_many(replace=True), writer TENSORD_RECYCLE=0",
             "torch.mp": "clone().share_memory_() + mp.Queue to each reader",
             "ray": "ray.put(dict of numpy) + actors ray.get"}
-    for name, _, _ in variants:
+    for name, _, _, _ in variants:
         print("  %-9s publish %8.2f / %8.2f ms; publish start -> %d hold it %8.2f / %8.2f ms"
               "  (%s)" % (name, ms(name, "pub", .5), ms(name, "pub", .99), readers,
                           ms(name, "e2e", .5), ms(name, "e2e", .99), what[name]))
@@ -758,18 +842,24 @@ def bench_sync16(c, sock, layers, commits, warmups, readers, use_ray, use_mp, ps
     for name in ("ray", "torch.mp"):
         if name in res:
             rel.append("%s / tensord %.2fx" % (name, ms(name, "e2e", .5) / td))
-    print("  ratio    publish start -> held p50: " + ", ".join(rel))
+    print("  ratio    publish start -> held p50 (tensord: recycled): " + ", ".join(rel))
     mixed = sum(v["mixed"] for v in res.values())
     print("  mixed versions seen by readers: %d (%s) (must be 0: %s)" % (
         mixed, ", ".join("%s %d" % (n, v["mixed"]) for n, v in res.items()),
         verdict(mixed == 0)))
-    if sampler:
-        line = ", ".join("%s %.0f MiB" % (n, v["pss"] / 1024) for n, v in res.items())
-        if res.get("ray", {}).get("pss"):
-            line += "; " + ", ".join("%s %.2fx ray" % (n, v["pss"] / res["ray"]["pss"])
-                                     for n, v in res.items() if n != "ray")
-        print("  peak PSS (writer + readers + daemon or raylet/store/workers, 10 ms "
-              "samples): " + line, flush=True)
+    if pss:
+        for key, what in (("pss", "summed Pss, writer included"),
+                          ("held", "memory the hand-off holds")):
+            line = ", ".join("%s %.0f MiB" % (n, v[key] / 1024) for n, v in res.items())
+            if res.get("ray", {}).get(key):
+                line += "; " + ", ".join("%s %.2fx ray" % (n, v[key] / res["ray"][key])
+                                         for n, v in res.items() if n != "ray")
+            print("  peak %s (%d untimed steps each, 10 ms samples): %s" %
+                  (what, MEM_STEPS, line))
+        print("  (Pss: the writer, the readers, and the daemon for tensord or what ray "
+              "started (raylet and store, GCS, agents, workers); held: the same less the "
+              "writer's own memory, Pss less shmem plus each shared file held or mapped "
+              "counted once, whole)", flush=True)
 
 
 def init_ray(args):
@@ -817,7 +907,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3, help="linear16: warm-up steps per variant")
     ap.add_argument("--no-mp", action="store_true", help="linear16: leave torch.mp out")
     ap.add_argument("--pss", action="store_true",
-                    help="linear16: also sample the summed Pss every 10 ms (peak per variant)")
+                    help="linear16: then a few untimed steps per variant, sampling the "
+                         "summed Pss (and the memory held) every 10 ms: the peaks")
     ap.add_argument("--watch-modes", default="unpinned,pinned",
                     help="the watch figure's variants, alternated by rounds")
     ap.add_argument("--daemon-args", default="", help="extra tensord arguments")
