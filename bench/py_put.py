@@ -366,6 +366,9 @@ def main():
                                           "%d of %d" % (len(cpus), os.cpu_count())))
     with daemon_socket(args.socket, args.daemon_args.split()) as sock:
         if args.replace:
+            if "TENSORD_RECYCLE" in os.environ:  # "recycled" then measures that setting
+                print("note: TENSORD_RECYCLE=%s in this environment: recycled is not the default" %
+                      os.environ["TENSORD_RECYCLE"])
             sealed = connect_env(sock, TENSORD_RECYCLE="0")
             with tensord.connect(sock) as c:
                 for s in args.sizes.split(","):

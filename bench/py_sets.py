@@ -683,6 +683,9 @@ def bench_sync16(c, sock, layers, commits, warmups, readers, use_ray, use_mp, ps
     model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(layers)])
     params = {k: v.detach() for k, v in model.state_dict().items()}
     total = sum(v.nbytes for v in params.values())
+    if "TENSORD_RECYCLE" in os.environ:  # "recycled" then measures that setting
+        print("note: TENSORD_RECYCLE=%s in this environment: recycled is not the default" %
+              os.environ["TENSORD_RECYCLE"])
     sealed = connect_env(sock, TENSORD_RECYCLE="0")
     variants = []  # (name, step(k) -> (publish ns, publish start -> all held ns), pids)
     cleanup = []
