@@ -411,6 +411,9 @@ run:
 # and CPU hogs (bench/py_spin.py), then sets, versions and watches
 # (bench/py_sets.py), each run both pinned to one CPU (no cross-CPU
 # wake-ups) and unpinned.
+# Issue 32 (versions at copy speed): back-to-back replace=True puts of one name
+# (py_put.py --replace) and a state dict's weight sync to three readers
+# (py_sets.py --sync-dict linear16), each next to its sealed (TENSORD_RECYCLE=0) twin.
 bench: all
 	$(Q)set -e; for b in $(BENCH_BIN); do $$b; done
 	$(Q)$(if $(UCX_OK),$(UCX_BENCH_BIN),echo "ucx_get: skipped: $(UCX_MISSING)")
@@ -419,6 +422,8 @@ bench: all
 	$(Q)set -e; export TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python; \
 	echo "== pinned to CPU 0"; taskset -c 0 $(PYTHON) bench/py_put.py --sizes 4K,64K,64M,1G; \
 	echo "== unpinned"; $(PYTHON) bench/py_put.py; \
+	echo "== back-to-back versions of one name (replace=True): recycled, sealed, np.copyto, ray.put"; \
+	$(PYTHON) bench/py_put.py --replace; \
 	$(PYTHON) bench/py_attach.py; \
 	$(PYTHON) bench/py_leases.py; \
 	echo "== polling: adaptive next to off, unpinned, confined after start, in a cpuset, under CPU hogs"; \
@@ -426,6 +431,8 @@ bench: all
 	$(PYTHON) bench/py_names.py; \
 	echo "== sets, versions, watches: pinned to CPU 0, then unpinned"; \
 	taskset -c 0 $(PYTHON) bench/py_sets.py; $(PYTHON) bench/py_sets.py; \
+	echo "== weight sync of a state dict (16 x Linear(2048, 2048)): tensord, sealed, torch.mp, Ray"; \
+	$(PYTHON) bench/py_sets.py --parts sync --sync-dict linear16 --pss; \
 	echo "== GPU create off the loop (fake driver), pinned then unpinned"; \
 	taskset -c 0 $(PYTHON) bench/py_gpu_async.py; $(PYTHON) bench/py_gpu_async.py; \
 	echo "== GPU attach and put over the driver double, pinned then unpinned"; \

@@ -115,3 +115,20 @@ def print_floors(prefix):
     f = kernel_floors()
     print(f"{prefix}: kernel floor here: " +
           ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in f.items()))
+
+
+def connect_env(sock, **env):
+    """A tensord client connected with env set in os.environ (read when a client
+    connects, e.g. TENSORD_RECYCLE="0": fresh memory every version); the
+    environment is given back as it was."""
+    import tensord
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return tensord.connect(sock)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v

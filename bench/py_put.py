@@ -14,6 +14,28 @@ warm memory (memcpy speed, the ceiling):
   vineyard    vineyard client.put(array) (when vineyard imports and a vineyardd
               socket is given with --vineyard-socket or $VINEYARD_IPC_SOCKET)
 
+--replace measures something else: back-to-back puts of ONE name, each
+replace=True of the previous version, nothing between two puts (a training
+loop republishing its weights), default sizes 64M,1G. Per round, in turn:
+
+  recycled    c.put(name, array, replace=True) on a client of the default
+              environment (versions whose leases ended are reused, already
+              mapped: one memcpy, where the library recycles)
+  sealed      the same on a client connected with TENSORD_RECYCLE=0 (fresh
+              memory every version; the same as recycled where nothing recycles)
+  sealed/kw   put(..., sealed=True) per call, only where put() takes it
+  copyto      np.copyto into a warm preallocated array (memcpy, the ceiling)
+  ray         ray.put(array), the previous ObjectRef dropped first (skipped with
+              the reason when ray does not import or init)
+
+Each variant is warmed (a few puts), then each round (in an order rotated by
+one each round) times K back-to-back puts
+(--k; default 20 up to 64 MiB, 5 above) and keeps their median; the medians of
+the rounds are printed, in ms and GB/s, with recycled's speed next to copyto,
+ray.put and sealed (other / recycled, in time).
+
+    PYTHONPATH=build/python python3 bench/py_put.py --replace [--sizes 64M,1G]
+
 Nothing is installed: a peer that is missing is skipped with the reason.
 Before each timed call the process sleeps --gap-ms (default 0), the same
 for every variant: a producer that computes between puts gives background
@@ -38,7 +60,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 import tensord
-from benchutil import daemon_socket
+from benchutil import connect_env, daemon_socket
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -220,10 +242,104 @@ def find_peers(vineyard_socket):
     return peers
 
 
+# --- --replace: back-to-back versions of one name ----------------------------------------
+
+def takes_sealed(client):
+    """Whether put() takes sealed= (the per-call way to the old path)."""
+    try:
+        client.put("bench/put/replace/probe", np.zeros(1, np.float32), sealed=True)
+    except TypeError:
+        return False
+    client.unlink("bench/put/replace/probe")
+    return True
+
+
+def replace_variants(client, sealed, src, peers, skip):
+    warm = np.empty_like(src)
+    warm.fill(1)
+    out = []
+
+    def versions(c, name, **kw):
+        def put():
+            c.put(name, src, replace=True, **kw)
+        put.name = name
+        put.client = c
+        return put
+
+    out.append(("recycled", versions(client, "bench/put/replace/recycled")))
+    out.append(("sealed", versions(sealed, "bench/put/replace/sealed")))
+    if takes_sealed(client):
+        out.append(("sealed/kw", versions(client, "bench/put/replace/sealedkw", sealed=True)))
+
+    def copyto():
+        np.copyto(warm, src)
+
+    out.append(("copyto", copyto))
+    if "ray" in peers:
+        import ray
+        refs = []
+
+        def rayput():
+            refs.clear()   # the previous version's ObjectRef goes first
+            refs.append(ray.put(src))
+
+        rayput.refs = refs
+        out.append(("ray", rayput))
+    return [(n, f) for n, f in out if n not in skip]
+
+
+def back_to_back(fn, k):
+    """The median of k back-to-back calls, each timed alone, in seconds."""
+    ts = []
+    for _ in range(k):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def bench_replace(client, sealed, size, rounds, k, peers, skip, warmups=3):
+    src = np.ones(size // 4, np.float32)
+    vs = replace_variants(client, sealed, src, peers, skip)
+    k = k or (20 if size <= 64 << 20 else 5)
+    s0 = client.stats()
+    for _, fn in vs:
+        back_to_back(fn, warmups)
+    times = {name: [] for name, _ in vs}
+    for r in range(rounds):
+        # A B C D, B C D A, ...: no variant always runs right after the same one
+        # (the daemon's pool refills, the reserve maps ahead, in the next one's time).
+        for name, fn in vs[r % len(vs):] + vs[:r % len(vs)]:
+            times[name].append(back_to_back(fn, k))
+    s1 = client.stats()
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print("put --replace %s: one name, back to back (%d rounds x %d puts, medians of "
+          "per-put medians)" % (human(size), rounds, k))
+    for name, _ in vs:
+        t = med[name]
+        print("  %-10s %9.2f ms  %7.2f GB/s" % (name, t * 1e3, size / t / 1e9))
+    if "recycled" in med:
+        r = med["recycled"]
+        rel = ["%.2fx %s" % (med[p] / r, p) for p in ("copyto", "ray", "sealed", "sealed/kw")
+               if p in med]
+        print("  recycled speed: " + ", ".join(rel) + " (their time / recycled's; > 1: "
+              "recycled faster)")
+    moved = {key: figure(s1, key) - figure(s0, key) for key in s1
+             if "recycl" in key and isinstance(s1.get(key), (int, float))}
+    if moved:
+        print("  stats: " + ", ".join("%s +%d" % kv for kv in sorted(moved.items())))
+    for _, fn in vs:  # untimed: the last versions go, before the next size
+        if hasattr(fn, "name"):
+            fn.client.unlink(fn.name)
+        if hasattr(fn, "refs"):
+            fn.refs.clear()
+    return times
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--socket", default=os.environ.get("TENSORD_SOCKET"))
-    ap.add_argument("--sizes", default="4K,64M,1G")
+    ap.add_argument("--sizes", default=None, help="default 4K,64M,1G; with --replace 64M,1G")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--gap-ms", type=float, default=0.0,
                     help="idle time before every timed call, the same for each variant")
@@ -233,7 +349,14 @@ def main():
                     help="also time put and cfp on a client with TENSORD_RESERVE=0 (put/nr, "
                          "cfp/nr): the reserve's effect, A/B in the same rounds")
     ap.add_argument("--daemon-args", default="", help="extra tensord arguments")
+    ap.add_argument("--replace", action="store_true",
+                    help="back-to-back replace=True puts of one name: recycled, sealed "
+                         "(TENSORD_RECYCLE=0), np.copyto, ray.put")
+    ap.add_argument("--k", type=int, default=0,
+                    help="--replace: puts per round (default 20 up to 64 MiB, 5 above)")
     args = ap.parse_args()
+    if args.sizes is None:
+        args.sizes = "64M,1G" if args.replace else "4K,64M,1G"
     skip = set(s for s in args.skip.split(",") if s)
     peers = find_peers(args.vineyard_socket)
     # The pool uses huge pages when this allows them ("advise" and up): a large
@@ -242,6 +365,16 @@ def main():
     print("shmem_enabled: %s; CPUs: %s" % (shmem_policy(),
                                           "%d of %d" % (len(cpus), os.cpu_count())))
     with daemon_socket(args.socket, args.daemon_args.split()) as sock:
+        if args.replace:
+            if "TENSORD_RECYCLE" in os.environ:  # "recycled" then measures that setting
+                print("note: TENSORD_RECYCLE=%s in this environment: recycled is not the default" %
+                      os.environ["TENSORD_RECYCLE"])
+            sealed = connect_env(sock, TENSORD_RECYCLE="0")
+            with tensord.connect(sock) as c:
+                for s in args.sizes.split(","):
+                    bench_replace(c, sealed, parse_size(s), args.rounds, args.k, peers, skip)
+            sealed.close()
+            return
         plain = None
         if args.without_reserve:
             os.environ["TENSORD_RESERVE"] = "0"  # read when a client connects

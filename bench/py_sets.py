@@ -1,6 +1,6 @@
 """Sets, versions and watches from Python, each next to its baseline in one run.
 
-Four measurements; in each, one round runs every variant once, in turn
+Four measurements (sync in two forms); in each, one round runs every variant once, in turn
 (A B A B ...), and the medians of the rounds are printed with their ratio:
 
   attach   attach_many of 256 names (+ the releases) vs 256 attach() +
@@ -24,6 +24,25 @@ Four measurements; in each, one round runs every variant once, in turn
            the dict of arrays; three actors given the ObjectRef), when ray
            imports (skipped with the reason if not)        (target >= 2x Ray)
 
+  sync --sync-dict linear16   issue 32's hand-off: a state dict of 16 x
+           nn.Linear(2048, 2048) float32 (32 tensors, 256 MiB), one version
+           a step, put_many(dict, replace=True), to --readers processes that
+           loop attach_many(names, after=last commit), check every member's
+           marker (element [0], set to the step before the put; a set whose
+           members disagree counts as mixed: must be 0) and hold the set until
+           the next. Publish start -> all readers hold it, medians over
+           --commits steps after --warmup, one step of each variant per round
+           (order rotated): tensord (default env: recycled where the library
+           recycles), the same with TENSORD_RECYCLE=0 in the writer (sealed),
+           torch.multiprocessing (a fresh clone().share_memory_() of the
+           state dict each step, through an mp.Queue to each reader; --no-mp)
+           and Ray (ray.put of the dict of numpy arrays, actors given the
+           ObjectRef). --pss then runs a few untimed steps per variant sampling
+           every 10 ms the summed Pss (writer, readers, daemon or what ray
+           started) and the memory the hand-off holds (the same without the
+           writer's own memory, each shared file counted once, whole: a
+           daemon's unmapped version shows in no Pss); peaks, next to Ray's.
+
 Timestamps cross processes as time.perf_counter_ns() values (CLOCK_MONOTONIC,
 one clock for the machine). Pin with `taskset -c 0` to see round trips
 without cross-CPU wake-ups (the daemon and the processes this starts inherit
@@ -34,6 +53,8 @@ own from $TENSORD_BUILD (default: build/) on a temporary socket.
 
     PYTHONPATH=build/python python3 bench/py_sets.py [--parts attach,put,watch,sync]
         [--rounds 7] [--quick] [--no-ray]
+    PYTHONPATH=build/python python3 bench/py_sets.py --parts sync --sync-dict linear16
+        [--commits 20] [--warmup 3] [--readers 3] [--no-mp] [--pss]
 """
 import argparse
 import os
@@ -45,7 +66,7 @@ import time
 import numpy as np
 
 import tensord
-from benchutil import daemon_socket
+from benchutil import connect_env, daemon_socket
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -456,15 +477,404 @@ def bench_sync(c, sock, n, size, commits, readers, use_ray):
         c.unlink(x)
 
 
+# --- 4b. weight sync of a model's state dict (--sync-dict linear16) ----------------------
+
+SYNC16 = "bench/sets/sync16/"
+LINEAR16_BYTES = 16 * (2048 * 2048 + 2048) * 4
+MEM_STEPS = 3  # --pss: untimed steps per variant, sampled
+
+
+def linear16_names(prefix, layers):
+    """The state dict's names of nn.Sequential(layers x Linear), under prefix."""
+    return ["%s%d.%s" % (prefix, i, w) for i in range(layers) for w in ("weight", "bias")]
+
+
+def marks_of(arrays):
+    """The markers (element [0], flattened) of every member, as a set of floats."""
+    return {float(a.reshape(-1)[0]) for a in arrays}
+
+
+def role_reader16(sock, prefix, layers):
+    """Another process: waits for each next commit of the state dict
+    (attach_many(names, after=last)), holds it (the previous one released),
+    reads every member's marker; answers "commit held_ns marker mixed" on
+    stdout (mixed: 1 when the members' markers disagree)."""
+    names = linear16_names(prefix, int(layers))
+    last, cur = 0, {}
+    with tensord.connect(sock) as c:
+        print("ready", flush=True)
+        while True:
+            try:
+                s = c.attach_many(names, after=last, timeout=1)
+            except tensord.TimedOutError:
+                continue
+            held = time.perf_counter_ns()
+            marks = marks_of(np.frombuffer(t, np.float32, count=1) for t in s.values())
+            for t in cur.values():
+                t.release()
+            cur = s
+            commits = {t.commit for t in s.values()}
+            mixed = int(len(marks) > 1 or len(commits) > 1 or len(s) != len(names))
+            last = max(commits)
+            print(last, held, min(marks), mixed, flush=True)
+
+
+def mp_reader(inq, outq, idx):
+    """A torch.multiprocessing reader: takes each state dict of shared tensors
+    from its queue, holds it (the previous one dropped), answers (idx, held_ns,
+    marker, mixed)."""
+    cur = None
+    while True:
+        sd = inq.get()
+        if sd is None:
+            return
+        held = time.perf_counter_ns()
+        marks = marks_of(v for v in sd.values())
+        cur = sd  # noqa: F841 - held until the next one, as a user's model would
+        outq.put((idx, held, min(marks), int(len(marks) > 1)))
+
+
+def ray_reader16_class():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Reader16:
+        def __init__(self):
+            self.cur = None
+
+        def take(self, state):  # the ObjectRef is resolved before the call runs
+            held = time.perf_counter_ns()
+            marks = marks_of(state.values())
+            self.cur = state
+            return held, min(marks), int(len(marks) > 1)
+
+        def drop(self):
+            self.cur = None
+
+        def pid(self):
+            return os.getpid()
+
+    return Reader16
+
+
+def rollup(pid):
+    """Pss and Pss_Shmem of pid, in KiB (smaps_rollup); zeros when it is gone."""
+    out = {"Pss": 0, "Pss_Shmem": 0}
+    try:
+        with open("/proc/%d/smaps_rollup" % pid) as f:
+            for line in f:
+                k = line.split(":", 1)[0]
+                if k in out:
+                    out[k] = int(line.split()[1])
+    except OSError:
+        pass
+    return out
+
+
+SHARED_FILES = ("/memfd:", "/dev/shm/")
+
+
+def shared_files(pid, seen, kinds=SHARED_FILES):
+    """The shared-memory files (memfds, /dev/shm) whose names start with one
+    of kinds that pid holds open or mapped, into seen: {(dev, ino): allocated
+    KiB}. A file held but mapped nowhere (a daemon's version between leases)
+    is memory that Pss does not show."""
+    paths = []
+    try:
+        for fd in os.listdir("/proc/%d/fd" % pid):
+            p = "/proc/%d/fd/%s" % (pid, fd)
+            try:
+                if os.readlink(p).startswith(kinds):
+                    paths.append(p)
+            except OSError:
+                continue
+        with open("/proc/%d/maps" % pid) as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].startswith(kinds):
+                    paths.append("/proc/%d/map_files/%s" % (pid, parts[0]))
+    except OSError:
+        return
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        seen[(st.st_dev, st.st_ino)] = st.st_blocks // 2
+
+
+def descendants(root):
+    """Every process under root (by parent links in /proc), root excluded."""
+    kids = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        for k in kids.get(todo.pop(), ()):
+            out.append(k)
+            todo.append(k)
+    return out
+
+
+class MemPeak:
+    """Samples a set of processes every 10 ms in a thread, two figures whose
+    peaks since the set was chosen (select()) peak() returns, in KiB: the
+    summed Pss (smaps_rollup) of the set and the writer (this process), and
+    the memory the hand-off holds: the set's summed Pss less its shared-memory
+    part, plus every shared-memory file the set holds open or mapped counted
+    once, whole (allocated pages), mapped or not, with those of the writer
+    whose names start with kinds (its own memory is not counted: it holds
+    the model and what every variant left behind)."""
+
+    def __init__(self):
+        import threading
+        self.pids, self.kinds, self.top, self.stop = (), (), (0, 0), False
+        self.lock = threading.Lock()
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def select(self, pids, kinds):
+        with self.lock:
+            self.pids, self.kinds, self.top = tuple(pids), kinds, (0, 0)
+
+    def peak(self):
+        with self.lock:
+            return self.top
+
+    def sample(self, pids, kinds):
+        files = {}
+        pss = rollup(os.getpid())["Pss"]
+        shared_files(os.getpid(), files, kinds)
+        held = 0
+        for p in pids:
+            r = rollup(p)
+            pss += r["Pss"]
+            held += r["Pss"] - r["Pss_Shmem"]
+            shared_files(p, files)
+        return pss, held + sum(files.values())
+
+    def run(self):
+        while not self.stop:
+            with self.lock:
+                pids, kinds = self.pids, self.kinds
+            if not pids:
+                time.sleep(0.01)
+                continue
+            pss, held = self.sample(pids, kinds)
+            with self.lock:
+                if pids == self.pids:
+                    self.top = (max(self.top[0], pss), max(self.top[1], held))
+            time.sleep(0.01)
+
+
+def bench_sync16(c, sock, layers, commits, warmups, readers, use_ray, use_mp, pss):
+    try:
+        import torch
+    except ImportError as e:
+        print("py_sets: weight sync linear16: skipped (%s)" % e)
+        return
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(layers)])
+    params = {k: v.detach() for k, v in model.state_dict().items()}
+    total = sum(v.nbytes for v in params.values())
+    if "TENSORD_RECYCLE" in os.environ:  # "recycled" then measures that setting
+        print("note: TENSORD_RECYCLE=%s in this environment: recycled is not the default" %
+              os.environ["TENSORD_RECYCLE"])
+    sealed = connect_env(sock, TENSORD_RECYCLE="0")
+    variants = []  # (name, step(k) -> (publish ns, publish start -> all held ns), pids)
+    cleanup = []
+    daemon = peer_pid(c)
+    me = os.getpid()
+
+    def mark(k):
+        for v in params.values():
+            v.view(-1)[0] = k
+
+    def tensord_variant(client, prefix):
+        procs = [spawn("reader16", sock, prefix, layers) for _ in range(readers)]
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        sd = {prefix + k: v for k, v in params.items()}
+
+        def step(k):
+            mark(k)
+            t0 = time.perf_counter_ns()
+            commit = client.put_many(sd, replace=True)
+            t1 = time.perf_counter_ns()
+            held, mixed = [], 0
+            for p in procs:
+                got, ns, m, mx = p.stdout.readline().split()
+                assert int(got) == commit, (got, commit)
+                assert float(m) == k or int(mx), (m, k)
+                held.append(int(ns))
+                mixed += int(mx)
+            return t1 - t0, max(held) - t0, mixed
+
+        def done():
+            for p in procs:
+                p.kill()
+                p.wait()
+            for x in sd:
+                client.unlink(x)
+
+        cleanup.append(done)
+        return step, [daemon] + [p.pid for p in procs], ("/memfd:tensord",)
+
+    variants.append(("recycled",) + tensord_variant(c, SYNC16 + "recycled/"))
+    variants.append(("sealed",) + tensord_variant(sealed, SYNC16 + "sealed/"))
+
+    if use_mp:
+        import torch.multiprocessing as tmp
+        ctx = tmp.get_context("spawn")
+        outq = ctx.Queue()
+        inqs = [ctx.Queue() for _ in range(readers)]
+        mps = [ctx.Process(target=mp_reader, args=(q, outq, i), daemon=True)
+               for i, q in enumerate(inqs)]
+        for p in mps:
+            p.start()
+        live = {}
+
+        def mp_step(k):
+            mark(k)
+            t0 = time.perf_counter_ns()
+            # A fresh copy each step, in shared memory: the readers hold the
+            # previous one meanwhile (no version torn in their hands).
+            shared = {x: v.clone().share_memory_() for x, v in params.items()}
+            for q in inqs:
+                q.put(shared)
+            t1 = time.perf_counter_ns()
+            held, mixed = [], 0
+            for _ in inqs:
+                _, ns, m, mx = outq.get()
+                assert m == k or mx, (m, k)
+                held.append(ns)
+                mixed += mx
+            live["sd"] = shared  # the previous one goes: the readers dropped it
+            return t1 - t0, max(held) - t0, mixed
+
+        def mp_done():
+            for q in inqs:
+                q.put(None)
+            for p in mps:
+                p.join(5)
+                if p.is_alive():
+                    p.kill()
+            live.clear()
+
+        cleanup.append(mp_done)
+        variants.append(("torch.mp", mp_step, [p.pid for p in mps], ("/dev/shm/torch_",)))
+
+    if use_ray:
+        import ray
+        Reader16 = ray_reader16_class()
+        actors = [Reader16.remote() for _ in range(readers)]
+        ray.get([a.drop.remote() for a in actors])
+        np_sd = {k: v.numpy() for k, v in params.items()}
+        ours = set([daemon] + [p for _, _, ps, _ in variants for p in ps])
+
+        def ray_step(k):
+            mark(k)
+            t0 = time.perf_counter_ns()
+            ref = ray.put(np_sd)
+            t1 = time.perf_counter_ns()
+            got = ray.get([a.take.remote(ref) for a in actors])
+            del ref
+            for _, m, mx in got:
+                assert m == k or mx, (m, k)
+            return t1 - t0, max(g[0] for g in got) - t0, sum(g[2] for g in got)
+
+        def ray_done():
+            ray.get([a.drop.remote() for a in actors])
+            for a in actors:
+                ray.kill(a)
+
+        cleanup.append(ray_done)
+        # The raylet, the object store, the workers: what ray started under this process.
+        variants.append(("ray", ray_step, [p for p in descendants(me) if p not in ours],
+                         ("/dev/shm/plasma",)))
+
+    res = {name: {"pub": [], "e2e": [], "mixed": 0, "pss": 0, "held": 0}
+           for name, _, _, _ in variants}
+    for name, step, _, _ in variants:  # warm-up: first touches, the pool, the store, imports
+        for w in range(warmups):
+            res[name]["mixed"] += step(-1 - w)[2]
+    for r in range(commits):
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
+        for name, step, _, _ in order:
+            pub, e2e, mixed = step(r)
+            res[name]["pub"].append(pub)
+            res[name]["e2e"].append(e2e)
+            res[name]["mixed"] += mixed
+    if pss:
+        # Apart from the timed steps: the sampler is no light load (a 2-CPU
+        # machine slows 2-4x under it), so these steps' times are not kept.
+        sampler = MemPeak()
+        for name, step, pids, kinds in variants:
+            sampler.select(pids, kinds)
+            for k in range(MEM_STEPS):
+                res[name]["mixed"] += step(commits + k)[2]
+                time.sleep(0.03)  # a few samples after the hand-off
+            res[name]["pss"], res[name]["held"] = sampler.peak()
+        sampler.stop = True
+    for done in cleanup:
+        done()
+    sealed.close()
+
+    def ms(name, key, q):
+        return pct(res[name][key], q) / 1e6
+
+    print("py_sets: weight sync, state dict of %d x Linear(2048, 2048) float32 (%d tensors, "
+          "%s), %d steps after %d warm-up, %d readers, interleaved by step (p50 / p99):" %
+          (layers, len(params), "%.1f MiB" % (total / (1 << 20)), commits, warmups, readers))
+    what = {"recycled": "put_many(replace=True), default env",
+            "sealed": "put_many(replace=True), writer TENSORD_RECYCLE=0",
+            "torch.mp": "clone().share_memory_() + mp.Queue to each reader",
+            "ray": "ray.put(dict of numpy) + actors ray.get"}
+    for name, _, _, _ in variants:
+        print("  %-9s publish %8.2f / %8.2f ms; publish start -> %d hold it %8.2f / %8.2f ms"
+              "  (%s)" % (name, ms(name, "pub", .5), ms(name, "pub", .99), readers,
+                          ms(name, "e2e", .5), ms(name, "e2e", .99), what[name]))
+    td = ms("recycled", "e2e", .5)
+    rel = ["sealed / recycled %.2fx" % (ms("sealed", "e2e", .5) / td)]
+    for name in ("ray", "torch.mp"):
+        if name in res:
+            rel.append("%s / tensord %.2fx" % (name, ms(name, "e2e", .5) / td))
+    print("  ratio    publish start -> held p50 (tensord: recycled): " + ", ".join(rel))
+    mixed = sum(v["mixed"] for v in res.values())
+    print("  mixed versions seen by readers: %d (%s) (must be 0: %s)" % (
+        mixed, ", ".join("%s %d" % (n, v["mixed"]) for n, v in res.items()),
+        verdict(mixed == 0)))
+    if pss:
+        for key, what in (("pss", "summed Pss, writer included"),
+                          ("held", "memory the hand-off holds")):
+            line = ", ".join("%s %.0f MiB" % (n, v[key] / 1024) for n, v in res.items())
+            if res.get("ray", {}).get(key):
+                line += "; " + ", ".join("%s %.2fx ray" % (n, v[key] / res["ray"][key])
+                                         for n, v in res.items() if n != "ray")
+            print("  peak %s (%d untimed steps each, 10 ms samples): %s" %
+                  (what, MEM_STEPS, line))
+        print("  (Pss: the writer, the readers, and the daemon for tensord or what ray "
+              "started (raylet and store, GCS, agents, workers); held: the same less the "
+              "writer's own memory, Pss less shmem plus each shared file held or mapped "
+              "counted once, whole)", flush=True)
+
+
 def init_ray(args):
     if args.no_ray:
         print("ray: skipped (--no-ray)")
         return False
     try:
         import ray
+        per_set = (LINEAR16_BYTES if args.sync_dict == "linear16"
+                   else args.sync_tensors * args.sync_size)
         ray.init(num_cpus=args.readers, include_dashboard=False, log_to_driver=False,
-                 object_store_memory=min(8 << 30, max(1 << 30, 6 * args.sync_tensors
-                                                      * args.sync_size)))
+                 object_store_memory=min(8 << 30, max(1 << 30, 6 * per_set)))
         return True
     except Exception as e:  # noqa: BLE001 - any failure means: no ray here
         print("ray: skipped (%s: %s)" % (type(e).__name__, e))
@@ -492,6 +902,16 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: few names, small sets, 2 rounds (figures meaningless)")
     ap.add_argument("--no-ray", action="store_true")
+    ap.add_argument("--sync-dict", default="flat", choices=("flat", "linear16"),
+                    help="sync: flat (--sync-tensors x --sync-size as one transaction) or "
+                         "linear16 (a state dict of 16 x nn.Linear(2048, 2048) by put_many, "
+                         "next to sealed, torch.multiprocessing and Ray)")
+    ap.add_argument("--layers", type=int, default=16, help=argparse.SUPPRESS)
+    ap.add_argument("--warmup", type=int, default=3, help="linear16: warm-up steps per variant")
+    ap.add_argument("--no-mp", action="store_true", help="linear16: leave torch.mp out")
+    ap.add_argument("--pss", action="store_true",
+                    help="linear16: then a few untimed steps per variant, sampling the "
+                         "summed Pss (and the memory held) every 10 ms: the peaks")
     ap.add_argument("--watch-modes", default="unpinned,pinned",
                     help="the watch figure's variants, alternated by rounds")
     ap.add_argument("--daemon-args", default="", help="extra tensord arguments")
@@ -504,6 +924,8 @@ def main():
         return role_sleeper(*args.rest)
     if args.role == "reader":
         return role_reader(args.socket, *args.rest)
+    if args.role == "reader16":
+        return role_reader16(args.socket, *args.rest)
     reps, samples = 10, 200
     if args.quick:
         args.rounds, args.names, args.sync_tensors, args.sync_size = 2, 16, 8, 64 << 10
@@ -520,7 +942,10 @@ def main():
                     bench_put(c, args.names, size, args.rounds, max(1, reps // 2))
             if "watch" in parts:
                 bench_watch(c, sock, args.rounds, samples, args.watch_modes.split(","))
-            if "sync" in parts:
+            if "sync" in parts and args.sync_dict == "linear16":
+                bench_sync16(c, sock, args.layers, args.commits, args.warmup, args.readers,
+                             use_ray, not args.no_mp, args.pss)
+            elif "sync" in parts:
                 bench_sync(c, sock, args.sync_tensors, args.sync_size, args.commits,
                            args.readers, use_ray)
 
