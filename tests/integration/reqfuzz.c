@@ -254,6 +254,7 @@ static void learn_lease(const Tensord__Lease *l)
 	pool_add(&leases, l->lease);
 	pool_add(&share_ids, l->share_id);
 	pool_add(&reserves, l->reserve);
+	pool_add(&reserves, l->ring); /* Unreserve takes ring buffers' ids too */
 	if (l->info) {
 		learn_name(l->info->name);
 		pool_add(&tensor_ids, l->info->id);
@@ -647,6 +648,8 @@ static void make_create(struct create_buf *b, const char *name, bool for_put)
 	b->m.replace = chance(15);
 	if (!for_put && chance(15))
 		b->m.reserve = pool_pick(&reserves);
+	/* Recycled memory (docs/recycle.md): ring buffers cycle under the rest. */
+	b->m.recycle = chance(40);
 }
 
 static void park(struct conn *c, uint64_t id)
@@ -796,6 +799,11 @@ static void one(struct conn *c, unsigned k, const char *name)
 	case K_RELEASE:
 		m.release = (Tensord__Release)TENSORD__RELEASE__INIT;
 		m.release.lease = pool_pick(&leases);
+		/* A fork while holding leases: every one of them tainted. */
+		if (chance(2)) {
+			m.release.lease = chance(80) ? 0 : m.release.lease;
+			m.release.forked = true;
+		}
 		req.id = chance(90) ? 0 : req.id;
 		req.body_case = TENSORD__REQUEST__BODY_RELEASE;
 		req.release = &m.release;
