@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "import.h"
@@ -206,6 +207,9 @@ static void no_recency(void *p, size_t len)
 	(void)madvise(p, len, MADV_RANDOM);
 }
 
+static bool slab_point(struct td_mapping *m, const struct td_import_desc *d, uint64_t off,
+		       uint64_t len);
+
 static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *d)
 {
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
@@ -237,6 +241,10 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 		m->file_off = 0;
 		m->device = (DLDevice){ kDLCPU, 0 };
 		m->priv = (void *)(intptr_t)(fd + 1);
+		return 0;
+	}
+	if (slab_point(m, d, d->ipc_offset - lead, len)) {
+		close(fd); /* the client keeps the slab's descriptor */
 		return 0;
 	}
 	/* A creator's mapping is about to be filled: populating it in one call
@@ -279,6 +287,11 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 
 static void memfd_unmap(struct td_mapping *m)
 {
+	if (m->slab) {
+		td_slabmap_unref(m->slab);
+		m->slab = NULL;
+		m->base = NULL;
+	}
 	if (m->base) { /* NULL once parked */
 		munmap(m->base, (size_t)m->size);
 		td_maps_gone(1);
@@ -374,22 +387,114 @@ static int pagemap_fd(void)
  * A private page that a write copied is anonymous: present without the
  * file bit, or swapped out. Pages never touched are absent, and clean.
  */
-static bool memfd_clean(const struct td_mapping *m)
+bool td_pages_clean(const void *p, uint64_t len)
 {
-	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), n = (m->size + page - 1) / page;
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), first = (uintptr_t)p / page, n;
 	uint64_t e[CLEAN_CHECK_MAX / 4096];
 	int fd;
 
-	if (!m->base || m->writable || m->size > CLEAN_CHECK_MAX || n > sizeof(e) / sizeof(e[0]))
+	if (!p || !len || len > CLEAN_CHECK_MAX)
+		return false;
+	n = ((uintptr_t)p + len - 1) / page - first + 1;
+	if (n > sizeof(e) / sizeof(e[0]))
 		return false;
 	fd = pagemap_fd();
-	if (fd < 0 ||
-	    pread(fd, e, n * sizeof(e[0]), (off_t)((uintptr_t)m->base / page * sizeof(e[0]))) !=
-		    (ssize_t)(n * sizeof(e[0])))
+	if (fd < 0 || pread(fd, e, n * sizeof(e[0]), (off_t)(first * sizeof(e[0]))) !=
+			      (ssize_t)(n * sizeof(e[0])))
 		return false;
 	for (uint64_t i = 0; i < n; i++)
 		if ((e[i] & PM_SWAPPED) || ((e[i] & PM_PRESENT) && !(e[i] & PM_FILE)))
 			return false;
+	return true;
+}
+
+static bool memfd_clean(const struct td_mapping *m)
+{
+	return m->base && !m->writable && td_pages_clean(m->base, m->size);
+}
+
+struct td_slabmap *td_slabmap_new(int fd, const char *name)
+{
+	struct td_slabmap *s;
+	struct stat st;
+	void *p;
+	int r;
+
+	/* Without the page map no page can be known clean: windows, as before. */
+	if (pagemap_fd() < 0) {
+		td_set_error(-ENOTSUP, "/proc/self/pagemap cannot be read");
+		return NULL;
+	}
+	if (fstat(fd, &st) < 0 || st.st_size <= 0 || (uint64_t)st.st_size > SIZE_MAX) {
+		td_set_error(-EPROTO, "tensor '%s': the slab's size cannot be read", name);
+		return NULL;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s) {
+		td_set_error(-ENOMEM, "out of memory");
+		return NULL;
+	}
+	r = td_maps_admit(name);
+	if (r < 0) {
+		free(s);
+		return NULL;
+	}
+	/* Lazily faulted: a lease touches the pages under its tensor only. */
+	p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+	if (p == MAP_FAILED) {
+		td_set_error(-errno, "tensor '%s': mmap of a slab of %lld bytes failed: %s", name,
+			     (long long)st.st_size, strerror(errno));
+		td_maps_gone(1);
+		free(s);
+		return NULL;
+	}
+	atomic_init(&s->refs, 1);
+	s->base = p;
+	s->size = (uint64_t)st.st_size;
+	return s;
+}
+
+void td_slabmap_ref(struct td_slabmap *s)
+{
+	atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+}
+
+void td_slabmap_unref(struct td_slabmap *s)
+{
+	if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	munmap(s->base, (size_t)s->size);
+	td_maps_gone(1);
+	free(s);
+}
+
+/*
+ * A read-only lease of a tensor in a slab points into the slab's whole
+ * mapping when every page under the tensor is clean there: those pages
+ * show the file as it is now. A page a stray write of this process copied
+ * no longer follows the file and may hold an older tensor's bytes, so the
+ * tensor then gets a window of its own (memfd_map()).
+ */
+static bool slab_point(struct td_mapping *m, const struct td_import_desc *d, uint64_t off,
+		       uint64_t len)
+{
+	struct td_slabmap *s = d->slab;
+	uint8_t *p;
+
+	if (!s || !d->shared || d->writable || d->populate || d->premapped || off > s->size ||
+	    len > s->size - off)
+		return false;
+	p = (uint8_t *)s->base + off;
+	if (!td_pages_clean(p, len))
+		return false;
+	td_slabmap_ref(s);
+	m->slab = s;
+	m->base = p;
+	m->data = p + (d->ipc_offset - off);
+	m->size = len;
+	m->file_off = off;
+	m->device = (DLDevice){ kDLCPU, 0 };
+	m->priv = NULL;
 	return true;
 }
 

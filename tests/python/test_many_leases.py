@@ -143,9 +143,11 @@ def test_mapping_limit_is_a_clear_error(client, daemon):
     vm.max_map_count with glibc's "cannot allocate memory for thread-local
     data: ABORT". The library now refuses a mapping that would leave less
     than its margin below the limit, with EMFILE naming it, and releases
-    the lease it got. TENSORD_MAX_MAP_COUNT lowers the limit for the test."""
+    the lease it got. TENSORD_MAX_MAP_COUNT lowers the limit for the test.
+    The tensors are above the slab size (64 KiB), so each has a memfd and a
+    mapping of its own: tensors in slabs share their slab's mapping (below)."""
     n = 400
-    client.put_many({f"lim/{i}": np.full(1, i, np.int64) for i in range(n)})
+    client.put_many({f"lim/{i}": np.full(10000, i, np.int64) for i in range(n)})
     before = {x.conn_id: x.leases for x in client.clients()}
     out = subprocess.run([sys.executable, "-c", MAP_LIMIT_CHILD, daemon.socket, str(n)],
                          capture_output=True, text=True, timeout=120,
