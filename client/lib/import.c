@@ -209,6 +209,7 @@ static void no_recency(void *p, size_t len)
 
 static bool slab_point(struct td_mapping *m, const struct td_import_desc *d, uint64_t off,
 		       uint64_t len);
+static void slab_unpoint(struct td_mapping *m);
 
 static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *d)
 {
@@ -287,11 +288,8 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 
 static void memfd_unmap(struct td_mapping *m)
 {
-	if (m->slab) {
-		td_slabmap_unref(m->slab);
-		m->slab = NULL;
-		m->base = NULL;
-	}
+	if (m->slab)
+		slab_unpoint(m);
 	if (m->base) { /* NULL once parked */
 		munmap(m->base, (size_t)m->size);
 		td_maps_gone(1);
@@ -384,28 +382,57 @@ static int pagemap_fd(void)
 #define PM_FILE (1ull << 61) /* a page of the file, or shared anonymous memory */
 
 /*
- * A private page that a write copied is anonymous: present without the
- * file bit, or swapped out. Pages never touched are absent, and clean.
+ * Reads the page map entries of the pages of [p, p + len), at most max,
+ * into e; returns how many, or -1 when not known.
  */
-bool td_pages_clean(const void *p, uint64_t len)
+static long pagemap_read(const void *p, uint64_t len, uint64_t *e, uint64_t max)
 {
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), first = (uintptr_t)p / page, n;
-	uint64_t e[CLEAN_CHECK_MAX / 4096];
 	int fd;
 
-	if (!p || !len || len > CLEAN_CHECK_MAX)
-		return false;
+	if (!p || !len)
+		return -1;
 	n = ((uintptr_t)p + len - 1) / page - first + 1;
-	if (n > sizeof(e) / sizeof(e[0]))
-		return false;
+	if (n > max)
+		return -1;
 	fd = pagemap_fd();
 	if (fd < 0 || pread(fd, e, n * sizeof(e[0]), (off_t)(first * sizeof(e[0]))) !=
 			      (ssize_t)(n * sizeof(e[0])))
-		return false;
-	for (uint64_t i = 0; i < n; i++)
-		if ((e[i] & PM_SWAPPED) || ((e[i] & PM_PRESENT) && !(e[i] & PM_FILE)))
+		return -1;
+	return (long)n;
+}
+
+/*
+ * A private page that a write copied is anonymous: present without the
+ * file bit, or swapped out. Pages never touched are absent, and clean.
+ */
+static bool pm_dirty(uint64_t e)
+{
+	return (e & PM_SWAPPED) || ((e & PM_PRESENT) && !(e & PM_FILE));
+}
+
+bool td_pages_clean(const void *p, uint64_t len)
+{
+	uint64_t e[CLEAN_CHECK_MAX / 4096];
+	long n = len > CLEAN_CHECK_MAX ? -1 : pagemap_read(p, len, e, sizeof(e) / sizeof(e[0]));
+
+	for (long i = 0; i < n; i++)
+		if (pm_dirty(e[i]))
 			return false;
-	return true;
+	return n > 0;
+}
+
+/* Sets bit i of *dirty for each dirty page i of [p, p + len), at most 64; -1 when not known. */
+static int pages_dirty(const void *p, uint64_t len, uint64_t *dirty)
+{
+	uint64_t e[64];
+	long n = pagemap_read(p, len, e, 64);
+
+	*dirty = 0;
+	for (long i = 0; i < n; i++)
+		if (pm_dirty(e[i]))
+			*dirty |= 1ull << i;
+	return n > 0 ? 0 : -1;
 }
 
 static bool memfd_clean(const struct td_mapping *m)
@@ -413,8 +440,9 @@ static bool memfd_clean(const struct td_mapping *m)
 	return m->base && !m->writable && td_pages_clean(m->base, m->size);
 }
 
-struct td_slabmap *td_slabmap_new(int fd, const char *name)
+struct td_slabmap *td_slabmap_new(int fd, const char *name, pthread_mutex_t *lock)
 {
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
 	struct td_slabmap *s;
 	struct stat st;
 	void *p;
@@ -430,12 +458,17 @@ struct td_slabmap *td_slabmap_new(int fd, const char *name)
 		return NULL;
 	}
 	s = calloc(1, sizeof(*s));
-	if (!s) {
+	if (s)
+		s->uses = calloc((size_t)(((uint64_t)st.st_size + page - 1) / page),
+				 sizeof(*s->uses));
+	if (!s || !s->uses) {
+		free(s);
 		td_set_error(-ENOMEM, "out of memory");
 		return NULL;
 	}
 	r = td_maps_admit(name);
 	if (r < 0) {
+		free(s->uses);
 		free(s);
 		return NULL;
 	}
@@ -445,12 +478,14 @@ struct td_slabmap *td_slabmap_new(int fd, const char *name)
 		td_set_error(-errno, "tensor '%s': mmap of a slab of %lld bytes failed: %s", name,
 			     (long long)st.st_size, strerror(errno));
 		td_maps_gone(1);
+		free(s->uses);
 		free(s);
 		return NULL;
 	}
 	atomic_init(&s->refs, 1);
 	s->base = p;
 	s->size = (uint64_t)st.st_size;
+	s->lock = lock;
 	return s;
 }
 
@@ -465,27 +500,46 @@ void td_slabmap_unref(struct td_slabmap *s)
 		return;
 	munmap(s->base, (size_t)s->size);
 	td_maps_gone(1);
+	free(s->uses);
 	free(s);
 }
 
 /*
  * A read-only lease of a tensor in a slab points into the slab's whole
- * mapping when every page under the tensor is clean there: those pages
- * show the file as it is now. A page a stray write of this process copied
- * no longer follows the file and may hold an older tensor's bytes, so the
- * tensor then gets a window of its own (memfd_map()).
+ * mapping when every page under the tensor shows the slab as it is now.
+ * A page a stray write of this process copied does not (it may hold an
+ * older tensor's bytes): it is dropped first (MADV_DONTNEED: the next
+ * access maps the slab's page again) when no mapping points into it, so
+ * that nobody's private copy goes; otherwise the tensor gets a window of
+ * its own (memfd_map()). Never faults a page.
  */
 static bool slab_point(struct td_mapping *m, const struct td_import_desc *d, uint64_t off,
 		       uint64_t len)
 {
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), first, n, dirty;
 	struct td_slabmap *s = d->slab;
+	bool ok = true;
 	uint8_t *p;
 
 	if (!s || !d->shared || d->writable || d->populate || d->premapped || off > s->size ||
-	    len > s->size - off)
+	    len > s->size - off || off % page)
 		return false;
 	p = (uint8_t *)s->base + off;
-	if (!td_pages_clean(p, len))
+	first = off / page;
+	n = (len + page - 1) / page;
+	pthread_mutex_lock(s->lock);
+	if (pages_dirty(p, len, &dirty) < 0)
+		ok = false;
+	for (uint64_t i = 0; ok && i < n; i++)
+		if ((dirty >> i & 1) && s->uses[first + i])
+			ok = false; /* someone's private copy: a window */
+	for (uint64_t i = 0; ok && i < n; i++)
+		if ((dirty >> i & 1) && madvise(p + i * page, (size_t)page, MADV_DONTNEED) < 0)
+			ok = false;
+	for (uint64_t i = 0; ok && i < n; i++)
+		s->uses[first + i]++;
+	pthread_mutex_unlock(s->lock);
+	if (!ok)
 		return false;
 	td_slabmap_ref(s);
 	m->slab = s;
@@ -496,6 +550,21 @@ static bool slab_point(struct td_mapping *m, const struct td_import_desc *d, uin
 	m->device = (DLDevice){ kDLCPU, 0 };
 	m->priv = NULL;
 	return true;
+}
+
+/* Undoes slab_point(). */
+static void slab_unpoint(struct td_mapping *m)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	struct td_slabmap *s = m->slab;
+
+	pthread_mutex_lock(s->lock);
+	for (uint64_t i = 0; i < (m->size + page - 1) / page; i++)
+		s->uses[m->file_off / page + i]--;
+	pthread_mutex_unlock(s->lock);
+	td_slabmap_unref(s);
+	m->slab = NULL;
+	m->base = NULL;
 }
 
 static void memfd_unview(struct td_mapping *m, void *base)

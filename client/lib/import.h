@@ -7,6 +7,7 @@
 #ifndef TENSORD_CLIENT_IMPORT_H
 #define TENSORD_CLIENT_IMPORT_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -69,6 +70,15 @@ struct td_slabmap {
 	atomic_uint refs;
 	void *base;
 	uint64_t size;
+	/*
+	 * Per page of the slab, the mappings (struct td_mapping, each used by
+	 * one lease or more) that point into it. A page a stray write copied
+	 * privately is dropped (MADV_DONTNEED, so that it shows the slab
+	 * again) only while this is 0. Guarded by lock, borrowed from the
+	 * client (its cache's lock, which fork() holds across the fork).
+	 */
+	uint32_t *uses;
+	pthread_mutex_t *lock;
 };
 
 /* One mapped allocation in this process. */
@@ -248,13 +258,14 @@ long td_maps_held_now(void);
 /*
  * Slabs mapped whole (import.c). td_slabmap_new(): maps the slab behind
  * fd (borrowed) whole, counted by td_maps_admit(), with one reference;
- * NULL (error set) when it cannot, or when /proc/self/pagemap cannot be
- * read (then tensors keep windows of their own). td_slabmap_ref() /
- * td_slabmap_unref(): the last reference unmaps it. td_pages_clean():
- * whether every page of [p, p + len) in a private file mapping still maps
- * the file (no write made a private copy); false when not known.
+ * lock (borrowed, the client's) guards its page uses. NULL (error set)
+ * when it cannot, or when /proc/self/pagemap cannot be read (then tensors
+ * keep windows of their own). td_slabmap_ref() / td_slabmap_unref(): the
+ * last reference unmaps it. td_pages_clean(): whether every page of
+ * [p, p + len) in a private file mapping still maps the file (no write
+ * made a private copy); false when not known.
  */
-struct td_slabmap *td_slabmap_new(int fd, const char *name);
+struct td_slabmap *td_slabmap_new(int fd, const char *name, pthread_mutex_t *lock);
 void td_slabmap_ref(struct td_slabmap *s);
 void td_slabmap_unref(struct td_slabmap *s);
 bool td_pages_clean(const void *p, uint64_t len);

@@ -238,7 +238,7 @@ struct td_slabmap *td_mapcache_share_map(struct td_mapcache *mc, uint64_t id, co
 			continue;
 		/* Once per slab and client: one mmap, nothing faulted. */
 		if (!mc->shares[i].map)
-			mc->shares[i].map = td_slabmap_new(mc->shares[i].fd, name);
+			mc->shares[i].map = td_slabmap_new(mc->shares[i].fd, name, mc->lock);
 		s = mc->shares[i].map;
 		if (s)
 			td_slabmap_ref(s);

@@ -207,12 +207,19 @@ def addr(t):
     return np.from_dlpack(t).__array_interface__["data"][0]
 
 
-def test_a_stray_write_stays_in_its_tensor(client, daemon):
+def test_a_stray_write_stays_in_its_tensor(daemon, monkeypatch):
     """Leases of tensors in one slab point into one mapping of it. A stray
     write into one of them copies its page privately; that copy no longer
     follows the slab, so no neighbour on the page shows the write, and a
     tensor put later into the written slot (or any slot of that page) is
-    read from the slab, exactly, in this process and in others."""
+    read from the slab, exactly, in this process and in others. Once no
+    lease of this process uses the page, the copy is dropped. (A binding
+    keeps its lease, and the page in use, a while after the last local
+    lease: TENSORD_BIND=0 makes every lease the daemon's.)"""
+    import tensord
+
+    monkeypatch.setenv("TENSORD_BIND", "0")
+    client = tensord.connect(daemon.socket)
     client.put_many({f"nb/{i}": np.full(1, 1000 + i, np.int64) for i in range(8)})
     held = [client.attach(f"nb/{i}") for i in range(8)]
     # Neighbours 8 bytes apart in 256-byte slots: the same page of one mapping.
@@ -225,6 +232,8 @@ def test_a_stray_write_stays_in_its_tensor(client, daemon):
     # A later lease of a neighbour on the written page reads the slab itself.
     again = client.attach("nb/4")
     assert int(np.from_dlpack(again)[0]) == 1004
+    # ... and leaves the writer's private copy alone while a lease uses it.
+    assert np.from_dlpack(held[3]).view(np.uint8).tolist() == [0x7F] * 8
     # The written slot is freed, zeroed, and given to new tensors.
     held[3].release()
     client.unlink("nb/3")
@@ -241,10 +250,16 @@ def test_a_stray_write_stays_in_its_tensor(client, daemon):
     assert out.split() == [str(x) for x in [1000, 1002, 1004, 1007] + list(range(2000, 2008))]
     for t in held[:3] + held[4:] + [again]:
         t.release()
+    # No lease of this process uses the written page now: its private copy is
+    # dropped, and the next leases point into the slab's mapping again.
+    for name, want in (("nb/0", 1000), ("nb/new/0", 2000), ("nb/new/7", 2007)):
+        with client.attach(name) as t:
+            assert addr(t) // 4096 in pages and int(np.from_dlpack(t)[0]) == want, name
     for i in range(8):
         client.unlink(f"nb/new/{i}")
         if i != 3:
             client.unlink(f"nb/{i}")
+    client.close()
 
 
 FORK_SLAB = """
