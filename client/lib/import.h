@@ -123,6 +123,7 @@ struct td_mapping {
 	struct td_slabmap *slab;
 	LIST_ENTRY(td_mapping) link;      /* the cache's list, or one of those going */
 	LIST_ENTRY(td_mapping) name_link; /* the cache's index by name, while on its list */
+	uint64_t name_hash;               /* of name, for that index: beside its link */
 	/* Kept after its last lease (mapcache.h): when, and its place in the parked list. */
 	uint64_t parked_ns; /* 0: some lease uses it */
 	TAILQ_ENTRY(td_mapping) park_link;

@@ -30,18 +30,18 @@ void td_mapcache_init(struct td_mapcache *mc, pthread_mutex_t *lock)
 
 #define NAME_BUCKETS_MIN 256
 
-static size_t name_hash(const char *name)
+static uint64_t name_hash(const char *name)
 {
 	uint64_t h = 1469598103934665603ull; /* FNV-1a */
 
 	for (const unsigned char *p = (const unsigned char *)name; *p; p++)
 		h = (h ^ *p) * 1099511628211ull;
-	return (size_t)(h ^ (h >> 32));
+	return h ^ (h >> 32);
 }
 
 /*
- * Lock held. Grows the index by name when it holds more than two mappings
- * a list, and builds it anew from maps; keeps the old one (or none) when
+ * Lock held. Grows the index by name when it holds more mappings than
+ * lists, and builds it anew from maps; keeps the old one (or none) when
  * memory is short.
  */
 static void name_grow(struct td_mapcache *mc)
@@ -50,7 +50,7 @@ static void name_grow(struct td_mapcache *mc)
 	struct td_mapping_list *t;
 	struct td_mapping *m;
 
-	if (mc->n_buckets && mc->n_maps <= 2 * mc->n_buckets)
+	if (mc->n_buckets && mc->n_maps <= mc->n_buckets)
 		return;
 	t = malloc(n * sizeof(*t));
 	if (!t)
@@ -58,7 +58,7 @@ static void name_grow(struct td_mapcache *mc)
 	for (size_t i = 0; i < n; i++)
 		LIST_INIT(&t[i]);
 	LIST_FOREACH(m, &mc->maps, link)
-	LIST_INSERT_HEAD(&t[name_hash(m->name) & (n - 1)], m, name_link);
+	LIST_INSERT_HEAD(&t[m->name_hash & (n - 1)], m, name_link);
 	free(mc->by_name);
 	mc->by_name = t;
 	mc->n_buckets = n;
@@ -69,9 +69,9 @@ static void maps_add(struct td_mapcache *mc, struct td_mapping *m)
 {
 	LIST_INSERT_HEAD(&mc->maps, m, link);
 	mc->n_maps++;
+	m->name_hash = name_hash(m->name);
 	if (mc->by_name)
-		LIST_INSERT_HEAD(&mc->by_name[name_hash(m->name) & (mc->n_buckets - 1)], m,
-				 name_link);
+		LIST_INSERT_HEAD(&mc->by_name[m->name_hash & (mc->n_buckets - 1)], m, name_link);
 	name_grow(mc);
 }
 
@@ -84,17 +84,27 @@ static void maps_del(struct td_mapcache *mc, struct td_mapping *m)
 	mc->n_maps--;
 }
 
-/* Lock held. The first mapping of name, then next() of it; both NULL at the end. */
-static struct td_mapping *name_first(struct td_mapcache *mc, const char *name)
+/*
+ * Lock held. The first mapping that may be of name (h: its name_hash()),
+ * then name_next() of it; both NULL at the end. The caller compares names.
+ */
+static struct td_mapping *name_skip(const struct td_mapcache *mc, struct td_mapping *m, uint64_t h)
+{
+	while (m && mc->by_name && m->name_hash != h)
+		m = LIST_NEXT(m, name_link);
+	return m;
+}
+
+static struct td_mapping *name_first(const struct td_mapcache *mc, uint64_t h)
 {
 	if (!mc->by_name)
 		return LIST_FIRST(&mc->maps);
-	return LIST_FIRST(&mc->by_name[name_hash(name) & (mc->n_buckets - 1)]);
+	return name_skip(mc, LIST_FIRST(&mc->by_name[h & (mc->n_buckets - 1)]), h);
 }
 
-static struct td_mapping *name_next(const struct td_mapcache *mc, struct td_mapping *m)
+static struct td_mapping *name_next(const struct td_mapcache *mc, struct td_mapping *m, uint64_t h)
 {
-	return mc->by_name ? LIST_NEXT(m, name_link) : LIST_NEXT(m, link);
+	return mc->by_name ? name_skip(mc, LIST_NEXT(m, name_link), h) : LIST_NEXT(m, link);
 }
 
 /* Lock held. Takes m off the parked list; it is in use again, or going. */
@@ -285,9 +295,10 @@ static bool clean_enough(const struct td_mapping *m)
 struct td_mapping *td_mapcache_find_reusable(struct td_mapcache *mc, const char *name)
 {
 	struct td_mapping *m;
+	uint64_t h = name_hash(name);
 
 	pthread_mutex_lock(mc->lock);
-	for (m = name_first(mc, name); m; m = name_next(mc, m)) {
+	for (m = name_first(mc, h); m; m = name_next(mc, m, h)) {
 		if (m->reusable && strcmp(m->name, name) == 0 && clean_enough(m)) {
 			if (m->parked_ns)
 				unpark(mc, m);
@@ -302,9 +313,10 @@ struct td_mapping *td_mapcache_find_reusable(struct td_mapcache *mc, const char 
 struct td_mapping *td_mapcache_find_created(struct td_mapcache *mc, const char *name)
 {
 	struct td_mapping *m;
+	uint64_t h = name_hash(name);
 
 	pthread_mutex_lock(mc->lock);
-	for (m = name_first(mc, name); m; m = name_next(mc, m)) {
+	for (m = name_first(mc, h); m; m = name_next(mc, m, h)) {
 		if (m->created_here && m->writable && strcmp(m->name, name) == 0) {
 			m->refs++;
 			break;
