@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "import.h"
@@ -206,6 +207,10 @@ static void no_recency(void *p, size_t len)
 	(void)madvise(p, len, MADV_RANDOM);
 }
 
+static bool slab_point(struct td_mapping *m, const struct td_import_desc *d, uint64_t off,
+		       uint64_t len);
+static void slab_unpoint(struct td_mapping *m);
+
 static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *d)
 {
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
@@ -255,6 +260,10 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 		m->priv = (void *)(intptr_t)(fd + 1);
 		return 0;
 	}
+	if (slab_point(m, d, d->ipc_offset - lead, len)) {
+		close(fd); /* the client keeps the slab's descriptor */
+		return 0;
+	}
 	/* A creator's mapping is about to be filled: populating it in one call
 	 * costs a fraction of one page fault per 4 KiB during the copy. An
 	 * attach is left to fault, so attaching stays O(1) in size. A tensor
@@ -295,6 +304,8 @@ static int memfd_map(struct td_mapping *m, int fd, const struct td_import_desc *
 
 static void memfd_unmap(struct td_mapping *m)
 {
+	if (m->slab)
+		slab_unpoint(m);
 	if (m->base && !m->lent) { /* NULL once parked */
 		munmap(m->base, (size_t)m->size);
 		td_maps_gone(1);
@@ -390,26 +401,189 @@ static int pagemap_fd(void)
 #define PM_FILE (1ull << 61) /* a page of the file, or shared anonymous memory */
 
 /*
+ * Reads the page map entries of the pages of [p, p + len), at most max,
+ * into e; returns how many, or -1 when not known.
+ */
+static long pagemap_read(const void *p, uint64_t len, uint64_t *e, uint64_t max)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), first = (uintptr_t)p / page, n;
+	int fd;
+
+	if (!p || !len)
+		return -1;
+	n = ((uintptr_t)p + len - 1) / page - first + 1;
+	if (n > max)
+		return -1;
+	fd = pagemap_fd();
+	if (fd < 0 || pread(fd, e, n * sizeof(e[0]), (off_t)(first * sizeof(e[0]))) !=
+			      (ssize_t)(n * sizeof(e[0])))
+		return -1;
+	return (long)n;
+}
+
+/*
  * A private page that a write copied is anonymous: present without the
  * file bit, or swapped out. Pages never touched are absent, and clean.
  */
+static bool pm_dirty(uint64_t e)
+{
+	return (e & PM_SWAPPED) || ((e & PM_PRESENT) && !(e & PM_FILE));
+}
+
+bool td_pages_clean(const void *p, uint64_t len)
+{
+	uint64_t e[CLEAN_CHECK_MAX / 4096];
+	long n = len > CLEAN_CHECK_MAX ? -1 : pagemap_read(p, len, e, sizeof(e) / sizeof(e[0]));
+
+	for (long i = 0; i < n; i++)
+		if (pm_dirty(e[i]))
+			return false;
+	return n > 0;
+}
+
+/* Sets bit i of *dirty for each dirty page i of [p, p + len), at most 64; -1 when not known. */
+static int pages_dirty(const void *p, uint64_t len, uint64_t *dirty)
+{
+	uint64_t e[64];
+	long n = pagemap_read(p, len, e, 64);
+
+	*dirty = 0;
+	for (long i = 0; i < n; i++)
+		if (pm_dirty(e[i]))
+			*dirty |= 1ull << i;
+	return n > 0 ? 0 : -1;
+}
+
 static bool memfd_clean(const struct td_mapping *m)
 {
-	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), n = (m->size + page - 1) / page;
-	uint64_t e[CLEAN_CHECK_MAX / 4096];
-	int fd;
+	return m->base && !m->writable && td_pages_clean(m->base, m->size);
+}
 
-	if (!m->base || m->writable || m->size > CLEAN_CHECK_MAX || n > sizeof(e) / sizeof(e[0]))
+struct td_slabmap *td_slabmap_new(int fd, const char *name, pthread_mutex_t *lock)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	struct td_slabmap *s;
+	struct stat st;
+	void *p;
+	int r;
+
+	/* Without the page map no page can be known clean: windows, as before. */
+	if (pagemap_fd() < 0) {
+		td_set_error(-ENOTSUP, "/proc/self/pagemap cannot be read");
+		return NULL;
+	}
+	if (fstat(fd, &st) < 0 || st.st_size <= 0 || (uint64_t)st.st_size > SIZE_MAX) {
+		td_set_error(-EPROTO, "tensor '%s': the slab's size cannot be read", name);
+		return NULL;
+	}
+	s = calloc(1, sizeof(*s));
+	if (s)
+		s->uses = calloc((size_t)(((uint64_t)st.st_size + page - 1) / page),
+				 sizeof(*s->uses));
+	if (!s || !s->uses) {
+		free(s);
+		td_set_error(-ENOMEM, "out of memory");
+		return NULL;
+	}
+	r = td_maps_admit(name);
+	if (r < 0) {
+		free(s->uses);
+		free(s);
+		return NULL;
+	}
+	/* Lazily faulted: a lease touches the pages under its tensor only. */
+	p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+	if (p == MAP_FAILED) {
+		td_set_error(-errno, "tensor '%s': mmap of a slab of %lld bytes failed: %s", name,
+			     (long long)st.st_size, strerror(errno));
+		td_maps_gone(1);
+		free(s->uses);
+		free(s);
+		return NULL;
+	}
+	atomic_init(&s->refs, 1);
+	s->base = p;
+	s->size = (uint64_t)st.st_size;
+	s->lock = lock;
+	return s;
+}
+
+void td_slabmap_ref(struct td_slabmap *s)
+{
+	atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+}
+
+void td_slabmap_unref(struct td_slabmap *s)
+{
+	if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	munmap(s->base, (size_t)s->size);
+	td_maps_gone(1);
+	free(s->uses);
+	free(s);
+}
+
+/*
+ * A read-only lease of a tensor in a slab points into the slab's whole
+ * mapping when every page under the tensor shows the slab as it is now.
+ * A page a stray write of this process copied does not (it may hold an
+ * older tensor's bytes): it is dropped first (MADV_DONTNEED: the next
+ * access maps the slab's page again) when no mapping points into it, so
+ * that nobody's private copy goes; otherwise the tensor gets a window of
+ * its own (memfd_map()). Never faults a page.
+ */
+static bool slab_point(struct td_mapping *m, const struct td_import_desc *d, uint64_t off,
+		       uint64_t len)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), first, n, dirty;
+	struct td_slabmap *s = d->slab;
+	bool ok = true;
+	uint8_t *p;
+
+	if (!s || !d->shared || d->writable || d->populate || d->premapped || off > s->size ||
+	    len > s->size - off || off % page)
 		return false;
-	fd = pagemap_fd();
-	if (fd < 0 ||
-	    pread(fd, e, n * sizeof(e[0]), (off_t)((uintptr_t)m->base / page * sizeof(e[0]))) !=
-		    (ssize_t)(n * sizeof(e[0])))
+	p = (uint8_t *)s->base + off;
+	first = off / page;
+	n = (len + page - 1) / page;
+	pthread_mutex_lock(s->lock);
+	if (pages_dirty(p, len, &dirty) < 0)
+		ok = false;
+	for (uint64_t i = 0; ok && i < n; i++)
+		if ((dirty >> i & 1) && s->uses[first + i])
+			ok = false; /* someone's private copy: a window */
+	for (uint64_t i = 0; ok && i < n; i++)
+		if ((dirty >> i & 1) && madvise(p + i * page, (size_t)page, MADV_DONTNEED) < 0)
+			ok = false;
+	for (uint64_t i = 0; ok && i < n; i++)
+		s->uses[first + i]++;
+	pthread_mutex_unlock(s->lock);
+	if (!ok)
 		return false;
-	for (uint64_t i = 0; i < n; i++)
-		if ((e[i] & PM_SWAPPED) || ((e[i] & PM_PRESENT) && !(e[i] & PM_FILE)))
-			return false;
+	td_slabmap_ref(s);
+	m->slab = s;
+	m->base = p;
+	m->data = p + (d->ipc_offset - off);
+	m->size = len;
+	m->file_off = off;
+	m->device = (DLDevice){ kDLCPU, 0 };
+	m->priv = NULL;
 	return true;
+}
+
+/* Undoes slab_point(). */
+static void slab_unpoint(struct td_mapping *m)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	struct td_slabmap *s = m->slab;
+
+	pthread_mutex_lock(s->lock);
+	for (uint64_t i = 0; i < (m->size + page - 1) / page; i++)
+		s->uses[m->file_off / page + i]--;
+	pthread_mutex_unlock(s->lock);
+	td_slabmap_unref(s);
+	m->slab = NULL;
+	m->base = NULL;
 }
 
 static void memfd_unview(struct td_mapping *m, void *base)

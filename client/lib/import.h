@@ -7,6 +7,8 @@
 #ifndef TENSORD_CLIENT_IMPORT_H
 #define TENSORD_CLIENT_IMPORT_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -55,6 +57,34 @@ struct td_import_desc {
 	uint64_t daemon_instance;
 	uint64_t tensor_id;
 	const char *name; /* the tensor's, for errors; may be NULL */
+	/*
+	 * The slab (shared) mapped whole in this client, or NULL: map() of a
+	 * read-only lease points into it, with a reference of its own, when
+	 * every page under the tensor is clean there (td_pages_clean()), and
+	 * maps a window of its own otherwise. Borrowed for the call.
+	 */
+	struct td_slabmap *slab;
+};
+
+/*
+ * A slab (shared memory of small tensors) mapped whole, once per client:
+ * MAP_PRIVATE, read-write (a stray write stays in this process), faulted
+ * lazily. Kept by the cache's share entry (mapcache.h) and by every
+ * mapping that points into it, so never unmapped under a lease.
+ */
+struct td_slabmap {
+	atomic_uint refs;
+	void *base;
+	uint64_t size;
+	/*
+	 * Per page of the slab, the mappings (struct td_mapping, each used by
+	 * one lease or more) that point into it. A page a stray write copied
+	 * privately is dropped (MADV_DONTNEED, so that it shows the slab
+	 * again) only while this is 0. Guarded by lock, borrowed from the
+	 * client (its cache's lock, which fork() holds across the fork).
+	 */
+	uint32_t *uses;
+	pthread_mutex_t *lock;
 };
 
 /* One mapped allocation in this process. */
@@ -94,10 +124,15 @@ struct td_mapping {
 	bool filling;   /* its create took the client's reserve; its publish ends the filling */
 	uint32_t flags; /* the tensor's TENSORD_MUTABLE | ... */
 	bool reusable;  /* a repeat attach of name may reuse it */
-	bool in_slab;   /* a window of shared memory (a slab) */
+	bool in_slab;   /* in shared memory (a slab): a window, or a place in its whole mapping */
 	uint64_t ring_id; /* nonzero: base is that ring buffer's mapping, lent (ring.c) */
 	bool revoked;   /* unmapped by tensord_close(): the last unref only frees */
-	LIST_ENTRY(td_mapping) link; /* the cache's list, or one of those going */
+	/* A tensor in a slab that points into the slab's whole mapping (one
+	 * reference on it) instead of a window of its own; NULL otherwise. */
+	struct td_slabmap *slab;
+	LIST_ENTRY(td_mapping) link;      /* the cache's list, or one of those going */
+	LIST_ENTRY(td_mapping) name_link; /* the cache's index by name, while on its list */
+	uint64_t name_hash;               /* of name, for that index: beside its link */
 	/* Kept after its last lease (mapcache.h): when, and its place in the parked list. */
 	uint64_t parked_ns; /* 0: some lease uses it */
 	TAILQ_ENTRY(td_mapping) park_link;
@@ -229,6 +264,21 @@ int td_maps_admit(const char *name);
 void td_maps_gone(long n);
 void td_maps_adopted(void);
 long td_maps_held_now(void);
+
+/*
+ * Slabs mapped whole (import.c). td_slabmap_new(): maps the slab behind
+ * fd (borrowed) whole, counted by td_maps_admit(), with one reference;
+ * lock (borrowed, the client's) guards its page uses. NULL (error set)
+ * when it cannot, or when /proc/self/pagemap cannot be read (then tensors
+ * keep windows of their own). td_slabmap_ref() / td_slabmap_unref(): the
+ * last reference unmaps it. td_pages_clean(): whether every page of
+ * [p, p + len) in a private file mapping still maps the file (no write
+ * made a private copy); false when not known.
+ */
+struct td_slabmap *td_slabmap_new(int fd, const char *name, pthread_mutex_t *lock);
+void td_slabmap_ref(struct td_slabmap *s);
+void td_slabmap_unref(struct td_slabmap *s);
+bool td_pages_clean(const void *p, uint64_t len);
 
 /* Sets the calling thread's tensord_last_error() text; returns err. */
 int td_set_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

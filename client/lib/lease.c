@@ -308,7 +308,14 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const
 	}
 	m->id = info->id;
 	m->handle_kind = w->handle;
+	/* A read-only lease of a tensor in a slab points into the slab's
+	 * mapping, made once per client, when the pages under it are clean. */
+	if (d.shared && !d.writable && !created && !rs &&
+	    w->handle == TENSORD__HANDLE_KIND__HANDLE_MEMFD)
+		d.slab = td_mapcache_share_map(mc, w->share_id, info->name);
 	r = imp->map(m, fd, &d);
+	if (d.slab)
+		td_slabmap_unref(d.slab); /* map() took its own when it points into it */
 	if (r < 0) {
 		free(m);
 		return r;
@@ -316,8 +323,10 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const
 	m->writable = w->writable;
 	m->created_here = created;
 	m->flags = info->flags;
-	/* A tensor in a slab has no descriptor of its own for a view: its window
-	 * is reused only while clean (td_mapcache_find_reusable()). */
+	/* A tensor in a slab has no descriptor of its own for a view: its window,
+	 * or its place in the slab's mapping, is reused only while clean
+	 * (td_mapcache_find_reusable()). A ring buffer's view lent to its
+	 * creator is no attach's. */
 	m->reusable = !(rs && rs->lent);
 	m->ring_id = rs && rs->lent ? rs->id : 0;
 	m->in_slab = w->share_id != 0;

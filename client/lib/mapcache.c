@@ -28,6 +28,85 @@ void td_mapcache_init(struct td_mapcache *mc, pthread_mutex_t *lock)
 	TAILQ_INIT(&mc->parked);
 }
 
+#define NAME_BUCKETS_MIN 256
+
+static uint64_t name_hash(const char *name)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+
+	for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+		h = (h ^ *p) * 1099511628211ull;
+	return h ^ (h >> 32);
+}
+
+/*
+ * Lock held. Grows the index by name when it holds more mappings than
+ * lists, and builds it anew from maps; keeps the old one (or none) when
+ * memory is short.
+ */
+static void name_grow(struct td_mapcache *mc)
+{
+	size_t n = mc->n_buckets ? mc->n_buckets * 2 : NAME_BUCKETS_MIN;
+	struct td_mapping_list *t;
+	struct td_mapping *m;
+
+	if (mc->n_buckets && mc->n_maps <= mc->n_buckets)
+		return;
+	t = malloc(n * sizeof(*t));
+	if (!t)
+		return;
+	for (size_t i = 0; i < n; i++)
+		LIST_INIT(&t[i]);
+	LIST_FOREACH(m, &mc->maps, link)
+	LIST_INSERT_HEAD(&t[m->name_hash & (n - 1)], m, name_link);
+	free(mc->by_name);
+	mc->by_name = t;
+	mc->n_buckets = n;
+}
+
+/* Lock held. Puts m on maps and in the index. */
+static void maps_add(struct td_mapcache *mc, struct td_mapping *m)
+{
+	LIST_INSERT_HEAD(&mc->maps, m, link);
+	mc->n_maps++;
+	m->name_hash = name_hash(m->name);
+	if (mc->by_name)
+		LIST_INSERT_HEAD(&mc->by_name[m->name_hash & (mc->n_buckets - 1)], m, name_link);
+	name_grow(mc);
+}
+
+/* Lock held. Takes m off maps and out of the index. */
+static void maps_del(struct td_mapcache *mc, struct td_mapping *m)
+{
+	LIST_REMOVE(m, link);
+	if (mc->by_name)
+		LIST_REMOVE(m, name_link);
+	mc->n_maps--;
+}
+
+/*
+ * Lock held. The first mapping that may be of name (h: its name_hash()),
+ * then name_next() of it; both NULL at the end. The caller compares names.
+ */
+static struct td_mapping *name_skip(const struct td_mapcache *mc, struct td_mapping *m, uint64_t h)
+{
+	while (m && mc->by_name && m->name_hash != h)
+		m = LIST_NEXT(m, name_link);
+	return m;
+}
+
+static struct td_mapping *name_first(const struct td_mapcache *mc, uint64_t h)
+{
+	if (!mc->by_name)
+		return LIST_FIRST(&mc->maps);
+	return name_skip(mc, LIST_FIRST(&mc->by_name[h & (mc->n_buckets - 1)]), h);
+}
+
+static struct td_mapping *name_next(const struct td_mapcache *mc, struct td_mapping *m, uint64_t h)
+{
+	return mc->by_name ? name_skip(mc, LIST_NEXT(m, name_link), h) : LIST_NEXT(m, link);
+}
+
 /* Lock held. Takes m off the parked list; it is in use again, or going. */
 static void unpark(struct td_mapcache *mc, struct td_mapping *m)
 {
@@ -61,7 +140,7 @@ static void expire(struct td_mapcache *mc, uint64_t now, uint64_t extra,
 	       (now - m->parked_ns >= TD_PARK_NS || mc->n_parked + (extra > 0) > TD_PARK_MAX ||
 		mc->parked_bytes + extra > TD_PARK_BYTES)) {
 		unpark(mc, m);
-		LIST_REMOVE(m, link);
+		maps_del(mc, m);
 		LIST_INSERT_HEAD(gone, m, link);
 	}
 }
@@ -96,12 +175,23 @@ void td_mapcache_fini(struct td_mapcache *mc)
 {
 	struct td_mapping_list gone = LIST_HEAD_INITIALIZER(gone);
 
-	for (int i = 0; i < mc->n_shares; i++)
+	for (int i = 0; i < mc->n_shares; i++) {
 		close(mc->shares[i].fd);
+		/* Unmapped here unless leases (a forked child's) point into it. */
+		if (mc->shares[i].map)
+			td_slabmap_unref(mc->shares[i].map);
+		mc->shares[i].map = NULL;
+	}
 	mc->n_shares = 0;
-	/* No lease is left, so only parked mappings are. */
+	/* No lease is left, so only parked mappings are (in a forked child,
+	 * also those its inherited leases use, which stay). */
 	expire(mc, UINT64_MAX / 2 + mono_ns(), 0, &gone);
 	free_list(&gone);
+	if (LIST_EMPTY(&mc->maps)) {
+		free(mc->by_name);
+		mc->by_name = NULL;
+		mc->n_buckets = 0;
+	}
 }
 
 void td_mapcache_after_fork(struct td_mapcache *mc)
@@ -128,6 +218,7 @@ void td_mapcache_share_add(struct td_mapcache *mc, uint64_t id, int fd)
 	}
 	mc->shares[mc->n_shares].id = id;
 	mc->shares[mc->n_shares].fd = fd;
+	mc->shares[mc->n_shares].map = NULL;
 	mc->n_shares++;
 	pthread_mutex_unlock(mc->lock);
 }
@@ -147,6 +238,26 @@ int td_mapcache_share_fd(struct td_mapcache *mc, uint64_t id)
 	return fd;
 }
 
+struct td_slabmap *td_mapcache_share_map(struct td_mapcache *mc, uint64_t id, const char *name)
+{
+	struct td_slabmap *s = NULL;
+
+	pthread_mutex_lock(mc->lock);
+	for (int i = 0; i < mc->n_shares; i++) {
+		if (mc->shares[i].id != id)
+			continue;
+		/* Once per slab and client: one mmap, nothing faulted. */
+		if (!mc->shares[i].map)
+			mc->shares[i].map = td_slabmap_new(mc->shares[i].fd, name, mc->lock);
+		s = mc->shares[i].map;
+		if (s)
+			td_slabmap_ref(s);
+		break;
+	}
+	pthread_mutex_unlock(mc->lock);
+	return s;
+}
+
 size_t td_mapcache_share_ids(struct td_mapcache *mc, uint64_t *ids, size_t max)
 {
 	size_t n = 0;
@@ -162,7 +273,7 @@ void td_mapcache_insert(struct td_mapcache *mc, struct td_mapping *m)
 {
 	pthread_mutex_lock(mc->lock);
 	m->refs = 1;
-	LIST_INSERT_HEAD(&mc->maps, m, link);
+	maps_add(mc, m);
 	pthread_mutex_unlock(mc->lock);
 }
 
@@ -184,10 +295,10 @@ static bool clean_enough(const struct td_mapping *m)
 struct td_mapping *td_mapcache_find_reusable(struct td_mapcache *mc, const char *name)
 {
 	struct td_mapping *m;
+	uint64_t h = name_hash(name);
 
 	pthread_mutex_lock(mc->lock);
-	LIST_FOREACH(m, &mc->maps, link)
-	{
+	for (m = name_first(mc, h); m; m = name_next(mc, m, h)) {
 		if (m->reusable && strcmp(m->name, name) == 0 && clean_enough(m)) {
 			if (m->parked_ns)
 				unpark(mc, m);
@@ -202,10 +313,10 @@ struct td_mapping *td_mapcache_find_reusable(struct td_mapcache *mc, const char 
 struct td_mapping *td_mapcache_find_created(struct td_mapcache *mc, const char *name)
 {
 	struct td_mapping *m;
+	uint64_t h = name_hash(name);
 
 	pthread_mutex_lock(mc->lock);
-	LIST_FOREACH(m, &mc->maps, link)
-	{
+	for (m = name_first(mc, h); m; m = name_next(mc, m, h)) {
 		if (m->created_here && m->writable && strcmp(m->name, name) == 0) {
 			m->refs++;
 			break;
@@ -296,7 +407,7 @@ void td_mapcache_unref(struct td_mapcache *mc, struct td_mapping *m)
 		mc->parked_bytes += m->size;
 		m = NULL;
 	} else {
-		LIST_REMOVE(m, link);
+		maps_del(mc, m);
 	}
 	pthread_mutex_unlock(mc->lock);
 	if (base)

@@ -32,9 +32,19 @@ struct td_mapcache {
 	pthread_mutex_t *lock; /* borrowed: the client's; guards maps and every m->refs */
 	/* Each mapping whose refs is above 0, and the parked ones; no reference of its own. */
 	LIST_HEAD(td_mapping_list, td_mapping) maps;
+	/* The same mappings by name (a table of lists, grown as they grow), so
+	 * that a process attaching a million distinct tensors finds each in
+	 * O(1); NULL when it could not be allocated: maps is searched. */
+	struct td_mapping_list *by_name;
+	size_t n_buckets; /* a power of two, or 0 */
+	size_t n_maps;    /* on maps */
 	struct {
 		uint64_t id; /* the daemon's share id */
 		int fd;      /* owned, read-only; closed by td_mapcache_fini() */
+		/* The slab mapped whole (import.h), one reference; NULL: not yet.
+		 * Dropped by td_mapcache_fini(); unmapped when the last mapping
+		 * pointing into it goes too. */
+		struct td_slabmap *map;
 	} shares[TD_SHARES_MAX];
 	int n_shares;
 	/* Parked mappings, oldest first; each is also on maps, with refs 0. */
@@ -56,7 +66,11 @@ struct td_mapcache {
 /* Starts an empty cache. Borrowed: lock, valid until the cache is empty and unused. */
 void td_mapcache_init(struct td_mapcache *mc, pthread_mutex_t *lock);
 
-/* Closes the descriptors of shared memory the cache keeps and drops parked mappings. */
+/*
+ * Closes the descriptors of shared memory the cache keeps, drops its
+ * references on the slabs' whole mappings (each unmapped once no mapping
+ * points into it) and drops parked mappings.
+ */
 void td_mapcache_fini(struct td_mapcache *mc);
 
 /*
@@ -74,6 +88,14 @@ void td_mapcache_share_add(struct td_mapcache *mc, uint64_t id, int fd);
 
 /* A new descriptor (a duplicate, owned by the caller) for share id, or -1. */
 int td_mapcache_share_fd(struct td_mapcache *mc, uint64_t id);
+
+/*
+ * The whole mapping of share id (a slab), made on first use from the
+ * descriptor the cache keeps, or NULL when the cache keeps none or it
+ * cannot be mapped (the caller maps a window). Returns a new reference;
+ * release with td_slabmap_unref(). name: the tensor's, for errors.
+ */
+struct td_slabmap *td_mapcache_share_map(struct td_mapcache *mc, uint64_t id, const char *name);
 
 /* Writes up to max share ids the cache holds into ids; returns how many. */
 size_t td_mapcache_share_ids(struct td_mapcache *mc, uint64_t *ids, size_t max);
