@@ -441,18 +441,8 @@ bool td_pages_clean(const void *p, uint64_t len)
 	return n > 0;
 }
 
-/* Sets bit i of *dirty for each dirty page i of [p, p + len), at most 64; -1 when not known. */
-static int pages_dirty(const void *p, uint64_t len, uint64_t *dirty)
-{
-	uint64_t e[64];
-	long n = pagemap_read(p, len, e, 64);
-
-	*dirty = 0;
-	for (long i = 0; i < n; i++)
-		if (pm_dirty(e[i]))
-			*dirty |= 1ull << i;
-	return n > 0 ? 0 : -1;
-}
+/* Page map entries read at once: 4 KiB of them, for 2 MiB of mapping. */
+#define PM_CHUNK 512
 
 static bool memfd_clean(const struct td_mapping *m)
 {
@@ -535,8 +525,9 @@ void td_slabmap_unref(struct td_slabmap *s)
 static bool slab_point(struct td_mapping *m, const struct td_import_desc *d, uint64_t off,
 		       uint64_t len)
 {
-	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), first, n, dirty;
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), first, n;
 	struct td_slabmap *s = d->slab;
+	uint64_t e[PM_CHUNK];
 	bool ok = true;
 	uint8_t *p;
 
@@ -547,14 +538,25 @@ static bool slab_point(struct td_mapping *m, const struct td_import_desc *d, uin
 	first = off / page;
 	n = (len + page - 1) / page;
 	pthread_mutex_lock(s->lock);
-	if (pages_dirty(p, len, &dirty) < 0)
-		ok = false;
-	for (uint64_t i = 0; ok && i < n; i++)
-		if ((dirty >> i & 1) && s->uses[first + i])
-			ok = false; /* someone's private copy: a window */
-	for (uint64_t i = 0; ok && i < n; i++)
-		if ((dirty >> i & 1) && madvise(p + i * page, (size_t)page, MADV_DONTNEED) < 0)
+	/* A ring buffer (docs/recycle.md) may span many chunks of entries. A
+	 * dirty page nobody uses is dropped even when a later one fails the
+	 * check: it holds nobody's bytes. */
+	for (uint64_t c = 0; ok && c < n; c += PM_CHUNK) {
+		uint64_t k = n - c < PM_CHUNK ? n - c : PM_CHUNK;
+
+		if (pagemap_read(p + c * page, k * page, e, k) != (long)k) {
 			ok = false;
+			break;
+		}
+		for (uint64_t i = 0; ok && i < k; i++) {
+			if (!pm_dirty(e[i]))
+				continue;
+			if (s->uses[first + c + i])
+				ok = false; /* someone's private copy: a window */
+			else if (madvise(p + (c + i) * page, (size_t)page, MADV_DONTNEED) < 0)
+				ok = false;
+		}
+	}
 	for (uint64_t i = 0; ok && i < n; i++)
 		s->uses[first + i]++;
 	pthread_mutex_unlock(s->lock);

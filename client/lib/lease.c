@@ -278,7 +278,7 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const
 		.map_size = w->map_size,
 		.writable = w->writable,
 		.populate = created, /* the creator is about to fill it */
-		.shared = w->share_id != 0,
+		.shared = w->share_id != 0 && !(rs && rs->lent),
 		.device = info->device,
 		.uuid = w->info->device ? w->info->device->uuid.data : NULL,
 		.uuid_len = w->info->device ? w->info->device->uuid.len : 0,
@@ -329,7 +329,7 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const
 	 * creator is no attach's. */
 	m->reusable = !(rs && rs->lent);
 	m->ring_id = rs && rs->lent ? rs->id : 0;
-	m->in_slab = w->share_id != 0;
+	m->in_slab = w->share_id != 0 && !(rs && rs->lent);
 	snprintf(m->name, sizeof(m->name), "%s", info->name);
 	td_mapcache_insert(mc, m);
 	*ret_map = m;
@@ -380,9 +380,12 @@ static int lease_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const 
 			pinned = NULL;
 		}
 	} else if (w->handle != TENSORD__HANDLE_KIND__HANDLE_NONE) {
-		if (w->share_id)
+		/* A ring buffer lent to its creator is mapped already. */
+		bool share = w->share_id && !(rs && rs->lent);
+
+		if (share)
 			fd = share_fd(mc, w->share_id, fd);
-		if (w->share_id && fd < 0)
+		if (share && fd < 0)
 			r = td_set_error(-EPROTO,
 					 "tensor '%s': tensord sent no descriptor for "
 					 "shared memory %llu, which we do not hold",

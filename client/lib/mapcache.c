@@ -156,18 +156,93 @@ static void free_list(struct td_mapping_list *gone)
 	}
 }
 
+/* A share entry taken off the table, closed and unmapped outside the lock. */
+struct share_gone {
+	int fd;
+	struct td_slabmap *map;
+};
+
+static bool is_ring(uint64_t id)
+{
+	return (id & TD_RING_SHARE) != 0;
+}
+
+/* Lock held. Whether entry i's memory is in use: a mapping points into it. */
+static bool share_busy(const struct td_mapcache *mc, int i)
+{
+	const struct td_slabmap *s = mc->shares[i].map;
+
+	return s && atomic_load_explicit(&s->refs, memory_order_acquire) > 1;
+}
+
+/* Lock held. Takes entry i off the table into *g. */
+static void share_remove(struct td_mapcache *mc, int i, struct share_gone *g)
+{
+	g->fd = mc->shares[i].fd;
+	g->map = mc->shares[i].map;
+	if (is_ring(mc->shares[i].id))
+		mc->n_ring_shares--;
+	mc->shares[i] = mc->shares[--mc->n_shares];
+}
+
+/*
+ * Lock held. Moves to gone the ring buffers' entries unused since
+ * TD_PARK_NS before now (every idle one with all) that no mapping points
+ * into; *next gets when the next one would go (0: none left). Their number.
+ */
+static int ring_shares_expire(struct td_mapcache *mc, uint64_t now, bool all,
+			      struct share_gone *gone, uint64_t *next)
+{
+	int n = 0;
+
+	*next = 0;
+	for (int i = mc->n_shares; i-- > 0;) {
+		uint64_t at = mc->shares[i].used_ns + TD_PARK_NS;
+
+		if (!is_ring(mc->shares[i].id))
+			continue;
+		if (!share_busy(mc, i) && (all || now >= at)) {
+			share_remove(mc, i, &gone[n++]);
+			continue;
+		}
+		/* In use: looked at again a park time later. */
+		if (share_busy(mc, i) || at <= now)
+			at = now + TD_PARK_NS;
+		if (!*next || at < *next)
+			*next = at;
+	}
+	return n;
+}
+
+static void shares_close(struct share_gone *g, int n)
+{
+	for (int i = 0; i < n; i++) {
+		close(g[i].fd);
+		if (g[i].map)
+			td_slabmap_unref(g[i].map);
+	}
+}
+
 uint64_t td_mapcache_sweep(struct td_mapcache *mc)
 {
 	struct td_mapping_list gone = LIST_HEAD_INITIALIZER(gone);
 	struct td_mapping *first;
 	uint64_t due;
 
+	struct share_gone sg[TD_RING_SHARES_MAX];
+	uint64_t now = mono_ns(), next;
+	int n;
+
 	pthread_mutex_lock(mc->lock);
-	expire(mc, mono_ns(), 0, &gone);
+	expire(mc, now, 0, &gone);
 	first = TAILQ_FIRST(&mc->parked);
 	due = first ? first->parked_ns + TD_PARK_NS : 0;
+	n = ring_shares_expire(mc, now, false, sg, &next);
+	if (next && (!due || next < due))
+		due = next;
 	pthread_mutex_unlock(mc->lock);
 	free_list(&gone);
+	shares_close(sg, n);
 	return due;
 }
 
@@ -183,6 +258,7 @@ void td_mapcache_fini(struct td_mapcache *mc)
 		mc->shares[i].map = NULL;
 	}
 	mc->n_shares = 0;
+	mc->n_ring_shares = 0;
 	/* No lease is left, so only parked mappings are (in a forked child,
 	 * also those its inherited leases use, which stay). */
 	expire(mc, UINT64_MAX / 2 + mono_ns(), 0, &gone);
@@ -203,24 +279,42 @@ void td_mapcache_after_fork(struct td_mapcache *mc)
 
 void td_mapcache_share_add(struct td_mapcache *mc, uint64_t id, int fd)
 {
+	struct share_gone g[TD_RING_SHARES_MAX];
+	uint64_t now = mono_ns(), next;
+	bool ring = is_ring(id), kick = false;
+	int n = 0;
+
 	pthread_mutex_lock(mc->lock);
 	for (int i = 0; i < mc->n_shares; i++) {
 		if (mc->shares[i].id == id) {
+			mc->shares[i].used_ns = now;
 			pthread_mutex_unlock(mc->lock);
 			close(fd);
 			return;
 		}
 	}
-	if (mc->n_shares == TD_SHARES_MAX) {
+	/* Full of ring buffers: those nobody uses now make room. */
+	if (ring && mc->n_ring_shares == TD_RING_SHARES_MAX)
+		n = ring_shares_expire(mc, now, true, g, &next);
+	if (ring ? mc->n_ring_shares == TD_RING_SHARES_MAX
+		 : mc->n_shares - mc->n_ring_shares == TD_SHARES_MAX) {
 		pthread_mutex_unlock(mc->lock);
+		shares_close(g, n);
 		close(fd);
 		return;
 	}
 	mc->shares[mc->n_shares].id = id;
 	mc->shares[mc->n_shares].fd = fd;
 	mc->shares[mc->n_shares].map = NULL;
+	mc->shares[mc->n_shares].used_ns = now;
 	mc->n_shares++;
+	if (ring)
+		kick = mc->n_ring_shares++ == 0;
 	pthread_mutex_unlock(mc->lock);
+	shares_close(g, n);
+	/* The flusher lets it go once idle (td_mapcache_sweep()). */
+	if (kick && mc->on_park)
+		mc->on_park(mc->on_park_arg);
 }
 
 int td_mapcache_share_fd(struct td_mapcache *mc, uint64_t id)
@@ -231,6 +325,7 @@ int td_mapcache_share_fd(struct td_mapcache *mc, uint64_t id)
 	for (int i = 0; i < mc->n_shares; i++) {
 		if (mc->shares[i].id == id) {
 			fd = fcntl(mc->shares[i].fd, F_DUPFD_CLOEXEC, 3);
+			mc->shares[i].used_ns = mono_ns();
 			break;
 		}
 	}
@@ -246,6 +341,7 @@ struct td_slabmap *td_mapcache_share_map(struct td_mapcache *mc, uint64_t id, co
 	for (int i = 0; i < mc->n_shares; i++) {
 		if (mc->shares[i].id != id)
 			continue;
+		mc->shares[i].used_ns = mono_ns();
 		/* Once per slab and client: one mmap, nothing faulted. */
 		if (!mc->shares[i].map)
 			mc->shares[i].map = td_slabmap_new(mc->shares[i].fd, name, mc->lock);
@@ -263,8 +359,10 @@ size_t td_mapcache_share_ids(struct td_mapcache *mc, uint64_t *ids, size_t max)
 	size_t n = 0;
 
 	pthread_mutex_lock(mc->lock);
+	/* Not ring buffers': their entries may go while a request waits. */
 	for (int i = 0; i < mc->n_shares && n < max; i++)
-		ids[n++] = mc->shares[i].id;
+		if (!is_ring(mc->shares[i].id))
+			ids[n++] = mc->shares[i].id;
 	pthread_mutex_unlock(mc->lock);
 	return n;
 }

@@ -14,6 +14,17 @@
 
 /* Shared memory (slabs) whose descriptor this client keeps, at most this many. */
 #define TD_SHARES_MAX 64
+/*
+ * Ring buffers (docs/recycle.md) whose descriptor and whole mapping it
+ * keeps besides, at most this many: memory later versions reuse. Never
+ * listed in an Attach's have_shares (each lease brings its descriptor,
+ * which the entry makes redundant), so an entry may go at any time: each
+ * goes TD_PARK_NS after its last use once no lease points into it, since
+ * it keeps memory its writer may have given back.
+ */
+#define TD_RING_SHARES_MAX 64
+/* The share ids of ring buffers: the daemon's REG_RING_SHARE bit. */
+#define TD_RING_SHARE (1ull << 62)
 
 /*
  * Parked mappings: a read-only mapping of a whole host tensor whose last
@@ -45,8 +56,10 @@ struct td_mapcache {
 		 * Dropped by td_mapcache_fini(); unmapped when the last mapping
 		 * pointing into it goes too. */
 		struct td_slabmap *map;
-	} shares[TD_SHARES_MAX];
+		uint64_t used_ns; /* a ring buffer's: its last use (CLOCK_MONOTONIC) */
+	} shares[TD_SHARES_MAX + TD_RING_SHARES_MAX];
 	int n_shares;
+	int n_ring_shares; /* of n_shares, ring buffers' */
 	/* Parked mappings, oldest first; each is also on maps, with refs 0. */
 	TAILQ_HEAD(, td_mapping) parked;
 	int n_parked;

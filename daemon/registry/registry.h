@@ -280,10 +280,20 @@ struct registry {
 	 * took one; buffers never recycled because a client forked.
 	 */
 	bool recycle;
+	uint64_t next_ring_share; /* the last ring buffer's share id (REG_RING_SHARE | n) */
 	uint32_t n_ring_free;
 	uint64_t ring_free_bytes;
 	uint64_t ring_hits, ring_tainted;
 };
+
+/*
+ * The share ids of ring buffers (docs/recycle.md): this bit and a
+ * daemon-wide count, never reused, apart from slabs' (small counts).
+ * Readers keep a ring buffer's descriptor and mapping across the versions
+ * it holds, as they keep a slab's, and let go soon after their last lease
+ * on it, since its memory goes when its writer gives it back.
+ */
+#define REG_RING_SHARE (1ull << 62)
 
 struct create_args {
 	const char *name;

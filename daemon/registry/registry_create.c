@@ -326,6 +326,9 @@ static int tensor_alloc(struct registry *reg, struct reg_client *rc, const struc
 	}
 	if (recycle) {
 		t->alloc.recycled = true;
+		/* Readers name the buffer across its versions (Lease.share_id). */
+		if (!t->alloc.share_id)
+			t->alloc.share_id = REG_RING_SHARE | ++reg->next_ring_share;
 		reg_ring_link(rc, t, ring_id);
 	}
 	return 0;

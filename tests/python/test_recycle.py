@@ -475,3 +475,52 @@ def test_create_view_write_after_publish_is_documented(client):
         assert np.from_dlpack(r)[0] == 0x09090909   # recycled: the writer's own
     del a
     t.release()
+
+
+def test_a_reader_maps_a_ring_buffer_once(client, child):
+    """A reader keeps a ring buffer mapped across the versions it holds
+    (docs/recycle.md, section 0): attaching a later version in a buffer it
+    read before takes no new mapping and no page fault, where a fresh
+    mapping per version would fault every 16 pages (1,024 pages here)."""
+    a = np.empty(MiB, np.int32)   # 4 MiB
+    a.fill(1)
+    client.put("v", a, replace=True)
+    r = child("""
+        import resource, sys, numpy as np, tensord
+        c = tensord.connect()
+        flt = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        maps = lambda: sum(1 for _ in open("/proc/self/maps"))
+        last, n, faults, grown = c.attach("v").generation, 0, 0, 0
+        print("ready", flush=True)
+        while True:
+            with c.attach("v", after=last) as t:
+                f0, m0 = flt(), maps()
+                x = np.from_dlpack(t)
+                g = int(x[0])
+                ok = int(x[::1024].sum()) == g * 1024   # every page read
+                del x
+                last = t.generation
+            if not ok:
+                print("bad", flush=True)
+            if g < 0:
+                break
+            n += 1
+            if n > 10:    # past the buffers' first use
+                faults += flt() - f0
+                grown += maps() - m0
+            print("got", flush=True)
+        print("faults %d grown %d n %d" % (faults, grown, n), flush=True)
+        """)
+    r.expect("ready")
+    for g in range(2, 60):
+        a.fill(g)
+        client.put("v", a, replace=True)
+        r.expect("got")          # one version at a time: the reader holds each
+    a.fill(-1)
+    client.put("v", a, replace=True)
+    line = r.expect("faults")
+    _, faults, _, grown, _, n = line.split()
+    assert int(n) >= 55, line
+    # 48 versions read whole: a fresh mapping each would fault ~64 times each.
+    assert int(faults) < 48 * 4, line
+    assert int(grown) <= 0, line
