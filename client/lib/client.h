@@ -169,8 +169,8 @@ struct td_reserve {
 
 /* One ring buffer this client maps writable (ring.c, docs/recycle.md). */
 struct td_ring_buf {
-	uint64_t id;      /* the daemon's name for it (Lease.ring) */
-	uint8_t *base;    /* owned: map_size bytes, shared, writable, MADV_DONTFORK */
+	uint64_t id;   /* the daemon's name for it (Lease.ring) */
+	uint8_t *base; /* owned: map_size bytes, shared, writable, MADV_DONTFORK */
 	uint64_t map_size;
 	uint64_t size;    /* the tensor size it serves (Lease.map_size) */
 	uint64_t used_ns; /* the last create that named it (CLOCK_MONOTONIC) */
@@ -376,8 +376,8 @@ void td_ring_end(tensord_client *c);
  * memfd (its mapping moves to the ring; rs forgets it). -errno with the
  * error set when it cannot be mapped or is unknown. Lock not held.
  */
-int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd,
-		   struct td_reserve_slot *rs, const char *name, uint8_t **ret_base);
+int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd, struct td_reserve_slot *rs,
+		   const char *name, uint8_t **ret_base);
 
 /*
  * For a create with TENSORD_RECYCLE: as td_ring_target(), and the buffer
@@ -419,8 +419,8 @@ struct td_create_req {
 };
 
 /* Fills cm with the create of name (spec and name borrowed while cm is used). 0 or -errno. */
-int td_create_msg(struct td_create_req *cm, const char *name, const tensord_spec *spec,
-		  uint32_t tx, bool recycle);
+int td_create_msg(struct td_create_req *cm, const char *name, const tensord_spec *spec, uint32_t tx,
+		  bool recycle);
 
 /* A Put request ready to send. */
 struct td_put_msg {

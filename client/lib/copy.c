@@ -44,8 +44,8 @@ static struct {
 	uint64_t seq;        /* jobs posted: a helper joins each at most once */
 	unsigned threads;    /* helpers started in this process */
 } pool = { .lock = PTHREAD_MUTEX_INITIALIZER,
-	    .work = PTHREAD_COND_INITIALIZER,
-	    .left = PTHREAD_COND_INITIALIZER };
+	   .work = PTHREAD_COND_INITIALIZER,
+	   .left = PTHREAD_COND_INITIALIZER };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 

@@ -121,12 +121,12 @@ struct td_mapping {
 	/* Set by the client library, not by importers: */
 	char name[TENSORD_NAME_MAX + 1]; /* the tensor's name when mapped */
 	bool created_here;               /* this process created it (it may publish) */
-	bool filling;   /* its create took the client's reserve; its publish ends the filling */
-	uint32_t flags; /* the tensor's TENSORD_MUTABLE | ... */
-	bool reusable;  /* a repeat attach of name may reuse it */
-	bool in_slab;   /* in shared memory (a slab): a window, or a place in its whole mapping */
+	bool filling;     /* its create took the client's reserve; its publish ends the filling */
+	uint32_t flags;   /* the tensor's TENSORD_MUTABLE | ... */
+	bool reusable;    /* a repeat attach of name may reuse it */
+	bool in_slab;     /* in shared memory (a slab): a window, or a place in its whole mapping */
 	uint64_t ring_id; /* nonzero: base is that ring buffer's mapping, lent (ring.c) */
-	bool revoked;   /* unmapped by tensord_close(): the last unref only frees */
+	bool revoked;     /* unmapped by tensord_close(): the last unref only frees */
 	/* A tensor in a slab that points into the slab's whole mapping (one
 	 * reference on it) instead of a window of its own; NULL otherwise. */
 	struct td_slabmap *slab;

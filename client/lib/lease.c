@@ -516,8 +516,9 @@ int td_lease_from_reserve(tensord_client *c, const Tensord__Lease *w, struct td_
 int td_lease_from_ring(tensord_client *c, const Tensord__Lease *w, uint8_t *base, uint64_t len,
 		       struct td_lease **ret_lease)
 {
-	struct td_reserve_slot lent = { .id = w->ring, .fd = -1, .base = base, .size = len,
-					.lent = true };
+	struct td_reserve_slot lent = {
+		.id = w->ring, .fd = -1, .base = base, .size = len, .lent = true
+	};
 
 	return lease_from(c, w, -1, NULL, true, &lent, ret_lease);
 }

@@ -437,8 +437,8 @@ void td_mapcache_mark_published(struct td_mapcache *mc, struct td_mapping *m, bo
 static bool parkable(const struct td_mapcache *mc, const struct td_mapping *m,
 		     const struct td_importer *imp)
 {
-	return mc->on_park && imp && imp->park && m->reusable && !m->in_slab && !m->writable && !m->lent &&
-	       !m->revoked && m->size <= TD_PARK_BYTES;
+	return mc->on_park && imp && imp->park && m->reusable && !m->in_slab && !m->writable &&
+	       !m->lent && !m->revoked && m->size <= TD_PARK_BYTES;
 }
 
 /* Needs unmapping before the daemon may free it, and is still mapped. Lock held. */

@@ -338,11 +338,12 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	if (r == 0 && ring) {
 		r = copy_to_reserve(c, src, sstrides, elsize, ring, nbytes);
 		if (r == 1)
-			r = td_set_error(-EFAULT, "tensor '%s': writing its bytes failed: %s (its "
-						  "source is not readable memory)",
+			r = td_set_error(-EFAULT,
+					 "tensor '%s': writing its bytes failed: %s (its "
+					 "source is not readable memory)",
 					 name, strerror(EFAULT));
 	} else if (r == 0 && in_reserve &&
-	    copy_to_reserve(c, src, sstrides, elsize, rs.base, nbytes) == 0) {
+		   copy_to_reserve(c, src, sstrides, elsize, rs.base, nbytes) == 0) {
 		/* Written. */
 	} else if (r == 0 && w.fd >= 0) {
 		r = for_each_run((const uint8_t *)src->data + src->byte_offset, src->ndim,

@@ -287,8 +287,8 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 	/* Recycled memory, asked for (docs/recycle.md): a buffer of this
 	 * writer's ring, mapped already. */
 	if (spec && (spec->flags & TENSORD_RECYCLE) && nbytes)
-		recycle = td_ring_begin(c, nbytes, spec->flags & ~(uint32_t)TENSORD_RECYCLE,
-					&mapped);
+		recycle =
+			td_ring_begin(c, nbytes, spec->flags & ~(uint32_t)TENSORD_RECYCLE, &mapped);
 	/* A large host tensor goes where this process mapped memory ahead. */
 	reserved = mapped < 2 && td_reserve_take(c, nbytes, &rs);
 	r = td_create_rpc(c, name, spec, 0, rs.id, recycle, &rep, &fd);

@@ -221,8 +221,9 @@ static int map_new(int fd, uint64_t map_size, const char *name, uint8_t **ret)
 	int e;
 
 	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < map_size)
-		return td_set_error(-EPROTO, "tensor '%s': tensord sent a ring buffer smaller "
-					     "than its size",
+		return td_set_error(-EPROTO,
+				    "tensor '%s': tensord sent a ring buffer smaller "
+				    "than its size",
 				    name);
 	/* One mapping more of this process's (vm.max_map_count). */
 	e = td_maps_admit(name);
@@ -240,8 +241,7 @@ static int map_new(int fd, uint64_t map_size, const char *name, uint8_t **ret)
 		e = errno;
 		munmap(p, (size_t)map_size);
 		td_maps_gone(1);
-		return td_set_error(-e, "tensor '%s': MADV_DONTFORK failed: %s", name,
-				    strerror(e));
+		return td_set_error(-e, "tensor '%s': MADV_DONTFORK failed: %s", name, strerror(e));
 	}
 	*ret = p;
 	return 0;
@@ -307,8 +307,8 @@ static int target(tensord_client *c, const Tensord__Lease *w, int *fd, struct td
 	return 0;
 }
 
-int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd,
-		   struct td_reserve_slot *rs, const char *name, uint8_t **ret_base)
+int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd, struct td_reserve_slot *rs,
+		   const char *name, uint8_t **ret_base)
 {
 	uint64_t len;
 

@@ -269,10 +269,11 @@ static int put_finish(tensord_client *c, struct put_slot *s, int r)
 			} else if (ring) {
 				r = td_put_copy(c, s->item->src, ring, w->map_size);
 				if (r == 1)
-					r = td_set_error(-EFAULT,
-							 "tensor '%s': writing its bytes failed: %s "
-							 "(its source is not readable memory)",
-							 s->item->name, strerror(EFAULT));
+					r = td_set_error(
+						-EFAULT,
+						"tensor '%s': writing its bytes failed: %s "
+						"(its source is not readable memory)",
+						s->item->name, strerror(EFAULT));
 			} else if (w->handle != TENSORD__HANDLE_KIND__HANDLE_NONE && s->p.fd < 0) {
 				r = td_set_error(-EPROTO, "tensor '%s': no descriptor to write",
 						 s->item->name);

@@ -268,8 +268,8 @@ int td_parse_device_pair(PyObject *o, const char *what, DLDevice *ret)
 
 int td_parse_create(PyObject *args, PyObject *kwds, struct td_create_args *a)
 {
-	static char *kwlist[] = { "name",    "shape",   "dtype", "device",  "mutable", "lifetime",
-				  "mode",    "strides", "replace", "recycle", NULL };
+	static char *kwlist[] = { "name", "shape",   "dtype",   "device",  "mutable", "lifetime",
+				  "mode", "strides", "replace", "recycle", NULL };
 	PyObject *shape_o, *dtype_o, *device_o = NULL, *mutable_o = NULL, *lifetime_o = NULL,
 				     *mode_o = NULL, *strides_o = Py_None;
 	int replace = 0, recycle = 0;

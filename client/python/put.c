@@ -298,8 +298,8 @@ int td_put_leave(ClientObject *self, int rc)
 
 PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = { "name",    "obj",    "mutable", "lifetime", "mode",
-				  "replace", "sealed", NULL };
+	static char *kwlist[] = { "name", "obj",     "mutable", "lifetime",
+				  "mode", "replace", "sealed",  NULL };
 	PyObject *obj, *mutable_o = NULL, *lifetime_o = NULL, *mode_o = NULL;
 	struct td_source s = { 0 };
 	tensord_version v;

@@ -33,8 +33,8 @@ static int tx_open(TxObject *self)
 
 static PyObject *Tx_put(TxObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = { "name",    "obj",    "mutable", "lifetime", "mode",
-				  "replace", "sealed", NULL };
+	static char *kwlist[] = { "name", "obj",     "mutable", "lifetime",
+				  "mode", "replace", "sealed",  NULL };
 	PyObject *obj, *mutable_o = NULL, *lifetime_o = NULL, *mode_o = NULL;
 	struct td_source s = { 0 };
 	const char *name;
@@ -239,7 +239,8 @@ PyObject *td_client_transaction(ClientObject *self, PyObject *unused)
 
 PyObject *td_client_put_many(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = { "mapping", "mutable", "lifetime", "mode", "replace", "sealed", NULL };
+	static char *kwlist[] = { "mapping", "mutable", "lifetime", "mode",
+				  "replace", "sealed",  NULL };
 	PyObject *mapping, *mutable_o = NULL, *lifetime_o = NULL, *mode_o = NULL, *items = NULL;
 	struct td_source *src = NULL;
 	tensord_put_item *v = NULL;

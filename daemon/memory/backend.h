@@ -51,7 +51,7 @@ struct backend_alloc {
 	 * F_SEAL_FUTURE_WRITE, once, instead of F_SEAL_WRITE.
 	 */
 	bool recycled;
-	void *priv;        /* the backend's own state; NULL when none */
+	void *priv; /* the backend's own state; NULL when none */
 };
 
 struct backend_ops {

@@ -356,7 +356,7 @@ static int host_freeze(struct backend_alloc *a)
 		if (seals & F_SEAL_FUTURE_WRITE)
 			return 0;
 		return fcntl(a->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) < 0 ? -errno
-											  : 0;
+											: 0;
 	}
 	for (int tries = 1; tries <= HOST_SEAL_TRIES; tries++) {
 		r = fcntl(a->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) < 0 ? -errno : 0;

@@ -531,7 +531,8 @@ int registry_create(struct registry *reg, struct reg_client *rc, const struct cr
 {
 	/* The reserve a create names is consumed whatever happens: off rc's
 	 * list and uncharged now, the tensor's memory or freed below. */
-	struct reg_reserve *res = ring_ready(reg, rc, a) ? NULL : reg_reserve_take(reg, rc, a->reserve);
+	struct reg_reserve *res =
+		ring_ready(reg, rc, a) ? NULL : reg_reserve_take(reg, rc, a->reserve);
 	int r = create_one(reg, rc, a, res, ret_t, ret_lease, why, why_len);
 
 	/* A reserve never costs its own client a create: room it holds for

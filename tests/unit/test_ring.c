@@ -64,8 +64,7 @@ static struct tensor *version(struct registry *reg, struct reg_client *rc, const
 	uint64_t lease;
 	struct tensor *t = create(reg, rc, name, n, mode, &lease);
 
-	assert_int_equal(registry_publish(reg, rc, name, strlen(name), NULL, why, sizeof(why)),
-			 0);
+	assert_int_equal(registry_publish(reg, rc, name, strlen(name), NULL, why, sizeof(why)), 0);
 	assert_int_equal(registry_release(reg, rc, lease), 0);
 	return t;
 }
