@@ -355,22 +355,43 @@ static int share_fd(struct td_mapcache *mc, uint64_t id, int fd)
 }
 
 /*
+ * Whether pinned, a tensor in a slab that a stray write of this process
+ * dirtied since the attach found it clean (a neighbour's on its page,
+ * say), is to be left for a mapping made afresh from the slab's kept
+ * descriptor: it has none for a view of its own.
+ */
+static bool slab_gone_dirty(const Tensord__Lease *w, const struct td_mapping *pinned)
+{
+	const struct td_importer *imp = td_importer_for(pinned->handle_kind);
+
+	return pinned->in_slab && !pinned->writable && w->share_id &&
+	       w->handle == pinned->handle_kind && imp && imp->clean && !imp->clean(pinned);
+}
+
+/*
  * The mapping a Lease reply's lease uses: pinned when the daemon says we
  * may reuse it, a new one when it sent a handle, NULL for zero-size
  * tensors. info is the reply's tensor, borrowed for the call.
  * Takes ownership of fd (-1 when none): it is closed on every path.
  * Takes ownership of the reference on pinned (NULL when none): moved to
  * *ret_map or dropped. On success *ret_map is a new reference or NULL;
- * release with td_mapcache_unref().
+ * release with td_mapcache_unref(); *ret_reused says it is pinned.
  */
 static int lease_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const tensord_info *info,
 			 int fd, struct td_mapping *pinned, bool created,
-			 const struct td_reserve_slot *rs, struct td_mapping **ret_map)
+			 const struct td_reserve_slot *rs, struct td_mapping **ret_map,
+			 bool *ret_reused)
 {
 	struct td_mapping *m = NULL;
+	bool reused = w->reused;
 	int r = 0;
 
-	if (w->reused) {
+	if (reused && pinned && pinned->id == w->info->id && slab_gone_dirty(w, pinned)) {
+		td_mapcache_unref(mc, pinned);
+		pinned = NULL;
+		reused = false;
+	}
+	if (reused) {
 		if (!pinned || pinned->id != w->info->id) {
 			r = td_set_error(-EPROTO,
 					 "tensor '%s': tensord reused a mapping we do not hold",
@@ -398,6 +419,7 @@ static int lease_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const 
 	if (r < 0)
 		return r;
 	*ret_map = m;
+	*ret_reused = reused;
 	return 0;
 }
 
@@ -448,6 +470,7 @@ static int lease_from(tensord_client *c, const Tensord__Lease *w, int fd, struct
 {
 	struct td_lease *l = calloc(1, sizeof(*l));
 	struct td_mapping *m = NULL;
+	bool reused = false;
 	int r;
 
 	if (!l || !w->info) {
@@ -457,10 +480,10 @@ static int lease_from(tensord_client *c, const Tensord__Lease *w, int fd, struct
 		goto fail;
 	}
 	td_info_from_wire(&l->info, w->info);
-	r = lease_mapping(&c->maps, w, &l->info, fd, pinned, created, rs, &m);
+	r = lease_mapping(&c->maps, w, &l->info, fd, pinned, created, rs, &m, &reused);
 	if (r < 0)
 		goto fail;
-	r = lease_view(&c->maps, m, w->reused, &l->view);
+	r = lease_view(&c->maps, m, reused, &l->view);
 	if (r < 0)
 		goto fail;
 	r = lease_device(w, m, &l->info.device);
