@@ -53,8 +53,12 @@ void dispatch_send_lease(struct client *cl, unsigned kind, uint64_t req_id, stru
 	uint32_t slot = 0;
 	uint64_t gen = 0;
 
-	/* Host memory only: a GPU import costs far more than the round trip. */
-	if (bind && t->alloc.handle_kind == TENSORD__HANDLE_KIND__HANDLE_MEMFD &&
+	/* Host memory and CUDA VMM (issue 32: the client keeps its one import
+	 * of the allocation while bound). Not legacy IPC, whose leases the
+	 * daemon must see end (quarantine.c). */
+	if (bind &&
+	    (t->alloc.handle_kind == TENSORD__HANDLE_KIND__HANDLE_MEMFD ||
+	     t->alloc.handle_kind == TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD) &&
 	    !registry_bind(&cl->rc, lease, &slot, &gen))
 		slot = 0;
 	reply_lease(cl->conn, req_id, t, lease, writable, reused, 0, slot, gen,

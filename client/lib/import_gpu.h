@@ -201,6 +201,15 @@ int td_gpu_map_ipc(const struct td_gpu_client *gc, struct td_mapping *m, int fd,
 
 /* importer.unmap, .sync and .copy_in of every GPU importer. */
 void td_gpu_unmap(struct td_mapping *m);
+
+/*
+ * An importer's clean() for memory every lease of this process shares
+ * (one import per allocation): always true, so a bound attach (bindings.c)
+ * is served from the mapping with no round trip. A write through it shows
+ * in every lease here, as it does without bindings; readers' VMM access
+ * is read-only.
+ */
+bool td_gpu_shared_clean(const struct td_mapping *m);
 int td_gpu_sync(struct td_mapping *m);
 int td_gpu_copy_in(struct td_mapping *m, const void *src, uint64_t n);
 

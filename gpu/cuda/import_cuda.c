@@ -578,6 +578,7 @@ const struct td_importer td_importer_cuda = {
 	.handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD,
 	.map = td_cuda_map_vmm,
 	.unmap = td_gpu_unmap,
+	.clean = td_gpu_shared_clean, /* bound attaches: no round trip */
 	.make_private = td_cuda_make_private,
 	.make_shared = td_cuda_make_shared,
 	.sync = td_gpu_sync,

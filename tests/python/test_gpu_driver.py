@@ -224,3 +224,43 @@ def test_attach_of_its_own_tensor(gpu):
     r.finish()
     w.send("")
     w.finish()
+
+
+def test_a_bound_attach_needs_no_round_trip(gpu):
+    """Issue 32: a CUDA VMM tensor this process attached before is attached
+    again from its binding, with no request (docs/design.md, "Attach
+    without a round trip"), and a new version of the name is seen at the
+    next attach. Legacy IPC asks the daemon each time."""
+    w = make(gpu)
+    r = gpu.child("""
+        def asked():
+            return c.stats()["attach_duration_seconds"]["count"]
+        for _ in range(2):       # the second attach is the one bound
+            t = c.attach("g/a")
+            t.release()
+        n0 = asked()
+        for _ in range(5):
+            t = c.attach("g/a")
+            d = digest(cudrv.read(t))
+            t.release()
+        print("asked", asked() - n0, d, flush=True)
+        sys.stdin.readline()
+        t = c.attach("g/a")
+        print("after", digest(cudrv.read(t)), flush=True)
+    """)
+    asked, d = r.expect("asked ").split()[1:]
+    assert d == DIGEST
+    assert int(asked) == (0 if gpu.path == "vmm" else 5)
+    new = bytes(reversed(DATA))
+    v = gpu.child("""
+        t = c.create("g/a", (len(DATA),), "uint8", device="cuda:0", replace=True)
+        cudrv.write(t, bytes(reversed(DATA)))
+        t.publish()
+        print("replaced", flush=True)
+    """)
+    v.expect("replaced")
+    r.send()
+    assert r.expect("after ").split()[1] == hashlib.sha256(new).hexdigest()[:16]
+    v.finish()
+    r.finish()
+    w.finish()
