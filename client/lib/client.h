@@ -337,6 +337,19 @@ void td_reserve_written(tensord_client *c);
  */
 void td_copy(uint8_t *dst, const uint8_t *src, size_t n);
 
+/* One part of a copy job: n bytes from src to dst. */
+struct td_copy_part {
+	void *dst;
+	const void *src;
+	size_t n;
+};
+
+/*
+ * The same for n parts at once (a put_many's members): one job, its
+ * chunks numbered across the parts, so helpers wake once for the set.
+ */
+void td_copy_many(const struct td_copy_part *parts, size_t n);
+
 /* Unmaps and closes s (a taken slot's reserve is the daemon's to free). */
 void td_reserve_slot_free(struct td_reserve_slot *s);
 

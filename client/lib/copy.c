@@ -27,13 +27,17 @@
 #define TD_COPY_SHARED_MIN (8u << 20)
 #define TD_COPY_THREADS_MAX 8
 
-/* One copy, on its caller's stack; helpers let go of it before the caller returns. */
+/*
+ * One copy job, on its caller's stack: parts, each split into chunks
+ * numbered across all of them (part i's first is first[i]); helpers let go
+ * of it before the caller returns.
+ */
 struct job {
-	const uint8_t *src;
-	uint8_t *dst;
-	size_t n;
-	atomic_size_t next; /* the next chunk to take */
-	unsigned helpers;   /* helpers in it now; pool.lock */
+	const struct td_copy_part *parts;
+	size_t n_parts;
+	const size_t *first; /* n_parts + 1 entries: the last is the count of chunks */
+	atomic_size_t next;  /* the next chunk to take */
+	unsigned helpers;    /* helpers in it now; pool.lock */
 };
 
 static struct {
@@ -51,14 +55,21 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void chunks(struct job *j)
 {
-	for (;;) {
-		size_t off = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) *
-			     (size_t)TD_COPY_CHUNK;
+	size_t p = 0;
 
-		if (off >= j->n)
+	for (;;) {
+		size_t k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed), off, len;
+		const struct td_copy_part *pt;
+
+		if (k >= j->first[j->n_parts])
 			return;
-		memcpy(j->dst + off, j->src + off,
-		       j->n - off < TD_COPY_CHUNK ? j->n - off : TD_COPY_CHUNK);
+		/* Chunks are taken in order: the part moves forward only. */
+		while (k >= j->first[p + 1])
+			p++;
+		pt = &j->parts[p];
+		off = (k - j->first[p]) * (size_t)TD_COPY_CHUNK;
+		len = pt->n - off < TD_COPY_CHUNK ? pt->n - off : TD_COPY_CHUNK;
+		memcpy((uint8_t *)pt->dst + off, (const uint8_t *)pt->src + off, len);
 	}
 }
 
@@ -147,10 +158,11 @@ static void start(unsigned want)
 	}
 }
 
-void td_copy(uint8_t *dst, const uint8_t *src, size_t n)
+static void run(const struct td_copy_part *parts, size_t n_parts, const size_t *first,
+		size_t total)
 {
-	struct job j = { .src = src, .dst = dst, .n = n };
-	unsigned want = n >= TD_COPY_SHARED_MIN ? helpers_wanted() : 0;
+	struct job j = { .parts = parts, .n_parts = n_parts, .first = first };
+	unsigned want = total >= TD_COPY_SHARED_MIN ? helpers_wanted() : 0;
 	bool posted = false;
 
 	atomic_init(&j.next, 0);
@@ -174,4 +186,32 @@ void td_copy(uint8_t *dst, const uint8_t *src, size_t n)
 	while (j.helpers)
 		pthread_cond_wait(&pool.left, &pool.lock);
 	pthread_mutex_unlock(&pool.lock);
+}
+
+void td_copy(uint8_t *dst, const uint8_t *src, size_t n)
+{
+	struct td_copy_part part = { dst, src, n };
+	size_t first[2] = { 0, (n + TD_COPY_CHUNK - 1) / TD_COPY_CHUNK };
+
+	run(&part, 1, first, n);
+}
+
+void td_copy_many(const struct td_copy_part *parts, size_t n)
+{
+	size_t stack[17], *first = n < 17 ? stack : malloc((n + 1) * sizeof(*first)), total = 0;
+
+	if (!first) {
+		/* Out of memory for the index: one part at a time. */
+		for (size_t i = 0; i < n; i++)
+			td_copy(parts[i].dst, parts[i].src, parts[i].n);
+		return;
+	}
+	first[0] = 0;
+	for (size_t i = 0; i < n; i++) {
+		first[i + 1] = first[i] + (parts[i].n + TD_COPY_CHUNK - 1) / TD_COPY_CHUNK;
+		total += parts[i].n;
+	}
+	run(parts, n, first, total);
+	if (first != stack)
+		free(first);
 }

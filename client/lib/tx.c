@@ -12,6 +12,7 @@
 
 #include "client.h"
 #include "common/desc.h"
+#include "common/sys.h"
 
 /* --- transactions --------------------------------------------------------------- */
 
@@ -241,9 +242,38 @@ struct put_slot {
 	const tensord_put_item *item;
 };
 
-/* The answer to one slot: the put's status, or the create's lease written and ended. */
-static int put_finish(tensord_client *c, struct put_slot *s, int r)
+/*
+ * The copies into ring buffers put_many keeps for one job at the end
+ * (td_copy_many(): the copy pool wakes once for the set, not per member),
+ * with the creator leases and ring turns (td_ring_end()) they hold until
+ * then. Compact, readable sources only; room for every item.
+ */
+struct deferred {
+	struct td_copy_part *parts;
+	uint64_t *leases;
+	size_t n;
+};
+
+/* Copies what was deferred (unless r says the set failed), then ends what it held. */
+static int deferred_run(tensord_client *c, struct deferred *dv, int r)
 {
+	if (r == 0 && dv->n)
+		td_copy_many(dv->parts, dv->n);
+	for (size_t i = 0; i < dv->n; i++) {
+		td_lease_end(c, dv->leases[i]);
+		td_ring_end(c);
+	}
+	dv->n = 0;
+	return r;
+}
+
+/*
+ * The answer to one slot: the put's status, or the create's lease written
+ * and ended; or, into a ring buffer, the copy deferred to dv (NULL: none).
+ */
+static int put_finish(tensord_client *c, struct put_slot *s, int r, struct deferred *dv)
+{
+	bool deferred = false;
 	Tensord__Lease *w;
 
 	if (r == 0)
@@ -267,7 +297,17 @@ static int put_finish(tensord_client *c, struct put_slot *s, int r)
 			if (r < 0) {
 				/* The error is set. */
 			} else if (ring) {
-				r = td_put_copy(c, s->item->src, ring, w->map_size);
+				const uint8_t *src = td_put_compact(s->item->src);
+
+				if (dv && src && w->map_size &&
+				    td_span_readable(src, w->map_size) == 1) {
+					dv->parts[dv->n] = (struct td_copy_part){ ring, src,
+										  (size_t)w->map_size };
+					dv->leases[dv->n++] = w->lease;
+					deferred = true;
+				} else {
+					r = td_put_copy(c, s->item->src, ring, w->map_size);
+				}
 				if (r == 1)
 					r = td_set_error(
 						-EFAULT,
@@ -280,13 +320,14 @@ static int put_finish(tensord_client *c, struct put_slot *s, int r)
 			} else if (s->p.fd >= 0) {
 				r = td_put_write(s->p.fd, s->item->name, s->item->src);
 			}
-			td_lease_end(c, w->lease);
+			if (!deferred)
+				td_lease_end(c, w->lease);
 		}
 	}
 	td_pending_clear(&s->p);
 	free(s->buf);
 	s->buf = NULL;
-	if (s->recycle)
+	if (s->recycle && !deferred)
 		td_ring_end(c);
 	s->recycle = false;
 	return r;
@@ -359,6 +400,7 @@ static int put_start(tensord_client *c, struct put_slot *s)
 int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n, uint32_t flags,
 		     uint32_t mode, uint64_t *ret_commit)
 {
+	struct deferred dv = { 0 };
 	struct put_slot *slots, *s;
 	size_t oldest = 0, next = 0, bytes = 0;
 	bool ready = false; /* slots[next % PUT_WINDOW] is readied, not yet sent */
@@ -372,6 +414,15 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 	slots = calloc(PUT_WINDOW, sizeof(*slots));
 	if (!slots)
 		return td_set_error(-ENOMEM, "out of memory");
+	/* Without room to defer, each member is copied as its answer comes. */
+	dv.parts = n ? malloc(n * sizeof(*dv.parts)) : NULL;
+	dv.leases = n ? malloc(n * sizeof(*dv.leases)) : NULL;
+	if (!dv.parts || !dv.leases) {
+		free(dv.parts);
+		free(dv.leases);
+		dv.parts = NULL;
+		dv.leases = NULL;
+	}
 	r = tensord_tx_begin(c, &tx);
 	while (oldest < next || (r == 0 && next < n)) {
 		if (r == 0 && next < n && next - oldest < PUT_WINDOW) {
@@ -402,7 +453,7 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 			int ri;
 
 			td_rpc_wait(c, &s->p);
-			ri = put_finish(c, s, r);
+			ri = put_finish(c, s, r, dv.parts ? &dv : NULL);
 			r = r < 0 ? r : ri;
 		}
 		bytes -= s->cost;
@@ -414,6 +465,10 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 		if (slots[next % PUT_WINDOW].recycle)
 			td_ring_end(c);
 	}
+	/* Every member's bytes before the commit publishes them. */
+	r = deferred_run(c, &dv, r);
+	free(dv.parts);
+	free(dv.leases);
 	if (r == 0)
 		r = tensord_tx_commit(tx, ret_commit);
 	else if (tx)
