@@ -158,8 +158,7 @@ static void start(unsigned want)
 	}
 }
 
-static void run(const struct td_copy_part *parts, size_t n_parts, const size_t *first,
-		size_t total)
+static void run(const struct td_copy_part *parts, size_t n_parts, const size_t *first, size_t total)
 {
 	struct job j = { .parts = parts, .n_parts = n_parts, .first = first };
 	unsigned want = total >= TD_COPY_SHARED_MIN ? helpers_wanted() : 0;

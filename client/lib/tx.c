@@ -301,8 +301,9 @@ static int put_finish(tensord_client *c, struct put_slot *s, int r, struct defer
 
 				if (dv && src && w->map_size &&
 				    td_span_readable(src, w->map_size) == 1) {
-					dv->parts[dv->n] = (struct td_copy_part){ ring, src,
-										  (size_t)w->map_size };
+					dv->parts[dv->n] =
+						(struct td_copy_part){ ring, src,
+								       (size_t)w->map_size };
 					dv->leases[dv->n++] = w->lease;
 					deferred = true;
 				} else {
