@@ -9,6 +9,8 @@ warm memory (memcpy speed, the ceiling):
   put         c.put(name, array): create, copy, publish (the unlinks are not timed)
   cfp         the zero-copy producer path: c.create(), np.copyto into
               np.from_dlpack() of it, publish(), release()
+  cfp/rc      the same with create(recycle=True): the view is a buffer of this
+              writer's ring of recycled memory (docs/recycle.md), mapped already
   put/nr, cfp/nr  the same on a client that keeps no reserve (--without-reserve)
   ray         ray.put(array) (when ray imports; skipped with the reason if not)
   vineyard    vineyard client.put(array) (when vineyard imports and a vineyardd
@@ -112,9 +114,22 @@ def variants(client, src, peers, skip, plain=None):
         while done:
             client.unlink(done.pop())
 
+    def cfp_rc():
+        # create(recycle=True): the view is a buffer of this writer's ring
+        # (docs/recycle.md), mapped already, where put copies too.
+        name = "bench/put/%d" % next(seq)
+        w = client.create(name, src.shape, "float32", recycle=True)
+        a = np.from_dlpack(w)
+        np.copyto(a, src)
+        del a
+        w.publish()
+        w.release()
+        done.append(name)
+
     put.cleanup = cleanup
     cfp.cleanup = cleanup
-    out = [("memcpy", memcpy), ("shm", shm), ("put", put), ("cfp", cfp)]
+    cfp_rc.cleanup = cleanup
+    out = [("memcpy", memcpy), ("shm", shm), ("put", put), ("cfp", cfp), ("cfp/rc", cfp_rc)]
     if plain is not None:
         # The same calls on a client that keeps no reserve (TENSORD_RESERVE=0).
         def put_nr():
@@ -195,11 +210,14 @@ def bench_size(client, size, rounds, peers, gap, skip, plain=None):
     for name, _ in vs:
         t = med[name]
         peers_txt = "".join("  %5.2fx %s" % (med[p] / t, p) for p in ("ray", "vineyard")
-                            if p in med and name in ("put", "cfp", "put/nr", "cfp/nr"))
+                            if p in med and name in ("put", "cfp", "cfp/rc", "put/nr", "cfp/nr"))
         print("  %-8s %10.1f us  %8.2f GB/s  %5.2fx memcpy%s" %
               (name, t * 1e6, size / t / 1e9, base / t, peers_txt))
     if "put" in med and "cfp" in med:
         print("  cfp/put  %5.2fx (create + fill + publish over put)" % (med["put"] / med["cfp"]))
+    if "put" in med and "cfp/rc" in med:
+        print("  cfp/rc/put %5.2fx (create(recycle=True) + fill + publish over put)" %
+              (med["put"] / med["cfp/rc"]))
     hits = figure(s1, "host_pool_hits_total") - figure(s0, "host_pool_hits_total")
     misses = figure(s1, "host_pool_misses_total") - figure(s0, "host_pool_misses_total")
     if hits + misses:
