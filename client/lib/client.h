@@ -175,6 +175,7 @@ struct td_ring_buf {
 	uint64_t size;    /* the tensor size it serves (Lease.map_size) */
 	uint64_t used_ns; /* the last create that named it (CLOCK_MONOTONIC) */
 	unsigned pins;    /* created tensors' leases whose view it is: never given back */
+	bool revoked; /* read-only since a created tensor's publish: writable again when reused */
 };
 
 /*
@@ -189,6 +190,7 @@ struct td_ring {
 	unsigned creating;  /* recycled creates between their request and their copy's end */
 	bool sweeping;      /* giving back idle buffers: no recycled create meanwhile */
 	bool off;           /* TENSORD_RECYCLE=0 */
+	bool protect;       /* TENSORD_RECYCLE_PROTECT=1: read-only between versions */
 	uint64_t sweep_due; /* CLOCK_MONOTONIC; 0: nothing to expire */
 	uint64_t idle_ns;   /* a buffer unused this long is given back */
 };
@@ -400,6 +402,16 @@ int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd, struct t
 int td_ring_lend(tensord_client *c, const Tensord__Lease *w, int *fd, struct td_reserve_slot *rs,
 		 const char *name, uint8_t **ret_base, uint64_t *ret_len);
 void td_ring_unpin(tensord_client *c, uint64_t id);
+
+/* A created tensor's view of ring buffer id was made read-only at its publish. */
+void td_ring_revoked(tensord_client *c, uint64_t id);
+
+/*
+ * A put's copy into ring buffer id is done: with TENSORD_RECYCLE_PROTECT=1
+ * its mapping turns read-only until its next version (a stray write of
+ * this process then faults), at an mprotect() pair per version.
+ */
+void td_ring_written(tensord_client *c, uint64_t id);
 
 /*
  * The flusher's turn (release.c): gives back the buffers idle now, when no

@@ -334,14 +334,22 @@ static int memfd_remap(struct td_mapping *m, int flags)
 
 static int memfd_make_private(struct td_mapping *m)
 {
-	/* A ring buffer stays shared: the seal is F_SEAL_FUTURE_WRITE. */
+	/* A ring buffer's view stays shared (the seal is F_SEAL_FUTURE_WRITE)
+	 * but is revoked: read-only from the publish on, so a later write
+	 * through it faults instead of changing what others read. Its ring
+	 * makes it writable again for its next version (ring.c). */
 	if (m->lent)
-		return 0;
+		return mprotect(m->base, (size_t)m->size, PROT_READ) < 0
+			       ? td_set_error(-errno, "tensor '%s': mprotect failed: %s", m->name,
+					      strerror(errno))
+			       : 0;
 	return memfd_remap(m, MAP_PRIVATE);
 }
 
 static int memfd_make_shared(struct td_mapping *m)
 {
+	if (m->lent)
+		return mprotect(m->base, (size_t)m->size, PROT_READ | PROT_WRITE) < 0 ? -errno : 0;
 	return memfd_remap(m, MAP_SHARED);
 }
 

@@ -283,6 +283,7 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	struct td_reserve_slot rs = { .fd = -1 };
 	uint64_t lease, nbytes = elsize;
 	uint8_t *ring = NULL;
+	uint64_t ring_id;
 	unsigned mapped;
 	bool in_reserve, recycle;
 	Tensord__Reply *rep;
@@ -313,6 +314,7 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 		return r;
 	}
 	lease = rep->lease->lease;
+	ring_id = rep->lease->ring;
 	if (recycle && rep->lease->ring) {
 		/* Memory of this writer's ring (docs/recycle.md): a buffer it
 		 * maps already, or one new to it that it maps now and keeps. */
@@ -337,6 +339,8 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	tensord__reply__free_unpacked(rep, NULL);
 	if (r == 0 && ring) {
 		r = copy_to_reserve(c, src, sstrides, elsize, ring, nbytes);
+		if (r == 0)
+			td_ring_written(c, ring_id);
 		if (r == 1)
 			r = td_set_error(-EFAULT,
 					 "tensor '%s': writing its bytes failed: %s (its "

@@ -525,6 +525,10 @@ static int prepare_own_view(tensord_client *c, const char *name, struct td_mappi
 			return r;
 		}
 		*ret_imp = imp;
+		/* A ring buffer's view, now read-only (import.c): its ring makes
+		 * it writable for the next version. */
+		if (mine->lent)
+			td_ring_revoked(c, mine->ring_id);
 	}
 	*ret_mine = mine;
 	return 0;

@@ -11,10 +11,12 @@
  * mapping is refused to everyone, but this mapping, made before the seal,
  * still writes the next version once the daemon hands the buffer back.
  *
- * Between versions the mapping stays writable (security.md, "Recycled
- * memory"): an mprotect() to read-only and back costs 2.4 ms per 64 MiB
- * here, a quarter of the copy, and guards only against this process's own
- * stray writes, which the process could undo anyway.
+ * Between versions a put's mapping stays writable by default (security.md,
+ * "Recycled memory"): nobody is handed a pointer into it, and an
+ * mprotect() to read-only and back costs 2.4 ms per 64 MiB here, a quarter
+ * of the copy. TENSORD_RECYCLE_PROTECT=1 pays that (td_ring_written()),
+ * and a created tensor's view is always revoked at its publish
+ * (td_ring_revoked()); the next version's target() makes it writable.
  *
  * A buffer no create named for TD_RING_IDLE_NS (5 s) is unmapped and given back
  * (Unreserve of its id): the daemon frees it now if free, else when its
@@ -51,11 +53,13 @@ void td_ring_init(struct td_ring *r)
 	const char *off = getenv("TENSORD_RECYCLE");
 	const char *bytes = getenv("TENSORD_RECYCLE_BYTES");
 	const char *idle = getenv("TENSORD_RECYCLE_IDLE_MS");
+	const char *protect = getenv("TENSORD_RECYCLE_PROTECT");
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 	char *end;
 
 	memset(r, 0, sizeof(*r));
 	r->off = off && strcmp(off, "0") == 0;
+	r->protect = protect && strcmp(protect, "1") == 0;
 	r->budget = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 4 : (1ull << 30);
 	if (r->budget > TD_RING_BUDGET_MAX)
 		r->budget = TD_RING_BUDGET_MAX;
@@ -206,7 +210,7 @@ static bool add(struct td_ring *r, uint64_t id, uint8_t *base, uint64_t map_size
 		r->bufs = b;
 		r->cap = cap;
 	}
-	r->bufs[r->n++] = (struct td_ring_buf){ id, base, map_size, size, now, 0 };
+	r->bufs[r->n++] = (struct td_ring_buf){ id, base, map_size, size, now, 0, false };
 	r->bytes += map_size;
 	if (!r->sweep_due)
 		r->sweep_due = now + r->idle_ns;
@@ -261,10 +265,23 @@ static int target(tensord_client *c, const Tensord__Lease *w, int *fd, struct td
 	pthread_mutex_lock(&c->lock);
 	for (unsigned i = 0; i < r->n; i++)
 		if (r->bufs[i].id == w->ring) {
-			r->bufs[i].used_ns = now;
-			r->bufs[i].pins += pin;
-			*ret_base = r->bufs[i].base;
-			*ret_len = r->bufs[i].map_size;
+			struct td_ring_buf *b = &r->bufs[i];
+
+			/* The view a create's publish revoked: the next version's. */
+			if (b->revoked) {
+				if (mprotect(b->base, (size_t)b->map_size, PROT_READ | PROT_WRITE) <
+				    0) {
+					e = errno;
+					pthread_mutex_unlock(&c->lock);
+					return td_set_error(-e, "tensor '%s': mprotect failed: %s",
+							    name, strerror(e));
+				}
+				b->revoked = false;
+			}
+			b->used_ns = now;
+			b->pins += pin;
+			*ret_base = b->base;
+			*ret_len = b->map_size;
 			pthread_mutex_unlock(&c->lock);
 			return 0;
 		}
@@ -319,6 +336,31 @@ int td_ring_lend(tensord_client *c, const Tensord__Lease *w, int *fd, struct td_
 		 const char *name, uint8_t **ret_base, uint64_t *ret_len)
 {
 	return target(c, w, fd, rs, name, true, ret_base, ret_len);
+}
+
+void td_ring_written(tensord_client *c, uint64_t id)
+{
+	struct td_ring *r = &c->ring;
+
+	if (!r->protect)
+		return;
+	pthread_mutex_lock(&c->lock);
+	for (unsigned i = 0; i < r->n; i++)
+		if (r->bufs[i].id == id && !r->bufs[i].pins &&
+		    mprotect(r->bufs[i].base, (size_t)r->bufs[i].map_size, PROT_READ) == 0)
+			r->bufs[i].revoked = true;
+	pthread_mutex_unlock(&c->lock);
+}
+
+void td_ring_revoked(tensord_client *c, uint64_t id)
+{
+	struct td_ring *r = &c->ring;
+
+	pthread_mutex_lock(&c->lock);
+	for (unsigned i = 0; i < r->n; i++)
+		if (r->bufs[i].id == id)
+			r->bufs[i].revoked = true;
+	pthread_mutex_unlock(&c->lock);
 }
 
 void td_ring_unpin(tensord_client *c, uint64_t id)

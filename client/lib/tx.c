@@ -251,6 +251,7 @@ struct put_slot {
 struct deferred {
 	struct td_copy_part *parts;
 	uint64_t *leases;
+	uint64_t *rings;
 	size_t n;
 };
 
@@ -260,6 +261,8 @@ static int deferred_run(tensord_client *c, struct deferred *dv, int r)
 	if (r == 0 && dv->n)
 		td_copy_many(dv->parts, dv->n);
 	for (size_t i = 0; i < dv->n; i++) {
+		if (r == 0)
+			td_ring_written(c, dv->rings[i]);
 		td_lease_end(c, dv->leases[i]);
 		td_ring_end(c);
 	}
@@ -304,10 +307,13 @@ static int put_finish(tensord_client *c, struct put_slot *s, int r, struct defer
 					dv->parts[dv->n] =
 						(struct td_copy_part){ ring, src,
 								       (size_t)w->map_size };
+					dv->rings[dv->n] = w->ring;
 					dv->leases[dv->n++] = w->lease;
 					deferred = true;
 				} else {
 					r = td_put_copy(c, s->item->src, ring, w->map_size);
+					if (r == 0)
+						td_ring_written(c, w->ring);
 				}
 				if (r == 1)
 					r = td_set_error(
@@ -418,11 +424,12 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 	/* Without room to defer, each member is copied as its answer comes. */
 	dv.parts = n ? malloc(n * sizeof(*dv.parts)) : NULL;
 	dv.leases = n ? malloc(n * sizeof(*dv.leases)) : NULL;
-	if (!dv.parts || !dv.leases) {
+	dv.rings = n ? malloc(n * sizeof(*dv.rings)) : NULL;
+	if (!dv.parts || !dv.leases || !dv.rings) {
 		free(dv.parts);
 		free(dv.leases);
-		dv.parts = NULL;
-		dv.leases = NULL;
+		free(dv.rings);
+		dv = (struct deferred){ 0 };
 	}
 	r = tensord_tx_begin(c, &tx);
 	while (oldest < next || (r == 0 && next < n)) {
@@ -470,6 +477,7 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 	r = deferred_run(c, &dv, r);
 	free(dv.parts);
 	free(dv.leases);
+	free(dv.rings);
 	if (r == 0)
 		r = tensord_tx_commit(tx, ret_commit);
 	else if (tx)

@@ -73,9 +73,10 @@ enum {
 	 * leases all ended, which the library keeps mapped (docs/recycle.md),
 	 * so filling it costs no fault. Two things differ from a plain
 	 * create: the bytes not written are an older version's, not zeroes,
-	 * and the view stays writable after publish, so a write through it
-	 * then changes the published version (docs/security.md, "Recycled
-	 * memory"). The view is not inherited by a fork() child.
+	 * and the view is revoked at publish (read-only: a write through it
+	 * afterwards faults, where a plain create's lands in a private copy;
+	 * docs/security.md, "Recycled memory"). The view is not inherited by
+	 * a fork() child.
 	 */
 	TENSORD_RECYCLE = 1u << 4,
 };

@@ -447,7 +447,7 @@ def test_create_fill_publish_recycled(client, child):
         v[:] = 5
         t.publish()
         time.sleep(0.5)            # ten idle times: the buffer is pinned
-        v[0] = 5                   # still mapped: no fault
+        # Still mapped (read-only since the publish): no fault.
         print("ok %d" % int(v.sum() == 5 * (1 << 18)), flush=True)
         del v
         t.release()
@@ -461,30 +461,38 @@ def test_create_fill_publish_recycled(client, child):
         assert (np.from_dlpack(r) == 5).all()
 
 
-def test_create_view_write_after_publish_is_documented(client):
-    """The documented difference (security.md, "Recycled memory"): a
-    recycled create's view stays the writer's after publish; a plain
-    create's view turns private at publish."""
+def test_create_view_is_revoked_at_publish(client, child):
+    """A recycled create's view is the writer's ring buffer, shared; its
+    publish revokes it (read-only), so a write through it afterwards faults
+    instead of changing what others read (CONTRACT.md: an error or a
+    private copy, never a change others see). A plain create's view turns
+    private at publish: the write stays in the creator's copy."""
+    import ctypes
     n = MiB // 4
     t = client.create("p", (n,), "int32")
     np.from_dlpack(t)[:] = 1
     t.publish()
-    import ctypes
     a = np.from_dlpack(t)
     ctypes.memset(a.__array_interface__["data"][0], 9, 4)
     with client.attach("p") as r:
-        assert np.from_dlpack(r)[0] == 1     # sealed: the write stayed private
+        assert np.from_dlpack(r)[0] == 1
     del a
     t.release()
-    t = client.create("q", (n,), "int32", recycle=True)
-    np.from_dlpack(t)[:] = 1
-    t.publish()
-    a = np.from_dlpack(t)
-    ctypes.memset(a.__array_interface__["data"][0], 9, 4)
+    w = child("""
+        import ctypes, numpy as np, tensord
+        c = tensord.connect()
+        t = c.create("q", (1 << 18,), "int32", recycle=True)
+        np.from_dlpack(t)[:] = 1
+        t.publish()
+        a = np.from_dlpack(t)
+        print("published", flush=True)
+        ctypes.memset(a.__array_interface__["data"][0], 9, 4)
+        print("wrote", flush=True)
+        """)
+    w.expect("published")
+    assert w.proc.wait(timeout=60) == -signal.SIGSEGV, w.stderr()
     with client.attach("q") as r:
-        assert np.from_dlpack(r)[0] == 0x09090909   # recycled: the writer's own
-    del a
-    t.release()
+        assert (np.from_dlpack(r) == 1).all()
 
 
 def test_a_reader_maps_a_ring_buffer_once(client, child):
@@ -534,3 +542,36 @@ def test_a_reader_maps_a_ring_buffer_once(client, child):
     # 48 versions read whole: a fresh mapping each would fault ~64 times each.
     assert int(faults) < 48 * 4, line
     assert int(grown) <= 0, line
+
+
+def test_protect_makes_the_writers_mapping_read_only_between_versions(child):
+    """TENSORD_RECYCLE_PROTECT=1: between versions the writer's own shared
+    mapping of its ring buffers is read-only (a stray write of its process
+    faults), writable again for the next version; without it, it stays
+    writable (docs/security.md, "Recycled memory")."""
+    code = """
+        import numpy as np, tensord
+        c = tensord.connect()
+        a = np.empty(1 << 20, np.int32)
+        for g in range(1, 9):
+            a.fill(g)
+            c.put("w", a, replace=True)
+            with c.attach("w") as t:
+                assert (np.from_dlpack(t) == g).all()
+        perms = set()
+        for line in open("/proc/self/maps"):
+            f = line.split()
+            # Shared mappings of tensors' memfds: the ring buffers (the
+            # binding page is one too, never a tensor's).
+            if len(f) >= 6 and "tensord" in f[5] and "bindings" not in f[5] and \
+                    f[1].endswith("s"):
+                perms.add(f[1])
+        hits = c.stats()["host_ring_hits_total"]
+        print("perms", ",".join(sorted(perms)), hits, flush=True)
+        """
+    on = child(code, env={"TENSORD_RECYCLE_PROTECT": "1", "TENSORD_RESERVE": "0"})
+    _, perms, hits = on.expect("perms").split()
+    assert perms == "r--s" and int(hits) >= 5, (perms, hits)
+    off = child(code, env={"TENSORD_RESERVE": "0"})
+    _, perms, hits = off.expect("perms").split()
+    assert perms == "rw-s" and int(hits) >= 5, (perms, hits)
