@@ -167,6 +167,9 @@ struct td_reserve {
 	pthread_cond_t cond; /* with the client's lock: a create came, or stop */
 };
 
+/* Sizes whose put interval a client's ring remembers. */
+#define TD_RING_SIZES 8
+
 /* One ring buffer this client maps writable (ring.c, docs/recycle.md). */
 struct td_ring_buf {
 	uint64_t id;   /* the daemon's name for it (Lease.ring) */
@@ -192,7 +195,13 @@ struct td_ring {
 	bool off;           /* TENSORD_RECYCLE=0 */
 	bool protect;       /* TENSORD_RECYCLE_PROTECT=1: read-only between versions */
 	uint64_t sweep_due; /* CLOCK_MONOTONIC; 0: nothing to expire */
-	uint64_t idle_ns;   /* a buffer unused this long is given back */
+	uint64_t idle_ns;   /* a buffer unused this long is given back, at least */
+	/* The sizes this client puts lately, and how far apart: a buffer of
+	 * a size put every S is kept 4 S (at most a minute), so a loop with
+	 * slower steps than idle_ns still recycles (ring.c). */
+	struct td_ring_size {
+		uint64_t size, last_ns, interval_ns;
+	} sizes[TD_RING_SIZES];
 };
 
 struct tensord_client {

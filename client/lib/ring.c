@@ -35,6 +35,9 @@
 
 /* A buffer no create named for this long is given back (TENSORD_RECYCLE_IDLE_MS: tests). */
 #define TD_RING_IDLE_NS (5000ull * 1000000ull)
+/* However slowly a size is put, its buffers are kept at most this long (or idle_ns). */
+#define TD_RING_KEEP_MAX_NS (60000ull * 1000000ull)
+
 /* A sweep a create in flight held back is tried again this much later. */
 #define TD_RING_RETRY_NS (100ull * 1000000ull)
 /* The most bytes mapped without TENSORD_RECYCLE_BYTES: a quarter of memory, at most this. */
@@ -80,6 +83,38 @@ void td_ring_init(struct td_ring *r)
 	}
 }
 
+/* Lock held. Notes a recycled create of size at now. */
+static void size_used(struct td_ring *r, uint64_t size, uint64_t now)
+{
+	struct td_ring_size *s = &r->sizes[0];
+
+	for (int i = 0; i < TD_RING_SIZES; i++) {
+		if (r->sizes[i].size == size) {
+			r->sizes[i].interval_ns = now - r->sizes[i].last_ns;
+			r->sizes[i].last_ns = now;
+			return;
+		}
+		if (r->sizes[i].last_ns < s->last_ns)
+			s = &r->sizes[i];
+	}
+	*s = (struct td_ring_size){ .size = size, .last_ns = now };
+}
+
+/* Lock held. How long buffer b may stay unused: idle_ns, or four of its size's put intervals. */
+static uint64_t keep_ns(const struct td_ring *r, const struct td_ring_buf *b)
+{
+	uint64_t most = r->idle_ns > TD_RING_KEEP_MAX_NS ? r->idle_ns : TD_RING_KEEP_MAX_NS;
+
+	for (int i = 0; i < TD_RING_SIZES; i++)
+		if (r->sizes[i].size == b->size && r->sizes[i].interval_ns) {
+			uint64_t k = 4 * r->sizes[i].interval_ns;
+
+			k = k < most ? k : most;
+			return k > r->idle_ns ? k : r->idle_ns;
+		}
+	return r->idle_ns;
+}
+
 /* Lock held. Moves the buffers idle at now to gone (allocated by the caller: r->n). */
 static unsigned expire(struct td_ring *r, uint64_t now, struct td_ring_buf *gone)
 {
@@ -89,14 +124,16 @@ static unsigned expire(struct td_ring *r, uint64_t now, struct td_ring_buf *gone
 	for (unsigned i = r->n; i-- > 0;) {
 		struct td_ring_buf *b = &r->bufs[i];
 
+		uint64_t keep = keep_ns(r, b);
+
 		if (b->pins)
 			continue; /* a created tensor's view: td_ring_unpin() times it again */
-		if (now - b->used_ns >= r->idle_ns) {
+		if (now - b->used_ns >= keep) {
 			gone[n++] = *b;
 			r->bytes -= b->map_size;
 			*b = r->bufs[--r->n];
-		} else if (!r->sweep_due || b->used_ns + r->idle_ns < r->sweep_due) {
-			r->sweep_due = b->used_ns + r->idle_ns;
+		} else if (!r->sweep_due || b->used_ns + keep < r->sweep_due) {
+			r->sweep_due = b->used_ns + keep;
 		}
 	}
 	return n;
@@ -167,8 +204,10 @@ bool td_ring_begin(tensord_client *c, uint64_t nbytes, uint32_t flags, unsigned 
 		mapped += r->bufs[i].size == nbytes;
 	ask = !c->inherited && !c->conn.closed && !r->sweeping &&
 	      (mapped || r->bytes + nbytes <= r->budget);
-	if (ask)
+	if (ask) {
 		r->creating++;
+		size_used(r, nbytes, mono_ns());
+	}
 	pthread_mutex_unlock(&c->lock);
 	if (ret_mapped && ask)
 		*ret_mapped = mapped;

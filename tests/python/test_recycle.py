@@ -575,3 +575,22 @@ def test_protect_makes_the_writers_mapping_read_only_between_versions(child):
     off = child(code, env={"TENSORD_RESERVE": "0"})
     _, perms, hits = off.expect("perms").split()
     assert perms == "rw-s" and int(hits) >= 5, (perms, hits)
+
+
+def test_a_slow_loop_still_recycles(child):
+    """A buffer unused for TENSORD_RECYCLE_IDLE_MS (here 50 ms) is given
+    back, unless its size is put regularly: then it is kept four put
+    intervals (at most a minute), so a loop whose steps are slower than the
+    idle time (here 150 ms) still recycles."""
+    w = child("""
+        import time, numpy as np, tensord
+        c = tensord.connect()
+        a = np.empty(1 << 18, np.int32)
+        for g in range(1, 13):
+            a.fill(g)
+            c.put("slow", a, replace=True)
+            time.sleep(0.15)
+        print("hits", c.stats()["host_ring_hits_total"], flush=True)
+        """, env={"TENSORD_RECYCLE_IDLE_MS": "50", "TENSORD_RESERVE": "0"})
+    hits = int(w.expect("hits").split()[1])
+    assert hits >= 6, hits
