@@ -95,61 +95,38 @@ def variants(client, src, peers, skip, plain=None):
 
     done = []
 
-    def put():
-        name = "bench/put/%d" % next(seq)
-        client.put(name, src)
-        done.append(name)
-
-    def cfp():
-        name = "bench/put/%d" % next(seq)
-        w = client.create(name, src.shape, "float32")
-        a = np.from_dlpack(w)
-        np.copyto(a, src)
-        del a
-        w.publish()
-        w.release()
-        done.append(name)
-
-    def cleanup():  # untimed: the unlinks of the puts just timed
-        while done:
-            client.unlink(done.pop())
-
-    def cfp_rc():
-        # create(recycle=True): the view is a buffer of this writer's ring
-        # (docs/recycle.md), mapped already, where put copies too.
-        name = "bench/put/%d" % next(seq)
-        w = client.create(name, src.shape, "float32", recycle=True)
-        a = np.from_dlpack(w)
-        np.copyto(a, src)
-        del a
-        w.publish()
-        w.release()
-        done.append(name)
-
-    put.cleanup = cleanup
-    cfp.cleanup = cleanup
-    cfp_rc.cleanup = cleanup
-    out = [("memcpy", memcpy), ("shm", shm), ("put", put), ("cfp", cfp), ("cfp/rc", cfp_rc)]
-    if plain is not None:
-        # The same calls on a client that keeps no reserve (TENSORD_RESERVE=0).
-        def put_nr():
+    def putter(c):
+        def put():
             name = "bench/put/%d" % next(seq)
-            plain.put(name, src)
+            c.put(name, src)
             done.append(name)
+        put.cleanup = cleanup
+        return put
 
-        def cfp_nr():
+    def creator(c, **kw):
+        # create + fill through the view + publish; recycle=True: the view is
+        # a buffer of this writer's ring (docs/recycle.md), mapped already.
+        def cfp():
             name = "bench/put/%d" % next(seq)
-            w = plain.create(name, src.shape, "float32")
+            w = c.create(name, src.shape, "float32", **kw)
             a = np.from_dlpack(w)
             np.copyto(a, src)
             del a
             w.publish()
             w.release()
             done.append(name)
+        cfp.cleanup = cleanup
+        return cfp
 
-        put_nr.cleanup = cleanup
-        cfp_nr.cleanup = cleanup
-        out += [("put/nr", put_nr), ("cfp/nr", cfp_nr)]
+    def cleanup():  # untimed: the unlinks of the puts just timed
+        while done:
+            client.unlink(done.pop())
+
+    out = [("memcpy", memcpy), ("shm", shm), ("put", putter(client)), ("cfp", creator(client)),
+           ("cfp/rc", creator(client, recycle=True))]
+    if plain is not None:
+        # The same calls on a client that keeps no reserve (TENSORD_RESERVE=0).
+        out += [("put/nr", putter(plain)), ("cfp/nr", creator(plain))]
     if "ray" in peers:
         import ray
 
