@@ -541,7 +541,10 @@ def test_a_reader_maps_a_ring_buffer_once(client, child):
     assert int(n) >= 55, line
     # 48 versions read whole: a fresh mapping each would fault ~64 times each.
     assert int(faults) < 48 * 4, line
-    assert int(grown) <= 0, line
+    # Reading maps nothing: a few mappings may still come and go meanwhile
+    # on the client's other threads (the reserve thread, the flusher letting
+    # an idle share go), as a loaded CI machine showed (grown 2).
+    assert int(grown) <= 4, line
 
 
 def test_protect_makes_the_writers_mapping_read_only_between_versions(child):
