@@ -262,7 +262,7 @@ UNIT_DEPS_test_log         := daemon/base/log.c common/paths.c
 # A daemon module may count a figure (figure_count()): its test links metrics.c, the counters' home.
 UNIT_DEPS_test_registry    := daemon/registry/registry.c daemon/registry/registry_lease.c \
                               daemon/registry/registry_create.c daemon/registry/registry_reserve.c \
-                              daemon/registry/registry_ring.c \
+                              daemon/registry/registry_ring.c daemon/registry/registry_arena.c \
                               daemon/registry/registry_bind.c \
                               daemon/registry/commit.c daemon/registry/txn.c \
                               daemon/base/quota.c daemon/memory/backend_host.c daemon/memory/pool.c \

@@ -51,7 +51,7 @@ the affinity).
 Uses the daemon at --socket (or $TENSORD_SOCKET); with neither, starts its
 own from $TENSORD_BUILD (default: build/) on a temporary socket.
 
-    PYTHONPATH=build/python python3 bench/py_sets.py [--parts attach,put,watch,sync]
+    PYTHONPATH=build/python python3 bench/py_sets.py [--parts attach,cold,put,watch,sync]
         [--rounds 7] [--quick] [--no-ray]
     PYTHONPATH=build/python python3 bench/py_sets.py --parts sync --sync-dict linear16
         [--commits 20] [--warmup 3] [--readers 3] [--no-mp] [--pss]
@@ -129,6 +129,46 @@ def bench_attach(c, n, size, rounds, reps):
           flush=True)
     for x in names:
         c.unlink(x)
+
+
+# --- 1b. a cold reader of a big set: one allocation vs one per member ---------------------
+
+def bench_cold(c, sock, n, size, rounds):
+    """Issue 32's set target, on the host: a reader that has mapped nothing
+    of a set (a fresh client) attaching all n members, against one cold
+    single attach. The set put by put_many lies in one allocation (one
+    descriptor, one mapping); sealed=True gives each member its own (the
+    layout before sets in one allocation)."""
+    sets = {}
+    for kind, sealed in (("one", False), ("per-member", True)):
+        names = ["bench/sets/cold/%s/%04d" % (kind, i) for i in range(n)]
+        c.put_many({x: np.ones(size // 4, np.float32) for x in names}, sealed=sealed)
+        sets[kind] = names
+
+    def cold(names):
+        with tensord.connect(sock) as r:
+            t0 = time.perf_counter()
+            s = r.attach_many(names) if len(names) > 1 else {0: r.attach(names[0])}
+            dt = time.perf_counter() - t0
+            for t in s.values():
+                t.release()
+        return dt
+
+    times = {k: [] for k in ("one", "per-member", "single")}
+    for _ in range(max(rounds, 5)):   # A B C A B C
+        times["one"].append(cold(sets["one"]))
+        times["per-member"].append(cold(sets["per-member"]))
+        times["single"].append(cold(sets["one"][n // 2:n // 2 + 1]))
+    m = {k: statistics.median(v) for k, v in times.items()}
+    ratio = m["one"] / m["single"]
+    print("py_sets: cold attach_many of %d x %s: one allocation %8.1f us, one per member "
+          "%8.1f us (%4.1fx faster); one cold single attach %6.1f us: set/single %4.1fx "
+          "(target <= 3x: %s)" % (n, human(size), m["one"] * 1e6, m["per-member"] * 1e6,
+                                  m["per-member"] / m["one"], m["single"] * 1e6, ratio,
+                                  verdict(ratio <= 3)), flush=True)
+    for names in sets.values():
+        for x in names:
+            c.unlink(x)
 
 
 # --- 2. put_many vs puts ------------------------------------------------------------------
@@ -892,7 +932,7 @@ def parse_size(s):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--socket", default=os.environ.get("TENSORD_SOCKET"))
-    ap.add_argument("--parts", default="attach,put,watch,sync")
+    ap.add_argument("--parts", default="attach,cold,put,watch,sync")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--names", type=int, default=256)
     ap.add_argument("--sync-tensors", type=int, default=256)
@@ -937,6 +977,9 @@ def main():
             if "attach" in parts:
                 for size in (4 << 10, 64 << 10):
                     bench_attach(c, args.names, size, args.rounds, reps)
+            if "cold" in parts:
+                bench_cold(c, sock, 300 if not args.quick else 8,
+                           (1 << 20) if not args.quick else (128 << 10), args.rounds)
             if "put" in parts:
                 for size in (4 << 10, 64 << 10):
                     bench_put(c, args.names, size, args.rounds, max(1, reps // 2))

@@ -87,6 +87,8 @@ static int create_args_from(const Tensord__Create *m, struct create_args *a, cha
 	a->tx = m->tx;
 	a->reserve = m->reserve;
 	a->recycle = m->recycle;
+	a->arena_size = m->arena_size;
+	a->in_arena = m->in_arena;
 	return device_from(m->device, m->name, &a->device, why, why_len);
 }
 

@@ -127,6 +127,11 @@ void reply_fill_lease(struct reply_lease_store *s, const struct tensor *t, uint6
 	/* Its writer's lease names the ring buffer it writes (docs/recycle.md). */
 	if (writable && t->ring_rc)
 		l->ring = t->ring_id;
+	/* Its writer's lease of a member names the set allocation, whole. */
+	if (writable && t->arena && t->arena->rc) {
+		l->ring = t->arena->id;
+		l->arena_size = t->arena->alloc.size;
+	}
 }
 
 void reply_lease(struct conn *c, uint64_t req_id, const struct tensor *t, uint64_t lease,

@@ -290,11 +290,32 @@ static int map_new(int fd, uint64_t map_size, const char *name, uint8_t **ret)
 	return 0;
 }
 
+/*
+ * Where w's tensor lies in its buffer's mapping (base, len): at its
+ * offset in a set allocation (Lease.arena_size), else at the start.
+ */
+static int at(const Tensord__Lease *w, uint8_t *base, uint64_t len, const char *name,
+	      uint8_t **ret_base, uint64_t *ret_len)
+{
+	uint64_t off = w->arena_size ? w->ipc_offset : 0;
+
+	if (off > len || w->map_size > len - off)
+		return td_set_error(-EPROTO,
+				    "tensor '%s': tensord placed it at %llu bytes in a ring "
+				    "buffer of %llu",
+				    name, (unsigned long long)off, (unsigned long long)len);
+	*ret_base = base + off;
+	*ret_len = len - off;
+	return 0;
+}
+
 static int target(tensord_client *c, const Tensord__Lease *w, int *fd, struct td_reserve_slot *rs,
 		  const char *name, bool pin, uint8_t **ret_base, uint64_t *ret_len)
 {
 	struct td_ring *r = &c->ring;
 	uint64_t now = mono_ns();
+	/* A member of a set allocation comes in the whole of it. */
+	uint64_t size = w->arena_size ? w->arena_size : w->map_size;
 	uint8_t *base = NULL;
 	uint64_t map_size;
 	int e;
@@ -317,12 +338,13 @@ static int target(tensord_client *c, const Tensord__Lease *w, int *fd, struct td
 				}
 				b->revoked = false;
 			}
-			b->used_ns = now;
-			b->pins += pin;
-			*ret_base = b->base;
-			*ret_len = b->map_size;
+			e = at(w, b->base, b->map_size, name, ret_base, ret_len);
+			if (e == 0) {
+				b->used_ns = now;
+				b->pins += pin;
+			}
 			pthread_mutex_unlock(&c->lock);
-			return 0;
+			return e;
 		}
 	pthread_mutex_unlock(&c->lock);
 	if (rs && rs->base && w->reserve && w->reserve == rs->id) {
@@ -335,7 +357,7 @@ static int target(tensord_client *c, const Tensord__Lease *w, int *fd, struct td
 		*rs = (struct td_reserve_slot){ .fd = -1 };
 		td_reserve_written(c);
 	} else if (*fd >= 0) {
-		map_size = w->map_size;
+		map_size = size;
 		e = map_new(*fd, map_size, name, &base);
 		if (e < 0)
 			return e;
@@ -348,7 +370,7 @@ static int target(tensord_client *c, const Tensord__Lease *w, int *fd, struct td
 				    name, (unsigned long long)w->ring);
 	}
 	pthread_mutex_lock(&c->lock);
-	if (!add(r, w->ring, base, map_size, w->map_size, now)) {
+	if (!add(r, w->ring, base, map_size, size, now)) {
 		pthread_mutex_unlock(&c->lock);
 		munmap(base, (size_t)map_size);
 		td_maps_gone(1);
@@ -358,9 +380,7 @@ static int target(tensord_client *c, const Tensord__Lease *w, int *fd, struct td
 	pthread_mutex_unlock(&c->lock);
 	/* An idle process lets its buffers go too: the flusher times it. */
 	td_relq_ring_due(&c->conn, now + r->idle_ns);
-	*ret_base = base;
-	*ret_len = map_size;
-	return 0;
+	return at(w, base, map_size, name, ret_base, ret_len);
 }
 
 int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd, struct td_reserve_slot *rs,

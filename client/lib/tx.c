@@ -237,6 +237,7 @@ struct put_slot {
 	bool inline_bytes;
 	bool on_device; /* copied on the device when its turn comes, not pipelined */
 	bool recycle;   /* asked for a ring buffer: td_ring_end() once answered */
+	bool arena;     /* a member of the set allocation (the set ends its ring turn) */
 	uint8_t *buf;   /* owned: the inline bytes, until the request is sent */
 	size_t cost;    /* the request's bytes on the wire */
 	const tensord_put_item *item;
@@ -252,6 +253,7 @@ struct deferred {
 	struct td_copy_part *parts;
 	uint64_t *leases;
 	uint64_t *rings;
+	bool *ends; /* its own ring turn to end (not a set allocation's member) */
 	size_t n;
 };
 
@@ -264,7 +266,8 @@ static int deferred_run(tensord_client *c, struct deferred *dv, int r)
 		if (r == 0)
 			td_ring_written(c, dv->rings[i]);
 		td_lease_end(c, dv->leases[i]);
-		td_ring_end(c);
+		if (dv->ends[i])
+			td_ring_end(c);
 	}
 	dv->n = 0;
 	return r;
@@ -295,7 +298,7 @@ static int put_finish(tensord_client *c, struct put_slot *s, int r, struct defer
 			w = s->p.reply->lease;
 			/* Memory of this writer's ring (docs/recycle.md): copied into
 			 * its mapping; else written through the descriptor. */
-			if (s->recycle && w->ring)
+			if ((s->recycle || s->arena) && w->ring)
 				r = td_ring_target(c, w, &s->p.fd, NULL, s->item->name, &ring);
 			if (r < 0) {
 				/* The error is set. */
@@ -308,6 +311,7 @@ static int put_finish(tensord_client *c, struct put_slot *s, int r, struct defer
 						(struct td_copy_part){ ring, src,
 								       (size_t)w->map_size };
 					dv->rings[dv->n] = w->ring;
+					dv->ends[dv->n] = s->recycle;
 					dv->leases[dv->n++] = w->lease;
 					deferred = true;
 				} else {
@@ -340,9 +344,46 @@ static int put_finish(tensord_client *c, struct put_slot *s, int r, struct defer
 	return r;
 }
 
-/* Readies item's request in s: inline bytes when they fit, else a create. */
+/*
+ * A set in one allocation (docs/recycle.md, section 5): the members a
+ * put_many lays out in one ring buffer, and its size. Each member that
+ * would take a ring buffer of its own (host, past the inline size) goes
+ * at the next offset, aligned as the daemon places them (registry_arena.c):
+ * to a page when it is a page or more, else to 256 bytes. Nothing for
+ * fewer than two such members.
+ */
+enum { ARENA_NONE, ARENA_OPENS, ARENA_MEMBER };
+
+static uint64_t arena_plan(const tensord_put_item *items, size_t n, uint32_t flags, uint32_t mode,
+			   uint8_t *role)
+{
+	uint64_t fill = 0, page = 4096;
+	size_t members = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		tensord_spec spec;
+		uint64_t nbytes, align;
+
+		role[i] = ARENA_NONE;
+		if (!items[i].src || td_device_is_gpu(items[i].src->device.device_type) ||
+		    td_put_check(items[i].name, items[i].src, flags, mode, &spec, &nbytes) < 0 ||
+		    nbytes <= TD_PUT_INLINE_MAX)
+			continue;
+		align = nbytes >= page ? page : 256;
+		fill = ((fill + align - 1) & ~(align - 1)) + nbytes;
+		role[i] = members++ ? ARENA_MEMBER : ARENA_OPENS;
+	}
+	td_clear_error();
+	return members >= 2 ? (fill + page - 1) & ~(page - 1) : 0;
+}
+
+/*
+ * Readies item's request in s: inline bytes when they fit, else a create
+ * (of a member of the set allocation of arena_size bytes when role says).
+ */
 static int put_prepare(tensord_client *c, uint32_t tx, struct put_slot *s,
-		       const tensord_put_item *item, uint32_t flags, uint32_t mode)
+		       const tensord_put_item *item, uint32_t flags, uint32_t mode, uint8_t role,
+		       uint64_t arena_size)
 {
 	tensord_spec spec;
 	uint64_t nbytes;
@@ -373,7 +414,13 @@ static int put_prepare(tensord_client *c, uint32_t tx, struct put_slot *s,
 		if (r == -EMSGSIZE)
 			r = 0; /* a long name and shape: a create after all */
 	}
-	if (r == 0 && !s->inline_bytes) {
+	if (r == 0 && !s->inline_bytes && role != ARENA_NONE) {
+		/* The set's ring turn covers it. */
+		s->arena = true;
+		r = td_create_msg(&s->m.create, item->name, &spec, tx, true);
+		s->m.create.m.cr.arena_size = role == ARENA_OPENS ? arena_size : 0;
+		s->m.create.m.cr.in_arena = role == ARENA_MEMBER;
+	} else if (r == 0 && !s->inline_bytes) {
 		s->recycle = td_ring_begin(c, nbytes, flags, NULL);
 		r = td_create_msg(&s->m.create, item->name, &spec, tx, s->recycle);
 		if (r < 0 && s->recycle) {
@@ -410,6 +457,8 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 	struct deferred dv = { 0 };
 	struct put_slot *slots, *s;
 	size_t oldest = 0, next = 0, bytes = 0;
+	uint64_t arena_size = 0;
+	uint8_t *role = NULL;
 	bool ready = false; /* slots[next % PUT_WINDOW] is readied, not yet sent */
 	tensord_tx *tx = NULL;
 	int r = td_client_current(&c);
@@ -425,18 +474,29 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 	dv.parts = n ? malloc(n * sizeof(*dv.parts)) : NULL;
 	dv.leases = n ? malloc(n * sizeof(*dv.leases)) : NULL;
 	dv.rings = n ? malloc(n * sizeof(*dv.rings)) : NULL;
-	if (!dv.parts || !dv.leases || !dv.rings) {
+	dv.ends = n ? malloc(n * sizeof(*dv.ends)) : NULL;
+	if (!dv.parts || !dv.leases || !dv.rings || !dv.ends) {
 		free(dv.parts);
 		free(dv.leases);
 		free(dv.rings);
+		free(dv.ends);
 		dv = (struct deferred){ 0 };
 	}
+	/* Its members in one ring buffer when they can be (one turn of the ring for the set). */
+	role = n ? calloc(n, 1) : NULL;
+	if (role && dv.parts)
+		arena_size = arena_plan(items, n, flags, mode, role);
+	if (arena_size && !td_ring_begin(c, arena_size, flags, NULL))
+		arena_size = 0;
+	if (!arena_size && role)
+		memset(role, ARENA_NONE, n);
 	r = tensord_tx_begin(c, &tx);
 	while (oldest < next || (r == 0 && next < n)) {
 		if (r == 0 && next < n && next - oldest < PUT_WINDOW) {
 			s = &slots[next % PUT_WINDOW];
 			if (!ready) {
-				r = put_prepare(c, tx->id, s, &items[next], flags, mode);
+				r = put_prepare(c, tx->id, s, &items[next], flags, mode,
+						role ? role[next] : ARENA_NONE, arena_size);
 				ready = r == 0;
 				if (r < 0)
 					continue;
@@ -478,6 +538,10 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 	free(dv.parts);
 	free(dv.leases);
 	free(dv.rings);
+	free(dv.ends);
+	free(role);
+	if (arena_size)
+		td_ring_end(c);
 	if (r == 0)
 		r = tensord_tx_commit(tx, ret_commit);
 	else if (tx)

@@ -169,8 +169,11 @@ void reg_tensor_free(struct registry *reg, struct tensor *t)
 		t->dev->used -= t->alloc.footprint;
 		t->dev->tensors--;
 	}
-	/* Memory of a ring goes back to it (registry_ring.c), else it is freed. */
-	if (t->alloc.ops && !reg_ring_return(reg, t))
+	/* A member's memory is its arena's; memory of a ring goes back to it
+	 * (registry_ring.c); else it is freed. */
+	if (t->arena)
+		reg_arena_member_gone(reg, t);
+	else if (t->alloc.ops && !reg_ring_return(reg, t))
 		t->alloc.ops->release(&t->alloc);
 	reg->n_tensors--;
 	log_debug("tensor '%s' (id %llu): freed", t->name, (unsigned long long)t->id);
@@ -179,10 +182,16 @@ void reg_tensor_free(struct registry *reg, struct tensor *t)
 
 void registry_fini(struct registry *reg)
 {
+	struct tensor *t;
+
 	while (!LIST_EMPTY(&reg->holds))
 		registry_hold_end(reg, LIST_FIRST(&reg->holds));
+	/* Arenas forget their writers first: a client may be gone already. */
+	LIST_FOREACH(t, &reg->all, all_link)
+	if (t->arena)
+		t->arena->rc = NULL;
 	while (!LIST_EMPTY(&reg->all)) {
-		struct tensor *t = LIST_FIRST(&reg->all);
+		t = LIST_FIRST(&reg->all);
 
 		t->creator = NULL; /* its client may be gone without client_gone() */
 		t->ring_rc = NULL; /* likewise its ring's: the memory is freed */

@@ -38,6 +38,8 @@ struct reg_tx;
  */
 #define REGISTRY_RESERVES_MAX 4
 #define REGISTRY_RESERVE_BYTES_MAX (2ull << 30)
+/* The largest set allocation (registry_arena.c): a put_many past it is laid out per member. */
+#define REGISTRY_ARENA_BYTES_MAX (64ull << 30)
 #define REGISTRY_RESERVE_MIN (1u << 20)
 
 /* How many leases one uid holds on a tensor. */
@@ -95,6 +97,12 @@ struct tensor {
 	LIST_ENTRY(tensor) ring_link; /* ring_rc->ring_tensors, while ring_rc */
 	bool ring_hit;                /* its create took a free buffer: no descriptor to send */
 	bool ring_tainted;
+	/*
+	 * A member of a set allocation (registry_arena.c): its memory is
+	 * [alloc.ipc_offset, + nbytes) of the arena, whose descriptor
+	 * alloc.fd borrows; the arena counts it. NULL: none.
+	 */
+	struct reg_arena *arena;
 	/*
 	 * Replace (docs/design.md, "Replace"): a named tensor's pending new
 	 * version, and the other way round. A draft is in state CREATED and not
@@ -155,6 +163,35 @@ struct reg_reserve {
 	uint32_t gid, mode;
 };
 
+/*
+ * A set in one allocation (registry_arena.c, docs/recycle.md section 5):
+ * one ring buffer of its writer's connection that a transaction's members
+ * share, each at its offset. It lives while it has members, or while its
+ * transaction may still place some (open); then it goes back to its
+ * writer's ring as one free buffer, or is freed.
+ */
+struct reg_arena {
+	uint64_t id;                /* the ring buffer id of its writer's connection */
+	struct reg_client *rc;      /* borrowed; NULL: the writer is gone or let go of it */
+	LIST_ENTRY(reg_arena) link; /* rc->arenas, while rc */
+	struct reg_device *dev;
+	struct backend_alloc alloc; /* owned: its memfd, whole */
+	uint32_t gid, mode;         /* of every member, and of whatever it holds next */
+	uint64_t fill;              /* members take [offset, offset + nbytes) below this */
+	uint32_t members;           /* live tensors in it */
+	/*
+	 * What members do not take of it (its footprint less their bytes:
+	 * room for members to come, padding, slices of members gone), charged
+	 * to uid (bytes and one descriptor) and its device like a reserve;
+	 * lent: taken out of spare for the member being created.
+	 */
+	uint32_t uid;
+	uint64_t spare, lent;
+	bool open;    /* its transaction may place more */
+	bool fd_sent; /* its writer was sent its descriptor, or maps it already */
+	bool tainted; /* a client leasing a member forked: never recycled */
+};
+
 /* A client's view: who it is and the leases it holds. Embedded in a conn. */
 struct reg_client {
 	uint64_t id;
@@ -176,7 +213,8 @@ struct reg_client {
 	LIST_HEAD(, tensor) ring_tensors;
 	LIST_HEAD(, reg_reserve) ring_free;
 	unsigned n_ring_free;
-	struct reg_page *page; /* its binding page (registry_bind.c), owned; NULL: none */
+	LIST_HEAD(, reg_arena) arenas; /* set allocations it writes (registry_arena.c) */
+	struct reg_page *page;         /* its binding page (registry_bind.c), owned; NULL: none */
 };
 
 struct reg_lease {
@@ -284,6 +322,9 @@ struct registry {
 	uint32_t n_ring_free;
 	uint64_t ring_free_bytes;
 	uint64_t ring_hits, ring_tainted;
+	/* Set allocations (registry_arena.c) holding members, and their bytes. */
+	uint32_t n_arenas;
+	uint64_t arena_bytes;
 };
 
 /*
@@ -314,6 +355,11 @@ struct create_args {
 	/* Recycle (docs/recycle.md): memory of rc's ring; a free buffer
 	 * first, and then the named reserve is left alone. */
 	bool recycle;
+	/* A set in one allocation (Create.arena_size, in_arena; registry_arena.c):
+	 * with tx and recycle, open the transaction's arena of this size, or go
+	 * into the one it has open. */
+	uint64_t arena_size;
+	bool in_arena;
 	/* The name is "@PEER/NAME" (td_remote_name_check()): a replica of
 	 * another node's tensor, which only remote.c creates. */
 	bool replica;

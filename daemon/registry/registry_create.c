@@ -281,6 +281,39 @@ static bool ring_ready(struct registry *reg, const struct reg_client *rc,
 }
 
 /*
+ * Room in a set allocation (registry_arena.c) for a's tensor of nbytes, a
+ * member of tx: the bytes lent by tx's arena, which a's create opens first
+ * when it asks (Create.arena_size); 0: none (no arena could be opened, or
+ * the tensor does not fit the open one), and its memory comes as without.
+ */
+static uint64_t arena_lend(struct registry *reg, struct reg_client *rc, const struct create_args *a,
+			   struct reg_tx *tx, uint64_t nbytes)
+{
+	struct reg_device *dev = registry_device(reg, a->device);
+	uint32_t mode = a->mode ? a->mode : 0600;
+	char reason[200];
+	int r;
+
+	if (!tx || !dev || dev->init_rc < 0 || !(a->arena_size || a->in_arena) ||
+	    !may_recycle(reg, dev, a->recycle, a->shared, a->flags, nbytes))
+		return 0;
+	if (a->arena_size) {
+		if (a->arena_size < nbytes || a->arena_size > REGISTRY_ARENA_BYTES_MAX) {
+			reg_tx_set_arena(reg, tx, NULL);
+			return 0;
+		}
+		r = reg_arena_open(reg, rc, tx, dev, a->arena_size, rc->gid, mode, reason,
+				   sizeof(reason));
+		if (r < 0) {
+			log_debug("tensor '%.*s': no set allocation: %s", (int)a->name_len, a->name,
+				  reason);
+			return 0;
+		}
+	}
+	return reg_arena_lend(reg, tx, dev, rc->gid, mode, a->flags, nbytes);
+}
+
+/*
  * Gets t its memory on dev (a free buffer of rc's ring when a asks to
  * recycle and one fits; else reserve res's when it fits, which it then
  * takes over), and room for its name in the table. A recycled tensor's
@@ -288,8 +321,8 @@ static bool ring_ready(struct registry *reg, const struct reg_client *rc,
  * it got; the caller frees t.
  */
 static int tensor_alloc(struct registry *reg, struct reg_client *rc, const struct create_args *a,
-			struct reg_device *dev, struct tensor *t, struct reg_reserve *res,
-			char *why, size_t why_len)
+			struct reg_tx *tx, uint64_t lent, struct reg_device *dev, struct tensor *t,
+			struct reg_reserve *res, char *why, size_t why_len)
 {
 	const struct backend_ops *ops = dev->ops;
 	bool recycle = may_recycle(reg, dev, a->recycle, a->shared, t->flags, t->nbytes);
@@ -297,6 +330,15 @@ static int tensor_alloc(struct registry *reg, struct reg_client *rc, const struc
 	uint64_t ring_id = 0;
 	int r;
 
+	if (lent) {
+		/* A member of tx's set allocation. */
+		reg_arena_place(tx, t);
+		t->alloc.ops = dev->ops;
+		r = reg_name_room(reg, t, why, why_len);
+		if (r < 0)
+			reg_arena_member_gone(reg, t);
+		return r;
+	}
 	if (recycle)
 		ring = reg_ring_take(reg, rc, dev, t->nbytes, t->owner_gid, t->mode);
 	if (goes_to_slab(ops, a->shared, t->nbytes)) {
@@ -460,7 +502,7 @@ static int create_one(struct registry *reg, struct reg_client *rc, const struct 
 	char reason[200];
 	struct reg_device *dev;
 	struct tensor *t;
-	uint64_t nbytes;
+	uint64_t nbytes, lent = 0;
 	int r;
 
 	r = create_check(reg, rc, a, why, why_len);
@@ -484,23 +526,25 @@ static int create_one(struct registry *reg, struct reg_client *rc, const struct 
 	t->alloc.fd = -1;
 	r = td_layout(a->dtype, a->ndim, a->shape, a->strides, t->strides, &nbytes, reason,
 		      sizeof(reason));
-	if (r < 0)
+	if (r < 0) {
 		snprintf(why, why_len, "tensor '%.*s': %s", (int)a->name_len, a->name, reason);
-	else
+	} else {
+		/* A member of a set allocation: the room its arena holds for it. */
+		lent = arena_lend(reg, rc, a, tx, nbytes);
 		r = create_device(reg, a, nbytes, &dev, why, why_len);
-	if (r < 0) {
-		free(t);
-		return r;
 	}
-	tensor_fill(t, a, rc, nbytes);
-	r = create_charge(reg, dev, t, a->shared, why, why_len);
+	if (r == 0) {
+		tensor_fill(t, a, rc, nbytes);
+		r = create_charge(reg, dev, t, a->shared, why, why_len);
+	}
 	if (r < 0) {
+		reg_arena_unlend(reg, lent ? tx : NULL);
 		free(t);
 		return r;
 	}
 	if (dev->ops->alloc_blocks && nbytes && !goes_to_slab(dev->ops, a->shared, nbytes))
 		return create_begin(reg, rc, a, tx, dev, t, ret_t, why, why_len);
-	r = tensor_alloc(reg, rc, a, dev, t, res, why, why_len);
+	r = tensor_alloc(reg, rc, a, tx, lent, dev, t, res, why, why_len);
 	if (r < 0) {
 		reg_create_uncharge(reg, t);
 		free(t);

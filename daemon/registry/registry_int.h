@@ -168,6 +168,14 @@ void reg_ring_link(struct reg_client *rc, struct tensor *t, uint64_t id);
  */
 bool reg_ring_return(struct registry *reg, struct tensor *t);
 
+/*
+ * Keeps alloc, memory of rc's ring buffer id that held a version of group
+ * gid and mode, as a free buffer of rc's ring (charged like a reserve; alloc->fd
+ * becomes -1): true; false when it cannot (the caller frees it).
+ */
+bool reg_ring_keep(struct registry *reg, struct reg_client *rc, uint64_t id, struct reg_device *dev,
+		   struct backend_alloc *alloc, uint32_t gid, uint32_t mode);
+
 /* Unreserve of a ring buffer's id: a free one is freed, a used one is freed with its tensor. */
 int reg_ring_drop(struct registry *reg, struct reg_client *rc, uint64_t id);
 
@@ -179,6 +187,50 @@ void reg_ring_client_gone(struct registry *reg, struct reg_client *rc);
 
 /* Frees every reserve rc holds: its close, or room for a create. Returns how many. */
 unsigned reg_reserves_drop(struct registry *reg, struct reg_client *rc);
+
+/*
+ * registry_arena.c: a set in one allocation (docs/recycle.md, section 5).
+ * Opens tx's arena of size bytes on dev for members of rc's group gid and
+ * mode (closing the one it had): 0, or -errno and why (then none is open).
+ */
+int reg_arena_open(struct registry *reg, struct reg_client *rc, struct reg_tx *tx,
+		   struct reg_device *dev, uint64_t size, uint32_t gid, uint32_t mode, char *why,
+		   size_t why_len);
+
+/*
+ * Room in tx's open arena for a tensor of nbytes on dev of group gid, mode
+ * and flags about to be created: its bytes taken out of the arena's charge
+ * (the tensor's own create charges them) and returned; 0 when tx has no
+ * arena open or the tensor does not fit it (another class or device, no
+ * room). reg_arena_place() then puts it there, or reg_arena_unlend() gives
+ * the bytes back when its create fails.
+ */
+uint64_t reg_arena_lend(struct registry *reg, struct reg_tx *tx, const struct reg_device *dev,
+			uint32_t gid, uint32_t mode, uint32_t flags, uint64_t nbytes);
+void reg_arena_unlend(struct registry *reg, struct reg_tx *tx);
+
+/* t, lent room, goes into tx's arena at the next offset: t->alloc borrows its descriptor. */
+void reg_arena_place(struct reg_tx *tx, struct tensor *t);
+
+/* t, a member, is being freed: the arena forgets it; its last member's end frees or recycles it. */
+void reg_arena_member_gone(struct registry *reg, struct tensor *t);
+
+/* tx ends: its arena takes no more members (freed or recycled now if it has none). */
+void reg_arena_close(struct registry *reg, struct reg_arena *a);
+
+/* tx's open arena (NULL: none), and a new one for it (the old one closed). */
+struct reg_arena *reg_tx_arena(const struct reg_tx *tx);
+void reg_tx_set_arena(struct registry *reg, struct reg_tx *tx, struct reg_arena *a);
+
+/*
+ * Unreserve of arena id of rc (0: any one): its writer let go of its
+ * mapping, so it is freed with its last member, never recycled. 0, or
+ * -ESRCH when rc has no such arena.
+ */
+int reg_arena_drop(struct reg_client *rc, uint64_t id);
+
+/* A client leasing a member forked: the arena is never recycled. True the first time. */
+bool reg_arena_taint(struct reg_arena *a);
 
 /* registry_bind.c: t's name no longer means t: every slot bound to it is cleared, its client woken. */
 void reg_bindings_clear(struct tensor *t);

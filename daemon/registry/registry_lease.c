@@ -100,6 +100,7 @@ void registry_client_init(struct reg_client *rc, uint64_t id, uint32_t uid, uint
 	LIST_INIT(&rc->reserves);
 	LIST_INIT(&rc->ring_tensors);
 	LIST_INIT(&rc->ring_free);
+	LIST_INIT(&rc->arenas);
 	rc->id = id;
 	rc->uid = uid;
 	rc->gid = gid;

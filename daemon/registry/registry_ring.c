@@ -87,24 +87,23 @@ static void ring_unlink(struct tensor *t)
 	t->ring_rc = NULL;
 }
 
-bool reg_ring_return(struct registry *reg, struct tensor *t)
+bool reg_ring_keep(struct registry *reg, struct reg_client *rc, uint64_t id, struct reg_device *dev,
+		   struct backend_alloc *alloc, uint32_t gid, uint32_t mode)
 {
-	struct reg_client *rc = t->ring_rc;
 	struct reg_reserve *r;
 	char why[200];
 
-	ring_unlink(t);
-	if (!rc || t->ring_tainted || !reg->recycle || t->alloc.fd < 0 || t->alloc.priv ||
-	    !t->dev || rc->n_ring_free >= RING_FREE_MAX)
+	if (!reg->recycle || alloc->fd < 0 || alloc->priv || !dev ||
+	    rc->n_ring_free >= RING_FREE_MAX)
 		return false;
 	r = calloc(1, sizeof(*r));
 	if (!r)
 		return false;
-	r->id = t->ring_id;
-	r->dev = t->dev;
-	r->alloc = t->alloc;
-	r->gid = t->owner_gid;
-	r->mode = t->mode;
+	r->id = id;
+	r->dev = dev;
+	r->alloc = *alloc;
+	r->gid = gid;
+	r->mode = mode;
 	if (reg_reserve_charge(reg, rc, r, why, sizeof(why)) < 0) {
 		/* No room to keep it: freed, as memory is without rings. */
 		log_debug("conn %llu: ring buffer %llu freed: %s", (unsigned long long)rc->id,
@@ -112,12 +111,21 @@ bool reg_ring_return(struct registry *reg, struct tensor *t)
 		free(r);
 		return false;
 	}
-	t->alloc.fd = -1;
+	alloc->fd = -1;
 	LIST_INSERT_HEAD(&rc->ring_free, r, link);
 	rc->n_ring_free++;
 	reg->n_ring_free++;
 	reg->ring_free_bytes += r->alloc.footprint;
 	return true;
+}
+
+bool reg_ring_return(struct registry *reg, struct tensor *t)
+{
+	struct reg_client *rc = t->ring_rc;
+
+	ring_unlink(t);
+	return rc && !t->ring_tainted &&
+	       reg_ring_keep(reg, rc, t->ring_id, t->dev, &t->alloc, t->owner_gid, t->mode);
 }
 
 static void free_one(struct registry *reg, struct reg_client *rc, struct reg_reserve *r)
@@ -144,7 +152,7 @@ int reg_ring_drop(struct registry *reg, struct reg_client *rc, uint64_t id)
 		ring_unlink(t);
 		return 0;
 	}
-	return -ESRCH;
+	return reg_arena_drop(rc, id);
 }
 
 unsigned reg_ring_drop_free(struct registry *reg, struct reg_client *rc)
@@ -163,6 +171,8 @@ void reg_ring_client_gone(struct registry *reg, struct reg_client *rc)
 	reg_ring_drop_free(reg, rc);
 	while (!LIST_EMPTY(&rc->ring_tensors))
 		ring_unlink(LIST_FIRST(&rc->ring_tensors));
+	while (reg_arena_drop(rc, 0) == 0)
+		;
 }
 
 unsigned registry_forked(struct registry *reg, struct reg_client *rc)
@@ -175,6 +185,10 @@ unsigned registry_forked(struct registry *reg, struct reg_client *rc)
 
 		if (t && t->ring_id && !t->ring_tainted) {
 			t->ring_tainted = true;
+			reg->ring_tainted++;
+			n++;
+		}
+		if (t && t->arena && reg_arena_taint(t->arena)) {
 			reg->ring_tainted++;
 			n++;
 		}

@@ -28,7 +28,20 @@ struct reg_tx {
 	TAILQ_HEAD(, tensor) members;    /* borrowed, in the order staged */
 	LIST_HEAD(, reg_staged) unlinks; /* owned, newest first */
 	uint32_t n_members, n_unlinks;
+	struct reg_arena *arena; /* the one its members go into (registry_arena.c); NULL: none */
 };
+
+struct reg_arena *reg_tx_arena(const struct reg_tx *tx)
+{
+	return tx->arena;
+}
+
+void reg_tx_set_arena(struct registry *reg, struct reg_tx *tx, struct reg_arena *a)
+{
+	if (tx->arena)
+		reg_arena_close(reg, tx->arena);
+	tx->arena = a;
+}
 
 uint32_t reg_tx_id(const struct reg_tx *tx)
 {
@@ -121,6 +134,7 @@ static void tx_end(struct registry *reg, struct reg_client *rc, struct reg_tx *t
 		LIST_REMOVE(s, link);
 		free(s);
 	}
+	reg_tx_set_arena(reg, tx, NULL);
 	LIST_REMOVE(tx, link);
 	rc->n_txs--;
 	free(tx);

@@ -766,6 +766,11 @@ static void one(struct conn *c, unsigned k, const char *name)
 		if (k == K_TX_CREATE) {
 			cb.m.tx = pick_tx(c);
 			note_tx(c, cb.m.tx);
+			/* Sets in one allocation: arenas opened, filled, overfilled, absurd. */
+			if (chance(20))
+				cb.m.arena_size = chance(80) ? (1 + below(64)) << 16 : rnd();
+			else if (chance(40))
+				cb.m.in_arena = true;
 		}
 		req.body_case = TENSORD__REQUEST__BODY_CREATE;
 		req.create = &cb.m;

@@ -144,10 +144,12 @@ def test_mapping_limit_is_a_clear_error(client, daemon):
     data: ABORT". The library now refuses a mapping that would leave less
     than its margin below the limit, with EMFILE naming it, and releases
     the lease it got. TENSORD_MAX_MAP_COUNT lowers the limit for the test.
-    The tensors are above the slab size (64 KiB), so each has a memfd and a
-    mapping of its own: tensors in slabs share their slab's mapping (below)."""
+    The tensors are above the slab size (64 KiB) and sealed, so each has a
+    memfd and a mapping of its own: tensors in slabs share their slab's
+    mapping (below), and a recycled put_many's members their set's one
+    (test_recycle.py)."""
     n = 400
-    client.put_many({f"lim/{i}": np.full(10000, i, np.int64) for i in range(n)})
+    client.put_many({f"lim/{i}": np.full(10000, i, np.int64) for i in range(n)}, sealed=True)
     before = {x.conn_id: x.leases for x in client.clients()}
     out = subprocess.run([sys.executable, "-c", MAP_LIMIT_CHILD, daemon.socket, str(n)],
                          capture_output=True, text=True, timeout=120,

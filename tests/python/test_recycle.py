@@ -231,9 +231,11 @@ def test_readers_racing_recycled_sets_see_whole_versions(client, child):
         assert int(bad) == 0, line
         assert int(seen) > 1, line
     f = figures(client)
-    assert f["host_ring_hits_total"] - hits0 > members * versions // 2, f
+    # The set is one allocation (docs/recycle.md, section 5): one ring
+    # buffer a version, recycled as a whole.
+    assert f["host_ring_hits_total"] - hits0 > versions // 2, f
     # Bounded by what readers held at once, not by the versions made.
-    assert f["host_ring_buffers"] <= members * 8, f
+    assert f["host_ring_buffers"] <= 8, f
 
 
 def test_a_reader_holding_a_version_keeps_it_and_blocks_only_it(client):
@@ -350,10 +352,11 @@ def test_kill9_of_a_writer_leaves_whole_versions_and_leaks_nothing(client, child
 
     def back():
         s = client.stats()
-        return (s["host_ring_buffers"], s["host_ring_bytes"], s["tensors"]) == \
-            (0, 0, base["tensors"])
+        return (s["host_ring_buffers"], s["host_ring_bytes"], s["host_arenas"],
+                s["tensors"]) == (0, 0, 0, base["tensors"])
     assert wait_until(back), {k: v for k, v in client.stats().items()
-                              if k in ("host_ring_buffers", "host_ring_bytes", "tensors")}
+                              if k in ("host_ring_buffers", "host_ring_bytes", "host_arenas",
+                                       "tensors")}
 
 
 NOBODY = r"""
@@ -597,3 +600,130 @@ def test_a_slow_loop_still_recycles(child):
         """, env={"TENSORD_RECYCLE_IDLE_MS": "50", "TENSORD_RESERVE": "0"})
     hits = int(w.expect("hits").split()[1])
     assert hits >= 6, hits
+
+
+# --- a set in one allocation (docs/recycle.md, section 5) ---------------------------
+
+SET_READER = r"""
+import os, sys, numpy as np, tensord
+c = tensord.connect()
+names = ["big/%03d" % i for i in range(int(sys.argv[1]))]
+
+def maps():
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+
+def memfds():
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if "memfd:" in os.readlink("/proc/self/fd/" + fd):
+                out.add(os.fstat(int(fd)).st_ino)
+        except OSError:
+            pass
+    return out
+
+c.attach_many(names[:1]).clear()     # the library's own first mappings
+before = maps()
+s = c.attach_many(names)
+grown = maps() - before
+ok = all(int(np.from_dlpack(s[n])[0]) == i and int(np.from_dlpack(s[n])[-1]) == i
+         for i, n in enumerate(names))
+print("grown", grown, "ok", ok, flush=True)
+one = c.attach(names[7])
+print("single", int(np.from_dlpack(one)[5]), flush=True)
+"""
+
+
+def test_a_set_is_one_allocation_mapped_once(client, child):
+    """put_many lays its members out in one ring buffer: the daemon counts
+    one arena, and a reader of 300 members takes one mapping, not 300
+    (the reader maps at most 64 ring buffers; a set past that was mapped
+    anew every version)."""
+    n = 300
+    arrays = {"big/%03d" % i: np.full(32 * 1024 + 8 * i, i, np.int32) for i in range(n)}
+    client.put_many(arrays)
+    st = client.stats()
+    assert st["host_arenas"] == 1, st["host_arenas"]
+    total = sum(a.nbytes for a in arrays.values())
+    assert total <= st["host_arena_bytes"] < total + n * 4096
+    r = child("import sys; sys.argv = ['r', '%d']\n" % n + SET_READER)
+    line = r.expect("grown")
+    _, grown, _, ok = line.split()
+    assert ok == "True", line
+    assert int(grown) <= 4, line
+    assert r.expect("single") == "single 7"
+    for name in arrays:
+        client.unlink(name)
+    assert wait_until(lambda: client.stats()["host_arenas"] == 0)
+
+
+def test_a_reader_keeping_one_member_keeps_its_set(client):
+    """A member leased from version g keeps g's whole arena, so its bytes
+    never change; later versions recycle other arenas, and g's goes back to
+    the ring when the lease ends."""
+    arrays = {"ks/%d" % i: np.empty(MiB // 4, np.int32) for i in range(4)}
+
+    def put(g):
+        for a in arrays.values():
+            a.fill(g)
+        client.put_many(arrays, replace=True)
+    put(1)
+    held = client.attach("ks/2")
+    x = np.from_dlpack(held)
+    for g in range(2, 12):
+        put(g)
+        assert (x == 1).all()
+        with client.attach("ks/1") as t:
+            assert (np.from_dlpack(t) == g).all()
+    st = figures(client)
+    assert client.stats()["host_arenas"] >= 2
+    del x
+    held.release()
+    assert wait_until(lambda: figures(client)["host_ring_buffers"] > st["host_ring_buffers"])
+    put(12)
+    # Replacing one member alone: its version is its own; the set still reads.
+    a = np.full(MiB // 4, 99, np.int32)
+    client.put("ks/0", a, replace=True)
+    with client.attach("ks/0") as t:
+        assert (np.from_dlpack(t) == 99).all()
+    s = client.attach_many(sorted(arrays))
+    assert [int(np.from_dlpack(s[n])[0]) for n in sorted(arrays)] == [99, 12, 12, 12]
+    s.clear()
+    put(13)
+    for n in arrays:
+        client.unlink(n)
+    assert wait_until(lambda: client.stats()["host_arenas"] == 0)
+
+
+def test_a_forked_reader_of_a_member_taints_its_set(client, child):
+    arrays = {"fs/%d" % i: np.full(MiB // 4, 5, np.int32) for i in range(3)}
+    client.put_many(arrays, replace=True)
+    tainted0 = figures(client)["host_ring_tainted_total"]
+    ch = child("""
+        import os, time, numpy as np, tensord
+        c = tensord.connect()
+        t = c.attach("fs/1")
+        x = np.from_dlpack(t)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            time.sleep(1.0)
+            os.write(w, b"ok" if (x == 5).all() else b"changed")
+            os._exit(0)
+        os.close(w)
+        del x
+        t.release()
+        c.close()
+        print("released", flush=True)
+        print(os.read(r, 16).decode(), flush=True)
+        os.waitpid(pid, 0)
+        """)
+    ch.expect("released")
+    assert figures(client)["host_ring_tainted_total"] == tainted0 + 1
+    for g in range(6, 30):
+        for a in arrays.values():
+            a.fill(g)
+        client.put_many(arrays, replace=True)
+    assert ch.expect() == "ok"

@@ -299,6 +299,179 @@ static void test_ring_free_buffers_make_room(void **state)
 	registry_client_gone(reg, &w);
 }
 
+/* A member of set allocation tx (docs/recycle.md, section 5): opens it when arena is nonzero. */
+static struct tensor *member(struct registry *reg, struct reg_client *rc, const char *name,
+			     int64_t n, uint32_t tx, uint64_t arena, uint64_t *lease)
+{
+	struct create_args a = reg_fixture_u8(name, &n, (DLDevice){ kDLCPU, 0 });
+	struct tensor *t;
+
+	a.recycle = true;
+	a.replace = true;
+	a.tx = tx;
+	a.mode = 0644;
+	a.arena_size = arena;
+	a.in_arena = !arena;
+	assert_int_equal(registry_create(reg, rc, &a, &t, lease, why, sizeof(why)), 0);
+	return t;
+}
+
+/* One version of the set s/a, s/b, s/c (MiB, 2 MiB - 100, MiB) as transaction tx. */
+static struct tensor *set_version(struct registry *reg, struct reg_client *rc, uint32_t tx,
+				  struct tensor **ret_c)
+{
+	uint64_t l[3], commit;
+	uint32_t pub, unl;
+	struct tensor *a, *b;
+
+	a = member(reg, rc, "s/a", MiB, tx, 4 * MiB, &l[0]);
+	b = member(reg, rc, "s/b", 2 * MiB - 100, tx, 0, &l[1]);
+	*ret_c = member(reg, rc, "s/c", MiB, tx, 0, &l[2]);
+	assert_ptr_equal(b->arena, a->arena);
+	assert_ptr_equal((*ret_c)->arena, a->arena);
+	assert_int_equal(registry_tx_commit(reg, rc, tx, &commit, &pub, &unl, why, sizeof(why)), 0);
+	assert_int_equal(pub, 3);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(registry_release(reg, rc, l[i]), 0);
+	return b;
+}
+
+/*
+ * A set in one allocation: members at aligned offsets of one memfd, the
+ * whole of it charged (members their bytes, the arena the rest), kept
+ * while any member is leased, recycled whole when the last goes, and
+ * every charge given back at the end.
+ */
+static void test_arena_holds_a_set_and_is_recycled_whole(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_device *dev = host(reg);
+	struct quota_limits lim = { 0 };
+	struct tensor *a, *b, *c, *b2, *c2, *c3;
+	struct reg_client w, r;
+	uint64_t lease, id1;
+	struct quota q;
+	ino_t ino1;
+
+	quota_init(&q, &lim);
+	reg->quota = &q;
+	registry_client_init(&w, 1, 1000, 1000, 1);
+	registry_client_init(&r, 2, 1001, 1001, 2);
+	b = set_version(reg, &w, 1, &c);
+	a = registry_lookup(reg, &w, "s/a", 3);
+	assert_non_null(a);
+	id1 = b->arena->id;
+	ino1 = inode(b->alloc.fd);
+	assert_int_equal(inode(a->alloc.fd), ino1);
+	assert_int_equal(a->alloc.ipc_offset, 0);
+	assert_int_equal(b->alloc.ipc_offset, MiB);
+	assert_int_equal(c->alloc.ipc_offset, 3 * MiB); /* page-aligned after b */
+	assert_int_equal(reg->n_arenas, 1);
+	assert_int_equal(reg->arena_bytes, 4 * MiB);
+	/* Members their bytes, the arena the rest: 4 MiB in all, one descriptor each. */
+	assert_int_equal(dev->used, 4 * MiB);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 4 * MiB);
+	assert_int_equal(fcntl(b->alloc.fd, F_GET_SEALS) & F_SEAL_FUTURE_WRITE,
+			 F_SEAL_FUTURE_WRITE);
+
+	/* A reader keeps s/b of version 1: its arena lives on; version 2 takes new memory. */
+	lease = attach(reg, &r, "s/b");
+	b2 = set_version(reg, &w, 2, &c2);
+	assert_true(b2->arena->id != id1);
+	assert_int_equal(reg->n_arenas, 2);
+	assert_int_equal(reg->n_ring_free, 0);
+	assert_int_equal(dev->used, 8 * MiB);
+	/* s/b's bytes count against its reader now, the rest of its arena its writer's. */
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 6 * MiB + 100);
+	assert_int_equal(quota_get(&q, 1001)->n[QUOTA_PINNED], 2 * MiB - 100);
+
+	/* Its last lease ends: the arena goes back to the ring whole, charged as a reserve. */
+	assert_int_equal(registry_release(reg, &r, lease), 0);
+	assert_int_equal(reg->n_arenas, 1);
+	assert_int_equal(reg->n_ring_free, 1);
+	assert_int_equal(reg->ring_free_bytes, 4 * MiB);
+	assert_int_equal(dev->used, 8 * MiB);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 8 * MiB);
+	assert_int_equal(quota_get(&q, 1001)->n[QUOTA_PINNED], 0);
+
+	/* Version 3 takes it: same memfd, same id, and no descriptor to send. */
+	set_version(reg, &w, 3, &c3);
+	assert_int_equal(c3->arena->id, id1);
+	assert_int_equal(inode(c3->alloc.fd), ino1);
+	assert_true(c3->ring_hit);
+	assert_int_equal(reg->ring_hits, 1);
+
+	/* Version 2's went free with that commit; an aborted set takes it and gives it back. */
+	assert_int_equal(reg->n_ring_free, 1);
+	member(reg, &w, "s/a", MiB, 4, 4 * MiB, &lease);
+	assert_int_equal(reg->n_ring_free, 0);
+	assert_int_equal(registry_tx_abort(reg, &w, 4, why, sizeof(why)), 0);
+	assert_int_equal(registry_release(reg, &w, lease), 0);
+	assert_int_equal(reg->n_arenas, 1);
+	assert_int_equal(reg->n_ring_free, 1);
+	assert_int_equal(dev->used, 8 * MiB);
+
+	registry_client_gone(reg, &r);
+	registry_client_gone(reg, &w);
+	registry_client_init(&w, 3, 1000, 1000, 3);
+	for (const char *n = "abc"; *n; n++) {
+		char name[4] = { 's', '/', *n, 0 };
+
+		assert_int_equal(registry_unlink(reg, &w, name, 3, why, sizeof(why)), 0);
+	}
+	assert_int_equal(reg->n_arenas, 0);
+	assert_int_equal(reg->n_ring_free, 0);
+	assert_int_equal(dev->used, 0);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 0);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_FDS], 0);
+	registry_client_gone(reg, &w);
+	reg->quota = NULL;
+	quota_fini(&q);
+}
+
+/* A member that does not fit its arena, or another class, is created on its own. */
+static void test_arena_refuses_what_does_not_fit(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_device *dev = host(reg);
+	struct create_args x;
+	struct reg_client w;
+	struct tensor *a, *b, *c;
+	uint64_t l[3], commit;
+	uint32_t pub, unl;
+	int64_t n = MiB;
+
+	registry_client_init(&w, 1, 1000, 1000, 1);
+	a = member(reg, &w, "f/a", MiB, 1, 2 * MiB, &l[0]);
+	b = member(reg, &w, "f/b", 2 * MiB, 1, 0, &l[1]); /* no room left */
+	assert_non_null(a->arena);
+	assert_null(b->arena);
+	assert_true(b->ring_id != 0); /* a ring buffer of its own */
+	x = reg_fixture_u8("f/c", &n, (DLDevice){ kDLCPU, 0 });
+	x.recycle = true;
+	x.tx = 1;
+	x.in_arena = true;
+	x.mode = 0600; /* another class */
+	assert_int_equal(registry_create(reg, &w, &x, &c, &l[2], why, sizeof(why)), 0);
+	assert_null(c->arena);
+	assert_int_equal(registry_tx_commit(reg, &w, 1, &commit, &pub, &unl, why, sizeof(why)), 0);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(registry_release(reg, &w, l[i]), 0);
+	/* An arena larger than the device, or smaller than its first member: none. */
+	a = member(reg, &w, "g/a", MiB, 2, MiB / 2, &l[0]);
+	assert_null(a->arena);
+	assert_int_equal(registry_tx_abort(reg, &w, 2, why, sizeof(why)), 0);
+	assert_int_equal(registry_release(reg, &w, l[0]), 0);
+	registry_client_gone(reg, &w);
+	registry_client_init(&w, 2, 1000, 1000, 2);
+	assert_int_equal(registry_unlink(reg, &w, "f/a", 3, why, sizeof(why)), 0);
+	assert_int_equal(registry_unlink(reg, &w, "f/b", 3, why, sizeof(why)), 0);
+	assert_int_equal(registry_unlink(reg, &w, "f/c", 3, why, sizeof(why)), 0);
+	assert_int_equal(reg->n_arenas, 0);
+	assert_int_equal(dev->used, 0);
+	registry_client_gone(reg, &w);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -311,6 +484,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_ring_buffer_given_back, setup,
 						reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_ring_off, setup, reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_arena_holds_a_set_and_is_recycled_whole, setup,
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_arena_refuses_what_does_not_fit, setup,
+						reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_ring_free_buffers_make_room, setup,
 						reg_fixture_teardown),
 	};

@@ -1,0 +1,230 @@
+/*
+ * A set in one allocation (docs/recycle.md, section 5): put_many lays the
+ * members of one transaction out in one ring buffer of its writer's
+ * connection, an arena, so its writer maps one buffer per set and its
+ * readers one descriptor and one mapping, not one per member.
+ *
+ * The first member's create opens the arena (Create.arena_size): a free
+ * buffer of the connection's ring of that size, group and mode, or new
+ * memory. Each later member (Create.in_arena) takes the next offset. A
+ * member is an ordinary tensor (name, generation, leases, charges of its
+ * own bytes) whose memory is its slice: alloc.fd borrows the arena's
+ * descriptor and alloc.ipc_offset says where it lies; a reader maps the
+ * arena once, as it maps a ring buffer (Lease.share_id). The arena lives
+ * while any member does (named, or leased), so a reader keeping one member
+ * of version g keeps g's whole arena. When its last member goes it goes
+ * back to its writer's ring as one free buffer (registry_ring.c), unless
+ * its writer is gone or gave it back, or a client leasing a member forked:
+ * then it is freed.
+ *
+ * What it costs: the whole arena is charged to its writer's uid and the
+ * host from its opening (bytes and one descriptor, as a reserve); a member
+ * being created takes its own bytes out of that charge (reg_arena_lend())
+ * and is charged them as any tensor, and gives them back to the arena when
+ * it goes. A member that does not fit the arena is created as if it asked
+ * for none.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "daemon/base/log.h"
+#include "registry.h"
+#include "registry_int.h"
+
+/* Where a member of nbytes starts: at a page when it is a page or more, else at 256 bytes. */
+static uint64_t member_align(uint64_t nbytes)
+{
+	return nbytes >= 4096 ? 4096 : 256;
+}
+
+/* Bytes of a's spare given back to its uid and device (a member takes them, or a goes). */
+static void spare_take(struct registry *reg, struct reg_arena *a, uint64_t n)
+{
+	a->spare -= n;
+	if (reg->quota)
+		quota_uncharge(reg->quota, a->uid, QUOTA_BYTES, n);
+	a->dev->used -= n;
+}
+
+/* Bytes back into a's spare (a member gone, a lend undone): charged whatever the room. */
+static void spare_add(struct registry *reg, struct reg_arena *a, uint64_t n)
+{
+	a->spare += n;
+	if (reg->quota)
+		quota_add(reg->quota, a->uid, QUOTA_BYTES, n);
+	a->dev->used += n;
+}
+
+int reg_arena_open(struct registry *reg, struct reg_client *rc, struct reg_tx *tx,
+		   struct reg_device *dev, uint64_t size, uint32_t gid, uint32_t mode, char *why,
+		   size_t why_len)
+{
+	struct reg_reserve *ring, charge = { .dev = dev };
+	struct reg_arena *a;
+	int r;
+
+	reg_tx_set_arena(reg, tx, NULL);
+	a = calloc(1, sizeof(*a));
+	if (!a) {
+		snprintf(why, why_len, "arena of %llu bytes: out of memory",
+			 (unsigned long long)size);
+		return -ENOMEM;
+	}
+	ring = reg_ring_take(reg, rc, dev, size, gid, mode);
+	if (ring) {
+		a->alloc = ring->alloc;
+		a->id = ring->id;
+		a->fd_sent = true; /* its writer maps it already */
+		free(ring);
+	} else {
+		a->alloc.fd = -1;
+		r = dev->ops->alloc(&a->alloc, size, dev->device.device_id, "tensord-arena");
+		a->alloc.ops = dev->ops;
+		if (r < 0) {
+			snprintf(why, why_len, "arena of %llu bytes on %s: %s",
+				 (unsigned long long)size, dev->ops->name, tensord_strerror(r));
+			free(a);
+			return r;
+		}
+		a->alloc.recycled = true;
+		a->alloc.share_id = REG_RING_SHARE | ++reg->next_ring_share;
+		a->id = ++rc->next_reserve;
+	}
+	/* The whole of it is charged until members take their bytes. */
+	charge.alloc.footprint = a->alloc.footprint;
+	r = reg_reserve_charge(reg, rc, &charge, why, why_len);
+	if (r < 0) {
+		if (!ring || !reg_ring_keep(reg, rc, a->id, dev, &a->alloc, gid, mode))
+			dev->ops->release(&a->alloc);
+		free(a);
+		return r;
+	}
+	a->rc = rc;
+	a->uid = rc->uid;
+	a->spare = a->alloc.footprint;
+	a->dev = dev;
+	a->gid = gid;
+	a->mode = mode;
+	a->open = true;
+	LIST_INSERT_HEAD(&rc->arenas, a, link);
+	reg->n_arenas++;
+	reg->arena_bytes += a->alloc.footprint;
+	reg_tx_set_arena(reg, tx, a);
+	return 0;
+}
+
+/* Where a member of nbytes would go in a: its offset, or UINT64_MAX when it does not fit. */
+static uint64_t next_offset(const struct reg_arena *a, uint64_t nbytes)
+{
+	uint64_t align = member_align(nbytes);
+	uint64_t off = (a->fill + align - 1) & ~(align - 1);
+
+	return off > a->alloc.size || nbytes > a->alloc.size - off ? UINT64_MAX : off;
+}
+
+uint64_t reg_arena_lend(struct registry *reg, struct reg_tx *tx, const struct reg_device *dev,
+			uint32_t gid, uint32_t mode, uint32_t flags, uint64_t nbytes)
+{
+	struct reg_arena *a = tx ? reg_tx_arena(tx) : NULL;
+
+	if (!a || !a->open || a->lent || a->dev != dev || a->gid != gid || a->mode != mode ||
+	    (flags & TENSORD_MUTABLE) || !nbytes || next_offset(a, nbytes) == UINT64_MAX)
+		return 0;
+	spare_take(reg, a, nbytes);
+	a->lent = nbytes;
+	return nbytes;
+}
+
+void reg_arena_unlend(struct registry *reg, struct reg_tx *tx)
+{
+	struct reg_arena *a = tx ? reg_tx_arena(tx) : NULL;
+
+	if (a && a->lent) {
+		spare_add(reg, a, a->lent);
+		a->lent = 0;
+	}
+}
+
+void reg_arena_place(struct reg_tx *tx, struct tensor *t)
+{
+	struct reg_arena *a = reg_tx_arena(tx);
+	uint64_t off = next_offset(a, t->nbytes);
+
+	/* reg_arena_lend() found the room. */
+	assert(a->lent == t->nbytes && off != UINT64_MAX);
+	a->lent = 0;
+	t->alloc = a->alloc;
+	t->alloc.size = t->nbytes;
+	t->alloc.footprint = t->nbytes;
+	t->alloc.ipc_offset = off;
+	t->ring_hit = a->fd_sent;
+	a->fd_sent = true;
+	a->fill = off + t->nbytes;
+	a->members++;
+	t->arena = a;
+}
+
+/* a has no member left and no transaction to place more: back to its writer's ring, or freed. */
+static void arena_end(struct registry *reg, struct reg_arena *a)
+{
+	struct reg_client *rc = a->rc;
+
+	if (rc)
+		LIST_REMOVE(a, link);
+	spare_take(reg, a, a->spare);
+	if (reg->quota)
+		quota_uncharge(reg->quota, a->uid, QUOTA_FDS, 1);
+	reg->n_arenas--;
+	reg->arena_bytes -= a->alloc.footprint;
+	if (!rc || a->tainted ||
+	    !reg_ring_keep(reg, rc, a->id, a->dev, &a->alloc, a->gid, a->mode))
+		a->dev->ops->release(&a->alloc);
+	free(a);
+}
+
+void reg_arena_member_gone(struct registry *reg, struct tensor *t)
+{
+	struct reg_arena *a = t->arena;
+
+	t->arena = NULL;
+	t->alloc.fd = -1; /* the arena's */
+	/* Its bytes stay in the arena, charged to it, until the arena goes. */
+	spare_add(reg, a, t->nbytes);
+	if (--a->members == 0 && !a->open)
+		arena_end(reg, a);
+}
+
+void reg_arena_close(struct registry *reg, struct reg_arena *a)
+{
+	a->open = false;
+	if (a->lent) {
+		spare_add(reg, a, a->lent);
+		a->lent = 0;
+	}
+	if (a->members == 0)
+		arena_end(reg, a);
+}
+
+int reg_arena_drop(struct reg_client *rc, uint64_t id)
+{
+	struct reg_arena *a;
+
+	LIST_FOREACH(a, &rc->arenas, link)
+	if (!id || a->id == id) {
+		LIST_REMOVE(a, link);
+		a->rc = NULL;
+		return 0;
+	}
+	return -ESRCH;
+}
+
+bool reg_arena_taint(struct reg_arena *a)
+{
+	if (a->tainted)
+		return false;
+	a->tainted = true;
+	return true;
+}
