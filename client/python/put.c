@@ -329,13 +329,42 @@ PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds)
 	return PyLong_FromUnsignedLongLong(v.generation);
 }
 
+/*
+ * obj.detach() when obj is a tensor that requires grad (a torch Parameter,
+ * an activation), which torch refuses to export ("Can't export tensors that
+ * require gradient"): the put copies, so the autograd graph does not
+ * matter. A new reference: obj itself when it needs none; NULL with an
+ * exception.
+ */
+static PyObject *source_detached(PyObject *obj)
+{
+	PyObject *rg;
+	int needs;
+
+	if (!PyObject_HasAttrString(obj, "requires_grad") || !PyObject_HasAttrString(obj, "detach"))
+		return Py_NewRef(obj);
+	if (!(rg = PyObject_GetAttrString(obj, "requires_grad")))
+		return NULL;
+	needs = PyObject_IsTrue(rg);
+	Py_DECREF(rg);
+	if (needs < 0)
+		return NULL;
+	return needs ? PyObject_CallMethod(obj, "detach", NULL) : Py_NewRef(obj);
+}
+
 int td_source_from(struct td_source *s, PyObject *obj)
 {
 	memset(s, 0, sizeof(*s));
 	if (PyCapsule_CheckExact(obj))
 		return source_from_capsule(s, obj);
-	if (PyObject_HasAttrString(obj, "__dlpack__"))
-		return source_from_dlpack(s, obj);
+	if (PyObject_HasAttrString(obj, "__dlpack__")) {
+		/* The capsule keeps the detached tensor's storage alive. */
+		PyObject *src = source_detached(obj);
+		int rc = src ? source_from_dlpack(s, src) : -1;
+
+		Py_XDECREF(src);
+		return rc;
+	}
 	if (PyObject_CheckBuffer(obj))
 		return source_from_buffer(s, obj);
 	PyErr_Format(PyExc_TypeError, "put() needs a DLPack producer or a buffer, not %.100s",
