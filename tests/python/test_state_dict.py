@@ -347,3 +347,36 @@ def test_ml_dtypes_names_are_accepted(client):
                  "float8_e4m3b11fnuz", "float8_e8m0fnu"]:
         with client.create("ml/" + name, (4,), getattr(ml_dtypes, name)) as t:
             assert t.dtype == name
+
+
+def test_numpy_ml_dtypes_round_trip(client):
+    """numpy's DLPack carries neither bfloat16 nor float8 (put raised numpy's
+    BufferError, __array__ a RuntimeError): put takes their bits with the
+    dtype named, and __array__ / attach_state_dict give ml_dtypes views, zero
+    copy; torch reads the same values."""
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
+    src = np.linspace(-4, 4, 12, dtype=np.float32).reshape(3, 4)
+    sd = {"e4m3": src.astype(ml_dtypes.float8_e4m3fn), "e5m2": src.astype(ml_dtypes.float8_e5m2),
+          "bf16": src.astype(ml_dtypes.bfloat16), "f32": src}
+    commit = put_state_dict(client, "ml/", sd)
+    assert {i.name: i.dtype for i in client.list("ml/")} == {
+        "ml/e4m3": "float8_e4m3fn", "ml/e5m2": "float8_e5m2", "ml/bf16": "bfloat16",
+        "ml/f32": "float32"}
+    got = attach_state_dict(client, "ml/")
+    assert got.commit == commit
+    for k, v in sd.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
+        assert not got[k].flags.writeable, k
+        assert np.array_equal(got[k].view(f"u{v.itemsize}"), v.view(f"u{v.itemsize}")), k
+    # The Tensors are released; the ml_dtypes arrays hold the leases, then let go.
+    assert my_leases(client, "ml/e4m3") == 1
+    del got
+    gc.collect()
+    assert my_leases(client, "ml/e4m3") == 0
+    with client.attach("ml/e4m3") as t:
+        assert torch.from_dlpack(t).dtype == torch.float8_e4m3fn
+        assert torch.equal(torch.from_dlpack(t).float(),
+                           torch.from_numpy(sd["e4m3"].astype(np.float32)))
+        assert np.asarray(t).dtype == ml_dtypes.float8_e4m3fn
+    with pytest.raises(BufferError):            # float4: a byte per value in ml_dtypes
+        client.put("ml/fp4", np.zeros(2, ml_dtypes.float4_e2m1fn))

@@ -18,7 +18,8 @@ attach_state_dict() attaches every name under the prefix in one daemon
 step (attach_many), so all of it is from one commit and never a mix of a
 commit and its predecessor, and returns a StateDict (a dict with .commit)
 of key (prefix stripped) -> array, made by from_dlpack (numpy.from_dlpack
-unless told; jax.dlpack.from_dlpack or torch.from_dlpack work too; see
+unless told, with ml_dtypes' types for bfloat16 and float8 when ml_dtypes
+is installed; jax.dlpack.from_dlpack or torch.from_dlpack work too; see
 tensord.torch for torch). The arrays are zero-copy views of the daemon's
 memory, read-only for immutable tensors, and each holds its share of the
 tensor's lease: the version's bytes live while any array from it does,
@@ -81,6 +82,12 @@ def names_of(prefix: str, state_dict: Mapping[str, Any], what: str) -> dict[str,
     return out
 
 
+def _numpy(t: Any) -> Any:
+    """Tensor.__array__(): numpy.from_dlpack(t), or for the dtypes numpy's
+    DLPack lacks (bfloat16, float8) a zero-copy ml_dtypes view."""
+    return t.__array__()
+
+
 def put_state_dict(client: Any, prefix: str, state_dict: Mapping[str, Any],
                    **put_many_options: Any) -> int:
     """Puts every key -> array of state_dict as prefix + key in one commit
@@ -97,13 +104,13 @@ def attach_state_dict(client: Any, prefix: str, *, after: int | None = None,
     """The arrays under prefix, key (prefix stripped) -> from_dlpack(tensor),
     zero copy, all leased in one daemon step; .commit says which commit.
     after and timeout as for Client.attach_many (after: a commit id; waits
-    for a newer one). from_dlpack defaults to numpy.from_dlpack. Each array
+    for a newer one). from_dlpack defaults to numpy.from_dlpack (bfloat16
+    and float8 as ml_dtypes arrays, when it is installed). Each array
     holds its tensor's lease until it is collected; the Tensor objects are
     released before returning."""
     check_prefix(prefix, "attach_state_dict")
     if from_dlpack is None:
-        import numpy
-        from_dlpack = numpy.from_dlpack
+        from_dlpack = _numpy
     tensors = client.attach_many(prefix, after=after, timeout=timeout)
     out = StateDict()
     try:
