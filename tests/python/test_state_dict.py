@@ -97,6 +97,10 @@ def test_non_tensor_entries_are_refused(client):
         put_state_dict(client, "n/", {"a": np.ones(2), "x": "hello"})
     with pytest.raises(ValueError, match="empty"):
         tdt.put_state_dict(client, "p/", {})
+    with torch.device("meta"):
+        meta = make_model()
+    with pytest.raises(ValueError, match=r"entry '0.weight' is on the meta device"):
+        tdt.put_state_dict(client, "p/", meta.state_dict())
     assert client.list("p/") == [] and client.list("n/") == []
 
 

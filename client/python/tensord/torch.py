@@ -49,8 +49,9 @@ def put_state_dict(client: Any, prefix: str, state_dict: Mapping[str, Any],
     mapping key -> tensor) as prefix + key, detached, in one commit
     (client.put_many(..., **put_many_options); replace=True for each next
     version); returns the commit id. An entry that is not a tensor (a
-    module's extra state, say) is refused with a TypeError naming its key;
-    so are a prefix without a trailing '/' and an empty dict (ValueError)."""
+    module's extra state, say) is refused with a TypeError naming its key,
+    a meta tensor with a ValueError naming it, and so are a prefix without
+    a trailing '/' and an empty dict (ValueError)."""
     what = "tensord.torch.put_state_dict"
     tensors = {}
     for key, value in state_dict.items():
@@ -58,6 +59,9 @@ def put_state_dict(client: Any, prefix: str, state_dict: Mapping[str, Any],
             raise TypeError("%s: entry %r is a %s, not a torch.Tensor; only tensors are "
                             "put (drop it from the dict first)" %
                             (what, key, type(value).__name__))
+        if value.is_meta:
+            raise ValueError("%s: entry %r is on the meta device: it has no data to put "
+                             "(load the model's weights first)" % (what, key))
         tensors[key] = value.detach()
     return client.put_many(_sd.names_of(prefix, tensors, what), **put_many_options)
 
