@@ -33,6 +33,20 @@ static const struct {
 	{ "float64", { kDLFloat, 64, 1 } },
 	{ "complex64", { kDLComplex, 64, 1 } },
 	{ "complex128", { kDLComplex, 128, 1 } },
+	/* DLPack's fp8, fp6 and fp4 codes, named as torch and ml_dtypes name them. */
+	{ "float8_e3m4", { kDLFloat8_e3m4, 8, 1 } },
+	{ "float8_e4m3", { kDLFloat8_e4m3, 8, 1 } },
+	{ "float8_e4m3b11fnuz", { kDLFloat8_e4m3b11fnuz, 8, 1 } },
+	{ "float8_e4m3fn", { kDLFloat8_e4m3fn, 8, 1 } },
+	{ "float8_e4m3fnuz", { kDLFloat8_e4m3fnuz, 8, 1 } },
+	{ "float8_e5m2", { kDLFloat8_e5m2, 8, 1 } },
+	{ "float8_e5m2fnuz", { kDLFloat8_e5m2fnuz, 8, 1 } },
+	{ "float8_e8m0fnu", { kDLFloat8_e8m0fnu, 8, 1 } },
+	{ "float6_e2m3fn", { kDLFloat6_e2m3fn, 6, 1 } },
+	{ "float6_e3m2fn", { kDLFloat6_e3m2fn, 6, 1 } },
+	{ "float4_e2m1fn", { kDLFloat4_e2m1fn, 4, 1 } },
+	/* torch's packed pair of fp4 values: one byte, two lanes. */
+	{ "float4_e2m1fn_x2", { kDLFloat4_e2m1fn, 4, 2 } },
 };
 
 int tensord_dtype_parse(const char *s, DLDataType *ret)

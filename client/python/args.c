@@ -139,8 +139,9 @@ int td_parse_dtype(PyObject *o, DLDataType *ret)
 	if (rc < 0)
 		PyErr_Format(PyExc_ValueError,
 			     "unknown dtype %R: use bool, int8..int64, uint8..uint64, float16, "
-			     "bfloat16, float32, float64, complex64 or complex128, or a numpy or "
-			     "torch dtype",
+			     "bfloat16, float32, float64, complex64, complex128, float8_e4m3fn, "
+			     "float8_e5m2 (and the other float8/float6/float4 names of torch and "
+			     "ml_dtypes), or a numpy or torch dtype",
 			     o);
 	Py_DECREF(s);
 	return rc < 0 ? -1 : 0;

@@ -39,6 +39,27 @@ static const char *format_of(DLDataType dt)
 	return NULL;
 }
 
+/*
+ * Set by ml_dtypes_array() around one export, guarded by the GIL: a dtype
+ * with no struct format is then exported as unsigned integers of its size.
+ */
+static bool raw_export;
+
+/* The unsigned format of an element of size bytes, for raw_export. */
+static const char *raw_format(DLDataType dt)
+{
+	if (dt.lanes != 1)
+		return NULL;
+	switch (dt.bits) {
+	case 8:
+		return "B";
+	case 16:
+		return "H";
+	default:
+		return NULL;
+	}
+}
+
 /* Whether strides (in bytes) are row-major compact for shape. */
 static bool c_contiguous(int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
 			 Py_ssize_t itemsize)
@@ -56,7 +77,7 @@ static bool c_contiguous(int ndim, const Py_ssize_t *shape, const Py_ssize_t *st
 static int Tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags)
 {
 	const tensord_info *in = &self->info;
-	const char *fmt = format_of(in->dtype);
+	const char *fmt = format_of(in->dtype) ?: (raw_export ? raw_format(in->dtype) : NULL);
 	Py_ssize_t itemsize = (in->dtype.bits + 7) / 8, len = itemsize;
 	struct export *e;
 	char name[32];
@@ -130,6 +151,39 @@ PyBufferProcs td_tensor_buffer = {
 	.bf_releasebuffer = (releasebufferproc)Tensor_releasebuffer,
 };
 
+/*
+ * numpy view of a host tensor whose dtype numpy lacks but ml_dtypes names
+ * (bfloat16, the float8 types): the bytes as unsigned integers, viewed as
+ * ml_dtypes' type, zero copy (the memoryview under it holds a share of the
+ * lease). NULL with an exception when ml_dtypes is not there or lacks it.
+ */
+static PyObject *ml_dtypes_array(TensorObject *self, PyObject *np)
+{
+	PyObject *ml, *type = NULL, *mv = NULL, *raw = NULL, *out = NULL;
+	char name[32];
+
+	if (!(ml = PyImport_ImportModule("ml_dtypes")))
+		return NULL;
+	tensord_dtype_name(self->info.dtype, name, sizeof(name));
+	if (!raw_format(self->info.dtype) || !PyObject_HasAttrString(ml, name)) {
+		PyErr_Format(PyExc_BufferError, "ml_dtypes has no dtype %s", name);
+		goto out;
+	}
+	if (!(type = PyObject_GetAttrString(ml, name)))
+		goto out;
+	raw_export = true;
+	mv = PyMemoryView_FromObject((PyObject *)self);
+	raw_export = false;
+	if (mv && (raw = PyObject_CallMethod(np, "asarray", "O", mv)))
+		out = PyObject_CallMethod(raw, "view", "O", type);
+out:
+	Py_XDECREF(raw);
+	Py_XDECREF(mv);
+	Py_XDECREF(type);
+	Py_DECREF(ml);
+	return out;
+}
+
 PyObject *td_tensor_array(TensorObject *self, PyObject *args, PyObject *kwds)
 {
 	static char *kwlist[] = { "dtype", "copy", NULL };
@@ -139,7 +193,12 @@ PyObject *td_tensor_array(TensorObject *self, PyObject *args, PyObject *kwds)
 		return NULL;
 	if (!(np = PyImport_ImportModule("numpy")))
 		return NULL;
-	a = PyObject_CallMethod(np, "from_dlpack", "O", (PyObject *)self);
+	a = NULL;
+	if (!format_of(self->info.dtype) && raw_format(self->info.dtype) &&
+	    self->info.device.device_type == kDLCPU && !(a = ml_dtypes_array(self, np)))
+		PyErr_Clear(); /* numpy's DLPack lacks the dtype, and ml_dtypes too */
+	if (!a)
+		a = PyObject_CallMethod(np, "from_dlpack", "O", (PyObject *)self);
 	if (a && (dtype != Py_None || PyObject_IsTrue(copy) == 1)) {
 		out = dtype != Py_None ? PyObject_CallMethod(a, "astype", "O", dtype)
 				       : PyObject_CallMethod(a, "copy", NULL);

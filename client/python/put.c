@@ -329,13 +329,94 @@ PyObject *td_client_put(ClientObject *self, PyObject *args, PyObject *kwds)
 	return PyLong_FromUnsignedLongLong(v.generation);
 }
 
+/*
+ * obj.detach() when obj is a tensor that requires grad (a torch Parameter,
+ * an activation), which torch refuses to export ("Can't export tensors that
+ * require gradient"): the put copies, so the autograd graph does not
+ * matter. A new reference: obj itself when it needs none; NULL with an
+ * exception.
+ */
+static PyObject *source_detached(PyObject *obj)
+{
+	PyObject *rg;
+	int needs;
+
+	if (!PyObject_HasAttrString(obj, "requires_grad") || !PyObject_HasAttrString(obj, "detach"))
+		return Py_NewRef(obj);
+	if (!(rg = PyObject_GetAttrString(obj, "requires_grad")))
+		return NULL;
+	needs = PyObject_IsTrue(rg);
+	Py_DECREF(rg);
+	if (needs < 0)
+		return NULL;
+	return needs ? PyObject_CallMethod(obj, "detach", NULL) : Py_NewRef(obj);
+}
+
+/*
+ * An array of a dtype whose producer's DLPack does not carry it (numpy
+ * with ml_dtypes' bfloat16 and float8 types: BufferError) but that tensord
+ * names as obj.dtype.name: its bytes as unsigned integers of the same size
+ * (obj.view("u<size>")), with that dtype. 0 when done; -1 with an
+ * exception when obj is no such array or the view cannot be read.
+ */
+static int source_as_bits(struct td_source *s, PyObject *obj)
+{
+	PyObject *dtype, *name = NULL, *size = NULL, *view = NULL;
+	const char *txt;
+	long itemsize;
+	char fmt[8];
+	DLDataType dt;
+	int rc = -1;
+
+	if (!(dtype = PyObject_GetAttrString(obj, "dtype")) ||
+	    !(name = PyObject_GetAttrString(dtype, "name")) ||
+	    !(size = PyObject_GetAttrString(dtype, "itemsize")) || !PyUnicode_Check(name) ||
+	    !(txt = PyUnicode_AsUTF8(name)) || (itemsize = PyLong_AsLong(size)) < 0)
+		goto out;
+	if (tensord_dtype_parse(txt, &dt) < 0 || dt.lanes != 1 || dt.bits != itemsize * 8 ||
+	    (itemsize != 1 && itemsize != 2)) {
+		PyErr_Format(PyExc_BufferError, "dtype '%s' is not one tensord can take as bits",
+			     txt);
+		goto out;
+	}
+	snprintf(fmt, sizeof(fmt), "u%ld", itemsize);
+	if (!(view = PyObject_CallMethod(obj, "view", "s", fmt)) || source_from_dlpack(s, view) < 0)
+		goto out;
+	s->dl.dtype = dt;
+	rc = 0;
+out:
+	Py_XDECREF(view);
+	Py_XDECREF(size);
+	Py_XDECREF(name);
+	Py_XDECREF(dtype);
+	return rc;
+}
+
 int td_source_from(struct td_source *s, PyObject *obj)
 {
 	memset(s, 0, sizeof(*s));
 	if (PyCapsule_CheckExact(obj))
 		return source_from_capsule(s, obj);
-	if (PyObject_HasAttrString(obj, "__dlpack__"))
-		return source_from_dlpack(s, obj);
+	if (PyObject_HasAttrString(obj, "__dlpack__")) {
+		/* The capsule keeps the detached tensor's storage alive. */
+		PyObject *src = source_detached(obj);
+		int rc = src ? source_from_dlpack(s, src) : -1;
+
+		if (rc < 0 && src && PyErr_ExceptionMatches(PyExc_BufferError) && !s->versioned &&
+		    !s->legacy && !s->have_view) {
+			/* The producer's own error stays unless the bits path works. */
+			td_exc_state saved = td_exc_save();
+
+			rc = source_as_bits(s, src);
+			if (rc < 0)
+				PyErr_Clear();
+			td_exc_restore(saved);
+			if (rc == 0)
+				PyErr_Clear();
+		}
+		Py_XDECREF(src);
+		return rc;
+	}
 	if (PyObject_CheckBuffer(obj))
 		return source_from_buffer(s, obj);
 	PyErr_Format(PyExc_TypeError, "put() needs a DLPack producer or a buffer, not %.100s",

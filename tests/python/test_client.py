@@ -275,8 +275,10 @@ def test_put_dlpack_producers(client):
         client.put("copy/of/nc", src)
         assert client.stat("np/nc").refcount == 1
     assert client.stat("np/nc").refcount == 0
-    with pytest.raises(BufferError, match="gradient"):
-        client.put("grad", torch.ones(2, requires_grad=True))  # torch's own refusal
+    # torch refuses to export a tensor that requires grad; put detaches it (issue 34).
+    client.put("grad", torch.ones(2, requires_grad=True))
+    with client.attach("grad") as t:
+        assert torch.equal(torch.from_dlpack(t), torch.ones(2))
 
 
 def test_put_raw_capsule_is_consumed(client):

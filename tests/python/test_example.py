@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import tensord
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -69,9 +71,13 @@ def run_example(daemon, name, *args):
     return r.stdout
 
 
-def test_weight_sync_example(daemon):
-    """Three rollouts follow the trainer's commits: whole sets, never mixed."""
-    out = run_example(daemon, "weight_sync.py")
+@pytest.mark.parametrize("flags", [[], ["--numpy"]], ids=["torch", "numpy"])
+def test_weight_sync_example(daemon, flags):
+    """Three rollouts follow the trainer's commits: whole sets, never mixed;
+    tensord.torch with a meta-device model, or tensord.state_dict with numpy."""
+    if not flags:
+        pytest.importorskip("torch", reason="torch is not installed")
+    out = run_example(daemon, "weight_sync.py", *flags)
     m = re.search(r"^trainer: (\d+) steps of (\d+) tensors .* last commit (\d+)$", out, re.M)
     assert m and m.group(1) == "20" and m.group(2) == "64", out
     rollouts = re.findall(r"^rollout (\d): (\d+) sets, (\d+) commits, steps (\d+)\.\.(\d+), "

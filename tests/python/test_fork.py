@@ -294,3 +294,39 @@ def test_torch_dataloader_forked_workers(child, client, daemon):
     # Only the test's client and the parent were connected at the end.
     assert line == "dataloader ok 2", line
     daemon_at_rest(daemon, client, 0, 1)
+
+
+def test_torch_dataloader_zero_copy_samples(child, client, daemon):
+    """docs/python.md's fork example: workers return torch.from_dlpack(t) as it
+    is, no clone (the tensor holds the lease); batched (collate copies into
+    the batch) and unbatched (the sample itself crosses the worker queue)."""
+    pytest.importorskip("torch")
+    p = child(textwrap.dedent("""
+        import numpy as np, torch, tensord
+        from torch.utils.data import DataLoader, Dataset
+
+        c = tensord.connect()
+        for i in range(16):
+            c.put(f"in/{i}", np.full((8, 8), i, np.float32))
+
+        class Inputs(Dataset):
+            def __len__(self):
+                return 16
+            def __getitem__(self, i):
+                with c.attach(f"in/{i}") as t:
+                    return torch.from_dlpack(t)
+
+        for bs in (4, None):
+            dl = DataLoader(Inputs(), batch_size=bs, num_workers=2,
+                            multiprocessing_context="fork")
+            got = torch.cat([b.reshape(-1, 8, 8) for b in dl])
+            assert got.shape == (16, 8, 8), got.shape
+            assert got.sum(dim=(1, 2)).tolist() == [64.0 * i for i in range(16)]
+            del dl
+        for i in range(16):
+            assert c.stat(f"in/{i}").refcount == 0, (i, c.stat(f"in/{i}").refcount)
+        print("zero copy ok", flush=True)
+    """))
+    p.expect("zero copy ok", timeout=300)
+    p.finish(timeout=120)
+    daemon_at_rest(daemon, client, 0, 1)

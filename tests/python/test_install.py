@@ -28,6 +28,7 @@ def test_pip_wheel_builds_and_works(tmp_path, daemon):
         names = z.namelist()
         z.extractall(site)
     assert "tensord/py.typed" in names and "tensord/__init__.pyi" in names
+    assert "tensord/torch.py" in names and "tensord/state_dict.py" in names
 
     env = dict(os.environ, PYTHONPATH=str(site), TENSORD_SOCKET=daemon.socket)
     code = """

@@ -70,11 +70,33 @@ static void test_names(void **state)
 
 static void test_dtype_names(void **state)
 {
-	static const char *names[] = {
-		"bool",     "int8",    "int16",   "int32",     "int64",
-		"uint8",    "uint16",  "uint32",  "uint64",    "float16",
-		"bfloat16", "float32", "float64", "complex64", "complex128"
-	};
+	static const char *names[] = { "bool",
+				       "int8",
+				       "int16",
+				       "int32",
+				       "int64",
+				       "uint8",
+				       "uint16",
+				       "uint32",
+				       "uint64",
+				       "float16",
+				       "bfloat16",
+				       "float32",
+				       "float64",
+				       "complex64",
+				       "complex128",
+				       "float8_e3m4",
+				       "float8_e4m3",
+				       "float8_e4m3b11fnuz",
+				       "float8_e4m3fn",
+				       "float8_e4m3fnuz",
+				       "float8_e5m2",
+				       "float8_e5m2fnuz",
+				       "float8_e8m0fnu",
+				       "float6_e2m3fn",
+				       "float6_e3m2fn",
+				       "float4_e2m1fn",
+				       "float4_e2m1fn_x2" };
 	char buf[32];
 	DLDataType dt;
 
@@ -85,9 +107,17 @@ static void test_dtype_names(void **state)
 	assert_int_equal(tensord_dtype_parse("bfloat16", &dt), 0);
 	assert_int_equal(dt.code, kDLBfloat);
 	assert_int_equal(tensord_dtype_parse("float128", &dt), -EINVAL);
+	/* The codes torch's float8 and float4 tensors export with. */
 	assert_string_equal(
 		tensord_dtype_name((DLDataType){ kDLFloat8_e4m3fn, 8, 1 }, buf, sizeof(buf)),
-		"dtype(10,8,1)");
+		"float8_e4m3fn");
+	assert_string_equal(
+		tensord_dtype_name((DLDataType){ kDLFloat4_e2m1fn, 4, 2 }, buf, sizeof(buf)),
+		"float4_e2m1fn_x2");
+	/* A combination DLPack does not name keeps the numeric form. */
+	assert_string_equal(
+		tensord_dtype_name((DLDataType){ kDLFloat8_e4m3fn, 8, 2 }, buf, sizeof(buf)),
+		"dtype(10,8,2)");
 }
 
 static void test_devices(void **state)
