@@ -29,11 +29,17 @@ enum {
 	OPT_PROMETHEUS = 64,
 	OPT_AFTER = 128,
 	OPT_QUEUE = 256,
+	OPT_PREFIX = 512,
+	OPT_GROUP = 1024,
+	OPT_RAW = 2048,
 };
+
+/* ls, leases and watch --group: rows folded by prefix or by commit. */
+enum group_by { GROUP_NONE, GROUP_PREFIX, GROUP_COMMIT };
 
 struct args {
 	const char *socket; /* borrowed from argv; NULL: the library's default */
-	const char *pos[3]; /* positionals after the command, borrowed from argv */
+	const char **pos;   /* positionals after the command, borrowed from argv (argc slots) */
 	int npos;
 	unsigned seen;  /* OPT_* given */
 	uint32_t flags; /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION | TENSORD_REPLACE */
@@ -41,6 +47,7 @@ struct args {
 	int timeout_ms; /* -1: forever */
 	uint64_t after; /* watch --after: a commit id (0: replay every name); seen says if given */
 	uint32_t queue; /* watch --queue: events kept for it; 0: the default */
+	enum group_by group; /* --group */
 };
 
 /*

@@ -194,7 +194,8 @@ def test_exit_codes_and_usage(daemon, tmp_path):
     assert ctl(daemon, "put", "--help")[0] == 0
     rc, out, _ = ctl(daemon, "--version")
     assert rc == 0 and out.startswith("tensorctl ")
-    for args in [(), ("bogus",), ("stat",), ("get", "x"), ("rm",), ("rm", "a", "b"),
+    for args in [(), ("bogus",), ("stat",), ("get", "x"), ("rm",), ("rm", "--prefix"),
+                 ("rm", "a", "--group", "prefix"), ("ls", "--group", "name"),
                  ("put", "x", f, "--json"), ("ls", "--frobnicate"), ("stats", "x"),
                  ("wait", "x", "--timeout", "soon"), ("wait", "x", "--timeout", "-1"),
                  ("wait", "x", "--timeout"), ("put", "x", f, "--mode", "999"),

@@ -433,3 +433,66 @@ def test_put_checkpoint_usage(daemon, tmp_path):
     (tmp_path / "t.safetensors").write_bytes(b"\x05" + b"\0" * 7 + b"{abc}")
     rc, out, err = ctl(daemon, "put", "e/", str(tmp_path / "t.safetensors"), "--json")
     assert rc == 1 and json.loads(err)["error"] == "EINVAL"
+
+
+# --- rm of several names or prefixes: one transaction (issue 34) -------------
+
+
+def names(daemon, prefix=""):
+    return [t["name"] for t in listing(daemon, prefix)]
+
+
+def put_many(daemon, tmp_path, prefix, keys):
+    """keys under prefix in one commit (put PREFIX FILE.npz)."""
+    f = tmp_path / "many.npz"
+    np.savez(f, **{k: np.full(4, i, np.float32) for i, k in enumerate(keys)})
+    ok(daemon, "put", prefix, str(f))
+
+
+def test_rm_many_names_is_one_commit(daemon, tmp_path):
+    put_many(daemon, tmp_path, "s/", ["a", "b", "c"])
+    ok(daemon, "put", "keep", save(tmp_path / "k.npy", np.ones(3)))
+    w = Watcher(daemon, "s/")
+    r = json.loads(ok(daemon, "rm", "s/a", "s/b", "s/c", "--json"))
+    assert r["removed"] == 3 and r["commit"] > 0
+    lines = [w.line() for _ in range(3)]
+    rc, rest, _ = w.stop()
+    assert rc == 0 and rest == []
+    assert sorted(l.split()[1] for l in lines) == ["s/a", "s/b", "s/c"]
+    assert {l.split()[0] for l in lines} == {"unlinked"}
+    assert {l.split()[-1] for l in lines} == {str(r["commit"])}, lines
+    assert names(daemon) == ["keep"]
+
+
+def test_rm_is_all_or_nothing(daemon, tmp_path):
+    put_many(daemon, tmp_path, "s/", ["a", "b"])
+    rc, out, err = ctl(daemon, "rm", "s/a", "s/missing", "s/b")
+    assert rc == 1 and out == ""
+    assert "'s/missing'" in err and "nothing was removed" in err, err
+    assert err.count("\n") == 1, err
+    assert names(daemon) == ["s/a", "s/b"]
+    rc, _, err = ctl(daemon, "rm", "s/a", "bad name!")
+    assert rc == 1 and "bad name!" in err and "nothing was removed" in err, err
+    assert names(daemon) == ["s/a", "s/b"]
+    # A name given twice (or under two prefixes) is removed once.
+    r = json.loads(ok(daemon, "rm", "s/a", "s/a", "--json"))
+    assert r["removed"] == 1 and names(daemon) == ["s/b"]
+    r = json.loads(ok(daemon, "rm", "--prefix", "s/", "s/b", "--json"))
+    assert r["removed"] == 1 and names(daemon) == []
+
+
+def test_rm_prefix(daemon, tmp_path):
+    many = [f"{i:04d}" for i in range(1024)]
+    put_many(daemon, tmp_path, "ck/", many)
+    put_many(daemon, tmp_path, "ck2/", ["x"])
+    ok(daemon, "put", "other", save(tmp_path / "o.npy", np.ones(3)))
+    assert len(names(daemon, "ck/")) == 1024
+    r = json.loads(ok(daemon, "rm", "--prefix", "ck/", "--json"))
+    assert r["removed"] == 1024
+    assert names(daemon) == ["ck2/x", "other"]
+    # A prefix nothing is under is an error that names it; so the whole rm is.
+    rc, _, err = ctl(daemon, "rm", "--prefix", "other", "ck/")
+    assert rc == 1 and "'ck/'" in err and "nothing was removed" in err, err
+    assert names(daemon) == ["ck2/x", "other"]
+    ok(daemon, "rm", "--prefix", "ck2/", "oth")
+    assert names(daemon) == []
