@@ -59,21 +59,30 @@ int td_client_leave(ClientObject *self, int rc)
 
 static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = { "path", NULL };
-	PyObject *path = Py_None, *bytes = NULL;
+	static char *kwlist[] = { "path", "name", NULL };
+	PyObject *path = Py_None, *bytes = NULL, *name = Py_None;
 	tensord_client *c = NULL;
-	const char *p = NULL;
+	const char *p = NULL, *label = NULL;
 	ClientObject *self;
 	int rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:connect", kwlist, &path))
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O$O:connect", kwlist, &path, &name))
 		return NULL;
+	if (name != Py_None) {
+		if (!PyUnicode_Check(name))
+			return PyErr_Format(PyExc_TypeError,
+					    "name must be a str or None, not %.80s",
+					    Py_TYPE(name)->tp_name);
+		label = PyUnicode_AsUTF8(name);
+		if (!label)
+			return NULL;
+	}
 	if (path != Py_None) {
 		if (!PyUnicode_FSConverter(path, &bytes))
 			return NULL;
 		p = PyBytes_AS_STRING(bytes);
 	}
-	Py_BEGIN_ALLOW_THREADS rc = tensord_connect(p, &c);
+	Py_BEGIN_ALLOW_THREADS rc = tensord_connect_named(p, label, &c);
 	Py_END_ALLOW_THREADS Py_XDECREF(bytes);
 	if (rc < 0)
 		return td_raise_connect(rc);

@@ -25,6 +25,11 @@ int cmd_ls(tensord_client *c, const struct args *a)
 	rc = tensord_list(c, a->npos ? a->pos[0] : NULL, &infos, &n);
 	if (rc < 0)
 		return op_error(rc, NULL);
+	if (a->group) {
+		rc = print_ls_groups(infos, n, a->group, a->seen & OPT_JSON);
+		free(infos);
+		return rc ? rc : finish_output();
+	}
 	if (a->seen & OPT_JSON) {
 		putchar('[');
 		for (i = 0; i < n; i++)

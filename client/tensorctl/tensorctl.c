@@ -54,8 +54,8 @@ usage_error(const char *cmd_usage, const char *fmt, ...)
 }
 
 static const struct command commands[] = {
-	{ "ls", cmd_ls, 0, 1, OPT_JSON, "ls [PREFIX] [--json]",
-	  "list tensors whose name starts with PREFIX" },
+	{ "ls", cmd_ls, 0, 1, OPT_JSON | OPT_GROUP, "ls [PREFIX] [--group prefix|commit] [--json]",
+	  "list tensors whose name starts with PREFIX (--group: a\nrow per prefix or commit)" },
 	{ "stat", cmd_stat, 1, 1, OPT_JSON, "stat NAME [--json]", "describe one tensor" },
 	{ "put", cmd_put, 2, 2, OPT_MUTABLE | OPT_MODE | OPT_LIFETIME | OPT_FORCE | OPT_JSON,
 	  "put NAME FILE.npy | put PREFIX FILE.npz|FILE.safetensors [--json] [--force] "
@@ -69,16 +69,18 @@ static const struct command commands[] = {
 	  "unlink the names (--prefix: every name under each\nPREFIX) in one commit: all or none" },
 	{ "wait", cmd_wait, 1, 1, OPT_TIMEOUT | OPT_JSON, "wait NAME [--timeout SEC] [--json]",
 	  "wait until NAME is published" },
-	{ "watch", cmd_watch, 0, 1, OPT_AFTER | OPT_QUEUE | OPT_JSON,
-	  "watch [PREFIX] [--after COMMIT] [--queue N] [--json]",
+	{ "watch", cmd_watch, 0, 1, OPT_AFTER | OPT_QUEUE | OPT_JSON | OPT_GROUP,
+	  "watch [PREFIX] [--after COMMIT] [--queue N] [--group prefix|commit] [--json]",
 	  "print a line per publish and unlink under PREFIX until\ninterrupted (--after: first "
-	  "the names committed since)" },
+	  "the names committed since;\n--group: a line per commit, or per commit and prefix)" },
 	{ "stats", cmd_stats, 0, 0, OPT_JSON | OPT_PROMETHEUS, "stats [--json|--prometheus]",
 	  "daemon totals, per device; or its metrics text" },
-	{ "leases", cmd_leases, 0, 1, OPT_JSON, "leases [NAME] [--json]",
-	  "who holds leases: pid, user, command, count, since" },
+	{ "leases", cmd_leases, 0, 1, OPT_JSON | OPT_GROUP,
+	  "leases [NAME] [--group prefix|commit] [--json]",
+	  "who holds leases: pid, user, command, label, count,\nsince (--group: a row per holder "
+	  "and prefix or commit)" },
 	{ "clients", cmd_clients, 0, 0, OPT_JSON, "clients [--json]",
-	  "client connections (root: all; others: their own)" },
+	  "client connections, with their labels (root: all;\nothers: their own)" },
 	{ "peers", cmd_peers, 0, 0, OPT_JSON, "peers [--json]",
 	  "other nodes' daemons this one peers with: state, last\nerror, traffic (root and the "
 	  "daemon's uid only)" },

@@ -180,6 +180,20 @@ void json_field(const char *key, const char *val, bool first);
  * 0, or -1 (out of memory, reported). */
 int print_figures_text(const tensord_figure *v, size_t n);
 
+/* "3d04h", "2h05m", "4m07s", "12.3s" (observe.c). Borrowed: buf. */
+const char *duration(uint64_t ns, char *buf, size_t len);
+
+/*
+ * --- group.c: ls and leases --group prefix|commit ---
+ * A name's prefix: its length up to and including the last '/' (0: none).
+ */
+size_t group_prefix_len(const char *name);
+/* Folds name into the common prefix p (*plen bytes; first: starts it), cut back to a '/'. */
+void group_common_prefix(char *p, size_t *plen, const char *name, bool first);
+/* The grouped tables (or JSON lists); they may reorder the arrays. 0 or the exit status. */
+int print_ls_groups(tensord_info *infos, size_t n, enum group_by by, bool json);
+int print_lease_groups(tensord_lease_holder *v, size_t n, enum group_by by, bool json);
+
 /* b bytes for people: "512 B", "1.5 MiB". Borrowed: buf. */
 const char *human(uint64_t b, char *buf, size_t len);
 
