@@ -79,8 +79,9 @@ int cmd_stats(tensord_client *c, const struct args *a)
 	size_t n;
 	int rc;
 
-	if ((a->seen & OPT_PROMETHEUS) && (a->seen & OPT_JSON)) {
-		fprintf(stderr, "tensorctl: stats: --json and --prometheus exclude each other\n");
+	if (__builtin_popcount(a->seen & (OPT_PROMETHEUS | OPT_JSON | OPT_RAW)) > 1) {
+		fprintf(stderr,
+			"tensorctl: stats: --json, --prometheus and --raw exclude each other\n");
 		return EXIT_USAGE;
 	}
 	if (a->seen & OPT_PROMETHEUS)
@@ -96,7 +97,7 @@ int cmd_stats(tensord_client *c, const struct args *a)
 	rc = tensord_figures(c, &v, &n);
 	if (rc < 0)
 		return op_error(rc, NULL);
-	rc = print_figures_text(v, n);
+	rc = (a->seen & OPT_RAW) ? print_figures_text(v, n) : print_stats_summary(v, n);
 	free(v);
 	return rc < 0 ? EXIT_OP : finish_output();
 }

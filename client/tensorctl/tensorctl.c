@@ -73,8 +73,10 @@ static const struct command commands[] = {
 	  "watch [PREFIX] [--after COMMIT] [--queue N] [--group prefix|commit] [--json]",
 	  "print a line per publish and unlink under PREFIX until\ninterrupted (--after: first "
 	  "the names committed since;\n--group: a line per commit, or per commit and prefix)" },
-	{ "stats", cmd_stats, 0, 0, OPT_JSON | OPT_PROMETHEUS, "stats [--json|--prometheus]",
-	  "daemon totals, per device; or its metrics text" },
+	{ "stats", cmd_stats, 0, 0, OPT_JSON | OPT_PROMETHEUS | OPT_RAW,
+	  "stats [--raw|--json|--prometheus]",
+	  "daemon totals, per device and uid (--raw: every figure;\n--prometheus: the metrics "
+	  "text)" },
 	{ "leases", cmd_leases, 0, 1, OPT_JSON | OPT_GROUP,
 	  "leases [NAME] [--group prefix|commit] [--json]",
 	  "who holds leases: pid, user, command, label, count,\nsince (--group: a row per holder "

@@ -179,6 +179,8 @@ void json_field(const char *key, const char *val, bool first);
 /* figures.c: the daemon's n figures as text: a line each, then the devices and uids as tables.
  * 0, or -1 (out of memory, reported). */
 int print_figures_text(const tensord_figure *v, size_t n);
+/* stats without --raw: the figures people read first, then devices and uids as tables. 0 or -1. */
+int print_stats_summary(const tensord_figure *v, size_t n);
 
 /* "3d04h", "2h05m", "4m07s", "12.3s" (observe.c). Borrowed: buf. */
 const char *duration(uint64_t ns, char *buf, size_t len);
