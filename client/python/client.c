@@ -418,13 +418,15 @@ PyTypeObject td_ClientType = {
 	.tp_dealloc = (destructor)Client_dealloc,
 	.tp_repr = (reprfunc)Client_repr,
 	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "Client(path=None)\n--\n\n"
+	.tp_doc = "Client(path=None, *, name=None)\n--\n\n"
 		  "A connection to a tensord daemon; tensord.connect() makes one. path=None tries\n"
 		  "$TENSORD_SOCKET alone if set, else the path tensord itself would use\n"
 		  "($XDG_RUNTIME_DIR/tensord.sock, /run/tensord/tensord.sock for root, else\n"
 		  "/tmp/tensord-$UID/tensord.sock), then /run/tensord/tensord.sock. The socket\n"
 		  "and the daemon must belong to you, root or $TENSORD_DAEMON_UID. Safe to share\n"
-		  "between threads. A context manager that closes the connection on exit.",
+		  "between threads. A context manager that closes the connection on exit. name "
+		  "labels\n"
+		  "the connection for clients(), leases() and tensorctl (see connect()).",
 	.tp_methods = Client_methods,
 	.tp_getset = Client_getset,
 	.tp_new = Client_new,
