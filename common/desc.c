@@ -46,6 +46,31 @@ int td_name_check(const char *name, size_t len, char *why, size_t why_len)
 	return 0;
 }
 
+int td_label_check(const char *label, char *why, size_t why_len)
+{
+	size_t len = strlen(label);
+
+	if (len == 0 || len > TENSORD_LABEL_MAX) {
+		snprintf(why, why_len,
+			 "client name is %zu bytes; a client name is 1 to %d bytes of printable "
+			 "ASCII without spaces",
+			 len, TENSORD_LABEL_MAX);
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < len; i++) {
+		unsigned char ch = (unsigned char)label[i];
+
+		if (ch <= 0x20 || ch >= 0x7f) {
+			snprintf(why, why_len,
+				 "client name has byte 0x%02x at offset %zu; a client name is 1 to "
+				 "%d bytes of printable ASCII without spaces",
+				 ch, i, TENSORD_LABEL_MAX);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
 int td_remote_name_check(const char *name, size_t len, size_t *ret_peer_len, char *why,
 			 size_t why_len)
 {

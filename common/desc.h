@@ -22,6 +22,12 @@
 int td_name_check(const char *name, size_t len, char *why, size_t why_len);
 
 /*
+ * 0 if label is a valid connection label (1 to TENSORD_LABEL_MAX bytes of
+ * printable ASCII without spaces), else -EINVAL with the reason in why.
+ */
+int td_label_check(const char *label, char *why, size_t why_len);
+
+/*
  * 0 if name (len bytes) names a tensor of another node (docs/remote.md,
  * "Naming"): "@PEER/NAME", PEER 1-63 bytes of [A-Za-z0-9._-] and NAME a
  * valid name, the whole at most TENSORD_NAME_MAX bytes; *ret_peer_len is

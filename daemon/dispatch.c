@@ -67,6 +67,7 @@ int dispatch_check_name(const char *name, char *why, size_t why_len)
 static void do_hello(struct client *cl, uint64_t id, const Tensord__Hello *m)
 {
 	struct conn *c = cl->conn;
+	char why_label[160];
 
 	if (m->version != TENSORD_PROTOCOL_VERSION) {
 		char why[160];
@@ -82,8 +83,17 @@ static void do_hello(struct client *cl, uint64_t id, const Tensord__Hello *m)
 			conn_shutdown(c);
 		return;
 	}
+	if (*m->name && td_label_check(m->name, why_label, sizeof(why_label)) < 0) {
+		conn_log_limited(c, TD_LOG_WARN, LOG_KIND_BAD_FRAME,
+				 "conn %llu: pid %u: hello: %s, closing", (unsigned long long)c->id,
+				 cl->rc.pid, why_label);
+		reply_status(c, TENSORD__REQUEST__BODY_HELLO, id, -EINVAL, why_label);
+		if (!conn_gone(c))
+			conn_shutdown(c);
+		return;
+	}
 	cl->hello_done = true;
-	inspect_client_hello(cl, m->client);
+	inspect_client_hello(cl, m->client, m->name);
 	reply_hello(c, id);
 }
 

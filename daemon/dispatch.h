@@ -44,10 +44,11 @@ struct client {
 	LIST_HEAD(, watcher) watches; /* its watchers (watch.c), owned */
 	bool hello_done;
 	/* For inspection (inspect.c): */
-	uint64_t connected_ns; /* CLOCK_MONOTONIC at accept */
-	uint64_t requests;     /* requests decoded */
-	char comm[16];         /* /proc/PID/comm at accept; "" if unknown */
-	char hello[32];        /* what it said in Hello, printable ASCII */
+	uint64_t connected_ns;             /* CLOCK_MONOTONIC at accept */
+	uint64_t requests;                 /* requests decoded */
+	char comm[16];                     /* /proc/PID/comm at accept; "" if unknown */
+	char hello[32];                    /* what it said in Hello, printable ASCII */
+	char label[TENSORD_LABEL_MAX + 1]; /* Hello.name, checked; "" if none */
 };
 
 /* conn_handlers: ctx is the struct server. */

@@ -18,6 +18,7 @@
 #include "daemon/base/log.h"
 #include "reply.h"
 #include "server.h"
+#include "space.h"
 
 /*
  * A GPU named by UUID (as every client library sends it) becomes the
@@ -126,7 +127,7 @@ static void create_done(void *arg)
 	struct pending_create *p = arg;
 	struct client *cl = p->cl;
 	struct tensor *t = p->job.t;
-	char why[400];
+	char why[640];
 	uint64_t lease;
 	int r;
 
@@ -136,6 +137,8 @@ static void create_done(void *arg)
 	if (r < 0)
 		log_debug("create (request %llu): %s", (unsigned long long)p->req_id, why);
 	if (cl && r < 0) {
+		if (r == -ENOSPC)
+			space_explain(cl, t->device, why, sizeof(why));
 		reply_status(cl->conn, TENSORD__REQUEST__BODY_CREATE, p->req_id, r, why);
 	} else if (cl) {
 		log_debug("tensor '%s': created by pid %u, %llu bytes", t->name, cl->rc.pid,
@@ -172,7 +175,7 @@ static void create_defer(struct client *cl, uint64_t id, struct tensor *t)
 void dispatch_do_create(struct client *cl, uint64_t id, const Tensord__Create *m)
 {
 	struct create_args a = { 0 };
-	char why[400];
+	char why[640];
 	struct tensor *t;
 	uint64_t lease;
 	int r;
@@ -193,6 +196,8 @@ void dispatch_do_create(struct client *cl, uint64_t id, const Tensord__Create *m
 		return;
 	}
 	if (r < 0) {
+		if (r == -ENOSPC)
+			space_explain(cl, a.device, why, sizeof(why));
 		reply_status(cl->conn, TENSORD__REQUEST__BODY_CREATE, id, r, why);
 		return;
 	}
@@ -217,10 +222,12 @@ void dispatch_do_reserve(struct client *cl, uint64_t id, const Tensord__Reserve 
 {
 	struct conn_fd_ticket tk = { .req_id = id, .kind = TENSORD__REQUEST__BODY_RESERVE };
 	struct reg_reserve *rs;
-	char why[300];
+	char why[640];
 	int r;
 
 	r = registry_reserve(&cl->srv->reg, &cl->rc, m->size, &rs, why, sizeof(why));
+	if (r == -ENOSPC)
+		space_explain(cl, (DLDevice){ kDLCPU, 0 }, why, sizeof(why));
 	if (r < 0) {
 		reply_status(cl->conn, TENSORD__REQUEST__BODY_RESERVE, id, r, why);
 		return;
@@ -250,7 +257,7 @@ void dispatch_do_put(struct client *cl, uint64_t id, const Tensord__Put *m)
 {
 	struct registry *reg = &cl->srv->reg;
 	struct create_args a = { 0 };
-	char why[400];
+	char why[640];
 	struct tensor *t;
 	uint64_t lease;
 	int r;
@@ -271,6 +278,8 @@ void dispatch_do_put(struct client *cl, uint64_t id, const Tensord__Put *m)
 	}
 	if (r == 0)
 		r = registry_create(reg, &cl->rc, &a, &t, &lease, why, sizeof(why));
+	if (r == -ENOSPC)
+		space_explain(cl, a.device, why, sizeof(why));
 	if (r < 0) {
 		reply_status(cl->conn, TENSORD__REQUEST__BODY_PUT, id, r, why);
 		return;

@@ -84,10 +84,12 @@ void inspect_client_opened(struct client *cl)
 	make_printable(cl->comm);
 }
 
-void inspect_client_hello(struct client *cl, const char *text)
+void inspect_client_hello(struct client *cl, const char *text, const char *label)
 {
 	snprintf(cl->hello, sizeof(cl->hello), "%s", text ? text : "");
 	make_printable(cl->hello);
+	/* Checked by dispatch (td_label_check()): printable already. */
+	snprintf(cl->label, sizeof(cl->label), "%s", label ? label : "");
 }
 
 /*
@@ -254,6 +256,9 @@ static void fill_holder(Tensord__LeaseHolder *h, const struct holding *x, const 
 	h->count = x->count > INT32_MAX ? INT32_MAX : (uint32_t)x->count;
 	h->since_ns = wall_of(k, x->since);
 	h->held_ns = ago(k, x->since);
+	h->label = (char *)x->cl->label;
+	h->bytes = x->t->nbytes;
+	h->commit = tensor_shown_commit(x->t);
 }
 
 static void send_holders(struct conn *c, uint64_t req_id, const struct lease_page *pg)
@@ -338,6 +343,7 @@ static void fill_client(Tensord__ClientInfo *ci, const struct client *cl, const 
 	ci->waiters = cl->waits.n_waiters;
 	ci->bytes_queued = cl->conn->out_bytes;
 	ci->requests = cl->requests;
+	ci->label = (char *)cl->label;
 }
 
 static void send_clients(struct conn *c, uint64_t req_id, struct client *const *v, size_t n,

@@ -27,7 +27,7 @@
 void inspect_client_opened(struct client *cl);
 
 /* Keeps what the client said in Hello, made printable, for ClientList. */
-void inspect_client_hello(struct client *cl, const char *text);
+void inspect_client_hello(struct client *cl, const char *text, const char *label);
 
 /* Answers a LeaseList request. m is borrowed for the call. */
 void inspect_leases(struct client *cl, uint64_t req_id, const Tensord__LeaseList *m);

@@ -81,4 +81,8 @@ if [ -n "$daemon" ] && [ -t 0 ] && [ "${TENSORD_DEMO_EXIT:-0}" != 1 ]; then
 	# wait, finish (the trap's or this call) says the daemon stopped.
 	wait "$daemon" || true
 	finish 0
+elif [ -n "$daemon" ]; then
+	# No terminal to press Ctrl-C in (a pipe, CI), or TENSORD_DEMO_EXIT=1.
+	echo "== no terminal (or TENSORD_DEMO_EXIT=1): the demo ends and stops the tensord it"
+	echo "   started; to keep one serving, run: $B/tensord &"
 fi

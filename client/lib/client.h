@@ -221,7 +221,8 @@ struct tensord_client {
 	 * then only serves the leases it had, and requests go to successor,
 	 * the child's own connection to path, made on first use.
 	 */
-	char path[108]; /* the socket it connected to */
+	char path[108];                    /* the socket it connected to */
+	char label[TENSORD_LABEL_MAX + 1]; /* what Hello named it; "" for none */
 	bool inherited;
 	bool user_closed;                    /* tensord_close() ran on an inherited client */
 	tensord_client *successor;           /* owned (the user's handle of it); NULL: none yet */

@@ -7,7 +7,7 @@
 
 #include "import.h"
 
-static __thread char last_error[512];
+static __thread char last_error[1024];
 
 const char *tensord_last_error(void)
 {

@@ -45,6 +45,9 @@ static void holder_from_wire(tensord_lease_holder *h, const Tensord__LeaseHolder
 	h->conn_id = w->conn_id;
 	h->since_ns = w->since_ns;
 	h->held_ns = w->held_ns;
+	snprintf(h->label, sizeof(h->label), "%s", w->label);
+	h->bytes = w->bytes;
+	h->commit = w->commit;
 }
 
 /*
@@ -174,6 +177,7 @@ static void client_from_wire(tensord_client_info *ci, const Tensord__ClientInfo 
 	ci->tensors_created = w->tensors_created;
 	ci->bytes_queued = w->bytes_queued;
 	ci->requests = w->requests;
+	snprintf(ci->label, sizeof(ci->label), "%s", w->label);
 }
 
 int tensord_clients(tensord_client *c, tensord_client_info **ret_clients, size_t *ret_count)

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "client.h"
+#include "common/desc.h"
 #include "proto/frame.h"
 
 void td_client_ref(tensord_client *c)
@@ -105,7 +106,7 @@ int td_client_current(tensord_client **pc)
 		if (!mine) {
 			/* Not under c's lock: connecting takes the list's lock,
 			 * which a fork takes before c's. */
-			r = tensord_connect(c->path, &mine);
+			r = tensord_connect_named(c->path, *c->label ? c->label : NULL, &mine);
 			if (r < 0)
 				return td_set_error(r,
 						    "this process (pid %d) was forked from the one "
@@ -138,6 +139,7 @@ static int hello(tensord_client *c, const char *path)
 
 	hello.version = TENSORD_PROTOCOL_VERSION;
 	hello.client = "libtensord";
+	hello.name = c->label;
 	req.body_case = TENSORD__REQUEST__BODY_HELLO;
 	req.hello = &hello;
 	r = td_rpc(c, &req, &rep, NULL);
@@ -156,16 +158,49 @@ static int hello(tensord_client *c, const char *path)
 	return r;
 }
 
-int tensord_connect(const char *socket_path, tensord_client **ret_client)
+/*
+ * The label a connection gets: name, else $TENSORD_CLIENT_NAME, else none
+ * (""), in label; 0, or -EINVAL saying which was not valid and why.
+ */
+static int connect_label(const char *name, char *label, size_t len)
+{
+	const char *env = getenv("TENSORD_CLIENT_NAME");
+	const char *what = "client name";
+	char why[160];
+
+	if (!name && env && *env) {
+		name = env;
+		what = "$TENSORD_CLIENT_NAME";
+	}
+	if (!name) {
+		*label = '\0';
+		return 0;
+	}
+	if (td_label_check(name, why, sizeof(why)) < 0) {
+		char q[96];
+
+		td_name_quote(name, strnlen(name, 256), q, sizeof(q));
+		return td_set_error(-EINVAL, "%s %s: %s", what, q, why);
+	}
+	snprintf(label, len, "%s", name);
+	return 0;
+}
+
+int tensord_connect_named(const char *socket_path, const char *name, tensord_client **ret_client)
 {
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	char label[TENSORD_LABEL_MAX + 1];
 	tensord_client *c;
 	int r;
 
 	td_clear_error();
+	r = connect_label(name, label, sizeof(label));
+	if (r < 0)
+		return r;
 	c = td_client_new(-1);
 	if (!c)
 		return td_set_error(-ENOMEM, "out of memory");
+	memcpy(c->label, label, sizeof(label));
 	r = td_connect_socket(socket_path, path, sizeof(path));
 	if (r >= 0) {
 		c->conn.fd = r;
@@ -180,6 +215,11 @@ int tensord_connect(const char *socket_path, tensord_client **ret_client)
 	td_relq_start(&c->conn, &c->maps);
 	*ret_client = c;
 	return 0;
+}
+
+int tensord_connect(const char *socket_path, tensord_client **ret_client)
+{
+	return tensord_connect_named(socket_path, NULL, ret_client);
 }
 
 tensord_client *tensord_close(tensord_client *c)

@@ -59,21 +59,30 @@ int td_client_leave(ClientObject *self, int rc)
 
 static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = { "path", NULL };
-	PyObject *path = Py_None, *bytes = NULL;
+	static char *kwlist[] = { "path", "name", NULL };
+	PyObject *path = Py_None, *bytes = NULL, *name = Py_None;
 	tensord_client *c = NULL;
-	const char *p = NULL;
+	const char *p = NULL, *label = NULL;
 	ClientObject *self;
 	int rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:connect", kwlist, &path))
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O$O:connect", kwlist, &path, &name))
 		return NULL;
+	if (name != Py_None) {
+		if (!PyUnicode_Check(name))
+			return PyErr_Format(PyExc_TypeError,
+					    "name must be a str or None, not %.80s",
+					    Py_TYPE(name)->tp_name);
+		label = PyUnicode_AsUTF8(name);
+		if (!label)
+			return NULL;
+	}
 	if (path != Py_None) {
 		if (!PyUnicode_FSConverter(path, &bytes))
 			return NULL;
 		p = PyBytes_AS_STRING(bytes);
 	}
-	Py_BEGIN_ALLOW_THREADS rc = tensord_connect(p, &c);
+	Py_BEGIN_ALLOW_THREADS rc = tensord_connect_named(p, label, &c);
 	Py_END_ALLOW_THREADS Py_XDECREF(bytes);
 	if (rc < 0)
 		return td_raise_connect(rc);
@@ -410,13 +419,15 @@ PyTypeObject td_ClientType = {
 	.tp_dealloc = (destructor)Client_dealloc,
 	.tp_repr = (reprfunc)Client_repr,
 	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "Client(path=None)\n--\n\n"
+	.tp_doc = "Client(path=None, *, name=None)\n--\n\n"
 		  "A connection to a tensord daemon; tensord.connect() makes one. path=None tries\n"
 		  "$TENSORD_SOCKET alone if set, else the path tensord itself would use\n"
 		  "($XDG_RUNTIME_DIR/tensord.sock, /run/tensord/tensord.sock for root, else\n"
 		  "/tmp/tensord-$UID/tensord.sock), then /run/tensord/tensord.sock. The socket\n"
 		  "and the daemon must belong to you, root or $TENSORD_DAEMON_UID. Safe to share\n"
-		  "between threads. A context manager that closes the connection on exit.",
+		  "between threads. A context manager that closes the connection on exit. name "
+		  "labels\n"
+		  "the connection for clients(), leases() and tensorctl (see connect()).",
 	.tp_methods = Client_methods,
 	.tp_getset = Client_getset,
 	.tp_new = Client_new,

@@ -19,15 +19,19 @@ static PyStructSequence_Field holder_fields[] = {
 	{ "since", "when the oldest of them began, seconds since the epoch" },
 	{ "held", "how long ago that is, in seconds" },
 	{ "conn_id", "the connection, as clients() lists it" },
+	{ "label", "the holder's connection name (connect(name=...)); '' if none" },
+	{ "bytes", "the tensor's size in bytes" },
+	{ "commit", "the commit that published the tensor; 0 if never" },
 	{ NULL, NULL },
 };
 
 static PyStructSequence_Desc holder_desc = {
 	"tensord.LeaseHolder",
-	"LeaseHolder(name, tensor_id, state, pid, uid, gid, comm, count, since, held, conn_id)\n\n"
+	"LeaseHolder(name, tensor_id, state, pid, uid, gid, comm, count, since, held, conn_id, "
+	"label, bytes, commit)\n\n"
 	"One connection's leases on one tensor; returned by Client.leases().",
 	holder_fields,
-	11,
+	14,
 };
 
 static PyStructSequence_Field client_fields[] = {
@@ -43,16 +47,17 @@ static PyStructSequence_Field client_fields[] = {
 	{ "waiters", "attaches it has waiting for a publish" },
 	{ "bytes_queued", "reply bytes its socket has not taken yet" },
 	{ "requests", "requests it sent" },
+	{ "label", "its name (connect(name=...), $TENSORD_CLIENT_NAME); '' if none" },
 	{ NULL, NULL },
 };
 
 static PyStructSequence_Desc client_desc = {
 	"tensord.ClientInfo",
 	"ClientInfo(conn_id, pid, uid, gid, comm, client, connected, leases, tensors_created, "
-	"waiters, bytes_queued, requests)\n\n"
+	"waiters, bytes_queued, requests, label)\n\n"
 	"One client connection; returned by Client.clients().",
 	client_fields,
-	12,
+	13,
 };
 
 static PyStructSequence_Field peer_fields[] = {
@@ -107,7 +112,7 @@ int td_inspect_types_ready(void)
 static PyObject *holder_new(const tensord_lease_holder *h)
 {
 	static const char *const states[] = { "?", "created", "published", "unlinked" };
-	PyObject *v[11];
+	PyObject *v[14];
 
 	v[0] = PyUnicode_FromString(h->name);
 	v[1] = PyLong_FromUnsignedLongLong(h->tensor_id);
@@ -120,12 +125,15 @@ static PyObject *holder_new(const tensord_lease_holder *h)
 	v[8] = PyFloat_FromDouble((double)h->since_ns / 1e9);
 	v[9] = PyFloat_FromDouble((double)h->held_ns / 1e9);
 	v[10] = PyLong_FromUnsignedLongLong(h->conn_id);
-	return td_record_new(&td_LeaseHolderType, v, 11);
+	v[11] = PyUnicode_FromString(h->label);
+	v[12] = PyLong_FromUnsignedLongLong(h->bytes);
+	v[13] = PyLong_FromUnsignedLongLong(h->commit);
+	return td_record_new(&td_LeaseHolderType, v, 14);
 }
 
 static PyObject *client_info_new(const tensord_client_info *ci)
 {
-	PyObject *v[12];
+	PyObject *v[13];
 
 	v[0] = PyLong_FromUnsignedLongLong(ci->conn_id);
 	v[1] = PyLong_FromUnsignedLong(ci->pid);
@@ -139,7 +147,8 @@ static PyObject *client_info_new(const tensord_client_info *ci)
 	v[9] = PyLong_FromUnsignedLong(ci->waiters);
 	v[10] = PyLong_FromUnsignedLongLong(ci->bytes_queued);
 	v[11] = PyLong_FromUnsignedLongLong(ci->requests);
-	return td_record_new(&td_ClientInfoType, v, 12);
+	v[12] = PyUnicode_FromString(ci->label);
+	return td_record_new(&td_ClientInfoType, v, 13);
 }
 
 /* A list of n records made by make from the array at v, elements of size sz. */

@@ -72,14 +72,17 @@ static PyObject *mod_default_socket_path(PyObject *mod, PyObject *unused)
 
 static PyMethodDef mod_methods[] = {
 	{ "connect", (PyCFunction)(void (*)(void))mod_connect, METH_VARARGS | METH_KEYWORDS,
-	  "connect(path=None)\n--\n\n"
+	  "connect(path=None, *, name=None)\n--\n\n"
 	  "Returns a Client connected to the tensord daemon at path, or, with None, at the\n"
 	  "default socket path (see default_socket_path()) and then at\n"
 	  "/run/tensord/tensord.sock. Before sending anything it checks that the socket, its\n"
 	  "directory and the daemon (SO_PEERCRED) belong to you, root or $TENSORD_DAEMON_UID.\n"
 	  "Raises ConnectionRefusedError (tensord.NoDaemonError) when no daemon listens there,\n"
 	  "PermissionError (tensord.AccessDeniedError) with errno EACCES when the socket's mode\n"
-	  "refuses you and EPERM when someone else owns or serves it." },
+	  "refuses you and EPERM when someone else owns or serves it.\n"
+	  "name labels the connection (\"rollout-1\"; 1 to 63 bytes of printable ASCII without\n"
+	  "spaces) for clients() and leases() and tensorctl's clients and leases; None takes\n"
+	  "$TENSORD_CLIENT_NAME when set. One that is not valid raises tensord.Error (EINVAL)." },
 	{ "default_socket_path", mod_default_socket_path, METH_NOARGS,
 	  "default_socket_path($module, /)\n--\n\n"
 	  "Returns a str: the socket path connect() tries first when given None (and the one\n"

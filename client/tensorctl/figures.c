@@ -222,3 +222,175 @@ int print_figures_text(const tensord_figure *v, size_t n)
 	}
 	return 0;
 }
+
+/* --- the summary (stats without --raw) -------------------------------------------- */
+
+static const tensord_figure *figure(const tensord_figure *v, size_t n, const char *name)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(v[i].name, name) == 0)
+			return &v[i];
+	return NULL;
+}
+
+/* The sum of name's samples whose first width label values are key (width 0: all). */
+static double value_of(const tensord_figure *v, size_t n, const char *name, const char *const *key,
+		       size_t width)
+{
+	const tensord_figure *f = figure(v, n, name);
+	double sum = 0;
+
+	for (size_t j = 0; f && j < f->n_samples; j++)
+		if (!width || same_row(f->samples[j].values, key, width))
+			sum += f->samples[j].value;
+	return sum;
+}
+
+static uint64_t scalar(const tensord_figure *v, size_t n, const char *name)
+{
+	double d = value_of(v, n, name, NULL, 0);
+
+	return d > 0 ? (uint64_t)d : 0;
+}
+
+/* The rows of the summary's tables, and the figures they read. */
+struct summary {
+	const tensord_figure *v;
+	size_t n;
+	struct rows r;
+};
+
+enum { SD_DEVICE, SD_BACKEND, SD_PATH, SD_TENSORS, SD_USED, SD_CAPACITY, SD_USE, SD_GPU, SD_N };
+
+static const char *device_cell(const void *rows, size_t i, int col, char *buf, size_t len)
+{
+	const struct summary *s = rows;
+	const char *const *key = s->r.key[i];
+	double used, cap;
+
+	switch (col) {
+	case SD_DEVICE:
+	case SD_BACKEND:
+	case SD_PATH:
+		return key[col];
+	case SD_TENSORS:
+		snprintf(buf, len, "%.0f", value_of(s->v, s->n, "device_tensors", key, 3));
+		return buf;
+	case SD_USED:
+		return human((uint64_t)value_of(s->v, s->n, "device_used_bytes", key, 3), buf, len);
+	case SD_CAPACITY:
+		cap = value_of(s->v, s->n, "device_capacity_bytes", key, 3);
+		return cap > 0 ? human((uint64_t)cap, buf, len) : "-";
+	case SD_USE:
+		used = value_of(s->v, s->n, "device_used_bytes", key, 3);
+		cap = value_of(s->v, s->n, "device_capacity_bytes", key, 3);
+		if (cap <= 0)
+			return "-";
+		snprintf(buf, len, "%.1f%%", 100.0 * used / cap);
+		return buf;
+	default:
+		used = value_of(s->v, s->n, "device_gpu_bytes", key, 3);
+		return used > 0 ? human((uint64_t)used, buf, len) : "-";
+	}
+}
+
+enum {
+	SU_UID,
+	SU_USER,
+	SU_CLIENTS,
+	SU_TENSORS,
+	SU_FDS,
+	SU_BYTES,
+	SU_PINNED,
+	SU_WAITERS,
+	SU_IN_FLIGHT,
+	SU_N
+};
+
+static const char *uid_cell(const void *rows, size_t i, int col, char *buf, size_t len)
+{
+	static const char *const names[SU_N] = {
+		[SU_CLIENTS] = "uid_clients",
+		[SU_TENSORS] = "uid_tensors",
+		[SU_FDS] = "uid_fds",
+		[SU_BYTES] = "uid_bytes",
+		[SU_PINNED] = "uid_pinned_bytes",
+		[SU_WAITERS] = "uid_waiters",
+		[SU_IN_FLIGHT] = "uid_fds_in_flight",
+	};
+	const struct summary *s = rows;
+	const char *const *key = s->r.key[i];
+	double d;
+
+	if (col == SU_UID)
+		return key[0];
+	if (col == SU_USER) {
+		char *end;
+		unsigned long uid = strtoul(key[0], &end, 10);
+
+		return *end || end == key[0] ? "-" : owner_name((uint32_t)uid, buf, len);
+	}
+	d = value_of(s->v, s->n, names[col], key, 1);
+	if (col == SU_BYTES || col == SU_PINNED)
+		return human(d > 0 ? (uint64_t)d : 0, buf, len);
+	snprintf(buf, len, "%.0f", d);
+	return buf;
+}
+
+int print_stats_summary(const tensord_figure *v, size_t n)
+{
+	static const char *const device_titles[SD_N] = {
+		"DEVICE", "BACKEND", "PATH", "TENSORS", "USED", "CAPACITY", "USE", "GPU MEMORY"
+	};
+	static const char *const uid_titles[SU_N] = { "UID",     "USER",     "CLIENTS",
+						      "TENSORS", "WITH FDS", "BYTES",
+						      "PINNED",  "WAITERS",  "IN FLIGHT" };
+	struct summary s = { .v = v, .n = n };
+	uint64_t up = scalar(v, n, "uptime_seconds"), unlinked, peers;
+	char a[32], b[32], c[32];
+
+	const tensord_figure *states = figure(v, n, "device_tensors");
+
+	/* Unlinked tensors some lease still holds: their memory is not free yet. */
+	unlinked = 0;
+	for (size_t j = 0; states && states->n_labels && j < states->n_samples; j++)
+		if (strcmp(states->samples[j].values[states->n_labels - 1], "unlinked") == 0)
+			unlinked += (uint64_t)states->samples[j].value;
+	printf("tensors:  %" PRIu64, scalar(v, n, "tensors"));
+	if (unlinked)
+		printf(" (%" PRIu64 " unlinked, still leased: tensorctl leases)", unlinked);
+	printf("\nclients:  %" PRIu64 "\n", scalar(v, n, "clients"));
+	printf("leases:   %" PRIu64 "\n", scalar(v, n, "leases"));
+	printf("uptime:   %" PRIu64 "d %02" PRIu64 "h %02" PRIu64 "m %02" PRIu64 "s\n", up / 86400,
+	       up / 3600 % 24, up / 60 % 60, up % 60);
+	printf("pid:      %" PRIu64 "\n", scalar(v, n, "daemon_pid"));
+	printf("fds:      %" PRIu64 "\n", scalar(v, n, "open_fds"));
+	printf("pool:     %s ready in %" PRIu64 " memfds of %s; %" PRIu64 " hits, %" PRIu64
+	       " misses\n",
+	       human(scalar(v, n, "host_pool_bytes"), a, sizeof(a)), scalar(v, n, "host_pool_fds"),
+	       human(scalar(v, n, "host_pool_budget_bytes"), b, sizeof(b)),
+	       scalar(v, n, "host_pool_hits_total"), scalar(v, n, "host_pool_misses_total"));
+	printf("slabs:    %" PRIu64 " holding %s\n", scalar(v, n, "host_slabs"),
+	       human(scalar(v, n, "host_slab_bytes"), c, sizeof(c)));
+	peers = scalar(v, n, "peers");
+	if (peers)
+		printf("peers:    %" PRIu64 ", %" PRIu64 " up (tensorctl peers)\n", peers,
+		       scalar(v, n, "peers_up"));
+	if (rows_of(v, n, TENSORD_SCOPE_DEVICE, 3, &s.r) < 0)
+		goto oom;
+	printf("\n");
+	print_table(device_titles, SD_N,
+		    1u << SD_TENSORS | 1u << SD_USED | 1u << SD_CAPACITY | 1u << SD_USE |
+			    1u << SD_GPU,
+		    &s, s.r.n, device_cell);
+	free(s.r.key);
+	if (rows_of(v, n, TENSORD_SCOPE_UID, 1, &s.r) < 0)
+		goto oom;
+	printf("\n");
+	print_table(uid_titles, SU_N, ~(1u << SU_USER), &s, s.r.n, uid_cell);
+	free(s.r.key);
+	return 0;
+oom:
+	fprintf(stderr, "tensorctl: stats: out of memory\n");
+	return -1;
+}

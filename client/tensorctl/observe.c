@@ -11,7 +11,7 @@
 #include "tensorctl.h"
 
 /* "3d04h", "2h05m", "4m07s", "12.3s": two units are enough to read at a glance. */
-static const char *duration(uint64_t ns, char *buf, size_t len)
+const char *duration(uint64_t ns, char *buf, size_t len)
 {
 	uint64_t s = ns / 1000000000u;
 
@@ -45,10 +45,10 @@ static const char *u64(uint64_t v, char *buf, size_t len)
 
 /* --- leases -------------------------------------------------------------------- */
 
-enum { LC_NAME, LC_STATE, LC_PID, LC_USER, LC_COMM, LC_LEASES, LC_SINCE, LC_HELD, LC_N };
+enum { LC_NAME, LC_STATE, LC_PID, LC_USER, LC_COMM, LC_LABEL, LC_LEASES, LC_SINCE, LC_HELD, LC_N };
 
-static const char *const lease_titles[LC_N] = { "NAME", "STATE",  "PID",   "USER",
-						"COMM", "LEASES", "SINCE", "HELD" };
+static const char *const lease_titles[LC_N] = { "NAME",  "STATE",  "PID",   "USER", "COMM",
+						"LABEL", "LEASES", "SINCE", "HELD" };
 
 static const char *lease_cell(const void *rows, size_t i, int col, char *buf, size_t len)
 {
@@ -65,6 +65,8 @@ static const char *lease_cell(const void *rows, size_t i, int col, char *buf, si
 		return owner_name(h->uid, buf, len);
 	case LC_COMM:
 		return *h->comm ? h->comm : "-";
+	case LC_LABEL:
+		return *h->label ? h->label : "-";
 	case LC_LEASES:
 		return u64(h->count, buf, len);
 	case LC_SINCE:
@@ -97,9 +99,11 @@ static void json_holder(const tensord_lease_holder *h, const char *end)
 	       ", \"pid\": %" PRIu32 ", \"uid\": %" PRIu32 ", \"gid\": %" PRIu32,
 	       h->tensor_id, state_name(h->state), h->conn_id, h->pid, h->uid, h->gid);
 	json_field("comm", h->comm, false);
+	json_field("label", h->label, false);
 	printf(", \"count\": %" PRIu32 ", \"since_ns\": %" PRIu64 ", \"since\": \"%s\""
-	       ", \"held_ns\": %" PRIu64 "}%s",
-	       h->count, h->since_ns, iso_time(h->since_ns, t, sizeof(t)), h->held_ns, end);
+	       ", \"held_ns\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"commit\": %" PRIu64 "}%s",
+	       h->count, h->since_ns, iso_time(h->since_ns, t, sizeof(t)), h->held_ns, h->bytes,
+	       h->commit, end);
 }
 
 int cmd_leases(tensord_client *c, const struct args *a)
@@ -117,6 +121,11 @@ int cmd_leases(tensord_client *c, const struct args *a)
 	if (!n && name && (rc = tensord_stat(c, name, &info)) < 0) {
 		free(v);
 		return op_error(rc, name);
+	}
+	if (a->group) {
+		rc = print_lease_groups(v, n, a->group, a->seen & OPT_JSON);
+		free(v);
+		return rc ? rc : finish_output();
 	}
 	if (n > 1) /* v may be NULL when n is 0 */
 		qsort(v, n, sizeof(*v), cmp_holder);
@@ -140,6 +149,7 @@ enum {
 	CC_PID,
 	CC_USER,
 	CC_COMM,
+	CC_LABEL,
 	CC_CLIENT,
 	CC_LEASES,
 	CC_CREATED,
@@ -150,9 +160,9 @@ enum {
 	CC_N
 };
 
-static const char *const client_titles[CC_N] = { "CONN",   "PID",      "USER",     "COMM",
-						 "CLIENT", "LEASES",   "CREATED",  "WAITING",
-						 "QUEUED", "REQUESTS", "CONNECTED" };
+static const char *const client_titles[CC_N] = { "CONN",    "PID",    "USER",     "COMM",
+						 "LABEL",   "CLIENT", "LEASES",   "CREATED",
+						 "WAITING", "QUEUED", "REQUESTS", "CONNECTED" };
 
 static const char *client_cell(const void *rows, size_t i, int col, char *buf, size_t len)
 {
@@ -167,6 +177,8 @@ static const char *client_cell(const void *rows, size_t i, int col, char *buf, s
 		return owner_name(ci->uid, buf, len);
 	case CC_COMM:
 		return *ci->comm ? ci->comm : "-";
+	case CC_LABEL:
+		return *ci->label ? ci->label : "-";
 	case CC_CLIENT:
 		return *ci->client ? ci->client : "-";
 	case CC_LEASES:
@@ -192,6 +204,7 @@ static void json_client(const tensord_client_info *ci, const char *end)
 	       ", \"gid\": %" PRIu32,
 	       ci->conn_id, ci->pid, ci->uid, ci->gid);
 	json_field("comm", ci->comm, false);
+	json_field("label", ci->label, false);
 	json_field("client", ci->client, false);
 	printf(", \"connected_ns\": %" PRIu64 ", \"connected\": \"%s\", \"leases\": %" PRIu32
 	       ", \"tensors_created\": %" PRIu64 ", \"waiters\": %" PRIu32

@@ -54,8 +54,8 @@ usage_error(const char *cmd_usage, const char *fmt, ...)
 }
 
 static const struct command commands[] = {
-	{ "ls", cmd_ls, 0, 1, OPT_JSON, "ls [PREFIX] [--json]",
-	  "list tensors whose name starts with PREFIX" },
+	{ "ls", cmd_ls, 0, 1, OPT_JSON | OPT_GROUP, "ls [PREFIX] [--group prefix|commit] [--json]",
+	  "list tensors whose name starts with PREFIX (--group: a\nrow per prefix or commit)" },
 	{ "stat", cmd_stat, 1, 1, OPT_JSON, "stat NAME [--json]", "describe one tensor" },
 	{ "put", cmd_put, 2, 2, OPT_MUTABLE | OPT_MODE | OPT_LIFETIME | OPT_FORCE | OPT_JSON,
 	  "put NAME FILE.npy | put PREFIX FILE.npz|FILE.safetensors [--json] [--force] "
@@ -64,19 +64,25 @@ static const struct command commands[] = {
 	  "PREFIX+its name, in one commit\n(--force: replace tensors you own)" },
 	{ "get", cmd_get, 2, 2, 0, "get NAME OUT.npy",
 	  "write a tensor to a .npy file (- for stdout)" },
-	{ "rm", cmd_rm, 1, 1, 0, "rm NAME", "unlink a tensor" },
+	{ "rm", cmd_rm, 1, INT_MAX, OPT_PREFIX | OPT_JSON,
+	  "rm NAME... | rm --prefix PREFIX... [--json]",
+	  "unlink the names (--prefix: every name under each\nPREFIX) in one commit: all or none" },
 	{ "wait", cmd_wait, 1, 1, OPT_TIMEOUT | OPT_JSON, "wait NAME [--timeout SEC] [--json]",
 	  "wait until NAME is published" },
-	{ "watch", cmd_watch, 0, 1, OPT_AFTER | OPT_QUEUE | OPT_JSON,
-	  "watch [PREFIX] [--after COMMIT] [--queue N] [--json]",
+	{ "watch", cmd_watch, 0, 1, OPT_AFTER | OPT_QUEUE | OPT_JSON | OPT_GROUP,
+	  "watch [PREFIX] [--after COMMIT] [--queue N] [--group prefix|commit] [--json]",
 	  "print a line per publish and unlink under PREFIX until\ninterrupted (--after: first "
-	  "the names committed since)" },
-	{ "stats", cmd_stats, 0, 0, OPT_JSON | OPT_PROMETHEUS, "stats [--json|--prometheus]",
-	  "daemon totals, per device; or its metrics text" },
-	{ "leases", cmd_leases, 0, 1, OPT_JSON, "leases [NAME] [--json]",
-	  "who holds leases: pid, user, command, count, since" },
+	  "the names committed since;\n--group: a line per commit, or per commit and prefix)" },
+	{ "stats", cmd_stats, 0, 0, OPT_JSON | OPT_PROMETHEUS | OPT_RAW,
+	  "stats [--raw|--json|--prometheus]",
+	  "daemon totals, per device and uid (--raw: every figure;\n--prometheus: the metrics "
+	  "text)" },
+	{ "leases", cmd_leases, 0, 1, OPT_JSON | OPT_GROUP,
+	  "leases [NAME] [--group prefix|commit] [--json]",
+	  "who holds leases: pid, user, command, label, count,\nsince (--group: a row per holder "
+	  "and prefix or commit)" },
 	{ "clients", cmd_clients, 0, 0, OPT_JSON, "clients [--json]",
-	  "client connections (root: all; others: their own)" },
+	  "client connections, with their labels (root: all;\nothers: their own)" },
 	{ "peers", cmd_peers, 0, 0, OPT_JSON, "peers [--json]",
 	  "other nodes' daemons this one peers with: state, last\nerror, traffic (root and the "
 	  "daemon's uid only)" },
@@ -123,6 +129,9 @@ static const struct {
 	{ "--force", OPT_FORCE, false },
 	{ "--after", OPT_AFTER, true },
 	{ "--queue", OPT_QUEUE, true },
+	{ "--prefix", OPT_PREFIX, false },
+	{ "--group", OPT_GROUP, true },
+	{ "--raw", OPT_RAW, false },
 };
 
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
@@ -141,6 +150,16 @@ static const char *set_option(struct args *a, unsigned bit, const char *val)
 		return *val ? NULL : "--socket needs a path";
 	case OPT_JSON:
 	case OPT_PROMETHEUS:
+	case OPT_PREFIX:
+	case OPT_RAW:
+		return NULL;
+	case OPT_GROUP:
+		if (strcmp(val, "prefix") == 0)
+			a->group = GROUP_PREFIX;
+		else if (strcmp(val, "commit") == 0)
+			a->group = GROUP_COMMIT;
+		else
+			return "--group takes prefix or commit";
 		return NULL;
 	case OPT_MUTABLE:
 		a->flags |= TENSORD_MUTABLE;
@@ -311,24 +330,35 @@ static int connect_failed(int rc, const char *socket)
 	return report(rc, msg, NULL);
 }
 
+/* Connects and runs cmd; the exit status. */
+static int run(const struct command *cmd, struct args *a)
+{
+	tensord_client *c;
+	int rc;
+
+	report_as_json(a->seen & OPT_JSON);
+	if (cmd->run == cmd_watch && watch_block_signals() < 0)
+		return report(-errno, strerror(errno), NULL);
+	rc = tensord_connect(a->socket, &c);
+	if (rc < 0)
+		return connect_failed(rc, a->socket);
+	rc = cmd->run(c, a);
+	tensord_close(c);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	struct args a = { .timeout_ms = -1 };
 	const struct command *cmd;
-	tensord_client *c;
 	int rc;
 
+	a.pos = calloc((size_t)argc, sizeof(*a.pos));
+	if (!a.pos)
+		return report(-ENOMEM, "out of memory", NULL);
 	rc = parse_args(argc, argv, &a, &cmd);
-	if (rc || !cmd)
-		return rc;
-
-	report_as_json(a.seen & OPT_JSON);
-	if (cmd->run == cmd_watch && watch_block_signals() < 0)
-		return report(-errno, strerror(errno), NULL);
-	rc = tensord_connect(a.socket, &c);
-	if (rc < 0)
-		return connect_failed(rc, a.socket);
-	rc = cmd->run(c, &a);
-	tensord_close(c);
+	if (rc == 0 && cmd)
+		rc = run(cmd, &a);
+	free(a.pos);
 	return rc;
 }

@@ -29,11 +29,17 @@ enum {
 	OPT_PROMETHEUS = 64,
 	OPT_AFTER = 128,
 	OPT_QUEUE = 256,
+	OPT_PREFIX = 512,
+	OPT_GROUP = 1024,
+	OPT_RAW = 2048,
 };
+
+/* ls, leases and watch --group: rows folded by prefix or by commit. */
+enum group_by { GROUP_NONE, GROUP_PREFIX, GROUP_COMMIT };
 
 struct args {
 	const char *socket; /* borrowed from argv; NULL: the library's default */
-	const char *pos[3]; /* positionals after the command, borrowed from argv */
+	const char **pos;   /* positionals after the command, borrowed from argv (argc slots) */
 	int npos;
 	unsigned seen;  /* OPT_* given */
 	uint32_t flags; /* TENSORD_MUTABLE | TENSORD_LIFETIME_CONNECTION | TENSORD_REPLACE */
@@ -41,6 +47,7 @@ struct args {
 	int timeout_ms; /* -1: forever */
 	uint64_t after; /* watch --after: a commit id (0: replay every name); seen says if given */
 	uint32_t queue; /* watch --queue: events kept for it; 0: the default */
+	enum group_by group; /* --group */
 };
 
 /*
@@ -172,6 +179,22 @@ void json_field(const char *key, const char *val, bool first);
 /* figures.c: the daemon's n figures as text: a line each, then the devices and uids as tables.
  * 0, or -1 (out of memory, reported). */
 int print_figures_text(const tensord_figure *v, size_t n);
+/* stats without --raw: the figures people read first, then devices and uids as tables. 0 or -1. */
+int print_stats_summary(const tensord_figure *v, size_t n);
+
+/* "3d04h", "2h05m", "4m07s", "12.3s" (observe.c). Borrowed: buf. */
+const char *duration(uint64_t ns, char *buf, size_t len);
+
+/*
+ * --- group.c: ls and leases --group prefix|commit ---
+ * A name's prefix: its length up to and including the last '/' (0: none).
+ */
+size_t group_prefix_len(const char *name);
+/* Folds name into the common prefix p (*plen bytes; first: starts it), cut back to a '/'. */
+void group_common_prefix(char *p, size_t *plen, const char *name, bool first);
+/* The grouped tables (or JSON lists); they may reorder the arrays. 0 or the exit status. */
+int print_ls_groups(tensord_info *infos, size_t n, enum group_by by, bool json);
+int print_lease_groups(tensord_lease_holder *v, size_t n, enum group_by by, bool json);
 
 /* b bytes for people: "512 B", "1.5 MiB". Borrowed: buf. */
 const char *human(uint64_t b, char *buf, size_t len);

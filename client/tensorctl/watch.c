@@ -12,6 +12,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -45,19 +46,97 @@ static void print_event(const tensord_event *ev, bool json)
 	}
 }
 
+/*
+ * --group: the events of one commit (and one prefix) folded into one line
+ * as they come; printed when an event of another commit (or prefix, or
+ * kind) comes, or when none follows (the daemon sends a commit's events
+ * back to back: a short wait for the next one is enough).
+ */
+#define GROUP_WAIT_MS 50
+
+struct pending {
+	bool on;
+	tensord_event_kind kind;
+	uint64_t commit;
+	size_t names;
+	char prefix[TENSORD_NAME_MAX + 1]; /* the key (by prefix) or the names' common prefix */
+	size_t prefix_len;
+};
+
+static void print_pending(struct pending *p, bool json)
+{
+	char q[QUOTE_MAX];
+
+	if (!p->on)
+		return;
+	if (json) {
+		printf("{\"kind\": \"%s\", \"commit\": %" PRIu64 ", \"names\": %zu, \"prefix\": ",
+		       kind_name(p->kind), p->commit, p->names);
+		json_str(p->prefix);
+		puts("}");
+	} else {
+		printf("%s commit %" PRIu64 " names %zu prefix %s\n", kind_name(p->kind), p->commit,
+		       p->names, *p->prefix ? quote(p->prefix, QUOTE_TABLE, q, sizeof(q)) : "-");
+	}
+	p->on = false;
+}
+
+/* Whether ev belongs to the pending line. */
+static bool same_group(const struct pending *p, const tensord_event *ev, enum group_by by)
+{
+	size_t plen = group_prefix_len(ev->name);
+
+	return p->on && p->kind == ev->kind && p->commit == ev->commit &&
+	       (by == GROUP_COMMIT ||
+		(p->prefix_len == plen && !memcmp(p->prefix, ev->name, plen)));
+}
+
+/* Takes ev into the pending line, printing the one before when ev starts a new one. */
+static void group_event(struct pending *p, const tensord_event *ev, enum group_by by, bool json)
+{
+	if (ev->kind == TENSORD_EVENT_LAGGED) {
+		print_pending(p, json);
+		print_event(ev, json);
+		return;
+	}
+	if (!same_group(p, ev, by)) {
+		print_pending(p, json);
+		*p = (struct pending){ .on = true, .kind = ev->kind, .commit = ev->commit };
+		if (by == GROUP_PREFIX) {
+			p->prefix_len = group_prefix_len(ev->name);
+			memcpy(p->prefix, ev->name, p->prefix_len);
+			p->prefix[p->prefix_len] = '\0';
+		}
+	}
+	if (by == GROUP_COMMIT)
+		group_common_prefix(p->prefix, &p->prefix_len, ev->name, p->names == 0);
+	p->names++;
+}
+
 /* Prints every event queued now; 0 when none is left, else the exit status. */
-static int drain(tensord_watch *w, bool json)
+static int drain(tensord_watch *w, bool json, enum group_by by, struct pending *p)
 {
 	tensord_event ev;
 	int rc;
 
-	while ((rc = tensord_watch_next(w, 0, &ev)) == 0) {
-		print_event(&ev, json);
+	for (;;) {
+		rc = tensord_watch_next(w, p->on ? GROUP_WAIT_MS : 0, &ev);
+		if (rc < 0)
+			break;
+		if (by)
+			group_event(p, &ev, by, json);
+		else
+			print_event(&ev, json);
 		/* A pipe sees each line as it comes. */
-		if (finish_output())
+		if (!p->on && finish_output())
 			return EXIT_OP;
 	}
-	return rc == -EAGAIN ? 0 : op_error(rc, NULL);
+	if (rc == -EAGAIN || rc == -ETIMEDOUT) {
+		print_pending(p, json);
+		return finish_output() ? EXIT_OP : 0;
+	}
+	print_pending(p, json);
+	return op_error(rc, NULL);
 }
 
 /*
@@ -85,6 +164,7 @@ int cmd_watch(tensord_client *c, const struct args *a)
 {
 	const char *prefix = a->npos ? a->pos[0] : "";
 	bool json = a->seen & OPT_JSON;
+	struct pending pending = { 0 };
 	struct signalfd_siginfo si;
 	struct pollfd pfd[2];
 	tensord_watch *w;
@@ -104,7 +184,7 @@ int cmd_watch(tensord_client *c, const struct args *a)
 	pfd[1] = (struct pollfd){ .fd = sfd, .events = POLLIN };
 	for (;;) {
 		/* First what is queued: the replay of --after may have come with the reply. */
-		rc = drain(w, json);
+		rc = drain(w, json, a->group, &pending);
 		if (rc)
 			break;
 		if (poll(pfd, 2, -1) < 0 && errno != EINTR) {

@@ -36,6 +36,8 @@ extern "C" {
 
 #define TENSORD_PROTOCOL_VERSION 1
 #define TENSORD_NAME_MAX 255
+/* A connection's label (tensord_connect_named()): at most this many bytes. */
+#define TENSORD_LABEL_MAX 63
 #define TENSORD_NDIM_MAX 32
 
 typedef struct tensord_client tensord_client;
@@ -248,6 +250,19 @@ typedef struct tensord_uid_stats {
  * On success *ret_client is owned by the caller; free it with tensord_close().
  */
 TENSORD_API int tensord_connect(const char *socket_path, tensord_client **ret_client);
+
+/*
+ * tensord_connect() with a label for the connection, such as "rollout-1",
+ * that `tensorctl clients` and `tensorctl leases` show (and
+ * tensord_clients(), tensord_leases()): 1 to TENSORD_LABEL_MAX bytes of
+ * printable ASCII without spaces. NULL: $TENSORD_CLIENT_NAME when that is
+ * set and not empty, else none (tensord_connect() does the same). -EINVAL
+ * for a label that is not valid, from the argument or the environment
+ * (tensord_last_error() says which and why); nothing is sent then. A child
+ * forked from the process connects anew with the same label.
+ */
+TENSORD_API int tensord_connect_named(const char *socket_path, const char *name,
+				      tensord_client **ret_client);
 
 /*
  * Closes the connection; the daemon ends every lease this client still holds
@@ -598,6 +613,9 @@ typedef struct tensord_lease_holder {
 	uint64_t conn_id;  /* the connection, as tensord_clients() lists it */
 	uint64_t since_ns; /* CLOCK_REALTIME when the oldest of them began */
 	uint64_t held_ns;  /* how long that is ago */
+	char label[TENSORD_LABEL_MAX + 1]; /* the holder's connection label; "" if none */
+	uint64_t bytes;                    /* the tensor's size */
+	uint64_t commit;                   /* the commit that published it; 0 if never */
 } tensord_lease_holder;
 
 /*
@@ -625,6 +643,7 @@ typedef struct tensord_client_info {
 	uint64_t tensors_created;
 	uint64_t bytes_queued; /* replies its socket has not taken yet */
 	uint64_t requests;
+	char label[TENSORD_LABEL_MAX + 1]; /* its label (tensord_connect_named()); "" if none */
 } tensord_client_info;
 
 /*

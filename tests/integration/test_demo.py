@@ -65,3 +65,21 @@ def test_ctrl_c_in_make_run_ends_cleanly(tmp_path):
     assert "*** " not in text, text      # no "make: *** [run] Error 1" / "Interrupt"
     assert "== tensord stopped" in text, text
     assert wait_until(lambda: not os.path.exists(sock)), "the daemon removed its socket"
+
+
+def test_demo_without_a_terminal_stops_its_daemon_and_says_so(tmp_path):
+    """make run in a pipe or CI: no Ctrl-C to wait for, so the demo stops
+    the daemon it started and exits 0, saying why; the README says both."""
+    sock = str(tmp_path / "tensord.sock")
+    r = subprocess.run(["bash", DEMO, BUILD], env=demo_env(sock), stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "round trip ok" in r.stdout
+    assert "== no terminal (or TENSORD_DEMO_EXIT=1): the demo ends" in r.stdout, r.stdout
+    assert r.stdout.rstrip().endswith("== tensord stopped"), r.stdout
+    rc = subprocess.run([build_path("tensorctl"), "--socket", sock, "stats"],
+                        capture_output=True).returncode
+    assert rc == 1, "the demo's daemon is gone"
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    run = readme[readme.index("make run    #"):readme.index("make test   #")]
+    assert "Ctrl-C" in run and "without one" in run and "TENSORD_DEMO_EXIT=1" in run, run

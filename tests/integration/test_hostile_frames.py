@@ -344,3 +344,21 @@ def test_hostile_put(hd, create, data, status):
     c.close()
     assert hd.alive(), hd.read_log()[-3000:]
     healthy(hd, hd.baseline)
+
+
+@pytest.mark.parametrize("name", [b"a b", b"tab\there", b"\x1b[31m", b"x" * 64, b"caf\xc3\xa9"],
+                         ids=["space", "tab", "escape", "64-bytes", "utf8"])
+def test_hello_bad_client_name(hd, name):
+    """A Hello naming the connection (field 3) with a label that is not 1 to
+    63 bytes of printable ASCII without spaces fails with EINVAL and a
+    reason, and the connection ends; a good one is kept (issue 34)."""
+    c = Raw(hd.socket)
+    c.send(frame(request(4, 2, f_varint(1, 1) + f_bytes(2, "t") + f_bytes(3, name))))
+    r = c.expect_error_and_close(-errno.EINVAL)
+    assert r.id == 4 and "client name" in r.message, r
+    c.close()
+    c = Raw(hd.socket)
+    r = c.call(request(4, 2, f_varint(1, 1) + f_bytes(2, "t") + f_bytes(3, "x" * 63)))
+    assert r.status == 0, r
+    c.close()
+    healthy(hd, hd.baseline)

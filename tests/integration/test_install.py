@@ -79,21 +79,39 @@ def test_install_layout(prefix):
     assert not re.search(r"@[A-Z]+@", unit + pc)     # every template field filled
 
 
+def readme_build_lines():
+    """The README's sh block right after its C example: the build line, then the run line."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    after = text[text.index("```c\n"):]
+    start = after.index("```sh\n") + len("```sh\n")
+    return after[start:after.index("```", start)].strip().splitlines()
+
+
 def test_readme_c_example_against_the_installed_pc(prefix, tmp_path):
-    """cc app.c $(pkg-config --cflags --libs tensord), as the README says,
-    against the installed library and the installed daemon."""
+    """The README's C program built with exactly its line (pkg-config, and
+    the rpath it adds) against the installed tensord.pc, then run as the
+    README runs it, with no LD_LIBRARY_PATH, against the installed daemon."""
     (tmp_path / "app.c").write_text(readme_c_example())
+    build, run = readme_build_lines()
+    assert build.startswith("cc -o app app.c $(pkg-config --cflags --libs tensord)"), build
+    assert run == "./app", run
     env = dict(os.environ, PKG_CONFIG_PATH=str(prefix / "lib" / "pkgconfig"))
-    r = subprocess.run(["sh", "-c", "cc -o app app.c $(pkg-config --cflags --libs tensord)"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    env.pop("LD_LIBRARY_PATH", None)
+    r = subprocess.run(["sh", "-c", build], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    # A non-system prefix is not in the loader's path: LD_LIBRARY_PATH
-    # (or ldconfig for /usr/local) finds the installed shared library.
-    run_env = dict(os.environ, LD_LIBRARY_PATH=str(prefix / "lib"),
-                   TENSORD_SOCKET=str(tmp_path / "s"))
+    run_env = dict(env, TENSORD_SOCKET=str(tmp_path / "s"))
     ldd = subprocess.run(["ldd", str(tmp_path / "app")], env=run_env, capture_output=True,
                          text=True).stdout
     assert "libtensord.so.1 => %s/lib/libtensord.so.1" % prefix in ldd, ldd
+    # The README's line without its rpath: the program builds and then cannot
+    # start, as the README warns; LD_LIBRARY_PATH is the other way.
+    bare = build[:build.index(" -Wl,-rpath")] + " -o bare"
+    subprocess.run(["sh", "-c", bare], cwd=tmp_path, env=env, check=True, timeout=120)
+    r = subprocess.run([str(tmp_path / "bare")], env=run_env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0 and "libtensord.so.1: cannot open shared object file" in r.stderr
 
     rfd, wfd = os.pipe()
     daemon = subprocess.Popen([str(prefix / "bin" / "tensord"), "--socket", str(tmp_path / "s"),
@@ -104,10 +122,14 @@ def test_readme_c_example_against_the_installed_pc(prefix, tmp_path):
         with os.fdopen(rfd, "rb") as f:
             assert f.read(1) == b"R"
         for _ in range(2):
-            r = subprocess.run([str(tmp_path / "app")], env=run_env, capture_output=True,
-                               text=True, timeout=60)
+            r = subprocess.run(["sh", "-c", run], cwd=tmp_path, env=run_env,
+                               capture_output=True, text=True, timeout=60)
             assert r.returncode == 0, r.stderr
             assert r.stdout.strip() == "2"
+        r = subprocess.run([str(tmp_path / "bare")], cwd=tmp_path,
+                           env=dict(run_env, LD_LIBRARY_PATH=str(prefix / "lib")),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stdout.strip() == "2", r.stderr
         r = subprocess.run([str(prefix / "bin" / "tensorctl"), "--version"],
                            capture_output=True, text=True)
         assert r.stdout.startswith("tensorctl %s " % version())

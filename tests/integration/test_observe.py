@@ -76,10 +76,12 @@ def test_leases_show_a_real_client_and_forget_it_after_kill9(daemon, clients):
     rc, out, err = ctl(daemon.socket, "leases", "model/x")
     assert rc == 0, err
     head, line = out.splitlines()
-    assert head.split() == ["NAME", "STATE", "PID", "USER", "COMM", "LEASES", "SINCE", "HELD"]
+    assert head.split() == ["NAME", "STATE", "PID", "USER", "COMM", "LABEL", "LEASES", "SINCE",
+                            "HELD"]
     cols = line.split()
     assert cols[0] == "model/x" and cols[2] == str(holder.p.pid) and cols[4] == "tdclient"
-    assert cols[5] == "2"
+    assert cols[5] == "-" and row["label"] == ""  # it connected with no name
+    assert cols[6] == "2"
 
     holder.kill9()
     assert wait_until(lambda: ctl_json(daemon.socket, "leases", "model/x") == [], timeout=5)

@@ -3,6 +3,7 @@ exit codes 0/1/2, .npy round trips compared with numpy, and the .npy variants
 that are refused with a message naming the file."""
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -169,10 +170,50 @@ def test_stats(daemon, tmp_path):
     assert st["tensors"] >= 1 and st["daemon_pid"] == daemon.pid
     cpu = [d for d in st["devices"] if d["device"] == "cpu"]
     assert cpu and cpu[0]["device_used_bytes"] >= 8000
-    out = ok(daemon, "stats")
+    # The raw form: a line per figure, then the tables.
+    out = ok(daemon, "stats", "--raw")
     assert any(line.split()[:2] == ["tensors", str(st["tensors"])] for line in out.splitlines())
     assert any(line.startswith("uptime_seconds ") for line in out.splitlines())
     assert any(line.split()[:1] == ["cpu"] for line in out.splitlines())
+    # The summary, as docs/tensorctl.md shows it.
+    lines = ok(daemon, "stats").splitlines()
+    head = dict(l.split(":", 1) for l in lines[:lines.index("")])
+    assert list(head) == ["tensors", "clients", "leases", "uptime", "pid", "fds", "pool", "slabs"]
+    assert head["tensors"].strip() == str(st["tensors"])
+    assert head["pid"].strip() == str(daemon.pid)
+    assert re.fullmatch(r" +\d+d \d\dh \d\dm \d\ds", head["uptime"]), head["uptime"]
+    assert re.fullmatch(r" +[\d.]+ [KMGT]?i?B ready in \d+ memfds of [\d.]+ [KMGT]?i?B; "
+                        r"\d+ hits, \d+ misses", head["pool"]), head["pool"]
+    dev = next(i for i, l in enumerate(lines) if l.startswith("DEVICE"))
+    assert lines[dev].split() == ["DEVICE", "BACKEND", "PATH", "TENSORS", "USED", "CAPACITY",
+                                  "USE", "GPU", "MEMORY"]
+    cpu = lines[dev + 1].split()
+    assert cpu[:4] == ["cpu", "host", "memfd", str(cpu0_tensors(st))], cpu
+    assert cpu[-2].endswith("%") and cpu[-1] == "-", cpu
+    uid = next(i for i, l in enumerate(lines) if l.startswith("UID"))
+    assert lines[uid].split()[:3] == ["UID", "USER", "CLIENTS"]
+    assert lines[uid + 1].split()[0] == str(os.geteuid())
+    # --raw, --json and --prometheus are one each.
+    rc, _, err = ctl(daemon, "stats", "--raw", "--json")
+    assert rc == 2 and "exclude each other" in err
+
+
+def cpu0_tensors(st):
+    cpu = next(d for d in st["devices"] if d["device"] == "cpu")
+    return sum(cpu["device_tensors"].values())
+
+
+def test_stats_names_unlinked_tensors_still_leased(daemon, tmp_path):
+    import sys
+    sys.path.insert(0, build_path("python"))
+    tensord = pytest.importorskip("tensord", reason="the Python module is not built "
+                                  "(a sanitizer build); it holds the lease")
+    ok(daemon, "put", "held", save(tmp_path / "a.npy", np.ones(1000, np.float64)))
+    with tensord.connect(daemon.socket) as c, c.attach("held"):
+        ok(daemon, "rm", "held")
+        head = ok(daemon, "stats").splitlines()[0]
+        assert head == "tensors:  1 (1 unlinked, still leased: tensorctl leases)", head
+    assert wait_until(lambda: ok(daemon, "stats").splitlines()[0] == "tensors:  0")
 
 
 def test_put_options(daemon, tmp_path):
@@ -194,7 +235,8 @@ def test_exit_codes_and_usage(daemon, tmp_path):
     assert ctl(daemon, "put", "--help")[0] == 0
     rc, out, _ = ctl(daemon, "--version")
     assert rc == 0 and out.startswith("tensorctl ")
-    for args in [(), ("bogus",), ("stat",), ("get", "x"), ("rm",), ("rm", "a", "b"),
+    for args in [(), ("bogus",), ("stat",), ("get", "x"), ("rm",), ("rm", "--prefix"),
+                 ("rm", "a", "--group", "prefix"), ("ls", "--group", "name"),
                  ("put", "x", f, "--json"), ("ls", "--frobnicate"), ("stats", "x"),
                  ("wait", "x", "--timeout", "soon"), ("wait", "x", "--timeout", "-1"),
                  ("wait", "x", "--timeout"), ("put", "x", f, "--mode", "999"),

@@ -4,6 +4,7 @@ generation and commit; `put PREFIX FILE.npz|FILE.safetensors` publishes
 every array of a checkpoint in one commit, and a bad checkpoint exits 1
 with a reason and leaves nothing behind."""
 import json
+import os
 import signal
 import struct
 import subprocess
@@ -433,3 +434,206 @@ def test_put_checkpoint_usage(daemon, tmp_path):
     (tmp_path / "t.safetensors").write_bytes(b"\x05" + b"\0" * 7 + b"{abc}")
     rc, out, err = ctl(daemon, "put", "e/", str(tmp_path / "t.safetensors"), "--json")
     assert rc == 1 and json.loads(err)["error"] == "EINVAL"
+
+
+# --- rm of several names or prefixes: one transaction (issue 34) -------------
+
+
+def names(daemon, prefix=""):
+    return [t["name"] for t in listing(daemon, prefix)]
+
+
+def put_many(daemon, tmp_path, prefix, keys):
+    """keys under prefix in one commit (put PREFIX FILE.npz)."""
+    f = tmp_path / "many.npz"
+    np.savez(f, **{k: np.full(4, i, np.float32) for i, k in enumerate(keys)})
+    ok(daemon, "put", prefix, str(f))
+
+
+def test_rm_many_names_is_one_commit(daemon, tmp_path):
+    put_many(daemon, tmp_path, "s/", ["a", "b", "c"])
+    ok(daemon, "put", "keep", save(tmp_path / "k.npy", np.ones(3)))
+    w = Watcher(daemon, "s/")
+    r = json.loads(ok(daemon, "rm", "s/a", "s/b", "s/c", "--json"))
+    assert r["removed"] == 3 and r["commit"] > 0
+    lines = [w.line() for _ in range(3)]
+    rc, rest, _ = w.stop()
+    assert rc == 0 and rest == []
+    assert sorted(l.split()[1] for l in lines) == ["s/a", "s/b", "s/c"]
+    assert {l.split()[0] for l in lines} == {"unlinked"}
+    assert {l.split()[-1] for l in lines} == {str(r["commit"])}, lines
+    assert names(daemon) == ["keep"]
+
+
+def test_rm_is_all_or_nothing(daemon, tmp_path):
+    put_many(daemon, tmp_path, "s/", ["a", "b"])
+    rc, out, err = ctl(daemon, "rm", "s/a", "s/missing", "s/b")
+    assert rc == 1 and out == ""
+    assert "'s/missing'" in err and "nothing was removed" in err, err
+    assert err.count("\n") == 1, err
+    assert names(daemon) == ["s/a", "s/b"]
+    rc, _, err = ctl(daemon, "rm", "s/a", "bad name!")
+    assert rc == 1 and "bad name!" in err and "nothing was removed" in err, err
+    assert names(daemon) == ["s/a", "s/b"]
+    # A name given twice (or under two prefixes) is removed once.
+    r = json.loads(ok(daemon, "rm", "s/a", "s/a", "--json"))
+    assert r["removed"] == 1 and names(daemon) == ["s/b"]
+    r = json.loads(ok(daemon, "rm", "--prefix", "s/", "s/b", "--json"))
+    assert r["removed"] == 1 and names(daemon) == []
+
+
+def test_rm_prefix(daemon, tmp_path):
+    many = [f"{i:04d}" for i in range(1024)]
+    put_many(daemon, tmp_path, "ck/", many)
+    put_many(daemon, tmp_path, "ck2/", ["x"])
+    ok(daemon, "put", "other", save(tmp_path / "o.npy", np.ones(3)))
+    assert len(names(daemon, "ck/")) == 1024
+    r = json.loads(ok(daemon, "rm", "--prefix", "ck/", "--json"))
+    assert r["removed"] == 1024
+    assert names(daemon) == ["ck2/x", "other"]
+    # A prefix nothing is under is an error that names it; so the whole rm is.
+    rc, _, err = ctl(daemon, "rm", "--prefix", "other", "ck/")
+    assert rc == 1 and "'ck/'" in err and "nothing was removed" in err, err
+    assert names(daemon) == ["ck2/x", "other"]
+    ok(daemon, "rm", "--prefix", "ck2/", "oth")
+    assert names(daemon) == []
+
+
+# --- client labels, leases/ls/watch --group (issue 34) -----------------------
+
+needs_module = pytest.mark.skipif(tensord is None, reason="the Python module is not built "
+                                  "(a sanitizer build): the holders are Python clients")
+
+
+def test_client_label_from_the_environment(daemon):
+    out = ok(daemon, "clients", "--json", env={"TENSORD_CLIENT_NAME": "ctl-7"})
+    mine = [c for c in json.loads(out) if c["comm"] == "tensorctl"]
+    assert [c["label"] for c in mine] == ["ctl-7"], out
+    table = ok(daemon, "clients", env={"TENSORD_CLIENT_NAME": "ctl-7"}).splitlines()
+    assert table[0].split()[:6] == ["CONN", "PID", "USER", "COMM", "LABEL", "CLIENT"]
+    assert any(l.split()[3:5] == ["tensorctl", "ctl-7"] for l in table[1:]), table
+    # Without it, no label: "-".
+    out = json.loads(ok(daemon, "clients", "--json"))
+    assert [c["label"] for c in out if c["comm"] == "tensorctl"] == [""]
+    # A bad one fails before anything is sent, naming the variable and why.
+    for bad in ["two words", "x" * 64, "t\x1bab"]:
+        rc, out, err = ctl(daemon, "ls", env={"TENSORD_CLIENT_NAME": bad})
+        assert rc == 1 and out == "", err
+        assert "$TENSORD_CLIENT_NAME" in err and "printable ASCII" in err, err
+
+
+def test_client_label_from_c(daemon):
+    """The C library's tensord_connect_named(), through ctypes."""
+    import ctypes
+    lib = ctypes.CDLL(build_path("libtensord.so"))
+    lib.tensord_connect_named.argtypes = [ctypes.c_char_p, ctypes.c_char_p,
+                                          ctypes.POINTER(ctypes.c_void_p)]
+    lib.tensord_close.argtypes = [ctypes.c_void_p]
+    lib.tensord_last_error.restype = ctypes.c_char_p
+    c = ctypes.c_void_p()
+    assert lib.tensord_connect_named(daemon.socket.encode(), b"from-c", ctypes.byref(c)) == 0
+    try:
+        labels = [x["label"] for x in json.loads(ok(daemon, "clients", "--json"))]
+        assert "from-c" in labels, labels
+    finally:
+        lib.tensord_close(c)
+    rc = lib.tensord_connect_named(daemon.socket.encode(), b"bad label", ctypes.byref(c))
+    assert rc == -22, rc
+    msg = lib.tensord_last_error().decode()
+    assert "client name 'bad label'" in msg and "printable ASCII" in msg, msg
+
+
+@needs_module
+def test_client_label_from_python(daemon):
+    with tensord.connect(daemon.socket, name="rollout-1") as c:
+        me = [x for x in c.clients() if x.label == "rollout-1"]
+        assert len(me) == 1 and me[0].pid == os.getpid()
+    with pytest.raises(tensord.Error) as e:
+        tensord.connect(daemon.socket, name="no spaces please")
+    assert e.value.errno == 22 and "client name" in str(e.value)
+    with pytest.raises(TypeError):
+        tensord.connect(daemon.socket, name=7)
+    with pytest.raises(TypeError):
+        tensord.connect(daemon.socket, "positional-name")
+
+
+@needs_module
+def test_leases_group_three_rollouts(daemon, tmp_path):
+    """3 rollouts x 32 tensors: 96 rows by name, 3 by prefix or commit."""
+    put_many(daemon, tmp_path, "w/", [f"{i:02d}" for i in range(32)])
+    commit = listing(daemon, "w/")[0]["commit"]
+    clients = [tensord.connect(daemon.socket, name=f"rollout-{i}") for i in range(3)]
+    try:
+        held = [c.attach_many([f"w/{i:02d}" for i in range(32)], timeout=0) for c in clients]
+        rows = json.loads(ok(daemon, "leases", "--json"))
+        assert len(rows) == 96
+        assert {r["label"] for r in rows} == {"rollout-0", "rollout-1", "rollout-2"}
+        assert {r["bytes"] for r in rows} == {16} and {r["commit"] for r in rows} == {commit}
+        table = ok(daemon, "leases").splitlines()
+        assert table[0].split()[4:6] == ["COMM", "LABEL"] and len(table) == 97
+        for by in ["prefix", "commit"]:
+            g = json.loads(ok(daemon, "leases", "--group", by, "--json"))
+            assert len(g) == 3, g
+            assert sorted(x["label"] for x in g) == ["rollout-0", "rollout-1", "rollout-2"]
+            for x in g:
+                assert (x["prefix"], x["commit"], x["tensors"], x["bytes"], x["leases"],
+                        x["state"], x["pid"]) == ("w/", commit, 32, 512, 32, "published",
+                                                  os.getpid()), x
+            table = ok(daemon, "leases", "--group", by).splitlines()
+            assert len(table) == 4, table
+            head = table[0].split()
+            assert head[:4] == (["PREFIX", "COMMIT"] if by == "prefix" else
+                                ["COMMIT", "PREFIX"]) + ["TENSORS", "BYTES"], head
+            for line in table[1:]:
+                cells = line.split()
+                key = ["w/", str(commit)] if by == "prefix" else [str(commit), "w/"]
+                assert cells[:5] == key + ["32", "512", "B"], line
+                assert cells[9].startswith("rollout-"), line
+        del held
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_ls_group(daemon, tmp_path):
+    put_many(daemon, tmp_path, "a/", ["x", "y"])
+    put_many(daemon, tmp_path, "b/c/", ["1", "2", "3"])
+    ok(daemon, "put", "b/c/4", save(tmp_path / "k.npy", np.ones(2, np.float32)))
+    ok(daemon, "put", "top", save(tmp_path / "k.npy", np.ones(2, np.float32)))
+    c_a, c_b, c_b4, c_top = (listing(daemon, n)[0]["commit"] for n in ["a/x", "b/c/1", "b/c/4",
+                                                                      "top"])
+    g = json.loads(ok(daemon, "ls", "--group", "prefix", "--json"))
+    assert [(x["prefix"], x["tensors"], x["bytes"], x["commit"]) for x in g] == [
+        ("", 1, 8, c_top), ("a/", 2, 32, c_a), ("b/c/", 4, 56, c_b4)], g
+    assert g[2]["commit_min"] == c_b
+    table = ok(daemon, "ls", "--group", "prefix").splitlines()
+    assert table[0].split() == ["PREFIX", "TENSORS", "BYTES", "COMMIT"]
+    assert table[3].split() == ["b/c/", "4", "56", "B", f"{c_b}-{c_b4}"]
+    g = json.loads(ok(daemon, "ls", "--group", "commit", "--json"))
+    assert [(x["commit"], x["prefix"], x["tensors"]) for x in g] == [
+        (c_a, "a/", 2), (c_b, "b/c/", 3), (c_b4, "b/c/", 1), (c_top, "", 1)], g
+    g = json.loads(ok(daemon, "ls", "b/", "--group", "commit", "--json"))
+    assert [x["commit"] for x in g] == [c_b, c_b4]
+
+
+def test_watch_group_commit_and_prefix(daemon, tmp_path):
+    w = Watcher(daemon, "--group", "commit")
+    put_many(daemon, tmp_path, "ck/", [f"{i:02d}" for i in range(32)])
+    commit = listing(daemon, "ck/")[0]["commit"]
+    assert w.line() == f"published commit {commit} names 32 prefix ck/"
+    ok(daemon, "rm", "--prefix", "ck/")
+    line = w.line().split()
+    assert line[0] == "unlinked" and line[3:] == ["names", "32", "prefix", "ck/"], line
+    rc, rest, _ = w.stop()
+    assert rc == 0 and rest == []
+    # By prefix: one line per prefix of a commit; --json.
+    w = Watcher(daemon, "--group", "prefix", "--json")
+    f = tmp_path / "two.npz"
+    np.savez(f, **{"p/0": np.ones(2), "p/1": np.ones(2), "q/0": np.ones(2)})
+    ok(daemon, "put", "m/", str(f))
+    commit = listing(daemon, "m/")[0]["commit"]
+    got = sorted([json.loads(w.line()), json.loads(w.line())], key=lambda e: e["prefix"])
+    assert got == [{"kind": "published", "commit": commit, "names": 2, "prefix": "m/p/"},
+                   {"kind": "published", "commit": commit, "names": 1, "prefix": "m/q/"}], got
+    rc, rest, _ = w.stop()
+    assert rc == 0 and rest == []

@@ -330,3 +330,21 @@ def test_torch_dataloader_zero_copy_samples(child, client, daemon):
     p.expect("zero copy ok", timeout=300)
     p.finish(timeout=120)
     daemon_at_rest(daemon, client, 0, 1)
+
+
+def test_forked_child_connects_with_the_parents_label(child):
+    """A labelled client's child connects anew under the same label (issue 34)."""
+    p = child("""
+        import os
+        import tensord
+        c = tensord.connect(name="trainer-0")
+        pid = os.fork()
+        if pid == 0:
+            mine = [x for x in c.clients() if x.pid == os.getpid()]
+            os._exit(0 if [x.label for x in mine] == ["trainer-0"] else 3)
+        _, st = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(st) == 0
+        print("child labelled", flush=True)
+    """)
+    p.expect("child labelled")
+    p.finish()

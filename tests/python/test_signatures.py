@@ -69,8 +69,10 @@ def test_signatures_match_the_calls(client):
     dl = inspect.signature(tensord.Tensor.__dlpack__).parameters
     assert [p for p in dl if dl[p].kind is inspect.Parameter.KEYWORD_ONLY] == \
         ["stream", "max_version", "dl_device", "copy"]
-    assert list(inspect.signature(tensord.connect).parameters) == ["path"]
-    assert list(inspect.signature(tensord.Client).parameters) == ["path"]
+    for f in (tensord.connect, tensord.Client):
+        ps = inspect.signature(f).parameters
+        assert list(ps) == ["path", "name"]
+        assert ps["name"].kind is inspect.Parameter.KEYWORD_ONLY
     # The docstring still reads well after the signature lines.
     assert tensord.Client.put.__doc__.startswith("Copies obj once")
 

@@ -193,7 +193,7 @@ class LeaseHolder(tuple[Any, ...]):
     n_sequence_fields: ClassVar[int]
     n_unnamed_fields: ClassVar[int]
     __match_args__: Final = ("name", "tensor_id", "state", "pid", "uid", "gid", "comm",
-                             "count", "since", "held", "conn_id")
+                             "count", "since", "held", "conn_id", "label", "bytes", "commit")
     @property
     def name(self) -> str: ...
     @property
@@ -216,6 +216,12 @@ class LeaseHolder(tuple[Any, ...]):
     def held(self) -> float: ...
     @property
     def conn_id(self) -> int: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def commit(self) -> int: ...
 
 @final
 class ClientInfo(tuple[Any, ...]):
@@ -226,7 +232,7 @@ class ClientInfo(tuple[Any, ...]):
     n_unnamed_fields: ClassVar[int]
     __match_args__: Final = ("conn_id", "pid", "uid", "gid", "comm", "client", "connected",
                              "leases", "tensors_created", "waiters", "bytes_queued",
-                             "requests")
+                             "requests", "label")
     @property
     def conn_id(self) -> int: ...
     @property
@@ -251,6 +257,8 @@ class ClientInfo(tuple[Any, ...]):
     def bytes_queued(self) -> int: ...
     @property
     def requests(self) -> int: ...
+    @property
+    def label(self) -> str: ...
 
 @final
 class PeerInfo(tuple[Any, ...]):
@@ -441,10 +449,13 @@ class Watch(Iterator[Event]):
         tb: TracebackType | None,
     ) -> None: ...
 
-def connect(path: str | os.PathLike[str] | None = None) -> Client:
+def connect(path: str | os.PathLike[str] | None = None, *, name: str | None = None) -> Client:
     """Connects to the daemon at path, or at the default socket path and then
     /run/tensord/tensord.sock. The socket, its directory and the daemon
     (SO_PEERCRED) must belong to you, root or $TENSORD_DAEMON_UID.
+    name labels the connection in clients(), leases() and tensorctl (1 to
+    63 bytes of printable ASCII without spaces; None: $TENSORD_CLIENT_NAME
+    when set); one that is not valid raises Error (EINVAL).
     NoDaemonError (ConnectionRefusedError): nobody listens there.
     AccessDeniedError (PermissionError): errno EACCES, the socket's mode
     refuses you; EPERM, someone else owns or serves it."""

@@ -27,9 +27,10 @@ from . import _tensord
 __all__ = ["AsyncClient", "AsyncWatch", "connect"]
 
 
-async def connect(path=None):
-    """An AsyncClient connected to the daemon at path (None: the default)."""
-    return AsyncClient(_tensord.connect(path))
+async def connect(path=None, *, name=None):
+    """An AsyncClient connected to the daemon at path (None: the default),
+    labelled name (tensord.connect())."""
+    return AsyncClient(_tensord.connect(path, name=name))
 
 
 def _seconds(timeout):
