@@ -31,7 +31,7 @@ PYTHON  ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 # The one version string: tensord --version, tensorctl --version, tensord.pc.
 VERSION := $(shell cat VERSION)
 # The library's ABI: bumped when a public struct changes (tensord_info grew in 1).
-SOVER   := 1
+SOVER   := 2
 PKGS    := libuv libprotobuf-c
 
 ifeq ($(V),1)

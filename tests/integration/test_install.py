@@ -66,11 +66,11 @@ def test_install_layout(prefix):
               "share/doc/tensord/operating.md", "share/doc/tensord/gpu.conf"]:
         assert f in have, f
     lib = prefix / "lib"
-    assert os.readlink(lib / "libtensord.so") == "libtensord.so.1"
-    assert os.readlink(lib / "libtensord.so.1") == "libtensord.so.%s" % v
+    assert os.readlink(lib / "libtensord.so") == "libtensord.so.2"
+    assert os.readlink(lib / "libtensord.so.2") == "libtensord.so.%s" % v
     dyn = subprocess.run(["readelf", "-d", str(lib / ("libtensord.so.%s" % v))],
                          capture_output=True, text=True, check=True).stdout
-    assert "Library soname: [libtensord.so.1]" in dyn
+    assert "Library soname: [libtensord.so.2]" in dyn
     pc = (lib / "pkgconfig" / "tensord.pc").read_text()
     assert "prefix=%s\n" % prefix in pc and "Version: %s\n" % v in pc
     unit = (prefix / "lib/systemd/system/tensord.service").read_text()
@@ -104,14 +104,14 @@ def test_readme_c_example_against_the_installed_pc(prefix, tmp_path):
     run_env = dict(env, TENSORD_SOCKET=str(tmp_path / "s"))
     ldd = subprocess.run(["ldd", str(tmp_path / "app")], env=run_env, capture_output=True,
                          text=True).stdout
-    assert "libtensord.so.1 => %s/lib/libtensord.so.1" % prefix in ldd, ldd
+    assert "libtensord.so.2 => %s/lib/libtensord.so.2" % prefix in ldd, ldd
     # The README's line without its rpath: the program builds and then cannot
     # start, as the README warns; LD_LIBRARY_PATH is the other way.
     bare = build[:build.index(" -Wl,-rpath")] + " -o bare"
     subprocess.run(["sh", "-c", bare], cwd=tmp_path, env=env, check=True, timeout=120)
     r = subprocess.run([str(tmp_path / "bare")], env=run_env, capture_output=True, text=True,
                        timeout=60)
-    assert r.returncode != 0 and "libtensord.so.1: cannot open shared object file" in r.stderr
+    assert r.returncode != 0 and "libtensord.so.2: cannot open shared object file" in r.stderr
 
     rfd, wfd = os.pipe()
     daemon = subprocess.Popen([str(prefix / "bin" / "tensord"), "--socket", str(tmp_path / "s"),
