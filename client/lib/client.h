@@ -122,6 +122,8 @@ struct td_conn {
 	struct td_fdq fdq;
 	struct td_relq relq; /* guarded by send_lock, not by the client's lock */
 	struct td_spin spin; /* how long to poll for a reply: the reader's alone */
+	/* When a quiet connection was last looked at for the daemon's end (lifecycle.c). */
+	_Atomic uint64_t checked_ns;
 };
 
 /* Host creates from this size up may take a reserve (docs/design.md, "The reserve"). */
@@ -224,19 +226,63 @@ struct tensord_client {
 	char path[108];                    /* the socket it connected to */
 	char label[TENSORD_LABEL_MAX + 1]; /* what Hello named it; "" for none */
 	bool inherited;
-	bool user_closed;                    /* tensord_close() ran on an inherited client */
-	tensord_client *successor;           /* owned (the user's handle of it); NULL: none yet */
+	bool user_closed;          /* tensord_close() ran */
+	tensord_client *successor; /* owned (the user's handle of it); NULL: none yet */
+	/*
+	 * How many times the daemon went away under this handle's connections:
+	 * a successor made because the connection was lost counts one more
+	 * than its predecessor (tensord_epoch()).
+	 */
+	unsigned epoch;
 	LIST_ENTRY(tensord_client) all_link; /* every live client of this process (fork.c) */
 };
 
 /*
  * The client that serves requests made on c in this process: c itself,
- * or, when c was inherited across fork(), the process's own connection to
- * the same daemon, connected on first use (*pc is replaced). 0 or -errno
+ * or, when c was inherited across fork() or its connection was lost (the
+ * daemon crashed or restarted), a connection of this process's own to the
+ * same path, connected on first use (*pc is replaced); -ECONNREFUSED when
+ * no daemon answers there (yet). 0 or -errno
  * with the error set (the new connection failed, or c was closed). Every
  * public call that takes a client starts with it.
  */
 int td_client_current(tensord_client **pc);
+
+/* The same for a call that may be served without asking the daemon (a bound attach). */
+int td_client_current_bound(tensord_client **pc);
+
+/*
+ * Whether c's connection was lost (the daemon closed it, crashed or
+ * restarted), not closed by its user: td_client_current() then connects
+ * anew, and the client's successor serves from then on.
+ */
+bool td_client_lost(tensord_client *c);
+
+/*
+ * A wait (an attach, an attach_many) across a lost connection: begun with
+ * the caller's client and timeout; after a failure r, td_retry_again()
+ * says whether to try again over a new connection (r says the daemon went
+ * away, and the wait has time left: its timeout, or TENSORD_RECONNECT_MS,
+ * 30 s, for one without), having connected, slept while no daemon answers,
+ * and set *timeout_ms to what is left.
+ */
+struct td_retry {
+	tensord_client *c;
+	unsigned epoch; /* tensord_epoch() when the wait began */
+	uint64_t start_ns;
+	int timeout_ms;
+	unsigned tries;
+};
+void td_retry_begin(struct td_retry *rt, tensord_client *c, int timeout_ms);
+
+/*
+ * after as cur, the connection serving now, understands it: 0 when the
+ * daemon went away since the wait began in epoch (its commit ids and
+ * generations start anew in a restarted daemon until restarts keep them,
+ * docs/restart.md).
+ */
+uint64_t td_after_for(const tensord_client *cur, unsigned epoch, uint64_t after);
+bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms);
 
 /*
  * connect.c: connects to socket_path, or with NULL to the first default

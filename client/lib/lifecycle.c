@@ -6,6 +6,8 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <poll.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,30 +91,108 @@ tensord_client *td_client_new(int fd)
 	return c;
 }
 
-int td_client_current(tensord_client **pc)
+/*
+ * Whether c's connection was lost, not ended by its user or a fork: the
+ * daemon closed it, crashed or restarted (docs/restart.md, "Clients carry
+ * on"). Lock held.
+ */
+static bool conn_lost(const tensord_client *c)
+{
+	int e = c->conn.err < 0 ? -c->conn.err : c->conn.err;
+
+	return c->conn.closed && !c->user_closed && !c->inherited &&
+	       (e == ECONNRESET || e == EPIPE || e == ECONNABORTED);
+}
+
+bool td_client_lost(tensord_client *c)
+{
+	bool lost;
+
+	pthread_mutex_lock(&c->lock);
+	lost = conn_lost(c);
+	pthread_mutex_unlock(&c->lock);
+	return lost;
+}
+
+/* How often a request looks whether the daemon ended a quiet connection. */
+#define TD_CHECK_NS (100ull * 1000000ull)
+
+/*
+ * A daemon that crashed or restarted while this client sent nothing leaves
+ * its connection at EOF, which nobody reads. A request looks first,
+ * without waiting (one poll(), against a round trip's tens of
+ * microseconds): at EOF with nothing in flight the connection is lost
+ * now, so the request goes to a new one instead of failing. A bound
+ * attach, which asks nothing, looks at most every TD_CHECK_NS (a clock
+ * read otherwise): it stops serving what the old daemon named
+ * (bindings.c) within that.
+ */
+static void check_quiet(tensord_client *c, bool throttled)
+{
+	struct timespec ts;
+	struct pollfd pfd;
+	uint64_t now, last;
+
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	last = atomic_load_explicit(&c->conn.checked_ns, memory_order_relaxed);
+	if (throttled && (now - last < TD_CHECK_NS ||
+			  !atomic_compare_exchange_strong(&c->conn.checked_ns, &last, now)))
+		return;
+	if (!throttled)
+		atomic_store_explicit(&c->conn.checked_ns, now, memory_order_relaxed);
+	pfd = (struct pollfd){ .fd = c->conn.fd, .events = POLLRDHUP };
+	if (c->conn.fd < 0 || poll(&pfd, 1, 0) != 1 || !(pfd.revents & (POLLRDHUP | POLLHUP)))
+		return;
+	pthread_mutex_lock(&c->lock);
+	if (!c->conn.closed && !c->conn.reading && !c->conn.pending && !c->inherited)
+		td_conn_lost(&c->conn, -ECONNRESET,
+			     "connection to tensord lost: the daemon closed it");
+	pthread_mutex_unlock(&c->lock);
+}
+
+static int current(tensord_client **pc, bool throttled)
 {
 	tensord_client *c = *pc, *mine;
 	int r;
 
-	while (c->inherited) {
-		bool closed;
+	for (;;) {
+		bool closed, inherited, lost;
+		char why[sizeof(c->conn.why)];
 
+		check_quiet(c, throttled);
 		pthread_mutex_lock(&c->lock);
 		closed = c->user_closed;
+		inherited = c->inherited;
+		lost = conn_lost(c);
 		mine = c->successor;
+		snprintf(why, sizeof(why), "%s", c->conn.why);
 		pthread_mutex_unlock(&c->lock);
+		if (!inherited && !lost)
+			break;
 		if (closed)
 			return td_set_error(-ENOTCONN, "client is closed");
 		if (!mine) {
 			/* Not under c's lock: connecting takes the list's lock,
 			 * which a fork takes before c's. */
 			r = tensord_connect_named(c->path, *c->label ? c->label : NULL, &mine);
-			if (r < 0)
+			if (r < 0 && inherited)
 				return td_set_error(r,
 						    "this process (pid %d) was forked from the one "
 						    "that connected, and connecting anew to %s "
 						    "failed: %s",
 						    (int)getpid(), c->path, tensord_last_error());
+			if (r < 0) {
+				/* The daemon is not back (yet): no daemon, a
+				 * ConnectionRefusedError in Python. */
+				if (r == -ENOENT || r == -ENOTSOCK)
+					r = -ECONNREFUSED;
+				return td_set_error(
+					r,
+					"connection to tensord at %s was lost (%s), and "
+					"connecting anew failed: %s",
+					c->path, why, tensord_last_error());
+			}
 			pthread_mutex_lock(&c->lock);
 			if (c->successor || c->user_closed) {
 				/* Another thread was quicker, or closed it. */
@@ -121,12 +201,116 @@ int td_client_current(tensord_client **pc)
 				continue;
 			}
 			c->successor = mine;
+			mine->epoch = c->epoch + (lost ? 1 : 0);
 			pthread_mutex_unlock(&c->lock);
 		}
 		c = mine;
 	}
 	*pc = c;
 	return 0;
+}
+
+int td_client_current(tensord_client **pc)
+{
+	return current(pc, false);
+}
+
+int td_client_current_bound(tensord_client **pc)
+{
+	return current(pc, true);
+}
+
+/* --- waits across a lost connection (docs/restart.md, "Clients carry on") --- */
+
+/* How long a wait without a deadline tries to reach a daemon that is gone (TENSORD_RECONNECT_MS). */
+#define TD_RECONNECT_GRACE_MS 30000
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void td_retry_begin(struct td_retry *rt, tensord_client *c, int timeout_ms)
+{
+	memset(rt, 0, sizeof(*rt));
+	rt->c = c;
+	rt->epoch = tensord_epoch(c);
+	rt->start_ns = now_ns();
+	rt->timeout_ms = timeout_ms;
+}
+
+uint64_t td_after_for(const tensord_client *cur, unsigned epoch, uint64_t after)
+{
+	return cur->epoch == epoch ? after : 0;
+}
+
+unsigned tensord_epoch(tensord_client *c)
+{
+	unsigned e;
+
+	for (;;) {
+		tensord_client *next;
+
+		pthread_mutex_lock(&c->lock);
+		e = c->epoch;
+		next = c->successor;
+		pthread_mutex_unlock(&c->lock);
+		if (!next)
+			return e;
+		c = next;
+	}
+}
+
+/* Whether r says the daemon went away (its connection lost, or none to connect to now). */
+static bool gone(int r)
+{
+	return r == -ECONNRESET || r == -EPIPE || r == -ECONNABORTED || r == -ECONNREFUSED;
+}
+
+bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
+{
+	const char *env = getenv("TENSORD_RECONNECT_MS");
+	uint64_t grace_ms = env && *env ? strtoull(env, NULL, 10) : TD_RECONNECT_GRACE_MS;
+	tensord_client *cur;
+	char saved[512];
+
+	if (!gone(r))
+		return false;
+	for (;;) {
+		uint64_t waited_ms = (now_ns() - rt->start_ns) / 1000000ull;
+
+		/* A wait with a deadline goes on until it; one without for the
+		 * grace; a request that does not wait is tried once more. */
+		if (rt->timeout_ms > 0
+			    ? waited_ms >= (uint64_t)rt->timeout_ms
+			    : rt->tries > 0 && (rt->timeout_ms == 0 || waited_ms >= grace_ms))
+			return false;
+		if (r == -ECONNREFUSED) {
+			/* Nobody there yet: a restart takes a while. */
+			struct timespec ts = {
+				0, (rt->tries < 10 ? 10 + 10 * (long)rt->tries : 100) * 1000000L
+			};
+
+			nanosleep(&ts, NULL);
+		}
+		rt->tries++;
+		snprintf(saved, sizeof(saved), "%s", tensord_last_error());
+		cur = rt->c;
+		if (td_client_current(&cur) == 0)
+			break;
+		r = -ECONNREFUSED;
+	}
+	if (rt->timeout_ms > 0) {
+		*timeout_ms = rt->timeout_ms - (int)((now_ns() - rt->start_ns) / 1000000ull);
+		if (*timeout_ms <= 0) {
+			td_set_error(r, "%s", saved);
+			return false;
+		}
+	}
+	return true;
 }
 
 /* The Hello round trip: both sides speak the same protocol version. */
@@ -228,14 +412,15 @@ tensord_client *tensord_close(tensord_client *c)
 
 	if (!c)
 		return NULL;
+	/* Its successor (a fork's, or one made when the connection was lost) goes too. */
+	pthread_mutex_lock(&c->lock);
+	mine = c->successor;
+	c->successor = NULL;
+	c->user_closed = true;
+	pthread_mutex_unlock(&c->lock);
+	tensord_close(mine);
 	if (c->inherited) {
 		/* Never the parent's connection: only this process's own. */
-		pthread_mutex_lock(&c->lock);
-		mine = c->successor;
-		c->successor = NULL;
-		c->user_closed = true;
-		pthread_mutex_unlock(&c->lock);
-		tensord_close(mine);
 		td_client_unref(c);
 		return NULL;
 	}

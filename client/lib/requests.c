@@ -393,7 +393,7 @@ int td_attach_reply(tensord_client *c, const char *name, Tensord__Reply *rep, in
  * is the caller's, as from lease_reply().
  */
 static int attach_lease(tensord_client *c, const char *name, uint64_t after, int timeout_ms,
-			struct td_lease **ret_lease)
+			unsigned epoch, struct td_lease **ret_lease)
 {
 	struct td_attach_req am;
 	Tensord__Reply *rep;
@@ -401,11 +401,12 @@ static int attach_lease(tensord_client *c, const char *name, uint64_t after, int
 	uint64_t gen = 0;
 	int fd, r;
 
-	r = td_client_current(&c);
+	r = after == 0 ? td_client_current_bound(&c) : td_client_current(&c);
 	if (r == 0)
 		r = check_attach_name(name);
 	if (r < 0)
 		return r;
+	after = td_after_for(c, epoch, after);
 	if (after == 0) {
 		r = td_binding_attach(c, name, ret_lease);
 		if (r != 0)
@@ -440,9 +441,14 @@ int tensord_attach(tensord_client *c, const char *name, int timeout_ms,
 int tensord_attach_after(tensord_client *c, const char *name, uint64_t after, int timeout_ms,
 			 DLManagedTensorVersioned **ret_tensor)
 {
+	struct td_retry rt;
 	struct td_lease *l;
-	int r = attach_lease(c, name, after, timeout_ms, &l);
+	int r;
 
+	td_retry_begin(&rt, c, timeout_ms);
+	do
+		r = attach_lease(c, name, after, timeout_ms, rt.epoch, &l);
+	while (r < 0 && td_retry_again(&rt, r, &timeout_ms));
 	if (r < 0)
 		return r;
 	return td_lease_handle(l, ret_tensor);
@@ -452,7 +458,7 @@ int tensord_attach_legacy(tensord_client *c, const char *name, int timeout_ms,
 			  DLManagedTensor **ret_tensor)
 {
 	struct td_lease *l;
-	int r = attach_lease(c, name, 0, timeout_ms, &l);
+	int r = attach_lease(c, name, 0, timeout_ms, 0, &l);
 
 	if (r < 0)
 		return r;

@@ -123,8 +123,9 @@ int td_set_build(tensord_client *c, struct td_pending *p, tensord_set **ret_set)
 	return 0;
 }
 
-int tensord_attach_many(tensord_client *c, const char *const *names, size_t n_names,
-			const char *prefix, uint64_t after, int timeout_ms, tensord_set **ret_set)
+static int attach_many_once(tensord_client *c, const char *const *names, size_t n_names,
+			    const char *prefix, uint64_t after, int timeout_ms, unsigned epoch,
+			    tensord_set **ret_set)
 {
 	struct td_pending p = { .multi = true };
 	struct td_set_req m;
@@ -133,7 +134,8 @@ int tensord_attach_many(tensord_client *c, const char *const *names, size_t n_na
 	if (r == 0 && !ret_set)
 		r = td_set_error(-EINVAL, "attach_many: NULL output");
 	if (r == 0)
-		r = td_set_msg(c, &m, names, n_names, prefix, after, timeout_ms);
+		r = td_set_msg(c, &m, names, n_names, prefix, td_after_for(c, epoch, after),
+			       timeout_ms);
 	if (r == 0)
 		r = td_rpc_start(c, &m.req, &p);
 	if (r < 0)
@@ -148,6 +150,21 @@ int tensord_attach_many(tensord_client *c, const char *const *names, size_t n_na
 		return td_set_error(r, "%s", saved);
 	}
 	return td_set_build(c, &p, ret_set);
+}
+
+int tensord_attach_many(tensord_client *c, const char *const *names, size_t n_names,
+			const char *prefix, uint64_t after, int timeout_ms, tensord_set **ret_set)
+{
+	struct td_retry rt;
+	int r;
+
+	/* Its wait goes on over a new connection when the daemon restarts. */
+	td_retry_begin(&rt, c, timeout_ms);
+	do
+		r = attach_many_once(c, names, n_names, prefix, after, timeout_ms, rt.epoch,
+				     ret_set);
+	while (r < 0 && td_retry_again(&rt, r, &timeout_ms));
+	return r;
 }
 
 tensord_set *tensord_set_free(tensord_set *s)

@@ -152,6 +152,25 @@ int td_wait_slice(int ms, double deadline)
 	return ms < 0 || left > TD_WAIT_SLICE_MS ? TD_WAIT_SLICE_MS : (left > 1 ? (int)left : 1);
 }
 
+bool td_wait_goes_on(int rc, int ms, double deadline, double *lost_since)
+{
+	const char *env = getenv("TENSORD_RECONNECT_MS");
+	double grace = env && *env ? atof(env) : 30000.0, now = td_now_ms();
+	int e = rc < 0 ? -rc : rc;
+
+	if (e == ETIMEDOUT) {
+		*lost_since = 0;
+		return ms < 0 || now < deadline;
+	}
+	if (e != ECONNRESET && e != EPIPE && e != ECONNABORTED && e != ECONNREFUSED)
+		return false;
+	/* The daemon went away: the wait goes on over a new connection (the
+	 * next slice connects anew), for its timeout, or the grace without one. */
+	if (!*lost_since)
+		*lost_since = now;
+	return (ms < 0 || now < deadline) && now - *lost_since < grace;
+}
+
 /*
  * tensord_attach() waiting in slices of TD_WAIT_SLICE_MS, so that Ctrl-C
  * (or any signal whose Python handler raises) interrupts a long wait at
@@ -161,15 +180,19 @@ int td_wait_slice(int ms, double deadline)
 static int attach_interruptibly(tensord_client *c, const char *name, uint64_t after, int ms,
 				DLManagedTensorVersioned **ret)
 {
-	double deadline = td_now_ms() + ms;
+	double deadline = td_now_ms() + ms, lost_since = 0;
+	unsigned epoch = tensord_epoch(c);
 	int rc;
 
 	for (;;) {
 		int slice = td_wait_slice(ms, deadline);
 
+		/* The daemon restarted since the wait began: after was the old one's. */
+		if (tensord_epoch(c) != epoch)
+			after = 0;
 		Py_BEGIN_ALLOW_THREADS rc = tensord_attach_after(c, name, after, slice, ret);
-		Py_END_ALLOW_THREADS if (rc != -ETIMEDOUT || slice == ms ||
-					 (ms >= 0 && td_now_ms() >= deadline)) return rc;
+		Py_END_ALLOW_THREADS if (rc == 0 || slice == ms ||
+					 !td_wait_goes_on(rc, ms, deadline, &lost_since)) return rc;
 		if (PyErr_CheckSignals() < 0)
 			return -EINTR;
 	}

@@ -12,7 +12,7 @@
 
 /* The tensord.Error hierarchy; set once at module init, never freed. */
 static PyObject *Error, *NotFoundError, *ExistsError, *TimedOutError, *AccessDeniedError,
-	*NoDaemonError;
+	*NoDaemonError, *ConnectionLostError;
 
 static PyObject *raise_as(PyObject *cls, int rc)
 {
@@ -43,6 +43,10 @@ PyObject *td_raise(int rc)
 		return raise_as(AccessDeniedError, rc);
 	case ECONNREFUSED:
 		return raise_as(NoDaemonError, rc);
+	case ECONNRESET:
+	case EPIPE:
+	case ECONNABORTED:
+		return raise_as(ConnectionLostError, rc);
 	case ENOMEM:
 		return PyErr_NoMemory();
 	default:
@@ -129,7 +133,8 @@ static int add_errors(PyObject *mod)
 		    PyModule_AddObjectRef(mod, "ExistsError", ExistsError) < 0 ||
 		    PyModule_AddObjectRef(mod, "TimedOutError", TimedOutError) < 0 ||
 		    PyModule_AddObjectRef(mod, "AccessDeniedError", AccessDeniedError) < 0 ||
-		    PyModule_AddObjectRef(mod, "NoDaemonError", NoDaemonError) < 0)
+		    PyModule_AddObjectRef(mod, "NoDaemonError", NoDaemonError) < 0 ||
+		    PyModule_AddObjectRef(mod, "ConnectionLostError", ConnectionLostError) < 0)
 			return -1;
 		return 0;
 	}
@@ -148,8 +153,13 @@ static int add_errors(PyObject *mod)
 				      "Refused by the tensor's owner or mode (EPERM, EACCES).");
 	NoDaemonError = new_error(mod, "NoDaemonError", PyExc_ConnectionRefusedError,
 				  "No daemon listens on the socket (ECONNREFUSED, ENOENT).");
+	ConnectionLostError =
+		new_error(mod, "ConnectionLostError", PyExc_ConnectionResetError,
+			  "The connection to the daemon was lost (it crashed or restarted) while\n"
+			  "the request was in flight (ECONNRESET, EPIPE). The same client's next\n"
+			  "request connects anew; waits go on across the restart.");
 	if (!NotFoundError || !ExistsError || !TimedOutError || !AccessDeniedError ||
-	    !NoDaemonError)
+	    !NoDaemonError || !ConnectionLostError)
 		return -1;
 	return 0;
 }

@@ -374,7 +374,8 @@ PyObject *td_client_attach_many(ClientObject *self, PyObject *args, PyObject *kw
 	tensord_client *c;
 	size_t n = 0;
 	uint64_t after;
-	double deadline;
+	double deadline, lost_since = 0;
+	unsigned epoch;
 	int ms, rc;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OO:attach_many", kwlist, &what, &after_o,
@@ -387,13 +388,17 @@ PyObject *td_client_attach_many(ClientObject *self, PyObject *args, PyObject *kw
 	if (!(c = td_client_enter(self)))
 		goto fail;
 	deadline = td_now_ms() + ms;
+	epoch = tensord_epoch(c);
 	for (;;) {
 		int slice = td_wait_slice(ms, deadline);
 
+		/* The daemon restarted since the wait began: after was the old one's. */
+		if (tensord_epoch(c) != epoch)
+			after = 0;
 		Py_BEGIN_ALLOW_THREADS rc =
 			tensord_attach_many(c, names, n, prefix, after, slice, &set);
-		Py_END_ALLOW_THREADS if (rc != -ETIMEDOUT || slice == ms ||
-					 (ms >= 0 && td_now_ms() >= deadline)) break;
+		Py_END_ALLOW_THREADS if (rc == 0 || slice == ms ||
+					 !td_wait_goes_on(rc, ms, deadline, &lost_since)) break;
 		if (PyErr_CheckSignals() < 0) {
 			td_client_leave(self, 0);
 			goto fail;

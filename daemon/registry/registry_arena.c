@@ -179,8 +179,7 @@ static void arena_end(struct registry *reg, struct reg_arena *a)
 		quota_uncharge(reg->quota, a->uid, QUOTA_FDS, 1);
 	reg->n_arenas--;
 	reg->arena_bytes -= a->alloc.footprint;
-	if (!rc || a->tainted ||
-	    !reg_ring_keep(reg, rc, a->id, a->dev, &a->alloc, a->gid, a->mode))
+	if (!rc || a->tainted || !reg_ring_keep(reg, rc, a->id, a->dev, &a->alloc, a->gid, a->mode))
 		a->dev->ops->release(&a->alloc);
 	free(a);
 }

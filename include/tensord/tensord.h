@@ -265,6 +265,16 @@ TENSORD_API int tensord_connect_named(const char *socket_path, const char *name,
 				      tensord_client **ret_client);
 
 /*
+ * How many times the daemon went away (crashed, restarted) under this
+ * client: its next request after that connects anew (docs/restart.md,
+ * "Clients carry on"). Until restarts keep commit ids, a commit id or
+ * generation from before a change of epoch means nothing to the new
+ * daemon: a wait given one (attach_after, attach_many's after) that sees
+ * the epoch change takes the first version the new daemon has. No request.
+ */
+TENSORD_API unsigned tensord_epoch(tensord_client *client);
+
+/*
  * Closes the connection; the daemon ends every lease this client still holds
  * and unlinks its connection-lifetime tensors. Host and CUDA VMM mappings
  * stay valid until each tensor's deleter runs. GPU memory the daemon exports

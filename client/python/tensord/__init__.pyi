@@ -18,6 +18,7 @@ __all__ = [
     "AccessDeniedError",
     "Client",
     "ClientInfo",
+    "ConnectionLostError",
     "Error",
     "Event",
     "ExistsError",
@@ -60,6 +61,10 @@ class AccessDeniedError(Error, PermissionError):
 
 class NoDaemonError(Error, ConnectionRefusedError):
     """No daemon listens on the socket (ECONNREFUSED, ENOENT)."""
+
+class ConnectionLostError(Error, ConnectionResetError):
+    """The connection was lost (the daemon crashed or restarted) with the
+    request in flight; the same client's next request connects anew."""
 
 @final
 class TensorInfo(tuple[Any, ...]):

@@ -46,18 +46,22 @@ class AsyncClient:
         self._waits = {}       # op -> future, for the waits in flight
         self._watches = set()  # AsyncWatch objects with a reader registered
         self._reading = False
+        self._fd = -1
 
     # --- the reader ---------------------------------------------------------------------
 
     def _want_reader(self):
         if not self._reading and not self._c.closed:
-            self._loop.add_reader(self._c.fileno(), self._readable)
+            # The descriptor of the connection serving now: a new one after
+            # the daemon restarted (docs/restart.md, "Clients carry on").
+            self._fd = self._c.fileno()
+            self._loop.add_reader(self._fd, self._readable)
             self._reading = True
 
-    def _drop_reader(self):
-        if self._reading and not self._waits and not self._watches:
+    def _drop_reader(self, force=False):
+        if self._reading and (force or (not self._waits and not self._watches)):
             try:
-                self._loop.remove_reader(self._c.fileno())
+                self._loop.remove_reader(self._fd)
             except (ValueError, OSError):
                 pass
             self._reading = False
@@ -72,7 +76,8 @@ class AsyncClient:
             self._waits.clear()
             for w in list(self._watches):
                 w._wake()
-            self._drop_reader()
+            # That descriptor is done with (a lost connection's reads at EOF forever).
+            self._drop_reader(force=True)
             return
         self._settle()
 
