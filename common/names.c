@@ -33,6 +33,25 @@ static const struct {
 	{ "float64", { kDLFloat, 64, 1 } },
 	{ "complex64", { kDLComplex, 64, 1 } },
 	{ "complex128", { kDLComplex, 128, 1 } },
+	/*
+	 * The narrow floats DLPack defines, named as torch names them
+	 * (float8_e4m3fn ...) and, for those torch lacks, as ml_dtypes does.
+	 * float4_e2m1fn_x2 is torch's: two 4-bit values packed in a byte, the
+	 * DLPack type torch exports (17, 4, 2); float4_e2m1fn is one value a
+	 * lane, packed two a byte (ml_dtypes' float4_e2m1fn, safetensors' F4).
+	 */
+	{ "float8_e4m3fn", { kDLFloat8_e4m3fn, 8, 1 } },
+	{ "float8_e5m2", { kDLFloat8_e5m2, 8, 1 } },
+	{ "float8_e4m3fnuz", { kDLFloat8_e4m3fnuz, 8, 1 } },
+	{ "float8_e5m2fnuz", { kDLFloat8_e5m2fnuz, 8, 1 } },
+	{ "float8_e8m0fnu", { kDLFloat8_e8m0fnu, 8, 1 } },
+	{ "float4_e2m1fn_x2", { kDLFloat4_e2m1fn, 4, 2 } },
+	{ "float8_e3m4", { kDLFloat8_e3m4, 8, 1 } },
+	{ "float8_e4m3", { kDLFloat8_e4m3, 8, 1 } },
+	{ "float8_e4m3b11fnuz", { kDLFloat8_e4m3b11fnuz, 8, 1 } },
+	{ "float6_e2m3fn", { kDLFloat6_e2m3fn, 6, 1 } },
+	{ "float6_e3m2fn", { kDLFloat6_e3m2fn, 6, 1 } },
+	{ "float4_e2m1fn", { kDLFloat4_e2m1fn, 4, 1 } },
 };
 
 int tensord_dtype_parse(const char *s, DLDataType *ret)

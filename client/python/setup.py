@@ -104,8 +104,9 @@ CFLAGS = ["-std=c11", "-fvisibility=hidden", "-Wno-cast-function-type",
     pkg_config("libuv", "--cflags") + gpu_flags()
 PROTOBUF_C = link_args("libprotobuf-c", ["libprotobuf-c.a"], "-lprotobuf-c")
 LIBUV = link_args("libuv", ["libuv_a.a", "libuv.a"], "-luv")
-# tensorctl reads .npz checkpoints with libzip (Debian ships no archive of
-# it: libzip.so.4) and .safetensors headers with jansson.
+# libtensord (so tensorctl and the extension) reads and writes .npz
+# checkpoints with libzip (Debian ships no archive of it: libzip.so.4) and
+# .safetensors headers with jansson.
 CTL_CFLAGS = pkg_config("libzip", "--cflags") + pkg_config("jansson", "--cflags")
 CTL_LIBS = (pkg_config("libzip", "--libs") or ["-lzip"]) + \
     link_args("jansson", ["libjansson.a"], "-ljansson")
@@ -171,8 +172,8 @@ ext = Extension(
     "tensord._tensord",
     sources=sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "*.c"))),
     define_macros=[("_GNU_SOURCE", None), ("TENSORD_VERSION", '"%s"' % version())],
-    extra_compile_args=CFLAGS,
-    extra_link_args=(pkg_config("libprotobuf-c", "--libs") or ["-lprotobuf-c"]) +
+    extra_compile_args=CFLAGS + CTL_CFLAGS,
+    extra_link_args=(pkg_config("libprotobuf-c", "--libs") or ["-lprotobuf-c"]) + CTL_LIBS +
     ["-ldl", "-lpthread"],
 )
 

@@ -333,14 +333,19 @@ def corrupt_safetensors():
         "header too long": (struct.pack("<Q", 1 << 40) + g[8:], "too long"),
         "header past the end": (struct.pack("<Q", hlen + 100) + g[8:], "truncated"),
         "not json": (struct.pack("<Q", 5) + b"{abc}", "malformed header"),
-        "bad dtype": (with_header({"x": {"dtype": "F8_E4M3", "shape": [2],
+        "bad dtype": (with_header({"x": {"dtype": "F7_E3M3", "shape": [2],
                                          "data_offsets": [0, 2]}}, b"\0\0"),
-                      "unsupported dtype"),
+                      "array 'x': unsupported dtype 'F7_E3M3'"),
+        # Issue 34: a file cut short says so, with how much is missing.
         "offsets past the data": (with_header({"x": {"dtype": "F32", "shape": [2],
                                                      "data_offsets": [0, 8]},
                                                "y": {"dtype": "I8", "shape": [3],
                                                      "data_offsets": [8, 11]}}, b"\0" * 9),
-                                  "not inside"),
+                                  "truncated: expected 11 data bytes after the header, "
+                                  "the file has 9"),
+        "odd F4": (with_header({"x": {"dtype": "F4", "shape": [3],
+                                      "data_offsets": [0, 2]}}, b"\0\0"),
+                   "array 'x': 3 values of 4 bits are not a whole number of bytes"),
         "size not shape": (with_header({"x": {"dtype": "F32", "shape": [3],
                                               "data_offsets": [0, 8]},
                                         "y": {"dtype": "I8", "shape": [3],
@@ -414,7 +419,7 @@ def test_bad_npz_leaves_nothing(daemon, tmp_path):
         assert err.startswith("tensorctl: ") and why in err, (name, err)
         assert listing(daemon) == [], name
     # A name over 255 bytes after the prefix.
-    rc, _, err = ctl(daemon, "put", "p" * 255, str(good))
+    rc, _, err = ctl(daemon, "put", "p" * 254 + "/", str(good))
     assert rc == 1 and "over 255 bytes" in err
     assert listing(daemon) == []
 
