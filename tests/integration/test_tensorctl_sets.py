@@ -438,3 +438,129 @@ def test_put_checkpoint_usage(daemon, tmp_path):
     (tmp_path / "t.safetensors").write_bytes(b"\x05" + b"\0" * 7 + b"{abc}")
     rc, out, err = ctl(daemon, "put", "e/", str(tmp_path / "t.safetensors"), "--json")
     assert rc == 1 and json.loads(err)["error"] == "EINVAL"
+
+
+# --- issue 34: files of the real packages, export, fp8, the prefix rule, progress ------
+
+def test_put_and_get_files_of_the_safetensors_package(daemon, tmp_path):
+    st_numpy = pytest.importorskip("safetensors.numpy", reason="needs the safetensors package")
+    want = arrays()
+    st_numpy.save_file(want, str(tmp_path / "in.safetensors"))
+    out = json.loads(ok(daemon, "put", "pk/", str(tmp_path / "in.safetensors"), "--json"))
+    check_set(daemon, tmp_path, "pk/", want)
+    # get PREFIX FILE: the set from one commit, read back by the package and by numpy.
+    line = ok(daemon, "get", "pk/", str(tmp_path / "out.safetensors"))
+    assert line == f"commit {out['commit']}: {len(want)} tensors\n"
+    back = st_numpy.load_file(str(tmp_path / "out.safetensors"))
+    assert sorted(back) == sorted(want)
+    for k, a in want.items():
+        assert back[k].dtype == a.dtype and np.array_equal(back[k], a), k
+    ok(daemon, "get", "pk/", str(tmp_path / "out.npz"))
+    with np.load(tmp_path / "out.npz") as z:
+        assert sorted(z.files) == sorted(want)
+        for k, a in want.items():
+            assert z[k].dtype == a.dtype and np.array_equal(z[k], a), k
+    # An npz tensorctl wrote goes back in as it came out.
+    ok(daemon, "put", "again/", str(tmp_path / "out.npz"))
+    check_set(daemon, tmp_path, "again/", want)
+
+
+def test_float8_checkpoint_through_tensorctl(daemon, tmp_path):
+    torch = pytest.importorskip("torch", reason="needs torch for its float8 tensors")
+    st_torch = pytest.importorskip("safetensors.torch", reason="needs the safetensors package")
+    want = {"w": torch.randn(16, 8).to(torch.float8_e4m3fn),
+            "g": torch.randn(8).to(torch.float8_e5m2),
+            "s": torch.rand(4).to(torch.float8_e8m0fnu)}
+    st_torch.save_file(want, str(tmp_path / "fp8.safetensors"))
+    ok(daemon, "put", "f8/", str(tmp_path / "fp8.safetensors"))
+    dtypes = {t["name"]: t["dtype"] for t in listing(daemon, "f8/")}
+    assert dtypes == {"f8/w": "float8_e4m3fn", "f8/g": "float8_e5m2", "f8/s": "float8_e8m0fnu"}
+    table = ok(daemon, "ls", "f8/")
+    assert "float8_e4m3fn" in table and "dtype(" not in table
+    if tensord is not None:   # float8 has no buffer format: through torch's from_dlpack
+        c = tensord.connect(daemon.socket)
+        try:
+            for k, v in want.items():
+                t = torch.from_dlpack(c.attach("f8/" + k, timeout=0))
+                assert t.dtype == v.dtype and torch.equal(t.view(torch.uint8),
+                                                          v.view(torch.uint8)), k
+        finally:
+            c.close()
+    ok(daemon, "get", "f8/", str(tmp_path / "out.safetensors"))
+    back = st_torch.load_file(str(tmp_path / "out.safetensors"))
+    for k, v in want.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k].view(torch.uint8),
+                                                        v.view(torch.uint8)), k
+    # numpy has no float8: an .npz is refused, naming the tensor, and nothing is written.
+    rc, _, err = ctl(daemon, "get", "f8/", str(tmp_path / "out.npz"))
+    assert rc == 1 and "f8/g" in err and "no .npy equivalent" in err, err
+    assert not (tmp_path / "out.npz").exists()
+
+
+def test_a_prefix_without_a_separator_is_refused(daemon, tmp_path):
+    np.savez(tmp_path / "c.npz", weight=np.ones(2, np.float32))
+    rc, out, err = ctl(daemon, "put", "ck/x", str(tmp_path / "c.npz"))
+    assert rc == 1 and out == ""
+    assert "prefix 'ck/x' does not end in a separator" in err and "'ck/xNAME'" in err, err
+    assert "write 'ck/x/'" in err
+    assert listing(daemon) == []
+    for prefix in ["ck/x/", "ck/x.", "ck/x_", ""]:
+        ok(daemon, "put", prefix, str(tmp_path / "c.npz"))
+    assert sorted(t["name"] for t in listing(daemon)) == \
+        ["ck/x.weight", "ck/x/weight", "ck/x_weight", "weight"]
+    rc, _, err = ctl(daemon, "get", "ck/x", str(tmp_path / "o.npz"))
+    assert rc == 1 and "does not end in a separator" in err
+    rc, _, err = ctl(daemon, "get", "none/", str(tmp_path / "o.npz"))
+    assert rc == 1 and "no tensors under 'none/'" in err
+    assert not (tmp_path / "o.npz").exists()
+
+
+def test_truncated_package_file_says_truncated(daemon, tmp_path):
+    st_numpy = pytest.importorskip("safetensors.numpy", reason="needs the safetensors package")
+    st_numpy.save_file({"a": np.ones(8192, np.float32), "b": np.ones(100, np.int16)},
+                       str(tmp_path / "full.safetensors"))
+    raw = (tmp_path / "full.safetensors").read_bytes()
+    path = tmp_path / "cut.safetensors"
+    path.write_bytes(raw[:-1000])
+    rc, out, err = ctl(daemon, "put", "t/", str(path))
+    assert rc == 1 and out == ""
+    assert err == (f"tensorctl: {path}: truncated: expected 32968 data bytes after the header, "
+                   f"the file has 31968\n"), err
+    assert listing(daemon) == []
+
+
+def test_progress_on_a_terminal(daemon, tmp_path):
+    """A long import redraws 'FILE: N MiB of M MiB (P%)' on stderr when it is a
+    terminal (here a pty); through a pipe, as everywhere above, it says nothing."""
+    import os
+    import pty
+    st_numpy = pytest.importorskip("safetensors.numpy", reason="needs the safetensors package")
+    path = tmp_path / "big.safetensors"
+    st_numpy.save_file({f"w{i}": np.ones(6 << 20, np.float32) for i in range(4)}, str(path))
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.Popen([CTL, "--socket", daemon.socket, "put", "big/", str(path)],
+                             stdout=subprocess.PIPE, stderr=slave, text=True)
+        os.close(slave)
+        slave = -1
+        out, _ = p.communicate(timeout=120)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+    assert p.returncode == 0, seen
+    assert out.startswith("commit ")
+    text = seen.decode()
+    assert f"tensorctl: {path}: 96.0 MiB of 96.0 MiB (100%)" in text, text
+    assert text.rstrip("\r\n").count("\n") == 0, "one line, redrawn in place"
+    rc, _, err = ctl(daemon, "put", "--force", "big/", str(path))
+    assert rc == 0 and err == ""
