@@ -215,3 +215,29 @@ def test_bad_files_are_refused_and_leave_nothing(client, tmp_path):
         client.get_file("nothing/", tmp_path / "o.safetensors")
     assert not (tmp_path / "o.safetensors").exists()
     assert hlen > 0
+
+
+def test_aio_put_file_and_get_file_run_off_the_loop(daemon, tmp_path):
+    """tensord.aio: the file is read and written on a worker thread, so a
+    wait on the loop (here, for the name the import publishes) is served
+    meanwhile and completes with the import's commit."""
+    import asyncio
+    import tensord.aio
+
+    want = arrays()
+    safetensors_numpy.save_file(want, str(tmp_path / "in.safetensors"))
+
+    async def main():
+        async with await tensord.aio.connect(daemon.socket) as c:
+            waiting = asyncio.ensure_future(c.attach("io/scale", timeout=60))
+            await asyncio.sleep(0)
+            commit = await c.put_file("io/", tmp_path / "in.safetensors")
+            t = await asyncio.wait_for(waiting, 60)
+            assert float(np.from_dlpack(t)) == 0.5
+            assert await c.get_file("io/", tmp_path / "out.npz") == commit
+            return commit
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+    with np.load(tmp_path / "out.npz") as z:
+        for k, a in want.items():
+            assert np.array_equal(z[k], a), k
