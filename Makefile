@@ -429,6 +429,8 @@ bench: all
 	echo "== back-to-back versions of one name (replace=True): recycled, sealed, np.copyto, ray.put"; \
 	$(PYTHON) bench/py_put.py --replace; \
 	$(PYTHON) bench/py_attach.py; \
+	echo "== checkpoint files: put_file/get_file next to safetensors.numpy load_file/save_file"; \
+	$(PYTHON) bench/py_files.py; \
 	$(PYTHON) bench/py_leases.py; \
 	echo "== polling: adaptive next to off, unpinned, confined after start, in a cpuset, under CPU hogs"; \
 	$(PYTHON) bench/py_spin.py --fixed; \

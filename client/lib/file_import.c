@@ -727,7 +727,9 @@ static int publish_all(tensord_client *c, struct checkpoint *cp, read_fn *read_d
 				      .ndim = ar->ndim,
 				      .shape = ar->ndim ? ar->shape : NULL,
 				      .device = { kDLCPU, 0 },
-				      .flags = o ? o->flags : 0,
+				      /* Into this writer's recycled memory where it has
+				       * some (docs/recycle.md): every byte is written. */
+				      .flags = (o ? o->flags : 0) | TENSORD_RECYCLE,
 				      .mode = o ? o->mode : 0 };
 		struct npy_header h = { .fortran_order = ar->fortran, .ndim = ar->ndim };
 
