@@ -240,6 +240,17 @@ def test_put_npz_fortran_and_text_output(daemon, tmp_path):
     assert info["strides"] == [1, 2, 6]
     ok(daemon, "get", "f/a", str(tmp_path / "out.npy"))
     assert np.array_equal(np.load(tmp_path / "out.npy"), a)
+    # Exported as a set, the strided tensor is written row-major too (issue 34).
+    ok(daemon, "get", "f/", str(tmp_path / "out.npz"))
+    with np.load(tmp_path / "out.npz") as z:
+        assert z.files == ["a"] and np.array_equal(z["a"], a)
+    ok(daemon, "get", "f/", str(tmp_path / "out.safetensors"))
+    raw = (tmp_path / "out.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    h = json.loads(raw[8:8 + n])
+    assert n % 8 == 0 and h["a"] == {"dtype": "F32", "shape": [2, 3, 4],
+                                     "data_offsets": [0, 96]}
+    assert raw[8 + n:] == np.ascontiguousarray(a).tobytes()
 
 
 def safetensors_bytes(entries, meta=None, pad=0):
