@@ -575,3 +575,34 @@ def test_progress_on_a_terminal(daemon, tmp_path):
     assert text.rstrip("\r\n").count("\n") == 0, "one line, redrawn in place"
     rc, _, err = ctl(daemon, "put", "--force", "big/", str(path))
     assert rc == 0 and err == ""
+
+
+def test_narrow_float_dtypes_round_trip_by_hand(daemon, tmp_path):
+    """Every safetensors dtype name of the narrow floats, in a file made by
+    hand (the package writes no F6), in and back out with the same header."""
+    entries = {"e4m3": ("F8_E4M3", (2, 3), bytes(range(6))),
+               "e5m2": ("F8_E5M2", (3,), b"\x01\x02\x03"),
+               "e4m3fnuz": ("F8_E4M3FNUZ", (2,), b"\x04\x05"),
+               "e5m2fnuz": ("F8_E5M2FNUZ", (2,), b"\x06\x07"),
+               "e8m0": ("F8_E8M0", (1,), b"\x7f"),
+               "f6a": ("F6_E2M3", (4,), b"\x11\x22\x33"),       # 4 x 6 bits = 3 bytes
+               "f6b": ("F6_E3M2", (2, 4), b"\x44" * 6),
+               "f4even": ("F4", (2, 4), b"\x12\x34\x56\x78"),   # two values a byte
+               "f4odd": ("F4", (2, 3), b"\x9a\xbc\xde")}        # odd: packed, lanes 1
+    (tmp_path / "n.safetensors").write_bytes(safetensors_bytes(entries))
+    ok(daemon, "put", "n/", str(tmp_path / "n.safetensors"))
+    got = {t["name"][2:]: (t["dtype"], t["shape"]) for t in listing(daemon, "n/")}
+    assert got == {"e4m3": ("float8_e4m3fn", [2, 3]), "e5m2": ("float8_e5m2", [3]),
+                   "e4m3fnuz": ("float8_e4m3fnuz", [2]), "e5m2fnuz": ("float8_e5m2fnuz", [2]),
+                   "e8m0": ("float8_e8m0fnu", [1]), "f6a": ("float6_e2m3fn", [4]),
+                   "f6b": ("float6_e3m2fn", [2, 4]), "f4even": ("float4_e2m1fn_x2", [2, 2]),
+                   "f4odd": ("float4_e2m1fn", [2, 3])}
+    ok(daemon, "get", "n/", str(tmp_path / "out.safetensors"))
+    raw = (tmp_path / "out.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    h = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    for k, (dt, shape, b) in entries.items():
+        assert h[k]["dtype"] == dt and h[k]["shape"] == list(shape), (k, h[k])
+        lo, hi = h[k]["data_offsets"]
+        assert data[lo:hi] == b, k
