@@ -110,6 +110,9 @@ LIBUV = link_args("libuv", ["libuv_a.a", "libuv.a"], "-luv")
 CTL_CFLAGS = pkg_config("libzip", "--cflags") + pkg_config("jansson", "--cflags")
 CTL_LIBS = (pkg_config("libzip", "--libs") or ["-lzip"]) + \
     link_args("jansson", ["libjansson.a"], "-ljansson")
+# The extension links both shared: Debian's libjansson.a is not position-independent.
+EXT_FILE_LIBS = (pkg_config("libzip", "--libs") or ["-lzip"]) + \
+    (pkg_config("jansson", "--libs") or ["-ljansson"])
 # The daemon's peering (docs/remote.md) authenticates with libcrypto's HMAC.
 CRYPTO = pkg_config("libcrypto", "--libs") or ["-lcrypto"]
 # Remote attach moves bytes with UCX (libucx-dev); without it the daemon says why.
@@ -173,7 +176,7 @@ ext = Extension(
     sources=sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "*.c"))),
     define_macros=[("_GNU_SOURCE", None), ("TENSORD_VERSION", '"%s"' % version())],
     extra_compile_args=CFLAGS + CTL_CFLAGS,
-    extra_link_args=(pkg_config("libprotobuf-c", "--libs") or ["-lprotobuf-c"]) + CTL_LIBS +
+    extra_link_args=(pkg_config("libprotobuf-c", "--libs") or ["-lprotobuf-c"]) + EXT_FILE_LIBS +
     ["-ldl", "-lpthread"],
 )
 
