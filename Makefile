@@ -316,6 +316,8 @@ $(B)/tests/helpers/%: tests/integration/%.c $(B)/libtensord.a
 	@mkdir -p $(@D)
 	@echo "  LD  $@"
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+# tdclient calls tensord_put_file() and tensord_get_file_fd() too.
+$(B)/tests/helpers/tdclient: LDLIBS += $(CTL_LIBS)
 
 $(B)/bench/%: bench/%.c $(B)/libtensord.a
 	@mkdir -p $(@D)
