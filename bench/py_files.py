@@ -10,7 +10,8 @@ every variant once, in turn, and the medians of the rounds are printed
 
   load_file     safetensors.numpy.load_file(path): into private numpy arrays
   put_file      c.put_file("ck/", path, replace=True): into shared tensors,
-                one commit (each round the next version of every name)
+                one commit (each round the next version of every name, in the
+                memory of the previous one: TENSORD_RECYCLE=0 for fresh memory)
   tensorctl     tensorctl put --force ck2/ FILE, the process start included
   save_file     safetensors.numpy.save_file() of the load_file dict
   get_file      c.get_file("ck/", out): the prefix, from one commit, to a file
