@@ -546,6 +546,12 @@ static int st_scan(struct checkpoint *cp, const char *prefix)
 		return fail(cp, r < 0 ? -errno : -ENODATA, "%s",
 			    r < 0 ? strerror(errno)
 				  : "truncated: shorter than a safetensors header");
+	/* What a file given the wrong suffix most likely is. */
+	if (memcmp(le, "PK\x03\x04", 4) == 0)
+		return fail(cp, -EINVAL,
+			    "not a safetensors file: it is a zip archive (an .npz? name it .npz)");
+	if (memcmp(le, NPY_MAGIC, NPY_MAGIC_LEN) == 0)
+		return fail(cp, -EINVAL, "not a safetensors file: it is a .npy file");
 	hlen = 0;
 	for (int i = 7; i >= 0; i--)
 		hlen = hlen << 8 | le[i];

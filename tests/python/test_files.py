@@ -192,9 +192,14 @@ def test_bad_files_are_refused_and_leave_nothing(client, tmp_path):
                        r"bytes after the header, the file has 3910") as e:
         client.put_file("bad/", tmp_path / "cut.safetensors")
     assert e.value.errno not in (0, None)
-    (tmp_path / "foreign.safetensors").write_bytes(b"PK\x03\x04" + b"\0" * 64)
-    with pytest.raises(tensord.Error, match=r"foreign\.safetensors: "):
+    np.savez(tmp_path / "foreign.npz", a=np.ones(3))
+    os.rename(tmp_path / "foreign.npz", tmp_path / "foreign.safetensors")
+    with pytest.raises(tensord.Error, match=r"foreign\.safetensors: not a safetensors file: "
+                       r"it is a zip archive \(an \.npz\? name it \.npz\)"):
         client.put_file("bad/", tmp_path / "foreign.safetensors")
+    (tmp_path / "text.safetensors").write_bytes(b"hello, this is not a checkpoint\n")
+    with pytest.raises(tensord.Error, match=r"text\.safetensors: header of \d+ bytes is too long"):
+        client.put_file("bad/", tmp_path / "text.safetensors")
     np.save(tmp_path / "x.npy", np.ones(3))
     os.rename(tmp_path / "x.npy", tmp_path / "notzip.npz")
     with pytest.raises(tensord.Error, match=r"notzip\.npz: not a readable \.npz"):
