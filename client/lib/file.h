@@ -6,6 +6,7 @@
 #ifndef TENSORD_CLIENT_FILE_H
 #define TENSORD_CLIENT_FILE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include <tensord/tensord.h>
@@ -28,9 +29,10 @@ const char *td_st_dtype_name(DLDataType dt, int *ret_lanes);
 
 /*
  * 0 when prefix is empty or ends in a separator ('/', '.', '_', ':', '-');
- * else -EINVAL with the reason set (td_set_error), naming path.
+ * else -EINVAL with the reason set (td_set_error), naming path, worded for
+ * an import or an export.
  */
-int td_prefix_check(const char *prefix, const char *path);
+int td_prefix_check(const char *prefix, const char *path, bool export);
 
 /*
  * s with bytes outside printable ASCII (and quotes, backslashes) as \xNN,

@@ -332,7 +332,7 @@ static int gather(tensord_client *c, struct export *x, const char *const *names,
 			x->commit = info.commit;
 		return check_member(x, &x->m[0]);
 	}
-	if (!names && (rc = td_prefix_check(prefix, x->path)) < 0)
+	if (!names && (rc = td_prefix_check(prefix, x->path, true)) < 0)
 		return rc;
 	rc = tensord_attach_many(c, names, names ? n_names : 0, names ? NULL : prefix, 0, 0,
 				 &x->set);

@@ -156,7 +156,7 @@ const char *td_file_esc(const char *s, char *buf, size_t len)
 	return buf;
 }
 
-int td_prefix_check(const char *prefix, const char *path)
+int td_prefix_check(const char *prefix, const char *path, bool export)
 {
 	size_t n = strlen(prefix);
 	char q[96];
@@ -164,6 +164,13 @@ int td_prefix_check(const char *prefix, const char *path)
 	if (n == 0 || strchr("/._:-", prefix[n - 1]))
 		return 0;
 	td_file_esc(prefix, q, sizeof(q));
+	if (export)
+		return td_set_error(
+			-EINVAL,
+			"%s: prefix '%s' does not end in a separator: it would take "
+			"'%sNAME' too; write '%s/' (or end it in '.', '_', ':' or '-'), "
+			"or list the names",
+			path, q, q, q);
 	return td_set_error(-EINVAL,
 			    "%s: prefix '%s' does not end in a separator: its tensors would be "
 			    "named '%sNAME'; write '%s/' (or end it in '.', '_', ':' or '-')",
@@ -853,7 +860,7 @@ int tensord_put_file(tensord_client *client, const char *prefix, const char *pat
 		return td_set_error(
 			-EINVAL, "%s: not a checkpoint tensord reads (.safetensors, .npz or .npy)",
 			path);
-	if (fmt != TENSORD_FILE_NPY && (rc = td_prefix_check(prefix, path)) < 0)
+	if (fmt != TENSORD_FILE_NPY && (rc = td_prefix_check(prefix, path, false)) < 0)
 		return rc;
 	rc = open_file(&cp);
 	if (rc == 0)

@@ -214,7 +214,8 @@ def test_bad_files_are_refused_and_leave_nothing(client, tmp_path):
     # The prefix rule holds for export too, and an empty prefix is fine both ways.
     client.put_file("", good)
     assert sorted(listed(client, "")) == ["a", "b"]
-    with pytest.raises(tensord.Error, match="does not end in a separator"):
+    with pytest.raises(tensord.Error, match=r"prefix 'a' does not end in a separator: it would "
+                       r"take 'aNAME' too; write 'a/' .*or list the names"):
         client.get_file("a", tmp_path / "o.safetensors")
     with pytest.raises(FileNotFoundError, match="no tensors under 'nothing/'"):
         client.get_file("nothing/", tmp_path / "o.safetensors")
