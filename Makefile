@@ -101,9 +101,13 @@ DMN_OBJ    := $(call obj,$(wildcard daemon/*.c daemon/*/*.c) $(GPU_DMN_SRC) $(XP
               $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ) $(PEER_PB_OBJ)
 
 CTL_OBJ := $(call obj,$(wildcard client/tensorctl/*.c))
-# tensorctl alone reads checkpoints: .npz with libzip, .safetensors's header with jansson.
+# libtensord reads and writes checkpoints (client/lib/file_*.c): .npz with
+# libzip, .safetensors's header with jansson. A program that links the
+# static library and calls neither tensord_put_file() nor tensord_get_file()
+# needs neither.
 CTL_PKGS := libzip jansson
-$(CTL_OBJ): CFLAGS += $(shell pkg-config --cflags $(CTL_PKGS) 2>/dev/null)
+CTL_LIBS := $(shell pkg-config --libs $(CTL_PKGS) 2>/dev/null)
+$(CTL_OBJ) $(LIB_OBJ): CFLAGS += $(shell pkg-config --cflags $(CTL_PKGS) 2>/dev/null)
 
 PY_SUFFIX := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
 PY_INC    := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
@@ -220,11 +224,11 @@ $(B)/libtensord.a: $(LIB_OBJ)
 
 $(B)/libtensord.so: $(LIB_OBJ)
 	@echo "  LD  $@"
-	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libtensord.so.$(SOVER) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libtensord.so.$(SOVER) -o $@ $^ $(LDLIBS) $(CTL_LIBS)
 
 $(B)/tensorctl: $(CTL_OBJ) $(B)/libtensord.a
 	@echo "  LD  $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(shell pkg-config --libs $(CTL_PKGS) 2>/dev/null)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CTL_LIBS)
 
 $(B)/tensord.pc: deploy/tensord.pc.in VERSION
 	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g; s|@VERSION@|$(VERSION)|g' $< > $@
@@ -234,7 +238,7 @@ $(PY_EXT): $(wildcard client/python/*.c client/python/*.h) $(B)/libtensord.a
 	@mkdir -p $(@D)
 	@echo "  PY  $@"
 	$(Q)$(CC) $(CPPFLAGS) -I$(PY_INC) $(CFLAGS) -Wno-cast-function-type -shared -o $@ \
-		$(wildcard client/python/*.c) $(B)/libtensord.a $(LDFLAGS) $(LDLIBS)
+		$(wildcard client/python/*.c) $(B)/libtensord.a $(LDFLAGS) $(LDLIBS) $(CTL_LIBS)
 
 $(PY_DIR)/%: client/python/tensord/%
 	@mkdir -p $(@D)
@@ -289,8 +293,8 @@ UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn
 UNIT_DEPS_test_quota       := daemon/base/quota.c
 UNIT_DEPS_test_peer_auth   := daemon/remote/peer_auth.c
 $(B)/tests/unit/test_peer_auth: LDLIBS += $(CRYPTO_LIBS)
-UNIT_DEPS_test_npy         := client/tensorctl/npy.c client/tensorctl/npy_read.c \
-                              client/tensorctl/npy_write.c common/names.c common/desc.c \
+UNIT_DEPS_test_npy         := client/lib/npy.c client/lib/npy_read.c \
+                              client/lib/npy_write.c common/names.c common/desc.c \
                               common/vendor.c
 UNIT_DEPS_test_gpu_util    := $(GPU_API_SRC) common/vendor.c
 UNIT_DEPS_test_gpu_driver  := gpu/driver.c
@@ -312,6 +316,8 @@ $(B)/tests/helpers/%: tests/integration/%.c $(B)/libtensord.a
 	@mkdir -p $(@D)
 	@echo "  LD  $@"
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+# tdclient calls tensord_put_file() and tensord_get_file_fd() too.
+$(B)/tests/helpers/tdclient: LDLIBS += $(CTL_LIBS)
 
 $(B)/bench/%: bench/%.c $(B)/libtensord.a
 	@mkdir -p $(@D)
@@ -425,6 +431,8 @@ bench: all
 	echo "== back-to-back versions of one name (replace=True): recycled, sealed, np.copyto, ray.put"; \
 	$(PYTHON) bench/py_put.py --replace; \
 	$(PYTHON) bench/py_attach.py; \
+	echo "== checkpoint files: put_file/get_file next to safetensors.numpy load_file/save_file"; \
+	$(PYTHON) bench/py_files.py; \
 	$(PYTHON) bench/py_leases.py; \
 	echo "== polling: adaptive next to off, unpinned, confined after start, in a cpuset, under CPU hogs"; \
 	$(PYTHON) bench/py_spin.py --fixed; \

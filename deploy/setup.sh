@@ -8,8 +8,8 @@ set -euo pipefail
 need_deb=()
 have_deb() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed'; }
 
-# libzip-dev, libjansson-dev: tensorctl reads .npz (zip) and .safetensors
-# (a JSON header) checkpoints with them.
+# libzip-dev, libjansson-dev: libtensord (so tensorctl and the Python module)
+# reads and writes .npz (zip) and .safetensors (a JSON header) checkpoints with them.
 # libamdhip64-dev: HIP headers, so the ROCm backend is compiled against the
 # real API (about 80 MB installed with its 7 dependencies; the runtime is
 # only dlopen'ed, and only where /dev/kfd exists).

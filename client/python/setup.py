@@ -104,11 +104,15 @@ CFLAGS = ["-std=c11", "-fvisibility=hidden", "-Wno-cast-function-type",
     pkg_config("libuv", "--cflags") + gpu_flags()
 PROTOBUF_C = link_args("libprotobuf-c", ["libprotobuf-c.a"], "-lprotobuf-c")
 LIBUV = link_args("libuv", ["libuv_a.a", "libuv.a"], "-luv")
-# tensorctl reads .npz checkpoints with libzip (Debian ships no archive of
-# it: libzip.so.4) and .safetensors headers with jansson.
+# libtensord (so tensorctl and the extension) reads and writes .npz
+# checkpoints with libzip (Debian ships no archive of it: libzip.so.4) and
+# .safetensors headers with jansson.
 CTL_CFLAGS = pkg_config("libzip", "--cflags") + pkg_config("jansson", "--cflags")
 CTL_LIBS = (pkg_config("libzip", "--libs") or ["-lzip"]) + \
     link_args("jansson", ["libjansson.a"], "-ljansson")
+# The extension links both shared: Debian's libjansson.a is not position-independent.
+EXT_FILE_LIBS = (pkg_config("libzip", "--libs") or ["-lzip"]) + \
+    (pkg_config("jansson", "--libs") or ["-ljansson"])
 # The daemon's peering (docs/remote.md) authenticates with libcrypto's HMAC.
 CRYPTO = pkg_config("libcrypto", "--libs") or ["-lcrypto"]
 # Remote attach moves bytes with UCX (libucx-dev); without it the daemon says why.
@@ -171,8 +175,8 @@ ext = Extension(
     "tensord._tensord",
     sources=sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "*.c"))),
     define_macros=[("_GNU_SOURCE", None), ("TENSORD_VERSION", '"%s"' % version())],
-    extra_compile_args=CFLAGS,
-    extra_link_args=(pkg_config("libprotobuf-c", "--libs") or ["-lprotobuf-c"]) +
+    extra_compile_args=CFLAGS + CTL_CFLAGS,
+    extra_link_args=(pkg_config("libprotobuf-c", "--libs") or ["-lprotobuf-c"]) + EXT_FILE_LIBS +
     ["-ldl", "-lpthread"],
 )
 

@@ -8,6 +8,7 @@
  *   exchange.c  the DLPack C exchange table published on the Tensor type
  *   put.c       Client.put(): foreign arrays into daemon tensors
  *   sets.c      Client.transaction() and Transaction, put_many(), attach_many()
+ *   files.c     Client.put_file() and get_file(): checkpoint files
  *   watch.c     Client.watch(), the Watch and Event types
  *   aio.c       the operations tensord.aio drives (the _Op type)
  *   buffer.c    the buffer protocol and __array__ on Tensor
@@ -304,6 +305,8 @@ PyObject *td_client_attach_start(ClientObject *self, PyObject *args);
 PyObject *td_client_attach_many_start(ClientObject *self, PyObject *args);
 PyObject *td_client_poll(ClientObject *self, PyObject *unused);
 PyObject *td_client_fileno(ClientObject *self, PyObject *unused);
+PyObject *td_client_put_file(ClientObject *self, PyObject *args, PyObject *kwds);
+PyObject *td_client_get_file(ClientObject *self, PyObject *args, PyObject *kwds);
 int td_sets_types_ready(PyObject *mod);
 int td_watch_types_ready(PyObject *mod);
 int td_aio_types_ready(void);
@@ -338,6 +341,23 @@ PyObject *td_set_dict(tensord_set *set, ClientObject *client);
 		  "NotFoundError naming it, unless waiting). after: a commit id; at once if a\n"   \
 		  "newer commit touched those names, else waits for one (timeout=None: "           \
 		  "forever)." },                                                                   \
+		{ "put_file", (PyCFunction)(void (*)(void))td_client_put_file,                     \
+		  METH_VARARGS | METH_KEYWORDS,                                                    \
+		  "put_file($self, prefix, path, *, replace=False, mutable=False, "                \
+		  "lifetime='persistent', mode=None)\n--\n\n"                                      \
+		  "Imports every array of a .safetensors, .npz or .npy file as prefix + its "      \
+		  "name,\n"                                                                        \
+		  "in one commit (returned); prefix ends in '/' (or '.', '_', ':', '-'). A "       \
+		  ".npy's\n"                                                                       \
+		  "one array is named prefix. replace: the next version of names you own." },      \
+		{ "get_file", (PyCFunction)(void (*)(void))td_client_get_file,                     \
+		  METH_VARARGS | METH_KEYWORDS,                                                    \
+		  "get_file($self, prefix_or_names, path)\n--\n\n"                                 \
+		  "Writes tensors to one .safetensors, .npz or .npy file (format from the "        \
+		  "suffix),\n"                                                                     \
+		  "all from one commit (returned): a str is a prefix (names stored without it; "   \
+		  "for\n"                                                                          \
+		  "a .npy, the one tensor's name), anything else an iterable of whole names." },   \
 		{ "watch", (PyCFunction)(void (*)(void))td_client_watch,                           \
 		  METH_VARARGS | METH_KEYWORDS,                                                    \
 		  "watch($self, /, prefix='', *, after=None, queue=None)\n--\n\n"                  \

@@ -1,6 +1,6 @@
 /*
  * tensorctl's commands: one libtensord call (or two) each, with what they
- * print left to output.c and the .npy format to npy*.c. Each returns the
+ * print left to output.c (put and get: checkpoint.c). Each returns the
  * exit status and reports its own failure.
  */
 #include <errno.h>
@@ -13,7 +13,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "npy.h"
 #include "tensorctl.h"
 
 int cmd_ls(tensord_client *c, const struct args *a)
@@ -100,174 +99,6 @@ int cmd_stats(tensord_client *c, const struct args *a)
 	rc = (a->seen & OPT_RAW) ? print_figures_text(v, n) : print_stats_summary(v, n);
 	free(v);
 	return rc < 0 ? EXIT_OP : finish_output();
-}
-
-/* Reports why the file path failed; EXIT_OP. */
-static int file_error(const char *path, const char *why)
-{
-	return report_file(-EINVAL, path, why);
-}
-
-/*
- * A FIFO, a directory or a device is refused before open() is called on
- * it: opening a FIFO blocks until a writer comes, opening a device may act
- * on it. The type is checked again on the descriptor (opened
- * non-blocking), in case the path was swapped between.
- */
-int open_regular(const char *path)
-{
-	char err[256] = "";
-	struct stat st;
-	int fd;
-
-	if (stat(path, &st) < 0) {
-		report_file(-errno, path, strerror(errno));
-		return -1;
-	}
-	if (npy_regular(&st, err, sizeof(err)) < 0) {
-		file_error(path, err);
-		return -1;
-	}
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-	if (fd < 0) {
-		report_file(-errno, path, strerror(errno));
-		return -1;
-	}
-	if (fstat(fd, &st) < 0)
-		snprintf(err, sizeof(err), "%s", strerror(errno));
-	if (err[0] || npy_regular(&st, err, sizeof(err)) < 0) {
-		file_error(path, err);
-		close(fd);
-		return -1;
-	}
-	return fd;
-}
-
-/* Opens the .npy file path and reads its header into *h; the descriptor, or -1 after reporting why. */
-static int open_npy_file(const char *path, struct npy_header *h)
-{
-	char err[256];
-	int fd = open_regular(path);
-
-	if (fd < 0)
-		return -1;
-	if (npy_open_fd(fd, h, err, sizeof(err)) < 0) {
-		file_error(path, err);
-		close(fd);
-		return -1;
-	}
-	return fd;
-}
-
-int cmd_put(tensord_client *c, const struct args *a)
-{
-	const char *name = a->pos[0], *path = a->pos[1];
-	int64_t strides[TENSORD_NDIM_MAX];
-	DLManagedTensorVersioned *t;
-	struct npy_header h;
-	tensord_spec spec;
-	char err[256];
-	int fd, rc;
-
-	if (is_checkpoint(path))
-		return cmd_put_checkpoint(c, a);
-	fd = open_npy_file(path, &h);
-	if (fd < 0)
-		return EXIT_OP;
-	spec = (tensord_spec){ .dtype = h.dtype,
-			       .ndim = h.ndim,
-			       .shape = h.ndim ? h.shape : NULL,
-			       .device = { kDLCPU, 0 },
-			       .flags = a->flags,
-			       .mode = a->mode };
-	/* A Fortran-order file keeps its layout, as column-major strides: still one copy. */
-	if (h.fortran_order && h.ndim > 1 && h.count > 0) {
-		npy_header_strides(&h, strides);
-		spec.strides = strides;
-	}
-
-	rc = tensord_create(c, name, &spec, &t);
-	if (rc < 0) {
-		close(fd);
-		if (rc == -EEXIST && !(a->flags & TENSORD_REPLACE))
-			return report(rc, "already exists (put --force replaces a tensor you own)",
-				      name);
-		return op_error(rc, name);
-	}
-	/*
-	 * Straight from the page cache into the tensor: one copy. On any
-	 * failure the tensor is dropped unpublished: no unlink (with --force
-	 * that name may still be the old version's, which must stay), since
-	 * the daemon unlinks what a connection created and never published
-	 * when the connection closes, as tensorctl's does when it exits.
-	 */
-	rc = h.data_bytes
-		     ? npy_read_data(fd, &h, (char *)t->dl_tensor.data + t->dl_tensor.byte_offset,
-				     err, sizeof(err))
-		     : 0;
-	close(fd);
-	if (rc < 0) {
-		t->deleter(t);
-		return file_error(path, err);
-	}
-	rc = tensord_publish(c, name);
-	t->deleter(t);
-	return rc < 0 ? op_error(rc, name) : 0;
-}
-
-/*
- * Writes t to path ("-": stdout) via a temporary file renamed into place:
- * no half files. Borrowed: t, only for the call.
- */
-static int write_npy_file(const DLTensor *t, const char *name, const char *path)
-{
-	char err[256] = "", tmp[PATH_MAX];
-	mode_t mask = umask(0);
-	FILE *f = NULL;
-	int fd = -1, rc;
-
-	umask(mask);
-	if (strcmp(path, "-") == 0)
-		f = stdout;
-	else if (snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path) >= (int)sizeof(tmp))
-		errno = ENAMETOOLONG;
-	else if ((fd = mkostemp(tmp, O_CLOEXEC)) >= 0 && !(f = fdopen(fd, "wb")))
-		close(fd);
-	if (!f) {
-		rc = errno;
-		if (fd >= 0)
-			unlink(tmp);
-		return file_error(path, strerror(rc));
-	}
-	/* mkstemp makes 0600; give the file the mode numpy's open() would. */
-	if (fd >= 0)
-		fchmod(fd, 0666 & ~mask);
-	rc = npy_write(f, t, err, sizeof(err));
-	if ((f == stdout ? fflush(f) : fclose(f)) != 0 && rc == 0)
-		rc = -errno;
-	if (rc == 0 && fd >= 0 && rename(tmp, path) < 0)
-		rc = -errno;
-	if (rc < 0 && fd >= 0)
-		unlink(tmp);
-	/* A dtype or device refusal is about the tensor; anything else is about the file. */
-	if (rc == -ENOTSUP)
-		return report(rc, err, name);
-	if (rc < 0)
-		return file_error(path, *err ? err : strerror(-rc));
-	return 0;
-}
-
-int cmd_get(tensord_client *c, const struct args *a)
-{
-	DLManagedTensorVersioned *t;
-	int rc;
-
-	rc = tensord_attach(c, a->pos[0], 0, &t);
-	if (rc < 0)
-		return op_error(rc, a->pos[0]);
-	rc = write_npy_file(&t->dl_tensor, a->pos[0], a->pos[1]);
-	t->deleter(t);
-	return rc;
 }
 
 /* The names rm removes, each once however often named. */

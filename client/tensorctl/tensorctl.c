@@ -61,9 +61,11 @@ static const struct command commands[] = {
 	  "put NAME FILE.npy | put PREFIX FILE.npz|FILE.safetensors [--json] [--force] "
 	  "[--mutable] [--mode MODE] [--lifetime persistent|connection]",
 	  "create NAME from a .npy file and publish it; or every array\nof a checkpoint as "
-	  "PREFIX+its name, in one commit\n(--force: replace tensors you own)" },
-	{ "get", cmd_get, 2, 2, 0, "get NAME OUT.npy",
-	  "write a tensor to a .npy file (- for stdout)" },
+	  "PREFIX+its name, in one commit (PREFIX ends\nin / . _ : or -; --force: replace "
+	  "tensors you own)" },
+	{ "get", cmd_get, 2, 2, 0, "get NAME OUT.npy | get PREFIX OUT.npz|OUT.safetensors",
+	  "write a tensor to a .npy file (- for stdout); or every\ntensor under PREFIX, "
+	  "from one commit, to one checkpoint" },
 	{ "rm", cmd_rm, 1, INT_MAX, OPT_PREFIX | OPT_JSON,
 	  "rm NAME... | rm --prefix PREFIX... [--json]",
 	  "unlink the names (--prefix: every name under each\nPREFIX) in one commit: all or none" },

@@ -58,23 +58,18 @@ struct args {
 int cmd_ls(tensord_client *c, const struct args *a);
 int cmd_stat(tensord_client *c, const struct args *a);
 int cmd_stats(tensord_client *c, const struct args *a);
-int cmd_put(tensord_client *c, const struct args *a);
-int cmd_get(tensord_client *c, const struct args *a);
 int cmd_rm(tensord_client *c, const struct args *a);
 int cmd_wait(tensord_client *c, const struct args *a);
 
 /*
- * --- checkpoint.c: put PREFIX FILE.npz | FILE.safetensors, one commit ---
- * Whether path names a checkpoint put reads as a set (by its extension).
+ * --- checkpoint.c: put and get, files read and written by libtensord ---
+ * put NAME FILE.npy, put PREFIX FILE.npz|FILE.safetensors (one commit);
+ * get NAME OUT.npy|-, get PREFIX OUT.npz|OUT.safetensors (from one commit).
+ * is_checkpoint(): whether path names a file of a set (by its extension).
  */
+int cmd_put(tensord_client *c, const struct args *a);
+int cmd_get(tensord_client *c, const struct args *a);
 bool is_checkpoint(const char *path);
-int cmd_put_checkpoint(tensord_client *c, const struct args *a);
-
-/*
- * commands.c, for the file readers: opens path for reading when it is a
- * regular file; the descriptor, or -1 after reporting why.
- */
-int open_regular(const char *path);
 
 /* --- watch.c: events under a prefix, a line each, until interrupted --- */
 int cmd_watch(tensord_client *c, const struct args *a);

@@ -474,6 +474,79 @@ TENSORD_API int tensord_attach_many(tensord_client *client, const char *const *n
 /* Runs the deleters of set's tensors left in it and frees it. NULL-safe; returns NULL. */
 TENSORD_API tensord_set *tensord_set_free(tensord_set *set);
 
+/*
+ * Checkpoint files: .safetensors, .npz (numpy.savez, compressed or not) and
+ * .npy, read into tensors and written from them. The format is the path's
+ * suffix unless tensord_file_options.format says otherwise.
+ */
+typedef enum tensord_file_format {
+	TENSORD_FILE_AUTO = 0, /* from the suffix: .safetensors, .npz, .npy */
+	TENSORD_FILE_NPY = 1,
+	TENSORD_FILE_NPZ = 2,
+	TENSORD_FILE_SAFETENSORS = 3,
+} tensord_file_format;
+
+/* Progress of a long import: bytes copied so far of total. Runs on the caller's thread. */
+typedef void tensord_progress_fn(void *arg, uint64_t done_bytes, uint64_t total_bytes);
+
+typedef struct tensord_file_options {
+	/* tensord_put_file(): TENSORD_REPLACE (the next version of names the
+	 * caller owns), TENSORD_MUTABLE, TENSORD_LIFETIME_CONNECTION. */
+	uint32_t flags;
+	/* tensord_put_file(): the tensors' permission bits (0: 0600);
+	 * tensord_get_file(): the file's (0: 0666 less the umask). */
+	uint32_t mode;
+	tensord_file_format format;
+	tensord_progress_fn *progress; /* NULL: none; called every 64 MiB or so */
+	void *progress_arg;
+} tensord_file_options;
+
+/*
+ * Imports every array of the file at path as one transaction: all of them
+ * appear in one commit (*ret_commit, may be NULL) or none does. Array NAME
+ * becomes the tensor prefix + NAME; prefix must be empty or end in a
+ * separator ('/', '.', '_', ':' or '-'), else -EINVAL ("ck/x" would make
+ * "ck/xweight"). A .npy file holds one array: prefix is then its whole
+ * name. The file is checked whole (names, dtypes, shapes, that it holds
+ * every byte its header promises: "truncated" when not) before anything is
+ * created; each array is then read straight into its tensor (one copy).
+ * safetensors' F8_E4M3, F8_E5M2, F8_E4M3FNUZ, F8_E5M2FNUZ, F8_E8M0, F6_E2M3,
+ * F6_E3M2 and F4 become DLPack's float8/6/4 types (F4 with an even last
+ * extent as torch's float4_e2m1fn_x2: two values a byte, half the extent).
+ * opts may be NULL. On success, when ret_names is not NULL, *ret_names is
+ * the caller's: *ret_n names in name order, one block freed with free().
+ * Every error message names the file and, where there is one, the array.
+ */
+TENSORD_API int tensord_put_file(tensord_client *client, const char *prefix, const char *path,
+				 const tensord_file_options *opts, uint64_t *ret_commit,
+				 char ***ret_names, size_t *ret_n);
+
+/*
+ * Exports tensors as one file, all of them from one daemon step (one
+ * consistent commit, as tensord_attach_many(); *ret_commit, may be NULL,
+ * gets the newest commit among them): the n_names names (each stored under
+ * its whole name), or with names NULL every published name under prefix
+ * (stored without the prefix; the same separator rule as
+ * tensord_put_file()). A .npy holds exactly one tensor. The file is
+ * written beside path and renamed onto it: never half a file. Host tensors
+ * only (-ENOTSUP for device memory); *ret_n (may be NULL) gets the count.
+ */
+TENSORD_API int tensord_get_file(tensord_client *client, const char *const *names, size_t n_names,
+				 const char *prefix, const char *path,
+				 const tensord_file_options *opts, uint64_t *ret_commit,
+				 size_t *ret_n);
+
+/*
+ * tensord_get_file() into an open descriptor (a pipe, stdout), written in
+ * order, never sought: opts->format must be TENSORD_FILE_NPY or
+ * TENSORD_FILE_SAFETENSORS (a zip needs a file). Borrowed: fd, neither
+ * closed nor synced.
+ */
+TENSORD_API int tensord_get_file_fd(tensord_client *client, const char *const *names,
+				    size_t n_names, const char *prefix, int fd,
+				    const tensord_file_options *opts, uint64_t *ret_commit,
+				    size_t *ret_n);
+
 /* What a watch reports. */
 typedef enum tensord_event_kind {
 	TENSORD_EVENT_PUBLISHED = 0, /* name's generation, in commit */

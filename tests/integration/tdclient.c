@@ -23,8 +23,14 @@
  *   async NAME AFTER TIMEOUT_MS [cancel]  the same through tensord_attach_start and
  *                                 tensord_poll (cancel: cancelled after 50 ms)
  *   watch PREFIX N TIMEOUT_MS     N events of a new watch: "ok kind:name:gen ..."
+ *
+ * Checkpoint files (issue 34):
+ *   putfile PREFIX PATH [replace]     tensord_put_file(): "ok commit=C n=N first=NAME"
+ *   getfd PREFIX PATH npy|safetensors tensord_get_file_fd() into PATH, opened here
+ *                                     (a descriptor, as a pipe would be): "ok commit=C n=N"
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -458,6 +464,53 @@ static void do_async(int argc, char **argv)
 		print_attached(t);
 }
 
+static void do_putfile(int argc, char **argv)
+{
+	tensord_file_options o = { .flags = argc > 3 && !strcmp(argv[3], "replace")
+						    ? TENSORD_REPLACE
+						    : 0 };
+	uint64_t commit = 0;
+	size_t n = 0;
+	char **names = NULL;
+	int r = tensord_put_file(client, argv[1], argv[2], &o, &commit, &names, &n);
+
+	if (r < 0) {
+		fail(r);
+		return;
+	}
+	/* One block, one free(); NULL-terminated. */
+	if (!names || names[n] != NULL)
+		printf("err EINVAL names block\n");
+	else
+		printf("ok commit=%llu n=%zu first=%s\n", (unsigned long long)commit, n,
+		       n ? names[0] : "-");
+	free(names);
+}
+
+static void do_getfd(int argc, char **argv)
+{
+	tensord_file_options o = { .format = !strcmp(argv[3], "npy") ? TENSORD_FILE_NPY
+								     : TENSORD_FILE_SAFETENSORS };
+	uint64_t commit = 0;
+	size_t n = 0;
+	int fd = open(argv[2], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), r;
+
+	if (fd < 0) {
+		fail(-errno);
+		return;
+	}
+	if (o.format == TENSORD_FILE_NPY)
+		r = tensord_get_file_fd(client, (const char *const *)&argv[1], 1, NULL, fd, &o,
+					&commit, &n);
+	else
+		r = tensord_get_file_fd(client, NULL, 0, argv[1], fd, &o, &commit, &n);
+	close(fd);
+	if (r < 0)
+		fail(r);
+	else
+		printf("ok commit=%llu n=%zu\n", (unsigned long long)commit, n);
+}
+
 static void do_watch(int argc, char **argv)
 {
 	static const char *const kinds[] = { "published", "unlinked", "lagged" };
@@ -510,6 +563,7 @@ static const struct {
 	{ "putmany", 5, do_putmany }, { "tx", 2, do_tx },
 	{ "many", 4, do_many },       { "after", 4, do_after },
 	{ "async", 4, do_async },     { "watch", 4, do_watch },
+	{ "putfile", 3, do_putfile }, { "getfd", 4, do_getfd },
 };
 
 static void cmd(char *line)

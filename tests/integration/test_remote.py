@@ -1103,6 +1103,12 @@ def test_tensorctl_of_remote_names_as_documented(daemon_factory, tmp_path):
         assert set(listed()) == set(got)
         rc, so, err = ctl(b, "ls", "@", "--json")
         assert rc == 0 and json.loads(so) == [], (so, err)  # no replica left here
+        # A peer's set as one checkpoint file, from one commit there (issue 34).
+        rc, so, err = ctl(b, "get", "@node-a/model/", str(tmp_path / "set.npz"))
+        assert rc == 0 and so.startswith("commit "), err
+        with np.load(tmp_path / "set.npz") as zf:
+            assert sorted(zf.files) == ["x", "y", "z"], zf.files
+            np.testing.assert_array_equal(zf["x"], x)
         # Pages (node-a answers at most 256 names a question, and under a
         # frame): the client's list goes on after each page node-b gives.
         for i in range(300):

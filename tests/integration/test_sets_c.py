@@ -86,3 +86,43 @@ def test_watch_reports_commits_in_order(daemon):
     finally:
         c.close()
         w.close()
+
+
+def test_checkpoint_files_through_the_c_api(daemon, tmp_path):
+    """tensord_put_file() and tensord_get_file_fd() (issue 34), so that the
+    library's file paths also run in the AddressSanitizer suite: a file of the
+    safetensors package in as one commit, the names block, a set out to a
+    descriptor as .safetensors and one tensor as .npy, read back by numpy and
+    the package; a short file refused with nothing published."""
+    import json
+    import struct
+
+    import numpy as np
+    import pytest
+    st = pytest.importorskip("safetensors.numpy", reason="needs the safetensors package")
+    want = {"b": np.arange(6, dtype=np.int32).reshape(2, 3), "a": np.ones(5, np.float64)}
+    st.save_file(want, str(tmp_path / "in.safetensors"))
+    c = Client(daemon.socket)
+    try:
+        got = kv(c.ok(f"putfile ck/ {tmp_path / 'in.safetensors'}"))
+        assert got["n"] == "2" and got["first"] == "ck/a" and int(got["commit"]) > 0
+        out = kv(c.ok(f"getfd ck/ {tmp_path / 'out.safetensors'} safetensors"))
+        assert out == {"commit": got["commit"], "n": "2"}
+        raw = (tmp_path / "out.safetensors").read_bytes()
+        n = struct.unpack("<Q", raw[:8])[0]
+        assert json.loads(raw[8:8 + n])["__metadata__"]["tensord_commit"] == got["commit"]
+        back = st.load_file(str(tmp_path / "out.safetensors"))
+        for k, a in want.items():
+            assert np.array_equal(back[k], a), k
+        c.ok(f"getfd ck/b {tmp_path / 'b.npy'} npy")
+        assert np.array_equal(np.load(tmp_path / "b.npy"), want["b"])
+        c.err(f"putfile ck/ {tmp_path / 'in.safetensors'}", "EEXIST")
+        assert int(kv(c.ok(f"putfile ck/ {tmp_path / 'in.safetensors'} replace"))["commit"]) > \
+            int(got["commit"])
+        (tmp_path / "cut.safetensors").write_bytes(raw[:-3])
+        c.err(f"putfile cut/ {tmp_path / 'cut.safetensors'}", "EBADMSG")
+        c.err("stat cut/a", "ENOENT")          # nothing of it published
+        c.err("stat cut/b", "ENOENT")
+        c.err(f"getfd none/ {tmp_path / 'none.safetensors'} safetensors", "ENOENT")
+    finally:
+        c.close()

@@ -112,9 +112,15 @@ static void test_dtype_names(void **state)
 		tensord_dtype_name((DLDataType){ kDLFloat8_e4m3fn, 8, 1 }, buf, sizeof(buf)),
 		"float8_e4m3fn");
 	assert_string_equal(
+		tensord_dtype_name((DLDataType){ kDLFloat8_e5m2, 8, 1 }, buf, sizeof(buf)),
+		"float8_e5m2");
+	assert_string_equal(
 		tensord_dtype_name((DLDataType){ kDLFloat4_e2m1fn, 4, 2 }, buf, sizeof(buf)),
 		"float4_e2m1fn_x2");
-	/* A combination DLPack does not name keeps the numeric form. */
+	assert_int_equal(tensord_dtype_parse("float8_e8m0fnu", &dt), 0);
+	assert_true(dt.code == kDLFloat8_e8m0fnu && dt.bits == 8 && dt.lanes == 1);
+	assert_int_equal(tensord_dtype_parse("float6_e3m2fn", &dt), 0);
+	assert_true(dt.code == kDLFloat6_e3m2fn && dt.bits == 6 && dt.lanes == 1);
 	assert_string_equal(
 		tensord_dtype_name((DLDataType){ kDLFloat8_e4m3fn, 8, 2 }, buf, sizeof(buf)),
 		"dtype(10,8,2)");

@@ -1,10 +1,10 @@
 /*
- * Unit tests for client/tensorctl/npy*.c: header parsing of every format version and
+ * Unit tests for client/lib/npy*.c: header parsing of every format version and
  * dtype, Fortran order, 0-d and zero-size arrays, each refused variant and
  * its message, and write -> read round trips with strided tensors. Files
  * are made here, in memory or in tmpfile()s; nothing binary is committed.
  *
- * npy*.c are not part of libtensord (they belong to tensorctl), so they are
+ * npy*.c are internal to libtensord (its checkpoint files), so they are
  * compiled into this test directly, as h2o's unit tests do.
  */
 #include <errno.h>
@@ -21,7 +21,7 @@
 
 #include <cmocka.h>
 
-#include "client/tensorctl/npy.h"
+#include "client/lib/npy.h"
 
 /* Builds preamble + text (padded to 64 bytes) for a given version into buf. */
 static size_t mk(uint8_t major, const char *text, uint8_t *buf, size_t len)

@@ -342,6 +342,23 @@ class Client:
     def attach_many(self, names_or_prefix: str | Iterable[str], *, after: int | None = None,
                     timeout: float | None = None) -> dict[str, Tensor]:
         """Attaches a set in one daemon step: a prefix (str) or names."""
+    def put_file(
+        self,
+        prefix: str,
+        path: str | os.PathLike[str],
+        *,
+        replace: bool = False,
+        mutable: bool = False,
+        lifetime: _Lifetime = "persistent",
+        mode: int | None = None,
+    ) -> int:
+        """Imports every array of a .safetensors/.npz/.npy file as prefix + its
+        name, in one commit (returned). prefix ends in '/', '.', '_', ':' or '-'
+        (or is empty); a .npy's one array is named prefix."""
+    def get_file(self, prefix_or_names: str | Iterable[str],
+                 path: str | os.PathLike[str]) -> int:
+        """Writes a prefix's tensors (stored without it) or the listed names to one
+        .safetensors/.npz/.npy file, all from one commit (returned)."""
     def watch(self, prefix: str = "", *, after: int | None = None,
               queue: int | None = None) -> Watch:
         """Events for the names under prefix, live from when watch() returns."""

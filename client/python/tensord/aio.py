@@ -151,6 +151,23 @@ class AsyncClient:
     async def put_many(self, *args, **kwargs):
         return self._inline(self._c.put_many, *args, **kwargs)
 
+    async def put_file(self, *args, **kwargs):
+        """Client.put_file() on a worker thread: reading a checkpoint never holds the loop."""
+        return await self._in_thread(self._c.put_file, *args, **kwargs)
+
+    async def get_file(self, *args, **kwargs):
+        """Client.get_file() on a worker thread: writing the file never holds the loop."""
+        return await self._in_thread(self._c.get_file, *args, **kwargs)
+
+    async def _in_thread(self, fn, *args, **kwargs):
+        # libtensord takes calls from several threads on one client; what the
+        # call read for this loop's waits is handed over here, on its thread.
+        try:
+            return await self._loop.run_in_executor(None, lambda: fn(*args, **kwargs))
+        finally:
+            if self._waits or self._watches:
+                self._settle()
+
     async def create(self, *args, **kwargs):
         return self._inline(self._c.create, *args, **kwargs)
 

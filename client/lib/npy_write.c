@@ -91,16 +91,10 @@ static int stage_put(struct stage *s, const char *p, size_t n)
 	return 0;
 }
 
-/*
- * Writes the elements of t (host memory, at least one element) in row-major
- * order.
- * Borrowed: f and t, only for the call. 0, or -EIO / -ENOMEM with the
- * reason in err.
- */
-static int write_elements(FILE *f, const DLTensor *t, char *err, size_t errlen)
+int npy_write_elements(FILE *f, const DLTensor *t, char *err, size_t errlen)
 {
 	int64_t strides[TENSORD_NDIM_MAX], idx[TENSORD_NDIM_MAX];
-	size_t itemsize = t->dtype.bits / 8;
+	size_t itemsize = (size_t)t->dtype.bits * t->dtype.lanes / 8;
 	int64_t off, block;
 	const char *base;
 	struct stage *s;
@@ -181,5 +175,5 @@ int npy_write(FILE *f, const DLTensor *t, char *err, size_t errlen)
 		return npy_fail(-EIO, err, errlen, "write error: %s", strerror(errno));
 	if (count == 0)
 		return 0;
-	return write_elements(f, t, err, errlen);
+	return npy_write_elements(f, t, err, errlen);
 }

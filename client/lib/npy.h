@@ -1,5 +1,6 @@
 /*
- * Reading and writing NumPy .npy files, for tensorctl.
+ * Reading and writing NumPy .npy files, for libtensord's checkpoint files
+ * (file_import.c, file_export.c).
  *
  * What is handled: format versions 1.0, 2.0 and 3.0; the dtypes bool, int8..
  * int64, uint8..uint64, float16/32/64 and complex64/128 in little-endian or
@@ -148,6 +149,15 @@ int npy_format_header(DLDataType dt, int32_t ndim, const int64_t *shape, bool fo
  * flushed nor closed. -EIO with errno's reason in err when a write fails.
  */
 int npy_write(FILE *f, const DLTensor *t, char *err, size_t errlen);
+
+/*
+ * Writes the elements of t (host memory, at least one element, a dtype of
+ * whole bytes: bits * lanes a multiple of 8) to f in row-major order,
+ * whatever its strides: the data part of npy_write(), also what a
+ * .safetensors holds. Borrowed: f and t, only for the call. 0, or -EIO /
+ * -ENOMEM with the reason in err.
+ */
+int npy_write_elements(FILE *f, const DLTensor *t, char *err, size_t errlen);
 
 /*
  * For npy*.c: writes the reason (printf-style) into err when err is not
