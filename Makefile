@@ -425,6 +425,8 @@ bench: all
 	echo "== back-to-back versions of one name (replace=True): recycled, sealed, np.copyto, ray.put"; \
 	$(PYTHON) bench/py_put.py --replace; \
 	$(PYTHON) bench/py_attach.py; \
+	echo "== asyncio: await put inline next to offloaded, and the loop's longest stall"; \
+	$(PYTHON) bench/py_aio.py; \
 	$(PYTHON) bench/py_leases.py; \
 	echo "== polling: adaptive next to off, unpinned, confined after start, in a cpuset, under CPU hogs"; \
 	$(PYTHON) bench/py_spin.py --fixed; \

@@ -39,6 +39,16 @@ def test_py_put_bench_runs(daemon):
         assert re.search(r"^  cfp/put +[\d.]+x", block, re.M), out
 
 
+def test_py_aio_bench_runs(daemon):
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "py_aio.py"), "--socket",
+                        daemon.socket, "--sizes", "64K,8M", "--rounds", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for size in ("64 KiB", "8 MiB"):
+        assert re.search(r"^  %s +[\d.]+ +[\d.]+ +[\d.]+ ms +[\d.]+ ms$" % size, r.stdout,
+                         re.M), r.stdout
+
+
 def test_py_spin_bench_runs():
     """Every condition prints both cycles with the ratios, or says why the
     cpuset was skipped (the figures themselves are not asserted)."""
