@@ -411,6 +411,9 @@ run:
 # and CPU hogs (bench/py_spin.py), then sets, versions and watches
 # (bench/py_sets.py), each run both pinned to one CPU (no cross-CPU
 # wake-ups) and unpinned.
+# Issue 34: await put() inline and offloaded with the loop's longest stall
+# (bench/py_aio.py), and Ray actor-to-actor hand-offs through tensord's
+# tensor transport next to Ray's object store (bench/py_ray_transport.py).
 # Issue 32 (versions at copy speed): back-to-back replace=True puts of one name
 # (py_put.py --replace) and a state dict's weight sync to three readers
 # (py_sets.py --sync-dict linear16), each next to its sealed (TENSORD_RECYCLE=0) twin.
@@ -427,6 +430,8 @@ bench: all
 	$(PYTHON) bench/py_attach.py; \
 	echo "== asyncio: await put inline next to offloaded, and the loop's longest stall"; \
 	$(PYTHON) bench/py_aio.py; \
+	echo "== Ray: actor to actor through tensord's tensor transport next to Ray's object store"; \
+	$(PYTHON) bench/py_ray_transport.py; \
 	$(PYTHON) bench/py_leases.py; \
 	echo "== polling: adaptive next to off, unpinned, confined after start, in a cpuset, under CPU hogs"; \
 	$(PYTHON) bench/py_spin.py --fixed; \

@@ -49,6 +49,17 @@ def test_py_aio_bench_runs(daemon):
                          re.M), r.stdout
 
 
+def test_py_ray_transport_bench_runs(daemon):
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "py_ray_transport.py"), "--socket",
+                        daemon.socket, "--sizes", "1M", "--rounds", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    if re.match(r"py_ray_transport: skipped \(.+\)$", r.stdout):
+        pytest.skip(r.stdout.strip())
+    assert re.search(r"^  1 MiB +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+x +[\d.]+x$", r.stdout,
+                     re.M), r.stdout
+
+
 def test_py_spin_bench_runs():
     """Every condition prints both cycles with the ratios, or says why the
     cpuset was skipped (the figures themselves are not asserted)."""
