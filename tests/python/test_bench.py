@@ -229,3 +229,65 @@ def ray_processes(gcs):
         if gcs in cmd:
             found.append(cmd)
     return found
+
+
+# What the benches that start Ray print (taken from real runs), for the plots
+# test below, which runs the quick benches itself.
+RAY_BENCH_LINES = """\
+put 4 KiB (1 rounds x 2000, medians, gap 0 ms)
+  memcpy          0.5 us      8.92 GB/s   1.00x memcpy
+  shm            39.3 us      0.10 GB/s   0.01x memcpy
+  put            13.3 us      0.31 GB/s   0.03x memcpy  79.14x ray
+  cfp           215.5 us      0.02 GB/s   0.00x memcpy   4.89x ray
+  ray          1054.5 us      0.00 GB/s   0.00x memcpy
+  cfp/put   0.06x (create + fill + publish over put)
+py_sets: weight sync 8 x 64 KiB (512 KiB), 3 commits, 3 readers (p50 / p99):
+  tensord  tx.put       0.60 /     3.38 ms; commit -> 3 hold it    0.673 /    1.248 ms; \
+tx.put start   -> held     1.85 /     4.00 ms
+  ray      ray.put      1.80 /     3.21 ms; put    -> 3 hold it    5.466 /    5.838 ms; \
+ray.put start  -> held     7.20 /     9.04 ms
+py_ray_transport: producer actor -> consumer actor, consumer reads a float per 4 KiB page, \
+medians of 9 interleaved rounds (ray 2.60.0, tensord socket /tmp/x/tensord.sock)
+  size        tensord ms     store ms  store np ms   store/td      np/td
+  64 MiB            23.9        357.1         20.5     14.92x      0.86x
+  256 MiB           60.9       1330.6         56.6     21.83x      0.93x
+"""
+
+
+def test_plots_draw_what_the_benches_print(daemon, tmp_path):
+    """bench/plots.py draws a chart per comparison from real bench output (the
+    quick benches run here, the Ray ones as printed), names what it could not
+    draw, and writes an HTML page that shows every chart."""
+    import xml.etree.ElementTree as ET
+    build = os.environ.get("TENSORD_BUILD") or os.path.join(HERE, "..", "..", "build")
+    out = [subprocess.run([os.path.join(build, "bench", "attach_bench")], capture_output=True,
+                          text=True, timeout=300, check=True).stdout]
+    for cmd in (["py_attach.py", "--seconds", "0.2", "--procs", "2"],
+                ["py_aio.py", "--sizes", "64K,8M", "--rounds", "1"]):
+        out.append(subprocess.run([sys.executable, os.path.join(BENCH, cmd[0]), "--socket",
+                                   daemon.socket] + cmd[1:], capture_output=True, text=True,
+                                  timeout=300, check=True).stdout)
+    log = tmp_path / "bench.txt"
+    log.write_text("".join(out) + RAY_BENCH_LINES)
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "plots.py"), str(log),
+                        str(tmp_path / "plots")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "plots: py_remote: not drawn (its figures are not in %s)" % log in r.stdout, r.stdout
+    assert re.search(r"^plots: 7 charts, .*index\.html$", r.stdout, re.M), r.stdout
+    page = (tmp_path / "plots" / "index.html").read_text()
+    want = {"attach_c": ["cold, round trip", "warm, bound", "bare socket round trip"],
+            "attach_py": ["tensord", "SharedMemory"],
+            "put_bandwidth": ["memcpy", "put", "ray"],
+            "weight_sync": ["tensord commit -&gt; held", "ray put -&gt; held"],
+            "ray_transport": ["tensord transport", "object store, numpy"],
+            "aio_put": ["inline", "offloaded"], "aio_stall": ["inline", "offloaded"]}
+    for slug, series in want.items():
+        assert '<img src="%s.svg"' % slug in page, slug
+        text = (tmp_path / "plots" / (slug + ".svg")).read_text()
+        root = ET.fromstring(text)  # well-formed
+        bars = [el for el in root.iter("{http://www.w3.org/2000/svg}rect")
+                if el.find("{http://www.w3.org/2000/svg}title") is not None]
+        assert bars and all(float(b.get("width")) > 0 for b in bars), slug
+        for s in series:
+            assert s in text, (slug, s)
+    assert "64 MiB, object store: 357 ms" in (tmp_path / "plots" / "ray_transport.svg").read_text()
