@@ -170,3 +170,21 @@ def test_a_tensor_on_an_unsupported_device_is_refused_before_anything_is_put():
     t = torch.empty(4, device="meta")
     with pytest.raises(ValueError, match=r"object o1 has a tensor on meta"):
         tensord.ray.TensordTransport().extract_tensor_transport_metadata("o1", [t])
+
+
+def test_the_driver_puts_through_tensord_too(daemon, ray_up, monkeypatch):
+    """ray.put(..., _tensor_transport="TENSORD") on the driver: the driver is
+    the producer (its $TENSORD_SOCKET), an actor the receiver."""
+    Producer, Consumer = ray_up
+    monkeypatch.setenv("TENSORD_SOCKET", daemon.socket)
+    c = tensord.connect(daemon.socket)
+    ref = ray.put(made(5), _tensor_transport="TENSORD")
+    assert names(c) == ["%s%s/%d" % (tensord.ray.PREFIX, ref.hex(), i) for i in range(4)]
+    consumer = Consumer.options(runtime_env=env(daemon)).remote()
+    got = ray.get(consumer.hold.remote(ref), timeout=120)
+    got.pop("pid")
+    assert got == expected(5)
+    ray.get(consumer.drop.remote(), timeout=60)
+    del ref
+    until(lambda: names(c) == [], "the driver's object's names are unlinked")
+    c.close()
