@@ -143,10 +143,11 @@ def remote(text):
     m = re.search(r"^py_remote: 4 KiB remote attach \(pull\) p50 " + NUM, text, re.M)
     if m:
         lat.add("4 KiB", "tensord pull", m.group(1))
-    m = re.search(r"^py_remote: 4 KiB second attach of a live replica, new connection p50 " + NUM,
-                  text, re.M)
+    m = re.search(r"^py_remote: 4 KiB second attach of a live replica, new connection p50 " + NUM +
+                  " us, a local tensor the same way " + NUM, text, re.M)
     if m:
         lat.add("4 KiB", "tensord replica", m.group(1))
+        lat.add("4 KiB", "tensord local tensor", m.group(2))
     m = re.search(r"^py_remote: ray 4 KiB get .*? p50 " + NUM, text, re.M)
     if m:
         lat.add("4 KiB", "ray get", m.group(1))

@@ -252,6 +252,17 @@ medians of 9 interleaved rounds (ray 2.60.0, tensord socket /tmp/x/tensord.sock)
   64 MiB            23.9        357.1         20.5     14.92x      0.86x
   256 MiB           60.9       1330.6         56.6     21.83x      0.93x
 """
+# What py_remote prints where UCX is (its formats; the figures made up).
+REMOTE_LINES = """\
+py_remote: 4 KiB remote attach (pull) p50 210.5 us p99 400.2 us (200 pulls)
+py_remote: 4 KiB second attach of a live replica, new connection p50 30.1 us, a local tensor \
+the same way 28.0 us: 1.08x (node-a asked 0 times, synced 0)
+py_remote: ray 4 KiB get on node_b of an object put on node_a p50 900.0 us p99 1500.0 us \
+(200 gets): Ray / tensord p50 4.3x
+py_remote: 64 MiB remote attach (pull) 2.10 GB/s (median of 5; min 1.90, max 2.20)
+py_remote: ray 64 MiB get on node_b of an object put on node_a 0.80 GB/s (median of 5; min \
+0.70, max 0.90; on node_b after its get: 5 of 5): tensord / Ray 2.62x
+"""
 
 
 def test_plots_draw_what_the_benches_print(daemon, tmp_path):
@@ -268,12 +279,11 @@ def test_plots_draw_what_the_benches_print(daemon, tmp_path):
                                    daemon.socket] + cmd[1:], capture_output=True, text=True,
                                   timeout=300, check=True).stdout)
     log = tmp_path / "bench.txt"
-    log.write_text("".join(out) + RAY_BENCH_LINES)
+    log.write_text("".join(out) + RAY_BENCH_LINES + REMOTE_LINES)
     r = subprocess.run([sys.executable, os.path.join(BENCH, "plots.py"), str(log),
                         str(tmp_path / "plots")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert "plots: py_remote: not drawn (its figures are not in %s)" % log in r.stdout, r.stdout
-    assert re.search(r"^plots: 7 charts, .*index\.html$", r.stdout, re.M), r.stdout
+    assert r.stdout == "plots: 9 charts, %s\n" % (tmp_path / "plots" / "index.html"), r.stdout
     page = (tmp_path / "plots" / "index.html").read_text()
     want = {"attach_c": ["cold, round trip", "warm, bound", "bare socket round trip"],
             "attach_py": ["tensord", "SharedMemory"],
@@ -291,3 +301,17 @@ def test_plots_draw_what_the_benches_print(daemon, tmp_path):
         for s in series:
             assert s in text, (slug, s)
     assert "64 MiB, object store: 357 ms" in (tmp_path / "plots" / "ray_transport.svg").read_text()
+    assert "4 KiB, ray get: 900 us" in (tmp_path / "plots" / "remote_attach.svg").read_text()
+    assert "64 MiB, tensord pull: 2.1 GB/s" in \
+        (tmp_path / "plots" / "remote_bandwidth.svg").read_text()
+
+    # A bench that did not run (skipped, or left out) is named, on the page too.
+    log.write_text(out[-1])  # py_aio's lines alone
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "plots.py"), str(log),
+                        str(tmp_path / "few")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for bench in ("attach_bench", "py_attach", "py_put", "py_sets (weight sync)",
+                  "py_ray_transport", "py_remote"):
+        assert "plots: %s: not drawn (its figures are not in %s)" % (bench, log) in r.stdout
+        assert "<b>%s</b>: not drawn" % bench in (tmp_path / "few" / "index.html").read_text()
+    assert "plots: 2 charts" in r.stdout, r.stdout
