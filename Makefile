@@ -4,7 +4,8 @@
 #   make run        install what is missing, build, start the daemon, show a round trip
 #   make test       install what is missing, build, run every test (also under ASan/UBSan)
 #                   (Python packages go into the project's virtual environment .venv/)
-#   make bench      attach/release latency figures
+#   make bench      the benchmarks next to their peers; also drawn as charts,
+#                   $(B)/bench/plots/index.html
 #   make fuzz       libFuzzer run over the frame and message decoders (clang), then the
 #                   request-sequence fuzzer against the ASan daemon (FUZZ_TIME=60 s each)
 #   make fuzz-smoke the libFuzzer target over its corpus and 5 s more (part of make test)
@@ -144,7 +145,7 @@ ifeq ($(UCX_OK),1)
 UCX_BENCH_BIN := $(UCX_BENCH_SRC:bench/%.c=$(B)/bench/%)
 endif
 
-.PHONY: all setup run test test-unit test-integration test-python test-asan test-tsan bench fuzz \
+.PHONY: all setup run test test-unit test-integration test-python test-asan test-tsan bench bench-run fuzz \
         fuzz-smoke \
         install uninstall clean format format-check ucx-note
 
@@ -417,10 +418,24 @@ run:
 # and CPU hogs (bench/py_spin.py), then sets, versions and watches
 # (bench/py_sets.py), each run both pinned to one CPU (no cross-CPU
 # wake-ups) and unpinned.
+# Issue 34: await put() inline and offloaded with the loop's longest stall
+# (bench/py_aio.py), and Ray actor-to-actor hand-offs through tensord's
+# tensor transport next to Ray's object store (bench/py_ray_transport.py).
 # Issue 32 (versions at copy speed): back-to-back replace=True puts of one name
 # (py_put.py --replace) and a state dict's weight sync to three readers
 # (py_sets.py --sync-dict linear16), each next to its sealed (TENSORD_RECYCLE=0) twin.
+# bench prints as it goes and keeps what it printed in $(B)/bench/bench.txt, from
+# which bench/plots.py draws the comparisons as SVG charts on an HTML page,
+# $(B)/bench/plots/index.html (what it cannot draw, it names); its status is
+# bench-run's.
 bench: all
+	$(Q)mkdir -p $(B)/bench; \
+	{ $(MAKE) --no-print-directory bench-run; echo $$? > $(B)/bench/.status; } 2>&1 \
+		| tee $(B)/bench/bench.txt; \
+	$(PYTHON) bench/plots.py $(B)/bench/bench.txt $(B)/bench/plots; \
+	exit $$(cat $(B)/bench/.status)
+
+bench-run: all
 	$(Q)set -e; for b in $(BENCH_BIN); do $$b; done
 	$(Q)$(if $(UCX_OK),$(UCX_BENCH_BIN),echo "ucx_get: skipped: $(UCX_MISSING)")
 	$(Q)$(if $(UCX_OK),TENSORD_BUILD=$(abspath $(B)) PYTHONPATH=$(abspath $(B))/python \
@@ -433,6 +448,10 @@ bench: all
 	$(PYTHON) bench/py_attach.py; \
 	echo "== checkpoint files: put_file/get_file next to safetensors.numpy load_file/save_file"; \
 	$(PYTHON) bench/py_files.py; \
+	echo "== asyncio: await put inline next to offloaded, and the loop's longest stall"; \
+	$(PYTHON) bench/py_aio.py; \
+	echo "== Ray: actor to actor through tensord's tensor transport next to Ray's object store"; \
+	$(PYTHON) bench/py_ray_transport.py; \
 	$(PYTHON) bench/py_leases.py; \
 	echo "== polling: adaptive next to off, unpinned, confined after start, in a cpuset, under CPU hogs"; \
 	$(PYTHON) bench/py_spin.py --fixed; \

@@ -42,8 +42,8 @@ void metrics_request(unsigned kind)
 {
 	if (kind >= METRICS_KINDS)
 		kind = 0;
-	/* Only attaches are timed: other requests need no clock read. */
-	if (kind == TENSORD__REQUEST__BODY_ATTACH)
+	/* Only attaches (and attach_many's members) are timed: other requests need no clock read. */
+	if (kind == TENSORD__REQUEST__BODY_ATTACH || kind == TENSORD__REQUEST__BODY_ATTACH_MANY)
 		attach_start_ns = now_ns();
 	m.requests[kind]++;
 }

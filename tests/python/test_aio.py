@@ -126,3 +126,166 @@ def test_attach_many_and_watch_on_the_loop(daemon):
             assert seen == [("published", "aw/a"), ("published", "aw/b"),
                             ("unlinked", "aw/b")]
     run(main())
+
+
+# --- large puts off the loop ------------------------------------------------------------------
+
+BIG = 256 << 20
+
+
+class Source:
+    """A numpy array as a DLPack producer that says when its export ran, and on
+    which thread (the put's copy starts right after)."""
+
+    def __init__(self, array, loop, started):
+        self.a, self.nbytes = array, array.nbytes
+        self.loop, self.started, self.thread = loop, started, None
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+    def __dlpack__(self, **kw):
+        self.thread = threading.get_ident()
+        self.loop.call_soon_threadsafe(self.started.set)
+        return self.a.__dlpack__(**kw)
+
+
+async def ticking(loop, during):
+    """Runs during(); returns (its result, the loop times a 1 ms ticker ran at
+    while it ran, the longest time the loop was held, in seconds)."""
+    ticks, running = [], True
+
+    async def ticker():
+        while running:
+            ticks.append(loop.time())
+            await asyncio.sleep(0.001)
+
+    t = asyncio.ensure_future(ticker())
+    await asyncio.sleep(0)
+    start = loop.time()
+    try:
+        r = await during()
+    finally:
+        end = loop.time()
+        running = False
+        await t
+    inside = [x for x in ticks if start < x < end]
+    points = [start] + inside + [end]
+    return r, inside, max(b - a for a, b in zip(points, points[1:]))
+
+
+@pytest.mark.parametrize("offload", [True, False], ids=["offloaded", "inline"])
+@pytest.mark.parametrize("call", ["put", "put_many"])
+def test_a_256_mib_put_copies_off_the_loop(daemon, monkeypatch, offload, call):
+    big = np.arange(BIG // 8, dtype=np.int64)
+    if not offload:  # as before: the copy holds the loop for its whole length
+        monkeypatch.setattr(tensord.aio, "OFFLOAD_BYTES", 1 << 62)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        async with await tensord.aio.connect(daemon.socket) as ac:
+            if call == "put":
+                src = Source(big, loop, asyncio.Event())
+                put = lambda: ac.put("stall/x", src)  # noqa: E731
+            else:
+                parts = {f"stall/{i}": big[i * (BIG // 32):(i + 1) * (BIG // 32)]
+                         for i in range(4)}
+                put = lambda: ac.put_many(parts)  # noqa: E731
+            r, inside, stall = await ticking(loop, put)
+            print(f"\n{call} of {BIG >> 20} MiB, {'offloaded' if offload else 'inline'}: "
+                  f"the loop ran {len(inside)} times during it, longest stall "
+                  f"{stall * 1e3:.1f} ms")
+            if offload:
+                # The loop went on while the copy ran; never on a loaded VM < 3.
+                assert len(inside) >= 3, (len(inside), stall)
+                if call == "put":
+                    assert src.thread != threading.get_ident()
+            else:
+                assert inside == []
+                if call == "put":
+                    assert src.thread == threading.get_ident()
+            if call == "put":
+                assert r == 1
+                t = await ac.attach("stall/x")
+                assert np.array_equal(np.from_dlpack(t), big)
+            else:
+                s = await ac.attach_many("stall/")
+                assert all(np.array_equal(np.from_dlpack(s[k]), v) for k, v in parts.items())
+                t = s.popitem()[1]
+                for x in s.values():
+                    x.release()
+            t.release()
+    run(main())
+
+
+def test_small_puts_stay_on_the_loop_thread(daemon):
+    async def main():
+        loop = asyncio.get_running_loop()
+        async with await tensord.aio.connect(daemon.socket) as ac:
+            before = threads()
+            src = Source(np.ones(tensord.aio.OFFLOAD_BYTES // 8 - 1), loop, asyncio.Event())
+            await ac.put("small/x", src)
+            assert src.thread == threading.get_ident()
+            await ac.put_many({f"small/{i}": np.ones(1024) for i in range(8)})
+            assert threads() == before, "no worker thread for small puts"
+            # One byte more is copied off the loop, on a thread of the client's.
+            workers = set()
+            for name in ("small/y", "small/z"):
+                src = Source(np.ones(tensord.aio.OFFLOAD_BYTES // 8), loop, asyncio.Event())
+                await ac.put(name, src)
+                workers.add(src.thread)
+            assert threading.get_ident() not in workers
+            assert len(workers) == 1, "one worker thread a client"
+    run(main())
+
+
+def test_calls_keep_their_order_behind_an_offloaded_put(daemon):
+    big = np.full(BIG // 8, 7, np.int64)
+
+    async def main():
+        async with await tensord.aio.connect(daemon.socket) as ac:
+            first = asyncio.ensure_future(ac.put("ord/x", big))
+            # Made while the big put copies: each sees what it would have inline.
+            seen = asyncio.ensure_future(ac.stat("ord/x"))
+            second = asyncio.ensure_future(ac.put("ord/x", np.zeros(4, np.int64), replace=True))
+            attached = asyncio.ensure_future(ac.attach("ord/x"))
+            assert await first == 1
+            assert (await seen).nbytes == big.nbytes
+            assert await second == 2
+            t = await attached
+            assert t.generation == 2 and list(np.from_dlpack(t)) == [0] * 4
+            t.release()
+            # An offloaded put's error is the await's, and the client goes on.
+            with pytest.raises(tensord.ExistsError, match="ord/x"):
+                await ac.put("ord/x", big)
+            assert (await ac.stat("ord/x")).generation == 2
+    run(main())
+
+
+def test_a_cancelled_put_publishes_its_whole_version_or_nothing(daemon):
+    big = np.full(BIG // 8, 3, np.int64)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        async with await tensord.aio.connect(daemon.socket) as ac:
+            # Cancelled while it copies: it ends on its thread, the whole version.
+            src = Source(big, loop, asyncio.Event())
+            copying = asyncio.ensure_future(ac.put("cancel/x", src))
+            await src.started.wait()
+            # Cancelled while queued behind it: never sent.
+            queued = asyncio.ensure_future(ac.put("cancel/y", big))
+            await asyncio.sleep(0)
+            copying.cancel()
+            queued.cancel()
+            for task in (copying, queued):
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            # The next call waits for the copy that was under way.
+            st = await ac.stat("cancel/x")
+            assert st.generation == 1 and st.nbytes == big.nbytes
+            t = await ac.attach("cancel/x")
+            assert np.array_equal(np.from_dlpack(t), big)
+            t.release()
+            with pytest.raises(tensord.NotFoundError):
+                await ac.stat("cancel/y")
+    run(main())

@@ -39,6 +39,27 @@ def test_py_put_bench_runs(daemon):
         assert re.search(r"^  cfp/put +[\d.]+x", block, re.M), out
 
 
+def test_py_aio_bench_runs(daemon):
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "py_aio.py"), "--socket",
+                        daemon.socket, "--sizes", "64K,8M", "--rounds", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for size in ("64 KiB", "8 MiB"):
+        assert re.search(r"^  %s +[\d.]+ +[\d.]+ +[\d.]+ ms +[\d.]+ ms$" % size, r.stdout,
+                         re.M), r.stdout
+
+
+def test_py_ray_transport_bench_runs(daemon):
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "py_ray_transport.py"), "--socket",
+                        daemon.socket, "--sizes", "1M", "--rounds", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    if re.match(r"py_ray_transport: skipped \(.+\)$", r.stdout):
+        pytest.skip(r.stdout.strip())
+    assert re.search(r"^  1 MiB +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+x +[\d.]+x$", r.stdout,
+                     re.M), r.stdout
+
+
 def test_py_spin_bench_runs():
     """Every condition prints both cycles with the ratios, or says why the
     cpuset was skipped (the figures themselves are not asserted)."""
@@ -208,3 +229,89 @@ def ray_processes(gcs):
         if gcs in cmd:
             found.append(cmd)
     return found
+
+
+# What the benches that start Ray print (taken from real runs), for the plots
+# test below, which runs the quick benches itself.
+RAY_BENCH_LINES = """\
+put 4 KiB (1 rounds x 2000, medians, gap 0 ms)
+  memcpy          0.5 us      8.92 GB/s   1.00x memcpy
+  shm            39.3 us      0.10 GB/s   0.01x memcpy
+  put            13.3 us      0.31 GB/s   0.03x memcpy  79.14x ray
+  cfp           215.5 us      0.02 GB/s   0.00x memcpy   4.89x ray
+  ray          1054.5 us      0.00 GB/s   0.00x memcpy
+  cfp/put   0.06x (create + fill + publish over put)
+py_sets: weight sync 8 x 64 KiB (512 KiB), 3 commits, 3 readers (p50 / p99):
+  tensord  tx.put       0.60 /     3.38 ms; commit -> 3 hold it    0.673 /    1.248 ms; \
+tx.put start   -> held     1.85 /     4.00 ms
+  ray      ray.put      1.80 /     3.21 ms; put    -> 3 hold it    5.466 /    5.838 ms; \
+ray.put start  -> held     7.20 /     9.04 ms
+py_ray_transport: producer actor -> consumer actor, consumer reads a float per 4 KiB page, \
+medians of 9 interleaved rounds (ray 2.60.0, tensord socket /tmp/x/tensord.sock)
+  size        tensord ms     store ms  store np ms   store/td      np/td
+  64 MiB            23.9        357.1         20.5     14.92x      0.86x
+  256 MiB           60.9       1330.6         56.6     21.83x      0.93x
+"""
+# What py_remote prints where UCX is (its formats; the figures made up).
+REMOTE_LINES = """\
+py_remote: 4 KiB remote attach (pull) p50 210.5 us p99 400.2 us (200 pulls)
+py_remote: 4 KiB second attach of a live replica, new connection p50 30.1 us, a local tensor \
+the same way 28.0 us: 1.08x (node-a asked 0 times, synced 0)
+py_remote: ray 4 KiB get on node_b of an object put on node_a p50 900.0 us p99 1500.0 us \
+(200 gets): Ray / tensord p50 4.3x
+py_remote: 64 MiB remote attach (pull) 2.10 GB/s (median of 5; min 1.90, max 2.20)
+py_remote: ray 64 MiB get on node_b of an object put on node_a 0.80 GB/s (median of 5; min \
+0.70, max 0.90; on node_b after its get: 5 of 5): tensord / Ray 2.62x
+"""
+
+
+def test_plots_draw_what_the_benches_print(daemon, tmp_path):
+    """bench/plots.py draws a chart per comparison from real bench output (the
+    quick benches run here, the Ray ones as printed), names what it could not
+    draw, and writes an HTML page that shows every chart."""
+    import xml.etree.ElementTree as ET
+    build = os.environ.get("TENSORD_BUILD") or os.path.join(HERE, "..", "..", "build")
+    out = [subprocess.run([os.path.join(build, "bench", "attach_bench")], capture_output=True,
+                          text=True, timeout=300, check=True).stdout]
+    for cmd in (["py_attach.py", "--seconds", "0.2", "--procs", "2"],
+                ["py_aio.py", "--sizes", "64K,8M", "--rounds", "1"]):
+        out.append(subprocess.run([sys.executable, os.path.join(BENCH, cmd[0]), "--socket",
+                                   daemon.socket] + cmd[1:], capture_output=True, text=True,
+                                  timeout=300, check=True).stdout)
+    log = tmp_path / "bench.txt"
+    log.write_text("".join(out) + RAY_BENCH_LINES + REMOTE_LINES)
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "plots.py"), str(log),
+                        str(tmp_path / "plots")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "plots: 9 charts, %s\n" % (tmp_path / "plots" / "index.html"), r.stdout
+    page = (tmp_path / "plots" / "index.html").read_text()
+    want = {"attach_c": ["cold, round trip", "warm, bound", "bare socket round trip"],
+            "attach_py": ["tensord", "SharedMemory"],
+            "put_bandwidth": ["memcpy", "put", "ray"],
+            "weight_sync": ["tensord commit -&gt; held", "ray put -&gt; held"],
+            "ray_transport": ["tensord transport", "object store, numpy"],
+            "aio_put": ["inline", "offloaded"], "aio_stall": ["inline", "offloaded"]}
+    for slug, series in want.items():
+        assert '<img src="%s.svg"' % slug in page, slug
+        text = (tmp_path / "plots" / (slug + ".svg")).read_text()
+        root = ET.fromstring(text)  # well-formed
+        bars = [el for el in root.iter("{http://www.w3.org/2000/svg}rect")
+                if el.find("{http://www.w3.org/2000/svg}title") is not None]
+        assert bars and all(float(b.get("width")) > 0 for b in bars), slug
+        for s in series:
+            assert s in text, (slug, s)
+    assert "64 MiB, object store: 357 ms" in (tmp_path / "plots" / "ray_transport.svg").read_text()
+    assert "4 KiB, ray get: 900 us" in (tmp_path / "plots" / "remote_attach.svg").read_text()
+    assert "64 MiB, tensord pull: 2.1 GB/s" in \
+        (tmp_path / "plots" / "remote_bandwidth.svg").read_text()
+
+    # A bench that did not run (skipped, or left out) is named, on the page too.
+    log.write_text(out[-1])  # py_aio's lines alone
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "plots.py"), str(log),
+                        str(tmp_path / "few")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for bench in ("attach_bench", "py_attach", "py_put", "py_sets (weight sync)",
+                  "py_ray_transport", "py_remote"):
+        assert "plots: %s: not drawn (its figures are not in %s)" % (bench, log) in r.stdout
+        assert "<b>%s</b>: not drawn" % bench in (tmp_path / "few" / "index.html").read_text()
+    assert "plots: 2 charts" in r.stdout, r.stdout

@@ -132,3 +132,23 @@ def test_the_legacy_c_structs_are_filled_from_the_figures(daemon, client):
     assert int(got["dev_tensors"]) == sum(cpu["device_tensors"].values()) == 1
     assert int(got["pool_budget"]) == py["host_pool_budget_bytes"]
     assert int(got["pid"]) == py["daemon_pid"] == daemon.pid
+
+
+def test_attach_many_members_are_timed_from_their_request(daemon):
+    """Each member of an attach_many counts in attach_duration_seconds, timed
+    from the AttachMany request (it once was timed from the last single
+    attach, or from 0 on the monotonic clock: hours a member)."""
+    import time
+    import tensord
+    with tensord.connect(daemon.socket) as w, tensord.connect(daemon.socket) as r:
+        w.put_many({"tm/a": np.ones(1000, np.float32), "tm/b": np.ones(10, np.float32)})
+        before = r.stats()["attach_duration_seconds"]
+        start = time.monotonic()
+        for _ in range(3):
+            for t in r.attach_many(["tm/a", "tm/b"]).values():
+                t.release()
+        elapsed = time.monotonic() - start
+        after = r.stats()["attach_duration_seconds"]
+    assert after["count"] - before["count"] == 6
+    # Six members served within `elapsed`: each took at most that long.
+    assert 0 < after["sum"] - before["sum"] <= 6 * elapsed, (before, after, elapsed)
