@@ -306,6 +306,8 @@ UNIT_DEPS_test_import_gpu  := $(GPU_IMP_SRC) client/lib/import_gpu.c client/lib/
                               $(GPU_API_SRC) common/vendor.c
 UNIT_DEPS_test_client_gpu  := $(LIB_SRC) proto/tensord.pb-c.c
 UNIT_DEPS_test_client_frames := $(LIB_SRC) proto/tensord.pb-c.c
+# The library's whole source: its checkpoint files link libzip and jansson.
+$(B)/tests/unit/test_client_gpu $(B)/tests/unit/test_client_frames: LDLIBS += $(CTL_LIBS)
 
 .SECONDEXPANSION:
 $(B)/tests/unit/%: tests/unit/%.c $$(call obj,$$(UNIT_DEPS_$$*))
