@@ -114,6 +114,21 @@ bool td_client_lost(tensord_client *c)
 	return lost;
 }
 
+bool tensord_lost(tensord_client *c)
+{
+	/* The connection serving c now: the last of its successors. */
+	for (;;) {
+		tensord_client *next;
+
+		pthread_mutex_lock(&c->lock);
+		next = c->successor;
+		pthread_mutex_unlock(&c->lock);
+		if (!next)
+			return td_client_lost(c);
+		c = next;
+	}
+}
+
 /* How often a request looks whether the daemon ended a quiet connection. */
 #define TD_CHECK_NS (100ull * 1000000ull)
 
@@ -264,10 +279,15 @@ unsigned tensord_epoch(tensord_client *c)
 	}
 }
 
-/* Whether r says the daemon went away (its connection lost, or none to connect to now). */
-static bool gone(int r)
+/*
+ * Whether r says the daemon went away: c's connection was lost (the same
+ * errno in a reply, about a peer's connection, is the daemon's answer, not
+ * this), or there is no daemon to connect to now.
+ */
+static bool gone(tensord_client *c, int r)
 {
-	return r == -ECONNRESET || r == -EPIPE || r == -ECONNABORTED || r == -ECONNREFUSED;
+	return (r == -ECONNRESET || r == -EPIPE || r == -ECONNABORTED || r == -ECONNREFUSED) &&
+	       tensord_lost(c);
 }
 
 bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
@@ -277,7 +297,7 @@ bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
 	tensord_client *cur;
 	char saved[512];
 
-	if (!gone(r))
+	if (!gone(rt->c, r))
 		return false;
 	for (;;) {
 		uint64_t waited_ms = (now_ns() - rt->start_ns) / 1000000ull;

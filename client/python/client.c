@@ -152,7 +152,7 @@ int td_wait_slice(int ms, double deadline)
 	return ms < 0 || left > TD_WAIT_SLICE_MS ? TD_WAIT_SLICE_MS : (left > 1 ? (int)left : 1);
 }
 
-bool td_wait_goes_on(int rc, int ms, double deadline, double *lost_since)
+bool td_wait_goes_on(tensord_client *c, int rc, int ms, double deadline, double *lost_since)
 {
 	const char *env = getenv("TENSORD_RECONNECT_MS");
 	double grace = env && *env ? atof(env) : 30000.0, now = td_now_ms();
@@ -162,7 +162,8 @@ bool td_wait_goes_on(int rc, int ms, double deadline, double *lost_since)
 		*lost_since = 0;
 		return ms < 0 || now < deadline;
 	}
-	if (e != ECONNRESET && e != EPIPE && e != ECONNABORTED && e != ECONNREFUSED)
+	if ((e != ECONNRESET && e != EPIPE && e != ECONNABORTED && e != ECONNREFUSED) ||
+	    !tensord_lost(c))
 		return false;
 	/* The daemon went away: the wait goes on over a new connection (the
 	 * next slice connects anew), for its timeout, or the grace without one. */
@@ -192,7 +193,8 @@ static int attach_interruptibly(tensord_client *c, const char *name, uint64_t af
 			after = 0;
 		Py_BEGIN_ALLOW_THREADS rc = tensord_attach_after(c, name, after, slice, ret);
 		Py_END_ALLOW_THREADS if (rc == 0 || slice == ms ||
-					 !td_wait_goes_on(rc, ms, deadline, &lost_since)) return rc;
+					 !td_wait_goes_on(c, rc, ms, deadline,
+							  &lost_since)) return rc;
 		if (PyErr_CheckSignals() < 0)
 			return -EINTR;
 	}

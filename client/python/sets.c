@@ -398,7 +398,7 @@ PyObject *td_client_attach_many(ClientObject *self, PyObject *args, PyObject *kw
 		Py_BEGIN_ALLOW_THREADS rc =
 			tensord_attach_many(c, names, n, prefix, after, slice, &set);
 		Py_END_ALLOW_THREADS if (rc == 0 || slice == ms ||
-					 !td_wait_goes_on(rc, ms, deadline, &lost_since)) break;
+					 !td_wait_goes_on(c, rc, ms, deadline, &lost_since)) break;
 		if (PyErr_CheckSignals() < 0) {
 			td_client_leave(self, 0);
 			goto fail;

@@ -275,6 +275,14 @@ TENSORD_API int tensord_connect_named(const char *socket_path, const char *name,
 TENSORD_API unsigned tensord_epoch(tensord_client *client);
 
 /*
+ * Whether the connection serving client was lost (the daemon crashed or
+ * restarted) and not yet replaced: its next request connects anew. An
+ * errno such as ECONNRESET from a call means the daemon went away only
+ * when this says so (a daemon may answer with it about a peer). No request.
+ */
+TENSORD_API bool tensord_lost(tensord_client *client);
+
+/*
  * Closes the connection; the daemon ends every lease this client still holds
  * and unlinks its connection-lifetime tensors. Host and CUDA VMM mappings
  * stay valid until each tensor's deleter runs. GPU memory the daemon exports

@@ -58,12 +58,15 @@ def test_every_module_that_switches_uid_marks_its_tests():
 
 
 def copy_checkout(home):
-    """tests/, pytest.ini and what the other-uid tests run from build/
-    (the Python module from PYDIR)."""
+    """tests/, pytest.ini, the pages the doc tests read, and what the
+    other-uid tests run from build/ (the Python module from PYDIR)."""
     co = os.path.join(home, "tensord")
     shutil.copytree(TESTS, os.path.join(co, "tests"),
                     ignore=shutil.ignore_patterns("__pycache__", "debs"))
     shutil.copy(os.path.join(ROOT, "pytest.ini"), co)
+    # The doc tests read the pages they check when they are collected.
+    shutil.copy(os.path.join(ROOT, "README.md"), co)
+    shutil.copytree(os.path.join(ROOT, "docs"), os.path.join(co, "docs"))
     build = os.path.join(co, "build")
     os.makedirs(os.path.join(build, "tests"))
     for f in ("tensord", "tensorctl"):
