@@ -269,6 +269,7 @@ bool td_client_lost(tensord_client *c);
 struct td_retry {
 	tensord_client *c;
 	unsigned epoch; /* tensord_epoch() when the wait began */
+	unsigned seen;  /* tensord_epoch() when this try began */
 	uint64_t start_ns;
 	int timeout_ms;
 	unsigned tries;

@@ -253,6 +253,7 @@ void td_retry_begin(struct td_retry *rt, tensord_client *c, int timeout_ms)
 	memset(rt, 0, sizeof(*rt));
 	rt->c = c;
 	rt->epoch = tensord_epoch(c);
+	rt->seen = rt->epoch;
 	rt->start_ns = now_ns();
 	rt->timeout_ms = timeout_ms;
 }
@@ -280,14 +281,17 @@ unsigned tensord_epoch(tensord_client *c)
 }
 
 /*
- * Whether r says the daemon went away: c's connection was lost (the same
- * errno in a reply, about a peer's connection, is the daemon's answer, not
- * this), or there is no daemon to connect to now.
+ * Whether r says the daemon went away: nobody answers at its path, or the
+ * connection was lost: the one serving c is (tensord_lost()), or another
+ * thread replaced it since seen, the epoch this try began in. The same
+ * errno in a reply, about a peer's connection, is the daemon's answer.
  */
-static bool gone(tensord_client *c, int r)
+static bool gone(tensord_client *c, int r, unsigned seen)
 {
-	return (r == -ECONNRESET || r == -EPIPE || r == -ECONNABORTED || r == -ECONNREFUSED) &&
-	       tensord_lost(c);
+	if (r == -ECONNREFUSED)
+		return true; /* a daemon never answers with it */
+	return (r == -ECONNRESET || r == -EPIPE || r == -ECONNABORTED) &&
+	       (tensord_epoch(c) != seen || tensord_lost(c));
 }
 
 bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
@@ -297,7 +301,7 @@ bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
 	tensord_client *cur;
 	char saved[512];
 
-	if (!gone(rt->c, r))
+	if (!gone(rt->c, r, rt->seen))
 		return false;
 	for (;;) {
 		uint64_t waited_ms = (now_ns() - rt->start_ns) / 1000000ull;
@@ -319,8 +323,10 @@ bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
 		rt->tries++;
 		snprintf(saved, sizeof(saved), "%s", tensord_last_error());
 		cur = rt->c;
-		if (td_client_current(&cur) == 0)
+		if (td_client_current(&cur) == 0) {
+			rt->seen = tensord_epoch(rt->c);
 			break;
+		}
 		r = -ECONNREFUSED;
 	}
 	if (rt->timeout_ms > 0) {

@@ -152,7 +152,8 @@ int td_wait_slice(int ms, double deadline)
 	return ms < 0 || left > TD_WAIT_SLICE_MS ? TD_WAIT_SLICE_MS : (left > 1 ? (int)left : 1);
 }
 
-bool td_wait_goes_on(tensord_client *c, int rc, int ms, double deadline, double *lost_since)
+bool td_wait_goes_on(tensord_client *c, int rc, unsigned seen, int ms, double deadline,
+		     double *lost_since)
 {
 	const char *env = getenv("TENSORD_RECONNECT_MS");
 	double grace = env && *env ? atof(env) : 30000.0, now = td_now_ms();
@@ -162,8 +163,10 @@ bool td_wait_goes_on(tensord_client *c, int rc, int ms, double deadline, double 
 		*lost_since = 0;
 		return ms < 0 || now < deadline;
 	}
-	if ((e != ECONNRESET && e != EPIPE && e != ECONNABORTED && e != ECONNREFUSED) ||
-	    !tensord_lost(c))
+	/* A daemon never answers ECONNREFUSED; the others it may, about a peer:
+	 * then c's own connection is neither lost nor replaced since seen. */
+	if (e != ECONNREFUSED && ((e != ECONNRESET && e != EPIPE && e != ECONNABORTED) ||
+				  (tensord_epoch(c) == seen && !tensord_lost(c))))
 		return false;
 	/* The daemon went away: the wait goes on over a new connection (the
 	 * next slice connects anew), for its timeout, or the grace without one. */
@@ -187,13 +190,14 @@ static int attach_interruptibly(tensord_client *c, const char *name, uint64_t af
 
 	for (;;) {
 		int slice = td_wait_slice(ms, deadline);
+		unsigned seen = tensord_epoch(c);
 
 		/* The daemon restarted since the wait began: after was the old one's. */
-		if (tensord_epoch(c) != epoch)
+		if (seen != epoch)
 			after = 0;
 		Py_BEGIN_ALLOW_THREADS rc = tensord_attach_after(c, name, after, slice, ret);
 		Py_END_ALLOW_THREADS if (rc == 0 || slice == ms ||
-					 !td_wait_goes_on(c, rc, ms, deadline,
+					 !td_wait_goes_on(c, rc, seen, ms, deadline,
 							  &lost_since)) return rc;
 		if (PyErr_CheckSignals() < 0)
 			return -EINTR;

@@ -391,14 +391,16 @@ PyObject *td_client_attach_many(ClientObject *self, PyObject *args, PyObject *kw
 	epoch = tensord_epoch(c);
 	for (;;) {
 		int slice = td_wait_slice(ms, deadline);
+		unsigned seen = tensord_epoch(c);
 
 		/* The daemon restarted since the wait began: after was the old one's. */
-		if (tensord_epoch(c) != epoch)
+		if (seen != epoch)
 			after = 0;
 		Py_BEGIN_ALLOW_THREADS rc =
 			tensord_attach_many(c, names, n, prefix, after, slice, &set);
 		Py_END_ALLOW_THREADS if (rc == 0 || slice == ms ||
-					 !td_wait_goes_on(c, rc, ms, deadline, &lost_since)) break;
+					 !td_wait_goes_on(c, rc, seen, ms, deadline,
+							  &lost_since)) break;
 		if (PyErr_CheckSignals() < 0) {
 			td_client_leave(self, 0);
 			goto fail;

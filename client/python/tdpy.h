@@ -280,11 +280,13 @@ int td_wait_slice(int ms, double deadline);
 /*
  * Whether a wait sliced by td_wait_slice() goes on after a slice's rc: it
  * timed out with time left, or the daemon went away (c's connection lost,
- * tensord_lost(), or no daemon yet: the next slice connects anew) and neither the wait's time
+ * tensord_lost(), or replaced since the slice began in epoch seen, or no
+ * daemon yet: the next slice connects anew) and neither the wait's time
  * nor the reconnect grace (TENSORD_RECONNECT_MS, 30 s) ran out since
  * *lost_since (0: not lost; kept by the caller across slices).
  */
-bool td_wait_goes_on(tensord_client *c, int rc, int ms, double deadline, double *lost_since);
+bool td_wait_goes_on(tensord_client *c, int rc, unsigned seen, int ms, double deadline,
+		     double *lost_since);
 
 /* after=: None (0) or an int >= 0 into *ret. 0 or -1 with an exception. */
 int td_parse_after(PyObject *o, uint64_t *ret);
