@@ -159,6 +159,14 @@ static void check_quiet(tensord_client *c, bool throttled)
 	pfd = (struct pollfd){ .fd = c->conn.fd, .events = POLLRDHUP };
 	if (c->conn.fd < 0 || poll(&pfd, 1, 0) != 1 || !(pfd.revents & (POLLRDHUP | POLLHUP)))
 		return;
+	/* Bytes before the end (a refusal, say why, as a Hello's EDQUOT does)
+	 * are read the usual way: only a connection with nothing left is lost. */
+	{
+		char b;
+
+		if (recv(c->conn.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) != 0)
+			return;
+	}
 	pthread_mutex_lock(&c->lock);
 	if (!c->conn.closed && !c->conn.reading && !c->conn.pending && !c->inherited)
 		td_conn_lost(&c->conn, -ECONNRESET,
