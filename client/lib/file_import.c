@@ -329,6 +329,17 @@ static zip_file_t *zopen(struct checkpoint *cp, const struct array *a)
 }
 
 /* Reads and parses the .npy header of member a into a. */
+/* What a .npy header (of an .npz member or a .npy file) says of array a. */
+static void array_from_npy(struct array *a, const struct npy_header *h)
+{
+	a->dtype = h->dtype;
+	a->ndim = h->ndim;
+	memcpy(a->shape, h->shape, sizeof(a->shape));
+	a->fortran = h->fortran_order;
+	a->nbytes = h->data_bytes;
+	a->offset = h->data_offset;
+}
+
 static int npz_header(struct checkpoint *cp, struct array *a, uint64_t size)
 {
 	char q[256], why[256];
@@ -374,12 +385,7 @@ static int npz_header(struct checkpoint *cp, struct array *a, uint64_t size)
 			  size > h.data_offset ? size - h.data_offset : 0);
 		goto out;
 	}
-	a->dtype = h.dtype;
-	a->ndim = h.ndim;
-	memcpy(a->shape, h.shape, sizeof(a->shape));
-	a->fortran = h.fortran_order;
-	a->nbytes = h.data_bytes;
-	a->offset = h.data_offset;
+	array_from_npy(a, &h);
 out:
 	free(buf);
 	zip_fclose(f);
@@ -700,12 +706,7 @@ static int npy_scan(struct checkpoint *cp, const char *name)
 	if (!(a->array = strdup(name)))
 		return fail(cp, -ENOMEM, "out of memory");
 	snprintf(a->name, sizeof(a->name), "%s", name);
-	a->dtype = h.dtype;
-	a->ndim = h.ndim;
-	memcpy(a->shape, h.shape, sizeof(a->shape));
-	a->fortran = h.fortran_order;
-	a->nbytes = h.data_bytes;
-	a->offset = h.data_offset;
+	array_from_npy(a, &h);
 	return 0;
 }
 

@@ -354,26 +354,31 @@ static int put_finish(tensord_client *c, struct put_slot *s, int r, struct defer
  */
 enum { ARENA_NONE, ARENA_OPENS, ARENA_MEMBER };
 
-static uint64_t arena_plan(const tensord_put_item *items, size_t n, uint32_t flags, uint32_t mode,
-			   uint8_t *role)
+static uint64_t arena_plan(const tensord_put_item *items, size_t n, uint8_t *role)
 {
 	uint64_t fill = 0, page = 4096;
 	size_t members = 0;
 
 	for (size_t i = 0; i < n; i++) {
-		tensord_spec spec;
+		const DLTensor *src = items[i].src;
 		uint64_t nbytes, align;
+		bool over = false;
 
 		role[i] = ARENA_NONE;
-		if (!items[i].src || td_device_is_gpu(items[i].src->device.device_type) ||
-		    td_put_check(items[i].name, items[i].src, flags, mode, &spec, &nbytes) < 0 ||
-		    nbytes <= TD_PUT_INLINE_MAX)
+		if (!src || td_device_is_gpu(src->device.device_type) || src->ndim < 0 ||
+		    (src->ndim && !src->shape))
+			continue;
+		/* Its size only: put_prepare() checks the source, once. */
+		nbytes = td_dtype_size(src->dtype);
+		for (int d = 0; d < src->ndim && !over; d++)
+			over = src->shape[d] < 0 ||
+			       __builtin_mul_overflow(nbytes, (uint64_t)src->shape[d], &nbytes);
+		if (over || nbytes <= TD_PUT_INLINE_MAX)
 			continue;
 		align = nbytes >= page ? page : 256;
 		fill = ((fill + align - 1) & ~(align - 1)) + nbytes;
 		role[i] = members++ ? ARENA_MEMBER : ARENA_OPENS;
 	}
-	td_clear_error();
 	return members >= 2 ? (fill + page - 1) & ~(page - 1) : 0;
 }
 
@@ -485,7 +490,7 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 	/* Its members in one ring buffer when they can be (one turn of the ring for the set). */
 	role = n ? calloc(n, 1) : NULL;
 	if (role && dv.parts)
-		arena_size = arena_plan(items, n, flags, mode, role);
+		arena_size = arena_plan(items, n, role);
 	if (arena_size && !td_ring_begin(c, arena_size, flags, NULL))
 		arena_size = 0;
 	if (!arena_size && role)
