@@ -267,6 +267,14 @@ static uint64_t daemon_instance(void)
 	return instance;
 }
 
+/* HelloReply.lineage: the instance's, unless a restart restored another (reply_set_lineage()). */
+static uint64_t daemon_lineage;
+
+void reply_set_lineage(uint64_t lineage)
+{
+	daemon_lineage = lineage;
+}
+
 void reply_hello(struct conn *c, uint64_t req_id)
 {
 	Tensord__Reply rep = TENSORD__REPLY__INIT;
@@ -276,6 +284,7 @@ void reply_hello(struct conn *c, uint64_t req_id)
 	hr.daemon_pid = (uint32_t)getpid();
 	hr.max_frame = TD_FRAME_MAX_REQUEST;
 	hr.instance = daemon_instance();
+	hr.lineage = daemon_lineage ? daemon_lineage : hr.instance;
 	rep.id = req_id;
 	rep.body_case = TENSORD__REPLY__BODY_HELLO;
 	rep.hello = &hr;

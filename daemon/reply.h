@@ -112,4 +112,11 @@ size_t reply_pack_refusal(uint8_t *buf, size_t cap, int status, const char *msg)
 /* The answer to a hello of the right version. */
 void reply_hello(struct conn *c, uint64_t req_id);
 
+/*
+ * The lineage every later Hello is answered with (HelloReply.lineage): the
+ * restored state's, set once before serving (docs/restart.md); never
+ * called: the daemon's instance.
+ */
+void reply_set_lineage(uint64_t lineage);
+
 #endif

@@ -234,6 +234,8 @@ struct tensord_client {
 	 * than its predecessor (tensord_epoch()).
 	 */
 	unsigned epoch;
+	/* HelloReply.lineage (tensord_lineage()); 0: the daemon sent none. */
+	uint64_t lineage;
 	LIST_ENTRY(tensord_client) all_link; /* every live client of this process (fork.c) */
 };
 
@@ -268,8 +270,9 @@ bool td_client_lost(tensord_client *c);
  */
 struct td_retry {
 	tensord_client *c;
-	unsigned epoch; /* tensord_epoch() when the wait began */
-	unsigned seen;  /* tensord_epoch() when this try began */
+	unsigned epoch;   /* tensord_epoch() when the wait began */
+	unsigned seen;    /* tensord_epoch() when this try began */
+	uint64_t lineage; /* tensord_lineage() when the wait began */
 	uint64_t start_ns;
 	int timeout_ms;
 	unsigned tries;
@@ -278,11 +281,12 @@ void td_retry_begin(struct td_retry *rt, tensord_client *c, int timeout_ms);
 
 /*
  * after as cur, the connection serving now, understands it: 0 when the
- * daemon went away since the wait began in epoch (its commit ids and
- * generations start anew in a restarted daemon until restarts keep them,
- * docs/restart.md).
+ * daemon went away since the wait rt began and the one serving now is of
+ * another lineage (it started empty, so its commit ids and generations
+ * start anew); after itself when it restored its predecessor's state
+ * (docs/restart.md).
  */
-uint64_t td_after_for(const tensord_client *cur, unsigned epoch, uint64_t after);
+uint64_t td_after_for(const tensord_client *cur, const struct td_retry *rt, uint64_t after);
 bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms);
 
 /*

@@ -262,13 +262,33 @@ void td_retry_begin(struct td_retry *rt, tensord_client *c, int timeout_ms)
 	rt->c = c;
 	rt->epoch = tensord_epoch(c);
 	rt->seen = rt->epoch;
+	rt->lineage = tensord_lineage(c);
 	rt->start_ns = now_ns();
 	rt->timeout_ms = timeout_ms;
 }
 
-uint64_t td_after_for(const tensord_client *cur, unsigned epoch, uint64_t after)
+uint64_t td_after_for(const tensord_client *cur, const struct td_retry *rt, uint64_t after)
 {
-	return cur->epoch == epoch ? after : 0;
+	if (cur->epoch == rt->epoch || (rt->lineage && cur->lineage == rt->lineage))
+		return after;
+	return 0;
+}
+
+uint64_t tensord_lineage(tensord_client *c)
+{
+	uint64_t l;
+
+	for (;;) {
+		tensord_client *next;
+
+		pthread_mutex_lock(&c->lock);
+		l = c->lineage;
+		next = c->successor;
+		pthread_mutex_unlock(&c->lock);
+		if (!next)
+			return l;
+		c = next;
+	}
 }
 
 unsigned tensord_epoch(tensord_client *c)
@@ -366,8 +386,10 @@ static int hello(tensord_client *c, const char *path)
 	if (rep->body_case != TENSORD__REPLY__BODY_HELLO ||
 	    rep->hello->version != TENSORD_PROTOCOL_VERSION)
 		r = td_set_error(-EPROTO, "tensord at %s speaks another protocol version", path);
-	else
+	else {
 		c->maps.daemon_instance = rep->hello->instance;
+		c->lineage = rep->hello->lineage;
+	}
 	if (r == 0 && rep->hello->max_frame > TD_FRAME_MIN_REQUEST)
 		c->conn.max_request = rep->hello->max_frame < TD_FRAME_MAX_REQUEST
 					      ? rep->hello->max_frame

@@ -393,7 +393,7 @@ int td_attach_reply(tensord_client *c, const char *name, Tensord__Reply *rep, in
  * is the caller's, as from lease_reply().
  */
 static int attach_lease(tensord_client *c, const char *name, uint64_t after, int timeout_ms,
-			unsigned epoch, struct td_lease **ret_lease)
+			const struct td_retry *rt, struct td_lease **ret_lease)
 {
 	struct td_attach_req am;
 	Tensord__Reply *rep;
@@ -406,7 +406,7 @@ static int attach_lease(tensord_client *c, const char *name, uint64_t after, int
 		r = check_attach_name(name);
 	if (r < 0)
 		return r;
-	after = td_after_for(c, epoch, after);
+	after = td_after_for(c, rt, after);
 	if (after == 0) {
 		r = td_binding_attach(c, name, ret_lease);
 		if (r != 0)
@@ -447,7 +447,7 @@ int tensord_attach_after(tensord_client *c, const char *name, uint64_t after, in
 
 	td_retry_begin(&rt, c, timeout_ms);
 	do
-		r = attach_lease(c, name, after, timeout_ms, rt.epoch, &l);
+		r = attach_lease(c, name, after, timeout_ms, &rt, &l);
 	while (r < 0 && td_retry_again(&rt, r, &timeout_ms));
 	if (r < 0)
 		return r;

@@ -124,8 +124,8 @@ int td_set_build(tensord_client *c, struct td_pending *p, tensord_set **ret_set)
 }
 
 static int attach_many_once(tensord_client *c, const char *const *names, size_t n_names,
-			    const char *prefix, uint64_t after, int timeout_ms, unsigned epoch,
-			    tensord_set **ret_set)
+			    const char *prefix, uint64_t after, int timeout_ms,
+			    const struct td_retry *rt, tensord_set **ret_set)
 {
 	struct td_pending p = { .multi = true };
 	struct td_set_req m;
@@ -134,7 +134,7 @@ static int attach_many_once(tensord_client *c, const char *const *names, size_t 
 	if (r == 0 && !ret_set)
 		r = td_set_error(-EINVAL, "attach_many: NULL output");
 	if (r == 0)
-		r = td_set_msg(c, &m, names, n_names, prefix, td_after_for(c, epoch, after),
+		r = td_set_msg(c, &m, names, n_names, prefix, td_after_for(c, rt, after),
 			       timeout_ms);
 	if (r == 0)
 		r = td_rpc_start(c, &m.req, &p);
@@ -161,8 +161,7 @@ int tensord_attach_many(tensord_client *c, const char *const *names, size_t n_na
 	/* Its wait goes on over a new connection when the daemon restarts. */
 	td_retry_begin(&rt, c, timeout_ms);
 	do
-		r = attach_many_once(c, names, n_names, prefix, after, timeout_ms, rt.epoch,
-				     ret_set);
+		r = attach_many_once(c, names, n_names, prefix, after, timeout_ms, &rt, ret_set);
 	while (r < 0 && td_retry_again(&rt, r, &timeout_ms));
 	return r;
 }

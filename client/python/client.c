@@ -186,14 +186,15 @@ static int attach_interruptibly(tensord_client *c, const char *name, uint64_t af
 {
 	double deadline = td_now_ms() + ms, lost_since = 0;
 	unsigned epoch = tensord_epoch(c);
+	uint64_t lineage = tensord_lineage(c);
 	int rc;
 
 	for (;;) {
 		int slice = td_wait_slice(ms, deadline);
 		unsigned seen = tensord_epoch(c);
 
-		/* The daemon restarted since the wait began: after was the old one's. */
-		if (seen != epoch)
+		/* The daemon restarted empty since the wait began: after was the old one's. */
+		if (seen != epoch && tensord_lineage(c) != lineage)
 			after = 0;
 		Py_BEGIN_ALLOW_THREADS rc = tensord_attach_after(c, name, after, slice, ret);
 		Py_END_ALLOW_THREADS if (rc == 0 || slice == ms ||

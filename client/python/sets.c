@@ -376,6 +376,7 @@ PyObject *td_client_attach_many(ClientObject *self, PyObject *args, PyObject *kw
 	uint64_t after;
 	double deadline, lost_since = 0;
 	unsigned epoch;
+	uint64_t lineage;
 	int ms, rc;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OO:attach_many", kwlist, &what, &after_o,
@@ -389,12 +390,13 @@ PyObject *td_client_attach_many(ClientObject *self, PyObject *args, PyObject *kw
 		goto fail;
 	deadline = td_now_ms() + ms;
 	epoch = tensord_epoch(c);
+	lineage = tensord_lineage(c);
 	for (;;) {
 		int slice = td_wait_slice(ms, deadline);
 		unsigned seen = tensord_epoch(c);
 
-		/* The daemon restarted since the wait began: after was the old one's. */
-		if (seen != epoch)
+		/* The daemon restarted empty since the wait began: after was the old one's. */
+		if (seen != epoch && tensord_lineage(c) != lineage)
 			after = 0;
 		Py_BEGIN_ALLOW_THREADS rc =
 			tensord_attach_many(c, names, n, prefix, after, slice, &set);

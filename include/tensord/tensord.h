@@ -267,12 +267,21 @@ TENSORD_API int tensord_connect_named(const char *socket_path, const char *name,
 /*
  * How many times the daemon went away (crashed, restarted) under this
  * client: its next request after that connects anew (docs/restart.md,
- * "Clients carry on"). Until restarts keep commit ids, a commit id or
- * generation from before a change of epoch means nothing to the new
- * daemon: a wait given one (attach_after, attach_many's after) that sees
- * the epoch change takes the first version the new daemon has. No request.
+ * "Clients carry on"). A commit id or generation from before a change of
+ * epoch means something to the new daemon only when its lineage is the
+ * same (tensord_lineage()): a wait given one (attach_after, attach_many's
+ * after) that sees the epoch change to a daemon of another lineage takes
+ * the first version the new daemon has. No request.
  */
 TENSORD_API unsigned tensord_epoch(tensord_client *client);
+
+/*
+ * The lineage of the daemon serving client (HelloReply.lineage): the same
+ * across a restart that restored the tensors, with their generations and
+ * commit ids (docs/restart.md); another after one that started empty. 0
+ * from a daemon that predates it. No request.
+ */
+TENSORD_API uint64_t tensord_lineage(tensord_client *client);
 
 /*
  * Whether the connection serving client was lost (the daemon crashed or
