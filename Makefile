@@ -98,6 +98,8 @@ UCX_OK  := $(shell pkg-config --exists $(UCX_PKG) 2>/dev/null && echo 1)
 XPORT_SRC := $(if $(UCX_OK),daemon/remote/xport/ucx.c,daemon/remote/xport/none.c)
 UCX_LIBS  := $(if $(UCX_OK),$(shell pkg-config --libs $(UCX_PKG)))
 CRYPTO_LIBS := $(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
+# The daemon's state log checks each record with zlib's CRC-32 (daemon/persist/record.c).
+ZLIB_LIBS := $(shell pkg-config --libs zlib 2>/dev/null || echo -lz)
 DMN_OBJ    := $(call obj,$(wildcard daemon/*.c daemon/*/*.c) $(GPU_DMN_SRC) $(XPORT_SRC)) \
               $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ) $(PEER_PB_OBJ)
 
@@ -192,7 +194,7 @@ FORCE:
 # --- binaries and libraries -------------------------------------------------
 $(B)/tensord: $(DMN_OBJ)
 	@echo "  LD  $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CRYPTO_LIBS) $(UCX_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CRYPTO_LIBS) $(UCX_LIBS) $(ZLIB_LIBS)
 
 $(B)/daemon/main-fakegpu.o: daemon/main.c $(B)/proto/tensord.pb-c.h $(B)/.flags
 	@mkdir -p $(@D)
@@ -202,7 +204,7 @@ $(FAKEGPU_BIN): tests/fakegpu/tensord_fakegpu.c $(B)/daemon/main-fakegpu.o \
 		$(filter-out $(B)/daemon/main.o,$(DMN_OBJ))
 	@mkdir -p $(@D)
 	@echo "  LD  $@"
-	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CRYPTO_LIBS) $(UCX_LIBS)
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CRYPTO_LIBS) $(UCX_LIBS) $(ZLIB_LIBS)
 
 DBL_CORE := tests/gpudouble/core.c tests/gpudouble/double.h gpu/cuda/cuda_api.h gpu/cuda/nvml.h \
             gpu/hip/hip_api.h

@@ -28,7 +28,7 @@
 
 #include "common/paths.h"
 #include "daemon/base/log.h"
-#include "sdnotify.h"
+#include "daemon/base/sdnotify.h"
 #include "server.h"
 
 /* Is a daemon answering at path? A stale file from a dead one refuses. */

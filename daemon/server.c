@@ -18,7 +18,7 @@
 #include "metrics.h"
 #include "metrics_http.h"
 #include "reply.h"
-#include "sdnotify.h"
+#include "daemon/base/sdnotify.h"
 #include "server.h"
 
 /* Stops accepting, closes every client, frees everything; the loop then ends.
@@ -28,6 +28,8 @@ void server_stop(struct server *srv)
 	if (srv->stopping)
 		return;
 	srv->stopping = true;
+	/* What shutdown frees stays in the store for the next start. */
+	state_freeze(srv->state);
 	log_info("stopping: %u clients, %llu tensors", srv->conns.n,
 		 (unsigned long long)srv->reg.n_tensors);
 	sdnotify("STOPPING=1\nSTATUS=stopping: %u clients, %llu tensors", srv->conns.n,

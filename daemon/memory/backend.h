@@ -237,6 +237,13 @@ TD_GPU_VENDORS(BACKEND_GPU_DECLARE)
 void backend_host_set_pool(uint64_t budget);
 
 /*
+ * From now on (shutdown, docs/restart.md) freed host memory keeps its
+ * bytes: slab slots are not zeroed, since the service manager's store
+ * keeps the slab for the next daemon to restore from.
+ */
+void backend_host_keep_contents(void);
+
+/*
  * How long a GPU backend keeps a device's context after the device's last
  * tensor went (--gpu-context-hold), in milliseconds: a create within that
  * time finds the context still there instead of making a new one, which

@@ -445,6 +445,11 @@ static void host_release(struct backend_alloc *a)
 	a->fd = -1;
 }
 
+void backend_host_keep_contents(void)
+{
+	slabs.keep_contents = true;
+}
+
 const struct backend_ops backend_host = {
 	.name = "host",
 	.device_type = kDLCPU,

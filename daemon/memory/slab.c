@@ -219,7 +219,8 @@ void slab_free(struct slabs *s, struct slab *sl, uint64_t off, uint64_t size)
 {
 	uint64_t len = round_up(size);
 
-	zero_range(sl->fd, off, len);
+	if (!s->keep_contents)
+		zero_range(sl->fd, off, len);
 	give_back(sl, off, len);
 	sl->used -= len;
 	s->used -= len;

@@ -42,6 +42,9 @@ struct slabs {
 	uint64_t next_id;  /* ids are never reused */
 	uint32_t n_slabs;
 	uint64_t used; /* bytes in live slots, rounded to SLAB_ALIGN */
+	/* Shutdown with the descriptor store on: freed slots keep their bytes,
+	 * which the next daemon restores (docs/restart.md). */
+	bool keep_contents;
 };
 
 void slabs_init(struct slabs *s);

@@ -1,0 +1,226 @@
+"""Tensors outlive the daemon (docs/restart.md; issue 33): with a service
+manager's descriptor store (sdharness.ServiceManager plays systemd), a
+daemon killed with SIGKILL or stopped with SIGTERM and started again serves
+every published persistent host tensor byte for byte, with the same
+generations, and commit ids go on above the old ones. What cannot survive
+(connection-lifetime tensors, unlinked names) does not come back, and a
+damaged or foreign state is refused without losing the rest."""
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+import tensord
+from sdharness import ServiceManager
+from testlib import wait_until
+
+
+@pytest.fixture
+def sm(tmp_path):
+    m = ServiceManager(tmp_path)
+    m.start()
+    yield m
+    m.close()
+    assert not m.violations, m.violations
+
+
+def snapshot(c):
+    """name -> (generation, commit, bytes) of every tensor c sees."""
+    out = {}
+    for i in c.list():
+        with c.attach(i.name) as t:
+            out[i.name] = (i.generation, i.commit, np.from_dlpack(t).tobytes())
+    return out
+
+
+def publish_every_kind(c):
+    rng = np.random.default_rng(7)
+    c.put("small", np.arange(16, dtype=np.int64))                    # a slab
+    c.put("own", rng.random(1 << 17), sealed=True)                   # a memfd of its own
+    c.put("ring", rng.random(1 << 17))                               # a ring buffer
+    c.put("ring", rng.random(1 << 17), replace=True)                 # its next version
+    c.put_many({f"set/w{i}": rng.random(1 << 15 + i % 3) for i in range(12)})  # one arena
+    c.put("gone", np.ones(4096))
+    c.unlink("gone")
+    c.put("conn", np.ones(64), lifetime="connection")
+    c.put("mode", np.arange(5, dtype=np.float32), mode=0o644)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_every_kind_of_host_tensor_survives_a_restart(sm, sig):
+    c = tensord.connect(sm.socket)
+    publish_every_kind(c)
+    before = snapshot(c)
+    assert "conn" in before and "gone" not in before
+    held = np.from_dlpack(c.attach("own"))          # a reader through the outage
+    want_held = held.copy()
+    top = max(g[1] for g in before.values())
+    sm.restart(sig)
+    c2 = tensord.connect(sm.socket)
+    after = snapshot(c2)
+    del before["conn"]                              # its connection ended with the daemon
+    assert after.keys() == before.keys()
+    for name in before:
+        assert after[name] == before[name], name    # bytes, generation and commit
+    assert (held == want_held).all()
+    assert c2.stat("mode").mode == 0o644
+    # Generations go on, and so do commit ids.
+    assert c2.put("ring", np.zeros(3), replace=True) == before["ring"][0] + 1
+    assert c2.stat("ring").commit > top
+    assert c2.put("gone", np.zeros(3)) == 2         # its tombstone came back
+    c.close()
+    c2.close()
+
+
+def test_the_old_client_carries_on_and_after_keeps_its_meaning(sm):
+    c = tensord.connect(sm.socket)
+    g = c.put("w", np.arange(10))
+    with c.attach("w") as t:
+        assert t.generation == g if hasattr(t, "generation") else True
+    sm.restart()
+    got = []
+
+    def waiter():
+        try:
+            with c.attach("w", after=g, timeout=20) as t:
+                got.append(np.from_dlpack(t).copy())
+        except BaseException as e:  # noqa: BLE001 -- what it raised is the point
+            got.append(e)
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    # The restored generation g is not newer than after=g: the wait goes on
+    # until a new version, as it would have without the restart.
+    th.join(0.5)
+    assert th.is_alive(), got
+    other = tensord.connect(sm.socket)
+    other.put("w", np.arange(10) * 2, replace=True)
+    th.join(20)
+    assert len(got) == 1 and not isinstance(got[0], BaseException), got
+    assert (got[0] == np.arange(10) * 2).all()
+    other.close()
+    c.close()
+
+
+def test_memory_leaves_the_store_with_its_last_name(sm):
+    c = tensord.connect(sm.socket)
+    base = set(sm.names("tm."))
+    c.put("big", np.ones(1 << 18), sealed=True)
+    assert wait_until(lambda: len(set(sm.names("tm.")) - base) == 1)
+    c.unlink("big")
+    assert wait_until(lambda: set(sm.names("tm.")) == base)
+    # A slab stays while any of its tensors is named.
+    c.put("s1", np.ones(4))
+    c.put("s2", np.ones(4))
+    assert wait_until(lambda: len(set(sm.names("tm.")) - base) == 1)
+    c.unlink("s1")
+    assert len(set(sm.names("tm.")) - base) == 1
+    c.unlink("s2")
+    assert wait_until(lambda: set(sm.names("tm.")) == base)
+    assert sm.names("tensord-state") != []
+    c.close()
+
+
+def test_a_damaged_log_keeps_what_came_before_the_damage(sm):
+    c = tensord.connect(sm.socket)
+    c.put("first", np.arange(100))
+    c.put("second", np.arange(200))
+    [log] = sm.names("tensord-state")
+    fd = sm.fd_of(log)
+    size = os.fstat(fd).st_size
+    # The last record (the step that published "second"): one byte flipped.
+    b = os.pread(fd, 1, size - 3)
+    os.pwrite(fd, bytes([b[0] ^ 0xFF]), size - 3)
+    sm.put_foreign("tensord-state.999999", b"not a log at all")
+    sm.restart()
+    c2 = tensord.connect(sm.socket)
+    assert [i.name for i in c2.list()] == ["first"]
+    with c2.attach("first") as t:
+        assert (np.from_dlpack(t) == np.arange(100)).all()
+    log_text = sm.read_log()
+    assert "checksum is wrong" in log_text
+    assert "tensord-state.999999: not a state log" in log_text
+    # The old logs left the store: one log, the new one.
+    assert len(sm.names("tensord-state")) == 1
+    c.close()
+    c2.close()
+
+
+def test_memory_under_a_name_that_is_not_its_own_is_refused(sm):
+    c = tensord.connect(sm.socket)
+    c.put("x", np.arange(1 << 16), sealed=True)
+    [mem] = sm.names("tm.")
+    # Swap the memory stored under x's name for another file.
+    with sm.lock:
+        for fd in sm.store.pop(mem):
+            os.close(fd)
+    sm.put_foreign(mem, b"\0" * (1 << 19))
+    sm.restart()
+    c2 = tensord.connect(sm.socket)
+    assert [i.name for i in c2.list()] == []
+    text = sm.read_log()
+    assert "is another file" in text and "did not come back" in text
+    # Its generation still goes on.
+    assert c2.put("x", np.zeros(2)) == 2
+    c.close()
+    c2.close()
+
+
+def test_the_store_limit_is_never_exceeded(tmp_path):
+    m = ServiceManager(tmp_path, max_fds=4)
+    m.start()
+    try:
+        c = tensord.connect(m.socket)
+        for i in range(8):
+            c.put(f"t{i}", np.full(1 << 16, i, dtype=np.int64), sealed=True)
+        assert m.most <= 4
+        m.restart()
+        c2 = tensord.connect(m.socket)
+        names = [i.name for i in c2.list()]
+        # The log takes one descriptor and keeps one for its successor:
+        # two tensors' memory fit.
+        assert names == ["t0", "t1"], names
+        for n in names:
+            with c2.attach(n) as t:
+                assert (np.from_dlpack(t) == int(n[1:])).all()
+        assert "store is full" in m.read_log()
+        c.close()
+        c2.close()
+    finally:
+        m.close()
+    assert not m.violations, m.violations
+
+
+def test_a_small_log_is_rewritten_whole_and_restores_the_same(tmp_path):
+    m = ServiceManager(tmp_path, args=["--state-log-size", "4096"])
+    m.start()
+    try:
+        c = tensord.connect(m.socket)
+        for i in range(60):
+            c.put(f"n{i % 7}", np.full(8, i, dtype=np.int32), replace=True)
+        before = snapshot(c)
+        assert "wrote the whole state anew" in m.read_log()
+        m.restart()
+        c2 = tensord.connect(m.socket)
+        assert snapshot(c2) == before
+        c.close()
+        c2.close()
+    finally:
+        m.close()
+    assert not m.violations, m.violations
+
+
+def test_without_a_store_nothing_is_kept(tmp_path):
+    m = ServiceManager(tmp_path, args=["--fdstore", "0"])
+    m.start()
+    try:
+        c = tensord.connect(m.socket)
+        c.put("x", np.arange(3))
+        assert m.names() == []
+        m.restart()
+        assert tensord.connect(m.socket).list() == []
+        c.close()
+    finally:
+        m.close()
