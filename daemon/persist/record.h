@@ -64,8 +64,8 @@ struct rec_entry {
 
 /* Of an ENTRY_PUBLISHED, after the entry: where its bytes are. */
 struct rec_memory {
-	uint64_t nbytes, offset;   /* in its memory */
-	uint64_t dev, ino, size;   /* its memory's identity (fstat) and size */
+	uint64_t nbytes, offset; /* in its memory */
+	uint64_t dev, ino, size; /* its memory's identity (fstat) and size */
 };
 
 /*

@@ -68,8 +68,7 @@ static void mem_remove(struct state *st, struct st_mem *m)
 	int r = sdnotify_fdstore_remove(m->name);
 
 	if (r < 0)
-		log_warn("state: removing %s from the descriptor store: %s", m->name,
-			 strerror(-r));
+		log_warn("state: removing %s from the descriptor store: %s", m->name, strerror(-r));
 	RB_REMOVE(st_mems, &st->mems, m);
 	st->fig.stored--;
 	free(m);

@@ -33,8 +33,8 @@ struct state_figures {
 	bool on;                   /* the store is in use */
 	uint64_t restored_tensors; /* put back at start */
 	uint64_t restored_bytes;
-	uint64_t dropped; /* records or memory refused at start, each logged */
-	uint64_t stored;  /* descriptors in the store now: memory and the log */
+	uint64_t dropped;     /* records or memory refused at start, each logged */
+	uint64_t stored;      /* descriptors in the store now: memory and the log */
 	uint64_t unprotected; /* published tensors that would not survive a restart now */
 	uint64_t log_bytes;   /* of the current state log */
 	uint64_t compactions;

@@ -34,8 +34,8 @@
 struct rp_name {
 	RB_ENTRY(rp_name) link;
 	struct rec_entry e;
-	struct rec_memory m;  /* ENTRY_PUBLISHED */
-	const uint8_t *dims;  /* shape then strides, in the mapped log */
+	struct rec_memory m; /* ENTRY_PUBLISHED */
+	const uint8_t *dims; /* shape then strides, in the mapped log */
 	char name[];
 };
 
@@ -125,9 +125,10 @@ static bool apply_step(struct replay *rp, const uint8_t *body, size_t len, const
 			*why = "an entry past the end of its step";
 			return false;
 		}
-		fixed = sizeof(e) + (e.kind == ENTRY_PUBLISHED ? sizeof(struct rec_memory) +
-									 2 * (size_t)e.ndim * sizeof(int64_t)
-							       : 0);
+		fixed = sizeof(e) +
+			(e.kind == ENTRY_PUBLISHED
+				 ? sizeof(struct rec_memory) + 2 * (size_t)e.ndim * sizeof(int64_t)
+				 : 0);
 		n = calloc(1, sizeof(*n) + e.name_len + 1);
 		if (!n) {
 			*why = "out of memory";
@@ -340,8 +341,7 @@ int st_restore(struct state *st, uint64_t *ret_serial, char *why, size_t why_len
 			map = MAP_FAILED;
 		else
 			map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, v[i].fd, 0);
-		if (map != MAP_FAILED &&
-		    log_begin(&v[i], map, (size_t)sb.st_size, &h, &bg) &&
+		if (map != MAP_FAILED && log_begin(&v[i], map, (size_t)sb.st_size, &h, &bg) &&
 		    (!best || bg.serial > best_bg.serial)) {
 			if (best)
 				munmap((void *)rp.map, rp.map_len);

@@ -28,8 +28,8 @@
 #include "registry.h"
 #include "registry_int.h"
 
-struct reg_arena *registry_restore_memory(struct registry *reg, int fd, uint64_t size,
-					  uint32_t uid, uint32_t gid, uint32_t mode)
+struct reg_arena *registry_restore_memory(struct registry *reg, int fd, uint64_t size, uint32_t uid,
+					  uint32_t gid, uint32_t mode)
 {
 	struct reg_device *dev = registry_device(reg, (DLDevice){ kDLCPU, 0 });
 	struct reg_arena *a;
@@ -67,8 +67,8 @@ void registry_restore_memory_done(struct registry *reg, struct reg_arena *a)
 	reg_arena_close(reg, a);
 }
 
-int registry_restore_tensor(struct registry *reg, struct reg_arena *a,
-			    const struct reg_restore *r, char *why, size_t why_len)
+int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const struct reg_restore *r,
+			    char *why, size_t why_len)
 {
 	int64_t strides[TENSORD_NDIM_MAX];
 	struct tensor *t;
@@ -90,8 +90,8 @@ int registry_restore_tensor(struct registry *reg, struct reg_arena *a,
 		snprintf(why, why_len, "%s", reason);
 		return rc;
 	}
-	if (nbytes != r->nbytes || r->offset > a->alloc.size || nbytes > a->alloc.size - r->offset ||
-	    nbytes > a->spare) {
+	if (nbytes != r->nbytes || r->offset > a->alloc.size ||
+	    nbytes > a->alloc.size - r->offset || nbytes > a->spare) {
 		snprintf(why, why_len,
 			 "%llu bytes at offset %llu do not fit its memory of %llu bytes "
 			 "(%llu left)",

@@ -42,7 +42,7 @@ os.execve(sys.argv[3 + n], sys.argv[3 + n:], env)
 
 
 class ServiceManager:
-    def __init__(self, tmp_path, max_fds=4096, args=(), binary="tensord"):
+    def __init__(self, tmp_path, max_fds=4096, args=(), binary="tensord", socket_unit=False):
         self.dir = tmp_path
         self.socket = str(tmp_path / "tensord.sock")
         self.notify_path = str(tmp_path / "notify.sock")
@@ -61,6 +61,13 @@ class ServiceManager:
         self.sock.bind(self.notify_path)
         self.sock.settimeout(0.2)
         self.stopping = False
+        # A socket unit's listening socket, kept across restarts as systemd
+        # keeps it: passed as "tensord.socket" among the stored ones.
+        self.listener = None
+        if socket_unit:
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.listener.bind(self.socket)
+            self.listener.listen(128)
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -128,7 +135,11 @@ class ServiceManager:
     # --- the daemon ------------------------------------------------------------
     def start(self, extra_args=(), env=None, wait=True):
         with self.lock:
-            items = [(n, fd) for n, v in sorted(self.store.items()) for fd in v]
+            items = [(n, fd) for n, v in self.store.items() for fd in v]
+        if self.listener:
+            items.append(("tensord.socket", self.listener.fileno()))
+        # By name: the daemon must recognise each by its name or type, not its place.
+        items.sort()
         r, w = os.pipe()
         names = ":".join(n for n, _ in items)
         fds = [fd for _, fd in items]
@@ -179,6 +190,8 @@ class ServiceManager:
         self.stopping = True
         self.thread.join(5)
         self.sock.close()
+        if self.listener:
+            self.listener.close()
         with self.lock:
             for v in self.store.values():
                 for fd in v:
