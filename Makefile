@@ -255,6 +255,8 @@ UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c commo
 UNIT_DEPS_test_gpu_vendor  := common/vendor.c common/names.c common/desc.c common/errors.c
 UNIT_DEPS_test_pool        := daemon/memory/pool.c daemon/base/log.c common/paths.c
 UNIT_DEPS_test_slab        := daemon/memory/slab.c common/sys.c
+UNIT_DEPS_test_record      := daemon/persist/record.c
+$(B)/tests/unit/test_record: LDLIBS += $(ZLIB_LIBS)
 UNIT_DEPS_test_sys         := common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memory/memlimit.c
 UNIT_DEPS_test_ratelimit   := daemon/base/ratelimit.c daemon/base/log.c common/paths.c
@@ -371,7 +373,7 @@ test-asan:
 		$(PYTEST) -q -rs tests/integration
 	$(Q)ASAN_OPTIONS=detect_leaks=1 TENSORD_BUILD=$(abspath build-asan) TENSORD_SANITIZED=1 \
 		PYTHONPATH=$(abspath $(B))/python $(PYTEST_GPU) -q -rs tests/python/test_gpu_remote.py \
-		-k "not rate_report"
+		tests/python/test_restart.py -k "not rate_report"
 
 # The threads (the GPU worker, the host pool's worker, the client's flusher)
 # under ThreadSanitizer: the unit tests that run them, and the daemon over the

@@ -244,6 +244,14 @@ void backend_host_set_pool(uint64_t budget);
 void backend_host_keep_contents(void);
 
 /*
+ * With the descriptor store on (docs/restart.md): slab slots freed during a
+ * commit step are zeroed and reused only at backend_host_flush_frees(),
+ * which the loop calls after each step's record is written.
+ */
+void backend_host_defer_frees(void);
+void backend_host_flush_frees(void);
+
+/*
  * How long a GPU backend keeps a device's context after the device's last
  * tensor went (--gpu-context-hold), in milliseconds: a create within that
  * time finds the context still there instead of making a new one, which

@@ -450,6 +450,17 @@ void backend_host_keep_contents(void)
 	slabs.keep_contents = true;
 }
 
+void backend_host_defer_frees(void)
+{
+	slabs.defer_frees = true;
+}
+
+void backend_host_flush_frees(void)
+{
+	if (slabs.n_pending)
+		slabs_flush(&slabs);
+}
+
 const struct backend_ops backend_host = {
 	.name = "host",
 	.device_type = kDLCPU,

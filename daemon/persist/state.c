@@ -133,10 +133,9 @@ static struct st_mem *mem_of(struct state *st, const struct tensor *t, struct st
 
 static struct st_name *name_find(struct state *st, const char *name)
 {
-	struct st_name *key = (struct st_name *)(name - offsetof(struct st_name, name));
+	struct st_name key = { .name = name };
 
-	/* Only key->name is read: cmp_names() compares names. */
-	return RB_FIND(st_names, &st->names, key);
+	return RB_FIND(st_names, &st->names, &key);
 }
 
 /* name's entry, made when it has none; NULL out of memory. */
@@ -149,7 +148,8 @@ static struct st_name *name_get(struct state *st, const char *name, size_t len)
 	n = calloc(1, sizeof(*n) + len + 1);
 	if (!n)
 		return NULL;
-	memcpy(n->name, name, len);
+	memcpy(n->buf, name, len);
+	n->name = n->buf;
 	RB_INSERT(st_names, &st->names, n);
 	return n;
 }

@@ -25,7 +25,8 @@ struct st_name {
 	RB_ENTRY(st_name) link;
 	struct st_mem *mem; /* NULL: it would not survive a restart */
 	bool unprotected;   /* counted in fig.unprotected */
-	char name[];
+	const char *name;   /* in buf[] (a lookup's key points elsewhere) */
+	char buf[];
 };
 
 RB_HEAD(st_mems, st_mem);

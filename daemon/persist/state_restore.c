@@ -26,6 +26,7 @@
 
 #include "daemon/base/log.h"
 #include "daemon/base/sdnotify.h"
+#include "daemon/memory/backend.h"
 
 #define STATE_PREFIX "tensord-state"
 #define MEMORY_PREFIX "tm."
@@ -493,6 +494,7 @@ int state_start(struct state **ret, struct registry *reg, uint64_t max_fds, uint
 		return r;
 	}
 	drop_old_logs();
+	backend_host_defer_frees();
 	*ret = st;
 	return 0;
 }

@@ -171,8 +171,10 @@ class ServiceManager:
 
     def kill(self, sig=signal.SIGKILL):
         self.proc.send_signal(sig)
-        self.proc.wait(timeout=30)
+        rc = self.proc.wait(timeout=30)
         self.log.close()
+        if sig != signal.SIGKILL and rc != 0:
+            self.violations.append(f"the daemon exited with {rc} on signal {sig}")
 
     def restart(self, sig=signal.SIGKILL, **kw):
         self.kill(sig)
@@ -189,6 +191,10 @@ class ServiceManager:
             self.kill(signal.SIGTERM)
         self.stopping = True
         self.thread.join(5)
+        text = self.read_log()
+        for bad in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
+            if bad in text:
+                self.violations.append(f"the daemon's log reports {bad}")
         self.sock.close()
         if self.listener:
             self.listener.close()
