@@ -153,6 +153,7 @@ static void on_bind_due(uv_prepare_t *h)
 	/* Every step of the iteration is recorded (docs/restart.md): the slab
 	 * slots it freed may be zeroed now. */
 	backend_host_flush_frees();
+	state_flush(srv->state);
 	if (registry_bind_due() && !uv_is_active((uv_handle_t *)&srv->bind_wake))
 		uv_timer_start(&srv->bind_wake, on_bind_wake, BIND_WAKE_MS, 0);
 }

@@ -252,6 +252,14 @@ void backend_host_defer_frees(void);
 void backend_host_flush_frees(void);
 
 /*
+ * fn(fd) is called with each host memory descriptor the daemon is about to
+ * close for good (a tensor's memfd, a ring buffer, a set allocation, an
+ * empty slab), on the loop thread: the descriptor store lets go of it
+ * then (docs/restart.md). NULL: none.
+ */
+void backend_host_set_release_hook(void (*fn)(int fd));
+
+/*
  * How long a GPU backend keeps a device's context after the device's last
  * tensor went (--gpu-context-hold), in milliseconds: a create within that
  * time finds the context still there instead of making a new one, which

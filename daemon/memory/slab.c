@@ -275,6 +275,8 @@ static void free_now(struct slabs *s, struct slab *sl, uint64_t off, uint64_t le
 		}
 	}
 	s->n_slabs--;
+	if (s->on_close)
+		s->on_close(sl->fd);
 	slab_close(sl);
 }
 

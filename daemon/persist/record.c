@@ -81,6 +81,15 @@ int rec_check(const uint8_t *p, size_t size, size_t off, struct rec_head *ret_he
 
 	if (off == size)
 		return 1;
+	/* A log is allocated ahead: zeros where the next head would be are its
+	 * end (a head is written after its body, record.h). */
+	{
+		static const uint8_t zero[sizeof(h)];
+		size_t n = size - off < sizeof(h) ? size - off : sizeof(h);
+
+		if (memcmp(p + off, zero, n) == 0)
+			return 1;
+	}
 	if (size - off < sizeof(h)) {
 		*why = "a record cut short (a write the daemon did not finish)";
 		return -1;

@@ -9,7 +9,9 @@
  *   crc    = CRC-32 (zlib's) of the head with crc 0, then of the body
  *
  * The first record of a log is BEGIN; every later one is a STEP, the
- * changes of one commit step, applied whole or not at all. Reading stops
+ * changes of one commit step, applied whole or not at all. A record's body
+ * is written before its head, and the log is allocated ahead with zeros:
+ * a head of zeros is the log's end. Reading stops
  * at the first record that is not whole and checked (a torn write, damage,
  * another lineage, a seq out of order): it and everything after it are
  * dropped. Numbers are in the host's byte order: the log never leaves the

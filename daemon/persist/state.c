@@ -6,7 +6,7 @@
  *
  * The order that makes it crash-consistent, in every step: memory a
  * record names is stored before the record is written, the record is
- * written (one pwrite) before anyone hears of the step, and memory no name
+ * written (one copy into the mapped log) before anyone hears of the step, and memory no name
  * is in any more is removed after it. A kill -9 between any two of them
  * leaves memory in the store that no record names (removed at the next
  * start), never a record whose memory is missing.
@@ -14,6 +14,8 @@
 #include "state_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,9 +64,17 @@ struct st_mem *st_mem_add(struct state *st, uint64_t dev, uint64_t ino)
 	return m;
 }
 
-/* m holds no name any more: out of the store (after the record that says so). */
+static struct st_fd_cache *fd_cached(struct state *st, int fd)
+{
+	return &st->fd_cache[(unsigned)fd % (sizeof(st->fd_cache) / sizeof(st->fd_cache[0]))];
+}
+
+/* m, freed: out of the store (after the record of the step that freed it). */
 static void mem_remove(struct state *st, struct st_mem *m)
 {
+	for (size_t i = 0; i < sizeof(st->fd_cache) / sizeof(st->fd_cache[0]); i++)
+		if (st->fd_cache[i].m == m)
+			st->fd_cache[i] = (struct st_fd_cache){ .fd = -1 };
 	int r = sdnotify_fdstore_remove(m->name);
 
 	if (r < 0)
@@ -97,14 +107,22 @@ static struct st_mem *mem_of(struct state *st, const struct tensor *t, struct st
 {
 	int fd = memory_fd(t), r;
 	struct st_mem key, *m;
+	struct st_fd_cache *fc;
 
-	if (fd < 0 || fstat(fd, ret_st) < 0)
+	if (fd < 0)
+		return NULL;
+	fc = fd_cached(st, fd);
+	if (fc->fd == fd && fc->m && !fc->m->freed) {
+		ret_st->st_size = (off_t)fc->size;
+		return fc->m;
+	}
+	if (fstat(fd, ret_st) < 0)
 		return NULL;
 	key.dev = (uint64_t)ret_st->st_dev;
 	key.ino = (uint64_t)ret_st->st_ino;
 	m = RB_FIND(st_mems, &st->mems, &key);
-	if (m)
-		return m;
+	if (m && !m->freed)
+		goto found;
 	/* One descriptor stays free: a log's successor is stored before it goes. */
 	if (st->fig.stored + 1 >= st->max_fds) {
 		if (!st->full_warned)
@@ -128,6 +146,8 @@ static struct st_mem *mem_of(struct state *st, const struct tensor *t, struct st
 		free(m);
 		return NULL;
 	}
+found:
+	*fc = (struct st_fd_cache){ .fd = fd, .m = m, .size = (uint64_t)ret_st->st_size };
 	return m;
 }
 
@@ -154,18 +174,53 @@ static struct st_name *name_get(struct state *st, const char *name, size_t len)
 	return n;
 }
 
-/* n's name is no longer in m: m goes once the step's record is written. */
-static void mem_unref(struct state *st, struct st_mem *m)
+/* n's name is no longer in m; m stays stored while the daemon keeps it. */
+static void mem_unref(struct st_mem *m)
 {
-	if (m && --m->refs == 0) {
-		if (st->n_gone == ST_GONE_MAX) {
-			/* More than a step removes at once: remove it now, still
-			 * after the records that named it. */
+	if (m)
+		m->refs--;
+}
+
+/*
+ * The release hook (backend_host_set_release_hook()): the daemon is about
+ * to close memory fd. If it is stored, it leaves the store at the next
+ * flush, after the record of the step that freed it: removed before, a
+ * crash would restore that step's predecessor without its memory.
+ */
+static struct state *hooked;
+
+static void on_release(int fd)
+{
+	struct state *st = hooked;
+	struct st_mem key, *m;
+	struct stat sb;
+
+	if (!st || st->stopped)
+		return;
+	if (fd_cached(st, fd)->fd == fd)
+		*fd_cached(st, fd) = (struct st_fd_cache){ .fd = -1 };
+	if (fstat(fd, &sb) < 0)
+		return;
+	key.dev = (uint64_t)sb.st_dev;
+	key.ino = (uint64_t)sb.st_ino;
+	m = RB_FIND(st_mems, &st->mems, &key);
+	if (!m || m->freed)
+		return;
+	m->freed = true;
+	if (st->n_gone == st->cap_gone) {
+		size_t cap = st->cap_gone ? 2 * st->cap_gone : 64;
+		struct st_mem **v = realloc(st->gone, cap * sizeof(*v));
+
+		if (!v) {
+			/* Out of memory: now, and a crash before the record may
+			 * lose the version this step replaced. */
 			mem_remove(st, m);
 			return;
 		}
-		st->gone[st->n_gone++] = m;
+		st->gone = v;
+		st->cap_gone = cap;
 	}
+	st->gone[st->n_gone++] = m;
 }
 
 /* Points n at m (NULL: t does not survive), counting both. */
@@ -173,7 +228,7 @@ static void name_set(struct state *st, struct st_name *n, struct st_mem *m, bool
 {
 	if (m)
 		m->refs++;
-	mem_unref(st, n->mem);
+	mem_unref(n->mem);
 	if (!n->mem && n->unprotected)
 		st->fig.unprotected--;
 	n->mem = m;
@@ -248,32 +303,78 @@ void st_put_unlinked(struct rec_buf *b, const struct reg_change *c)
 	rec_put(b, NULL, rec_entry_size(&e) - sizeof(e) - c->name_len);
 }
 
-/* Appends the record in st->buf to the log: 0 or -errno. */
-static int log_append(struct state *st)
+/* Room for n more bytes in l: allocated and mapped. 0 or -errno. */
+static int slog_room(struct st_log *l, uint64_t n)
 {
-	ssize_t n;
+	uint64_t cap = l->cap;
+	void *map;
+	int r;
+
+	if (l->off + n <= l->cap)
+		return 0;
+	while (cap < l->off + n)
+		cap += LOG_CHUNK;
+	r = fallocate(l->fd, 0, (off_t)l->cap, (off_t)(cap - l->cap));
+	if (r < 0)
+		return -errno;
+	map = l->map ? mremap(l->map, l->cap, cap, MREMAP_MAYMOVE)
+		     : mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_SHARED, l->fd, 0);
+	if (map == MAP_FAILED)
+		return -errno;
+	l->map = map;
+	l->cap = cap;
+	return 0;
+}
+
+/*
+ * Appends len bytes of sealed records at p to l: the bodies first, each
+ * head last, so a record whose head is not yet written reads as the end
+ * of the log and one cut anywhere else fails its checksum.
+ */
+static int slog_write(struct st_log *l, const uint8_t *p, size_t len)
+{
+	int r = slog_room(l, len);
+
+	if (r < 0)
+		return r;
+	memcpy(l->map + l->off + sizeof(struct rec_head), p + sizeof(struct rec_head),
+	       len - sizeof(struct rec_head));
+	atomic_signal_fence(memory_order_seq_cst); /* the compiler keeps the order */
+	memcpy(l->map + l->off, p, sizeof(struct rec_head));
+	l->off += len;
+	return 0;
+}
+
+static void slog_close(struct st_log *l)
+{
+	if (l->map)
+		munmap(l->map, l->cap);
+	if (l->fd >= 0)
+		close(l->fd);
+	*l = (struct st_log){ .fd = -1 };
+}
+
+/* Appends the record in st->buf to the log: 0 or -errno. */
+static int slog_append(struct state *st)
+{
+	int r;
 
 	if (st->buf.failed)
 		return -ENOMEM;
 	rec_seal(&st->buf, ++st->seq, st->lineage);
-	do
-		n = pwrite(st->log_fd, st->buf.p, st->buf.len, (off_t)st->log_off);
-	while (n < 0 && errno == EINTR);
-	if (n != (ssize_t)st->buf.len) {
-		int e = n < 0 ? errno : ENOSPC;
-
-		/* A torn record is ignored at the next start; the next one
-		 * goes over it. */
+	r = slog_write(&st->log, st->buf.p, st->buf.len);
+	if (r < 0) {
 		st->seq--;
-		return -e;
+		return r;
 	}
-	st->log_off += st->buf.len;
-	st->fig.log_bytes = st->log_off;
+	st->fig.log_bytes = st->log.off;
 	return 0;
 }
 
-static void end_step(struct state *st)
+void state_flush(struct state *st)
 {
+	if (!st)
+		return;
 	for (size_t i = 0; i < st->n_gone; i++)
 		mem_remove(st, st->gone[i]);
 	st->n_gone = 0;
@@ -313,8 +414,8 @@ void state_on_commit(struct state *st, const struct reg_change *v, size_t n, boo
 			name_drop(st, nm);
 		}
 	}
-	r = lost ? -ENOMEM : log_append(st);
-	if (r == 0 && st->log_off > st->log_max)
+	r = lost ? -ENOMEM : slog_append(st);
+	if (r == 0 && st->log.off > st->log_max)
 		r = -EFBIG;
 	if (r < 0) {
 		/* The log cannot take the step (full, out of memory, a change
@@ -330,7 +431,7 @@ void state_on_commit(struct state *st, const struct reg_change *v, size_t n, boo
 			st->broken_warned = true;
 		}
 	}
-	end_step(st);
+	state_flush(st);
 }
 
 /* --- a whole log: the state in one step ------------------------------------------ */
@@ -378,17 +479,18 @@ static void snap_tomb(void *arg, const struct reg_change *c)
 	s->n++;
 }
 
-/* A new log memfd with the whole state in it, not yet stored: its fd or -errno. */
-static int log_write_whole(struct state *st, bool count, uint64_t serial, uint64_t *ret_off)
+/* A new log in *l with the whole state in it, not yet stored: 0 or -errno. */
+static int slog_write_whole(struct state *st, bool count, uint64_t serial, struct st_log *l)
 {
 	struct rec_begin bg = { .serial = serial };
 	struct rec_step sh = { 0 };
 	struct snap s = { .st = st, .count = count };
-	struct rec_buf whole = { 0 };
 	struct timespec ts;
-	ssize_t w;
-	int fd, r = 0;
+	int r;
 
+	*l = (struct st_log){ .fd = memfd_create("tensord-state", MFD_CLOEXEC) };
+	if (l->fd < 0)
+		return -errno;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	bg.next_commit = sh.next_commit = st->reg->next_commit;
 	bg.gen_floor = sh.gen_floor = st->reg->gen_floor;
@@ -398,7 +500,7 @@ static int log_write_whole(struct state *st, bool count, uint64_t serial, uint64
 	rec_begin(&st->buf, REC_BEGIN);
 	rec_put(&st->buf, &bg, sizeof(bg));
 	rec_seal(&st->buf, ++st->seq, st->lineage);
-	rec_put(&whole, st->buf.p, st->buf.len);
+	r = st->buf.failed ? -ENOMEM : slog_write(l, st->buf.p, st->buf.len);
 	/* Then every name as one step. */
 	rec_begin(&st->buf, REC_STEP);
 	rec_put(&st->buf, &sh, sizeof(sh));
@@ -408,53 +510,38 @@ static int log_write_whole(struct state *st, bool count, uint64_t serial, uint64
 		memcpy(st->buf.p + sizeof(struct rec_head) + offsetof(struct rec_step, n), &s.n,
 		       sizeof(s.n));
 	rec_seal(&st->buf, ++st->seq, st->lineage);
-	rec_put(&whole, st->buf.p, st->buf.len);
-	if (st->buf.failed || whole.failed) {
-		free(whole.p);
-		return -ENOMEM;
-	}
-	fd = memfd_create("tensord-state", MFD_CLOEXEC);
-	if (fd < 0)
-		r = -errno;
-	w = r < 0 ? 0 : pwrite(fd, whole.p, whole.len, 0);
-	if (r == 0 && w != (ssize_t)whole.len)
-		r = w < 0 ? -errno : -ENOSPC;
-	free(whole.p);
-	if (r < 0) {
-		if (fd >= 0)
-			close(fd);
-		return r;
-	}
-	*ret_off = (uint64_t)w;
-	return fd;
+	if (r == 0)
+		r = st->buf.failed ? -ENOMEM : slog_write(l, st->buf.p, st->buf.len);
+	if (r < 0)
+		slog_close(l);
+	return r;
 }
 
 int st_log_start(struct state *st, bool count, uint64_t serial)
 {
 	char name[sizeof(st->log_name)];
-	uint64_t off;
-	int fd = log_write_whole(st, count, serial, &off), r;
+	struct st_log l;
+	int r = slog_write_whole(st, count, serial, &l);
 
-	if (fd < 0)
-		return fd;
+	if (r < 0)
+		return r;
 	snprintf(name, sizeof(name), "tensord-state.%" PRIu64, serial);
-	r = sdnotify_fdstore(fd, name);
+	r = sdnotify_fdstore(l.fd, name);
 	if (r < 0) {
-		close(fd);
+		slog_close(&l);
 		return r;
 	}
 	/* Stored: the new log is the state from now on; the old one goes. */
-	if (st->log_fd >= 0) {
+	if (st->log.fd >= 0) {
 		sdnotify_fdstore_remove(st->log_name);
-		close(st->log_fd);
+		slog_close(&st->log);
 	} else {
 		st->fig.stored++;
 	}
-	st->log_fd = fd;
-	st->log_off = off;
+	st->log = l;
 	st->log_serial = serial;
 	snprintf(st->log_name, sizeof(st->log_name), "%s", name);
-	st->fig.log_bytes = off;
+	st->fig.log_bytes = l.off;
 	return 0;
 }
 
@@ -465,7 +552,7 @@ int st_log_rewrite(struct state *st)
 	if (r == 0) {
 		st->fig.compactions++;
 		log_info("state: wrote the whole state anew in %s (%" PRIu64 " bytes)",
-			 st->log_name, st->log_off);
+			 st->log_name, st->log.off);
 	}
 	return r;
 }
@@ -477,6 +564,10 @@ void state_stop(struct state *st)
 
 	if (!st)
 		return;
+	if (hooked == st) {
+		hooked = NULL;
+		backend_host_set_release_hook(NULL);
+	}
 	/* The store keeps everything: the next start restores it. */
 	RB_FOREACH_SAFE(n, st_names, &st->names, nn)
 	{
@@ -488,9 +579,9 @@ void state_stop(struct state *st)
 		RB_REMOVE(st_mems, &st->mems, m);
 		free(m);
 	}
-	if (st->log_fd >= 0)
-		close(st->log_fd);
+	slog_close(&st->log);
 	free(st->buf.p);
+	free(st->gone);
 	free(st);
 }
 
@@ -500,6 +591,12 @@ void state_freeze(struct state *st)
 		return;
 	st->stopped = true;
 	backend_host_keep_contents();
+}
+
+void st_hook(struct state *st)
+{
+	hooked = st;
+	backend_host_set_release_hook(on_release);
 }
 
 uint64_t state_lineage(const struct state *st)

@@ -61,6 +61,12 @@ int state_start(struct state **ret, struct registry *reg, uint64_t max_fds, uint
 void state_on_commit(struct state *st, const struct reg_change *v, size_t n, bool lost);
 
 /*
+ * After every commit step of a loop iteration is recorded: memory the
+ * daemon freed leaves the store. NULL-safe.
+ */
+void state_flush(struct state *st);
+
+/*
  * Shutdown has begun: what is unlinked or freed from now on is not
  * recorded, so the store keeps every tensor for the next start. NULL-safe.
  */

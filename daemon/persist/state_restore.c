@@ -479,7 +479,9 @@ int state_start(struct state **ret, struct registry *reg, uint64_t max_fds, uint
 	st->reg = reg;
 	st->max_fds = max_fds;
 	st->log_max = log_max ? log_max : STATE_LOG_DEFAULT;
-	st->log_fd = -1;
+	st->log.fd = -1;
+	for (size_t i = 0; i < sizeof(st->fd_cache) / sizeof(st->fd_cache[0]); i++)
+		st->fd_cache[i].fd = -1;
 	RB_INIT(&st->mems);
 	RB_INIT(&st->names);
 	r = st_restore(st, &serial, why, why_len);
@@ -495,6 +497,7 @@ int state_start(struct state **ret, struct registry *reg, uint64_t max_fds, uint
 	}
 	drop_old_logs();
 	backend_host_defer_frees();
+	st_hook(st);
 	*ret = st;
 	return 0;
 }

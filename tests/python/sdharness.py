@@ -54,6 +54,7 @@ class ServiceManager:
         self.violations = []     # systemd's rules the daemon broke
         self.most = 0            # the most descriptors stored at once
         self.ready = threading.Event()
+        self.synced = self.sync_sent = 0
         self.lock = threading.Lock()
         self.proc = None
         self.log = None
@@ -85,6 +86,9 @@ class ServiceManager:
     def _handle(self, text, fds):
         kv = dict(line.split("=", 1) for line in text.split("\n") if "=" in line)
         with self.lock:
+            if "X-SYNC" in kv:
+                self.synced = int(kv["X-SYNC"])
+                return
             if kv.get("READY") == "1":
                 self.ready.set()
             if kv.get("FDSTORE") == "1":
@@ -117,11 +121,27 @@ class ServiceManager:
     def count(self):
         return sum(len(v) for v in self.store.values())
 
+    def sync(self):
+        """Returns once every message sent to the notify socket before it is handled."""
+        self.sync_sent += 1
+        n = self.sync_sent
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(f"X-SYNC={n}".encode(), self.notify_path)
+        for _ in range(2000):
+            with self.lock:
+                if self.synced >= n:
+                    return
+            threading.Event().wait(0.005)
+        raise TimeoutError("the service manager's thread is stuck")
+
     def names(self, prefix=""):
+        """What is stored, by name, once what was sent so far is handled."""
+        self.sync()
         with self.lock:
             return sorted(n for n in self.store if n.startswith(prefix))
 
     def fd_of(self, name):
+        self.sync()
         with self.lock:
             return self.store[name][0]
 
