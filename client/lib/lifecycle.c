@@ -269,6 +269,8 @@ void td_retry_begin(struct td_retry *rt, tensord_client *c, int timeout_ms)
 
 uint64_t td_after_for(const tensord_client *cur, const struct td_retry *rt, uint64_t after)
 {
+	if (!after || !rt) /* nothing to keep, or no wait (NULL) */
+		return after;
 	if (cur->epoch == rt->epoch || (rt->lineage && cur->lineage == rt->lineage))
 		return after;
 	return 0;
