@@ -20,6 +20,7 @@
 #include "metrics.h"
 #include "metrics_http.h"
 #include "options.h"
+#include "hold.h"
 #include "prometheus.h"
 #include "reply.h"
 #include "daemon/base/sdnotify.h"
@@ -125,6 +126,8 @@ int main(int argc, char **argv)
 	int ready_fd = -1, r;
 
 	log_init();
+	if (argc == 3 && strcmp(argv[1], "--hold") == 0)
+		return hold_main(argv[2]);
 	sdnotify_init();
 	r = options_parse(argc, argv, &srv.cfg, &ready_fd);
 	if (r >= 0)
@@ -154,9 +157,15 @@ int main(int argc, char **argv)
 		char why[400];
 		const char *env = getenv("FDSTORE");
 		uint64_t max = srv.cfg.fdstore_set ? srv.cfg.fdstore_max
+			       : srv.cfg.holder[0] ? 65536
 			       : env && *env       ? strtoull(env, NULL, 10)
 						   : 0;
 
+		r = srv.cfg.holder[0] ? sdnotify_use_holder(srv.cfg.holder, why, sizeof(why)) : 0;
+		if (r < 0) {
+			fprintf(stderr, "tensord: %s\n", why);
+			return 1;
+		}
 		r = state_start(&srv.state, &srv.reg, max, srv.cfg.state_log_size, why,
 				sizeof(why));
 		if (r < 0) {
@@ -169,6 +178,10 @@ int main(int argc, char **argv)
 	}
 	r = server_listen(&srv);
 	sdnotify_passed_end();
+	/* A socket the daemon bound itself is stored too: clients of the next
+	 * daemon connect to it, and wait in its backlog meanwhile. */
+	if (r == 0 && srv.state && !srv.socket_inherited)
+		srv.socket_stored = state_store_listener(srv.state, srv.listen_fd) == 0;
 	if (r < 0) {
 		fprintf(stderr, "tensord: cannot listen on %s: %s\n", srv.cfg.socket_path,
 			r == -EADDRINUSE ? "another tensord is running there"

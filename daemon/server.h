@@ -61,6 +61,7 @@ struct server_config {
 	uint64_t fdstore_max;        /* --fdstore: descriptors the store may keep; 0: off */
 	bool fdstore_set;            /* --fdstore given (else $FDSTORE says) */
 	uint64_t state_log_size;     /* --state-log-size; 0: the default */
+	char holder[100];            /* --holder DIR; "": systemd's store, if any */
 	bool metrics_per_uid;        /* the HTTP metrics show every uid's usage */
 	struct peer_config peer;     /* peering (peer.h); off unless --peer-listen or --peer */
 	struct remote_config remote; /* --export, --replica-keep, --peer-max-inflight */
@@ -84,6 +85,7 @@ struct server {
 	struct state *state;
 	int listen_fd;
 	bool socket_inherited; /* passed by systemd: not ours to unlink */
+	bool socket_stored;    /* in the descriptor store: the next daemon serves it */
 	int reserve_fd;        /* spare descriptor for shedding clients at EMFILE */
 	uv_poll_t listen_poll;
 	uv_signal_t sigterm, sigint;

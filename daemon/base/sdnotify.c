@@ -213,6 +213,103 @@ void sdnotify_passed_end(void)
 
 /* --- the file descriptor store (docs/restart.md, section 2) ------------------------- */
 
+/* Adds fd, named name, to the passed list (the holder's hand-over). */
+static int passed_add(int fd, const char *name)
+{
+	if (n_passed % 256 == 0) {
+		struct sd_passed_fd *v = realloc(passed, (n_passed + 256) * sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		passed = v;
+	}
+	passed[n_passed].fd = fd;
+	snprintf(passed[n_passed].name, sizeof(passed[n_passed].name), "%s", name);
+	n_passed++;
+	return 0;
+}
+
+int sdnotify_use_holder(const char *dir, char *why, size_t why_len)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	static char buf[65536];
+	int s, r = 0;
+
+	if (snprintf(notify_addr.sun_path, sizeof(notify_addr.sun_path), "%s/notify", dir) >=
+		    (int)sizeof(notify_addr.sun_path) ||
+	    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/take", dir) >=
+		    (int)sizeof(sa.sun_path)) {
+		snprintf(why, why_len, "--holder %s: the path is too long", dir);
+		return -ENAMETOOLONG;
+	}
+	notify_addr.sun_family = AF_UNIX;
+	notify_addr_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) +
+				      strlen(notify_addr.sun_path) + 1);
+	s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		r = -errno;
+		snprintf(why, why_len,
+			 "--holder %s: no holder answers at %s: %s (start one "
+			 "with tensord --hold %s)",
+			 dir, sa.sun_path, strerror(errno), dir);
+		if (s >= 0)
+			close(s);
+		return r;
+	}
+	/* LISTEN_FDS is not for us now: the holder's store is. */
+	unsetenv("LISTEN_PID");
+	unsetenv("LISTEN_FDS");
+	unsetenv("LISTEN_FDNAMES");
+	passed_read = true;
+	/* Messages of names ("a:b:c") with their descriptors; an empty one ends it. */
+	for (;;) {
+		union {
+			char b[CMSG_SPACE(256 * sizeof(int))];
+			struct cmsghdr align;
+		} u;
+		struct iovec iov = { buf, sizeof(buf) - 1 };
+		struct msghdr mh = { .msg_iov = &iov,
+				     .msg_iovlen = 1,
+				     .msg_control = u.b,
+				     .msg_controllen = sizeof(u.b) };
+		int fds[256], n_fds = 0;
+		ssize_t n = recvmsg(s, &mh, MSG_CMSG_CLOEXEC);
+		char *name, *save = NULL;
+
+		if (n <= 0 || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+			r = n < 0 ? -errno : -EPROTO;
+			snprintf(why, why_len,
+				 "--holder %s: the hand-over of the store broke off: %s", dir,
+				 n < 0 ? strerror(errno) : "cut short");
+			break;
+		}
+		buf[n] = '\0';
+		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+			if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+				for (size_t i = 0;
+				     i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int) && n_fds < 256;
+				     i++)
+					memcpy(&fds[n_fds++], CMSG_DATA(cm) + i * sizeof(int),
+					       sizeof(int));
+		if (!buf[0] && !n_fds)
+			break;
+		name = strtok_r(buf, ":", &save);
+		for (int i = 0; i < n_fds; i++) {
+			if (r == 0)
+				r = passed_add(fds[i], name ? name : "");
+			if (r < 0)
+				close(fds[i]);
+			name = name ? strtok_r(NULL, ":", &save) : NULL;
+		}
+		if (r < 0) {
+			snprintf(why, why_len, "--holder %s: out of memory for the store", dir);
+			break;
+		}
+	}
+	close(s);
+	return r;
+}
+
 bool sdnotify_can_store(void)
 {
 	return notify_addr_len != 0;

@@ -8,6 +8,7 @@
 #define TENSORD_SDNOTIFY_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /*
  * Reads and unsets $NOTIFY_SOCKET, so later messages go where systemd said
@@ -53,6 +54,14 @@ int sdnotify_listen_fd(const char **why);
 
 /* Closes, with a warning each, the passed descriptors nobody took. */
 void sdnotify_passed_end(void);
+
+/*
+ * Without systemd (docs/restart.md, section 6): dir is a holder's
+ * (tensord --hold dir). Its store is taken as the passed descriptors (the
+ * holder first stops the daemon it handed them to before), and later
+ * notify messages go to it. 0, or -errno with the reason (no holder).
+ */
+int sdnotify_use_holder(const char *dir, char *why, size_t why_len);
 
 /* Whether there is a service manager to store descriptors with ($NOTIFY_SOCKET). */
 bool sdnotify_can_store(void);

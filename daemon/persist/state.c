@@ -593,6 +593,22 @@ void state_freeze(struct state *st)
 	backend_host_keep_contents();
 }
 
+int state_store_listener(struct state *st, int fd)
+{
+	int r;
+
+	if (st->fig.stored + 2 > st->max_fds)
+		return -ENOSPC;
+	r = sdnotify_fdstore(fd, "tensord-listen");
+	if (r < 0) {
+		log_warn("state: storing the listening socket: %s; the next daemon binds its own",
+			 strerror(-r));
+		return r;
+	}
+	st->fig.stored++;
+	return 0;
+}
+
 void st_hook(struct state *st)
 {
 	hooked = st;

@@ -78,6 +78,9 @@ void state_freeze(struct state *st);
  */
 void state_stop(struct state *st);
 
+/* Stores the listening socket fd (bound by the daemon itself) as "tensord-listen": 0 or -errno. */
+int state_store_listener(struct state *st, int fd);
+
 /* The lineage of the state (HelloReply.lineage): kept across restarts that restore it. */
 uint64_t state_lineage(const struct state *st);
 

@@ -327,6 +327,10 @@ int st_restore(struct state *st, uint64_t *ret_serial, char *why, size_t why_len
 		snprintf(why, why_len, "the descriptors passed at start: %s", pwhy);
 		return nv;
 	}
+	/* A listening socket a daemon stored stays stored (sdnotify_listen_fd() takes it). */
+	for (int i = 0; i < nv; i++)
+		if (v[i].fd >= 0 && strcmp(v[i].name, "tensord-listen") == 0)
+			st->fig.stored++;
 	/* The newest log that begins whole is the state. */
 	for (int i = 0; i < nv; i++) {
 		struct rec_head h;

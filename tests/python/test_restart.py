@@ -73,8 +73,9 @@ def test_every_kind_of_host_tensor_survives_a_restart(sm, sig):
     assert st["restart_restored_bytes"] == sum(len(v[2]) for v in after.values())
     assert st["restart_dropped"] == 0
     # One descriptor per piece of memory (slabs of two modes, a memfd, a
-    # ring buffer, a set allocation), plus the log.
-    assert st["restart_stored_fds"] == len(sm.names()) == 6, sm.names()
+    # ring buffer, a set allocation), the log and the listening socket.
+    assert st["restart_stored_fds"] == len(sm.names()) == 7, sm.names()
+    assert "tensord-listen" in sm.names()
     # Generations go on, and so do commit ids.
     assert c2.put("ring", np.zeros(3), replace=True) == before["ring"][0] + 1
     assert c2.stat("ring").commit > top
@@ -195,18 +196,18 @@ def test_memory_under_a_name_that_is_not_its_own_is_refused(sm):
 
 
 def test_the_store_limit_is_never_exceeded(tmp_path):
-    m = ServiceManager(tmp_path, max_fds=4)
+    m = ServiceManager(tmp_path, max_fds=5)
     m.start()
     try:
         c = tensord.connect(m.socket)
         for i in range(8):
             c.put(f"t{i}", np.full(1 << 16, i, dtype=np.int64), sealed=True)
-        assert m.most <= 4
+        assert m.most <= 5
         m.restart()
         c2 = tensord.connect(m.socket)
         names = [i.name for i in c2.list()]
-        # The log takes one descriptor and keeps one for its successor:
-        # two tensors' memory fit.
+        # The log and the listening socket take one descriptor each, and one
+        # stays free for the log's successor: two tensors' memory fit.
         assert names == ["t0", "t1"], names
         for n in names:
             with c2.attach(n) as t:
@@ -276,6 +277,15 @@ def test_a_socket_unit_keeps_clients_queued_through_the_restart(tmp_path):
         assert [i.name for i in got[0]] == ["x"]
         assert "passed by the service manager" in m.read_log()
         c.close()
+        # With no daemon coming back, connecting gives up after the grace.
+        m.kill()
+        os.environ["TENSORD_RECONNECT_MS"] = "300"
+        try:
+            with pytest.raises(tensord.NoDaemonError, match="no daemon serves it"):
+                tensord.connect(m.socket)
+        finally:
+            del os.environ["TENSORD_RECONNECT_MS"]
+        m.start()
     finally:
         m.close()
     assert not m.violations, m.violations
@@ -310,6 +320,8 @@ def test_kill_at_a_random_point_of_a_writer_loses_no_acknowledged_version(tmp_pa
                              stderr=subprocess.DEVNULL, text=True)
         time.sleep(delay + 0.3)
         m.kill()
+        # Its next request waits in the stored socket's backlog for a daemon.
+        w.kill()
         out, _ = w.communicate(timeout=30)
         acked = [tuple(map(int, line.split())) for line in out.split("\n") if line.strip()]
         assert acked, "the writer published nothing before the kill"
@@ -331,3 +343,71 @@ def test_kill_at_a_random_point_of_a_writer_loses_no_acknowledged_version(tmp_pa
     finally:
         m.close()
     assert not m.violations, m.violations
+
+
+def start_plain(tmp_path, args, name):
+    """A tensord (or holder) process outside any service manager."""
+    import subprocess
+    from sdharness import build_path
+    log = open(tmp_path / f"{name}.log", "ab")
+    env = dict(os.environ)
+    env.pop("NOTIFY_SOCKET", None)
+    return subprocess.Popen([build_path("tensord")] + args, stdout=log,
+                            stderr=subprocess.STDOUT, env=env)
+
+
+def test_upgrade_without_systemd_through_a_holder(tmp_path):
+    """tensord --hold keeps the store where there is no systemd: a new
+    daemon started with --holder takes over the running one's tensors and
+    socket (the holder stops the old one first), and one started after a
+    kill -9 restores them too."""
+    hold_dir = tmp_path / "hold"
+    sock = str(tmp_path / "tensord.sock")
+    holder = start_plain(tmp_path, ["--hold", str(hold_dir)], "holder")
+    try:
+        assert wait_until(lambda: (hold_dir / "take").exists())
+        assert oct(os.stat(hold_dir).st_mode & 0o777) == "0o700"
+        old = start_plain(tmp_path, ["--holder", str(hold_dir), "--socket", sock], "old")
+        assert wait_until(lambda: os.path.exists(sock))
+        c = tensord.connect(sock)
+        c.put("w", np.arange(1 << 16, dtype=np.float32))
+        c.put_many({f"s/{i}": np.full(1 << 15, i) for i in range(4)})
+        before = snapshot(c)
+        # The upgrade: a new daemon while the old one serves.
+        new = start_plain(tmp_path, ["--holder", str(hold_dir), "--socket", sock], "new")
+        assert old.wait(timeout=30) == 0       # stopped by the holder, SIGTERM
+        c2 = tensord.connect(sock)
+        assert snapshot(c2) == before
+        # The old client carries on against the new daemon.
+        assert c.stat("w").generation == before["w"][0]
+        # A crash: kill -9, and the next daemon restores from the holder.
+        new.kill()
+        new.wait()
+        third = start_plain(tmp_path, ["--holder", str(hold_dir), "--socket", sock], "third")
+        c3 = tensord.connect(sock)
+        assert snapshot(c3) == before
+        third.terminate()
+        assert third.wait(timeout=30) == 0
+        for cl in (c, c2, c3):
+            cl.close()
+    finally:
+        holder.terminate()
+        assert holder.wait(timeout=30) == 0
+    text = (tmp_path / "holder.log").read_text()
+    assert "takes over: stopping daemon" in text, text
+
+
+def test_a_holder_directory_others_can_enter_is_refused(tmp_path):
+    d = tmp_path / "open"
+    d.mkdir(mode=0o755)
+    os.chmod(d, 0o755)
+    p = start_plain(tmp_path, ["--hold", str(d)], "holder")
+    assert p.wait(timeout=30) == 1
+    assert "mode 0700" in (tmp_path / "holder.log").read_text()
+
+
+def test_a_daemon_without_its_holder_does_not_start(tmp_path):
+    p = start_plain(tmp_path, ["--holder", str(tmp_path / "nobody"), "--socket",
+                               str(tmp_path / "s")], "daemon")
+    assert p.wait(timeout=30) == 1
+    assert "no holder answers" in (tmp_path / "daemon.log").read_text()
