@@ -327,20 +327,22 @@ static int slog_room(struct st_log *l, uint64_t n)
 }
 
 /*
- * Appends len bytes of sealed records at p to l: the bodies first, each
- * head last, so a record whose head is not yet written reads as the end
- * of the log and one cut anywhere else fails its checksum.
+ * Appends one sealed record (len bytes at p) to l: its head less the
+ * magic, its body, then the magic with one aligned store, so that a crash
+ * at any instruction leaves either a whole record or one without its
+ * magic (the log's end, record.h).
  */
 static int slog_write(struct st_log *l, const uint8_t *p, size_t len)
 {
+	uint32_t magic;
 	int r = slog_room(l, len);
 
 	if (r < 0)
 		return r;
-	memcpy(l->map + l->off + sizeof(struct rec_head), p + sizeof(struct rec_head),
-	       len - sizeof(struct rec_head));
+	memcpy(&magic, p, sizeof(magic));
+	memcpy(l->map + l->off + sizeof(magic), p + sizeof(magic), len - sizeof(magic));
 	atomic_signal_fence(memory_order_seq_cst); /* the compiler keeps the order */
-	memcpy(l->map + l->off, p, sizeof(struct rec_head));
+	__atomic_store_n((uint32_t *)(void *)(l->map + l->off), magic, __ATOMIC_RELEASE);
 	l->off += len;
 	return 0;
 }

@@ -161,8 +161,14 @@ static bool apply_step(struct replay *rp, const uint8_t *body, size_t len, const
 	return true;
 }
 
-/* Replays the log mapped in rp: its records in order up to the first that is not whole. */
-static void replay_log(struct replay *rp, const struct sd_passed_fd *p, uint64_t lineage)
+/*
+ * Replays the log mapped in rp, its records in order to its end: true, or
+ * false (logged) when it is damaged. A crash leaves no damage (record.h),
+ * so a damaged log was written by someone else, and what it said before
+ * the damage is not trusted either: restored, it could serve memory that
+ * later steps, the damaged ones, freed and reused.
+ */
+static bool replay_log(struct replay *rp, const struct sd_passed_fd *p, uint64_t lineage)
 {
 	size_t off = 0;
 	uint64_t seq = 0;
@@ -174,7 +180,7 @@ static void replay_log(struct replay *rp, const struct sd_passed_fd *p, uint64_t
 		int r = rec_check(rp->map, rp->map_len, off, &h, &body, &why);
 
 		if (r == 1)
-			return;
+			return true;
 		if (r == 0 && (h.seq != seq + 1 || h.lineage != lineage))
 			why = h.lineage != lineage ? "a record of another daemon's state"
 						   : "a record out of order";
@@ -183,11 +189,12 @@ static void replay_log(struct replay *rp, const struct sd_passed_fd *p, uint64_t
 		else if (r == 0 && h.kind != REC_STEP && h.seq != 1)
 			why = "a record of no known kind";
 		if (why) {
-			log_warn("state: %s: at byte %zu of %zu: %s; ignoring it and everything "
-				 "after it",
-				 p->name, off, rp->map_len, why);
+			log_error("state: %s: at byte %zu of %zu: %s; a crash leaves no such "
+				  "damage, so nothing of this log is restored (what it said "
+				  "before the damage may name memory reused since)",
+				  p->name, off, rp->map_len, why);
 			rp->st->fig.dropped++;
-			return;
+			return false;
 		}
 		seq = h.seq;
 		off += sizeof(h) + h.len;
@@ -367,7 +374,16 @@ int st_restore(struct state *st, uint64_t *ret_serial, char *why, size_t why_len
 		rp.next_commit = best_bg.next_commit;
 		rp.gen_floor = best_bg.gen_floor;
 		st->lineage = best_lineage;
-		replay_log(&rp, best, best_lineage);
+		if (!replay_log(&rp, best, best_lineage)) {
+			/* Nothing of it, but its generations stay given out. */
+			RB_FOREACH_SAFE(n, rp_names, &rp.names, nn)
+			{
+				if (n->e.generation > rp.gen_floor)
+					rp.gen_floor = n->e.generation;
+				RB_REMOVE(rp_names, &rp.names, n);
+				free(n);
+			}
+		}
 	}
 	collect_memory(&rp, v, nv);
 	RB_FOREACH(n, rp_names, &rp.names)
