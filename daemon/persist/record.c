@@ -10,7 +10,7 @@ _Static_assert(sizeof(struct rec_head) == 32, "the record head is 32 bytes");
 _Static_assert(sizeof(struct rec_begin) == 32, "BEGIN is 32 bytes");
 _Static_assert(sizeof(struct rec_step) == 32, "a STEP's head is 32 bytes");
 _Static_assert(sizeof(struct rec_entry) == 48, "an entry is 48 bytes");
-_Static_assert(sizeof(struct rec_memory) == 40, "an entry's memory is 40 bytes");
+_Static_assert(sizeof(struct rec_memory) == 64, "an entry's memory is 64 bytes");
 
 void *rec_put(struct rec_buf *b, const void *src, size_t n)
 {

@@ -72,6 +72,9 @@ struct rec_entry {
 struct rec_memory {
 	uint64_t nbytes, offset; /* in its memory */
 	uint64_t dev, ino, size; /* its memory's identity (fstat) and size */
+	uint32_t device_type;    /* DLDeviceType: kDLCPU, or kDLCUDA (a VMM export) */
+	uint32_t zero;
+	uint8_t uuid[16]; /* a GPU's, which finds it again whatever its ordinal */
 };
 
 /*

@@ -47,6 +47,7 @@ struct rp_mem {
 	struct sd_passed_fd *p;
 	struct reg_arena *arena; /* the tensors restored in it; NULL: none yet */
 	uint32_t members;
+	bool gpu; /* a GPU allocation's export, imported again by its tensor */
 };
 
 static int cmp_rp_names(const struct rp_name *a, const struct rp_name *b)
@@ -279,6 +280,19 @@ static bool restore_one(struct replay *rp, struct rp_name *n)
 		snprintf(why, sizeof(why), "its memory (%s) did not come back from the store",
 			 mem_name);
 		rc = -ENOENT;
+	} else if (n->m.device_type != kDLCPU) {
+		/* A GPU allocation: its export, imported again by its backend. */
+		if (m->gpu || m->arena) {
+			snprintf(why, sizeof(why), "its memory (%s) is another tensor's", mem_name);
+			rc = -EINVAL;
+		} else {
+			int fd = m->p->fd;
+
+			m->p->fd = -1; /* taken over, whatever happens */
+			m->gpu = true;
+			rc = registry_restore_gpu(st->reg, &r, (int)n->m.device_type, n->m.uuid, fd,
+						  n->m.size, why, sizeof(why));
+		}
 	} else if (m->size < n->m.size) {
 		snprintf(why, sizeof(why), "its memory (%s) is %" PRIu64 " bytes, not %" PRIu64,
 			 mem_name, m->size, n->m.size);
@@ -396,7 +410,7 @@ int st_restore(struct state *st, uint64_t *ret_serial, char *why, size_t why_len
 	/* Memory a tensor came back in stays stored; the rest goes. */
 	RB_FOREACH_SAFE(m, rp_mems, &rp.mems, mn)
 	{
-		bool kept = m->arena && m->members;
+		bool kept = (m->arena || m->gpu) && m->members;
 
 		if (m->arena)
 			registry_restore_memory_done(st->reg, m->arena);

@@ -104,7 +104,7 @@ static void test_a_record_without_its_magic_is_the_end_only_before_zeros(void **
 
 	two_records(&b, &first);
 	whole = b.len;
-	rec_put(&b, NULL, 4096); /* the log's room, allocated ahead */
+	rec_put(&b, NULL, 4096);   /* the log's room, allocated ahead */
 	memset(b.p + first, 0, 4); /* the second record's magic never written */
 	assert_int_equal(rec_check(b.p, b.len, first, &h, &body, &why), 1);
 	/* A byte past its length: not a crash's doing. */
