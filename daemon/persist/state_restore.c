@@ -275,7 +275,8 @@ static bool restore_one(struct replay *rp, struct rp_name *n)
 	memcpy(strides, n->dims + (size_t)n->e.ndim * sizeof(int64_t),
 	       (size_t)n->e.ndim * sizeof(int64_t));
 	m = RB_FIND(rp_mems, &rp->mems, &key);
-	st_mem_name(n->m.dev, n->m.ino, mem_name, sizeof(mem_name));
+	if (!m || n->m.device_type != kDLCPU || m->size < n->m.size)
+		st_mem_name(n->m.dev, n->m.ino, mem_name, sizeof(mem_name)); /* for why */
 	if (!m) {
 		snprintf(why, sizeof(why), "its memory (%s) did not come back from the store",
 			 mem_name);
