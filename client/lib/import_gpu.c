@@ -222,6 +222,7 @@ void td_gpu_shared_drop(struct td_gpu_map *p, void (*undo)(struct td_gpu_map *p,
 	/* Undone under the lock, so that nobody finds it or imports it anew meanwhile. */
 	if (td_gpu_shared_put(s)) {
 		undo(p, s->value);
+		free(s->vendor);
 		free(s);
 	}
 	td_gpu_shared_unlock();
