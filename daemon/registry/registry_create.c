@@ -416,6 +416,10 @@ static int create_begin(struct registry *reg, struct reg_client *rc, const struc
 	int r = reg_name_room(reg, t, why, why_len);
 
 	if (r < 0) {
+		/* The first member of a GPU set: the set's allocation, still to be
+		 * made, forgets it (the next member may make it instead). */
+		if (t->arena)
+			reg_arena_member_gone(reg, t);
 		reg_create_uncharge(reg, t);
 		free(t);
 		return r;
