@@ -228,3 +228,40 @@ sys.stdin.readline()"""))
     assert len([x for x in names if x.startswith("set/")]) in (0, n), names
     unlink_all(gpu)
     assert_all_freed(gpu)
+
+
+def test_a_set_of_host_and_gpu_members_makes_one_allocation_of_each(gpu):
+    """put_many of host members past 64 KiB and CUDA members: the host ones
+    in one ring buffer, the GPU ones in one device allocation, each read
+    back right by another process."""
+    w = gpu.child("""
+        import numpy as np
+        srcs = {}
+        for i in range(3):
+            t = c.create(f"src/{i}", (5000 + i,), "uint8", device="cuda:0")
+            cudrv.write(t, bytes([i + 1]) * (5000 + i))
+            t.publish()
+            srcs[f"mix/g{i}"] = c.attach(f"src/{i}")
+            srcs[f"mix/h{i}"] = np.full(100000 + i, i + 7, dtype=np.uint8)
+        c.put_many(srcs)
+        s = c.stats()
+        print("arenas", s["host_arenas"], s["gpu_arenas"], flush=True)
+        sys.stdin.readline()
+    """)
+    assert w.expect("arenas ").split()[1:] == ["1", "1"]
+    r = gpu.child("""
+        import numpy as np
+        got = c.attach_many("mix/")
+        for i in range(3):
+            g = cudrv.read(got[f"mix/g{i}"])
+            h = np.from_dlpack(got[f"mix/h{i}"])
+            print("m", i, g == bytes([i + 1]) * (5000 + i),
+                  h.size == 100000 + i and bool((h == i + 7).all()), flush=True)
+    """)
+    for i in range(3):
+        assert r.expect("m ").split() == ["m", str(i), "True", "True"]
+    r.finish()
+    w.send()
+    w.finish()
+    unlink_all(gpu)
+    assert_all_freed(gpu)
