@@ -335,7 +335,8 @@ void td_gpu_unmap(struct td_mapping *m)
 			 * for them, as torch's own allocator does before
 			 * cuMemUnmap, or they fault.
 			 */
-			(void)p->gc->synchronize(p);
+			if (!p->gc->waits_in_release || !p->gc->waits_in_release(p))
+				(void)p->gc->synchronize(p);
 			p->gc->release(p);
 			p->gc->leave(p, &s);
 		}

@@ -176,6 +176,14 @@ struct td_gpu_client {
 	void (*release)(struct td_gpu_map *p);
 	/* After release(): lets go of what the mapping held of the device. NULL: nothing. */
 	void (*drop)(struct td_gpu_map *p);
+	/*
+	 * Whether p's release() waits for the device itself before it unmaps
+	 * anything, so td_gpu_unmap() need not: a mapping that shares its range
+	 * with others (a set's members) unmaps nothing until the last of them
+	 * goes, and a member released while kernels run on the device must not
+	 * wait for them. NULL: never.
+	 */
+	bool (*waits_in_release)(const struct td_gpu_map *p);
 };
 
 /* Each vendor's, td_<id>_client (gpu/<id>/import_<id>.c). */

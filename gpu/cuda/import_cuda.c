@@ -432,7 +432,14 @@ static int td_cuda_view_take(struct td_cuda_map *p, const struct td_import_desc 
 	return 0;
 }
 
-/* Lock held. p lets go of the view it took; the last one unmaps it. */
+/*
+ * Lock held, the device's context current. p lets go of the view it took;
+ * the last one waits for the device (kernels reading any member may still
+ * be queued: docs/gpu.md, "Unmapping waits for the device"), then unmaps
+ * it. Only the last waits, under the lock, so that no other mapping can
+ * take the view meanwhile; a member released while the others are held
+ * waits for nothing.
+ */
 static void td_cuda_view_put(struct td_cuda_map *p)
 {
 	const struct td_cuda_api *cu = p->g.api;
@@ -442,6 +449,7 @@ static void td_cuda_view_put(struct td_cuda_map *p)
 	p->borrowed = false;
 	if (--v->refs > 0)
 		return;
+	(void)cu->CtxSynchronize();
 	cu->MemUnmap(v->ptr, v->size);
 	cu->MemAddressFree(v->ptr, v->size);
 	memset(v, 0, sizeof(*v));
@@ -611,6 +619,12 @@ static void td_cuda_release(struct td_gpu_map *g)
 	}
 }
 
+/* A set's member: td_cuda_view_put() waits, and only when it unmaps. */
+static bool td_cuda_waits_in_release(const struct td_gpu_map *g)
+{
+	return ((const struct td_cuda_map *)g)->borrowed;
+}
+
 /* The reference on the primary context that map() kept. */
 static void td_cuda_drop(struct td_gpu_map *g)
 {
@@ -697,6 +711,7 @@ const struct td_gpu_client td_cuda_client = {
 	.ipc_open = td_cuda_ipc_open,
 	.release = td_cuda_release,
 	.drop = td_cuda_drop,
+	.waits_in_release = td_cuda_waits_in_release,
 };
 
 const struct td_importer td_importer_cuda = {

@@ -265,3 +265,27 @@ def test_a_set_of_host_and_gpu_members_makes_one_allocation_of_each(gpu):
     w.finish()
     unlink_all(gpu)
     assert_all_freed(gpu)
+
+
+def test_a_member_released_with_a_read_queued(gpu):
+    """A member released with a read of it still queued: while another
+    member is held nothing is unmapped (and nothing waits); the last
+    member's release waits for the device before it unmaps the set's range.
+    The double reports an unmap with work pending (a violation) and faults
+    the read, so a clean report and right bytes are the test."""
+    w, _ = put_set(gpu)
+    r = gpu.child(f"""
+        sizes = {SIZES!r}
+        got = c.attach_many([f"set/{{i}}" for i in range(len(sizes))])
+        for i in range(len(sizes) - 1):
+            print("queued", i, digest(cudrv.read_queued_then_drop(got.pop(f"set/{{i}}"))),
+                  flush=True)
+        last = got.pop(f"set/{{len(sizes) - 1}}")
+        print("last", digest(cudrv.read_queued_then_drop(last)), flush=True)
+    """)
+    for i, n in enumerate(SIZES[:-1]):
+        assert r.expect("queued ").split()[1:] == [str(i), digest(data(i, n))]
+    assert r.expect("last ").split()[1] == digest(data(len(SIZES) - 1, SIZES[-1]))
+    r.finish()
+    w.send()
+    w.finish()
