@@ -298,6 +298,9 @@ int reg_arena_allocated(struct registry *reg, struct tensor *t, struct backend_a
 	assert(a->allocating);
 	a->allocating = false;
 	got->ops = dev->ops;
+	/* Its footprint is what it is charged: never less than it was so far. */
+	if (rc == 0 && got->footprint < a->alloc.footprint)
+		got->footprint = a->alloc.footprint;
 	if (rc < 0) {
 		snprintf(why, why_len,
 			 "tensor '%s': allocating its set's %llu bytes on %s failed: %s", t->name,

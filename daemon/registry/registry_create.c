@@ -285,17 +285,19 @@ static bool ring_ready(struct registry *reg, const struct reg_client *rc,
  * member of tx: the bytes lent by tx's arena, which a's create opens first
  * when it asks (Create.arena_size); 0: none (no arena could be opened, or
  * the tensor does not fit the open one), and its memory comes as without.
+ * On a GPU the arena opened is still to be made: by this create, on the
+ * worker (reg_arena_lent_pending()).
  */
 static uint64_t arena_lend(struct registry *reg, struct reg_client *rc, const struct create_args *a,
 			   struct reg_tx *tx, uint64_t nbytes)
 {
 	struct reg_device *dev = registry_device(reg, a->device);
 	uint32_t mode = a->mode ? a->mode : 0600;
+	bool gpu = dev && dev->ops->alloc_blocks;
 	char reason[200];
 	int r;
 
-	bool gpu = dev && dev->ops->alloc_blocks;
-
+	/* Host: a ring buffer; GPU: one allocation of a backend that has arenas. */
 	if (!tx || !dev || dev->init_rc < 0 || !(a->arena_size || a->in_arena) ||
 	    !(gpu ? dev->ops->arenas && !(a->flags & TENSORD_MUTABLE) && nbytes
 		  : may_recycle(reg, dev, a->recycle, a->shared, a->flags, nbytes)))
