@@ -275,7 +275,7 @@ UNIT_DEPS_test_registry    := daemon/registry/registry.c daemon/registry/registr
                               daemon/registry/registry_bind.c \
                               daemon/registry/commit.c daemon/registry/txn.c \
                               daemon/base/quota.c daemon/memory/backend_host.c daemon/memory/pool.c \
-                              daemon/metrics.c \
+                              daemon/memory/release_hook.c daemon/metrics.c \
                               daemon/memory/slab.c \
                               daemon/memory/memlimit.c common/sys.c \
                               daemon/base/log.c common/paths.c common/desc.c \
@@ -286,6 +286,7 @@ UNIT_DEPS_test_quarantine  := $(UNIT_DEPS_test_registry) daemon/quarantine.c
 UNIT_DEPS_test_reserve     := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_ring        := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_figures     := daemon/figures.c daemon/metrics.c daemon/base/quota.c daemon/memory/backend_host.c \
+                              daemon/memory/release_hook.c \
                               daemon/memory/pool.c daemon/memory/slab.c daemon/memory/memlimit.c daemon/base/log.c \
                               common/sys.c common/paths.c common/names.c common/desc.c \
                               common/errors.c common/vendor.c \
@@ -293,7 +294,7 @@ UNIT_DEPS_test_figures     := daemon/figures.c daemon/metrics.c daemon/base/quot
 UNIT_DEPS_test_waiters     := daemon/waiters.c daemon/metrics.c daemon/base/log.c common/paths.c
 UNIT_DEPS_test_metrics_http := daemon/metrics_http.c daemon/listen.c daemon/conn.c daemon/conn_set.c \
                               daemon/base/log.c daemon/metrics.c \
-                              daemon/base/ratelimit.c daemon/sdnotify.c daemon/base/quota.c common/paths.c \
+                              daemon/base/ratelimit.c daemon/base/sdnotify.c daemon/base/quota.c common/paths.c \
                               proto/frame.c
 UNIT_DEPS_test_quota       := daemon/base/quota.c
 UNIT_DEPS_test_peer_auth   := daemon/remote/peer_auth.c
@@ -304,6 +305,7 @@ UNIT_DEPS_test_npy         := client/lib/npy.c client/lib/npy_read.c \
 UNIT_DEPS_test_gpu_util    := $(GPU_API_SRC) common/vendor.c
 UNIT_DEPS_test_gpu_driver  := gpu/driver.c
 UNIT_DEPS_test_backend_gpu := $(GPU_DMN_SRC) daemon/memory/backend_gpu.c daemon/base/log.c daemon/memory/gpu_worker.c \
+                              daemon/memory/release_hook.c \
                               common/paths.c \
                               $(GPU_API_SRC) common/vendor.c
 UNIT_DEPS_test_import_gpu  := $(GPU_IMP_SRC) client/lib/import_gpu.c client/lib/error.c client/lib/import.c \

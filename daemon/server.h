@@ -83,6 +83,7 @@ struct server {
 	struct remote_figures remote_figs;
 	/* Tensors kept across restarts (docs/restart.md); NULL: the store is off. */
 	struct state *state;
+	const struct state_figures *state_figures; /* its figures, for figures.c; NULL: off */
 	int listen_fd;
 	bool socket_inherited; /* passed by systemd: not ours to unlink */
 	bool socket_stored;    /* in the descriptor store: the next daemon serves it */

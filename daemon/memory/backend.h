@@ -282,7 +282,7 @@ void backend_set_release_hook(void (*fn)(int fd));
 /* Backends call it before closing such a descriptor (fd < 0: nothing). */
 void backend_released(int fd);
 
-/* The host backend's part of it: slabs call fn as they close. */
+/* The host backend's slabs call fn as they close (set with the hook). */
 void backend_host_watch_slabs(void (*fn)(int fd));
 
 /*

@@ -584,6 +584,7 @@ void state_stop(struct state *st)
 	if (hooked == st) {
 		hooked = NULL;
 		backend_set_release_hook(NULL);
+		backend_host_watch_slabs(NULL);
 	}
 	/* The store keeps everything: the next start restores it. */
 	RB_FOREACH_SAFE(n, st_names, &st->names, nn)
@@ -630,11 +631,17 @@ void st_hook(struct state *st)
 {
 	hooked = st;
 	backend_set_release_hook(on_release);
+	backend_host_watch_slabs(on_release);
 }
 
 uint64_t state_lineage(const struct state *st)
 {
 	return st ? st->lineage : 0;
+}
+
+const struct state_figures *state_figures_live(const struct state *st)
+{
+	return st ? &st->fig : NULL;
 }
 
 void state_figures(const struct state *st, struct state_figures *f)

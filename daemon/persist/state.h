@@ -86,4 +86,7 @@ uint64_t state_lineage(const struct state *st);
 
 void state_figures(const struct state *st, struct state_figures *f);
 
+/* Where st keeps its figures, read live (figures.c); NULL for NULL. */
+const struct state_figures *state_figures_live(const struct state *st);
+
 #endif
