@@ -98,7 +98,7 @@ static int memory_fd(const struct tensor *t)
 	/* A CUDA VMM allocation: its kept export (backend_gpu.h) keeps it alive. */
 	if (t->device.device_type == kDLCUDA)
 		return t->alloc.handle_kind == TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD &&
-				       t->alloc.priv && !t->arena
+				       t->alloc.priv
 			       ? ((const struct gpu_mem *)t->alloc.priv)->fd
 			       : -1;
 	if (t->device.device_type != kDLCPU)

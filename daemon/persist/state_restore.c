@@ -47,7 +47,7 @@ struct rp_mem {
 	struct sd_passed_fd *p;
 	struct reg_arena *arena; /* the tensors restored in it; NULL: none yet */
 	uint32_t members;
-	bool gpu; /* a GPU allocation's export, imported again by its tensor */
+	bool tried; /* registry_restore_memory() ran (and took its fd) */
 };
 
 static int cmp_rp_names(const struct rp_name *a, const struct rp_name *b)
@@ -281,34 +281,29 @@ static bool restore_one(struct replay *rp, struct rp_name *n)
 		snprintf(why, sizeof(why), "its memory (%s) did not come back from the store",
 			 mem_name);
 		rc = -ENOENT;
-	} else if (n->m.device_type != kDLCPU) {
-		/* A GPU allocation: its export, imported again by its backend. */
-		if (m->gpu || m->arena) {
-			snprintf(why, sizeof(why), "its memory (%s) is another tensor's", mem_name);
-			rc = -EINVAL;
-		} else {
-			int fd = m->p->fd;
-
-			m->p->fd = -1; /* taken over, whatever happens */
-			m->gpu = true;
-			rc = registry_restore_gpu(st->reg, &r, (int)n->m.device_type, n->m.uuid, fd,
-						  n->m.size, why, sizeof(why));
-		}
-	} else if (m->size < n->m.size) {
+	} else if (n->m.device_type == kDLCPU && m->size < n->m.size) {
 		snprintf(why, sizeof(why), "its memory (%s) is %" PRIu64 " bytes, not %" PRIu64,
 			 mem_name, m->size, n->m.size);
 		rc = -EINVAL;
+	} else if (!m->arena && m->tried) {
+		snprintf(why, sizeof(why), "its memory (%s) could not be restored (above)",
+			 mem_name);
+		rc = -ENODEV;
 	} else {
 		if (!m->arena) {
-			m->arena = registry_restore_memory(st->reg, m->p->fd, m->size, r.uid, r.gid,
-							   r.mode);
-			if (m->arena)
-				m->p->fd = -1; /* the arena's now */
+			/* The host's memfd, or a GPU allocation's export (its size is
+			 * the record's: the file's may be the driver's own). */
+			int fd = m->p->fd;
+
+			m->p->fd = -1; /* taken over, whatever happens */
+			m->tried = true;
+			m->arena = registry_restore_memory(
+				st->reg, (int)n->m.device_type, n->m.uuid, fd,
+				n->m.device_type == kDLCPU ? m->size : n->m.size, r.uid, r.gid,
+				r.mode, why, sizeof(why));
 		}
 		rc = m->arena ? registry_restore_tensor(st->reg, m->arena, &r, why, sizeof(why))
-			      : -ENOMEM;
-		if (!m->arena)
-			snprintf(why, sizeof(why), "out of memory");
+			      : -ENODEV;
 	}
 	if (rc < 0) {
 		log_warn("state: tensor '%s' (generation %" PRIu64 "): not restored: %s", n->name,
@@ -411,7 +406,7 @@ int st_restore(struct state *st, uint64_t *ret_serial, char *why, size_t why_len
 	/* Memory a tensor came back in stays stored; the rest goes. */
 	RB_FOREACH_SAFE(m, rp_mems, &rp.mems, mn)
 	{
-		bool kept = (m->arena || m->gpu) && m->members;
+		bool kept = m->arena && m->members;
 
 		if (m->arena)
 			registry_restore_memory_done(st->reg, m->arena);

@@ -422,14 +422,18 @@ struct reg_restore {
 };
 
 /*
- * Host memory kept across the restart (fd, owned from now on, of size
- * bytes, whose tensors belong to uid, gid and mode): a set allocation with
- * no writer, charged to uid, that registry_restore_tensor() places tensors
- * in. NULL when the host backend does not serve or out of memory (fd is
- * then the caller's still).
+ * Memory kept across the restart: fd (taken over whatever happens) of
+ * size bytes, a memfd on the host (device_type kDLCPU) or a GPU
+ * allocation's export on the device of that type whose UUID is uuid
+ * (imported again by its backend's import_fd()), whose tensors belong to
+ * uid, gid and mode: a set allocation with no writer, charged to uid, that
+ * registry_restore_tensor() places tensors in. NULL with the reason (no
+ * such device now, the import failed, out of memory).
  */
-struct reg_arena *registry_restore_memory(struct registry *reg, int fd, uint64_t size, uint32_t uid,
-					  uint32_t gid, uint32_t mode);
+struct reg_arena *registry_restore_memory(struct registry *reg, int device_type,
+					  const uint8_t uuid[16], int fd, uint64_t size,
+					  uint32_t uid, uint32_t gid, uint32_t mode, char *why,
+					  size_t why_len);
 
 /*
  * Puts r back in the table, published and named, its bytes at r->offset
@@ -438,17 +442,6 @@ struct reg_arena *registry_restore_memory(struct registry *reg, int fd, uint64_t
  */
 int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const struct reg_restore *r,
 			    char *why, size_t why_len);
-
-/*
- * A GPU tensor r whose memory is fd, an export of its allocation of size
- * bytes kept across the restart (taken over whatever happens), on the
- * device of type device_type whose UUID is uuid: imported again by its
- * backend (backend_ops.import_fd) and put back, published and named. 0,
- * or -ENODEV (no such device now, or its memory cannot come back that
- * way), -EINVAL, -EEXIST, -ENOMEM or the import's error, with the reason.
- */
-int registry_restore_gpu(struct registry *reg, const struct reg_restore *r, int device_type,
-			 const uint8_t uuid[16], int fd, uint64_t size, char *why, size_t why_len);
 
 /* No more tensors go into a: it is freed with its last (now, if it has none). */
 void registry_restore_memory_done(struct registry *reg, struct reg_arena *a);

@@ -29,22 +29,67 @@
 #include "registry.h"
 #include "registry_int.h"
 
-struct reg_arena *registry_restore_memory(struct registry *reg, int fd, uint64_t size, uint32_t uid,
-					  uint32_t gid, uint32_t mode)
+/* The device of device_type whose UUID is uuid (a GPU), or the host; NULL: not here. */
+static struct reg_device *restore_device(struct registry *reg, int device_type,
+					 const uint8_t uuid[16])
 {
-	struct reg_device *dev = registry_device(reg, (DLDevice){ kDLCPU, 0 });
-	struct reg_arena *a;
+	if (device_type == kDLCPU)
+		return registry_device(reg, (DLDevice){ kDLCPU, 0 });
+	for (int i = 0; i < reg->n_devices; i++) {
+		struct reg_device *d = &reg->devices[i];
+		uint8_t u[16];
 
-	if (!dev || dev->init_rc < 0)
+		if ((int)d->device.device_type == device_type && d->init_rc == 0 &&
+		    d->ops->device_uuid && d->ops->device_uuid(d->device.device_id, u) == 0 &&
+		    !memcmp(u, uuid, sizeof(u)))
+			return d;
+	}
+	return NULL;
+}
+
+struct reg_arena *registry_restore_memory(struct registry *reg, int device_type,
+					  const uint8_t uuid[16], int fd, uint64_t size,
+					  uint32_t uid, uint32_t gid, uint32_t mode, char *why,
+					  size_t why_len)
+{
+	struct reg_device *dev = restore_device(reg, device_type, uuid);
+	struct reg_arena *a;
+	int r;
+
+	if (!dev || dev->init_rc < 0 || (device_type != kDLCPU && !dev->ops->import_fd)) {
+		snprintf(why, why_len, "%s",
+			 !dev || dev->init_rc < 0 ? "its device is not here now (a GPU by UUID)"
+						  : "its backend cannot import memory again");
+		close(fd);
 		return NULL;
+	}
 	a = calloc(1, sizeof(*a));
-	if (!a)
+	if (!a) {
+		snprintf(why, why_len, "out of memory");
+		close(fd);
 		return NULL;
+	}
+	a->alloc.fd = -1;
+	if (device_type == kDLCPU) {
+		a->alloc.fd = fd;
+		a->alloc.size = size;
+		a->alloc.footprint = (size + 4095) & ~(uint64_t)4095;
+		a->alloc.handle_kind = TENSORD__HANDLE_KIND__HANDLE_MEMFD;
+	} else {
+		/* A GPU allocation's export: its backend imports it again. */
+		r = dev->ops->import_fd(&a->alloc, fd, size, dev->device.device_id);
+		a->alloc.ops = dev->ops;
+		if (r < 0) {
+			snprintf(why, why_len, "importing its allocation again: %s",
+				 tensord_strerror(r));
+			dev->ops->release(&a->alloc);
+			free(a);
+			return NULL;
+		}
+		a->gpu = true;
+	}
 	a->alloc.ops = dev->ops;
-	a->alloc.fd = fd;
-	a->alloc.size = size;
-	a->alloc.footprint = (size + 4095) & ~(uint64_t)4095;
-	a->alloc.handle_kind = TENSORD__HANDLE_KIND__HANDLE_MEMFD;
+	a->alloc.device_id = dev->device.device_id;
 	a->alloc.share_id = REG_RING_SHARE | ++reg->next_ring_share;
 	a->dev = dev;
 	a->uid = uid;
@@ -58,8 +103,13 @@ struct reg_arena *registry_restore_memory(struct registry *reg, int fd, uint64_t
 		quota_add(reg->quota, uid, QUOTA_FDS, 1);
 	}
 	dev->used += a->spare;
-	reg->n_arenas++;
-	reg->arena_bytes += a->alloc.footprint;
+	if (a->gpu) {
+		reg->n_gpu_arenas++;
+		reg->gpu_arena_bytes += a->alloc.footprint;
+	} else {
+		reg->n_arenas++;
+		reg->arena_bytes += a->alloc.footprint;
+	}
 	return a;
 }
 
@@ -136,69 +186,6 @@ static struct tensor *restore_new(const struct reg_restore *r, const int64_t *st
 	return t;
 }
 
-int registry_restore_gpu(struct registry *reg, const struct reg_restore *r, int device_type,
-			 const uint8_t uuid[16], int fd, uint64_t size, char *why, size_t why_len)
-{
-	int64_t strides[TENSORD_NDIM_MAX];
-	struct reg_device *dev = NULL;
-	struct tensor *t;
-	uint64_t nbytes;
-	int rc;
-
-	for (int i = 0; i < reg->n_devices && !dev; i++) {
-		struct reg_device *d = &reg->devices[i];
-		uint8_t u[16];
-
-		if ((int)d->device.device_type == device_type && d->init_rc == 0 &&
-		    d->ops->device_uuid && d->ops->device_uuid(d->device.device_id, u) == 0 &&
-		    !memcmp(u, uuid, sizeof(u)))
-			dev = d;
-	}
-	if (!dev || !dev->ops->import_fd) {
-		snprintf(why, why_len, "%s",
-			 !dev ? "its GPU is not here now (by UUID)"
-			      : "its backend cannot import memory again");
-		close(fd);
-		return -ENODEV;
-	}
-	rc = restore_layout(reg, r, strides, &nbytes, why, why_len);
-	if (rc == 0 && nbytes > size) {
-		snprintf(why, why_len, "%llu bytes do not fit its allocation of %llu",
-			 (unsigned long long)nbytes, (unsigned long long)size);
-		rc = -EINVAL;
-	}
-	t = rc < 0 ? NULL : restore_new(r, strides, dev->device);
-	if (rc == 0 && !t) {
-		snprintf(why, why_len, "out of memory");
-		rc = -ENOMEM;
-	}
-	if (rc == 0)
-		rc = reg_name_room(reg, t, why, why_len);
-	if (rc < 0) {
-		free(t);
-		close(fd);
-		return rc;
-	}
-	rc = dev->ops->import_fd(&t->alloc, fd, size, dev->device.device_id);
-	t->alloc.ops = dev->ops;
-	if (rc < 0) {
-		snprintf(why, why_len, "importing its allocation again: %s", tensord_strerror(rc));
-		dev->ops->release(&t->alloc);
-		free(t);
-		return rc;
-	}
-	if (reg->quota) {
-		quota_add(reg->quota, t->owner_uid, QUOTA_TENSORS, 1);
-		quota_add(reg->quota, t->owner_uid, QUOTA_BYTES, t->alloc.footprint);
-		quota_add(reg->quota, t->owner_uid, QUOTA_FDS, 1);
-	}
-	t->bytes_charged = t->alloc.footprint;
-	t->fd_charged = true;
-	reg_tensor_link(reg, dev, t);
-	reg_tensor_name(reg, t);
-	return 0;
-}
-
 int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const struct reg_restore *r,
 			    char *why, size_t why_len)
 {
@@ -217,7 +204,7 @@ int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const str
 			 (unsigned long long)a->alloc.size, (unsigned long long)a->spare);
 		return -EINVAL;
 	}
-	t = restore_new(r, strides, (DLDevice){ kDLCPU, 0 });
+	t = restore_new(r, strides, a->dev->device);
 	if (!t) {
 		snprintf(why, why_len, "out of memory");
 		return -ENOMEM;
@@ -227,9 +214,10 @@ int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const str
 		free(t);
 		return rc;
 	}
-	/* Its slice of a, as reg_arena_place() gives a member its own. */
+	/* Its slice of a, as reg_arena_place() gives a member its own (on a
+	 * GPU its lease maps the whole allocation). */
 	t->alloc = a->alloc;
-	t->alloc.size = nbytes;
+	t->alloc.size = a->gpu ? a->alloc.size : nbytes;
 	t->alloc.footprint = nbytes;
 	t->alloc.ipc_offset = r->offset;
 	t->arena = a;

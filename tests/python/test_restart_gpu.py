@@ -86,3 +86,62 @@ def test_a_cuda_tensor_survives_kill_9(run):
         assert names == ["h/x"]
         assert r.expect("restored") == "restored 1"
     w.send("")
+
+
+def test_a_gpu_set_in_one_allocation_survives_kill_9(run):
+    """put_many of CUDA members makes one device allocation (issue 32): its
+    one export is stored, and after a kill -9 every member comes back at its
+    offset, read right in another process, and freed with the last."""
+    path, m, child, env = run
+    sizes = [5000, 70000, 4096, 123457]
+    w = child(f"""
+        sizes = {sizes!r}
+        def data(i, n):
+            return bytes((j * 131 + 7 * i + 3) % 256 for j in range(n))
+        srcs = {{}}
+        for i, n in enumerate(sizes):
+            t = c.create(f"src/{{i}}", (n,), "uint8", device="cuda:0")
+            cudrv.write(t, data(i, n))
+            t.publish()
+            srcs[f"set/{{i}}"] = c.attach(f"src/{{i}}")
+        c.put_many(srcs)
+        for t in srcs.values():
+            t.release()
+        for i in range(len(sizes)):
+            c.unlink(f"src/{{i}}")
+        st = c.stats()
+        print("put", st["gpu_arenas"], st["restart_unprotected_tensors"], flush=True)
+        sys.stdin.readline()
+    """)
+    put = w.expect("put").split()
+    assert put[1] == "1"                          # one allocation for the set
+    assert put[2] == ("0" if path == "vmm" else "4")
+    m.restart(sig=signal.SIGKILL, env=env)
+    r = child(f"""
+        sizes = {sizes!r}
+        def data(i, n):
+            return bytes((j * 131 + 7 * i + 3) % 256 for j in range(n))
+        names = sorted(i.name for i in c.list())
+        print("names", *names, flush=True)
+        if names:
+            s = c.attach_many("set/")
+            ok = all(cudrv.read(s[f"set/{{i}}"]) == data(i, n) for i, n in enumerate(sizes))
+            print("bytes", ok, c.stats()["gpu_arenas"], flush=True)
+            for t in s.values():
+                t.release()
+            for i in range(len(sizes)):
+                c.unlink(f"set/{{i}}")
+        st = c.stats()
+        print("after", st["gpu_arenas"], st["restart_stored_fds"], flush=True)
+    """)
+    names = r.expect("names").split()[1:]
+    if path == "vmm":
+        assert names == [f"set/{i}" for i in range(len(sizes))]
+        assert r.expect("bytes").split()[1:] == ["True", "1"]
+    else:
+        assert names == []
+    # Unlinked, the set's allocation is freed and leaves the store: the
+    # log and the listening socket are left.
+    after = r.expect("after").split()
+    assert after[1:] == ["0", "2"], after
+    w.send("")
