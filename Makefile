@@ -432,6 +432,9 @@ run:
 # Issue 32 (versions at copy speed): back-to-back replace=True puts of one name
 # (py_put.py --replace) and a state dict's weight sync to three readers
 # (py_sets.py --sync-dict linear16), each next to its sealed (TENSORD_RECYCLE=0) twin.
+# Issue 33 (outlive the daemon): bench/py_restart.py: puts with the descriptor
+# store on next to off, 8 clients through a kill -9 and a stop/start, and a
+# restarted daemon's exec to its first attach with 100,000 tensors and 4 GiB.
 # bench prints as it goes and keeps what it printed in $(B)/bench/bench.txt, from
 # which bench/plots.py draws the comparisons as SVG charts on an HTML page,
 # $(B)/bench/plots/index.html (what it cannot draw, it names); its status is
@@ -472,7 +475,9 @@ bench-run: all
 	taskset -c 0 $(PYTHON) bench/py_gpu_async.py; $(PYTHON) bench/py_gpu_async.py; \
 	echo "== GPU attach and put over the driver double, pinned then unpinned"; \
 	export LD_LIBRARY_PATH=$(abspath $(DBL_DIR)); \
-	taskset -c 0 $(PYTHON) bench/py_gpu_double.py; $(PYTHON) bench/py_gpu_double.py
+	taskset -c 0 $(PYTHON) bench/py_gpu_double.py; $(PYTHON) bench/py_gpu_double.py; \
+	echo "== restart: the state's cost on puts, 8 clients through a restart, exec to the first attach"; \
+	$(PYTHON) bench/py_restart.py
 
 # libFuzzer over the frame parser, the Request/Reply/PeerFrame decoders and
 # the descriptor checks (needs clang and its libFuzzer runtime, which
