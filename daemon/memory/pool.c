@@ -532,6 +532,31 @@ static void want(struct pool *p, uint64_t c)
 	p->wanted_ns[0] = idle_now(p);
 }
 
+void pool_unwant(struct pool *p, uint64_t size)
+{
+	uint64_t c = pool_class_size(size);
+	int i;
+
+	if (!c)
+		return;
+	pthread_mutex_lock(&p->lock);
+	for (i = 0; i < POOL_CLASSES && p->wanted[i] && p->wanted[i] != c; i++)
+		;
+	if (i < POOL_CLASSES && p->wanted[i] == c) {
+		memmove(p->wanted + i, p->wanted + i + 1,
+			(size_t)(POOL_CLASSES - 1 - i) * sizeof(p->wanted[0]));
+		memmove(p->wanted_ns + i, p->wanted_ns + i + 1,
+			(size_t)(POOL_CLASSES - 1 - i) * sizeof(p->wanted_ns[0]));
+		p->wanted[POOL_CLASSES - 1] = 0;
+		p->wanted_ns[POOL_CLASSES - 1] = 0;
+		/* Its ready memfds go first (the worker's loop), which looks
+		 * again as when its clock moved (pool_settle() waits for it). */
+		p->clock_moved = true;
+		pthread_cond_signal(&p->wake);
+	}
+	pthread_mutex_unlock(&p->lock);
+}
+
 static int take(struct pool *p, uint64_t size, bool copy_follows)
 {
 	uint64_t c = pool_class_size(size);

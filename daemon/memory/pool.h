@@ -111,6 +111,14 @@ int pool_take(struct pool *p, uint64_t size);
 int pool_take_reserve(struct pool *p, uint64_t size);
 
 /*
+ * size's class is served by other means now (a writer's ring keeps buffers
+ * of it, docs/recycle.md): it stops being wanted, so the worker neither
+ * refills it nor keeps what it has ready of it. A later take of the class
+ * wants it again.
+ */
+void pool_unwant(struct pool *p, uint64_t size);
+
+/*
  * Takes ownership of fd, whose memory is bytes (its size; 0 if small or
  * unknown): the worker closes it, or the caller, at once, when more than
  * max(budget, POOL_CLOSING_MIN) bytes already wait for the worker.

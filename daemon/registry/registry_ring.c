@@ -25,6 +25,7 @@
 #include <stdlib.h>
 
 #include "daemon/base/log.h"
+#include "daemon/memory/pool.h"
 #include "registry.h"
 #include "registry_int.h"
 
@@ -112,6 +113,10 @@ bool reg_ring_keep(struct registry *reg, struct reg_client *rc, uint64_t id, str
 		return false;
 	}
 	alloc->fd = -1;
+	/* The ring serves this size from now on: the pool keeps none ready for
+	 * it (a writer's buffers and the pool's would hold the same memory twice). */
+	if (backend_host_pool())
+		pool_unwant(backend_host_pool(), r->alloc.size);
 	LIST_INSERT_HEAD(&rc->ring_free, r, link);
 	rc->n_ring_free++;
 	reg->n_ring_free++;

@@ -246,6 +246,31 @@ static void test_forgets_unwanted_classes(void **state)
 	pool_free(p);
 }
 
+/* A class a writer's ring serves now (pool_unwant()): its ready memfds go, and no refill. */
+static void test_unwanted_class_is_given_back(void **state)
+{
+	struct pool *p;
+	struct pool_stats st;
+
+	assert_int_equal(pool_new(1ull << 30, POOL_PAGES_SMALL, &p), 0);
+	assert_int_equal(pool_take(p, 4 * MiB), -ENOENT);
+	assert_int_equal(pool_take(p, MiB), -ENOENT);
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.ready_fds, 2 * POOL_READY_PER_CLASS);
+	pool_unwant(p, 4 * MiB);
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.ready_fds, POOL_READY_PER_CLASS); /* the 1 MiB class's */
+	assert_int_equal(st.ready_bytes, POOL_READY_PER_CLASS * MiB);
+	/* A later take wants it again. */
+	assert_int_equal(pool_take(p, 4 * MiB), -ENOENT);
+	pool_settle(p);
+	pool_get_stats(p, &st);
+	assert_int_equal(st.ready_fds, 2 * POOL_READY_PER_CLASS);
+	pool_free(p);
+}
+
 /* The pool's idle clock in this test: it moves only when advance() says. */
 static _Atomic uint64_t fake_ns = 1000000000ull;
 
@@ -321,6 +346,7 @@ int main(void)
 		cmocka_unit_test(test_trim_and_discard),
 		cmocka_unit_test(test_discard_backlog_is_bounded),
 		cmocka_unit_test(test_forgets_unwanted_classes),
+		cmocka_unit_test(test_unwanted_class_is_given_back),
 		cmocka_unit_test(test_idle_classes_are_forgotten),
 	};
 
