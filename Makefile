@@ -500,14 +500,26 @@ $(FUZZ_BIN): tests/fuzz/fuzz_frame.c FORCE
 	$(Q)clang -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) $(subst -I$(B),-Ibuild-fuzz,$(CPPFLAGS)) \
 		tests/fuzz/fuzz_frame.c $(FUZZ_OBJ) -o $@ $(shell pkg-config --libs libprotobuf-c)
 
-fuzz-smoke: $(FUZZ_BIN)
-	$(Q)rm -rf build-fuzz/smoke && mkdir -p build-fuzz/smoke/corpus
+# The state log a restarted daemon reads (docs/restart.md): its records and
+# steps' entries (tests/fuzz/fuzz_state.c), seeded by a log the tests write.
+FUZZ_STATE_BIN := build-fuzz/fuzz_state
+$(FUZZ_STATE_BIN): tests/fuzz/fuzz_state.c daemon/persist/record.c FORCE
+	@mkdir -p build-fuzz
+	$(Q)clang -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) -Iinclude -I. -D_GNU_SOURCE \
+		tests/fuzz/fuzz_state.c daemon/persist/record.c -o $@ $(ZLIB_LIBS)
+
+fuzz-smoke: $(FUZZ_BIN) $(FUZZ_STATE_BIN)
+	$(Q)rm -rf build-fuzz/smoke && mkdir -p build-fuzz/smoke/corpus build-fuzz/smoke/state
 	$(Q)$(FUZZ_BIN) -max_total_time=$(FUZZ_SMOKE) -max_len=4096 -print_final_stats=1 \
 		-artifact_prefix=build-fuzz/smoke/ build-fuzz/smoke/corpus tests/fuzz/corpus
+	$(Q)$(FUZZ_STATE_BIN) -max_total_time=$(FUZZ_SMOKE) -max_len=8192 -print_final_stats=1 \
+		-artifact_prefix=build-fuzz/smoke/ build-fuzz/smoke/state tests/fuzz/state-corpus
 
-fuzz: $(FUZZ_BIN)
+fuzz: $(FUZZ_BIN) $(FUZZ_STATE_BIN)
 	$(Q)mkdir -p fuzz-out/corpus && $(FUZZ_BIN) -max_total_time=$(FUZZ_TIME) \
 		-max_len=4096 -artifact_prefix=fuzz-out/ fuzz-out/corpus tests/fuzz/corpus
+	$(Q)mkdir -p fuzz-out/state && $(FUZZ_STATE_BIN) -max_total_time=$(FUZZ_TIME) \
+		-max_len=8192 -artifact_prefix=fuzz-out/ fuzz-out/state tests/fuzz/state-corpus
 	$(Q)$(MAKE) --no-print-directory B=build-asan SANITIZE=1 build-asan/tensord \
 		build-asan/tests/helpers/reqfuzz
 	$(Q)ASAN_OPTIONS=detect_leaks=1 bash tests/fuzz/reqfuzz.sh build-asan $(FUZZ_TIME) $(FUZZ_SEED)

@@ -128,3 +128,53 @@ int rec_check(const uint8_t *p, size_t size, size_t off, struct rec_head *ret_he
 	*ret_body = p + off + sizeof(h);
 	return 0;
 }
+
+int rec_step_parse(const uint8_t *body, size_t len, struct rec_step *ret_head,
+		   int (*fn)(void *arg, const struct rec_parsed *p, const char **why), void *arg,
+		   const char **why)
+{
+	size_t off = sizeof(*ret_head);
+
+	if (len < sizeof(*ret_head)) {
+		*why = "a step shorter than its head";
+		return -1;
+	}
+	memcpy(ret_head, body, sizeof(*ret_head));
+	for (uint32_t i = 0; i < ret_head->n; i++) {
+		struct rec_parsed p = { .dims = NULL };
+		size_t size, fixed;
+		int r;
+
+		if (len - off < sizeof(p.e)) {
+			*why = "an entry past the end of its step";
+			return -1;
+		}
+		memcpy(&p.e, body + off, sizeof(p.e));
+		if (p.e.kind < ENTRY_PUBLISHED || p.e.kind > ENTRY_UNLINKED || !p.e.name_len ||
+		    p.e.name_len > REC_NAME_MAX || p.e.ndim > REC_NDIM_MAX) {
+			*why = "an entry of no known kind, name length or dimensions";
+			return -1;
+		}
+		size = rec_entry_size(&p.e);
+		if (size > len - off) {
+			*why = "an entry past the end of its step";
+			return -1;
+		}
+		fixed = sizeof(p.e);
+		if (p.e.kind == ENTRY_PUBLISHED) {
+			memcpy(&p.m, body + off + fixed, sizeof(p.m));
+			p.dims = body + off + fixed + sizeof(p.m);
+			fixed += sizeof(p.m) + 2 * (size_t)p.e.ndim * sizeof(int64_t);
+		}
+		p.name = (const char *)body + off + fixed;
+		if (memchr(p.name, '\0', p.e.name_len)) {
+			*why = "an entry whose name has a NUL byte";
+			return -1;
+		}
+		r = fn(arg, &p, why);
+		if (r < 0)
+			return r;
+		off += size;
+	}
+	return 0;
+}

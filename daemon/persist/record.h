@@ -34,6 +34,9 @@
 #define REC_STEP 2
 /* A record's body is at most this long (a step of 65536 members fits). */
 #define REC_BODY_MAX (256u << 20)
+/* What an entry may name at most (TENSORD_NAME_MAX, TENSORD_NDIM_MAX). */
+#define REC_NAME_MAX 255
+#define REC_NDIM_MAX 32
 
 struct rec_head {
 	uint32_t magic;
@@ -105,6 +108,24 @@ void rec_begin(struct rec_buf *b, uint16_t kind);
 
 /* Fills in the head of the record in b: its length, seq, lineage and CRC. */
 void rec_seal(struct rec_buf *b, uint64_t seq, uint64_t lineage);
+
+/* One entry of a step as rec_step_parse() read it: pointers into the step's body. */
+struct rec_parsed {
+	struct rec_entry e;
+	struct rec_memory m; /* ENTRY_PUBLISHED only */
+	const uint8_t *dims; /* ENTRY_PUBLISHED: shape then strides, ndim int64 each */
+	const char *name;    /* e.name_len bytes, no NUL among them, not terminated */
+};
+
+/*
+ * Reads a STEP's body (len bytes): its head into *ret_head, then fn(arg,
+ * entry) for each entry in order, every length checked against len first.
+ * 0; -1 with why set when the body is malformed; or what fn returned when
+ * it returned less than 0 (fn sets why too).
+ */
+int rec_step_parse(const uint8_t *body, size_t len, struct rec_step *ret_head,
+		   int (*fn)(void *arg, const struct rec_parsed *p, const char **why), void *arg,
+		   const char **why);
 
 /*
  * Checks the record at off of a log of size bytes (p): 0 with *ret_head

@@ -96,65 +96,39 @@ static bool log_begin(const struct sd_passed_fd *p, const uint8_t *map, size_t l
 	return true;
 }
 
+_Static_assert(REC_NAME_MAX == TENSORD_NAME_MAX && REC_NDIM_MAX == TENSORD_NDIM_MAX,
+	       "the log's bounds are the API's");
+
+/* One entry of a step: the name's state is now what it says. */
+static int apply_entry(void *arg, const struct rec_parsed *p, const char **why)
+{
+	struct replay *rp = arg;
+	struct rp_name *n = calloc(1, sizeof(*n) + p->e.name_len + 1), *old;
+
+	if (!n) {
+		*why = "out of memory";
+		return -1;
+	}
+	n->e = p->e;
+	n->m = p->m;
+	n->dims = p->dims;
+	memcpy(n->name, p->name, p->e.name_len);
+	old = RB_INSERT(rp_names, &rp->names, n);
+	if (old) {
+		RB_REMOVE(rp_names, &rp->names, old);
+		free(old);
+		RB_INSERT(rp_names, &rp->names, n);
+	}
+	return 0;
+}
+
 /* Applies one STEP's entries (body of len bytes): false when one is malformed. */
 static bool apply_step(struct replay *rp, const uint8_t *body, size_t len, const char **why)
 {
 	struct rec_step sh;
-	size_t off = sizeof(sh);
 
-	if (len < sizeof(sh)) {
-		*why = "a step shorter than its head";
+	if (rec_step_parse(body, len, &sh, apply_entry, rp, why) < 0)
 		return false;
-	}
-	memcpy(&sh, body, sizeof(sh));
-	for (uint32_t i = 0; i < sh.n; i++) {
-		struct rec_entry e;
-		struct rp_name *n, *old;
-		size_t size, fixed;
-
-		if (len - off < sizeof(e)) {
-			*why = "an entry past the end of its step";
-			return false;
-		}
-		memcpy(&e, body + off, sizeof(e));
-		if (e.kind < ENTRY_PUBLISHED || e.kind > ENTRY_UNLINKED || !e.name_len ||
-		    e.name_len > TENSORD_NAME_MAX || e.ndim > TENSORD_NDIM_MAX) {
-			*why = "an entry of no known kind, name length or dimensions";
-			return false;
-		}
-		size = rec_entry_size(&e);
-		if (size > len - off) {
-			*why = "an entry past the end of its step";
-			return false;
-		}
-		fixed = sizeof(e) +
-			(e.kind == ENTRY_PUBLISHED
-				 ? sizeof(struct rec_memory) + 2 * (size_t)e.ndim * sizeof(int64_t)
-				 : 0);
-		n = calloc(1, sizeof(*n) + e.name_len + 1);
-		if (!n) {
-			*why = "out of memory";
-			return false;
-		}
-		n->e = e;
-		if (e.kind == ENTRY_PUBLISHED) {
-			memcpy(&n->m, body + off + sizeof(e), sizeof(n->m));
-			n->dims = body + off + sizeof(e) + sizeof(n->m);
-		}
-		memcpy(n->name, body + off + fixed, e.name_len);
-		if (strlen(n->name) != e.name_len) {
-			free(n);
-			*why = "an entry whose name has a NUL byte";
-			return false;
-		}
-		old = RB_INSERT(rp_names, &rp->names, n);
-		if (old) {
-			RB_REMOVE(rp_names, &rp->names, old);
-			free(old);
-			RB_INSERT(rp_names, &rp->names, n);
-		}
-		off += size;
-	}
 	if (sh.next_commit > rp->next_commit)
 		rp->next_commit = sh.next_commit;
 	if (sh.gen_floor > rp->gen_floor)
