@@ -372,6 +372,17 @@ int print_stats_summary(const tensord_figure *v, size_t n)
 	       scalar(v, n, "host_pool_hits_total"), scalar(v, n, "host_pool_misses_total"));
 	printf("slabs:    %" PRIu64 " holding %s\n", scalar(v, n, "host_slabs"),
 	       human(scalar(v, n, "host_slab_bytes"), c, sizeof(c)));
+	/* docs/restart.md: whether published tensors would survive a restart now. */
+	if (scalar(v, n, "restart_store"))
+		printf("restart:  tensors kept in the descriptor store (%" PRIu64
+		       " descriptors); %" PRIu64 " would not survive; %" PRIu64
+		       " restored at start (%s)\n",
+		       scalar(v, n, "restart_stored_fds"),
+		       scalar(v, n, "restart_unprotected_tensors"),
+		       scalar(v, n, "restart_restored_tensors"),
+		       human(scalar(v, n, "restart_restored_bytes"), a, sizeof(a)));
+	else
+		printf("restart:  no descriptor store: a restart loses every tensor\n");
 	peers = scalar(v, n, "peers");
 	if (peers)
 		printf("peers:    %" PRIu64 ", %" PRIu64 " up (tensorctl peers)\n", peers,

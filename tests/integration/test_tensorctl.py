@@ -178,7 +178,10 @@ def test_stats(daemon, tmp_path):
     # The summary, as docs/tensorctl.md shows it.
     lines = ok(daemon, "stats").splitlines()
     head = dict(l.split(":", 1) for l in lines[:lines.index("")])
-    assert list(head) == ["tensors", "clients", "leases", "uptime", "pid", "fds", "pool", "slabs"]
+    assert list(head) == ["tensors", "clients", "leases", "uptime", "pid", "fds", "pool", "slabs",
+                          "restart"]
+    # A daemon started here has no service manager's store (docs/restart.md).
+    assert head["restart"].strip() == "no descriptor store: a restart loses every tensor"
     assert head["tensors"].strip() == str(st["tensors"])
     assert head["pid"].strip() == str(daemon.pid)
     assert re.fullmatch(r" +\d+d \d\dh \d\dm \d\ds", head["uptime"]), head["uptime"]

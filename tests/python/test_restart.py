@@ -69,6 +69,11 @@ def test_every_kind_of_host_tensor_survives_a_restart(sm, sig):
     assert c2.stat("mode").mode == 0o644
     st = c2.stats()
     assert st["restart_store"] == 1
+    import subprocess
+    from sdharness import build_path
+    summary = subprocess.run([build_path("tensorctl"), "--socket", sm.socket, "stats"],
+                             capture_output=True, text=True, check=True).stdout
+    assert f"{len(after)} restored at start" in summary, summary
     assert st["restart_restored_tensors"] == len(after)
     assert st["restart_restored_bytes"] == sum(len(v[2]) for v in after.values())
     assert st["restart_dropped"] == 0
