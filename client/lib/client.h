@@ -290,6 +290,20 @@ uint64_t td_after_for(const tensord_client *cur, const struct td_retry *rt, uint
 bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms);
 
 /*
+ * Whether r says the daemon went away: nobody answers at its path
+ * (-ECONNREFUSED), or the connection serving c was lost (tensord_lost())
+ * or replaced since epoch seen. The same errno in a reply, about a peer's
+ * connection, is the daemon's answer, not a loss.
+ */
+bool td_gone(tensord_client *c, int r, unsigned seen);
+
+/* How long to go on reaching a daemon that went away: TENSORD_RECONNECT_MS, else 30 s. */
+uint64_t td_reconnect_grace_ms(void);
+
+/* The pause before connect attempt tries + 1 while nobody answers: 10 ms growing to 100 ms. */
+unsigned td_reconnect_pause_ms(unsigned tries);
+
+/*
  * connect.c: connects to socket_path, or with NULL to the first default
  * path a daemon answers on, and checks who owns and serves it. A connected
  * descriptor (the caller's), or -errno with the error set; ret_path gets

@@ -314,7 +314,7 @@ unsigned tensord_epoch(tensord_client *c)
  * thread replaced it since seen, the epoch this try began in. The same
  * errno in a reply, about a peer's connection, is the daemon's answer.
  */
-static bool gone(tensord_client *c, int r, unsigned seen)
+bool td_gone(tensord_client *c, int r, unsigned seen)
 {
 	if (r == -ECONNREFUSED)
 		return true; /* a daemon never answers with it */
@@ -322,14 +322,25 @@ static bool gone(tensord_client *c, int r, unsigned seen)
 	       (tensord_epoch(c) != seen || tensord_lost(c));
 }
 
-bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
+uint64_t td_reconnect_grace_ms(void)
 {
 	const char *env = getenv("TENSORD_RECONNECT_MS");
-	uint64_t grace_ms = env && *env ? strtoull(env, NULL, 10) : TD_RECONNECT_GRACE_MS;
+
+	return env && *env ? strtoull(env, NULL, 10) : TD_RECONNECT_GRACE_MS;
+}
+
+unsigned td_reconnect_pause_ms(unsigned tries)
+{
+	return tries < 10 ? 10 + 10 * tries : 100;
+}
+
+bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
+{
+	uint64_t grace_ms = td_reconnect_grace_ms();
 	tensord_client *cur;
 	char saved[512];
 
-	if (!gone(rt->c, r, rt->seen))
+	if (!td_gone(rt->c, r, rt->seen))
 		return false;
 	for (;;) {
 		uint64_t waited_ms = (now_ns() - rt->start_ns) / 1000000ull;
@@ -342,9 +353,8 @@ bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
 			return false;
 		if (r == -ECONNREFUSED) {
 			/* Nobody there yet: a restart takes a while. */
-			struct timespec ts = {
-				0, (rt->tries < 10 ? 10 + 10 * (long)rt->tries : 100) * 1000000L
-			};
+			struct timespec ts = { 0,
+					       (long)td_reconnect_pause_ms(rt->tries) * 1000000L };
 
 			nanosleep(&ts, NULL);
 		}

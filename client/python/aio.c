@@ -1,7 +1,7 @@
 /*
  * The operations tensord.aio drives from an event loop (docs/python.md):
- * Client._attach_start(), _attach_many_start(), _poll() and fileno(), and
- * the _Op type whose result() ends one. Each libtensord call runs with the
+ * Client._attach_start(), _attach_many_start(), _poll(), _restart_state()
+ * and fileno(), and the _Op type whose result() ends one. Each libtensord call runs with the
  * GIL released, between td_client_enter() and td_client_leave().
  */
 #include "tdpy.h"
@@ -177,6 +177,29 @@ PyObject *td_client_fileno(ClientObject *self, PyObject *unused)
 	if (td_client_leave(self, fd < 0 ? fd : 0) < 0)
 		return NULL;
 	return PyLong_FromLong(fd);
+}
+
+/*
+ * (epoch, lineage, lost): tensord_epoch(), tensord_lineage() and
+ * tensord_lost() of the client, for tensord.aio's waits across a restart
+ * (docs/restart.md, "Clients carry on"). No request.
+ */
+PyObject *td_client_restart_state(ClientObject *self, PyObject *unused)
+{
+	tensord_client *c = td_client_enter(self);
+	unsigned epoch;
+	uint64_t lineage;
+	bool lost;
+
+	if (!c)
+		return NULL;
+	epoch = tensord_epoch(c);
+	lineage = tensord_lineage(c);
+	lost = tensord_lost(c);
+	if (td_client_leave(self, 0) < 0)
+		return NULL;
+	return Py_BuildValue("(IKO)", epoch, (unsigned long long)lineage,
+			     lost ? Py_True : Py_False);
 }
 
 int td_aio_types_ready(void)

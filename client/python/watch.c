@@ -13,8 +13,9 @@
 /* --- Event ------------------------------------------------------------------------- */
 
 static PyStructSequence_Field event_fields[] = {
-	{ "kind", "'published', 'unlinked' or 'lagged' (events were dropped or coalesced)" },
-	{ "name", "the tensor's name ('' for lagged)" },
+	{ "kind", "'published', 'unlinked', 'lagged' (events were dropped or coalesced) or "
+		  "'restarted' (the daemon restarted empty: commit ids before mean nothing now)" },
+	{ "name", "the tensor's name ('' for lagged and restarted)" },
 	{ "generation", "published: the new generation; unlinked: the one unlinked" },
 	{ "commit", "the daemon-wide commit" },
 	{ NULL, NULL },
@@ -31,10 +32,10 @@ PyTypeObject td_EventType;
 
 static PyObject *event_new(const tensord_event *e)
 {
-	static const char *const kinds[] = { "published", "unlinked", "lagged" };
+	static const char *const kinds[] = { "published", "unlinked", "lagged", "restarted" };
 	PyObject *v[4];
 
-	v[0] = PyUnicode_FromString(kinds[(unsigned)e->kind <= 2 ? e->kind : 2]);
+	v[0] = PyUnicode_FromString(kinds[(unsigned)e->kind <= 3 ? e->kind : 2]);
 	v[1] = PyUnicode_FromString(e->name);
 	v[2] = PyLong_FromUnsignedLongLong(e->generation);
 	v[3] = PyLong_FromUnsignedLongLong(e->commit);

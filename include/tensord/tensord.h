@@ -569,13 +569,20 @@ typedef enum tensord_event_kind {
 	TENSORD_EVENT_PUBLISHED = 0, /* name's generation, in commit */
 	TENSORD_EVENT_UNLINKED = 1,  /* name's generation unlinked, in commit */
 	TENSORD_EVENT_LAGGED = 2,    /* events were dropped or coalesced before the next one */
+	/*
+	 * The watch's daemon went away and the one that answers now started
+	 * empty (another lineage, tensord_lineage()): the commit ids and
+	 * generations before this event mean nothing to it. The events after
+	 * it are the new daemon's, from its start.
+	 */
+	TENSORD_EVENT_RESTARTED = 3,
 } tensord_event_kind;
 
 typedef struct tensord_event {
 	tensord_event_kind kind;
 	uint64_t generation;
 	uint64_t commit;
-	char name[TENSORD_NAME_MAX + 1]; /* "" for lagged */
+	char name[TENSORD_NAME_MAX + 1]; /* "" for lagged and restarted */
 } tensord_event;
 
 typedef struct tensord_watch tensord_watch;
@@ -588,6 +595,14 @@ typedef struct tensord_watch tensord_watch;
  * (0: 1,024; at most 65,536); past it they are coalesced (the newest per
  * name) and a lagged event says so. The library keeps as many. On success
  * *ret_watch is the caller's (tensord_watch_close()).
+ *
+ * A watch outlives its daemon's restart (docs/restart.md, "Clients carry
+ * on"): tensord_watch_next() connects anew and watches again. A daemon of
+ * the same lineage (it restored the old one's names) replays what was
+ * committed after the newest event the watch received: none lost, none
+ * twice (a live watch that received none yet goes on live, after a lagged
+ * event). One of another lineage (it started empty): a
+ * TENSORD_EVENT_RESTARTED event, then everything it has, replayed.
  */
 TENSORD_API int tensord_watch_start(tensord_client *client, const char *prefix, bool replay,
 				    uint64_t after, uint32_t queue, tensord_watch **ret_watch);
@@ -595,9 +610,22 @@ TENSORD_API int tensord_watch_start(tensord_client *client, const char *prefix, 
 /*
  * The next event into *ret_event: waits up to timeout_ms (-1 forever; 0:
  * -EAGAIN at once when none is there). -ETIMEDOUT, or -errno when the
- * connection failed.
+ * connection failed. A lost connection is followed by a new one (see
+ * tensord_watch_start()), tried while no daemon answers for
+ * TENSORD_RECONNECT_MS (30 s) in all, across calls, pausing 10 ms growing
+ * to 100 ms (within the call's timeout; with 0, one try per call, -EAGAIN
+ * meanwhile, and tensord_watch_fd() says -ENOTCONN); past it
+ * -ECONNREFUSED (nobody answers) or the connection's -errno.
  */
 TENSORD_API int tensord_watch_next(tensord_watch *watch, int timeout_ms, tensord_event *ret_event);
+
+/*
+ * The descriptor to poll for reading before tensord_watch_next(watch, 0,
+ * ...): its connection's. -ENOTCONN once that connection was lost: call
+ * tensord_watch_next() again in a while (it connects anew, and this then
+ * gives the new connection's). No request.
+ */
+TENSORD_API int tensord_watch_fd(tensord_watch *watch);
 
 /* Ends the watch. NULL-safe; returns NULL. */
 TENSORD_API tensord_watch *tensord_watch_close(tensord_watch *watch);

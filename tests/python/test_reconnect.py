@@ -121,3 +121,289 @@ def test_waits_go_on_across_a_restart(rd):
     assert got.get("late") == 3.0, got
     w.close()
     r.close()
+
+
+# --- watches (issue 33: a watch resumes across a restart) -------------------------------
+
+def lineage(c):
+    return c._restart_state()[1]
+
+
+def test_a_watch_goes_on_across_a_restart(rd):
+    """A watch that saw commits before a kill -9 sees those after it, also
+    the ones made before it looked again. From a daemon that restored its
+    predecessor (the same lineage): the commits after the last it
+    received, none twice. From one that started empty: a 'restarted'
+    event, then everything the new daemon has. The same test runs either
+    way: it asks which the new daemon is."""
+    w = tensord.connect(rd.socket)
+    p = tensord.connect(rd.socket)
+    with w.watch("w/") as watch:
+        p.put("w/a", np.zeros(4))
+        p.put("w/b", np.zeros(4))
+        before = [watch.next(timeout=5) for _ in range(2)]
+        assert [(e.kind, e.name) for e in before] == [("published", "w/a"),
+                                                      ("published", "w/b")], before
+        old = lineage(w)
+        restart(rd, down_s=0.3)
+        p.put("w/c", np.ones(4))        # before the watch looks again: not lost
+        p.put("x/other", np.ones(4))    # not under its prefix
+        ev = watch.next(timeout=10)
+        restored = lineage(w) == old
+        if not restored:
+            assert (ev.kind, ev.name, ev.generation, ev.commit) == ("restarted", "", 0, 0), ev
+            ev = watch.next(timeout=10)
+        assert (ev.kind, ev.name) == ("published", "w/c"), ev
+        if restored:
+            assert ev.commit > before[-1].commit, (ev, before)
+        p.put("w/d", np.ones(4))
+        ev = watch.next(timeout=10)
+        assert (ev.kind, ev.name) == ("published", "w/d"), ev
+        assert watch.poll() is None     # nothing twice
+    w.close()
+    p.close()
+
+
+def test_a_replay_watch_replays_the_new_daemon(rd):
+    """A watch with after= that is read only after the restart: what it
+    had not read yet comes first, then (a daemon that started empty) the
+    'restarted' event and the new daemon's names."""
+    c = tensord.connect(rd.socket)
+    c.put("r/old", np.zeros(4))
+    watch = c.watch("r/", after=0)
+    restart(rd)
+    c.put("r/new", np.ones(4))
+    got = [watch.next(timeout=10) for _ in range(2)]
+    assert (got[0].kind, got[0].name) == ("published", "r/old"), got
+    if got[1].kind == "restarted":
+        got[1] = watch.next(timeout=10)
+    assert (got[1].kind, got[1].name) == ("published", "r/new"), got
+    assert watch.poll() is None
+    watch.close()
+    c.close()
+
+
+def test_a_watch_gives_up_when_no_daemon_comes_back(rd):
+    """Past TENSORD_RECONNECT_MS with no daemon answering, next() raises
+    NoDaemonError, naming the watch: never a hang. Once one is back, the
+    same watch goes on."""
+    c = tensord.connect(rd.socket)
+    watch = c.watch("g/")
+    os.environ["TENSORD_RECONNECT_MS"] = "300"
+    try:
+        rd.proc.send_signal(signal.SIGKILL)
+        rd.proc.wait()
+        t0 = time.monotonic()
+        with pytest.raises(tensord.NoDaemonError, match="watch of 'g/'"):
+            watch.next(timeout=30)
+        assert time.monotonic() - t0 < 5
+        # poll() tries once, and says nothing yet (no daemon)
+        assert watch.poll() is None
+    finally:
+        del os.environ["TENSORD_RECONNECT_MS"]
+        rd.log.close()
+        rd.start()
+    c.put("g/x", np.zeros(4))
+    evs = [watch.next(timeout=10) for _ in range(2)]
+    # Restored (the same lineage), a live watch that received nothing
+    # cannot know what it missed: 'lagged'.
+    assert [e.kind for e in evs] in (["restarted", "published"], ["lagged", "published"]), evs
+    assert evs[-1].name == "g/x"
+    watch.close()
+    c.close()
+
+
+# --- the same lineage, before daemons restore: a daemon played by the test ---------------
+#
+# A daemon that restores its predecessor keeps its lineage (HelloReply.lineage)
+# and its commit ids. Until tensord restores, the test plays such daemons on a
+# socket of its own: Hello with a lineage it chooses, then Watch answered and
+# the events it is given; it drops the connection as a kill -9 would. The
+# messages are encoded by hand (proto/tensord.proto), as tests/integration's
+# hostile.py does.
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | 0x80 if n else b)
+        if not n:
+            return bytes(out)
+
+
+def _field(num, v):
+    if isinstance(v, int):
+        return _varint(num << 3) + _varint(v)
+    if isinstance(v, str):
+        v = v.encode()
+    return _varint(num << 3 | 2) + _varint(len(v)) + v
+
+
+def _fixed64(num, v):
+    return _varint(num << 3 | 1) + v.to_bytes(8, "little")
+
+
+def _decode(buf):
+    fields, i = {}, 0
+    while i < len(buf):
+        key = n = shift = 0
+        while True:
+            b = buf[i]
+            i += 1
+            key |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        wt = key & 7
+        if wt == 0:
+            shift = 0
+            while True:
+                b = buf[i]
+                i += 1
+                n |= (b & 0x7F) << shift
+                shift += 7
+                if not b & 0x80:
+                    break
+            v = n
+        elif wt == 1:
+            v, i = buf[i:i + 8], i + 8
+        elif wt == 2:
+            ln = shift = 0
+            while True:
+                b = buf[i]
+                i += 1
+                ln |= (b & 0x7F) << shift
+                shift += 7
+                if not b & 0x80:
+                    break
+            v, i = bytes(buf[i:i + ln]), i + ln
+        else:
+            raise ValueError(f"wire type {wt}")
+        fields.setdefault(key >> 3, []).append(v)
+    return fields
+
+
+def _frame(payload):
+    import struct
+    return struct.pack("<IHH", len(payload), 1, 0) + payload
+
+
+def _events(req_id, *events):
+    """An Events reply (Reply.events = 12) for watch req_id: (name, commit) each."""
+    body = b"".join(_field(1, _field(2, n) + _field(3, 1) + _field(4, c)) for n, c in events)
+    return _frame(_field(1, req_id) + _field(12, body))
+
+
+class _PlayedDaemon:
+    """Serves connections on path one after the other, each as a daemon of
+    lineages[k]: Hello, then Watch (recorded in .watches, answered, then
+    events_for[k] sent), Unwatch; .drop() ends the current connection."""
+
+    def __init__(self, path, lineages, events_for):
+        import socket
+        self.lineages, self.events_for = lineages, events_for
+        self.watches, self.errors = [], []
+        self.conn = None
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(4)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _recv(self, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = self.conn.recv(n - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+        return buf
+
+    def _serve(self):
+        try:
+            for k, lin in enumerate(self.lineages):
+                self.conn, _ = self.sock.accept()
+                while True:
+                    try:
+                        head = self._recv(8)
+                    except OSError:
+                        head = None
+                    if head is None:
+                        break
+                    req = _decode(self._recv(int.from_bytes(head[:4], "little")))
+                    rid = req.get(1, [0])[0]
+                    if 2 in req:        # Hello
+                        hello = _field(1, 1) + _field(2, os.getpid()) + _field(3, 1 << 17) \
+                            + _fixed64(4, 1000 + k) + _fixed64(5, lin)
+                        self.conn.sendall(_frame(_field(1, rid) + _field(4, hello)))
+                    elif 16 in req:     # Watch
+                        m = _decode(req[16][0])
+                        self.watches.append({"prefix": m.get(1, [b""])[0].decode(),
+                                             "after": m.get(2, [0])[0],
+                                             "replay": bool(m.get(4, [0])[0])})
+                        self.conn.sendall(_frame(_field(1, rid)))
+                        if self.events_for[k]:
+                            self.conn.sendall(_events(rid, *self.events_for[k]))
+                    elif rid:
+                        self.conn.sendall(_frame(_field(1, rid)))
+        except Exception as e:      # noqa: BLE001 -- the test reads self.errors
+            self.errors.append(e)
+
+    def drop(self):
+        import socket
+        self.conn.shutdown(socket.SHUT_RDWR)
+
+    def close(self):
+        self.sock.close()
+        assert not self.errors, self.errors
+
+
+@pytest.mark.parametrize("restored", [True, False], ids=["same-lineage", "new-lineage"])
+def test_a_watch_resumes_by_lineage(tmp_path, restored):
+    """A daemon of the same lineage is asked to replay after the newest
+    commit the watch received (7): nothing lost, nothing twice, no
+    'restarted'. One of another lineage: 'restarted', then a replay of all
+    it has (after 0)."""
+    path = str(tmp_path / "played.sock")
+    played = _PlayedDaemon(path, [11, 11 if restored else 22],
+                           [[("m/a", 5), ("m/b", 7)], [("m/c", 9 if restored else 1)]])
+    try:
+        c = tensord.connect(path)
+        watch = c.watch("m/")
+        assert [(e.name, e.commit) for e in (watch.next(timeout=5), watch.next(timeout=5))] \
+            == [("m/a", 5), ("m/b", 7)]
+        played.drop()
+        ev = watch.next(timeout=10)
+        if restored:
+            assert played.watches[1] == {"prefix": "m/", "after": 7, "replay": True}
+        else:
+            assert played.watches[1] == {"prefix": "m/", "after": 0, "replay": True}
+            assert ev.kind == "restarted", ev
+            ev = watch.next(timeout=10)
+        assert (ev.kind, ev.name, ev.commit) == ("published", "m/c", 9 if restored else 1), ev
+        assert watch.poll() is None
+        watch.close()
+        c.close()
+    finally:
+        played.close()
+
+
+def test_a_live_watch_that_received_nothing_says_it_may_have_lagged(tmp_path):
+    """The same lineage, but the live watch received nothing before the
+    daemon went: where the old daemon's commits stood when it began is not
+    known, so it goes on live (no replay) and says 'lagged'."""
+    path = str(tmp_path / "played.sock")
+    played = _PlayedDaemon(path, [11, 11], [[], [("m/c", 9)]])
+    try:
+        c = tensord.connect(path)
+        watch = c.watch("m/")
+        assert watch.poll() is None
+        played.drop()
+        assert watch.next(timeout=10).kind == "lagged"
+        assert played.watches[1] == {"prefix": "m/", "after": 0, "replay": False}
+        assert (watch.next(timeout=10).name) == "m/c"
+        watch.close()
+        c.close()
+    finally:
+        played.close()
