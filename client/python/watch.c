@@ -103,6 +103,16 @@ static PyObject *Watch_poll(WatchObject *self, PyObject *unused)
 	return watch_next(self, 0);
 }
 
+/* tensord_watch_fd(): the descriptor to read before poll(); -1 while its connection is lost. */
+static PyObject *Watch_fileno(WatchObject *self, PyObject *unused)
+{
+	if (!self->w)
+		return PyErr_Format(PyExc_ValueError, "the watch is closed");
+	int fd = tensord_watch_fd(self->w);
+
+	return PyLong_FromLong(fd < 0 ? -1 : fd);
+}
+
 static PyObject *Watch_close(WatchObject *self, PyObject *unused)
 {
 	tensord_watch *w = self->w;
@@ -141,6 +151,7 @@ static PyMethodDef Watch_methods[] = {
 	  "TimeoutError after)." },
 	{ "poll", (PyCFunction)Watch_poll, METH_NOARGS,
 	  "poll($self, /)\n--\n\nThe next Event if one is there, else None (no wait)." },
+	{ "_fileno", (PyCFunction)Watch_fileno, METH_NOARGS, NULL },
 	{ "close", (PyCFunction)Watch_close, METH_NOARGS,
 	  "close($self, /)\n--\n\nEnds the watch." },
 	{ "__enter__", (PyCFunction)Watch_enter, METH_NOARGS,

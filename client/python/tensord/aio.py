@@ -27,11 +27,20 @@ would have, publishing its whole version or nothing (a put never publishes
 part of one); the cancelled await raises CancelledError at once, and the
 client's next call waits for that put's end.
 
+Waits and watches go on across a restart of the daemon (docs/restart.md,
+"Clients carry on"), as the blocking client's do: a wait whose connection
+was lost starts again over a new one with the time left (its after= kept
+by a daemon of the same lineage, else dropped), a watch watches again;
+while no daemon answers they try again on the loop's timers, pausing 10 ms
+growing to 100 ms, for TENSORD_RECONNECT_MS (30 s) in all, then raise
+NoDaemonError.
+
 An AsyncClient owns its connection: use it from its event loop's thread.
 """
 import asyncio
 import concurrent.futures
 import math
+import os
 
 from . import _tensord
 
@@ -70,6 +79,44 @@ def _large(n):
     return n is None or n >= OFFLOAD_BYTES
 
 
+def _grace():
+    """Seconds to go on reaching a daemon that went away (TENSORD_RECONNECT_MS)."""
+    ms = os.environ.get("TENSORD_RECONNECT_MS")
+    return (int(ms) if ms else 30000) / 1000
+
+
+def _pause(tries):
+    """The pause before connect attempt tries + 1: 10 ms growing to 100 ms, as libtensord's."""
+    return (10 + 10 * tries if tries < 10 else 100) / 1000
+
+
+class _Reconnect:
+    """One wait's or watch's tries to reach a daemon again: the grace runs
+    from the first failure to the next success."""
+
+    def __init__(self, loop):
+        self._loop = loop
+        self._since = None
+        self._tries = 0
+
+    def ok(self):
+        self._since, self._tries = None, 0
+
+    async def pause(self, error, deadline=None):
+        """Sleeps before the next try; raises error when the grace (or the
+        wait's deadline) is over."""
+        now = self._loop.time()
+        if self._since is None:
+            self._since = now
+        if now - self._since >= _grace() or (deadline is not None and now >= deadline):
+            raise error
+        delay = _pause(self._tries)
+        self._tries += 1
+        if deadline is not None:
+            delay = min(delay, max(0.0, deadline - now))
+        await asyncio.sleep(delay)
+
+
 class AsyncClient:
     """A tensord.Client for asyncio. Awaitable methods mirror Client's."""
 
@@ -80,6 +127,7 @@ class AsyncClient:
         self._watches = set()  # AsyncWatch objects with a reader registered
         self._reading = False
         self._fd = -1
+        self._epoch = 0        # tensord_epoch() when self._fd was registered
         # Held from a call's start to its end while a put runs off the loop, and
         # by the calls queued behind it (asyncio.Lock wakes waiters in order).
         self._order = asyncio.Lock()
@@ -88,11 +136,22 @@ class AsyncClient:
     # --- the reader ---------------------------------------------------------------------
 
     def _want_reader(self):
-        if not self._reading and not self._c.closed:
-            # The descriptor of the connection serving now: a new one after
-            # the daemon restarted (docs/restart.md, "Clients carry on").
-            self._fd = self._c.fileno()
-            self._loop.add_reader(self._fd, self._readable)
+        """Reads the connection serving now: a new one after the daemon
+        restarted (docs/restart.md, "Clients carry on"); none while no
+        daemon answers (the waits and watches try again on timers)."""
+        if self._c.closed:
+            return
+        try:
+            fd = self._c.fileno()
+        except ConnectionError:
+            fd = -1
+        if self._reading and fd == self._fd:
+            return
+        self._drop_reader(force=True)
+        if fd >= 0:
+            self._fd = fd
+            self._epoch = self._c._restart_state()[0]
+            self._loop.add_reader(fd, self._readable)
             self._reading = True
 
     def _drop_reader(self, force=False):
@@ -107,6 +166,9 @@ class AsyncClient:
         try:
             self._c._poll()
         except BaseException as e:  # noqa: BLE001 -- the connection is gone: every wait fails
+            # Each with its own answer when it has one (its connection's
+            # error: the op and its hold on that connection end now), else e.
+            self._settle()
             for op, fut in list(self._waits.items()):
                 if not fut.done():
                     fut.set_exception(e)
@@ -117,6 +179,10 @@ class AsyncClient:
             self._drop_reader(force=True)
             return
         self._settle()
+        if self._reading and self._c._restart_state()[0] != self._epoch:
+            # The read found the connection lost and went on over a new one:
+            # the old descriptor reads at EOF forever.
+            self._want_reader()
 
     def _settle(self):
         """Completes the futures of the operations answered (by any read)."""
@@ -197,6 +263,49 @@ class AsyncClient:
 
     # --- waits --------------------------------------------------------------------------
 
+    def _gone(self, e, epoch):
+        """Whether e says the daemon went away since epoch: nobody answers,
+        or the connection was lost (not a daemon's answer about a peer)."""
+        if isinstance(e, _tensord.NoDaemonError):
+            return True
+        if not isinstance(e, _tensord.ConnectionLostError):
+            return False
+        now, _, lost = self._c._restart_state()
+        return now != epoch or lost
+
+    async def _wait_on(self, start, what, after, timeout):
+        """start(what, after, timeout) -> op, awaited on the loop. A wait
+        whose daemon went away starts again over a new connection with the
+        time left, its after= dropped unless the new daemon is of the same
+        lineage (it restored the old one's generations and commit ids)."""
+        loop = self._loop
+        deadline = None if timeout is None else loop.time() + timeout
+        epoch, lineage, _ = self._c._restart_state()
+        retry = _Reconnect(loop)
+        seen = epoch
+
+        def begin():
+            nonlocal seen, after
+            self._c.fileno()    # the connection serving now: a new one after a loss
+            seen, now_lineage, _ = self._c._restart_state()
+            if seen != epoch and not (lineage and now_lineage == lineage):
+                after = None    # the old daemon's: nothing to the new one
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            return start(what, after, left)
+
+        while True:
+            try:
+                op = await self._call(begin)
+                retry.ok()
+                return await self._wait(op)
+            except ConnectionError as e:
+                if not self._gone(e, seen):
+                    raise
+                if isinstance(e, _tensord.NoDaemonError):
+                    await retry.pause(e, deadline)
+                elif deadline is not None and loop.time() >= deadline:
+                    raise
+
     async def attach(self, name, timeout=None, *, after=None):
         """Client.attach(); with after= or a timeout the wait runs on the event loop."""
         if after is None and timeout is None:
@@ -204,16 +313,14 @@ class AsyncClient:
         t = _seconds(timeout)
         if after is None and t is not None and t <= 0:
             return await self._call(self._c.attach, name, 0)
-        op = await self._call(self._c._attach_start, name, after, t)
-        return await self._wait(op)
+        return await self._wait_on(self._c._attach_start, name, after, t)
 
     async def attach_many(self, names_or_prefix, *, after=None, timeout=None):
         """Client.attach_many(): a dict name -> Tensor, waiting on the event loop."""
         if after is None and timeout is None:
             return await self._call(self._c.attach_many, names_or_prefix)
-        op = await self._call(self._c._attach_many_start, names_or_prefix, after,
-                              _seconds(timeout))
-        return await self._wait(op)
+        return await self._wait_on(self._c._attach_many_start, names_or_prefix, after,
+                                   _seconds(timeout))
 
     def watch(self, prefix="", *, after=None, queue=None):
         """An async iterator of Event, live from when watch() returns."""
@@ -323,6 +430,7 @@ class AsyncWatch:
         self._ac = client
         self._w = watch
         self._event = asyncio.Event()
+        self._tries = 0        # watching again: timers while no daemon answers
         client._watches.add(self)
         client._want_reader()
 
@@ -336,10 +444,22 @@ class AsyncWatch:
         if self._w is None:
             raise StopAsyncIteration
         while True:
-            ev = self._w.poll()       # what was read already, or what the socket holds
+            # What was read already, or what the socket holds; after a
+            # restart, one try to watch again over a new connection.
+            ev = self._w.poll()
             self._ac._settle()
             if ev is not None:
                 return ev
+            if self._w._fileno() < 0:
+                # Its connection was lost and no daemon answers yet: a
+                # timer, not the reader (poll() raises past the grace).
+                await asyncio.sleep(_pause(self._tries))
+                self._tries += 1
+                if self._w is None:
+                    raise StopAsyncIteration
+                continue
+            self._tries = 0
+            self._ac._want_reader()
             self._event.clear()
             await self._event.wait()
             if self._w is None:
