@@ -261,12 +261,14 @@ int td_client_current_bound(tensord_client **pc);
 bool td_client_lost(tensord_client *c);
 
 /*
- * A wait (an attach, an attach_many) across a lost connection: begun with
- * the caller's client and timeout; after a failure r, td_retry_again()
- * says whether to try again over a new connection (r says the daemon went
- * away, and the wait has time left: its timeout, or TENSORD_RECONNECT_MS,
- * 30 s, for one without), having connected, slept while no daemon answers,
- * and set *timeout_ms to what is left.
+ * A wait (an attach, an attach_many), or a request that changes nothing
+ * (timeout_ms 0: a read), across a lost connection: begun with the
+ * caller's client and timeout; after a failure r, td_retry_again() says
+ * whether to try again over a new connection: r says the daemon went
+ * away, no daemon has failed to answer for TENSORD_RECONNECT_MS (30 s)
+ * since, a wait has time left of its timeout, and a read was not sent
+ * again yet (once). It has connected (pausing 10 ms growing to 100 ms
+ * while no daemon answers) and set *timeout_ms to what is left.
  */
 struct td_retry {
 	tensord_client *c;
@@ -274,8 +276,10 @@ struct td_retry {
 	unsigned seen;    /* tensord_epoch() when this try began */
 	uint64_t lineage; /* tensord_lineage() when the wait began */
 	uint64_t start_ns;
+	uint64_t lost_ns; /* when the daemon stopped answering; 0: it answers */
 	int timeout_ms;
-	unsigned tries;
+	unsigned tries;  /* connect attempts since lost_ns */
+	unsigned resent; /* times the request went again */
 };
 void td_retry_begin(struct td_retry *rt, tensord_client *c, int timeout_ms);
 
@@ -288,6 +292,15 @@ void td_retry_begin(struct td_retry *rt, tensord_client *c, int timeout_ms);
  */
 uint64_t td_after_for(const tensord_client *cur, const struct td_retry *rt, uint64_t after);
 bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms);
+
+/*
+ * A request that changes nothing (stat, list, stats, leases, clients,
+ * ...): call(c, arg) whole, and once more over a new connection when the
+ * daemon went away meanwhile (td_retry, timeout 0). Requests that may
+ * have taken effect (put, create, publish, commit, unlink) are never sent
+ * twice: without the daemon's sequence numbers a retry could apply twice.
+ */
+int td_read(tensord_client *c, int (*call)(tensord_client *c, void *arg), void *arg);
 
 /*
  * Whether r says the daemon went away: nobody answers at its path

@@ -342,14 +342,21 @@ bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
 
 	if (!td_gone(rt->c, r, rt->seen))
 		return false;
+	/* A request that does not wait is sent once more, no more. */
+	if (rt->timeout_ms == 0 && rt->resent)
+		return false;
 	for (;;) {
-		uint64_t waited_ms = (now_ns() - rt->start_ns) / 1000000ull;
+		uint64_t now = now_ns(), waited_ms = (now - rt->start_ns) / 1000000ull;
 
-		/* A wait with a deadline goes on until it; one without for the
-		 * grace; a request that does not wait is tried once more. */
-		if (rt->timeout_ms > 0
-			    ? waited_ms >= (uint64_t)rt->timeout_ms
-			    : rt->tries > 0 && (rt->timeout_ms == 0 || waited_ms >= grace_ms))
+		/* The grace runs from when the daemon stopped answering, not
+		 * from the wait's start: a wait of an hour gets it in full. */
+		if (!rt->lost_ns)
+			rt->lost_ns = now;
+		/* A wait with a deadline goes on until it; every try while no
+		 * daemon answers for the grace (the first is always made). */
+		if (rt->timeout_ms > 0 && waited_ms >= (uint64_t)rt->timeout_ms)
+			return false;
+		if (rt->tries > 0 && (now - rt->lost_ns) / 1000000ull >= grace_ms)
 			return false;
 		if (r == -ECONNREFUSED) {
 			/* Nobody there yet: a restart takes a while. */
@@ -367,6 +374,10 @@ bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
 		}
 		r = -ECONNREFUSED;
 	}
+	/* A daemon answers again: a later loss gets the grace anew. */
+	rt->lost_ns = 0;
+	rt->tries = 0;
+	rt->resent++;
 	if (rt->timeout_ms > 0) {
 		*timeout_ms = rt->timeout_ms - (int)((now_ns() - rt->start_ns) / 1000000ull);
 		if (*timeout_ms <= 0) {
@@ -375,6 +386,18 @@ bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
 		}
 	}
 	return true;
+}
+
+int td_read(tensord_client *c, int (*call)(tensord_client *c, void *arg), void *arg)
+{
+	struct td_retry rt;
+	int r, left = 0;
+
+	td_retry_begin(&rt, c, 0);
+	do
+		r = call(c, arg);
+	while (r < 0 && td_retry_again(&rt, r, &left));
+	return r;
 }
 
 /* The Hello round trip: both sides speak the same protocol version. */

@@ -518,3 +518,86 @@ def test_aio_wait_gives_up_when_no_daemon_comes_back(rd):
         del os.environ["TENSORD_RECONNECT_MS"]
         rd.log.close()
         rd.start()
+
+
+# --- reads sent once more (issue 33: a request that changes nothing) ---------------------
+
+def test_reads_in_flight_go_once_more_and_writes_do_not(rd):
+    """list(), stats() and stat() sent to a daemon that is then killed (it
+    was stopped: they are in flight, unanswered) are sent once more over a
+    new connection once a daemon is back, and return; a put in flight is
+    not sent again: ConnectionLostError, and the new daemon has no 'y'."""
+    c = tensord.connect(rd.socket)
+    p = tensord.connect(rd.socket)
+    c.put("x", np.zeros(4))
+    got = {}
+
+    def call(key, fn):
+        try:
+            got[key] = fn()
+        except BaseException as e:      # noqa: BLE001 -- what it raised is the point
+            got[key] = e
+    calls = {"list": c.list, "stats": c.stats, "clients": c.clients, "leases": c.leases,
+             "stat": lambda: c.stat("x"), "put": lambda: c.put("y", np.zeros(4))}
+    rd.proc.send_signal(signal.SIGSTOP)
+    th = [threading.Thread(target=call, args=kv) for kv in calls.items()]
+    for t in th:
+        t.start()
+    time.sleep(0.3)                     # all sent, none answered
+    rd.proc.send_signal(signal.SIGKILL)
+    rd.proc.wait()
+    rd.log.close()
+    time.sleep(0.3)                     # no daemon for a while
+    rd.start()
+    p.put("x", np.ones(4))              # for the stat sent again, if it comes after
+    for t in th:
+        t.join(30)
+        assert not t.is_alive()
+    assert isinstance(got["list"], list), got
+    assert isinstance(got["stats"], dict), got
+    assert isinstance(got["clients"], list) and isinstance(got["leases"], list), got
+    assert isinstance(got["stat"], (tensord.TensorInfo, tensord.NotFoundError)), got
+    assert isinstance(got["put"], tensord.ConnectionLostError), got
+    assert "y" not in [i.name for i in c.list()]
+    c.close()
+    p.close()
+
+
+def test_a_read_after_a_restart_does_not_raise(rd):
+    """A client whose socket holds bytes it did not read (a watch's events)
+    cannot tell from a look at it that the daemon went: its stat is sent,
+    fails, and goes once more over a new connection."""
+    c = tensord.connect(rd.socket)
+    p = tensord.connect(rd.socket)
+    w = c.watch("")
+    p.put("x", np.zeros(4))
+    time.sleep(0.1)                     # its event waits, unread, in c's socket
+    restart(rd)
+    p.put("x", np.ones(4))
+    info = c.stat("x")
+    assert info.name == "x"
+    w.close()
+    c.close()
+    p.close()
+
+
+def test_aio_reads_wait_for_a_daemon_on_the_loop(rd):
+    """An AsyncClient's list() whose daemon is gone waits for a new one on
+    the loop's timers: the loop runs on (here it starts the daemon), and
+    the list returns."""
+    import asyncio
+    import tensord.aio
+
+    async def main():
+        async with await tensord.aio.connect(rd.socket) as ac:
+            await ac.put("x", np.zeros(4))
+            rd.proc.send_signal(signal.SIGKILL)
+            rd.proc.wait()
+            rd.log.close()
+            ls = asyncio.ensure_future(ac.list())
+            await asyncio.sleep(0.3)
+            assert not ls.done(), ls
+            await asyncio.to_thread(rd.start)
+            assert isinstance(await asyncio.wait_for(ls, 10), list)
+            assert isinstance(await ac.stats(), dict)
+    asyncio.run(asyncio.wait_for(main(), 60))

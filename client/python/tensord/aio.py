@@ -229,6 +229,21 @@ class AsyncClient:
         async with self._order:
             return self._inline(fn, *args, **kwargs)
 
+    async def _read(self, fn, *args, **kwargs):
+        """A call that changes nothing (stat, list, stats, a plain attach,
+        ...), inline. libtensord sends it once more when the daemon goes
+        away meanwhile; a connection lost before it is replaced here first,
+        so that while no daemon answers the loop's timers wait for one (for
+        TENSORD_RECONNECT_MS, then NoDaemonError), not the call."""
+        retry = _Reconnect(self._loop)
+        while not self._c.closed:
+            try:
+                self._c.fileno()    # connects anew after a loss; at once NoDaemonError if none
+                break
+            except _tensord.NoDaemonError as e:
+                await retry.pause(e)
+        return await self._call(fn, *args, **kwargs)
+
     async def _offload(self, fn, *args, **kwargs):
         """fn(*args, **kwargs) on the client's worker thread, in the order of calls.
 
@@ -309,16 +324,16 @@ class AsyncClient:
     async def attach(self, name, timeout=None, *, after=None):
         """Client.attach(); with after= or a timeout the wait runs on the event loop."""
         if after is None and timeout is None:
-            return await self._call(self._c.attach, name)
+            return await self._read(self._c.attach, name)
         t = _seconds(timeout)
         if after is None and t is not None and t <= 0:
-            return await self._call(self._c.attach, name, 0)
+            return await self._read(self._c.attach, name, 0)
         return await self._wait_on(self._c._attach_start, name, after, t)
 
     async def attach_many(self, names_or_prefix, *, after=None, timeout=None):
         """Client.attach_many(): a dict name -> Tensor, waiting on the event loop."""
         if after is None and timeout is None:
-            return await self._call(self._c.attach_many, names_or_prefix)
+            return await self._read(self._c.attach_many, names_or_prefix)
         return await self._wait_on(self._c._attach_many_start, names_or_prefix, after,
                                    _seconds(timeout))
 
@@ -366,25 +381,25 @@ class AsyncClient:
         return await self._call(self._c.create, *args, **kwargs)
 
     async def stat(self, *args, **kwargs):
-        return await self._call(self._c.stat, *args, **kwargs)
+        return await self._read(self._c.stat, *args, **kwargs)
 
     async def list(self, *args, **kwargs):
-        return await self._call(self._c.list, *args, **kwargs)
+        return await self._read(self._c.list, *args, **kwargs)
 
     async def unlink(self, *args, **kwargs):
         return await self._call(self._c.unlink, *args, **kwargs)
 
     async def stats(self):
-        return await self._call(self._c.stats)
+        return await self._read(self._c.stats)
 
     async def leases(self, *args, **kwargs):
-        return await self._call(self._c.leases, *args, **kwargs)
+        return await self._read(self._c.leases, *args, **kwargs)
 
     async def clients(self):
-        return await self._call(self._c.clients)
+        return await self._read(self._c.clients)
 
     async def metrics(self):
-        return await self._call(self._c.metrics)
+        return await self._read(self._c.metrics)
 
     def transaction(self):
         """A Transaction (its calls are single round trips: use them as is)."""
