@@ -199,13 +199,19 @@ static int current(tensord_client **pc, bool throttled)
 			/* Not under c's lock: connecting takes the list's lock,
 			 * which a fork takes before c's. */
 			r = tensord_connect_named(c->path, *c->label ? c->label : NULL, &mine);
-			if (r < 0 && inherited)
-				return td_set_error(r,
-						    "this process (pid %d) was forked from the one "
-						    "that connected, and connecting anew to %s "
-						    "failed: %s",
-						    (int)getpid(), c->path, tensord_last_error());
 			if (r < 0) {
+				/* A copy: the message is written over the buffer
+				 * tensord_last_error() gives. */
+				char failed[sizeof(why)];
+
+				snprintf(failed, sizeof(failed), "%s", tensord_last_error());
+				if (inherited)
+					return td_set_error(
+						r,
+						"this process (pid %d) was forked from the one "
+						"that connected, and connecting anew to %s "
+						"failed: %s",
+						(int)getpid(), c->path, failed);
 				/* The daemon is not back (yet): no daemon, a
 				 * ConnectionRefusedError in Python. */
 				if (r == -ENOENT || r == -ENOTSOCK)
@@ -214,7 +220,7 @@ static int current(tensord_client **pc, bool throttled)
 					r,
 					"connection to tensord at %s was lost (%s), and "
 					"connecting anew failed: %s",
-					c->path, why, tensord_last_error());
+					c->path, why, failed);
 			}
 			pthread_mutex_lock(&c->lock);
 			if (c->successor || c->user_closed) {

@@ -197,9 +197,13 @@ def test_a_watch_gives_up_when_no_daemon_comes_back(rd):
         rd.proc.send_signal(signal.SIGKILL)
         rd.proc.wait()
         t0 = time.monotonic()
-        with pytest.raises(tensord.NoDaemonError, match="watch of 'g/'"):
+        with pytest.raises(tensord.NoDaemonError, match="watch of 'g/'") as ei:
             watch.next(timeout=30)
         assert time.monotonic() - t0 < 5
+        # Why, once: the path, that nobody answers, and for how long.
+        msg = str(ei.value)
+        assert msg.count("was lost") == 1 and "no tensord at " + rd.socket in msg, msg
+        assert "TENSORD_RECONNECT_MS" in msg, msg
         # poll() tries once, and says nothing yet (no daemon)
         assert watch.poll() is None
     finally:
