@@ -41,8 +41,10 @@ struct tensord_watch {
 	char prefix[TENSORD_NAME_MAX + 1];
 	bool replay;      /* it wants every commit of its daemon's lineage after q.seen */
 	uint64_t lineage; /* of the daemon its events came from (tensord_lineage()) */
-	uint64_t lost_ns; /* CLOCK_MONOTONIC when its daemon stopped answering; 0: it answers */
+	uint64_t lost_ms; /* CLOCK_MONOTONIC when its daemon stopped answering; 0: it answers */
 	unsigned tries;   /* connect attempts since */
+	/* Held by tensord_watch_next(): threads take turns (resuming moves c and q). */
+	pthread_mutex_t turn;
 };
 
 void td_watch_set_id(struct td_watch_q *q, uint64_t id)
@@ -198,6 +200,7 @@ int tensord_watch_start(tensord_client *c, const char *prefix, bool replay, uint
 		free(w);
 		return r;
 	}
+	pthread_mutex_init(&w->turn, NULL);
 	td_client_ref(c);
 	w->open = true;
 	*ret_watch = w;
@@ -280,17 +283,17 @@ static int resume(tensord_watch *w, int timeout_ms, uint64_t end)
 		if (r == 0)
 			r = watch_again(w, cur);
 		if (r == 0) {
-			w->lost_ns = w->tries = 0;
+			w->lost_ms = w->tries = 0;
 			return 0;
 		}
 		if (!td_gone(w->c, r, seen))
 			return r;
 		now = now_ms();
-		if (!w->lost_ns)
-			w->lost_ns = now;
-		if (now - w->lost_ns >= grace) {
+		if (!w->lost_ms)
+			w->lost_ms = now;
+		if (now - w->lost_ms >= grace) {
 			snprintf(saved, sizeof(saved), "%s", tensord_last_error());
-			w->lost_ns = w->tries = 0;
+			w->lost_ms = w->tries = 0;
 			return td_set_error(r,
 					    "watch of '%s': %s (no daemon answered for %llu ms, "
 					    "TENSORD_RECONNECT_MS)",
@@ -312,14 +315,12 @@ static int resume(tensord_watch *w, int timeout_ms, uint64_t end)
 	}
 }
 
-int tensord_watch_next(tensord_watch *w, int timeout_ms, tensord_event *ret_event)
+/* tensord_watch_next(), its turn taken. */
+static int next_event(tensord_watch *w, int timeout_ms, tensord_event *ret_event)
 {
-	uint64_t end;
+	uint64_t end = timeout_ms > 0 ? now_ms() + (uint64_t)timeout_ms : 0;
 	int r;
 
-	if (!w || !ret_event)
-		return td_set_error(-EINVAL, "watch_next: NULL argument");
-	end = timeout_ms > 0 ? now_ms() + (uint64_t)timeout_ms : 0;
 	for (;;) {
 		tensord_client *c = w->c;
 		bool got;
@@ -379,6 +380,18 @@ int tensord_watch_fd(tensord_watch *w)
 	return fd;
 }
 
+int tensord_watch_next(tensord_watch *w, int timeout_ms, tensord_event *ret_event)
+{
+	int r;
+
+	if (!w || !ret_event)
+		return td_set_error(-EINVAL, "watch_next: NULL argument");
+	pthread_mutex_lock(&w->turn);
+	r = next_event(w, timeout_ms, ret_event);
+	pthread_mutex_unlock(&w->turn);
+	return r;
+}
+
 tensord_watch *tensord_watch_close(tensord_watch *w)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
@@ -404,6 +417,7 @@ tensord_watch *tensord_watch_close(tensord_watch *w)
 	pthread_mutex_lock(&c->lock);
 	td_watch_unregister(&c->conn, &w->q);
 	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_destroy(&w->turn);
 	free(w->q.v);
 	free(w);
 	td_client_unref(c);

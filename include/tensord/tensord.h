@@ -615,7 +615,8 @@ TENSORD_API int tensord_watch_start(tensord_client *client, const char *prefix, 
  * TENSORD_RECONNECT_MS (30 s) in all, across calls, pausing 10 ms growing
  * to 100 ms (within the call's timeout; with 0, one try per call, -EAGAIN
  * meanwhile, and tensord_watch_fd() says -ENOTCONN); past it
- * -ECONNREFUSED (nobody answers) or the connection's -errno.
+ * -ECONNREFUSED (nobody answers) or the connection's -errno. Threads
+ * calling it on one watch take turns.
  */
 TENSORD_API int tensord_watch_next(tensord_watch *watch, int timeout_ms, tensord_event *ret_event);
 
