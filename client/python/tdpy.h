@@ -368,7 +368,8 @@ PyObject *td_set_dict(tensord_set *set, ClientObject *client);
 		  "A Watch: an iterator of Event(kind, name, generation, commit) for the names\n"  \
 		  "under prefix you may read, live from when watch() returns. after: a commit\n"   \
 		  "id; first the current state of names committed after it. queue: events kept\n"  \
-		  "for a watch that is not read (default 1024), then coalesced: 'lagged'." },      \
+		  "for a watch that is not read (default 1024), then coalesced: 'lagged'. It\n"    \
+		  "goes on across a daemon restart ('restarted': the new one started empty)." },   \
 		{ "fileno", (PyCFunction)td_client_fileno, METH_NOARGS,                            \
 		  "fileno($self, /)\n--\n\nThe connection's descriptor (for event loops)." },      \
 		{ "_poll", (PyCFunction)td_client_poll, METH_NOARGS, NULL },                       \
