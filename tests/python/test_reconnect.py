@@ -547,7 +547,7 @@ def test_reads_in_flight_go_once_more_and_writes_do_not(rd):
     th = [threading.Thread(target=call, args=kv) for kv in calls.items()]
     for t in th:
         t.start()
-    time.sleep(0.3)                     # all sent, none answered
+    time.sleep(0.5)                     # all sent, none answered
     rd.proc.send_signal(signal.SIGKILL)
     rd.proc.wait()
     rd.log.close()
@@ -605,3 +605,22 @@ def test_aio_reads_wait_for_a_daemon_on_the_loop(rd):
             assert isinstance(await asyncio.wait_for(ls, 10), list)
             assert isinstance(await ac.stats(), dict)
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_replay_watch_that_received_nothing_resumes_from_its_after(tmp_path):
+    """The same lineage, a watch with after=3 that received nothing yet:
+    the new daemon is asked for what came after 3, as the first was."""
+    path = str(tmp_path / "played.sock")
+    played = _PlayedDaemon(path, [11, 11], [[], [("m/c", 9)]])
+    try:
+        c = tensord.connect(path)
+        watch = c.watch("m/", after=3)
+        assert watch.poll() is None
+        played.drop()
+        assert watch.next(timeout=10).name == "m/c"
+        assert played.watches == [{"prefix": "m/", "after": 3, "replay": True}] * 2
+        assert watch.poll() is None
+        watch.close()
+        c.close()
+    finally:
+        played.close()
