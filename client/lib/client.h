@@ -265,10 +265,11 @@ bool td_client_lost(tensord_client *c);
  * (timeout_ms 0: a read), across a lost connection: begun with the
  * caller's client and timeout; after a failure r, td_retry_again() says
  * whether to try again over a new connection: r says the daemon went
- * away, no daemon has failed to answer for TENSORD_RECONNECT_MS (30 s)
- * since, a wait has time left of its timeout, and a read was not sent
- * again yet (once). It has connected (pausing 10 ms growing to 100 ms
- * while no daemon answers) and set *timeout_ms to what is left.
+ * away, no daemon has failed to answer for TENSORD_RECONNECT_MS (30 s;
+ * a read 2 s at most) since, a wait has time left of its timeout, and a
+ * read was not sent again yet (once). It has connected (pausing 10 ms
+ * growing to 100 ms while no daemon answers) and set *timeout_ms to what
+ * is left.
  */
 struct td_retry {
 	tensord_client *c;

@@ -254,6 +254,14 @@ int td_client_current_bound(tensord_client **pc)
 /* How long a wait without a deadline tries to reach a daemon that is gone (TENSORD_RECONNECT_MS). */
 #define TD_RECONNECT_GRACE_MS 30000
 
+/*
+ * How long a request that does not wait (a read) waits for a new daemon at
+ * most: a restart's time (systemd's RestartSec= is 100 ms by default, a
+ * daemon starts in tens of ms), not a wait's, so that a read on a client
+ * whose daemon is gone for good says so soon.
+ */
+#define TD_READ_RECONNECT_MS 2000
+
 static uint64_t now_ns(void)
 {
 	struct timespec ts;
@@ -346,6 +354,8 @@ bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
 	tensord_client *cur;
 	char saved[512];
 
+	if (rt->timeout_ms == 0 && grace_ms > TD_READ_RECONNECT_MS)
+		grace_ms = TD_READ_RECONNECT_MS;
 	if (!td_gone(rt->c, r, rt->seen))
 		return false;
 	/* A request that does not wait is sent once more, no more. */

@@ -624,3 +624,21 @@ def test_a_replay_watch_that_received_nothing_resumes_from_its_after(tmp_path):
         c.close()
     finally:
         played.close()
+
+
+def test_a_read_whose_daemon_is_gone_says_so_soon(rd):
+    """A read waits for a new daemon a restart's time (2 s), not a wait's
+    (TENSORD_RECONNECT_MS, 30 s): NoDaemonError after it."""
+    c = tensord.connect(rd.socket)
+    c.put("x", np.zeros(4))
+    rd.proc.send_signal(signal.SIGKILL)
+    rd.proc.wait()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(tensord.NoDaemonError):
+            c.stat("x")
+        assert 1.5 < time.monotonic() - t0 < 5
+    finally:
+        rd.log.close()
+        rd.start()
+    c.close()

@@ -85,6 +85,11 @@ def _grace():
     return (int(ms) if ms else 30000) / 1000
 
 
+# A call that does not wait waits for a new daemon at most this long (a
+# restart's time), as libtensord's own reads (TD_READ_RECONNECT_MS).
+_READ_GRACE = 2.0
+
+
 def _pause(tries):
     """The pause before connect attempt tries + 1: 10 ms growing to 100 ms, as libtensord's."""
     return (10 + 10 * tries if tries < 10 else 100) / 1000
@@ -94,8 +99,9 @@ class _Reconnect:
     """One wait's or watch's tries to reach a daemon again: the grace runs
     from the first failure to the next success."""
 
-    def __init__(self, loop):
+    def __init__(self, loop, most=None):
         self._loop = loop
+        self._most = most     # the grace's bound in seconds, or None
         self._since = None
         self._tries = 0
 
@@ -108,7 +114,8 @@ class _Reconnect:
         now = self._loop.time()
         if self._since is None:
             self._since = now
-        if now - self._since >= _grace() or (deadline is not None and now >= deadline):
+        grace = _grace() if self._most is None else min(_grace(), self._most)
+        if now - self._since >= grace or (deadline is not None and now >= deadline):
             raise error
         delay = _pause(self._tries)
         self._tries += 1
@@ -233,9 +240,9 @@ class AsyncClient:
         """A call that changes nothing (stat, list, stats, a plain attach,
         ...), inline. libtensord sends it once more when the daemon goes
         away meanwhile; a connection lost before it is replaced here first,
-        so that while no daemon answers the loop's timers wait for one (for
-        TENSORD_RECONNECT_MS, then NoDaemonError), not the call."""
-        retry = _Reconnect(self._loop)
+        so that while no daemon answers the loop's timers wait for one (2 s
+        at most, a restart's time, then NoDaemonError), not the call."""
+        retry = _Reconnect(self._loop, _READ_GRACE)
         while not self._c.closed:
             try:
                 self._c.fileno()    # connects anew after a loss; at once NoDaemonError if none
