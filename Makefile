@@ -98,6 +98,8 @@ UCX_OK  := $(shell pkg-config --exists $(UCX_PKG) 2>/dev/null && echo 1)
 XPORT_SRC := $(if $(UCX_OK),daemon/remote/xport/ucx.c,daemon/remote/xport/none.c)
 UCX_LIBS  := $(if $(UCX_OK),$(shell pkg-config --libs $(UCX_PKG)))
 CRYPTO_LIBS := $(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
+# The daemon's state log checks each record with zlib's CRC-32 (daemon/persist/record.c).
+ZLIB_LIBS := $(shell pkg-config --libs zlib 2>/dev/null || echo -lz)
 DMN_OBJ    := $(call obj,$(wildcard daemon/*.c daemon/*/*.c) $(GPU_DMN_SRC) $(XPORT_SRC)) \
               $(COMMON_OBJ) $(GPU_OBJ) $(PB_OBJ) $(PEER_PB_OBJ)
 
@@ -192,7 +194,7 @@ FORCE:
 # --- binaries and libraries -------------------------------------------------
 $(B)/tensord: $(DMN_OBJ)
 	@echo "  LD  $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CRYPTO_LIBS) $(UCX_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CRYPTO_LIBS) $(UCX_LIBS) $(ZLIB_LIBS)
 
 $(B)/daemon/main-fakegpu.o: daemon/main.c $(B)/proto/tensord.pb-c.h $(B)/.flags
 	@mkdir -p $(@D)
@@ -202,7 +204,7 @@ $(FAKEGPU_BIN): tests/fakegpu/tensord_fakegpu.c $(B)/daemon/main-fakegpu.o \
 		$(filter-out $(B)/daemon/main.o,$(DMN_OBJ))
 	@mkdir -p $(@D)
 	@echo "  LD  $@"
-	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CRYPTO_LIBS) $(UCX_LIBS)
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CRYPTO_LIBS) $(UCX_LIBS) $(ZLIB_LIBS)
 
 DBL_CORE := tests/gpudouble/core.c tests/gpudouble/double.h gpu/cuda/cuda_api.h gpu/cuda/nvml.h \
             gpu/hip/hip_api.h
@@ -253,6 +255,8 @@ UNIT_DEPS_test_desc        := common/desc.c common/names.c common/errors.c commo
 UNIT_DEPS_test_gpu_vendor  := common/vendor.c common/names.c common/desc.c common/errors.c
 UNIT_DEPS_test_pool        := daemon/memory/pool.c daemon/base/log.c common/paths.c
 UNIT_DEPS_test_slab        := daemon/memory/slab.c common/sys.c
+UNIT_DEPS_test_record      := daemon/persist/record.c
+$(B)/tests/unit/test_record: LDLIBS += $(ZLIB_LIBS)
 UNIT_DEPS_test_sys         := common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memory/memlimit.c
 UNIT_DEPS_test_ratelimit   := daemon/base/ratelimit.c daemon/base/log.c common/paths.c
@@ -369,7 +373,7 @@ test-asan:
 		$(PYTEST) -q -rs tests/integration
 	$(Q)ASAN_OPTIONS=detect_leaks=1 TENSORD_BUILD=$(abspath build-asan) TENSORD_SANITIZED=1 \
 		PYTHONPATH=$(abspath $(B))/python $(PYTEST_GPU) -q -rs tests/python/test_gpu_remote.py \
-		-k "not rate_report"
+		tests/python/test_restart.py -k "not rate_report"
 
 # The threads (the GPU worker, the host pool's worker, the client's flusher)
 # under ThreadSanitizer: the unit tests that run them, and the daemon over the

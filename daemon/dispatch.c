@@ -388,6 +388,8 @@ void dispatch_on_commit(void *ctx, const struct reg_change *v, size_t n, bool lo
 {
 	struct server *srv = ctx;
 
+	/* Recorded before anyone hears of it: what a client is told survives a crash. */
+	state_on_commit(srv->state, v, n, lost);
 	for (size_t i = 0; i < n; i++)
 		if (v[i].kind == REG_PUBLISHED)
 			waiters_wake(&srv->waiters, v[i].name, v[i].name_len, v[i].generation);

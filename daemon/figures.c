@@ -373,6 +373,7 @@ void figures_collect(const struct server *srv, int64_t viewer, struct figure_set
 	if (pool)
 		pool_get_stats(pool, &x.pool);
 	backend_host_slab_stats(&x.slabs, &x.slab_bytes);
+	state_figures(srv->state, &x.state);
 	/* Counted first, so the figure counts its own collect: the rows it walks. */
 	metrics_visits(METRICS_VISITS_METRICS, (uint64_t)srv->reg.n_devices + srv->quota.n_used +
 						       metrics->n_owners + srv->peers.n_peers);

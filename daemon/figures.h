@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "daemon/memory/pool.h"
+#include "daemon/persist/state.h"
 
 struct server;
 
@@ -93,6 +94,7 @@ struct figures_ctx {
 	struct pool_stats pool;
 	uint32_t slabs;
 	uint64_t slab_bytes;
+	struct state_figures state; /* restart survival (daemon/persist/state.h) */
 };
 
 /*

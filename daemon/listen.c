@@ -28,7 +28,7 @@
 
 #include "common/paths.h"
 #include "daemon/base/log.h"
-#include "sdnotify.h"
+#include "daemon/base/sdnotify.h"
 #include "server.h"
 
 /* Is a daemon answering at path? A stale file from a dead one refuses. */
@@ -348,7 +348,9 @@ static int adopt_socket(struct server *srv, int fd)
 		return -errno;
 	}
 	memset(&sa, 0, sizeof(sa));
-	if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 && sa.sun_path[0])
+	/* A socket bound through its directory (a daemon's stored one) names
+	 * itself relatively: the path the daemon was given is then the one. */
+	if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 && sa.sun_path[0] == '/')
 		snprintf(srv->cfg.socket_path, sizeof(srv->cfg.socket_path), "%s", sa.sun_path);
 	srv->socket_inherited = true;
 	return fd;
@@ -384,8 +386,9 @@ void server_unlisten(struct server *srv)
 	uv_poll_stop(&srv->listen_poll);
 	uv_close((uv_handle_t *)&srv->listen_poll, NULL);
 	close(srv->listen_fd);
-	/* A passed socket belongs to the service manager, which listens on. */
-	if (!srv->socket_inherited)
+	/* A passed socket belongs to the service manager, which listens on; a
+	 * stored one is the next daemon's. */
+	if (!srv->socket_inherited && !srv->socket_stored)
 		server_socket_remove(srv->cfg.socket_path);
 	if (srv->reserve_fd >= 0)
 		close(srv->reserve_fd);

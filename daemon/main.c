@@ -20,8 +20,10 @@
 #include "metrics.h"
 #include "metrics_http.h"
 #include "options.h"
+#include "hold.h"
 #include "prometheus.h"
-#include "sdnotify.h"
+#include "reply.h"
+#include "daemon/base/sdnotify.h"
 #include "server.h"
 
 /* SIGUSR1: the state, in total, per device and per client, into the log. */
@@ -124,6 +126,8 @@ int main(int argc, char **argv)
 	int ready_fd = -1, r;
 
 	log_init();
+	if (argc == 3 && strcmp(argv[1], "--hold") == 0)
+		return hold_main(argv[2]);
 	sdnotify_init();
 	r = options_parse(argc, argv, &srv.cfg, &ready_fd);
 	if (r >= 0)
@@ -148,7 +152,36 @@ int main(int argc, char **argv)
 		/* Before any peer is up: it hooks into srv.peers (remote.c). */
 		remote_start(&srv.remote);
 	}
+	/* Before the socket: what a predecessor published serves from the first request. */
+	{
+		char why[400];
+		const char *env = getenv("FDSTORE");
+		uint64_t max = srv.cfg.fdstore_set ? srv.cfg.fdstore_max
+			       : srv.cfg.holder[0] ? 65536
+			       : env && *env       ? strtoull(env, NULL, 10)
+						   : 0;
+
+		r = srv.cfg.holder[0] ? sdnotify_use_holder(srv.cfg.holder, why, sizeof(why)) : 0;
+		if (r < 0) {
+			fprintf(stderr, "tensord: %s\n", why);
+			return 1;
+		}
+		r = state_start(&srv.state, &srv.reg, max, srv.cfg.state_log_size, why,
+				sizeof(why));
+		if (r < 0) {
+			fprintf(stderr, "tensord: %s\n", why);
+			sdnotify("STATUS=%s\nERRNO=%d", why, -r);
+			return 1;
+		}
+		if (srv.state)
+			reply_set_lineage(state_lineage(srv.state));
+	}
 	r = server_listen(&srv);
+	sdnotify_passed_end();
+	/* A socket the daemon bound itself is stored too: clients of the next
+	 * daemon connect to it, and wait in its backlog meanwhile. */
+	if (r == 0 && srv.state && !srv.socket_inherited)
+		srv.socket_stored = state_store_listener(srv.state, srv.listen_fd) == 0;
 	if (r < 0) {
 		fprintf(stderr, "tensord: cannot listen on %s: %s\n", srv.cfg.socket_path,
 			r == -EADDRINUSE ? "another tensord is running there"
@@ -194,6 +227,7 @@ int main(int argc, char **argv)
 	uv_run(srv.loop, UV_RUN_DEFAULT);
 
 	server_fini(&srv);
+	state_stop(srv.state);
 	peer_set_fini(&srv.peers);
 	uv_loop_close(srv.loop);
 	log_info("stopped");

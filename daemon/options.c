@@ -120,6 +120,16 @@ static void usage(FILE *f)
 		"  --recycle on|off   new versions of a writer's tensors reuse the memory of its\n"
 		"                     old ones, sealed F_SEAL_FUTURE_WRITE (default on;\n"
 		"                     docs/recycle.md); off: fresh memory and F_SEAL_WRITE\n"
+		"  --fdstore N        keep published tensors across a crash or restart in the\n"
+		"                     service manager's descriptor store, at most N\n"
+		"                     descriptors (default: $FDSTORE, which systemd sets\n"
+		"                     from FileDescriptorStoreMax=; 0: off; docs/restart.md)\n"
+		"  --state-log-size SIZE  rewrite the state log whole past SIZE (default 64Mi)\n"
+		"  --holder DIR       without systemd: keep the store in the holder at DIR\n"
+		"                     (tensord --hold DIR), which first stops the daemon it\n"
+		"                     served before; --fdstore defaults to 65536 then\n"
+		"tensord --hold DIR   run the holder: keeps daemons' stored descriptors\n"
+		"                     across their restarts and upgrades (docs/restart.md)\n"
 		"  --version          print the version and exit\n"
 		"peering with other nodes' daemons (docs/remote.md; off unless --peer-listen,\n"
 		"--peer or --peers-dns is given):\n"
@@ -253,6 +263,21 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 		}
 		cfg->no_recycle = strcmp(arg, "off") == 0;
 		return 0;
+	case OPT_FDSTORE:
+		cfg->fdstore_max = v;
+		cfg->fdstore_set = true;
+		return 0;
+	case OPT_STATE_LOG_SIZE:
+		cfg->state_log_size = v;
+		return 0;
+	case OPT_HOLDER:
+		if (strlen(arg) >= sizeof(cfg->holder) - 8) {
+			fprintf(stderr, "tensord: --holder %s: longer than %zu bytes\n", arg,
+				sizeof(cfg->holder) - 9);
+			return 2;
+		}
+		snprintf(cfg->holder, sizeof(cfg->holder), "%s", arg);
+		return 0;
 	default:
 		if (opt >= OPT_QUOTA && opt < OPT_QUOTA + QUOTA_KINDS)
 			return opt_parse_limit(opt, v, cfg);
@@ -290,6 +315,9 @@ static const struct option long_opts[] = {
 	{ "peer-max-replica-bytes", required_argument, NULL, OPT_PEER_MAX_REPLICA_BYTES },
 	{ "max-watch-queue", required_argument, NULL, OPT_MAX_WATCH_QUEUE },
 	{ "recycle", required_argument, NULL, OPT_RECYCLE },
+	{ "fdstore", required_argument, NULL, OPT_FDSTORE },
+	{ "state-log-size", required_argument, NULL, OPT_STATE_LOG_SIZE },
+	{ "holder", required_argument, NULL, OPT_HOLDER },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
 #define QUOTA_OPT_N(flag, kind) { flag, required_argument, NULL, OPT_QUOTA + QUOTA_##kind },

@@ -18,7 +18,7 @@
 #include "metrics.h"
 #include "metrics_http.h"
 #include "reply.h"
-#include "sdnotify.h"
+#include "daemon/base/sdnotify.h"
 #include "server.h"
 
 /* Stops accepting, closes every client, frees everything; the loop then ends.
@@ -28,6 +28,8 @@ void server_stop(struct server *srv)
 	if (srv->stopping)
 		return;
 	srv->stopping = true;
+	/* What shutdown frees stays in the store for the next start. */
+	state_freeze(srv->state);
 	log_info("stopping: %u clients, %llu tensors", srv->conns.n,
 		 (unsigned long long)srv->reg.n_tensors);
 	sdnotify("STOPPING=1\nSTATUS=stopping: %u clients, %llu tensors", srv->conns.n,
@@ -148,6 +150,10 @@ static void on_bind_due(uv_prepare_t *h)
 {
 	struct server *srv = h->data;
 
+	/* Every step of the iteration is recorded (docs/restart.md): the slab
+	 * slots it freed may be zeroed now. */
+	backend_host_flush_frees();
+	state_flush(srv->state);
 	if (registry_bind_due() && !uv_is_active((uv_handle_t *)&srv->bind_wake))
 		uv_timer_start(&srv->bind_wake, on_bind_wake, BIND_WAKE_MS, 0);
 }

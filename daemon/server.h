@@ -42,6 +42,7 @@
 #include "daemon/remote/peer.h"
 #include "quarantine.h"
 #include "daemon/base/quota.h"
+#include "daemon/persist/state.h"
 #include "daemon/registry/registry.h"
 #include "daemon/remote/remote.h"
 #include "waiters.h"
@@ -57,6 +58,10 @@ struct server_config {
 	struct quota_limits limits;  /* per-uid shares; 0: the default */
 	bool show_all_metadata;      /* list/stat show every tensor to everyone */
 	bool no_recycle;             /* --recycle off: every version in fresh memory */
+	uint64_t fdstore_max;        /* --fdstore: descriptors the store may keep; 0: off */
+	bool fdstore_set;            /* --fdstore given (else $FDSTORE says) */
+	uint64_t state_log_size;     /* --state-log-size; 0: the default */
+	char holder[100];            /* --holder DIR; "": systemd's store, if any */
 	bool metrics_per_uid;        /* the HTTP metrics show every uid's usage */
 	struct peer_config peer;     /* peering (peer.h); off unless --peer-listen or --peer */
 	struct remote_config remote; /* --export, --replica-keep, --peer-max-inflight */
@@ -76,8 +81,11 @@ struct server {
 	/* Remote attach over the peers (remote.c): what it is lent; remote.rm NULL while off. */
 	struct remote_env remote;
 	struct remote_figures remote_figs;
+	/* Tensors kept across restarts (docs/restart.md); NULL: the store is off. */
+	struct state *state;
 	int listen_fd;
 	bool socket_inherited; /* passed by systemd: not ours to unlink */
+	bool socket_stored;    /* in the descriptor store: the next daemon serves it */
 	int reserve_fd;        /* spare descriptor for shedding clients at EMFILE */
 	uv_poll_t listen_poll;
 	uv_signal_t sigterm, sigint;

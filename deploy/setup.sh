@@ -18,9 +18,11 @@ have_deb() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok install
 # has TCP, shared memory and verbs (RDMA), not CUDA.
 # libssl-dev: libcrypto's HMAC-SHA256, with which daemons authenticate
 # each other (daemon/remote/peer_auth.c).
+# zlib1g-dev: the CRC-32 that checks each record of the daemon's state log
+# (daemon/persist/record.c, docs/restart.md).
 for p in libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libzip-dev libjansson-dev \
          pkg-config clang clang-format libclang-rt-14-dev util-linux libamdhip64-dev libucx-dev \
-         libssl-dev; do
+         libssl-dev zlib1g-dev; do
 	have_deb "$p" || need_deb+=("$p")
 done
 

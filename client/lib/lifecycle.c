@@ -6,6 +6,7 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <time.h>
 #include <stdio.h>
@@ -283,6 +284,8 @@ void td_retry_begin(struct td_retry *rt, tensord_client *c, int timeout_ms)
 
 uint64_t td_after_for(const tensord_client *cur, const struct td_retry *rt, uint64_t after)
 {
+	if (!after || !rt) /* nothing to keep, or no wait (NULL) */
+		return after;
 	if (cur->epoch == rt->epoch || (rt->lineage && cur->lineage == rt->lineage))
 		return after;
 	return 0;
@@ -421,6 +424,7 @@ static int hello(tensord_client *c, const char *path)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Hello hello = TENSORD__HELLO__INIT;
+	struct td_pending p = { .fd = -1 };
 	Tensord__Reply *rep;
 	int r;
 
@@ -429,9 +433,40 @@ static int hello(tensord_client *c, const char *path)
 	hello.name = c->label;
 	req.body_case = TENSORD__REQUEST__BODY_HELLO;
 	req.hello = &hello;
-	r = td_rpc(c, &req, &rep, NULL);
+	r = td_rpc_start(c, &req, &p);
 	if (r < 0)
 		return r;
+	/*
+	 * A socket kept by a service manager or a holder accepts connections
+	 * while no daemon serves it (a restart, docs/restart.md): the connect
+	 * succeeds and nobody answers. Connecting never waits for that longer
+	 * than the reconnect grace (TENSORD_RECONNECT_MS, 30 s).
+	 */
+	{
+		const char *env = getenv("TENSORD_RECONNECT_MS");
+		long grace = env && *env ? strtol(env, NULL, 10) : 30000;
+		struct pollfd pfd = { .fd = c->conn.fd, .events = POLLIN };
+
+		while ((r = poll(&pfd, 1, grace > INT_MAX ? INT_MAX : (int)grace)) < 0 &&
+		       errno == EINTR)
+			;
+		if (r == 0) {
+			td_rpc_end(c, &p);
+			td_pending_clear(&p);
+			return td_set_error(
+				-ECONNREFUSED,
+				"no tensord answered at %s within %ld ms: the socket "
+				"accepts, but no daemon serves it (a restart under way?)",
+				path, grace);
+		}
+	}
+	td_rpc_wait(c, &p);
+	r = td_rpc_end(c, &p);
+	if (r < 0) {
+		td_pending_clear(&p);
+		return r;
+	}
+	rep = p.reply;
 	if (rep->body_case != TENSORD__REPLY__BODY_HELLO ||
 	    rep->hello->version != TENSORD_PROTOCOL_VERSION)
 		r = td_set_error(-EPROTO, "tensord at %s speaks another protocol version", path);

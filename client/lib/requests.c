@@ -458,7 +458,7 @@ int tensord_attach_legacy(tensord_client *c, const char *name, int timeout_ms,
 			  DLManagedTensor **ret_tensor)
 {
 	struct td_lease *l;
-	int r = attach_lease(c, name, 0, timeout_ms, 0, &l);
+	int r = attach_lease(c, name, 0, timeout_ms, NULL, &l);
 
 	if (r < 0)
 		return r;

@@ -237,6 +237,29 @@ TD_GPU_VENDORS(BACKEND_GPU_DECLARE)
 void backend_host_set_pool(uint64_t budget);
 
 /*
+ * From now on (shutdown, docs/restart.md) freed host memory keeps its
+ * bytes: slab slots are not zeroed, since the service manager's store
+ * keeps the slab for the next daemon to restore from.
+ */
+void backend_host_keep_contents(void);
+
+/*
+ * With the descriptor store on (docs/restart.md): slab slots freed during a
+ * commit step are zeroed and reused only at backend_host_flush_frees(),
+ * which the loop calls after each step's record is written.
+ */
+void backend_host_defer_frees(void);
+void backend_host_flush_frees(void);
+
+/*
+ * fn(fd) is called with each host memory descriptor the daemon is about to
+ * close for good (a tensor's memfd, a ring buffer, a set allocation, an
+ * empty slab), on the loop thread: the descriptor store lets go of it
+ * then (docs/restart.md). NULL: none.
+ */
+void backend_host_set_release_hook(void (*fn)(int fd));
+
+/*
  * How long a GPU backend keeps a device's context after the device's last
  * tensor went (--gpu-context-hold), in milliseconds: a create within that
  * time finds the context still there instead of making a new one, which

@@ -42,6 +42,8 @@
 static uint64_t pool_budget = UINT64_MAX;
 static struct pool *pool;
 static struct slabs slabs; /* small immutable tensors; a->priv is the slab */
+/* Told of each memory descriptor before it closes for good (docs/restart.md). */
+static void (*release_hook)(int fd);
 
 void backend_host_set_pool(uint64_t budget)
 {
@@ -437,12 +439,36 @@ static void host_release(struct backend_alloc *a)
 		a->priv = NULL;
 		return;
 	}
+	if (a->fd >= 0 && release_hook)
+		release_hook(a->fd);
 	/* Closing the last descriptor frees the pages: on the worker. */
 	if (a->fd >= 0 && pool)
 		pool_discard(pool, a->fd, a->size);
 	else if (a->fd >= 0)
 		close(a->fd);
 	a->fd = -1;
+}
+
+void backend_host_keep_contents(void)
+{
+	slabs.keep_contents = true;
+}
+
+void backend_host_set_release_hook(void (*fn)(int fd))
+{
+	release_hook = fn;
+	slabs.on_close = fn;
+}
+
+void backend_host_defer_frees(void)
+{
+	slabs.defer_frees = true;
+}
+
+void backend_host_flush_frees(void)
+{
+	if (slabs.n_pending)
+		slabs_flush(&slabs);
 }
 
 const struct backend_ops backend_host = {

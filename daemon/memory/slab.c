@@ -56,6 +56,10 @@ static void slab_close(struct slab *sl)
 
 void slabs_fini(struct slabs *s)
 {
+	slabs_flush(s);
+	free(s->pending);
+	s->pending = NULL;
+	s->cap_pending = 0;
 	while (s->list) {
 		struct slab *sl = s->list;
 
@@ -215,11 +219,50 @@ static void give_back(struct slab *sl, uint64_t off, uint64_t len)
 	sl->n_free++;
 }
 
+/* One slot freed and not yet zeroed (slabs.defer_frees). */
+struct slab_pending {
+	struct slab *sl;
+	uint64_t off, len;
+};
+
+static void free_now(struct slabs *s, struct slab *sl, uint64_t off, uint64_t len);
+
 void slab_free(struct slabs *s, struct slab *sl, uint64_t off, uint64_t size)
 {
 	uint64_t len = round_up(size);
 
-	zero_range(sl->fd, off, len);
+	if (s->defer_frees && !s->keep_contents) {
+		if (s->n_pending == s->cap_pending) {
+			size_t cap = s->cap_pending ? 2 * s->cap_pending : 64;
+			struct slab_pending *p = realloc(s->pending, cap * sizeof(*p));
+
+			if (p) {
+				s->pending = p;
+				s->cap_pending = cap;
+			}
+		}
+		if (s->n_pending < s->cap_pending) {
+			s->pending[s->n_pending++] = (struct slab_pending){ sl, off, len };
+			return;
+		}
+		/* Out of memory: now, as without the store. */
+	}
+	free_now(s, sl, off, len);
+}
+
+void slabs_flush(struct slabs *s)
+{
+	/* Each may close its slab: later entries never name a slab closed
+	 * before them, since a slab with a pending slot is not empty. */
+	for (size_t i = 0; i < s->n_pending; i++)
+		free_now(s, s->pending[i].sl, s->pending[i].off, s->pending[i].len);
+	s->n_pending = 0;
+}
+
+static void free_now(struct slabs *s, struct slab *sl, uint64_t off, uint64_t len)
+{
+	if (!s->keep_contents)
+		zero_range(sl->fd, off, len);
 	give_back(sl, off, len);
 	sl->used -= len;
 	s->used -= len;
@@ -232,6 +275,8 @@ void slab_free(struct slabs *s, struct slab *sl, uint64_t off, uint64_t size)
 		}
 	}
 	s->n_slabs--;
+	if (s->on_close)
+		s->on_close(sl->fd);
 	slab_close(sl);
 }
 

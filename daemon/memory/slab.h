@@ -23,6 +23,8 @@
 #ifndef TENSORD_SLAB_H
 #define TENSORD_SLAB_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -36,13 +38,30 @@ struct slab_class {
 };
 
 struct slab;
+struct slab_pending;
 
 struct slabs {
 	struct slab *list; /* owned */
 	uint64_t next_id;  /* ids are never reused */
 	uint32_t n_slabs;
 	uint64_t used; /* bytes in live slots, rounded to SLAB_ALIGN */
+	/* Shutdown with the descriptor store on: freed slots keep their bytes,
+	 * which the next daemon restores (docs/restart.md). */
+	bool keep_contents;
+	/*
+	 * The descriptor store on: a slot freed during a commit step keeps its
+	 * bytes until slabs_flush(), after the step's record is written, so a
+	 * crash in between never restores a slot already zeroed. Pending
+	 * slots stay taken until then.
+	 */
+	bool defer_frees;
+	void (*on_close)(int fd); /* a slab is about to close (backend_host_set_release_hook()) */
+	struct slab_pending *pending; /* owned */
+	size_t n_pending, cap_pending;
 };
+
+/* Zeroes and gives back the slots freed since the last flush (defer_frees). */
+void slabs_flush(struct slabs *s);
 
 void slabs_init(struct slabs *s);
 
@@ -57,7 +76,7 @@ void slabs_fini(struct slabs *s);
 int slab_alloc(struct slabs *s, const struct slab_class *cls, uint64_t size, struct slab **ret_slab,
 	       uint64_t *ret_off);
 
-/* Gives the slot at off of size bytes back (it is zeroed first). */
+/* Gives the slot at off of size bytes back (it is zeroed first; with defer_frees, at slabs_flush()). */
 void slab_free(struct slabs *s, struct slab *sl, uint64_t off, uint64_t size);
 
 /* Writes n bytes at off. 0 or -errno (-ENOSPC when tmpfs is full). */

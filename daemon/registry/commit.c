@@ -82,33 +82,62 @@ static void tomb_evict(struct registry *reg)
 	tomb_free(reg, tb);
 }
 
-/* t, published and named, loses its name for good: remember its generation. */
-static void tomb_add(struct registry *reg, const struct tensor *t, uint64_t commit)
+/* name (len bytes, NUL-terminated) loses its name for good at generation: remember it. */
+static void tomb_put(struct registry *reg, const char *name, size_t len, uint64_t generation,
+		     uint64_t commit, uint32_t uid, uint32_t gid, uint32_t mode)
 {
-	struct reg_tomb *tb = tomb_find(reg, t->name);
+	struct reg_tomb *tb = tomb_find(reg, name);
 
 	if (tb) /* the name's older tombstone: t was published over it */
 		tomb_free(reg, tb);
 	while (reg->n_tombs && reg->n_tombs >= reg->tombs_max)
 		tomb_evict(reg);
-	tb = reg->tombs_max ? malloc(sizeof(*tb) + t->name_len + 1) : NULL;
+	tb = reg->tombs_max ? malloc(sizeof(*tb) + len + 1) : NULL;
 	if (!tb) {
 		/* Out of memory (or no table): the floor remembers for every name. */
-		if (t->generation > reg->gen_floor)
-			reg->gen_floor = t->generation;
+		if (generation > reg->gen_floor)
+			reg->gen_floor = generation;
 		return;
 	}
-	tb->generation = t->generation;
+	tb->generation = generation;
 	tb->commit = commit;
-	tb->owner_uid = t->owner_uid;
-	tb->owner_gid = t->owner_gid;
-	tb->mode = t->mode;
-	tb->name_len = t->name_len;
-	memcpy(tb->buf, t->name, t->name_len + 1);
+	tb->owner_uid = uid;
+	tb->owner_gid = gid;
+	tb->mode = mode;
+	tb->name_len = len;
+	memcpy(tb->buf, name, len);
+	tb->buf[len] = '\0';
 	tb->name = tb->buf;
 	RB_INSERT(reg_tombs, &reg->tombs, tb);
 	TAILQ_INSERT_TAIL(&reg->tomb_age, tb, age);
 	reg->n_tombs++;
+}
+
+/* t, published and named, loses its name for good: remember its generation. */
+static void tomb_add(struct registry *reg, const struct tensor *t, uint64_t commit)
+{
+	tomb_put(reg, t->name, t->name_len, t->generation, commit, t->owner_uid, t->owner_gid,
+		 t->mode);
+}
+
+void registry_restore_versions(struct registry *reg, uint64_t next_commit, uint64_t gen_floor)
+{
+	if (next_commit > reg->next_commit)
+		reg->next_commit = next_commit;
+	if (gen_floor > reg->gen_floor)
+		reg->gen_floor = gen_floor;
+}
+
+void registry_restore_tomb(struct registry *reg, const char *name, size_t len, uint64_t generation,
+			   uint64_t commit, uint32_t uid, uint32_t gid, uint32_t mode)
+{
+	char key[TENSORD_NAME_MAX + 1];
+
+	if (len > TENSORD_NAME_MAX || !generation)
+		return;
+	memcpy(key, name, len);
+	key[len] = '\0';
+	tomb_put(reg, key, len, generation, commit, uid, gid, mode);
 }
 
 /* --- steps ------------------------------------------------------------------------ */

@@ -618,3 +618,13 @@ void registry_list(struct registry *reg, struct reg_client *rc, const char *pref
 	*ret_n = n;
 	*ret_next = t && last ? last->name : NULL;
 }
+
+void registry_each_published(struct registry *reg, void (*fn)(void *arg, struct tensor *t),
+			     void *arg)
+{
+	struct tensor *t;
+
+	RB_FOREACH(t, tensor_names, &reg->names)
+	if (t->state == TENSORD_STATE_PUBLISHED && t->generation)
+		fn(arg, t);
+}

@@ -394,6 +394,57 @@ int registry_unreserve(struct registry *reg, struct reg_client *rc, uint64_t id)
  */
 unsigned registry_forked(struct registry *reg, struct reg_client *rc);
 
+/*
+ * Restart (registry_restore.c, docs/restart.md): what a predecessor
+ * published, put back before the daemon serves. A tensor's record, as the
+ * state log kept it (borrowed for the call).
+ */
+struct reg_restore {
+	const char *name;
+	size_t name_len;
+	DLDataType dtype;
+	int32_t ndim;
+	const int64_t *shape, *strides; /* ndim each, strides in elements */
+	uint64_t nbytes, offset;        /* its bytes, where they start in its memory */
+	uint32_t uid, gid, mode, flags;
+	uint64_t generation, commit, created_ns;
+};
+
+/*
+ * Host memory kept across the restart (fd, owned from now on, of size
+ * bytes, whose tensors belong to uid, gid and mode): a set allocation with
+ * no writer, charged to uid, that registry_restore_tensor() places tensors
+ * in. NULL when the host backend does not serve or out of memory (fd is
+ * then the caller's still).
+ */
+struct reg_arena *registry_restore_memory(struct registry *reg, int fd, uint64_t size, uint32_t uid,
+					  uint32_t gid, uint32_t mode);
+
+/*
+ * Puts r back in the table, published and named, its bytes at r->offset
+ * of a: 0, or -EINVAL (a layout that does not add up or fit), -EEXIST or
+ * -ENOMEM, with the reason.
+ */
+int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const struct reg_restore *r,
+			    char *why, size_t why_len);
+
+/* No more tensors go into a: it is freed with its last (now, if it has none). */
+void registry_restore_memory_done(struct registry *reg, struct reg_arena *a);
+
+/*
+ * The versions a predecessor reached: commit ids continue above
+ * next_commit - 1, names the table does not remember above gen_floor, and
+ * name, unlinked (or not restored) at generation, is remembered as a
+ * tombstone, so that (name, generation) is never given out twice.
+ */
+void registry_restore_versions(struct registry *reg, uint64_t next_commit, uint64_t gen_floor);
+void registry_restore_tomb(struct registry *reg, const char *name, size_t len, uint64_t generation,
+			   uint64_t commit, uint32_t uid, uint32_t gid, uint32_t mode);
+
+/* Calls fn for every named, published tensor, in name order (fn must not change the table). */
+void registry_each_published(struct registry *reg, void (*fn)(void *arg, struct tensor *t),
+			     void *arg);
+
 /* Transactions one client may have open at once. */
 #define REGISTRY_TX_PER_CLIENT 16
 /* Members and staged unlinks of one transaction, at most. */

@@ -78,7 +78,8 @@ def test_build_stage_builds_from_what_it_copies(tmp_path):
                "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1"}
     tensorctl_too = {"libzip.so.4", "libjansson.so.4"}
     # peering's HMAC (libssl3) and remote attach's UCX (libucx0), docs/remote.md
-    tensord_too = {"libcrypto.so.3", "libucp.so.0", "libucs.so.0"}
+    # and the state log's CRC-32 (zlib1g, Essential: in every Debian image), docs/restart.md
+    tensord_too = {"libcrypto.so.3", "libucp.so.0", "libucs.so.0", "libz.so.1"}
     for binary in ["tensord", "tensorctl"]:
         path = tmp_path / "out" / "usr" / "bin" / binary
         dyn = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True,

@@ -189,7 +189,16 @@ def test_units_pass_systemd_analyze_verify(prefix):
                         str(units / "tensord.socket")], capture_output=True, text=True,
                        env=dict(os.environ, MANPATH=str(prefix / "share/man") + ":"),
                        timeout=120)
-    assert r.returncode == 0 and "tensord" not in r.stderr, r.stderr
+    err = r.stderr
+    # FileDescriptorStorePreserve= (the store kept across a stop,
+    # docs/restart.md) is systemd 254's; an older systemd warns and ignores
+    # it, and keeps the store across crashes and Restart= only.
+    v = subprocess.run(["systemd-analyze", "--version"], capture_output=True, text=True)
+    m = re.match(r"systemd (\d+)", v.stdout)
+    if m and int(m.group(1)) < 254:
+        err = "\n".join(line for line in err.splitlines()
+                        if "Unknown key 'FileDescriptorStorePreserve'" not in line)
+    assert r.returncode == 0 and "tensord" not in err, r.stderr
 
 
 def test_service_security_exposure_is_at_most_4(prefix):

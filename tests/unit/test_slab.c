@@ -72,6 +72,41 @@ static void test_freed_slot_is_zeroed_and_reused(void **state)
 	slabs_fini(&s);
 }
 
+/* With the descriptor store on, a slot freed in a step keeps its bytes and
+ * stays taken until the flush after the step's record (docs/restart.md). */
+static void test_deferred_free_keeps_bytes_until_the_flush(void **state)
+{
+	uint8_t data[5000], back[5000], zero[5000] = { 0 };
+	struct slabs s;
+	struct slab *x, *y, *keep;
+	uint64_t ox, oy, ok;
+
+	memset(data, 0xcd, sizeof(data));
+	slabs_init(&s);
+	s.defer_frees = true;
+	assert_int_equal(slab_alloc(&s, &A, 64, &keep, &ok), 0);
+	assert_int_equal(slab_alloc(&s, &A, sizeof(data), &x, &ox), 0);
+	assert_int_equal(slab_write(x, ox, data, sizeof(data)), 0);
+	slab_free(&s, x, ox, sizeof(data));
+	assert_int_equal(pread(slab_fd(keep), back, sizeof(back), (off_t)ox),
+			 (ssize_t)sizeof(back));
+	assert_memory_equal(back, data, sizeof(data));
+	/* Not reused before the flush. */
+	assert_int_equal(slab_alloc(&s, &A, sizeof(data), &y, &oy), 0);
+	assert_int_not_equal(oy, ox);
+	slab_free(&s, y, oy, sizeof(data));
+	slabs_flush(&s);
+	assert_int_equal(pread(slab_fd(keep), back, sizeof(back), (off_t)ox),
+			 (ssize_t)sizeof(back));
+	assert_memory_equal(back, zero, sizeof(zero));
+	assert_int_equal(s.n_pending, 0);
+	assert_int_equal(s.used, 256);
+	slab_free(&s, keep, ok, 64);
+	slabs_flush(&s);
+	assert_int_equal(s.n_slabs, 0);
+	slabs_fini(&s);
+}
+
 static void test_exhaustion_opens_a_second_slab_and_empty_ones_close(void **state)
 {
 	enum { N = SLAB_SIZE / SLAB_MAX_ALLOC };
@@ -132,6 +167,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_alignment_and_classes),
 		cmocka_unit_test(test_freed_slot_is_zeroed_and_reused),
+		cmocka_unit_test(test_deferred_free_keeps_bytes_until_the_flush),
 		cmocka_unit_test(test_exhaustion_opens_a_second_slab_and_empty_ones_close),
 		cmocka_unit_test(test_reader_descriptor_is_read_only),
 	};

@@ -1,0 +1,161 @@
+"""Restart survival (issue 33, docs/restart.md): what keeping the state costs
+and how fast a restarted daemon serves again.
+
+  put      back-to-back puts (replace=True) of one name with the descriptor
+           store on (a service manager played by tests/python/sdharness.py)
+           next to the same daemon with --fdstore 0, rounds interleaved
+           (on, off, on, off); medians and the ratio. Target: 4 KiB at
+           0.95x or better.
+  restart  exec of a restarted daemon to its first served attach of a
+           restored tensor, with --tensors small tensors and --gib GiB in
+           64 MiB tensors, next to the exec of an empty daemon to its first
+           answer (stat of a name that does not exist) in the same run.
+           Target: 1 s or less at 100,000 tensors and 4 GiB.
+"""
+import argparse
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import tensord  # noqa: E402
+from sdharness import ServiceManager  # noqa: E402
+
+
+def parse_size(s):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
+
+
+def put_rounds(c, a, n):
+    """Seconds per put, median of n back-to-back replace=True puts."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        c.put("p", a, replace=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_put(sizes, rounds, n):
+    with tempfile.TemporaryDirectory() as d_on, tempfile.TemporaryDirectory() as d_off:
+        on = ServiceManager(Path(d_on))
+        off = ServiceManager(Path(d_off), args=["--fdstore", "0"])
+        on.start(extra_args=["--log-level", "warn"])
+        off.start(extra_args=["--log-level", "warn"])
+        try:
+            c_on, c_off = tensord.connect(on.socket), tensord.connect(off.socket)
+            assert c_on.stats()["restart_store"] == 1 and c_off.stats()["restart_store"] == 0
+            for size in sizes:
+                a = np.ones(parse_size(size) // 8)
+                put_rounds(c_on, a, 50)
+                put_rounds(c_off, a, 50)
+                m_on, m_off = [], []
+                for _ in range(rounds):                     # on, off, on, off
+                    m_on.append(put_rounds(c_on, a, n))
+                    m_off.append(put_rounds(c_off, a, n))
+                t_on, t_off = statistics.median(m_on), statistics.median(m_off)
+                print(f"put {size:>5} back to back: store on {t_on * 1e6:9.1f} us, "
+                      f"off {t_off * 1e6:9.1f} us: {t_off / t_on:.3f}x of its speed "
+                      f"with the store off (target >= 0.95x)")
+            c_on.close()
+            c_off.close()
+        finally:
+            on.close()
+            off.close()
+
+
+def first_answer(sock, name, deadline):
+    """Seconds until an attach of name (or, None, a stat of a missing name) is served."""
+    while time.monotonic() < deadline:
+        try:
+            c = tensord.connect(sock)
+        except OSError:
+            time.sleep(0.0005)
+            continue
+        try:
+            if name is None:
+                try:
+                    c.stat("no-such-tensor")
+                except tensord.NotFoundError:
+                    pass
+            else:
+                c.attach(name).release()
+            return time.monotonic()
+        finally:
+            c.close()
+    raise TimeoutError("the daemon did not answer")
+
+
+def bench_restart(n_tensors, gib, rounds):
+    with tempfile.TemporaryDirectory() as d:
+        m = ServiceManager(Path(d), max_fds=65536)
+        m.start(extra_args=["--log-level", "warn"])
+        try:
+            c = tensord.connect(m.socket)
+            t0 = time.monotonic()
+            small = np.arange(8, dtype=np.int64)
+            batch = 1000
+            for i in range(0, n_tensors, batch):
+                c.put_many({f"small/{j}": small for j in range(i, min(i + batch, n_tensors))})
+            big = np.ones((64 << 20) // 8)
+            for i in range(int(gib * 16)):
+                c.put(f"big/{i}", big, sealed=True)
+            c.close()
+            print(f"restart: published {n_tensors} small tensors and {gib} GiB in "
+                  f"{int(gib * 16)} x 64 MiB in {time.monotonic() - t0:.1f} s; "
+                  f"{m.count()} descriptors stored")
+            full, empty = [], []
+            for _ in range(rounds):
+                m.kill(signal.SIGTERM)
+                t = time.monotonic()
+                m.start(extra_args=["--log-level", "warn"], wait=False)
+                full.append(first_answer(m.socket, "big/0", t + 60) - t)
+                # The same exec with nothing passed: an empty daemon's start.
+                ed = Path(d) / f"empty{len(empty)}"
+                ed.mkdir()
+                e = ServiceManager(ed, max_fds=65536)
+                t = time.monotonic()
+                e.start(extra_args=["--log-level", "warn"], wait=False)
+                empty.append(first_answer(e.socket, None, t + 60) - t)
+                e.close()
+            c = tensord.connect(m.socket)
+            st = c.stats()
+            c.close()
+            assert st["restart_restored_tensors"] == n_tensors + int(gib * 16), st
+            f, e0 = statistics.median(full), statistics.median(empty)
+            print(f"restart: exec to the first served attach, {n_tensors} tensors and "
+                  f"{gib} GiB restored: {f * 1e3:.1f} ms (median of {rounds}); an empty "
+                  f"daemon's exec to its first answer: {e0 * 1e3:.1f} ms; the restore "
+                  f"adds {(f - e0) * 1e3:.1f} ms (target: 1 s or less in all)")
+        finally:
+            m.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="put,restart")
+    ap.add_argument("--sizes", default="4K,1M")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--puts", type=int, default=400)
+    ap.add_argument("--tensors", type=int, default=100000)
+    ap.add_argument("--gib", type=float, default=4)
+    args = ap.parse_args()
+    parts = args.parts.split(",")
+    if "put" in parts:
+        bench_put(args.sizes.split(","), args.rounds, args.puts)
+    if "restart" in parts:
+        bench_restart(args.tensors, args.gib, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+/*
+ * tensord --hold DIR: the descriptor store without systemd (docs/restart.md,
+ * section 6). A small process that outlives daemons: it keeps what a
+ * daemon started with --holder DIR stores (the FDSTORE=1 / FDSTOREREMOVE=1
+ * datagrams of sd_notify, on DIR/notify), and hands all of it to the next
+ * daemon that asks on DIR/take, after the daemon it handed it to before
+ * has exited: it asks that one to stop (SIGTERM) and waits. Two daemons
+ * never change one state at once.
+ *
+ * A plain poll() loop over two sockets and a signalfd: the process does
+ * nothing else, and the event loop library would be more code than the
+ * loop. DIR is made 0700 by the holder, and only its own uid (or root) is
+ * served on either socket, since whoever takes the store gets every
+ * tensor's memory.
+ */
+#include "hold.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/base/log.h"
+
+/* At most this many descriptors are kept; past it a store is refused (logged). */
+#define HOLD_MAX (1u << 20)
+/* Descriptors in one hand-over message (the kernel's SCM_MAX_FD is 253). */
+#define HOLD_BATCH 200
+/* How long the daemon handed the store to before may take to exit when asked. */
+#define HOLD_STOP_MS 30000
+
+struct held {
+	int fd;
+	char name[256];
+};
+
+struct holder {
+	struct held *v;
+	size_t n, cap;
+	pid_t owner; /* the daemon the store was last handed to; 0: none */
+	int notify, take, sig;
+};
+
+static int bind_at(const char *dir, const char *leaf, int type, struct sockaddr_un *sa)
+{
+	int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+	socklen_t len;
+
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	if (fd < 0 || snprintf(sa->sun_path, sizeof(sa->sun_path), "%s/%s", dir, leaf) >=
+			      (int)sizeof(sa->sun_path)) {
+		if (fd >= 0)
+			close(fd);
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	unlink(sa->sun_path); /* a holder before us: DIR is ours (0700) */
+	len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(sa->sun_path) + 1);
+	if (bind(fd, (struct sockaddr *)sa, len) < 0 ||
+	    (type == SOCK_SEQPACKET && listen(fd, 8) < 0)) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static void drop(struct holder *h, const char *name)
+{
+	for (size_t i = 0; i < h->n;) {
+		if (strcmp(h->v[i].name, name) == 0) {
+			close(h->v[i].fd);
+			h->v[i] = h->v[--h->n];
+		} else {
+			i++;
+		}
+	}
+}
+
+/* One sd_notify datagram: FDSTORE=1 with its descriptors, FDSTOREREMOVE=1; the rest ignored. */
+static void on_notify(struct holder *h)
+{
+	char buf[4096], name[256] = "stored";
+	union {
+		char b[CMSG_SPACE(16 * sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { buf, sizeof(buf) - 1 };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b,
+			     .msg_controllen = sizeof(u.b) };
+	int fds[16], n_fds = 0;
+	bool store = false, remove = false;
+	ssize_t n = recvmsg(h->notify, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+
+	if (n < 0)
+		return;
+	buf[n] = '\0';
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+			for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int) && n_fds < 16;
+			     i++)
+				memcpy(&fds[n_fds++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+	for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+		if (strcmp(line, "FDSTORE=1") == 0)
+			store = true;
+		else if (strcmp(line, "FDSTOREREMOVE=1") == 0)
+			remove = true;
+		else if (strncmp(line, "FDNAME=", 7) == 0)
+			snprintf(name, sizeof(name), "%s", line + 7);
+	}
+	if (remove)
+		drop(h, name);
+	for (int i = 0; i < n_fds; i++) {
+		if (!store || h->n >= HOLD_MAX) {
+			if (store)
+				log_warn("hold: %s: the store holds %u descriptors already; not kept",
+					 name, HOLD_MAX);
+			close(fds[i]);
+			continue;
+		}
+		if (h->n == h->cap) {
+			size_t cap = h->cap ? 2 * h->cap : 256;
+			struct held *v = realloc(h->v, cap * sizeof(*v));
+
+			if (!v) {
+				log_warn("hold: %s: out of memory; not kept", name);
+				close(fds[i]);
+				continue;
+			}
+			h->v = v;
+			h->cap = cap;
+		}
+		h->v[h->n].fd = fds[i];
+		snprintf(h->v[h->n].name, sizeof(h->v[h->n].name), "%s", name);
+		h->n++;
+	}
+}
+
+/* Whether pid has exited (it is not our child: it may be anyone's). */
+static bool gone(pid_t pid)
+{
+	return kill(pid, 0) < 0 && errno == ESRCH;
+}
+
+/* The daemon the store was handed to stops first: SIGTERM, then SIGKILL past HOLD_STOP_MS. */
+static void stop_owner(struct holder *h, pid_t next)
+{
+	struct timespec t = { 0, 10 * 1000000L };
+	unsigned waited = 0;
+
+	if (!h->owner || h->owner == next || gone(h->owner))
+		return;
+	log_info("hold: daemon %d takes over: stopping daemon %d first", (int)next,
+		 (int)h->owner);
+	kill(h->owner, SIGTERM);
+	while (!gone(h->owner)) {
+		/* Its last FDSTORE datagrams are kept as they come. */
+		on_notify(h);
+		nanosleep(&t, NULL);
+		waited += 10;
+		if (waited == HOLD_STOP_MS) {
+			log_warn("hold: daemon %d did not stop in %u ms; killing it", (int)h->owner,
+				 HOLD_STOP_MS);
+			kill(h->owner, SIGKILL);
+		}
+	}
+}
+
+/* Hands every kept descriptor to the daemon on connection c, in batches, then END=1. */
+static void hand_over(struct holder *h, int c)
+{
+	struct ucred cr;
+	socklen_t len = sizeof(cr);
+
+	if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 ||
+	    (cr.uid != getuid() && cr.uid != 0)) {
+		log_warn("hold: a take from uid %d refused: only uid %d's daemon gets the store",
+			 (int)cr.uid, (int)getuid());
+		return;
+	}
+	stop_owner(h, cr.pid);
+	/* What the old daemon sent before it exited, still queued. */
+	for (int i = 0; i < 4096; i++) {
+		struct pollfd p = { h->notify, POLLIN, 0 };
+
+		if (poll(&p, 1, 0) <= 0)
+			break;
+		on_notify(h);
+	}
+	for (size_t at = 0; at < h->n; at += HOLD_BATCH) {
+		size_t k = h->n - at < HOLD_BATCH ? h->n - at : HOLD_BATCH;
+		union {
+			char b[CMSG_SPACE(HOLD_BATCH * sizeof(int))];
+			struct cmsghdr align;
+		} u;
+		char *names = malloc(k * 257 + 8);
+		size_t off = 0;
+		struct iovec iov;
+		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b,
+				     .msg_controllen = CMSG_SPACE(k * sizeof(int)) };
+		struct cmsghdr *cm;
+
+		if (!names)
+			return;
+		for (size_t i = 0; i < k; i++)
+			off += (size_t)sprintf(names + off, "%s%s", i ? ":" : "", h->v[at + i].name);
+		iov = (struct iovec){ names, off + 1 };
+		memset(&u, 0, sizeof(u));
+		cm = CMSG_FIRSTHDR(&mh);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(k * sizeof(int));
+		for (size_t i = 0; i < k; i++)
+			memcpy(CMSG_DATA(cm) + i * sizeof(int), &h->v[at + i].fd, sizeof(int));
+		if (sendmsg(c, &mh, MSG_NOSIGNAL) < 0) {
+			log_warn("hold: handing the store to daemon %d: %s", (int)cr.pid,
+				 strerror(errno));
+			free(names);
+			return;
+		}
+		free(names);
+	}
+	if (send(c, "", 1, MSG_NOSIGNAL) == 1) { /* an empty name list: the end */
+		h->owner = cr.pid;
+		log_info("hold: handed %zu descriptors to daemon %d", h->n, (int)cr.pid);
+	}
+}
+
+int hold_main(const char *dir)
+{
+	struct holder h = { 0 };
+	struct sockaddr_un sa;
+	struct stat st;
+	sigset_t set;
+
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		fprintf(stderr, "tensord --hold %s: %s\n", dir, strerror(errno));
+		return 1;
+	}
+	if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
+	    (st.st_mode & 077)) {
+		fprintf(stderr,
+			"tensord --hold %s: must be a directory of uid %d that only it can "
+			"enter (mode 0700): whoever reaches it gets every tensor's memory\n",
+			dir, (int)getuid());
+		return 1;
+	}
+	h.notify = bind_at(dir, "notify", SOCK_DGRAM, &sa);
+	h.take = h.notify < 0 ? -1 : bind_at(dir, "take", SOCK_SEQPACKET, &sa);
+	if (h.take < 0) {
+		fprintf(stderr, "tensord --hold %s: %s\n", dir, strerror(errno));
+		return 1;
+	}
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	h.sig = signalfd(-1, &set, SFD_CLOEXEC);
+	log_info("hold: keeping tensord's descriptors in %s (daemons: --holder %s)", dir, dir);
+	for (;;) {
+		struct pollfd p[3] = { { h.notify, POLLIN, 0 }, { h.take, POLLIN, 0 },
+				       { h.sig, POLLIN, 0 } };
+
+		if (poll(p, 3, -1) < 0 && errno != EINTR)
+			break;
+		if (p[0].revents & POLLIN)
+			on_notify(&h);
+		if (p[1].revents & POLLIN) {
+			int c = accept4(h.take, NULL, NULL, SOCK_CLOEXEC);
+
+			if (c >= 0) {
+				hand_over(&h, c);
+				close(c);
+			}
+		}
+		if (p[2].revents & POLLIN)
+			break;
+	}
+	/* The store goes with the holder: every tensor it kept is freed. */
+	log_info("hold: stopping: %zu descriptors let go", h.n);
+	for (size_t i = 0; i < h.n; i++)
+		close(h.v[i].fd);
+	free(h.v);
+	return 0;
+}

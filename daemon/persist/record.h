@@ -1,0 +1,110 @@
+/*
+ * The state log's format (docs/restart.md, section 3). A log is a memfd of
+ * records, each written with one pwrite() before the reply that makes its
+ * change visible:
+ *
+ *   record = head (32 bytes) | body (len bytes)
+ *   head   = magic u32 | version u16 | kind u16 | len u32 | crc u32
+ *            | seq u64 | lineage u64
+ *   crc    = CRC-32 (zlib's) of the head with crc 0, then of the body
+ *
+ * The first record of a log is BEGIN; every later one is a STEP, the
+ * changes of one commit step, applied whole or not at all. A record's body
+ * is written before its head, and the log is allocated ahead with zeros:
+ * a head of zeros is the log's end. Reading stops
+ * at the first record that is not whole and checked (a torn write, damage,
+ * another lineage, a seq out of order): it and everything after it are
+ * dropped. Numbers are in the host's byte order: the log never leaves the
+ * host that wrote it, and a log of another order fails its magic.
+ */
+#ifndef TENSORD_STATE_RECORD_H
+#define TENSORD_STATE_RECORD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define REC_MAGIC 0x54445354u /* "TSDT" */
+#define REC_VERSION 1
+#define REC_BEGIN 1
+#define REC_STEP 2
+/* A record's body is at most this long (a step of 65536 members fits). */
+#define REC_BODY_MAX (256u << 20)
+
+struct rec_head {
+	uint32_t magic;
+	uint16_t version, kind;
+	uint32_t len, crc;
+	uint64_t seq, lineage;
+};
+
+struct rec_begin {
+	uint64_t serial; /* the log's: the newest whole log is the state */
+	uint64_t next_commit, gen_floor;
+	uint64_t created_ns;
+};
+
+struct rec_step {
+	uint64_t commit; /* the step's */
+	uint64_t next_commit, gen_floor;
+	uint32_t n, zero;
+};
+
+/* What a step did to one name. */
+enum rec_entry_kind {
+	ENTRY_PUBLISHED = 1, /* published, its memory stored: restorable */
+	ENTRY_NAMED = 2,     /* published, not restorable: only its generation counts */
+	ENTRY_UNLINKED = 3,
+};
+
+struct rec_entry {
+	uint8_t kind, dtype_code, dtype_bits, ndim;
+	uint16_t dtype_lanes, name_len;
+	uint32_t uid, gid, mode, flags;
+	uint64_t generation, commit, created_ns;
+};
+
+/* Of an ENTRY_PUBLISHED, after the entry: where its bytes are. */
+struct rec_memory {
+	uint64_t nbytes, offset; /* in its memory */
+	uint64_t dev, ino, size; /* its memory's identity (fstat) and size */
+};
+
+/*
+ * An entry's bytes: rec_entry, rec_memory (published only), shape and
+ * strides (ndim int64 each, published only), the name, padding to 8.
+ */
+static inline size_t rec_entry_size(const struct rec_entry *e)
+{
+	size_t n = sizeof(*e) + e->name_len;
+
+	if (e->kind == ENTRY_PUBLISHED)
+		n += sizeof(struct rec_memory) + 2 * (size_t)e->ndim * sizeof(int64_t);
+	return (n + 7) & ~(size_t)7;
+}
+
+/* A growing buffer a record is built in. */
+struct rec_buf {
+	uint8_t *p;
+	size_t len, cap;
+	bool failed; /* out of memory: the record is not whole */
+};
+
+/* Appends n bytes (src NULL: zeros) and returns where they went, or NULL (failed). */
+void *rec_put(struct rec_buf *b, const void *src, size_t n);
+
+/* Starts a record of kind in b (emptied first); rec_seal() ends it. */
+void rec_begin(struct rec_buf *b, uint16_t kind);
+
+/* Fills in the head of the record in b: its length, seq, lineage and CRC. */
+void rec_seal(struct rec_buf *b, uint64_t seq, uint64_t lineage);
+
+/*
+ * Checks the record at off of a log of size bytes (p): 0 with *ret_head
+ * and *ret_body set, 1 at the log's end (nothing left), or -1 with why set
+ * (torn, damaged, not a record).
+ */
+int rec_check(const uint8_t *p, size_t size, size_t off, struct rec_head *ret_head,
+	      const uint8_t **ret_body, const char **why);
+
+#endif
