@@ -261,6 +261,13 @@ int td_client_current_bound(tensord_client **pc);
 bool td_client_lost(tensord_client *c);
 
 /*
+ * The connection serving c now (the last of its successors), made by
+ * nobody: lost or not, as it is. For calls that must not connect (an
+ * event loop's tensord_poll()).
+ */
+tensord_client *td_client_latest(tensord_client *c);
+
+/*
  * A wait (an attach, an attach_many), or a request that changes nothing
  * (timeout_ms 0: a read), across a lost connection: begun with the
  * caller's client and timeout; after a failure r, td_retry_again() says

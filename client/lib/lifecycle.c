@@ -115,9 +115,8 @@ bool td_client_lost(tensord_client *c)
 	return lost;
 }
 
-bool tensord_lost(tensord_client *c)
+tensord_client *td_client_latest(tensord_client *c)
 {
-	/* The connection serving c now: the last of its successors. */
 	for (;;) {
 		tensord_client *next;
 
@@ -125,9 +124,20 @@ bool tensord_lost(tensord_client *c)
 		next = c->successor;
 		pthread_mutex_unlock(&c->lock);
 		if (!next)
-			return td_client_lost(c);
+			return c;
 		c = next;
 	}
+}
+
+static void check_quiet(tensord_client *c, bool throttled);
+
+bool tensord_lost(tensord_client *c)
+{
+	/* The connection serving c now, looked at as a request would look
+	 * (a quiet one at its end is lost now, not at the next request). */
+	c = td_client_latest(c);
+	check_quiet(c, false);
+	return td_client_lost(c);
 }
 
 /* How often a request looks whether the daemon ended a quiet connection. */

@@ -264,10 +264,12 @@ static int watch_again(tensord_watch *w, tensord_client *cur)
 /*
  * w's connection was lost: connects anew (w's client's successor) and
  * watches again, trying while no daemon answers for TENSORD_RECONNECT_MS
- * (30 s) in all, pausing 10 ms growing to 100 ms. 0 once it watches again;
- * -EAGAIN (timeout_ms 0) or -ETIMEDOUT when the call's time (until end)
- * ran out first: the next call goes on. Else -errno, set: past the grace,
- * or the new daemon refused the watch.
+ * (30 s) in all, pausing 10 ms growing to 100 ms. With timeout_ms 0 (an
+ * event loop's call) it never connects, which waits for the daemon's
+ * Hello: it takes the connection tensord_fd() made, if any. 0 once it
+ * watches again; -EAGAIN (timeout_ms 0) or -ETIMEDOUT when the call's
+ * time (until end) ran out first: the next call goes on. Else -errno,
+ * set: past the grace, or the new daemon refused the watch.
  */
 static int resume(tensord_watch *w, int timeout_ms, uint64_t end)
 {
@@ -278,7 +280,17 @@ static int resume(tensord_watch *w, int timeout_ms, uint64_t end)
 		unsigned seen = tensord_epoch(w->c);
 		uint64_t now, pause;
 		char saved[512];
-		int r = td_client_current(&cur);
+		int r = 0;
+
+		if (timeout_ms != 0) {
+			r = td_client_current(&cur);
+		} else {
+			cur = td_client_latest(w->c);
+			if (cur == w->c || td_client_lost(cur))
+				r = td_set_error(-ECONNREFUSED,
+						 "its connection was lost, and no new one was made "
+						 "(tensord_fd() makes one)");
+		}
 
 		if (r == 0)
 			r = watch_again(w, cur);

@@ -297,7 +297,7 @@ int td_parse_wait(PyObject *timeout, PyObject *after, int *ms, uint64_t *ret_aft
 /*
  * Client methods of sets.c (transaction, put_many, attach_many), watch.c
  * (watch) and aio.c (fileno, _poll, _attach_start, _attach_many_start,
- * _restart_state), and
+ * _restart_state, _reconnect), and
  * their types: Transaction, Event and Watch onto mod; _Op only readied.
  */
 PyObject *td_client_transaction(ClientObject *self, PyObject *unused);
@@ -309,6 +309,7 @@ PyObject *td_client_attach_many_start(ClientObject *self, PyObject *args);
 PyObject *td_client_poll(ClientObject *self, PyObject *unused);
 PyObject *td_client_fileno(ClientObject *self, PyObject *unused);
 PyObject *td_client_restart_state(ClientObject *self, PyObject *unused);
+PyObject *td_client_reconnect(ClientObject *self, PyObject *unused);
 PyObject *td_client_put_file(ClientObject *self, PyObject *args, PyObject *kwds);
 PyObject *td_client_get_file(ClientObject *self, PyObject *args, PyObject *kwds);
 int td_sets_types_ready(PyObject *mod);
@@ -376,7 +377,8 @@ PyObject *td_set_dict(tensord_set *set, ClientObject *client);
 		{ "_attach_start", (PyCFunction)td_client_attach_start, METH_VARARGS, NULL },      \
 		{ "_attach_many_start", (PyCFunction)td_client_attach_many_start, METH_VARARGS,    \
 		  NULL },                                                                          \
-		{ "_restart_state", (PyCFunction)td_client_restart_state, METH_NOARGS, NULL },
+		{ "_restart_state", (PyCFunction)td_client_restart_state, METH_NOARGS, NULL },     \
+		{ "_reconnect", (PyCFunction)td_client_reconnect, METH_NOARGS, NULL },
 
 /* --- dlpack.c: no Python in here, so all of it is safe on any thread. --- */
 

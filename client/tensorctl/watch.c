@@ -187,9 +187,13 @@ int cmd_watch(tensord_client *c, const struct args *a)
 		rc = drain(w, json, a->group, &pending);
 		if (rc)
 			break;
-		/* The watch's connection: a new one after the daemon restarted;
-		 * none while it is away (the watch tries again every 100 ms). */
+		/* The watch's connection, or after the daemon restarted a new
+		 * one, made here (the watch's calls without a wait make none);
+		 * while no daemon answers, a try every 100 ms, until the watch
+		 * says it has been too long. */
 		pfd[0] = (struct pollfd){ .fd = tensord_watch_fd(w), .events = POLLIN };
+		if (pfd[0].fd < 0 && tensord_fd(c) >= 0)
+			continue;
 		if (poll(pfd, 2, pfd[0].fd < 0 ? 100 : -1) < 0 && errno != EINTR) {
 			rc = report(-errno, strerror(errno), NULL);
 			break;

@@ -285,9 +285,10 @@ TENSORD_API uint64_t tensord_lineage(tensord_client *client);
 
 /*
  * Whether the connection serving client was lost (the daemon crashed or
- * restarted) and not yet replaced: its next request connects anew. An
- * errno such as ECONNRESET from a call means the daemon went away only
- * when this says so (a daemon may answer with it about a peer). No request.
+ * restarted) and not yet replaced: its next request connects anew. A quiet
+ * connection is looked at for the daemon's end (one poll()). An errno such
+ * as ECONNRESET from a call means the daemon went away only when this says
+ * so (a daemon may answer with it about a peer). No request.
  */
 TENSORD_API bool tensord_lost(tensord_client *client);
 
@@ -613,9 +614,12 @@ TENSORD_API int tensord_watch_start(tensord_client *client, const char *prefix, 
  * connection failed. A lost connection is followed by a new one (see
  * tensord_watch_start()), tried while no daemon answers for
  * TENSORD_RECONNECT_MS (30 s) in all, across calls, pausing 10 ms growing
- * to 100 ms (within the call's timeout; with 0, one try per call, -EAGAIN
- * meanwhile, and tensord_watch_fd() says -ENOTCONN); past it
- * -ECONNREFUSED (nobody answers) or the connection's -errno. Threads
+ * to 100 ms (within the call's timeout); past it -ECONNREFUSED (nobody
+ * answers) or the connection's -errno. With timeout_ms 0 (an event loop)
+ * it never connects, since that waits for the daemon's Hello: while the
+ * watch's connection is lost it gives -EAGAIN and tensord_watch_fd()
+ * -ENOTCONN; call tensord_fd() (off the loop's thread: it connects anew)
+ * and then this again, which watches on over the new connection. Threads
  * calling it on one watch take turns.
  */
 TENSORD_API int tensord_watch_next(tensord_watch *watch, int timeout_ms, tensord_event *ret_event);
@@ -641,14 +645,20 @@ TENSORD_API tensord_watch *tensord_watch_close(tensord_watch *watch);
  */
 typedef struct tensord_op tensord_op;
 
-/* The descriptor to poll for reading. */
+/*
+ * The descriptor to poll for reading: the connection serving now, a new
+ * one when it was lost (connecting waits for the daemon's Hello, up to
+ * TENSORD_RECONNECT_MS where a holder or systemd keeps the socket through
+ * a restart: an event loop calls it off its thread when tensord_lost()).
+ */
 TENSORD_API int tensord_fd(tensord_client *client);
 
 /*
  * Reads what the daemon sent, without blocking, and completes operations
  * and queues watch events with it: the number of operations completed, or
  * -errno when the connection failed (every operation then completes with
- * that error).
+ * that error). It never connects anew: a lost connection stays its error
+ * until tensord_fd() (or any request) replaces it.
  */
 TENSORD_API int tensord_poll(tensord_client *client);
 

@@ -25,8 +25,32 @@ def restart(d, down_s=0.0):
 
 
 @pytest.fixture
-def rd(daemon_factory):
-    return daemon_factory(sub="r")
+def rd(request, daemon_factory, tmp_path):
+    """The daemon restart() kills and starts again: a plain one, which comes
+    back empty (another lineage), or with BOTH also one that comes back
+    through a holder (tensord --hold, docs/restart.md) with its tensors,
+    generations and commit ids (the same lineage)."""
+    if getattr(request, "param", "empty") == "empty":
+        yield daemon_factory(sub="r")
+        return
+    import subprocess
+    from sdharness import build_path
+    hold = tmp_path / "hold"
+    with open(tmp_path / "holder.log", "ab") as log:
+        holder = subprocess.Popen([build_path("tensord"), "--hold", str(hold)], stdout=log,
+                                  stderr=subprocess.STDOUT)
+    try:
+        assert wait_until(lambda: (hold / "take").exists(), timeout=10), "no holder"
+        d = daemon_factory("--holder", str(hold), sub="r")
+        yield d
+        d.stop()
+    finally:
+        holder.terminate()
+        assert holder.wait(timeout=30) == 0
+
+
+# Tests that hold whichever daemon comes back: run with both.
+BOTH = pytest.mark.parametrize("rd", ["empty", "restored"], indirect=True)
 
 
 def test_a_client_carries_on_after_a_restart(rd):
@@ -88,6 +112,7 @@ def test_a_request_in_flight_raises_a_connection_error(rd):
     c.close()
 
 
+@BOTH
 def test_waits_go_on_across_a_restart(rd):
     w = tensord.connect(rd.socket)
     r = tensord.connect(rd.socket)
@@ -112,7 +137,7 @@ def test_waits_go_on_across_a_restart(rd):
         t.start()
     time.sleep(0.3)
     restart(rd, down_s=0.3)             # the waits find no daemon for a while
-    w.put_many({"s/a": np.full(4, 2.0), "s/b": np.full(4, 2.0)})
+    w.put_many({"s/a": np.full(4, 2.0), "s/b": np.full(4, 2.0)}, replace=True)
     w.put("late", np.full(4, 3.0))
     for t in th:
         t.join(60)
@@ -129,6 +154,7 @@ def lineage(c):
     return c._restart_state()[1]
 
 
+@BOTH
 def test_a_watch_goes_on_across_a_restart(rd):
     """A watch that saw commits before a kill -9 sees those after it, also
     the ones made before it looked again. From a daemon that restored its
@@ -164,6 +190,7 @@ def test_a_watch_goes_on_across_a_restart(rd):
     p.close()
 
 
+@BOTH
 def test_a_replay_watch_replays_the_new_daemon(rd):
     """A watch with after= that is read only after the restart: what it
     had not read yet comes first, then (a daemon that started empty) the
@@ -426,6 +453,7 @@ def test_a_live_watch_that_received_nothing_says_it_may_have_lagged(tmp_path):
 
 # --- tensord.aio across a restart --------------------------------------------------------
 
+@BOTH
 def test_aio_waits_go_on_across_a_restart(rd):
     """attach(after=), attach(timeout=) and attach_many(after=) waiting on
     a real asyncio loop while the daemon is killed and, 0.3 s later,
@@ -474,6 +502,7 @@ def test_aio_waits_go_on_across_a_restart(rd):
     asyncio.run(asyncio.wait_for(main(), 120))
 
 
+@BOTH
 def test_aio_watch_goes_on_across_a_restart(rd):
     import asyncio
     import tensord.aio
@@ -526,6 +555,7 @@ def test_aio_wait_gives_up_when_no_daemon_comes_back(rd):
 
 # --- reads sent once more (issue 33: a request that changes nothing) ---------------------
 
+@BOTH
 def test_reads_in_flight_go_once_more_and_writes_do_not(rd):
     """list(), stats() and stat() sent to a daemon that is then killed (it
     was stopped: they are in flight, unanswered) are sent once more over a
@@ -553,7 +583,7 @@ def test_reads_in_flight_go_once_more_and_writes_do_not(rd):
     rd.log.close()
     time.sleep(0.3)                     # no daemon for a while
     rd.start()
-    p.put("x", np.ones(4))              # for the stat sent again, if it comes after
+    p.put("x", np.ones(4), replace=True)            # for the stat sent again, if it comes after
     for t in th:
         t.join(30)
         assert not t.is_alive()
@@ -567,6 +597,7 @@ def test_reads_in_flight_go_once_more_and_writes_do_not(rd):
     p.close()
 
 
+@BOTH
 def test_a_read_after_a_restart_does_not_raise(rd):
     """A client whose socket holds bytes it did not read (a watch's events)
     cannot tell from a look at it that the daemon went: its stat is sent,
@@ -577,7 +608,7 @@ def test_a_read_after_a_restart_does_not_raise(rd):
     p.put("x", np.zeros(4))
     time.sleep(0.1)                     # its event waits, unread, in c's socket
     restart(rd)
-    p.put("x", np.ones(4))
+    p.put("x", np.ones(4), replace=True)
     info = c.stat("x")
     assert info.name == "x"
     w.close()

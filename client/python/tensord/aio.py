@@ -148,10 +148,12 @@ class AsyncClient:
         daemon answers (the waits and watches try again on timers)."""
         if self._c.closed:
             return
-        try:
-            fd = self._c.fileno()
-        except ConnectionError:
-            fd = -1
+        fd = -1
+        if not self._c._restart_state()[2]:     # lost: _connected() makes a new one
+            try:
+                fd = self._c.fileno()
+            except ConnectionError:
+                pass
         if self._reading and fd == self._fd:
             return
         self._drop_reader(force=True)
@@ -221,6 +223,21 @@ class AsyncClient:
             self._drop_reader()
             raise
 
+    async def _connected(self, retry=None):
+        """Replaces a lost connection on a worker thread, never on the loop:
+        connecting waits for the daemon's Hello, and a socket that a holder
+        or systemd keeps through a restart accepts before any daemon serves
+        it (for up to TENSORD_RECONNECT_MS). NoDaemonError when none
+        answers; with retry (a _Reconnect), tries again on the loop's
+        timers until its grace is over."""
+        while not self._c.closed and self._c._restart_state()[2]:
+            try:
+                await self._loop.run_in_executor(None, self._c._reconnect)
+            except _tensord.NoDaemonError as e:
+                if retry is None:
+                    raise
+                await retry.pause(e)
+
     def _inline(self, fn, *args, **kwargs):
         """A call that never waits: one round trip, then whatever it read for others."""
         try:
@@ -230,7 +247,9 @@ class AsyncClient:
                 self._settle()
 
     async def _call(self, fn, *args, **kwargs):
-        """An inline call, made after the off-loop put in flight, if any."""
+        """An inline call, made after the off-loop put in flight, if any,
+        and over a connection made off the loop when the old one was lost."""
+        await self._connected()
         if not self._order.locked():
             return self._inline(fn, *args, **kwargs)
         async with self._order:
@@ -242,13 +261,7 @@ class AsyncClient:
         away meanwhile; a connection lost before it is replaced here first,
         so that while no daemon answers the loop's timers wait for one (2 s
         at most, a restart's time, then NoDaemonError), not the call."""
-        retry = _Reconnect(self._loop, _READ_GRACE)
-        while not self._c.closed:
-            try:
-                self._c.fileno()    # connects anew after a loss; at once NoDaemonError if none
-                break
-            except _tensord.NoDaemonError as e:
-                await retry.pause(e)
+        await self._connected(_Reconnect(self._loop, _READ_GRACE))
         return await self._call(fn, *args, **kwargs)
 
     async def _offload(self, fn, *args, **kwargs):
@@ -452,7 +465,7 @@ class AsyncWatch:
         self._ac = client
         self._w = watch
         self._event = asyncio.Event()
-        self._tries = 0        # watching again: timers while no daemon answers
+        self._retry = _Reconnect(client._loop)   # a new connection while none answers
         client._watches.add(self)
         client._want_reader()
 
@@ -466,21 +479,26 @@ class AsyncWatch:
         if self._w is None:
             raise StopAsyncIteration
         while True:
+            if self._w._fileno() < 0:
+                # Its connection was lost: a new one, made off the loop,
+                # and on timers while no daemon answers (NoDaemonError
+                # past TENSORD_RECONNECT_MS).
+                try:
+                    await self._ac._connected()
+                except _tensord.NoDaemonError as e:
+                    await self._retry.pause(e)
+                if self._w is None:
+                    raise StopAsyncIteration
             # What was read already, or what the socket holds; after a
-            # restart, one try to watch again over a new connection.
+            # restart, watching again over the new connection first.
             ev = self._w.poll()
             self._ac._settle()
             if ev is not None:
                 return ev
             if self._w._fileno() < 0:
-                # Its connection was lost and no daemon answers yet: a
-                # timer, not the reader (poll() raises past the grace).
-                await asyncio.sleep(_pause(self._tries))
-                self._tries += 1
-                if self._w is None:
-                    raise StopAsyncIteration
+                await asyncio.sleep(_pause(0))  # not watching again yet: never a busy loop
                 continue
-            self._tries = 0
+            self._retry.ok()
             self._ac._want_reader()
             self._event.clear()
             await self._event.wait()
