@@ -97,8 +97,9 @@ static void on_notify(struct holder *h)
 		struct cmsghdr align;
 	} u;
 	struct iovec iov = { buf, sizeof(buf) - 1 };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b,
-			     .msg_controllen = sizeof(u.b) };
+	struct msghdr mh = {
+		.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof(u.b)
+	};
 	int fds[16], n_fds = 0;
 	bool store = false, remove = false;
 	ssize_t n = recvmsg(h->notify, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
@@ -108,8 +109,8 @@ static void on_notify(struct holder *h)
 	buf[n] = '\0';
 	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
 		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
-			for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int) && n_fds < 16;
-			     i++)
+			for (size_t i = 0;
+			     i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int) && n_fds < 16; i++)
 				memcpy(&fds[n_fds++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
 	for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
 		if (strcmp(line, "FDSTORE=1") == 0)
@@ -124,7 +125,8 @@ static void on_notify(struct holder *h)
 	for (int i = 0; i < n_fds; i++) {
 		if (!store || h->n >= HOLD_MAX) {
 			if (store)
-				log_warn("hold: %s: the store holds %u descriptors already; not kept",
+				log_warn("hold: %s: the store holds %u descriptors already; not "
+					 "kept",
 					 name, HOLD_MAX);
 			close(fds[i]);
 			continue;
@@ -161,8 +163,7 @@ static void stop_owner(struct holder *h, pid_t next)
 
 	if (!h->owner || h->owner == next || gone(h->owner))
 		return;
-	log_info("hold: daemon %d takes over: stopping daemon %d first", (int)next,
-		 (int)h->owner);
+	log_info("hold: daemon %d takes over: stopping daemon %d first", (int)next, (int)h->owner);
 	kill(h->owner, SIGTERM);
 	while (!gone(h->owner)) {
 		/* Its last FDSTORE datagrams are kept as they come. */
@@ -207,14 +208,17 @@ static void hand_over(struct holder *h, int c)
 		char *names = malloc(k * 257 + 8);
 		size_t off = 0;
 		struct iovec iov;
-		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b,
+		struct msghdr mh = { .msg_iov = &iov,
+				     .msg_iovlen = 1,
+				     .msg_control = u.b,
 				     .msg_controllen = CMSG_SPACE(k * sizeof(int)) };
 		struct cmsghdr *cm;
 
 		if (!names)
 			return;
 		for (size_t i = 0; i < k; i++)
-			off += (size_t)sprintf(names + off, "%s%s", i ? ":" : "", h->v[at + i].name);
+			off += (size_t)sprintf(names + off, "%s%s", i ? ":" : "",
+					       h->v[at + i].name);
 		iov = (struct iovec){ names, off + 1 };
 		memset(&u, 0, sizeof(u));
 		cm = CMSG_FIRSTHDR(&mh);
@@ -269,7 +273,8 @@ int hold_main(const char *dir)
 	h.sig = signalfd(-1, &set, SFD_CLOEXEC);
 	log_info("hold: keeping tensord's descriptors in %s (daemons: --holder %s)", dir, dir);
 	for (;;) {
-		struct pollfd p[3] = { { h.notify, POLLIN, 0 }, { h.take, POLLIN, 0 },
+		struct pollfd p[3] = { { h.notify, POLLIN, 0 },
+				       { h.take, POLLIN, 0 },
 				       { h.sig, POLLIN, 0 } };
 
 		if (poll(p, 3, -1) < 0 && errno != EINTR)

@@ -115,6 +115,8 @@ EXT_FILE_LIBS = (pkg_config("libzip", "--libs") or ["-lzip"]) + \
     (pkg_config("jansson", "--libs") or ["-ljansson"])
 # The daemon's peering (docs/remote.md) authenticates with libcrypto's HMAC.
 CRYPTO = pkg_config("libcrypto", "--libs") or ["-lcrypto"]
+# Its state log (docs/restart.md) checks each record with zlib's CRC-32.
+ZLIB = pkg_config("zlib", "--libs") or ["-lz"]
 # Remote attach moves bytes with UCX (libucx-dev); without it the daemon says why.
 UCX_LIBS = pkg_config("ucx", "--libs")
 UCX_CFLAGS = pkg_config("ucx", "--cflags") if UCX_LIBS else []
@@ -143,7 +145,7 @@ class BuildExt(build_ext):
         pb = os.path.join(self.gen, "tensord.pb-c.c")
         peer_pb = os.path.join(self.gen, "peer.pb-c.c")
         programs = [("tensord", daemon_sources() + [pb, peer_pb],
-                     PROTOBUF_C + LIBUV + CRYPTO + UCX_LIBS, UCX_CFLAGS),
+                     PROTOBUF_C + LIBUV + CRYPTO + ZLIB + UCX_LIBS, UCX_CFLAGS),
                     ("tensorctl", tree("client/tensorctl/*.c") + lib_sources() + [pb],
                      PROTOBUF_C + CTL_LIBS, CTL_CFLAGS)]
         for name, srcs, libs, cflags in programs:

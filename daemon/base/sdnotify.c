@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -229,6 +230,23 @@ static int passed_add(int fd, const char *name)
 	return 0;
 }
 
+/*
+ * Connects s to the holder at sa: a holder started with the daemon (a
+ * pod's two containers) may take a moment to bind, so up to 10 s. 0 or -errno.
+ */
+static int connect_holder(int s, const struct sockaddr_un *sa)
+{
+	for (int i = 0;; i++) {
+		struct timespec ts = { 0, 50 * 1000000L };
+
+		if (connect(s, (const struct sockaddr *)sa, sizeof(*sa)) == 0)
+			return 0;
+		if ((errno != ENOENT && errno != ECONNREFUSED) || i == 200)
+			return -errno;
+		nanosleep(&ts, NULL);
+	}
+}
+
 int sdnotify_use_holder(const char *dir, char *why, size_t why_len)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -246,12 +264,12 @@ int sdnotify_use_holder(const char *dir, char *why, size_t why_len)
 	notify_addr_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) +
 				      strlen(notify_addr.sun_path) + 1);
 	s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		r = -errno;
+	r = s < 0 ? -errno : connect_holder(s, &sa);
+	if (r < 0) {
 		snprintf(why, why_len,
-			 "--holder %s: no holder answers at %s: %s (start one "
-			 "with tensord --hold %s)",
-			 dir, sa.sun_path, strerror(errno), dir);
+			 "--holder %s: no holder answers at %s: %s (start one with tensord "
+			 "--hold %s)",
+			 dir, sa.sun_path, strerror(-r), dir);
 		if (s >= 0)
 			close(s);
 		return r;

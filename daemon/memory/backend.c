@@ -12,3 +12,18 @@ const struct backend_ops *const backends[] = {
 	NULL,
 };
 #undef BACKEND_GPU
+
+/* Told of each memory descriptor before it closes for good (docs/restart.md). */
+static void (*release_hook)(int fd);
+
+void backend_set_release_hook(void (*fn)(int fd))
+{
+	release_hook = fn;
+	backend_host_watch_slabs(fn);
+}
+
+void backend_released(int fd)
+{
+	if (fd >= 0 && release_hook)
+		release_hook(fd);
+}

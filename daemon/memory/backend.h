@@ -185,6 +185,15 @@ struct backend_ops {
 	 * tensors across nodes").
 	 */
 	int (*copy)(struct backend_alloc *a, uint64_t off, void *buf, size_t n, bool to_host);
+
+	/*
+	 * Restart (docs/restart.md): makes *a the allocation of size bytes on
+	 * device_id that fd, an export kept across the restart, refers to;
+	 * takes fd over whatever the result. 0, or -errno with *a half-built
+	 * (release() copes). NULL: the backend's memory cannot survive a
+	 * restart that way (legacy IPC, HIP).
+	 */
+	int (*import_fd)(struct backend_alloc *a, int fd, uint64_t size, int device_id);
 };
 
 /*
@@ -252,12 +261,18 @@ void backend_host_defer_frees(void);
 void backend_host_flush_frees(void);
 
 /*
- * fn(fd) is called with each host memory descriptor the daemon is about to
- * close for good (a tensor's memfd, a ring buffer, a set allocation, an
- * empty slab), on the loop thread: the descriptor store lets go of it
- * then (docs/restart.md). NULL: none.
+ * fn(fd) is called with each memory descriptor the daemon is about to
+ * close for good, on the loop thread: a tensor's memfd, a ring buffer, a
+ * set allocation, an empty slab, a CUDA VMM allocation's kept export. The
+ * descriptor store lets go of it then (docs/restart.md). NULL: none.
  */
-void backend_host_set_release_hook(void (*fn)(int fd));
+void backend_set_release_hook(void (*fn)(int fd));
+
+/* Backends call it before closing such a descriptor (fd < 0: nothing). */
+void backend_released(int fd);
+
+/* The host backend's part of it: slabs call fn as they close. */
+void backend_host_watch_slabs(void (*fn)(int fd));
 
 /*
  * How long a GPU backend keeps a device's context after the device's last

@@ -139,6 +139,9 @@ void gpu_release(struct backend_alloc *a)
 {
 	struct gpu_mem *m = a->priv;
 
+	/* The kept export closes on the worker: the store lets go of it first. */
+	if (m)
+		backend_released(m->fd);
 	if (a->fd >= 0) {
 		close(a->fd);
 		a->fd = -1;

@@ -42,8 +42,6 @@
 static uint64_t pool_budget = UINT64_MAX;
 static struct pool *pool;
 static struct slabs slabs; /* small immutable tensors; a->priv is the slab */
-/* Told of each memory descriptor before it closes for good (docs/restart.md). */
-static void (*release_hook)(int fd);
 
 void backend_host_set_pool(uint64_t budget)
 {
@@ -439,8 +437,7 @@ static void host_release(struct backend_alloc *a)
 		a->priv = NULL;
 		return;
 	}
-	if (a->fd >= 0 && release_hook)
-		release_hook(a->fd);
+	backend_released(a->fd);
 	/* Closing the last descriptor frees the pages: on the worker. */
 	if (a->fd >= 0 && pool)
 		pool_discard(pool, a->fd, a->size);
@@ -454,9 +451,8 @@ void backend_host_keep_contents(void)
 	slabs.keep_contents = true;
 }
 
-void backend_host_set_release_hook(void (*fn)(int fd))
+void backend_host_watch_slabs(void (*fn)(int fd))
 {
-	release_hook = fn;
 	slabs.on_close = fn;
 }
 

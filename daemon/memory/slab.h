@@ -55,7 +55,7 @@ struct slabs {
 	 * slots stay taken until then.
 	 */
 	bool defer_frees;
-	void (*on_close)(int fd); /* a slab is about to close (backend_host_set_release_hook()) */
+	void (*on_close)(int fd);     /* a slab is about to close (backend_set_release_hook()) */
 	struct slab_pending *pending; /* owned */
 	size_t n_pending, cap_pending;
 };

@@ -10,7 +10,7 @@ _Static_assert(sizeof(struct rec_head) == 32, "the record head is 32 bytes");
 _Static_assert(sizeof(struct rec_begin) == 32, "BEGIN is 32 bytes");
 _Static_assert(sizeof(struct rec_step) == 32, "a STEP's head is 32 bytes");
 _Static_assert(sizeof(struct rec_entry) == 48, "an entry is 48 bytes");
-_Static_assert(sizeof(struct rec_memory) == 40, "an entry's memory is 40 bytes");
+_Static_assert(sizeof(struct rec_memory) == 64, "an entry's memory is 64 bytes");
 
 void *rec_put(struct rec_buf *b, const void *src, size_t n)
 {
@@ -81,14 +81,27 @@ int rec_check(const uint8_t *p, size_t size, size_t off, struct rec_head *ret_he
 
 	if (off == size)
 		return 1;
-	/* A log is allocated ahead: zeros where the next head would be are its
-	 * end (a head is written after its body, record.h). */
-	{
-		static const uint8_t zero[sizeof(h)];
-		size_t n = size - off < sizeof(h) ? size - off : sizeof(h);
+	/*
+	 * No magic: the log's end, where it was allocated ahead with zeros, or
+	 * a record whose write a crash cut (its head less the magic, then its
+	 * body, are written before the magic: record.h). Either way nothing
+	 * but zeros lies past that record's length: anything else was written
+	 * by someone else, and the log is damaged.
+	 */
+	if (size - off < sizeof(uint32_t) || !memcmp(p + off, &(uint32_t){ 0 }, sizeof(uint32_t))) {
+		size_t from = off;
 
-		if (memcmp(p + off, zero, n) == 0)
-			return 1;
+		if (size - off >= sizeof(h)) {
+			memcpy(&h, p + off, sizeof(h));
+			if (h.len <= size - off - sizeof(h))
+				from = off + sizeof(h) + h.len;
+		}
+		for (size_t i = from; i < size; i++)
+			if (p[i]) {
+				*why = "bytes past the log's end (written by someone else)";
+				return -1;
+			}
+		return 1;
 	}
 	if (size - off < sizeof(h)) {
 		*why = "a record cut short (a write the daemon did not finish)";

@@ -9,9 +9,13 @@
  *   crc    = CRC-32 (zlib's) of the head with crc 0, then of the body
  *
  * The first record of a log is BEGIN; every later one is a STEP, the
- * changes of one commit step, applied whole or not at all. A record's body
- * is written before its head, and the log is allocated ahead with zeros:
- * a head of zeros is the log's end. Reading stops
+ * changes of one commit step, applied whole or not at all. A record is
+ * written head less its magic, then body, then the magic (one aligned
+ * 4-byte store), into a log allocated ahead with zeros: a record without
+ * its magic is the log's end (a crash cut its write, or nothing was
+ * written there), and past it there are zeros only. A record with its
+ * magic is whole: one that fails its checks, or bytes past the end, are
+ * damage no crash makes, and the log is not trusted at all (state_restore.c). Reading stops
  * at the first record that is not whole and checked (a torn write, damage,
  * another lineage, a seq out of order): it and everything after it are
  * dropped. Numbers are in the host's byte order: the log never leaves the
@@ -68,6 +72,9 @@ struct rec_entry {
 struct rec_memory {
 	uint64_t nbytes, offset; /* in its memory */
 	uint64_t dev, ino, size; /* its memory's identity (fstat) and size */
+	uint32_t device_type;    /* DLDeviceType: kDLCPU, or kDLCUDA (a VMM export) */
+	uint32_t zero;
+	uint8_t uuid[16]; /* a GPU's, which finds it again whatever its ordinal */
 };
 
 /*

@@ -27,6 +27,7 @@
 
 #include "daemon/base/log.h"
 #include "daemon/memory/backend.h"
+#include "daemon/memory/backend_gpu.h"
 #include "daemon/memory/slab.h"
 #include "daemon/base/sdnotify.h"
 
@@ -91,8 +92,16 @@ static void mem_remove(struct state *st, struct st_mem *m)
  */
 static int memory_fd(const struct tensor *t)
 {
-	if (t->device.device_type != kDLCPU || !t->alloc.ops || !t->nbytes ||
-	    (t->flags & TENSORD_LIFETIME_CONNECTION) || t->name[0] == '@')
+	if (!t->alloc.ops || !t->nbytes || (t->flags & TENSORD_LIFETIME_CONNECTION) ||
+	    t->name[0] == '@')
+		return -1;
+	/* A CUDA VMM allocation: its kept export (backend_gpu.h) keeps it alive. */
+	if (t->device.device_type == kDLCUDA)
+		return t->alloc.handle_kind == TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD &&
+				       t->alloc.priv && !t->arena
+			       ? ((const struct gpu_mem *)t->alloc.priv)->fd
+			       : -1;
+	if (t->device.device_type != kDLCPU)
 		return -1;
 	/* The host backend's private state is a slab (backend_host.c). */
 	return t->alloc.priv ? slab_fd(t->alloc.priv) : t->alloc.fd;
@@ -116,7 +125,8 @@ static struct st_mem *mem_of(struct state *st, const struct tensor *t, struct st
 		ret_st->st_size = (off_t)fc->size;
 		return fc->m;
 	}
-	if (fstat(fd, ret_st) < 0)
+	/* Memory is known by its file's identity: a file of its own. */
+	if (fstat(fd, ret_st) < 0 || !S_ISREG(ret_st->st_mode))
 		return NULL;
 	key.dev = (uint64_t)ret_st->st_dev;
 	key.ino = (uint64_t)ret_st->st_ino;
@@ -182,7 +192,7 @@ static void mem_unref(struct st_mem *m)
 }
 
 /*
- * The release hook (backend_host_set_release_hook()): the daemon is about
+ * The release hook (backend_set_release_hook()): the daemon is about
  * to close memory fd. If it is stored, it leaves the store at the next
  * flush, after the record of the step that freed it: removed before, a
  * crash would restore that step's predecessor without its memory.
@@ -274,8 +284,13 @@ void st_put_entry(struct rec_buf *b, const struct tensor *t, enum rec_entry_kind
 			.offset = t->alloc.ipc_offset,
 			.dev = m->dev,
 			.ino = m->ino,
-			.size = (uint64_t)mst->st_size,
+			.size = t->device.device_type == kDLCPU ? (uint64_t)mst->st_size
+								: t->alloc.size,
+			.device_type = (uint32_t)t->device.device_type,
 		};
+
+		if (t->device.device_type != kDLCPU && t->dev && t->dev->ops->device_uuid)
+			t->dev->ops->device_uuid(t->device.device_id, rm.uuid);
 
 		rec_put(b, &rm, sizeof(rm));
 		rec_put(b, t->shape, (size_t)t->ndim * sizeof(int64_t));
@@ -327,20 +342,22 @@ static int slog_room(struct st_log *l, uint64_t n)
 }
 
 /*
- * Appends len bytes of sealed records at p to l: the bodies first, each
- * head last, so a record whose head is not yet written reads as the end
- * of the log and one cut anywhere else fails its checksum.
+ * Appends one sealed record (len bytes at p) to l: its head less the
+ * magic, its body, then the magic with one aligned store, so that a crash
+ * at any instruction leaves either a whole record or one without its
+ * magic (the log's end, record.h).
  */
 static int slog_write(struct st_log *l, const uint8_t *p, size_t len)
 {
+	uint32_t magic;
 	int r = slog_room(l, len);
 
 	if (r < 0)
 		return r;
-	memcpy(l->map + l->off + sizeof(struct rec_head), p + sizeof(struct rec_head),
-	       len - sizeof(struct rec_head));
+	memcpy(&magic, p, sizeof(magic));
+	memcpy(l->map + l->off + sizeof(magic), p + sizeof(magic), len - sizeof(magic));
 	atomic_signal_fence(memory_order_seq_cst); /* the compiler keeps the order */
-	memcpy(l->map + l->off, p, sizeof(struct rec_head));
+	__atomic_store_n((uint32_t *)(void *)(l->map + l->off), magic, __ATOMIC_RELEASE);
 	l->off += len;
 	return 0;
 }
@@ -566,7 +583,7 @@ void state_stop(struct state *st)
 		return;
 	if (hooked == st) {
 		hooked = NULL;
-		backend_host_set_release_hook(NULL);
+		backend_set_release_hook(NULL);
 	}
 	/* The store keeps everything: the next start restores it. */
 	RB_FOREACH_SAFE(n, st_names, &st->names, nn)
@@ -612,7 +629,7 @@ int state_store_listener(struct state *st, int fd)
 void st_hook(struct state *st)
 {
 	hooked = st;
-	backend_host_set_release_hook(on_release);
+	backend_set_release_hook(on_release);
 }
 
 uint64_t state_lineage(const struct state *st)

@@ -47,6 +47,7 @@ struct rp_mem {
 	struct sd_passed_fd *p;
 	struct reg_arena *arena; /* the tensors restored in it; NULL: none yet */
 	uint32_t members;
+	bool gpu; /* a GPU allocation's export, imported again by its tensor */
 };
 
 static int cmp_rp_names(const struct rp_name *a, const struct rp_name *b)
@@ -161,8 +162,14 @@ static bool apply_step(struct replay *rp, const uint8_t *body, size_t len, const
 	return true;
 }
 
-/* Replays the log mapped in rp: its records in order up to the first that is not whole. */
-static void replay_log(struct replay *rp, const struct sd_passed_fd *p, uint64_t lineage)
+/*
+ * Replays the log mapped in rp, its records in order to its end: true, or
+ * false (logged) when it is damaged. A crash leaves no damage (record.h),
+ * so a damaged log was written by someone else, and what it said before
+ * the damage is not trusted either: restored, it could serve memory that
+ * later steps, the damaged ones, freed and reused.
+ */
+static bool replay_log(struct replay *rp, const struct sd_passed_fd *p, uint64_t lineage)
 {
 	size_t off = 0;
 	uint64_t seq = 0;
@@ -174,7 +181,7 @@ static void replay_log(struct replay *rp, const struct sd_passed_fd *p, uint64_t
 		int r = rec_check(rp->map, rp->map_len, off, &h, &body, &why);
 
 		if (r == 1)
-			return;
+			return true;
 		if (r == 0 && (h.seq != seq + 1 || h.lineage != lineage))
 			why = h.lineage != lineage ? "a record of another daemon's state"
 						   : "a record out of order";
@@ -183,11 +190,12 @@ static void replay_log(struct replay *rp, const struct sd_passed_fd *p, uint64_t
 		else if (r == 0 && h.kind != REC_STEP && h.seq != 1)
 			why = "a record of no known kind";
 		if (why) {
-			log_warn("state: %s: at byte %zu of %zu: %s; ignoring it and everything "
-				 "after it",
-				 p->name, off, rp->map_len, why);
+			log_error("state: %s: at byte %zu of %zu: %s; a crash leaves no such "
+				  "damage, so nothing of this log is restored (what it said "
+				  "before the damage may name memory reused since)",
+				  p->name, off, rp->map_len, why);
 			rp->st->fig.dropped++;
-			return;
+			return false;
 		}
 		seq = h.seq;
 		off += sizeof(h) + h.len;
@@ -267,11 +275,25 @@ static bool restore_one(struct replay *rp, struct rp_name *n)
 	memcpy(strides, n->dims + (size_t)n->e.ndim * sizeof(int64_t),
 	       (size_t)n->e.ndim * sizeof(int64_t));
 	m = RB_FIND(rp_mems, &rp->mems, &key);
-	st_mem_name(n->m.dev, n->m.ino, mem_name, sizeof(mem_name));
+	if (!m || n->m.device_type != kDLCPU || m->size < n->m.size)
+		st_mem_name(n->m.dev, n->m.ino, mem_name, sizeof(mem_name)); /* for why */
 	if (!m) {
 		snprintf(why, sizeof(why), "its memory (%s) did not come back from the store",
 			 mem_name);
 		rc = -ENOENT;
+	} else if (n->m.device_type != kDLCPU) {
+		/* A GPU allocation: its export, imported again by its backend. */
+		if (m->gpu || m->arena) {
+			snprintf(why, sizeof(why), "its memory (%s) is another tensor's", mem_name);
+			rc = -EINVAL;
+		} else {
+			int fd = m->p->fd;
+
+			m->p->fd = -1; /* taken over, whatever happens */
+			m->gpu = true;
+			rc = registry_restore_gpu(st->reg, &r, (int)n->m.device_type, n->m.uuid, fd,
+						  n->m.size, why, sizeof(why));
+		}
 	} else if (m->size < n->m.size) {
 		snprintf(why, sizeof(why), "its memory (%s) is %" PRIu64 " bytes, not %" PRIu64,
 			 mem_name, m->size, n->m.size);
@@ -367,7 +389,16 @@ int st_restore(struct state *st, uint64_t *ret_serial, char *why, size_t why_len
 		rp.next_commit = best_bg.next_commit;
 		rp.gen_floor = best_bg.gen_floor;
 		st->lineage = best_lineage;
-		replay_log(&rp, best, best_lineage);
+		if (!replay_log(&rp, best, best_lineage)) {
+			/* Nothing of it, but its generations stay given out. */
+			RB_FOREACH_SAFE(n, rp_names, &rp.names, nn)
+			{
+				if (n->e.generation > rp.gen_floor)
+					rp.gen_floor = n->e.generation;
+				RB_REMOVE(rp_names, &rp.names, n);
+				free(n);
+			}
+		}
 	}
 	collect_memory(&rp, v, nv);
 	RB_FOREACH(n, rp_names, &rp.names)
@@ -380,7 +411,7 @@ int st_restore(struct state *st, uint64_t *ret_serial, char *why, size_t why_len
 	/* Memory a tensor came back in stays stored; the rest goes. */
 	RB_FOREACH_SAFE(m, rp_mems, &rp.mems, mn)
 	{
-		bool kept = m->arena && m->members;
+		bool kept = (m->arena || m->gpu) && m->members;
 
 		if (m->arena)
 			registry_restore_memory_done(st->reg, m->arena);

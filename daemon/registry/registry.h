@@ -428,6 +428,17 @@ struct reg_arena *registry_restore_memory(struct registry *reg, int fd, uint64_t
 int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const struct reg_restore *r,
 			    char *why, size_t why_len);
 
+/*
+ * A GPU tensor r whose memory is fd, an export of its allocation of size
+ * bytes kept across the restart (taken over whatever happens), on the
+ * device of type device_type whose UUID is uuid: imported again by its
+ * backend (backend_ops.import_fd) and put back, published and named. 0,
+ * or -ENODEV (no such device now, or its memory cannot come back that
+ * way), -EINVAL, -EEXIST, -ENOMEM or the import's error, with the reason.
+ */
+int registry_restore_gpu(struct registry *reg, const struct reg_restore *r, int device_type,
+			 const uint8_t uuid[16], int fd, uint64_t size, char *why, size_t why_len);
+
 /* No more tensors go into a: it is freed with its last (now, if it has none). */
 void registry_restore_memory_done(struct registry *reg, struct reg_arena *a);
 

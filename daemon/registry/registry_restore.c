@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/desc.h"
 #include "daemon/base/log.h"
@@ -67,12 +68,10 @@ void registry_restore_memory_done(struct registry *reg, struct reg_arena *a)
 	reg_arena_close(reg, a);
 }
 
-int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const struct reg_restore *r,
-			    char *why, size_t why_len)
+/* r's layout checked and its strides in elements: 0 with *ret_nbytes, or -errno and why. */
+static int restore_layout(struct registry *reg, const struct reg_restore *r, int64_t *strides,
+			  uint64_t *ret_nbytes, char *why, size_t why_len)
 {
-	int64_t strides[TENSORD_NDIM_MAX];
-	struct tensor *t;
-	uint64_t nbytes;
 	char reason[200];
 	int rc;
 
@@ -84,30 +83,33 @@ int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const str
 	rc = td_name_check(r->name, r->name_len, why, why_len);
 	if (rc < 0)
 		return rc;
-	rc = td_layout(r->dtype, r->ndim, r->shape, r->strides, strides, &nbytes, reason,
+	rc = td_layout(r->dtype, r->ndim, r->shape, r->strides, strides, ret_nbytes, reason,
 		       sizeof(reason));
 	if (rc < 0) {
 		snprintf(why, why_len, "%s", reason);
 		return rc;
 	}
-	if (nbytes != r->nbytes || r->offset > a->alloc.size ||
-	    nbytes > a->alloc.size - r->offset || nbytes > a->spare) {
-		snprintf(why, why_len,
-			 "%llu bytes at offset %llu do not fit its memory of %llu bytes "
-			 "(%llu left)",
-			 (unsigned long long)r->nbytes, (unsigned long long)r->offset,
-			 (unsigned long long)a->alloc.size, (unsigned long long)a->spare);
+	if (*ret_nbytes != r->nbytes) {
+		snprintf(why, why_len, "its layout takes %llu bytes, its record says %llu",
+			 (unsigned long long)*ret_nbytes, (unsigned long long)r->nbytes);
 		return -EINVAL;
 	}
 	if (reg_find_named(reg, r->name, r->name_len)) {
 		snprintf(why, why_len, "its name is taken already");
 		return -EEXIST;
 	}
-	t = calloc(1, sizeof(*t) + 2 * (size_t)r->ndim * sizeof(int64_t) + r->name_len + 1);
-	if (!t) {
-		snprintf(why, why_len, "out of memory");
-		return -ENOMEM;
-	}
+	return 0;
+}
+
+/* A published tensor of r's record on device (its memory not yet set), or NULL. */
+static struct tensor *restore_new(const struct reg_restore *r, const int64_t *strides,
+				  DLDevice device)
+{
+	struct tensor *t =
+		calloc(1, sizeof(*t) + 2 * (size_t)r->ndim * sizeof(int64_t) + r->name_len + 1);
+
+	if (!t)
+		return NULL;
 	t->shape = t->dims;
 	t->strides = t->dims + r->ndim;
 	t->name = (char *)(t->dims + 2 * r->ndim);
@@ -120,8 +122,8 @@ int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const str
 		memcpy(t->shape, r->shape, (size_t)r->ndim * sizeof(int64_t));
 		memcpy(t->strides, strides, (size_t)r->ndim * sizeof(int64_t));
 	}
-	t->device = (DLDevice){ kDLCPU, 0 };
-	t->nbytes = nbytes;
+	t->device = device;
+	t->nbytes = r->nbytes;
 	t->state = TENSORD_STATE_PUBLISHED;
 	t->flags = r->flags & TENSORD_MUTABLE;
 	t->mode = r->mode;
@@ -130,6 +132,96 @@ int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const str
 	t->created_ns = r->created_ns;
 	t->generation = r->generation;
 	t->commit = r->commit;
+	t->alloc.fd = -1;
+	return t;
+}
+
+int registry_restore_gpu(struct registry *reg, const struct reg_restore *r, int device_type,
+			 const uint8_t uuid[16], int fd, uint64_t size, char *why, size_t why_len)
+{
+	int64_t strides[TENSORD_NDIM_MAX];
+	struct reg_device *dev = NULL;
+	struct tensor *t;
+	uint64_t nbytes;
+	int rc;
+
+	for (int i = 0; i < reg->n_devices && !dev; i++) {
+		struct reg_device *d = &reg->devices[i];
+		uint8_t u[16];
+
+		if ((int)d->device.device_type == device_type && d->init_rc == 0 &&
+		    d->ops->device_uuid && d->ops->device_uuid(d->device.device_id, u) == 0 &&
+		    !memcmp(u, uuid, sizeof(u)))
+			dev = d;
+	}
+	if (!dev || !dev->ops->import_fd) {
+		snprintf(why, why_len, "%s",
+			 !dev ? "its GPU is not here now (by UUID)"
+			      : "its backend cannot import memory again");
+		close(fd);
+		return -ENODEV;
+	}
+	rc = restore_layout(reg, r, strides, &nbytes, why, why_len);
+	if (rc == 0 && nbytes > size) {
+		snprintf(why, why_len, "%llu bytes do not fit its allocation of %llu",
+			 (unsigned long long)nbytes, (unsigned long long)size);
+		rc = -EINVAL;
+	}
+	t = rc < 0 ? NULL : restore_new(r, strides, dev->device);
+	if (rc == 0 && !t) {
+		snprintf(why, why_len, "out of memory");
+		rc = -ENOMEM;
+	}
+	if (rc == 0)
+		rc = reg_name_room(reg, t, why, why_len);
+	if (rc < 0) {
+		free(t);
+		close(fd);
+		return rc;
+	}
+	rc = dev->ops->import_fd(&t->alloc, fd, size, dev->device.device_id);
+	t->alloc.ops = dev->ops;
+	if (rc < 0) {
+		snprintf(why, why_len, "importing its allocation again: %s", tensord_strerror(rc));
+		dev->ops->release(&t->alloc);
+		free(t);
+		return rc;
+	}
+	if (reg->quota) {
+		quota_add(reg->quota, t->owner_uid, QUOTA_TENSORS, 1);
+		quota_add(reg->quota, t->owner_uid, QUOTA_BYTES, t->alloc.footprint);
+		quota_add(reg->quota, t->owner_uid, QUOTA_FDS, 1);
+	}
+	t->bytes_charged = t->alloc.footprint;
+	t->fd_charged = true;
+	reg_tensor_link(reg, dev, t);
+	reg_tensor_name(reg, t);
+	return 0;
+}
+
+int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const struct reg_restore *r,
+			    char *why, size_t why_len)
+{
+	int64_t strides[TENSORD_NDIM_MAX];
+	struct tensor *t;
+	uint64_t nbytes;
+	int rc = restore_layout(reg, r, strides, &nbytes, why, why_len);
+
+	if (rc < 0)
+		return rc;
+	if (r->offset > a->alloc.size || nbytes > a->alloc.size - r->offset || nbytes > a->spare) {
+		snprintf(why, why_len,
+			 "%llu bytes at offset %llu do not fit its memory of %llu bytes "
+			 "(%llu left)",
+			 (unsigned long long)r->nbytes, (unsigned long long)r->offset,
+			 (unsigned long long)a->alloc.size, (unsigned long long)a->spare);
+		return -EINVAL;
+	}
+	t = restore_new(r, strides, (DLDevice){ kDLCPU, 0 });
+	if (!t) {
+		snprintf(why, why_len, "out of memory");
+		return -ENOMEM;
+	}
 	rc = reg_name_room(reg, t, why, why_len);
 	if (rc < 0) {
 		free(t);

@@ -567,6 +567,58 @@ static int cuda_backend_alloc(struct backend_alloc *a, uint64_t size, int device
 }
 
 /*
+ * backend_ops.import_fd (restart, docs/restart.md): the VMM allocation that
+ * fd, an export a predecessor kept in the descriptor store, refers to,
+ * imported again; fd becomes the kept export the leases get copies of.
+ * Runs before the daemon serves, so the loop may wait for the driver.
+ */
+static int cuda_backend_import_fd(struct backend_alloc *a, int fd, uint64_t size, int device_id)
+{
+	int err = gpu_alloc_begin(a, &cuda_gpu, device_id);
+	struct cuda_mem *m =
+		err < 0 || size == 0 ? NULL : gpu_mem_new(sizeof(*m), device_id, cuda_free);
+	CUresult r;
+
+	if (!m) {
+		close(fd);
+		return err < 0 ? err : size == 0 ? -EINVAL : -ENOMEM;
+	}
+	m->g.fd = fd;
+	pthread_mutex_lock(&cuda_lock);
+	err = cuda_dev_enter(device_id);
+	if (err < 0) {
+		pthread_mutex_unlock(&cuda_lock);
+		close(fd);
+		free(m);
+		return err;
+	}
+	/* From here release() undoes what is done, as after cuda_backend_alloc(). */
+	cuda_devs[device_id].allocs++;
+	m->ctx = cuda_devs[device_id].ctx;
+	a->priv = m;
+	if (!cuda_devs[device_id].vmm) {
+		err = -ENOTSUP;
+	} else {
+		r = cuda_api->MemImportFromShareableHandle(
+			&m->handle, (void *)(uintptr_t)fd,
+			CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+		err = r == CUDA_SUCCESS ? 0 : cuda_alloc_errno(r);
+		m->vmm = err == 0;
+	}
+	if (err == 0) {
+		a->size = size;
+		a->footprint = size;
+		a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD;
+		m->counted = size;
+		cuda_devs[device_id].alloc_bytes += size;
+	}
+	cuda_api->CtxSetCurrent(NULL);
+	cuda_publish(device_id);
+	pthread_mutex_unlock(&cuda_lock);
+	return err;
+}
+
+/*
  * On the worker (gpu_release()), after the kept export was closed: VMM
  * drops the daemon's reference, and the memory lives on while any client
  * still maps it (the driver refcounts it); legacy IPC frees, which
@@ -675,4 +727,5 @@ const struct backend_ops backend_cuda = {
 	.freeze = gpu_freeze,
 	.release = gpu_release,
 	.copy = cuda_backend_copy,
+	.import_fd = cuda_backend_import_fd,
 };

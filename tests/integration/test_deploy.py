@@ -137,6 +137,11 @@ def env_of(container):
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
 
 
+def container(spec, name):
+    (c,) = [c for c in spec["containers"] if c["name"] == name]
+    return c
+
+
 def pod_specs(docs):
     return docs["DaemonSet"]["spec"]["template"]["spec"], docs["Pod"]["spec"]
 
@@ -147,7 +152,7 @@ def test_k8s_manifests_parse_and_are_well_formed():
     ds = docs["DaemonSet"]
     assert ds["apiVersion"] == "apps/v1" and ds["metadata"]["namespace"] == "tensord"
     assert ds["spec"]["selector"]["matchLabels"] == ds["spec"]["template"]["metadata"]["labels"]
-    (daemon,) = ds["spec"]["template"]["spec"]["containers"]
+    daemon = container(ds["spec"]["template"]["spec"], "tensord")
     limits = daemon["resources"]["limits"]
     assert "memory" in limits and "cpu" in limits
     assert "livenessProbe" not in daemon        # a restart would drop every tensor
@@ -163,12 +168,15 @@ def test_k8s_daemon_and_client_agree_on_paths_and_ids():
     for spec in (daemon_spec, client_spec):
         (vol,) = [v for v in spec["volumes"] if "hostPath" in v]
         assert vol["hostPath"]["path"] == "/run/tensord"
+        # Every container but the holder (it keeps descriptors, no socket).
         for c in spec.get("initContainers", []) + spec["containers"]:
+            if c["name"] == "holder":
+                continue
             (m,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
             assert m["mountPath"] == "/run/tensord"
-    for c in daemon_spec["containers"] + client_spec["containers"]:
+    for c in [container(daemon_spec, "tensord")] + client_spec["containers"]:
         assert env_of(c)["TENSORD_SOCKET"] == SOCKET
-    (daemon,) = daemon_spec["containers"]
+    daemon = container(daemon_spec, "tensord")
     sc = daemon["securityContext"]
     assert sc["runAsNonRoot"] and sc["runAsUser"] == uid and sc["runAsGroup"] == uid
     assert sc["capabilities"]["drop"] == ["ALL"] and not sc["allowPrivilegeEscalation"]
@@ -179,6 +187,26 @@ def test_k8s_daemon_and_client_agree_on_paths_and_ids():
     assert daemon["args"][:2] == ["--mode", "0660"]
     assert uid in client_spec["securityContext"]["supplementalGroups"]
     assert client_spec["securityContext"]["runAsNonRoot"]
+
+
+def test_k8s_holder_keeps_the_daemons_store():
+    """docs/restart.md, section 6: the holder container runs tensord --hold
+    on a directory of a memory-backed volume the daemon container mounts
+    too, as the daemon's uid, and the daemon names it with --holder; the
+    pod shares its process namespace so the holder can stop the daemon it
+    served before."""
+    spec = manifests()["DaemonSet"]["spec"]["template"]["spec"]
+    holder, daemon = container(spec, "holder"), container(spec, "tensord")
+    assert holder["command"][1:3] == ["--hold", option(daemon["args"], "--holder")]
+    hold_dir = holder["command"][2]
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "hold"]
+    assert vol["emptyDir"]["medium"] == "Memory"
+    for c in (holder, daemon):
+        (m,) = [m for m in c["volumeMounts"] if m["name"] == "hold"]
+        assert hold_dir.startswith(m["mountPath"] + "/")
+        assert c["securityContext"]["runAsUser"] == daemon["securityContext"]["runAsUser"]
+    assert spec["shareProcessNamespace"] is True
+    assert "livenessProbe" not in holder
 
 
 def option(args, flag):
@@ -197,7 +225,7 @@ def test_k8s_peering_parts_agree():
     ds, svc, pol = docs["DaemonSet"], docs["Service"], docs["NetworkPolicy"]
     spec = ds["spec"]["template"]["spec"]
     labels = ds["spec"]["template"]["metadata"]["labels"]
-    (daemon,) = spec["containers"]
+    daemon = container(spec, "tensord")
     args = daemon["args"]
     # The peer port, the same in the args, the container, the Service, the policy and the image.
     listen = option(args, "--peer-listen")

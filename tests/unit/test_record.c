@@ -93,11 +93,33 @@ static void test_every_damage_is_refused(void **state)
 	free(b.p);
 }
 
+/* A crash cuts a write before its magic: the end, when zeros follow its length. */
+static void test_a_record_without_its_magic_is_the_end_only_before_zeros(void **state)
+{
+	struct rec_buf b = { 0 };
+	struct rec_head h;
+	const uint8_t *body;
+	const char *why = NULL;
+	size_t first, whole;
+
+	two_records(&b, &first);
+	whole = b.len;
+	rec_put(&b, NULL, 4096);   /* the log's room, allocated ahead */
+	memset(b.p + first, 0, 4); /* the second record's magic never written */
+	assert_int_equal(rec_check(b.p, b.len, first, &h, &body, &why), 1);
+	/* A byte past its length: not a crash's doing. */
+	b.p[whole + 100] = 1;
+	assert_int_equal(rec_check(b.p, b.len, first, &h, &body, &why), -1);
+	assert_non_null(strstr(why, "past the log's end"));
+	free(b.p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_whole_records_read_back),
 		cmocka_unit_test(test_every_damage_is_refused),
+		cmocka_unit_test(test_a_record_without_its_magic_is_the_end_only_before_zeros),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
