@@ -51,8 +51,33 @@ typedef struct {
 
 static PyTypeObject td_WatchType;
 
-/* The next event, waiting up to ms (-1: forever; 0: None at once when there is none). */
-static PyObject *watch_next(WatchObject *self, int ms)
+/*
+ * A lost connection of the watch replaced, as a call without a wait needs
+ * in this blocking API (poll(), next(timeout=0)): tensord_watch_next(w, 0)
+ * never connects, since an event loop's thread must not wait for a Hello
+ * (tensord.aio connects on a worker thread and calls _poll()). A failure
+ * is the watch's to report, past TENSORD_RECONNECT_MS.
+ */
+static void reconnect(WatchObject *self)
+{
+	tensord_client *c;
+
+	if (tensord_watch_fd(self->w) >= 0)
+		return;
+	if (!(c = td_client_enter(self->client))) {
+		PyErr_Clear(); /* closed: the watch says so */
+		return;
+	}
+	Py_BEGIN_ALLOW_THREADS tensord_fd(c);
+	Py_END_ALLOW_THREADS td_client_leave(self->client, 0);
+}
+
+/*
+ * The next event, waiting up to ms (-1: forever; 0: None at once when
+ * there is none); with ms 0 a lost connection is replaced first when
+ * connect.
+ */
+static PyObject *watch_next(WatchObject *self, int ms, bool connect)
 {
 	double deadline = td_now_ms() + ms;
 	tensord_event ev;
@@ -60,6 +85,8 @@ static PyObject *watch_next(WatchObject *self, int ms)
 
 	if (!self->w)
 		return PyErr_Format(PyExc_ValueError, "the watch is closed");
+	if (ms == 0 && connect)
+		reconnect(self);
 	for (;;) {
 		int slice = td_wait_slice(ms, deadline);
 
@@ -88,19 +115,25 @@ static PyObject *Watch_next(WatchObject *self, PyObject *args, PyObject *kwds)
 		ms = -1;
 	else if (td_parse_timeout(timeout, &ms) < 0)
 		return NULL;
-	return watch_next(self, ms);
+	return watch_next(self, ms, true);
 }
 
 static PyObject *Watch_iternext(WatchObject *self)
 {
 	if (!self->w)
 		return NULL; /* closed: the iteration ends */
-	return watch_next(self, -1);
+	return watch_next(self, -1, true);
 }
 
 static PyObject *Watch_poll(WatchObject *self, PyObject *unused)
 {
-	return watch_next(self, 0);
+	return watch_next(self, 0, true);
+}
+
+/* poll() for tensord.aio: never connects (the loop's thread must not wait). */
+static PyObject *Watch_poll_nowait(WatchObject *self, PyObject *unused)
+{
+	return watch_next(self, 0, false);
 }
 
 /* tensord_watch_fd(): the descriptor to read before poll(); -1 while its connection is lost. */
@@ -152,6 +185,7 @@ static PyMethodDef Watch_methods[] = {
 	{ "poll", (PyCFunction)Watch_poll, METH_NOARGS,
 	  "poll($self, /)\n--\n\nThe next Event if one is there, else None (no wait)." },
 	{ "_fileno", (PyCFunction)Watch_fileno, METH_NOARGS, NULL },
+	{ "_poll", (PyCFunction)Watch_poll_nowait, METH_NOARGS, NULL },
 	{ "close", (PyCFunction)Watch_close, METH_NOARGS,
 	  "close($self, /)\n--\n\nEnds the watch." },
 	{ "__enter__", (PyCFunction)Watch_enter, METH_NOARGS,

@@ -673,3 +673,28 @@ def test_a_read_whose_daemon_is_gone_says_so_soon(rd):
         rd.log.close()
         rd.start()
     c.close()
+
+
+@BOTH
+def test_a_polled_watch_goes_on_across_a_restart(rd):
+    """Watch.poll(), which never waits for an event, connects anew after a
+    restart (the C call without a wait leaves that to its caller)."""
+    c = tensord.connect(rd.socket)
+    p = tensord.connect(rd.socket)
+    watch = c.watch("q/")
+    p.put("q/a", np.zeros(4))
+    assert wait_until(lambda: watch.poll() is not None, timeout=5)
+    restart(rd)
+    p.put("q/b", np.zeros(4))
+    got = []
+
+    def polled():
+        ev = watch.poll()
+        if ev is not None:
+            got.append((ev.kind, ev.name))
+        return bool(got) and got[-1] == ("published", "q/b")
+    assert wait_until(polled, timeout=10), got
+    assert got in ([("restarted", ""), ("published", "q/b")], [("published", "q/b")]), got
+    watch.close()
+    c.close()
+    p.close()

@@ -491,7 +491,7 @@ class AsyncWatch:
                     raise StopAsyncIteration
             # What was read already, or what the socket holds; after a
             # restart, watching again over the new connection first.
-            ev = self._w.poll()
+            ev = self._w._poll()
             self._ac._settle()
             if ev is not None:
                 return ev
