@@ -11,6 +11,13 @@ prints the same figures on a GPU, next to a torch.multiprocessing hand-off).
    Target: GPU <= 1.5x host.
 2. put() of a 16 MiB CUDA tensor next to a device-to-device copy of the
    same bytes (cuMemcpyDtoD into a buffer of its own: the floor).
+3. Cold attach of a GPU set (docs/recycle.md, section 0): in a fresh
+   process (its driver loaded already), attach_many of a 300-member set
+   put_many made in one allocation, every member's DLPack capsule taken,
+   next to one cold attach of one tensor there, and to the same 300
+   members with an allocation each (the set's sources). Target (issue 32): the
+   set <= 3x the single attach; over the double an import costs host page
+   tables, not the driver's work, so hardware has the last word.
 
 Rounds interleave the variants (A B A B); figures are medians.
 
@@ -55,6 +62,29 @@ def warm_attach_us(c, name, n):
     return statistics.median(times) * 1e6
 
 
+COLD = '''
+import sys, time, tensord
+c = tensord.connect(sys.argv[1])
+warm = c.attach("b/cuda:0")  # the driver loaded and a context made: not what is timed
+warm.__dlpack__(max_version=(1, 0))
+warm.release()
+t0 = time.perf_counter()
+if sys.argv[2] in ("set", "src"):
+    got = c.attach_many(f"b/{sys.argv[2]}/")
+    caps = [t.__dlpack__(max_version=(1, 0)) for t in got.values()]
+else:
+    t = c.attach("b/one")
+    caps = [t.__dlpack__(max_version=(1, 0))]
+print(time.perf_counter() - t0)
+'''
+
+
+def cold_s(sock, what):
+    out = subprocess.run([sys.executable, "-c", COLD, sock, what], capture_output=True,
+                         text=True, check=True).stdout
+    return float(out.split()[-1])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=9)
@@ -79,7 +109,19 @@ def main():
             ptr, _, cap = cudrv.pointer(big)
             dst = ctypes.c_uint64()
             cudrv.ok(cudrv.cu.cuMemAlloc_v2(ctypes.byref(dst), cudrv.P(16 << 20)), "cuMemAlloc")
-            host, gpu, put, d2d = [], [], [], []
+            # A set of 300 members of 64 KiB in one allocation, and one tensor alone.
+            srcs = {}
+            for i in range(300):
+                t = c.create(f"b/src/{i}", (64 << 10,), "uint8", device="cuda:0")
+                t.publish()
+                t.release()
+                srcs[f"b/set/{i}"] = c.attach(f"b/src/{i}")
+            c.put_many(srcs)
+            one = c.create("b/one", (64 << 10,), "uint8", device="cuda:0")
+            one.publish()
+            one.release()
+            arenas = c.stats()["gpu_arenas"]
+            host, gpu, put, d2d, cset, cone, csrc = [], [], [], [], [], [], []
             for i in range(args.rounds):
                 host.append(warm_attach_us(c, "b/cpu", 300))
                 gpu.append(warm_attach_us(c, "b/cuda:0", 300))
@@ -91,6 +133,9 @@ def main():
                 cudrv.ok(cudrv.cu.cuMemcpyDtoD_v2(dst, cudrv.P(ptr), cudrv.P(16 << 20)), "DtoD")
                 cudrv.ok(cudrv.cu.cuCtxSynchronize(), "sync")
                 d2d.append(time.perf_counter() - t0)
+                cset.append(cold_s(sock, "set"))
+                cone.append(cold_s(sock, "one"))
+                csrc.append(cold_s(sock, "src"))
             del cap
             h, g = statistics.median(host), statistics.median(gpu)
             p, f = statistics.median(put), statistics.median(d2d)
@@ -99,6 +144,11 @@ def main():
             print(f"gpu double: put 16 MiB cuda:0 {p * 1e3:.2f} ms ({(16 << 20) / p / 1e9:.2f} GB/s), "
                   f"device-to-device copy {f * 1e3:.2f} ms ({(16 << 20) / f / 1e9:.2f} GB/s), "
                   f"ratio {p / f:.2f}x")
+            cs, co = statistics.median(cset), statistics.median(cone)
+            print(f"gpu double: cold attach_many of a 300-member set ({arenas} allocation"
+                  f"{'' if arenas == 1 else 's'}) {cs * 1e3:.2f} ms, one cold attach "
+                  f"{co * 1e3:.3f} ms, ratio {cs / co:.1f}x (target <= 3x); an allocation "
+                  f"per member {statistics.median(csrc) * 1e3:.2f} ms")
             c.close()
         finally:
             d.terminate()

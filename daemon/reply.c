@@ -127,8 +127,9 @@ void reply_fill_lease(struct reply_lease_store *s, const struct tensor *t, uint6
 	/* Its writer's lease names the ring buffer it writes (docs/recycle.md). */
 	if (writable && t->ring_rc)
 		l->ring = t->ring_id;
-	/* Its writer's lease of a member names the set allocation, whole. */
-	if (writable && t->arena && t->arena->rc) {
+	/* Its writer's lease of a member names the set allocation, whole (a
+	 * ring buffer: host memory; a GPU member's map_size is the whole already). */
+	if (writable && t->arena && t->arena->rc && !t->arena->gpu) {
 		l->ring = t->arena->id;
 		l->arena_size = t->arena->alloc.size;
 	}

@@ -409,6 +409,15 @@ int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const ten
 		     DLManagedTensorVersioned **ret_tensor);
 
 /*
+ * The same for a GPU member of put_many's set in one allocation
+ * (docs/recycle.md, section 5): arena_size nonzero opens the set's
+ * allocation of that many bytes, in_arena goes into it (Create.arena_size,
+ * in_arena); the daemon places it elsewhere when it cannot.
+ */
+int td_tx_create_arena(tensord_client *c, uint32_t tx, const char *name, const tensord_spec *spec,
+		       uint64_t arena_size, bool in_arena, DLManagedTensorVersioned **ret_tensor);
+
+/*
  * reserve.c (docs/design.md, "The reserve"). td_reserve_init() reads
  * TENSORD_RESERVE into r; no thread runs until creates ask for one.
  */
@@ -577,6 +586,18 @@ int td_put_rpc(tensord_client *c, const char *name, const tensord_spec *spec, ui
  */
 int td_put(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags, uint32_t mode,
 	   uint32_t tx, tensord_version *ret_version);
+
+/*
+ * put.c: td_put() of a device array as a member of transaction tx in a
+ * set's GPU allocation (td_tx_create_arena(): arena_size opens it,
+ * in_arena goes into it). When *keep is NULL and the member was written,
+ * its handle goes to *keep instead of being dropped: the caller holds it,
+ * and with it this process's one import of the set, until the set's last
+ * member is written, then drops it (its deleter) before the commit.
+ */
+int td_put_member(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
+		  uint32_t mode, uint32_t tx, uint64_t arena_size, bool in_arena,
+		  DLManagedTensorVersioned **keep);
 
 /*
  * put.c: for tensord_put_many(): checks src as tensord_put() does and

@@ -56,6 +56,14 @@ struct td_import_desc {
 	 */
 	uint64_t daemon_instance;
 	uint64_t tensor_id;
+	/*
+	 * Nonzero: the memory holds other tensors too under this id
+	 * (Lease.share_id). A GPU importer then keys its one import by it
+	 * rather than by tensor_id (a set in one allocation: one import per
+	 * set, every member at its ipc_offset), and its read-only mappings
+	 * share one range of it.
+	 */
+	uint64_t share_id;
 	const char *name; /* the tensor's, for errors; may be NULL */
 	/*
 	 * The slab (shared) mapped whole in this client, or NULL: map() of a

@@ -222,6 +222,7 @@ void td_gpu_shared_drop(struct td_gpu_map *p, void (*undo)(struct td_gpu_map *p,
 	/* Undone under the lock, so that nobody finds it or imports it anew meanwhile. */
 	if (td_gpu_shared_put(s)) {
 		undo(p, s->value);
+		free(s->vendor);
 		free(s);
 	}
 	td_gpu_shared_unlock();
@@ -334,7 +335,8 @@ void td_gpu_unmap(struct td_mapping *m)
 			 * for them, as torch's own allocator does before
 			 * cuMemUnmap, or they fault.
 			 */
-			(void)p->gc->synchronize(p);
+			if (!p->gc->waits_in_release || !p->gc->waits_in_release(p))
+				(void)p->gc->synchronize(p);
 			p->gc->release(p);
 			p->gc->leave(p, &s);
 		}

@@ -61,6 +61,9 @@ struct td_gpu_map {
  *  - a legacy IPC opening, keyed by the handle's bytes: opened once,
  *    closed with its last mapping, rather than leaning on the driver's own
  *    count of repeated opens (which HIP does not promise).
+ * A set in one allocation (docs/recycle.md, section 5) is one such
+ * import, keyed by the set's share id instead of a tensor id: a reader of
+ * 300 members imports once, and every member is a pointer into it.
  * value: the vendor's handle or the opened address.
  */
 struct td_gpu_shared {
@@ -70,6 +73,10 @@ struct td_gpu_shared {
 	size_t key_len; /* 0: never shared (no key known) */
 	uint64_t value;
 	unsigned refs; /* mappings holding it; under the table's lock */
+	/* The vendor's own state of the import (CUDA: the ranges a set's
+	 * mappings share), under the table's lock; owned, freed with the
+	 * entry after the last undo. NULL: none. */
+	void *vendor;
 	LIST_ENTRY(td_gpu_shared) link;
 };
 
@@ -169,6 +176,14 @@ struct td_gpu_client {
 	void (*release)(struct td_gpu_map *p);
 	/* After release(): lets go of what the mapping held of the device. NULL: nothing. */
 	void (*drop)(struct td_gpu_map *p);
+	/*
+	 * Whether p's release() waits for the device itself before it unmaps
+	 * anything, so td_gpu_unmap() need not: a mapping that shares its range
+	 * with others (a set's members) unmaps nothing until the last of them
+	 * goes, and a member released while kernels run on the device must not
+	 * wait for them. NULL: never.
+	 */
+	bool (*waits_in_release)(const struct td_gpu_map *p);
 };
 
 /* Each vendor's, td_<id>_client (gpu/<id>/import_<id>.c). */

@@ -290,6 +290,7 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const
 		.premapped_lent = rs && rs->lent,
 		.daemon_instance = mc->daemon_instance,
 		.tensor_id = info->id,
+		.share_id = w->share_id,
 		.name = info->name,
 	};
 	struct td_mapping *m;
@@ -401,8 +402,11 @@ static int lease_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const 
 			pinned = NULL;
 		}
 	} else if (w->handle != TENSORD__HANDLE_KIND__HANDLE_NONE) {
-		/* A ring buffer lent to its creator is mapped already. */
-		bool share = w->share_id && !(rs && rs->lent);
+		/* A ring buffer lent to its creator is mapped already; a GPU
+		 * set's legacy IPC handle comes with every lease, as bytes. */
+		bool share = w->share_id && !(rs && rs->lent) &&
+			     (w->handle == TENSORD__HANDLE_KIND__HANDLE_MEMFD ||
+			      td_gpu_handle_fd(w->handle));
 
 		if (share)
 			fd = share_fd(mc, w->share_id, fd);

@@ -116,6 +116,10 @@ static int write_run(void *ctx, const uint8_t *p, size_t n)
 struct put_to {
 	uint32_t tx;
 	tensord_version *version;
+	/* A member of a set's GPU allocation (td_put_member()); keep: NULL, none. */
+	uint64_t arena_size;
+	bool in_arena;
+	DLManagedTensorVersioned **keep;
 };
 
 /*
@@ -135,7 +139,10 @@ static int publish_or_discard(tensord_client *c, const char *name, DLManagedTens
 		tensord_unlink(c, name);
 		td_set_error(r, "%s", saved);
 	}
-	t->deleter(t);
+	if (r == 0 && to->keep && !*to->keep)
+		*to->keep = t; /* the caller's until its set is written */
+	else
+		t->deleter(t);
 	return r;
 }
 
@@ -166,8 +173,11 @@ static int put_device(tensord_client *c, const char *name, const DLTensor *src, 
 		expect *= src->shape[i];
 		n *= (uint64_t)src->shape[i];
 	}
-	r = to->tx ? td_tx_create_raw(c, to->tx, name, &spec, &t)
-		   : tensord_create(c, name, &spec, &t);
+	if (to->tx && (to->arena_size || to->in_arena))
+		r = td_tx_create_arena(c, to->tx, name, &spec, to->arena_size, to->in_arena, &t);
+	else
+		r = to->tx ? td_tx_create_raw(c, to->tx, name, &spec, &t)
+			   : tensord_create(c, name, &spec, &t);
 	if (r < 0)
 		return r;
 	m = td_tensor_mapping(t);
@@ -565,6 +575,24 @@ int td_put(tensord_client *c, const char *name, const DLTensor *src, uint32_t fl
 	if (td_device_is_gpu(src->device.device_type))
 		return put_device(c, name, src, flags, mode, td_dtype_size(src->dtype), &to);
 	return put_host(c, name, src, &spec, td_dtype_size(src->dtype), &to);
+}
+
+int td_put_member(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
+		  uint32_t mode, uint32_t tx, uint64_t arena_size, bool in_arena,
+		  DLManagedTensorVersioned **keep)
+{
+	struct put_to to = {
+		.tx = tx, .arena_size = arena_size, .in_arena = in_arena, .keep = keep
+	};
+	tensord_spec spec;
+	uint64_t nbytes;
+	int r = td_put_check(name, src, flags, mode, &spec, &nbytes);
+
+	if (r < 0)
+		return r;
+	if (!td_device_is_gpu(src->device.device_type))
+		return td_set_error(-EINVAL, "tensor '%s': a set's GPU member on the host", name);
+	return put_device(c, name, src, flags, mode, td_dtype_size(src->dtype), &to);
 }
 
 int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,

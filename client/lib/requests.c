@@ -123,8 +123,10 @@ static int create_msg_fill(struct create_msg *m, const char *name, const tensord
 	return 0;
 }
 
-int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec, uint32_t tx,
-		  uint64_t reserve, bool recycle, Tensord__Reply **ret_reply, int *ret_fd)
+/* td_create_rpc(), with a set's allocation to open (arena_size) or go into (in_arena). */
+static int create_rpc(tensord_client *c, const char *name, const tensord_spec *spec, uint32_t tx,
+		      uint64_t reserve, bool recycle, uint64_t arena_size, bool in_arena,
+		      Tensord__Reply **ret_reply, int *ret_fd)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	struct create_msg m;
@@ -137,6 +139,8 @@ int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
 	m.cr.tx = tx;
 	m.cr.reserve = reserve;
 	m.cr.recycle = recycle;
+	m.cr.arena_size = arena_size;
+	m.cr.in_arena = in_arena;
 	req.body_case = TENSORD__REQUEST__BODY_CREATE;
 	req.create = &m.cr;
 	r = td_rpc(c, &req, &rep, &fd);
@@ -152,6 +156,12 @@ int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec,
 	*ret_reply = rep;
 	*ret_fd = fd;
 	return 0;
+}
+
+int td_create_rpc(tensord_client *c, const char *name, const tensord_spec *spec, uint32_t tx,
+		  uint64_t reserve, bool recycle, Tensord__Reply **ret_reply, int *ret_fd)
+{
+	return create_rpc(c, name, spec, tx, reserve, recycle, 0, false, ret_reply, ret_fd);
 }
 
 int td_put_msg(struct td_put_msg *pm, const char *name, const tensord_spec *spec, uint32_t tx,
@@ -352,6 +362,23 @@ int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const ten
 	}
 	if (recycle)
 		td_ring_end(c);
+	r = td_lease_from_reply(c, rep->lease, fd, NULL, true, &l);
+	tensord__reply__free_unpacked(rep, NULL);
+	if (r < 0)
+		return r;
+	return td_lease_handle(l, ret_tensor);
+}
+
+int td_tx_create_arena(tensord_client *c, uint32_t tx, const char *name, const tensord_spec *spec,
+		       uint64_t arena_size, bool in_arena, DLManagedTensorVersioned **ret_tensor)
+{
+	Tensord__Reply *rep;
+	struct td_lease *l;
+	int fd, r;
+
+	r = create_rpc(c, name, spec, tx, 0, false, arena_size, in_arena, &rep, &fd);
+	if (r < 0)
+		return r;
 	r = td_lease_from_reply(c, rep->lease, fd, NULL, true, &l);
 	tensord__reply__free_unpacked(rep, NULL);
 	if (r < 0)

@@ -352,7 +352,76 @@ static int put_finish(tensord_client *c, struct put_slot *s, int r, struct defer
  * to a page when it is a page or more, else to 256 bytes. Nothing for
  * fewer than two such members.
  */
-enum { ARENA_NONE, ARENA_OPENS, ARENA_MEMBER };
+enum { ARENA_NONE, ARENA_OPENS, ARENA_MEMBER, ARENA_GPU_OPENS, ARENA_GPU_MEMBER };
+
+/* Where a member of nbytes goes after fill bytes: as registry_arena.c places it. */
+static uint64_t arena_next(uint64_t fill, uint64_t nbytes)
+{
+	uint64_t align = nbytes >= 4096 ? 4096 : 256;
+
+	return ((fill + align - 1) & ~(align - 1)) + nbytes;
+}
+
+/* src's bytes, or 0 when it has none or a size past 64 bits. */
+static uint64_t item_bytes(const DLTensor *src)
+{
+	uint64_t nbytes;
+
+	if (!src || src->ndim < 0 || (src->ndim && !src->shape))
+		return 0;
+	nbytes = td_dtype_size(src->dtype);
+	for (int d = 0; d < src->ndim; d++)
+		if (src->shape[d] < 0 ||
+		    __builtin_mul_overflow(nbytes, (uint64_t)src->shape[d], &nbytes))
+			return 0;
+	return nbytes;
+}
+
+/*
+ * The same for GPU members (docs/recycle.md, section 5): the compact
+ * device arrays of the first GPU member's device go into one allocation
+ * of the daemon's (rounded there to the driver's granularity), so a
+ * reader imports the set once. Their roles go into role; the size, or 0
+ * for fewer than two (or a mutable set, which the daemon keeps per
+ * member).
+ */
+static uint64_t gpu_arena_plan(const tensord_put_item *items, size_t n, uint32_t flags,
+			       uint8_t *role)
+{
+	const DLTensor *first = NULL;
+	uint64_t fill = 0;
+	size_t members = 0;
+
+	for (size_t i = 0; i < n && !(flags & TENSORD_MUTABLE); i++) {
+		const DLTensor *src = items[i].src;
+		uint64_t nbytes = item_bytes(src), expect = 1;
+		bool compact = true;
+
+		if (!nbytes || !td_device_is_gpu(src->device.device_type))
+			continue;
+		if (!first)
+			first = src;
+		if (src->device.device_type != first->device.device_type ||
+		    src->device.device_id != first->device.device_id)
+			continue;
+		for (int d = src->ndim - 1; d >= 0 && compact; d--) {
+			compact = !src->strides || src->shape[d] <= 1 ||
+				  src->strides[d] == (int64_t)expect;
+			expect *= (uint64_t)src->shape[d];
+		}
+		if (!compact)
+			continue;
+		fill = arena_next(fill, nbytes);
+		role[i] = members++ ? ARENA_GPU_MEMBER : ARENA_GPU_OPENS;
+	}
+	if (members < 2) {
+		for (size_t i = 0; i < n; i++)
+			if (role[i] >= ARENA_GPU_OPENS)
+				role[i] = ARENA_NONE;
+		return 0;
+	}
+	return fill;
+}
 
 static uint64_t arena_plan(const tensord_put_item *items, size_t n, uint8_t *role)
 {
@@ -462,7 +531,8 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 	struct deferred dv = { 0 };
 	struct put_slot *slots, *s;
 	size_t oldest = 0, next = 0, bytes = 0;
-	uint64_t arena_size = 0;
+	uint64_t arena_size = 0, gpu_arena = 0;
+	DLManagedTensorVersioned *gpu_keep = NULL; /* holds the set's GPU import (put.c) */
 	uint8_t *role = NULL;
 	bool ready = false; /* slots[next % PUT_WINDOW] is readied, not yet sent */
 	tensord_tx *tx = NULL;
@@ -495,6 +565,9 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 		arena_size = 0;
 	if (!arena_size && role)
 		memset(role, ARENA_NONE, n);
+	/* Its GPU members in one device allocation when they can be. */
+	if (role)
+		gpu_arena = gpu_arena_plan(items, n, flags, role);
 	r = tensord_tx_begin(c, &tx);
 	while (oldest < next || (r == 0 && next < n)) {
 		if (r == 0 && next < n && next - oldest < PUT_WINDOW) {
@@ -519,7 +592,13 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 		/* Full, or nothing more to send: the oldest answer. */
 		s = &slots[oldest % PUT_WINDOW];
 		if (s->on_device) {
-			if (r == 0)
+			uint8_t ro = role ? role[oldest] : ARENA_NONE;
+
+			if (r == 0 && ro >= ARENA_GPU_OPENS)
+				r = td_put_member(c, s->item->name, s->item->src, flags, mode,
+						  tx->id, ro == ARENA_GPU_OPENS ? gpu_arena : 0,
+						  ro == ARENA_GPU_MEMBER, &gpu_keep);
+			else if (r == 0)
 				r = td_put(c, s->item->name, s->item->src, flags, mode, tx->id,
 					   NULL);
 		} else {
@@ -538,6 +617,10 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 		if (slots[next % PUT_WINDOW].recycle)
 			td_ring_end(c);
 	}
+	/* The set's GPU members are written: this process's import of them goes
+	 * with its last mapping (the daemon's allocation stays theirs). */
+	if (gpu_keep)
+		gpu_keep->deleter(gpu_keep);
 	/* Every member's bytes before the commit publishes them. */
 	r = deferred_run(c, &dv, r);
 	free(dv.parts);

@@ -110,6 +110,17 @@ struct backend_ops {
 	bool alloc_blocks;
 
 	/*
+	 * A set in one allocation (registry_arena.c, docs/recycle.md section
+	 * 5) on a backend with alloc_blocks: one alloc() may hold several
+	 * tensors, each at its alloc.ipc_offset, and a lease hands over the
+	 * whole allocation (alloc.size) with that offset: the client maps (or
+	 * opens) it once per process and every member is a pointer into it.
+	 * copy() takes offsets from the tensor's start. False: one allocation
+	 * per tensor. (Host arenas are ring buffers, which need adopt.)
+	 */
+	bool arenas;
+
+	/*
 	 * Like alloc(), but in memory shared with other immutable tensors of
 	 * the same owner and mode (a slab): sets share_id and ipc_offset, and
 	 * the bytes are written with write() only. For sizes 1 .. shared_max.

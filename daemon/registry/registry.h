@@ -168,7 +168,10 @@ struct reg_reserve {
  * one ring buffer of its writer's connection that a transaction's members
  * share, each at its offset. It lives while it has members, or while its
  * transaction may still place some (open); then it goes back to its
- * writer's ring as one free buffer, or is freed.
+ * writer's ring as one free buffer, or is freed. On a GPU (gpu) it is one
+ * allocation of the backend (backend_ops.arenas), made on the GPU worker
+ * with its first member's create (allocating until then), never recycled:
+ * freed with its last member.
  */
 struct reg_arena {
 	uint64_t id;                /* the ring buffer id of its writer's connection */
@@ -190,6 +193,11 @@ struct reg_arena {
 	bool open;    /* its transaction may place more */
 	bool fd_sent; /* its writer was sent its descriptor, or maps it already */
 	bool tainted; /* a client leasing a member forked: never recycled */
+	bool gpu;     /* device memory (backend_ops.arenas), not a ring buffer */
+	/* GPU: the worker is making it (its first member's create), of want
+	 * bytes; failed: it could not be made, and takes no member. */
+	bool allocating, failed;
+	uint64_t want;
 };
 
 /* A client's view: who it is and the leases it holds. Embedded in a conn. */
@@ -325,6 +333,9 @@ struct registry {
 	/* Set allocations (registry_arena.c) holding members, and their bytes. */
 	uint32_t n_arenas;
 	uint64_t arena_bytes;
+	/* The same on GPUs (one device allocation each), allocating ones included. */
+	uint32_t n_gpu_arenas;
+	uint64_t gpu_arena_bytes;
 };
 
 /*
@@ -356,8 +367,8 @@ struct create_args {
 	 * first, and then the named reserve is left alone. */
 	bool recycle;
 	/* A set in one allocation (Create.arena_size, in_arena; registry_arena.c):
-	 * with tx and recycle, open the transaction's arena of this size, or go
-	 * into the one it has open. */
+	 * with tx and recycle (host) or on a GPU whose backend has arenas, open
+	 * the transaction's arena of this size, or go into the one it has open. */
 	uint64_t arena_size;
 	bool in_arena;
 	/* The name is "@PEER/NAME" (td_remote_name_check()): a replica of

@@ -23,6 +23,19 @@
  * and is charged them as any tensor, and gives them back to the arena when
  * it goes. A member that does not fit the arena is created as if it asked
  * for none.
+ *
+ * On a GPU whose backend has arenas (CUDA: one cuMemCreate, or one
+ * cuMemAlloc on legacy IPC), the arena is one device allocation, never a
+ * ring buffer: its opening charges the size asked, its first member's
+ * create makes it on the GPU worker as any GPU create makes its memory
+ * (-EINPROGRESS, then reg_arena_allocated() on the loop, which charges
+ * the granularity's rounding too), and it is freed (on the worker) with
+ * its last member. A member's lease hands over the whole allocation
+ * (alloc.size) and its offset, with the arena's share id, so a reader
+ * imports it once per process (client/lib/import_gpu.h). Members that
+ * come while it is being made, or after it failed, get memory of their
+ * own. Members go in at offsets as on the host (256 bytes, or a page),
+ * which the driver's granularity is a multiple of.
  */
 #include <assert.h>
 #include <errno.h>
@@ -58,6 +71,63 @@ static void spare_add(struct registry *reg, struct reg_arena *a, uint64_t n)
 	a->dev->used += n;
 }
 
+/* Counts a in the daemon's figures of its kind: delta arenas, bytes more or less. */
+static void arena_count(struct registry *reg, const struct reg_arena *a, int delta, int64_t bytes)
+{
+	if (a->gpu) {
+		reg->n_gpu_arenas += delta;
+		reg->gpu_arena_bytes += bytes;
+	} else {
+		reg->n_arenas += delta;
+		reg->arena_bytes += bytes;
+	}
+}
+
+/* A GPU arena of size bytes on dev for tx: charged, allocating, open. */
+static int gpu_open(struct registry *reg, struct reg_client *rc, struct reg_tx *tx,
+		    struct reg_device *dev, uint64_t size, uint32_t gid, uint32_t mode, char *why,
+		    size_t why_len)
+{
+	struct reg_reserve charge = { .dev = dev };
+	struct reg_arena *a = calloc(1, sizeof(*a));
+	int r;
+
+	if (!a) {
+		snprintf(why, why_len, "arena of %llu bytes: out of memory",
+			 (unsigned long long)size);
+		return -ENOMEM;
+	}
+	/* What it is charged until the worker says what the rounding took. */
+	charge.alloc.footprint = size;
+	r = reg_reserve_charge(reg, rc, &charge, why, why_len);
+	if (r < 0) {
+		free(a);
+		return r;
+	}
+	a->alloc.fd = -1;
+	a->alloc.ops = dev->ops;
+	a->alloc.device_id = dev->device.device_id;
+	a->alloc.size = size;
+	a->alloc.footprint = size;
+	/* Readers import it once, by this name (Lease.share_id). */
+	a->alloc.share_id = REG_RING_SHARE | ++reg->next_ring_share;
+	a->id = ++rc->next_reserve;
+	a->rc = rc;
+	a->uid = rc->uid;
+	a->spare = size;
+	a->dev = dev;
+	a->gid = gid;
+	a->mode = mode;
+	a->open = true;
+	a->gpu = true;
+	a->allocating = true;
+	a->want = size;
+	LIST_INSERT_HEAD(&rc->arenas, a, link);
+	arena_count(reg, a, 1, (int64_t)size);
+	reg_tx_set_arena(reg, tx, true, a);
+	return 0;
+}
+
 int reg_arena_open(struct registry *reg, struct reg_client *rc, struct reg_tx *tx,
 		   struct reg_device *dev, uint64_t size, uint32_t gid, uint32_t mode, char *why,
 		   size_t why_len)
@@ -66,7 +136,11 @@ int reg_arena_open(struct registry *reg, struct reg_client *rc, struct reg_tx *t
 	struct reg_arena *a;
 	int r;
 
-	reg_tx_set_arena(reg, tx, NULL);
+	if (dev->ops->alloc_blocks) {
+		reg_tx_set_arena(reg, tx, true, NULL);
+		return gpu_open(reg, rc, tx, dev, size, gid, mode, why, why_len);
+	}
+	reg_tx_set_arena(reg, tx, false, NULL);
 	a = calloc(1, sizeof(*a));
 	if (!a) {
 		snprintf(why, why_len, "arena of %llu bytes: out of memory",
@@ -110,9 +184,8 @@ int reg_arena_open(struct registry *reg, struct reg_client *rc, struct reg_tx *t
 	a->mode = mode;
 	a->open = true;
 	LIST_INSERT_HEAD(&rc->arenas, a, link);
-	reg->n_arenas++;
-	reg->arena_bytes += a->alloc.footprint;
-	reg_tx_set_arena(reg, tx, a);
+	arena_count(reg, a, 1, (int64_t)a->alloc.footprint);
+	reg_tx_set_arena(reg, tx, false, a);
 	return 0;
 }
 
@@ -128,43 +201,142 @@ static uint64_t next_offset(const struct reg_arena *a, uint64_t nbytes)
 uint64_t reg_arena_lend(struct registry *reg, struct reg_tx *tx, const struct reg_device *dev,
 			uint32_t gid, uint32_t mode, uint32_t flags, uint64_t nbytes)
 {
-	struct reg_arena *a = tx ? reg_tx_arena(tx) : NULL;
+	struct reg_arena *a = tx ? reg_tx_arena(tx, dev->ops->alloc_blocks) : NULL;
 
 	if (!a || !a->open || a->lent || a->dev != dev || a->gid != gid || a->mode != mode ||
 	    (flags & TENSORD_MUTABLE) || !nbytes || next_offset(a, nbytes) == UINT64_MAX)
+		return 0;
+	/* A GPU arena being made takes only the member that makes it. */
+	if (a->failed || (a->allocating && a->members))
 		return 0;
 	spare_take(reg, a, nbytes);
 	a->lent = nbytes;
 	return nbytes;
 }
 
+/* tx's arena that lent room to the create under way, or NULL. */
+static struct reg_arena *lent_arena(const struct reg_tx *tx)
+{
+	for (int gpu = 0; tx && gpu < 2; gpu++) {
+		struct reg_arena *a = reg_tx_arena(tx, gpu);
+
+		if (a && a->lent)
+			return a;
+	}
+	return NULL;
+}
+
 void reg_arena_unlend(struct registry *reg, struct reg_tx *tx)
 {
-	struct reg_arena *a = tx ? reg_tx_arena(tx) : NULL;
+	struct reg_arena *a = lent_arena(tx);
 
-	if (a && a->lent) {
+	if (a) {
 		spare_add(reg, a, a->lent);
 		a->lent = 0;
 	}
 }
 
+/* t's memory: a's, from offset off (the whole allocation on a GPU: what a lease maps). */
+static void member_alloc(const struct reg_arena *a, struct tensor *t, uint64_t off)
+{
+	t->alloc = a->alloc;
+	t->alloc.size = a->gpu ? a->alloc.size : t->nbytes;
+	t->alloc.footprint = t->nbytes;
+	t->alloc.ipc_offset = a->alloc.ipc_offset + off;
+}
+
 void reg_arena_place(struct reg_tx *tx, struct tensor *t)
 {
-	struct reg_arena *a = reg_tx_arena(tx);
+	struct reg_arena *a = lent_arena(tx);
 	uint64_t off = next_offset(a, t->nbytes);
 
-	/* reg_arena_lend() found the room. */
-	assert(a->lent == t->nbytes && off != UINT64_MAX);
+	/* reg_arena_lend() found the room, in memory that exists. */
+	assert(a && a->lent == t->nbytes && off != UINT64_MAX && !a->allocating);
 	a->lent = 0;
-	t->alloc = a->alloc;
-	t->alloc.size = t->nbytes;
-	t->alloc.footprint = t->nbytes;
-	t->alloc.ipc_offset = off;
-	t->ring_hit = a->fd_sent;
+	member_alloc(a, t, off);
+	/* A GPU member's lease always carries the export: the client keeps no
+	 * descriptor of it, only its import (which may be gone). */
+	t->ring_hit = !a->gpu && a->fd_sent;
 	a->fd_sent = true;
 	a->fill = off + t->nbytes;
 	a->members++;
 	t->arena = a;
+}
+
+bool reg_arena_lent_pending(const struct reg_tx *tx)
+{
+	const struct reg_arena *a = lent_arena(tx);
+
+	return a && a->allocating;
+}
+
+void reg_arena_place_pending(struct reg_tx *tx, struct tensor *t)
+{
+	struct reg_arena *a = lent_arena(tx);
+
+	assert(a && a->allocating && a->members == 0 && a->lent == t->nbytes);
+	a->lent = 0;
+	a->fill = t->nbytes;
+	a->members++;
+	t->arena = a;
+}
+
+uint64_t reg_arena_alloc_size(const struct tensor *t)
+{
+	/* Set before the job was queued, and unchanged until its completion. */
+	return t->arena && t->arena->allocating ? t->arena->want : t->nbytes;
+}
+
+int reg_arena_allocated(struct registry *reg, struct tensor *t, struct backend_alloc *got, int rc,
+			char *why, size_t why_len)
+{
+	struct reg_arena *a = t->arena;
+	struct reg_device *dev = a->dev;
+	uint64_t extra = 0, share = a->alloc.share_id;
+	char reason[200];
+
+	assert(a->allocating);
+	a->allocating = false;
+	got->ops = dev->ops;
+	/* Its footprint is what it is charged: never less than it was so far. */
+	if (rc == 0 && got->footprint < a->alloc.footprint)
+		got->footprint = a->alloc.footprint;
+	if (rc < 0) {
+		snprintf(why, why_len,
+			 "tensor '%s': allocating its set's %llu bytes on %s failed: %s", t->name,
+			 (unsigned long long)a->want, dev->ops->name, tensord_strerror(rc));
+	} else if (got->footprint > a->alloc.footprint) {
+		/* The granularity's rounding, charged as the rest was. */
+		extra = got->footprint - a->alloc.footprint;
+		if (extra > dev->capacity - dev->used) {
+			snprintf(why, why_len,
+				 "tensor '%s': its set needs %llu bytes after rounding, only %llu "
+				 "free",
+				 t->name, (unsigned long long)got->footprint,
+				 (unsigned long long)(dev->capacity - dev->used +
+						      a->alloc.footprint));
+			rc = -ENOSPC;
+		} else if (reg->quota) {
+			rc = quota_charge(reg->quota, a->uid, QUOTA_BYTES, extra, reason,
+					  sizeof(reason));
+			if (rc < 0)
+				snprintf(why, why_len, "tensor '%s': its set takes %llu bytes: %s",
+					 t->name, (unsigned long long)got->footprint, reason);
+		}
+	}
+	if (rc < 0) {
+		a->failed = true;
+		dev->ops->release(got);
+		return rc;
+	}
+	dev->used += extra;
+	a->spare += extra;
+	arena_count(reg, a, 0, (int64_t)extra);
+	a->alloc = *got;
+	a->alloc.share_id = share;
+	member_alloc(a, t, 0);
+	a->fd_sent = true;
+	return 0;
 }
 
 /* a has no member left and no transaction to place more: back to its writer's ring, or freed. */
@@ -177,9 +349,10 @@ static void arena_end(struct registry *reg, struct reg_arena *a)
 	spare_take(reg, a, a->spare);
 	if (reg->quota)
 		quota_uncharge(reg->quota, a->uid, QUOTA_FDS, 1);
-	reg->n_arenas--;
-	reg->arena_bytes -= a->alloc.footprint;
-	if (!rc || a->tainted || !reg_ring_keep(reg, rc, a->id, a->dev, &a->alloc, a->gid, a->mode))
+	arena_count(reg, a, -1, -(int64_t)a->alloc.footprint);
+	/* GPU memory is freed on the worker (its backend's release()). */
+	if (!rc || a->tainted || a->gpu ||
+	    !reg_ring_keep(reg, rc, a->id, a->dev, &a->alloc, a->gid, a->mode))
 		a->dev->ops->release(&a->alloc);
 	free(a);
 }

@@ -285,21 +285,26 @@ static bool ring_ready(struct registry *reg, const struct reg_client *rc,
  * member of tx: the bytes lent by tx's arena, which a's create opens first
  * when it asks (Create.arena_size); 0: none (no arena could be opened, or
  * the tensor does not fit the open one), and its memory comes as without.
+ * On a GPU the arena opened is still to be made: by this create, on the
+ * worker (reg_arena_lent_pending()).
  */
 static uint64_t arena_lend(struct registry *reg, struct reg_client *rc, const struct create_args *a,
 			   struct reg_tx *tx, uint64_t nbytes)
 {
 	struct reg_device *dev = registry_device(reg, a->device);
 	uint32_t mode = a->mode ? a->mode : 0600;
+	bool gpu = dev && dev->ops->alloc_blocks;
 	char reason[200];
 	int r;
 
+	/* Host: a ring buffer; GPU: one allocation of a backend that has arenas. */
 	if (!tx || !dev || dev->init_rc < 0 || !(a->arena_size || a->in_arena) ||
-	    !may_recycle(reg, dev, a->recycle, a->shared, a->flags, nbytes))
+	    !(gpu ? dev->ops->arenas && !(a->flags & TENSORD_MUTABLE) && nbytes
+		  : may_recycle(reg, dev, a->recycle, a->shared, a->flags, nbytes)))
 		return 0;
 	if (a->arena_size) {
 		if (a->arena_size < nbytes || a->arena_size > REGISTRY_ARENA_BYTES_MAX) {
-			reg_tx_set_arena(reg, tx, NULL);
+			reg_tx_set_arena(reg, tx, gpu, NULL);
 			return 0;
 		}
 		r = reg_arena_open(reg, rc, tx, dev, a->arena_size, rc->gid, mode, reason,
@@ -413,6 +418,10 @@ static int create_begin(struct registry *reg, struct reg_client *rc, const struc
 	int r = reg_name_room(reg, t, why, why_len);
 
 	if (r < 0) {
+		/* The first member of a GPU set: the set's allocation, still to be
+		 * made, forgets it (the next member may make it instead). */
+		if (t->arena)
+			reg_arena_member_gone(reg, t);
 		reg_create_uncharge(reg, t);
 		free(t);
 		return r;
@@ -445,7 +454,9 @@ void registry_alloc_run(struct reg_alloc_job *j)
 
 	memset(&j->got, 0, sizeof(j->got));
 	j->got.fd = -1;
-	j->rc = t->dev->ops->alloc(&j->got, t->nbytes, t->device.device_id, t->name);
+	/* The first member of a GPU set makes the set's allocation (registry_arena.c). */
+	j->rc = t->dev->ops->alloc(&j->got, reg_arena_alloc_size(t), t->device.device_id,
+				   t->arena ? "tensord-arena" : t->name);
 }
 
 /* Why a finished allocation can no longer become t's, or 0. */
@@ -468,17 +479,27 @@ int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64
 
 	assert(t->allocating && t->refcount > 0);
 	t->allocating = false;
-	r = alloc_result(reg, dev, t, &j->got, j->rc, t->alloc.footprint, why, why_len);
-	if (r == 0) {
-		r = finish_check(t, why, why_len);
-		if (r < 0)
-			dev->ops->release(&j->got);
+	if (t->arena) {
+		/* Its set's allocation: the arena's, t its first member. */
+		r = reg_arena_allocated(reg, t, &j->got, j->rc, why, why_len);
+		/* Made, but not for t: it stays the set's, freed with its last member. */
+		if (r == 0)
+			r = finish_check(t, why, why_len);
+	} else {
+		r = alloc_result(reg, dev, t, &j->got, j->rc, t->alloc.footprint, why, why_len);
+		if (r == 0) {
+			r = finish_check(t, why, why_len);
+			if (r < 0)
+				dev->ops->release(&j->got);
+		}
+		if (r == 0) {
+			reg_figures(reg, t, t->state, t->state,
+				    (int64_t)(j->got.footprint - t->alloc.footprint));
+			dev->used += j->got.footprint - t->alloc.footprint;
+			t->alloc = j->got;
+		}
 	}
 	if (r == 0) {
-		reg_figures(reg, t, t->state, t->state,
-			    (int64_t)(j->got.footprint - t->alloc.footprint));
-		dev->used += j->got.footprint - t->alloc.footprint;
-		t->alloc = j->got;
 		t->refcount--; /* the pin; the lease takes over */
 		r = reg_lease_add(reg, t->creator, t, ret_lease);
 		if (r < 0) {
@@ -542,7 +563,12 @@ static int create_one(struct registry *reg, struct reg_client *rc, const struct 
 		free(t);
 		return r;
 	}
-	if (dev->ops->alloc_blocks && nbytes && !goes_to_slab(dev->ops, a->shared, nbytes))
+	if (lent && reg_arena_lent_pending(tx)) {
+		/* The first member of a GPU set: its create makes the set's allocation. */
+		reg_arena_place_pending(tx, t);
+		return create_begin(reg, rc, a, tx, dev, t, ret_t, why, why_len);
+	}
+	if (!lent && dev->ops->alloc_blocks && nbytes && !goes_to_slab(dev->ops, a->shared, nbytes))
 		return create_begin(reg, rc, a, tx, dev, t, ret_t, why, why_len);
 	r = tensor_alloc(reg, rc, a, tx, lent, dev, t, res, why, why_len);
 	if (r < 0) {

@@ -191,7 +191,10 @@ unsigned reg_reserves_drop(struct registry *reg, struct reg_client *rc);
 /*
  * registry_arena.c: a set in one allocation (docs/recycle.md, section 5).
  * Opens tx's arena of size bytes on dev for members of rc's group gid and
- * mode (closing the one it had): 0, or -errno and why (then none is open).
+ * mode (closing the one it had of dev's kind, host or GPU): 0, or -errno
+ * and why (then none is open). On a GPU the arena is only charged here,
+ * and allocating: its first member's create makes it on the GPU worker
+ * (reg_arena_place_pending(), reg_arena_allocated()).
  */
 int reg_arena_open(struct registry *reg, struct reg_client *rc, struct reg_tx *tx,
 		   struct reg_device *dev, uint64_t size, uint32_t gid, uint32_t mode, char *why,
@@ -212,15 +215,37 @@ void reg_arena_unlend(struct registry *reg, struct reg_tx *tx);
 /* t, lent room, goes into tx's arena at the next offset: t->alloc borrows its descriptor. */
 void reg_arena_place(struct reg_tx *tx, struct tensor *t);
 
+/* Whether the room tx lent is in a GPU arena still to be made (t must then make it). */
+bool reg_arena_lent_pending(const struct reg_tx *tx);
+
+/*
+ * t, lent room in tx's arena still to be made, is its first member, at
+ * offset 0: the arena counts it, and t's create allocates the arena's
+ * want bytes on the GPU worker (registry_alloc_run()).
+ */
+void reg_arena_place_pending(struct reg_tx *tx, struct tensor *t);
+
+/*
+ * The GPU worker made t's arena (rc, what alloc() answered, got): on
+ * success the arena owns *got, charged at its rounded size, and t's memory
+ * is its slice; on failure (rc < 0, no room for the rounding) *got is
+ * released, the arena takes no member, and why says so. 0 or -errno.
+ */
+int reg_arena_allocated(struct registry *reg, struct tensor *t, struct backend_alloc *got, int rc,
+			char *why, size_t why_len);
+
+/* The bytes a create of t allocates: its arena's, when t makes one; else its own. */
+uint64_t reg_arena_alloc_size(const struct tensor *t);
+
 /* t, a member, is being freed: the arena forgets it; its last member's end frees or recycles it. */
 void reg_arena_member_gone(struct registry *reg, struct tensor *t);
 
 /* tx ends: its arena takes no more members (freed or recycled now if it has none). */
 void reg_arena_close(struct registry *reg, struct reg_arena *a);
 
-/* tx's open arena (NULL: none), and a new one for it (the old one closed). */
-struct reg_arena *reg_tx_arena(const struct reg_tx *tx);
-void reg_tx_set_arena(struct registry *reg, struct reg_tx *tx, struct reg_arena *a);
+/* tx's open arena of one kind, host or GPU (NULL: none), and a new one for it (the old one closed). */
+struct reg_arena *reg_tx_arena(const struct reg_tx *tx, bool gpu);
+void reg_tx_set_arena(struct registry *reg, struct reg_tx *tx, bool gpu, struct reg_arena *a);
 
 /*
  * Unreserve of arena id of rc (0: any one): its writer let go of its

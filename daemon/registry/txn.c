@@ -28,19 +28,20 @@ struct reg_tx {
 	TAILQ_HEAD(, tensor) members;    /* borrowed, in the order staged */
 	LIST_HEAD(, reg_staged) unlinks; /* owned, newest first */
 	uint32_t n_members, n_unlinks;
-	struct reg_arena *arena; /* the one its members go into (registry_arena.c); NULL: none */
+	/* The ones its members go into (registry_arena.c): host [0], GPU [1]; NULL: none. */
+	struct reg_arena *arena[2];
 };
 
-struct reg_arena *reg_tx_arena(const struct reg_tx *tx)
+struct reg_arena *reg_tx_arena(const struct reg_tx *tx, bool gpu)
 {
-	return tx->arena;
+	return tx->arena[gpu];
 }
 
-void reg_tx_set_arena(struct registry *reg, struct reg_tx *tx, struct reg_arena *a)
+void reg_tx_set_arena(struct registry *reg, struct reg_tx *tx, bool gpu, struct reg_arena *a)
 {
-	if (tx->arena)
-		reg_arena_close(reg, tx->arena);
-	tx->arena = a;
+	if (tx->arena[gpu])
+		reg_arena_close(reg, tx->arena[gpu]);
+	tx->arena[gpu] = a;
 }
 
 uint32_t reg_tx_id(const struct reg_tx *tx)
@@ -134,7 +135,8 @@ static void tx_end(struct registry *reg, struct reg_client *rc, struct reg_tx *t
 		LIST_REMOVE(s, link);
 		free(s);
 	}
-	reg_tx_set_arena(reg, tx, NULL);
+	reg_tx_set_arena(reg, tx, false, NULL);
+	reg_tx_set_arena(reg, tx, true, NULL);
 	LIST_REMOVE(tx, link);
 	rc->n_txs--;
 	free(tx);

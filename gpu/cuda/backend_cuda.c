@@ -663,8 +663,11 @@ static int cuda_backend_copy(struct backend_alloc *a, uint64_t off, void *buf, s
 
 	if (n == 0)
 		return 0;
-	if (!m || off > a->size || n > a->size - off)
+	/* A member of a set allocation starts at its offset in it (backend.h, arenas). */
+	if (!m || a->ipc_offset > a->size || off > a->size - a->ipc_offset ||
+	    n > a->size - a->ipc_offset - off)
 		return -EINVAL;
+	off += a->ipc_offset;
 	r = cuda_api->CtxSetCurrent(m->ctx);
 	if (r != CUDA_SUCCESS)
 		return td_cuda_errno(r);
@@ -723,6 +726,7 @@ const struct backend_ops backend_cuda = {
 	.gpu_bytes = cuda_backend_gpu_bytes,
 	.alloc = cuda_backend_alloc,
 	.alloc_blocks = true,
+	.arenas = true,
 	.export_fd = gpu_export_fd,
 	.freeze = gpu_freeze,
 	.release = gpu_release,

@@ -39,6 +39,32 @@ struct td_cuda_map {
 	 * Every later change of access covers the same set.
 	 */
 	uint64_t access;
+	/*
+	 * VMM, a member of a set in one allocation (td_import_desc.share_id):
+	 * g.ptr is not this mapping's own range but the view of the import
+	 * that every mapping of the set with the same access shares
+	 * (struct td_cuda_views, view 0 read-only, 1 read-write).
+	 */
+	bool borrowed;
+	int view;
+};
+
+/*
+ * The ranges a set's mappings share (td_gpu_shared.vendor), under the
+ * import table's lock: one reserved, mapped and given access once for
+ * every read-only mapping of the set in this process, and one for the
+ * writable ones (its writer's, while it fills the members), so a reader
+ * of 300 members makes one cuMemAddressReserve, one cuMemMap and one
+ * cuMemSetAccess, not 300. A view goes with the last mapping using it.
+ */
+struct td_cuda_views {
+	struct td_cuda_view {
+		uint64_t ptr; /* 0: none */
+		size_t size;
+		uint64_t access;
+		bool ro_enforced, peers_refused;
+		unsigned refs; /* mappings using it */
+	} v[2];
 };
 
 _Static_assert(TD_GPU_MAX_DEVICES <= 64, "a device's bit in td_cuda_map.access");
@@ -331,14 +357,15 @@ static void td_cuda_vmm_undo(struct td_gpu_map *g, uint64_t value)
 
 /*
  * The process's import of what fd exports (import_gpu.h): the one held
- * for d's allocation, or a new one. Lock held, the device's context
- * current. 0 or -errno (error set); p->g.shared holds a reference.
+ * for d's allocation (a set's, by its share id), or a new one. Lock held,
+ * the device's context current. 0 or -errno (error set); p->g.shared
+ * holds a reference.
  */
 static int td_cuda_vmm_import(struct td_cuda_map *p, int fd, const struct td_import_desc *d)
 {
 	const struct td_cuda_api *cu = p->g.api;
 	CUmemGenericAllocationHandle h;
-	uint64_t key[2] = { d->daemon_instance, d->tensor_id };
+	uint64_t key[2] = { d->daemon_instance, d->share_id ? d->share_id : d->tensor_id };
 	size_t key_len = d->daemon_instance ? sizeof(key) : 0;
 	CUresult r;
 
@@ -355,6 +382,77 @@ static int td_cuda_vmm_import(struct td_cuda_map *p, int fd, const struct td_imp
 		return -ENOMEM;
 	}
 	return 0;
+}
+
+/*
+ * p, a mapping of a set's member (d->share_id), takes the view of its
+ * import with its access, mapping it first when no other mapping of the
+ * set has. Lock held, the device's context current. 0 or -errno (error
+ * set).
+ */
+static int td_cuda_view_take(struct td_cuda_map *p, const struct td_import_desc *d)
+{
+	struct td_gpu_shared *s = p->g.shared;
+	struct td_cuda_views *vs = s->vendor;
+	struct td_cuda_view *v;
+	int err;
+
+	if (!vs) {
+		vs = calloc(1, sizeof(*vs));
+		if (!vs)
+			return td_set_error(-ENOMEM, "out of memory");
+		s->vendor = vs;
+	}
+	p->view = d->writable ? 1 : 0;
+	v = &vs->v[p->view];
+	if (!v->refs) {
+		err = td_cuda_vmm_map(p, (CUmemGenericAllocationHandle)s->value, d->map_size,
+				      d->writable);
+		if (err < 0)
+			return err;
+		*v = (struct td_cuda_view){ .ptr = p->g.ptr,
+					    .size = p->size,
+					    .access = p->access,
+					    .ro_enforced = p->ro_enforced,
+					    .peers_refused = p->peers_refused };
+	} else if (v->size != d->map_size) {
+		return td_set_error(-EPROTO,
+				    "CUDA set allocation %llu: a member says %llu bytes, "
+				    "another said %zu",
+				    (unsigned long long)d->share_id,
+				    (unsigned long long)d->map_size, v->size);
+	}
+	v->refs++;
+	p->g.ptr = v->ptr;
+	p->size = v->size;
+	p->access = v->access;
+	p->ro_enforced = v->ro_enforced;
+	p->peers_refused = v->peers_refused;
+	p->borrowed = true;
+	return 0;
+}
+
+/*
+ * Lock held, the device's context current. p lets go of the view it took;
+ * the last one waits for the device (kernels reading any member may still
+ * be queued: docs/gpu.md, "Unmapping waits for the device"), then unmaps
+ * it. Only the last waits, under the lock, so that no other mapping can
+ * take the view meanwhile; a member released while the others are held
+ * waits for nothing.
+ */
+static void td_cuda_view_put(struct td_cuda_map *p)
+{
+	const struct td_cuda_api *cu = p->g.api;
+	struct td_cuda_views *vs = p->g.shared->vendor;
+	struct td_cuda_view *v = &vs->v[p->view];
+
+	p->borrowed = false;
+	if (--v->refs > 0)
+		return;
+	(void)cu->CtxSynchronize();
+	cu->MemUnmap(v->ptr, v->size);
+	cu->MemAddressFree(v->ptr, v->size);
+	memset(v, 0, sizeof(*v));
 }
 
 /* HANDLE_CUDA_VMM_FD. Takes ownership of fd. */
@@ -396,6 +494,15 @@ static int td_cuda_map_vmm(struct td_mapping *m, int fd, const struct td_import_
 		goto out_free;
 	td_gpu_shared_lock();
 	err = td_cuda_vmm_import(p, fd, d);
+	/* A set's member: a pointer into the range its set's mappings share. */
+	if (err == 0 && d->share_id) {
+		err = td_cuda_view_take(p, d);
+		if (err < 0 && td_gpu_shared_put(p->g.shared)) {
+			td_cuda_vmm_undo(&p->g, p->g.shared->value);
+			free(p->g.shared->vendor);
+			free(p->g.shared);
+		}
+	}
 	td_gpu_shared_unlock();
 	/* The imported handle does not need the descriptor any more. */
 	close(fd);
@@ -404,8 +511,9 @@ static int td_cuda_map_vmm(struct td_mapping *m, int fd, const struct td_import_
 		td_cuda_leave(cu, p->dev, false);
 		goto out_free;
 	}
-	err = td_cuda_vmm_map(p, (CUmemGenericAllocationHandle)p->g.shared->value, d->map_size,
-			      d->writable);
+	if (!p->borrowed)
+		err = td_cuda_vmm_map(p, (CUmemGenericAllocationHandle)p->g.shared->value,
+				      d->map_size, d->writable);
 	if (err < 0)
 		td_gpu_shared_drop(&p->g, td_cuda_vmm_undo);
 	td_cuda_leave(cu, p->dev, err == 0);
@@ -495,7 +603,12 @@ static void td_cuda_release(struct td_gpu_map *g)
 	struct td_cuda_map *p = (struct td_cuda_map *)g;
 	const struct td_cuda_api *cu = g->api;
 
-	if (p->vmm) {
+	if (p->vmm && p->borrowed) {
+		td_gpu_shared_lock();
+		td_cuda_view_put(p);
+		td_gpu_shared_unlock();
+		td_gpu_shared_drop(g, td_cuda_vmm_undo);
+	} else if (p->vmm) {
 		cu->MemUnmap(g->ptr, p->size);
 		cu->MemAddressFree(g->ptr, p->size);
 		td_gpu_shared_drop(g, td_cuda_vmm_undo);
@@ -504,6 +617,12 @@ static void td_cuda_release(struct td_gpu_map *g)
 	} else {
 		td_cuda_ipc_undo(g, g->ptr); /* opened, and never shared (out of memory) */
 	}
+}
+
+/* A set's member: td_cuda_view_put() waits, and only when it unmaps. */
+static bool td_cuda_waits_in_release(const struct td_gpu_map *g)
+{
+	return ((const struct td_cuda_map *)g)->borrowed;
 }
 
 /* The reference on the primary context that map() kept. */
@@ -529,6 +648,26 @@ static int td_cuda_protect(struct td_mapping *m, bool writable)
 
 	if (!p || !p->vmm)
 		return 0;
+	if (p->borrowed) {
+		/* A view other mappings share keeps its access; alone in it, p
+		 * takes it over as a range of its own. */
+		struct td_cuda_views *vs;
+		unsigned refs;
+
+		td_gpu_shared_lock();
+		vs = p->g.shared->vendor;
+		refs = vs->v[p->view].refs;
+		if (refs == 1) {
+			memset(&vs->v[p->view], 0, sizeof(vs->v[p->view]));
+			p->borrowed = false;
+		}
+		td_gpu_shared_unlock();
+		if (refs > 1)
+			return td_set_error(-EBUSY,
+					    "tensor '%s': its mapping is shared by %u mappings "
+					    "of its set; its access cannot change",
+					    m->name, refs);
+	}
 	err = td_cuda_enter(p->g.api, p->dev, true);
 	if (err < 0)
 		return err;
@@ -572,6 +711,7 @@ const struct td_gpu_client td_cuda_client = {
 	.ipc_open = td_cuda_ipc_open,
 	.release = td_cuda_release,
 	.drop = td_cuda_drop,
+	.waits_in_release = td_cuda_waits_in_release,
 };
 
 const struct td_importer td_importer_cuda = {

@@ -74,6 +74,48 @@ static struct CUctx_st *current(void)
 }
 
 /*
+ * The calls this process made, by entry point (each counted as it enters,
+ * refused or not), for tests that assert how many a path costs: how many
+ * imports a set of tensors takes, say (tdDoubleCalls()). Calls refused
+ * before the lock (not initialized, after fork) are not counted. Under the lock.
+ */
+#define CALLS_MAX 128
+static struct {
+	const char *fn; /* the entry point's __func__ */
+	unsigned long n;
+} calls[CALLS_MAX];
+static int n_calls;
+
+static void count_call(const char *fn)
+{
+	int i;
+
+	for (i = 0; i < n_calls && calls[i].fn != fn; i++)
+		;
+	if (i == n_calls && n_calls < CALLS_MAX)
+		calls[n_calls++].fn = fn;
+	if (i < n_calls)
+		calls[i].n++;
+}
+
+/*
+ * The double's own entry point (no driver has it): how many calls of fn
+ * ("cuMemImportFromShareableHandle") this process made so far. Python
+ * tests reach it through ctypes (tests/python/cudrv.py, calls()).
+ */
+API unsigned long tdDoubleCalls(const char *fn)
+{
+	unsigned long n = 0;
+
+	dbl_lock();
+	for (int i = 0; i < n_calls; i++)
+		if (strcmp(calls[i].fn, fn) == 0)
+			n += calls[i].n;
+	dbl_unlock();
+	return n;
+}
+
+/*
  * Starts a call: checks the driver's state and takes the lock; with
  * need_ctx, the device of the current context goes to *dev. Returns with
  * the lock held only on success.
@@ -86,6 +128,7 @@ static CUresult enter(const char *fn, bool need_ctx, int *dev)
 	if (e != DBL_OK)
 		return codes[e];
 	dbl_lock();
+	count_call(fn);
 	if (!need_ctx)
 		return CUDA_SUCCESS;
 	c = current();

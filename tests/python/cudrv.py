@@ -100,3 +100,15 @@ def read_queued_then_drop(t):
     ok(cu.cuStreamSynchronize(s), "cuStreamSynchronize")
     cu.cuStreamDestroy_v2(s)
     return buf.raw
+
+
+def calls(fn):
+    """How many calls of driver entry point fn ("cuMemImportFromShareableHandle",
+    "cuIpcOpenMemHandle_v2") this process made so far, where the driver is the
+    double (tests/gpudouble/cuda.c, tdDoubleCalls); None on a real driver."""
+    f = getattr(cu, "tdDoubleCalls", None)
+    if f is None:
+        return None
+    f.restype = ctypes.c_ulong
+    f.argtypes = [ctypes.c_char_p]
+    return f(fn.encode())

@@ -292,6 +292,50 @@ def test_a_gpu_set_in_one_commit_through_a_narrow_staging_bound(daemon_factory, 
     pair.finish()
 
 
+def test_a_gpu_set_in_one_allocation_crosses_nodes(daemon_factory, tmp_path, path):
+    """put_many's GPU set in one allocation on node-a (docs/recycle.md,
+    section 0): node-b's attach_many, and a single attach of a member far
+    from the allocation's start, get every member's own bytes (node-a's
+    GPU worker copies each out from its offset in the set)."""
+    pair = Pair(daemon_factory, tmp_path, path)
+    sizes = [100, 5000, 1 << 20, 70001]
+    writer = pair.child(pair.a, f"""
+        srcs = {{}}
+        for i, n in enumerate({sizes!r}):
+            t = c.create("src/%d" % i, (n,), "uint8", device="cuda:0")
+            cudrv.write(t, data(n, 60 + i))
+            t.publish()
+            srcs["g/set/%d" % i] = c.attach("src/%d" % i)
+        c.put_many(srcs, mode=0o644)
+        print("published", flush=True)
+        sys.stdin.readline()
+    """)
+    writer.expect("published")
+    assert stats(pair.a)["gpu_arenas"] == 1
+    r = pair.child(pair.b, """
+        end = time.monotonic() + 20
+        while True:
+            try:
+                got = c.attach_many("@node-a/g/set/")
+                break
+            except OSError as e:
+                if "UCX worker address" not in str(e) or time.monotonic() > end:
+                    raise
+                time.sleep(0.05)
+        for name in sorted(got):
+            print("m", name, digest(cudrv.read(got[name])), flush=True)
+        print("one", digest(cudrv.read(attach("@node-a/g/set/3"))), flush=True)
+    """)
+    for i, n in enumerate(sizes):
+        m = r.expect("m ").split()
+        assert m[1:] == ["@node-a/g/set/%d" % i, digest(data(n, 60 + i))], m
+    assert r.expect("one ").split()[1] == digest(data(sizes[3], 63))
+    r.finish()
+    writer.send()
+    writer.finish()
+    pair.finish()
+
+
 def test_no_gpu_on_the_pulling_node_is_a_clear_error(daemon_factory, tmp_path, path):
     """node-b has no CUDA device: the attach says so, naming the peer, the
     tensor and the device; node-a's lease and host copy go."""

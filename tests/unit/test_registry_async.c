@@ -94,6 +94,7 @@ static const struct backend_ops backend_slow = {
 	.path = slow_path,
 	.alloc = slow_alloc,
 	.alloc_blocks = true,
+	.arenas = true, /* a set in one allocation (registry_arena.c) */
 	.export_fd = slow_export,
 	.freeze = slow_freeze,
 	.release = slow_release,
@@ -319,6 +320,155 @@ static void test_async_replace(void **state)
 	assert_int_equal(reg->n_tensors, 0);
 }
 
+/* A member of a's transaction 7 of n bytes: opening its set's allocation of
+ * arena bytes, or (arena 0) going into it. */
+static int create_member(struct registry *reg, struct reg_client *rc, const char *name, int64_t n,
+			 uint64_t arena, struct tensor **t, uint64_t *lease)
+{
+	struct create_args a = reg_fixture_u8(name, &n, (DLDevice){ kDLCUDA, 0 });
+
+	a.tx = 7;
+	a.arena_size = arena;
+	a.in_arena = arena == 0;
+	*lease = 0;
+	return registry_create(reg, rc, &a, t, lease, why, sizeof(why));
+}
+
+/*
+ * A GPU set in one allocation: the first member's create makes it on the
+ * worker, charged as asked, then at its rounded size; later members go
+ * into it at once, at their offsets, each leased whole with the set's
+ * share id; a member that comes while it is being made gets memory of its
+ * own. It is freed with its last member, every charge given back.
+ */
+static void test_async_set_in_one_allocation(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_device *dev = slow_dev(reg);
+	struct quota_limits lim = { 0 };
+	struct quota q;
+	struct reg_client a, b;
+	struct tensor *t0, *t1, *t2, *seen;
+	uint64_t l0, l1, l2, lb, commit;
+	uint32_t npub, nun;
+	bool w;
+
+	slow_live = slow_released = 0;
+	quota_init(&q, &lim);
+	reg->quota = &q;
+	registry_client_init(&a, 1, 1000, 1000, 1);
+	registry_client_init(&b, 2, 1000, 1000, 2);
+	assert_int_equal(create_member(reg, &a, "s/0", 1000, 3 << 20, &t0, &l0), -EINPROGRESS);
+	/* Charged as asked while the worker makes it; t0 its first member. */
+	assert_int_equal(reg->n_gpu_arenas, 1);
+	assert_int_equal(reg->gpu_arena_bytes, 3 << 20);
+	assert_int_equal(dev->used, 3 << 20);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 3 << 20);
+	assert_non_null(t0->arena);
+	/* Meanwhile another member cannot go in: memory of its own. */
+	assert_int_equal(create_member(reg, &a, "s/1", 100, 0, &t1, &l1), -EINPROGRESS);
+	assert_null(t1->arena);
+	assert_int_equal(finish_slow(reg, t0, &l0), 0);
+	assert_int_equal(finish_slow(reg, t1, &l1), 0);
+	assert_int_equal(slow_live, 2);
+	/* Rounded to the granularity: 4 MiB, the extra charged too. */
+	assert_int_equal(t0->alloc.size, 4 << 20);
+	assert_int_equal(t0->alloc.ipc_offset, 0);
+	assert_int_equal(reg->gpu_arena_bytes, 4 << 20);
+	assert_int_equal(dev->used, (4 << 20) + (2 << 20));
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], (4 << 20) + (2 << 20));
+	assert_int_not_equal(t0->alloc.share_id, 0);
+	/* Made: the next member goes in at once, past the first, page-aligned. */
+	assert_int_equal(create_member(reg, &a, "s/2", 5000, 0, &t2, &l2), 0);
+	assert_ptr_equal(t2->arena, t0->arena);
+	assert_int_equal(t2->alloc.ipc_offset, 4096);
+	assert_int_equal(t2->alloc.size, 4 << 20); /* a lease maps the whole */
+	assert_int_equal(t2->alloc.share_id, t0->alloc.share_id);
+	assert_ptr_equal(t2->alloc.priv, t0->alloc.priv);
+	assert_int_equal(slow_live, 2);
+	assert_int_equal(dev->used, (4 << 20) + (2 << 20));
+	assert_int_equal(registry_tx_commit(reg, &a, 7, &commit, &npub, &nun, why, sizeof(why)), 0);
+	assert_int_equal(npub, 3);
+	/* b keeps one member, and with it the whole allocation. */
+	assert_int_equal(registry_attach(reg, &b, "s/2", 3, &seen, &lb, &w, why, sizeof(why)), 0);
+	assert_ptr_equal(seen, t2);
+	for (int i = 0; i < 3; i++) {
+		char n[4] = { 's', '/', (char)('0' + i), 0 };
+
+		assert_int_equal(registry_unlink(reg, &a, n, 3, why, sizeof(why)), 0);
+	}
+	registry_client_gone(reg, &a);
+	assert_int_equal(slow_live, 1);
+	assert_int_equal(reg->n_gpu_arenas, 1);
+	registry_client_gone(reg, &b);
+	assert_int_equal(slow_live, 0);
+	assert_int_equal(reg->n_gpu_arenas, 0);
+	assert_int_equal(reg->gpu_arena_bytes, 0);
+	assert_int_equal(dev->used, 0);
+	assert_int_equal(reg->n_tensors, 0);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 0);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_FDS], 0);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_TENSORS], 0);
+	reg->quota = NULL;
+	quota_fini(&q);
+}
+
+/*
+ * A set's allocation that fails, rounds past capacity, or whose creator
+ * goes meanwhile: the member's create fails (or is cancelled), later
+ * members get memory of their own, and nothing stays charged.
+ */
+static void test_async_set_allocation_fails(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_device *dev = slow_dev(reg);
+	struct reg_client a;
+	struct tensor *t, *t1;
+	uint64_t l, l1;
+
+	slow_live = 0;
+	registry_client_init(&a, 1, 1000, 1000, 1);
+	assert_int_equal(create_member(reg, &a, "s/0", 100, 1 << 20, &t, &l), -EINPROGRESS);
+	slow_fail = -ENOSPC;
+	assert_int_equal(finish_slow(reg, t, &l), -ENOSPC);
+	assert_non_null(strstr(why, "'s/0'"));
+	assert_non_null(strstr(why, "its set's"));
+	assert_int_equal(create_member(reg, &a, "s/1", 100, 0, &t1, &l1), -EINPROGRESS);
+	assert_null(t1->arena);
+	assert_int_equal(finish_slow(reg, t1, &l1), 0);
+	assert_int_equal(registry_tx_abort(reg, &a, 7, why, sizeof(why)), 0);
+	assert_int_equal(reg->n_gpu_arenas, 0);
+	assert_int_equal(dev->used, 2 << 20); /* s/1, leased until a goes */
+	registry_client_gone(reg, &a);
+	assert_int_equal(slow_live, 0);
+	assert_int_equal(dev->used, 0);
+
+	/* 4 MiB + 1 fits the 5 MiB left as asked, not once rounded up to 6. */
+	registry_client_init(&a, 2, 1000, 1000, 2);
+	assert_int_equal(create_slow(reg, &a, "other", 1 << 20, false, &t1), -EINPROGRESS);
+	assert_int_equal(finish_slow(reg, t1, &l1), 0);
+	assert_int_equal(create_member(reg, &a, "s/0", 100, (4 << 20) + 1, &t, &l), -EINPROGRESS);
+	assert_int_equal(finish_slow(reg, t, &l), -ENOSPC);
+	assert_non_null(strstr(why, "after rounding"));
+	assert_int_equal(slow_live, 1);
+	registry_client_gone(reg, &a);
+	assert_int_equal(slow_live, 0);
+	assert_int_equal(reg->n_gpu_arenas, 0);
+	assert_int_equal(dev->used, 0);
+
+	/* Its creator goes while the worker makes it: made, then freed. */
+	registry_client_init(&a, 3, 1000, 1000, 3);
+	assert_int_equal(create_member(reg, &a, "s/0", 100, 1 << 20, &t, &l), -EINPROGRESS);
+	registry_client_gone(reg, &a);
+	assert_int_equal(reg->n_gpu_arenas, 1);
+	assert_int_equal(finish_slow(reg, t, &l), -ECANCELED);
+	assert_int_equal(slow_live, 0);
+	assert_int_equal(reg->n_gpu_arenas, 0);
+	assert_int_equal(reg->gpu_arena_bytes, 0);
+	assert_int_equal(dev->used, 0);
+	assert_int_equal(reg->n_tensors, 0);
+}
+
 int main(void)
 {
 	log_level = TD_LOG_ERROR;
@@ -329,6 +479,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_async_create_fails, setup,
 						reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_async_replace, setup, reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_async_set_in_one_allocation, setup,
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_async_set_allocation_fails, setup,
+						reg_fixture_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
