@@ -43,6 +43,7 @@ struct tensord_watch {
 	uint64_t lineage; /* of the daemon its events came from (tensord_lineage()) */
 	uint64_t lost_ms; /* CLOCK_MONOTONIC when its daemon stopped answering; 0: it answers */
 	unsigned tries;   /* connect attempts since */
+	bool said;        /* the event that says what this loss did is queued */
 	/* Held by tensord_watch_next(): threads take turns (resuming moves c and q). */
 	pthread_mutex_t turn;
 };
@@ -219,38 +220,48 @@ static uint64_t now_ms(void)
  * Watches again on cur, the connection serving w's client now: w's was
  * lost. A daemon of the same lineage restored the old one's names with
  * their commit ids, so the watch replays what came after the newest commit
- * it received: nothing lost, nothing twice. One of another lineage started
- * empty: the watch says so (a restarted event) and replays all it has, each
- * of its commits being news. 0 or -errno, set; on failure w stays where it
- * was, for the next try.
+ * it received: nothing twice, nothing lost but coalesced, after a lagged
+ * event. One of another lineage started empty: the watch says so (a
+ * restarted event) and replays all it has, each of its commits being news.
+ * 0 or -errno, set; on failure w stays where it was, for the next try.
  */
 static int watch_again(tensord_watch *w, tensord_client *cur)
 {
 	tensord_client *old = w->c;
 	uint64_t lineage = tensord_lineage(cur);
+	tensord_event *ev;
 	bool replay = true;
 	uint64_t after;
 	int r;
 
 	pthread_mutex_lock(&old->lock);
 	td_watch_unregister(&old->conn, &w->q);
-	if (!w->lineage || lineage != w->lineage) {
-		tensord_event *ev = push_slot(&w->q);
-
+	/* One event a loss says it with, in its place after what came before
+	 * (a try that failed said it already). */
+	ev = w->said ? NULL : push_slot(&w->q);
+	if (ev)
 		memset(ev, 0, sizeof(*ev));
-		ev->kind = TENSORD_EVENT_RESTARTED;
+	w->said = true;
+	if (!w->lineage || lineage != w->lineage) {
+		if (ev)
+			ev->kind = TENSORD_EVENT_RESTARTED;
 		w->q.seen = 0;
 		w->replay = true;
 		w->lineage = lineage;
+	} else if (ev) {
+		/*
+		 * The replay gives each name's newest version: versions committed
+		 * since the newest event received (in flight when the daemon
+		 * went, or made before the watch is back) come coalesced, and a
+		 * lagged event says so.
+		 */
+		ev->kind = TENSORD_EVENT_LAGGED;
 	}
 	after = w->q.seen;
-	if (!after && !w->replay) {
-		/* A live watch that received nothing yet does not know where the
-		 * old daemon's commits stood when it began: it goes on live, and
-		 * says that it may have missed some. */
+	/* A live watch that received nothing yet does not know where the old
+	 * daemon's commits stood when it began: it goes on live. */
+	if (!after && !w->replay)
 		replay = false;
-		w->q.lagged = true;
-	}
 	pthread_mutex_unlock(&old->lock);
 	r = watch_send(cur, w, replay, after);
 	if (r < 0)
@@ -296,6 +307,7 @@ static int resume(tensord_watch *w, int timeout_ms, uint64_t end)
 			r = watch_again(w, cur);
 		if (r == 0) {
 			w->lost_ms = w->tries = 0;
+			w->said = false;
 			return 0;
 		}
 		if (!td_gone(w->c, r, seen))

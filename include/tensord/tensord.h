@@ -599,10 +599,11 @@ typedef struct tensord_watch tensord_watch;
  *
  * A watch outlives its daemon's restart (docs/restart.md, "Clients carry
  * on"): tensord_watch_next() connects anew and watches again. A daemon of
- * the same lineage (it restored the old one's names) replays what was
- * committed after the newest event the watch received: none lost, none
- * twice (a live watch that received none yet goes on live, after a lagged
- * event). One of another lineage (it started empty): a
+ * the same lineage (it restored the old one's names): a lagged event,
+ * then a replay of what was committed after the newest event the watch
+ * received, each name's newest version (nothing twice; versions between
+ * come coalesced, as the lagged event says; a live watch that received
+ * none yet goes on live). One of another lineage (it started empty): a
  * TENSORD_EVENT_RESTARTED event, then everything it has, replayed.
  */
 TENSORD_API int tensord_watch_start(tensord_client *client, const char *prefix, bool replay,
