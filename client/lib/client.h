@@ -261,12 +261,22 @@ int td_client_current_bound(tensord_client **pc);
 bool td_client_lost(tensord_client *c);
 
 /*
- * A wait (an attach, an attach_many) across a lost connection: begun with
- * the caller's client and timeout; after a failure r, td_retry_again()
- * says whether to try again over a new connection (r says the daemon went
- * away, and the wait has time left: its timeout, or TENSORD_RECONNECT_MS,
- * 30 s, for one without), having connected, slept while no daemon answers,
- * and set *timeout_ms to what is left.
+ * The connection serving c now (the last of its successors), made by
+ * nobody: lost or not, as it is. For calls that must not connect (an
+ * event loop's tensord_poll()).
+ */
+tensord_client *td_client_latest(tensord_client *c);
+
+/*
+ * A wait (an attach, an attach_many), or a request that changes nothing
+ * (timeout_ms 0: a read), across a lost connection: begun with the
+ * caller's client and timeout; after a failure r, td_retry_again() says
+ * whether to try again over a new connection: r says the daemon went
+ * away, no daemon has failed to answer for TENSORD_RECONNECT_MS (30 s;
+ * a read 2 s at most) since, a wait has time left of its timeout, and a
+ * read was not sent again yet (once). It has connected (pausing 10 ms
+ * growing to 100 ms while no daemon answers) and set *timeout_ms to what
+ * is left.
  */
 struct td_retry {
 	tensord_client *c;
@@ -274,8 +284,10 @@ struct td_retry {
 	unsigned seen;    /* tensord_epoch() when this try began */
 	uint64_t lineage; /* tensord_lineage() when the wait began */
 	uint64_t start_ns;
+	uint64_t lost_ns; /* when the daemon stopped answering; 0: it answers */
 	int timeout_ms;
-	unsigned tries;
+	unsigned tries;  /* connect attempts since lost_ns */
+	unsigned resent; /* times the request went again */
 };
 void td_retry_begin(struct td_retry *rt, tensord_client *c, int timeout_ms);
 
@@ -288,6 +300,29 @@ void td_retry_begin(struct td_retry *rt, tensord_client *c, int timeout_ms);
  */
 uint64_t td_after_for(const tensord_client *cur, const struct td_retry *rt, uint64_t after);
 bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms);
+
+/*
+ * A request that changes nothing (stat, list, stats, leases, clients,
+ * ...): call(c, arg) whole, and once more over a new connection when the
+ * daemon went away meanwhile (td_retry, timeout 0). Requests that may
+ * have taken effect (put, create, publish, commit, unlink) are never sent
+ * twice: without the daemon's sequence numbers a retry could apply twice.
+ */
+int td_read(tensord_client *c, int (*call)(tensord_client *c, void *arg), void *arg);
+
+/*
+ * Whether r says the daemon went away: nobody answers at its path
+ * (-ECONNREFUSED), or the connection serving c was lost (tensord_lost())
+ * or replaced since epoch seen. The same errno in a reply, about a peer's
+ * connection, is the daemon's answer, not a loss.
+ */
+bool td_gone(tensord_client *c, int r, unsigned seen);
+
+/* How long to go on reaching a daemon that went away: TENSORD_RECONNECT_MS, else 30 s. */
+uint64_t td_reconnect_grace_ms(void);
+
+/* The pause before connect attempt tries + 1 while nobody answers: 10 ms growing to 100 ms. */
+unsigned td_reconnect_pause_ms(unsigned tries);
 
 /*
  * connect.c: connects to socket_path, or with NULL to the first default

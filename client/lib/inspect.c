@@ -68,6 +68,29 @@ static int page(tensord_client *c, Tensord__Request *req, Tensord__Reply__BodyCa
 	return 0;
 }
 
+struct page_call {
+	Tensord__Request *req;
+	Tensord__Reply__BodyCase body;
+	const char *what;
+	Tensord__Reply **ret_rep;
+};
+
+static int page_once(tensord_client *c, void *arg)
+{
+	struct page_call *a = arg;
+
+	return page(c, a->req, a->body, a->what, a->ret_rep);
+}
+
+/* page() of an answer in one reply, sent once more when the daemon went away meanwhile. */
+static int whole(tensord_client *c, Tensord__Request *req, Tensord__Reply__BodyCase body,
+		 const char *what, Tensord__Reply **ret_rep)
+{
+	struct page_call a = { req, body, what, ret_rep };
+
+	return td_read(c, page_once, &a);
+}
+
 /* By tensor id, then connection: the order tensord_leases() promises. */
 static int cmp_holder(const void *a, const void *b)
 {
@@ -108,21 +131,25 @@ static size_t fold_holders(tensord_lease_holder *v, size_t n)
 	return out;
 }
 
-int tensord_leases(tensord_client *c, const char *name, tensord_lease_holder **ret_holders,
-		   size_t *ret_count)
+struct leases_call {
+	const char *name;
+	tensord_lease_holder **ret_holders;
+	size_t *ret_count;
+};
+
+/* Every page, from the first: one daemon's answer, also across a restart. */
+static int leases_all(tensord_client *c, void *arg)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__LeaseList ll = TENSORD__LEASE_LIST__INIT;
+	struct leases_call *a = arg;
 	tensord_lease_holder *v = NULL;
 	size_t n = 0, cap = 0;
 	Tensord__Reply *rep;
-	char why[300];
 	bool more = true;
 	int r;
 
-	if (name && *name && td_name_check(name, strlen(name), why, sizeof(why)) < 0)
-		return td_set_error(-EINVAL, "%s", why);
-	ll.name = (char *)(name ? name : "");
+	ll.name = (char *)(a->name ? a->name : "");
 	req.body_case = TENSORD__REQUEST__BODY_LEASE_LIST;
 	req.lease_list = &ll;
 	while (more) {
@@ -157,9 +184,20 @@ int tensord_leases(tensord_client *c, const char *name, tensord_lease_holder **r
 			return r;
 		}
 	}
-	*ret_holders = v;
-	*ret_count = fold_holders(v, n);
+	*a->ret_holders = v;
+	*a->ret_count = fold_holders(v, n);
 	return 0;
+}
+
+int tensord_leases(tensord_client *c, const char *name, tensord_lease_holder **ret_holders,
+		   size_t *ret_count)
+{
+	struct leases_call a = { name, ret_holders, ret_count };
+	char why[300];
+
+	if (name && *name && td_name_check(name, strlen(name), why, sizeof(why)) < 0)
+		return td_set_error(-EINVAL, "%s", why);
+	return td_read(c, leases_all, &a);
 }
 
 static void client_from_wire(tensord_client_info *ci, const Tensord__ClientInfo *w)
@@ -180,10 +218,17 @@ static void client_from_wire(tensord_client_info *ci, const Tensord__ClientInfo 
 	snprintf(ci->label, sizeof(ci->label), "%s", w->label);
 }
 
-int tensord_clients(tensord_client *c, tensord_client_info **ret_clients, size_t *ret_count)
+struct clients_call {
+	tensord_client_info **ret_clients;
+	size_t *ret_count;
+};
+
+/* Every page, from the first: one daemon's answer, also across a restart. */
+static int clients_all(tensord_client *c, void *arg)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__ClientList cl = TENSORD__CLIENT_LIST__INIT;
+	struct clients_call *a = arg;
 	tensord_client_info *v = NULL;
 	size_t n = 0, cap = 0;
 	Tensord__Reply *rep;
@@ -208,9 +253,16 @@ int tensord_clients(tensord_client *c, tensord_client_info **ret_clients, size_t
 			cl.after = v[n - 1].conn_id;
 		tensord__reply__free_unpacked(rep, NULL);
 	}
-	*ret_clients = v;
-	*ret_count = n;
+	*a->ret_clients = v;
+	*a->ret_count = n;
 	return 0;
+}
+
+int tensord_clients(tensord_client *c, tensord_client_info **ret_clients, size_t *ret_count)
+{
+	struct clients_call a = { ret_clients, ret_count };
+
+	return td_read(c, clients_all, &a);
 }
 
 /*
@@ -231,7 +283,7 @@ static int peer_list(tensord_client *c, bool dns, size_t sz, Tensord__Reply **re
 
 	req.body_case = TENSORD__REQUEST__BODY_PEER_LIST;
 	req.peer_list = &pl;
-	r = page(c, &req, TENSORD__REPLY__BODY_PEER_LIST, "peers", &rep);
+	r = whole(c, &req, TENSORD__REPLY__BODY_PEER_LIST, "peers", &rep);
 	if (r < 0)
 		return r;
 	n = dns ? rep->peer_list->n_dns : rep->peer_list->n_peers;
@@ -326,7 +378,7 @@ int tensord_metrics(tensord_client *c, char **ret_text)
 
 	req.body_case = TENSORD__REQUEST__BODY_METRICS;
 	req.metrics = &m;
-	r = page(c, &req, TENSORD__REPLY__BODY_METRICS, "metrics", &rep);
+	r = whole(c, &req, TENSORD__REPLY__BODY_METRICS, "metrics", &rep);
 	if (r < 0)
 		return r;
 	text = strdup(rep->metrics->text);

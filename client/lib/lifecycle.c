@@ -115,9 +115,8 @@ bool td_client_lost(tensord_client *c)
 	return lost;
 }
 
-bool tensord_lost(tensord_client *c)
+tensord_client *td_client_latest(tensord_client *c)
 {
-	/* The connection serving c now: the last of its successors. */
 	for (;;) {
 		tensord_client *next;
 
@@ -125,9 +124,20 @@ bool tensord_lost(tensord_client *c)
 		next = c->successor;
 		pthread_mutex_unlock(&c->lock);
 		if (!next)
-			return td_client_lost(c);
+			return c;
 		c = next;
 	}
+}
+
+static void check_quiet(tensord_client *c, bool throttled);
+
+bool tensord_lost(tensord_client *c)
+{
+	/* The connection serving c now, looked at as a request would look
+	 * (a quiet one at its end is lost now, not at the next request). */
+	c = td_client_latest(c);
+	check_quiet(c, false);
+	return td_client_lost(c);
 }
 
 /* How often a request looks whether the daemon ended a quiet connection. */
@@ -200,13 +210,19 @@ static int current(tensord_client **pc, bool throttled)
 			/* Not under c's lock: connecting takes the list's lock,
 			 * which a fork takes before c's. */
 			r = tensord_connect_named(c->path, *c->label ? c->label : NULL, &mine);
-			if (r < 0 && inherited)
-				return td_set_error(r,
-						    "this process (pid %d) was forked from the one "
-						    "that connected, and connecting anew to %s "
-						    "failed: %s",
-						    (int)getpid(), c->path, tensord_last_error());
 			if (r < 0) {
+				/* A copy: the message is written over the buffer
+				 * tensord_last_error() gives. */
+				char failed[sizeof(why)];
+
+				snprintf(failed, sizeof(failed), "%s", tensord_last_error());
+				if (inherited)
+					return td_set_error(
+						r,
+						"this process (pid %d) was forked from the one "
+						"that connected, and connecting anew to %s "
+						"failed: %s",
+						(int)getpid(), c->path, failed);
 				/* The daemon is not back (yet): no daemon, a
 				 * ConnectionRefusedError in Python. */
 				if (r == -ENOENT || r == -ENOTSOCK)
@@ -215,7 +231,7 @@ static int current(tensord_client **pc, bool throttled)
 					r,
 					"connection to tensord at %s was lost (%s), and "
 					"connecting anew failed: %s",
-					c->path, why, tensord_last_error());
+					c->path, why, failed);
 			}
 			pthread_mutex_lock(&c->lock);
 			if (c->successor || c->user_closed) {
@@ -248,6 +264,14 @@ int td_client_current_bound(tensord_client **pc)
 
 /* How long a wait without a deadline tries to reach a daemon that is gone (TENSORD_RECONNECT_MS). */
 #define TD_RECONNECT_GRACE_MS 30000
+
+/*
+ * How long a request that does not wait (a read) waits for a new daemon at
+ * most: a restart's time (systemd's RestartSec= is 100 ms by default, a
+ * daemon starts in tens of ms), not a wait's, so that a read on a client
+ * whose daemon is gone for good says so soon.
+ */
+#define TD_READ_RECONNECT_MS 2000
 
 static uint64_t now_ns(void)
 {
@@ -317,7 +341,7 @@ unsigned tensord_epoch(tensord_client *c)
  * thread replaced it since seen, the epoch this try began in. The same
  * errno in a reply, about a peer's connection, is the daemon's answer.
  */
-static bool gone(tensord_client *c, int r, unsigned seen)
+bool td_gone(tensord_client *c, int r, unsigned seen)
 {
 	if (r == -ECONNREFUSED)
 		return true; /* a daemon never answers with it */
@@ -325,29 +349,48 @@ static bool gone(tensord_client *c, int r, unsigned seen)
 	       (tensord_epoch(c) != seen || tensord_lost(c));
 }
 
-bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
+uint64_t td_reconnect_grace_ms(void)
 {
 	const char *env = getenv("TENSORD_RECONNECT_MS");
-	uint64_t grace_ms = env && *env ? strtoull(env, NULL, 10) : TD_RECONNECT_GRACE_MS;
+
+	return env && *env ? strtoull(env, NULL, 10) : TD_RECONNECT_GRACE_MS;
+}
+
+unsigned td_reconnect_pause_ms(unsigned tries)
+{
+	return tries < 10 ? 10 + 10 * tries : 100;
+}
+
+bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
+{
+	uint64_t grace_ms = td_reconnect_grace_ms();
 	tensord_client *cur;
 	char saved[512];
 
-	if (!gone(rt->c, r, rt->seen))
+	if (rt->timeout_ms == 0 && grace_ms > TD_READ_RECONNECT_MS)
+		grace_ms = TD_READ_RECONNECT_MS;
+	if (!td_gone(rt->c, r, rt->seen))
+		return false;
+	/* A request that does not wait is sent once more, no more. */
+	if (rt->timeout_ms == 0 && rt->resent)
 		return false;
 	for (;;) {
-		uint64_t waited_ms = (now_ns() - rt->start_ns) / 1000000ull;
+		uint64_t now = now_ns(), waited_ms = (now - rt->start_ns) / 1000000ull;
 
-		/* A wait with a deadline goes on until it; one without for the
-		 * grace; a request that does not wait is tried once more. */
-		if (rt->timeout_ms > 0
-			    ? waited_ms >= (uint64_t)rt->timeout_ms
-			    : rt->tries > 0 && (rt->timeout_ms == 0 || waited_ms >= grace_ms))
+		/* The grace runs from when the daemon stopped answering, not
+		 * from the wait's start: a wait of an hour gets it in full. */
+		if (!rt->lost_ns)
+			rt->lost_ns = now;
+		/* A wait with a deadline goes on until it; every try while no
+		 * daemon answers for the grace (the first is always made). */
+		if (rt->timeout_ms > 0 && waited_ms >= (uint64_t)rt->timeout_ms)
+			return false;
+		if (rt->tries > 0 && (now - rt->lost_ns) / 1000000ull >= grace_ms)
 			return false;
 		if (r == -ECONNREFUSED) {
 			/* Nobody there yet: a restart takes a while. */
-			struct timespec ts = {
-				0, (rt->tries < 10 ? 10 + 10 * (long)rt->tries : 100) * 1000000L
-			};
+			struct timespec ts = { 0,
+					       (long)td_reconnect_pause_ms(rt->tries) * 1000000L };
 
 			nanosleep(&ts, NULL);
 		}
@@ -360,6 +403,10 @@ bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
 		}
 		r = -ECONNREFUSED;
 	}
+	/* A daemon answers again: a later loss gets the grace anew. */
+	rt->lost_ns = 0;
+	rt->tries = 0;
+	rt->resent++;
 	if (rt->timeout_ms > 0) {
 		*timeout_ms = rt->timeout_ms - (int)((now_ns() - rt->start_ns) / 1000000ull);
 		if (*timeout_ms <= 0) {
@@ -368,6 +415,18 @@ bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms)
 		}
 	}
 	return true;
+}
+
+int td_read(tensord_client *c, int (*call)(tensord_client *c, void *arg), void *arg)
+{
+	struct td_retry rt;
+	int r, left = 0;
+
+	td_retry_begin(&rt, c, 0);
+	do
+		r = call(c, arg);
+	while (r < 0 && td_retry_again(&rt, r, &left));
+	return r;
 }
 
 /* The Hello round trip: both sides speak the same protocol version. */

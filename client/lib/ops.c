@@ -59,8 +59,18 @@ static void sweep(tensord_client *c)
 
 int tensord_poll(tensord_client *c)
 {
-	int r = td_client_current(&c);
+	int r = 0;
 
+	/*
+	 * The connection serving now, but never a new one for a lost one:
+	 * connecting waits for the daemon's Hello (a socket a holder or
+	 * systemd keeps accepts before any daemon serves it), and this never
+	 * waits. The loss is its error; tensord_fd() connects anew. A forked
+	 * child's first connection is made here as before.
+	 */
+	c = td_client_latest(c);
+	if (c->inherited)
+		r = td_client_current(&c);
 	if (r < 0)
 		return r;
 	r = td_poll(c);

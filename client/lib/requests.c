@@ -635,16 +635,20 @@ int tensord_unlink(tensord_client *c, const char *name)
 	return simple_rpc(c, &req);
 }
 
-int tensord_stat(tensord_client *c, const char *name, tensord_info *ret_info)
+struct stat_call {
+	const char *name;
+	tensord_info *ret;
+};
+
+static int stat_once(tensord_client *c, void *arg)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Stat st = TENSORD__STAT__INIT;
+	struct stat_call *a = arg;
 	Tensord__Reply *rep;
-	int r = check_name(name);
+	int r;
 
-	if (r < 0)
-		return r;
-	st.name = (char *)name;
+	st.name = (char *)a->name;
 	req.body_case = TENSORD__REQUEST__BODY_STAT;
 	req.stat = &st;
 	r = td_rpc(c, &req, &rep, NULL);
@@ -652,11 +656,19 @@ int tensord_stat(tensord_client *c, const char *name, tensord_info *ret_info)
 		return r;
 	if (rep->body_case != TENSORD__REPLY__BODY_INFO)
 		r = td_set_error(-EPROTO, "tensor '%s': tensord answered stat without a tensor",
-				 name);
+				 a->name);
 	else
-		td_info_from_wire(ret_info, rep->info);
+		td_info_from_wire(a->ret, rep->info);
 	tensord__reply__free_unpacked(rep, NULL);
 	return r;
+}
+
+int tensord_stat(tensord_client *c, const char *name, tensord_info *ret_info)
+{
+	struct stat_call a = { name, ret_info };
+	int r = check_name(name);
+
+	return r < 0 ? r : td_read(c, stat_once, &a);
 }
 
 /*
@@ -707,9 +719,17 @@ static int list_page(tensord_client *c, const char *prefix, char *after, tensord
 	return r;
 }
 
-int tensord_list(tensord_client *c, const char *prefix, tensord_info **ret_infos, size_t *ret_count)
+struct list_call {
+	const char *prefix;
+	tensord_info **ret_infos;
+	size_t *ret_count;
+};
+
+/* Every page, from the first: a list is one daemon's, also across a restart. */
+static int list_all(tensord_client *c, void *arg)
 {
 	char after[TENSORD_NAME_MAX + 1] = "";
+	struct list_call *a = arg;
 	tensord_info *v = NULL;
 	size_t n = 0, cap = 0;
 	int r;
@@ -718,7 +738,7 @@ int tensord_list(tensord_client *c, const char *prefix, tensord_info **ret_infos
 	 * registry); the caller sees one list. Names created meanwhile after
 	 * the page being read show up, those before it do not. */
 	do
-		r = list_page(c, prefix ? prefix : "", after, &v, &n, &cap);
+		r = list_page(c, a->prefix ? a->prefix : "", after, &v, &n, &cap);
 	while (r > 0);
 	if (r < 0) {
 		free(v);
@@ -726,7 +746,14 @@ int tensord_list(tensord_client *c, const char *prefix, tensord_info **ret_infos
 	}
 	if (!v && !(v = malloc(sizeof(*v))))
 		return td_set_error(-ENOMEM, "out of memory");
-	*ret_infos = v;
-	*ret_count = n;
+	*a->ret_infos = v;
+	*a->ret_count = n;
 	return 0;
+}
+
+int tensord_list(tensord_client *c, const char *prefix, tensord_info **ret_infos, size_t *ret_count)
+{
+	struct list_call a = { prefix, ret_infos, ret_count };
+
+	return td_read(c, list_all, &a);
 }

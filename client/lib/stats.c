@@ -16,18 +16,27 @@
 
 #include "client.h"
 
-/* A Stats round trip for the figures. On success *ret_rep is the caller's to free. */
-static int stats_rpc(tensord_client *c, Tensord__Reply **ret_rep)
+static int stats_once(tensord_client *c, void *arg)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Stats st = TENSORD__STATS__INIT;
-	Tensord__Reply *rep;
-	int r;
 
 	st.figures_only = true;
 	req.body_case = TENSORD__REQUEST__BODY_STATS;
 	req.stats = &st;
-	r = td_rpc(c, &req, &rep, NULL);
+	return td_rpc(c, &req, arg, NULL);
+}
+
+/*
+ * A Stats round trip for the figures (sent once more when the daemon went
+ * away meanwhile). On success *ret_rep is the caller's to free.
+ */
+static int stats_rpc(tensord_client *c, Tensord__Reply **ret_rep)
+{
+	Tensord__Reply *rep;
+	int r;
+
+	r = td_read(c, stats_once, &rep);
 	if (r < 0)
 		return r;
 	if (rep->body_case != TENSORD__REPLY__BODY_STATS) {

@@ -1,7 +1,7 @@
 /*
  * The operations tensord.aio drives from an event loop (docs/python.md):
- * Client._attach_start(), _attach_many_start(), _poll() and fileno(), and
- * the _Op type whose result() ends one. Each libtensord call runs with the
+ * Client._attach_start(), _attach_many_start(), _poll(), _restart_state(),
+ * _reconnect() and fileno(), and the _Op type whose result() ends one. Each libtensord call runs with the
  * GIL released, between td_client_enter() and td_client_leave().
  */
 #include "tdpy.h"
@@ -177,6 +177,46 @@ PyObject *td_client_fileno(ClientObject *self, PyObject *unused)
 	if (td_client_leave(self, fd < 0 ? fd : 0) < 0)
 		return NULL;
 	return PyLong_FromLong(fd);
+}
+
+/*
+ * tensord_fd() with the GIL released: the connection serving now, a new
+ * one when it was lost, for tensord.aio to make on a worker thread
+ * (connecting waits for the daemon's Hello). None, or raises.
+ */
+PyObject *td_client_reconnect(ClientObject *self, PyObject *unused)
+{
+	tensord_client *c = td_client_enter(self);
+	int fd;
+
+	if (!c)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS fd = tensord_fd(c);
+	Py_END_ALLOW_THREADS if (td_client_leave(self, fd < 0 ? fd : 0) < 0) return NULL;
+	Py_RETURN_NONE;
+}
+
+/*
+ * (epoch, lineage, lost): tensord_epoch(), tensord_lineage() and
+ * tensord_lost() of the client, for tensord.aio's waits across a restart
+ * (docs/restart.md, "Clients carry on"). No request.
+ */
+PyObject *td_client_restart_state(ClientObject *self, PyObject *unused)
+{
+	tensord_client *c = td_client_enter(self);
+	unsigned epoch;
+	uint64_t lineage;
+	bool lost;
+
+	if (!c)
+		return NULL;
+	epoch = tensord_epoch(c);
+	lineage = tensord_lineage(c);
+	lost = tensord_lost(c);
+	if (td_client_leave(self, 0) < 0)
+		return NULL;
+	return Py_BuildValue("(IKO)", epoch, (unsigned long long)lineage,
+			     lost ? Py_True : Py_False);
 }
 
 int td_aio_types_ready(void)

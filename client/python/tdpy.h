@@ -296,7 +296,8 @@ int td_parse_wait(PyObject *timeout, PyObject *after, int *ms, uint64_t *ret_aft
 
 /*
  * Client methods of sets.c (transaction, put_many, attach_many), watch.c
- * (watch) and aio.c (fileno, _poll, _attach_start, _attach_many_start), and
+ * (watch) and aio.c (fileno, _poll, _attach_start, _attach_many_start,
+ * _restart_state, _reconnect), and
  * their types: Transaction, Event and Watch onto mod; _Op only readied.
  */
 PyObject *td_client_transaction(ClientObject *self, PyObject *unused);
@@ -307,6 +308,8 @@ PyObject *td_client_attach_start(ClientObject *self, PyObject *args);
 PyObject *td_client_attach_many_start(ClientObject *self, PyObject *args);
 PyObject *td_client_poll(ClientObject *self, PyObject *unused);
 PyObject *td_client_fileno(ClientObject *self, PyObject *unused);
+PyObject *td_client_restart_state(ClientObject *self, PyObject *unused);
+PyObject *td_client_reconnect(ClientObject *self, PyObject *unused);
 PyObject *td_client_put_file(ClientObject *self, PyObject *args, PyObject *kwds);
 PyObject *td_client_get_file(ClientObject *self, PyObject *args, PyObject *kwds);
 int td_sets_types_ready(PyObject *mod);
@@ -366,13 +369,16 @@ PyObject *td_set_dict(tensord_set *set, ClientObject *client);
 		  "A Watch: an iterator of Event(kind, name, generation, commit) for the names\n"  \
 		  "under prefix you may read, live from when watch() returns. after: a commit\n"   \
 		  "id; first the current state of names committed after it. queue: events kept\n"  \
-		  "for a watch that is not read (default 1024), then coalesced: 'lagged'." },      \
+		  "for a watch that is not read (default 1024), then coalesced: 'lagged'. It\n"    \
+		  "goes on across a daemon restart ('restarted': the new one started empty)." },   \
 		{ "fileno", (PyCFunction)td_client_fileno, METH_NOARGS,                            \
 		  "fileno($self, /)\n--\n\nThe connection's descriptor (for event loops)." },      \
 		{ "_poll", (PyCFunction)td_client_poll, METH_NOARGS, NULL },                       \
 		{ "_attach_start", (PyCFunction)td_client_attach_start, METH_VARARGS, NULL },      \
 		{ "_attach_many_start", (PyCFunction)td_client_attach_many_start, METH_VARARGS,    \
-		  NULL },
+		  NULL },                                                                          \
+		{ "_restart_state", (PyCFunction)td_client_restart_state, METH_NOARGS, NULL },     \
+		{ "_reconnect", (PyCFunction)td_client_reconnect, METH_NOARGS, NULL },
 
 /* --- dlpack.c: no Python in here, so all of it is safe on any thread. --- */
 

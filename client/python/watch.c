@@ -13,8 +13,9 @@
 /* --- Event ------------------------------------------------------------------------- */
 
 static PyStructSequence_Field event_fields[] = {
-	{ "kind", "'published', 'unlinked' or 'lagged' (events were dropped or coalesced)" },
-	{ "name", "the tensor's name ('' for lagged)" },
+	{ "kind", "'published', 'unlinked', 'lagged' (events were dropped or coalesced) or "
+		  "'restarted' (the daemon restarted empty: commit ids before mean nothing now)" },
+	{ "name", "the tensor's name ('' for lagged and restarted)" },
 	{ "generation", "published: the new generation; unlinked: the one unlinked" },
 	{ "commit", "the daemon-wide commit" },
 	{ NULL, NULL },
@@ -31,10 +32,10 @@ PyTypeObject td_EventType;
 
 static PyObject *event_new(const tensord_event *e)
 {
-	static const char *const kinds[] = { "published", "unlinked", "lagged" };
+	static const char *const kinds[] = { "published", "unlinked", "lagged", "restarted" };
 	PyObject *v[4];
 
-	v[0] = PyUnicode_FromString(kinds[(unsigned)e->kind <= 2 ? e->kind : 2]);
+	v[0] = PyUnicode_FromString(kinds[(unsigned)e->kind <= 3 ? e->kind : 2]);
 	v[1] = PyUnicode_FromString(e->name);
 	v[2] = PyLong_FromUnsignedLongLong(e->generation);
 	v[3] = PyLong_FromUnsignedLongLong(e->commit);
@@ -50,8 +51,33 @@ typedef struct {
 
 static PyTypeObject td_WatchType;
 
-/* The next event, waiting up to ms (-1: forever; 0: None at once when there is none). */
-static PyObject *watch_next(WatchObject *self, int ms)
+/*
+ * A lost connection of the watch replaced, as a call without a wait needs
+ * in this blocking API (poll(), next(timeout=0)): tensord_watch_next(w, 0)
+ * never connects, since an event loop's thread must not wait for a Hello
+ * (tensord.aio connects on a worker thread and calls _poll()). A failure
+ * is the watch's to report, past TENSORD_RECONNECT_MS.
+ */
+static void reconnect(WatchObject *self)
+{
+	tensord_client *c;
+
+	if (tensord_watch_fd(self->w) >= 0)
+		return;
+	if (!(c = td_client_enter(self->client))) {
+		PyErr_Clear(); /* closed: the watch says so */
+		return;
+	}
+	Py_BEGIN_ALLOW_THREADS tensord_fd(c);
+	Py_END_ALLOW_THREADS td_client_leave(self->client, 0);
+}
+
+/*
+ * The next event, waiting up to ms (-1: forever; 0: None at once when
+ * there is none); with ms 0 a lost connection is replaced first when
+ * connect.
+ */
+static PyObject *watch_next(WatchObject *self, int ms, bool connect)
 {
 	double deadline = td_now_ms() + ms;
 	tensord_event ev;
@@ -59,6 +85,8 @@ static PyObject *watch_next(WatchObject *self, int ms)
 
 	if (!self->w)
 		return PyErr_Format(PyExc_ValueError, "the watch is closed");
+	if (ms == 0 && connect)
+		reconnect(self);
 	for (;;) {
 		int slice = td_wait_slice(ms, deadline);
 
@@ -87,19 +115,35 @@ static PyObject *Watch_next(WatchObject *self, PyObject *args, PyObject *kwds)
 		ms = -1;
 	else if (td_parse_timeout(timeout, &ms) < 0)
 		return NULL;
-	return watch_next(self, ms);
+	return watch_next(self, ms, true);
 }
 
 static PyObject *Watch_iternext(WatchObject *self)
 {
 	if (!self->w)
 		return NULL; /* closed: the iteration ends */
-	return watch_next(self, -1);
+	return watch_next(self, -1, true);
 }
 
 static PyObject *Watch_poll(WatchObject *self, PyObject *unused)
 {
-	return watch_next(self, 0);
+	return watch_next(self, 0, true);
+}
+
+/* poll() for tensord.aio: never connects (the loop's thread must not wait). */
+static PyObject *Watch_poll_nowait(WatchObject *self, PyObject *unused)
+{
+	return watch_next(self, 0, false);
+}
+
+/* tensord_watch_fd(): the descriptor to read before poll(); -1 while its connection is lost. */
+static PyObject *Watch_fileno(WatchObject *self, PyObject *unused)
+{
+	if (!self->w)
+		return PyErr_Format(PyExc_ValueError, "the watch is closed");
+	int fd = tensord_watch_fd(self->w);
+
+	return PyLong_FromLong(fd < 0 ? -1 : fd);
 }
 
 static PyObject *Watch_close(WatchObject *self, PyObject *unused)
@@ -140,6 +184,8 @@ static PyMethodDef Watch_methods[] = {
 	  "TimeoutError after)." },
 	{ "poll", (PyCFunction)Watch_poll, METH_NOARGS,
 	  "poll($self, /)\n--\n\nThe next Event if one is there, else None (no wait)." },
+	{ "_fileno", (PyCFunction)Watch_fileno, METH_NOARGS, NULL },
+	{ "_poll", (PyCFunction)Watch_poll_nowait, METH_NOARGS, NULL },
 	{ "close", (PyCFunction)Watch_close, METH_NOARGS,
 	  "close($self, /)\n--\n\nEnds the watch." },
 	{ "__enter__", (PyCFunction)Watch_enter, METH_NOARGS,

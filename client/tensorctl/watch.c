@@ -23,9 +23,10 @@
 
 static const char *kind_name(tensord_event_kind k)
 {
-	return k == TENSORD_EVENT_PUBLISHED  ? "published"
-	       : k == TENSORD_EVENT_UNLINKED ? "unlinked"
-					     : "lagged";
+	return k == TENSORD_EVENT_PUBLISHED   ? "published"
+	       : k == TENSORD_EVENT_UNLINKED  ? "unlinked"
+	       : k == TENSORD_EVENT_RESTARTED ? "restarted"
+					      : "lagged";
 }
 
 /* One event as a line: text or a JSON object. */
@@ -38,8 +39,8 @@ static void print_event(const tensord_event *ev, bool json)
 		json_str(ev->name);
 		printf(", \"generation\": %" PRIu64 ", \"commit\": %" PRIu64 "}\n", ev->generation,
 		       ev->commit);
-	} else if (ev->kind == TENSORD_EVENT_LAGGED) {
-		puts("lagged");
+	} else if (ev->kind == TENSORD_EVENT_LAGGED || ev->kind == TENSORD_EVENT_RESTARTED) {
+		puts(kind_name(ev->kind));
 	} else {
 		printf("%s %s gen %" PRIu64 " commit %" PRIu64 "\n", kind_name(ev->kind),
 		       quote(ev->name, QUOTE_TABLE, q, sizeof(q)), ev->generation, ev->commit);
@@ -94,7 +95,7 @@ static bool same_group(const struct pending *p, const tensord_event *ev, enum gr
 /* Takes ev into the pending line, printing the one before when ev starts a new one. */
 static void group_event(struct pending *p, const tensord_event *ev, enum group_by by, bool json)
 {
-	if (ev->kind == TENSORD_EVENT_LAGGED) {
+	if (ev->kind == TENSORD_EVENT_LAGGED || ev->kind == TENSORD_EVENT_RESTARTED) {
 		print_pending(p, json);
 		print_event(ev, json);
 		return;
@@ -180,14 +181,20 @@ int cmd_watch(tensord_client *c, const struct args *a)
 		close(sfd);
 		return op_error(rc, NULL);
 	}
-	pfd[0] = (struct pollfd){ .fd = tensord_fd(c), .events = POLLIN };
 	pfd[1] = (struct pollfd){ .fd = sfd, .events = POLLIN };
 	for (;;) {
 		/* First what is queued: the replay of --after may have come with the reply. */
 		rc = drain(w, json, a->group, &pending);
 		if (rc)
 			break;
-		if (poll(pfd, 2, -1) < 0 && errno != EINTR) {
+		/* The watch's connection, or after the daemon restarted a new
+		 * one, made here (the watch's calls without a wait make none);
+		 * while no daemon answers, a try every 100 ms, until the watch
+		 * says it has been too long. */
+		pfd[0] = (struct pollfd){ .fd = tensord_watch_fd(w), .events = POLLIN };
+		if (pfd[0].fd < 0 && tensord_fd(c) >= 0)
+			continue;
+		if (poll(pfd, 2, pfd[0].fd < 0 ? 100 : -1) < 0 && errno != EINTR) {
 			rc = report(-errno, strerror(errno), NULL);
 			break;
 		}

@@ -285,9 +285,10 @@ TENSORD_API uint64_t tensord_lineage(tensord_client *client);
 
 /*
  * Whether the connection serving client was lost (the daemon crashed or
- * restarted) and not yet replaced: its next request connects anew. An
- * errno such as ECONNRESET from a call means the daemon went away only
- * when this says so (a daemon may answer with it about a peer). No request.
+ * restarted) and not yet replaced: its next request connects anew. A quiet
+ * connection is looked at for the daemon's end (one poll()). An errno such
+ * as ECONNRESET from a call means the daemon went away only when this says
+ * so (a daemon may answer with it about a peer). No request.
  */
 TENSORD_API bool tensord_lost(tensord_client *client);
 
@@ -569,13 +570,20 @@ typedef enum tensord_event_kind {
 	TENSORD_EVENT_PUBLISHED = 0, /* name's generation, in commit */
 	TENSORD_EVENT_UNLINKED = 1,  /* name's generation unlinked, in commit */
 	TENSORD_EVENT_LAGGED = 2,    /* events were dropped or coalesced before the next one */
+	/*
+	 * The watch's daemon went away and the one that answers now started
+	 * empty (another lineage, tensord_lineage()): the commit ids and
+	 * generations before this event mean nothing to it. The events after
+	 * it are the new daemon's, from its start.
+	 */
+	TENSORD_EVENT_RESTARTED = 3,
 } tensord_event_kind;
 
 typedef struct tensord_event {
 	tensord_event_kind kind;
 	uint64_t generation;
 	uint64_t commit;
-	char name[TENSORD_NAME_MAX + 1]; /* "" for lagged */
+	char name[TENSORD_NAME_MAX + 1]; /* "" for lagged and restarted */
 } tensord_event;
 
 typedef struct tensord_watch tensord_watch;
@@ -588,6 +596,15 @@ typedef struct tensord_watch tensord_watch;
  * (0: 1,024; at most 65,536); past it they are coalesced (the newest per
  * name) and a lagged event says so. The library keeps as many. On success
  * *ret_watch is the caller's (tensord_watch_close()).
+ *
+ * A watch outlives its daemon's restart (docs/restart.md, "Clients carry
+ * on"): tensord_watch_next() connects anew and watches again. A daemon of
+ * the same lineage (it restored the old one's names): a lagged event,
+ * then a replay of what was committed after the newest event the watch
+ * received, each name's newest version (nothing twice; versions between
+ * come coalesced, as the lagged event says; a live watch that received
+ * none yet goes on live). One of another lineage (it started empty): a
+ * TENSORD_EVENT_RESTARTED event, then everything it has, replayed.
  */
 TENSORD_API int tensord_watch_start(tensord_client *client, const char *prefix, bool replay,
 				    uint64_t after, uint32_t queue, tensord_watch **ret_watch);
@@ -595,9 +612,26 @@ TENSORD_API int tensord_watch_start(tensord_client *client, const char *prefix, 
 /*
  * The next event into *ret_event: waits up to timeout_ms (-1 forever; 0:
  * -EAGAIN at once when none is there). -ETIMEDOUT, or -errno when the
- * connection failed.
+ * connection failed. A lost connection is followed by a new one (see
+ * tensord_watch_start()), tried while no daemon answers for
+ * TENSORD_RECONNECT_MS (30 s) in all, across calls, pausing 10 ms growing
+ * to 100 ms (within the call's timeout); past it -ECONNREFUSED (nobody
+ * answers) or the connection's -errno. With timeout_ms 0 (an event loop)
+ * it never connects, since that waits for the daemon's Hello: while the
+ * watch's connection is lost it gives -EAGAIN and tensord_watch_fd()
+ * -ENOTCONN; call tensord_fd() (off the loop's thread: it connects anew)
+ * and then this again, which watches on over the new connection. Threads
+ * calling it on one watch take turns.
  */
 TENSORD_API int tensord_watch_next(tensord_watch *watch, int timeout_ms, tensord_event *ret_event);
+
+/*
+ * The descriptor to poll for reading before tensord_watch_next(watch, 0,
+ * ...): its connection's. -ENOTCONN once that connection was lost: call
+ * tensord_watch_next() again in a while (it connects anew, and this then
+ * gives the new connection's). No request.
+ */
+TENSORD_API int tensord_watch_fd(tensord_watch *watch);
 
 /* Ends the watch. NULL-safe; returns NULL. */
 TENSORD_API tensord_watch *tensord_watch_close(tensord_watch *watch);
@@ -612,14 +646,20 @@ TENSORD_API tensord_watch *tensord_watch_close(tensord_watch *watch);
  */
 typedef struct tensord_op tensord_op;
 
-/* The descriptor to poll for reading. */
+/*
+ * The descriptor to poll for reading: the connection serving now, a new
+ * one when it was lost (connecting waits for the daemon's Hello, up to
+ * TENSORD_RECONNECT_MS where a holder or systemd keeps the socket through
+ * a restart: an event loop calls it off its thread when tensord_lost()).
+ */
 TENSORD_API int tensord_fd(tensord_client *client);
 
 /*
  * Reads what the daemon sent, without blocking, and completes operations
  * and queues watch events with it: the number of operations completed, or
  * -errno when the connection failed (every operation then completes with
- * that error).
+ * that error). It never connects anew: a lost connection stays its error
+ * until tensord_fd() (or any request) replaces it.
  */
 TENSORD_API int tensord_poll(tensord_client *client);
 

@@ -126,3 +126,31 @@ def test_checkpoint_files_through_the_c_api(daemon, tmp_path):
         c.err(f"getfd none/ {tmp_path / 'none.safetensors'} safetensors", "ENOENT")
     finally:
         c.close()
+
+
+def test_a_long_c_wait_goes_on_across_a_restart(daemon):
+    """tensord_attach_after() without a timeout that waited longer than
+    TENSORD_RECONNECT_MS before its daemon was killed still gets the grace
+    in full (it runs from when the daemon stopped answering): it waits
+    through 0.3 s without a daemon and takes the new daemon's version."""
+    import os
+    import signal
+    import time
+    w = Client(daemon.socket, env=dict(os.environ, TENSORD_RECONNECT_MS="2000"))
+    c = Client(daemon.socket)
+    try:
+        c.ok("putmany v/ 1 4 1")
+        w.p.stdin.write("after v/0 1 -1\n")
+        w.p.stdin.flush()
+        time.sleep(2.5)                 # longer than the grace
+        daemon.proc.send_signal(signal.SIGKILL)
+        daemon.proc.wait()
+        daemon.log.close()
+        time.sleep(0.3)
+        daemon.start()
+        c.ok("putmany v/ 1 4 7")        # the new daemon's first version
+        out = w.p.stdout.readline().strip()
+        assert out == "ok generation=1 value=7", out
+    finally:
+        c.close()
+        w.close()

@@ -51,9 +51,10 @@ class Watcher:
     """tensorctl watch in the background, its lines read as they come; live
     (its Watch answered) when the constructor returns."""
 
-    def __init__(self, daemon, *args):
+    def __init__(self, daemon, *args, env=None):
         self.p = subprocess.Popen([CTL, "--socket", daemon.socket, "watch", *args],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=dict(os.environ, **(env or {})))
         self.lines = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -162,11 +163,36 @@ def test_watch_lagged_with_a_tiny_queue(daemon, tmp_path):
 
 
 def test_watch_ends_with_status_1_when_the_daemon_goes(daemon):
-    w = Watcher(daemon, "x/")
+    """No daemon back within TENSORD_RECONNECT_MS: status 1, saying why."""
+    w = Watcher(daemon, "x/", env={"TENSORD_RECONNECT_MS": "300"})
     daemon.stop()
     rc = w.p.wait(timeout=10)
     err = w.p.stderr.read()
-    assert rc == 1 and err.startswith("tensorctl: "), err
+    assert rc == 1 and err.startswith("tensorctl: ") and "watch of 'x/'" in err, err
+
+
+def test_watch_goes_on_across_a_restart(daemon, tmp_path):
+    """A daemon that restarted (kill -9, then a new one after a while): the
+    watch connects anew and prints on; one that started empty is announced
+    ('restarted'), then what it has."""
+    f = save(tmp_path / "a.npy", np.ones(4, np.float32))
+    w = Watcher(daemon, "x/")
+    try:
+        ok(daemon, "put", "x/before", f)
+        assert w.line().startswith("published x/before gen 1"), "before"
+        daemon.proc.send_signal(signal.SIGKILL)
+        daemon.proc.wait()
+        daemon.log.close()
+        time.sleep(0.3)     # the watch finds no daemon for a while
+        daemon.start()
+        ok(daemon, "put", "x/after", f)
+        line = w.line()
+        if line == "restarted":
+            line = w.line()
+        assert line.startswith("published x/after gen 1"), line
+    finally:
+        rc, rest, err = w.stop()
+    assert rc == 0 and not rest, (rc, rest, err)
 
 
 def test_watch_errors(daemon):

@@ -111,7 +111,7 @@ class TensorInfo(tuple[Any, ...]):
     @property
     def commit(self) -> int: ...
 
-_EventKind = Literal["published", "unlinked", "lagged"]
+_EventKind = Literal["published", "unlinked", "lagged", "restarted"]
 
 @final
 class Event(tuple[Any, ...]):

@@ -27,11 +27,20 @@ would have, publishing its whole version or nothing (a put never publishes
 part of one); the cancelled await raises CancelledError at once, and the
 client's next call waits for that put's end.
 
+Waits and watches go on across a restart of the daemon (docs/restart.md,
+"Clients carry on"), as the blocking client's do: a wait whose connection
+was lost starts again over a new one with the time left (its after= kept
+by a daemon of the same lineage, else dropped), a watch watches again;
+while no daemon answers they try again on the loop's timers, pausing 10 ms
+growing to 100 ms, for TENSORD_RECONNECT_MS (30 s) in all, then raise
+NoDaemonError.
+
 An AsyncClient owns its connection: use it from its event loop's thread.
 """
 import asyncio
 import concurrent.futures
 import math
+import os
 
 from . import _tensord
 
@@ -70,6 +79,51 @@ def _large(n):
     return n is None or n >= OFFLOAD_BYTES
 
 
+def _grace():
+    """Seconds to go on reaching a daemon that went away (TENSORD_RECONNECT_MS)."""
+    ms = os.environ.get("TENSORD_RECONNECT_MS")
+    return (int(ms) if ms else 30000) / 1000
+
+
+# A call that does not wait waits for a new daemon at most this long (a
+# restart's time), as libtensord's own reads (TD_READ_RECONNECT_MS).
+_READ_GRACE = 2.0
+
+
+def _pause(tries):
+    """The pause before connect attempt tries + 1: 10 ms growing to 100 ms, as libtensord's."""
+    return (10 + 10 * tries if tries < 10 else 100) / 1000
+
+
+class _Reconnect:
+    """One wait's or watch's tries to reach a daemon again: the grace runs
+    from the first failure to the next success."""
+
+    def __init__(self, loop, most=None):
+        self._loop = loop
+        self._most = most     # the grace's bound in seconds, or None
+        self._since = None
+        self._tries = 0
+
+    def ok(self):
+        self._since, self._tries = None, 0
+
+    async def pause(self, error, deadline=None):
+        """Sleeps before the next try; raises error when the grace (or the
+        wait's deadline) is over."""
+        now = self._loop.time()
+        if self._since is None:
+            self._since = now
+        grace = _grace() if self._most is None else min(_grace(), self._most)
+        if now - self._since >= grace or (deadline is not None and now >= deadline):
+            raise error
+        delay = _pause(self._tries)
+        self._tries += 1
+        if deadline is not None:
+            delay = min(delay, max(0.0, deadline - now))
+        await asyncio.sleep(delay)
+
+
 class AsyncClient:
     """A tensord.Client for asyncio. Awaitable methods mirror Client's."""
 
@@ -80,6 +134,7 @@ class AsyncClient:
         self._watches = set()  # AsyncWatch objects with a reader registered
         self._reading = False
         self._fd = -1
+        self._epoch = 0        # tensord_epoch() when self._fd was registered
         # Held from a call's start to its end while a put runs off the loop, and
         # by the calls queued behind it (asyncio.Lock wakes waiters in order).
         self._order = asyncio.Lock()
@@ -88,11 +143,24 @@ class AsyncClient:
     # --- the reader ---------------------------------------------------------------------
 
     def _want_reader(self):
-        if not self._reading and not self._c.closed:
-            # The descriptor of the connection serving now: a new one after
-            # the daemon restarted (docs/restart.md, "Clients carry on").
-            self._fd = self._c.fileno()
-            self._loop.add_reader(self._fd, self._readable)
+        """Reads the connection serving now: a new one after the daemon
+        restarted (docs/restart.md, "Clients carry on"); none while no
+        daemon answers (the waits and watches try again on timers)."""
+        if self._c.closed:
+            return
+        fd = -1
+        if not self._c._restart_state()[2]:     # lost: _connected() makes a new one
+            try:
+                fd = self._c.fileno()
+            except ConnectionError:
+                pass
+        if self._reading and fd == self._fd:
+            return
+        self._drop_reader(force=True)
+        if fd >= 0:
+            self._fd = fd
+            self._epoch = self._c._restart_state()[0]
+            self._loop.add_reader(fd, self._readable)
             self._reading = True
 
     def _drop_reader(self, force=False):
@@ -107,6 +175,9 @@ class AsyncClient:
         try:
             self._c._poll()
         except BaseException as e:  # noqa: BLE001 -- the connection is gone: every wait fails
+            # Each with its own answer when it has one (its connection's
+            # error: the op and its hold on that connection end now), else e.
+            self._settle()
             for op, fut in list(self._waits.items()):
                 if not fut.done():
                     fut.set_exception(e)
@@ -117,6 +188,10 @@ class AsyncClient:
             self._drop_reader(force=True)
             return
         self._settle()
+        if self._reading and self._c._restart_state()[0] != self._epoch:
+            # The read found the connection lost and went on over a new one:
+            # the old descriptor reads at EOF forever.
+            self._want_reader()
 
     def _settle(self):
         """Completes the futures of the operations answered (by any read)."""
@@ -148,6 +223,21 @@ class AsyncClient:
             self._drop_reader()
             raise
 
+    async def _connected(self, retry=None):
+        """Replaces a lost connection on a worker thread, never on the loop:
+        connecting waits for the daemon's Hello, and a socket that a holder
+        or systemd keeps through a restart accepts before any daemon serves
+        it (for up to TENSORD_RECONNECT_MS). NoDaemonError when none
+        answers; with retry (a _Reconnect), tries again on the loop's
+        timers until its grace is over."""
+        while not self._c.closed and self._c._restart_state()[2]:
+            try:
+                await self._loop.run_in_executor(None, self._c._reconnect)
+            except _tensord.NoDaemonError as e:
+                if retry is None:
+                    raise
+                await retry.pause(e)
+
     def _inline(self, fn, *args, **kwargs):
         """A call that never waits: one round trip, then whatever it read for others."""
         try:
@@ -157,11 +247,22 @@ class AsyncClient:
                 self._settle()
 
     async def _call(self, fn, *args, **kwargs):
-        """An inline call, made after the off-loop put in flight, if any."""
+        """An inline call, made after the off-loop put in flight, if any,
+        and over a connection made off the loop when the old one was lost."""
+        await self._connected()
         if not self._order.locked():
             return self._inline(fn, *args, **kwargs)
         async with self._order:
             return self._inline(fn, *args, **kwargs)
+
+    async def _read(self, fn, *args, **kwargs):
+        """A call that changes nothing (stat, list, stats, a plain attach,
+        ...), inline. libtensord sends it once more when the daemon goes
+        away meanwhile; a connection lost before it is replaced here first,
+        so that while no daemon answers the loop's timers wait for one (2 s
+        at most, a restart's time, then NoDaemonError), not the call."""
+        await self._connected(_Reconnect(self._loop, _READ_GRACE))
+        return await self._call(fn, *args, **kwargs)
 
     async def _offload(self, fn, *args, **kwargs):
         """fn(*args, **kwargs) on the client's worker thread, in the order of calls.
@@ -197,23 +298,64 @@ class AsyncClient:
 
     # --- waits --------------------------------------------------------------------------
 
+    def _gone(self, e, epoch):
+        """Whether e says the daemon went away since epoch: nobody answers,
+        or the connection was lost (not a daemon's answer about a peer)."""
+        if isinstance(e, _tensord.NoDaemonError):
+            return True
+        if not isinstance(e, _tensord.ConnectionLostError):
+            return False
+        now, _, lost = self._c._restart_state()
+        return now != epoch or lost
+
+    async def _wait_on(self, start, what, after, timeout):
+        """start(what, after, timeout) -> op, awaited on the loop. A wait
+        whose daemon went away starts again over a new connection with the
+        time left, its after= dropped unless the new daemon is of the same
+        lineage (it restored the old one's generations and commit ids)."""
+        loop = self._loop
+        deadline = None if timeout is None else loop.time() + timeout
+        epoch, lineage, _ = self._c._restart_state()
+        retry = _Reconnect(loop)
+        seen = epoch
+
+        def begin():
+            nonlocal seen, after
+            self._c.fileno()    # the connection serving now: a new one after a loss
+            seen, now_lineage, _ = self._c._restart_state()
+            if seen != epoch and not (lineage and now_lineage == lineage):
+                after = None    # the old daemon's: nothing to the new one
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            return start(what, after, left)
+
+        while True:
+            try:
+                op = await self._call(begin)
+                retry.ok()
+                return await self._wait(op)
+            except ConnectionError as e:
+                if not self._gone(e, seen):
+                    raise
+                if isinstance(e, _tensord.NoDaemonError):
+                    await retry.pause(e, deadline)
+                elif deadline is not None and loop.time() >= deadline:
+                    raise
+
     async def attach(self, name, timeout=None, *, after=None):
         """Client.attach(); with after= or a timeout the wait runs on the event loop."""
         if after is None and timeout is None:
-            return await self._call(self._c.attach, name)
+            return await self._read(self._c.attach, name)
         t = _seconds(timeout)
         if after is None and t is not None and t <= 0:
-            return await self._call(self._c.attach, name, 0)
-        op = await self._call(self._c._attach_start, name, after, t)
-        return await self._wait(op)
+            return await self._read(self._c.attach, name, 0)
+        return await self._wait_on(self._c._attach_start, name, after, t)
 
     async def attach_many(self, names_or_prefix, *, after=None, timeout=None):
         """Client.attach_many(): a dict name -> Tensor, waiting on the event loop."""
         if after is None and timeout is None:
-            return await self._call(self._c.attach_many, names_or_prefix)
-        op = await self._call(self._c._attach_many_start, names_or_prefix, after,
-                              _seconds(timeout))
-        return await self._wait(op)
+            return await self._read(self._c.attach_many, names_or_prefix)
+        return await self._wait_on(self._c._attach_many_start, names_or_prefix, after,
+                                   _seconds(timeout))
 
     def watch(self, prefix="", *, after=None, queue=None):
         """An async iterator of Event, live from when watch() returns."""
@@ -259,25 +401,25 @@ class AsyncClient:
         return await self._call(self._c.create, *args, **kwargs)
 
     async def stat(self, *args, **kwargs):
-        return await self._call(self._c.stat, *args, **kwargs)
+        return await self._read(self._c.stat, *args, **kwargs)
 
     async def list(self, *args, **kwargs):
-        return await self._call(self._c.list, *args, **kwargs)
+        return await self._read(self._c.list, *args, **kwargs)
 
     async def unlink(self, *args, **kwargs):
         return await self._call(self._c.unlink, *args, **kwargs)
 
     async def stats(self):
-        return await self._call(self._c.stats)
+        return await self._read(self._c.stats)
 
     async def leases(self, *args, **kwargs):
-        return await self._call(self._c.leases, *args, **kwargs)
+        return await self._read(self._c.leases, *args, **kwargs)
 
     async def clients(self):
-        return await self._call(self._c.clients)
+        return await self._read(self._c.clients)
 
     async def metrics(self):
-        return await self._call(self._c.metrics)
+        return await self._read(self._c.metrics)
 
     def transaction(self):
         """A Transaction (its calls are single round trips: use them as is)."""
@@ -323,6 +465,7 @@ class AsyncWatch:
         self._ac = client
         self._w = watch
         self._event = asyncio.Event()
+        self._retry = _Reconnect(client._loop)   # a new connection while none answers
         client._watches.add(self)
         client._want_reader()
 
@@ -336,10 +479,27 @@ class AsyncWatch:
         if self._w is None:
             raise StopAsyncIteration
         while True:
-            ev = self._w.poll()       # what was read already, or what the socket holds
+            if self._w._fileno() < 0:
+                # Its connection was lost: a new one, made off the loop,
+                # and on timers while no daemon answers (NoDaemonError
+                # past TENSORD_RECONNECT_MS).
+                try:
+                    await self._ac._connected()
+                except _tensord.NoDaemonError as e:
+                    await self._retry.pause(e)
+                if self._w is None:
+                    raise StopAsyncIteration
+            # What was read already, or what the socket holds; after a
+            # restart, watching again over the new connection first.
+            ev = self._w._poll()
             self._ac._settle()
             if ev is not None:
                 return ev
+            if self._w._fileno() < 0:
+                await asyncio.sleep(_pause(0))  # not watching again yet: never a busy loop
+                continue
+            self._retry.ok()
+            self._ac._want_reader()
             self._event.clear()
             await self._event.wait()
             if self._w is None:
