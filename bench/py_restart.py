@@ -158,7 +158,8 @@ def err(e):
 name = f"load/w{k % 2}"
 last = 0
 w = None
-while not os.path.exists(stop):
+# Writers stop last, so a waiter's after= is always reached.
+while not os.path.exists(stop + ".writers" if role == "writer" else stop):
     try:
         if role == "writer":
             # Never ahead of its generation (a put lost in flight may not
@@ -231,6 +232,14 @@ def bench_load(seconds):
         time.sleep(seconds)
         open(stop, "w").close()
         results = []
+        for i, (p, out) in enumerate(procs):
+            if roles[i][0] == "writer":
+                continue
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        open(stop + ".writers", "w").close()
         for p, out in procs:
             try:
                 p.wait(timeout=60)
