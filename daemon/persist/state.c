@@ -643,13 +643,3 @@ const struct state_figures *state_figures_live(const struct state *st)
 {
 	return st ? &st->fig : NULL;
 }
-
-void state_figures(const struct state *st, struct state_figures *f)
-{
-	if (!st) {
-		memset(f, 0, sizeof(*f));
-		return;
-	}
-	*f = st->fig;
-	f->on = true;
-}

@@ -84,8 +84,6 @@ int state_store_listener(struct state *st, int fd);
 /* The lineage of the state (HelloReply.lineage): kept across restarts that restore it. */
 uint64_t state_lineage(const struct state *st);
 
-void state_figures(const struct state *st, struct state_figures *f);
-
 /* Where st keeps its figures, read live (figures.c); NULL for NULL. */
 const struct state_figures *state_figures_live(const struct state *st);
 

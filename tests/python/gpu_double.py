@@ -2,6 +2,7 @@
 (tests/gpudouble/, docs/gpu.md "The driver double") selected by
 LD_LIBRARY_PATH in CI, or the system's driver on hardware
 (TENSORD_GPU_DRIVER=system, as tests/gpu/run.sh sets it)."""
+import hashlib
 import os
 
 import pytest
@@ -11,6 +12,20 @@ from conftest import HERE, ROOT
 BUILD = os.environ.get("TENSORD_BUILD") or os.path.join(ROOT, "build")
 DOUBLE = os.path.join(BUILD, "gpudouble")
 SYSTEM = os.environ.get("TENSORD_GPU_DRIVER") == "system"
+
+
+# What the GPU tests' child clients share (testlib.Child's code starts with
+# PRELUDE): a connection, the driver calls (cudrv), and 3 MiB of known bytes.
+DATA = bytes((i * 131 + 7) % 256 for i in range(3 << 20))
+DIGEST = hashlib.sha256(DATA).hexdigest()[:16]
+PRELUDE = """
+import hashlib, os, sys
+import tensord, cudrv
+c = tensord.connect()
+def digest(b):
+    return hashlib.sha256(b).hexdigest()[:16]
+DATA = bytes((i * 131 + 7) % 256 for i in range(3 << 20))
+"""
 
 
 def require():

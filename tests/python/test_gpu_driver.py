@@ -20,17 +20,7 @@ from testlib import Child
 
 gpu_double.require()
 
-DATA = bytes((i * 131 + 7) % 256 for i in range(3 << 20))
-DIGEST = hashlib.sha256(DATA).hexdigest()[:16]
-
-PRELUDE = """
-import hashlib, os, sys
-import tensord, cudrv
-c = tensord.connect()
-def digest(b):
-    return hashlib.sha256(b).hexdigest()[:16]
-DATA = bytes((i * 131 + 7) % 256 for i in range(3 << 20))
-"""
+DATA, DIGEST, PRELUDE = gpu_double.DATA, gpu_double.DIGEST, gpu_double.PRELUDE
 
 
 class Gpu:

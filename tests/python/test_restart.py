@@ -5,6 +5,7 @@ every published persistent host tensor byte for byte, with the same
 generations, and commit ids go on above the old ones. What cannot survive
 (connection-lifetime tensors, unlinked names) does not come back, and a
 damaged or foreign state is refused without losing the rest."""
+import contextlib
 import os
 import signal
 import struct
@@ -18,13 +19,23 @@ from sdharness import ServiceManager
 from testlib import wait_until
 
 
+@contextlib.contextmanager
+def managed(tmp_path, **kw):
+    """A ServiceManager with its daemon started; closed after the block,
+    which then must have broken none of systemd's rules."""
+    m = ServiceManager(tmp_path, **kw)
+    m.start()
+    try:
+        yield m
+    finally:
+        m.close()
+    assert not m.violations, m.violations
+
+
 @pytest.fixture
 def sm(tmp_path):
-    m = ServiceManager(tmp_path)
-    m.start()
-    yield m
-    m.close()
-    assert not m.violations, m.violations
+    with managed(tmp_path) as m:
+        yield m
 
 
 def snapshot(c):
@@ -212,9 +223,7 @@ def test_memory_under_a_name_that_is_not_its_own_is_refused(sm):
 
 
 def test_the_store_limit_is_never_exceeded(tmp_path):
-    m = ServiceManager(tmp_path, max_fds=5)
-    m.start()
-    try:
+    with managed(tmp_path, max_fds=5) as m:
         c = tensord.connect(m.socket)
         for i in range(8):
             c.put(f"t{i}", np.full(1 << 16, i, dtype=np.int64), sealed=True)
@@ -231,15 +240,10 @@ def test_the_store_limit_is_never_exceeded(tmp_path):
         assert "store is full" in m.read_log()
         c.close()
         c2.close()
-    finally:
-        m.close()
-    assert not m.violations, m.violations
 
 
 def test_a_small_log_is_rewritten_whole_and_restores_the_same(tmp_path):
-    m = ServiceManager(tmp_path, args=["--state-log-size", "4096"])
-    m.start()
-    try:
+    with managed(tmp_path, args=["--state-log-size", "4096"]) as m:
         c = tensord.connect(m.socket)
         for i in range(60):
             c.put(f"n{i % 7}", np.full(8, i, dtype=np.int32), replace=True)
@@ -250,31 +254,22 @@ def test_a_small_log_is_rewritten_whole_and_restores_the_same(tmp_path):
         assert snapshot(c2) == before
         c.close()
         c2.close()
-    finally:
-        m.close()
-    assert not m.violations, m.violations
 
 
 def test_without_a_store_nothing_is_kept(tmp_path):
-    m = ServiceManager(tmp_path, args=["--fdstore", "0"])
-    m.start()
-    try:
+    with managed(tmp_path, args=["--fdstore", "0"]) as m:
         c = tensord.connect(m.socket)
         c.put("x", np.arange(3))
         assert m.names() == []
         m.restart()
         assert tensord.connect(m.socket).list() == []
         c.close()
-    finally:
-        m.close()
 
 
 def test_a_socket_unit_keeps_clients_queued_through_the_restart(tmp_path):
     """With a listening socket passed by a socket unit, the restart refuses
     no connection: a client's connect waits in the socket's backlog."""
-    m = ServiceManager(tmp_path, socket_unit=True)
-    m.start()
-    try:
+    with managed(tmp_path, socket_unit=True) as m:
         c = tensord.connect(m.socket)
         c.put("x", np.arange(1000))
         m.kill()
@@ -302,9 +297,6 @@ def test_a_socket_unit_keeps_clients_queued_through_the_restart(tmp_path):
         finally:
             del os.environ["TENSORD_RECONNECT_MS"]
         m.start()
-    finally:
-        m.close()
-    assert not m.violations, m.violations
 
 
 WRITER = r"""
@@ -329,9 +321,7 @@ def test_kill_at_a_random_point_of_a_writer_loses_no_acknowledged_version(tmp_pa
     import subprocess
     import sys
     import time
-    m = ServiceManager(tmp_path)
-    m.start()
-    try:
+    with managed(tmp_path) as m:
         w = subprocess.Popen([sys.executable, "-c", WRITER, m.socket], stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)
         time.sleep(delay + 0.3)
@@ -356,9 +346,6 @@ def test_kill_at_a_random_point_of_a_writer_loses_no_acknowledged_version(tmp_pa
             assert (np.from_dlpack(t) == (v.generation)).all()
         assert ks.pop() >= k_last
         c.close()
-    finally:
-        m.close()
-    assert not m.violations, m.violations
 
 
 def start_plain(tmp_path, args, name):
@@ -435,9 +422,7 @@ def test_random_damage_never_stops_the_daemon_nor_serves_a_wrong_tensor(tmp_path
     was published last (a damaged log serves nothing)."""
     import random
     rng = random.Random(1234)
-    m = ServiceManager(tmp_path)
-    m.start()
-    try:
+    with managed(tmp_path) as m:
         c = tensord.connect(m.socket)
         want = {}
         for i in range(12):
@@ -483,6 +468,3 @@ def test_random_damage_never_stops_the_daemon_nor_serves_a_wrong_tensor(tmp_path
             [log] = m.names("tensord-state")
             pristine = os.pread(m.fd_of(log), 1 << 20, 0)
             end = sum(n for _, n in records(m.fd_of(log)))
-    finally:
-        m.close()
-    assert not m.violations, m.violations

@@ -6,7 +6,6 @@ kill -9 with the same bytes and generation, over the driver double here
 (tests/gpudouble/) and on hardware by tests/gpu/run.sh. Legacy IPC memory
 cannot survive (an IPC handle is no descriptor): it is counted as
 unprotected and not restored."""
-import hashlib
 import signal
 import textwrap
 
@@ -19,16 +18,7 @@ from testlib import Child
 
 gpu_double.require()
 
-DATA = bytes((i * 131 + 7) % 256 for i in range(3 << 20))
-DIGEST = hashlib.sha256(DATA).hexdigest()[:16]
-PRELUDE = """
-import hashlib, os, sys
-import tensord, cudrv
-c = tensord.connect()
-def digest(b):
-    return hashlib.sha256(b).hexdigest()[:16]
-DATA = bytes((i * 131 + 7) % 256 for i in range(3 << 20))
-"""
+DATA, DIGEST, PRELUDE = gpu_double.DATA, gpu_double.DIGEST, gpu_double.PRELUDE
 
 
 @pytest.fixture(params=["vmm", "ipc"])
