@@ -272,7 +272,7 @@ UNIT_DEPS_test_log         := daemon/base/log.c common/paths.c
 UNIT_DEPS_test_registry    := daemon/registry/registry.c daemon/registry/registry_lease.c \
                               daemon/registry/registry_create.c daemon/registry/registry_reserve.c \
                               daemon/registry/registry_ring.c daemon/registry/registry_arena.c \
-                              daemon/registry/registry_bind.c \
+                              daemon/registry/registry_bind.c daemon/registry/registry_readopt.c \
                               daemon/registry/commit.c daemon/registry/txn.c \
                               daemon/base/quota.c daemon/memory/backend_host.c daemon/memory/pool.c \
                               daemon/memory/release_hook.c daemon/metrics.c \
@@ -285,6 +285,7 @@ UNIT_DEPS_test_versions    := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_quarantine  := $(UNIT_DEPS_test_registry) daemon/quarantine.c
 UNIT_DEPS_test_reserve     := $(UNIT_DEPS_test_registry)
 UNIT_DEPS_test_ring        := $(UNIT_DEPS_test_registry)
+UNIT_DEPS_test_readopt     := $(UNIT_DEPS_test_registry) daemon/registry/registry_restore.c
 UNIT_DEPS_test_figures     := daemon/figures.c daemon/metrics.c daemon/base/quota.c daemon/memory/backend_host.c \
                               daemon/memory/release_hook.c \
                               daemon/memory/pool.c daemon/memory/slab.c daemon/memory/memlimit.c daemon/base/log.c \
@@ -375,7 +376,8 @@ test-asan:
 		$(PYTEST) -q -rs tests/integration
 	$(Q)ASAN_OPTIONS=detect_leaks=1 TENSORD_BUILD=$(abspath build-asan) TENSORD_SANITIZED=1 \
 		PYTHONPATH=$(abspath $(B))/python $(PYTEST_GPU) -q -rs tests/python/test_gpu_remote.py \
-		tests/python/test_restart.py tests/python/test_restart_gpu.py -k "not rate_report"
+		tests/python/test_restart.py tests/python/test_restart_gpu.py tests/python/test_readopt.py \
+		-k "not rate_report"
 
 # The threads (the GPU worker, the host pool's worker, the client's flusher)
 # under ThreadSanitizer: the unit tests that run them, and the daemon over the

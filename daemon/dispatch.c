@@ -349,6 +349,9 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 	case TENSORD__REQUEST__BODY_PEER_LIST:
 		inspect_peers(cl, req->id);
 		break;
+	case TENSORD__REQUEST__BODY_READOPT:
+		dispatch_do_readopt(cl, req->id, req->readopt);
+		break;
 	default:
 		reply_status(c, 0, req->id, -EBADMSG, "unknown request type");
 		break;

@@ -31,6 +31,8 @@ void dispatch_send_lease(struct client *cl, unsigned kind, uint64_t req_id, stru
 
 /* BindPage: this connection's binding page and its descriptor. */
 void dispatch_do_bind_page(struct client *cl, uint64_t id);
+/* Readopt: leases of the previous daemon's restored tensors, taken again (registry_readopt()). */
+void dispatch_do_readopt(struct client *cl, uint64_t id, const Tensord__Readopt *m);
 
 /* Whether a lease on t comes with a descriptor to map (unless the client holds it). */
 bool dispatch_lease_has_fd(const struct tensor *t);

@@ -83,6 +83,49 @@ void dispatch_do_bind_page(struct client *cl, uint64_t id)
 	reply_bind_page(cl->conn, id, words, &tk);
 }
 
+/* Leases one Readopt may name: its reply stays well inside a frame. */
+#define READOPT_MAX 4096
+
+void dispatch_do_readopt(struct client *cl, uint64_t id, const Tensord__Readopt *m)
+{
+	Tensord__Reply rep = TENSORD__REPLY__INIT;
+	Tensord__ReadoptReply rr = TENSORD__READOPT_REPLY__INIT;
+	uint64_t *leases;
+	size_t n = m->n_leases, got = 0;
+	char why[160];
+
+	if (n > READOPT_MAX) {
+		snprintf(why, sizeof(why), "a Readopt of %zu leases: at most %d in one request", n,
+			 READOPT_MAX);
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_READOPT, id, -EINVAL, why);
+		return;
+	}
+	leases = calloc(n ? n : 1, sizeof(*leases));
+	if (!leases) {
+		reply_status(cl->conn, TENSORD__REQUEST__BODY_READOPT, id, -ENOMEM,
+			     "out of memory to re-adopt leases");
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		const Tensord__ReadoptLease *w = m->leases[i];
+
+		if (w && registry_readopt(&cl->srv->reg, &cl->rc, w->name, w->generation,
+					  &leases[i]) == 0)
+			got++;
+	}
+	if (n)
+		log_debug("conn %llu: pid %u re-adopted %zu of the %zu leases it held before the "
+			  "restart",
+			  (unsigned long long)cl->conn->id, cl->rc.pid, got, n);
+	rr.n_lease = n;
+	rr.lease = leases;
+	rep.id = id;
+	rep.body_case = TENSORD__REPLY__BODY_READOPT;
+	rep.readopt = &rr;
+	reply_send(cl->conn, &rep, NULL);
+	free(leases);
+}
+
 int dispatch_export_fd(struct conn *c, const struct conn_fd_ticket *tk, void *ctx)
 {
 	struct client *cl = conn_data(c);

@@ -176,6 +176,7 @@ int main(int argc, char **argv)
 		if (srv.state)
 			reply_set_lineage(state_lineage(srv.state));
 		srv.state_figures = state_figures_live(srv.state);
+		server_readopt_start(&srv);
 	}
 	r = server_listen(&srv);
 	sdnotify_passed_end();

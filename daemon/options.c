@@ -125,6 +125,9 @@ static void usage(FILE *f)
 		"                     descriptors (default: $FDSTORE, which systemd sets\n"
 		"                     from FileDescriptorStoreMax=; 0: off; docs/restart.md)\n"
 		"  --state-log-size SIZE  rewrite the state log whole past SIZE (default 64Mi)\n"
+		"  --readopt-grace MS after a restart, hold restored tensors this long for\n"
+		"                     the clients that leased them to re-adopt their leases\n"
+		"                     (default 30000; 0: no hold)\n"
 		"  --holder DIR       without systemd: keep the store in the holder at DIR\n"
 		"                     (tensord --hold DIR), which first stops the daemon it\n"
 		"                     served before; --fdstore defaults to 65536 then\n"
@@ -270,6 +273,10 @@ static int parse_option(int opt, const char *arg, struct server_config *cfg, int
 	case OPT_STATE_LOG_SIZE:
 		cfg->state_log_size = v;
 		return 0;
+	case OPT_READOPT_GRACE:
+		cfg->readopt_grace_ms = (uint32_t)v;
+		cfg->readopt_grace_set = true;
+		return 0;
 	case OPT_HOLDER:
 		if (strlen(arg) >= sizeof(cfg->holder) - 8) {
 			fprintf(stderr, "tensord: --holder %s: longer than %zu bytes\n", arg,
@@ -318,6 +325,7 @@ static const struct option long_opts[] = {
 	{ "fdstore", required_argument, NULL, OPT_FDSTORE },
 	{ "state-log-size", required_argument, NULL, OPT_STATE_LOG_SIZE },
 	{ "holder", required_argument, NULL, OPT_HOLDER },
+	{ "readopt-grace", required_argument, NULL, OPT_READOPT_GRACE },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
 #define QUOTA_OPT_N(flag, kind) { flag, required_argument, NULL, OPT_QUOTA + QUOTA_##kind },

@@ -50,6 +50,7 @@ static const struct number_opt {
 	{ OPT_MAX_WATCH_QUEUE, NUM_DECIMAL, "a number of events", 1, WATCH_QUEUE_MAX },
 	{ OPT_FDSTORE, NUM_DECIMAL, "a number of descriptors", 0, 1u << 20 },
 	{ OPT_STATE_LOG_SIZE, NUM_SIZE, "a size", 4096, 1ull << 34 },
+	{ OPT_READOPT_GRACE, NUM_DECIMAL, "a number of milliseconds", 0, 86400000 },
 /* The per-uid shares: counts up to 2^32-1, sizes up to 2^64-1 bytes. */
 #define QUOTA_NUM_N(kind) { OPT_QUOTA + QUOTA_##kind, NUM_DECIMAL, "a number", 1, UINT32_MAX },
 #define QUOTA_NUM_SIZE(kind) { OPT_QUOTA + QUOTA_##kind, NUM_SIZE, "a size", 1, UINT64_MAX },

@@ -52,6 +52,7 @@ void server_stop(struct server *srv)
 	uv_close((uv_handle_t *)&srv->spin_idle, NULL);
 	uv_close((uv_handle_t *)&srv->bind_due, NULL);
 	uv_close((uv_handle_t *)&srv->bind_wake, NULL);
+	uv_close((uv_handle_t *)&srv->readopt_end, NULL);
 	/* Creates still allocating complete after the loop (main()). */
 	gpu_worker_set_notify(NULL, NULL);
 	uv_close((uv_handle_t *)&srv->gpu_done, NULL);
@@ -283,9 +284,41 @@ int server_init(struct server *srv)
 	uv_prepare_start(&srv->bind_due, on_bind_due);
 	uv_unref((uv_handle_t *)&srv->bind_due); /* it keeps no loop running */
 	uv_timer_init(srv->loop, &srv->bind_wake);
+	uv_timer_init(srv->loop, &srv->readopt_end);
+	srv->readopt_end.data = srv;
 	uv_async_init(srv->loop, &srv->gpu_done, on_gpu_done);
 	gpu_worker_set_notify(gpu_notify, &srv->gpu_done);
 	return 0;
+}
+
+static void on_readopt_end(uv_timer_t *h)
+{
+	struct server *srv = h->data;
+	uint32_t held = srv->reg.n_held;
+	uint64_t freed = srv->reg.held_freed;
+
+	registry_readopt_end(&srv->reg);
+	log_info("restart: the grace period for re-adoption ended: %u restored tensors let go, "
+		 "%llu of them freed (their names had gone), %llu leases re-adopted",
+		 held, (unsigned long long)(srv->reg.held_freed - freed),
+		 (unsigned long long)srv->reg.readopted);
+}
+
+void server_readopt_start(struct server *srv)
+{
+	uint32_t ms =
+		srv->cfg.readopt_grace_set ? srv->cfg.readopt_grace_ms : SERVER_READOPT_GRACE_MS;
+
+	if (!srv->reg.readopt)
+		return;
+	if (!ms) {
+		registry_readopt_end(&srv->reg);
+		return;
+	}
+	log_info("restart: restored tensors are held %u ms for their holders to re-adopt "
+		 "their leases (--readopt-grace)",
+		 ms);
+	uv_timer_start(&srv->readopt_end, on_readopt_end, ms, 0);
 }
 
 /*

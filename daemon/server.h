@@ -61,6 +61,8 @@ struct server_config {
 	uint64_t fdstore_max;        /* --fdstore: descriptors the store may keep; 0: off */
 	bool fdstore_set;            /* --fdstore given (else $FDSTORE says) */
 	uint64_t state_log_size;     /* --state-log-size; 0: the default */
+	uint32_t readopt_grace_ms;   /* --readopt-grace */
+	bool readopt_grace_set;      /* given (else the default, 30 s) */
 	char holder[100];            /* --holder DIR; "": systemd's store, if any */
 	bool metrics_per_uid;        /* the HTTP metrics show every uid's usage */
 	struct peer_config peer;     /* peering (peer.h); off unless --peer-listen or --peer */
@@ -103,6 +105,7 @@ struct server {
 	/* Binding pages cleared: their client threads are woken 1 ms later. */
 	uv_prepare_t bind_due;
 	uv_timer_t bind_wake;
+	uv_timer_t readopt_end; /* the restart's grace period for re-adoption */
 	struct td_spin spin;
 	uint64_t spin_until, spin_seen;
 	bool spin_polled;
@@ -129,6 +132,14 @@ void server_socket_remove(const char *path);
 
 /* server.c: everything but the listening socket and the peers. 0 or -errno. */
 int server_init(struct server *srv);
+
+/*
+ * After a restart restored tensors (registry_readopt_hold()): ends their
+ * hold when the grace period (--readopt-grace, SERVER_READOPT_GRACE_MS by
+ * default) is over, at once when it is 0.
+ */
+#define SERVER_READOPT_GRACE_MS 30000
+void server_readopt_start(struct server *srv);
 /* Stops accepting, closes every client, frees everything; the loop then ends. */
 void server_stop(struct server *srv);
 /* After the loop: the GPU worker's last creates completed, every tensor freed. */

@@ -101,6 +101,15 @@ struct td_relq {
 	uint64_t sweep_due; /* when the oldest parked mapping expires; 0: none */
 	/* And gives back the client's idle ring buffers (ring.c) from then on; 0: none. */
 	uint64_t ring_due;
+	/*
+	 * And, while the client holds leases (or did lately), looks every
+	 * TD_LOST_CHECK_NS whether the daemon went, so that an idle client
+	 * re-adopts its leases after a restart (readopt.c): when next, and
+	 * when it last saw a lease. deep_sleep: it sleeps until woken (a
+	 * client's first lease after a long while wakes it, lease.c).
+	 */
+	uint64_t lost_due, live_ns;
+	atomic_bool deep_sleep;
 };
 
 /* The socket to the daemon and the exchange of frames on it. */
@@ -214,6 +223,9 @@ struct tensord_client {
 	struct td_mapcache maps;
 	/* Leases on memory the daemon exports itself, for tensord_close() (lease.c). */
 	LIST_HEAD(, td_lease) ipc_leases;
+	/* Every lease that lives on this connection (lease.c, readopt.c), and how many. */
+	LIST_HEAD(, td_lease) leases;
+	atomic_uint n_live;
 	struct td_reserve reserve;
 	struct td_ring ring;
 	struct td_bindings binds; /* attach without a round trip (bindings.c) */
@@ -662,6 +674,16 @@ void td_own_view_done(tensord_client *c, struct td_own_view *v, bool published);
  * the daemon; any thread; a no-op in effect once the connection is gone.
  */
 void td_release(tensord_client *c, uint64_t lease_id);
+
+/* A lease came to c while none was: the flusher, if asleep for good, starts watching (release.c). */
+void td_relq_live(tensord_client *c);
+
+/*
+ * The flusher's look at an idle client holding leases: if the daemon went
+ * (a quiet connection at its end), connects anew, which re-adopts them
+ * (lifecycle.c).
+ */
+void td_client_idle_check(tensord_client *c);
 
 /* Starts the flusher of conn's deferred releases; without one they go at once. */
 void td_relq_start(struct td_conn *conn, struct td_mapcache *maps);

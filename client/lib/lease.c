@@ -19,31 +19,9 @@
 
 #include "client.h"
 #include "common/desc.h"
+#include "lease_int.h"
 
-#define LEASE_MAGIC 0x7e45d1ea
-
-struct td_lease {
-	uint32_t magic;
-	atomic_uint refs;  /* handles alive */
-	tensord_client *c; /* holds a client reference */
-	uint64_t lease_id;
-	struct td_mapping *map; /* holds a mapping reference; NULL for zero-size */
-	void *view;             /* owned: this lease's own view of map (importer's view()),
-				   NULL when it uses map itself */
-	bool readonly;
-	tensord_info info; /* shape and strides the handles point into */
-	/*
-	 * On memory the daemon exports itself (its mapping's importer says
-	 * unmap_before_close): listed in c->ipc_leases until it ends, so that
-	 * tensord_close() can release it once it unmapped the memory. Both
-	 * guarded by c->lock.
-	 */
-	bool ipc_listed;
-	bool released_by_close; /* tensord_close() released it: the deleter sends nothing */
-	LIST_ENTRY(td_lease) ipc_link;
-	/* A local lease (lease_id 0): served from this binding, one reference on it. */
-	struct td_binding *binding;
-};
+static atomic_uint_fast64_t lease_serial;
 
 struct td_handle {
 	DLManagedTensorVersioned mt;
@@ -112,10 +90,51 @@ static int end_granted(tensord_client *c, uint64_t lease_id, int err)
 	return err;
 }
 
+/* l, made on c, goes on c's list of live leases. */
+static void lease_list(tensord_client *c, struct td_lease *l)
+{
+	l->serial = atomic_fetch_add_explicit(&lease_serial, 1, memory_order_relaxed) + 1;
+	atomic_init(&l->at, c);
+	pthread_mutex_lock(&c->lock);
+	LIST_INSERT_HEAD(&c->leases, l, live_link);
+	pthread_mutex_unlock(&c->lock);
+	if (atomic_fetch_add(&c->n_live, 1) == 0)
+		td_relq_live(c);
+}
+
+tensord_client *td_lease_lock_at(struct td_lease *l)
+{
+	for (;;) {
+		tensord_client *at = atomic_load(&l->at);
+
+		pthread_mutex_lock(&at->lock);
+		if (atomic_load(&l->at) == at)
+			return at;
+		pthread_mutex_unlock(&at->lock);
+	}
+}
+
+/*
+ * l leaves its list: *ret_id is the daemon's lease to end (0: none), on
+ * the client returned, which holds a reference of l's when it is not l->c.
+ */
+static tensord_client *lease_unlist(struct td_lease *l, uint64_t *ret_id)
+{
+	tensord_client *at = td_lease_lock_at(l);
+
+	LIST_REMOVE(l, live_link);
+	atomic_fetch_sub(&at->n_live, 1);
+	*ret_id = l->lease_id;
+	pthread_mutex_unlock(&at->lock);
+	return at;
+}
+
 /* Takes ownership of one reference on l; the last one ends the lease. */
 static void lease_unref(struct td_lease *l)
 {
 	bool released = false;
+	tensord_client *at;
+	uint64_t id;
 
 	if (atomic_fetch_sub_explicit(&l->refs, 1, memory_order_acq_rel) != 1)
 		return;
@@ -134,8 +153,12 @@ static void lease_unref(struct td_lease *l)
 		td_mapcache_unref(&l->c->maps, l->map);
 	if (l->binding)
 		td_binding_local_end(l->binding);
-	else if (!released)
-		send_release(l->c, l->lease_id);
+	/* A local lease has no daemon lease of its own, unless re-adopted. */
+	at = lease_unlist(l, &id);
+	if (id && !released)
+		send_release(at, id);
+	if (at != l->c)
+		td_client_unref(at);
 	td_client_unref(l->c);
 	l->magic = 0;
 	free(l);
@@ -511,6 +534,7 @@ static int lease_from(tensord_client *c, const Tensord__Lease *w, int fd, struct
 		l->ipc_listed = true;
 		pthread_mutex_unlock(&c->lock);
 	}
+	lease_list(c, l);
 	*ret_lease = l;
 	return 0;
 fail:
@@ -573,6 +597,7 @@ int td_lease_local(tensord_client *c, struct td_binding *b, const tensord_info *
 	l->readonly = readonly;
 	l->info = *info;
 	l->binding = b;
+	lease_list(c, l);
 	*ret_lease = l;
 	return 0;
 fail:
@@ -588,6 +613,7 @@ uint64_t td_lease_bind(struct td_lease *l, struct td_binding *b, tensord_info *r
 {
 	uint64_t id = l->lease_id;
 
+	/* Under l->c's lock (the caller's), as a re-adoption changes it. */
 	l->lease_id = 0;
 	l->binding = b;
 	*ret_info = l->info;

@@ -58,7 +58,7 @@ int td_lease_local(tensord_client *c, struct td_binding *b, const tensord_info *
 /*
  * l, just made from a bound attach, becomes b's first local lease (b then
  * holds one reference from l). Returns the daemon's lease, which is b's
- * from now on; *ret_info and *ret_writable are l's.
+ * from now on; *ret_info and *ret_writable are l's. l->c's lock held.
  */
 uint64_t td_lease_bind(struct td_lease *l, struct td_binding *b, tensord_info *ret_info,
 		       bool *ret_writable);
@@ -94,6 +94,15 @@ void td_lease_end(tensord_client *c, uint64_t lease_id);
  * (td_release()); the caller flushes them before the socket shuts.
  */
 void td_lease_release_ipc(tensord_client *c);
+
+/*
+ * After a restart (docs/restart.md, section 5): succ, the successor of
+ * old, a lost connection, reaches a daemon of old's lineage that is
+ * another instance. Offers it every lease living on old; those it takes
+ * move to succ with their new ids. Returns how many moved. Keeps the
+ * calling thread's error message.
+ */
+unsigned td_lease_readopt(tensord_client *old, tensord_client *succ);
 
 /* Fills a tensord_info from the wire form. w is borrowed for the call. */
 void td_info_from_wire(tensord_info *info, const Tensord__TensorInfo *w);

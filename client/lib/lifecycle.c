@@ -83,6 +83,7 @@ tensord_client *td_client_new(int fd)
 	c->maps.on_lent_gone = lent_gone;
 	c->maps.on_lent_arg = c;
 	LIST_INIT(&c->ipc_leases);
+	LIST_INIT(&c->leases);
 	td_reserve_init(&c->reserve);
 	td_ring_init(&c->ring);
 	c->conn.fd = fd;
@@ -185,6 +186,34 @@ static void check_quiet(tensord_client *c, bool throttled)
 	pthread_mutex_unlock(&c->lock);
 }
 
+/*
+ * The leases c held move to mine when its daemon restored c's: the same
+ * lineage, another instance (docs/restart.md, section 5). Both fixed since
+ * their Hellos.
+ */
+static void readopt(tensord_client *c, tensord_client *mine)
+{
+	if (mine->lineage && mine->lineage == c->lineage &&
+	    mine->maps.daemon_instance != c->maps.daemon_instance)
+		td_lease_readopt(c, mine);
+}
+
+void td_client_idle_check(tensord_client *c)
+{
+	tensord_client *cur = c;
+	bool lost, replaced;
+
+	check_quiet(c, false);
+	pthread_mutex_lock(&c->lock);
+	lost = conn_lost(c);
+	replaced = c->successor != NULL;
+	pthread_mutex_unlock(&c->lock);
+	/* Connecting anew re-adopts (readopt()); a failure is tried again
+	 * at the flusher's next look. */
+	if (lost && !replaced)
+		(void)td_client_current(&cur);
+}
+
 static int current(tensord_client **pc, bool throttled)
 {
 	tensord_client *c = *pc, *mine;
@@ -243,6 +272,8 @@ static int current(tensord_client **pc, bool throttled)
 			c->successor = mine;
 			mine->epoch = c->epoch + (lost ? 1 : 0);
 			pthread_mutex_unlock(&c->lock);
+			if (lost)
+				readopt(c, mine);
 		}
 		c = mine;
 	}

@@ -27,6 +27,10 @@
 #include "proto/frame.h"
 
 #define TD_RELQ_DELAY_NS 1000000ull /* 1 ms */
+/* How often a client holding leases looks whether its daemon went (readopt.c). */
+#define TD_LOST_CHECK_NS (200ull * 1000000ull)
+/* How long after its last lease it goes on looking before it sleeps until woken. */
+#define TD_LIVE_KEEP_NS (10ull * 1000000000ull)
 
 static uint64_t mono_ns(void)
 {
@@ -75,6 +79,11 @@ static void flush_locked(struct td_conn *conn)
 	td_set_error(0, "%s", saved);
 }
 
+static tensord_client *client_of(struct td_conn *conn)
+{
+	return (tensord_client *)((char *)conn - offsetof(tensord_client, conn));
+}
+
 /* send_lock held. Sweeps parked mappings if due; true if it dropped the lock to do so. */
 static bool sweep_if_due(struct td_conn *conn, uint64_t now)
 {
@@ -100,7 +109,7 @@ static bool sweep_if_due(struct td_conn *conn, uint64_t now)
 static bool ring_if_due(struct td_conn *conn, uint64_t now)
 {
 	struct td_relq *q = &conn->relq;
-	tensord_client *c = (tensord_client *)((char *)conn - offsetof(tensord_client, conn));
+	tensord_client *c = client_of(conn);
 	uint64_t due;
 
 	if (!q->ring_due || now < q->ring_due)
@@ -127,6 +136,48 @@ void td_relq_ring_due(struct td_conn *conn, uint64_t due)
 	pthread_mutex_unlock(&conn->send_lock);
 }
 
+/*
+ * send_lock held. While the client holds leases, or did within
+ * TD_LIVE_KEEP_NS, looks every TD_LOST_CHECK_NS whether the daemon went
+ * (td_client_idle_check()); true if it dropped the lock to do so.
+ */
+static bool lost_if_due(struct td_conn *conn, uint64_t now)
+{
+	struct td_relq *q = &conn->relq;
+	tensord_client *c = client_of(conn);
+
+	if (atomic_load(&c->n_live))
+		q->live_ns = now;
+	if (!q->live_ns || now - q->live_ns >= TD_LIVE_KEEP_NS) {
+		q->lost_due = 0; /* not watching */
+		return false;
+	}
+	if (!q->lost_due)
+		q->lost_due = now + TD_LOST_CHECK_NS;
+	if (now < q->lost_due)
+		return false;
+	q->lost_due = now + TD_LOST_CHECK_NS;
+	if (!atomic_load(&c->n_live))
+		return false; /* nothing to re-adopt */
+	/* The client's lock is never taken inside send_lock. */
+	pthread_mutex_unlock(&conn->send_lock);
+	td_client_idle_check(c);
+	pthread_mutex_lock(&conn->send_lock);
+	return true;
+}
+
+void td_relq_live(tensord_client *c)
+{
+	struct td_conn *conn = &c->conn;
+
+	/* Seen by the flusher before it sleeps for good, or it sees n_live. */
+	if (!atomic_load(&conn->relq.deep_sleep))
+		return;
+	pthread_mutex_lock(&conn->send_lock);
+	pthread_cond_signal(&conn->relq.cond);
+	pthread_mutex_unlock(&conn->send_lock);
+}
+
 static void wait_until(struct td_conn *conn, uint64_t due)
 {
 	struct timespec ts = { .tv_sec = (time_t)(due / 1000000000ull),
@@ -144,7 +195,7 @@ static void *flusher(void *arg)
 	while (!q->stop) {
 		uint64_t now = mono_ns(), due;
 
-		if (sweep_if_due(conn, now) || ring_if_due(conn, now))
+		if (sweep_if_due(conn, now) || ring_if_due(conn, now) || lost_if_due(conn, now))
 			continue;
 		if (q->n == 0) {
 			/* Idle: the next deleter wakes us, or the next expiry. */
@@ -152,11 +203,19 @@ static void *flusher(void *arg)
 
 			if (q->ring_due && (!next || q->ring_due < next))
 				next = q->ring_due;
+			if (q->lost_due && (!next || q->lost_due < next))
+				next = q->lost_due;
 			q->armed = false;
-			if (next)
+			if (next) {
 				wait_until(conn, next);
-			else
+				continue;
+			}
+			/* For good, unless a lease came meanwhile (td_relq_live()). */
+			atomic_store(&q->deep_sleep, true);
+			if (!atomic_load(&client_of(conn)->n_live))
 				pthread_cond_wait(&q->cond, &conn->send_lock);
+			atomic_store(&q->deep_sleep, false);
+			q->live_ns = 0;
 			continue;
 		}
 		/* Timing the queue: deleters need not wake us meanwhile, so a
@@ -203,6 +262,9 @@ void td_relq_start(struct td_conn *conn, struct td_mapcache *maps)
 	q->sweep_kicked = false;
 	q->sweep_due = 0;
 	q->ring_due = 0;
+	q->lost_due = 0;
+	q->live_ns = 0;
+	atomic_init(&q->deep_sleep, false);
 	/* Without a flusher, deleters send at once: slower, never wrong; and
 	 * nothing would expire parked mappings, so none are parked. */
 	q->running = pthread_create(&q->thread, NULL, flusher, conn) == 0;

@@ -184,6 +184,7 @@ void registry_fini(struct registry *reg)
 {
 	struct tensor *t;
 
+	registry_readopt_end(reg);
 	while (!LIST_EMPTY(&reg->holds))
 		registry_hold_end(reg, LIST_FIRST(&reg->holds));
 	/* Arenas forget their writers first: a client may be gone already. */

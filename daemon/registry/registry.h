@@ -336,6 +336,11 @@ struct registry {
 	/* The same on GPUs (one device allocation each), allocating ones included. */
 	uint32_t n_gpu_arenas;
 	uint64_t gpu_arena_bytes;
+	/* The restart hold (registry_readopt.c): restored tensors kept for
+	 * their holders to re-adopt until the grace period ends; NULL: none. */
+	struct reg_readopt *readopt; /* owned */
+	uint32_t n_held;
+	uint64_t readopted, held_freed; /* leases re-adopted; held tensors freed at the end */
 };
 
 /*
@@ -455,6 +460,20 @@ void registry_restore_memory_done(struct registry *reg, struct reg_arena *a);
 void registry_restore_versions(struct registry *reg, uint64_t next_commit, uint64_t gen_floor);
 void registry_restore_tomb(struct registry *reg, const char *name, size_t len, uint64_t generation,
 			   uint64_t commit, uint32_t uid, uint32_t gid, uint32_t mode);
+
+/*
+ * The restart hold (registry_readopt.c, docs/restart.md): t, just
+ * restored, is held until registry_readopt_end(); registry_readopt() gives
+ * rc a lease on the held version (name, generation) if rc may read it:
+ * 0, or -ENOENT (no such version held: the grace period is over, or it
+ * was not restored), -EACCES, -EAGAIN (rc's leases are at their limit).
+ * The end lets go of every held tensor: one whose name is gone and that
+ * nobody leases is freed.
+ */
+void registry_readopt_hold(struct registry *reg, struct tensor *t);
+int registry_readopt(struct registry *reg, struct reg_client *rc, const char *name,
+		     uint64_t generation, uint64_t *ret_lease);
+void registry_readopt_end(struct registry *reg);
 
 /* Calls fn for every named, published tensor, in name order (fn must not change the table). */
 void registry_each_published(struct registry *reg, void (*fn)(void *arg, struct tensor *t),

@@ -232,5 +232,6 @@ int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const str
 	t->bytes_charged = nbytes;
 	reg_tensor_link(reg, a->dev, t);
 	reg_tensor_name(reg, t);
+	registry_readopt_hold(reg, t);
 	return 0;
 }

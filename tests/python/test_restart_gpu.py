@@ -106,7 +106,8 @@ def test_a_gpu_set_in_one_allocation_survives_kill_9(run):
     put = w.expect("put").split()
     assert put[1] == "1"                          # one allocation for the set
     assert put[2] == ("0" if path == "vmm" else "4")
-    m.restart(sig=signal.SIGKILL, env=env)
+    # No restart hold (docs/restart.md, section 5): unlinked, the set goes at once.
+    m.restart(sig=signal.SIGKILL, env=env, extra_args=["--readopt-grace", "0"])
     r = child(f"""
         sizes = {sizes!r}
         def data(i, n):
