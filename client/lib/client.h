@@ -101,6 +101,17 @@ struct td_relq {
 	uint64_t sweep_due; /* when the oldest parked mapping expires; 0: none */
 	/* And gives back the client's idle ring buffers (ring.c) from then on; 0: none. */
 	uint64_t ring_due;
+	/*
+	 * Releases of leases on recycled GPU memory (td_release_after_sync()),
+	 * sent by the flusher only once the devices they were on finished
+	 * what was queued, and so never drained in front of a request; each
+	 * with its device as this process numbers it.
+	 */
+	uint64_t sync_ids[TD_RELQ_MAX];
+	DLDevice sync_devs[TD_RELQ_MAX];
+	int n_sync;
+	/* When the next parked GPU import expires (import_gpu.h); 0: none. */
+	uint64_t gpu_due;
 };
 
 /* The socket to the daemon and the exchange of frames on it. */
@@ -489,6 +500,15 @@ bool td_ring_begin(tensord_client *c, uint64_t nbytes, uint32_t flags, unsigned 
 void td_ring_end(tensord_client *c);
 
 /*
+ * Whether a create of GPU memory of spec asks the daemon to recycle
+ * (docs/recycle.md, section 4): TENSORD_RECYCLE in its flags, neither
+ * sealed nor mutable, recycling not off in this process. Nothing to end:
+ * the process keeps no writable mapping of GPU ring buffers of its own
+ * (its one import of each is parked between versions, import_gpu.h).
+ */
+bool td_ring_gpu(tensord_client *c, const tensord_spec *spec);
+
+/*
  * Where to write the tensor of a recycled create's lease w: *ret_base,
  * the ring buffer's mapping (0); 1 when w names no ring buffer (write
  * through the descriptor as before). A buffer new to this client comes
@@ -662,6 +682,19 @@ void td_own_view_done(tensord_client *c, struct td_own_view *v, bool published);
  * the daemon; any thread; a no-op in effect once the connection is gone.
  */
 void td_release(tensord_client *c, uint64_t lease_id);
+
+/*
+ * Ends a lease on recycled GPU memory (docs/recycle.md, section 4): its
+ * Release goes only after dev (this process's numbering) finished every
+ * kernel queued so far, which the flusher waits for (never the caller),
+ * so that the writer's next version into the same allocation cannot
+ * overwrite bytes a queued kernel has yet to read. Without a flusher the
+ * caller waits. Any thread.
+ */
+void td_release_after_sync(tensord_client *c, uint64_t lease_id, DLDevice dev);
+
+/* Whether a lease of m (NULL: none) ends by td_release_after_sync(), and on which device. */
+bool td_release_needs_sync(const struct td_mapping *m, DLDevice *ret_dev);
 
 /* Starts the flusher of conn's deferred releases; without one they go at once. */
 void td_relq_start(struct td_conn *conn, struct td_mapcache *maps);

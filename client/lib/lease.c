@@ -112,10 +112,20 @@ static int end_granted(tensord_client *c, uint64_t lease_id, int err)
 	return err;
 }
 
+/* Ends l's daemon lease: at once, or after a device sync when its memory is recycled. */
+static void lease_send_release(struct td_lease *l, bool after_sync, DLDevice dev)
+{
+	if (after_sync)
+		td_release_after_sync(l->c, l->lease_id, dev);
+	else
+		send_release(l->c, l->lease_id);
+}
+
 /* Takes ownership of one reference on l; the last one ends the lease. */
 static void lease_unref(struct td_lease *l)
 {
-	bool released = false;
+	bool released = false, after_sync;
+	DLDevice dev;
 
 	if (atomic_fetch_sub_explicit(&l->refs, 1, memory_order_acq_rel) != 1)
 		return;
@@ -128,6 +138,7 @@ static void lease_unref(struct td_lease *l)
 	}
 	/* Unmap before the daemon may free: with legacy GPU IPC handles the
 	 * exporter freeing memory an importer still has open is undefined. */
+	after_sync = td_release_needs_sync(l->map, &dev);
 	if (l->view)
 		td_importer_for(l->map->handle_kind)->unview(l->map, l->view);
 	if (l->map)
@@ -135,7 +146,7 @@ static void lease_unref(struct td_lease *l)
 	if (l->binding)
 		td_binding_local_end(l->binding);
 	else if (!released)
-		send_release(l->c, l->lease_id);
+		lease_send_release(l, after_sync, dev);
 	td_client_unref(l->c);
 	l->magic = 0;
 	free(l);
@@ -331,6 +342,7 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const
 	m->reusable = !(rs && rs->lent);
 	m->ring_id = rs && rs->lent ? rs->id : 0;
 	m->in_slab = w->share_id != 0 && !(rs && rs->lent);
+	m->gpu_ring = td_gpu_handle_fd(w->handle) && (w->share_id & TD_GPU_RING_SHARE);
 	snprintf(m->name, sizeof(m->name), "%s", info->name);
 	td_mapcache_insert(mc, m);
 	*ret_map = m;

@@ -15,7 +15,22 @@
  * that cannot be sent is simply dropped.
  *
  * The same thread expires the mappings the cache parked (mapcache.h) when
- * they fall due, so that an idle process lets them go too.
+ * they fall due, so that an idle process lets them go too, and the GPU
+ * imports parked between versions (import_gpu.h).
+ *
+ * Releases of leases on recycled GPU memory (docs/recycle.md, section 4)
+ * wait in a queue of their own: the flusher waits for their devices
+ * (cuCtxSynchronize), then sends them. A deleter runs as soon as torch
+ * drops an array, with kernels that read it possibly still queued, and the
+ * writer's next version may go into the same allocation once the daemon
+ * has the Release: so the Release must not leave before those kernels
+ * ended, and the caller must not wait for them. What it costs: the
+ * daemon sees such a lease end a device sync later (what was queued on
+ * the device when the flusher looked, every stream of the context); a
+ * writer whose readers' devices stay busy finds the buffer still leased
+ * and takes another. What it relies on: the consumer's work runs in the
+ * device's primary context (torch, cupy and the runtime's), as publish's
+ * sync does (docs/gpu.md, "The stream contract").
  */
 #include <errno.h>
 #include <stddef.h>
@@ -24,6 +39,7 @@
 #include <time.h>
 
 #include "client.h"
+#include "import_gpu.h"
 #include "proto/frame.h"
 
 #define TD_RELQ_DELAY_NS 1000000ull /* 1 ms */
@@ -127,6 +143,58 @@ void td_relq_ring_due(struct td_conn *conn, uint64_t due)
 	pthread_mutex_unlock(&conn->send_lock);
 }
 
+/*
+ * send_lock held. Sends the releases waiting for a device sync, after it;
+ * true if it dropped the lock to do so.
+ */
+static bool synced_if_any(struct td_conn *conn)
+{
+	struct td_relq *q = &conn->relq;
+	uint64_t ids[TD_RELQ_MAX];
+	DLDevice devs[TD_RELQ_MAX];
+	int n = q->n_sync;
+
+	if (n == 0)
+		return false;
+	memcpy(ids, q->sync_ids, (size_t)n * sizeof(ids[0]));
+	memcpy(devs, q->sync_devs, (size_t)n * sizeof(devs[0]));
+	q->n_sync = 0;
+	pthread_mutex_unlock(&conn->send_lock);
+	/* One wait per device: it covers every lease queued before it. */
+	for (int i = 0; i < n; i++) {
+		bool seen = false;
+
+		for (int j = 0; j < i && !seen; j++)
+			seen = devs[j].device_type == devs[i].device_type &&
+			       devs[j].device_id == devs[i].device_id;
+		if (!seen)
+			(void)td_gpu_device_sync(devs[i].device_type, devs[i].device_id);
+	}
+	pthread_mutex_lock(&conn->send_lock);
+	for (int i = 0; i < n; i++) {
+		if (q->n == TD_RELQ_MAX)
+			flush_locked(conn);
+		q->ids[q->n++] = ids[i];
+	}
+	flush_locked(conn);
+	return true;
+}
+
+/* send_lock held. Undoes the parked GPU imports due; true if it dropped the lock to do so. */
+static bool gpu_if_due(struct td_conn *conn, uint64_t now)
+{
+	struct td_relq *q = &conn->relq;
+	uint64_t due;
+
+	if (!q->gpu_due || now < q->gpu_due)
+		return false;
+	pthread_mutex_unlock(&conn->send_lock);
+	due = td_gpu_parked_sweep(now);
+	pthread_mutex_lock(&conn->send_lock);
+	q->gpu_due = due;
+	return true;
+}
+
 static void wait_until(struct td_conn *conn, uint64_t due)
 {
 	struct timespec ts = { .tv_sec = (time_t)(due / 1000000000ull),
@@ -144,7 +212,8 @@ static void *flusher(void *arg)
 	while (!q->stop) {
 		uint64_t now = mono_ns(), due;
 
-		if (sweep_if_due(conn, now) || ring_if_due(conn, now))
+		if (synced_if_any(conn) || sweep_if_due(conn, now) || ring_if_due(conn, now) ||
+		    gpu_if_due(conn, now))
 			continue;
 		if (q->n == 0) {
 			/* Idle: the next deleter wakes us, or the next expiry. */
@@ -152,6 +221,8 @@ static void *flusher(void *arg)
 
 			if (q->ring_due && (!next || q->ring_due < next))
 				next = q->ring_due;
+			if (q->gpu_due && (!next || q->gpu_due < next))
+				next = q->gpu_due;
 			q->armed = false;
 			if (next)
 				wait_until(conn, next);
@@ -203,6 +274,8 @@ void td_relq_start(struct td_conn *conn, struct td_mapcache *maps)
 	q->sweep_kicked = false;
 	q->sweep_due = 0;
 	q->ring_due = 0;
+	q->n_sync = 0;
+	q->gpu_due = 0;
 	/* Without a flusher, deleters send at once: slower, never wrong; and
 	 * nothing would expire parked mappings, so none are parked. */
 	q->running = pthread_create(&q->thread, NULL, flusher, conn) == 0;
@@ -229,6 +302,12 @@ void td_relq_stop(struct td_conn *conn)
 	pthread_join(q->thread, NULL);
 	pthread_cond_destroy(&q->cond);
 	q->running = false;
+	/* The connection ends these leases: the devices finish first, as the
+	 * flusher would have waited; and no import stays parked on its account. */
+	pthread_mutex_lock(&conn->send_lock);
+	(void)synced_if_any(conn);
+	pthread_mutex_unlock(&conn->send_lock);
+	(void)td_gpu_parked_sweep(UINT64_MAX);
 }
 
 void td_relq_flush(struct td_conn *conn)
@@ -279,4 +358,36 @@ void td_release(tensord_client *c, uint64_t lease_id)
 	}
 	q->ids[q->n++] = lease_id;
 	pthread_mutex_unlock(&conn->send_lock);
+}
+
+bool td_release_needs_sync(const struct td_mapping *m, DLDevice *ret_dev)
+{
+	if (!m || !m->gpu_ring)
+		return false;
+	*ret_dev = m->device;
+	return true;
+}
+
+void td_release_after_sync(tensord_client *c, uint64_t lease_id, DLDevice dev)
+{
+	struct td_conn *conn = &c->conn;
+	struct td_relq *q = &conn->relq;
+
+	if (c->inherited)
+		return;
+	pthread_mutex_lock(&conn->send_lock);
+	if (q->running && q->n_sync < TD_RELQ_MAX) {
+		q->sync_ids[q->n_sync] = lease_id;
+		q->sync_devs[q->n_sync++] = dev;
+		/* Parked imports expire from a park time after this. */
+		if (!q->gpu_due)
+			q->gpu_due = mono_ns() + td_gpu_park_ns();
+		pthread_cond_signal(&q->cond);
+		pthread_mutex_unlock(&conn->send_lock);
+		return;
+	}
+	pthread_mutex_unlock(&conn->send_lock);
+	/* No flusher, or a full queue: this caller waits, rather than risk the reuse. */
+	(void)td_gpu_device_sync(dev.device_type, dev.device_id);
+	td_release(c, lease_id);
 }

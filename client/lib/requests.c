@@ -301,7 +301,7 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 			td_ring_begin(c, nbytes, spec->flags & ~(uint32_t)TENSORD_RECYCLE, &mapped);
 	/* A large host tensor goes where this process mapped memory ahead. */
 	reserved = mapped < 2 && td_reserve_take(c, nbytes, &rs);
-	r = td_create_rpc(c, name, spec, 0, rs.id, recycle, &rep, &fd);
+	r = td_create_rpc(c, name, spec, 0, rs.id, recycle || td_ring_gpu(c, spec), &rep, &fd);
 	if (r < 0) {
 		if (reserved) {
 			td_reserve_slot_free(&rs);
@@ -350,7 +350,7 @@ int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const ten
 
 	if (spec && (spec->flags & TENSORD_RECYCLE) && nbytes)
 		recycle = td_ring_begin(c, nbytes, spec->flags & ~(uint32_t)TENSORD_RECYCLE, NULL);
-	r = td_create_rpc(c, name, spec, tx, 0, recycle, &rep, &fd);
+	r = td_create_rpc(c, name, spec, tx, 0, recycle || td_ring_gpu(c, spec), &rep, &fd);
 	if (r < 0 && recycle)
 		td_ring_end(c);
 	if (r < 0)

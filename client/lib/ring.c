@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "client.h"
+#include "common/desc.h"
 
 /* A buffer no create named for this long is given back (TENSORD_RECYCLE_IDLE_MS: tests). */
 #define TD_RING_IDLE_NS (5000ull * 1000000ull)
@@ -211,6 +212,20 @@ bool td_ring_begin(tensord_client *c, uint64_t nbytes, uint32_t flags, unsigned 
 	pthread_mutex_unlock(&c->lock);
 	if (ret_mapped && ask)
 		*ret_mapped = mapped;
+	return ask;
+}
+
+bool td_ring_gpu(tensord_client *c, const tensord_spec *spec)
+{
+	bool ask;
+
+	if (!spec || !(spec->flags & TENSORD_RECYCLE) ||
+	    (spec->flags & (TENSORD_SEALED | TENSORD_MUTABLE)) ||
+	    !td_device_is_gpu(spec->device.device_type))
+		return false;
+	pthread_mutex_lock(&c->lock);
+	ask = !c->ring.off && !c->inherited && !c->conn.closed;
+	pthread_mutex_unlock(&c->lock);
 	return ask;
 }
 
