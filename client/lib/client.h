@@ -509,6 +509,15 @@ void td_ring_end(tensord_client *c);
 bool td_ring_gpu(tensord_client *c, const tensord_spec *spec);
 
 /*
+ * A GPU create took ring buffer id of size bytes (Lease.ring): listed
+ * among the client's ring buffers with nothing mapped, so that when it
+ * stays unused as long as a host buffer would (TENSORD_RECYCLE_IDLE_MS,
+ * or four of its size's put intervals) the flusher gives it back
+ * (Unreserve) and the daemon frees it.
+ */
+void td_ring_gpu_used(tensord_client *c, uint64_t id, uint64_t size);
+
+/*
  * Where to write the tensor of a recycled create's lease w: *ret_base,
  * the ring buffer's mapping (0); 1 when w names no ring buffer (write
  * through the descriptor as before). A buffer new to this client comes

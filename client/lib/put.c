@@ -151,14 +151,15 @@ static int put_device(tensord_client *c, const char *name, const DLTensor *src, 
 		      uint32_t mode, size_t elsize, const struct put_to *to)
 {
 	/* A single GPU put recycles its writer's allocations unless sealed
-	 * (docs/recycle.md, section 4); a set's members share one of their own. */
+	 * (docs/recycle.md, section 4); a transaction's puts do not yet, and a
+	 * set's members share one allocation of their own. */
 	bool in_set = to->tx && (to->arena_size || to->in_arena);
 	tensord_spec spec = { .dtype = src->dtype,
 			      .ndim = src->ndim,
 			      .shape = src->shape,
 			      .device = src->device,
 			      .flags = flags |
-				       (in_set || (flags & TENSORD_SEALED) ? 0 : TENSORD_RECYCLE),
+				       (to->tx || (flags & TENSORD_SEALED) ? 0 : TENSORD_RECYCLE),
 			      .mode = mode };
 	const struct td_importer *imp;
 	DLManagedTensorVersioned *t;

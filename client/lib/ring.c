@@ -271,6 +271,27 @@ static bool add(struct td_ring *r, uint64_t id, uint8_t *base, uint64_t map_size
 	return true;
 }
 
+void td_ring_gpu_used(tensord_client *c, uint64_t id, uint64_t size)
+{
+	struct td_ring *r = &c->ring;
+	uint64_t now = mono_ns();
+	bool added = false;
+	unsigned i;
+
+	pthread_mutex_lock(&c->lock);
+	size_used(r, size, now);
+	for (i = 0; i < r->n && r->bufs[i].id != id; i++)
+		;
+	if (i < r->n)
+		r->bufs[i].used_ns = now;
+	else
+		added = add(r, id, NULL, 0, size, now);
+	pthread_mutex_unlock(&c->lock);
+	/* An idle writer gives its GPU buffers back too: the flusher times it. */
+	if (added)
+		td_relq_ring_due(&c->conn, now + r->idle_ns);
+}
+
 /* Maps descriptor fd of ring buffer id (map_size bytes) shared and writable. */
 static int map_new(int fd, uint64_t map_size, const char *name, uint8_t **ret)
 {
@@ -464,6 +485,8 @@ void td_ring_close(tensord_client *c)
 
 	pthread_mutex_lock(&c->lock);
 	for (unsigned i = 0; i < r->n; i++) {
+		if (!r->bufs[i].base)
+			continue; /* a GPU buffer */
 		munmap(r->bufs[i].base, (size_t)r->bufs[i].map_size);
 		td_maps_gone(1);
 	}

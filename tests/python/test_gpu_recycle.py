@@ -404,3 +404,21 @@ def test_a_release_waits_for_the_readers_queued_work(gpu):
     r.finish()
     w.send("quit")
     w.finish()
+
+
+def test_an_idle_writer_gives_its_allocations_back(gpu):
+    """A free ring buffer its writer does not use for TENSORD_RECYCLE_IDLE_MS
+    goes back to the daemon (Unreserve, from the writer's flusher) and is
+    freed, while the writer stays connected; its next version takes new
+    memory."""
+    w = gpu.child(WRITER.format(n=N, fns=FNS, k=3), TENSORD_RECYCLE_IDLE_MS="1000", **PARK)
+    w.expect("ready")
+    put(w, 0)
+    put(w, 1)
+    ring(w, 1)  # version 0's allocation, free (its idle time runs from its create)
+    assert wait_until(lambda: figures(gpu)[0]["gpu_ring_buffers"] == 0)
+    assert figures(gpu)[0]["gpu_ring_bytes"] == 0
+    put(w, 2)
+    assert figures(gpu)[0]["gpu_recycled_creates_total"] == 0
+    w.send("quit")
+    w.finish()
