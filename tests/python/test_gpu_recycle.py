@@ -422,3 +422,59 @@ def test_an_idle_writer_gives_its_allocations_back(gpu):
     assert figures(gpu)[0]["gpu_recycled_creates_total"] == 0
     w.send("quit")
     w.finish()
+
+
+def test_restored_allocations_are_never_recycled(tmp_path):
+    """A daemon killed with a version published in a ring buffer and
+    another buffer free: the restarted daemon restores the version
+    (docs/restart.md) as a plain tensor, and the free buffer is gone with
+    the old daemon. The writer's next version replaces the restored one,
+    which is freed, not taken into any ring; the ring starts afresh from
+    the versions made after the restart."""
+    import textwrap
+    from sdharness import ServiceManager
+    from testlib import Child
+
+    env = dict(gpu_double.env(tmp_path / "double"), TENSORD_CUDA_PATH="default", **PARK)
+    m = ServiceManager(tmp_path)
+    m.start(env=env)
+    children = []
+
+    def child(code):
+        c = Child(gpu_double.PRELUDE + textwrap.dedent(code), m.socket, env)
+        children.append(c)
+        c.expect("ready")
+        return c
+
+    def stats():
+        with tensord.connect(m.socket) as c:
+            return c.stats()
+    try:
+        w = child(WRITER.format(n=N, fns=FNS, k=3))
+        put(w, 0)
+        put(w, 1)
+        ring(w, 1)
+        m.restart(sig=signal.SIGKILL, env=env)
+        s = stats()
+        assert (s["gpu_ring_buffers"], s["gpu_recycled_creates_total"]) == (0, 0), s
+        # A writer of the restarted daemon, from the restored sources.
+        w2 = child(WRITER.format(n=N, fns=FNS, k=0).replace(
+            'print("ready"', 'srcs = [c.attach(f"src/{k}") for k in range(3)]\nprint("ready"'))
+        put(w2, 2)  # replaces the restored version 1, which is freed
+        s = stats()
+        assert (s["gpu_ring_buffers"], s["gpu_ring_bytes"]) == (0, 0), s
+        put(w2, 0)
+        ring(w2, 1)  # version 2's allocation, made after the restart
+        put(w2, 1)
+        assert stats()["gpu_recycled_creates_total"] == 1
+        r = child(READER.format(fns=FNS))
+        assert read(r)[0] == digest(pattern(1))
+        for c in (w2, r):
+            c.send("quit")
+            c.finish()
+    finally:
+        gpu_double.end_children(children)
+        m.close()
+    assert not m.violations, m.violations
+    bad = gpu_double.problems(tmp_path / "double")
+    assert not bad, "\n".join(bad)
