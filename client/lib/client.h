@@ -110,6 +110,7 @@ struct td_relq {
 	uint64_t sync_ids[TD_RELQ_MAX];
 	DLDevice sync_devs[TD_RELQ_MAX];
 	int n_sync;
+	bool syncing; /* some thread waits for devices before sending those it took */
 	/* When the next parked GPU import expires (import_gpu.h); 0: none. */
 	uint64_t gpu_due;
 };

@@ -159,6 +159,7 @@ static bool synced_if_any(struct td_conn *conn)
 	memcpy(ids, q->sync_ids, (size_t)n * sizeof(ids[0]));
 	memcpy(devs, q->sync_devs, (size_t)n * sizeof(devs[0]));
 	q->n_sync = 0;
+	q->syncing = true;
 	pthread_mutex_unlock(&conn->send_lock);
 	/* One wait per device: it covers every lease queued before it. */
 	for (int i = 0; i < n; i++) {
@@ -177,6 +178,8 @@ static bool synced_if_any(struct td_conn *conn)
 		q->ids[q->n++] = ids[i];
 	}
 	flush_locked(conn);
+	q->syncing = false;
+	pthread_cond_broadcast(&q->cond); /* td_relq_flush() may wait for these */
 	return true;
 }
 
@@ -275,6 +278,7 @@ void td_relq_start(struct td_conn *conn, struct td_mapcache *maps)
 	q->sweep_due = 0;
 	q->ring_due = 0;
 	q->n_sync = 0;
+	q->syncing = false;
 	q->gpu_due = 0;
 	/* Without a flusher, deleters send at once: slower, never wrong; and
 	 * nothing would expire parked mappings, so none are parked. */
@@ -313,6 +317,12 @@ void td_relq_stop(struct td_conn *conn)
 void td_relq_flush(struct td_conn *conn)
 {
 	pthread_mutex_lock(&conn->send_lock);
+	/* Releases of recycled GPU memory too, after their devices' sync:
+	 * the connection's end would end those leases without it (also those
+	 * the flusher is syncing for now). */
+	while (conn->relq.running && conn->relq.syncing)
+		pthread_cond_wait(&conn->relq.cond, &conn->send_lock);
+	(void)synced_if_any(conn);
 	if (conn->relq.n)
 		flush_locked(conn);
 	pthread_mutex_unlock(&conn->send_lock);
