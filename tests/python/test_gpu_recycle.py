@@ -478,3 +478,46 @@ def test_restored_allocations_are_never_recycled(tmp_path):
     assert not m.violations, m.violations
     bad = gpu_double.problems(tmp_path / "double")
     assert not bad, "\n".join(bad)
+
+
+def test_create_fill_publish_recycles_when_asked(gpu):
+    """create(..., recycle=True) on cuda:0, filled and published, three
+    times: the third goes into the first's allocation (the figure), its
+    creator's view is read-only after publish where the driver enforces it,
+    and a reader reads each version's bytes."""
+    w = gpu.child(f"""
+        import time
+        N = {N}
+        def pattern(k):
+            return bytes((j * 131 + 7 * k + 3) % 256 for j in range(N))
+        def ring(n):
+            end = time.monotonic() + 60
+            while c.stats()["gpu_ring_buffers"] != n and time.monotonic() < end:
+                time.sleep(0.005)
+        for k in range(3):
+            if k == 2:
+                ring(1)
+            t = c.create("w", (N,), "uint8", device="cuda:0", replace=True, recycle=True)
+            cudrv.write(t, pattern(k))
+            t.publish()
+            try:
+                cudrv.memset(t, 0xff)
+                wrote = "wrote"
+            except cudrv.CudaError as e:
+                wrote = "refused"
+            print("made", k, wrote, t.read_only_enforced, flush=True)
+            t.release()
+            sys.stdin.readline()
+    """, **PARK)
+    r = reader(gpu)
+    for k in range(3):
+        made = w.expect("made ").split()
+        assert made[1] == str(k)
+        # Read-only after publish, as any GPU creator's view (gpu.md, "Immutability").
+        assert made[2:] == ["refused", "True"], made
+        assert read(r)[0] == digest(pattern(k)), k
+        w.send()
+    w.finish()
+    assert figures(gpu)[0]["gpu_recycled_creates_total"] == 1
+    r.send("quit")
+    r.finish()
