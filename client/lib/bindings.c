@@ -174,7 +174,7 @@ static void binding_free(struct td_binding *b)
 {
 	tensord_client *c = b->c;
 
-	DLDevice dev;
+	DLDevice dev = { kDLCPU, 0 };
 	bool after_sync = td_release_needs_sync(b->map, &dev);
 
 	/* The table's reference goes last: no local lease is left to count. */

@@ -125,7 +125,7 @@ static void lease_send_release(struct td_lease *l, bool after_sync, DLDevice dev
 static void lease_unref(struct td_lease *l)
 {
 	bool released = false, after_sync;
-	DLDevice dev;
+	DLDevice dev = { kDLCPU, 0 };
 
 	if (atomic_fetch_sub_explicit(&l->refs, 1, memory_order_acq_rel) != 1)
 		return;
