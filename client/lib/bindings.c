@@ -174,10 +174,16 @@ static void binding_free(struct td_binding *b)
 {
 	tensord_client *c = b->c;
 
+	DLDevice dev = { kDLCPU, 0 };
+	bool after_sync = td_release_needs_sync(b->map, &dev);
+
 	/* The table's reference goes last: no local lease is left to count. */
 	if (b->map)
 		td_mapcache_unref(&c->maps, b->map);
-	td_release(c, b->lease_id);
+	if (after_sync)
+		td_release_after_sync(c, b->lease_id, dev);
+	else
+		td_release(c, b->lease_id);
 	free(b);
 }
 

@@ -105,11 +105,23 @@ struct td_relq {
 	 * And, while the client holds leases (or did lately), looks every
 	 * TD_LOST_CHECK_NS whether the daemon went, so that an idle client
 	 * re-adopts its leases after a restart (readopt.c): when next, and
-	 * when it last saw a lease. deep_sleep: it sleeps until woken (a
-	 * client's first lease after a long while wakes it, lease.c).
+	 * when it last saw a lease. watching: it does, so that a lease need
+	 * not wake it (a client's first lease after a while does, lease.c).
 	 */
 	uint64_t lost_due, live_ns;
-	atomic_bool deep_sleep;
+	atomic_bool watching;
+	/*
+	 * Releases of leases on recycled GPU memory (td_release_after_sync()),
+	 * sent by the flusher only once the devices they were on finished
+	 * what was queued, and so never drained in front of a request; each
+	 * with its device as this process numbers it.
+	 */
+	uint64_t sync_ids[TD_RELQ_MAX];
+	DLDevice sync_devs[TD_RELQ_MAX];
+	int n_sync;
+	bool syncing; /* some thread waits for devices before sending those it took */
+	/* When the next parked GPU import expires (import_gpu.h); 0: none. */
+	uint64_t gpu_due;
 };
 
 /* The socket to the daemon and the exchange of frames on it. */
@@ -501,6 +513,24 @@ bool td_ring_begin(tensord_client *c, uint64_t nbytes, uint32_t flags, unsigned 
 void td_ring_end(tensord_client *c);
 
 /*
+ * Whether a create of GPU memory of spec asks the daemon to recycle
+ * (docs/recycle.md, section 4): TENSORD_RECYCLE in its flags, neither
+ * sealed nor mutable, recycling not off in this process. Nothing to end:
+ * the process keeps no writable mapping of GPU ring buffers of its own
+ * (its one import of each is parked between versions, import_gpu.h).
+ */
+bool td_ring_gpu(tensord_client *c, const tensord_spec *spec);
+
+/*
+ * A GPU create took ring buffer id of size bytes (Lease.ring): listed
+ * among the client's ring buffers with nothing mapped, so that when it
+ * stays unused as long as a host buffer would (TENSORD_RECYCLE_IDLE_MS,
+ * or four of its size's put intervals) the flusher gives it back
+ * (Unreserve) and the daemon frees it.
+ */
+void td_ring_gpu_used(tensord_client *c, uint64_t id, uint64_t size);
+
+/*
  * Where to write the tensor of a recycled create's lease w: *ret_base,
  * the ring buffer's mapping (0); 1 when w names no ring buffer (write
  * through the descriptor as before). A buffer new to this client comes
@@ -684,6 +714,19 @@ void td_relq_live(tensord_client *c);
  * (lifecycle.c).
  */
 void td_client_idle_check(tensord_client *c);
+
+/*
+ * Ends a lease on recycled GPU memory (docs/recycle.md, section 4): its
+ * Release goes only after dev (this process's numbering) finished every
+ * kernel queued so far, which the flusher waits for (never the caller),
+ * so that the writer's next version into the same allocation cannot
+ * overwrite bytes a queued kernel has yet to read. Without a flusher the
+ * caller waits. Any thread.
+ */
+void td_release_after_sync(tensord_client *c, uint64_t lease_id, DLDevice dev);
+
+/* Whether a lease of m (NULL: none) ends by td_release_after_sync(), and on which device. */
+bool td_release_needs_sync(const struct td_mapping *m, DLDevice *ret_dev);
 
 /* Starts the flusher of conn's deferred releases; without one they go at once. */
 void td_relq_start(struct td_conn *conn, struct td_mapcache *maps);

@@ -19,6 +19,13 @@
 #include "common/vendor.h"
 #include "proto/tensord.pb-c.h" /* Tensord__HandleKind */
 
+/*
+ * The share ids of GPU ring buffers (the daemon's REG_RING_SHARE |
+ * REG_GPU_RING_SHARE, docs/recycle.md section 4): CUDA VMM allocations
+ * later versions of their writer reuse.
+ */
+#define TD_GPU_RING_SHARE (1ull << 61)
+
 /* What the daemon said about the memory of one lease. Borrowed for the call. */
 struct td_import_desc {
 	Tensord__HandleKind handle_kind;
@@ -135,6 +142,8 @@ struct td_mapping {
 	bool in_slab;     /* in shared memory (a slab): a window, or a place in its whole mapping */
 	uint64_t ring_id; /* nonzero: base is that ring buffer's mapping, lent (ring.c) */
 	bool revoked;     /* unmapped by tensord_close(): the last unref only frees */
+	/* A GPU ring buffer's (TD_GPU_RING_SHARE): its leases end after a device sync. */
+	bool gpu_ring;
 	/* A tensor in a slab that points into the slab's whole mapping (one
 	 * reference on it) instead of a window of its own; NULL otherwise. */
 	struct td_slabmap *slab;

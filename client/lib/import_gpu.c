@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "import_gpu.h"
@@ -176,7 +177,9 @@ struct td_gpu_shared *td_gpu_shared_find(const struct td_gpu_client *gc, int ord
 	LIST_FOREACH(s, &td_gpu_shared_all, link)
 	if (s->gc == gc && s->ordinal == ordinal && s->key_len == key_len &&
 	    memcmp(s->key, key, key_len) == 0) {
+		/* A parked one is in use again, as it was left. */
 		s->refs++;
+		s->parked_ns = 0;
 		return s;
 	}
 	return NULL;
@@ -203,12 +206,88 @@ struct td_gpu_shared *td_gpu_shared_add(const struct td_gpu_client *gc, int ordi
 	return s;
 }
 
+/* TD_GPU_PARK_NS, or TENSORD_GPU_PARK_MS from the environment (read once). */
+static uint64_t td_gpu_park_ns_v = TD_GPU_PARK_NS;
+static pthread_once_t td_gpu_park_once = PTHREAD_ONCE_INIT;
+
+static void td_gpu_park_read(void)
+{
+	const char *ms = getenv("TENSORD_GPU_PARK_MS");
+	char *end;
+
+	if (ms && *ms) {
+		unsigned long long v = strtoull(ms, &end, 10);
+
+		if (!*end && v <= 3600000ull)
+			td_gpu_park_ns_v = v * 1000000ull;
+	}
+}
+
+uint64_t td_gpu_park_ns(void)
+{
+	pthread_once(&td_gpu_park_once, td_gpu_park_read);
+	return td_gpu_park_ns_v;
+}
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 bool td_gpu_shared_put(struct td_gpu_shared *s)
 {
 	if (--s->refs > 0)
 		return false;
+	if (s->keep && s->gc->unpark && !td_gpu_forked_from) {
+		s->parked_ns = mono_ns();
+		return false;
+	}
 	LIST_REMOVE(s, link);
 	return true;
+}
+
+uint64_t td_gpu_parked_sweep(uint64_t now)
+{
+	LIST_HEAD(, td_gpu_shared) gone = LIST_HEAD_INITIALIZER(gone);
+	struct td_gpu_shared *s, *next;
+	uint64_t due = 0;
+
+	td_gpu_shared_lock();
+	for (s = LIST_FIRST(&td_gpu_shared_all); s; s = next) {
+		next = LIST_NEXT(s, link);
+		if (s->refs || !s->parked_ns)
+			continue;
+		if (now == UINT64_MAX || now - s->parked_ns >= td_gpu_park_ns()) {
+			LIST_REMOVE(s, link);
+			LIST_INSERT_HEAD(&gone, s, link);
+		} else if (!due || s->parked_ns + td_gpu_park_ns() < due) {
+			due = s->parked_ns + td_gpu_park_ns();
+		}
+	}
+	td_gpu_shared_unlock();
+	/* Off the table: nobody finds them, so the driver calls need no lock. */
+	while ((s = LIST_FIRST(&gone))) {
+		LIST_REMOVE(s, link);
+		/* Inherited across fork(): not ours to undo here. */
+		if (!td_gpu_forked_from)
+			s->gc->unpark(s);
+		free(s->vendor);
+		free(s);
+	}
+	return due;
+}
+
+int td_gpu_device_sync(int device_type, int ordinal)
+{
+	const struct td_gpu_client *gc = td_gpu_client_of(device_type);
+	const void *api;
+
+	if (!gc || !gc->sync_ordinal || td_gpu_forked_from || td_gpu_load(gc, &api) < 0)
+		return -ENODEV;
+	return gc->sync_ordinal(api, ordinal);
 }
 
 void td_gpu_shared_drop(struct td_gpu_map *p, void (*undo)(struct td_gpu_map *p, uint64_t value))

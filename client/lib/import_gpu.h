@@ -73,12 +73,30 @@ struct td_gpu_shared {
 	size_t key_len; /* 0: never shared (no key known) */
 	uint64_t value;
 	unsigned refs; /* mappings holding it; under the table's lock */
+	/*
+	 * A GPU ring buffer's import (TD_GPU_RING_SHARE, docs/recycle.md
+	 * section 4): when its last mapping goes it stays imported, its views
+	 * mapped, parked (parked_ns: since when, CLOCK_MONOTONIC; 0 in use),
+	 * so that a later version in the same allocation makes no driver call;
+	 * td_gpu_parked_sweep() undoes it TD_GPU_PARK_NS after its last use.
+	 */
+	bool keep;
+	uint64_t parked_ns;
 	/* The vendor's own state of the import (CUDA: the ranges a set's
 	 * mappings share), under the table's lock; owned, freed with the
 	 * entry after the last undo. NULL: none. */
 	void *vendor;
 	LIST_ENTRY(td_gpu_shared) link;
 };
+
+/*
+ * How long a GPU ring buffer's import stays parked after its last mapping:
+ * TD_GPU_PARK_NS, or TENSORD_GPU_PARK_MS (at most an hour) from the
+ * environment. Parked, it keeps the allocation's memory alive after the
+ * daemon freed it (the driver counts the import), so it is short.
+ */
+#define TD_GPU_PARK_NS 1000000000ull
+uint64_t td_gpu_park_ns(void);
 
 /* The table's lock: held across a lookup and the import it may lead to. */
 void td_gpu_shared_lock(void);
@@ -96,8 +114,27 @@ struct td_gpu_shared *td_gpu_shared_find(const struct td_gpu_client *gc, int ord
 struct td_gpu_shared *td_gpu_shared_add(const struct td_gpu_client *gc, int ordinal,
 					const void *key, size_t key_len, uint64_t value);
 
-/* Lock held. Drops a reference taken by find() or add(); true when it was the last (s is off the table then, the caller's to undo and free). */
+/*
+ * Lock held. Drops a reference taken by find() or add(); true when it was
+ * the last (s is off the table then, the caller's to undo and free). The
+ * last of a kept import parks it instead (false): a find() takes it back.
+ */
 bool td_gpu_shared_put(struct td_gpu_shared *s);
+
+/*
+ * Undoes the parked imports whose last use is TD_GPU_PARK_NS before now
+ * (all of them when now is UINT64_MAX), each by its vendor's unpark();
+ * in a forked child only forgets them. Returns when the next one falls
+ * due (CLOCK_MONOTONIC ns), 0 when none is parked. Any thread, no lock.
+ */
+uint64_t td_gpu_parked_sweep(uint64_t now);
+
+/*
+ * Waits for every stream of this process's device (type, ordinal): what
+ * a release of recycled GPU memory waits for before it is sent (the
+ * flusher's, release.c). 0 or -errno; nothing is reported.
+ */
+int td_gpu_device_sync(int device_type, int ordinal);
 
 /*
  * Drops p's reference on its import, if any; the last one calls
@@ -184,6 +221,14 @@ struct td_gpu_client {
 	 * wait for them. NULL: never.
 	 */
 	bool (*waits_in_release)(const struct td_gpu_map *p);
+	/*
+	 * A parked import (td_gpu_shared.keep) off the table: waits for the
+	 * device, unmaps what it kept mapped, releases the import and what
+	 * it held of the device. NULL: the vendor keeps none.
+	 */
+	void (*unpark)(struct td_gpu_shared *s);
+	/* Waits for every stream of this process's device ordinal (api loaded). 0 or -errno. */
+	int (*sync_ordinal)(const void *api, int ordinal);
 };
 
 /* Each vendor's, td_<id>_client (gpu/<id>/import_<id>.c). */

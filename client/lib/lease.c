@@ -129,10 +129,20 @@ static tensord_client *lease_unlist(struct td_lease *l, uint64_t *ret_id)
 	return at;
 }
 
+/* Ends lease id on c: at once, or after a device sync when its memory is recycled. */
+static void lease_send_release(tensord_client *c, uint64_t id, bool after_sync, DLDevice dev)
+{
+	if (after_sync)
+		td_release_after_sync(c, id, dev);
+	else
+		send_release(c, id);
+}
+
 /* Takes ownership of one reference on l; the last one ends the lease. */
 static void lease_unref(struct td_lease *l)
 {
-	bool released = false;
+	bool released = false, after_sync;
+	DLDevice dev = { kDLCPU, 0 };
 	tensord_client *at;
 	uint64_t id;
 
@@ -147,6 +157,7 @@ static void lease_unref(struct td_lease *l)
 	}
 	/* Unmap before the daemon may free: with legacy GPU IPC handles the
 	 * exporter freeing memory an importer still has open is undefined. */
+	after_sync = td_release_needs_sync(l->map, &dev);
 	if (l->view)
 		td_importer_for(l->map->handle_kind)->unview(l->map, l->view);
 	if (l->map)
@@ -156,7 +167,7 @@ static void lease_unref(struct td_lease *l)
 	/* A local lease has no daemon lease of its own, unless re-adopted. */
 	at = lease_unlist(l, &id);
 	if (id && !released)
-		send_release(at, id);
+		lease_send_release(at, id, after_sync, dev);
 	if (at != l->c)
 		td_client_unref(at);
 	td_client_unref(l->c);
@@ -354,6 +365,7 @@ static int import_mapping(struct td_mapcache *mc, const Tensord__Lease *w, const
 	m->reusable = !(rs && rs->lent);
 	m->ring_id = rs && rs->lent ? rs->id : 0;
 	m->in_slab = w->share_id != 0 && !(rs && rs->lent);
+	m->gpu_ring = td_gpu_handle_fd(w->handle) && (w->share_id & TD_GPU_RING_SHARE);
 	snprintf(m->name, sizeof(m->name), "%s", info->name);
 	td_mapcache_insert(mc, m);
 	*ret_map = m;

@@ -150,11 +150,16 @@ static int publish_or_discard(tensord_client *c, const char *name, DLManagedTens
 static int put_device(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
 		      uint32_t mode, size_t elsize, const struct put_to *to)
 {
+	/* A single GPU put recycles its writer's allocations unless sealed
+	 * (docs/recycle.md, section 4); a transaction's puts do not yet, and a
+	 * set's members share one allocation of their own. */
+	bool in_set = to->tx && (to->arena_size || to->in_arena);
 	tensord_spec spec = { .dtype = src->dtype,
 			      .ndim = src->ndim,
 			      .shape = src->shape,
 			      .device = src->device,
-			      .flags = flags,
+			      .flags = flags |
+				       (to->tx || (flags & TENSORD_SEALED) ? 0 : TENSORD_RECYCLE),
 			      .mode = mode };
 	const struct td_importer *imp;
 	DLManagedTensorVersioned *t;
@@ -173,7 +178,7 @@ static int put_device(tensord_client *c, const char *name, const DLTensor *src, 
 		expect *= src->shape[i];
 		n *= (uint64_t)src->shape[i];
 	}
-	if (to->tx && (to->arena_size || to->in_arena))
+	if (in_set)
 		r = td_tx_create_arena(c, to->tx, name, &spec, to->arena_size, to->in_arena, &t);
 	else
 		r = to->tx ? td_tx_create_raw(c, to->tx, name, &spec, &t)

@@ -15,7 +15,22 @@
  * that cannot be sent is simply dropped.
  *
  * The same thread expires the mappings the cache parked (mapcache.h) when
- * they fall due, so that an idle process lets them go too.
+ * they fall due, so that an idle process lets them go too, and the GPU
+ * imports parked between versions (import_gpu.h).
+ *
+ * Releases of leases on recycled GPU memory (docs/recycle.md, section 4)
+ * wait in a queue of their own: the flusher waits for their devices
+ * (cuCtxSynchronize), then sends them. A deleter runs as soon as torch
+ * drops an array, with kernels that read it possibly still queued, and the
+ * writer's next version may go into the same allocation once the daemon
+ * has the Release: so the Release must not leave before those kernels
+ * ended, and the caller must not wait for them. What it costs: the
+ * daemon sees such a lease end a device sync later (what was queued on
+ * the device when the flusher looked, every stream of the context); a
+ * writer whose readers' devices stay busy finds the buffer still leased
+ * and takes another. What it relies on: the consumer's work runs in the
+ * device's primary context (torch, cupy and the runtime's), as publish's
+ * sync does (docs/gpu.md, "The stream contract").
  */
 #include <errno.h>
 #include <stddef.h>
@@ -24,6 +39,7 @@
 #include <time.h>
 
 #include "client.h"
+#include "import_gpu.h"
 #include "proto/frame.h"
 
 #define TD_RELQ_DELAY_NS 1000000ull /* 1 ms */
@@ -170,12 +186,67 @@ void td_relq_live(tensord_client *c)
 {
 	struct td_conn *conn = &c->conn;
 
-	/* Seen by the flusher before it sleeps for good, or it sees n_live. */
-	if (!atomic_load(&conn->relq.deep_sleep))
+	/* Seen by the flusher before it sleeps, or it sees n_live. */
+	if (atomic_load(&conn->relq.watching))
 		return;
 	pthread_mutex_lock(&conn->send_lock);
 	pthread_cond_signal(&conn->relq.cond);
 	pthread_mutex_unlock(&conn->send_lock);
+}
+
+/*
+ * send_lock held. Sends the releases waiting for a device sync, after it;
+ * true if it dropped the lock to do so.
+ */
+static bool synced_if_any(struct td_conn *conn)
+{
+	struct td_relq *q = &conn->relq;
+	uint64_t ids[TD_RELQ_MAX];
+	DLDevice devs[TD_RELQ_MAX];
+	int n = q->n_sync;
+
+	if (n == 0)
+		return false;
+	memcpy(ids, q->sync_ids, (size_t)n * sizeof(ids[0]));
+	memcpy(devs, q->sync_devs, (size_t)n * sizeof(devs[0]));
+	q->n_sync = 0;
+	q->syncing = true;
+	pthread_mutex_unlock(&conn->send_lock);
+	/* One wait per device: it covers every lease queued before it. */
+	for (int i = 0; i < n; i++) {
+		bool seen = false;
+
+		for (int j = 0; j < i && !seen; j++)
+			seen = devs[j].device_type == devs[i].device_type &&
+			       devs[j].device_id == devs[i].device_id;
+		if (!seen)
+			(void)td_gpu_device_sync(devs[i].device_type, devs[i].device_id);
+	}
+	pthread_mutex_lock(&conn->send_lock);
+	for (int i = 0; i < n; i++) {
+		if (q->n == TD_RELQ_MAX)
+			flush_locked(conn);
+		q->ids[q->n++] = ids[i];
+	}
+	flush_locked(conn);
+	q->syncing = false;
+	pthread_cond_broadcast(&q->cond); /* td_relq_flush() may wait for these */
+	return true;
+}
+
+/* send_lock held. Undoes the parked GPU imports due; true if it dropped the lock to do so. */
+static bool gpu_if_due(struct td_conn *conn, uint64_t now)
+{
+	struct td_relq *q = &conn->relq;
+	uint64_t due;
+
+	if (!q->gpu_due || now < q->gpu_due)
+		return false;
+	pthread_mutex_unlock(&conn->send_lock);
+	due = td_gpu_parked_sweep(now);
+	pthread_mutex_lock(&conn->send_lock);
+	q->gpu_due = due;
+	return true;
 }
 
 static void wait_until(struct td_conn *conn, uint64_t due)
@@ -195,7 +266,8 @@ static void *flusher(void *arg)
 	while (!q->stop) {
 		uint64_t now = mono_ns(), due;
 
-		if (sweep_if_due(conn, now) || ring_if_due(conn, now) || lost_if_due(conn, now))
+		if (synced_if_any(conn) || sweep_if_due(conn, now) || ring_if_due(conn, now) ||
+		    gpu_if_due(conn, now) || lost_if_due(conn, now))
 			continue;
 		if (q->n == 0) {
 			/* Idle: the next deleter wakes us, or the next expiry. */
@@ -205,17 +277,18 @@ static void *flusher(void *arg)
 				next = q->ring_due;
 			if (q->lost_due && (!next || q->lost_due < next))
 				next = q->lost_due;
+			if (q->gpu_due && (!next || q->gpu_due < next))
+				next = q->gpu_due;
 			q->armed = false;
-			if (next) {
-				wait_until(conn, next);
+			/* Not watching: a lease that comes meanwhile wakes us
+			 * (td_relq_live()), or one that came is watched now. */
+			atomic_store(&q->watching, q->lost_due != 0);
+			if (!q->lost_due && atomic_load(&client_of(conn)->n_live))
 				continue;
-			}
-			/* For good, unless a lease came meanwhile (td_relq_live()). */
-			atomic_store(&q->deep_sleep, true);
-			if (!atomic_load(&client_of(conn)->n_live))
+			if (next)
+				wait_until(conn, next);
+			else
 				pthread_cond_wait(&q->cond, &conn->send_lock);
-			atomic_store(&q->deep_sleep, false);
-			q->live_ns = 0;
 			continue;
 		}
 		/* Timing the queue: deleters need not wake us meanwhile, so a
@@ -264,7 +337,10 @@ void td_relq_start(struct td_conn *conn, struct td_mapcache *maps)
 	q->ring_due = 0;
 	q->lost_due = 0;
 	q->live_ns = 0;
-	atomic_init(&q->deep_sleep, false);
+	atomic_init(&q->watching, false);
+	q->n_sync = 0;
+	q->syncing = false;
+	q->gpu_due = 0;
 	/* Without a flusher, deleters send at once: slower, never wrong; and
 	 * nothing would expire parked mappings, so none are parked. */
 	q->running = pthread_create(&q->thread, NULL, flusher, conn) == 0;
@@ -291,11 +367,23 @@ void td_relq_stop(struct td_conn *conn)
 	pthread_join(q->thread, NULL);
 	pthread_cond_destroy(&q->cond);
 	q->running = false;
+	/* The connection ends these leases: the devices finish first, as the
+	 * flusher would have waited; and no import stays parked on its account. */
+	pthread_mutex_lock(&conn->send_lock);
+	(void)synced_if_any(conn);
+	pthread_mutex_unlock(&conn->send_lock);
+	(void)td_gpu_parked_sweep(UINT64_MAX);
 }
 
 void td_relq_flush(struct td_conn *conn)
 {
 	pthread_mutex_lock(&conn->send_lock);
+	/* Releases of recycled GPU memory too, after their devices' sync:
+	 * the connection's end would end those leases without it (also those
+	 * the flusher is syncing for now). */
+	while (conn->relq.running && conn->relq.syncing)
+		pthread_cond_wait(&conn->relq.cond, &conn->send_lock);
+	(void)synced_if_any(conn);
 	if (conn->relq.n)
 		flush_locked(conn);
 	pthread_mutex_unlock(&conn->send_lock);
@@ -341,4 +429,36 @@ void td_release(tensord_client *c, uint64_t lease_id)
 	}
 	q->ids[q->n++] = lease_id;
 	pthread_mutex_unlock(&conn->send_lock);
+}
+
+bool td_release_needs_sync(const struct td_mapping *m, DLDevice *ret_dev)
+{
+	if (!m || !m->gpu_ring)
+		return false;
+	*ret_dev = m->device;
+	return true;
+}
+
+void td_release_after_sync(tensord_client *c, uint64_t lease_id, DLDevice dev)
+{
+	struct td_conn *conn = &c->conn;
+	struct td_relq *q = &conn->relq;
+
+	if (c->inherited)
+		return;
+	pthread_mutex_lock(&conn->send_lock);
+	if (q->running && q->n_sync < TD_RELQ_MAX) {
+		q->sync_ids[q->n_sync] = lease_id;
+		q->sync_devs[q->n_sync++] = dev;
+		/* Parked imports expire from a park time after this. */
+		if (!q->gpu_due)
+			q->gpu_due = mono_ns() + td_gpu_park_ns();
+		pthread_cond_signal(&q->cond);
+		pthread_mutex_unlock(&conn->send_lock);
+		return;
+	}
+	pthread_mutex_unlock(&conn->send_lock);
+	/* No flusher, or a full queue: this caller waits, rather than risk the reuse. */
+	(void)td_gpu_device_sync(dev.device_type, dev.device_id);
+	td_release(c, lease_id);
 }

@@ -285,7 +285,7 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 	struct td_reserve_slot rs = { .fd = -1 };
 	Tensord__Reply *rep;
 	struct td_lease *l;
-	bool reserved, recycle = false;
+	bool reserved, recycle = false, gpu_ring;
 	unsigned mapped = 0;
 	uint64_t nbytes;
 	int fd, r;
@@ -301,7 +301,8 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 			td_ring_begin(c, nbytes, spec->flags & ~(uint32_t)TENSORD_RECYCLE, &mapped);
 	/* A large host tensor goes where this process mapped memory ahead. */
 	reserved = mapped < 2 && td_reserve_take(c, nbytes, &rs);
-	r = td_create_rpc(c, name, spec, 0, rs.id, recycle, &rep, &fd);
+	gpu_ring = td_ring_gpu(c, spec);
+	r = td_create_rpc(c, name, spec, 0, rs.id, recycle || gpu_ring, &rep, &fd);
 	if (r < 0) {
 		if (reserved) {
 			td_reserve_slot_free(&rs);
@@ -315,6 +316,8 @@ int tensord_create(tensord_client *c, const char *name, const tensord_spec *spec
 		r = lease_in_ring(c, name, rep, fd, reserved ? &rs : NULL, &l);
 		return r < 0 ? r : td_lease_handle(l, ret_tensor);
 	}
+	if (gpu_ring && rep->lease->ring)
+		td_ring_gpu_used(c, rep->lease->ring, rep->lease->map_size);
 	if (recycle)
 		td_ring_end(c);
 	if (reserved && rep->lease->reserve == rs.id && fd < 0) {

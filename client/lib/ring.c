@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "client.h"
+#include "common/desc.h"
 
 /* A buffer no create named for this long is given back (TENSORD_RECYCLE_IDLE_MS: tests). */
 #define TD_RING_IDLE_NS (5000ull * 1000000ull)
@@ -214,6 +215,20 @@ bool td_ring_begin(tensord_client *c, uint64_t nbytes, uint32_t flags, unsigned 
 	return ask;
 }
 
+bool td_ring_gpu(tensord_client *c, const tensord_spec *spec)
+{
+	bool ask;
+
+	if (!spec || !(spec->flags & TENSORD_RECYCLE) ||
+	    (spec->flags & (TENSORD_SEALED | TENSORD_MUTABLE)) ||
+	    !td_device_is_gpu(spec->device.device_type))
+		return false;
+	pthread_mutex_lock(&c->lock);
+	ask = !c->ring.off && !c->inherited && !c->conn.closed;
+	pthread_mutex_unlock(&c->lock);
+	return ask;
+}
+
 void td_ring_end(tensord_client *c)
 {
 	pthread_mutex_lock(&c->lock);
@@ -254,6 +269,27 @@ static bool add(struct td_ring *r, uint64_t id, uint8_t *base, uint64_t map_size
 	if (!r->sweep_due)
 		r->sweep_due = now + r->idle_ns;
 	return true;
+}
+
+void td_ring_gpu_used(tensord_client *c, uint64_t id, uint64_t size)
+{
+	struct td_ring *r = &c->ring;
+	uint64_t now = mono_ns();
+	bool added = false;
+	unsigned i;
+
+	pthread_mutex_lock(&c->lock);
+	size_used(r, size, now);
+	for (i = 0; i < r->n && r->bufs[i].id != id; i++)
+		;
+	if (i < r->n)
+		r->bufs[i].used_ns = now;
+	else
+		added = add(r, id, NULL, 0, size, now);
+	pthread_mutex_unlock(&c->lock);
+	/* An idle writer gives its GPU buffers back too: the flusher times it. */
+	if (added)
+		td_relq_ring_due(&c->conn, now + r->idle_ns);
 }
 
 /* Maps descriptor fd of ring buffer id (map_size bytes) shared and writable. */
@@ -449,6 +485,8 @@ void td_ring_close(tensord_client *c)
 
 	pthread_mutex_lock(&c->lock);
 	for (unsigned i = 0; i < r->n; i++) {
+		if (!r->bufs[i].base)
+			continue; /* a GPU buffer */
 		munmap(r->bufs[i].base, (size_t)r->bufs[i].map_size);
 		td_maps_gone(1);
 	}

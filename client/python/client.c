@@ -384,7 +384,8 @@ static PyMethodDef Client_methods[] = {
 	  "that the caller owns (PermissionError if another user does): the daemon unlinks\n"
 	  "it in the same step, and arrays or leases of the old tensor keep their bytes.\n"
 	  "A large put may reuse memory of this writer's earlier versions whose leases all\n"
-	  "ended (docs/recycle.md); sealed=True takes fresh memory sealed F_SEAL_WRITE." },
+	  "ended (docs/recycle.md), host or CUDA (VMM path); sealed=True takes fresh memory\n"
+	  "(sealed F_SEAL_WRITE on the host)." },
 	{ "stat", (PyCFunction)Client_stat, METH_VARARGS,
 	  "stat($self, name, /)\n--\n\n"
 	  "Returns a TensorInfo describing one tensor (FileNotFoundError if there is none)." },

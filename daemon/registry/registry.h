@@ -97,6 +97,9 @@ struct tensor {
 	LIST_ENTRY(tensor) ring_link; /* ring_rc->ring_tensors, while ring_rc */
 	bool ring_hit;                /* its create took a free buffer: no descriptor to send */
 	bool ring_tainted;
+	/* A GPU create that asked to recycle and found no free buffer: its
+	 * memory, once the worker made it, joins its creator's ring. */
+	bool gpu_ring;
 	/*
 	 * A member of a set allocation (registry_arena.c): its memory is
 	 * [alloc.ipc_offset, + nbytes) of the arena, whose descriptor
@@ -161,6 +164,9 @@ struct reg_reserve {
 	/* A free ring buffer (registry_ring.c): the group and mode of the
 	 * versions it held, which the next one must have. */
 	uint32_t gid, mode;
+	/* The bytes of the versions it held (a GPU allocation is rounded up:
+	 * alloc.size is the rounded size), which the next one must have. */
+	uint64_t nbytes;
 };
 
 /*
@@ -330,6 +336,10 @@ struct registry {
 	uint32_t n_ring_free;
 	uint64_t ring_free_bytes;
 	uint64_t ring_hits, ring_tainted;
+	/* The same for GPU allocations (CUDA VMM): free buffers, their bytes,
+	 * creates that took one (no cuMemCreate, no export, no zeroing). */
+	uint32_t n_gpu_ring_free;
+	uint64_t gpu_ring_free_bytes, gpu_ring_hits;
 	/* Set allocations (registry_arena.c) holding members, and their bytes. */
 	uint32_t n_arenas;
 	uint64_t arena_bytes;
@@ -351,6 +361,14 @@ struct registry {
  * on it, since its memory goes when its writer gives it back.
  */
 #define REG_RING_SHARE (1ull << 62)
+/*
+ * With REG_RING_SHARE: a GPU ring buffer (a CUDA VMM allocation its
+ * writer's later versions reuse). Its readers keep their import and
+ * mapping of it parked between versions, and send a lease's Release only
+ * after the device finished what was queued on it (docs/recycle.md,
+ * section 4); a GPU set's allocation, never recycled, has no such bit.
+ */
+#define REG_GPU_RING_SHARE (1ull << 61)
 
 struct create_args {
 	const char *name;

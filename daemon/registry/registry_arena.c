@@ -171,7 +171,8 @@ int reg_arena_open(struct registry *reg, struct reg_client *rc, struct reg_tx *t
 	charge.alloc.footprint = a->alloc.footprint;
 	r = reg_reserve_charge(reg, rc, &charge, why, why_len);
 	if (r < 0) {
-		if (!ring || !reg_ring_keep(reg, rc, a->id, dev, &a->alloc, gid, mode))
+		if (!ring ||
+		    !reg_ring_keep(reg, rc, a->id, dev, &a->alloc, a->alloc.size, gid, mode))
 			dev->ops->release(&a->alloc);
 		free(a);
 		return r;
@@ -352,7 +353,7 @@ static void arena_end(struct registry *reg, struct reg_arena *a)
 	arena_count(reg, a, -1, -(int64_t)a->alloc.footprint);
 	/* GPU memory is freed on the worker (its backend's release()). */
 	if (!rc || a->tainted || a->gpu ||
-	    !reg_ring_keep(reg, rc, a->id, a->dev, &a->alloc, a->gid, a->mode))
+	    !reg_ring_keep(reg, rc, a->id, a->dev, &a->alloc, a->alloc.size, a->gid, a->mode))
 		a->dev->ops->release(&a->alloc);
 	free(a);
 }

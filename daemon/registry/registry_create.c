@@ -260,6 +260,19 @@ static bool may_recycle(const struct registry *reg, const struct reg_device *dev
 }
 
 /*
+ * Whether a GPU tensor of a create that asks to recycle may live in a ring
+ * buffer (docs/recycle.md, section 4): memory of a backend whose alloc()
+ * blocks, immutable, not empty. Only CUDA VMM memory is kept when freed
+ * (registry_ring.c); other GPU memory asked for so is freed as before.
+ */
+static bool may_recycle_gpu(const struct registry *reg, const struct reg_device *dev, bool recycle,
+			    bool shared, uint32_t flags, uint64_t nbytes)
+{
+	return recycle && reg->recycle && dev->ops->alloc_blocks && !shared &&
+	       !(flags & TENSORD_MUTABLE) && nbytes && !goes_to_slab(dev->ops, shared, nbytes);
+}
+
+/*
  * Whether a's tensor finds a free buffer in rc's ring, taking nothing:
  * then the reserve it names stays rc's for a later create.
  */
@@ -335,6 +348,31 @@ static int tensor_alloc(struct registry *reg, struct reg_client *rc, const struc
 	uint64_t ring_id = 0;
 	int r;
 
+	if (!lent && may_recycle_gpu(reg, dev, a->recycle, a->shared, t->flags, t->nbytes)) {
+		/* A GPU version into a free buffer of rc's ring (create_one()
+		 * found one): memory its writer imported and maps already, an
+		 * older version's bytes in it; nothing for the worker to do. */
+		ring = reg_ring_take(reg, rc, dev, t->nbytes, t->owner_gid, t->mode);
+		if (!ring) {
+			snprintf(why, why_len, "tensor '%s': its ring buffer went meanwhile",
+				 t->name);
+			return -EAGAIN;
+		}
+		t->alloc = ring->alloc;
+		ring_id = ring->id;
+		free(ring);
+		/* On failure alloc_result() released it. */
+		r = alloc_result(reg, dev, t, &t->alloc, 0, 0, why, why_len);
+		if (r < 0)
+			return r;
+		r = reg_name_room(reg, t, why, why_len);
+		if (r < 0) {
+			dev->ops->release(&t->alloc);
+			return r;
+		}
+		reg_ring_link(rc, t, ring_id);
+		return 0;
+	}
 	if (lent) {
 		/* A member of tx's set allocation. */
 		reg_arena_place(tx, t);
@@ -459,6 +497,21 @@ void registry_alloc_run(struct reg_alloc_job *j)
 				   t->arena ? "tensord-arena" : t->name);
 }
 
+/*
+ * t, a GPU create that asked to recycle, got new memory: it becomes a
+ * buffer of its creator's ring, named across versions by a share id of its
+ * own (REG_GPU_RING_SHARE: readers keep their import of it parked between
+ * versions). Memory the ring cannot keep (legacy IPC) stays t's alone.
+ */
+static void gpu_ring_join(struct registry *reg, struct tensor *t)
+{
+	if (!t->gpu_ring || !t->creator ||
+	    t->alloc.handle_kind != TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD)
+		return;
+	t->alloc.share_id = REG_RING_SHARE | REG_GPU_RING_SHARE | ++reg->next_ring_share;
+	reg_ring_link(t->creator, t, ++t->creator->next_reserve);
+}
+
 /* Why a finished allocation can no longer become t's, or 0. */
 static int finish_check(const struct tensor *t, char *why, size_t why_len)
 {
@@ -497,6 +550,7 @@ int registry_create_finish(struct registry *reg, struct reg_alloc_job *j, uint64
 				    (int64_t)(j->got.footprint - t->alloc.footprint));
 			dev->used += j->got.footprint - t->alloc.footprint;
 			t->alloc = j->got;
+			gpu_ring_join(reg, t);
 		}
 	}
 	if (r == 0) {
@@ -568,8 +622,17 @@ static int create_one(struct registry *reg, struct reg_client *rc, const struct 
 		reg_arena_place_pending(tx, t);
 		return create_begin(reg, rc, a, tx, dev, t, ret_t, why, why_len);
 	}
-	if (!lent && dev->ops->alloc_blocks && nbytes && !goes_to_slab(dev->ops, a->shared, nbytes))
-		return create_begin(reg, rc, a, tx, dev, t, ret_t, why, why_len);
+	if (!lent && dev->ops->alloc_blocks && nbytes &&
+	    !goes_to_slab(dev->ops, a->shared, nbytes)) {
+		bool ring = may_recycle_gpu(reg, dev, a->recycle, a->shared, t->flags, nbytes);
+
+		/* A free buffer of rc's ring serves at once (tensor_alloc()); else
+		 * the worker makes the memory, which then joins the ring. */
+		if (!ring || !reg_ring_has(rc, dev, nbytes, t->owner_gid, t->mode)) {
+			t->gpu_ring = ring;
+			return create_begin(reg, rc, a, tx, dev, t, ret_t, why, why_len);
+		}
+	}
 	r = tensor_alloc(reg, rc, a, tx, lent, dev, t, res, why, why_len);
 	if (r < 0) {
 		reg_create_uncharge(reg, t);

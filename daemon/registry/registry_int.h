@@ -169,12 +169,14 @@ void reg_ring_link(struct reg_client *rc, struct tensor *t, uint64_t id);
 bool reg_ring_return(struct registry *reg, struct tensor *t);
 
 /*
- * Keeps alloc, memory of rc's ring buffer id that held a version of group
- * gid and mode, as a free buffer of rc's ring (charged like a reserve; alloc->fd
- * becomes -1): true; false when it cannot (the caller frees it).
+ * Keeps alloc, memory of rc's ring buffer id that held a version of nbytes
+ * (host: alloc->size), group gid and mode, as a free buffer of rc's ring
+ * (charged like a reserve; alloc->fd becomes -1): true; false when it
+ * cannot (the caller frees it). GPU memory is kept only on the CUDA VMM
+ * path, whole allocations.
  */
 bool reg_ring_keep(struct registry *reg, struct reg_client *rc, uint64_t id, struct reg_device *dev,
-		   struct backend_alloc *alloc, uint32_t gid, uint32_t mode);
+		   struct backend_alloc *alloc, uint64_t nbytes, uint32_t gid, uint32_t mode);
 
 /* Unreserve of a ring buffer's id: a free one is freed, a used one is freed with its tensor. */
 int reg_ring_drop(struct registry *reg, struct reg_client *rc, uint64_t id);

@@ -35,7 +35,25 @@
 static bool fits(const struct reg_reserve *r, const struct reg_device *dev, uint64_t nbytes,
 		 uint32_t gid, uint32_t mode)
 {
-	return r->dev == dev && r->alloc.size == nbytes && r->gid == gid && r->mode == mode;
+	return r->dev == dev && r->nbytes == nbytes && r->gid == gid && r->mode == mode;
+}
+
+/* A GPU ring buffer: a device allocation freed on the worker, counted apart. */
+static bool is_gpu(const struct reg_reserve *r)
+{
+	return r->dev->ops->alloc_blocks;
+}
+
+/* Counts r in the daemon's free buffers of its kind: delta buffers. */
+static void free_count(struct registry *reg, const struct reg_reserve *r, int delta)
+{
+	if (is_gpu(r)) {
+		reg->n_gpu_ring_free += delta;
+		reg->gpu_ring_free_bytes += (int64_t)delta * (int64_t)r->alloc.footprint;
+	} else {
+		reg->n_ring_free += delta;
+		reg->ring_free_bytes += (int64_t)delta * (int64_t)r->alloc.footprint;
+	}
 }
 
 bool reg_ring_has(const struct reg_client *rc, const struct reg_device *dev, uint64_t nbytes,
@@ -53,8 +71,7 @@ static void unlist(struct registry *reg, struct reg_client *rc, struct reg_reser
 {
 	LIST_REMOVE(r, link);
 	rc->n_ring_free--;
-	reg->n_ring_free--;
-	reg->ring_free_bytes -= r->alloc.footprint;
+	free_count(reg, r, -1);
 	reg_reserve_uncharge(reg, rc, r);
 }
 
@@ -67,7 +84,10 @@ struct reg_reserve *reg_ring_take(struct registry *reg, struct reg_client *rc,
 	LIST_FOREACH(r, &rc->ring_free, link)
 	if (fits(r, dev, nbytes, gid, mode)) {
 		unlist(reg, rc, r);
-		reg->ring_hits++;
+		if (is_gpu(r))
+			reg->gpu_ring_hits++;
+		else
+			reg->ring_hits++;
 		return r;
 	}
 	return NULL;
@@ -88,14 +108,29 @@ static void ring_unlink(struct tensor *t)
 	t->ring_rc = NULL;
 }
 
+/*
+ * Whether alloc may be kept as a free buffer: host memory with a memfd of
+ * its own, or a whole CUDA VMM allocation with its export (the only GPU memory
+ * a reader's import can keep across versions; legacy IPC is not recycled).
+ */
+static bool keepable(const struct reg_device *dev, const struct backend_alloc *alloc)
+{
+	if (!dev)
+		return false;
+	/* Its export is the backend's (alloc->priv), kept with it. */
+	if (dev->ops->alloc_blocks)
+		return alloc->priv && alloc->ipc_offset == 0 &&
+		       alloc->handle_kind == TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD;
+	return alloc->fd >= 0 && !alloc->priv;
+}
+
 bool reg_ring_keep(struct registry *reg, struct reg_client *rc, uint64_t id, struct reg_device *dev,
-		   struct backend_alloc *alloc, uint32_t gid, uint32_t mode)
+		   struct backend_alloc *alloc, uint64_t nbytes, uint32_t gid, uint32_t mode)
 {
 	struct reg_reserve *r;
 	char why[200];
 
-	if (!reg->recycle || alloc->fd < 0 || alloc->priv || !dev ||
-	    rc->n_ring_free >= RING_FREE_MAX)
+	if (!reg->recycle || !keepable(dev, alloc) || rc->n_ring_free >= RING_FREE_MAX)
 		return false;
 	r = calloc(1, sizeof(*r));
 	if (!r)
@@ -105,6 +140,7 @@ bool reg_ring_keep(struct registry *reg, struct reg_client *rc, uint64_t id, str
 	r->alloc = *alloc;
 	r->gid = gid;
 	r->mode = mode;
+	r->nbytes = nbytes;
 	if (reg_reserve_charge(reg, rc, r, why, sizeof(why)) < 0) {
 		/* No room to keep it: freed, as memory is without rings. */
 		log_debug("conn %llu: ring buffer %llu freed: %s", (unsigned long long)rc->id,
@@ -113,14 +149,14 @@ bool reg_ring_keep(struct registry *reg, struct reg_client *rc, uint64_t id, str
 		return false;
 	}
 	alloc->fd = -1;
+	alloc->priv = NULL; /* a GPU allocation's export and handle: r's now */
 	/* The ring serves this size from now on: the pool keeps none ready for
 	 * it (a writer's buffers and the pool's would hold the same memory twice). */
-	if (backend_host_pool())
+	if (!is_gpu(r) && backend_host_pool())
 		pool_unwant(backend_host_pool(), r->alloc.size);
 	LIST_INSERT_HEAD(&rc->ring_free, r, link);
 	rc->n_ring_free++;
-	reg->n_ring_free++;
-	reg->ring_free_bytes += r->alloc.footprint;
+	free_count(reg, r, 1);
 	return true;
 }
 
@@ -130,13 +166,15 @@ bool reg_ring_return(struct registry *reg, struct tensor *t)
 
 	ring_unlink(t);
 	return rc && !t->ring_tainted &&
-	       reg_ring_keep(reg, rc, t->ring_id, t->dev, &t->alloc, t->owner_gid, t->mode);
+	       reg_ring_keep(reg, rc, t->ring_id, t->dev, &t->alloc,
+			     t->dev && t->dev->ops->alloc_blocks ? t->nbytes : t->alloc.size,
+			     t->owner_gid, t->mode);
 }
 
 static void free_one(struct registry *reg, struct reg_client *rc, struct reg_reserve *r)
 {
 	unlist(reg, rc, r);
-	/* Its memfd is closed on the pool's worker. */
+	/* Its memfd is closed on the pool's worker; GPU memory freed on the GPU worker. */
 	r->dev->ops->release(&r->alloc);
 	free(r);
 }

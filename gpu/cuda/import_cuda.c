@@ -65,6 +65,18 @@ struct td_cuda_views {
 		bool ro_enforced, peers_refused;
 		unsigned refs; /* mappings using it */
 	} v[2];
+	/*
+	 * A GPU ring buffer's import (td_gpu_shared.keep): its views stay
+	 * mapped when their last mapping goes, and a view of the other access
+	 * left so is given the access asked (one cuMemSetAccess) rather than a
+	 * range of its own: the writer's read-write view of version g becomes
+	 * read-only at its publish and read-write again at the create of the
+	 * next version into the same allocation. The import holds a reference
+	 * on dev's primary context (ctx_held) for as long as it is kept.
+	 */
+	const struct td_cuda_api *cu;
+	CUdevice dev;
+	bool ctx_held;
 };
 
 _Static_assert(TD_GPU_MAX_DEVICES <= 64, "a device's bit in td_cuda_map.access");
@@ -356,6 +368,31 @@ static void td_cuda_vmm_undo(struct td_gpu_map *g, uint64_t value)
 }
 
 /*
+ * p's new import is a GPU ring buffer's: kept, parked between versions
+ * (import_gpu.h), with a reference on the device's primary context so its
+ * mapped views outlive every mapping's. Left unkept when either fails.
+ */
+static void td_cuda_keep(struct td_cuda_map *p)
+{
+	const struct td_cuda_api *cu = p->g.api;
+	struct td_gpu_shared *s = p->g.shared;
+	struct td_cuda_views *vs = calloc(1, sizeof(*vs));
+	CUcontext ctx;
+
+	if (!vs)
+		return;
+	if (cu->DevicePrimaryCtxRetain(&ctx, p->dev) != CUDA_SUCCESS) {
+		free(vs);
+		return;
+	}
+	vs->cu = cu;
+	vs->dev = p->dev;
+	vs->ctx_held = true;
+	s->vendor = vs;
+	s->keep = true;
+}
+
+/*
  * The process's import of what fd exports (import_gpu.h): the one held
  * for d's allocation (a set's, by its share id), or a new one. Lock held,
  * the device's context current. 0 or -errno (error set); p->g.shared
@@ -381,6 +418,39 @@ static int td_cuda_vmm_import(struct td_cuda_map *p, int fd, const struct td_imp
 		cu->MemRelease(h);
 		return -ENOMEM;
 	}
+	if (key_len && (d->share_id & TD_GPU_RING_SHARE))
+		td_cuda_keep(p);
+	return 0;
+}
+
+/*
+ * A kept import (td_cuda_views) whose view of the other access is mapped
+ * and unused: it becomes the view of access writable, by one
+ * cuMemSetAccess. Lock held, the device's context current. 0 (also when
+ * there is none to turn: the caller maps one) or -errno (error set).
+ */
+static int td_cuda_view_turn(struct td_cuda_map *p, struct td_cuda_views *vs, bool writable)
+{
+	struct td_cuda_view *to = &vs->v[writable ? 1 : 0], *from = &vs->v[writable ? 0 : 1];
+	CUresult r;
+
+	if (!from->ptr || from->refs)
+		return 0;
+	p->g.ptr = from->ptr;
+	p->size = from->size;
+	p->access = from->access;
+	p->peers_refused = from->peers_refused;
+	r = td_cuda_set_access(p, writable, false);
+	if (r != CUDA_SUCCESS)
+		return td_gpu_fail(&td_cuda_client, p->g.api, r,
+				   writable ? "cuMemSetAccess (read-write for the next version)"
+					    : "cuMemSetAccess (read-only)");
+	*to = (struct td_cuda_view){ .ptr = from->ptr,
+				     .size = from->size,
+				     .access = p->access,
+				     .ro_enforced = p->ro_enforced,
+				     .peers_refused = p->peers_refused };
+	memset(from, 0, sizeof(*from));
 	return 0;
 }
 
@@ -405,7 +475,12 @@ static int td_cuda_view_take(struct td_cuda_map *p, const struct td_import_desc 
 	}
 	p->view = d->writable ? 1 : 0;
 	v = &vs->v[p->view];
-	if (!v->refs) {
+	if (!v->ptr && s->keep) {
+		err = td_cuda_view_turn(p, vs, d->writable);
+		if (err < 0)
+			return err;
+	}
+	if (!v->ptr) {
 		err = td_cuda_vmm_map(p, (CUmemGenericAllocationHandle)s->value, d->map_size,
 				      d->writable);
 		if (err < 0)
@@ -447,7 +522,8 @@ static void td_cuda_view_put(struct td_cuda_map *p)
 	struct td_cuda_view *v = &vs->v[p->view];
 
 	p->borrowed = false;
-	if (--v->refs > 0)
+	/* A kept import's view stays mapped for the next version (td_cuda_unpark()). */
+	if (--v->refs > 0 || p->g.shared->keep)
 		return;
 	(void)cu->CtxSynchronize();
 	cu->MemUnmap(v->ptr, v->size);
@@ -634,6 +710,30 @@ static void td_cuda_drop(struct td_gpu_map *g)
 }
 
 /*
+ * td_cuda_protect() of p, alone in its view of a kept import, to the other
+ * access: the view turns (td_cuda_view_turn()) and p keeps it, so the
+ * range stays mapped for the next version. Called with the lock held,
+ * which it drops.
+ */
+static int td_cuda_protect_kept(struct td_mapping *m, struct td_cuda_map *p,
+				struct td_cuda_views *vs, bool writable)
+{
+	int err = td_cuda_enter(p->g.api, p->dev, true);
+
+	if (err == 0) {
+		vs->v[p->view].refs = 0;
+		err = td_cuda_view_turn(p, vs, writable);
+		if (err == 0)
+			p->view = writable ? 1 : 0;
+		vs->v[p->view].refs++;
+		td_cuda_leave(p->g.api, p->dev, false);
+	}
+	td_gpu_shared_unlock();
+	m->ro_enforced = p->ro_enforced;
+	return err;
+}
+
+/*
  * Publish of an immutable tensor by its creator: GPU memory has no private
  * copy to fall back on, so the creator's own mapping becomes read-only
  * instead (a later write through it faults on the device; docs/gpu.md),
@@ -650,13 +750,17 @@ static int td_cuda_protect(struct td_mapping *m, bool writable)
 		return 0;
 	if (p->borrowed) {
 		/* A view other mappings share keeps its access; alone in it, p
-		 * takes it over as a range of its own. */
+		 * takes it over as a range of its own, or, in a kept import
+		 * (a GPU ring buffer), turns it into the view of that access. */
 		struct td_cuda_views *vs;
 		unsigned refs;
 
 		td_gpu_shared_lock();
 		vs = p->g.shared->vendor;
 		refs = vs->v[p->view].refs;
+		if (refs == 1 && p->g.shared->keep && !vs->v[writable ? 1 : 0].ptr &&
+		    p->view != (writable ? 1 : 0))
+			return td_cuda_protect_kept(m, p, vs, writable);
 		if (refs == 1) {
 			memset(&vs->v[p->view], 0, sizeof(vs->v[p->view]));
 			p->borrowed = false;
@@ -691,6 +795,41 @@ static int td_cuda_make_shared(struct td_mapping *m)
 	return td_cuda_protect(m, true);
 }
 
+/* A kept import off the table (import_gpu.h): the device idle, its views unmapped, released. */
+static void td_cuda_unpark(struct td_gpu_shared *s)
+{
+	struct td_cuda_views *vs = s->vendor;
+	const struct td_cuda_api *cu = vs->cu;
+	bool entered = td_cuda_enter(cu, vs->dev, false) == 0;
+
+	/* Kernels reading a view may still be queued (docs/gpu.md, "Unmapping waits"). */
+	if (entered)
+		(void)cu->CtxSynchronize();
+	for (int i = 0; i < 2; i++)
+		if (vs->v[i].ptr) {
+			cu->MemUnmap(vs->v[i].ptr, vs->v[i].size);
+			cu->MemAddressFree(vs->v[i].ptr, vs->v[i].size);
+		}
+	cu->MemRelease((CUmemGenericAllocationHandle)s->value);
+	if (entered)
+		td_cuda_leave(cu, vs->dev, false);
+	if (vs->ctx_held)
+		cu->DevicePrimaryCtxRelease(vs->dev);
+}
+
+static int td_cuda_sync_ordinal(const void *api, int ordinal)
+{
+	const struct td_cuda_api *cu = api;
+	CUdevice dev;
+	CUresult r;
+
+	if (cu->DeviceGet(&dev, ordinal) != CUDA_SUCCESS || td_cuda_enter(cu, dev, false) < 0)
+		return -ENODEV;
+	r = cu->CtxSynchronize();
+	td_cuda_leave(cu, dev, false);
+	return td_cuda_errno(r);
+}
+
 const struct td_gpu_client td_cuda_client = {
 	.device_type = TD_GPU_TYPE_cuda,
 	.visible_env = "CUDA_VISIBLE_DEVICES",
@@ -712,6 +851,8 @@ const struct td_gpu_client td_cuda_client = {
 	.release = td_cuda_release,
 	.drop = td_cuda_drop,
 	.waits_in_release = td_cuda_waits_in_release,
+	.unpark = td_cuda_unpark,
+	.sync_ordinal = td_cuda_sync_ordinal,
 };
 
 const struct td_importer td_importer_cuda = {

@@ -66,7 +66,8 @@ enum {
 	 * of a buffer of this writer's ring (docs/recycle.md; also
 	 * TENSORD_RECYCLE=0 in the environment, or the daemon's --recycle off).
 	 * Then not even this process can write the published bytes again by
-	 * raw system calls.
+	 * raw system calls. A put of GPU memory then takes a fresh device
+	 * allocation, not one of this writer's GPU ring.
 	 */
 	TENSORD_SEALED = 1u << 3,
 	/*
@@ -78,7 +79,11 @@ enum {
 	 * and the view is revoked at publish (read-only: a write through it
 	 * afterwards faults, where a plain create's lands in a private copy;
 	 * docs/security.md, "Recycled memory"). The view is not inherited by
-	 * a fork() child.
+	 * a fork() child. On a CUDA device over the VMM path the same holds
+	 * for a CUDA allocation of this writer's earlier versions (the unwritten
+	 * bytes an older version's; the view read-only after publish as any
+	 * GPU creator's), and tensord_put() of a CUDA array asks for it itself
+	 * unless TENSORD_SEALED (docs/recycle.md, section 0, "GPU rings").
 	 */
 	TENSORD_RECYCLE = 1u << 4,
 };
@@ -367,7 +372,10 @@ TENSORD_API int tensord_attach_legacy(tensord_client *client, const char *name, 
  * (DLPack's consumer stream 1 or 0; the Python put() asks the producer to).
  * Small host tensors travel inside the request (one round trip).
  * flags: TENSORD_MUTABLE, TENSORD_LIFETIME_CONNECTION, TENSORD_REPLACE (put
- * over a name the caller owns). src is borrowed for the call; no lease
+ * over a name the caller owns), TENSORD_SEALED (fresh memory, never one of
+ * this writer's earlier versions'; a put of GPU memory on the CUDA VMM path
+ * otherwise reuses them once their leases ended: docs/recycle.md, "GPU
+ * rings"). src is borrowed for the call; no lease
  * outlives it. -EFAULT, before anything is sent, when src's bytes cannot
  * be where it says: a NULL data pointer for a non-empty tensor, a
  * byte_offset or strides that run past either end of the address space,

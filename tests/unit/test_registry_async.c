@@ -28,6 +28,8 @@
  */
 #define SLOW_GRAN (2u << 20)
 static int slow_live;     /* allocations not yet released */
+static int slow_allocs;   /* alloc() calls that allocated */
+static bool slow_vmm;     /* its memory says HANDLE_CUDA_VMM_FD (GPU rings keep only that) */
 static int slow_fail;     /* what the next alloc() answers, then 0 */
 static int slow_released; /* release() calls that freed something */
 
@@ -63,7 +65,10 @@ static int slow_alloc(struct backend_alloc *a, uint64_t size, int dev, const cha
 	a->size = (size + SLOW_GRAN - 1) / SLOW_GRAN * SLOW_GRAN;
 	a->footprint = a->size;
 	a->priv = malloc(1); /* ASan reports a lost one */
+	if (slow_vmm)
+		a->handle_kind = TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD;
 	slow_live++;
+	slow_allocs++;
 	return 0;
 }
 static int slow_export(struct backend_alloc *a, bool writable, int *fd)
@@ -320,6 +325,117 @@ static void test_async_replace(void **state)
 	assert_int_equal(reg->n_tensors, 0);
 }
 
+/* A GPU create of n bytes asking to recycle, of mode (0: the default). */
+static int create_ring(struct registry *reg, struct reg_client *rc, const char *name, int64_t *n,
+		       uint32_t mode, struct tensor **t, uint64_t *lease)
+{
+	struct create_args a = reg_fixture_u8(name, n, (DLDevice){ kDLCUDA, 0 });
+
+	a.replace = true;
+	a.recycle = true;
+	a.mode = mode;
+	*lease = 0;
+	return registry_create(reg, rc, &a, t, lease, why, sizeof(why));
+}
+
+/*
+ * GPU rings (docs/recycle.md, section 4): a GPU version that asks to
+ * recycle and finds no free buffer is made on the worker and joins its
+ * writer's ring; freed with its last lease it becomes a free buffer,
+ * charged like a reserve, which the writer's next create of the same
+ * bytes, group and mode takes at once (no allocation); one of another mode
+ * does not; the writer's end frees the free ones and leaves its published
+ * version a plain tensor.
+ */
+static void test_async_gpu_ring(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_device *dev = slow_dev(reg);
+	struct quota_limits lim = { 0 };
+	struct quota q;
+	struct reg_client a, b;
+	struct tensor *v1, *v2, *v3, *v4, *seen;
+	uint64_t l1, l2, l3, l4, lb, share;
+	int64_t n = 1 << 20;
+	bool w;
+
+	slow_live = slow_released = slow_allocs = 0;
+	slow_vmm = true;
+	reg->recycle = true;
+	quota_init(&q, &lim);
+	reg->quota = &q;
+	registry_client_init(&a, 1, 1000, 1000, 1);
+	registry_client_init(&b, 2, 1000, 1000, 2); /* a reader of a's uid */
+
+	/* Version 1: new memory, made on the worker, in a's ring. */
+	assert_int_equal(create_ring(reg, &a, "w", &n, 0, &v1, &l1), -EINPROGRESS);
+	assert_int_equal(finish_slow(reg, v1, &l1), 0);
+	assert_ptr_equal(v1->ring_rc, &a);
+	share = v1->alloc.share_id;
+	assert_true(share & REG_RING_SHARE);
+	assert_true(share & REG_GPU_RING_SHARE);
+	assert_int_equal(registry_publish(reg, &a, "w", 1, NULL, why, sizeof(why)), 0);
+	assert_int_equal(registry_release(reg, &a, l1), 0);
+	assert_int_equal(registry_attach(reg, &b, "w", 1, &seen, &lb, &w, why, sizeof(why)), 0);
+
+	/* Version 2: version 1 is published, then leased by b: new memory. */
+	assert_int_equal(create_ring(reg, &a, "w", &n, 0, &v2, &l2), -EINPROGRESS);
+	assert_int_equal(finish_slow(reg, v2, &l2), 0);
+	assert_int_equal(registry_publish(reg, &a, "w", 1, NULL, why, sizeof(why)), 0);
+	assert_int_equal(registry_release(reg, &a, l2), 0);
+	assert_int_equal(reg->n_gpu_ring_free, 0); /* b holds version 1 */
+	assert_int_equal(registry_release(reg, &b, lb), 0);
+	assert_int_equal(reg->n_gpu_ring_free, 1);
+	assert_int_equal(reg->gpu_ring_free_bytes, 2 << 20);
+	assert_int_equal(slow_live, 2);
+	/* The free buffer is charged as a reserve: to a's uid and the device. */
+	assert_int_equal(dev->used, 4 << 20);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 4 << 20);
+
+	/* Version 3 takes it at once: a lease now, no allocation. */
+	assert_int_equal(create_ring(reg, &a, "w", &n, 0, &v3, &l3), 0);
+	assert_int_not_equal(l3, 0);
+	assert_int_equal(slow_allocs, 2);
+	assert_int_equal(v3->alloc.share_id, share);
+	assert_ptr_equal(v3->ring_rc, &a);
+	assert_int_equal(reg->gpu_ring_hits, 1);
+	assert_int_equal(reg->n_gpu_ring_free, 0);
+	assert_int_equal(reg->gpu_ring_free_bytes, 0);
+	assert_int_equal(dev->used, 4 << 20);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 4 << 20);
+	assert_int_equal(registry_publish(reg, &a, "w", 1, NULL, why, sizeof(why)), 0);
+	assert_int_equal(registry_release(reg, &a, l3), 0);
+	assert_int_equal(reg->n_gpu_ring_free, 1); /* version 2's now */
+
+	/* Another mode never takes it. */
+	assert_int_equal(create_ring(reg, &a, "w", &n, 0644, &v4, &l4), -EINPROGRESS);
+	assert_int_equal(finish_slow(reg, v4, &l4), 0);
+	assert_int_equal(slow_allocs, 3);
+	assert_int_equal(reg->gpu_ring_hits, 1);
+	assert_int_equal(registry_publish(reg, &a, "w", 1, NULL, why, sizeof(why)), 0);
+	assert_int_equal(registry_release(reg, &a, l4), 0);
+	assert_int_equal(reg->n_gpu_ring_free, 2); /* versions 2's and 3's */
+
+	/* The writer goes: its free buffers are freed, its version stays. */
+	registry_client_gone(reg, &a);
+	assert_int_equal(reg->n_gpu_ring_free, 0);
+	assert_int_equal(reg->gpu_ring_free_bytes, 0);
+	assert_int_equal(slow_live, 1);
+	assert_ptr_equal(registry_lookup(reg, &b, "w", 1), v4);
+	assert_null(v4->ring_rc); /* freed with its last lease, never recycled */
+	registry_client_gone(reg, &b);
+	registry_client_init(&a, 3, 1000, 1000, 3);
+	assert_int_equal(registry_unlink(reg, &a, "w", 1, why, sizeof(why)), 0);
+	registry_client_gone(reg, &a);
+	assert_int_equal(slow_live, 0);
+	assert_int_equal(dev->used, 0);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 0);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_FDS], 0);
+	reg->quota = NULL;
+	quota_fini(&q);
+	slow_vmm = false;
+}
+
 /* A member of a's transaction 7 of n bytes: opening its set's allocation of
  * arena bytes, or (arena 0) going into it. */
 static int create_member(struct registry *reg, struct reg_client *rc, const char *name, int64_t n,
@@ -479,6 +595,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_async_create_fails, setup,
 						reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_async_replace, setup, reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_async_gpu_ring, setup, reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_async_set_in_one_allocation, setup,
 						reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_async_set_allocation_fails, setup,
