@@ -111,6 +111,8 @@ SEEDS = {
     "list_peers": frame(req(51, 26, b"")),
     "stats_figures": frame(req(52, 10, fv(1, 1))),
     "list_after": frame(req(53, 9, fb(1, "model/") + fb(2, "model/a") + fv(3, 3))),
+    "readopt": frame(req(54, 27, fb(1, fb(1, "small/w") + fv(2, 1))
+                         + fb(1, fb(1, "model/w") + fv(2, (1 << 64) - 1)) + fb(1, b""))),
     # Peer frames (proto/peer.proto: PeerFrame), as another daemon sends them.
     "peer_hello": frame(fb(1, fv(1, 1) + fb(2, "node-a") + fv(3, 0x1234) + fb(4, b"n" * 32)
                           + fb(5, b"p" * 32))),

@@ -51,8 +51,7 @@ static struct tensor *restore(struct registry *reg, const char *name, uint64_t g
 
 	assert_true(fd >= 0);
 	assert_int_equal(ftruncate(fd, 4096), 0);
-	a = registry_restore_memory(reg, kDLCPU, uuid, fd, 4096, 1000, 100, mode, why,
-				    sizeof(why));
+	a = registry_restore_memory(reg, kDLCPU, uuid, fd, 4096, 1000, 100, mode, why, sizeof(why));
 	assert_non_null(a);
 	assert_int_equal(registry_restore_tensor(reg, a, &r, why, sizeof(why)), 0);
 	registry_restore_memory_done(reg, a);
