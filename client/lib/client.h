@@ -236,6 +236,13 @@ struct tensord_client {
 	unsigned epoch;
 	/* HelloReply.lineage (tensord_lineage()); 0: the daemon sent none. */
 	uint64_t lineage;
+	/*
+	 * Idempotent writes (idem.c): Hello.token, kept by a successor made
+	 * because the connection was lost (a fork's child takes another), and
+	 * the last Request.seq given out (guarded by lock; a successor goes on
+	 * from its predecessor's).
+	 */
+	uint64_t token, seq;
 	LIST_ENTRY(tensord_client) all_link; /* every live client of this process (fork.c) */
 };
 
@@ -305,8 +312,8 @@ bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms);
  * A request that changes nothing (stat, list, stats, leases, clients,
  * ...): call(c, arg) whole, and once more over a new connection when the
  * daemon went away meanwhile (td_retry, timeout 0). Requests that may
- * have taken effect (put, create, publish, commit, unlink) are never sent
- * twice: without the daemon's sequence numbers a retry could apply twice.
+ * have taken effect (put, publish, commit, unlink) go through td_write()
+ * instead, which asks the daemon before doing anything again.
  */
 int td_read(tensord_client *c, int (*call)(tensord_client *c, void *arg), void *arg);
 
@@ -317,6 +324,39 @@ int td_read(tensord_client *c, int (*call)(tensord_client *c, void *arg), void *
  * connection, is the daemon's answer, not a loss.
  */
 bool td_gone(tensord_client *c, int r, unsigned seen);
+
+/* idem.c: a random, nonzero client token (Hello.token). */
+uint64_t td_token_new(void);
+
+/*
+ * idem.c: an effecting request (a put, publish, commit or unlink outside a
+ * transaction) about to be sent on c gets the token's next seq, and is
+ * noted as this thread's last write. Lock held.
+ */
+void td_idem_stamp(tensord_client *c, Tensord__Request *req);
+
+/* What a write that lost its connection may do again (td_write()). */
+enum td_write_kind {
+	TD_WRITE_PUT = 1, /* a put or put_many: done again from the caller's source */
+	TD_WRITE_UNLINK,  /* done again; another lineage's daemon: ENOENT */
+	TD_WRITE_DRAFT,   /* a user's publish or commit: its draft died with the connection */
+};
+
+/*
+ * idem.c: call(c, arg), and when the connection was lost under it
+ * (td_gone()), within the reconnect grace: the daemon asked what became
+ * of the last effecting request it sent (Resolve); applied: 0, with
+ * *ret_version and *ret_commit (each NULL: not wanted) what its reply
+ * said; not applied, or lost before it went: call() again (kind PUT,
+ * UNLINK) or the loss (DRAFT, -ECONNRESET, naming what). Never twice.
+ */
+int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
+	     int (*call)(tensord_client *c, void *arg), void *arg, tensord_version *ret_version,
+	     uint64_t *ret_commit);
+
+/* requests.c: a Publish and an Unlink, once, not retried (put.c's own and its discards). */
+int td_publish(tensord_client *c, const char *name, tensord_version *ret_version);
+int td_unlink(tensord_client *c, const char *name);
 
 /* How long to go on reaching a daemon that went away: TENSORD_RECONNECT_MS, else 30 s. */
 uint64_t td_reconnect_grace_ms(void);

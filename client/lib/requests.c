@@ -273,7 +273,7 @@ static int lease_in_ring(tensord_client *c, const char *name, Tensord__Reply *re
 		char saved[512];
 
 		snprintf(saved, sizeof(saved), "%s", tensord_last_error());
-		tensord_unlink(c, name);
+		td_unlink(c, name);
 		td_set_error(r, "%s", saved);
 	}
 	return r;
@@ -572,7 +572,7 @@ int tensord_publish(tensord_client *c, const char *name)
 	return tensord_publish_version(c, name, NULL);
 }
 
-int tensord_publish_version(tensord_client *c, const char *name, tensord_version *ret_version)
+int td_publish(tensord_client *c, const char *name, tensord_version *ret_version)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Publish pub = TENSORD__PUBLISH__INIT;
@@ -621,7 +621,28 @@ int tensord_publish_version(tensord_client *c, const char *name, tensord_version
 	return r;
 }
 
-int tensord_unlink(tensord_client *c, const char *name)
+struct write_call {
+	const char *name;
+	tensord_version *version;
+};
+
+static int publish_once(tensord_client *c, void *arg)
+{
+	struct write_call *w = arg;
+
+	return td_publish(c, w->name, w->version);
+}
+
+int tensord_publish_version(tensord_client *c, const char *name, tensord_version *ret_version)
+{
+	struct write_call w = { name, ret_version };
+	char what[300];
+
+	snprintf(what, sizeof(what), "tensor '%s': publish", name ? name : "(null)");
+	return td_write(c, TD_WRITE_DRAFT, what, publish_once, &w, ret_version, NULL);
+}
+
+int td_unlink(tensord_client *c, const char *name)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Unlink ul = TENSORD__UNLINK__INIT;
@@ -633,6 +654,20 @@ int tensord_unlink(tensord_client *c, const char *name)
 	req.body_case = TENSORD__REQUEST__BODY_UNLINK;
 	req.unlink = &ul;
 	return simple_rpc(c, &req);
+}
+
+static int unlink_once(tensord_client *c, void *arg)
+{
+	return td_unlink(c, ((struct write_call *)arg)->name);
+}
+
+int tensord_unlink(tensord_client *c, const char *name)
+{
+	struct write_call w = { name, NULL };
+	char what[300];
+
+	snprintf(what, sizeof(what), "tensor '%s': unlink", name ? name : "(null)");
+	return td_write(c, TD_WRITE_UNLINK, what, unlink_once, &w, NULL, NULL);
 }
 
 struct stat_call {

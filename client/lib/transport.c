@@ -508,6 +508,7 @@ int td_rpc_start(tensord_client *c, Tensord__Request *req, struct td_pending *p)
 		return td_set_error(r, "client is closed: %s", tensord_strerror(r));
 	}
 	p->id = ++c->conn.next_id;
+	td_idem_stamp(c, req);
 	p->next = c->conn.pending;
 	c->conn.pending = p;
 	/* Its events may come in the read that brings its reply. */
