@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdio.h>
 
+#include "daemon/base/log.h"
 #include "dispatch.h"
 #include "dispatch_int.h"
 #include "reply.h"
@@ -81,6 +82,8 @@ void dispatch_do_resolve(struct client *cl, uint64_t id, const Tensord__Resolve 
 	r = seqs_resolve(cl->srv->seqs, m->token, cl->rc.uid, m->seq,
 			 m->instance != reply_instance(), cl->token == m->token, &res, why,
 			 sizeof(why));
+	log_debug("conn %llu: pid %u: resolve of token %016llx: %s",
+		  (unsigned long long)cl->conn->id, cl->rc.pid, (unsigned long long)m->token, why);
 	if (r < 0) {
 		reply_status(cl->conn, TENSORD__REQUEST__BODY_RESOLVE, id, r, why);
 		return;

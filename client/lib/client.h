@@ -354,7 +354,10 @@ int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
 	     int (*call)(tensord_client *c, void *arg), void *arg, tensord_version *ret_version,
 	     uint64_t *ret_commit);
 
-/* requests.c: a Publish and an Unlink, once, not retried (put.c's own and its discards). */
+/*
+ * requests.c: a Publish and an Unlink, once, not retried (put.c's own and
+ * its discards). The publish goes on c's own connection (td_rpc_on()).
+ */
 int td_publish(tensord_client *c, const char *name, tensord_version *ret_version);
 int td_unlink(tensord_client *c, const char *name);
 
@@ -381,6 +384,13 @@ int td_connect_socket(const char *socket_path, char *ret_path, size_t len);
  * status is returned as that status, message set.
  */
 int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply, int *ret_fd);
+
+/*
+ * td_rpc() on c's own connection, never a successor's: a request about
+ * what lives in that connection (a draft's publish, a transaction's
+ * commit) fails with the connection's error when it was lost.
+ */
+int td_rpc_on(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply, int *ret_fd);
 
 /*
  * The halves of td_rpc(), for requests answered in parts, pipelined, or

@@ -150,8 +150,9 @@ int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
 		/* Lost before its effecting request went: nothing of it took effect. */
 		if (!w.sent) {
 			if (kind == TD_WRITE_DRAFT)
-				return td_set_error(r, "%s: %s; what it would publish was lost with "
-						       "the connection",
+				return td_set_error(r,
+						    "%s: %s; what it would publish was lost with "
+						    "the connection",
 						    what, lost);
 			continue;
 		}
@@ -176,8 +177,9 @@ int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
 			if (td_gone(c, r, rt.seen) && attempt + 2 < TD_WRITE_TRIES &&
 			    kind != TD_WRITE_DRAFT && td_retry_again(&rt, r, &left))
 				continue;
-			return td_set_error(r, "%s: its connection was lost (%s), and whether it "
-					       "took effect is not known: %s",
+			return td_set_error(r,
+					    "%s: its connection was lost (%s), and whether it "
+					    "took effect is not known: %s",
 					    what, lost, tensord_last_error());
 		}
 		if (r == 1) {

@@ -582,8 +582,6 @@ int td_publish(tensord_client *c, const char *name, tensord_version *ret_version
 	int r;
 
 	r = check_name(name);
-	if (r == 0)
-		r = td_client_current(&c);
 	if (r < 0)
 		return r;
 	/*
@@ -599,7 +597,7 @@ int td_publish(tensord_client *c, const char *name, tensord_version *ret_version
 	pub.name = (char *)name;
 	req.body_case = TENSORD__REQUEST__BODY_PUBLISH;
 	req.publish = &pub;
-	r = td_rpc(c, &req, &rep, NULL);
+	r = td_rpc_on(c, &req, &rep, NULL);
 	if (r == 0) {
 		td_version_from_reply(rep, ret_version);
 		tensord__reply__free_unpacked(rep, NULL);
@@ -630,7 +628,9 @@ static int publish_once(tensord_client *c, void *arg)
 {
 	struct write_call *w = arg;
 
-	return td_publish(c, w->name, w->version);
+	/* The connection the draft was made on: lost, the draft went with it
+	 * (a new connection's publish would name another). */
+	return td_publish(td_client_latest(c), w->name, w->version);
 }
 
 int tensord_publish_version(tensord_client *c, const char *name, tensord_version *ret_version)

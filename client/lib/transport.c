@@ -603,7 +603,6 @@ void td_pending_clear(struct td_pending *p)
 
 int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply, int *ret_fd)
 {
-	struct td_pending p = { .fd = -1 };
 	int r;
 
 	/* Requests that make no lease may be sent from any client handle;
@@ -611,7 +610,14 @@ int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply,
 	r = td_client_current(&c);
 	if (r < 0)
 		return r;
-	r = td_rpc_start(c, req, &p);
+	return td_rpc_on(c, req, ret_reply, ret_fd);
+}
+
+int td_rpc_on(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply, int *ret_fd)
+{
+	struct td_pending p = { .fd = -1 };
+	int r = td_rpc_start(c, req, &p);
+
 	if (r < 0)
 		return r;
 	td_rpc_wait(c, &p);

@@ -158,7 +158,8 @@ static int tx_commit(tensord_tx *tx, uint64_t *ret_commit)
 		cm.tx = tx->id;
 		req.body_case = TENSORD__REQUEST__BODY_COMMIT;
 		req.commit = &cm;
-		r = td_rpc(tx->c, &req, &rep, NULL);
+		/* Its members live in tx->c's connection: never a successor's. */
+		r = td_rpc_on(tx->c, &req, &rep, NULL);
 	} else {
 		n--; /* the one that failed holds nothing */
 		tx_fail(tx);

@@ -258,9 +258,9 @@ void seqs_each(const struct seqs *s, void (*fn)(void *arg, const struct rec_seq 
 		/* Always, 0 too: restored into a table that evicted, a token
 		 * with no floor would know nothing of its past. */
 		fn(arg, &(struct rec_seq){ .token = t->token,
-						   .seq = t->known_from,
-						   .uid = t->uid,
-						   .kind = SEQ_FLOOR });
+					   .seq = t->known_from,
+					   .uid = t->uid,
+					   .kind = SEQ_FLOOR });
 		for (unsigned i = 0; i < t->n; i++)
 			fn(arg, &t->ring[(t->head + i) % SEQS_PER_TOKEN]);
 	}

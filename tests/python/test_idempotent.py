@@ -1,0 +1,163 @@
+"""Writes retried once and never applied twice (docs/restart.md, section 5,
+"Idempotence"; issue 33): a put, put_many or unlink whose daemon dies under
+it reconnects, asks the restarted daemon (same lineage, through a service
+manager's store) what became of it, and returns the recorded result or does
+it again; never twice."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+import tensord
+from sdharness import ServiceManager
+
+
+def test_a_put_applied_before_the_crash_answers_its_recorded_generation(tmp_path):
+    # The daemon kills itself right after the second request's step is
+    # recorded, before its reply: the put took effect, its reply was lost.
+    m = ServiceManager(tmp_path)
+    m.start(env={"TENSORD_TEST_KILL_AFTER_REQUEST": "2"})
+    try:
+        c = tensord.connect(m.socket)
+        assert c.put("w", np.full(8, 1, np.int64)) == 1
+        got = {}
+
+        def put():
+            try:
+                got["gen"] = c.put("w", np.full(8, 2, np.int64), replace=True)
+            except Exception as e:  # noqa: BLE001: the test reports it
+                got["error"] = e
+
+        t = threading.Thread(target=put)
+        t.start()
+        assert m.proc.wait(timeout=30) == -signal.SIGKILL
+        m.log.close()
+        m.start()                                   # without the hook
+        t.join(60)
+        assert not t.is_alive()
+        assert got == {"gen": 2}, got               # its recorded generation, not 3
+        assert c.stat("w").generation == 2          # applied once
+        with c.attach("w") as a:
+            assert list(np.from_dlpack(a)) == [2] * 8
+        assert c.put("w", np.full(8, 3, np.int64), replace=True) == 3
+        # It was asked, not guessed.
+        assert "resolve of token" in m.read_log() and "took effect" in m.read_log()
+    finally:
+        m.close()
+
+
+def test_an_unlink_applied_before_the_crash_is_not_sent_again(tmp_path):
+    m = ServiceManager(tmp_path)
+    m.start(env={"TENSORD_TEST_KILL_AFTER_REQUEST": "2"})
+    try:
+        c = tensord.connect(m.socket)
+        c.put("u", np.ones(4))
+        err = {}
+
+        def unlink():
+            try:
+                c.unlink("u")                       # a second unlink would raise ENOENT
+            except Exception as e:  # noqa: BLE001
+                err["e"] = e
+
+        t = threading.Thread(target=unlink)
+        t.start()
+        m.proc.wait(timeout=30)
+        m.log.close()
+        m.start()
+        t.join(60)
+        assert not t.is_alive() and err == {}, err
+        assert "u" not in [i.name for i in c.list()]
+        assert c.put("u", np.ones(4)) == 2         # its generations go on
+    finally:
+        m.close()
+
+
+WRITER = r"""
+import json, os, sys
+import numpy as np
+import tensord
+c = tensord.connect(sys.argv[1])
+out = open(sys.argv[2], "w")
+big = np.arange(1 << 15, dtype=np.int64)          # 256 KiB: create, copy, publish
+i = 0
+while not os.path.exists(sys.argv[3]):
+    i += 1
+    rec = {"i": i}
+    try:
+        rec["small"] = c.put("small", np.full(16, i, np.int64), replace=True)
+        rec["big"] = c.put("big", big + i, replace=True)
+        rec["set"] = c.put_many({"set/a": np.full(8, i), "set/b": np.full(1 << 14, i)},
+                                replace=True)
+        rec["u"] = c.put("u", np.full(4, i))
+        c.unlink("u")
+        rec["unlinked"] = True
+    except Exception as e:
+        rec["error"] = f"{type(e).__name__}: {e}"
+    out.write(json.dumps(rec) + "\n")
+    out.flush()
+    if "error" in rec:
+        break
+"""
+
+
+def test_kill_9_at_random_points_applies_every_write_exactly_once(tmp_path):
+    import json
+
+    m = ServiceManager(tmp_path)
+    m.start()
+    path, stop = tmp_path / "writes.jsonl", tmp_path / "stop"
+    env = dict(os.environ, TENSORD_RECONNECT_MS="30000")
+    w = subprocess.Popen([sys.executable, "-c", WRITER, m.socket, str(path), str(stop)],
+                         env=env)
+    try:
+        rng = random.Random(33)
+        kills = 0
+        for k in range(8):
+            if k % 2:
+                # A random point of the loop: a few ms to a few tens.
+                time.sleep(rng.uniform(0.005, 0.08))
+                m.restart(signal.SIGKILL)
+            else:
+                # The next daemon dies right after recording its Nth
+                # request's step, before its reply: applied, reply lost.
+                n = rng.randint(1, 40)
+                m.restart(signal.SIGKILL, env={"TENSORD_TEST_KILL_AFTER_REQUEST": str(n)})
+                assert m.proc.wait(timeout=60) == -signal.SIGKILL
+                m.log.close()
+                m.start()
+            kills += 1
+            assert w.poll() is None, "the writer stopped"
+        stop.touch()
+        assert w.wait(timeout=120) == 0
+        recs = [json.loads(x) for x in path.read_text().splitlines()]
+        rounds = len(recs)
+        errors = [r for r in recs if "error" in r]
+        assert not errors, errors
+        # Every call returned success once, and generations show each
+        # version applied once: consecutive, no gap a second apply would leave.
+        assert [r["small"] for r in recs] == list(range(1, rounds + 1))
+        assert [r["big"] for r in recs] == list(range(1, rounds + 1))
+        # u: put then unlink each round, so its generations go 1, 2, ...
+        assert [r["u"] for r in recs] == list(range(1, rounds + 1))
+        c = tensord.connect(m.socket)
+        assert c.stat("small").generation == rounds
+        assert c.stat("set/a").generation == rounds      # put_many applied once a round
+        assert c.stat("set/b").generation == rounds
+        assert "u" not in [i.name for i in c.list()]
+        with c.attach("big") as a:
+            assert np.array_equal(np.from_dlpack(a), np.arange(1 << 15) + rounds)
+        log = m.read_log()
+        applied = log.count("took effect")
+        print(f"\n{kills} kills; {log.count('resolve of token')} writes resolved, "
+              f"{applied} of them applied before their daemon died")
+        assert applied >= 4    # each hooked daemon died after a step, before its reply
+    finally:
+        if w.poll() is None:
+            w.kill()
+        m.close()
