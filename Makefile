@@ -256,6 +256,7 @@ UNIT_DEPS_test_gpu_vendor  := common/vendor.c common/names.c common/desc.c commo
 UNIT_DEPS_test_pool        := daemon/memory/pool.c daemon/base/log.c common/paths.c
 UNIT_DEPS_test_slab        := daemon/memory/slab.c common/sys.c
 UNIT_DEPS_test_record      := daemon/persist/record.c
+UNIT_DEPS_test_seqs        := daemon/persist/seqs.c
 $(B)/tests/unit/test_record: LDLIBS += $(ZLIB_LIBS)
 UNIT_DEPS_test_sys         := common/sys.c
 UNIT_DEPS_test_memlimit    := daemon/memory/memlimit.c

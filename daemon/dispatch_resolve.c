@@ -48,8 +48,14 @@ void dispatch_seqs_step(struct server *srv, const struct reg_change *v, size_t n
 {
 	struct rec_seq res = { 0 };
 
-	if (!seqs_armed(srv->seqs) || !n)
+	if (!srv->seqs)
 		return;
+	if (!n)
+		return;
+	if (!seqs_armed(srv->seqs)) {
+		seqs_step(srv->seqs, NULL); /* no request's: nothing logged with it */
+		return;
+	}
 	/* What the request's reply says: reply_published(), reply_commit(). */
 	res.commit = v[n - 1].commit;
 	for (size_t i = 0; i < n; i++) {

@@ -193,8 +193,12 @@ static void remember(struct seqs *s, const struct rec_seq *e)
 
 void seqs_step(struct seqs *s, const struct rec_seq *res)
 {
-	if (!s || !s->is_armed)
+	if (!s)
 		return;
+	if (!s->is_armed || !res) {
+		s->has_step = false; /* a step no request made: nothing to log with it */
+		return;
+	}
 	s->stepped = *res;
 	s->stepped.token = s->armed.token;
 	s->stepped.seq = s->armed.seq;

@@ -64,9 +64,11 @@ bool seqs_armed(const struct seqs *s);
 enum seq_kind seqs_armed_kind(const struct seqs *s);
 
 /*
- * The armed request took effect in a step: res (kind aside, which the
- * request's) remembered under it, and disarmed. The record of it for the
- * step's log entry is kept until seqs_take_step() takes it.
+ * A commit step was made: when a request is armed, it took effect in it,
+ * and res (kind aside, which the request's) is remembered under it and
+ * the request disarmed; the record of it for the step's log entry is kept
+ * until seqs_take_step() takes it. Called for every step, so that a step
+ * no request made logs nothing (res may be NULL then).
  */
 void seqs_step(struct seqs *s, const struct rec_seq *res);
 /* The step's record (state.c logs it), once; NULL: the step was no request's. */
