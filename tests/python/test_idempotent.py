@@ -6,6 +6,8 @@ it again; never twice."""
 import os
 import random
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -160,4 +162,122 @@ def test_kill_9_at_random_points_applies_every_write_exactly_once(tmp_path):
     finally:
         if w.poll() is None:
             w.kill()
+        m.close()
+
+
+# A raw client, frames built by hand (as tests/integration/hostile.py):
+# the token and seq are libtensord's own otherwise.
+
+def varint(n):
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def f_varint(field, v):
+    return varint(field << 3) + varint(v)
+
+
+def f_bytes(field, data):
+    return varint(field << 3 | 2) + varint(len(data)) + data
+
+
+def f_fixed64(field, v):
+    return varint(field << 3 | 1) + struct.pack("<Q", v)
+
+
+def decode(buf):
+    """field -> [values]: ints for varints, bytes for the rest."""
+    out, i = {}, 0
+    while i < len(buf):
+        key, i = read_varint(buf, i)
+        wt = key & 7
+        if wt == 0:
+            v, i = read_varint(buf, i)
+        elif wt == 1:
+            v, i = buf[i:i + 8], i + 8
+        else:
+            n, i = read_varint(buf, i)
+            v, i = buf[i:i + n], i + n
+        out.setdefault(key >> 3, []).append(v)
+    return out
+
+
+def read_varint(buf, i):
+    n = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return n, i
+
+
+class Raw:
+    def __init__(self, path):
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.settimeout(10)
+        self.s.connect(path)
+        self.id = 0
+
+    def call(self, field, body, seq=0):
+        """(status, reply body fields) of one request."""
+        self.id += 1
+        req = f_varint(1, self.id) + f_bytes(field, body) + (f_varint(40, seq) if seq else b"")
+        self.s.sendall(struct.pack("<IHH", len(req), 1, 0) + req)
+        n = struct.unpack("<IHH", self._exact(8))[0]
+        rep = decode(self._exact(n))
+        z = rep.get(2, [0])[0]
+        body_fields = [f for f in rep if f > 3]
+        return (z >> 1) ^ -(z & 1), decode(rep[body_fields[0]][0]) if body_fields else {}
+
+    def _exact(self, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = self.s.recv(n - len(buf))
+            assert chunk, "connection closed"
+            buf += chunk
+        return buf
+
+    def close(self):
+        self.s.close()
+
+
+HELLO, UNLINK, RESOLVE = 2, 7, 28
+
+
+def test_a_rewritten_log_and_a_restart_keep_what_a_request_did(tmp_path):
+    # A request's result survives the log being rewritten whole (its table
+    # carried in the new log) and a kill -9 after: the restarted daemon, of
+    # the same lineage, answers its Resolve as the one that applied it.
+    tok = 0x0123456789abcdef
+    hello = f_varint(1, 1) + f_fixed64(4, tok)
+    m = ServiceManager(tmp_path, args=["--state-log-size", "4096"])
+    m.start()
+    try:
+        c = tensord.connect(m.socket)
+        c.put("x", np.ones(4))
+        r = Raw(m.socket)
+        status, hr = r.call(HELLO, hello)
+        assert status == 0, status
+        instance = struct.unpack("<Q", hr[4][0])[0]
+        assert r.call(UNLINK, f_bytes(1, b"x"), seq=7)[0] == 0
+        for i in range(80):                        # rewrites, each past 4 KiB
+            c.put(f"n{i % 5}", np.full(64, i), replace=True)
+        assert "wrote the whole state anew" in m.read_log()
+        r.close()
+        m.restart(signal.SIGKILL)
+        r = Raw(m.socket)
+        assert r.call(HELLO, hello)[0] == 0
+        status, res = r.call(RESOLVE, f_fixed64(1, tok) + f_varint(2, 7) + f_fixed64(3, instance))
+        assert status == 0 and res.get(1) == [1] and res.get(2) == [3], (status, res)  # an unlink
+        # One it never sent: not applied (another instance: nothing of it under way).
+        status, res = r.call(RESOLVE, f_fixed64(1, tok) + f_varint(2, 8) + f_fixed64(3, instance))
+        assert status == 0 and not res.get(1), (status, res)
+        r.close()
+    finally:
         m.close()
