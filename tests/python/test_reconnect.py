@@ -560,11 +560,12 @@ def test_aio_wait_gives_up_when_no_daemon_comes_back(rd):
 # --- reads sent once more (issue 33: a request that changes nothing) ---------------------
 
 @BOTH
-def test_reads_in_flight_go_once_more_and_writes_do_not(rd):
+def test_reads_in_flight_go_once_more_and_writes_once_in_all(rd):
     """list(), stats() and stat() sent to a daemon that is then killed (it
     was stopped: they are in flight, unanswered) are sent once more over a
     new connection once a daemon is back, and return; a put in flight is
-    not sent again: ConnectionLostError, and the new daemon has no 'y'."""
+    looked up (docs/restart.md, section 5): it never took effect, so it is
+    done again, once: 'y' has generation 1, from either kind of daemon."""
     c = tensord.connect(rd.socket)
     p = tensord.connect(rd.socket)
     c.put("x", np.zeros(4))
@@ -595,8 +596,8 @@ def test_reads_in_flight_go_once_more_and_writes_do_not(rd):
     assert isinstance(got["stats"], dict), got
     assert isinstance(got["clients"], list) and isinstance(got["leases"], list), got
     assert isinstance(got["stat"], (tensord.TensorInfo, tensord.NotFoundError)), got
-    assert isinstance(got["put"], tensord.ConnectionLostError), got
-    assert "y" not in [i.name for i in c.list()]
+    assert got["put"] == 1, got
+    assert c.stat("y").generation == 1
     c.close()
     p.close()
 
