@@ -628,9 +628,15 @@ static int publish_once(tensord_client *c, void *arg)
 {
 	struct write_call *w = arg;
 
+	int r;
+
 	/* The connection the draft was made on: lost, the draft went with it
-	 * (a new connection's publish would name another). */
-	return td_publish(td_client_latest(c), w->name, w->version);
+	 * (a new connection's publish would name another); else the one that
+	 * serves (a forked child's own: the parent's draft is not its). */
+	if (tensord_lost(c))
+		return td_publish(td_client_latest(c), w->name, w->version);
+	r = td_client_current(&c);
+	return r < 0 ? r : td_publish(c, w->name, w->version);
 }
 
 int tensord_publish_version(tensord_client *c, const char *name, tensord_version *ret_version)

@@ -90,11 +90,9 @@ static void test_a_token_answers_its_own_uid_only(void **state)
 	char why[300];
 
 	applied(s, 7, 1, 1);
-	assert_int_equal(seqs_resolve(s, 7, OTHER, 1, true, false, &got, why, sizeof(why)),
-			 -EPERM);
+	assert_int_equal(seqs_resolve(s, 7, OTHER, 1, true, false, &got, why, sizeof(why)), -EPERM);
 	assert_non_null(strstr(why, "another user"));
-	assert_int_equal(seqs_resolve(s, 7, OTHER, 2, true, false, &got, why, sizeof(why)),
-			 -EPERM);
+	assert_int_equal(seqs_resolve(s, 7, OTHER, 2, true, false, &got, why, sizeof(why)), -EPERM);
 	assert_int_equal(seqs_open(s, 7, OTHER), -EPERM);
 	assert_int_equal(seqs_open(s, 7, UID), 0);
 	seqs_free(s);
