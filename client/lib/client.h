@@ -206,6 +206,12 @@ struct td_ring {
 	} sizes[TD_RING_SIZES];
 };
 
+/* The last effecting request a thread sent, and to whom (idem.c). */
+struct td_write_note {
+	bool sent;
+	uint64_t token, seq, instance, lineage;
+};
+
 struct tensord_client {
 	atomic_uint refs;     /* the user's handle plus one per live lease */
 	atomic_uint next_tx;  /* the last transaction id given out */
@@ -243,6 +249,17 @@ struct tensord_client {
 	 * from its predecessor's).
 	 */
 	uint64_t token, seq;
+	/*
+	 * A write lost on an event loop's thread (tensord_loop_thread()), kept
+	 * for the same call from another thread (idem.c). Guarded by lock;
+	 * the user's handle's, never a successor's.
+	 */
+	struct td_held_write {
+		bool valid;
+		int kind;      /* enum td_write_kind */
+		char what[96]; /* the call's description, which the same call matches */
+		struct td_write_note note;
+	} held;
 	LIST_ENTRY(tensord_client) all_link; /* every live client of this process (fork.c) */
 };
 

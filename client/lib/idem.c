@@ -25,10 +25,41 @@
 #include "client.h"
 
 /* The last effecting request this thread sent, and to whom. */
-static __thread struct td_write_note {
-	bool sent;
-	uint64_t token, seq, instance, lineage;
-} last_write;
+static __thread struct td_write_note last_write;
+/* This thread is an event loop's: it never connects (tensord_loop_thread()). */
+static __thread bool loop_thread;
+
+void tensord_loop_thread(bool on)
+{
+	loop_thread = on;
+}
+
+/* Keeps w, lost on a loop's thread, for the same call on c from another thread. */
+static void hold(tensord_client *c, enum td_write_kind kind, const char *what,
+		 const struct td_write_note *w)
+{
+	pthread_mutex_lock(&c->lock);
+	c->held = (struct td_held_write){ .valid = true, .kind = kind, .note = *w };
+	snprintf(c->held.what, sizeof(c->held.what), "%s", what);
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* What hold() kept for this call (kind and what the same), taken: true and *w. */
+static bool take_held(tensord_client *c, enum td_write_kind kind, const char *what,
+		      struct td_write_note *w)
+{
+	bool same;
+
+	pthread_mutex_lock(&c->lock);
+	same = c->held.valid && c->held.kind == (int)kind &&
+	       strncmp(c->held.what, what, sizeof(c->held.what) - 1) == 0;
+	if (same)
+		*w = c->held.note;
+	/* Another write came first: the kept one is its caller's error for good. */
+	c->held.valid = false;
+	pthread_mutex_unlock(&c->lock);
+	return same;
+}
 
 uint64_t td_token_new(void)
 {
@@ -131,6 +162,9 @@ int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
 	struct td_retry rt;
 	int r, left = 0;
 
+	struct td_write_note held;
+	bool resume = !loop_thread && take_held(c, kind, what, &held);
+
 	td_retry_begin(&rt, c, -1);
 	for (unsigned attempt = 0;; attempt++) {
 		Tensord__ResolveReply res = TENSORD__RESOLVE_REPLY__INIT;
@@ -138,13 +172,28 @@ int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
 		tensord_client *cur;
 		char lost[512];
 
-		last_write.sent = false;
-		r = call(c, arg);
-		w = last_write;
-		last_write.sent = false;
-		if (r >= 0 || !td_gone(c, r, rt.seen) || attempt + 1 >= TD_WRITE_TRIES)
-			return r;
-		snprintf(lost, sizeof(lost), "%s", tensord_last_error());
+		if (resume) {
+			/* Lost on a loop's thread before (tensord_loop_thread()):
+			 * its fate is asked first, here, where connecting may wait. */
+			resume = false;
+			w = held;
+			r = -ECONNRESET;
+			snprintf(lost, sizeof(lost), "connection to tensord lost");
+			rt.seen = (unsigned)-1; /* any epoch: the loss was before */
+		} else {
+			last_write.sent = false;
+			r = call(c, arg);
+			w = last_write;
+			last_write.sent = false;
+			if (r >= 0 || !td_gone(c, r, rt.seen) || attempt + 1 >= TD_WRITE_TRIES)
+				return r;
+			snprintf(lost, sizeof(lost), "%s", tensord_last_error());
+			if (loop_thread) {
+				/* Never connects here: kept for the caller's worker. */
+				hold(c, kind, what, &w);
+				return r;
+			}
+		}
 		if (!td_retry_again(&rt, r, &left))
 			return r;
 		/* Lost before its effecting request went: nothing of it took effect. */

@@ -74,6 +74,17 @@ static PyObject *mod_default_socket_path(PyObject *mod, PyObject *unused)
 	return rc < 0 ? td_raise(rc) : PyUnicode_DecodeFSDefault(buf);
 }
 
+/* tensord_loop_thread(): tensord.aio's inline writes never connect on the loop's thread. */
+static PyObject *mod_loop_thread(PyObject *mod, PyObject *on)
+{
+	int v = PyObject_IsTrue(on);
+
+	if (v < 0)
+		return NULL;
+	tensord_loop_thread(v);
+	Py_RETURN_NONE;
+}
+
 static PyMethodDef mod_methods[] = {
 	{ "connect", (PyCFunction)(void (*)(void))mod_connect, METH_VARARGS | METH_KEYWORDS,
 	  "connect(path=None, *, name=None)\n--\n\n"
@@ -87,6 +98,12 @@ static PyMethodDef mod_methods[] = {
 	  "name labels the connection (\"rollout-1\"; 1 to 63 bytes of printable ASCII without\n"
 	  "spaces) for clients() and leases() and tensorctl's clients and leases; None takes\n"
 	  "$TENSORD_CLIENT_NAME when set. One that is not valid raises tensord.Error (EINVAL)." },
+	{ "_loop_thread", mod_loop_thread, METH_O,
+	  "_loop_thread($module, on, /)\n--\n\n"
+	  "Whether the calling thread is an event loop's: a put, put_many or unlink made there\n"
+	  "that loses its connection raises ConnectionLostError instead of reconnecting, and the\n"
+	  "same call made next from another thread asks the daemon whether it took effect\n"
+	  "(tensord.aio's)." },
 	{ "default_socket_path", mod_default_socket_path, METH_NOARGS,
 	  "default_socket_path($module, /)\n--\n\n"
 	  "Returns a str: the socket path connect() tries first when given None (and the one\n"

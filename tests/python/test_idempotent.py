@@ -281,3 +281,53 @@ def test_a_rewritten_log_and_a_restart_keep_what_a_request_did(tmp_path):
         r.close()
     finally:
         m.close()
+
+
+def test_an_aio_put_lost_inline_is_asked_about_off_the_loop(tmp_path):
+    # tensord.aio's small put runs inline on the loop; its daemon dies
+    # after recording it, before the reply. The loop never connects (it
+    # goes on ticking while no daemon serves), and the put answers its
+    # recorded generation once a daemon is back.
+    import asyncio
+    import tensord.aio
+
+    m = ServiceManager(tmp_path)
+    m.start(env={"TENSORD_TEST_KILL_AFTER_REQUEST": "2"})
+    down = threading.Event()
+
+    def restart_later():
+        m.proc.wait(timeout=30)
+        m.log.close()
+        down.set()
+        time.sleep(0.5)                             # no daemon for a while
+        m.start()
+
+    async def main():
+        ticks = []
+
+        async def tick():
+            while True:
+                if down.is_set():
+                    ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        async with await tensord.aio.connect(m.socket) as ac:
+            assert await ac.put("w", np.full(8, 1, np.int64)) == 1
+            t = asyncio.ensure_future(tick())
+            th = threading.Thread(target=restart_later)
+            th.start()
+            gen = await ac.put("w", np.full(8, 2, np.int64), replace=True)
+            th.join()
+            t.cancel()
+            assert gen == 2                          # recorded, not applied again
+            assert (await ac.stat("w")).generation == 2
+            assert await ac.put("w", np.full(8, 3, np.int64), replace=True) == 3
+        return ticks
+
+    try:
+        ticks = asyncio.run(asyncio.wait_for(main(), 60))
+        # The loop ran while no daemon served: 0.5 s at 10 ms a tick.
+        assert len(ticks) >= 10, len(ticks)
+        assert "took effect" in m.read_log()
+    finally:
+        m.close()
