@@ -383,12 +383,22 @@ TENSORD_API int tensord_attach_legacy(tensord_client *client, const char *name, 
  * outlives it. -EFAULT, before anything is sent, when src's bytes cannot
  * be where it says: a NULL data pointer for a non-empty tensor, a
  * byte_offset or strides that run past either end of the address space,
- * or host memory not mapped in this process.
+ * or host memory not mapped in this process. When the daemon goes while
+ * it is under way, it is never applied twice (docs/restart.md, section
+ * 5): it reconnects, asks a daemon of the same lineage whether it took
+ * effect and returns as its reply would have, or puts again from src
+ * (which must still hold the bytes: it is borrowed until the call
+ * returns).
  */
 TENSORD_API int tensord_put(tensord_client *client, const char *name, const DLTensor *src,
 			    uint32_t flags, uint32_t mode);
 
-/* Removes the name; memory lives until the last lease ends. -ENOENT, -EPERM. */
+/*
+ * Removes the name; memory lives until the last lease ends. -ENOENT,
+ * -EPERM. Lost with the daemon while under way: asked about and done
+ * again only if it did not take effect; -ENOENT from a daemon that
+ * restarted empty (docs/restart.md, section 5).
+ */
 TENSORD_API int tensord_unlink(tensord_client *client, const char *name);
 
 /*
@@ -402,7 +412,12 @@ typedef struct tensord_version {
 	uint64_t commit;     /* daemon-wide */
 } tensord_version;
 
-/* tensord_publish(); *ret_version (NULL: not wanted) gets the generation and commit made. */
+/*
+ * tensord_publish(); *ret_version (NULL: not wanted) gets the generation
+ * and commit made. Lost with the daemon while under way: the recorded
+ * result when it took effect, else -ECONNRESET saying the draft was lost
+ * (it died with its connection; docs/restart.md, section 5).
+ */
 TENSORD_API int tensord_publish_version(tensord_client *client, const char *name,
 					tensord_version *ret_version);
 
@@ -453,7 +468,9 @@ TENSORD_API int tensord_tx_unlink(tensord_tx *tx, const char *name);
  * staged). On failure (a member that cannot be published, a staged name
  * gone) nothing is visible and the transaction is aborted. Either way tx
  * is over (its handle stays valid for tensord_tx_free()). Tensors the
- * caller holds from tensord_tx_create() stay valid (their leases).
+ * caller holds from tensord_tx_create() stay valid (their leases). Lost
+ * with the daemon while under way: its recorded commit when it took
+ * effect, else -ECONNRESET saying the members were lost.
  */
 TENSORD_API int tensord_tx_commit(tensord_tx *tx, uint64_t *ret_commit);
 
@@ -472,7 +489,9 @@ typedef struct tensord_put_item {
 /*
  * Puts n tensors as one transaction (one commit, *ret_commit, may be
  * NULL), their requests pipelined: far fewer round trips than n puts.
- * flags and mode as tensord_put()'s, for every item.
+ * flags and mode as tensord_put()'s, for every item. Lost with the daemon
+ * while under way: applied once, as tensord_put() (the whole set again
+ * when it did not take effect).
  */
 TENSORD_API int tensord_put_many(tensord_client *client, const tensord_put_item *items, size_t n,
 				 uint32_t flags, uint32_t mode, uint64_t *ret_commit);
