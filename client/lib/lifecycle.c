@@ -20,7 +20,7 @@
 #include "common/desc.h"
 #include "proto/frame.h"
 
-static int connect_as(const char *socket_path, const char *name, const tensord_client *before,
+static int connect_as(const char *socket_path, const char *name, tensord_client *before,
 		      tensord_client **ret_client);
 
 void td_client_ref(tensord_client *c)
@@ -536,7 +536,7 @@ int tensord_connect_named(const char *socket_path, const char *name, tensord_cli
  * A connection to socket_path; before (NULL: none) is the one it follows
  * after a lost connection, whose token and seqs it goes on with (idem.c).
  */
-static int connect_as(const char *socket_path, const char *name, const tensord_client *before,
+static int connect_as(const char *socket_path, const char *name, tensord_client *before,
 		      tensord_client **ret_client)
 {
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -554,9 +554,9 @@ static int connect_as(const char *socket_path, const char *name, const tensord_c
 	memcpy(c->label, label, sizeof(label));
 	c->token = before ? before->token : td_token_new();
 	if (before) {
-		pthread_mutex_lock((pthread_mutex_t *)&before->lock);
+		pthread_mutex_lock(&before->lock);
 		c->seq = before->seq;
-		pthread_mutex_unlock((pthread_mutex_t *)&before->lock);
+		pthread_mutex_unlock(&before->lock);
 	}
 	r = td_connect_socket(socket_path, path, sizeof(path));
 	if (r >= 0) {
