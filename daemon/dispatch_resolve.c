@@ -66,6 +66,12 @@ void dispatch_seqs_step(struct server *srv, const struct reg_change *v, size_t n
 			res.unlinked++;
 		}
 	}
+	/* A step of another kind is not the request's own: it stays armed for its own. */
+	if ((seqs_armed_kind(srv->seqs) == SEQ_PUBLISHED && !res.published) ||
+	    (seqs_armed_kind(srv->seqs) == SEQ_UNLINKED && !res.unlinked)) {
+		seqs_step(srv->seqs, NULL);
+		return;
+	}
 	seqs_step(srv->seqs, &res);
 }
 
