@@ -14,7 +14,7 @@
  *
  * Bounds: SEQS_PER_TOKEN results per token (the oldest evicted), at most
  * SEQS_TOKENS_MAX tokens (the one used least recently with no connection
- * open evicted), 48 bytes a result: at most 3 MiB in memory, and in a
+ * open evicted), 848 bytes a token: at most 3.4 MiB in memory, and in a
  * rewritten log 96 bytes a result. What is evicted is not forgotten
  * silently: Resolve then says it cannot know (ESTALE), never "not applied".
  */
