@@ -173,8 +173,9 @@ int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
 		char lost[512];
 
 		if (resume) {
-			/* Lost on a loop's thread before (tensord_loop_thread()):
-			 * its fate is asked first, here, where connecting may wait. */
+			/* Lost on a loop's thread before (tensord_loop_thread()), or
+			 * the Resolve of it lost its connection: its fate is asked
+			 * (again), here, where connecting may wait. */
 			resume = false;
 			w = held;
 			r = -ECONNRESET;
@@ -222,10 +223,13 @@ int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
 		}
 		r = resolve(cur, &w, &res);
 		if (r < 0) {
-			/* The retry's own connection went too: try again, within the tries. */
-			if (td_gone(c, r, rt.seen) && attempt + 2 < TD_WRITE_TRIES &&
-			    kind != TD_WRITE_DRAFT && td_retry_again(&rt, r, &left))
+			/* The Resolve's own connection went too: asked again after
+			 * the next reconnect (never done again unasked), within the tries. */
+			if (td_gone(c, r, rt.seen) && attempt + 2 < TD_WRITE_TRIES) {
+				held = w;
+				resume = true;
 				continue;
+			}
 			return td_set_error(r,
 					    "%s: its connection was lost (%s), and whether it "
 					    "took effect is not known: %s",

@@ -334,3 +334,35 @@ def test_an_aio_put_lost_inline_is_asked_about_off_the_loop(tmp_path):
         assert "took effect" in m.read_log()
     finally:
         m.close()
+
+
+def test_a_resolve_that_loses_its_daemon_is_asked_again_not_redone(tmp_path):
+    # The put is recorded, its daemon dies; the next daemon dies with the
+    # client's Resolve unanswered; the third answers it. Done again
+    # unasked, the put would make generation 3.
+    m = ServiceManager(tmp_path)
+    m.start(env={"TENSORD_TEST_KILL_AFTER_REQUEST": "2"})
+    try:
+        c = tensord.connect(m.socket)
+        assert c.put("w", np.full(8, 1, np.int64)) == 1
+        got = {}
+
+        def put():
+            try:
+                got["gen"] = c.put("w", np.full(8, 2, np.int64), replace=True)
+            except Exception as e:  # noqa: BLE001: the test reports it
+                got["error"] = e
+
+        t = threading.Thread(target=put)
+        t.start()
+        for env in ({"TENSORD_TEST_KILL_AT_RESOLVE": "1"}, None):
+            assert m.proc.wait(timeout=30) == -signal.SIGKILL
+            m.log.close()
+            m.start(env=env)
+        t.join(60)
+        assert not t.is_alive()
+        assert got == {"gen": 2}, got
+        assert c.stat("w").generation == 2
+        assert m.read_log().count("resolve of token") == 1   # the one the third daemon answered
+    finally:
+        m.close()
