@@ -446,7 +446,7 @@ void state_on_commit(struct state *st, const struct reg_change *v, size_t n, boo
 		}
 	}
 	r = lost ? -ENOMEM : slog_append(st);
-	/* A test's crash between the record and the reply (tests/python/test_restart.py). */
+	/* A test's crash between the record and the reply (tests/python/test_idempotent.py). */
 	if (r == 0 && q && st->kill_after && --st->kill_after == 0)
 		raise(SIGKILL);
 	if (r == 0 && st->log.off > st->log_max)
