@@ -250,8 +250,8 @@ struct tensord_client {
 	 */
 	uint64_t token, seq;
 	/*
-	 * A write lost on an event loop's thread (tensord_loop_thread()), kept
-	 * for the same call from another thread (idem.c). Guarded by lock;
+	 * A write lost on an event loop's thread (tensord_thread_role()), kept
+	 * for the same call made again on the loop's worker (idem.c). Guarded by lock;
 	 * the user's handle's, never a successor's.
 	 */
 	struct td_held_write {

@@ -26,12 +26,12 @@
 
 /* The last effecting request this thread sent, and to whom. */
 static __thread struct td_write_note last_write;
-/* This thread is an event loop's: it never connects (tensord_loop_thread()). */
-static __thread bool loop_thread;
+/* What this thread is to an event loop (tensord_thread_role()). */
+static __thread int role;
 
-void tensord_loop_thread(bool on)
+void tensord_thread_role(int r)
 {
-	loop_thread = on;
+	role = r;
 }
 
 /* Keeps w, lost on a loop's thread, for the same call on c from another thread. */
@@ -44,7 +44,11 @@ static void hold(tensord_client *c, enum td_write_kind kind, const char *what,
 	pthread_mutex_unlock(&c->lock);
 }
 
-/* What hold() kept for this call (kind and what the same), taken: true and *w. */
+/*
+ * What hold() kept, taken by the loop's worker making the same call again
+ * (kind and what the same): true and *w. Only a worker's call takes it, so
+ * a plain call never answers with a kept write's result.
+ */
 static bool take_held(tensord_client *c, enum td_write_kind kind, const char *what,
 		      struct td_write_note *w)
 {
@@ -55,7 +59,6 @@ static bool take_held(tensord_client *c, enum td_write_kind kind, const char *wh
 	       strncmp(c->held.what, what, sizeof(c->held.what) - 1) == 0;
 	if (same)
 		*w = c->held.note;
-	/* Another write came first: the kept one is its caller's error for good. */
 	c->held.valid = false;
 	pthread_mutex_unlock(&c->lock);
 	return same;
@@ -163,7 +166,7 @@ int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
 	int r, left = 0;
 
 	struct td_write_note held;
-	bool resume = !loop_thread && take_held(c, kind, what, &held);
+	bool resume = role == TENSORD_THREAD_LOOP_WORKER && take_held(c, kind, what, &held);
 
 	td_retry_begin(&rt, c, -1);
 	for (unsigned attempt = 0;; attempt++) {
@@ -173,7 +176,7 @@ int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
 		char lost[512];
 
 		if (resume) {
-			/* Lost on a loop's thread before (tensord_loop_thread()), or
+			/* Lost on a loop's thread before (tensord_thread_role()), or
 			 * the Resolve of it lost its connection: its fate is asked
 			 * (again), here, where connecting may wait. */
 			resume = false;
@@ -189,7 +192,7 @@ int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
 			if (r >= 0 || !td_gone(c, r, rt.seen) || attempt + 1 >= TD_WRITE_TRIES)
 				return r;
 			snprintf(lost, sizeof(lost), "%s", tensord_last_error());
-			if (loop_thread) {
+			if (role == TENSORD_THREAD_LOOP) {
 				/* Never connects here: kept for the caller's worker. */
 				hold(c, kind, what, &w);
 				return r;

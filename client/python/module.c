@@ -74,14 +74,18 @@ static PyObject *mod_default_socket_path(PyObject *mod, PyObject *unused)
 	return rc < 0 ? td_raise(rc) : PyUnicode_DecodeFSDefault(buf);
 }
 
-/* tensord_loop_thread(): tensord.aio's inline writes never connect on the loop's thread. */
-static PyObject *mod_loop_thread(PyObject *mod, PyObject *on)
+/* tensord_thread_role(): tensord.aio's inline writes never connect on the loop's thread. */
+static PyObject *mod_thread_role(PyObject *mod, PyObject *arg)
 {
-	int v = PyObject_IsTrue(on);
+	long r = PyLong_AsLong(arg);
 
-	if (v < 0)
+	if (r == -1 && PyErr_Occurred())
 		return NULL;
-	tensord_loop_thread(v);
+	if (r < TENSORD_THREAD_PLAIN || r > TENSORD_THREAD_LOOP_WORKER) {
+		PyErr_Format(PyExc_ValueError, "_thread_role(): %ld is no role (0, 1 or 2)", r);
+		return NULL;
+	}
+	tensord_thread_role((int)r);
 	Py_RETURN_NONE;
 }
 
@@ -98,12 +102,12 @@ static PyMethodDef mod_methods[] = {
 	  "name labels the connection (\"rollout-1\"; 1 to 63 bytes of printable ASCII without\n"
 	  "spaces) for clients() and leases() and tensorctl's clients and leases; None takes\n"
 	  "$TENSORD_CLIENT_NAME when set. One that is not valid raises tensord.Error (EINVAL)." },
-	{ "_loop_thread", mod_loop_thread, METH_O,
-	  "_loop_thread($module, on, /)\n--\n\n"
-	  "Whether the calling thread is an event loop's: a put, put_many or unlink made there\n"
-	  "that loses its connection raises ConnectionLostError instead of reconnecting, and the\n"
-	  "same call made next from another thread asks the daemon whether it took effect\n"
-	  "(tensord.aio's)." },
+	{ "_thread_role", mod_thread_role, METH_O,
+	  "_thread_role($module, role, /)\n--\n\n"
+	  "What the calling thread is to an event loop (tensord.aio's): 0 a plain thread, 1 the\n"
+	  "loop's (a put, put_many or unlink made there that loses its connection raises\n"
+	  "ConnectionLostError instead of reconnecting, and is kept), 2 the loop's worker (the\n"
+	  "same call made again there asks the daemon whether the kept one took effect)." },
 	{ "default_socket_path", mod_default_socket_path, METH_NOARGS,
 	  "default_socket_path($module, /)\n--\n\n"
 	  "Returns a str: the socket path connect() tries first when given None (and the one\n"

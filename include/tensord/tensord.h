@@ -293,16 +293,22 @@ TENSORD_API uint64_t tensord_lineage(tensord_client *client);
 TENSORD_API bool tensord_lost(tensord_client *client);
 
 /*
- * Says whether the calling thread is an event loop's (on) or not (off,
- * every thread's default), for the calls it makes from now on. A loop's
- * thread never connects (docs/restart.md, section 0.2): a put, put_many
- * or unlink made there whose connection is lost fails with its errno
- * (-ECONNRESET, -EPIPE) instead of reconnecting, and the client keeps
- * it: the same call made next on that client from another thread (the
- * loop's worker) reconnects, asks the daemon whether it took effect, and
- * returns its result or does it again, never twice (section 5). No request.
+ * What the calling thread is to an event loop, for the calls it makes
+ * from now on (every thread starts TENSORD_THREAD_PLAIN). A loop's thread
+ * never connects (docs/restart.md, section 0.2): a put, put_many or
+ * unlink made on a TENSORD_THREAD_LOOP thread whose connection is lost
+ * fails with its errno (-ECONNRESET, -EPIPE) instead of reconnecting, and
+ * the client keeps it; the same call made again on a
+ * TENSORD_THREAD_LOOP_WORKER thread (the loop's worker) reconnects, asks
+ * the daemon whether the kept one took effect, and returns its result or
+ * does it again, never twice (section 5). No request.
  */
-TENSORD_API void tensord_loop_thread(bool on);
+enum {
+	TENSORD_THREAD_PLAIN = 0,
+	TENSORD_THREAD_LOOP = 1,
+	TENSORD_THREAD_LOOP_WORKER = 2,
+};
+TENSORD_API void tensord_thread_role(int role);
 
 /*
  * Closes the connection; the daemon ends every lease this client still holds
