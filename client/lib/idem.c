@@ -162,13 +162,12 @@ int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
 	     int (*call)(tensord_client *c, void *arg), void *arg, tensord_version *ret_version,
 	     uint64_t *ret_commit)
 {
-	struct td_retry rt;
-	int r, left = 0;
-
 	struct td_write_note held;
 	bool resume = role == TENSORD_THREAD_LOOP_WORKER && take_held(c, kind, what, &held);
+	struct td_retry rt = { .seen = tensord_epoch(c) };
+	bool begun = false;
+	int r, left = 0;
 
-	td_retry_begin(&rt, c, -1);
 	for (unsigned attempt = 0;; attempt++) {
 		Tensord__ResolveReply res = TENSORD__RESOLVE_REPLY__INIT;
 		struct td_write_note w;
@@ -184,6 +183,11 @@ int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
 			r = -ECONNRESET;
 			snprintf(lost, sizeof(lost), "connection to tensord lost");
 			rt.seen = (unsigned)-1; /* any epoch: the loss was before */
+			if (!begun) {
+				td_retry_begin(&rt, c, -1);
+				rt.seen = (unsigned)-1;
+				begun = true;
+			}
 		} else {
 			last_write.sent = false;
 			r = call(c, arg);
@@ -197,6 +201,15 @@ int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
 				hold(c, kind, what, &w);
 				return r;
 			}
+		}
+		/* The retry's clock starts at the first loss: a write that goes
+		 * through pays one epoch read, not a retry's bookkeeping. */
+		if (!begun) {
+			unsigned seen = rt.seen;
+
+			td_retry_begin(&rt, c, -1);
+			rt.seen = seen;
+			begun = true;
 		}
 		if (!td_retry_again(&rt, r, &left))
 			return r;
