@@ -28,6 +28,7 @@
 #include "reply.h"
 #include "server.h"
 #include "watch.h"
+#include "daemon/persist/seqs.h"
 
 /*
  * Requests are unpacked into a bump arena that is reset after each one,
@@ -91,6 +92,22 @@ static void do_hello(struct client *cl, uint64_t id, const Tensord__Hello *m)
 		if (!conn_gone(c))
 			conn_shutdown(c);
 		return;
+	}
+	if (m->token && cl->srv->seqs && !cl->token) {
+		int r = seqs_open(cl->srv->seqs, m->token, cl->rc.uid);
+
+		if (r < 0) {
+			char why[160];
+
+			snprintf(why, sizeof(why), "hello: token %016llx: %s",
+				 (unsigned long long)m->token,
+				 r == -EPERM ? "another user's requests use it" : strerror(-r));
+			reply_status(c, TENSORD__REQUEST__BODY_HELLO, id, r, why);
+			if (!conn_gone(c))
+				conn_shutdown(c);
+			return;
+		}
+		cl->token = m->token;
 	}
 	cl->hello_done = true;
 	inspect_client_hello(cl, m->client, m->name);
@@ -269,6 +286,7 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 			conn_shutdown(c);
 		return;
 	}
+	dispatch_seqs_arm(cl, req);
 	switch (req->body_case) {
 	case TENSORD__REQUEST__BODY_HELLO:
 		do_hello(cl, req->id, req->hello);
@@ -352,10 +370,15 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 	case TENSORD__REQUEST__BODY_READOPT:
 		dispatch_do_readopt(cl, req->id, req->readopt);
 		break;
+	case TENSORD__REQUEST__BODY_RESOLVE:
+		dispatch_do_resolve(cl, req->id, req->resolve);
+		break;
 	default:
 		reply_status(c, 0, req->id, -EBADMSG, "unknown request type");
 		break;
 	}
+	if (cl->srv->seqs)
+		seqs_disarm(cl->srv->seqs);
 }
 
 void dispatch_frame(struct conn *c, const uint8_t *payload, size_t len, void *ctx)
@@ -391,6 +414,8 @@ void dispatch_on_commit(void *ctx, const struct reg_change *v, size_t n, bool lo
 {
 	struct server *srv = ctx;
 
+	/* What a client's request did, remembered and logged with the step. */
+	dispatch_seqs_step(srv, v, n);
 	/* Recorded before anyone hears of it: what a client is told survives a crash. */
 	state_on_commit(srv->state, v, n, lost);
 	for (size_t i = 0; i < n; i++)
@@ -435,6 +460,8 @@ void dispatch_close(struct conn *c, void *ctx)
 	log_debug("conn %llu: pid %u closed, dropping %u leases", (unsigned long long)c->id,
 		  cl->rc.pid, cl->rc.n_leases);
 	quota_uncharge(&srv->quota, cl->rc.uid, QUOTA_WAITERS, cl->waits.n_waiters);
+	if (cl->token && srv->seqs)
+		seqs_close(srv->seqs, cl->token);
 	waiters_drop_owner(&srv->waiters, &cl->waits);
 	remote_client_gone(&cl->srv->remote, cl);
 	watch_client_gone(cl);

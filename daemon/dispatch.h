@@ -43,6 +43,7 @@ struct client {
 	unsigned n_pending;
 	LIST_HEAD(, watcher) watches; /* its watchers (watch.c), owned */
 	bool hello_done;
+	uint64_t token; /* Hello.token, counted open in srv->seqs; 0: none */
 	/* For inspection (inspect.c): */
 	uint64_t connected_ns;             /* CLOCK_MONOTONIC at accept */
 	uint64_t requests;                 /* requests decoded */

@@ -67,4 +67,14 @@ void dispatch_set_done(struct client *cl, const struct waiter_req *req, int stat
 void dispatch_do_watch(struct client *cl, uint64_t id, const Tensord__Watch *m);
 void dispatch_do_unwatch(struct client *cl, uint64_t id, const Tensord__Unwatch *m);
 
+/*
+ * Idempotent writes (dispatch_resolve.c, docs/restart.md section 5).
+ * dispatch_seqs_arm(): before a request, whether it is an effecting one
+ * with a seq (then its first commit step is remembered as its result);
+ * dispatch_seqs_step(): a commit step's changes, before they are logged.
+ */
+void dispatch_seqs_arm(struct client *cl, const Tensord__Request *req);
+void dispatch_seqs_step(struct server *srv, const struct reg_change *v, size_t n);
+void dispatch_do_resolve(struct client *cl, uint64_t id, const Tensord__Resolve *m);
+
 #endif /* TENSORD_DISPATCH_INT_H */

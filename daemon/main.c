@@ -166,7 +166,12 @@ int main(int argc, char **argv)
 			fprintf(stderr, "tensord: %s\n", why);
 			return 1;
 		}
-		r = state_start(&srv.state, &srv.reg, max, srv.cfg.state_log_size, why,
+		srv.seqs = seqs_new(0);
+		if (!srv.seqs) {
+			fprintf(stderr, "tensord: out of memory\n");
+			return 1;
+		}
+		r = state_start(&srv.state, &srv.reg, max, srv.cfg.state_log_size, srv.seqs, why,
 				sizeof(why));
 		if (r < 0) {
 			fprintf(stderr, "tensord: %s\n", why);
@@ -230,6 +235,7 @@ int main(int argc, char **argv)
 
 	server_fini(&srv);
 	state_stop(srv.state);
+	seqs_free(srv.seqs);
 	peer_set_fini(&srv.peers);
 	uv_loop_close(srv.loop);
 	log_info("stopped");

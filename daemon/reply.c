@@ -268,6 +268,11 @@ static uint64_t daemon_instance(void)
 	return instance;
 }
 
+uint64_t reply_instance(void)
+{
+	return daemon_instance();
+}
+
 /* HelloReply.lineage: the instance's, unless a restart restored another (reply_set_lineage()). */
 static uint64_t daemon_lineage;
 

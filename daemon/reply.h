@@ -119,4 +119,7 @@ void reply_hello(struct conn *c, uint64_t req_id);
  */
 void reply_set_lineage(uint64_t lineage);
 
+/* HelloReply.instance: random, nonzero, this daemon's for its life. */
+uint64_t reply_instance(void);
+
 #endif

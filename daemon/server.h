@@ -42,6 +42,7 @@
 #include "daemon/remote/peer.h"
 #include "quarantine.h"
 #include "daemon/base/quota.h"
+#include "daemon/persist/seqs.h"
 #include "daemon/persist/state.h"
 #include "daemon/registry/registry.h"
 #include "daemon/remote/remote.h"
@@ -86,6 +87,8 @@ struct server {
 	/* Tensors kept across restarts (docs/restart.md); NULL: the store is off. */
 	struct state *state;
 	const struct state_figures *state_figures; /* its figures, for figures.c; NULL: off */
+	/* What clients' effecting requests did (daemon/persist/seqs.h); NULL: out of memory at start. */
+	struct seqs *seqs;
 	int listen_fd;
 	bool socket_inherited; /* passed by systemd: not ours to unlink */
 	bool socket_stored;    /* in the descriptor store: the next daemon serves it */

@@ -227,6 +227,12 @@ struct td_ring {
 	} sizes[TD_RING_SIZES];
 };
 
+/* The last effecting request a thread sent, and to whom (idem.c). */
+struct td_write_note {
+	bool sent;
+	uint64_t token, seq, instance, lineage;
+};
+
 struct tensord_client {
 	atomic_uint refs;     /* the user's handle plus one per live lease */
 	atomic_uint next_tx;  /* the last transaction id given out */
@@ -260,6 +266,24 @@ struct tensord_client {
 	unsigned epoch;
 	/* HelloReply.lineage (tensord_lineage()); 0: the daemon sent none. */
 	uint64_t lineage;
+	/*
+	 * Idempotent writes (idem.c): Hello.token, kept by a successor made
+	 * because the connection was lost (a fork's child takes another), and
+	 * the last Request.seq given out (guarded by lock; a successor goes on
+	 * from its predecessor's).
+	 */
+	uint64_t token, seq;
+	/*
+	 * A write lost on an event loop's thread (tensord_thread_role()), kept
+	 * for the same call made again on the loop's worker (idem.c). Guarded by lock;
+	 * the user's handle's, never a successor's.
+	 */
+	struct td_held_write {
+		bool valid;
+		int kind;      /* enum td_write_kind */
+		char what[96]; /* the call's description, which the same call matches */
+		struct td_write_note note;
+	} held;
 	LIST_ENTRY(tensord_client) all_link; /* every live client of this process (fork.c) */
 };
 
@@ -329,8 +353,8 @@ bool td_retry_again(struct td_retry *rt, int r, int *timeout_ms);
  * A request that changes nothing (stat, list, stats, leases, clients,
  * ...): call(c, arg) whole, and once more over a new connection when the
  * daemon went away meanwhile (td_retry, timeout 0). Requests that may
- * have taken effect (put, create, publish, commit, unlink) are never sent
- * twice: without the daemon's sequence numbers a retry could apply twice.
+ * have taken effect (put, publish, commit, unlink) go through td_write()
+ * instead, which asks the daemon before doing anything again.
  */
 int td_read(tensord_client *c, int (*call)(tensord_client *c, void *arg), void *arg);
 
@@ -341,6 +365,42 @@ int td_read(tensord_client *c, int (*call)(tensord_client *c, void *arg), void *
  * connection, is the daemon's answer, not a loss.
  */
 bool td_gone(tensord_client *c, int r, unsigned seen);
+
+/* idem.c: a random, nonzero client token (Hello.token). */
+uint64_t td_token_new(void);
+
+/*
+ * idem.c: an effecting request (a put, publish, commit or unlink outside a
+ * transaction) about to be sent on c gets the token's next seq, and is
+ * noted as this thread's last write. Lock held.
+ */
+void td_idem_stamp(tensord_client *c, Tensord__Request *req);
+
+/* What a write that lost its connection may do again (td_write()). */
+enum td_write_kind {
+	TD_WRITE_PUT = 1, /* a put or put_many: done again from the caller's source */
+	TD_WRITE_UNLINK,  /* done again; another lineage's daemon: ENOENT */
+	TD_WRITE_DRAFT,   /* a user's publish or commit: its draft died with the connection */
+};
+
+/*
+ * idem.c: call(c, arg), and when the connection was lost under it
+ * (td_gone()), within the reconnect grace: the daemon asked what became
+ * of the last effecting request it sent (Resolve); applied: 0, with
+ * *ret_version and *ret_commit (each NULL: not wanted) what its reply
+ * said; not applied, or lost before it went: call() again (kind PUT,
+ * UNLINK) or the loss (DRAFT, -ECONNRESET, naming what). Never twice.
+ */
+int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
+	     int (*call)(tensord_client *c, void *arg), void *arg, tensord_version *ret_version,
+	     uint64_t *ret_commit);
+
+/*
+ * requests.c: a Publish and an Unlink, once, not retried (put.c's own and
+ * its discards). The publish goes on c's own connection (td_rpc_on()).
+ */
+int td_publish(tensord_client *c, const char *name, tensord_version *ret_version);
+int td_unlink(tensord_client *c, const char *name);
 
 /* How long to go on reaching a daemon that went away: TENSORD_RECONNECT_MS, else 30 s. */
 uint64_t td_reconnect_grace_ms(void);
@@ -365,6 +425,13 @@ int td_connect_socket(const char *socket_path, char *ret_path, size_t len);
  * status is returned as that status, message set.
  */
 int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply, int *ret_fd);
+
+/*
+ * td_rpc() on c's own connection, never a successor's: a request about
+ * what lives in that connection (a draft's publish, a transaction's
+ * commit) fails with the connection's error when it was lost.
+ */
+int td_rpc_on(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply, int *ret_fd);
 
 /*
  * The halves of td_rpc(), for requests answered in parts, pipelined, or

@@ -20,6 +20,9 @@
 #include "common/desc.h"
 #include "proto/frame.h"
 
+static int connect_as(const char *socket_path, const char *name, tensord_client *before,
+		      tensord_client **ret_client);
+
 void td_client_ref(tensord_client *c)
 {
 	atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
@@ -238,7 +241,10 @@ static int current(tensord_client **pc, bool throttled)
 		if (!mine) {
 			/* Not under c's lock: connecting takes the list's lock,
 			 * which a fork takes before c's. */
-			r = tensord_connect_named(c->path, *c->label ? c->label : NULL, &mine);
+			/* A lost connection's successor keeps its token (idem.c);
+			 * a forked child's is another client. */
+			r = connect_as(c->path, *c->label ? c->label : NULL, lost ? c : NULL,
+				       &mine);
 			if (r < 0) {
 				/* A copy: the message is written over the buffer
 				 * tensord_last_error() gives. */
@@ -472,6 +478,7 @@ static int hello(tensord_client *c, const char *path)
 	hello.version = TENSORD_PROTOCOL_VERSION;
 	hello.client = "libtensord";
 	hello.name = c->label;
+	hello.token = c->token;
 	req.body_case = TENSORD__REQUEST__BODY_HELLO;
 	req.hello = &hello;
 	r = td_rpc_start(c, &req, &p);
@@ -553,6 +560,16 @@ static int connect_label(const char *name, char *label, size_t len)
 
 int tensord_connect_named(const char *socket_path, const char *name, tensord_client **ret_client)
 {
+	return connect_as(socket_path, name, NULL, ret_client);
+}
+
+/*
+ * A connection to socket_path; before (NULL: none) is the one it follows
+ * after a lost connection, whose token and seqs it goes on with (idem.c).
+ */
+static int connect_as(const char *socket_path, const char *name, tensord_client *before,
+		      tensord_client **ret_client)
+{
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	char label[TENSORD_LABEL_MAX + 1];
 	tensord_client *c;
@@ -566,6 +583,12 @@ int tensord_connect_named(const char *socket_path, const char *name, tensord_cli
 	if (!c)
 		return td_set_error(-ENOMEM, "out of memory");
 	memcpy(c->label, label, sizeof(label));
+	c->token = before ? before->token : td_token_new();
+	if (before) {
+		pthread_mutex_lock(&before->lock);
+		c->seq = before->seq;
+		pthread_mutex_unlock(&before->lock);
+	}
 	r = td_connect_socket(socket_path, path, sizeof(path));
 	if (r >= 0) {
 		c->conn.fd = r;

@@ -123,6 +123,17 @@ struct put_to {
 };
 
 /*
+ * Whether r says the connection went: the draft went with it, and an
+ * unlink to discard it would reach the next daemon, where the name may
+ * be the put's own version already (td_write() finds out).
+ */
+static bool conn_error(int r)
+{
+	return r == -ECONNRESET || r == -EPIPE || r == -ECONNABORTED || r == -ECONNREFUSED ||
+	       r == -ENOTCONN;
+}
+
+/*
  * Publishes what put() filled in (when r is 0), or removes the half-made
  * tensor; ends the creator's lease either way. Returns the first error. In
  * a transaction the commit publishes, and the caller aborts on failure.
@@ -131,12 +142,12 @@ static int publish_or_discard(tensord_client *c, const char *name, DLManagedTens
 			      int r, const struct put_to *to)
 {
 	if (r == 0 && !to->tx)
-		r = tensord_publish_version(c, name, to->version);
-	if (r < 0 && !to->tx) {
+		r = td_publish(c, name, to->version);
+	if (r < 0 && !to->tx && !conn_error(r)) {
 		char saved[512];
 
 		snprintf(saved, sizeof(saved), "%s", tensord_last_error());
-		tensord_unlink(c, name);
+		td_unlink(c, name);
 		td_set_error(r, "%s", saved);
 	}
 	if (r == 0 && to->keep && !*to->keep)
@@ -384,10 +395,10 @@ static int put_host(tensord_client *c, const char *name, const DLTensor *src,
 	if (recycle)
 		td_ring_end(c);
 	if (r == 0 && !to->tx)
-		r = tensord_publish_version(c, name, to->version);
-	if (r < 0 && !to->tx) {
+		r = td_publish(c, name, to->version);
+	if (r < 0 && !to->tx && !conn_error(r)) {
 		snprintf(saved, sizeof(saved), "%s", tensord_last_error());
-		tensord_unlink(c, name);
+		td_unlink(c, name);
 		td_set_error(r, "%s", saved);
 	}
 	td_lease_end(c, lease);
@@ -600,14 +611,33 @@ int td_put_member(tensord_client *c, const char *name, const DLTensor *src, uint
 	return put_device(c, name, src, flags, mode, td_dtype_size(src->dtype), &to);
 }
 
-int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
-		uint32_t mode)
+struct put_call {
+	const char *name;
+	const DLTensor *src;
+	uint32_t flags, mode;
+	tensord_version *version;
+};
+
+static int put_once(tensord_client *c, void *arg)
 {
-	return td_put(c, name, src, flags, mode, 0, NULL);
+	struct put_call *p = arg;
+
+	return td_put(c, p->name, p->src, p->flags, p->mode, 0, p->version);
 }
 
 int tensord_put_version(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
 			uint32_t mode, tensord_version *ret_version)
 {
-	return td_put(c, name, src, flags, mode, 0, ret_version);
+	struct put_call p = { name, src, flags, mode, ret_version };
+	char what[300];
+
+	/* A put whose connection is lost is done again from src, never twice (idem.c). */
+	snprintf(what, sizeof(what), "tensor '%s': put", name ? name : "(null)");
+	return td_write(c, TD_WRITE_PUT, what, put_once, &p, ret_version, NULL);
+}
+
+int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
+		uint32_t mode)
+{
+	return tensord_put_version(c, name, src, flags, mode, NULL);
 }

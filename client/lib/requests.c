@@ -273,7 +273,7 @@ static int lease_in_ring(tensord_client *c, const char *name, Tensord__Reply *re
 		char saved[512];
 
 		snprintf(saved, sizeof(saved), "%s", tensord_last_error());
-		tensord_unlink(c, name);
+		td_unlink(c, name);
 		td_set_error(r, "%s", saved);
 	}
 	return r;
@@ -575,7 +575,7 @@ int tensord_publish(tensord_client *c, const char *name)
 	return tensord_publish_version(c, name, NULL);
 }
 
-int tensord_publish_version(tensord_client *c, const char *name, tensord_version *ret_version)
+int td_publish(tensord_client *c, const char *name, tensord_version *ret_version)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Publish pub = TENSORD__PUBLISH__INIT;
@@ -585,8 +585,6 @@ int tensord_publish_version(tensord_client *c, const char *name, tensord_version
 	int r;
 
 	r = check_name(name);
-	if (r == 0)
-		r = td_client_current(&c);
 	if (r < 0)
 		return r;
 	/*
@@ -602,7 +600,7 @@ int tensord_publish_version(tensord_client *c, const char *name, tensord_version
 	pub.name = (char *)name;
 	req.body_case = TENSORD__REQUEST__BODY_PUBLISH;
 	req.publish = &pub;
-	r = td_rpc(c, &req, &rep, NULL);
+	r = td_rpc_on(c, &req, &rep, NULL);
 	if (r == 0) {
 		td_version_from_reply(rep, ret_version);
 		tensord__reply__free_unpacked(rep, NULL);
@@ -624,7 +622,36 @@ int tensord_publish_version(tensord_client *c, const char *name, tensord_version
 	return r;
 }
 
-int tensord_unlink(tensord_client *c, const char *name)
+struct write_call {
+	const char *name;
+	tensord_version *version;
+};
+
+static int publish_once(tensord_client *c, void *arg)
+{
+	struct write_call *w = arg;
+
+	int r;
+
+	/* The connection the draft was made on: lost, the draft went with it
+	 * (a new connection's publish would name another); else the one that
+	 * serves (a forked child's own: the parent's draft is not its). */
+	if (tensord_lost(c))
+		return td_publish(td_client_latest(c), w->name, w->version);
+	r = td_client_current(&c);
+	return r < 0 ? r : td_publish(c, w->name, w->version);
+}
+
+int tensord_publish_version(tensord_client *c, const char *name, tensord_version *ret_version)
+{
+	struct write_call w = { name, ret_version };
+	char what[300];
+
+	snprintf(what, sizeof(what), "tensor '%s': publish", name ? name : "(null)");
+	return td_write(c, TD_WRITE_DRAFT, what, publish_once, &w, ret_version, NULL);
+}
+
+int td_unlink(tensord_client *c, const char *name)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Unlink ul = TENSORD__UNLINK__INIT;
@@ -636,6 +663,20 @@ int tensord_unlink(tensord_client *c, const char *name)
 	req.body_case = TENSORD__REQUEST__BODY_UNLINK;
 	req.unlink = &ul;
 	return simple_rpc(c, &req);
+}
+
+static int unlink_once(tensord_client *c, void *arg)
+{
+	return td_unlink(c, ((struct write_call *)arg)->name);
+}
+
+int tensord_unlink(tensord_client *c, const char *name)
+{
+	struct write_call w = { name, NULL };
+	char what[300];
+
+	snprintf(what, sizeof(what), "tensor '%s': unlink", name ? name : "(null)");
+	return td_write(c, TD_WRITE_UNLINK, what, unlink_once, &w, NULL, NULL);
 }
 
 struct stat_call {

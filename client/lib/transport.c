@@ -508,6 +508,7 @@ int td_rpc_start(tensord_client *c, Tensord__Request *req, struct td_pending *p)
 		return td_set_error(r, "client is closed: %s", tensord_strerror(r));
 	}
 	p->id = ++c->conn.next_id;
+	td_idem_stamp(c, req);
 	p->next = c->conn.pending;
 	c->conn.pending = p;
 	/* Its events may come in the read that brings its reply. */
@@ -602,7 +603,6 @@ void td_pending_clear(struct td_pending *p)
 
 int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply, int *ret_fd)
 {
-	struct td_pending p = { .fd = -1 };
 	int r;
 
 	/* Requests that make no lease may be sent from any client handle;
@@ -610,7 +610,14 @@ int td_rpc(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply,
 	r = td_client_current(&c);
 	if (r < 0)
 		return r;
-	r = td_rpc_start(c, req, &p);
+	return td_rpc_on(c, req, ret_reply, ret_fd);
+}
+
+int td_rpc_on(tensord_client *c, Tensord__Request *req, Tensord__Reply **ret_reply, int *ret_fd)
+{
+	struct td_pending p = { .fd = -1 };
+	int r = td_rpc_start(c, req, &p);
+
 	if (r < 0)
 		return r;
 	td_rpc_wait(c, &p);

@@ -136,7 +136,8 @@ int tensord_tx_unlink(tensord_tx *tx, const char *name)
 	return r;
 }
 
-int tensord_tx_commit(tensord_tx *tx, uint64_t *ret_commit)
+/* The commit, once, not retried (put_many's own: it does the whole set again). */
+static int tx_commit(tensord_tx *tx, uint64_t *ret_commit)
 {
 	Tensord__Request req = TENSORD__REQUEST__INIT;
 	Tensord__Commit cm = TENSORD__COMMIT__INIT;
@@ -157,7 +158,8 @@ int tensord_tx_commit(tensord_tx *tx, uint64_t *ret_commit)
 		cm.tx = tx->id;
 		req.body_case = TENSORD__REQUEST__BODY_COMMIT;
 		req.commit = &cm;
-		r = td_rpc(tx->c, &req, &rep, NULL);
+		/* Its members live in tx->c's connection: never a successor's. */
+		r = td_rpc_on(tx->c, &req, &rep, NULL);
 	} else {
 		n--; /* the one that failed holds nothing */
 		tx_fail(tx);
@@ -173,6 +175,31 @@ int tensord_tx_commit(tensord_tx *tx, uint64_t *ret_commit)
 			rep->body_case == TENSORD__REPLY__BODY_COMMIT ? rep->commit->commit : 0;
 	tensord__reply__free_unpacked(rep, NULL);
 	return 0;
+}
+
+struct commit_call {
+	tensord_tx *tx;
+	uint64_t *commit;
+};
+
+static int commit_once(tensord_client *c, void *arg)
+{
+	struct commit_call *k = arg;
+
+	return tx_commit(k->tx, k->commit);
+}
+
+int tensord_tx_commit(tensord_tx *tx, uint64_t *ret_commit)
+{
+	struct commit_call k = { tx, ret_commit };
+	char what[64];
+	int r = tx_usable(tx);
+
+	if (r < 0)
+		return r;
+	/* Its members died with a lost connection: applied, or lost (idem.c). */
+	snprintf(what, sizeof(what), "transaction %u: commit", tx->id);
+	return td_write(tx->c, TD_WRITE_DRAFT, what, commit_once, &k, NULL, ret_commit);
 }
 
 int tensord_tx_abort(tensord_tx *tx)
@@ -525,8 +552,8 @@ static int put_start(tensord_client *c, struct put_slot *s)
 	return r;
 }
 
-int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n, uint32_t flags,
-		     uint32_t mode, uint64_t *ret_commit)
+static int put_many_once(tensord_client *c, const tensord_put_item *items, size_t n, uint32_t flags,
+			 uint32_t mode, uint64_t *ret_commit)
 {
 	struct deferred dv = { 0 };
 	struct put_slot *slots, *s;
@@ -631,10 +658,35 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 	if (arena_size)
 		td_ring_end(c);
 	if (r == 0)
-		r = tensord_tx_commit(tx, ret_commit);
+		r = tx_commit(tx, ret_commit);
 	else if (tx)
 		tx_fail(tx);
 	tensord_tx_free(tx);
 	free(slots);
 	return r;
+}
+
+struct put_many_call {
+	const tensord_put_item *items;
+	size_t n;
+	uint32_t flags, mode;
+	uint64_t *commit;
+};
+
+static int put_many_call(tensord_client *c, void *arg)
+{
+	struct put_many_call *p = arg;
+
+	return put_many_once(c, p->items, p->n, p->flags, p->mode, p->commit);
+}
+
+int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n, uint32_t flags,
+		     uint32_t mode, uint64_t *ret_commit)
+{
+	struct put_many_call p = { items, n, flags, mode, ret_commit };
+	char what[64];
+
+	/* A set whose connection is lost is put again whole, never twice (idem.c). */
+	snprintf(what, sizeof(what), "put_many of %zu tensors", n);
+	return td_write(c, TD_WRITE_PUT, what, put_many_call, &p, NULL, ret_commit);
 }

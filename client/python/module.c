@@ -74,6 +74,21 @@ static PyObject *mod_default_socket_path(PyObject *mod, PyObject *unused)
 	return rc < 0 ? td_raise(rc) : PyUnicode_DecodeFSDefault(buf);
 }
 
+/* tensord_thread_role(): tensord.aio's inline writes never connect on the loop's thread. */
+static PyObject *mod_thread_role(PyObject *mod, PyObject *arg)
+{
+	long r = PyLong_AsLong(arg);
+
+	if (r == -1 && PyErr_Occurred())
+		return NULL;
+	if (r < TENSORD_THREAD_PLAIN || r > TENSORD_THREAD_LOOP_WORKER) {
+		PyErr_Format(PyExc_ValueError, "_thread_role(): %ld is no role (0, 1 or 2)", r);
+		return NULL;
+	}
+	tensord_thread_role((int)r);
+	Py_RETURN_NONE;
+}
+
 static PyMethodDef mod_methods[] = {
 	{ "connect", (PyCFunction)(void (*)(void))mod_connect, METH_VARARGS | METH_KEYWORDS,
 	  "connect(path=None, *, name=None)\n--\n\n"
@@ -87,6 +102,12 @@ static PyMethodDef mod_methods[] = {
 	  "name labels the connection (\"rollout-1\"; 1 to 63 bytes of printable ASCII without\n"
 	  "spaces) for clients() and leases() and tensorctl's clients and leases; None takes\n"
 	  "$TENSORD_CLIENT_NAME when set. One that is not valid raises tensord.Error (EINVAL)." },
+	{ "_thread_role", mod_thread_role, METH_O,
+	  "_thread_role($module, role, /)\n--\n\n"
+	  "What the calling thread is to an event loop (tensord.aio's): 0 a plain thread, 1 the\n"
+	  "loop's (a put, put_many or unlink made there that loses its connection raises\n"
+	  "ConnectionLostError instead of reconnecting, and is kept), 2 the loop's worker (the\n"
+	  "same call made again there asks the daemon whether the kept one took effect)." },
 	{ "default_socket_path", mod_default_socket_path, METH_NOARGS,
 	  "default_socket_path($module, /)\n--\n\n"
 	  "Returns a str: the socket path connect() tries first when given None (and the one\n"

@@ -11,6 +11,7 @@ _Static_assert(sizeof(struct rec_begin) == 32, "BEGIN is 32 bytes");
 _Static_assert(sizeof(struct rec_step) == 32, "a STEP's head is 32 bytes");
 _Static_assert(sizeof(struct rec_entry) == 48, "an entry is 48 bytes");
 _Static_assert(sizeof(struct rec_memory) == 64, "an entry's memory is 64 bytes");
+_Static_assert(sizeof(struct rec_seq) == 48, "a request's entry is 48 bytes");
 
 void *rec_put(struct rec_buf *b, const void *src, size_t n)
 {
@@ -150,6 +151,22 @@ int rec_step_parse(const uint8_t *body, size_t len, struct rec_step *ret_head,
 			return -1;
 		}
 		memcpy(&p.e, body + off, sizeof(p.e));
+		if (p.e.kind == ENTRY_SEQ) {
+			if (p.e.name_len || p.e.ndim) {
+				*why = "a request's entry with a name or dimensions";
+				return -1;
+			}
+			if (len - off < rec_entry_size(&p.e)) {
+				*why = "an entry past the end of its step";
+				return -1;
+			}
+			memcpy(&p.s, body + off + sizeof(p.e), sizeof(p.s));
+			r = fn(arg, &p, why);
+			if (r < 0)
+				return r;
+			off += rec_entry_size(&p.e);
+			continue;
+		}
 		if (p.e.kind < ENTRY_PUBLISHED || p.e.kind > ENTRY_UNLINKED || !p.e.name_len ||
 		    p.e.name_len > REC_NAME_MAX || p.e.ndim > REC_NDIM_MAX) {
 			*why = "an entry of no known kind, name length or dimensions";

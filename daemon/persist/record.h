@@ -62,6 +62,14 @@ enum rec_entry_kind {
 	ENTRY_PUBLISHED = 1, /* published, its memory stored: restorable */
 	ENTRY_NAMED = 2,     /* published, not restorable: only its generation counts */
 	ENTRY_UNLINKED = 3,
+	/*
+	 * Not a name: what a client's effecting request did (its token and
+	 * seq, docs/restart.md section 5), so that a restarted daemon answers
+	 * its Resolve. A rec_entry with no name and no dimensions, then a
+	 * rec_seq. Logs of daemons before it have none (and those daemons
+	 * refuse a log that has one: a downgrade restores nothing).
+	 */
+	ENTRY_SEQ = 4,
 };
 
 struct rec_entry {
@@ -80,6 +88,15 @@ struct rec_memory {
 	uint8_t uuid[16]; /* a GPU's, which finds it again whatever its ordinal */
 };
 
+/* Of an ENTRY_SEQ, after the entry. */
+struct rec_seq {
+	uint64_t token, seq;
+	uint64_t generation, commit;
+	uint32_t uid;
+	uint32_t kind; /* enum seq_kind (daemon/persist/seqs.h) */
+	uint32_t published, unlinked;
+};
+
 /*
  * An entry's bytes: rec_entry, rec_memory (published only), shape and
  * strides (ndim int64 each, published only), the name, padding to 8.
@@ -88,6 +105,8 @@ static inline size_t rec_entry_size(const struct rec_entry *e)
 {
 	size_t n = sizeof(*e) + e->name_len;
 
+	if (e->kind == ENTRY_SEQ)
+		return sizeof(*e) + sizeof(struct rec_seq);
 	if (e->kind == ENTRY_PUBLISHED)
 		n += sizeof(struct rec_memory) + 2 * (size_t)e->ndim * sizeof(int64_t);
 	return (n + 7) & ~(size_t)7;
@@ -113,8 +132,10 @@ void rec_seal(struct rec_buf *b, uint64_t seq, uint64_t lineage);
 struct rec_parsed {
 	struct rec_entry e;
 	struct rec_memory m; /* ENTRY_PUBLISHED only */
+	struct rec_seq s;    /* ENTRY_SEQ only */
 	const uint8_t *dims; /* ENTRY_PUBLISHED: shape then strides, ndim int64 each */
-	const char *name;    /* e.name_len bytes, no NUL among them, not terminated */
+	const char
+		*name; /* e.name_len bytes, no NUL among them, not terminated; ENTRY_SEQ: NULL, 0 */
 };
 
 /*

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -318,6 +319,14 @@ void st_put_unlinked(struct rec_buf *b, const struct reg_change *c)
 	rec_put(b, NULL, rec_entry_size(&e) - sizeof(e) - c->name_len);
 }
 
+void st_put_seq(struct rec_buf *b, const struct rec_seq *q)
+{
+	struct rec_entry e = { .kind = ENTRY_SEQ };
+
+	rec_put(b, &e, sizeof(e));
+	rec_put(b, q, sizeof(*q));
+}
+
 /* Room for n more bytes in l: allocated and mapped. 0 or -errno. */
 static int slog_room(struct st_log *l, uint64_t n)
 {
@@ -400,17 +409,22 @@ void state_flush(struct state *st)
 void state_on_commit(struct state *st, const struct reg_change *v, size_t n, bool lost)
 {
 	struct rec_step sh = { 0 };
+	const struct rec_seq *q;
 	struct stat mst;
 	int r;
 
 	if (!st || st->stopped)
 		return;
+	/* The client request that made the step, if one did: its result goes with it. */
+	q = seqs_take_step(st->seqs);
 	rec_begin(&st->buf, REC_STEP);
 	sh.commit = n ? v[n - 1].commit : 0;
 	sh.next_commit = st->reg->next_commit;
 	sh.gen_floor = st->reg->gen_floor;
-	sh.n = (uint32_t)n;
+	sh.n = (uint32_t)n + (q ? 1 : 0);
 	rec_put(&st->buf, &sh, sizeof(sh));
+	if (q)
+		st_put_seq(&st->buf, q);
 	for (size_t i = 0; i < n; i++) {
 		const struct reg_change *c = &v[i];
 		struct st_name *nm = name_get(st, c->name, c->name_len);
@@ -432,6 +446,9 @@ void state_on_commit(struct state *st, const struct reg_change *v, size_t n, boo
 		}
 	}
 	r = lost ? -ENOMEM : slog_append(st);
+	/* A test's crash between the record and the reply (tests/python/test_idempotent.py). */
+	if (r == 0 && q && st->kill_after && --st->kill_after == 0)
+		raise(SIGKILL);
 	if (r == 0 && st->log.off > st->log_max)
 		r = -EFBIG;
 	if (r < 0) {
@@ -496,6 +513,14 @@ static void snap_tomb(void *arg, const struct reg_change *c)
 	s->n++;
 }
 
+static void snap_seq(void *arg, const struct rec_seq *q)
+{
+	struct snap *s = arg;
+
+	st_put_seq(&s->st->buf, q);
+	s->n++;
+}
+
 /* A new log in *l with the whole state in it, not yet stored: 0 or -errno. */
 static int slog_write_whole(struct state *st, bool count, uint64_t serial, struct st_log *l)
 {
@@ -523,6 +548,8 @@ static int slog_write_whole(struct state *st, bool count, uint64_t serial, struc
 	rec_put(&st->buf, &sh, sizeof(sh));
 	registry_each_published(st->reg, snap_tensor, &s);
 	registry_tombs_each(st->reg, "", 0, snap_tomb, &s);
+	if (st->seqs)
+		seqs_each(st->seqs, snap_seq, &s);
 	if (!st->buf.failed)
 		memcpy(st->buf.p + sizeof(struct rec_head) + offsetof(struct rec_step, n), &s.n,
 		       sizeof(s.n));

@@ -27,6 +27,7 @@
 #include "daemon/registry/registry.h"
 
 struct state;
+struct seqs;
 
 /* What stats and the metrics endpoint show of it. */
 struct state_figures {
@@ -49,9 +50,11 @@ struct state_figures {
  * and takes every passed descriptor that is state or memory. log_max:
  * rewrite the log past it. *ret is NULL when off. 0, or -errno with the
  * reason (the daemon does not start: it could not keep what it promised).
+ * seqs (borrowed, NULL: none): what clients' requests did, restored from
+ * the log and logged with each step from then on (seqs.h).
  */
 int state_start(struct state **ret, struct registry *reg, uint64_t max_fds, uint64_t log_max,
-		char *why, size_t why_len);
+		struct seqs *seqs, char *why, size_t why_len);
 
 /*
  * A commit step's changes (registry.on_commit, before anyone hears of

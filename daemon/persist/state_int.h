@@ -10,6 +10,7 @@
 #include <uv/tree.h>
 
 #include "record.h"
+#include "seqs.h"
 #include "state.h"
 
 /*
@@ -78,6 +79,10 @@ struct state {
 	size_t n_gone, cap_gone;
 	bool stopped, full_warned, broken_warned;
 	struct state_figures fig;
+	/* What clients' requests did (seqs.h): borrowed, the server's; logged with each step. */
+	struct seqs *seqs;
+	/* TENSORD_TEST_KILL_AFTER_REQUEST=N: SIGKILL right after the Nth request's step is recorded. */
+	unsigned long kill_after;
 };
 
 /* The store's name of the memory of identity (dev, ino): "tm.<dev>.<ino>" in hex. */
@@ -91,6 +96,8 @@ void st_put_entry(struct rec_buf *b, const struct tensor *t, enum rec_entry_kind
 		  uint64_t generation, uint64_t commit, const struct st_mem *m,
 		  const struct stat *mst);
 void st_put_unlinked(struct rec_buf *b, const struct reg_change *c);
+/* Appends an ENTRY_SEQ: what a client's request did (seqs.h). */
+void st_put_seq(struct rec_buf *b, const struct rec_seq *q);
 
 /*
  * Writes the whole state into a new log numbered serial, stores it, and

@@ -103,8 +103,15 @@ _Static_assert(REC_NAME_MAX == TENSORD_NAME_MAX && REC_NDIM_MAX == TENSORD_NDIM_
 static int apply_entry(void *arg, const struct rec_parsed *p, const char **why)
 {
 	struct replay *rp = arg;
-	struct rp_name *n = calloc(1, sizeof(*n) + p->e.name_len + 1), *old;
+	struct rp_name *n, *old;
 
+	if (p->e.kind == ENTRY_SEQ) {
+		/* What a client's request did (seqs.h): its Resolve is answered. */
+		if (rp->st->seqs)
+			seqs_restore(rp->st->seqs, &p->s);
+		return 0;
+	}
+	n = calloc(1, sizeof(*n) + p->e.name_len + 1);
 	if (!n) {
 		*why = "out of memory";
 		return -1;
@@ -359,7 +366,10 @@ int st_restore(struct state *st, uint64_t *ret_serial, char *why, size_t why_len
 		rp.gen_floor = best_bg.gen_floor;
 		st->lineage = best_lineage;
 		if (!replay_log(&rp, best, best_lineage)) {
-			/* Nothing of it, but its generations stay given out. */
+			/* Nothing of it, but its generations stay given out, and
+			 * what clients' requests did is not known (Resolve says so). */
+			if (st->seqs)
+				seqs_forget_all(st->seqs);
 			RB_FOREACH_SAFE(n, rp_names, &rp.names, nn)
 			{
 				if (n->e.generation > rp.gen_floor)
@@ -460,7 +470,7 @@ static void close_passed_state(void)
 }
 
 int state_start(struct state **ret, struct registry *reg, uint64_t max_fds, uint64_t log_max,
-		char *why, size_t why_len)
+		struct seqs *seqs, char *why, size_t why_len)
 {
 	struct state *st;
 	uint64_t serial = 0;
@@ -481,6 +491,12 @@ int state_start(struct state **ret, struct registry *reg, uint64_t max_fds, uint
 		return -ENOMEM;
 	}
 	st->reg = reg;
+	st->seqs = seqs;
+	{
+		const char *k = getenv("TENSORD_TEST_KILL_AFTER_REQUEST");
+
+		st->kill_after = k && *k ? strtoul(k, NULL, 10) : 0;
+	}
 	st->max_fds = max_fds;
 	st->log_max = log_max ? log_max : STATE_LOG_DEFAULT;
 	st->log.fd = -1;

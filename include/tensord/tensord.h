@@ -298,6 +298,24 @@ TENSORD_API uint64_t tensord_lineage(tensord_client *client);
 TENSORD_API bool tensord_lost(tensord_client *client);
 
 /*
+ * What the calling thread is to an event loop, for the calls it makes
+ * from now on (every thread starts TENSORD_THREAD_PLAIN). A loop's thread
+ * never connects (docs/restart.md, section 0.2): a put, put_many or
+ * unlink made on a TENSORD_THREAD_LOOP thread whose connection is lost
+ * fails with its errno (-ECONNRESET, -EPIPE) instead of reconnecting, and
+ * the client keeps it; the same call made again on a
+ * TENSORD_THREAD_LOOP_WORKER thread (the loop's worker) reconnects, asks
+ * the daemon whether the kept one took effect, and returns its result or
+ * does it again, never twice (section 5). No request.
+ */
+enum {
+	TENSORD_THREAD_PLAIN = 0,
+	TENSORD_THREAD_LOOP = 1,
+	TENSORD_THREAD_LOOP_WORKER = 2,
+};
+TENSORD_API void tensord_thread_role(int role);
+
+/*
  * Closes the connection; the daemon ends every lease this client still holds
  * and unlinks its connection-lifetime tensors. Host and CUDA VMM mappings
  * stay valid until each tensor's deleter runs. GPU memory the daemon exports
@@ -379,12 +397,22 @@ TENSORD_API int tensord_attach_legacy(tensord_client *client, const char *name, 
  * outlives it. -EFAULT, before anything is sent, when src's bytes cannot
  * be where it says: a NULL data pointer for a non-empty tensor, a
  * byte_offset or strides that run past either end of the address space,
- * or host memory not mapped in this process.
+ * or host memory not mapped in this process. When the daemon goes while
+ * it is under way, it is never applied twice (docs/restart.md, section
+ * 5): it reconnects, asks a daemon of the same lineage whether it took
+ * effect and returns as its reply would have, or puts again from src
+ * (which must still hold the bytes: it is borrowed until the call
+ * returns).
  */
 TENSORD_API int tensord_put(tensord_client *client, const char *name, const DLTensor *src,
 			    uint32_t flags, uint32_t mode);
 
-/* Removes the name; memory lives until the last lease ends. -ENOENT, -EPERM. */
+/*
+ * Removes the name; memory lives until the last lease ends. -ENOENT,
+ * -EPERM. Lost with the daemon while under way: asked about and done
+ * again only if it did not take effect; -ENOENT from a daemon that
+ * restarted empty (docs/restart.md, section 5).
+ */
 TENSORD_API int tensord_unlink(tensord_client *client, const char *name);
 
 /*
@@ -398,7 +426,12 @@ typedef struct tensord_version {
 	uint64_t commit;     /* daemon-wide */
 } tensord_version;
 
-/* tensord_publish(); *ret_version (NULL: not wanted) gets the generation and commit made. */
+/*
+ * tensord_publish(); *ret_version (NULL: not wanted) gets the generation
+ * and commit made. Lost with the daemon while under way: the recorded
+ * result when it took effect, else -ECONNRESET saying the draft was lost
+ * (it died with its connection; docs/restart.md, section 5).
+ */
 TENSORD_API int tensord_publish_version(tensord_client *client, const char *name,
 					tensord_version *ret_version);
 
@@ -449,7 +482,9 @@ TENSORD_API int tensord_tx_unlink(tensord_tx *tx, const char *name);
  * staged). On failure (a member that cannot be published, a staged name
  * gone) nothing is visible and the transaction is aborted. Either way tx
  * is over (its handle stays valid for tensord_tx_free()). Tensors the
- * caller holds from tensord_tx_create() stay valid (their leases).
+ * caller holds from tensord_tx_create() stay valid (their leases). Lost
+ * with the daemon while under way: its recorded commit when it took
+ * effect, else -ECONNRESET saying the members were lost.
  */
 TENSORD_API int tensord_tx_commit(tensord_tx *tx, uint64_t *ret_commit);
 
@@ -468,7 +503,9 @@ typedef struct tensord_put_item {
 /*
  * Puts n tensors as one transaction (one commit, *ret_commit, may be
  * NULL), their requests pipelined: far fewer round trips than n puts.
- * flags and mode as tensord_put()'s, for every item.
+ * flags and mode as tensord_put()'s, for every item. Lost with the daemon
+ * while under way: applied once, as tensord_put() (the whole set again
+ * when it did not take effect).
  */
 TENSORD_API int tensord_put_many(tensord_client *client, const tensord_put_item *items, size_t n,
 				 uint32_t flags, uint32_t mode, uint64_t *ret_commit);

@@ -4,7 +4,8 @@
  * log, damaged in any way. Records are checked from the front as
  * state_restore.c does until the end or the first that is not whole, and
  * every STEP's entries are read; nothing may read outside the input, and
- * every entry handed on must lie inside its record.
+ * every entry handed on must lie inside its record (a request's entry,
+ * ENTRY_SEQ, has no name and a rec_seq copied out whole).
  *
  * Checksums make most mutated inputs stop at their first record, so the
  * target also reads the first record's body as a step without its check:
@@ -34,6 +35,11 @@ static int entry(void *arg, const struct rec_parsed *p, const char **why)
 	size_t dims = p->e.kind == ENTRY_PUBLISHED ? 2 * (size_t)p->e.ndim * sizeof(int64_t) : 0;
 
 	(void)why;
+	if (p->e.kind == ENTRY_SEQ) {
+		/* A request's entry (what a client's put did): no name, its rec_seq whole. */
+		CHECK(p->e.name_len == 0 && p->e.ndim == 0 && !p->name && !p->dims);
+		return 0;
+	}
 	CHECK(p->e.name_len >= 1 && p->e.name_len <= REC_NAME_MAX);
 	CHECK(p->e.ndim <= REC_NDIM_MAX);
 	CHECK((const uint8_t *)p->name >= s->lo &&

@@ -39,6 +39,11 @@ def fb(field, data):
     return varint(field << 3 | 2) + varint(len(data)) + data
 
 
+def ff64(field, value):
+    """A fixed64 field."""
+    return varint(field << 3 | 1) + struct.pack("<Q", value)
+
+
 def zigzag(n):
     return (n << 1) ^ (n >> 31)
 
@@ -113,6 +118,7 @@ SEEDS = {
     "list_after": frame(req(53, 9, fb(1, "model/") + fb(2, "model/a") + fv(3, 3))),
     "readopt": frame(req(54, 27, fb(1, fb(1, "small/w") + fv(2, 1))
                          + fb(1, fb(1, "model/w") + fv(2, (1 << 64) - 1)) + fb(1, b""))),
+    "resolve": frame(req(55, 28, ff64(1, 0x1234) + fv(2, 7) + ff64(3, 0x5678))),
     # Peer frames (proto/peer.proto: PeerFrame), as another daemon sends them.
     "peer_hello": frame(fb(1, fv(1, 1) + fb(2, "node-a") + fv(3, 0x1234) + fb(4, b"n" * 32)
                           + fb(5, b"p" * 32))),

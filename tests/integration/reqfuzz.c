@@ -709,6 +709,8 @@ enum {
 	K_PEER_LIST,
 	K_TX_CREATE,
 	K_TX_UNLINK,
+	K_RESOLVE,
+	K_READOPT,
 	K_KINDS
 };
 
@@ -745,7 +747,10 @@ static void one(struct conn *c, unsigned k, const char *name)
 		Tensord__Unreserve unreserve;
 		Tensord__BindPage bind_page;
 		Tensord__PeerList peer_list;
+		Tensord__Resolve resolve;
+		Tensord__Readopt readopt;
 	} m;
+	Tensord__ReadoptLease ro[5], *pro[5];
 
 	if (!name)
 		name = pick_name(nb, sizeof(nb));
@@ -757,6 +762,9 @@ static void one(struct conn *c, unsigned k, const char *name)
 		m.hello.version = chance(c->next_id == 1 ? 98 : 80) ? TENSORD_PROTOCOL_VERSION
 								    : (uint32_t)rnd();
 		m.hello.client = (char *)"reqfuzz";
+		/* Tokens from a few, so that Resolves find what seqs did. */
+		if (chance(70))
+			m.hello.token = 1 + below(8);
 		req.body_case = TENSORD__REQUEST__BODY_HELLO;
 		req.hello = &m.hello;
 		break;
@@ -964,12 +972,39 @@ static void one(struct conn *c, unsigned k, const char *name)
 		req.body_case = TENSORD__REQUEST__BODY_BIND_PAGE;
 		req.bind_page = &m.bind_page;
 		break;
+	case K_RESOLVE:
+		m.resolve = (Tensord__Resolve)TENSORD__RESOLVE__INIT;
+		m.resolve.token = chance(80) ? 1 + below(8) : rnd();
+		m.resolve.seq = chance(90) ? below(80) : rnd();
+		m.resolve.instance = chance(50) ? 0 : rnd();
+		req.body_case = TENSORD__REQUEST__BODY_RESOLVE;
+		req.resolve = &m.resolve;
+		break;
+	case K_READOPT:
+		/* Leases of versions this connection may or may not have held. */
+		m.readopt = (Tensord__Readopt)TENSORD__READOPT__INIT;
+		m.readopt.n_leases = below(6);
+		for (size_t i = 0; i < m.readopt.n_leases; i++) {
+			tensord__readopt_lease__init(&ro[i]);
+			ro[i].name =
+				(char *)(i ? pick_name(many_buf[i - 1], sizeof(many_buf[i - 1]))
+					   : name);
+			ro[i].generation = chance(80) ? below(8) : rnd();
+			pro[i] = &ro[i];
+		}
+		m.readopt.leases = pro;
+		req.body_case = TENSORD__REQUEST__BODY_READOPT;
+		req.readopt = &m.readopt;
+		break;
 	default:
 		m.peer_list = (Tensord__PeerList)TENSORD__PEER_LIST__INIT;
 		req.body_case = TENSORD__REQUEST__BODY_PEER_LIST;
 		req.peer_list = &m.peer_list;
 		break;
 	}
+	/* A seq on any request: the daemon remembers what effecting ones did. */
+	if (chance(60))
+		req.seq = chance(95) ? 1 + below(64) : rnd();
 	if (chance(1))
 		req.body_case = TENSORD__REQUEST__BODY__NOT_SET; /* an empty request */
 	emit(c, &req);
@@ -1332,7 +1367,8 @@ int main(int argc, char **argv)
 		[10] = "stats",       [11] = "put",         [12] = "commit",    [13] = "abort",
 		[14] = "attach_many", [15] = "cancel",      [16] = "watch",     [17] = "unwatch",
 		[20] = "lease_list",  [21] = "client_list", [22] = "metrics",   [23] = "reserve",
-		[24] = "unreserve",   [25] = "bind_page",   [26] = "peer_list", [0] = "empty",
+		[24] = "unreserve",   [25] = "bind_page",   [26] = "peer_list", [27] = "readopt",
+		[28] = "resolve",     [0] = "empty",
 	};
 	uint64_t seed = 0, count = 0;
 	double seconds = 10, end, next_report;

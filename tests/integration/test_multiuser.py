@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -27,7 +28,8 @@ import conftest
 from conftest import build_path, wait_until
 from testlib import copies_for_all, open_dir
 from hostile import (
-    F_RELEASE, Raw, frame, f_varint, hello_req, request, stats_req,
+    F_HELLO, F_RELEASE, F_UNLINK, Raw, VERSION, f_bytes, frame, f_varint, hello_req, request,
+    stats_req, varint,
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -560,3 +562,55 @@ def test_log_flood_is_bounded_and_counted(world):
     grown = sum(len(l) + 1 for l in lines)
     assert grown < sent // 20, (grown, sent)
     assert d.alive()
+
+
+# --- a client token is a capability of its own uid (docs/restart.md, section 5) -------
+
+F_RESOLVE = 28
+
+
+def fixed64(field, v):
+    return varint(field << 3 | 1) + struct.pack("<Q", v)
+
+
+RESOLVE_AS_ANOTHER = r"""
+tok, seq = int(sys.argv[2]), int(sys.argv[3])
+def fixed64(field, v):
+    return hostile.varint(field << 3 | 1) + struct.pack("<Q", v)
+c = hostile.Raw(sys.argv[1])
+c.hello()
+r = c.call(hostile.request(2, 28, fixed64(1, tok) + hostile.f_varint(2, seq)))
+print("resolve", r.status, r.message, flush=True)
+d = hostile.Raw(sys.argv[1])
+r = d.call(hostile.request(1, hostile.F_HELLO, hostile.f_varint(1, hostile.VERSION) +
+                           fixed64(4, tok)))
+print("hello", r.status, r.message, flush=True)
+"""
+
+
+@needs_python
+def test_a_token_answers_only_its_own_uid(world):
+    sock = os.path.join(world.root, "t.sock")
+    world.daemon(0, "--socket", sock, "--mode", "0666")
+    tok = 0x5eed5eed12345678
+    sys.path.insert(0, PYDIR)
+    import numpy as np
+    import tensord
+    with tensord.connect(sock) as c:
+        c.put("x", np.ones(4), mode=0o644)
+    own = Raw(sock)
+    r = own.call(request(1, F_HELLO, f_varint(1, VERSION) + fixed64(4, tok)))
+    assert r.status == 0, r
+    r = own.call(request(2, F_UNLINK, f_bytes(1, "x")) + f_varint(40, 5))
+    assert r.status == 0, r
+    # Its own uid learns what request 5 did: applied, an unlink.
+    r = own.call(request(3, F_RESOLVE, fixed64(1, tok) + f_varint(2, 5)))
+    assert r.status == 0 and r.body(F_RESOLVE)[1] == [1] and r.body(F_RESOLVE)[2] == [3], r
+    out = py_as(ATTACKER, RESOLVE_AS_ANOTHER, sock, str(tok), "5")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    # Another uid learns nothing of it, and cannot say Hello with it.
+    assert lines[0].startswith(f"resolve {-errno.EPERM} ") and "another user" in lines[0], lines
+    assert lines[1].startswith(f"hello {-errno.EPERM} ") and "another user" in lines[1], lines
+    own.close()
+    honest_round_trip(world, HONEST, sock)

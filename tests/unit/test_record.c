@@ -114,12 +114,108 @@ static void test_a_record_without_its_magic_is_the_end_only_before_zeros(void **
 	free(b.p);
 }
 
+/* A STEP body as state.c writes it: an unlinked name, a request's entry, another name. */
+static void step_with_a_request(struct rec_buf *b, uint16_t seq_name_len)
+{
+	struct rec_step sh = { .commit = 5, .next_commit = 6, .n = 3 };
+	struct rec_entry un = { .kind = ENTRY_UNLINKED, .name_len = 1, .generation = 4 };
+	struct rec_entry se = { .kind = ENTRY_SEQ, .name_len = seq_name_len };
+	struct rec_seq q = { .token = 0xabc,
+			     .seq = 9,
+			     .generation = 4,
+			     .commit = 5,
+			     .uid = 1000,
+			     .kind = 3,
+			     .unlinked = 1 };
+
+	rec_put(b, &sh, sizeof(sh));
+	rec_put(b, &un, sizeof(un));
+	rec_put(b, "a\0\0\0\0\0\0\0", rec_entry_size(&un) - sizeof(un));
+	rec_put(b, &se, sizeof(se));
+	rec_put(b, &q, sizeof(q));
+	rec_put(b, &un, sizeof(un));
+	rec_put(b, "b\0\0\0\0\0\0\0", rec_entry_size(&un) - sizeof(un));
+}
+
+struct seen {
+	unsigned n, seqs;
+	struct rec_seq q;
+	char names[4];
+};
+
+static int see(void *arg, const struct rec_parsed *p, const char **why)
+{
+	struct seen *s = arg;
+
+	if (p->e.kind == ENTRY_SEQ) {
+		s->q = p->s;
+		s->seqs++;
+		assert_null(p->name);
+	} else {
+		s->names[s->n - s->seqs] = p->name[0];
+	}
+	s->n++;
+	return 0;
+}
+
+static void test_a_step_carries_the_request_that_made_it(void **state)
+{
+	struct rec_buf b = { 0 };
+	struct rec_step sh;
+	struct seen s = { 0 };
+	const char *why = NULL;
+
+	step_with_a_request(&b, 0);
+	assert_int_equal(rec_step_parse(b.p, b.len, &sh, see, &s, &why), 0);
+	assert_int_equal(s.n, 3);
+	assert_int_equal(s.seqs, 1);
+	assert_memory_equal(s.names, "ab", 2);
+	assert_int_equal(s.q.token, 0xabc);
+	assert_int_equal(s.q.seq, 9);
+	assert_int_equal(s.q.uid, 1000);
+	assert_int_equal(s.q.unlinked, 1);
+	/* Cut inside the request's entry: refused, never read past. */
+	for (size_t cut = sizeof(sh) + 56; cut < b.len - 56; cut += 8) {
+		memset(&s, 0, sizeof(s));
+		assert_int_equal(rec_step_parse(b.p, cut, &sh, see, &s, &why), -1);
+	}
+	/* A request's entry with a name is no entry of any daemon's. */
+	b.len = 0;
+	step_with_a_request(&b, 3);
+	memset(&s, 0, sizeof(s));
+	assert_int_equal(rec_step_parse(b.p, b.len, &sh, see, &s, &why), -1);
+	assert_non_null(strstr(why, "request's entry"));
+	free(b.p);
+}
+
+static void test_a_step_of_the_format_before_requests_still_reads(void **state)
+{
+	/* What main's daemon wrote before ENTRY_SEQ: names only (an upgrade restores it). */
+	struct rec_buf b = { 0 };
+	struct rec_step sh = { .commit = 2, .n = 2 };
+	struct rec_entry un = { .kind = ENTRY_UNLINKED, .name_len = 1 };
+	struct seen s = { 0 };
+	const char *why = NULL;
+
+	rec_put(&b, &sh, sizeof(sh));
+	rec_put(&b, &un, sizeof(un));
+	rec_put(&b, "a\0\0\0\0\0\0\0", rec_entry_size(&un) - sizeof(un));
+	rec_put(&b, &un, sizeof(un));
+	rec_put(&b, "b\0\0\0\0\0\0\0", rec_entry_size(&un) - sizeof(un));
+	assert_int_equal(rec_step_parse(b.p, b.len, &sh, see, &s, &why), 0);
+	assert_int_equal(s.n, 2);
+	assert_int_equal(s.seqs, 0);
+	free(b.p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_whole_records_read_back),
 		cmocka_unit_test(test_every_damage_is_refused),
 		cmocka_unit_test(test_a_record_without_its_magic_is_the_end_only_before_zeros),
+		cmocka_unit_test(test_a_step_carries_the_request_that_made_it),
+		cmocka_unit_test(test_a_step_of_the_format_before_requests_still_reads),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -75,6 +75,16 @@ def _nbytes(obj):
         return None
 
 
+def _resumed(fn, *args, **kwargs):
+    """fn made again on the loop's worker: the write libtensord kept when it
+    was lost on the loop's thread is asked about first (_thread_role(2))."""
+    _tensord._thread_role(2)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _tensord._thread_role(0)
+
+
 def _large(n):
     return n is None or n >= OFFLOAD_BYTES
 
@@ -368,7 +378,7 @@ class AsyncClient:
         """Client.put(); from OFFLOAD_BYTES up the copy runs off the loop."""
         if _large(_nbytes(obj)):
             return await self._offload(self._c.put, name, obj, *args, **kwargs)
-        return await self._call(self._c.put, name, obj, *args, **kwargs)
+        return await self._write(self._c.put, name, obj, *args, **kwargs)
 
     async def put_many(self, mapping, **kwargs):
         """Client.put_many(); from OFFLOAD_BYTES in all the copies run off the loop."""
@@ -378,7 +388,28 @@ class AsyncClient:
             total = None if n is None else total + n
             if _large(total):
                 return await self._offload(self._c.put_many, mapping, **kwargs)
-        return await self._call(self._c.put_many, mapping, **kwargs)
+        return await self._write(self._c.put_many, mapping, **kwargs)
+
+    def _inline_write(self, fn, *args, **kwargs):
+        _tensord._thread_role(1)
+        try:
+            return self._inline(fn, *args, **kwargs)
+        finally:
+            _tensord._thread_role(0)
+
+    async def _write(self, fn, *args, **kwargs):
+        """A write inline, as _call(). One whose connection is lost under it
+        never reconnects on the loop (libtensord keeps it: _thread_role()):
+        made again on the worker thread, it reconnects there, asks the
+        daemon whether it took effect, and returns its result or does it
+        again, never twice (docs/restart.md, section 5)."""
+        epoch = self._c._restart_state()[0]
+        try:
+            return await self._call(self._inline_write, fn, *args, **kwargs)
+        except _tensord.ConnectionLostError as e:
+            if not self._gone(e, epoch):
+                raise
+        return await self._offload(_resumed, fn, *args, **kwargs)
 
     async def put_file(self, *args, **kwargs):
         """Client.put_file() on a worker thread: reading a checkpoint never holds the loop."""
@@ -407,7 +438,7 @@ class AsyncClient:
         return await self._read(self._c.list, *args, **kwargs)
 
     async def unlink(self, *args, **kwargs):
-        return await self._call(self._c.unlink, *args, **kwargs)
+        return await self._write(self._c.unlink, *args, **kwargs)
 
     async def stats(self):
         return await self._read(self._c.stats)
