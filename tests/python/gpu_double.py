@@ -4,6 +4,7 @@ LD_LIBRARY_PATH in CI, or the system's driver on hardware
 (TENSORD_GPU_DRIVER=system, as tests/gpu/run.sh sets it)."""
 import hashlib
 import os
+import time
 
 import pytest
 
@@ -63,3 +64,21 @@ def end_children(children):
         if c.proc.poll() is None:
             c.proc.kill()
             c.proc.wait()
+
+
+def wait_until(cond, timeout=30.0):
+    """cond() true within timeout seconds (polled), or its last value."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def unlink_all(gpu):
+    """Every name gpu's daemon has, unlinked."""
+    import tensord
+    with tensord.connect(gpu.daemon.socket) as c:
+        for n in [x.name for x in c.list()]:
+            c.unlink(n)

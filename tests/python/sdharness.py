@@ -8,6 +8,7 @@ LISTEN_FDNAMES, as systemd does with FileDescriptorStorePreserve=yes. It
 checks systemd's rules on every message: names of at most 255 bytes
 without ':', no open file stored twice, never more than the store's limit.
 """
+import contextlib
 import os
 import signal
 import socket
@@ -223,3 +224,16 @@ class ServiceManager:
                 for fd in v:
                     os.close(fd)
             self.store.clear()
+
+
+@contextlib.contextmanager
+def managed(tmp_path, **kw):
+    """A ServiceManager with its daemon started; closed after the block,
+    which then must have broken none of systemd's rules."""
+    m = ServiceManager(tmp_path, **kw)
+    m.start()
+    try:
+        yield m
+    finally:
+        m.close()
+    assert not m.violations, m.violations

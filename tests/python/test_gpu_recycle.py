@@ -18,6 +18,7 @@ import pytest
 
 import gpu_double
 import tensord
+from gpu_double import unlink_all, wait_until
 from test_gpu_driver import Gpu
 
 gpu_double.require()
@@ -156,19 +157,6 @@ def read(r, cmd="read"):
     return got[0], None if got[1] == "None" else dict(zip(FNS, map(int, got[1:])))
 
 
-def wait_until(cond, timeout=30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
-
-
-def unlink_all(gpu):
-    with tensord.connect(gpu.daemon.socket) as c:
-        for n in [x.name for x in c.list()]:
-            c.unlink(n)
 
 
 def assert_all_freed(gpu):

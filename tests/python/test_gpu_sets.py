@@ -16,6 +16,7 @@ import pytest
 
 import gpu_double
 import tensord
+from gpu_double import unlink_all, wait_until
 from test_gpu_driver import Gpu
 
 gpu_double.require()
@@ -159,19 +160,6 @@ def test_single_member_attaches_and_a_member_replaced_alone(gpu):
     assert_all_freed(gpu)
 
 
-def wait_until(cond, timeout=20.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
-def unlink_all(gpu):
-    with tensord.connect(gpu.daemon.socket) as c:
-        for n in [x.name for x in c.list()]:
-            c.unlink(n)
 
 
 def assert_all_freed(gpu):

@@ -5,7 +5,6 @@ from its flusher thread; they show in leases() again and end there. The
 daemon holds every restored tensor for the grace period (--readopt-grace),
 so a version whose name went meanwhile is re-adopted too, and one nobody
 re-adopted is freed at its end."""
-import contextlib
 import gc
 import signal
 
@@ -13,19 +12,8 @@ import numpy as np
 import pytest
 
 import tensord
-from sdharness import ServiceManager
+from sdharness import managed
 from testlib import wait_until
-
-
-@contextlib.contextmanager
-def managed(tmp_path, **kw):
-    m = ServiceManager(tmp_path, **kw)
-    m.start()
-    try:
-        yield m
-    finally:
-        m.close()
-    assert not m.violations, m.violations
 
 
 def held_by(c, pid):

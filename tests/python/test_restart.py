@@ -5,7 +5,6 @@ every published persistent host tensor byte for byte, with the same
 generations, and commit ids go on above the old ones. What cannot survive
 (connection-lifetime tensors, unlinked names) does not come back, and a
 damaged or foreign state is refused without losing the rest."""
-import contextlib
 import os
 import signal
 import struct
@@ -15,21 +14,8 @@ import numpy as np
 import pytest
 
 import tensord
-from sdharness import ServiceManager
+from sdharness import managed
 from testlib import wait_until
-
-
-@contextlib.contextmanager
-def managed(tmp_path, **kw):
-    """A ServiceManager with its daemon started; closed after the block,
-    which then must have broken none of systemd's rules."""
-    m = ServiceManager(tmp_path, **kw)
-    m.start()
-    try:
-        yield m
-    finally:
-        m.close()
-    assert not m.violations, m.violations
 
 
 @pytest.fixture
