@@ -42,7 +42,7 @@ struct state_figures {
 };
 
 /* At most this many bytes of log before it is rewritten whole (--state-log-size's default). */
-#define STATE_LOG_DEFAULT (64ull << 20)
+#define STATE_LOG_DEFAULT (16ull << 20)
 
 /*
  * Starts keeping state with at most max_fds descriptors in the store (0:

@@ -60,6 +60,13 @@ struct state {
 	uint64_t lineage;
 	uint64_t max_fds, log_max;
 	struct st_log log; /* the log appended to */
+	/*
+	 * The log before it, out of the store, kept to write the next one
+	 * into: its pages are warm, where a new memfd's would each cost a
+	 * fault and a clear under a later step (fd -1: none yet).
+	 */
+	struct st_log spare;
+	uint64_t log_base; /* bytes of the whole state the log began with */
 	uint64_t log_serial, seq;
 	char log_name[64];
 	struct st_mems mems;

@@ -499,7 +499,7 @@ int state_start(struct state **ret, struct registry *reg, uint64_t max_fds, uint
 	}
 	st->max_fds = max_fds;
 	st->log_max = log_max ? log_max : STATE_LOG_DEFAULT;
-	st->log.fd = -1;
+	st->log.fd = st->spare.fd = -1;
 	for (size_t i = 0; i < sizeof(st->fd_cache) / sizeof(st->fd_cache[0]); i++)
 		st->fd_cache[i].fd = -1;
 	RB_INIT(&st->mems);

@@ -229,12 +229,36 @@ def test_the_store_limit_is_never_exceeded(tmp_path):
 
 
 def test_a_small_log_is_rewritten_whole_and_restores_the_same(tmp_path):
+    """Rewritten several times, each new log written into the memory of the
+    one before the last (its bytes zeroed first): only the last is stored,
+    and it restores exactly what was published."""
     with managed(tmp_path, args=["--state-log-size", "4096"]) as m:
         c = tensord.connect(m.socket)
-        for i in range(60):
+        for i in range(120):
             c.put(f"n{i % 7}", np.full(8, i, dtype=np.int32), replace=True)
         before = snapshot(c)
         assert "wrote the whole state anew" in m.read_log()
+        assert c.stats()["state_log_rewrites_total"] >= 4
+        assert len(m.names("tensord-state")) == 1
+        m.restart()
+        c2 = tensord.connect(m.socket)
+        assert snapshot(c2) == before
+        c.close()
+        c2.close()
+
+
+def test_a_state_larger_than_the_log_size_is_not_rewritten_at_each_step(tmp_path):
+    """A whole state past --state-log-size: the log is rewritten only once it
+    holds twice the state it began with, not after every step."""
+    with managed(tmp_path, args=["--state-log-size", "4096"]) as m:
+        c = tensord.connect(m.socket)
+        c.put_many({f"many/{i}": np.full(4, i, dtype=np.int32) for i in range(300)})
+        c.put("x", np.arange(4), replace=True)      # a rewrite: the state is past 4096
+        r0 = c.stats()["state_log_rewrites_total"]
+        for i in range(40):
+            c.put("x", np.full(4, i), replace=True)
+        assert c.stats()["state_log_rewrites_total"] - r0 <= 1
+        before = snapshot(c)
         m.restart()
         c2 = tensord.connect(m.socket)
         assert snapshot(c2) == before
