@@ -259,8 +259,11 @@ static int current(tensord_client **pc, bool throttled)
 						"failed: %s",
 						(int)getpid(), c->path, failed);
 				/* The daemon is not back (yet): no daemon, a
-				 * ConnectionRefusedError in Python. */
-				if (r == -ENOENT || r == -ENOTSOCK)
+				 * ConnectionRefusedError in Python. So is one
+				 * that took the connect and died before its
+				 * Hello (killed in the middle of a restart). */
+				if (r == -ENOENT || r == -ENOTSOCK || r == -ECONNRESET ||
+				    r == -EPIPE || r == -ECONNABORTED)
 					r = -ECONNREFUSED;
 				return td_set_error(
 					r,
