@@ -374,6 +374,14 @@ static void populate(void *p, uint64_t n)
 	}
 }
 
+/* The reserve being made is no longer the fork's to close: its caller closes or keeps it. */
+static void unmake(tensord_client *c)
+{
+	pthread_mutex_lock(&c->lock);
+	c->reserve.making = (struct td_reserve_slot){ .fd = -1 };
+	pthread_mutex_unlock(&c->lock);
+}
+
 /*
  * Unlocked: asks the daemon for a reserve of class cls and maps it, its
  * page tables filled. 0 and the slot ready, or the daemon's -errno.
@@ -395,9 +403,15 @@ static int make_one(tensord_client *c, uint64_t cls)
 	e = td_rpc(c, &req, &rep, &s.fd);
 	if (e < 0)
 		return e;
+	/* From now on a fork finds the descriptor (td_reserve_after_fork()):
+	 * a child must never have it, even before it is mapped. */
+	pthread_mutex_lock(&c->lock);
+	r->making.fd = s.fd;
+	pthread_mutex_unlock(&c->lock);
 	if (rep->body_case != TENSORD__REPLY__BODY_RESERVE || s.fd < 0 || !rep->reserve->id ||
 	    rep->reserve->size < TD_RESERVE_MIN || rep->reserve->size > SIZE_MAX) {
 		tensord__reply__free_unpacked(rep, NULL);
+		unmake(c);
 		if (s.fd >= 0)
 			close(s.fd);
 		return -EPROTO;
@@ -407,6 +421,7 @@ static int make_one(tensord_client *c, uint64_t cls)
 	tensord__reply__free_unpacked(rep, NULL);
 	/* populate() reads every page: one past the memfd's end would be SIGBUS. */
 	if (fstat(s.fd, &st) < 0 || st.st_size < 0 || (uint64_t)st.st_size < s.size) {
+		unmake(c);
 		give_back(c, &s);
 		return -EPROTO;
 	}
