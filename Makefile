@@ -402,13 +402,14 @@ test-tsan:
 		LDFLAGS="-fsanitize=thread" build-tsan/tensord build-tsan/tensorctl \
 		build-tsan/tests/helpers/tdclient build-tsan/tests/helpers/tensord-fakegpu \
 		build-tsan/tests/helpers/bind_stress build-tsan/tests/helpers/ring_stress \
+		build-tsan/tests/helpers/readopt_stress \
 		$(TSAN_UNIT:%=build-tsan/tests/unit/%) $(subst $(B)/,build-tsan/,$(DBL_LIBS))
 	$(Q)set -e; for t in $(TSAN_UNIT); do echo "== build-tsan/tests/unit/$$t"; \
 		TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/unit/$$t; done
 	$(Q)TSAN_OPTIONS="halt_on_error=1 exitcode=66" TENSORD_BUILD=$(abspath build-tsan) \
 		UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
 		TENSORD_SANITIZED=1 $(PYTEST) -q -rs tests/integration/test_gpu_async.py tests/integration/test_bindings_threads.py \
-		tests/integration/test_recycle_threads.py \
+		tests/integration/test_recycle_threads.py tests/integration/test_readopt_threads.py \
 		tests/integration/test_pool.py tests/integration/test_peers.py tests/integration/test_remote.py \
 		tests/integration/test_remote_sets.py -k "$(TSAN_DESELECT)"
 	$(Q)TSAN_OPTIONS="halt_on_error=1 exitcode=66" TENSORD_BUILD=$(abspath build-tsan) \
