@@ -390,8 +390,14 @@ enum td_write_kind {
  * *ret_version and *ret_commit (each NULL: not wanted) what its reply
  * said; not applied, or lost before it went: call() again (kind PUT,
  * UNLINK) or the loss (DRAFT, -ECONNRESET, naming what). Never twice.
+ * What the write is (about) is formatted only when a loss needs it: a
+ * write that goes through pays no snprintf().
  */
-int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
+struct td_what {
+	const char *name; /* "tensor 'name': verb"; NULL: verb says it all */
+	const char *verb;
+};
+int td_write(tensord_client *c, enum td_write_kind kind, struct td_what about,
 	     int (*call)(tensord_client *c, void *arg), void *arg, tensord_version *ret_version,
 	     uint64_t *ret_commit);
 

@@ -158,12 +158,24 @@ static int resolve(tensord_client *c, const struct td_write_note *w, Tensord__Re
 /* Times a write is done again at most when each try loses its daemon. */
 #define TD_WRITE_TRIES 4
 
-int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
+/* What about names, written into buf (len bytes). */
+static const char *what_text(struct td_what about, char *buf, size_t len)
+{
+	if (about.name)
+		snprintf(buf, len, "tensor '%s': %s", about.name, about.verb);
+	else
+		snprintf(buf, len, "%s", about.verb);
+	return buf;
+}
+
+int td_write(tensord_client *c, enum td_write_kind kind, struct td_what about,
 	     int (*call)(tensord_client *c, void *arg), void *arg, tensord_version *ret_version,
 	     uint64_t *ret_commit)
 {
 	struct td_write_note held;
-	bool resume = role == TENSORD_THREAD_LOOP_WORKER && take_held(c, kind, what, &held);
+	char what[300] = ""; /* what_text(about), once a loss needs it */
+	bool resume = role == TENSORD_THREAD_LOOP_WORKER &&
+		      take_held(c, kind, what_text(about, what, sizeof(what)), &held);
 	struct td_retry rt = { .seen = tensord_epoch(c) };
 	bool begun = false;
 	int r, left = 0;
@@ -196,6 +208,8 @@ int td_write(tensord_client *c, enum td_write_kind kind, const char *what,
 			if (r >= 0 || !td_gone(c, r, rt.seen) || attempt + 1 >= TD_WRITE_TRIES)
 				return r;
 			snprintf(lost, sizeof(lost), "%s", tensord_last_error());
+			if (!*what)
+				what_text(about, what, sizeof(what));
 			if (role == TENSORD_THREAD_LOOP) {
 				/* Never connects here: kept for the caller's worker. */
 				hold(c, kind, what, &w);

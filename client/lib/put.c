@@ -629,11 +629,10 @@ int tensord_put_version(tensord_client *c, const char *name, const DLTensor *src
 			uint32_t mode, tensord_version *ret_version)
 {
 	struct put_call p = { name, src, flags, mode, ret_version };
-	char what[300];
 
 	/* A put whose connection is lost is done again from src, never twice (idem.c). */
-	snprintf(what, sizeof(what), "tensor '%s': put", name ? name : "(null)");
-	return td_write(c, TD_WRITE_PUT, what, put_once, &p, ret_version, NULL);
+	return td_write(c, TD_WRITE_PUT, (struct td_what){ name ? name : "(null)", "put" },
+			put_once, &p, ret_version, NULL);
 }
 
 int tensord_put(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,

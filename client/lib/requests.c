@@ -645,10 +645,9 @@ static int publish_once(tensord_client *c, void *arg)
 int tensord_publish_version(tensord_client *c, const char *name, tensord_version *ret_version)
 {
 	struct write_call w = { name, ret_version };
-	char what[300];
 
-	snprintf(what, sizeof(what), "tensor '%s': publish", name ? name : "(null)");
-	return td_write(c, TD_WRITE_DRAFT, what, publish_once, &w, ret_version, NULL);
+	return td_write(c, TD_WRITE_DRAFT, (struct td_what){ name ? name : "(null)", "publish" },
+			publish_once, &w, ret_version, NULL);
 }
 
 int td_unlink(tensord_client *c, const char *name)
@@ -673,10 +672,9 @@ static int unlink_once(tensord_client *c, void *arg)
 int tensord_unlink(tensord_client *c, const char *name)
 {
 	struct write_call w = { name, NULL };
-	char what[300];
 
-	snprintf(what, sizeof(what), "tensor '%s': unlink", name ? name : "(null)");
-	return td_write(c, TD_WRITE_UNLINK, what, unlink_once, &w, NULL, NULL);
+	return td_write(c, TD_WRITE_UNLINK, (struct td_what){ name ? name : "(null)", "unlink" },
+			unlink_once, &w, NULL, NULL);
 }
 
 struct stat_call {

@@ -199,7 +199,8 @@ int tensord_tx_commit(tensord_tx *tx, uint64_t *ret_commit)
 		return r;
 	/* Its members died with a lost connection: applied, or lost (idem.c). */
 	snprintf(what, sizeof(what), "transaction %u: commit", tx->id);
-	return td_write(tx->c, TD_WRITE_DRAFT, what, commit_once, &k, NULL, ret_commit);
+	return td_write(tx->c, TD_WRITE_DRAFT, (struct td_what){ NULL, what }, commit_once, &k,
+			NULL, ret_commit);
 }
 
 int tensord_tx_abort(tensord_tx *tx)
@@ -688,5 +689,6 @@ int tensord_put_many(tensord_client *c, const tensord_put_item *items, size_t n,
 
 	/* A set whose connection is lost is put again whole, never twice (idem.c). */
 	snprintf(what, sizeof(what), "put_many of %zu tensors", n);
-	return td_write(c, TD_WRITE_PUT, what, put_many_call, &p, NULL, ret_commit);
+	return td_write(c, TD_WRITE_PUT, (struct td_what){ NULL, what }, put_many_call, &p, NULL,
+			ret_commit);
 }
