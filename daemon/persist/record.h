@@ -6,7 +6,10 @@
  *   record = head (32 bytes) | body (len bytes)
  *   head   = magic u32 | version u16 | kind u16 | len u32 | crc u32
  *            | seq u64 | lineage u64
- *   crc    = CRC-32 (zlib's) of the head with crc 0, then of the body
+ *   crc    = of the head with crc 0, then of the body: CRC-32C (Castagnoli:
+ *            the SSE 4.2 instruction where the CPU has it) in version 2,
+ *            which this daemon writes; zlib's CRC-32 in version 1, which
+ *            it still reads (the log of a daemon before it, at an upgrade)
  *
  * The first record of a log is BEGIN; every later one is a STEP, the
  * changes of one commit step, applied whole or not at all. A record is
@@ -29,7 +32,8 @@
 #include <stdint.h>
 
 #define REC_MAGIC 0x54445354u /* "TSDT" */
-#define REC_VERSION 1
+#define REC_VERSION 2         /* written: CRC-32C */
+#define REC_VERSION_ZLIB 1    /* read too: zlib's CRC-32 */
 #define REC_BEGIN 1
 #define REC_STEP 2
 /* A record's body is at most this long (a step of 65536 members fits). */
@@ -37,6 +41,11 @@
 /* What an entry may name at most (TENSORD_NAME_MAX, TENSORD_NDIM_MAX). */
 #define REC_NAME_MAX 255
 #define REC_NDIM_MAX 32
+
+/* CRC-32C of n bytes at p, continuing crc (0 to begin). */
+uint32_t rec_crc32c(uint32_t crc, const void *p, size_t n);
+/* The same without the CPU's instruction (what other CPUs run; tests compare the two). */
+uint32_t rec_crc32c_portable(uint32_t crc, const void *p, size_t n);
 
 struct rec_head {
 	uint32_t magic;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <zlib.h>
 
 #include "daemon/persist/record.h"
 
@@ -208,10 +209,66 @@ static void test_a_step_of_the_format_before_requests_still_reads(void **state)
 	free(b.p);
 }
 
+/* CRC-32C's check value (RFC 3720's polynomial), whole and in pieces of every split. */
+static void test_crc32c_is_castagnolis(void **state)
+{
+	static const char digits[] = "123456789";
+	uint8_t big[1000];
+
+	(void)state;
+	assert_int_equal(rec_crc32c(0, digits, 9), 0xE3069283u);
+	for (size_t k = 0; k <= 9; k++)
+		assert_int_equal(rec_crc32c(rec_crc32c(0, digits, k), digits + k, 9 - k),
+				 0xE3069283u);
+	/* 32 zero bytes: RFC 3720's example. */
+	memset(big, 0, sizeof(big));
+	assert_int_equal(rec_crc32c(0, big, 32), 0x8A9136AAu);
+	for (size_t i = 0; i < sizeof(big); i++)
+		big[i] = (uint8_t)(i * 7 + 3);
+	assert_int_equal(rec_crc32c(rec_crc32c(0, big, 333), big + 333, sizeof(big) - 333),
+			 rec_crc32c(0, big, sizeof(big)));
+	/* The table's result is the instruction's, at every length and alignment. */
+	assert_int_equal(rec_crc32c_portable(0, digits, 9), 0xE3069283u);
+	for (size_t off = 0; off < 9; off++)
+		for (size_t n = 0; off + n <= sizeof(big); n += 37)
+			assert_int_equal(rec_crc32c_portable(5, big + off, n),
+					 rec_crc32c(5, big + off, n));
+}
+
+/* A record written by a daemon before CRC-32C (version 1, zlib's CRC-32) still reads; damaged, not. */
+static void test_a_record_of_version_1_still_reads(void **state)
+{
+	struct rec_buf b = { 0 };
+	struct rec_head h;
+	const uint8_t *body;
+	const char *why = NULL;
+	size_t first;
+	uLong crc;
+
+	(void)state;
+	two_records(&b, &first);
+	memcpy(&h, b.p, sizeof(h));
+	assert_int_equal(h.version, REC_VERSION);
+	h.version = REC_VERSION_ZLIB;
+	h.crc = 0;
+	crc = crc32(crc32(0L, (const Bytef *)&h, sizeof(h)), b.p + sizeof(h), (uInt)h.len);
+	h.crc = (uint32_t)crc;
+	memcpy(b.p, &h, sizeof(h));
+	assert_int_equal(rec_check(b.p, b.len, 0, &h, &body, &why), 0);
+	assert_int_equal(((const struct rec_begin *)body)->serial, 7);
+	/* Its version-2 checksum would not do, nor a changed byte. */
+	b.p[sizeof(h)] ^= 1;
+	assert_int_equal(rec_check(b.p, b.len, 0, &h, &body, &why), -1);
+	assert_string_equal(why, "a record whose checksum is wrong (damaged)");
+	free(b.p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_whole_records_read_back),
+		cmocka_unit_test(test_crc32c_is_castagnolis),
+		cmocka_unit_test(test_a_record_of_version_1_still_reads),
 		cmocka_unit_test(test_every_damage_is_refused),
 		cmocka_unit_test(test_a_record_without_its_magic_is_the_end_only_before_zeros),
 		cmocka_unit_test(test_a_step_carries_the_request_that_made_it),
