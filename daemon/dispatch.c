@@ -427,6 +427,13 @@ void dispatch_on_commit(void *ctx, const struct reg_change *v, size_t n, bool lo
 	remote_on_commit(&srv->remote, v, n, lost);
 }
 
+void dispatch_on_retired_gone(void *ctx, const struct tensor *t)
+{
+	struct server *srv = ctx;
+
+	state_on_retired_gone(srv->state, t);
+}
+
 void dispatch_open(struct conn *c, void *ctx)
 {
 	struct client *cl = conn_data(c);

@@ -76,6 +76,8 @@ void dispatch_drained(struct conn *c, void *ctx);
  * names published, the set waiters the changes touch, and tells watches.
  */
 void dispatch_on_commit(void *ctx, const struct reg_change *v, size_t n, bool lost);
+/* registry.on_retired_gone: a retired version's end, logged (state_on_retired_gone()). */
+void dispatch_on_retired_gone(void *ctx, const struct tensor *t);
 
 /* waiter_ready_fn: whether a touched set waiter's set is ready (dispatch_set.c). */
 bool dispatch_set_ready(struct waiter_owner *o, const struct waiter_req *req, void *ctx);

@@ -260,6 +260,7 @@ int server_init(struct server *srv)
 	quarantine_init(&srv->quarantine, srv->loop, &srv->reg, &srv->quota);
 	srv->waiters.set_ready = dispatch_set_ready;
 	srv->reg.on_commit = dispatch_on_commit;
+	srv->reg.on_retired_gone = dispatch_on_retired_gone;
 	srv->reg.on_commit_ctx = srv;
 	srv->remote = (struct remote_env){
 		.loop = srv->loop,

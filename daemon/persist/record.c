@@ -234,8 +234,9 @@ int rec_step_parse(const uint8_t *body, size_t len, struct rec_step *ret_head,
 			off += rec_entry_size(&p.e);
 			continue;
 		}
-		if (p.e.kind < ENTRY_PUBLISHED || p.e.kind > ENTRY_UNLINKED || !p.e.name_len ||
-		    p.e.name_len > REC_NAME_MAX || p.e.ndim > REC_NDIM_MAX) {
+		if (p.e.kind < ENTRY_PUBLISHED || p.e.kind > ENTRY_RETIRED_GONE ||
+		    p.e.kind == ENTRY_SEQ || !p.e.name_len || p.e.name_len > REC_NAME_MAX ||
+		    p.e.ndim > REC_NDIM_MAX) {
 			*why = "an entry of no known kind, name length or dimensions";
 			return -1;
 		}
@@ -245,7 +246,7 @@ int rec_step_parse(const uint8_t *body, size_t len, struct rec_step *ret_head,
 			return -1;
 		}
 		fixed = sizeof(p.e);
-		if (p.e.kind == ENTRY_PUBLISHED) {
+		if (rec_entry_has_memory(p.e.kind)) {
 			memcpy(&p.m, body + off + fixed, sizeof(p.m));
 			p.dims = body + off + fixed + sizeof(p.m);
 			fixed += sizeof(p.m) + 2 * (size_t)p.e.ndim * sizeof(int64_t);

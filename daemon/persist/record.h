@@ -79,7 +79,23 @@ enum rec_entry_kind {
 	 * refuse a log that has one: a downgrade restores nothing).
 	 */
 	ENTRY_SEQ = 4,
+	/*
+	 * Not the name's: a version that lost its name (replaced or unlinked)
+	 * while leased, laid out as ENTRY_PUBLISHED, so that a restarted
+	 * daemon holds it for its leases' re-adoption (docs/restart.md 0.3);
+	 * and that version's end, ENTRY_RETIRED_GONE (laid out as
+	 * ENTRY_UNLINKED), written when its last lease ends, before its
+	 * memory is freed or reused. Format version 2 only.
+	 */
+	ENTRY_RETIRED = 5,
+	ENTRY_RETIRED_GONE = 6,
 };
+
+/* Whether entries of kind k carry a rec_memory, shape and strides. */
+static inline bool rec_entry_has_memory(unsigned k)
+{
+	return k == ENTRY_PUBLISHED || k == ENTRY_RETIRED;
+}
 
 struct rec_entry {
 	uint8_t kind, dtype_code, dtype_bits, ndim;
@@ -116,7 +132,7 @@ static inline size_t rec_entry_size(const struct rec_entry *e)
 
 	if (e->kind == ENTRY_SEQ)
 		return sizeof(*e) + sizeof(struct rec_seq);
-	if (e->kind == ENTRY_PUBLISHED)
+	if (rec_entry_has_memory(e->kind))
 		n += sizeof(struct rec_memory) + 2 * (size_t)e->ndim * sizeof(int64_t);
 	return (n + 7) & ~(size_t)7;
 }
@@ -140,9 +156,9 @@ void rec_seal(struct rec_buf *b, uint64_t seq, uint64_t lineage);
 /* One entry of a step as rec_step_parse() read it: pointers into the step's body. */
 struct rec_parsed {
 	struct rec_entry e;
-	struct rec_memory m; /* ENTRY_PUBLISHED only */
+	struct rec_memory m; /* ENTRY_PUBLISHED and ENTRY_RETIRED only */
 	struct rec_seq s;    /* ENTRY_SEQ only */
-	const uint8_t *dims; /* ENTRY_PUBLISHED: shape then strides, ndim int64 each */
+	const uint8_t *dims; /* those with memory: shape then strides, ndim int64 each */
 	const char
 		*name; /* e.name_len bytes, no NUL among them, not terminated; ENTRY_SEQ: NULL, 0 */
 };

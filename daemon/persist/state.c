@@ -272,14 +272,14 @@ void st_put_entry(struct rec_buf *b, const struct tensor *t, enum rec_entry_kind
 	};
 	size_t start = b->len;
 
-	if (kind == ENTRY_PUBLISHED) {
+	if (rec_entry_has_memory(kind)) {
 		e.dtype_code = t->dtype.code;
 		e.dtype_bits = t->dtype.bits;
 		e.dtype_lanes = t->dtype.lanes;
 		e.ndim = (uint8_t)t->ndim;
 	}
 	rec_put(b, &e, sizeof(e));
-	if (kind == ENTRY_PUBLISHED) {
+	if (rec_entry_has_memory(kind)) {
 		struct rec_memory rm = {
 			.nbytes = t->nbytes,
 			.offset = t->alloc.ipc_offset,
@@ -435,6 +435,86 @@ void state_flush(struct state *st)
 	st->n_gone = 0;
 }
 
+/*
+ * What comes after a step's record was appended (r: 0, or why not): past
+ * the log's limit, or when it could not take the step, a new log of the
+ * whole state.
+ */
+static void step_logged(struct state *st, int r)
+{
+	/* Rewritten past --state-log-size, or past twice the whole state it began
+	 * with when that is larger: never a rewrite per step of a large state. */
+	if (r == 0 && st->log.off > st->log_max && st->log.off > 2 * st->log_base)
+		r = -EFBIG;
+	if (r < 0) {
+		/* The log cannot take the step (full, out of memory, a change
+		 * the registry could not keep): a new log of the whole state. */
+		if (r != -EFBIG)
+			log_warn("state: appending a step to %s: %s; writing the whole state anew",
+				 st->log_name, strerror(-r));
+		r = st_log_rewrite(st);
+		if (r < 0 && !st->broken_warned) {
+			log_error("state: writing the state anew failed: %s; what changes from "
+				  "now on may not survive a restart",
+				  strerror(-r));
+			st->broken_warned = true;
+		}
+	}
+}
+
+/*
+ * t lost its name while leased: an ENTRY_RETIRED in the step being built
+ * when a restart could bring it back (its memory stored), so that its
+ * holders re-adopt it. True if it went in.
+ */
+static bool put_retired(struct state *st, struct tensor *t)
+{
+	struct stat mst;
+	struct st_mem *m;
+
+	if (t->retired_logged)
+		return false;
+	m = mem_of(st, t, &mst);
+	if (!m)
+		return false;
+	st_put_entry(&st->buf, t, ENTRY_RETIRED, t->generation, t->commit, m, &mst);
+	t->retired_logged = true;
+	return true;
+}
+
+/* The count of entries of the step in st->buf, set to n. */
+static void step_count(struct state *st, uint32_t n)
+{
+	if (!st->buf.failed)
+		memcpy(st->buf.p + sizeof(struct rec_head) + offsetof(struct rec_step, n), &n,
+		       sizeof(n));
+}
+
+void state_on_retired_gone(struct state *st, const struct tensor *t)
+{
+	struct rec_step sh = { .n = 1 };
+	struct rec_entry e = {
+		.kind = ENTRY_RETIRED_GONE,
+		.name_len = (uint16_t)t->name_len,
+		.uid = t->owner_uid,
+		.gid = t->owner_gid,
+		.mode = t->mode,
+		.generation = t->generation,
+		.commit = t->commit,
+	};
+
+	if (!st || st->stopped)
+		return;
+	rec_begin(&st->buf, REC_STEP);
+	sh.next_commit = st->reg->next_commit;
+	sh.gen_floor = st->reg->gen_floor;
+	rec_put(&st->buf, &sh, sizeof(sh));
+	rec_put(&st->buf, &e, sizeof(e));
+	rec_put(&st->buf, t->name, t->name_len);
+	rec_put(&st->buf, NULL, rec_entry_size(&e) - sizeof(e) - t->name_len);
+	step_logged(st, slog_append(st));
+}
+
 void state_on_commit(struct state *st, const struct reg_change *v, size_t n, bool lost)
 {
 	struct rec_step sh = { 0 };
@@ -473,29 +553,16 @@ void state_on_commit(struct state *st, const struct reg_change *v, size_t n, boo
 			st_put_unlinked(&st->buf, c);
 			name_drop(st, nm);
 		}
+		/* The version that lost the name and lives on, leased. */
+		if (c->retired && put_retired(st, c->retired))
+			sh.n++;
 	}
+	step_count(st, sh.n);
 	r = lost ? -ENOMEM : slog_append(st);
 	/* A test's crash between the record and the reply (tests/python/test_idempotent.py). */
 	if (r == 0 && q && st->kill_after && --st->kill_after == 0)
 		raise(SIGKILL);
-	/* Rewritten past --state-log-size, or past twice the whole state it began
-	 * with when that is larger: never a rewrite per step of a large state. */
-	if (r == 0 && st->log.off > st->log_max && st->log.off > 2 * st->log_base)
-		r = -EFBIG;
-	if (r < 0) {
-		/* The log cannot take the step (full, out of memory, a change
-		 * the registry could not keep): a new log of the whole state. */
-		if (r != -EFBIG)
-			log_warn("state: appending a step to %s: %s; writing the whole state anew",
-				 st->log_name, strerror(-r));
-		r = st_log_rewrite(st);
-		if (r < 0 && !st->broken_warned) {
-			log_error("state: writing the state anew failed: %s; what changes from "
-				  "now on may not survive a restart",
-				  strerror(-r));
-			st->broken_warned = true;
-		}
-	}
+	step_logged(st, r);
 	state_flush(st);
 }
 
@@ -533,6 +600,19 @@ static void snap_tensor(void *arg, struct tensor *t)
 	}
 	st_put_entry(&st->buf, t, m ? ENTRY_PUBLISHED : ENTRY_NAMED, t->generation, t->commit, m,
 		     &mst);
+	s->n++;
+}
+
+/* A version that lost its name and lives on, leased: held for re-adoption after a restart. */
+static void snap_retired(void *arg, struct tensor *t)
+{
+	struct snap *s = arg;
+	struct stat mst;
+	struct st_mem *m = mem_of(s->st, t, &mst);
+
+	if (!m)
+		return;
+	st_put_entry(&s->st->buf, t, ENTRY_RETIRED, t->generation, t->commit, m, &mst);
 	s->n++;
 }
 
@@ -578,12 +658,11 @@ static int slog_write_whole(struct state *st, bool count, uint64_t serial, struc
 	rec_begin(&st->buf, REC_STEP);
 	rec_put(&st->buf, &sh, sizeof(sh));
 	registry_each_published(st->reg, snap_tensor, &s);
+	registry_each_retired(st->reg, snap_retired, &s);
 	registry_tombs_each(st->reg, "", 0, snap_tomb, &s);
 	if (st->seqs)
 		seqs_each(st->seqs, snap_seq, &s);
-	if (!st->buf.failed)
-		memcpy(st->buf.p + sizeof(struct rec_head) + offsetof(struct rec_step, n), &s.n,
-		       sizeof(s.n));
+	step_count(st, s.n);
 	rec_seal(&st->buf, ++st->seq, st->lineage);
 	if (r == 0)
 		r = st->buf.failed ? -ENOMEM : slog_write(l, st->buf.p, st->buf.len);

@@ -64,6 +64,14 @@ int state_start(struct state **ret, struct registry *reg, uint64_t max_fds, uint
 void state_on_commit(struct state *st, const struct reg_change *v, size_t n, bool lost);
 
 /*
+ * t, a version the log holds as retired (ENTRY_RETIRED: it lost its name
+ * while leased), is being freed, its last lease ended
+ * (registry.on_retired_gone): its end is appended before its memory is
+ * freed or reused. NULL-safe.
+ */
+void state_on_retired_gone(struct state *st, const struct tensor *t);
+
+/*
  * After every commit step of a loop iteration is recorded: memory the
  * daemon freed leaves the store. NULL-safe.
  */

@@ -31,7 +31,7 @@
 #define STATE_PREFIX "tensord-state"
 #define MEMORY_PREFIX "tm."
 
-/* A name as the log's last entry of it says. */
+/* A name as the log's last entry of it says; or a retired version (rp.retired). */
 struct rp_name {
 	RB_ENTRY(rp_name) link;
 	struct rec_entry e;
@@ -55,6 +55,16 @@ static int cmp_rp_names(const struct rp_name *a, const struct rp_name *b)
 	return strcmp(a->name, b->name);
 }
 
+/* Retired versions: by name, then generation. */
+static int cmp_rp_retired(const struct rp_name *a, const struct rp_name *b)
+{
+	int c = strcmp(a->name, b->name);
+
+	if (c)
+		return c;
+	return a->e.generation < b->e.generation ? -1 : a->e.generation > b->e.generation;
+}
+
 static int cmp_rp_mems(const struct rp_mem *a, const struct rp_mem *b)
 {
 	if (a->dev != b->dev)
@@ -63,13 +73,16 @@ static int cmp_rp_mems(const struct rp_mem *a, const struct rp_mem *b)
 }
 
 RB_HEAD(rp_names, rp_name);
+RB_HEAD(rp_retired, rp_name);
 RB_HEAD(rp_mems, rp_mem);
 RB_GENERATE_STATIC(rp_names, rp_name, link, cmp_rp_names)
+RB_GENERATE_STATIC(rp_retired, rp_name, link, cmp_rp_retired)
 RB_GENERATE_STATIC(rp_mems, rp_mem, link, cmp_rp_mems)
 
 struct replay {
 	struct state *st;
 	struct rp_names names;
+	struct rp_retired retired; /* versions that lost their names while leased, alive */
 	struct rp_mems mems;
 	uint64_t next_commit, gen_floor;
 	const uint8_t *map; /* the chosen log, mapped */
@@ -120,6 +133,19 @@ static int apply_entry(void *arg, const struct rec_parsed *p, const char **why)
 	n->m = p->m;
 	n->dims = p->dims;
 	memcpy(n->name, p->name, p->e.name_len);
+	if (p->e.kind == ENTRY_RETIRED || p->e.kind == ENTRY_RETIRED_GONE) {
+		/* A version held by leases, not by its name; then its end. */
+		old = RB_FIND(rp_retired, &rp->retired, n);
+		if (old) {
+			RB_REMOVE(rp_retired, &rp->retired, old);
+			free(old);
+		}
+		if (p->e.kind == ENTRY_RETIRED)
+			RB_INSERT(rp_retired, &rp->retired, n);
+		else
+			free(n);
+		return 0;
+	}
 	old = RB_INSERT(rp_names, &rp->names, n);
 	if (old) {
 		RB_REMOVE(rp_names, &rp->names, old);
@@ -248,6 +274,7 @@ static bool restore_one(struct replay *rp, struct rp_name *n)
 		.generation = n->e.generation,
 		.commit = n->e.commit,
 		.created_ns = n->e.created_ns,
+		.retired = n->e.kind == ENTRY_RETIRED,
 	};
 	char why[256], mem_name[48];
 	int rc;
@@ -320,6 +347,7 @@ int st_restore(struct state *st, uint64_t *ret_serial, char *why, size_t why_len
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	RB_INIT(&rp.names);
+	RB_INIT(&rp.retired);
 	RB_INIT(&rp.mems);
 	if (nv < 0) {
 		snprintf(why, why_len, "the descriptors passed at start: %s", pwhy);
@@ -377,6 +405,11 @@ int st_restore(struct state *st, uint64_t *ret_serial, char *why, size_t why_len
 				RB_REMOVE(rp_names, &rp.names, n);
 				free(n);
 			}
+			RB_FOREACH_SAFE(n, rp_retired, &rp.retired, nn)
+			{
+				RB_REMOVE(rp_retired, &rp.retired, n);
+				free(n);
+			}
 		}
 	}
 	collect_memory(&rp, v, nv);
@@ -385,6 +418,14 @@ int st_restore(struct state *st, uint64_t *ret_serial, char *why, size_t why_len
 		if (n->e.kind != ENTRY_PUBLISHED || !restore_one(&rp, n))
 			registry_restore_tomb(st->reg, n->name, n->e.name_len, n->e.generation,
 					      n->e.commit, n->e.uid, n->e.gid, n->e.mode);
+	}
+	/* Versions that had lost their names while leased: held, under no name,
+	 * for their holders to re-adopt (restart.md 0.3). */
+	RB_FOREACH_SAFE(n, rp_retired, &rp.retired, nn)
+	{
+		restore_one(&rp, n);
+		RB_REMOVE(rp_retired, &rp.retired, n);
+		free(n);
 	}
 	registry_restore_versions(st->reg, rp.next_commit, rp.gen_floor);
 	/* Memory a tensor came back in stays stored; the rest goes. */

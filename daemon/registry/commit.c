@@ -184,25 +184,30 @@ static struct reg_change *change(struct registry *reg, const struct tensor *t,
 	c->owner_gid = t->owner_gid;
 	c->mode = t->mode;
 	c->tensor = kind == REG_PUBLISHED ? t : NULL;
+	c->retired = NULL;
 	c->name_len = t->name_len;
 	memcpy(c->name, t->name, t->name_len + 1);
 	return c;
 }
 
-void reg_step_published(struct registry *reg, struct tensor *t, uint64_t replaced_gen)
+void reg_step_published(struct registry *reg, struct tensor *t, uint64_t replaced_gen,
+			struct tensor *retired)
 {
 	struct reg_tomb *tb = replaced_gen ? NULL : tomb_find(reg, t->name);
 	uint64_t last = replaced_gen ? replaced_gen : tb ? tb->generation : reg->gen_floor;
+	struct reg_change *c;
 
 	assert(t->state == TENSORD_STATE_PUBLISHED && !t->generation);
 	if (tb)
 		tomb_free(reg, tb);
 	t->generation = last + 1;
 	t->commit = reg_step_commit(reg);
-	change(reg, t, REG_PUBLISHED);
+	c = change(reg, t, REG_PUBLISHED);
+	if (c)
+		c->retired = retired;
 }
 
-void reg_step_unlinked(struct registry *reg, const struct tensor *t)
+void reg_step_unlinked(struct registry *reg, struct tensor *t)
 {
 	uint64_t commit = reg_step_commit(reg);
 	struct reg_change *c;
@@ -210,8 +215,11 @@ void reg_step_unlinked(struct registry *reg, const struct tensor *t)
 	assert(t->generation);
 	tomb_add(reg, t, commit);
 	c = change(reg, t, REG_UNLINKED);
-	if (c)
+	if (c) {
 		c->commit = commit;
+		/* Its leases keep it once its name goes (reg_tensor_unlink()). */
+		c->retired = t->refcount ? t : NULL;
+	}
 }
 
 void reg_step_end(struct registry *reg)

@@ -163,6 +163,13 @@ void reg_tensor_free(struct registry *reg, struct tensor *t)
 	reg_bindings_detach(t);
 	reg_creator_unlink(t);
 	reg_create_uncharge(reg, t);
+	/* Its end is logged before its memory can be freed or reused (and a
+	 * rewrite meanwhile no longer counts it as alive). */
+	if (t->retired_logged) {
+		t->retired_logged = false;
+		if (reg->on_retired_gone)
+			reg->on_retired_gone(reg->on_commit_ctx, t);
+	}
 	LIST_REMOVE(t, all_link);
 	if (t->dev) {
 		reg_figures(reg, t, t->state, 0, -(int64_t)t->alloc.footprint);
@@ -437,6 +444,7 @@ int reg_publish_ready(struct registry *reg, struct tensor *t, char *why, size_t 
 void reg_publish_now(struct registry *reg, struct tensor *t)
 {
 	uint64_t replaced_gen = 0;
+	struct tensor *retired = NULL;
 
 	assert(t->state == TENSORD_STATE_CREATED && !t->allocating && !t->tx);
 	if (t->replaces) {
@@ -448,13 +456,15 @@ void reg_publish_now(struct registry *reg, struct tensor *t)
 		old->draft = NULL;
 		t->replaces = NULL;
 		replaced_gen = old->generation;
+		/* Leased, it lives on past the unlink: the step says so. */
+		retired = old->refcount ? old : NULL;
 		reg_tensor_unlink(reg, old);
 		reg_tensor_name(reg, t);
 		figure_count(FIG_replaces_total, 1);
 	}
 	reg_figures(reg, t, t->state, TENSORD_STATE_PUBLISHED, 0);
 	t->state = TENSORD_STATE_PUBLISHED;
-	reg_step_published(reg, t, replaced_gen);
+	reg_step_published(reg, t, replaced_gen, retired);
 	log_debug("tensor '%s': published, generation %llu, commit %llu", t->name,
 		  (unsigned long long)t->generation, (unsigned long long)t->commit);
 }
@@ -627,5 +637,14 @@ void registry_each_published(struct registry *reg, void (*fn)(void *arg, struct 
 
 	RB_FOREACH(t, tensor_names, &reg->names)
 	if (t->state == TENSORD_STATE_PUBLISHED && t->generation)
+		fn(arg, t);
+}
+
+void registry_each_retired(struct registry *reg, void (*fn)(void *arg, struct tensor *t), void *arg)
+{
+	struct tensor *t;
+
+	LIST_FOREACH(t, &reg->all, all_link)
+	if (t->retired_logged)
 		fn(arg, t);
 }

@@ -85,6 +85,9 @@ struct tensor {
 	bool allocating;       /* the GPU worker is getting its memory */
 	uint32_t holds;        /* of refcount, the references of reg_holds (quarantined) */
 	bool from_reserve;     /* its memory was the reserve its create named */
+	/* Its name went to a later version (or away) while it was leased, and
+	 * the state log says so (ENTRY_RETIRED): its end is logged too. */
+	bool retired_logged;
 	/*
 	 * Recycled memory (docs/recycle.md): nonzero, the id of the ring
 	 * buffer of ring_rc (the writer's connection, which maps it writable)
@@ -271,6 +274,12 @@ struct reg_change {
 	uint64_t commit;
 	uint32_t owner_uid, owner_gid, mode; /* who may read it */
 	const struct tensor *tensor;         /* published: the tensor; unlinked: NULL */
+	/*
+	 * The version that lost the name in this change and lives on because
+	 * it is leased (replaced or unlinked), or NULL: the state logs it, so
+	 * that its leases can be re-adopted after a restart.
+	 */
+	struct tensor *retired;
 	size_t name_len;
 	char name[TENSORD_NAME_MAX + 1];
 };
@@ -307,6 +316,12 @@ struct registry {
 	 */
 	void (*on_commit)(void *ctx, const struct reg_change *v, size_t n, bool lost);
 	void *on_commit_ctx;
+	/*
+	 * Called with on_commit_ctx when a tensor whose retired_logged is set
+	 * is freed (its last lease ended), before its memory is freed or
+	 * returned to a ring. NULL: nobody listens.
+	 */
+	void (*on_retired_gone)(void *ctx, const struct tensor *t);
 	/*
 	 * Keeps the figures of metrics (metrics_keep_figures()); NULL: none.
 	 * Called as a linked tensor t goes from state `from` to state `to`
@@ -442,6 +457,8 @@ struct reg_restore {
 	uint64_t nbytes, offset;        /* its bytes, where they start in its memory */
 	uint32_t uid, gid, mode, flags;
 	uint64_t generation, commit, created_ns;
+	/* A version that had lost its name, held for re-adoption only: not named. */
+	bool retired;
 };
 
 /*
@@ -459,8 +476,9 @@ struct reg_arena *registry_restore_memory(struct registry *reg, int device_type,
 					  size_t why_len);
 
 /*
- * Puts r back in the table, published and named, its bytes at r->offset
- * of a: 0, or -EINVAL (a layout that does not add up or fit), -EEXIST or
+ * Puts r back in the table, published and named (r->retired: unlinked,
+ * under no name, only held for re-adoption), its bytes at r->offset of a:
+ * 0, or -EINVAL (a layout that does not add up or fit), -EEXIST or
  * -ENOMEM, with the reason.
  */
 int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const struct reg_restore *r,
@@ -496,6 +514,9 @@ void registry_readopt_end(struct registry *reg);
 /* Calls fn for every named, published tensor, in name order (fn must not change the table). */
 void registry_each_published(struct registry *reg, void (*fn)(void *arg, struct tensor *t),
 			     void *arg);
+/* Calls fn for every tensor alive whose retired_logged is set (fn must not change the table). */
+void registry_each_retired(struct registry *reg, void (*fn)(void *arg, struct tensor *t),
+			   void *arg);
 
 /* Transactions one client may have open at once. */
 #define REGISTRY_TX_PER_CLIENT 16

@@ -83,12 +83,14 @@ uint64_t reg_step_commit(struct registry *reg);
 /*
  * t was just published in this step: its generation (one more than
  * replaced_gen, the generation of the version it replaced, or, for 0, than
- * the name's tombstone or the floor) and the step's commit id.
+ * the name's tombstone or the floor) and the step's commit id. retired:
+ * the version it replaced when that lives on (leased), else NULL.
  */
-void reg_step_published(struct registry *reg, struct tensor *t, uint64_t replaced_gen);
+void reg_step_published(struct registry *reg, struct tensor *t, uint64_t replaced_gen,
+			struct tensor *retired);
 
 /* t, published, is losing its name for good in this step: its tombstone and change. */
-void reg_step_unlinked(struct registry *reg, const struct tensor *t);
+void reg_step_unlinked(struct registry *reg, struct tensor *t);
 
 /* The step is over: on_commit hears of its changes. */
 void reg_step_end(struct registry *reg);

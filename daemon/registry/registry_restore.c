@@ -144,7 +144,7 @@ static int restore_layout(struct registry *reg, const struct reg_restore *r, int
 			 (unsigned long long)*ret_nbytes, (unsigned long long)r->nbytes);
 		return -EINVAL;
 	}
-	if (reg_find_named(reg, r->name, r->name_len)) {
+	if (!r->retired && reg_find_named(reg, r->name, r->name_len)) {
 		snprintf(why, why_len, "its name is taken already");
 		return -EEXIST;
 	}
@@ -209,7 +209,7 @@ int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const str
 		snprintf(why, why_len, "out of memory");
 		return -ENOMEM;
 	}
-	rc = reg_name_room(reg, t, why, why_len);
+	rc = r->retired ? 0 : reg_name_room(reg, t, why, why_len);
 	if (rc < 0) {
 		free(t);
 		return rc;
@@ -231,7 +231,14 @@ int registry_restore_tensor(struct registry *reg, struct reg_arena *a, const str
 	a->dev->used -= nbytes; /* reg_tensor_link() counts it as t's */
 	t->bytes_charged = nbytes;
 	reg_tensor_link(reg, a->dev, t);
-	reg_tensor_name(reg, t);
+	if (r->retired) {
+		/* Under no name: only its holders' re-adoption reaches it. */
+		reg_figures(reg, t, TENSORD_STATE_PUBLISHED, TENSORD_STATE_UNLINKED, 0);
+		t->state = TENSORD_STATE_UNLINKED;
+		t->retired_logged = true;
+	} else {
+		reg_tensor_name(reg, t);
+	}
 	registry_readopt_hold(reg, t);
 	return 0;
 }

@@ -32,7 +32,7 @@ struct span {
 static int entry(void *arg, const struct rec_parsed *p, const char **why)
 {
 	const struct span *s = arg;
-	size_t dims = p->e.kind == ENTRY_PUBLISHED ? 2 * (size_t)p->e.ndim * sizeof(int64_t) : 0;
+	size_t dims = rec_entry_has_memory(p->e.kind) ? 2 * (size_t)p->e.ndim * sizeof(int64_t) : 0;
 
 	(void)why;
 	if (p->e.kind == ENTRY_SEQ) {
@@ -45,7 +45,7 @@ static int entry(void *arg, const struct rec_parsed *p, const char **why)
 	CHECK((const uint8_t *)p->name >= s->lo &&
 	      (const uint8_t *)p->name + p->e.name_len <= s->hi);
 	CHECK(!memchr(p->name, '\0', p->e.name_len));
-	if (p->e.kind == ENTRY_PUBLISHED)
+	if (rec_entry_has_memory(p->e.kind))
 		CHECK(p->dims >= s->lo && p->dims + dims <= s->hi);
 	return 0;
 }

@@ -142,3 +142,76 @@ def test_no_hold_with_a_grace_of_zero(tmp_path):
         del q
         other.close()
         c.close()
+
+
+@pytest.mark.parametrize("log_size", [None, "4096"], ids=["appended", "rewritten"])
+def test_versions_replaced_or_unlinked_before_the_crash_are_readopted(tmp_path, log_size):
+    """A version that lost its name while leased (replaced, or unlinked) is
+    in the state as retired (ENTRY_RETIRED), so a restart holds it and its
+    holder re-adopts it; one whose last lease ended before the crash
+    (ENTRY_RETIRED_GONE) is not restored. With a log of 4 KiB the state is
+    rewritten whole many times meanwhile: the retired versions go into each
+    new log too."""
+    import os
+    args = ["--state-log-size", log_size] if log_size else []
+    with managed(tmp_path, args=args) as sm:
+        c = tensord.connect(sm.socket)
+        c.put("x", np.full(1 << 12, 1.0))                # a slab tensor
+        c.put("z", np.full(1 << 16, 5.0), sealed=True)   # a memfd of its own
+        c.put("w", np.full(1 << 12, 7.0))
+        x1 = np.from_dlpack(c.attach("x"))
+        z1 = np.from_dlpack(c.attach("z"))
+        w1 = c.attach("w")
+        c.put("x", np.full(1 << 12, 2.0), replace=True)  # x1 retired
+        c.unlink("z")                                    # z1 retired
+        c.put("w", np.full(1 << 12, 8.0), replace=True)
+        w1.release()                                     # w1 retired, then gone
+        for i in range(60):                              # steps (and rewrites at 4 KiB)
+            c.put(f"n{i % 5}", np.full(8, i), replace=True)
+        if log_size:
+            assert c.stats()["state_log_rewrites_total"] >= 3
+        sm.restart()
+        c.stat("x")                                      # reconnects, re-adopts
+        other = tensord.connect(sm.socket)
+        assert held_by(other, os.getpid()) == {"x": 1, "z": 1}
+        st = other.stats()
+        assert st["restart_readopted_leases_total"] == 2
+        # x, w and n0..n4 by name; x1 and z1 held under no name; not w1.
+        assert st["restart_restored_tensors"] == 9, st
+        assert sorted(i.name for i in other.list()) == ["n0", "n1", "n2", "n3", "n4", "w", "x"]
+        assert (x1 == 1.0).all() and (z1 == 5.0).all()
+        with other.attach("x") as t:
+            assert (np.from_dlpack(t) == 2.0).all()
+        del x1, z1
+        gc.collect()
+        assert wait_until(lambda: held_by(other, os.getpid()) == {})
+        other.close()
+        c.close()
+
+
+def test_a_retired_version_readopted_and_ended_is_not_restored_again(tmp_path):
+    """A retired version re-adopted after one restart, then released: once
+    the hold ended too, its end is logged, so the next restart does not
+    bring it back."""
+    import os
+    with managed(tmp_path) as sm:
+        c = tensord.connect(sm.socket)
+        c.put("x", np.full(1 << 12, 1.0))
+        x1 = np.from_dlpack(c.attach("x"))
+        c.put("x", np.full(1 << 12, 2.0), replace=True)
+        sm.restart(extra_args=["--readopt-grace", "1000"])
+        c.stat("x")
+        other = tensord.connect(sm.socket)
+        assert held_by(other, os.getpid()) == {"x": 1}
+        assert other.stats()["restart_restored_tensors"] == 2
+        del x1
+        gc.collect()
+        assert wait_until(lambda: other.stats()["leases"] == 0)
+        assert wait_until(lambda: other.stats()["restart_held_tensors"] == 0, timeout=20)
+        assert other.stats()["restart_hold_freed_total"] == 1
+        other.close()
+        sm.restart(extra_args=["--readopt-grace", "0"])
+        other = tensord.connect(sm.socket)
+        assert other.stats()["restart_restored_tensors"] == 1
+        other.close()
+        c.close()
