@@ -292,8 +292,11 @@ static void on_notice(struct holder *h, struct notice nt)
 	if (!old)
 		return;
 	h->retiring = 0;
-	if (gone(old))
+	if (gone(old)) {
+		log_info("hold: daemon %d serves; drained daemon %d had exited already",
+			 (int)h->owner, (int)old);
 		return;
+	}
 	log_info("hold: daemon %d serves: stopping drained daemon %d", (int)h->owner, (int)old);
 	stop_daemon(h, old);
 	log_info("hold: drained daemon %d exited", (int)old);
