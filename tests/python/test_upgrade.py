@@ -45,6 +45,11 @@ def in_order(log, *parts):
     return True
 
 
+def says(log, *parts):
+    """log() has each part after the one before it, once the writer got there."""
+    return wait_until(lambda: in_order(log(), *parts), timeout=30)
+
+
 class Upgrade:
     """A holder, an old daemon serving, and the means to start the new one."""
 
@@ -104,11 +109,14 @@ READER = textwrap.dedent("""
     with open(out, "a", buffering=1) as f:
         while not os.path.exists(stop):
             try:
+                # Which daemon served, asked before and after: a line
+                # whose two differ is the one where the old daemon went.
+                pid = c.stats()["daemon_pid"]
                 with c.attach("r") as t:
                     ok = int((np.from_dlpack(t) == want).all())
-                pid = c.stats()["daemon_pid"]
-                conn = [x.conn_id for x in c.clients() if x.pid == os.getpid()]
-                f.write(f"{pid} {conn} {ok}\\n")
+                conn = [x.conn_id for x in c.clients() if x.pid == os.getpid()][0]
+                after = c.stats()["daemon_pid"]
+                f.write(f"{pid} {after} {conn} {ok}\\n")
             except Exception as e:
                 f.write(f"ERR {e!r}\\n")
 """)
@@ -116,7 +124,7 @@ READER = textwrap.dedent("""
 
 def lines(path):
     try:
-        return [l.split(" ", 2) for l in open(path).read().splitlines()]
+        return [l.split(" ") for l in open(path).read().splitlines()]
     except FileNotFoundError:
         return []
 
@@ -150,24 +158,27 @@ def test_readers_are_served_through_the_drain_and_the_old_daemon_exits_last(up, 
         assert a.poll() is None and b.poll() is None
         up.open_gate("new")
         assert a.wait(timeout=60) == 0          # stopped by the holder once b served
-        assert wait_until(lambda: sum(1 for l in lines(out) if l[0] == str(b.pid)) >= 5,
+        assert wait_until(lambda: sum(1 for l in lines(out) if l[1] == str(b.pid)) >= 5,
                           timeout=60)
     finally:
         stop.touch()
         reader.wait(timeout=60)
     seen = lines(out)
     assert not [l for l in seen if l[0] == "ERR"], seen
-    pids = [int(l[0]) for l in seen]
-    switch = pids.index(b.pid)
-    assert set(pids[:switch]) == {a.pid} and set(pids[switch:]) == {b.pid}, pids
-    assert switch >= n0 + 20
+    pids = [(int(l[0]), int(l[1])) for l in seen]
+    old = [p == (a.pid, a.pid) for p in pids].index(False)
+    # The old daemon's lines, then at most one that saw both, then the new one's.
+    assert all(p == (a.pid, a.pid) for p in pids[:old]), pids
+    rest = pids[old + 1:] if pids[old] == (a.pid, b.pid) else pids[old:]
+    assert rest and all(p == (b.pid, b.pid) for p in rest), pids
+    assert old >= n0 + 20
     # One connection to the old daemon throughout, never lost before it was told to exit.
-    assert len({l[1] for l in seen[:switch]}) == 1, seen[:switch]
-    assert all(l[2] == "1" for l in seen)
+    assert len({l[2] for l in seen[:old]}) == 1, seen[:old]
+    assert all(l[3] == "1" for l in seen)
+    assert says(up.holder_log, f"asking daemon {a.pid} to drain", f"daemon {a.pid} drained",
+                f"handed", f"daemon {b.pid} serves: stopping drained daemon {a.pid}",
+                f"drained daemon {a.pid} exited"), up.holder_log()
     log = up.holder_log()
-    assert in_order(log, f"asking daemon {a.pid} to drain", f"daemon {a.pid} drained",
-                    f"handed", f"daemon {b.pid} serves: stopping drained daemon {a.pid}",
-                    f"drained daemon {a.pid} exited"), log
     assert "stopping it first" not in log and "takes over: stopping daemon" not in log, log
     assert "draining for the next daemon" in text(tmp_path, "old")
     # The lease taken during the drain lives on the new daemon.
@@ -273,10 +284,9 @@ def test_an_old_daemon_that_ignores_the_drain_is_stopped_first(tmp_path):
         assert c.stats()["daemon_pid"] == b.pid
         with c.attach("x") as t:
             assert (np.from_dlpack(t) == np.arange(100, dtype=np.float32)).all()
-        log = u.holder_log()
-        assert in_order(log, f"asking daemon {a.pid} to drain",
-                        f"daemon {a.pid} did not drain", "stopping it first",
-                        f"stopping daemon {a.pid} first", "handed"), log
+        assert says(u.holder_log, f"asking daemon {a.pid} to drain",
+                    f"daemon {a.pid} did not drain", "stopping it first",
+                    f"stopping daemon {a.pid} first", "handed"), u.holder_log()
         assert "received SIGUSR2, ignoring" in text(tmp_path, "old")
         c.close()
     finally:
@@ -296,6 +306,7 @@ def test_an_old_daemon_killed_while_drained_leaves_the_new_one_to_serve(up, tmp_
     assert c.stats()["daemon_pid"] == b.pid
     c.put("x", np.zeros(100, dtype=np.float32), replace=True)
     assert c.stat("x").generation == 2
+    assert says(up.holder_log, f"daemon {b.pid} serves; drained daemon {a.pid} had exited")
     assert "stopping drained daemon" not in up.holder_log()
     c.close()
 
@@ -321,5 +332,31 @@ def test_a_new_daemon_that_dies_before_serving_leaves_the_old_one_reading(up, tm
     assert c.stats()["daemon_pid"] == third.pid
     c.put("x", np.zeros(100, dtype=np.float32), replace=True)
     assert c.stat("x").generation == 2
-    assert in_order(up.holder_log(), f"daemon {third.pid} serves: stopping drained daemon {a.pid}")
+    assert says(up.holder_log, f"daemon {third.pid} serves: stopping drained daemon {a.pid}")
     c.close()
+
+
+def test_a_hung_old_daemon_is_stopped_first_and_the_upgrade_completes(tmp_path):
+    """An old daemon that cannot answer (SIGSTOPped: hung) is past the
+    drain's bound stopped as before the drain; once it runs again it
+    exits, and the new daemon serves what it had."""
+    u = Upgrade(tmp_path, drain_ms=300)
+    try:
+        a = u.daemon("old")
+        c = serving(u.sock)
+        c.put("x", np.arange(100, dtype=np.float32))
+        os.kill(a.pid, signal.SIGSTOP)
+        b = u.daemon("new")
+        assert wait_until(lambda: f"stopping daemon {a.pid} first" in u.holder_log(),
+                          timeout=30), u.holder_log()
+        assert b.poll() is None
+        os.kill(a.pid, signal.SIGCONT)
+        assert a.wait(timeout=60) == 0
+        with c.attach("x") as t:
+            assert (np.from_dlpack(t) == np.arange(100, dtype=np.float32)).all()
+        assert c.stats()["daemon_pid"] == b.pid
+        assert f"daemon {a.pid} did not drain" in u.holder_log()
+        assert "stopping drained daemon" not in u.holder_log()
+        c.close()
+    finally:
+        u.close()
