@@ -48,7 +48,7 @@
 #define HOLD_BATCH 200
 /* How long the daemon handed the store to before may take to exit when asked. */
 #define HOLD_STOP_MS 30000
-/* How long it may take to drain ($TENSORD_HOLD_DRAIN_MS overrides it). */
+/* How long it may take to drain ($TENSORD_HOLD_DRAIN_MS overrides it; 0: no drain). */
 #define HOLD_DRAIN_MS 10000
 
 struct held {
@@ -271,7 +271,7 @@ static void make_way(struct holder *h, pid_t next)
 		h->retiring = 0;
 	if (!old || old == next || gone(old))
 		return;
-	if (h->owner_ready && !h->retiring && drain_daemon(h, old, next)) {
+	if (h->owner_ready && !h->retiring && h->drain_ms && drain_daemon(h, old, next)) {
 		h->retiring = old;
 		return;
 	}
