@@ -360,3 +360,25 @@ def test_a_hung_old_daemon_is_stopped_first_and_the_upgrade_completes(tmp_path):
         c.close()
     finally:
         u.close()
+
+
+def test_sigusr2_without_a_holder_drains_nothing(tmp_path):
+    """Nobody would take over from a daemon outside a holder: a stray
+    SIGUSR2 is logged and ignored, and it goes on taking writes."""
+    sock = str(tmp_path / "plain.sock")
+    d = start(tmp_path, ["--socket", sock], "plain")
+    try:
+        c = serving(sock)
+        c.put("x", np.ones(8))
+        d.send_signal(signal.SIGUSR2)
+        assert says(lambda: text(tmp_path, "plain"),
+                    "received SIGUSR2, ignoring: only a daemon under a holder drains")
+        assert c.put("x", np.zeros(8), replace=True) == 2
+        c2 = tensord.connect(sock)          # still accepting
+        assert c2.stat("x").generation == 2
+        assert "draining" not in text(tmp_path, "plain")
+        c.close()
+        c2.close()
+    finally:
+        d.terminate()
+        assert d.wait(timeout=30) == 0
