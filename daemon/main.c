@@ -249,13 +249,15 @@ int main(int argc, char **argv)
 	uv_signal_start(&srv.sighup, on_other_signal, SIGHUP);
 	uv_signal_start(&srv.sigusr1, on_other_signal, SIGUSR1);
 	uv_signal_start(&srv.sigusr2, on_other_signal, SIGUSR2);
+	test_ready_gate();
+	/* READY=1 first: whoever waits on --ready-fd may then count on the
+	 * service manager (a holder: that the daemon drains when asked). */
+	sdnotify("READY=1\nSTATUS=listening on %s", srv.cfg.socket_path);
 	if (ready_fd >= 0) {
 		if (write(ready_fd, "R", 1) != 1)
 			log_warn("--ready-fd %d: %s, ignoring", ready_fd, strerror(errno));
 		close(ready_fd);
 	}
-	test_ready_gate();
-	sdnotify("READY=1\nSTATUS=listening on %s", srv.cfg.socket_path);
 
 	uv_run(srv.loop, UV_RUN_DEFAULT);
 

@@ -20,14 +20,23 @@ from sdharness import build_path
 from testlib import wait_until
 
 
-def start(tmp_path, args, name, **env_extra):
-    """A tensord (or holder) process outside any service manager."""
+def start(tmp_path, args, name, ready=False, **env_extra):
+    """A tensord (or holder) process outside any service manager; with
+    ready, once it listens (--ready-fd)."""
     log = open(tmp_path / f"{name}.log", "ab")
     env = dict(os.environ)
     env.pop("NOTIFY_SOCKET", None)
     env.update(env_extra)
-    return subprocess.Popen([build_path("tensord")] + args, stdout=log,
-                            stderr=subprocess.STDOUT, env=env)
+    if not ready:
+        return subprocess.Popen([build_path("tensord")] + args, stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
+    r, w = os.pipe()
+    p = subprocess.Popen([build_path("tensord")] + args + ["--ready-fd", str(w)],
+                         pass_fds=(w,), stdout=log, stderr=subprocess.STDOUT, env=env)
+    os.close(w)
+    with os.fdopen(r, "rb") as rf:
+        assert rf.read(1) == b"R", text(tmp_path, name)
+    return p
 
 
 def text(tmp_path, name):
@@ -62,13 +71,13 @@ class Upgrade:
         assert wait_until(lambda: os.path.exists(os.path.join(self.hold, "take")))
         self.procs = []
 
-    def daemon(self, name, gate=False, **env):
+    def daemon(self, name, gate=False, ready=False, **env):
         if gate:
             fifo = str(self.tmp / f"{name}.gate")
             os.mkfifo(fifo)
             env["TENSORD_TEST_READY_GATE"] = fifo
         p = start(self.tmp, ["--holder", self.hold, "--socket", self.sock,
-                             "--readopt-grace", "60000"], name, **env)
+                             "--readopt-grace", "60000"], name, ready, **env)
         self.procs.append(p)
         return p
 
@@ -96,8 +105,7 @@ def up(tmp_path):
 
 
 def serving(sock):
-    """A client once a daemon answers at sock."""
-    assert wait_until(lambda: os.path.exists(sock), timeout=30)
+    """A client of the daemon that listens at sock (started with ready)."""
     return tensord.connect(sock)
 
 
@@ -130,7 +138,7 @@ def lines(path):
 
 
 def test_readers_are_served_through_the_drain_and_the_old_daemon_exits_last(up, tmp_path):
-    a = up.daemon("old")
+    a = up.daemon("old", ready=True)
     c = serving(up.sock)
     c.put("r", np.arange(4096, dtype=np.int32))
     # A slab tensor, held by a reader, replaced just before the drain.
@@ -216,7 +224,7 @@ WRITER = textwrap.dedent("""
 
 
 def test_a_writer_through_the_upgrade_puts_each_version_once(up, tmp_path):
-    a = up.daemon("old")
+    a = up.daemon("old", ready=True)
     c = serving(up.sock)
     c.put("w", np.zeros(64, dtype=np.int64))
     watcher = tensord.connect(up.sock)
@@ -275,7 +283,7 @@ def test_an_old_daemon_that_ignores_the_drain_is_stopped_first(tmp_path):
     before, and the upgrade completes."""
     u = Upgrade(tmp_path, drain_ms=300)
     try:
-        a = u.daemon("old", TENSORD_TEST_NO_DRAIN="1")
+        a = u.daemon("old", ready=True, TENSORD_TEST_NO_DRAIN="1")
         c = serving(u.sock)
         c.put("x", np.arange(100, dtype=np.float32))
         b = u.daemon("new")
@@ -294,7 +302,7 @@ def test_an_old_daemon_that_ignores_the_drain_is_stopped_first(tmp_path):
 
 
 def test_an_old_daemon_killed_while_drained_leaves_the_new_one_to_serve(up, tmp_path):
-    a = up.daemon("old")
+    a = up.daemon("old", ready=True)
     c = serving(up.sock)
     c.put("x", np.arange(100, dtype=np.float32))
     b = up.daemon("new", gate=True)
@@ -314,7 +322,7 @@ def test_an_old_daemon_killed_while_drained_leaves_the_new_one_to_serve(up, tmp_
 def test_a_new_daemon_that_dies_before_serving_leaves_the_old_one_reading(up, tmp_path):
     """The drained daemon never writes again; it serves its readers until a
     daemon that serves takes the store, then goes."""
-    a = up.daemon("old")
+    a = up.daemon("old", ready=True)
     c = serving(up.sock)
     c.put("x", np.arange(100, dtype=np.float32))
     b = up.daemon("new", gate=True)
@@ -342,7 +350,7 @@ def test_a_hung_old_daemon_is_stopped_first_and_the_upgrade_completes(tmp_path):
     exits, and the new daemon serves what it had."""
     u = Upgrade(tmp_path, drain_ms=300)
     try:
-        a = u.daemon("old")
+        a = u.daemon("old", ready=True)
         c = serving(u.sock)
         c.put("x", np.arange(100, dtype=np.float32))
         os.kill(a.pid, signal.SIGSTOP)
@@ -366,7 +374,7 @@ def test_sigusr2_without_a_holder_drains_nothing(tmp_path):
     """Nobody would take over from a daemon outside a holder: a stray
     SIGUSR2 is logged and ignored, and it goes on taking writes."""
     sock = str(tmp_path / "plain.sock")
-    d = start(tmp_path, ["--socket", sock], "plain")
+    d = start(tmp_path, ["--socket", sock], "plain", ready=True)
     try:
         c = serving(sock)
         c.put("x", np.ones(8))
