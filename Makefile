@@ -378,7 +378,7 @@ test-asan:
 	$(Q)ASAN_OPTIONS=detect_leaks=1 TENSORD_BUILD=$(abspath build-asan) TENSORD_SANITIZED=1 \
 		PYTHONPATH=$(abspath $(B))/python $(PYTEST_GPU) -q -rs tests/python/test_gpu_remote.py \
 		tests/python/test_restart.py tests/python/test_restart_gpu.py tests/python/test_readopt.py \
-		tests/python/test_idempotent.py -k "not rate_report"
+		tests/python/test_idempotent.py tests/python/test_upgrade.py -k "not rate_report"
 
 # The threads (the GPU worker, the host pool's worker, the client's flusher)
 # under ThreadSanitizer: the unit tests that run them, and the daemon over the

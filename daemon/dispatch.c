@@ -272,6 +272,43 @@ static void do_stats(struct client *cl, uint64_t id, const Tensord__Stats *m)
 	figures_release(&set);
 }
 
+/*
+ * What a draining daemon (server_drain()) still does: requests that change
+ * no state that the log or the store keeps. Listed, not excluded, so that a
+ * request kind added later is refused while draining until someone decides
+ * it is a read. A local attach may bind or wait (a waiter sees no commit
+ * here: its client waits again on the next daemon); a release frees memory
+ * that keeps its bytes; '@' attaches are left to the next daemon, whose
+ * replica they make.
+ */
+static bool served_while_draining(const Tensord__Request *req)
+{
+	switch (req->body_case) {
+	case TENSORD__REQUEST__BODY_HELLO:
+	case TENSORD__REQUEST__BODY_RELEASE:
+	case TENSORD__REQUEST__BODY_STAT:
+	case TENSORD__REQUEST__BODY_LIST:
+	case TENSORD__REQUEST__BODY_STATS:
+	case TENSORD__REQUEST__BODY_CANCEL:
+	case TENSORD__REQUEST__BODY_WATCH:
+	case TENSORD__REQUEST__BODY_UNWATCH:
+	case TENSORD__REQUEST__BODY_LEASE_LIST:
+	case TENSORD__REQUEST__BODY_CLIENT_LIST:
+	case TENSORD__REQUEST__BODY_METRICS:
+	case TENSORD__REQUEST__BODY_BIND_PAGE:
+	case TENSORD__REQUEST__BODY_PEER_LIST:
+	case TENSORD__REQUEST__BODY_READOPT:
+	case TENSORD__REQUEST__BODY_RESOLVE:
+		return true;
+	case TENSORD__REQUEST__BODY_ATTACH:
+		return req->attach->name[0] != '@';
+	case TENSORD__REQUEST__BODY_ATTACH_MANY:
+		return !remote_set_is_remote(req->attach_many);
+	default:
+		return false;
+	}
+}
+
 static void dispatch_request(struct client *cl, const Tensord__Request *req)
 {
 	struct conn *c = cl->conn;
@@ -284,6 +321,18 @@ static void dispatch_request(struct client *cl, const Tensord__Request *req)
 			     "the first request must be hello");
 		if (!conn_gone(c))
 			conn_shutdown(c);
+		return;
+	}
+	/* Not done, not answered: the client takes the close for a lost
+	 * connection, reconnects (its connect waits in the backlog for the next
+	 * daemon), asks that one whether the write took effect (Resolve: this
+	 * instance recorded nothing more) and does it there. */
+	if (cl->srv->draining && !served_while_draining(req)) {
+		log_info(
+			"conn %llu: pid %u: request %u while draining: closing the connection, the "
+			"next daemon serves it",
+			(unsigned long long)c->id, cl->rc.pid, (unsigned)req->body_case);
+		conn_shutdown(c); /* the replies to reads before it go first */
 		return;
 	}
 	dispatch_seqs_arm(cl, req);

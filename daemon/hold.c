@@ -3,15 +3,24 @@
  * section 6). A small process that outlives daemons: it keeps what a
  * daemon started with --holder DIR stores (the FDSTORE=1 / FDSTOREREMOVE=1
  * datagrams of sd_notify, on DIR/notify), and hands all of it to the next
- * daemon that asks on DIR/take, after the daemon it handed it to before
- * has exited: it asks that one to stop (SIGTERM) and waits. Two daemons
- * never change one state at once.
+ * daemon that asks on DIR/take.
+ *
+ * An upgrade drains: the daemon the store was handed to before, once it
+ * said READY=1, is asked to drain (SIGUSR2) and says when it has
+ * (TENSORD_DRAINED=1): from then on it records nothing and stores nothing,
+ * and serves reads only. The store goes to the new daemon, and the old one
+ * is stopped (SIGTERM) only when the new one says READY=1. One that does
+ * not drain in time (hung, or a tensord from before the drain, which
+ * ignores SIGUSR2) is stopped first, as before: SIGTERM, then SIGKILL. Two
+ * daemons never change one state at once.
  *
  * A plain poll() loop over two sockets and a signalfd: the process does
  * nothing else, and the event loop library would be more code than the
  * loop. DIR is made 0700 by the holder, and only its own uid (or root) is
  * served on either socket, since whoever takes the store gets every
- * tensor's memory.
+ * tensor's memory. Notify datagrams carry their sender's pid
+ * (SO_PASSCRED), so READY=1 and TENSORD_DRAINED=1 count only from the
+ * daemon they are expected of.
  */
 #include "hold.h"
 
@@ -39,6 +48,8 @@
 #define HOLD_BATCH 200
 /* How long the daemon handed the store to before may take to exit when asked. */
 #define HOLD_STOP_MS 30000
+/* How long it may take to drain ($TENSORD_HOLD_DRAIN_MS overrides it; 0: no drain). */
+#define HOLD_DRAIN_MS 10000
 
 struct held {
 	int fd;
@@ -48,8 +59,18 @@ struct held {
 struct holder {
 	struct held *v;
 	size_t n, cap;
-	pid_t owner; /* the daemon the store was last handed to; 0: none */
+	pid_t owner;      /* the daemon the store was last handed to; 0: none */
+	bool owner_ready; /* it said READY=1: it serves, and drains when asked */
+	/* A daemon that drained for owner: stopped when owner says READY=1. */
+	pid_t retiring;
+	unsigned drain_ms;
 	int notify, take, sig;
+};
+
+/* What one notify datagram said that the holder acts on, and who sent it. */
+struct notice {
+	pid_t pid; /* 0: unknown */
+	bool ready, drained;
 };
 
 static int bind_at(const char *dir, const char *leaf, int type, struct sockaddr_un *sa)
@@ -88,14 +109,19 @@ static void drop(struct holder *h, const char *name)
 	}
 }
 
-/* One sd_notify datagram: FDSTORE=1 with its descriptors, FDSTOREREMOVE=1; the rest ignored. */
-static void on_notify(struct holder *h)
+/*
+ * One sd_notify datagram: FDSTORE=1 with its descriptors, FDSTOREREMOVE=1
+ * are done; READY=1 and TENSORD_DRAINED=1 are returned with the sender;
+ * the rest is ignored.
+ */
+static struct notice on_notify(struct holder *h)
 {
 	char buf[4096], name[256] = "stored";
 	union {
-		char b[CMSG_SPACE(16 * sizeof(int))];
+		char b[CMSG_SPACE(16 * sizeof(int)) + CMSG_SPACE(sizeof(struct ucred))];
 		struct cmsghdr align;
 	} u;
+	struct notice nt = { 0 };
 	struct iovec iov = { buf, sizeof(buf) - 1 };
 	struct msghdr mh = {
 		.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof(u.b)
@@ -105,13 +131,21 @@ static void on_notify(struct holder *h)
 	ssize_t n = recvmsg(h->notify, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
 
 	if (n < 0)
-		return;
+		return nt;
 	buf[n] = '\0';
-	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_CREDENTIALS &&
+		    cm->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
+			struct ucred cr;
+
+			memcpy(&cr, CMSG_DATA(cm), sizeof(cr));
+			nt.pid = cr.pid;
+		}
 		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
 			for (size_t i = 0;
 			     i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int) && n_fds < 16; i++)
 				memcpy(&fds[n_fds++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+	}
 	for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
 		if (strcmp(line, "FDSTORE=1") == 0)
 			store = true;
@@ -119,6 +153,10 @@ static void on_notify(struct holder *h)
 			remove = true;
 		else if (strncmp(line, "FDNAME=", 7) == 0)
 			snprintf(name, sizeof(name), "%s", line + 7);
+		else if (strcmp(line, "READY=1") == 0)
+			nt.ready = true;
+		else if (strcmp(line, "TENSORD_DRAINED=1") == 0)
+			nt.drained = true;
 	}
 	if (remove)
 		drop(h, name);
@@ -147,6 +185,7 @@ static void on_notify(struct holder *h)
 		snprintf(h->v[h->n].name, sizeof(h->v[h->n].name), "%s", name);
 		h->n++;
 	}
+	return nt;
 }
 
 /* Whether pid has exited (it is not our child: it may be anyone's). */
@@ -155,26 +194,123 @@ static bool gone(pid_t pid)
 	return kill(pid, 0) < 0 && errno == ESRCH;
 }
 
-/* The daemon the store was handed to stops first: SIGTERM, then SIGKILL past HOLD_STOP_MS. */
-static void stop_owner(struct holder *h, pid_t next)
+/* Stops daemon pid and waits for it: SIGTERM, then SIGKILL past HOLD_STOP_MS. */
+static void stop_daemon(struct holder *h, pid_t pid)
 {
 	struct timespec t = { 0, 10 * 1000000L };
 	unsigned waited = 0;
 
-	if (!h->owner || h->owner == next || gone(h->owner))
-		return;
-	log_info("hold: daemon %d takes over: stopping daemon %d first", (int)next, (int)h->owner);
-	kill(h->owner, SIGTERM);
-	while (!gone(h->owner)) {
+	kill(pid, SIGTERM);
+	while (!gone(pid)) {
 		/* Its last FDSTORE datagrams are kept as they come. */
 		on_notify(h);
 		nanosleep(&t, NULL);
 		waited += 10;
 		if (waited == HOLD_STOP_MS) {
-			log_warn("hold: daemon %d did not stop in %u ms; killing it", (int)h->owner,
+			log_warn("hold: daemon %d did not stop in %u ms; killing it", (int)pid,
 				 HOLD_STOP_MS);
-			kill(h->owner, SIGKILL);
+			kill(pid, SIGKILL);
 		}
+	}
+}
+
+/*
+ * Asks the daemon pid to drain (SIGUSR2) and waits until it says it has,
+ * keeping what it stores meanwhile: true once it drained; false when it
+ * exited, or did not drain within h->drain_ms (then the caller stops it).
+ * Its datagrams come in the order it sent them, so every store it made
+ * before TENSORD_DRAINED=1 is kept when this returns.
+ */
+static bool drain_daemon(struct holder *h, pid_t pid, pid_t next)
+{
+	unsigned waited = 0;
+
+	log_info("hold: daemon %d takes over: asking daemon %d to drain", (int)next, (int)pid);
+	if (kill(pid, SIGUSR2) < 0)
+		return false;
+	for (;;) {
+		struct pollfd p = { h->notify, POLLIN, 0 };
+
+		if (poll(&p, 1, 10) > 0) {
+			struct notice nt = on_notify(h);
+
+			if (nt.drained && nt.pid == pid) {
+				log_info("hold: daemon %d drained: it serves reads until daemon %d "
+					 "serves",
+					 (int)pid, (int)next);
+				return true;
+			}
+			continue;
+		}
+		if (gone(pid)) {
+			log_warn("hold: daemon %d exited while draining", (int)pid);
+			return false;
+		}
+		waited += 10;
+		if (waited >= h->drain_ms) {
+			log_warn("hold: daemon %d did not drain in %u ms (hung, or a tensord from "
+				 "before the drain); stopping it first",
+				 (int)pid, h->drain_ms);
+			return false;
+		}
+	}
+}
+
+/*
+ * Before the store goes to next: the daemon it was handed to before (still
+ * running) drains, or stops. One that never said READY=1 is stopped: it
+ * may not even catch SIGUSR2 yet, and it serves nobody. A daemon that
+ * drained earlier for a successor that died before it served stays
+ * draining for this one.
+ */
+static void make_way(struct holder *h, pid_t next)
+{
+	pid_t old = h->owner;
+
+	if (h->retiring && gone(h->retiring))
+		h->retiring = 0;
+	if (!old || old == next || gone(old))
+		return;
+	if (h->owner_ready && !h->retiring && h->drain_ms && drain_daemon(h, old, next)) {
+		h->retiring = old;
+		return;
+	}
+	if (gone(old))
+		return;
+	log_info("hold: daemon %d takes over: stopping daemon %d first", (int)next, (int)old);
+	stop_daemon(h, old);
+}
+
+/* A notice from the main loop: the owner serves, so a drained daemon goes. */
+static void on_notice(struct holder *h, struct notice nt)
+{
+	pid_t old = h->retiring;
+
+	if (!nt.ready || !nt.pid || nt.pid != h->owner)
+		return;
+	h->owner_ready = true;
+	if (!old)
+		return;
+	h->retiring = 0;
+	if (gone(old)) {
+		log_info("hold: daemon %d serves; drained daemon %d had exited already",
+			 (int)h->owner, (int)old);
+		return;
+	}
+	log_info("hold: daemon %d serves: stopping drained daemon %d", (int)h->owner, (int)old);
+	stop_daemon(h, old);
+	log_info("hold: drained daemon %d exited", (int)old);
+}
+
+/* Every datagram queued on the notify socket, in order. */
+static void read_notices(struct holder *h)
+{
+	for (int i = 0; i < 4096; i++) {
+		struct pollfd p = { h->notify, POLLIN, 0 };
+
+		if (poll(&p, 1, 0) <= 0)
+			break;
+		on_notice(h, on_notify(h));
 	}
 }
 
@@ -190,15 +326,11 @@ static void hand_over(struct holder *h, int c)
 			 (int)cr.uid, (int)getuid());
 		return;
 	}
-	stop_owner(h, cr.pid);
-	/* What the old daemon sent before it exited, still queued. */
-	for (int i = 0; i < 4096; i++) {
-		struct pollfd p = { h->notify, POLLIN, 0 };
-
-		if (poll(&p, 1, 0) <= 0)
-			break;
-		on_notify(h);
-	}
+	/* Whether the daemon before said READY=1 (it may have, just now). */
+	read_notices(h);
+	make_way(h, cr.pid);
+	/* What the old daemon sent before it exited or drained, still queued. */
+	read_notices(h);
 	for (size_t at = 0; at < h->n; at += HOLD_BATCH) {
 		size_t k = h->n - at < HOLD_BATCH ? h->n - at : HOLD_BATCH;
 		union {
@@ -237,6 +369,7 @@ static void hand_over(struct holder *h, int c)
 	}
 	if (send(c, "", 1, MSG_NOSIGNAL) == 1) { /* an empty name list: the end */
 		h->owner = cr.pid;
+		h->owner_ready = false;
 		log_info("hold: handed %zu descriptors to daemon %d", h->n, (int)cr.pid);
 	}
 }
@@ -247,6 +380,8 @@ int hold_main(const char *dir)
 	struct sockaddr_un sa;
 	struct stat st;
 	sigset_t set;
+	const char *env = getenv("TENSORD_HOLD_DRAIN_MS");
+	int on = 1;
 
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
 		fprintf(stderr, "tensord --hold %s: %s\n", dir, strerror(errno));
@@ -262,10 +397,11 @@ int hold_main(const char *dir)
 	}
 	h.notify = bind_at(dir, "notify", SOCK_DGRAM, &sa);
 	h.take = h.notify < 0 ? -1 : bind_at(dir, "take", SOCK_SEQPACKET, &sa);
-	if (h.take < 0) {
+	if (h.take < 0 || setsockopt(h.notify, SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)) < 0) {
 		fprintf(stderr, "tensord --hold %s: %s\n", dir, strerror(errno));
 		return 1;
 	}
+	h.drain_ms = env && *env ? (unsigned)strtoul(env, NULL, 10) : HOLD_DRAIN_MS;
 	sigemptyset(&set);
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
@@ -277,10 +413,21 @@ int hold_main(const char *dir)
 				       { h.take, POLLIN, 0 },
 				       { h.sig, POLLIN, 0 } };
 
-		if (poll(p, 3, -1) < 0 && errno != EINTR)
+		/* While a drained daemon waits for its successor to serve, whether
+		 * that one died first is looked at every 100 ms. */
+		if (poll(p, 3, h.retiring ? 100 : -1) < 0 && errno != EINTR)
 			break;
 		if (p[0].revents & POLLIN)
-			on_notify(&h);
+			read_notices(&h);
+		if (h.retiring && h.owner && gone(h.owner)) {
+			log_warn(
+				"hold: daemon %d exited before it served; drained daemon %d serves "
+				"reads on until the next daemon takes the store (start one: "
+				"tensord "
+				"--holder %s)",
+				(int)h.owner, (int)h.retiring, dir);
+			h.owner = 0;
+		}
 		if (p[1].revents & POLLIN) {
 			int c = accept4(h.take, NULL, NULL, SOCK_CLOEXEC);
 

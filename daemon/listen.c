@@ -383,13 +383,17 @@ int server_listen(struct server *srv)
 
 void server_unlisten(struct server *srv)
 {
+	if (srv->listen_fd < 0)
+		return;
 	uv_poll_stop(&srv->listen_poll);
 	uv_close((uv_handle_t *)&srv->listen_poll, NULL);
 	close(srv->listen_fd);
+	srv->listen_fd = -1;
 	/* A passed socket belongs to the service manager, which listens on; a
 	 * stored one is the next daemon's. */
 	if (!srv->socket_inherited && !srv->socket_stored)
 		server_socket_remove(srv->cfg.socket_path);
 	if (srv->reserve_fd >= 0)
 		close(srv->reserve_fd);
+	srv->reserve_fd = -1;
 }

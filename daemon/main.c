@@ -5,6 +5,7 @@
  * libuv loop until SIGTERM or SIGINT.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,8 +69,9 @@ static void log_state(struct server *srv)
  * Signals that would kill the daemon by default, and its named tensors
  * with it: SIGHUP reopens --log-file (after a rotation) and reads the
  * peer secret file again (a rotation of the secret: docs/operating.md),
- * SIGUSR1 logs the state, SIGUSR2 only a line. SIGPIPE is ignored
- * outright (main()).
+ * SIGUSR1 logs the state, SIGUSR2 drains a daemon under a holder for its
+ * successor (server_drain()) and is only a line anywhere else. SIGPIPE is
+ * ignored outright (main()).
  */
 static void on_other_signal(uv_signal_t *h, int signum)
 {
@@ -82,7 +84,7 @@ static void on_other_signal(uv_signal_t *h, int signum)
 		return;
 	}
 	if (signum == SIGUSR2) {
-		log_info("received SIGUSR2, ignoring");
+		server_drain(srv);
 		return;
 	}
 	if ((r = log_reopen()) == 1)
@@ -101,6 +103,29 @@ static void on_signal(uv_signal_t *h, int signum)
 
 	log_info("received %s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
 	server_stop(srv);
+}
+
+/*
+ * A test hook: with $TENSORD_TEST_READY_GATE naming a FIFO, the daemon
+ * has restored and listens but serves nobody and says nothing to its
+ * service manager until a byte is written to it (tests/python/
+ * test_upgrade.py holds an upgrade between the old daemon's drain and the
+ * new one's READY=1 this way, without a timing).
+ */
+static void test_ready_gate(void)
+{
+	const char *path = getenv("TENSORD_TEST_READY_GATE");
+	char b;
+	int fd;
+
+	if (!path || !*path)
+		return;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || read(fd, &b, 1) != 1)
+		log_warn("TENSORD_TEST_READY_GATE %s: %s, going on", path,
+			 fd < 0 ? strerror(errno) : "closed");
+	if (fd >= 0)
+		close(fd);
 }
 
 /* Clients each hold a descriptor; use every one the hard limit allows. */
@@ -224,12 +249,15 @@ int main(int argc, char **argv)
 	uv_signal_start(&srv.sighup, on_other_signal, SIGHUP);
 	uv_signal_start(&srv.sigusr1, on_other_signal, SIGUSR1);
 	uv_signal_start(&srv.sigusr2, on_other_signal, SIGUSR2);
+	test_ready_gate();
+	/* READY=1 first: whoever waits on --ready-fd may then count on the
+	 * service manager (a holder: that the daemon drains when asked). */
+	sdnotify("READY=1\nSTATUS=listening on %s", srv.cfg.socket_path);
 	if (ready_fd >= 0) {
 		if (write(ready_fd, "R", 1) != 1)
 			log_warn("--ready-fd %d: %s, ignoring", ready_fd, strerror(errno));
 		close(ready_fd);
 	}
-	sdnotify("READY=1\nSTATUS=listening on %s", srv.cfg.socket_path);
 
 	uv_run(srv.loop, UV_RUN_DEFAULT);
 

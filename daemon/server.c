@@ -7,6 +7,7 @@
  * (server_spin_*). main.c reads the options, starts it and runs the loop.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <sys/resource.h>
 
 #include "common/sys.h"
@@ -56,6 +57,32 @@ void server_stop(struct server *srv)
 	/* Creates still allocating complete after the loop (main()). */
 	gpu_worker_set_notify(NULL, NULL);
 	uv_close((uv_handle_t *)&srv->gpu_done, NULL);
+}
+
+void server_drain(struct server *srv)
+{
+	if (srv->stopping || srv->draining)
+		return;
+	/* Under systemd, or run by hand, nobody would take over: a stray
+	 * SIGUSR2 must not leave a daemon that refuses every write. The test
+	 * hook plays a tensord from before the drain, which ignored it. */
+	if (!srv->cfg.holder[0] || getenv("TENSORD_TEST_NO_DRAIN")) {
+		log_info("received SIGUSR2, ignoring%s",
+			 srv->cfg.holder[0] ? ""
+					    : ": only a daemon under a holder drains (--holder)");
+		return;
+	}
+	srv->draining = true;
+	/* Removals of steps already recorded go out; then the log, the store
+	 * and every byte of memory are the next daemon's. */
+	state_flush(srv->state);
+	state_freeze(srv->state);
+	server_unlisten(srv);
+	log_info("draining for the next daemon: accepting nothing, recording nothing; reads "
+		 "served on %u connections, a write closes its connection",
+		 srv->conns.n);
+	sdnotify("TENSORD_DRAINED=1\nSTATUS=drained: %u clients reading, %llu tensors",
+		 srv->conns.n, (unsigned long long)srv->reg.n_tensors);
 }
 
 /* The GPU worker's hook (gpu_worker.h), on its thread: wake the loop. */

@@ -98,6 +98,10 @@ struct server {
 	uv_signal_t sighup, sigusr1, sigusr2; /* logged, never fatal */
 	uint64_t start_ns;
 	bool stopping;
+	/* Draining (server_drain(): an upgrade through a holder): accepts
+	 * nothing, records nothing, serves only reads; the next daemon owns the
+	 * state. Never ends but with the process. */
+	bool draining;
 	/* After a request, the loop polls instead of sleeping until
 	 * spin_until, so the next request of a busy client needs no wake-up;
 	 * spin says whether and how long (common/sys.h). spin_seen: when the
@@ -118,7 +122,8 @@ struct server {
 
 /* listen.c: binds, sets the mode and starts accepting into srv->conns. 0 or -errno. */
 int server_listen(struct server *srv);
-/* Stops accepting and removes the socket file. */
+/* Stops accepting and removes the socket file (one it bound and did not
+ * store). Once: a second call does nothing. */
 void server_unlisten(struct server *srv);
 /* Whether a daemon answers at the unix socket path (a stale file refuses). */
 bool server_socket_is_live(const char *path);
@@ -145,6 +150,16 @@ int server_init(struct server *srv);
 void server_readopt_start(struct server *srv);
 /* Stops accepting, closes every client, frees everything; the loop then ends. */
 void server_stop(struct server *srv);
+/*
+ * The holder's SIGUSR2 (docs/restart.md, section 6): stops accepting,
+ * freezes the state (no record, no FDSTOREREMOVE, freed memory keeps its
+ * bytes), then serves only reads on the connections it has: a request that
+ * would change anything closes its connection (dispatch.c), and the client
+ * library takes that as a lost connection. Tells the holder it drained
+ * (TENSORD_DRAINED=1 on the notify socket); SIGTERM then ends it. Only under
+ * --holder: anywhere else SIGUSR2 is logged and ignored.
+ */
+void server_drain(struct server *srv);
 /* After the loop: the GPU worker's last creates completed, every tensor freed. */
 void server_fini(struct server *srv);
 

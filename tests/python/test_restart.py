@@ -372,8 +372,9 @@ def start_plain(tmp_path, args, name):
 def test_upgrade_without_systemd_through_a_holder(tmp_path):
     """tensord --hold keeps the store where there is no systemd: a new
     daemon started with --holder takes over the running one's tensors and
-    socket (the holder stops the old one first), and one started after a
-    kill -9 restores them too."""
+    socket (the holder drains the old one, which exits once the new one
+    serves: test_upgrade.py), and one started after a kill -9 restores them
+    too."""
     hold_dir = tmp_path / "hold"
     sock = str(tmp_path / "tensord.sock")
     holder = start_plain(tmp_path, ["--hold", str(hold_dir)], "holder")
@@ -388,7 +389,7 @@ def test_upgrade_without_systemd_through_a_holder(tmp_path):
         before = snapshot(c)
         # The upgrade: a new daemon while the old one serves.
         new = start_plain(tmp_path, ["--holder", str(hold_dir), "--socket", sock], "new")
-        assert old.wait(timeout=30) == 0       # stopped by the holder, SIGTERM
+        assert old.wait(timeout=30) == 0       # drained, then stopped by the holder
         c2 = tensord.connect(sock)
         assert snapshot(c2) == before
         # The old client carries on against the new daemon.
@@ -407,7 +408,10 @@ def test_upgrade_without_systemd_through_a_holder(tmp_path):
         holder.terminate()
         assert holder.wait(timeout=30) == 0
     text = (tmp_path / "holder.log").read_text()
-    assert "takes over: stopping daemon" in text, text
+    assert f"takes over: asking daemon {old.pid} to drain" in text, text
+    assert f"daemon {new.pid} serves: stopping drained daemon {old.pid}" in text, text
+    # After a crash there is nobody to drain or stop.
+    assert f"daemon {third.pid} takes over" not in text, text
 
 
 def test_a_holder_directory_others_can_enter_is_refused(tmp_path):

@@ -1,0 +1,392 @@
+"""An upgrade through a holder drains (docs/restart.md, section 6; issue 33):
+the old daemon stops accepting and recording and serves reads on the
+connections it has until the new one serves; only then is it stopped.
+Every order is asserted from the holder's log and from what the clients
+saw (pids, connection ids), never from timings. The new daemon is held
+between its restore and its READY=1 by $TENSORD_TEST_READY_GATE (a FIFO),
+so that the drain is a state the test can look at."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import tensord
+from sdharness import build_path
+from testlib import wait_until
+
+
+def start(tmp_path, args, name, ready=False, **env_extra):
+    """A tensord (or holder) process outside any service manager; with
+    ready, once it listens (--ready-fd)."""
+    log = open(tmp_path / f"{name}.log", "ab")
+    env = dict(os.environ)
+    env.pop("NOTIFY_SOCKET", None)
+    env.update(env_extra)
+    if not ready:
+        return subprocess.Popen([build_path("tensord")] + args, stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
+    r, w = os.pipe()
+    p = subprocess.Popen([build_path("tensord")] + args + ["--ready-fd", str(w)],
+                         pass_fds=(w,), stdout=log, stderr=subprocess.STDOUT, env=env)
+    os.close(w)
+    with os.fdopen(r, "rb") as rf:
+        assert rf.read(1) == b"R", text(tmp_path, name)
+    return p
+
+
+def text(tmp_path, name):
+    return (tmp_path / f"{name}.log").read_text()
+
+
+def in_order(log, *parts):
+    """Each part is in log, after the one before it."""
+    at = 0
+    for p in parts:
+        i = log.find(p, at)
+        if i < 0:
+            return False
+        at = i + len(p)
+    return True
+
+
+def says(log, *parts):
+    """log() has each part after the one before it, once the writer got there."""
+    return wait_until(lambda: in_order(log(), *parts), timeout=30)
+
+
+class Upgrade:
+    """A holder, an old daemon serving, and the means to start the new one."""
+
+    def __init__(self, tmp_path, drain_ms=None):
+        self.tmp = tmp_path
+        self.hold = str(tmp_path / "hold")
+        self.sock = str(tmp_path / "tensord.sock")
+        env = {"TENSORD_HOLD_DRAIN_MS": str(drain_ms)} if drain_ms else {}
+        self.holder = start(tmp_path, ["--hold", self.hold], "holder", **env)
+        assert wait_until(lambda: os.path.exists(os.path.join(self.hold, "take")))
+        self.procs = []
+
+    def daemon(self, name, gate=False, ready=False, **env):
+        if gate:
+            fifo = str(self.tmp / f"{name}.gate")
+            os.mkfifo(fifo)
+            env["TENSORD_TEST_READY_GATE"] = fifo
+        p = start(self.tmp, ["--holder", self.hold, "--socket", self.sock,
+                             "--readopt-grace", "60000"], name, ready, **env)
+        self.procs.append(p)
+        return p
+
+    def open_gate(self, name):
+        with open(self.tmp / f"{name}.gate", "wb") as f:
+            f.write(b"g")
+
+    def holder_log(self):
+        return text(self.tmp, "holder")
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=30)
+        self.holder.terminate()
+        assert self.holder.wait(timeout=30) == 0
+
+
+@pytest.fixture
+def up(tmp_path):
+    u = Upgrade(tmp_path)
+    yield u
+    u.close()
+
+
+def serving(sock):
+    """A client of the daemon that listens at sock (started with ready)."""
+    return tensord.connect(sock)
+
+
+READER = textwrap.dedent("""
+    import os, sys, numpy as np, tensord
+    sock, out, stop = sys.argv[1:4]
+    c = tensord.connect(sock, name="reader")
+    want = np.arange(4096, dtype=np.int32)
+    with open(out, "a", buffering=1) as f:
+        while not os.path.exists(stop):
+            try:
+                # Which daemon served, asked before and after: a line
+                # whose two differ is the one where the old daemon went.
+                pid = c.stats()["daemon_pid"]
+                with c.attach("r") as t:
+                    ok = int((np.from_dlpack(t) == want).all())
+                conn = [x.conn_id for x in c.clients() if x.pid == os.getpid()][0]
+                after = c.stats()["daemon_pid"]
+                f.write(f"{pid} {after} {conn} {ok}\\n")
+            except Exception as e:
+                f.write(f"ERR {e!r}\\n")
+""")
+
+
+def lines(path):
+    try:
+        return [l.split(" ") for l in open(path).read().splitlines()]
+    except FileNotFoundError:
+        return []
+
+
+def test_readers_are_served_through_the_drain_and_the_old_daemon_exits_last(up, tmp_path):
+    a = up.daemon("old", ready=True)
+    c = serving(up.sock)
+    c.put("r", np.arange(4096, dtype=np.int32))
+    # A slab tensor, held by a reader, replaced just before the drain.
+    c.put("s", np.arange(16, dtype=np.int64))
+    held = c.attach("s")
+    held_bytes = np.from_dlpack(held).copy()
+    c.put("s", np.full(16, -1, dtype=np.int64), replace=True)
+    lessee = tensord.connect(up.sock)
+    out, stop = tmp_path / "reader.out", tmp_path / "reader.stop"
+    script = tmp_path / "reader.py"
+    script.write_text(READER)
+    reader = subprocess.Popen([sys.executable, str(script), up.sock, str(out), str(stop)])
+    try:
+        assert wait_until(lambda: len(lines(out)) >= 5, timeout=30)
+        b = up.daemon("new", gate=True)
+        assert wait_until(lambda: f"daemon {a.pid} drained" in up.holder_log(), timeout=30), \
+            up.holder_log()
+        # The drain: the old daemon serves the reader's attaches on its
+        # connection, and a lease taken now is re-adopted later.
+        n0 = len(lines(out))
+        assert wait_until(lambda: len(lines(out)) >= n0 + 20, timeout=30)
+        lease = lessee.attach("r")
+        assert lessee.stats()["daemon_pid"] == a.pid
+        assert (np.from_dlpack(held) == held_bytes).all()
+        assert a.poll() is None and b.poll() is None
+        up.open_gate("new")
+        assert a.wait(timeout=60) == 0          # stopped by the holder once b served
+        assert wait_until(lambda: sum(1 for l in lines(out) if l[1] == str(b.pid)) >= 5,
+                          timeout=60)
+    finally:
+        stop.touch()
+        reader.wait(timeout=60)
+    seen = lines(out)
+    assert not [l for l in seen if l[0] == "ERR"], seen
+    pids = [(int(l[0]), int(l[1])) for l in seen]
+    old = [p == (a.pid, a.pid) for p in pids].index(False)
+    # The old daemon's lines, then at most one that saw both, then the new one's.
+    assert all(p == (a.pid, a.pid) for p in pids[:old]), pids
+    rest = pids[old + 1:] if pids[old] == (a.pid, b.pid) else pids[old:]
+    assert rest and all(p == (b.pid, b.pid) for p in rest), pids
+    assert old >= n0 + 20
+    # One connection to the old daemon throughout, never lost before it was told to exit.
+    assert len({l[2] for l in seen[:old]}) == 1, seen[:old]
+    assert all(l[3] == "1" for l in seen)
+    assert says(up.holder_log, f"asking daemon {a.pid} to drain", f"daemon {a.pid} drained",
+                f"handed", f"daemon {b.pid} serves: stopping drained daemon {a.pid}",
+                f"drained daemon {a.pid} exited"), up.holder_log()
+    log = up.holder_log()
+    assert "stopping it first" not in log and "takes over: stopping daemon" not in log, log
+    assert "draining for the next daemon" in text(tmp_path, "old")
+    # The lease taken during the drain lives on the new daemon.
+    lessee.stat("r")
+    assert wait_until(lambda: any(h.pid == os.getpid() for h in lessee.leases("r")),
+                      timeout=30)
+    assert lessee.stats()["restart_readopted_leases_total"] >= 1
+    assert (np.from_dlpack(lease) == np.arange(4096, dtype=np.int32)).all()
+    # The slab's old version kept its bytes, also once the new daemon writes.
+    c2 = tensord.connect(up.sock)
+    for i in range(8):
+        c2.put("s", np.full(16, i, dtype=np.int64), replace=True)
+    assert (np.from_dlpack(held) == held_bytes).all()
+    lease.release()
+    held.release()
+    for cl in (c, c2, lessee):
+        cl.close()
+
+
+WRITER = textwrap.dedent("""
+    import os, sys, numpy as np, tensord
+    sock, out, stop = sys.argv[1:4]
+    c = tensord.connect(sock, name="writer")
+    with open(out, "a", buffering=1) as f:
+        i = 0
+        while not os.path.exists(stop):
+            try:
+                g = c.put("w", np.full(64, i, dtype=np.int64), replace=True)
+                f.write(f"{g} {c.stats()['daemon_pid']}\\n")
+            except Exception as e:
+                f.write(f"ERR {e!r}\\n")
+                break
+            i += 1
+""")
+
+
+def test_a_writer_through_the_upgrade_puts_each_version_once(up, tmp_path):
+    a = up.daemon("old", ready=True)
+    c = serving(up.sock)
+    c.put("w", np.zeros(64, dtype=np.int64))
+    watcher = tensord.connect(up.sock)
+    watch = watcher.watch("w")
+    out, stop = tmp_path / "writer.out", tmp_path / "writer.stop"
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    writer = subprocess.Popen([sys.executable, str(script), up.sock, str(out), str(stop)])
+    events = []
+    try:
+        assert wait_until(lambda: len(lines(out)) >= 20, timeout=30)
+        b = up.daemon("new", gate=True)
+        # The writer's next put reaches the drained daemon, which closes its
+        # connection; the put waits in the backlog for the new daemon.
+        assert wait_until(lambda: "while draining: closing the connection" in
+                          text(tmp_path, "old"), timeout=30)
+        up.open_gate("new")
+        assert a.wait(timeout=60) == 0
+        assert wait_until(lambda: sum(1 for l in lines(out) if l[1] == str(b.pid)) >= 20,
+                          timeout=60)
+    finally:
+        stop.touch()
+        writer.wait(timeout=60)
+    seen = lines(out)
+    assert not [l for l in seen if l[0] == "ERR"], seen
+    gens = [int(l[0]) for l in seen]
+    # Exactly once: consecutive, none twice, none lost.
+    assert gens == list(range(gens[0], gens[0] + len(gens))), gens
+    assert {l[1] for l in seen} == {str(a.pid), str(b.pid)}
+    last = c.stat("w").generation
+    assert last == gens[-1]
+    # Every event once: commits only grow, a generation never comes twice, and
+    # generations skip only after a 'lagged' event (a replay coalesces).
+    while True:
+        ev = watch.next(timeout=10)
+        events.append(ev)
+        if ev.kind == "published" and ev.generation == last:
+            break
+    assert watch.poll() is None
+    published = [e for e in events if e.kind == "published"]
+    assert len({e.generation for e in published}) == len(published)
+    commits = [e.commit for e in published]
+    assert commits == sorted(commits)
+    for prev, ev in zip(events, events[1:]):
+        if ev.kind == "published" and prev.kind == "published":
+            assert ev.generation == prev.generation + 1, (prev, ev)
+    assert f"daemon {a.pid} drained" in up.holder_log()
+    watch.close()
+    for cl in (c, watcher):
+        cl.close()
+
+
+def test_an_old_daemon_that_ignores_the_drain_is_stopped_first(tmp_path):
+    """A tensord from before the drain logs SIGUSR2 and ignores it (played
+    by $TENSORD_TEST_NO_DRAIN): past the bound the holder stops it as
+    before, and the upgrade completes."""
+    u = Upgrade(tmp_path, drain_ms=300)
+    try:
+        a = u.daemon("old", ready=True, TENSORD_TEST_NO_DRAIN="1")
+        c = serving(u.sock)
+        c.put("x", np.arange(100, dtype=np.float32))
+        b = u.daemon("new")
+        assert a.wait(timeout=60) == 0
+        assert c.stat("x").generation == 1
+        assert c.stats()["daemon_pid"] == b.pid
+        with c.attach("x") as t:
+            assert (np.from_dlpack(t) == np.arange(100, dtype=np.float32)).all()
+        assert says(u.holder_log, f"asking daemon {a.pid} to drain",
+                    f"daemon {a.pid} did not drain", "stopping it first",
+                    f"stopping daemon {a.pid} first", "handed"), u.holder_log()
+        assert "received SIGUSR2, ignoring" in text(tmp_path, "old")
+        c.close()
+    finally:
+        u.close()
+
+
+def test_an_old_daemon_killed_while_drained_leaves_the_new_one_to_serve(up, tmp_path):
+    a = up.daemon("old", ready=True)
+    c = serving(up.sock)
+    c.put("x", np.arange(100, dtype=np.float32))
+    b = up.daemon("new", gate=True)
+    assert wait_until(lambda: f"daemon {a.pid} drained" in up.holder_log(), timeout=30)
+    a.kill()
+    a.wait()
+    up.open_gate("new")
+    assert c.stat("x").generation == 1
+    assert c.stats()["daemon_pid"] == b.pid
+    c.put("x", np.zeros(100, dtype=np.float32), replace=True)
+    assert c.stat("x").generation == 2
+    assert says(up.holder_log, f"daemon {b.pid} serves; drained daemon {a.pid} had exited")
+    assert "stopping drained daemon" not in up.holder_log()
+    c.close()
+
+
+def test_a_new_daemon_that_dies_before_serving_leaves_the_old_one_reading(up, tmp_path):
+    """The drained daemon never writes again; it serves its readers until a
+    daemon that serves takes the store, then goes."""
+    a = up.daemon("old", ready=True)
+    c = serving(up.sock)
+    c.put("x", np.arange(100, dtype=np.float32))
+    b = up.daemon("new", gate=True)
+    assert wait_until(lambda: f"daemon {a.pid} drained" in up.holder_log(), timeout=30)
+    b.kill()
+    b.wait()
+    assert wait_until(lambda: f"daemon {b.pid} exited before it served" in up.holder_log(),
+                      timeout=30), up.holder_log()
+    # Still reading on the old daemon's connection.
+    assert c.stats()["daemon_pid"] == a.pid
+    with c.attach("x") as t:
+        assert (np.from_dlpack(t) == np.arange(100, dtype=np.float32)).all()
+    third = up.daemon("third")
+    assert a.wait(timeout=60) == 0
+    assert c.stats()["daemon_pid"] == third.pid
+    c.put("x", np.zeros(100, dtype=np.float32), replace=True)
+    assert c.stat("x").generation == 2
+    assert says(up.holder_log, f"daemon {third.pid} serves: stopping drained daemon {a.pid}")
+    c.close()
+
+
+def test_a_hung_old_daemon_is_stopped_first_and_the_upgrade_completes(tmp_path):
+    """An old daemon that cannot answer (SIGSTOPped: hung) is past the
+    drain's bound stopped as before the drain; once it runs again it
+    exits, and the new daemon serves what it had."""
+    u = Upgrade(tmp_path, drain_ms=300)
+    try:
+        a = u.daemon("old", ready=True)
+        c = serving(u.sock)
+        c.put("x", np.arange(100, dtype=np.float32))
+        os.kill(a.pid, signal.SIGSTOP)
+        b = u.daemon("new")
+        assert wait_until(lambda: f"stopping daemon {a.pid} first" in u.holder_log(),
+                          timeout=30), u.holder_log()
+        assert b.poll() is None
+        os.kill(a.pid, signal.SIGCONT)
+        assert a.wait(timeout=60) == 0
+        with c.attach("x") as t:
+            assert (np.from_dlpack(t) == np.arange(100, dtype=np.float32)).all()
+        assert c.stats()["daemon_pid"] == b.pid
+        assert f"daemon {a.pid} did not drain" in u.holder_log()
+        assert "stopping drained daemon" not in u.holder_log()
+        c.close()
+    finally:
+        u.close()
+
+
+def test_sigusr2_without_a_holder_drains_nothing(tmp_path):
+    """Nobody would take over from a daemon outside a holder: a stray
+    SIGUSR2 is logged and ignored, and it goes on taking writes."""
+    sock = str(tmp_path / "plain.sock")
+    d = start(tmp_path, ["--socket", sock], "plain", ready=True)
+    try:
+        c = serving(sock)
+        c.put("x", np.ones(8))
+        d.send_signal(signal.SIGUSR2)
+        assert says(lambda: text(tmp_path, "plain"),
+                    "received SIGUSR2, ignoring: only a daemon under a holder drains")
+        assert c.put("x", np.zeros(8), replace=True) == 2
+        c2 = tensord.connect(sock)          # still accepting
+        assert c2.stat("x").generation == 2
+        assert "draining" not in text(tmp_path, "plain")
+        c.close()
+        c2.close()
+    finally:
+        d.terminate()
+        assert d.wait(timeout=30) == 0
