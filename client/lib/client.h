@@ -503,7 +503,10 @@ int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const ten
  * The same for a GPU member of put_many's set in one allocation
  * (docs/recycle.md, section 5): arena_size nonzero opens the set's
  * allocation of that many bytes, in_arena goes into it (Create.arena_size,
- * in_arena); the daemon places it elsewhere when it cannot.
+ * in_arena); the daemon places it elsewhere when it cannot. The opening
+ * asks to recycle when spec does (TENSORD_RECYCLE, td_ring_gpu()): the
+ * allocation may be a GPU ring buffer of this writer's (docs/recycle.md,
+ * section 0, "GPU rings").
  */
 int td_tx_create_arena(tensord_client *c, uint32_t tx, const char *name, const tensord_spec *spec,
 		       uint64_t arena_size, bool in_arena, DLManagedTensorVersioned **ret_tensor);
@@ -707,6 +710,14 @@ int td_put(tensord_client *c, const char *name, const DLTensor *src, uint32_t fl
 int td_put_member(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
 		  uint32_t mode, uint32_t tx, uint64_t arena_size, bool in_arena,
 		  DLManagedTensorVersioned **keep);
+
+/*
+ * put.c: the end of put_many's writing of a set's GPU allocation, whose
+ * first member's handle keep held this process's import (r: 0 when every
+ * member was written). A recycled allocation's writable view turns
+ * read-only before keep goes. Returns r, or the error of that turn.
+ */
+int td_put_set_done(DLManagedTensorVersioned *keep, int r);
 
 /*
  * put.c: for tensord_put_many(): checks src as tensord_put() does and
