@@ -803,8 +803,19 @@ void td_client_idle_check(tensord_client *c);
  */
 void td_release_after_sync(tensord_client *c, uint64_t lease_id, DLDevice dev);
 
-/* Whether a lease of m (NULL: none) ends by td_release_after_sync(), and on which device. */
+/*
+ * Whether a lease of m (NULL: none) may need td_release_after_sync(), and
+ * on which device: m is a GPU ring buffer's. Then the caller unmaps its
+ * mapping and asks td_release_last_of_import(m->revoked, as it was): only
+ * a Release after which this process holds no mapping of the allocation
+ * waits for the device (docs/recycle.md, section 0, "GPU rings"). One
+ * that leaves another mapping of it (another member of its set, another
+ * lease of its tensor) goes at once: what holds the allocation meanwhile
+ * is this process's, whose last Release waits for every kernel queued
+ * before it, this one's included. Same thread for both calls.
+ */
 bool td_release_needs_sync(const struct td_mapping *m, DLDevice *ret_dev);
+bool td_release_last_of_import(bool revoked);
 
 /* Starts the flusher of conn's deferred releases; without one they go at once. */
 void td_relq_start(struct td_conn *conn, struct td_mapcache *maps);
