@@ -18,6 +18,12 @@ prints the same figures on a GPU, next to a torch.multiprocessing hand-off).
    members with an allocation each (the set's sources). Target (issue 32): the
    set <= 3x the single attach; over the double an import costs host page
    tables, not the driver's work, so hardware has the last word.
+4. A GPU state dict as a new version (the weight-sync case: 32 members of
+   1 MiB, put_many(replace=True)): recycled (its set allocation a free one
+   of this writer's ring: docs/recycle.md, section 0, "GPU rings") next to
+   fresh (sealed=True: a new allocation each version), with the writer's
+   driver calls per version (imports, reservations, maps, access changes)
+   and the versions the daemon served from the ring.
 
 Rounds interleave the variants (A B A B); figures are medians.
 
@@ -121,6 +127,24 @@ def main():
             one.publish()
             one.release()
             arenas = c.stats()["gpu_arenas"]
+            # A state dict of 32 members of 1 MiB, put as versions.
+            sd = {}
+            for i in range(32):
+                t = c.create(f"b/sd/{i}", (1 << 20,), "uint8", device="cuda:0")
+                t.publish()
+                t.release()
+                sd[i] = c.attach(f"b/sd/{i}")
+            fns = ("cuMemImportFromShareableHandle", "cuMemAddressReserve", "cuMemMap",
+                   "cuMemSetAccess")
+            vers = {"recycled": ([], []), "fresh": ([], [])}
+
+            def version(kind):
+                m = {f"b/{kind}/{i}": t for i, t in sd.items()}
+                before = [cudrv.calls(f) for f in fns]
+                t0 = time.perf_counter()
+                c.put_many(m, replace=True, sealed=kind == "fresh")
+                vers[kind][0].append(time.perf_counter() - t0)
+                vers[kind][1].append([cudrv.calls(f) - b for f, b in zip(fns, before)])
             host, gpu, put, d2d, cset, cone, csrc = [], [], [], [], [], [], []
             for i in range(args.rounds):
                 host.append(warm_attach_us(c, "b/cpu", 300))
@@ -137,6 +161,20 @@ def main():
                 cone.append(cold_s(sock, "one"))
                 csrc.append(cold_s(sock, "src"))
             del cap
+            # Versions back to back (as a training loop puts them: parked
+            # imports stay, TENSORD_GPU_PARK_MS), interleaved; the first
+            # two of each are not timed (the ring fills).
+            for _ in range(2):
+                for kind in vers:
+                    version(kind)
+            for kind in vers:
+                vers[kind][0].clear()
+                vers[kind][1].clear()
+            hits0 = c.stats()["gpu_recycled_creates_total"]
+            for i in range(args.rounds):
+                for kind in vers:
+                    version(kind)
+            hits = c.stats()["gpu_recycled_creates_total"] - hits0
             h, g = statistics.median(host), statistics.median(gpu)
             p, f = statistics.median(put), statistics.median(d2d)
             print(f"gpu double: warm attach+capsule+release 1 MiB: cpu {h:.1f} us, "
@@ -149,6 +187,14 @@ def main():
                   f"{'' if arenas == 1 else 's'}) {cs * 1e3:.2f} ms, one cold attach "
                   f"{co * 1e3:.3f} ms, ratio {cs / co:.1f}x (target <= 3x); an allocation "
                   f"per member {statistics.median(csrc) * 1e3:.2f} ms")
+            for kind, (ts, calls) in vers.items():
+                per = [statistics.median(x[j] for x in calls) for j in range(len(fns))]
+                print(f"gpu double: put_many of a 32 x 1 MiB state dict as a new version, "
+                      f"{kind}: {statistics.median(ts) * 1e3:.2f} ms; the writer's driver "
+                      f"calls per version: {per[0]} imports, {per[1]} reservations, "
+                      f"{per[2]} maps, {per[3]} access changes"
+                      + (f"; {hits} of {len(ts)} versions from the ring"
+                         if kind == "recycled" else ""))
             c.close()
         finally:
             d.terminate()

@@ -128,10 +128,12 @@ void reply_fill_lease(struct reply_lease_store *s, const struct tensor *t, uint6
 	if (writable && t->ring_rc)
 		l->ring = t->ring_id;
 	/* Its writer's lease of a member names the set allocation, whole (a
-	 * ring buffer: host memory; a GPU member's map_size is the whole already). */
-	if (writable && t->arena && t->arena->rc && !t->arena->gpu) {
+	 * ring buffer: host memory, or a GPU ring buffer, whose member's
+	 * map_size is the whole already). */
+	if (writable && t->arena && t->arena->rc &&
+	    (!t->arena->gpu || (t->arena->alloc.share_id & REG_GPU_RING_SHARE))) {
 		l->ring = t->arena->id;
-		l->arena_size = t->arena->alloc.size;
+		l->arena_size = t->arena->gpu ? 0 : t->arena->alloc.size;
 	}
 }
 

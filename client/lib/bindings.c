@@ -176,10 +176,12 @@ static void binding_free(struct td_binding *b)
 
 	DLDevice dev = { kDLCPU, 0 };
 	bool after_sync = td_release_needs_sync(b->map, &dev);
+	bool revoked = b->map && b->map->revoked;
 
 	/* The table's reference goes last: no local lease is left to count. */
 	if (b->map)
 		td_mapcache_unref(&c->maps, b->map);
+	after_sync = after_sync && td_release_last_of_import(revoked);
 	if (after_sync)
 		td_release_after_sync(c, b->lease_id, dev);
 	else

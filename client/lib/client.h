@@ -509,7 +509,10 @@ int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const ten
  * The same for a GPU member of put_many's set in one allocation
  * (docs/recycle.md, section 5): arena_size nonzero opens the set's
  * allocation of that many bytes, in_arena goes into it (Create.arena_size,
- * in_arena); the daemon places it elsewhere when it cannot.
+ * in_arena); the daemon places it elsewhere when it cannot. The opening
+ * asks to recycle when spec does (TENSORD_RECYCLE, td_ring_gpu()): the
+ * allocation may be a GPU ring buffer of this writer's (docs/recycle.md,
+ * section 0, "GPU rings").
  */
 int td_tx_create_arena(tensord_client *c, uint32_t tx, const char *name, const tensord_spec *spec,
 		       uint64_t arena_size, bool in_arena, DLManagedTensorVersioned **ret_tensor);
@@ -715,6 +718,14 @@ int td_put_member(tensord_client *c, const char *name, const DLTensor *src, uint
 		  DLManagedTensorVersioned **keep);
 
 /*
+ * put.c: the end of put_many's writing of a set's GPU allocation, whose
+ * first member's handle keep held this process's import (r: 0 when every
+ * member was written). A recycled allocation's writable view turns
+ * read-only before keep goes. Returns r, or the error of that turn.
+ */
+int td_put_set_done(DLManagedTensorVersioned *keep, int r);
+
+/*
  * put.c: for tensord_put_many(): checks src as tensord_put() does and
  * fills *spec (a host spec); *ret_nbytes its compact size. 0 or -errno.
  */
@@ -798,8 +809,19 @@ void td_client_idle_check(tensord_client *c);
  */
 void td_release_after_sync(tensord_client *c, uint64_t lease_id, DLDevice dev);
 
-/* Whether a lease of m (NULL: none) ends by td_release_after_sync(), and on which device. */
+/*
+ * Whether a lease of m (NULL: none) may need td_release_after_sync(), and
+ * on which device: m is a GPU ring buffer's. Then the caller unmaps its
+ * mapping and asks td_release_last_of_import(m->revoked, as it was): only
+ * a Release after which this process holds no mapping of the allocation
+ * waits for the device (docs/recycle.md, section 0, "GPU rings"). One
+ * that leaves another mapping of it (another member of its set, another
+ * lease of its tensor) goes at once: what holds the allocation meanwhile
+ * is this process's, whose last Release waits for every kernel queued
+ * before it, this one's included. Same thread for both calls.
+ */
 bool td_release_needs_sync(const struct td_mapping *m, DLDevice *ret_dev);
+bool td_release_last_of_import(bool revoked);
 
 /* Starts the flusher of conn's deferred releases; without one they go at once. */
 void td_relq_start(struct td_conn *conn, struct td_mapcache *maps);

@@ -237,10 +237,24 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Whether this thread dropped an import's last reference since td_gpu_last_watch(). */
+static _Thread_local bool last_dropped;
+
+void td_gpu_last_watch(void)
+{
+	last_dropped = false;
+}
+
+bool td_gpu_last_dropped(void)
+{
+	return last_dropped;
+}
+
 bool td_gpu_shared_put(struct td_gpu_shared *s)
 {
 	if (--s->refs > 0)
 		return false;
+	last_dropped = true;
 	if (s->keep && s->gc->unpark && !td_gpu_forked_from) {
 		s->parked_ns = mono_ns();
 		return false;

@@ -122,6 +122,16 @@ struct td_gpu_shared *td_gpu_shared_add(const struct td_gpu_client *gc, int ordi
 bool td_gpu_shared_put(struct td_gpu_shared *s);
 
 /*
+ * Whether the calling thread dropped the last reference on an import
+ * (td_gpu_shared_put(): parked it, or let it go) since its last
+ * td_gpu_last_watch(): a lease's end asks, so that only the last mapping
+ * of a GPU ring buffer in this process waits for the device before its
+ * Release (release.c, td_release_needs_sync()).
+ */
+void td_gpu_last_watch(void);
+bool td_gpu_last_dropped(void);
+
+/*
  * Undoes the parked imports whose last use is TD_GPU_PARK_NS before now
  * (all of them when now is UINT64_MAX), each by its vendor's unpark();
  * in a forked child only forgets them. Returns when the next one falls

@@ -141,7 +141,7 @@ static void lease_send_release(tensord_client *c, uint64_t id, bool after_sync, 
 /* Takes ownership of one reference on l; the last one ends the lease. */
 static void lease_unref(struct td_lease *l)
 {
-	bool released = false, after_sync;
+	bool released = false, after_sync, revoked;
 	DLDevice dev = { kDLCPU, 0 };
 	tensord_client *at;
 	uint64_t id;
@@ -158,10 +158,12 @@ static void lease_unref(struct td_lease *l)
 	/* Unmap before the daemon may free: with legacy GPU IPC handles the
 	 * exporter freeing memory an importer still has open is undefined. */
 	after_sync = td_release_needs_sync(l->map, &dev);
+	revoked = l->map && l->map->revoked;
 	if (l->view)
 		td_importer_for(l->map->handle_kind)->unview(l->map, l->view);
 	if (l->map)
 		td_mapcache_unref(&l->c->maps, l->map);
+	after_sync = after_sync && td_release_last_of_import(revoked);
 	if (l->binding)
 		td_binding_local_end(l->binding);
 	/* A local lease has no daemon lease of its own, unless re-adopted. */

@@ -162,15 +162,15 @@ static int put_device(tensord_client *c, const char *name, const DLTensor *src, 
 		      uint32_t mode, size_t elsize, const struct put_to *to)
 {
 	/* A single GPU put recycles its writer's allocations unless sealed
-	 * (docs/recycle.md, section 4); a transaction's puts do not yet, and a
-	 * set's members share one allocation of their own. */
+	 * (docs/recycle.md, section 4), and so does a set's allocation, whole
+	 * (asked by the member that opens it); a transaction's puts do not yet. */
 	bool in_set = to->tx && (to->arena_size || to->in_arena);
+	bool recycle = (!to->tx || to->arena_size) && !(flags & TENSORD_SEALED);
 	tensord_spec spec = { .dtype = src->dtype,
 			      .ndim = src->ndim,
 			      .shape = src->shape,
 			      .device = src->device,
-			      .flags = flags |
-				       (to->tx || (flags & TENSORD_SEALED) ? 0 : TENSORD_RECYCLE),
+			      .flags = flags | (recycle ? TENSORD_RECYCLE : 0),
 			      .mode = mode };
 	const struct td_importer *imp;
 	DLManagedTensorVersioned *t;
@@ -609,6 +609,20 @@ int td_put_member(tensord_client *c, const char *name, const DLTensor *src, uint
 	if (!td_device_is_gpu(src->device.device_type))
 		return td_set_error(-EINVAL, "tensor '%s': a set's GPU member on the host", name);
 	return put_device(c, name, src, flags, mode, td_dtype_size(src->dtype), &to);
+}
+
+int td_put_set_done(DLManagedTensorVersioned *keep, int r)
+{
+	struct td_mapping *m = td_tensor_mapping(keep);
+	const struct td_importer *imp = m ? td_importer_for(m->handle_kind) : NULL;
+
+	/* A GPU ring buffer's import stays parked with its view mapped: that
+	 * view read-only now (one cuMemSetAccess), as a single put's publish
+	 * leaves it, and read-write again at the next version's create. */
+	if (r == 0 && m && m->gpu_ring && imp && imp->make_private)
+		r = imp->make_private(m);
+	keep->deleter(keep);
+	return r;
 }
 
 struct put_call {

@@ -436,7 +436,15 @@ bool td_release_needs_sync(const struct td_mapping *m, DLDevice *ret_dev)
 	if (!m || !m->gpu_ring)
 		return false;
 	*ret_dev = m->device;
+	/* td_release_last_of_import() answers for what this thread unmaps next. */
+	td_gpu_last_watch();
 	return true;
+}
+
+bool td_release_last_of_import(bool revoked)
+{
+	/* tensord_close() unmapped it already, with no sync of ours: wait. */
+	return revoked || td_gpu_last_dropped();
 }
 
 void td_release_after_sync(tensord_client *c, uint64_t lease_id, DLDevice dev)

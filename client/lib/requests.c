@@ -375,13 +375,19 @@ int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const ten
 int td_tx_create_arena(tensord_client *c, uint32_t tx, const char *name, const tensord_spec *spec,
 		       uint64_t arena_size, bool in_arena, DLManagedTensorVersioned **ret_tensor)
 {
+	/* The set's allocation recycles (docs/recycle.md, section 0, "GPU
+	 * rings"): its opening asks, as a single GPU put does. */
+	bool gpu_ring = arena_size && td_ring_gpu(c, spec);
 	Tensord__Reply *rep;
 	struct td_lease *l;
 	int fd, r;
 
-	r = create_rpc(c, name, spec, tx, 0, false, arena_size, in_arena, &rep, &fd);
+	r = create_rpc(c, name, spec, tx, 0, gpu_ring, arena_size, in_arena, &rep, &fd);
 	if (r < 0)
 		return r;
+	/* A GPU ring buffer its writer gives back when idle (ring.c). */
+	if (gpu_ring && rep->lease->ring)
+		td_ring_gpu_used(c, rep->lease->ring, rep->lease->map_size);
 	r = td_lease_from_reply(c, rep->lease, fd, NULL, true, &l);
 	tensord__reply__free_unpacked(rep, NULL);
 	if (r < 0)

@@ -646,9 +646,10 @@ static int put_many_once(tensord_client *c, const tensord_put_item *items, size_
 			td_ring_end(c);
 	}
 	/* The set's GPU members are written: this process's import of them goes
-	 * with its last mapping (the daemon's allocation stays theirs). */
+	 * with its last mapping (the daemon's allocation stays theirs), or
+	 * parks read-only when the allocation recycles. */
 	if (gpu_keep)
-		gpu_keep->deleter(gpu_keep);
+		r = td_put_set_done(gpu_keep, r);
 	/* Every member's bytes before the commit publishes them. */
 	r = deferred_run(c, &dv, r);
 	free(dv.parts);

@@ -178,9 +178,12 @@ struct reg_reserve {
  * share, each at its offset. It lives while it has members, or while its
  * transaction may still place some (open); then it goes back to its
  * writer's ring as one free buffer, or is freed. On a GPU (gpu) it is one
- * allocation of the backend (backend_ops.arenas), made on the GPU worker
- * with its first member's create (allocating until then), never recycled:
- * freed with its last member.
+ * allocation of the backend (backend_ops.arenas): a free GPU ring buffer
+ * of its writer's connection when its put_many asked to recycle and one of
+ * its size, group and mode is free, else made on the GPU worker with its
+ * first member's create (allocating until then); with its last member it
+ * goes back to its writer's ring when it asked to recycle (recycle) and is
+ * a CUDA VMM allocation, else it is freed.
  */
 struct reg_arena {
 	uint64_t id;                /* the ring buffer id of its writer's connection */
@@ -207,6 +210,9 @@ struct reg_arena {
 	 * bytes; failed: it could not be made, and takes no member. */
 	bool allocating, failed;
 	uint64_t want;
+	/* GPU: its put_many asked to recycle (Create.recycle of its opening):
+	 * it may come from its writer's ring and goes back to it. */
+	bool recycle;
 };
 
 /* A client's view: who it is and the leases it holds. Embedded in a conn. */
@@ -381,7 +387,8 @@ struct registry {
  * writer's later versions reuse). Its readers keep their import and
  * mapping of it parked between versions, and send a lease's Release only
  * after the device finished what was queued on it (docs/recycle.md,
- * section 4); a GPU set's allocation, never recycled, has no such bit.
+ * section 4). A GPU set's allocation has it when it recycles (a CUDA VMM
+ * allocation whose put_many asked to), as a single version's does.
  */
 #define REG_GPU_RING_SHARE (1ull << 61)
 

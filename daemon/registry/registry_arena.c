@@ -83,12 +83,17 @@ static void arena_count(struct registry *reg, const struct reg_arena *a, int del
 	}
 }
 
-/* A GPU arena of size bytes on dev for tx: charged, allocating, open. */
+/*
+ * A GPU arena of size bytes on dev for tx: charged and open; a free buffer
+ * of rc's ring when recycle and one of size, gid and mode is free (memory
+ * its writer imported before, an older version's bytes in it: nothing for
+ * the worker to do), else allocating (its first member's create makes it).
+ */
 static int gpu_open(struct registry *reg, struct reg_client *rc, struct reg_tx *tx,
-		    struct reg_device *dev, uint64_t size, uint32_t gid, uint32_t mode, char *why,
-		    size_t why_len)
+		    struct reg_device *dev, uint64_t size, uint32_t gid, uint32_t mode,
+		    bool recycle, char *why, size_t why_len)
 {
-	struct reg_reserve charge = { .dev = dev };
+	struct reg_reserve *ring = NULL, charge = { .dev = dev };
 	struct reg_arena *a = calloc(1, sizeof(*a));
 	int r;
 
@@ -97,40 +102,53 @@ static int gpu_open(struct registry *reg, struct reg_client *rc, struct reg_tx *
 			 (unsigned long long)size);
 		return -ENOMEM;
 	}
-	/* What it is charged until the worker says what the rounding took. */
-	charge.alloc.footprint = size;
+	if (recycle && reg->recycle)
+		ring = reg_ring_take(reg, rc, dev, size, gid, mode);
+	if (ring) {
+		/* Its share id (REG_GPU_RING_SHARE) stays: readers' imports of it are kept. */
+		a->alloc = ring->alloc;
+		a->id = ring->id;
+		free(ring);
+	} else {
+		a->alloc.fd = -1;
+		a->alloc.ops = dev->ops;
+		a->alloc.device_id = dev->device.device_id;
+		a->alloc.size = size;
+		/* What it is charged until the worker says what the rounding took. */
+		a->alloc.footprint = size;
+		/* Readers import it once, by this name (Lease.share_id). */
+		a->alloc.share_id = REG_RING_SHARE | ++reg->next_ring_share;
+		a->id = ++rc->next_reserve;
+		a->allocating = true;
+	}
+	charge.alloc.footprint = a->alloc.footprint;
 	r = reg_reserve_charge(reg, rc, &charge, why, why_len);
 	if (r < 0) {
+		if (!a->allocating &&
+		    !reg_ring_keep(reg, rc, a->id, dev, &a->alloc, size, gid, mode))
+			dev->ops->release(&a->alloc);
 		free(a);
 		return r;
 	}
-	a->alloc.fd = -1;
-	a->alloc.ops = dev->ops;
-	a->alloc.device_id = dev->device.device_id;
-	a->alloc.size = size;
-	a->alloc.footprint = size;
-	/* Readers import it once, by this name (Lease.share_id). */
-	a->alloc.share_id = REG_RING_SHARE | ++reg->next_ring_share;
-	a->id = ++rc->next_reserve;
 	a->rc = rc;
 	a->uid = rc->uid;
-	a->spare = size;
+	a->spare = a->alloc.footprint;
 	a->dev = dev;
 	a->gid = gid;
 	a->mode = mode;
 	a->open = true;
 	a->gpu = true;
-	a->allocating = true;
+	a->recycle = recycle && reg->recycle;
 	a->want = size;
 	LIST_INSERT_HEAD(&rc->arenas, a, link);
-	arena_count(reg, a, 1, (int64_t)size);
+	arena_count(reg, a, 1, (int64_t)a->alloc.footprint);
 	reg_tx_set_arena(reg, tx, true, a);
 	return 0;
 }
 
 int reg_arena_open(struct registry *reg, struct reg_client *rc, struct reg_tx *tx,
-		   struct reg_device *dev, uint64_t size, uint32_t gid, uint32_t mode, char *why,
-		   size_t why_len)
+		   struct reg_device *dev, uint64_t size, uint32_t gid, uint32_t mode, bool recycle,
+		   char *why, size_t why_len)
 {
 	struct reg_reserve *ring, charge = { .dev = dev };
 	struct reg_arena *a;
@@ -138,7 +156,7 @@ int reg_arena_open(struct registry *reg, struct reg_client *rc, struct reg_tx *t
 
 	if (dev->ops->alloc_blocks) {
 		reg_tx_set_arena(reg, tx, true, NULL);
-		return gpu_open(reg, rc, tx, dev, size, gid, mode, why, why_len);
+		return gpu_open(reg, rc, tx, dev, size, gid, mode, recycle, why, why_len);
 	}
 	reg_tx_set_arena(reg, tx, false, NULL);
 	a = calloc(1, sizeof(*a));
@@ -334,6 +352,10 @@ int reg_arena_allocated(struct registry *reg, struct tensor *t, struct backend_a
 	a->spare += extra;
 	arena_count(reg, a, 0, (int64_t)extra);
 	a->alloc = *got;
+	/* A CUDA VMM allocation that recycles is a GPU ring buffer from now on:
+	 * readers keep their import of it parked between versions. */
+	if (a->recycle && got->handle_kind == TENSORD__HANDLE_KIND__HANDLE_CUDA_VMM_FD)
+		share |= REG_GPU_RING_SHARE;
 	a->alloc.share_id = share;
 	member_alloc(a, t, 0);
 	a->fd_sent = true;
@@ -351,9 +373,13 @@ static void arena_end(struct registry *reg, struct reg_arena *a)
 	if (reg->quota)
 		quota_uncharge(reg->quota, a->uid, QUOTA_FDS, 1);
 	arena_count(reg, a, -1, -(int64_t)a->alloc.footprint);
-	/* GPU memory is freed on the worker (its backend's release()). */
-	if (!rc || a->tainted || a->gpu ||
-	    !reg_ring_keep(reg, rc, a->id, a->dev, &a->alloc, a->alloc.size, a->gid, a->mode))
+	/* GPU memory is freed on the worker (its backend's release()); a GPU
+	 * arena is kept only when it recycles (reg_ring_keep() refuses what a
+	 * reader's import cannot keep: legacy IPC), by the size its put_many
+	 * asks for, not the driver's rounding. */
+	if (!rc || a->tainted || (a->gpu && !a->recycle) ||
+	    !reg_ring_keep(reg, rc, a->id, a->dev, &a->alloc, a->gpu ? a->want : a->alloc.size,
+			   a->gid, a->mode))
 		a->dev->ops->release(&a->alloc);
 	free(a);
 }

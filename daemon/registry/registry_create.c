@@ -260,16 +260,19 @@ static bool may_recycle(const struct registry *reg, const struct reg_device *dev
 }
 
 /*
- * Whether a GPU tensor of a create that asks to recycle may live in a ring
- * buffer (docs/recycle.md, section 4): memory of a backend whose alloc()
- * blocks, immutable, not empty. Only CUDA VMM memory is kept when freed
- * (registry_ring.c); other GPU memory asked for so is freed as before.
+ * Whether a GPU tensor of create a may live in a ring buffer of its own
+ * (docs/recycle.md, section 4): a create that asks to recycle and no set
+ * allocation (a set's arena recycles whole, registry_arena.c), memory of a
+ * backend whose alloc() blocks, immutable, not empty. Only CUDA VMM memory
+ * is kept when freed (registry_ring.c); other GPU memory asked for so is
+ * freed as before.
  */
-static bool may_recycle_gpu(const struct registry *reg, const struct reg_device *dev, bool recycle,
-			    bool shared, uint32_t flags, uint64_t nbytes)
+static bool gpu_ring_version(const struct registry *reg, const struct reg_device *dev,
+			     const struct create_args *a, uint32_t flags, uint64_t nbytes)
 {
-	return recycle && reg->recycle && dev->ops->alloc_blocks && !shared &&
-	       !(flags & TENSORD_MUTABLE) && nbytes && !goes_to_slab(dev->ops, shared, nbytes);
+	return a->recycle && reg->recycle && !a->arena_size && !a->in_arena &&
+	       dev->ops->alloc_blocks && !a->shared && !(flags & TENSORD_MUTABLE) && nbytes &&
+	       !goes_to_slab(dev->ops, a->shared, nbytes);
 }
 
 /*
@@ -320,8 +323,8 @@ static uint64_t arena_lend(struct registry *reg, struct reg_client *rc, const st
 			reg_tx_set_arena(reg, tx, gpu, NULL);
 			return 0;
 		}
-		r = reg_arena_open(reg, rc, tx, dev, a->arena_size, rc->gid, mode, reason,
-				   sizeof(reason));
+		r = reg_arena_open(reg, rc, tx, dev, a->arena_size, rc->gid, mode, a->recycle,
+				   reason, sizeof(reason));
 		if (r < 0) {
 			log_debug("tensor '%.*s': no set allocation: %s", (int)a->name_len, a->name,
 				  reason);
@@ -335,8 +338,10 @@ static uint64_t arena_lend(struct registry *reg, struct reg_client *rc, const st
  * Gets t its memory on dev (a free buffer of rc's ring when a asks to
  * recycle and one fits; else reserve res's when it fits, which it then
  * takes over), and room for its name in the table. A recycled tensor's
- * memory is a buffer of rc's ring from then on. On failure releases what
- * it got; the caller frees t.
+ * memory is a buffer of rc's ring from then on. A GPU tensor comes here
+ * only when its memory needs no worker: a member of tx's set allocation,
+ * or a version into a free buffer of rc's ring (create_one() found one).
+ * On failure releases what it got; the caller frees t.
  */
 static int tensor_alloc(struct registry *reg, struct reg_client *rc, const struct create_args *a,
 			struct reg_tx *tx, uint64_t lent, struct reg_device *dev, struct tensor *t,
@@ -344,35 +349,11 @@ static int tensor_alloc(struct registry *reg, struct reg_client *rc, const struc
 {
 	const struct backend_ops *ops = dev->ops;
 	bool recycle = may_recycle(reg, dev, a->recycle, a->shared, t->flags, t->nbytes);
+	bool gpu_ring = !lent && gpu_ring_version(reg, dev, a, t->flags, t->nbytes);
 	struct reg_reserve *ring = NULL;
 	uint64_t ring_id = 0;
 	int r;
 
-	if (!lent && may_recycle_gpu(reg, dev, a->recycle, a->shared, t->flags, t->nbytes)) {
-		/* A GPU version into a free buffer of rc's ring (create_one()
-		 * found one): memory its writer imported and maps already, an
-		 * older version's bytes in it; nothing for the worker to do. */
-		ring = reg_ring_take(reg, rc, dev, t->nbytes, t->owner_gid, t->mode);
-		if (!ring) {
-			snprintf(why, why_len, "tensor '%s': its ring buffer went meanwhile",
-				 t->name);
-			return -EAGAIN;
-		}
-		t->alloc = ring->alloc;
-		ring_id = ring->id;
-		free(ring);
-		/* On failure alloc_result() released it. */
-		r = alloc_result(reg, dev, t, &t->alloc, 0, 0, why, why_len);
-		if (r < 0)
-			return r;
-		r = reg_name_room(reg, t, why, why_len);
-		if (r < 0) {
-			dev->ops->release(&t->alloc);
-			return r;
-		}
-		reg_ring_link(rc, t, ring_id);
-		return 0;
-	}
 	if (lent) {
 		/* A member of tx's set allocation. */
 		reg_arena_place(tx, t);
@@ -382,15 +363,21 @@ static int tensor_alloc(struct registry *reg, struct reg_client *rc, const struc
 			reg_arena_member_gone(reg, t);
 		return r;
 	}
-	if (recycle)
+	if (recycle || gpu_ring)
 		ring = reg_ring_take(reg, rc, dev, t->nbytes, t->owner_gid, t->mode);
+	if (gpu_ring && !ring) {
+		snprintf(why, why_len, "tensor '%s': its ring buffer went meanwhile", t->name);
+		return -EAGAIN;
+	}
 	if (goes_to_slab(ops, a->shared, t->nbytes)) {
 		r = ops->alloc_shared(&t->alloc, t->nbytes, t->owner_uid, t->owner_gid, t->mode);
 	} else if (ring) {
-		/* Sealed against growing and shrinking when it was first made. */
+		/* Host: sealed against growing and shrinking when it was first
+		 * made. GPU: memory its writer imported and maps already, an
+		 * older version's bytes in it; nothing for the worker to do. */
 		t->alloc = ring->alloc;
 		ring_id = ring->id;
-		t->ring_hit = true;
+		t->ring_hit = !gpu_ring; /* a GPU lease always carries the export */
 		free(ring);
 		r = 0;
 	} else if (fits_reserve(res, dev, t, a->shared)) {
@@ -401,6 +388,7 @@ static int tensor_alloc(struct registry *reg, struct reg_client *rc, const struc
 		r = ops->alloc(&t->alloc, t->nbytes, dev->device.device_id, t->name);
 		ring_id = recycle ? ++rc->next_reserve : 0;
 	}
+	/* On failure alloc_result() released it. */
 	r = alloc_result(reg, dev, t, &t->alloc, r, 0, why, why_len);
 	if (r < 0)
 		return r;
@@ -414,8 +402,9 @@ static int tensor_alloc(struct registry *reg, struct reg_client *rc, const struc
 		/* Readers name the buffer across its versions (Lease.share_id). */
 		if (!t->alloc.share_id)
 			t->alloc.share_id = REG_RING_SHARE | ++reg->next_ring_share;
-		reg_ring_link(rc, t, ring_id);
 	}
+	if (recycle || gpu_ring)
+		reg_ring_link(rc, t, ring_id);
 	return 0;
 }
 
@@ -624,7 +613,7 @@ static int create_one(struct registry *reg, struct reg_client *rc, const struct 
 	}
 	if (!lent && dev->ops->alloc_blocks && nbytes &&
 	    !goes_to_slab(dev->ops, a->shared, nbytes)) {
-		bool ring = may_recycle_gpu(reg, dev, a->recycle, a->shared, t->flags, nbytes);
+		bool ring = gpu_ring_version(reg, dev, a, t->flags, nbytes);
 
 		/* A free buffer of rc's ring serves at once (tensor_alloc()); else
 		 * the worker makes the memory, which then joins the ring. */

@@ -198,11 +198,14 @@ unsigned reg_reserves_drop(struct registry *reg, struct reg_client *rc);
  * mode (closing the one it had of dev's kind, host or GPU): 0, or -errno
  * and why (then none is open). On a GPU the arena is only charged here,
  * and allocating: its first member's create makes it on the GPU worker
- * (reg_arena_place_pending(), reg_arena_allocated()).
+ * (reg_arena_place_pending(), reg_arena_allocated()), unless recycle and
+ * rc's ring has a free GPU buffer of size bytes, gid and mode: that one
+ * is the arena at once. A GPU arena opened with recycle goes back to rc's
+ * ring with its last member (registry_ring.c decides whether it can).
  */
 int reg_arena_open(struct registry *reg, struct reg_client *rc, struct reg_tx *tx,
-		   struct reg_device *dev, uint64_t size, uint32_t gid, uint32_t mode, char *why,
-		   size_t why_len);
+		   struct reg_device *dev, uint64_t size, uint32_t gid, uint32_t mode, bool recycle,
+		   char *why, size_t why_len);
 
 /*
  * Room in tx's open arena for a tensor of nbytes on dev of group gid, mode

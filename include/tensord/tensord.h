@@ -83,7 +83,8 @@ enum {
 	 * for a CUDA allocation of this writer's earlier versions (the unwritten
 	 * bytes an older version's; the view read-only after publish as any
 	 * GPU creator's), and tensord_put() of a CUDA array asks for it itself
-	 * unless TENSORD_SEALED (docs/recycle.md, section 0, "GPU rings").
+	 * unless TENSORD_SEALED, as tensord_put_many() does for its set's CUDA
+	 * allocation (docs/recycle.md, section 0, "GPU rings").
 	 */
 	TENSORD_RECYCLE = 1u << 4,
 };

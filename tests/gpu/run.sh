@@ -34,7 +34,10 @@
 #      from_dlpack across processes, put() from a side stream, latency next
 #      to a torch.multiprocessing CUDA hand-off; test_gpu_driver.py, the
 #      Python paths with the driver API (what CI runs over the double);
-#      test_gpu_sets.py, a put_many set in one allocation
+#      test_gpu_sets.py, a put_many set in one allocation;
+#      test_gpu_recycle.py and test_gpu_set_recycle.py, GPU rings (single
+#      puts and sets recycled across versions; bytes and figures on
+#      hardware, the driver call counts over the double)
 # On a machine with a GPU nothing may be skipped: a missing Python.h,
 # cmocka, pytest, torch, cupy or cuda.h, or any test pytest skips, is a
 # failure with its reason. Exit: 0 all passed, 1 something failed or could
@@ -306,9 +309,11 @@ fi
 
 # --- run, on both sharing paths ------------------------------------------------
 pytests=(tests/python/test_gpu.py tests/python/test_gpu_args.py tests/python/test_gpu_driver.py
-	tests/python/test_gpu_sets.py tests/python/test_gpu_remote.py)
+	tests/python/test_gpu_sets.py tests/python/test_gpu_remote.py
+	tests/python/test_gpu_recycle.py tests/python/test_gpu_set_recycle.py)
 [ "$use_double" = 1 ] && pytests=(tests/python/test_gpu_args.py tests/python/test_gpu_driver.py
-	tests/python/test_gpu_sets.py tests/python/test_gpu_remote.py)
+	tests/python/test_gpu_sets.py tests/python/test_gpu_remote.py
+	tests/python/test_gpu_recycle.py tests/python/test_gpu_set_recycle.py)
 # PYTESTS="tests/python/x.py ..." runs those instead (a short run of one part).
 # shellcheck disable=SC2206 # word splitting of the list is wanted
 [ -n "${PYTESTS:-}" ] && pytests=($PYTESTS)

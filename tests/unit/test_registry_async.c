@@ -529,6 +529,143 @@ static void test_async_set_in_one_allocation(void **state)
 	quota_fini(&q);
 }
 
+/* A member of a's transaction tx of n bytes, replacing its name: opening its
+ * set's allocation of arena bytes (asking to recycle when recycle), or
+ * (arena 0) going into it. */
+static int create_version_member(struct registry *reg, struct reg_client *rc, uint32_t tx,
+				 const char *name, int64_t n, uint64_t arena, bool recycle,
+				 struct tensor **t, uint64_t *lease)
+{
+	struct create_args a = reg_fixture_u8(name, &n, (DLDevice){ kDLCUDA, 0 });
+
+	a.tx = tx;
+	a.replace = true;
+	a.recycle = recycle && arena;
+	a.arena_size = arena;
+	a.in_arena = arena == 0;
+	*lease = 0;
+	return registry_create(reg, rc, &a, t, lease, why, sizeof(why));
+}
+
+/* Version tx of the set s/0, s/1 by a (recycling when recycle), committed,
+ * its writer's leases ended; *ret_t0 its first member. 0: made at once
+ * (a free ring buffer), 1: made on the worker. */
+static int put_set_version(struct registry *reg, struct reg_client *a, uint32_t tx, bool recycle,
+			   struct tensor **ret_t0)
+{
+	struct tensor *t0, *t1;
+	uint64_t l0, l1, commit;
+	uint32_t npub, nun;
+	int r = create_version_member(reg, a, tx, "s/0", 1000, 1 << 20, recycle, &t0, &l0);
+
+	if (r == -EINPROGRESS)
+		assert_int_equal(finish_slow(reg, t0, &l0), 0);
+	else
+		assert_int_equal(r, 0);
+	assert_int_equal(create_version_member(reg, a, tx, "s/1", 5000, 0, false, &t1, &l1), 0);
+	assert_ptr_equal(t1->arena, t0->arena);
+	assert_int_equal(t1->alloc.ipc_offset, 4096);
+	assert_int_equal(t1->alloc.share_id, t0->alloc.share_id);
+	assert_int_equal(registry_tx_commit(reg, a, tx, &commit, &npub, &nun, why, sizeof(why)), 0);
+	assert_int_equal(npub, 2);
+	assert_int_equal(registry_release(reg, a, l0), 0);
+	assert_int_equal(registry_release(reg, a, l1), 0);
+	*ret_t0 = t0;
+	return r == 0 ? 0 : 1;
+}
+
+/*
+ * GPU rings for sets (docs/recycle.md, section 0, "GPU rings"): a set's
+ * allocation opened asking to recycle is a GPU ring buffer (its share id
+ * says so); with its last member (named or leased) it goes back to its
+ * writer's ring, charged like a reserve, and the next set of the same
+ * size, group and mode takes it at once (no allocation, the same share
+ * id), its members at their offsets. One not asking to recycle takes
+ * fresh memory and is freed with its last member; the writer's end frees
+ * the free ones.
+ */
+static void test_async_gpu_set_ring(void **state)
+{
+	struct registry *reg = *state;
+	struct reg_device *dev = slow_dev(reg);
+	struct quota_limits lim = { 0 };
+	struct quota q;
+	struct reg_client a, b;
+	struct tensor *v1, *v2, *v3, *v4, *seen;
+	uint64_t lb, share;
+	bool w;
+
+	slow_live = slow_released = slow_allocs = 0;
+	slow_vmm = true;
+	reg->recycle = true;
+	quota_init(&q, &lim);
+	reg->quota = &q;
+	registry_client_init(&a, 1, 1000, 1000, 1);
+	registry_client_init(&b, 2, 1000, 1000, 2); /* a reader of a's uid */
+
+	/* Version 1: made on the worker, a GPU ring buffer by its share id. */
+	assert_int_equal(put_set_version(reg, &a, 7, true, &v1), 1);
+	share = v1->alloc.share_id;
+	assert_true(share & REG_RING_SHARE);
+	assert_true(share & REG_GPU_RING_SHARE);
+	assert_true(v1->arena->recycle);
+	/* b keeps one member of version 1, and with it its allocation. */
+	assert_int_equal(registry_attach(reg, &b, "s/1", 3, &seen, &lb, &w, why, sizeof(why)), 0);
+
+	/* Version 2: version 1's allocation is b's still: new memory. */
+	assert_int_equal(put_set_version(reg, &a, 8, true, &v2), 1);
+	assert_int_not_equal(v2->alloc.share_id, share);
+	assert_int_equal(reg->n_gpu_ring_free, 0);
+	assert_int_equal(reg->n_gpu_arenas, 2);
+	assert_int_equal(registry_release(reg, &b, lb), 0);
+	assert_int_equal(reg->n_gpu_ring_free, 1);
+	assert_int_equal(reg->n_gpu_arenas, 1);
+	assert_int_equal(reg->gpu_ring_free_bytes, 2 << 20);
+	assert_int_equal(slow_live, 2);
+	assert_int_equal(dev->used, 4 << 20);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 4 << 20);
+
+	/* Version 3 takes it at once: no allocation, the same share id. */
+	assert_int_equal(put_set_version(reg, &a, 9, true, &v3), 0);
+	assert_int_equal(slow_allocs, 2);
+	assert_int_equal(v3->alloc.share_id, share);
+	assert_int_equal(v3->alloc.ipc_offset, 0);
+	assert_int_equal(v3->alloc.size, 2 << 20);
+	assert_int_equal(reg->gpu_ring_hits, 1);
+	/* Version 2's went free with version 3's commit (no lease on it). */
+	assert_int_equal(reg->n_gpu_ring_free, 1);
+	assert_int_equal(reg->n_gpu_arenas, 1);
+	assert_int_equal(dev->used, 4 << 20);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 4 << 20);
+
+	/* Not asking to recycle: fresh memory, which is not kept. */
+	assert_int_equal(put_set_version(reg, &a, 10, false, &v4), 1);
+	assert_int_equal(slow_allocs, 3);
+	assert_false(v4->alloc.share_id & REG_GPU_RING_SHARE);
+	assert_int_equal(reg->n_gpu_ring_free, 2); /* versions 2's and 3's */
+
+	/* The writer goes: its free buffers are freed, its version stays. */
+	registry_client_gone(reg, &a);
+	assert_int_equal(reg->n_gpu_ring_free, 0);
+	assert_int_equal(reg->gpu_ring_free_bytes, 0);
+	assert_int_equal(slow_live, 1);
+	registry_client_gone(reg, &b);
+	registry_client_init(&a, 3, 1000, 1000, 3);
+	assert_int_equal(registry_unlink(reg, &a, "s/0", 3, why, sizeof(why)), 0);
+	assert_int_equal(registry_unlink(reg, &a, "s/1", 3, why, sizeof(why)), 0);
+	registry_client_gone(reg, &a);
+	assert_int_equal(slow_live, 0);
+	assert_int_equal(reg->n_gpu_arenas, 0);
+	assert_int_equal(reg->gpu_arena_bytes, 0);
+	assert_int_equal(dev->used, 0);
+	assert_int_equal(reg->n_tensors, 0);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_BYTES], 0);
+	assert_int_equal(quota_get(&q, 1000)->n[QUOTA_FDS], 0);
+	reg->quota = NULL;
+	quota_fini(&q);
+	slow_vmm = false;
+}
+
 /*
  * A set's allocation that fails, rounds past capacity, or whose creator
  * goes meanwhile: the member's create fails (or is cancelled), later
@@ -599,6 +736,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_async_set_in_one_allocation, setup,
 						reg_fixture_teardown),
 		cmocka_unit_test_setup_teardown(test_async_set_allocation_fails, setup,
+						reg_fixture_teardown),
+		cmocka_unit_test_setup_teardown(test_async_gpu_set_ring, setup,
 						reg_fixture_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
