@@ -131,6 +131,23 @@ def daemon_factory(tmp_path):
 
 
 @pytest.fixture
+def holder(tmp_path):
+    """A holder (tensord --hold, docs/restart.md section 6) in tmp_path/hold:
+    daemons started with ("--holder", str(holder)) keep their store in it and
+    restore from it when started again. Stopped after the test."""
+    hold = tmp_path / "hold"
+    with open(tmp_path / "holder.log", "ab") as log:
+        proc = subprocess.Popen([build_path("tensord"), "--hold", str(hold)], stdout=log,
+                                stderr=subprocess.STDOUT)
+    try:
+        assert wait_until(lambda: (hold / "take").exists(), timeout=10), "no holder"
+        yield hold
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
 def daemon(daemon_factory):
     ext = os.environ.get("TENSORD_TEST_DAEMON")
     if ext:

@@ -16,40 +16,31 @@ from test_remote import tensord  # the build's Python module, found as test_remo
 NAMES = 8
 
 
-def test_threads_take_and_end_leases_while_the_daemon_restarts(daemon_factory, tmp_path):
-    hold = tmp_path / "hold"
-    with open(tmp_path / "holder.log", "ab") as log:
-        holder = subprocess.Popen([build_path("tensord"), "--hold", str(hold)], stdout=log,
-                                  stderr=subprocess.STDOUT)
-    try:
-        assert wait_until(lambda: (hold / "take").exists(), timeout=10), "no holder"
-        d = daemon_factory("--holder", str(hold), sub="r")
-        with tensord.Client(d.socket) as c:
-            for k in range(NAMES):
-                # Slab tensors and memory of their own, by turns.
-                c.put(f"ro/{k}", np.full(512 if k % 2 == 0 else 1 << 16, k, np.int64),
-                      mode=0o644)
-        stress = subprocess.Popen([build_path("tests", "helpers", "readopt_stress"), d.socket,
-                                   "8", str(NAMES)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
-        readopted = 0
-        for _ in range(3):
-            time.sleep(1.5)
-            d.proc.kill()
-            d.proc.wait()
-            d.log.close()
-            d.start()
-            # The stress's leases come back: its threads hold some at every instant.
-            assert wait_until(lambda: d.stats()["restart_readopted_leases_total"] > 0,
-                              timeout=20), d.read_log()[-2000:]
-            readopted += d.stats()["restart_readopted_leases_total"]
-        out, _ = stress.communicate(timeout=120)
-        assert stress.returncode == 0 and out.startswith("ok "), out
-        fields = dict(kv.split("=") for kv in out.split()[1:])
-        assert int(fields["attaches"]) > 100, out
-        assert readopted >= 3
-        assert wait_until(lambda: d.stats()["leases"] == 0, timeout=20), d.stats()
-        d.stop()
-    finally:
-        holder.terminate()
-        holder.wait(timeout=30)
+def test_threads_take_and_end_leases_while_the_daemon_restarts(daemon_factory, holder):
+    d = daemon_factory("--holder", str(holder), sub="r")
+    with tensord.Client(d.socket) as c:
+        for k in range(NAMES):
+            # Slab tensors and memory of their own, by turns.
+            c.put(f"ro/{k}", np.full(512 if k % 2 == 0 else 1 << 16, k, np.int64),
+                  mode=0o644)
+    stress = subprocess.Popen([build_path("tests", "helpers", "readopt_stress"), d.socket,
+                               "8", str(NAMES)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    readopted = 0
+    for _ in range(3):
+        time.sleep(1.5)
+        d.proc.kill()
+        d.proc.wait()
+        d.log.close()
+        d.start()
+        # The stress's leases come back: its threads hold some at every instant.
+        assert wait_until(lambda: d.stats()["restart_readopted_leases_total"] > 0,
+                          timeout=20), d.read_log()[-2000:]
+        readopted += d.stats()["restart_readopted_leases_total"]
+    out, _ = stress.communicate(timeout=120)
+    assert stress.returncode == 0 and out.startswith("ok "), out
+    fields = dict(kv.split("=") for kv in out.split()[1:])
+    assert int(fields["attaches"]) > 100, out
+    assert readopted >= 3
+    assert wait_until(lambda: d.stats()["leases"] == 0, timeout=20), d.stats()
+    d.stop()

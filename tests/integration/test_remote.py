@@ -633,55 +633,45 @@ def test_kill_a_mid_pull_nothing_half_made(daemon_factory, tmp_path):
         cb.put("local/x", np.ones(3))
 
 
-def test_kill_a_mid_pull_then_its_restore_serves_the_pull_again(daemon_factory, tmp_path):
+def test_kill_a_mid_pull_then_its_restore_serves_the_pull_again(daemon_factory, tmp_path, holder):
     """node-a, which keeps its store in a holder (tensord --hold,
     docs/restart.md), killed in the middle of a pull and started again: the
     pull fails naming node-a, the restored node-a comes up with its peer
     again, and node-b's next attach pulls the same bytes, generation and
     commit; nothing of the cut pull stays leased on either node."""
-    import subprocess
-    hold = tmp_path / "hold"
-    with open(tmp_path / "holder.log", "ab") as log:
-        holder = subprocess.Popen([build_path("tensord"), "--hold", str(hold)], stdout=log,
-                                  stderr=subprocess.STDOUT)
-    try:
-        assert wait_until(lambda: (hold / "take").exists(), timeout=10), "no holder"
-        a, b = start_pair(daemon_factory, tmp_path, extra_a=("--holder", str(hold)))
-        with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
-            ca.put("model/s", np.ones(4, np.float32), mode=0o644)
-            attach_when_ready(cb, "@node-a/model/s").release()
-            want = np.random.default_rng(5).integers(0, 255, 256 << 20, np.uint8)
-            ca.put("model/big", want, mode=0o644)
-            info = ca.stat("model/big")
-            th, out = pull_in_thread(cb, "@node-a/model/big")
-            stop_once_sending(ca, a, a, out)
-            kill(a)
-            th.join(30)
-            assert not th.is_alive() and "t" not in out, "a stopped node-a finished the pull"
-            assert "node-a" in str(out["e"]) and "model/big" in str(out["e"]), out["e"]
-            a.start()
-            pair_up(a, b, timeout=20)
-            s = a.stats()
-            assert s["restart_restored_tensors"] == 2, s
-            assert s["remote_pull_leases"] == 0 and s["remote_inflight_bytes"] == 0, s
-            with tensord.Client(a.socket) as ca2:
-                again = ca2.stat("model/big")
-                assert (again.generation, again.commit) == (info.generation, info.commit)
-                with attach_when_ready(cb, "@node-a/model/big", timeout=20) as t:
-                    assert (np.from_dlpack(t) == want).all()
-                    assert (t.generation, t.commit) == (info.generation, info.commit)
-                # The pull's lease on node-a ended with it (the one reference
-                # left is the restart's hold, restart.md 0.3); node-b keeps a
-                # replica.
-                assert wait_until(lambda: a.stats()["remote_pull_leases"] == 0, timeout=10)
-                assert a.stats()["restart_held_tensors"] == 2
-                assert ca2.stat("model/big").refcount == 1
-                assert [h for h in ca2.leases() if h.name == "model/big"] == []
-            assert b.stats()["remote_replicas"] == 1
-            cb.put("local/x", np.ones(3))
-    finally:
-        holder.terminate()
-        holder.wait(timeout=30)
+    a, b = start_pair(daemon_factory, tmp_path, extra_a=("--holder", str(holder)))
+    with tensord.Client(a.socket) as ca, tensord.Client(b.socket) as cb:
+        ca.put("model/s", np.ones(4, np.float32), mode=0o644)
+        attach_when_ready(cb, "@node-a/model/s").release()
+        want = np.random.default_rng(5).integers(0, 255, 256 << 20, np.uint8)
+        ca.put("model/big", want, mode=0o644)
+        info = ca.stat("model/big")
+        th, out = pull_in_thread(cb, "@node-a/model/big")
+        stop_once_sending(ca, a, a, out)
+        kill(a)
+        th.join(30)
+        assert not th.is_alive() and "t" not in out, "a stopped node-a finished the pull"
+        assert "node-a" in str(out["e"]) and "model/big" in str(out["e"]), out["e"]
+        a.start()
+        pair_up(a, b, timeout=20)
+        s = a.stats()
+        assert s["restart_restored_tensors"] == 2, s
+        assert s["remote_pull_leases"] == 0 and s["remote_inflight_bytes"] == 0, s
+        with tensord.Client(a.socket) as ca2:
+            again = ca2.stat("model/big")
+            assert (again.generation, again.commit) == (info.generation, info.commit)
+            with attach_when_ready(cb, "@node-a/model/big", timeout=20) as t:
+                assert (np.from_dlpack(t) == want).all()
+                assert (t.generation, t.commit) == (info.generation, info.commit)
+            # The pull's lease on node-a ended with it (the one reference
+            # left is the restart's hold, restart.md 0.3); node-b keeps a
+            # replica.
+            assert wait_until(lambda: a.stats()["remote_pull_leases"] == 0, timeout=10)
+            assert a.stats()["restart_held_tensors"] == 2
+            assert ca2.stat("model/big").refcount == 1
+            assert [h for h in ca2.leases() if h.name == "model/big"] == []
+        assert b.stats()["remote_replicas"] == 1
+        cb.put("local/x", np.ones(3))
 
 
 def test_b_stops_receiving_mid_pull(daemon_factory, tmp_path):

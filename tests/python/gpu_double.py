@@ -82,3 +82,77 @@ def unlink_all(gpu):
     with tensord.connect(gpu.daemon.socket) as c:
         for n in [x.name for x in c.list()]:
             c.unlink(n)
+
+
+# What the recycling tests (test_gpu_recycle.py, test_gpu_set_recycle.py) count
+# of a process's driver calls, and the park that keeps a reader's import.
+RECYCLE_FNS = ("cuMemImportFromShareableHandle", "cuMemAddressReserve", "cuMemMap",
+               "cuMemSetAccess")
+PARK = {"TENSORD_GPU_PARK_MS": "60000"}
+
+
+def digest(b):
+    return hashlib.sha256(b).hexdigest()[:16]
+
+
+def figures(gpu):
+    """(stats, the cuda:0 row of its devices) of gpu's daemon (test_gpu_driver.Gpu)."""
+    import tensord
+    with tensord.connect(gpu.daemon.socket) as c:
+        s = c.stats()
+    dev = [d for d in s["devices"] if d["device"] == "cuda:0"][0]
+    return s, dev
+
+
+def ring(w, n):
+    """Waits until child w (a writer) sees its daemon keep n free GPU ring buffers."""
+    w.send(f"ring {n}")
+    assert w.expect("ring ") == f"ring {n}"
+
+
+class ManagedGpuDaemon:
+    """A daemon over the driver double under a service manager that keeps its
+    store (sdharness.ServiceManager), and the child clients of a test:
+    .child(code) starts one (gpu_double.PRELUDE first, "ready" awaited),
+    .stats() asks the daemon, .restart(sig) kills it and starts it again
+    from its store. Used as a context manager: at the end every child
+    ends, the manager closes, and neither systemd's rules nor the double's
+    report may show a problem."""
+
+    def __init__(self, tmp_path, **extra_env):
+        from sdharness import ServiceManager
+        self.tmp_path = tmp_path
+        self.env = dict(env(tmp_path / "double"), TENSORD_CUDA_PATH="default", **extra_env)
+        self.m = ServiceManager(tmp_path)
+        self.children = []
+
+    def __enter__(self):
+        self.m.start(env=self.env)
+        return self
+
+    def child(self, code):
+        import textwrap
+        from testlib import Child
+        c = Child(PRELUDE + textwrap.dedent(code), self.m.socket, self.env)
+        self.children.append(c)
+        c.expect("ready")
+        return c
+
+    def stats(self):
+        import tensord
+        with tensord.connect(self.m.socket) as c:
+            return c.stats()
+
+    def restart(self, sig):
+        self.m.restart(sig=sig, env=self.env)
+
+    def __exit__(self, *exc):
+        try:
+            end_children(self.children)
+        finally:
+            self.m.close()
+        if exc[0] is None:
+            assert not self.m.violations, self.m.violations
+            bad = problems(self.tmp_path / "double")
+            assert not bad, "\n".join(bad)
+        return False

@@ -9,7 +9,6 @@ zeroing). On hardware (tests/gpu/run.sh) the counts are not known and only
 the bytes and figures are checked. Legacy IPC is not recycled (the same
 puts there take fresh memory each time: test_ipc_is_not_recycled).
 """
-import hashlib
 import os
 import signal
 import time
@@ -18,27 +17,23 @@ import pytest
 
 import gpu_double
 import tensord
-from gpu_double import unlink_all, wait_until
+from gpu_double import digest, figures, ring, unlink_all, wait_until
 from test_gpu_driver import Gpu
 
 gpu_double.require()
 
 N = 1 << 20  # 1 MiB: half a granule, so each version is one whole allocation
 # The driver calls an import or a mapping costs.
-FNS = ("cuMemImportFromShareableHandle", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess")
+FNS = gpu_double.RECYCLE_FNS
 
 
 def pattern(k):
     return bytes((j * 131 + 7 * k + 3) % 256 for j in range(N))
 
 
-def digest(b):
-    return hashlib.sha256(b).hexdigest()[:16]
-
-
 # What every child of these tests shares: keep parked imports for a
 # minute, so that a slow machine cannot make a count depend on timing.
-PARK = {"TENSORD_GPU_PARK_MS": "60000"}
+PARK = gpu_double.PARK
 
 # A writer driven line by line on its stdin:
 #   put K [MODE]  puts source K (pattern(K)) as "w", prints its driver calls
@@ -118,13 +113,6 @@ def ipc(daemon_factory, tmp_path):
     g.finish()
 
 
-def figures(gpu):
-    with tensord.connect(gpu.daemon.socket) as c:
-        s = c.stats()
-    dev = [d for d in s["devices"] if d["device"] == "cuda:0"][0]
-    return s, dev
-
-
 def writer(gpu, k=3):
     w = gpu.child(WRITER.format(n=N, fns=FNS, k=k), **PARK)
     w.expect("ready")
@@ -145,18 +133,11 @@ def put(w, k, mode=None):
     return None if calls[0] == "None" else dict(zip(FNS, map(int, calls)))
 
 
-def ring(w, n):
-    w.send(f"ring {n}")
-    assert w.expect("ring ") == f"ring {n}"
-
-
 def read(r, cmd="read"):
     r.send(cmd)
     got = r.expect("read ").split()[1:]
     assert (got[1] == "None") == gpu_double.SYSTEM, got
     return got[0], None if got[1] == "None" else dict(zip(FNS, map(int, got[1:])))
-
-
 
 
 def assert_all_freed(gpu):
@@ -420,53 +401,29 @@ def test_restored_allocations_are_never_recycled(tmp_path):
     the old daemon. The writer's next version replaces the restored one,
     which is freed, not taken into any ring; the ring starts afresh from
     the versions made after the restart."""
-    import textwrap
-    from sdharness import ServiceManager
-    from testlib import Child
-
-    env = dict(gpu_double.env(tmp_path / "double"), TENSORD_CUDA_PATH="default", **PARK)
-    m = ServiceManager(tmp_path)
-    m.start(env=env)
-    children = []
-
-    def child(code):
-        c = Child(gpu_double.PRELUDE + textwrap.dedent(code), m.socket, env)
-        children.append(c)
-        c.expect("ready")
-        return c
-
-    def stats():
-        with tensord.connect(m.socket) as c:
-            return c.stats()
-    try:
-        w = child(WRITER.format(n=N, fns=FNS, k=3))
+    with gpu_double.ManagedGpuDaemon(tmp_path, **PARK) as g:
+        w = g.child(WRITER.format(n=N, fns=FNS, k=3))
         put(w, 0)
         put(w, 1)
         ring(w, 1)
-        m.restart(sig=signal.SIGKILL, env=env)
-        s = stats()
+        g.restart(signal.SIGKILL)
+        s = g.stats()
         assert (s["gpu_ring_buffers"], s["gpu_recycled_creates_total"]) == (0, 0), s
         # A writer of the restarted daemon, from the restored sources.
-        w2 = child(WRITER.format(n=N, fns=FNS, k=0).replace(
+        w2 = g.child(WRITER.format(n=N, fns=FNS, k=0).replace(
             'print("ready"', 'srcs = [c.attach(f"src/{k}") for k in range(3)]\nprint("ready"'))
         put(w2, 2)  # replaces the restored version 1, which is freed
-        s = stats()
+        s = g.stats()
         assert (s["gpu_ring_buffers"], s["gpu_ring_bytes"]) == (0, 0), s
         put(w2, 0)
         ring(w2, 1)  # version 2's allocation, made after the restart
         put(w2, 1)
-        assert stats()["gpu_recycled_creates_total"] == 1
-        r = child(READER.format(fns=FNS))
+        assert g.stats()["gpu_recycled_creates_total"] == 1
+        r = g.child(READER.format(fns=FNS))
         assert read(r)[0] == digest(pattern(1))
         for c in (w2, r):
             c.send("quit")
             c.finish()
-    finally:
-        gpu_double.end_children(children)
-        m.close()
-    assert not m.violations, m.violations
-    bad = gpu_double.problems(tmp_path / "double")
-    assert not bad, "\n".join(bad)
 
 
 def test_create_fill_publish_recycles_when_asked(gpu):

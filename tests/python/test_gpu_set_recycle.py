@@ -13,7 +13,6 @@ calls()) say what each process asked of the driver; on hardware
 (tests/gpu/run.sh) the counts are not known and only the bytes and
 figures are checked.
 """
-import hashlib
 import os
 import signal
 
@@ -21,7 +20,7 @@ import pytest
 
 import gpu_double
 import tensord
-from gpu_double import unlink_all, wait_until
+from gpu_double import digest, figures, ring, unlink_all, wait_until
 from test_gpu_driver import Gpu
 
 gpu_double.require()
@@ -31,19 +30,15 @@ gpu_double.require()
 SIZES = [100, 3000, 70001, 1 << 19]
 NAMES = [f"set/{i}" for i in range(len(SIZES))]
 # The driver calls an import or a mapping costs.
-FNS = ("cuMemImportFromShareableHandle", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess")
+FNS = gpu_double.RECYCLE_FNS
 NONE = dict.fromkeys(FNS, 0)
 # Every child keeps parked imports for a minute: no count depends on timing.
-PARK = {"TENSORD_GPU_PARK_MS": "60000"}
+PARK = gpu_double.PARK
 
 
 def pattern(k, i, n):
     """Member i's bytes in version source k: distinct for every k and i."""
     return bytes((j * 131 + 7 * k + 13 * i + 3) % 256 for j in range(n))
-
-
-def digest(b):
-    return hashlib.sha256(b).hexdigest()[:16]
 
 
 def want(k):
@@ -166,13 +161,6 @@ def ipc(daemon_factory, tmp_path):
     g.finish()
 
 
-def figures(gpu):
-    with tensord.connect(gpu.daemon.socket) as c:
-        s = c.stats()
-    dev = [d for d in s["devices"] if d["device"] == "cuda:0"][0]
-    return s, dev
-
-
 def writer(gpu, k=3, loop="", **env):
     w = gpu.child(WRITER.format(sizes=SIZES, names=NAMES, fns=FNS, k=k, loop=loop),
                   **dict(PARK, **env))
@@ -197,11 +185,6 @@ def put(w, k, sealed=False):
     w.send(f"put {k}" + (" sealed" if sealed else ""))
     got = w.expect("put ").split()[1:]
     return int(got[0]), counts(got[1:])
-
-
-def ring(w, n):
-    w.send(f"ring {n}")
-    assert w.expect("ring ") == f"ring {n}"
 
 
 def read(r, after=None, cmd="read"):
@@ -502,53 +485,29 @@ def test_restored_set_allocations_are_never_recycled(tmp_path):
     daemon. The next version replaces the restored one, which is freed,
     not kept in any ring; the ring starts afresh from the versions made
     after the restart."""
-    import textwrap
-    from sdharness import ServiceManager
-    from testlib import Child
-
-    env = dict(gpu_double.env(tmp_path / "double"), TENSORD_CUDA_PATH="default", **PARK)
-    m = ServiceManager(tmp_path)
-    m.start(env=env)
-    children = []
-
-    def child(code):
-        c = Child(gpu_double.PRELUDE + textwrap.dedent(code), m.socket, env)
-        children.append(c)
-        c.expect("ready")
-        return c
-
-    def stats():
-        with tensord.connect(m.socket) as c:
-            return c.stats()
-    try:
-        w = child(WRITER.format(sizes=SIZES, names=NAMES, fns=FNS, k=3, loop=""))
+    with gpu_double.ManagedGpuDaemon(tmp_path, **PARK) as g:
+        w = g.child(WRITER.format(sizes=SIZES, names=NAMES, fns=FNS, k=3, loop=""))
         put(w, 0)
         put(w, 1)
         ring(w, 1)
-        m.restart(sig=signal.SIGKILL, env=env)
-        s = stats()
+        g.restart(signal.SIGKILL)
+        s = g.stats()
         assert (s["gpu_ring_buffers"], s["gpu_recycled_creates_total"]) == (0, 0), s
         assert s["gpu_arenas"] >= 1, s  # the restored set's allocation
         # A writer of the restarted daemon, from the restored sources.
-        w2 = child(WRITER.format(sizes=SIZES, names=NAMES, fns=FNS, k=0, loop="").replace(
+        w2 = g.child(WRITER.format(sizes=SIZES, names=NAMES, fns=FNS, k=0, loop="").replace(
             'print("ready"', 'srcs = [{n: c.attach(f"src/{k}/{i}") for i, n in enumerate(NAMES)}'
             ' for k in range(3)]\nprint("ready"'))
-        r = child(READER.format(sizes=SIZES, names=NAMES, fns=FNS))
+        r = g.child(READER.format(sizes=SIZES, names=NAMES, fns=FNS))
         assert read(r)[0] == want(1)
         put(w2, 2)  # replaces the restored version 1, whose allocation is freed
-        s = stats()
+        s = g.stats()
         assert (s["gpu_ring_buffers"], s["gpu_ring_bytes"]) == (0, 0), s
         put(w2, 0)
         ring(w2, 1)  # version 2's allocation, made after the restart
         put(w2, 1)
-        assert stats()["gpu_recycled_creates_total"] == 1
+        assert g.stats()["gpu_recycled_creates_total"] == 1
         assert read(r)[0] == want(1)
         for c in (w2, r):
             c.send("quit")
             c.finish()
-    finally:
-        gpu_double.end_children(children)
-        m.close()
-    assert not m.violations, m.violations
-    bad = gpu_double.problems(tmp_path / "double")
-    assert not bad, "\n".join(bad)
