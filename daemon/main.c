@@ -221,6 +221,8 @@ int main(int argc, char **argv)
 					 : strerror(-r));
 		sdnotify("STATUS=cannot listen on %s: %s\nERRNO=%d", srv.cfg.socket_path,
 			 strerror(-r), -r);
+		/* What this start restored stays in the store, as after a SIGTERM. */
+		state_freeze(srv.state);
 		registry_fini(&srv.reg);
 		quota_fini(&srv.quota);
 		return 1;
@@ -233,6 +235,7 @@ int main(int argc, char **argv)
 		if (r < 0) {
 			fprintf(stderr, "tensord: --metrics %s\n", why);
 			server_unlisten(&srv);
+			state_freeze(srv.state);
 			registry_fini(&srv.reg);
 			return 1;
 		}
