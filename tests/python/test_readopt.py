@@ -166,6 +166,9 @@ def test_versions_replaced_or_unlinked_before_the_crash_are_readopted(tmp_path, 
         c.unlink("z")                                    # z1 retired
         c.put("w", np.full(1 << 12, 8.0), replace=True)
         w1.release()                                     # w1 retired, then gone
+        # The release goes out with a later request, or from the flusher:
+        # the daemon has it (and logged w1's end) once w's lease is gone.
+        assert wait_until(lambda: "w" not in held_by(c, os.getpid()))
         for i in range(60):                              # steps (and rewrites at 4 KiB)
             c.put(f"n{i % 5}", np.full(8, i), replace=True)
         if log_size:
