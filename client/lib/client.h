@@ -20,6 +20,8 @@
 #include "import.h"
 #include "lease.h"
 #include "mapcache.h"
+#include "reserve.h"
+#include "ring.h"
 #include "proto/frame.h"
 #include "proto/tensord.pb-c.h"
 
@@ -145,86 +147,6 @@ struct td_conn {
 	struct td_spin spin; /* how long to poll for a reply: the reader's alone */
 	/* When a quiet connection was last looked at for the daemon's end (lifecycle.c). */
 	_Atomic uint64_t checked_ns;
-};
-
-/* Host creates from this size up may take a reserve (docs/design.md, "The reserve"). */
-#define TD_RESERVE_MIN (1u << 20)
-/* Reserves a client keeps at most (the daemon's most per connection). */
-#define TD_RESERVE_SLOTS 4
-
-/* One reserve this process mapped: memory the daemon holds for its next create. */
-struct td_reserve_slot {
-	uint64_t id;   /* the daemon's name for it */
-	int fd;        /* owned; -1 when none */
-	void *base;    /* owned: size bytes, shared, writable, populated, MADV_DONTFORK */
-	uint64_t size; /* the memfd's size */
-	/* base is a ring buffer's mapping (id: its ring id), lent to a
-	 * create's lease (ring.c): never unmapped by the lease. */
-	bool lent;
-};
-
-/*
- * The reserves of one client and the thread that makes them (reserve.c).
- * Guarded by the client's lock.
- */
-struct td_reserve {
-	uint64_t budget; /* the most bytes kept ready (TENSORD_RESERVE); 0: none */
-	struct td_reserve_slot ready[TD_RESERVE_SLOTS];
-	int n_ready;
-	uint64_t ready_bytes;
-	/* Size classes this process creates: how often lately, and when to ask again. */
-	struct td_reserve_want {
-		uint64_t cls;
-		unsigned creates;
-		uint64_t last_ns, retry_ns; /* CLOCK_MONOTONIC */
-		unsigned backoff_ms;
-	} want[TD_RESERVE_SLOTS];
-	struct td_reserve_slot making; /* being mapped: fork's child closes its fd */
-	unsigned writing;              /* slots taken whose copy is not done yet */
-	uint64_t hold_until;           /* no new reserve before (CLOCK_MONOTONIC); 0: none */
-	uint64_t busy_ns;              /* the last take, or end of a copy (CLOCK_MONOTONIC) */
-	bool started;                  /* the thread runs */
-	bool stop;                     /* tensord_close(), or a forked child */
-	bool off;                      /* the daemon keeps no reserves */
-	pthread_t thread;
-	pthread_cond_t cond; /* with the client's lock: a create came, or stop */
-};
-
-/* Sizes whose put interval a client's ring remembers. */
-#define TD_RING_SIZES 8
-
-/* One ring buffer this client maps writable (ring.c, docs/recycle.md). */
-struct td_ring_buf {
-	uint64_t id;   /* the daemon's name for it (Lease.ring) */
-	uint8_t *base; /* owned: map_size bytes, shared, writable, MADV_DONTFORK */
-	uint64_t map_size;
-	uint64_t size;    /* the tensor size it serves (Lease.map_size) */
-	uint64_t used_ns; /* the last create that named it (CLOCK_MONOTONIC) */
-	unsigned pins;    /* created tensors' leases whose view it is: never given back */
-	bool revoked; /* read-only since a created tensor's publish: writable again when reused */
-};
-
-/*
- * The ring buffers of one client: memory of its earlier versions, which
- * the daemon hands back for later ones (ring.c). Guarded by the client's lock.
- */
-struct td_ring {
-	struct td_ring_buf *bufs; /* owned */
-	unsigned n, cap;
-	uint64_t bytes;     /* mapped */
-	uint64_t budget;    /* the most bytes mapped (TENSORD_RECYCLE_BYTES) */
-	unsigned creating;  /* recycled creates between their request and their copy's end */
-	bool sweeping;      /* giving back idle buffers: no recycled create meanwhile */
-	bool off;           /* TENSORD_RECYCLE=0 */
-	bool protect;       /* TENSORD_RECYCLE_PROTECT=1: read-only between versions */
-	uint64_t sweep_due; /* CLOCK_MONOTONIC; 0: nothing to expire */
-	uint64_t idle_ns;   /* a buffer unused this long is given back, at least */
-	/* The sizes this client puts lately, and how far apart: a buffer of
-	 * a size put every S is kept 4 S (at most a minute), so a loop with
-	 * slower steps than idle_ns still recycles (ring.c). */
-	struct td_ring_size {
-		uint64_t size, last_ns, interval_ns;
-	} sizes[TD_RING_SIZES];
 };
 
 /* The last effecting request a thread sent, and to whom (idem.c). */
@@ -518,26 +440,6 @@ int td_tx_create_arena(tensord_client *c, uint32_t tx, const char *name, const t
 		       uint64_t arena_size, bool in_arena, DLManagedTensorVersioned **ret_tensor);
 
 /*
- * reserve.c (docs/design.md, "The reserve"). td_reserve_init() reads
- * TENSORD_RESERVE into r; no thread runs until creates ask for one.
- */
-void td_reserve_init(struct td_reserve *r);
-
-/*
- * Notes a host create of nbytes (so that the thread keeps memory of its
- * size ready) and takes a ready reserve that fits it: true and *ret the
- * caller's, to name in its Create (which consumes the reserve) and free
- * with td_reserve_slot_free(). Lock not held.
- */
-bool td_reserve_take(tensord_client *c, uint64_t nbytes, struct td_reserve_slot *ret);
-
-/*
- * The copy into a slot td_reserve_take() gave is done (a put's, before its
- * publish; a create's, at its publish): the thread may make the next one.
- */
-void td_reserve_written(tensord_client *c);
-
-/*
  * copy.c: copies n bytes from src (readable: the caller checked) to dst,
  * with the copy pool's helper threads when n is large and this process may
  * run on two CPUs or more (docs/recycle.md, section 7).
@@ -557,100 +459,8 @@ struct td_copy_part {
  */
 void td_copy_many(const struct td_copy_part *parts, size_t n);
 
-/* Unmaps and closes s (a taken slot's reserve is the daemon's to free). */
-void td_reserve_slot_free(struct td_reserve_slot *s);
-
-/* Stops and joins the thread, gives back every ready slot. Lock not held; idempotent. */
-void td_reserve_stop(tensord_client *c);
-
-/* In a forked child: forgets the parent's slots (their mappings did not come along). */
-void td_reserve_after_fork(struct td_reserve *r);
-
-/*
- * A slot td_reserve_take() gave that a create left alone (a recycled one
- * took a ring buffer instead): ready again, or given back when no room.
- */
-void td_reserve_untake(tensord_client *c, struct td_reserve_slot *s);
-
-/*
- * ring.c: recycled memory (docs/recycle.md). td_ring_init() reads
- * TENSORD_RECYCLE and TENSORD_RECYCLE_BYTES.
- */
-void td_ring_init(struct td_ring *r);
-
-/*
- * Whether a put of nbytes with flags should ask the daemon to recycle; if
- * true, td_ring_end() must follow once the reply was used and the copy is
- * done, and *ret_mapped (when not NULL) says how many buffers of nbytes
- * this client maps (two or more: a reserve would only cost memory). May
- * give back buffers idle for TD_RING_IDLE_NS first. Lock not held.
- */
-bool td_ring_begin(tensord_client *c, uint64_t nbytes, uint32_t flags, unsigned *ret_mapped);
-void td_ring_end(tensord_client *c);
-
-/*
- * Whether a create of GPU memory of spec asks the daemon to recycle
- * (docs/recycle.md, section 4): TENSORD_RECYCLE in its flags, neither
- * sealed nor mutable, recycling not off in this process. Nothing to end:
- * the process keeps no writable mapping of GPU ring buffers of its own
- * (its one import of each is parked between versions, import_gpu.h).
- */
-bool td_ring_gpu(tensord_client *c, const tensord_spec *spec);
-
-/*
- * A GPU create took ring buffer id of size bytes (Lease.ring): listed
- * among the client's ring buffers with nothing mapped, so that when it
- * stays unused as long as a host buffer would (TENSORD_RECYCLE_IDLE_MS,
- * or four of its size's put intervals) the flusher gives it back
- * (Unreserve) and the daemon frees it.
- */
-void td_ring_gpu_used(tensord_client *c, uint64_t id, uint64_t size);
-
-/*
- * Where to write the tensor of a recycled create's lease w: *ret_base,
- * the ring buffer's mapping (0); 1 when w names no ring buffer (write
- * through the descriptor as before). A buffer new to this client comes
- * as *fd (mapped here, then closed and set to -1) or as reserve rs's
- * memfd (its mapping moves to the ring; rs forgets it). -errno with the
- * error set when it cannot be mapped or is unknown. Lock not held.
- */
-int td_ring_target(tensord_client *c, const Tensord__Lease *w, int *fd, struct td_reserve_slot *rs,
-		   const char *name, uint8_t **ret_base);
-
-/*
- * For a create with TENSORD_RECYCLE: as td_ring_target(), and the buffer
- * is pinned (never given back) until td_ring_unpin(); *ret_len gets its
- * mapping's length. 1 when w names no ring buffer.
- */
-int td_ring_lend(tensord_client *c, const Tensord__Lease *w, int *fd, struct td_reserve_slot *rs,
-		 const char *name, uint8_t **ret_base, uint64_t *ret_len);
-void td_ring_unpin(tensord_client *c, uint64_t id);
-
-/* A created tensor's view of ring buffer id was made read-only at its publish. */
-void td_ring_revoked(tensord_client *c, uint64_t id);
-
-/*
- * A put's copy into ring buffer id is done: with TENSORD_RECYCLE_PROTECT=1
- * its mapping turns read-only until its next version (a stray write of
- * this process then faults), at an mprotect() pair per version.
- */
-void td_ring_written(tensord_client *c, uint64_t id);
-
-/*
- * The flusher's turn (release.c): gives back the buffers idle now, when no
- * recycled create is in flight. When the next sweep is due (0: none).
- * Lock not held.
- */
-uint64_t td_ring_sweep(tensord_client *c);
-
 /* release.c: the flusher should call td_ring_sweep() at due (CLOCK_MONOTONIC). */
 void td_relq_ring_due(struct td_conn *conn, uint64_t due);
-
-/* tensord_close(): unmaps every buffer (the daemon frees them with the connection). */
-void td_ring_close(tensord_client *c);
-
-/* In a forked child: forgets the parent's buffers (MADV_DONTFORK: not mapped here). */
-void td_ring_after_fork(struct td_ring *r);
 
 /* The parts of a Create request, all pointing into the caller's arguments. */
 struct create_msg {
