@@ -230,8 +230,12 @@ int main(int argc, char **argv)
 	if (srv.cfg.metrics_addr) {
 		char why[300];
 
+		/* Under a holder the next daemon binds a TCP port while this one
+		 * drains (restart.md section 6): shared, as the kernel allows
+		 * only the same uid. */
 		r = metrics_http_start(srv.loop, srv.cfg.metrics_addr, srv.cfg.socket_mode,
-				       srv.cfg.socket_gid, render_metrics, &srv, why, sizeof(why));
+				       srv.cfg.socket_gid, srv.cfg.holder[0] != '\0',
+				       render_metrics, &srv, why, sizeof(why));
 		if (r < 0) {
 			fprintf(stderr, "tensord: --metrics %s\n", why);
 			server_unlisten(&srv);

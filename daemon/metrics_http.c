@@ -383,17 +383,46 @@ static bool is_loopback(const struct sockaddr_storage *ss)
 		      sizeof(in6addr_loopback)) == 0;
 }
 
-static int listen_tcp(const char *addr, char *why, size_t why_len)
+/*
+ * A TCP socket bound to ss with SO_REUSEPORT (libuv 1.44 binds without
+ * it), for uv_tcp_open(): the descriptor, or -errno.
+ */
+static int bind_shared(const struct sockaddr_storage *ss)
+{
+	socklen_t len =
+		ss->ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+	int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), one = 1, e;
+
+	if (fd < 0)
+		return -errno;
+	if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+	    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) < 0 ||
+	    bind(fd, (const struct sockaddr *)ss, len) < 0) {
+		e = errno;
+		close(fd);
+		return -e;
+	}
+	return fd;
+}
+
+static int listen_tcp(const char *addr, bool share_port, char *why, size_t why_len)
 {
 	struct sockaddr_storage ss = { 0 };
-	int len = sizeof(ss), r;
+	int len = sizeof(ss), r, fd;
 	char host[64] = "";
 
 	r = parse_tcp(addr, &ss, why, why_len);
 	if (r < 0)
 		return r;
 	uv_tcp_init(ep.loop, &ep.lsn.tcp);
-	r = uv_tcp_bind(&ep.lsn.tcp, (const struct sockaddr *)&ss, 0);
+	if (share_port) {
+		fd = bind_shared(&ss);
+		r = fd < 0 ? fd : uv_tcp_open(&ep.lsn.tcp, fd);
+		if (r < 0 && fd >= 0)
+			close(fd);
+	} else {
+		r = uv_tcp_bind(&ep.lsn.tcp, (const struct sockaddr *)&ss, 0);
+	}
 	if (r == 0)
 		r = uv_listen(&ep.lsn.stream, 64, on_connection);
 	if (r < 0) {
@@ -452,7 +481,7 @@ static int listen_unix(const char *path, mode_t mode, gid_t gid, char *why, size
 	return 0;
 }
 
-int metrics_http_start(uv_loop_t *loop, const char *addr, mode_t mode, gid_t gid,
+int metrics_http_start(uv_loop_t *loop, const char *addr, mode_t mode, gid_t gid, bool share_port,
 		       metrics_render_fn *render, void *ctx, char *why, size_t why_len)
 {
 	int r;
@@ -463,7 +492,7 @@ int metrics_http_start(uv_loop_t *loop, const char *addr, mode_t mode, gid_t gid
 	if (strncmp(addr, "unix:", 5) == 0)
 		r = listen_unix(addr + 5, mode, gid, why, why_len);
 	else
-		r = listen_tcp(addr, why, why_len);
+		r = listen_tcp(addr, share_port, why, why_len);
 	ep.listening = r == 0;
 	return r;
 }

@@ -36,9 +36,12 @@ typedef int metrics_render_fn(void *ctx, char **ret, size_t *ret_len);
 /*
  * Starts serving on addr. A unix socket gets mode and gid (gid (gid_t)-1:
  * left as is), like the daemon's own; a stale one is replaced, a live one
- * is not. 0, or -errno with the reason in why.
+ * is not. share_port: a TCP port is bound with SO_REUSEPORT, so that a
+ * daemon under a holder binds it while its drained predecessor still
+ * does (docs/restart.md section 6; the kernel lets only the same uid
+ * share it). 0, or -errno with the reason in why.
  */
-int metrics_http_start(uv_loop_t *loop, const char *addr, mode_t mode, gid_t gid,
+int metrics_http_start(uv_loop_t *loop, const char *addr, mode_t mode, gid_t gid, bool share_port,
 		       metrics_render_fn *render, void *ctx, char *why, size_t why_len);
 
 /* Stops listening, closes every connection, removes a unix socket. Safe when not started. */

@@ -93,5 +93,4 @@ void td_reserve_after_fork(struct td_reserve *r);
  */
 void td_reserve_untake(tensord_client *c, struct td_reserve_slot *s);
 
-
 #endif

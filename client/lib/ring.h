@@ -130,5 +130,4 @@ void td_ring_close(tensord_client *c);
 /* In a forked child: forgets the parent's buffers (MADV_DONTFORK: not mapped here). */
 void td_ring_after_fork(struct td_ring *r);
 
-
 #endif

@@ -71,13 +71,13 @@ class Upgrade:
         assert wait_until(lambda: os.path.exists(os.path.join(self.hold, "take")))
         self.procs = []
 
-    def daemon(self, name, gate=False, ready=False, **env):
+    def daemon(self, name, gate=False, ready=False, args=(), **env):
         if gate:
             fifo = str(self.tmp / f"{name}.gate")
             os.mkfifo(fifo)
             env["TENSORD_TEST_READY_GATE"] = fifo
         p = start(self.tmp, ["--holder", self.hold, "--socket", self.sock,
-                             "--readopt-grace", "60000"], name, ready, **env)
+                             "--readopt-grace", "60000", *args], name, ready, **env)
         self.procs.append(p)
         return p
 
@@ -390,3 +390,33 @@ def test_sigusr2_without_a_holder_drains_nothing(tmp_path):
     finally:
         d.terminate()
         assert d.wait(timeout=30) == 0
+
+
+def test_a_metrics_port_is_shared_through_the_drain(up, tmp_path):
+    """Both daemons serve --metrics on one TCP port: under a holder it is
+    bound with SO_REUSEPORT, so the new daemon binds it while the old one
+    drains (before, it exited there and left the old one drained); the old
+    one is stopped once the new one serves, and the port answers on."""
+    import socket
+    import urllib.request
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    metrics = ["--metrics", f"127.0.0.1:{port}"]
+
+    def scrape():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return r.read().decode()
+    a = up.daemon("old", ready=True, args=metrics)
+    c = serving(up.sock)
+    c.put("x", np.arange(10))
+    assert "tensord_tensors" in scrape()
+    b = up.daemon("new", args=metrics)
+    assert a.wait(timeout=60) == 0
+    assert says(up.holder_log, f"daemon {a.pid} drained",
+                f"daemon {b.pid} serves: stopping drained daemon {a.pid}"), up.holder_log()
+    assert b.poll() is None, text(tmp_path, "new")
+    assert "tensord_tensors" in scrape()
+    assert c.stat("x").generation == 1
+    assert c.stats()["daemon_pid"] == b.pid
+    c.close()
