@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <tensord/tensord.h>
@@ -145,6 +146,64 @@ static int render_metrics(void *ctx, char **ret, size_t *ret_len)
 	return prometheus_render(ctx, ret, ret_len);
 }
 
+/* This network namespace's identity (its inode), 0 when /proc does not say. */
+static unsigned long long netns_id(void)
+{
+	struct stat sb;
+
+	return stat("/proc/self/ns/net", &sb) == 0 ? (unsigned long long)sb.st_ino : 0;
+}
+
+/*
+ * --peer-listen: on the socket a predecessor kept in the descriptor store
+ * when it is bound where this daemon listens and in this network namespace
+ * (a pod that replaces another has a namespace of its own, and the old
+ * socket's address goes with the old pod), else on one bound now and
+ * stored for the next daemon: the port never closes across a restart or
+ * an upgrade, and peers dialling meanwhile wait in its backlog. A stored
+ * socket not listened on again leaves the store. 0, or -errno with why.
+ */
+static int peers_listen(struct server *srv, char *why, size_t why_len)
+{
+	char name[256], mine[64];
+	int fd, use = -1, r;
+
+	snprintf(mine, sizeof(mine), "%s.%llu", STATE_PEER_LISTEN_PREFIX, netns_id());
+	while ((fd = sdnotify_take_named(STATE_PEER_LISTEN_PREFIX, name, sizeof(name))) >= 0) {
+		bool here = strcmp(name, mine) == 0;
+
+		if (use < 0 && here && peer_listen_matches(&srv->cfg.peer, fd)) {
+			use = fd;
+			continue;
+		}
+		log_info("%s: a stored listening socket for peers, %s: closing it and removing it "
+			 "from the store",
+			 name,
+			 !here                   ? "of another network namespace"
+			 : !srv->cfg.peer.listen ? "and this daemon has no --peer-listen"
+						 : "bound elsewhere than --peer-listen");
+		close(fd);
+		state_unstore_socket(srv->state, name);
+	}
+	r = peer_set_listen(&srv->peers, &srv->cfg.peer, use, why, why_len);
+	if (r == 0 && use < 0 && srv->state && (fd = peer_set_listen_fd(&srv->peers)) >= 0)
+		state_store_socket(srv->state, fd, mine);
+	return r;
+}
+
+/*
+ * A start that fails once the store is taken: what it restored stays in
+ * the store, as after a SIGTERM, for the next daemon. Returns main's 1.
+ */
+static int fail_started(struct server *srv)
+{
+	server_unlisten(srv);
+	state_freeze(srv->state);
+	registry_fini(&srv->reg);
+	quota_fini(&srv->quota);
+	return 1;
+}
+
 int main(int argc, char **argv)
 {
 	static struct server srv;
@@ -164,7 +223,7 @@ int main(int argc, char **argv)
 		log_error("registry: %s", strerror(-r));
 		return 1;
 	}
-	/* Before the socket: a bad secret file or peer port is refused with nothing made. */
+	/* Before the store is taken: a bad secret file is refused with nothing made. */
 	{
 		char why[600];
 
@@ -208,12 +267,24 @@ int main(int argc, char **argv)
 		srv.state_figures = state_figures_live(srv.state);
 		server_readopt_start(&srv);
 	}
+	/* Before the clients' socket: sdnotify_listen_fd() takes any socket left. */
+	{
+		char why[600];
+
+		r = peers_listen(&srv, why, sizeof(why));
+		if (r < 0) {
+			fprintf(stderr, "tensord: %s\n", why);
+			sdnotify("STATUS=%s\nERRNO=%d", why, -r);
+			return fail_started(&srv);
+		}
+	}
 	r = server_listen(&srv);
 	sdnotify_passed_end();
 	/* A socket the daemon bound itself is stored too: clients of the next
 	 * daemon connect to it, and wait in its backlog meanwhile. */
 	if (r == 0 && srv.state && !srv.socket_inherited)
-		srv.socket_stored = state_store_listener(srv.state, srv.listen_fd) == 0;
+		srv.socket_stored =
+			state_store_socket(srv.state, srv.listen_fd, STATE_LISTEN_NAME) == 0;
 	if (r < 0) {
 		fprintf(stderr, "tensord: cannot listen on %s: %s\n", srv.cfg.socket_path,
 			r == -EADDRINUSE ? "another tensord is running there"
@@ -221,11 +292,7 @@ int main(int argc, char **argv)
 					 : strerror(-r));
 		sdnotify("STATUS=cannot listen on %s: %s\nERRNO=%d", srv.cfg.socket_path,
 			 strerror(-r), -r);
-		/* What this start restored stays in the store, as after a SIGTERM. */
-		state_freeze(srv.state);
-		registry_fini(&srv.reg);
-		quota_fini(&srv.quota);
-		return 1;
+		return fail_started(&srv);
 	}
 	if (srv.cfg.metrics_addr) {
 		char why[300];
@@ -238,10 +305,7 @@ int main(int argc, char **argv)
 				       render_metrics, &srv, why, sizeof(why));
 		if (r < 0) {
 			fprintf(stderr, "tensord: --metrics %s\n", why);
-			server_unlisten(&srv);
-			state_freeze(srv.state);
-			registry_fini(&srv.reg);
-			return 1;
+			return fail_started(&srv);
 		}
 	}
 	uv_signal_init(srv.loop, &srv.sigterm);

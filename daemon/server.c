@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 
 #include "common/sys.h"
@@ -78,6 +79,11 @@ void server_drain(struct server *srv)
 	state_flush(srv->state);
 	state_freeze(srv->state);
 	server_unlisten(srv);
+	/* The next daemon listens on the stored peer socket; a unix --metrics
+	 * socket is removed for it to bind (a TCP one is shared meanwhile). */
+	peer_set_drain(&srv->peers);
+	if (srv->cfg.metrics_addr && strncmp(srv->cfg.metrics_addr, "unix:", 5) == 0)
+		metrics_http_stop();
 	log_info("draining for the next daemon: accepting nothing, recording nothing; reads "
 		 "served on %u connections, a write closes its connection",
 		 srv->conns.n);

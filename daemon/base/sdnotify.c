@@ -198,6 +198,23 @@ int sdnotify_listen_fd(const char **why)
 	return n < 0 ? n : r;
 }
 
+int sdnotify_take_named(const char *prefix, char *name, size_t name_len)
+{
+	const char *why;
+	struct sd_passed_fd *v;
+	int n = sdnotify_passed(&v, &why), fd;
+
+	for (int i = 0; i < n; i++) {
+		if (v[i].fd < 0 || strncmp(v[i].name, prefix, strlen(prefix)) != 0)
+			continue;
+		fd = v[i].fd;
+		v[i].fd = -1;
+		snprintf(name, name_len, "%s", v[i].name);
+		return fd;
+	}
+	return -1;
+}
+
 void sdnotify_passed_end(void)
 {
 	for (size_t i = 0; i < n_passed; i++) {

@@ -52,6 +52,13 @@ int sdnotify_passed(struct sd_passed_fd **ret, const char **why);
  */
 int sdnotify_listen_fd(const char **why);
 
+/*
+ * Takes a passed descriptor whose name begins with prefix (the first one
+ * left), copying its name into name: the fd, or -1 when none is left. Call
+ * it before sdnotify_listen_fd() for sockets that are not the clients'.
+ */
+int sdnotify_take_named(const char *prefix, char *name, size_t name_len);
+
 /* Closes, with a warning each, the passed descriptors nobody took. */
 void sdnotify_passed_end(void);
 

@@ -749,20 +749,29 @@ void state_freeze(struct state *st)
 	backend_host_keep_contents();
 }
 
-int state_store_listener(struct state *st, int fd)
+int state_store_socket(struct state *st, int fd, const char *name)
 {
 	int r;
 
 	if (st->fig.stored + 2 > st->max_fds)
 		return -ENOSPC;
-	r = sdnotify_fdstore(fd, "tensord-listen");
+	r = sdnotify_fdstore(fd, name);
 	if (r < 0) {
-		log_warn("state: storing the listening socket: %s; the next daemon binds its own",
-			 strerror(-r));
+		log_warn(
+			"state: storing the listening socket %s: %s; the next daemon binds its own",
+			name, strerror(-r));
 		return r;
 	}
 	st->fig.stored++;
 	return 0;
+}
+
+void state_unstore_socket(struct state *st, const char *name)
+{
+	if (!st)
+		return;
+	if (sdnotify_fdstore_remove(name) == 0 && st->fig.stored > 0)
+		st->fig.stored--;
 }
 
 void st_hook(struct state *st)

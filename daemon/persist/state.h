@@ -89,8 +89,21 @@ void state_freeze(struct state *st);
  */
 void state_stop(struct state *st);
 
-/* Stores the listening socket fd (bound by the daemon itself) as "tensord-listen": 0 or -errno. */
-int state_store_listener(struct state *st, int fd);
+/* The stored listening sockets' names: the clients' one, and --peer-listen's (a prefix). */
+#define STATE_LISTEN_NAME "tensord-listen"
+#define STATE_PEER_LISTEN_PREFIX "tensord-peer-listen"
+
+/*
+ * Stores a listening socket fd the daemon bound itself under name (one of
+ * the above; a socket that came back from the store stays stored): the
+ * next daemon listens on it, and connections made meanwhile wait in its
+ * backlog. 0 or -errno (-ENOSPC: one store entry must stay free for the
+ * log's successor).
+ */
+int state_store_socket(struct state *st, int fd, const char *name);
+
+/* Removes a stored socket the daemon does not listen on any more (FDSTOREREMOVE). */
+void state_unstore_socket(struct state *st, const char *name);
 
 /* The lineage of the state (HelloReply.lineage): kept across restarts that restore it. */
 uint64_t state_lineage(const struct state *st);

@@ -353,9 +353,12 @@ int st_restore(struct state *st, uint64_t *ret_serial, char *why, size_t why_len
 		snprintf(why, why_len, "the descriptors passed at start: %s", pwhy);
 		return nv;
 	}
-	/* A listening socket a daemon stored stays stored (sdnotify_listen_fd() takes it). */
+	/* A listening socket a daemon stored stays stored (sdnotify_listen_fd()
+	 * and main.c take them; one not listened on again is unstored there). */
 	for (int i = 0; i < nv; i++)
-		if (v[i].fd >= 0 && strcmp(v[i].name, "tensord-listen") == 0)
+		if (v[i].fd >= 0 && (strcmp(v[i].name, STATE_LISTEN_NAME) == 0 ||
+				     strncmp(v[i].name, STATE_PEER_LISTEN_PREFIX,
+					     strlen(STATE_PEER_LISTEN_PREFIX)) == 0))
 			st->fig.stored++;
 	/* The newest log that begins whole is the state. */
 	for (int i = 0; i < nv; i++) {

@@ -176,8 +176,21 @@ int peer_set_start(struct peer_set *set, uv_loop_t *loop, const struct peer_conf
 		snprintf(p->addr, sizeof(p->addr), "%s%s%s:%u", strchr(p->host, ':') ? "[" : "",
 			 p->host, strchr(p->host, ':') ? "]" : "", p->port);
 	}
+	return 0;
+}
+
+int peer_set_listen(struct peer_set *set, const struct peer_config *cfg, int fd, char *why,
+		    size_t why_len)
+{
+	int r;
+
+	if (!set->on) {
+		if (fd >= 0)
+			close(fd);
+		return 0;
+	}
 	if (cfg->listen) {
-		r = peer_listen(set, cfg, why, why_len);
+		r = peer_listen(set, cfg, fd, why, why_len);
 		if (r < 0)
 			return r;
 	}
@@ -185,10 +198,36 @@ int peer_set_start(struct peer_set *set, uv_loop_t *loop, const struct peer_conf
 		peer_dial(set->peers[i]);
 	peer_dns_start(set, cfg);
 	log_info("peering as node %s (instance %016" PRIx64
-		 "): %s%s, %u peers configured, %u DNS names of peers",
+		 "): %s%s%s, %u peers configured, %u DNS names of peers",
 		 set->self, set->instance, cfg->listen ? "listening on " : "not listening",
-		 cfg->listen ? cfg->listen : "", cfg->n_peers, cfg->n_dns);
+		 cfg->listen ? cfg->listen : "", fd >= 0 ? " (its predecessor's socket)" : "",
+		 cfg->n_peers, cfg->n_dns);
 	return 0;
+}
+
+int peer_set_listen_fd(const struct peer_set *set)
+{
+	uv_os_fd_t fd;
+
+	if (!set->listening || uv_fileno((const uv_handle_t *)&set->listener, &fd) < 0)
+		return -1;
+	return fd;
+}
+
+void peer_set_drain(struct peer_set *set)
+{
+	if (!set->on || set->stopping || set->draining)
+		return;
+	set->draining = true;
+	if (set->listening) {
+		uv_close((uv_handle_t *)&set->listener, NULL);
+		set->listening = false;
+	}
+	for (unsigned i = 0; i < set->n_peers; i++)
+		uv_timer_stop(&set->peers[i]->redial);
+	peer_dns_pause(set);
+	log_info("peering: draining: listening no more, dialling no more; %u links up stay",
+		 set->n_up);
 }
 
 void peer_set_stop(struct peer_set *set)
@@ -200,6 +239,7 @@ void peer_set_stop(struct peer_set *set)
 	set->stopping = true;
 	if (set->listening)
 		uv_close((uv_handle_t *)&set->listener, NULL);
+	set->listening = false;
 	while ((pc = LIST_FIRST(&set->conns)))
 		pc_close(pc, CLOSE_QUIET, "the daemon is stopping");
 	uv_check_stop(&set->reap);

@@ -184,6 +184,7 @@ struct peer_set {
 	uv_loop_t *loop;
 	bool on;
 	bool stopping;
+	bool draining; /* peer_set_drain(): links stay, nothing new is made */
 	char self[PEER_NAME_MAX + 1];
 	uint64_t instance;
 	uint8_t secret[PEER_SECRET_MAX]; /* proves with it */
@@ -227,12 +228,39 @@ struct peer_set {
 };
 
 /*
- * Loads the secret (peer_secret_load()), binds the listener and starts a
- * dialler per configured peer. 0; or -errno with the reason, naming the
- * file or address, in why. Does nothing (0) when cfg turns peering off.
+ * Loads the secret (peer_secret_load()) and knows the configured peers;
+ * nothing listens or dials before peer_set_listen(). 0; or -errno with the
+ * reason, naming the file, in why. Does nothing (0) when cfg turns peering
+ * off.
  */
 int peer_set_start(struct peer_set *set, uv_loop_t *loop, const struct peer_config *cfg, char *why,
 		   size_t why_len);
+
+/*
+ * Listens at --peer-listen, on fd when it is not -1 (the listening socket a
+ * predecessor kept in the descriptor store: its backlog, and the port, pass
+ * from one daemon to the next, main.c), and starts dialling. The caller
+ * checked that fd is bound where cfg listens (peer_listen_matches()). 0; or
+ * -errno with the reason, naming the address, in why (fd is then closed).
+ */
+int peer_set_listen(struct peer_set *set, const struct peer_config *cfg, int fd, char *why,
+		    size_t why_len);
+
+/*
+ * Whether fd is a listening TCP socket bound where cfg's --peer-listen
+ * asks (its address, and its port unless that is 0).
+ */
+bool peer_listen_matches(const struct peer_config *cfg, int fd);
+
+/* The listening socket's descriptor while listening, else -1 (to store it). */
+int peer_set_listen_fd(const struct peer_set *set);
+
+/*
+ * Drains for the daemon that takes over (docs/restart.md section 6): stops
+ * listening (a stored listening socket is the successor's) and dialling;
+ * the links up stay, serving what peers read, until the daemon exits.
+ */
+void peer_set_drain(struct peer_set *set);
 
 /* Stops listening and dialling and closes every connection; the loop then ends. */
 void peer_set_stop(struct peer_set *set);

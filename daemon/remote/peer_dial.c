@@ -11,9 +11,11 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <tensord/tensord.h>
 
@@ -24,7 +26,7 @@ static void on_redial(uv_timer_t *t);
 
 void peer_redial_later(struct peer *p)
 {
-	if (!p->configured || p->set->stopping || p->up || p->dial || p->resolving)
+	if (!p->configured || peer_set_quiet(p->set) || p->up || p->dial || p->resolving)
 		return;
 	uv_timer_start(&p->redial, on_redial, p->backoff_ms, 0);
 	p->backoff_ms =
@@ -85,7 +87,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *ai)
 	int r;
 
 	p->resolving = false;
-	if (set->stopping || p->up) {
+	if (peer_set_quiet(set) || p->up) {
 		uv_freeaddrinfo(ai);
 		return;
 	}
@@ -124,7 +126,7 @@ void peer_dial(struct peer *p)
 	char port[8];
 	int r;
 
-	if (p->set->stopping || p->up || p->dial || p->resolving)
+	if (peer_set_quiet(p->set) || p->up || p->dial || p->resolving)
 		return;
 	peer_mark_state(p, PEER_CONNECTING);
 	snprintf(port, sizeof(port), "%u", p->port);
@@ -178,7 +180,7 @@ static void on_connection(uv_stream_t *server, int status)
 	int len = sizeof(ss);
 	struct peer_conn *pc;
 
-	if (status < 0 || set->stopping)
+	if (status < 0 || peer_set_quiet(set))
 		return;
 	pc = pc_new(set, false);
 	if (!pc) {
@@ -210,27 +212,69 @@ static void on_connection(uv_stream_t *server, int status)
 	pc_handshake_start(pc);
 }
 
-int peer_listen(struct peer_set *set, const struct peer_config *cfg, char *why, size_t why_len)
+/* Where cfg's --peer-listen is, as a socket address; -EINVAL when it is not an IP address. */
+static int listen_addr(const struct peer_config *cfg, struct sockaddr_storage *ss)
 {
 	const char *host = cfg->listen_host;
-	struct sockaddr_storage ss;
-	int r;
 
+	memset(ss, 0, sizeof(*ss));
 	if (!host[0])
-		r = uv_ip6_addr("::", cfg->listen_port, (struct sockaddr_in6 *)&ss);
-	else if (strchr(host, ':'))
-		r = uv_ip6_addr(host, cfg->listen_port, (struct sockaddr_in6 *)&ss);
-	else
-		r = uv_ip4_addr(host, cfg->listen_port, (struct sockaddr_in *)&ss);
+		return uv_ip6_addr("::", cfg->listen_port, (struct sockaddr_in6 *)ss);
+	if (strchr(host, ':'))
+		return uv_ip6_addr(host, cfg->listen_port, (struct sockaddr_in6 *)ss);
+	return uv_ip4_addr(host, cfg->listen_port, (struct sockaddr_in *)ss);
+}
+
+bool peer_listen_matches(const struct peer_config *cfg, int fd)
+{
+	struct sockaddr_storage want, got;
+	socklen_t len = sizeof(got), olen = sizeof(int);
+	int type = 0, listening = 0;
+
+	if (!cfg->listen || listen_addr(cfg, &want) < 0 ||
+	    getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &olen) < 0 ||
+	    getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &olen) < 0 ||
+	    type != SOCK_STREAM || !listening ||
+	    getsockname(fd, (struct sockaddr *)&got, &len) < 0 || got.ss_family != want.ss_family)
+		return false;
+	if (want.ss_family == AF_INET) {
+		const struct sockaddr_in *w = (const void *)&want, *g = (const void *)&got;
+
+		return w->sin_addr.s_addr == g->sin_addr.s_addr &&
+		       (!w->sin_port || w->sin_port == g->sin_port);
+	}
+	{
+		const struct sockaddr_in6 *w = (const void *)&want, *g = (const void *)&got;
+
+		return memcmp(&w->sin6_addr, &g->sin6_addr, sizeof(w->sin6_addr)) == 0 &&
+		       (!w->sin6_port || w->sin6_port == g->sin6_port);
+	}
+}
+
+int peer_listen(struct peer_set *set, const struct peer_config *cfg, int fd, char *why,
+		size_t why_len)
+{
+	struct sockaddr_storage ss;
+	int r = listen_addr(cfg, &ss);
+
 	if (r < 0) {
 		snprintf(why, why_len, "--peer-listen %s: '%s' is not an IP address", cfg->listen,
-			 host);
+			 cfg->listen_host);
+		if (fd >= 0)
+			close(fd);
 		return -EINVAL;
 	}
 	uv_tcp_init(set->loop, &set->listener);
 	set->listener.data = set;
 	set->listening = true;
-	r = uv_tcp_bind(&set->listener, (struct sockaddr *)&ss, 0);
+	if (fd >= 0) {
+		/* Listening already: connections made meanwhile wait in its backlog. */
+		r = uv_tcp_open(&set->listener, fd);
+		if (r < 0)
+			close(fd);
+	} else {
+		r = uv_tcp_bind(&set->listener, (struct sockaddr *)&ss, 0);
+	}
 	if (r == 0)
 		r = uv_listen((uv_stream_t *)&set->listener, 64, on_connection);
 	if (r < 0) {

@@ -26,7 +26,7 @@ static void target_dial(struct peer_target *t)
 {
 	struct peer_set *set = t->dns->set;
 
-	if (set->stopping || t->self || t->dial || (t->peer && t->peer->up))
+	if (peer_set_quiet(set) || t->self || t->dial || (t->peer && t->peer->up))
 		return;
 	if (peer_conn_dial_target(t) < 0)
 		peer_target_redial_later(t);
@@ -42,7 +42,7 @@ void peer_target_redial_later(struct peer_target *t)
 {
 	struct peer_set *set = t->dns->set;
 
-	if (set->stopping || t->self || t->dial || (t->peer && t->peer->up))
+	if (peer_set_quiet(set) || t->self || t->dial || (t->peer && t->peer->up))
 		return;
 	uv_timer_start(&t->redial, on_target_redial, t->backoff_ms, 0);
 	t->backoff_ms =
@@ -170,7 +170,7 @@ static void on_dns_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *
 	struct peer_dns *d = req->data;
 
 	d->resolving = false;
-	if (d->set->stopping || status == UV_ECANCELED) {
+	if (peer_set_quiet(d->set) || status == UV_ECANCELED) {
 		uv_freeaddrinfo(ai);
 		return;
 	}
@@ -195,7 +195,7 @@ static void on_dns_timer(uv_timer_t *h)
 	char port[8];
 	int r;
 
-	if (d->resolving || d->set->stopping)
+	if (d->resolving || peer_set_quiet(d->set))
 		return;
 	snprintf(port, sizeof(port), "%u", d->port);
 	d->gai.data = d;
@@ -232,6 +232,14 @@ void peer_dns_stop(struct peer_set *set)
 	for (unsigned i = 0; i < set->n_targets; i++)
 		uv_close((uv_handle_t *)&set->targets[i]->redial, target_free);
 	set->n_targets = 0;
+}
+
+void peer_dns_pause(struct peer_set *set)
+{
+	for (unsigned i = 0; i < set->n_dns; i++)
+		uv_timer_stop(&set->dns[i].timer);
+	for (unsigned i = 0; i < set->n_targets; i++)
+		uv_timer_stop(&set->targets[i]->redial);
 }
 
 /* Each --peers-dns address that led to p is dialled again (p went down). */

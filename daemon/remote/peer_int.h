@@ -156,8 +156,19 @@ void peer_dial(struct peer *p);
 /* A configured peer is dialled again after its back-off, which then doubles. */
 void peer_redial_later(struct peer *p);
 
-/* Listens at cfg->listen for peers dialling in; why says what failed. */
-int peer_listen(struct peer_set *set, const struct peer_config *cfg, char *why, size_t why_len);
+/*
+ * Listens at cfg->listen for peers dialling in: on fd when it is not -1 (a
+ * socket a predecessor bound there, peer_set_listen()), else on a socket
+ * bound now. why says what failed.
+ */
+int peer_listen(struct peer_set *set, const struct peer_config *cfg, int fd, char *why,
+		size_t why_len);
+
+/* No new connection is made: the daemon stops, or drains for its successor. */
+static inline bool peer_set_quiet(const struct peer_set *set)
+{
+	return set->stopping || set->draining;
+}
 
 /*
  * Dials t's address for it (t->dial is the connection). -ENOMEM when no
@@ -184,6 +195,9 @@ void peer_dns_start(struct peer_set *set, const struct peer_config *cfg);
 
 /* Stops resolving and dialling the names' addresses (the daemon stopping). */
 void peer_dns_stop(struct peer_set *set);
+
+/* Stops asking the names and dialling their addresses for now (a drain); the handles stay. */
+void peer_dns_pause(struct peer_set *set);
 
 /* t is dialled again after its back-off, which then doubles (as a --peer's). */
 void peer_target_redial_later(struct peer_target *t);

@@ -420,3 +420,30 @@ def test_a_metrics_port_is_shared_through_the_drain(up, tmp_path):
     assert c.stat("x").generation == 1
     assert c.stats()["daemon_pid"] == b.pid
     c.close()
+
+
+def test_a_unix_metrics_socket_passes_to_the_new_daemon(up, tmp_path):
+    """--metrics unix:PATH: the draining daemon removes its socket and the
+    new one binds it once it has the store (before, the new one met the
+    old one's live socket there and exited, leaving the old one drained)."""
+    import socket
+    path = str(tmp_path / "metrics.sock")
+    metrics = ["--metrics", "unix:" + path]
+
+    def scrape():
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(path)
+            s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            return b"".join(iter(lambda: s.recv(65536), b"")).decode()
+    a = up.daemon("old", ready=True, args=metrics)
+    c = serving(up.sock)
+    c.put("x", np.arange(10))
+    assert "tensord_tensors" in scrape()
+    b = up.daemon("new", args=metrics)
+    assert a.wait(timeout=60) == 0
+    assert says(up.holder_log, f"daemon {b.pid} serves: stopping drained daemon {a.pid}")
+    assert b.poll() is None, text(tmp_path, "new")
+    assert "tensord_tensors" in scrape()
+    assert c.stats()["daemon_pid"] == b.pid
+    c.close()
