@@ -675,29 +675,46 @@ class MemPeak:
     def __init__(self):
         import threading
         self.pids, self.kinds, self.top, self.stop = (), (), (0, 0), False
+        self.parts = {}  # at the summed Pss's peak: process name -> KiB
         self.lock = threading.Lock()
         self.t = threading.Thread(target=self.run, daemon=True)
         self.t.start()
 
     def select(self, pids, kinds):
         with self.lock:
-            self.pids, self.kinds, self.top = tuple(pids), kinds, (0, 0)
+            self.pids, self.kinds, self.top, self.parts = tuple(pids), kinds, (0, 0), {}
 
     def peak(self):
         with self.lock:
             return self.top
 
+    def breakdown(self):
+        """Where the summed Pss's peak was: {process name: KiB}, the writer as "writer"."""
+        with self.lock:
+            return dict(self.parts)
+
+    @staticmethod
+    def name(pid):
+        try:
+            with open("/proc/%d/comm" % pid) as f:
+                return f.read().strip()
+        except OSError:
+            return "gone"
+
     def sample(self, pids, kinds):
         files = {}
         pss = rollup(os.getpid())["Pss"]
+        parts = {"writer": pss}
         shared_files(os.getpid(), files, kinds)
         held = 0
         for p in pids:
             r = rollup(p)
             pss += r["Pss"]
             held += r["Pss"] - r["Pss_Shmem"]
+            n = self.name(p)
+            parts[n] = parts.get(n, 0) + r["Pss"]
             shared_files(p, files)
-        return pss, held + sum(files.values())
+        return pss, held + sum(files.values()), parts
 
     def run(self):
         while not self.stop:
@@ -706,9 +723,11 @@ class MemPeak:
             if not pids:
                 time.sleep(0.01)
                 continue
-            pss, held = self.sample(pids, kinds)
+            pss, held, parts = self.sample(pids, kinds)
             with self.lock:
                 if pids == self.pids:
+                    if pss > self.top[0]:
+                        self.parts = parts
                     self.top = (max(self.top[0], pss), max(self.top[1], held))
             time.sleep(0.01)
 
@@ -839,7 +858,7 @@ def bench_sync16(c, sock, layers, commits, warmups, readers, use_ray, use_mp, ps
         variants.append(("ray", ray_step, [p for p in descendants(me) if p not in ours],
                          ("/dev/shm/plasma",)))
 
-    res = {name: {"pub": [], "e2e": [], "mixed": 0, "pss": 0, "held": 0}
+    res = {name: {"pub": [], "e2e": [], "mixed": 0, "pss": 0, "held": 0, "parts": {}}
            for name, _, _, _ in variants}
     for name, step, _, _ in variants:  # warm-up: first touches, the pool, the store, imports
         for w in range(warmups):
@@ -861,6 +880,7 @@ def bench_sync16(c, sock, layers, commits, warmups, readers, use_ray, use_mp, ps
                 res[name]["mixed"] += step(commits + k)[2]
                 time.sleep(0.03)  # a few samples after the hand-off
             res[name]["pss"], res[name]["held"] = sampler.peak()
+            res[name]["parts"] = sampler.breakdown()
         sampler.stop = True
     for done in cleanup:
         done()
@@ -899,6 +919,10 @@ def bench_sync16(c, sock, layers, commits, warmups, readers, use_ray, use_mp, ps
                                          for n, v in res.items() if n != "ray")
             print("  peak %s (%d untimed steps each, 10 ms samples): %s" %
                   (what, MEM_STEPS, line))
+        for n, v in res.items():
+            print("  at the peak of %s, Pss by process (MiB): %s" % (n, ", ".join(
+                "%s %.0f" % (k, kib / 1024) for k, kib in
+                sorted(v["parts"].items(), key=lambda kv: -kv[1]))))
         print("  (Pss: the writer, the readers, and the daemon for tensord or what ray "
               "started (raylet and store, GCS, agents, workers); held: the same less the "
               "writer's own memory, Pss less shmem plus each shared file held or mapped "
