@@ -132,3 +132,41 @@ def test_aio_reads_wait_for_a_daemon_on_the_loop(rd):
             assert isinstance(await asyncio.wait_for(ls, 10), list)
             assert isinstance(await ac.stats(), dict)
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+@BOTH
+def test_aio_watch_made_while_the_daemon_is_away_leaves_the_loop_free(rd):
+    """watch() on a connection found lost returns at once (before, it
+    connected on the loop's thread: a NoDaemonError at once on a plain
+    socket, the loop held until a daemon answered on one a holder keeps);
+    the watch begins at its first await, once the daemon is back, and sees
+    what is published after."""
+    import threading
+    import tensord.aio
+
+    async def main():
+        async with await tensord.aio.connect(rd.socket) as ac:
+            gen = await ac.put("wp/x", np.zeros(4))
+            wait = asyncio.ensure_future(ac.attach("wp/x", after=gen, timeout=60))
+            await asyncio.sleep(0.1)
+            rd.proc.send_signal(signal.SIGKILL)
+            rd.proc.wait()
+            rd.log.close()
+            for _ in range(500):
+                if ac.client._restart_state()[2]:
+                    break
+                await asyncio.sleep(0.01)
+            assert ac.client._restart_state()[2], "the loss was not seen"
+            back = threading.Timer(1.0, rd.start)
+            back.start()
+            t0 = time.monotonic()
+            w = ac.watch("wp/")
+            assert time.monotonic() - t0 < 0.5, "watch() held the loop"
+            async with w:
+                back.join()
+                with tensord.connect(rd.socket) as p:
+                    p.put("wp/a", np.ones(4))
+                ev = await w.next(timeout=10)
+                assert (ev.kind, ev.name) == ("published", "wp/a"), ev
+            wait.cancel()
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -368,8 +368,13 @@ class AsyncClient:
                                    _seconds(timeout))
 
     def watch(self, prefix="", *, after=None, queue=None):
-        """An async iterator of Event, live from when watch() returns."""
+        """An async iterator of Event, live from when watch() returns. On a
+        connection found lost, the watch begins once a new one is made, off
+        the loop, on its first await (async with, next(), iteration): a
+        daemon restarting serves nobody meanwhile."""
         kw = {} if queue is None else {"queue": queue}
+        if not self._c.closed and self._c._restart_state()[2]:
+            return AsyncWatch(self, None, lambda: self._c.watch(prefix, after=after, **kw))
         return AsyncWatch(self, self._inline(self._c.watch, prefix, after=after, **kw))
 
     # --- calls that never wait ------------------------------------------------------------
@@ -492,13 +497,29 @@ class AsyncClient:
 class AsyncWatch:
     """Client.watch() as an async iterator; also an async context manager."""
 
-    def __init__(self, client, watch):
+    def __init__(self, client, watch, begin=None):
         self._ac = client
         self._w = watch
+        self._begin = begin    # makes the watch, once connected (watch() on a lost one)
         self._event = asyncio.Event()
         self._retry = _Reconnect(client._loop)   # a new connection while none answers
         client._watches.add(self)
-        client._want_reader()
+        if watch is not None:
+            client._want_reader()
+
+    async def _started(self):
+        """Begins a watch made on a lost connection: a new connection off
+        the loop (on timers while none answers), then the watch request."""
+        while self._begin is not None:
+            try:
+                await self._ac._connected()
+            except _tensord.NoDaemonError as e:
+                await self._retry.pause(e)
+                continue
+            begin, self._begin = self._begin, None
+            self._w = self._ac._inline(begin)
+            self._retry.ok()
+            self._ac._want_reader()
 
     def _wake(self):
         self._event.set()
@@ -507,6 +528,7 @@ class AsyncWatch:
         return self
 
     async def __anext__(self):
+        await self._started()
         if self._w is None:
             raise StopAsyncIteration
         while True:
@@ -541,7 +563,7 @@ class AsyncWatch:
         return await asyncio.wait_for(self.__anext__(), _seconds(timeout))
 
     def _close_now(self):
-        w, self._w = self._w, None
+        w, self._w, self._begin = self._w, None, None
         self._ac._watches.discard(self)
         self._event.set()
         if w is not None:
@@ -552,6 +574,7 @@ class AsyncWatch:
         self._ac._drop_reader()
 
     async def __aenter__(self):
+        await self._started()
         return self
 
     async def __aexit__(self, *exc):
