@@ -161,11 +161,12 @@ static int publish_or_discard(tensord_client *c, const char *name, DLManagedTens
 static int put_device(tensord_client *c, const char *name, const DLTensor *src, uint32_t flags,
 		      uint32_t mode, size_t elsize, const struct put_to *to)
 {
-	/* A single GPU put recycles its writer's allocations unless sealed
-	 * (docs/recycle.md, section 4), and so does a set's allocation, whole
-	 * (asked by the member that opens it); a transaction's puts do not yet. */
+	/* A GPU put recycles its writer's allocations unless sealed
+	 * (docs/recycle.md, section 4): a single put's or a transaction
+	 * member's of its own, a set's whole (asked by the member that opens
+	 * it; the others live in it). */
 	bool in_set = to->tx && (to->arena_size || to->in_arena);
-	bool recycle = (!to->tx || to->arena_size) && !(flags & TENSORD_SEALED);
+	bool recycle = !to->in_arena && !(flags & TENSORD_SEALED);
 	tensord_spec spec = { .dtype = src->dtype,
 			      .ndim = src->ndim,
 			      .shape = src->shape,
@@ -206,6 +207,12 @@ static int put_device(tensord_client *c, const char *name, const DLTensor *src, 
 	/* A member's copy must be done before the commit seals it. */
 	if (r == 0 && to->tx && imp && imp->sync)
 		r = imp->sync(m);
+	/* Nor does the writer write a member of its own after its copy: its
+	 * view goes read-only now, as a single put's at its publish (the
+	 * import may stay parked, and a ring's is writable again at the next
+	 * version's create). A set's goes at its end (td_put_set_done()). */
+	if (r == 0 && to->tx && !in_set && !(flags & TENSORD_MUTABLE) && imp && imp->make_private)
+		r = imp->make_private(m);
 	return publish_or_discard(c, name, t, r, to);
 }
 

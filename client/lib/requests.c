@@ -348,12 +348,14 @@ int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const ten
 	uint64_t nbytes = host_nbytes(spec);
 	Tensord__Reply *rep;
 	struct td_lease *l;
-	bool recycle = false;
+	bool recycle = false, gpu_ring;
 	int fd, r;
 
 	if (spec && (spec->flags & TENSORD_RECYCLE) && nbytes)
 		recycle = td_ring_begin(c, nbytes, spec->flags & ~(uint32_t)TENSORD_RECYCLE, NULL);
-	r = td_create_rpc(c, name, spec, tx, 0, recycle, &rep, &fd);
+	/* A GPU member's allocation of its own recycles as a single put's. */
+	gpu_ring = td_ring_gpu(c, spec);
+	r = td_create_rpc(c, name, spec, tx, 0, recycle || gpu_ring, &rep, &fd);
 	if (r < 0 && recycle)
 		td_ring_end(c);
 	if (r < 0)
@@ -363,6 +365,8 @@ int td_tx_create_raw(tensord_client *c, uint32_t tx, const char *name, const ten
 		r = lease_in_ring(c, name, rep, fd, NULL, &l);
 		return r < 0 ? r : td_lease_handle(l, ret_tensor);
 	}
+	if (gpu_ring && rep->lease->ring)
+		td_ring_gpu_used(c, rep->lease->ring, rep->lease->map_size);
 	if (recycle)
 		td_ring_end(c);
 	r = td_lease_from_reply(c, rep->lease, fd, NULL, true, &l);

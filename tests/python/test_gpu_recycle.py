@@ -37,6 +37,8 @@ PARK = gpu_double.PARK
 
 # A writer driven line by line on its stdin:
 #   put K [MODE]  puts source K (pattern(K)) as "w", prints its driver calls
+#   tput K [MODE] the same in a transaction (tx.put, then the commit)
+#   tabort K      tx.put of source K as "w", then the transaction aborted
 #   ring N        waits until the daemon keeps N free GPU ring buffers
 #   quit
 WRITER = """
@@ -56,11 +58,16 @@ for line in sys.stdin:
     cmd = line.split()
     if not cmd or cmd[0] == "quit":
         break
-    if cmd[0] == "put":
+    if cmd[0] in ("put", "tput", "tabort"):
         k = int(cmd[1])
         mode = int(cmd[2], 8) if len(cmd) > 2 else None
         before = [cudrv.calls(f) for f in FNS]
-        c.put("w", srcs[k], mode=mode, replace=True)
+        if cmd[0] == "put":
+            c.put("w", srcs[k], mode=mode, replace=True)
+        else:
+            tx = c.transaction()
+            tx.put("w", srcs[k], mode=mode, replace=True)
+            tx.commit() if cmd[0] == "tput" else tx.abort()
         after = [cudrv.calls(f) for f in FNS]
         print("put", *[None if b is None else a - b for a, b in zip(after, before)], flush=True)
     elif cmd[0] == "ring":
@@ -125,8 +132,10 @@ def reader(gpu):
     return r
 
 
-def put(w, k, mode=None):
-    w.send(f"put {k}" + ("" if mode is None else f" {mode:o}"))
+def put(w, k, mode=None, how="put"):
+    """Source k as w's next version (how: put, tput in a transaction, or
+    tabort: a transaction's put aborted); the writer's driver calls."""
+    w.send(f"{how} {k}" + ("" if mode is None else f" {mode:o}"))
     calls = w.expect("put ").split()[1:]
     # Over the double every process's calls are counted; on hardware, none.
     assert (calls[0] == "None") == gpu_double.SYSTEM, calls
@@ -148,26 +157,33 @@ def assert_all_freed(gpu):
     assert (s["gpu_ring_bytes"], dev["device_used_bytes"], s["tensors"]) == (0, 0, 0)
 
 
-def test_the_next_version_reuses_the_writers_allocation(gpu):
+@pytest.mark.parametrize("how", ["put", "tput"])
+def test_the_next_version_reuses_the_writers_allocation(gpu, how):
     """Versions 0 and 1 take new allocations A and B; once version 0's
     leases ended A is a free ring buffer, and version 2 goes into it: the
     daemon made no allocation (the figure), the writer no import and no
     mapping (one cuMemSetAccess read-write at its create, one read-only at
     its publish), and a reader that imported A for version 0 attaches
-    version 2 with no driver call at all. Every read is its version's bytes."""
+    version 2 with no driver call at all. Every read is its version's
+    bytes. The same for a put in a transaction (tput; before stop 41 a
+    transaction's GPU put took new memory every version)."""
     w, r = writer(gpu), reader(gpu)
-    first = put(w, 0)
+    first = put(w, 0, how=how)
     if first is not None:
         assert first["cuMemImportFromShareableHandle"] == 1, first
     assert read(r)[0] == digest(pattern(0))
-    put(w, 1)
+    second = put(w, 1, how=how)
+    if first is not None:
+        # Read-write for the copy, read-only once written (before stop 41
+        # a transaction's member stayed writable in its writer's view).
+        assert first["cuMemSetAccess"] == second["cuMemSetAccess"] == 2, (first, second)
     ring(w, 1)  # version 0's allocation, free: its writer's and reader's leases ended
     s0 = figures(gpu)[0]
     assert s0["gpu_recycled_creates_total"] == 0
     assert s0["gpu_ring_bytes"] >= N
     got, calls = read(r)
     assert got == digest(pattern(1))
-    again = put(w, 2)
+    again = put(w, 2, how=how)
     s = figures(gpu)[0]
     assert s["gpu_recycled_creates_total"] == 1, s
     # A holds version 2 now; B (version 1's) goes free once its leases end.
@@ -269,6 +285,30 @@ def test_another_mode_never_reuses_an_allocation(gpu):
     r.finish()
     w.send("quit")
     w.finish()
+
+
+def test_an_aborted_transactions_put_gives_its_allocation_back(gpu):
+    """A transaction's GPU put into a free ring buffer, then aborted: the
+    name keeps its version, the buffer goes back to the ring, and the next
+    transaction's put takes it again; once the name goes every figure is
+    back to zero."""
+    w, r = writer(gpu), reader(gpu)
+    put(w, 0, how="tput")
+    put(w, 1, how="tput")
+    ring(w, 1)  # version 0's allocation, free
+    put(w, 2, how="tabort")
+    assert figures(gpu)[0]["gpu_recycled_creates_total"] == 1
+    ring(w, 1)  # back, unpublished
+    assert read(r)[0] == digest(pattern(1))
+    put(w, 0, how="tput")
+    assert figures(gpu)[0]["gpu_recycled_creates_total"] == 2
+    assert read(r)[0] == digest(pattern(0))
+    r.send("quit")
+    r.finish()
+    w.send("quit")
+    w.finish()
+    unlink_all(gpu)
+    assert_all_freed(gpu)
 
 
 def test_kill_9_of_the_writer_and_a_reader_leaks_nothing(gpu):
