@@ -110,6 +110,23 @@ def serving(sock):
     return tensord.connect(sock)
 
 
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(port):
+    """The readiness probe of deploy/k8s/daemonset.yaml: GET /metrics."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 READER = textwrap.dedent("""
     import os, sys, numpy as np, tensord
     sock, out, stop = sys.argv[1:4]
@@ -398,11 +415,8 @@ def test_a_metrics_port_is_shared_through_the_drain(up, tmp_path):
     bound with SO_REUSEPORT, so the new daemon binds it while the old one
     drains (before, it exited there and left the old one drained); the old
     one is stopped once the new one serves, and the port answers on."""
-    import socket
     import urllib.request
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     metrics = ["--metrics", f"127.0.0.1:{port}"]
 
     def scrape():
@@ -441,15 +455,21 @@ def managed(tmp_path):
     u.close()
 
 
+def old_with_tensors(u, args=()):
+    """The old daemon, serving TENSORS to a client: (it, the client)."""
+    a = u.daemon("old", ready=True, args=args)
+    c = serving(u.sock)
+    for name, v in TENSORS.items():
+        c.put(name, v)
+    return a, c
+
+
 def drained_for(u, gate=False):
     """The old daemon serving TENSORS to a client, then the new one started
     (held before its READY=1 with gate): once the old one drained, and
     without gate once the new one serves and the holder left the old one
     to its manager. (old, new, the client)."""
-    a = u.daemon("old", ready=True)
-    c = serving(u.sock)
-    for name, v in TENSORS.items():
-        c.put(name, v)
+    a, c = old_with_tensors(u)
     b = u.daemon("new", gate=gate, ready=not gate)
     if gate:
         assert says(u.holder_log, f"daemon {a.pid} drained"), u.holder_log()
@@ -571,3 +591,32 @@ def test_a_bad_holder_setting_is_refused_naming_it(tmp_path, var, value):
     assert p.wait(timeout=30) == 1
     assert f"tensord --hold {hold}: ${var} is '{value}': it must be " in text(tmp_path, "holder")
     assert not hold.exists()
+
+
+def test_a_rolling_update_as_the_daemonset_runs_it(managed, tmp_path):
+    """deploy/k8s/daemonset.yaml's rolling update, each pod's metrics port
+    played by a port of its own: the new pod is not ready while its daemon
+    waits for the store (the old one, stopped here, cannot drain yet),
+    although the shared socket answers; it is once it restored; then the
+    controller deletes the old pod, and the new daemon serves on."""
+    u = managed
+    old_port, new_port = free_port(), free_port()
+    a, c = old_with_tensors(u, args=["--metrics", f"127.0.0.1:{old_port}"])
+    assert answers(old_port)
+    os.kill(a.pid, signal.SIGSTOP)
+    b = u.daemon("new", args=["--metrics", f"127.0.0.1:{new_port}"])
+    assert says(u.holder_log, f"asking daemon {a.pid} to drain")
+    assert not answers(new_port) and b.poll() is None
+    os.kill(a.pid, signal.SIGCONT)
+    assert wait_until(lambda: answers(new_port), timeout=30), text(tmp_path, "new")
+    assert says(u.holder_log, f"daemon {a.pid} drained", "handed",
+                f"daemon {b.pid} serves; leaving drained daemon {a.pid} to its manager")
+    assert answers(old_port)                    # the old pod stays ready until deleted
+    a.terminate()
+    assert a.wait(timeout=60) == 0
+    c2 = serving(u.sock)
+    assert c2.stats()["daemon_pid"] == b.pid and answers(new_port)
+    same_bytes(c2, TENSORS)
+    assert "did not drain" not in u.holder_log()
+    for cl in (c, c2):
+        cl.close()
