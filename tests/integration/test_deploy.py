@@ -197,7 +197,8 @@ def test_k8s_readiness_is_this_pods_daemon():
     probe = daemon["readinessProbe"]
     assert "httpGet" in probe and "exec" not in probe
     assert probe["httpGet"]["path"] == "/metrics"
-    (port,) = [p for p in daemon["ports"] if probe["httpGet"]["port"] in (p["name"], p["containerPort"])]
+    (port,) = [p for p in daemon["ports"]
+               if probe["httpGet"]["port"] in (p["name"], p["containerPort"])]
     assert option(daemon["args"], "--metrics") == "0.0.0.0:%d" % port["containerPort"]
     assert not spec.get("hostNetwork") and "hostPort" not in port
     (rule,) = docs["NetworkPolicy/tensord-peers"]["spec"]["ingress"]
