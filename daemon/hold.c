@@ -14,6 +14,13 @@
  * ignores SIGUSR2) is stopped first, as before: SIGTERM, then SIGKILL. Two
  * daemons never change one state at once.
  *
+ * Where something else manages the daemons ($TENSORD_HOLD_STOP_DRAINED=0:
+ * a Kubernetes DaemonSet's rolling update), the drained daemon is not
+ * stopped but left to that manager: stopped here, its container would be
+ * restarted, and its daemon would take the store back and drain the one
+ * that serves. It stays drained until its manager stops it (the old pod's
+ * deletion), which changes nothing in the store.
+ *
  * A plain poll() loop over two sockets and a signalfd: the process does
  * nothing else, and the event loop library would be more code than the
  * loop. DIR is made 0700 by the holder, and only its own uid (or root) is
@@ -50,6 +57,8 @@
 #define HOLD_STOP_MS 30000
 /* How long it may take to drain ($TENSORD_HOLD_DRAIN_MS overrides it; 0: no drain). */
 #define HOLD_DRAIN_MS 10000
+/* The most $TENSORD_HOLD_DRAIN_MS may say: a day (the wait counts in an unsigned). */
+#define HOLD_DRAIN_MS_MAX 86400000
 
 struct held {
 	int fd;
@@ -63,7 +72,11 @@ struct holder {
 	bool owner_ready; /* it said READY=1: it serves, and drains when asked */
 	/* A daemon that drained for owner: stopped when owner says READY=1. */
 	pid_t retiring;
+	/* Without stop_drained: the drained daemon left running for its
+	 * manager once owner served (leave()); 0: none. */
+	pid_t left;
 	unsigned drain_ms;
+	bool stop_drained; /* $TENSORD_HOLD_STOP_DRAINED; 1 unless set to 0 */
 	int notify, take, sig;
 };
 
@@ -281,7 +294,58 @@ static void make_way(struct holder *h, pid_t next)
 	stop_daemon(h, old);
 }
 
-/* A notice from the main loop: the owner serves, so a drained daemon goes. */
+/*
+ * The owner serves, and the drained daemon old is left running for its
+ * manager ($TENSORD_HOLD_STOP_DRAINED=0): it serves its readers until that
+ * manager stops it. One daemon is left at a time: one left before that
+ * still runs (a third daemon of one store, which a DaemonSet with maxSurge
+ * 1 does not start) is stopped now, as without the option.
+ */
+static void leave(struct holder *h, pid_t old)
+{
+	if (h->left && h->left != old && !gone(h->left)) {
+		log_info("hold: stopping drained daemon %d: daemon %d is left drained now",
+			 (int)h->left, (int)old);
+		stop_daemon(h, h->left);
+	}
+	h->left = old;
+	log_info("hold: daemon %d serves; leaving drained daemon %d to its manager", (int)h->owner,
+		 (int)old);
+}
+
+/*
+ * From the main loop, without stop_drained: a left daemon its manager
+ * stopped is forgotten. If the daemon the store was handed to exits (its
+ * pod deleted, a crash, before or after it served), a drained daemon
+ * still running for it (retiring or left) would serve reads on with
+ * nobody taking writes, and its manager would never start it again: it is
+ * stopped, so that its manager does, and that daemon takes the store.
+ */
+static void check_managed(struct holder *h)
+{
+	pid_t drained[2] = { h->retiring, h->left };
+
+	if (h->left && gone(h->left)) {
+		log_info("hold: drained daemon %d exited (stopped by its manager)", (int)h->left);
+		h->left = 0;
+	}
+	if (!h->owner || !gone(h->owner))
+		return;
+	for (int i = 0; i < 2; i++) {
+		if (!drained[i] || gone(drained[i]))
+			continue;
+		log_warn(
+			"hold: daemon %d exited%s: stopping drained daemon %d, so that its manager "
+			"starts it again and it takes the store",
+			(int)h->owner, h->owner_ready ? "" : " before it served", (int)drained[i]);
+		stop_daemon(h, drained[i]);
+		log_info("hold: drained daemon %d exited", (int)drained[i]);
+	}
+	h->owner = 0;
+	h->retiring = h->left = 0;
+}
+
+/* A notice from the main loop: the owner serves, so a drained daemon goes (or is left). */
 static void on_notice(struct holder *h, struct notice nt)
 {
 	pid_t old = h->retiring;
@@ -295,6 +359,10 @@ static void on_notice(struct holder *h, struct notice nt)
 	if (gone(old)) {
 		log_info("hold: daemon %d serves; drained daemon %d had exited already",
 			 (int)h->owner, (int)old);
+		return;
+	}
+	if (!h->stop_drained) {
+		leave(h, old);
 		return;
 	}
 	log_info("hold: daemon %d serves: stopping drained daemon %d", (int)h->owner, (int)old);
@@ -374,15 +442,45 @@ static void hand_over(struct holder *h, int c)
 	}
 }
 
+/*
+ * The number in $name, at most max; def when it is unset or empty; -1 when
+ * it is anything else, with the reason on stderr: a holder that guessed
+ * would drain or stop daemons other than its operator meant.
+ */
+static long env_number(const char *dir, const char *name, unsigned long def, unsigned long max,
+		       const char *meaning)
+{
+	const char *v = getenv(name);
+	unsigned long n;
+	char *end;
+
+	if (!v || !*v)
+		return (long)def;
+	errno = 0;
+	n = strtoul(v, &end, 10);
+	if (v[0] < '0' || v[0] > '9' || *end || errno || n > max) {
+		fprintf(stderr, "tensord --hold %s: $%s is '%s': it must be %s\n", dir, name, v,
+			meaning);
+		return -1;
+	}
+	return (long)n;
+}
+
 int hold_main(const char *dir)
 {
 	struct holder h = { 0 };
 	struct sockaddr_un sa;
 	struct stat st;
 	sigset_t set;
-	const char *env = getenv("TENSORD_HOLD_DRAIN_MS");
+	long drain_ms = env_number(dir, "TENSORD_HOLD_DRAIN_MS", HOLD_DRAIN_MS, HOLD_DRAIN_MS_MAX,
+				   "a number of milliseconds up to 86400000 (0: no drain)");
+	long stop_drained = env_number(dir, "TENSORD_HOLD_STOP_DRAINED", 1, 1,
+				       "0 (leave a drained daemon to its manager) or 1 (stop it "
+				       "once the new one serves, the default)");
 	int on = 1;
 
+	if (drain_ms < 0 || stop_drained < 0)
+		return 1;
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
 		fprintf(stderr, "tensord --hold %s: %s\n", dir, strerror(errno));
 		return 1;
@@ -401,25 +499,28 @@ int hold_main(const char *dir)
 		fprintf(stderr, "tensord --hold %s: %s\n", dir, strerror(errno));
 		return 1;
 	}
-	h.drain_ms = env && *env ? (unsigned)strtoul(env, NULL, 10) : HOLD_DRAIN_MS;
+	h.drain_ms = (unsigned)drain_ms;
+	h.stop_drained = stop_drained == 1;
 	sigemptyset(&set);
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
 	sigprocmask(SIG_BLOCK, &set, NULL);
 	h.sig = signalfd(-1, &set, SFD_CLOEXEC);
-	log_info("hold: keeping tensord's descriptors in %s (daemons: --holder %s)", dir, dir);
+	log_info("hold: keeping tensord's descriptors in %s (daemons: --holder %s)%s", dir, dir,
+		 h.stop_drained ? "" : "; a drained daemon is left to its manager");
 	for (;;) {
 		struct pollfd p[3] = { { h.notify, POLLIN, 0 },
 				       { h.take, POLLIN, 0 },
 				       { h.sig, POLLIN, 0 } };
 
 		/* While a drained daemon waits for its successor to serve, whether
-		 * that one died first is looked at every 100 ms. */
-		if (poll(p, 3, h.retiring ? 100 : -1) < 0 && errno != EINTR)
+		 * that one died first is looked at every 100 ms; while one is left
+		 * to its manager, whether it or the one that serves exited. */
+		if (poll(p, 3, h.retiring || h.left ? 100 : -1) < 0 && errno != EINTR)
 			break;
 		if (p[0].revents & POLLIN)
 			read_notices(&h);
-		if (h.retiring && h.owner && gone(h.owner)) {
+		if (h.stop_drained && h.retiring && h.owner && gone(h.owner)) {
 			log_warn(
 				"hold: daemon %d exited before it served; drained daemon %d serves "
 				"reads on until the next daemon takes the store (start one: "
@@ -436,6 +537,10 @@ int hold_main(const char *dir)
 				close(c);
 			}
 		}
+		/* After a take: a daemon that takes the store meanwhile makes
+		 * restarting a drained one needless. */
+		if (!h.stop_drained)
+			check_managed(&h);
 		if (p[2].revents & POLLIN)
 			break;
 	}

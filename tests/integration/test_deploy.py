@@ -124,13 +124,19 @@ def test_container_image_builds():
 
 
 def manifests():
+    """Every document of deploy/k8s/, by "Kind/name" (each once)."""
     yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (deploy/setup.sh)")
     docs = {}
     for name in ("daemonset.yaml", "client-pod.yaml"):
         with open(os.path.join(ROOT, "deploy", "k8s", name)) as f:
             for d in yaml.safe_load_all(f):
-                docs[d["kind"]] = d
+                key = "%s/%s" % (d["kind"], d["metadata"]["name"])
+                assert key not in docs, key
+                docs[key] = d
     return docs
+
+
+DAEMONS, HOLDER = "DaemonSet/tensord", "DaemonSet/tensord-holder"
 
 
 def env_of(container):
@@ -143,21 +149,61 @@ def container(spec, name):
 
 
 def pod_specs(docs):
-    return docs["DaemonSet"]["spec"]["template"]["spec"], docs["Pod"]["spec"]
+    return docs[DAEMONS]["spec"]["template"]["spec"], docs["Pod/tensord-client-example"]["spec"]
 
 
 def test_k8s_manifests_parse_and_are_well_formed():
     docs = manifests()
-    assert set(docs) == {"Namespace", "DaemonSet", "Pod", "Service", "NetworkPolicy"}
-    ds = docs["DaemonSet"]
-    assert ds["apiVersion"] == "apps/v1" and ds["metadata"]["namespace"] == "tensord"
-    assert ds["spec"]["selector"]["matchLabels"] == ds["spec"]["template"]["metadata"]["labels"]
-    daemon = container(ds["spec"]["template"]["spec"], "tensord")
-    limits = daemon["resources"]["limits"]
-    assert "memory" in limits and "cpu" in limits
-    assert "livenessProbe" not in daemon        # a restart would drop every tensor
-    probe = daemon["readinessProbe"]["exec"]["command"]
-    assert probe[0] == "tensorctl" and probe[-1] == "stats"
+    assert set(docs) == {"Namespace/tensord", DAEMONS, HOLDER, "Pod/tensord-client-example",
+                         "Service/tensord-peers", "NetworkPolicy/tensord-peers"}
+    for ds in (docs[DAEMONS], docs[HOLDER]):
+        assert ds["apiVersion"] == "apps/v1" and ds["metadata"]["namespace"] == "tensord"
+        labels = ds["spec"]["template"]["metadata"]["labels"]
+        assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        for c in ds["spec"]["template"]["spec"]["containers"]:
+            limits = c["resources"]["limits"]
+            assert "memory" in limits and "cpu" in limits
+            assert "livenessProbe" not in c     # a restart would drop every tensor
+    # Neither DaemonSet's selector, nor the Service's or the policy's, takes the other's pods.
+    holder_labels = docs[HOLDER]["spec"]["template"]["metadata"]["labels"]
+    for sel in (docs[DAEMONS]["spec"]["selector"]["matchLabels"],
+                docs["Service/tensord-peers"]["spec"]["selector"],
+                docs["NetworkPolicy/tensord-peers"]["spec"]["podSelector"]["matchLabels"]):
+        assert not sel.items() <= holder_labels.items(), sel
+    daemon_labels = docs[DAEMONS]["spec"]["template"]["metadata"]["labels"]
+    assert not docs[HOLDER]["spec"]["selector"]["matchLabels"].items() <= daemon_labels.items()
+
+
+def test_k8s_daemons_roll_through_the_holder_and_the_holder_is_never_rolled():
+    """docs/restart.md section 6, "Kubernetes": a rolling update starts the
+    new pod next to the old one (maxSurge 1, maxUnavailable 0: the drained
+    upgrade needs both daemons at once), and the holder, which keeps the
+    store across it, is replaced only by hand."""
+    docs = manifests()
+    assert docs[DAEMONS]["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert docs[HOLDER]["spec"]["updateStrategy"] == {"type": "OnDelete"}
+
+
+def test_k8s_readiness_is_this_pods_daemon():
+    """Both pods of a rolling update answer on the node's one socket path
+    (the old daemon until it drains): the probe asks the pod's own
+    --metrics TCP port, which the daemon binds once it restored and
+    listens (daemon/main.c), on every address of the pod's own network
+    namespace, so that the kubelet reaches it; no pod is let in to it."""
+    docs = manifests()
+    spec = docs[DAEMONS]["spec"]["template"]["spec"]
+    daemon = container(spec, "tensord")
+    probe = daemon["readinessProbe"]
+    assert "httpGet" in probe and "exec" not in probe
+    assert probe["httpGet"]["path"] == "/metrics"
+    (port,) = [p for p in daemon["ports"]
+               if probe["httpGet"]["port"] in (p["name"], p["containerPort"])]
+    assert option(daemon["args"], "--metrics") == "0.0.0.0:%d" % port["containerPort"]
+    assert not spec.get("hostNetwork") and "hostPort" not in port
+    (rule,) = docs["NetworkPolicy/tensord-peers"]["spec"]["ingress"]
+    assert all(not (p["port"] <= port["containerPort"] <= p.get("endPort", p["port"]))
+               for p in rule["ports"])
 
 
 def test_k8s_daemon_and_client_agree_on_paths_and_ids():
@@ -166,12 +212,8 @@ def test_k8s_daemon_and_client_agree_on_paths_and_ids():
     _, runtime = containerfile()
     uid = int(instr(runtime, "USER")[0].split(":")[0])
     for spec in (daemon_spec, client_spec):
-        (vol,) = [v for v in spec["volumes"] if "hostPath" in v]
-        assert vol["hostPath"]["path"] == "/run/tensord"
-        # Every container but the holder (it keeps descriptors, no socket).
+        (vol,) = [v for v in spec["volumes"] if v.get("hostPath", {}).get("path") == "/run/tensord"]
         for c in spec.get("initContainers", []) + spec["containers"]:
-            if c["name"] == "holder":
-                continue
             (m,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
             assert m["mountPath"] == "/run/tensord"
     for c in [container(daemon_spec, "tensord")] + client_spec["containers"]:
@@ -180,9 +222,10 @@ def test_k8s_daemon_and_client_agree_on_paths_and_ids():
     sc = daemon["securityContext"]
     assert sc["runAsNonRoot"] and sc["runAsUser"] == uid and sc["runAsGroup"] == uid
     assert sc["capabilities"]["drop"] == ["ALL"] and not sc["allowPrivilegeEscalation"]
-    assert daemon["readinessProbe"]["exec"]["command"][2] == SOCKET
     (init,) = daemon_spec["initContainers"]
     assert "chown %d:%d /run/tensord" % (uid, uid) in " ".join(init["command"])
+    # Its chmods are of files it chowned (or a pod before it did): FOWNER.
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
     # The socket is 0660 and group uid's: the client joins that group.
     assert daemon["args"][:2] == ["--mode", "0660"]
     assert uid in client_spec["securityContext"]["supplementalGroups"]
@@ -190,23 +233,39 @@ def test_k8s_daemon_and_client_agree_on_paths_and_ids():
 
 
 def test_k8s_holder_keeps_the_daemons_store():
-    """docs/restart.md, section 6: the holder container runs tensord --hold
-    on a directory of a memory-backed volume the daemon container mounts
-    too, as the daemon's uid, and the daemon names it with --holder; the
-    pod shares its process namespace so the holder can stop the daemon it
-    served before."""
-    spec = manifests()["DaemonSet"]["spec"]["template"]["spec"]
-    holder, daemon = container(spec, "holder"), container(spec, "tensord")
+    """docs/restart.md, section 6: the holder is a DaemonSet of its own
+    running tensord --hold on a directory of a hostPath the daemons' pods
+    mount too, as the daemon's uid, made 0700 and the uid's by its init
+    container; the daemon names it with --holder. The holder's pod alone
+    shares the host's pid namespace (it signals daemons of other pods),
+    and leaves a drained daemon to the controller."""
+    docs = manifests()
+    hspec = docs[HOLDER]["spec"]["template"]["spec"]
+    dspec = docs[DAEMONS]["spec"]["template"]["spec"]
+    (holder,) = hspec["containers"]
+    daemon = container(dspec, "tensord")
+    assert [c["name"] for c in dspec["containers"]] == ["tensord"]
     assert holder["command"][1:3] == ["--hold", option(daemon["args"], "--holder")]
     hold_dir = holder["command"][2]
-    (vol,) = [v for v in spec["volumes"] if v["name"] == "hold"]
-    assert vol["emptyDir"]["medium"] == "Memory"
-    for c in (holder, daemon):
-        (m,) = [m for m in c["volumeMounts"] if m["name"] == "hold"]
-        assert hold_dir.startswith(m["mountPath"] + "/")
-        assert c["securityContext"]["runAsUser"] == daemon["securityContext"]["runAsUser"]
-    assert spec["shareProcessNamespace"] is True
-    assert "livenessProbe" not in holder
+    _, runtime = containerfile()
+    uid = int(instr(runtime, "USER")[0].split(":")[0])
+    for spec, c in ((hspec, holder), (dspec, daemon)):
+        (m,) = [m for m in c["volumeMounts"] if hold_dir.startswith(m["mountPath"] + "/")]
+        (vol,) = [v for v in spec["volumes"] if v["name"] == m["name"]]
+        assert vol["hostPath"]["path"] == m["mountPath"]
+        assert c["securityContext"]["runAsUser"] == uid
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert not c["securityContext"]["allowPrivilegeEscalation"]
+    host_dir = m["mountPath"]
+    (init,) = hspec["initContainers"]
+    script = " ".join(init["command"])
+    assert "chown %d:%d %s" % (uid, uid, host_dir) in script
+    assert "chmod 0700 %s" % host_dir in script
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
+    assert hspec["hostPID"] is True
+    assert "hostPID" not in dspec and "shareProcessNamespace" not in dspec
+    assert "shareProcessNamespace" not in hspec
+    assert env_of(holder)["TENSORD_HOLD_STOP_DRAINED"] == "0"
 
 
 def option(args, flag):
@@ -222,7 +281,7 @@ def test_k8s_peering_parts_agree():
     own file; a NetworkPolicy lets only those pods reach 7439 and UCX's
     pinned ports; the container declares the port."""
     docs = manifests()
-    ds, svc, pol = docs["DaemonSet"], docs["Service"], docs["NetworkPolicy"]
+    ds, svc, pol = docs[DAEMONS], docs["Service/tensord-peers"], docs["NetworkPolicy/tensord-peers"]
     spec = ds["spec"]["template"]["spec"]
     labels = ds["spec"]["template"]["metadata"]["labels"]
     daemon = container(spec, "tensord")
@@ -231,7 +290,7 @@ def test_k8s_peering_parts_agree():
     listen = option(args, "--peer-listen")
     assert listen.startswith(":")              # every address of the pod
     port = int(listen[1:])
-    (cport,) = daemon["ports"]
+    (cport,) = [p for p in daemon["ports"] if p["name"] == "peer"]
     assert cport["containerPort"] == port and cport["protocol"] == "TCP"
     _, runtime = containerfile()
     assert instr(runtime, "EXPOSE") == ["%d/tcp" % port]

@@ -62,11 +62,12 @@ def says(log, *parts):
 class Upgrade:
     """A holder, an old daemon serving, and the means to start the new one."""
 
-    def __init__(self, tmp_path, drain_ms=None):
+    def __init__(self, tmp_path, drain_ms=None, **env):
         self.tmp = tmp_path
         self.hold = str(tmp_path / "hold")
         self.sock = str(tmp_path / "tensord.sock")
-        env = {"TENSORD_HOLD_DRAIN_MS": str(drain_ms)} if drain_ms else {}
+        if drain_ms:
+            env["TENSORD_HOLD_DRAIN_MS"] = str(drain_ms)
         self.holder = start(tmp_path, ["--hold", self.hold], "holder", **env)
         assert wait_until(lambda: os.path.exists(os.path.join(self.hold, "take")))
         self.procs = []
@@ -107,6 +108,23 @@ def up(tmp_path):
 def serving(sock):
     """A client of the daemon that listens at sock (started with ready)."""
     return tensord.connect(sock)
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(port):
+    """The readiness probe of deploy/k8s/daemonset.yaml: GET /metrics."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 READER = textwrap.dedent("""
@@ -397,11 +415,8 @@ def test_a_metrics_port_is_shared_through_the_drain(up, tmp_path):
     bound with SO_REUSEPORT, so the new daemon binds it while the old one
     drains (before, it exited there and left the old one drained); the old
     one is stopped once the new one serves, and the port answers on."""
-    import socket
     import urllib.request
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     metrics = ["--metrics", f"127.0.0.1:{port}"]
 
     def scrape():
@@ -447,3 +462,188 @@ def test_a_unix_metrics_socket_passes_to_the_new_daemon(up, tmp_path):
     assert "tensord_tensors" in scrape()
     assert c.stats()["daemon_pid"] == b.pid
     c.close()
+
+
+# The tensors of the tests below, put on the old daemon: a memfd of its
+# own, slab tensors, and one of them replaced later.
+TENSORS = {
+    "big": np.arange(1 << 16, dtype=np.int32),
+    "small": np.linspace(0, 1, 100),
+    "s": np.arange(16, dtype=np.int64),
+}
+
+
+@pytest.fixture
+def managed(tmp_path):
+    """A holder that leaves a drained daemon to its manager (a DaemonSet's
+    rolling update: deploy/k8s/daemonset.yaml)."""
+    u = Upgrade(tmp_path, TENSORD_HOLD_STOP_DRAINED="0")
+    yield u
+    u.close()
+
+
+def old_with_tensors(u, args=()):
+    """The old daemon, serving TENSORS to a client: (it, the client)."""
+    a = u.daemon("old", ready=True, args=args)
+    c = serving(u.sock)
+    for name, v in TENSORS.items():
+        c.put(name, v)
+    return a, c
+
+
+def drained_for(u, gate=False):
+    """The old daemon serving TENSORS to a client, then the new one started
+    (held before its READY=1 with gate): once the old one drained, and
+    without gate once the new one serves and the holder left the old one
+    to its manager. (old, new, the client)."""
+    a, c = old_with_tensors(u)
+    b = u.daemon("new", gate=gate, ready=not gate)
+    if gate:
+        assert says(u.holder_log, f"daemon {a.pid} drained"), u.holder_log()
+    else:
+        assert says(u.holder_log, f"asking daemon {a.pid} to drain", f"daemon {a.pid} drained",
+                    "handed",
+                    f"daemon {b.pid} serves; leaving drained daemon {a.pid} to its manager"), \
+            u.holder_log()
+    return a, b, c
+
+
+def same_bytes(c, want):
+    """Every tensor in want is at c's daemon, byte for byte."""
+    for name, v in want.items():
+        with c.attach(name) as t:
+            got = np.from_dlpack(t)
+            assert got.dtype == v.dtype and got.tobytes() == v.tobytes(), name
+
+
+def warnings(log):
+    return [l for l in log.splitlines() if " warn " in l or " error " in l]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
+def test_a_drained_daemon_left_to_its_manager_reads_until_stopped_and_changes_nothing(
+        managed, tmp_path, sig):
+    """$TENSORD_HOLD_STOP_DRAINED=0: the old daemon is left running drained
+    once the new one serves; a client on it still reads there, and its
+    write closes its connection and is done on the new daemon, once. The
+    old one's stop (the old pod's deletion) changes nothing: not the new
+    daemon's log, memory or socket, nor the store a third daemon restores."""
+    u = managed
+    want = dict(TENSORS)
+    a, b, c = drained_for(u)
+    assert a.poll() is None and b.poll() is None
+    assert "draining for the next daemon" in text(tmp_path, "old")
+    # Still on its connection to the old daemon, which serves its attaches.
+    conn = c.stats()["daemon_pid"]
+    same_bytes(c, want)
+    assert conn == c.stats()["daemon_pid"] == a.pid
+    # A write: the old daemon closes the connection, and the put is
+    # resolved and done on the new one, exactly once.
+    want["s"] = np.full(16, -1, dtype=np.int64)
+    assert c.put("s", want["s"], replace=True) == 2
+    assert c.stats()["daemon_pid"] == b.pid
+    assert c.stat("s").generation == 2
+    assert says(lambda: text(tmp_path, "old"), "while draining: closing the connection")
+    assert a.poll() is None
+    before = c.stats()
+    new_log = text(tmp_path, "new")
+    # Its manager stops it.
+    os.kill(a.pid, sig)
+    assert a.wait(timeout=60) == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
+    assert says(u.holder_log, f"drained daemon {a.pid} exited (stopped by its manager)"), \
+        u.holder_log()
+    assert b.poll() is None
+    assert os.path.exists(u.sock)               # not unlinked by the drained daemon
+    c2 = serving(u.sock)
+    assert c2.stats()["daemon_pid"] == b.pid
+    after = c2.stats()
+    for k in ("tensors", "restart_stored_fds", "restart_held_tensors", "restart_dropped"):
+        assert after[k] == before[k], k
+    assert after["devices"][0]["device_used_bytes"] == before["devices"][0]["device_used_bytes"]
+    assert not warnings(text(tmp_path, "new")[len(new_log):]), text(tmp_path, "new")
+    # Published after the old daemon went: kept as well.
+    want["later"] = np.arange(300, dtype=np.float32)
+    c2.put("later", want["later"])
+    want["small"] = np.linspace(1, 2, 100)
+    assert c.put("small", want["small"], replace=True) == 2
+    same_bytes(c2, want)
+    # The new daemon crashes; a third restores every tensor.
+    b.kill()
+    b.wait()
+    third = u.daemon("third", ready=True)
+    c3 = serving(u.sock)
+    assert c3.stats()["daemon_pid"] == third.pid
+    same_bytes(c3, want)
+    assert c3.stat("s").generation == 2 and c3.stat("small").generation == 2
+    assert not warnings(text(tmp_path, "third")), text(tmp_path, "third")
+    log = u.holder_log()
+    assert "stopping drained daemon" not in log and "stopping daemon" not in log, log
+    for cl in (c, c2, c3):
+        cl.close()
+
+
+@pytest.mark.parametrize("served", [True, False], ids=["after-serving", "before-serving"])
+def test_a_left_drained_daemon_is_stopped_when_the_one_it_drained_for_exits(
+        managed, tmp_path, served):
+    """A drained daemon left to its manager would serve reads on forever
+    with nobody taking writes if the new one exits (its pod deleted in a
+    rollback, a crash), before or after it served: the holder stops it, so
+    that its manager starts it again, and that daemon takes the store."""
+    u = managed
+    a, b, c = drained_for(u, gate=not served)
+    b.kill()
+    b.wait()
+    assert a.wait(timeout=60) == 0
+    assert says(u.holder_log, f"daemon {b.pid} exited{'' if served else ' before it served'}: "
+                f"stopping drained daemon {a.pid}, so that its manager starts it again",
+                f"drained daemon {a.pid} exited"), u.holder_log()
+    again = u.daemon("again", ready=True)
+    c2 = serving(u.sock)
+    assert c2.stats()["daemon_pid"] == again.pid
+    same_bytes(c2, TENSORS)
+    assert c2.put("s", np.zeros(16, dtype=np.int64), replace=True) == 2
+    for cl in (c, c2):
+        cl.close()
+
+
+@pytest.mark.parametrize("var,value", [("TENSORD_HOLD_STOP_DRAINED", "no"),
+                                       ("TENSORD_HOLD_STOP_DRAINED", "2"),
+                                       ("TENSORD_HOLD_DRAIN_MS", "10s"),
+                                       ("TENSORD_HOLD_DRAIN_MS", "-1")])
+def test_a_bad_holder_setting_is_refused_naming_it(tmp_path, var, value):
+    """A holder that guessed what a bad value meant would stop or drain
+    daemons its operator meant it not to: it exits, naming the variable."""
+    hold = tmp_path / "hold"
+    p = start(tmp_path, ["--hold", str(hold)], "holder", **{var: value})
+    assert p.wait(timeout=30) == 1
+    assert f"tensord --hold {hold}: ${var} is '{value}': it must be " in text(tmp_path, "holder")
+    assert not hold.exists()
+
+
+def test_a_rolling_update_as_the_daemonset_runs_it(managed, tmp_path):
+    """deploy/k8s/daemonset.yaml's rolling update, each pod's metrics port
+    played by a port of its own: the new pod is not ready while its daemon
+    waits for the store (the old one, stopped here, cannot drain yet),
+    although the shared socket answers; it is once it restored; then the
+    controller deletes the old pod, and the new daemon serves on."""
+    u = managed
+    old_port, new_port = free_port(), free_port()
+    a, c = old_with_tensors(u, args=["--metrics", f"127.0.0.1:{old_port}"])
+    assert answers(old_port)
+    os.kill(a.pid, signal.SIGSTOP)
+    b = u.daemon("new", args=["--metrics", f"127.0.0.1:{new_port}"])
+    assert says(u.holder_log, f"asking daemon {a.pid} to drain")
+    assert not answers(new_port) and b.poll() is None
+    os.kill(a.pid, signal.SIGCONT)
+    assert wait_until(lambda: answers(new_port), timeout=30), text(tmp_path, "new")
+    assert says(u.holder_log, f"daemon {a.pid} drained", "handed",
+                f"daemon {b.pid} serves; leaving drained daemon {a.pid} to its manager")
+    assert answers(old_port)                    # the old pod stays ready until deleted
+    a.terminate()
+    assert a.wait(timeout=60) == 0
+    c2 = serving(u.sock)
+    assert c2.stats()["daemon_pid"] == b.pid and answers(new_port)
+    same_bytes(c2, TENSORS)
+    assert "did not drain" not in u.holder_log()
+    for cl in (c, c2):
+        cl.close()
