@@ -18,8 +18,9 @@
  * a Kubernetes DaemonSet's rolling update), the drained daemon is not
  * stopped but left to that manager: stopped here, its container would be
  * restarted, and its daemon would take the store back and drain the one
- * that serves. It stays drained until its manager stops it (the old pod's
- * deletion), which changes nothing in the store.
+ * that serves. Told again (SIGUSR2) once that one serves, it lets its
+ * clients and peers go to it, and waits until its manager stops it (the
+ * old pod's deletion), which changes nothing in the store.
  *
  * A plain poll() loop over two sockets and a signalfd: the process does
  * nothing else, and the event loop library would be more code than the
@@ -204,7 +205,25 @@ static struct notice on_notify(struct holder *h)
 /* Whether pid has exited (it is not our child: it may be anyone's). */
 static bool gone(pid_t pid)
 {
-	return kill(pid, 0) < 0 && errno == ESRCH;
+	char path[64], buf[256], *p;
+	ssize_t n;
+	int fd;
+
+	if (kill(pid, 0) < 0)
+		return errno == ESRCH;
+	/* An exited daemon its parent has not reaped yet (a zombie) is gone
+	 * too: nothing of it runs, and its parent is not the holder. */
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' && p[2] == 'Z';
 }
 
 /* Stops daemon pid and waits for it: SIGTERM, then SIGKILL past HOLD_STOP_MS. */
@@ -309,8 +328,13 @@ static void leave(struct holder *h, pid_t old)
 		stop_daemon(h, h->left);
 	}
 	h->left = old;
-	log_info("hold: daemon %d serves; leaving drained daemon %d to its manager", (int)h->owner,
-		 (int)old);
+	/* A second SIGUSR2: its clients and peers go to the daemon that
+	 * serves, rather than read its frozen state until it is stopped (a
+	 * tensord from before stop 41 ignores it, and serves them on). */
+	kill(old, SIGUSR2);
+	log_info("hold: daemon %d serves; leaving drained daemon %d to its manager, its clients "
+		 "let go",
+		 (int)h->owner, (int)old);
 }
 
 /*

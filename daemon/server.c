@@ -60,10 +60,37 @@ void server_stop(struct server *srv)
 	uv_close((uv_handle_t *)&srv->gpu_done, NULL);
 }
 
+/*
+ * Drained, and told again (a holder that leaves this daemon to its
+ * manager, $TENSORD_HOLD_STOP_DRAINED=0, once the next one serves): the
+ * frozen state would answer its readers and peers with versions older
+ * than the next daemon's, and their waits would never end here. Every
+ * client connection and peer link is closed: the clients reconnect to
+ * the next daemon and re-adopt their leases there, peers dial it. The
+ * daemon then only waits for its manager to stop it.
+ */
+static void server_let_go(struct server *srv)
+{
+	if (srv->let_go)
+		return;
+	srv->let_go = true;
+	log_info("the next daemon serves: letting %u clients and %u peer links go; exiting when "
+		 "stopped",
+		 srv->conns.n, srv->peers.n_up);
+	sdnotify("STATUS=drained, the next daemon serves: waiting to be stopped");
+	peer_set_let_go(&srv->peers);
+	waiters_drop_all(&srv->waiters);
+	conn_close_all(&srv->conns);
+}
+
 void server_drain(struct server *srv)
 {
-	if (srv->stopping || srv->draining)
+	if (srv->stopping)
 		return;
+	if (srv->draining) {
+		server_let_go(srv);
+		return;
+	}
 	/* Under systemd, or run by hand, nobody would take over: a stray
 	 * SIGUSR2 must not leave a daemon that refuses every write. The test
 	 * hook plays a tensord from before the drain, which ignored it. */

@@ -102,6 +102,7 @@ struct server {
 	 * nothing, records nothing, serves only reads; the next daemon owns the
 	 * state. Never ends but with the process. */
 	bool draining;
+	bool let_go; /* drained, and its successor serves: no client, no peer left (server_drain()) */
 	/* After a request, the loop polls instead of sleeping until
 	 * spin_until, so the next request of a busy client needs no wake-up;
 	 * spin says whether and how long (common/sys.h). spin_seen: when the
@@ -156,8 +157,11 @@ void server_stop(struct server *srv);
  * bytes), then serves only reads on the connections it has: a request that
  * would change anything closes its connection (dispatch.c), and the client
  * library takes that as a lost connection. Tells the holder it drained
- * (TENSORD_DRAINED=1 on the notify socket); SIGTERM then ends it. Only under
- * --holder: anywhere else SIGUSR2 is logged and ignored.
+ * (TENSORD_DRAINED=1 on the notify socket); SIGTERM then ends it. Asked
+ * again once drained (a holder that leaves it to its manager, once the
+ * next daemon serves), it closes every client connection and peer link
+ * and waits to be stopped. Only under --holder: anywhere else SIGUSR2 is
+ * logged and ignored.
  */
 void server_drain(struct server *srv);
 /* After the loop: the GPU worker's last creates completed, every tensor freed. */

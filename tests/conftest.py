@@ -4,6 +4,7 @@ The daemon is started with --ready-fd so a test waits for the ready byte
 instead of retrying connect(). TENSORD_TEST_DAEMON=/path/to.sock makes the
 fixture use an already running daemon instead (for gdb sessions).
 """
+import contextlib
 import json
 import os
 import signal
@@ -130,21 +131,29 @@ def daemon_factory(tmp_path):
         assert rc == 0, f"tensord exited {rc}:\n{log[-4000:]}"
 
 
-@pytest.fixture
-def holder(tmp_path):
-    """A holder (tensord --hold, docs/restart.md section 6) in tmp_path/hold:
-    daemons started with ("--holder", str(holder)) keep their store in it and
-    restore from it when started again. Stopped after the test."""
+@contextlib.contextmanager
+def holding(tmp_path, **env):
+    """A holder (tensord --hold, docs/restart.md section 6) in tmp_path/hold,
+    env added to its environment: daemons started with ("--holder",
+    str(hold)) keep their store in it and restore from it when started
+    again. Yields the directory; stops the holder after."""
     hold = tmp_path / "hold"
     with open(tmp_path / "holder.log", "ab") as log:
         proc = subprocess.Popen([build_path("tensord"), "--hold", str(hold)], stdout=log,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, env=dict(os.environ, **env))
     try:
         assert wait_until(lambda: (hold / "take").exists(), timeout=10), "no holder"
         yield hold
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """holding(tmp_path), for the test."""
+    with holding(tmp_path) as hold:
+        yield hold
 
 
 @pytest.fixture

@@ -205,6 +205,16 @@ int peer_set_listen(struct peer_set *set, const struct peer_config *cfg, int fd,
 	return 0;
 }
 
+void peer_set_let_go(struct peer_set *set)
+{
+	struct peer_conn *pc;
+
+	if (!set->draining)
+		return;
+	while ((pc = LIST_FIRST(&set->conns)))
+		pc_close(pc, CLOSE_QUIET, "the next daemon of this node serves");
+}
+
 int peer_set_listen_fd(const struct peer_set *set)
 {
 	uv_os_fd_t fd;

@@ -262,6 +262,9 @@ int peer_set_listen_fd(const struct peer_set *set);
  */
 void peer_set_drain(struct peer_set *set);
 
+/* Drained, and the next daemon serves: every link is closed (its peers dial that one). */
+void peer_set_let_go(struct peer_set *set);
+
 /* Stops listening and dialling and closes every connection; the loop then ends. */
 void peer_set_stop(struct peer_set *set);
 

@@ -12,8 +12,8 @@ import socket
 import numpy as np
 import pytest
 
-from conftest import Daemon, wait_until
-from test_remote import UCX_ENV, attach_when_ready, kill, pair_up, start_pair, tensord
+from conftest import Daemon, holding, wait_until
+from test_remote import attach_when_ready, kill, pair_up, start_pair, state_is, tensord
 
 
 def successor(d, name):
@@ -118,3 +118,33 @@ def test_a_stored_peer_socket_not_listened_on_leaves_the_store(daemon_factory, t
     a.stop()
     a.start()  # the socket of the new port came back from the store
     assert "(its predecessor's socket)" in a.read_log() or change == "none"
+
+
+def test_a_drained_node_left_to_its_manager_lets_its_peers_go(daemon_factory, tmp_path):
+    """A holder that leaves the drained node-a to its manager (a DaemonSet's
+    rolling update, $TENSORD_HOLD_STOP_DRAINED=0): once the new node-a
+    serves, the old one, still running, closes its peer link, so node-b
+    links to the new one and pulls what it publishes; before, node-b kept
+    its link to the old, frozen daemon until that one was stopped."""
+    with holding(tmp_path, TENSORD_HOLD_STOP_DRAINED="0") as hold:
+        a, b = start_pair(daemon_factory, tmp_path, extra_a=("--holder", str(hold)))
+        with tensord.Client(a.socket) as ca:
+            ca.put("model/before", np.ones(10, np.float32), mode=0o644)
+        a2 = successor(a, "new")
+        try:
+            a2.start()
+            assert wait_until(lambda: "letting 0 clients and 1 peer links go" in a.read_log(),
+                              timeout=30), a.read_log()[-3000:]
+            assert a.alive()
+            pair_up(a2, b, timeout=30)
+            p = state_is(b, "node-a", "up")
+            assert p and p["instance"] != 0
+            with tensord.Client(a2.socket) as ca, tensord.Client(b.socket) as cb:
+                after = np.arange(64, dtype=np.int16)
+                ca.put("model/after", after, mode=0o644)
+                with attach_when_ready(cb, "@node-a/model/after", timeout=20) as t:
+                    assert (np.from_dlpack(t) == after).all()
+        finally:
+            assert a2.stop() == 0, a2.read_log()[-3000:]
+            # The holder stops the left one with it (its manager would start it again).
+            assert a.proc.wait(timeout=30) == 0, a.read_log()[-3000:]
