@@ -688,7 +688,7 @@ class MemPeak:
         import threading
         self.pids, self.kinds, self.top, self.stop = (), (), (0, 0), False
         self.writer = os.getpid()
-        self.parts = {}  # at the summed Pss's peak: process name -> KiB
+        self.parts = {}  # at the summed Pss's peak: process name -> (Pss, Pss_Shmem) KiB
         self.lock = threading.Lock()
         self.t = threading.Thread(target=self.run, daemon=True)
         self.t.start()
@@ -703,7 +703,8 @@ class MemPeak:
             return self.top
 
     def breakdown(self):
-        """Where the summed Pss's peak was: {process name: KiB}, the writer as "writer"."""
+        """Where the summed Pss's peak was: {process name: (Pss, of which shared memory)}
+        in KiB, the writer as "writer"."""
         with self.lock:
             return dict(self.parts)
 
@@ -717,8 +718,9 @@ class MemPeak:
 
     def sample(self, pids, kinds, writer):
         files = {}
-        pss = rollup(writer)["Pss"]
-        parts = {"writer": pss}
+        r = rollup(writer)
+        pss = r["Pss"]
+        parts = {"writer": (pss, r["Pss_Shmem"])}
         shared_files(writer, files, kinds)
         held = 0
         for p in pids:
@@ -726,7 +728,8 @@ class MemPeak:
             pss += r["Pss"]
             held += r["Pss"] - r["Pss_Shmem"]
             n = self.name(p)
-            parts[n] = parts.get(n, 0) + r["Pss"]
+            was = parts.get(n, (0, 0))
+            parts[n] = (was[0] + r["Pss"], was[1] + r["Pss_Shmem"])
             shared_files(p, files)
         return pss, held + sum(files.values()), parts
 
@@ -976,11 +979,16 @@ def print_peaks(res, how, apart):
             line += "; " + ", ".join("%s %.2fx ray" % (n, v[key] / res["ray"][key])
                                      for n, v in res.items() if n != "ray")
         print("  %s: peak %s: %s" % (how, what, line))
+
+    def mib(name, kib, shm):
+        return "%s %.0f" % (name, kib / 1024) + (" (%.0f shm)" % (shm / 1024) if shm >= 1024
+                                                 else "")
+
     for n, v in res.items():
-        print("  %s: at the peak of %s, Pss by process (MiB): %s" % (how, n, ", ".join(
-            "%s %.0f" % (k, kib / 1024) for k, kib in
-            sorted(v["parts"].items(), key=lambda kv: -kv[1]))) +
-            ("  (%d processes under the writer)" % v["procs"] if apart else ""))
+        parts = sorted(v["parts"].items(), key=lambda kv: -kv[1][0])
+        print("  %s: at the peak of %s, Pss by process (MiB; of it shared memory): %s%s" % (
+            how, n, ", ".join(mib(k, *kib) for k, kib in parts),
+            "  (%d processes under the writer)" % v["procs"] if apart else ""))
 
 
 def bench_sync16(c, sock, layers, commits, warmups, readers, use_ray, use_mp, pss,
