@@ -196,8 +196,11 @@ static int hip_backend_copy(struct backend_alloc *a, uint64_t off, void *buf, si
 
 	if (n == 0)
 		return 0;
-	if (!m || !m->ptr || off > a->size || n > a->size - off)
+	/* A member of a set allocation starts at its offset in it (backend.h, arenas). */
+	if (!m || !m->ptr || a->ipc_offset > a->size || off > a->size - a->ipc_offset ||
+	    n > a->size - a->ipc_offset - off)
 		return -EINVAL;
+	off += a->ipc_offset;
 	e = hip_api->SetDevice(m->ordinal);
 	if (e != hipSuccess)
 		return td_hip_errno(e);
@@ -226,6 +229,8 @@ const struct backend_ops backend_hip = {
 	.path = hip_backend_path,
 	.alloc = hip_backend_alloc,
 	.alloc_blocks = true,
+	/* A set is one hipMalloc, its IPC handle opened once per process. */
+	.arenas = true,
 	.export_fd = gpu_export_fd,
 	.freeze = gpu_freeze,
 	.release = gpu_release,

@@ -377,6 +377,78 @@ def test_kill9_of_a_holder_leaves_the_daemon_serving(hipd):
     stop_without_leaks(hipd)
 
 
+# A set of HIP tensors (docs/recycle.md, section 5): put_many of sources
+# of several sizes on rocm:0; its figures, then each member's bytes and
+# device address in a reader.
+SET_SIZES = [100, 3000, 70001, MiB + 5]
+
+SET_WRITER = '''
+import tensord
+sizes = SIZES
+c = tensord.connect()
+srcs = {}
+for i, n in enumerate(sizes):
+    t = c.create(f"src/{i}", (n,), "uint8", device="rocm:0")
+    write(t, pattern(n, i))
+    t.publish()
+    srcs[f"set/{i}"] = c.attach(f"src/{i}")
+c.put_many(srcs)
+s = c.stats()
+say("put", s["gpu_arenas"], s["gpu_arena_bytes"])
+wait("close")
+for t in srcs.values():
+    t.release()
+c.close()
+say("closed")
+'''
+
+SET_READER = '''
+import tensord
+sizes = SIZES
+c = tensord.connect()
+got = c.attach_many([f"set/{i}" for i in range(len(sizes))])
+ok = all(read(got[f"set/{i}"], n) == pattern(n, i) for i, n in enumerate(sizes))
+ptrs = [device_ptr(got[f"set/{i}"])[0] for i in range(len(sizes))]
+say("read", ok, min(ptrs), max(p + n for p, n in zip(ptrs, sizes)))
+single = c.attach("set/2")
+say("single", read(single, sizes[2]) == pattern(sizes[2], 2), device_ptr(single)[0] == ptrs[2])
+single.release()
+for t in got.values():
+    t.release()
+c.close()
+say("closed")
+'''
+
+
+def test_a_hip_set_is_one_allocation_read_through_one_handle(hipd):
+    """put_many of four rocm:0 tensors makes one device allocation (before
+    stop 41, HIP members kept one each): the daemon counts one set
+    allocation; a reader gets every member's bytes, its members lie within
+    that one allocation's span of its address space, and a member attached
+    alone is the same address. Once the names go, the daemon frees it and
+    the double reports nothing."""
+    code = lambda c: c.replace("SIZES", repr(SET_SIZES))
+    w = hipd.client(code(SET_WRITER))
+    put = w.expect("put").split()
+    assert put[1] == "1", put
+    arena = int(put[2])
+    assert sum(SET_SIZES) <= arena <= 4 * MiB, put
+    r = hipd.client(code(SET_READER), HIP_VISIBLE_DEVICES="1,0")
+    got = r.expect("read").split()
+    assert got[1] == "True", got
+    assert int(got[3]) - int(got[2]) <= arena, got
+    assert r.expect("single") == "single True True"
+    r.expect("closed")
+    r.finish()
+    w.send("close")
+    w.expect("closed")
+    w.finish()
+    for i in range(len(SET_SIZES)):
+        tensorctl(hipd, "rm", f"set/{i}", f"src/{i}")
+    freed(hipd)
+    stop_without_leaks(hipd)
+
+
 OWNER = '''
 p = ctypes.c_void_p()
 check(hip.hipMalloc(ctypes.byref(p), 1 << 20), "hipMalloc")
