@@ -326,7 +326,9 @@ $(B)/tests/unit/%: tests/unit/%.c $$(call obj,$$(UNIT_DEPS_$$*))
 $(B)/tests/helpers/%: tests/integration/%.c $(B)/libtensord.a
 	@mkdir -p $(@D)
 	@echo "  LD  $@"
-	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LDLIBS)
+# The threaded stress programs share their clock and first failure (static, in a header).
+$(addprefix $(B)/tests/helpers/,bind_stress ring_stress readopt_stress): tests/integration/stress.h
 # tdclient calls tensord_put_file() and tensord_get_file_fd() too.
 $(B)/tests/helpers/tdclient: LDLIBS += $(CTL_LIBS)
 

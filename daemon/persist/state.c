@@ -2,7 +2,8 @@
  * Keeping the state while the daemon runs (state.h, docs/restart.md
  * sections 2 and 3): which memory is in the service manager's store, the
  * name each published tensor has there, and the log every commit step is
- * appended to. Restoring at start is state_restore.c.
+ * appended to. The log's file (appending, growing, the spare) is
+ * state_log.c; restoring at start is state_restore.c.
  *
  * The order that makes it crash-consistent, in every step: memory a
  * record names is stored before the record is written, the record is
@@ -14,17 +15,13 @@
 #include "state_int.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "daemon/base/log.h"
 #include "daemon/memory/backend.h"
@@ -327,105 +324,6 @@ void st_put_seq(struct rec_buf *b, const struct rec_seq *q)
 	rec_put(b, q, sizeof(*q));
 }
 
-/* Room for n more bytes in l: allocated and mapped. 0 or -errno. */
-static int slog_room(struct st_log *l, uint64_t n)
-{
-	uint64_t cap = l->cap;
-	void *map;
-	int r;
-
-	if (l->off + n <= l->cap)
-		return 0;
-	while (cap < l->off + n)
-		cap += LOG_CHUNK;
-	r = fallocate(l->fd, 0, (off_t)l->cap, (off_t)(cap - l->cap));
-	if (r < 0)
-		return -errno;
-	map = l->map ? mremap(l->map, l->cap, cap, MREMAP_MAYMOVE)
-		     : mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_SHARED, l->fd, 0);
-	if (map == MAP_FAILED)
-		return -errno;
-	/* The new chunk's page tables now, in one call, not a fault per page under later steps. */
-	(void)madvise((uint8_t *)map + l->cap, cap - l->cap, MADV_POPULATE_WRITE);
-	l->map = map;
-	l->cap = cap;
-	return 0;
-}
-
-/*
- * Appends one sealed record (len bytes at p) to l: its head less the
- * magic, its body, then the magic with one aligned store, so that a crash
- * at any instruction leaves either a whole record or one without its
- * magic (the log's end, record.h).
- */
-static int slog_write(struct st_log *l, const uint8_t *p, size_t len)
-{
-	uint32_t magic;
-	int r = slog_room(l, len);
-
-	if (r < 0)
-		return r;
-	memcpy(&magic, p, sizeof(magic));
-	memcpy(l->map + l->off + sizeof(magic), p + sizeof(magic), len - sizeof(magic));
-	atomic_signal_fence(memory_order_seq_cst); /* the compiler keeps the order */
-	__atomic_store_n((uint32_t *)(void *)(l->map + l->off), magic, __ATOMIC_RELEASE);
-	l->off += len;
-	return 0;
-}
-
-static void slog_close(struct st_log *l)
-{
-	if (l->map)
-		munmap(l->map, l->cap);
-	if (l->fd >= 0)
-		close(l->fd);
-	*l = (struct st_log){ .fd = -1 };
-}
-
-/*
- * An empty log in *l to write the whole state into: the spare, its
- * written bytes zeroed (so it reads as a new memfd does, and nothing of
- * the old log can be taken for a record), or a new memfd. 0 or -errno.
- */
-static int slog_fresh(struct state *st, struct st_log *l)
-{
-	if (st->spare.fd >= 0) {
-		*l = st->spare;
-		st->spare = (struct st_log){ .fd = -1 };
-		if (l->off)
-			memset(l->map, 0, l->off);
-		l->off = 0;
-		return 0;
-	}
-	*l = (struct st_log){ .fd = memfd_create("tensord-state", MFD_CLOEXEC) };
-	return l->fd < 0 ? -errno : 0;
-}
-
-/* l, out of the store now, becomes the spare (the one before it closed). */
-static void slog_retire(struct state *st, struct st_log *l)
-{
-	slog_close(&st->spare);
-	st->spare = *l;
-	*l = (struct st_log){ .fd = -1 };
-}
-
-/* Appends the record in st->buf to the log: 0 or -errno. */
-static int slog_append(struct state *st)
-{
-	int r;
-
-	if (st->buf.failed)
-		return -ENOMEM;
-	rec_seal(&st->buf, ++st->seq, st->lineage);
-	r = slog_write(&st->log, st->buf.p, st->buf.len);
-	if (r < 0) {
-		st->seq--;
-		return r;
-	}
-	st->fig.log_bytes = st->log.off;
-	return 0;
-}
-
 void state_flush(struct state *st)
 {
 	if (!st)
@@ -512,7 +410,7 @@ void state_on_retired_gone(struct state *st, const struct tensor *t)
 	rec_put(&st->buf, &e, sizeof(e));
 	rec_put(&st->buf, t->name, t->name_len);
 	rec_put(&st->buf, NULL, rec_entry_size(&e) - sizeof(e) - t->name_len);
-	step_logged(st, slog_append(st));
+	step_logged(st, st_log_append(st));
 }
 
 void state_on_commit(struct state *st, const struct reg_change *v, size_t n, bool lost)
@@ -558,7 +456,7 @@ void state_on_commit(struct state *st, const struct reg_change *v, size_t n, boo
 			sh.n++;
 	}
 	step_count(st, sh.n);
-	r = lost ? -ENOMEM : slog_append(st);
+	r = lost ? -ENOMEM : st_log_append(st);
 	/* A test's crash between the record and the reply (tests/python/test_idempotent.py). */
 	if (r == 0 && q && st->kill_after && --st->kill_after == 0)
 		raise(SIGKILL);
@@ -641,7 +539,7 @@ static int slog_write_whole(struct state *st, bool count, uint64_t serial, struc
 	struct timespec ts;
 	int r;
 
-	r = slog_fresh(st, l);
+	r = st_log_fresh(st, l);
 	if (r < 0)
 		return r;
 	clock_gettime(CLOCK_REALTIME, &ts);
@@ -653,7 +551,7 @@ static int slog_write_whole(struct state *st, bool count, uint64_t serial, struc
 	rec_begin(&st->buf, REC_BEGIN);
 	rec_put(&st->buf, &bg, sizeof(bg));
 	rec_seal(&st->buf, ++st->seq, st->lineage);
-	r = st->buf.failed ? -ENOMEM : slog_write(l, st->buf.p, st->buf.len);
+	r = st->buf.failed ? -ENOMEM : st_log_write(l, st->buf.p, st->buf.len);
 	/* Then every name as one step. */
 	rec_begin(&st->buf, REC_STEP);
 	rec_put(&st->buf, &sh, sizeof(sh));
@@ -665,9 +563,9 @@ static int slog_write_whole(struct state *st, bool count, uint64_t serial, struc
 	step_count(st, s.n);
 	rec_seal(&st->buf, ++st->seq, st->lineage);
 	if (r == 0)
-		r = st->buf.failed ? -ENOMEM : slog_write(l, st->buf.p, st->buf.len);
+		r = st->buf.failed ? -ENOMEM : st_log_write(l, st->buf.p, st->buf.len);
 	if (r < 0)
-		slog_retire(st, l); /* never stored: its bytes are zeroed before a next use */
+		st_log_retire(st, l); /* never stored: its bytes are zeroed before a next use */
 	return r;
 }
 
@@ -682,13 +580,13 @@ int st_log_start(struct state *st, bool count, uint64_t serial)
 	snprintf(name, sizeof(name), "tensord-state.%" PRIu64, serial);
 	r = sdnotify_fdstore(l.fd, name);
 	if (r < 0) {
-		slog_retire(st, &l);
+		st_log_retire(st, &l);
 		return r;
 	}
 	/* Stored: the new log is the state from now on; the old one leaves the store. */
 	if (st->log.fd >= 0) {
 		sdnotify_fdstore_remove(st->log_name);
-		slog_retire(st, &st->log);
+		st_log_retire(st, &st->log);
 	} else {
 		st->fig.stored++;
 	}
@@ -734,8 +632,8 @@ void state_stop(struct state *st)
 		RB_REMOVE(st_mems, &st->mems, m);
 		free(m);
 	}
-	slog_close(&st->log);
-	slog_close(&st->spare);
+	st_log_close(&st->log);
+	st_log_close(&st->spare);
 	free(st->buf.p);
 	free(st->gone);
 	free(st);

@@ -1,6 +1,6 @@
 /*
- * What state.c (keeping the state) and state_restore.c (restoring it at
- * start) share; private to daemon/persist/.
+ * What state.c (keeping the state), state_log.c (the log's file) and
+ * state_restore.c (restoring it at start) share; private to daemon/persist/.
  */
 #ifndef TENSORD_STATE_INT_H
 #define TENSORD_STATE_INT_H
@@ -105,6 +105,13 @@ void st_put_entry(struct rec_buf *b, const struct tensor *t, enum rec_entry_kind
 void st_put_unlinked(struct rec_buf *b, const struct reg_change *c);
 /* Appends an ENTRY_SEQ: what a client's request did (seqs.h). */
 void st_put_seq(struct rec_buf *b, const struct rec_seq *q);
+
+/* state_log.c: one log's file, and the spare (their contracts are at the definitions). */
+int st_log_write(struct st_log *l, const uint8_t *p, size_t len);
+void st_log_close(struct st_log *l);
+int st_log_fresh(struct state *st, struct st_log *l);
+void st_log_retire(struct state *st, struct st_log *l);
+int st_log_append(struct state *st);
 
 /*
  * Writes the whole state into a new log numbered serial, stores it, and

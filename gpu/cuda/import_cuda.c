@@ -7,7 +7,8 @@
  * IPC import, unmap after a wait, sync and copy_in). What is CUDA's own is
  * here: the VMM import, its access for this process's devices that can
  * reach the memory and its read-only protection, and the driver calls
- * td_cuda_client gives the shared code.
+ * td_cuda_client gives the shared code. A GPU ring buffer's import, kept
+ * and parked between versions, is import_park.c.
  *
  * All driver calls run with the device's primary context pushed and popped
  * again, so the application's current context (torch, cupy and the CUDA
@@ -24,62 +25,7 @@
 
 #include "client/lib/import_gpu.h"
 #include "gpu/cuda/cuda_api.h"
-
-/* The importer's state for one mapping; m->priv. g.ptr: VMM's reserved range, or the opened pointer. */
-struct td_cuda_map {
-	struct td_gpu_map g;
-	CUdevice dev;
-	size_t size; /* VMM: bytes reserved and mapped */
-	bool vmm;
-	bool ro_enforced;   /* VMM read-only mapping honoured by the driver */
-	bool peers_refused; /* VMM: the driver refused access for the peers; the owner alone has it */
-	/*
-	 * VMM: this process's devices given access to the range (bit i:
-	 * ordinal i), the owner's and those of its peers that can reach it.
-	 * Every later change of access covers the same set.
-	 */
-	uint64_t access;
-	/*
-	 * VMM, a member of a set in one allocation (td_import_desc.share_id):
-	 * g.ptr is not this mapping's own range but the view of the import
-	 * that every mapping of the set with the same access shares
-	 * (struct td_cuda_views, view 0 read-only, 1 read-write).
-	 */
-	bool borrowed;
-	int view;
-};
-
-/*
- * The ranges a set's mappings share (td_gpu_shared.vendor), under the
- * import table's lock: one reserved, mapped and given access once for
- * every read-only mapping of the set in this process, and one for the
- * writable ones (its writer's, while it fills the members), so a reader
- * of 300 members makes one cuMemAddressReserve, one cuMemMap and one
- * cuMemSetAccess, not 300. A view goes with the last mapping using it.
- */
-struct td_cuda_views {
-	struct td_cuda_view {
-		uint64_t ptr; /* 0: none */
-		size_t size;
-		uint64_t access;
-		bool ro_enforced, peers_refused;
-		unsigned refs; /* mappings using it */
-	} v[2];
-	/*
-	 * A GPU ring buffer's import (td_gpu_shared.keep): its views stay
-	 * mapped when their last mapping goes, and a view of the other access
-	 * left so is given the access asked (one cuMemSetAccess) rather than a
-	 * range of its own: the writer's read-write view of version g becomes
-	 * read-only at its publish and read-write again at the create of the
-	 * next version into the same allocation. The import holds a reference
-	 * on dev's primary context (ctx_held) for as long as it is kept.
-	 */
-	const struct td_cuda_api *cu;
-	CUdevice dev;
-	bool ctx_held;
-};
-
-_Static_assert(TD_GPU_MAX_DEVICES <= 64, "a device's bit in td_cuda_map.access");
+#include "gpu/cuda/import_cuda_int.h"
 
 static int td_cuda_get(const void **ret_api, const char **ret_why)
 {
@@ -155,7 +101,7 @@ static int td_cuda_device(struct td_cuda_map *p)
 }
 
 /* Retains dev's primary context and pushes it. 0 or -errno (error set when report). */
-static int td_cuda_enter(const struct td_cuda_api *cu, CUdevice dev, bool report)
+int td_cuda_enter(const struct td_cuda_api *cu, CUdevice dev, bool report)
 {
 	CUcontext ctx;
 	char err[128];
@@ -175,7 +121,7 @@ static int td_cuda_enter(const struct td_cuda_api *cu, CUdevice dev, bool report
 }
 
 /* Pops what td_cuda_enter() pushed; keeps the reference when keep_ref. */
-static void td_cuda_leave(const struct td_cuda_api *cu, CUdevice dev, bool keep_ref)
+void td_cuda_leave(const struct td_cuda_api *cu, CUdevice dev, bool keep_ref)
 {
 	CUcontext popped;
 
@@ -281,7 +227,7 @@ static CUresult td_cuda_grant(struct td_cuda_map *p, uint64_t set, CUmemAccess_f
  * So read-only for the owner alone is preferred to read-write for all:
  * the promise to the tensor's other readers comes first.
  */
-static CUresult td_cuda_set_access(struct td_cuda_map *p, bool writable, bool narrow)
+CUresult td_cuda_set_access(struct td_cuda_map *p, bool writable, bool narrow)
 {
 	const uint64_t owner = 1ull << p->g.ordinal;
 	const uint64_t sets[2] = { p->access, owner };
@@ -368,31 +314,6 @@ static void td_cuda_vmm_undo(struct td_gpu_map *g, uint64_t value)
 }
 
 /*
- * p's new import is a GPU ring buffer's: kept, parked between versions
- * (import_gpu.h), with a reference on the device's primary context so its
- * mapped views outlive every mapping's. Left unkept when either fails.
- */
-static void td_cuda_keep(struct td_cuda_map *p)
-{
-	const struct td_cuda_api *cu = p->g.api;
-	struct td_gpu_shared *s = p->g.shared;
-	struct td_cuda_views *vs = calloc(1, sizeof(*vs));
-	CUcontext ctx;
-
-	if (!vs)
-		return;
-	if (cu->DevicePrimaryCtxRetain(&ctx, p->dev) != CUDA_SUCCESS) {
-		free(vs);
-		return;
-	}
-	vs->cu = cu;
-	vs->dev = p->dev;
-	vs->ctx_held = true;
-	s->vendor = vs;
-	s->keep = true;
-}
-
-/*
  * The process's import of what fd exports (import_gpu.h): the one held
  * for d's allocation (a set's, by its share id), or a new one. Lock held,
  * the device's context current. 0 or -errno (error set); p->g.shared
@@ -420,37 +341,6 @@ static int td_cuda_vmm_import(struct td_cuda_map *p, int fd, const struct td_imp
 	}
 	if (key_len && (d->share_id & TD_GPU_RING_SHARE))
 		td_cuda_keep(p);
-	return 0;
-}
-
-/*
- * A kept import (td_cuda_views) whose view of the other access is mapped
- * and unused: it becomes the view of access writable, by one
- * cuMemSetAccess. Lock held, the device's context current. 0 (also when
- * there is none to turn: the caller maps one) or -errno (error set).
- */
-static int td_cuda_view_turn(struct td_cuda_map *p, struct td_cuda_views *vs, bool writable)
-{
-	struct td_cuda_view *to = &vs->v[writable ? 1 : 0], *from = &vs->v[writable ? 0 : 1];
-	CUresult r;
-
-	if (!from->ptr || from->refs)
-		return 0;
-	p->g.ptr = from->ptr;
-	p->size = from->size;
-	p->access = from->access;
-	p->peers_refused = from->peers_refused;
-	r = td_cuda_set_access(p, writable, false);
-	if (r != CUDA_SUCCESS)
-		return td_gpu_fail(&td_cuda_client, p->g.api, r,
-				   writable ? "cuMemSetAccess (read-write for the next version)"
-					    : "cuMemSetAccess (read-only)");
-	*to = (struct td_cuda_view){ .ptr = from->ptr,
-				     .size = from->size,
-				     .access = p->access,
-				     .ro_enforced = p->ro_enforced,
-				     .peers_refused = p->peers_refused };
-	memset(from, 0, sizeof(*from));
 	return 0;
 }
 
@@ -710,30 +600,6 @@ static void td_cuda_drop(struct td_gpu_map *g)
 }
 
 /*
- * td_cuda_protect() of p, alone in its view of a kept import, to the other
- * access: the view turns (td_cuda_view_turn()) and p keeps it, so the
- * range stays mapped for the next version. Called with the lock held,
- * which it drops.
- */
-static int td_cuda_protect_kept(struct td_mapping *m, struct td_cuda_map *p,
-				struct td_cuda_views *vs, bool writable)
-{
-	int err = td_cuda_enter(p->g.api, p->dev, true);
-
-	if (err == 0) {
-		vs->v[p->view].refs = 0;
-		err = td_cuda_view_turn(p, vs, writable);
-		if (err == 0)
-			p->view = writable ? 1 : 0;
-		vs->v[p->view].refs++;
-		td_cuda_leave(p->g.api, p->dev, false);
-	}
-	td_gpu_shared_unlock();
-	m->ro_enforced = p->ro_enforced;
-	return err;
-}
-
-/*
  * Publish of an immutable tensor by its creator: GPU memory has no private
  * copy to fall back on, so the creator's own mapping becomes read-only
  * instead (a later write through it faults on the device; docs/gpu.md),
@@ -793,28 +659,6 @@ static int td_cuda_make_private(struct td_mapping *m)
 static int td_cuda_make_shared(struct td_mapping *m)
 {
 	return td_cuda_protect(m, true);
-}
-
-/* A kept import off the table (import_gpu.h): the device idle, its views unmapped, released. */
-static void td_cuda_unpark(struct td_gpu_shared *s)
-{
-	struct td_cuda_views *vs = s->vendor;
-	const struct td_cuda_api *cu = vs->cu;
-	bool entered = td_cuda_enter(cu, vs->dev, false) == 0;
-
-	/* Kernels reading a view may still be queued (docs/gpu.md, "Unmapping waits"). */
-	if (entered)
-		(void)cu->CtxSynchronize();
-	for (int i = 0; i < 2; i++)
-		if (vs->v[i].ptr) {
-			cu->MemUnmap(vs->v[i].ptr, vs->v[i].size);
-			cu->MemAddressFree(vs->v[i].ptr, vs->v[i].size);
-		}
-	cu->MemRelease((CUmemGenericAllocationHandle)s->value);
-	if (entered)
-		td_cuda_leave(cu, vs->dev, false);
-	if (vs->ctx_held)
-		cu->DevicePrimaryCtxRelease(vs->dev);
 }
 
 static int td_cuda_sync_ordinal(const void *api, int ordinal)

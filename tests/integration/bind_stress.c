@@ -19,31 +19,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <tensord/tensord.h>
+
+#include "stress.h"
 
 #define NAMES 4
 #define ELEMS 512
 #define READERS 3
 
 static tensord_client *rc;
-static atomic_bool done, failed;
+static atomic_bool done;
 static atomic_ulong n_attached, n_missing;
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void fail(const char *what, const char *name)
-{
-	if (!atomic_exchange(&failed, true))
-		printf("err %s %s: %s\n", what, name, tensord_last_error());
-}
 
 static int put(tensord_client *c, const char *name, int64_t value, bool replace)
 {

@@ -19,32 +19,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <tensord/tensord.h>
+
+#include "stress.h"
 
 #define THREADS 3
 #define HELD 4
 
 static tensord_client *c;
 static int names;
-static atomic_bool done, failed;
+static atomic_bool done;
 static atomic_ulong n_attached, n_failed;
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void fail(const char *what, const char *name)
-{
-	if (!atomic_exchange(&failed, true))
-		printf("err %s %s: %s\n", what, name, tensord_last_error());
-}
 
 /* Whether t holds value k in every element. */
 static bool whole(const DLManagedTensorVersioned *t, int64_t k)

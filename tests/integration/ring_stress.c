@@ -18,33 +18,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <tensord/tensord.h>
+
+#include "stress.h"
 
 #define WRITERS 2
 #define READERS 2
 
 static const int64_t elems[WRITERS] = { 128 * 1024, 2 * 1024 * 1024 }; /* 1 MiB, 16 MiB */
 static tensord_client *wc, *rc;
-static atomic_bool done, failed;
+static atomic_bool done;
 static atomic_ulong n_put, n_attached;
 static atomic_llong last[WRITERS];
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void fail(const char *what, const char *name)
-{
-	if (!atomic_exchange(&failed, true))
-		printf("err %s %s: %s\n", what, name, tensord_last_error());
-}
 
 static void *writer(void *arg)
 {
