@@ -410,42 +410,24 @@ def test_sigusr2_without_a_holder_drains_nothing(tmp_path):
         assert d.wait(timeout=30) == 0
 
 
-def test_a_metrics_port_is_shared_through_the_drain(up, tmp_path):
-    """Both daemons serve --metrics on one TCP port: under a holder it is
-    bound with SO_REUSEPORT, so the new daemon binds it while the old one
-    drains (before, it exited there and left the old one drained); the old
-    one is stopped once the new one serves, and the port answers on."""
-    import urllib.request
-    port = free_port()
-    metrics = ["--metrics", f"127.0.0.1:{port}"]
-
-    def scrape():
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            return r.read().decode()
-    a = up.daemon("old", ready=True, args=metrics)
-    c = serving(up.sock)
-    c.put("x", np.arange(10))
-    assert "tensord_tensors" in scrape()
-    b = up.daemon("new", args=metrics)
-    assert a.wait(timeout=60) == 0
-    assert says(up.holder_log, f"daemon {a.pid} drained",
-                f"daemon {b.pid} serves: stopping drained daemon {a.pid}"), up.holder_log()
-    assert b.poll() is None, text(tmp_path, "new")
-    assert "tensord_tensors" in scrape()
-    assert c.stat("x").generation == 1
-    assert c.stats()["daemon_pid"] == b.pid
-    c.close()
-
-
-def test_a_unix_metrics_socket_passes_to_the_new_daemon(up, tmp_path):
-    """--metrics unix:PATH: the draining daemon removes its socket and the
-    new one binds it once it has the store (before, the new one met the
-    old one's live socket there and exited, leaving the old one drained)."""
+@pytest.mark.parametrize("kind", ["tcp", "unix"])
+def test_the_metrics_endpoint_passes_through_the_drain(up, tmp_path, kind):
+    """--metrics on a TCP port: under a holder it is bound with
+    SO_REUSEPORT, so the new daemon binds it while the old one drains
+    (before, it exited there and left the old one drained). On a unix
+    socket: the draining daemon removes its socket and the new one binds it
+    once it has the store (before, the new one met the old one's live
+    socket there and exited, leaving the old one drained). Either way the
+    old one is stopped once the new one serves, and the endpoint answers on."""
     import socket
-    path = str(tmp_path / "metrics.sock")
-    metrics = ["--metrics", "unix:" + path]
+    import urllib.request
+    port, path = free_port(), str(tmp_path / "metrics.sock")
+    metrics = ["--metrics", f"127.0.0.1:{port}" if kind == "tcp" else "unix:" + path]
 
     def scrape():
+        if kind == "tcp":
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                return r.read().decode()
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(10)
             s.connect(path)
@@ -457,9 +439,11 @@ def test_a_unix_metrics_socket_passes_to_the_new_daemon(up, tmp_path):
     assert "tensord_tensors" in scrape()
     b = up.daemon("new", args=metrics)
     assert a.wait(timeout=60) == 0
-    assert says(up.holder_log, f"daemon {b.pid} serves: stopping drained daemon {a.pid}")
+    assert says(up.holder_log, f"daemon {a.pid} drained",
+                f"daemon {b.pid} serves: stopping drained daemon {a.pid}"), up.holder_log()
     assert b.poll() is None, text(tmp_path, "new")
     assert "tensord_tensors" in scrape()
+    assert c.stat("x").generation == 1
     assert c.stats()["daemon_pid"] == b.pid
     c.close()
 
