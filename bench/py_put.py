@@ -11,6 +11,9 @@ warm memory (memcpy speed, the ceiling):
               np.from_dlpack() of it, publish(), release()
   cfp/rc      the same with create(recycle=True): the view is a buffer of this
               writer's ring of recycled memory (docs/recycle.md), mapped already
+  cfp/rc/t    cfp/rc filled by torch (torch.from_dlpack(view).copy_(src)), which
+              copies with its intra-op threads as put does with its copy pool
+              (np.copyto has one thread); when torch imports
   put/nr, cfp/nr  the same on a client that keeps no reserve (--without-reserve)
   ray         ray.put(array) (when ray imports; skipped with the reason if not)
   vineyard    vineyard client.put(array) (when vineyard imports and a vineyardd
@@ -103,15 +106,19 @@ def variants(client, src, peers, skip, plain=None):
         put.cleanup = cleanup
         return put
 
-    def creator(c, **kw):
+    def creator(c, fill=None, **kw):
         # create + fill through the view + publish; recycle=True: the view is
         # a buffer of this writer's ring (docs/recycle.md), mapped already.
+        # fill(view) fills it (np.copyto of src by default).
         def cfp():
             name = "bench/put/%d" % next(seq)
             w = c.create(name, src.shape, "float32", **kw)
-            a = np.from_dlpack(w)
-            np.copyto(a, src)
-            del a
+            if fill:
+                fill(w)
+            else:
+                a = np.from_dlpack(w)
+                np.copyto(a, src)
+                del a
             w.publish()
             w.release()
             done.append(name)
@@ -124,6 +131,16 @@ def variants(client, src, peers, skip, plain=None):
 
     out = [("memcpy", memcpy), ("shm", shm), ("put", putter(client)), ("cfp", creator(client)),
            ("cfp/rc", creator(client, recycle=True))]
+    try:
+        import torch
+        tsrc = torch.from_numpy(src)
+
+        def torch_fill(w):
+            torch.from_dlpack(w).copy_(tsrc)
+
+        out.append(("cfp/rc/t", creator(client, fill=torch_fill, recycle=True)))
+    except ImportError as e:
+        print("py_put: cfp/rc/t skipped: %s" % e)
     if plain is not None:
         # The same calls on a client that keeps no reserve (TENSORD_RESERVE=0).
         out += [("put/nr", putter(plain)), ("cfp/nr", creator(plain))]
@@ -187,7 +204,8 @@ def bench_size(client, size, rounds, peers, gap, skip, plain=None):
     for name, _ in vs:
         t = med[name]
         peers_txt = "".join("  %5.2fx %s" % (med[p] / t, p) for p in ("ray", "vineyard")
-                            if p in med and name in ("put", "cfp", "cfp/rc", "put/nr", "cfp/nr"))
+                            if p in med and name in ("put", "cfp", "cfp/rc", "cfp/rc/t", "put/nr",
+                                                     "cfp/nr"))
         print("  %-8s %10.1f us  %8.2f GB/s  %5.2fx memcpy%s" %
               (name, t * 1e6, size / t / 1e9, base / t, peers_txt))
     if "put" in med and "cfp" in med:
@@ -195,6 +213,9 @@ def bench_size(client, size, rounds, peers, gap, skip, plain=None):
     if "put" in med and "cfp/rc" in med:
         print("  cfp/rc/put %5.2fx (create(recycle=True) + fill + publish over put)" %
               (med["put"] / med["cfp/rc"]))
+    if "put" in med and "cfp/rc/t" in med:
+        print("  cfp/rc/t/put %5.2fx (the same, filled by torch's copy_ with its threads, "
+              "over put)" % (med["put"] / med["cfp/rc/t"]))
     hits = figure(s1, "host_pool_hits_total") - figure(s0, "host_pool_hits_total")
     misses = figure(s1, "host_pool_misses_total") - figure(s0, "host_pool_misses_total")
     if hits + misses:
