@@ -159,14 +159,18 @@ def test_aio_watch_made_while_the_daemon_is_away_leaves_the_loop_free(rd):
             assert ac.client._restart_state()[2], "the loss was not seen"
             back = threading.Timer(1.0, rd.start)
             back.start()
-            t0 = time.monotonic()
-            w = ac.watch("wp/")
-            assert time.monotonic() - t0 < 0.5, "watch() held the loop"
-            async with w:
+            try:
+                t0 = time.monotonic()
+                w = ac.watch("wp/")
+                assert time.monotonic() - t0 < 0.5, "watch() held the loop"
+                async with w:
+                    back.join()
+                    with tensord.connect(rd.socket) as p:
+                        p.put("wp/a", np.ones(4))
+                    ev = await w.next(timeout=10)
+                    assert (ev.kind, ev.name) == ("published", "wp/a"), ev
+            finally:
+                # Started before the fixture stops it, also when the test failed.
                 back.join()
-                with tensord.connect(rd.socket) as p:
-                    p.put("wp/a", np.ones(4))
-                ev = await w.next(timeout=10)
-                assert (ev.kind, ev.name) == ("published", "wp/a"), ev
             wait.cancel()
     asyncio.run(asyncio.wait_for(main(), 60))
