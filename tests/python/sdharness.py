@@ -155,6 +155,11 @@ class ServiceManager:
 
     # --- the daemon ------------------------------------------------------------
     def start(self, extra_args=(), env=None, wait=True):
+        # What the last daemon sent before it died is handled first, as
+        # systemd handles notify messages before the SIGCHLD: a FDSTORE=1
+        # still queued here would otherwise miss this start (a race seen
+        # once in CI: a published tensor's memory not passed back).
+        self.sync()
         with self.lock:
             items = [(n, fd) for n, v in self.store.items() for fd in v]
         if self.listener:
